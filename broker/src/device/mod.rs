@@ -1,0 +1,111 @@
+//! Device backends. [`Device`] hides whether work runs on a real GPU (`cuda`) or on the CPU
+//! model (`sim`); sessions are generic over it.
+
+pub mod sim;
+
+use gpushare_protocol::command::ModuleLaunch;
+use gpushare_protocol::control::{DeviceInfo, ModuleFormat};
+use gpushare_protocol::{DevicePtr, ErrorCode, Kernel, PriorityClass};
+
+use crate::shm::ArenaSlice;
+
+/// What a backend can fail with.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DeviceError {
+    #[error("device out of memory")]
+    OutOfMemory,
+    #[error("not supported by the {backend} backend: {what}")]
+    NotSupported { backend: &'static str, what: String },
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    #[error("not ready")]
+    NotReady,
+    #[error("device error: {0}")]
+    Failed(String),
+}
+
+impl DeviceError {
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            DeviceError::OutOfMemory => ErrorCode::OutOfMemory,
+            DeviceError::NotSupported { .. } => ErrorCode::NotSupported,
+            DeviceError::InvalidArgument(_) => ErrorCode::InvalidArgument,
+            DeviceError::NotReady => ErrorCode::NotReady,
+            DeviceError::Failed(_) => ErrorCode::DeviceError,
+        }
+    }
+}
+
+pub type DeviceResult<T> = Result<T, DeviceError>;
+
+/// One GPU as the broker drives it. Pointers and ranges passed in have already been checked
+/// against the calling client's allocations by its session.
+pub trait Device: Send + Sync + 'static {
+    type Stream: Send;
+    type Event: Send;
+    type Module: Send + Sync;
+    type Function: Send + Sync;
+
+    /// `"sim"` or `"cuda"`.
+    fn backend(&self) -> &'static str;
+    fn info(&self) -> &DeviceInfo;
+
+    fn alloc(&self, bytes: u64) -> DeviceResult<DevicePtr>;
+    fn free(&self, ptr: DevicePtr) -> DeviceResult<()>;
+
+    /// Makes a client's arena usable for direct DMA (a no-op where that means nothing).
+    fn register_arena(&self, arena: ArenaSlice<'_>) -> DeviceResult<()>;
+    fn unregister_arena(&self, arena: ArenaSlice<'_>);
+
+    fn create_stream(&self, class: PriorityClass) -> DeviceResult<Self::Stream>;
+    /// Waits for the stream's work, then releases it.
+    fn destroy_stream(&self, stream: Self::Stream);
+
+    fn copy_htod(
+        &self,
+        stream: &mut Self::Stream,
+        src: ArenaSlice<'_>,
+        dst: DevicePtr,
+    ) -> DeviceResult<()>;
+    fn copy_dtoh(
+        &self,
+        stream: &mut Self::Stream,
+        src: DevicePtr,
+        dst: ArenaSlice<'_>,
+    ) -> DeviceResult<()>;
+    fn copy_dtod(
+        &self,
+        stream: &mut Self::Stream,
+        src: DevicePtr,
+        dst: DevicePtr,
+        len: u64,
+    ) -> DeviceResult<()>;
+    fn memset(
+        &self,
+        stream: &mut Self::Stream,
+        dst: DevicePtr,
+        value: u8,
+        len: u64,
+    ) -> DeviceResult<()>;
+    fn launch(&self, stream: &mut Self::Stream, kernel: &Kernel) -> DeviceResult<()>;
+    fn launch_module(
+        &self,
+        stream: &mut Self::Stream,
+        function: &Self::Function,
+        launch: &ModuleLaunch,
+        params: &[u8],
+    ) -> DeviceResult<()>;
+    /// Waits for all work on the stream; reports the first error it met.
+    fn sync_stream(&self, stream: &mut Self::Stream) -> DeviceResult<()>;
+    /// Device time this stream's work has taken so far (modelled or measured), in ns.
+    fn stream_busy_ns(&self, stream: &Self::Stream) -> u64;
+
+    fn create_event(&self) -> DeviceResult<Self::Event>;
+    fn record_event(&self, event: &mut Self::Event, stream: &mut Self::Stream) -> DeviceResult<()>;
+    fn event_done(&self, event: &Self::Event) -> DeviceResult<bool>;
+    fn sync_event(&self, event: &Self::Event) -> DeviceResult<()>;
+    fn elapsed_ns(&self, start: &Self::Event, end: &Self::Event) -> DeviceResult<u64>;
+
+    fn load_module(&self, format: ModuleFormat, image: &[u8]) -> DeviceResult<Self::Module>;
+    fn get_function(&self, module: &Self::Module, name: &str) -> DeviceResult<Self::Function>;
+}

@@ -1,0 +1,341 @@
+//! `sim`: a CPU model of a GPU for tests, CI and demos.
+//!
+//! It runs the built-in kernels for real on the CPU and charges each command modelled device
+//! time from [`cost::CostModel`]. One command runs at a time, in the order commands arrive; a
+//! command starts at `max(its stream's ready time, the device's busy-until time)`. Modelled
+//! time advances only with work, so results are deterministic. With `realtime` the sim also
+//! takes that long on the wall clock (for demos and `gpushare top`).
+
+pub mod cost;
+pub mod kernels;
+pub mod memory;
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use gpushare_protocol::command::ModuleLaunch;
+use gpushare_protocol::control::{DeviceInfo, ModuleFormat};
+use gpushare_protocol::{DevicePtr, Kernel, PriorityClass};
+
+use self::cost::CostModel;
+use self::memory::SimMemory;
+use super::{Device, DeviceError, DeviceResult};
+use crate::shm::ArenaSlice;
+
+/// How the sim device is set up.
+#[derive(Debug, Clone, Copy)]
+pub struct SimOptions {
+    pub memory: u64,
+    pub cost: CostModel,
+    /// Also spend the modelled time on the wall clock.
+    pub realtime: bool,
+}
+
+impl Default for SimOptions {
+    fn default() -> Self {
+        SimOptions {
+            memory: 16 << 30,
+            cost: CostModel::H100_LIKE,
+            realtime: false,
+        }
+    }
+}
+
+struct SimState {
+    memory: SimMemory,
+    /// Modelled time at which the device finishes its last accepted command.
+    busy_until_ns: u64,
+}
+
+pub struct SimDevice {
+    info: DeviceInfo,
+    options: SimOptions,
+    state: Mutex<SimState>,
+}
+
+pub struct SimStream {
+    ready_ns: u64,
+    busy_ns: u64,
+}
+
+pub struct SimEvent {
+    time_ns: Option<u64>,
+}
+
+/// Modules cannot exist on the sim device; the type is uninhabited.
+pub enum SimModule {}
+
+impl SimDevice {
+    pub fn new(options: SimOptions) -> SimDevice {
+        let c = options.cost;
+        SimDevice {
+            info: DeviceInfo {
+                index: 0,
+                name: "gpushare sim (H100-like cost model)".into(),
+                total_memory: options.memory,
+                sm_count: c.sm_count,
+                compute_capability: (9, 0),
+                fp32_flops: c.fp32_flops,
+                memory_bandwidth: c.memory_bw,
+                host_bandwidth: c.host_bw,
+            },
+            options,
+            state: Mutex::new(SimState {
+                memory: SimMemory::new(options.memory),
+                busy_until_ns: 0,
+            }),
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, SimState> {
+        // A panic while holding the lock cannot leave the memory map half-updated in a way
+        // that matters more than refusing all further work would; keep serving.
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Runs `body` as one stream-ordered command costing `cost_ns` of modelled time.
+    fn run_on<T>(
+        &self,
+        stream: &mut SimStream,
+        cost_ns: u64,
+        body: impl FnOnce(&mut SimMemory) -> DeviceResult<T>,
+    ) -> DeviceResult<T> {
+        let wall_start = Instant::now();
+        let mut st = self.state();
+        let out = body(&mut st.memory)?;
+        let start = stream.ready_ns.max(st.busy_until_ns);
+        let end = start.saturating_add(cost_ns);
+        st.busy_until_ns = end;
+        stream.ready_ns = end;
+        stream.busy_ns = stream.busy_ns.saturating_add(cost_ns);
+        if self.options.realtime {
+            let target = wall_start + Duration::from_nanos(cost_ns);
+            // Sleep most of it, spin the rest: good to a few µs without burning a core.
+            while let Some(left) = target.checked_duration_since(Instant::now()) {
+                if left > Duration::from_micros(200) {
+                    std::thread::sleep(left - Duration::from_micros(100));
+                } else {
+                    std::hint::spin_loop();
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Bytes of device memory in use.
+    pub fn memory_used(&self) -> u64 {
+        self.state().memory.used()
+    }
+}
+
+impl Device for SimDevice {
+    type Stream = SimStream;
+    type Event = SimEvent;
+    type Module = SimModule;
+    type Function = SimModule;
+
+    fn backend(&self) -> &'static str {
+        "sim"
+    }
+
+    fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    fn alloc(&self, bytes: u64) -> DeviceResult<DevicePtr> {
+        self.state().memory.alloc(bytes)
+    }
+
+    fn free(&self, ptr: DevicePtr) -> DeviceResult<()> {
+        self.state().memory.free(ptr)
+    }
+
+    fn register_arena(&self, _arena: ArenaSlice<'_>) -> DeviceResult<()> {
+        Ok(())
+    }
+
+    fn unregister_arena(&self, _arena: ArenaSlice<'_>) {}
+
+    fn create_stream(&self, _class: PriorityClass) -> DeviceResult<SimStream> {
+        Ok(SimStream {
+            ready_ns: 0,
+            busy_ns: 0,
+        })
+    }
+
+    fn destroy_stream(&self, _stream: SimStream) {}
+
+    fn copy_htod(
+        &self,
+        stream: &mut SimStream,
+        src: ArenaSlice<'_>,
+        dst: DevicePtr,
+    ) -> DeviceResult<()> {
+        let mut bytes = vec![0u8; src.len()];
+        src.read_into(&mut bytes);
+        let cost = self.options.cost.host_copy_ns(bytes.len() as u64);
+        self.run_on(stream, cost, |m| m.write(dst, &bytes))
+    }
+
+    fn copy_dtoh(
+        &self,
+        stream: &mut SimStream,
+        src: DevicePtr,
+        dst: ArenaSlice<'_>,
+    ) -> DeviceResult<()> {
+        let cost = self.options.cost.host_copy_ns(dst.len() as u64);
+        let bytes = self.run_on(stream, cost, |m| {
+            let mut bytes = vec![0u8; dst.len()];
+            m.read(src, &mut bytes)?;
+            Ok(bytes)
+        })?;
+        dst.write_from(&bytes);
+        Ok(())
+    }
+
+    fn copy_dtod(
+        &self,
+        stream: &mut SimStream,
+        src: DevicePtr,
+        dst: DevicePtr,
+        len: u64,
+    ) -> DeviceResult<()> {
+        let n = usize::try_from(len).map_err(|_| DeviceError::OutOfMemory)?;
+        let cost = self.options.cost.device_copy_ns(len);
+        self.run_on(stream, cost, |m| {
+            let mut bytes = vec![0u8; n];
+            m.read(src, &mut bytes)?;
+            m.write(dst, &bytes)
+        })
+    }
+
+    fn memset(
+        &self,
+        stream: &mut SimStream,
+        dst: DevicePtr,
+        value: u8,
+        len: u64,
+    ) -> DeviceResult<()> {
+        let cost = self.options.cost.memset_ns(len);
+        self.run_on(stream, cost, |m| m.fill(dst, value, len))
+    }
+
+    fn launch(&self, stream: &mut SimStream, kernel: &Kernel) -> DeviceResult<()> {
+        let cost = self.options.cost.kernel_ns(kernel);
+        self.run_on(stream, cost, |m| kernels::run(m, kernel))
+    }
+
+    fn launch_module(
+        &self,
+        _stream: &mut SimStream,
+        function: &SimModule,
+        _launch: &ModuleLaunch,
+        _params: &[u8],
+    ) -> DeviceResult<()> {
+        match *function {}
+    }
+
+    fn sync_stream(&self, _stream: &mut SimStream) -> DeviceResult<()> {
+        // Work ran when it was accepted; nothing is ever pending.
+        Ok(())
+    }
+
+    fn stream_busy_ns(&self, stream: &SimStream) -> u64 {
+        stream.busy_ns
+    }
+
+    fn create_event(&self) -> DeviceResult<SimEvent> {
+        Ok(SimEvent { time_ns: None })
+    }
+
+    fn record_event(&self, event: &mut SimEvent, stream: &mut SimStream) -> DeviceResult<()> {
+        event.time_ns = Some(stream.ready_ns);
+        Ok(())
+    }
+
+    fn event_done(&self, _event: &SimEvent) -> DeviceResult<bool> {
+        Ok(true)
+    }
+
+    fn sync_event(&self, _event: &SimEvent) -> DeviceResult<()> {
+        Ok(())
+    }
+
+    fn elapsed_ns(&self, start: &SimEvent, end: &SimEvent) -> DeviceResult<u64> {
+        match (start.time_ns, end.time_ns) {
+            (Some(s), Some(e)) => Ok(e.saturating_sub(s)),
+            _ => Err(DeviceError::InvalidArgument(
+                "event was never recorded".into(),
+            )),
+        }
+    }
+
+    fn load_module(&self, format: ModuleFormat, _image: &[u8]) -> DeviceResult<SimModule> {
+        Err(DeviceError::NotSupported {
+            backend: "sim",
+            what: format!(
+                "loading {format:?} modules (the sim device runs only the built-in kernels; use --backend cuda on a GPU machine)"
+            ),
+        })
+    }
+
+    fn get_function(&self, module: &SimModule, _name: &str) -> DeviceResult<SimModule> {
+        match *module {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn modelled_time_is_deterministic_and_serial() {
+        let dev = SimDevice::new(SimOptions::default());
+        let mut s1 = dev.create_stream(PriorityClass::Normal).expect("stream");
+        let mut s2 = dev.create_stream(PriorityClass::Normal).expect("stream");
+        let mut e0 = dev.create_event().expect("event");
+        let mut e1 = dev.create_event().expect("event");
+        dev.record_event(&mut e0, &mut s1).expect("record");
+        dev.launch(
+            &mut s1,
+            &Kernel::Spin {
+                micros: 100,
+                blocks: 1,
+            },
+        )
+        .expect("spin");
+        dev.launch(
+            &mut s2,
+            &Kernel::Spin {
+                micros: 50,
+                blocks: 1,
+            },
+        )
+        .expect("spin");
+        dev.launch(
+            &mut s1,
+            &Kernel::Spin {
+                micros: 10,
+                blocks: 1,
+            },
+        )
+        .expect("spin");
+        dev.record_event(&mut e1, &mut s1).expect("record");
+        // s1's second spin waits for s2's, which waited for s1's first.
+        assert_eq!(dev.elapsed_ns(&e0, &e1), Ok(160_000));
+        assert_eq!(dev.stream_busy_ns(&s1), 110_000);
+        assert_eq!(dev.stream_busy_ns(&s2), 50_000);
+    }
+
+    #[test]
+    fn modules_are_refused_with_not_supported() {
+        let dev = SimDevice::new(SimOptions::default());
+        let err = dev
+            .load_module(ModuleFormat::Ptx, b".version 8.0")
+            .err()
+            .expect("refused");
+        assert_eq!(err.code(), gpushare_protocol::ErrorCode::NotSupported);
+    }
+}

@@ -1,0 +1,17 @@
+//! `gpushared`, the gpushare broker: owns the GPU and runs many clients' work on it.
+//!
+//! - [`server`]: the control socket, handshakes, per-connection tasks, shutdown.
+//! - [`session`]: one client's tables, accounting and ring-draining data thread.
+//! - [`device`]: the `Device` trait and its backends (`sim`; `cuda` on GPU machines).
+//! - [`shm`] and [`wake`]: the shared region and the eventfd wake-ups.
+//! - [`policy`]: the policy file (classes, weights, quotas by user and group).
+//! - [`registry`]: the live sessions, for status.
+
+pub mod config;
+pub mod device;
+pub mod policy;
+pub mod registry;
+pub mod server;
+pub mod session;
+pub mod shm;
+pub mod wake;

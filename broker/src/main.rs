@@ -1,0 +1,159 @@
+//! `gpushared`: the gpushare broker daemon.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::{Parser, ValueEnum};
+use gpushare_broker::config::BrokerConfig;
+use gpushare_broker::device::Device;
+use gpushare_broker::device::sim::{SimDevice, SimOptions};
+use gpushare_broker::policy::Policy;
+use gpushare_broker::server::{self, Broker};
+use tracing::{info, warn};
+
+const DEFAULT_POLICY: &str = "/etc/gpushare/gpushare.toml";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Backend {
+    /// cuda when a GPU is usable, else sim.
+    Auto,
+    /// A real NVIDIA GPU through the CUDA driver.
+    Cuda,
+    /// The CPU model of a GPU (tests, CI, demos).
+    Sim,
+}
+
+/// The gpushare broker: owns the GPU and shares it among many client processes.
+#[derive(Debug, Parser)]
+#[command(name = "gpushared", version, about)]
+struct Args {
+    /// Control socket path.
+    #[arg(long, env = "GPUSHARE_SOCKET", default_value = gpushare_protocol::DEFAULT_SOCKET_PATH)]
+    socket: PathBuf,
+    /// Device backend.
+    #[arg(long, value_enum, default_value_t = Backend::Auto)]
+    backend: Backend,
+    /// Policy file (TOML). Defaults to /etc/gpushare/gpushare.toml when that exists.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Permission bits of the socket, in octal.
+    #[arg(long, default_value = "660", value_parser = parse_octal)]
+    socket_mode: u32,
+    /// Group that owns the socket (its members may connect when the mode allows).
+    #[arg(long)]
+    socket_group: Option<String>,
+    /// Microseconds a client's data thread spins on an empty ring before sleeping.
+    #[arg(long, default_value_t = 50)]
+    spin_us: u64,
+    /// Default data arena per client (e.g. "16 MiB").
+    #[arg(long, default_value = "16 MiB")]
+    arena_size: bytesize::ByteSize,
+    /// Sim device: memory size.
+    #[arg(long, default_value = "16 GiB")]
+    sim_memory: bytesize::ByteSize,
+    /// Sim device: also take the modelled time on the wall clock.
+    #[arg(long)]
+    sim_realtime: bool,
+    /// Log filter (tracing's env-filter syntax); RUST_LOG overrides.
+    #[arg(long, default_value = "info")]
+    log: String,
+}
+
+fn parse_octal(s: &str) -> Result<u32, String> {
+    u32::from_str_radix(s.trim_start_matches("0o"), 8)
+        .map_err(|e| format!("`{s}` is not an octal mode: {e}"))
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .or_else(|_| tracing_subscriber::EnvFilter::try_new(&args.log))
+        .context("bad --log filter")?;
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+
+    let (policy, policy_path) = load_policy(args.config.as_deref())?;
+    let config = BrokerConfig {
+        socket: args.socket.clone(),
+        socket_mode: args.socket_mode,
+        socket_group: args.socket_group.clone(),
+        spin: Duration::from_micros(args.spin_us),
+        arena_size: args.arena_size.as_u64(),
+        policy_path,
+        ..BrokerConfig::default()
+    };
+
+    match args.backend {
+        Backend::Cuda => bail!("the cuda backend is not part of this build yet; use --backend sim"),
+        Backend::Auto => {
+            info!("no cuda backend in this build; using the sim device");
+        }
+        Backend::Sim => {}
+    }
+    let sim = SimDevice::new(SimOptions {
+        memory: args.sim_memory.as_u64(),
+        realtime: args.sim_realtime,
+        ..SimOptions::default()
+    });
+    run(Arc::new(sim), config, policy)
+}
+
+fn load_policy(path: Option<&std::path::Path>) -> anyhow::Result<(Policy, Option<PathBuf>)> {
+    match path {
+        Some(p) => Ok((Policy::load(p)?, Some(p.to_path_buf()))),
+        None if std::path::Path::new(DEFAULT_POLICY).exists() => {
+            let p = PathBuf::from(DEFAULT_POLICY);
+            Ok((Policy::load(&p)?, Some(p)))
+        }
+        None => {
+            info!("no policy file; every client gets class normal, weight 1, no memory quota");
+            Ok((Policy::default(), None))
+        }
+    }
+}
+
+fn run<D: Device>(device: Arc<D>, config: BrokerConfig, policy: Policy) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("gpushared-control")
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(async move {
+        let listener = server::bind(&config)?;
+        let info = device.info();
+        info!(
+            socket = %config.socket.display(),
+            backend = device.backend(),
+            device = %info.name,
+            memory = %bytesize::ByteSize(info.total_memory),
+            sms = info.sm_count,
+            "gpushared ready"
+        );
+        let broker = Broker::new(device, config, policy);
+        broker.serve(listener, shutdown_signal()).await;
+        Ok(())
+    })
+}
+
+async fn shutdown_signal() -> String {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (mut term, mut int) = match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
+        (Ok(t), Ok(i)) => (t, i),
+        _ => {
+            warn!("cannot install signal handlers; stop the broker with SIGKILL");
+            return std::future::pending().await;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => "SIGTERM".into(),
+        _ = int.recv() => "SIGINT".into(),
+    }
+}

@@ -1,0 +1,339 @@
+//! The policy file (`/etc/gpushare/gpushare.toml`): who gets which class, weight and quota.
+//!
+//! ```toml
+//! [defaults]
+//! class = "normal"            # high | normal | best-effort
+//! weight = 1
+//! memory_quota = "unlimited"  # or "8 GiB", or a number of bytes
+//!
+//! [[users]]
+//! name = "alice"              # or uid = 1000
+//! class = "high"
+//! weight = 4
+//! memory_quota = "20 GiB"
+//!
+//! [[groups]]
+//! name = "students"           # or gid = 2000
+//! class = "best-effort"
+//! memory_quota = "4 GiB"
+//! ```
+//!
+//! A user entry wins over group entries; among groups the first in file order that the user
+//! belongs to wins; fields an entry leaves out come from `[defaults]`.
+
+use std::path::Path;
+
+use gpushare_protocol::PriorityClass;
+use serde::Deserialize;
+
+/// What one client is granted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Grant {
+    pub class: PriorityClass,
+    pub weight: u32,
+    /// `None` means unlimited.
+    pub memory_quota: Option<u64>,
+}
+
+impl Default for Grant {
+    fn default() -> Self {
+        Grant {
+            class: PriorityClass::Normal,
+            weight: 1,
+            memory_quota: None,
+        }
+    }
+}
+
+/// A memory size in the file: bytes, a string with units, or "unlimited".
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Quota(pub Option<u64>);
+
+impl<'de> Deserialize<'de> for Quota {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Bytes(u64),
+            Text(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Bytes(b) => Ok(Quota(Some(b))),
+            Raw::Text(t) if t.trim().eq_ignore_ascii_case("unlimited") => Ok(Quota(None)),
+            Raw::Text(t) => t
+                .trim()
+                .parse::<bytesize::ByteSize>()
+                .map(|b| Quota(Some(b.as_u64())))
+                .map_err(|e| serde::de::Error::custom(format!("bad memory size `{t}`: {e}"))),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Fields {
+    class: Option<PriorityClass>,
+    weight: Option<u32>,
+    memory_quota: Option<Quota>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UserEntry {
+    name: Option<String>,
+    uid: Option<u32>,
+    class: Option<PriorityClass>,
+    weight: Option<u32>,
+    memory_quota: Option<Quota>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GroupEntry {
+    name: Option<String>,
+    gid: Option<u32>,
+    class: Option<PriorityClass>,
+    weight: Option<u32>,
+    memory_quota: Option<Quota>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PolicyFile {
+    #[serde(default)]
+    defaults: Fields,
+    #[serde(default)]
+    users: Vec<UserEntry>,
+    #[serde(default)]
+    groups: Vec<GroupEntry>,
+}
+
+/// The parsed policy.
+#[derive(Debug, Clone, Default)]
+pub struct Policy {
+    file: PolicyFile,
+    defaults: Grant,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PolicyError {
+    #[error("cannot read policy file {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("policy file {path} is not valid: {message}")]
+    Parse { path: String, message: String },
+}
+
+/// Who is asking, as the kernel told us.
+#[derive(Debug, Clone)]
+pub struct Identity {
+    pub uid: u32,
+    pub user: Option<String>,
+    /// Every group the user is in (primary included).
+    pub gids: Vec<u32>,
+    pub group_names: Vec<String>,
+}
+
+impl Identity {
+    /// Looks up name and groups for a uid/gid from the system's user database.
+    pub fn lookup(uid: u32, gid: u32) -> Identity {
+        let user = nix::unistd::User::from_uid(uid.into()).ok().flatten();
+        let mut gids = vec![gid];
+        if let Some(u) = &user
+            && let Ok(name) = std::ffi::CString::new(u.name.clone())
+            && let Ok(groups) = nix::unistd::getgrouplist(&name, gid.into())
+        {
+            gids = groups.into_iter().map(|g| g.as_raw()).collect();
+        }
+        let group_names = gids
+            .iter()
+            .filter_map(|g| nix::unistd::Group::from_gid((*g).into()).ok().flatten())
+            .map(|g| g.name)
+            .collect();
+        Identity {
+            uid,
+            user: user.map(|u| u.name),
+            gids,
+            group_names,
+        }
+    }
+}
+
+impl Policy {
+    pub fn parse(text: &str, path: &str) -> Result<Policy, PolicyError> {
+        let file: PolicyFile = toml::from_str(text).map_err(|e| PolicyError::Parse {
+            path: path.to_string(),
+            message: e.to_string(),
+        })?;
+        for u in &file.users {
+            if u.name.is_none() == u.uid.is_none() {
+                return Err(PolicyError::Parse {
+                    path: path.into(),
+                    message: "each [[users]] entry needs exactly one of `name` or `uid`".into(),
+                });
+            }
+        }
+        for g in &file.groups {
+            if g.name.is_none() == g.gid.is_none() {
+                return Err(PolicyError::Parse {
+                    path: path.into(),
+                    message: "each [[groups]] entry needs exactly one of `name` or `gid`".into(),
+                });
+            }
+        }
+        let defaults = apply(Grant::default(), &file.defaults);
+        Ok(Policy { file, defaults })
+    }
+
+    pub fn load(path: &Path) -> Result<Policy, PolicyError> {
+        let text = std::fs::read_to_string(path).map_err(|source| PolicyError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Policy::parse(&text, &path.display().to_string())
+    }
+
+    /// The grant for `who`.
+    pub fn grant_for(&self, who: &Identity) -> Grant {
+        let user_match = self.file.users.iter().find(|u| {
+            u.uid == Some(who.uid) || (u.name.is_some() && u.name.as_deref() == who.user.as_deref())
+        });
+        if let Some(u) = user_match {
+            return apply(
+                self.defaults,
+                &Fields {
+                    class: u.class,
+                    weight: u.weight,
+                    memory_quota: u.memory_quota,
+                },
+            );
+        }
+        let group_match = self.file.groups.iter().find(|g| {
+            g.gid.is_some_and(|gid| who.gids.contains(&gid))
+                || g.name.as_ref().is_some_and(|n| who.group_names.contains(n))
+        });
+        match group_match {
+            Some(g) => apply(
+                self.defaults,
+                &Fields {
+                    class: g.class,
+                    weight: g.weight,
+                    memory_quota: g.memory_quota,
+                },
+            ),
+            None => self.defaults,
+        }
+    }
+}
+
+fn apply(base: Grant, f: &Fields) -> Grant {
+    Grant {
+        class: f.class.unwrap_or(base.class),
+        weight: f.weight.unwrap_or(base.weight).max(1),
+        memory_quota: match f.memory_quota {
+            Some(Quota(q)) => q,
+            None => base.memory_quota,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn who(uid: u32, user: &str, groups: &[(u32, &str)]) -> Identity {
+        Identity {
+            uid,
+            user: Some(user.into()),
+            gids: groups.iter().map(|g| g.0).collect(),
+            group_names: groups.iter().map(|g| g.1.to_string()).collect(),
+        }
+    }
+
+    const FILE: &str = r#"
+        [defaults]
+        class = "normal"
+        weight = 2
+        memory_quota = "1 GiB"
+
+        [[users]]
+        name = "alice"
+        class = "high"
+        memory_quota = "unlimited"
+
+        [[users]]
+        uid = 1234
+        weight = 9
+
+        [[groups]]
+        name = "students"
+        class = "best-effort"
+        memory_quota = 1048576
+
+        [[groups]]
+        gid = 50
+        class = "high"
+    "#;
+
+    #[test]
+    fn users_beat_groups_and_defaults_fill_in() {
+        let p = Policy::parse(FILE, "test").expect("valid");
+        let alice = p.grant_for(&who(1000, "alice", &[(100, "students")]));
+        assert_eq!(
+            alice,
+            Grant {
+                class: PriorityClass::High,
+                weight: 2,
+                memory_quota: None
+            }
+        );
+        let by_uid = p.grant_for(&who(1234, "bob", &[]));
+        assert_eq!(
+            by_uid,
+            Grant {
+                class: PriorityClass::Normal,
+                weight: 9,
+                memory_quota: Some(1 << 30)
+            }
+        );
+        let student = p.grant_for(&who(1001, "carol", &[(50, "staff"), (100, "students")]));
+        assert_eq!(
+            student.class,
+            PriorityClass::BestEffort,
+            "first group in file order wins"
+        );
+        assert_eq!(student.memory_quota, Some(1 << 20));
+        let staff = p.grant_for(&who(1002, "dave", &[(50, "staff")]));
+        assert_eq!(staff.class, PriorityClass::High);
+        let nobody = p.grant_for(&who(1003, "erin", &[]));
+        assert_eq!(
+            nobody,
+            Grant {
+                class: PriorityClass::Normal,
+                weight: 2,
+                memory_quota: Some(1 << 30)
+            }
+        );
+    }
+
+    #[test]
+    fn mistakes_are_reported_with_the_path() {
+        let err = Policy::parse("[defaults]\nclass = \"urgent\"\n", "/etc/x.toml")
+            .expect_err("bad class");
+        assert!(err.to_string().contains("/etc/x.toml"), "{err}");
+        let err =
+            Policy::parse("[defaults]\nmemory_quota = \"lots\"\n", "p").expect_err("bad size");
+        assert!(err.to_string().contains("lots"), "{err}");
+        assert!(
+            Policy::parse("[[users]]\nclass = \"high\"\n", "p").is_err(),
+            "no name nor uid"
+        );
+        assert!(
+            Policy::parse("[defaults]\ncolour = 1\n", "p").is_err(),
+            "unknown key"
+        );
+        assert!(Policy::parse("", "p").is_ok(), "empty file = defaults");
+    }
+}

@@ -1,0 +1,707 @@
+//! The control plane: the listening socket, one task per connection, and clean shutdown.
+
+use std::fs::File;
+use std::io::Read;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use gpushare_protocol::control::{
+    self, BrokerMessage, ClientMessage, Hello, MAX_CONTROL_MESSAGE, MAX_MODULE_IMAGE, ModuleFormat,
+    Role, Welcome,
+};
+use gpushare_protocol::error::WireError;
+use gpushare_protocol::stats::StatusReport;
+use gpushare_protocol::{ErrorCode, PROTOCOL_VERSION};
+use tokio::sync::{oneshot, watch};
+use tokio::task::JoinSet;
+use tokio_seqpacket::ancillary::{AncillaryMessageWriter, OwnedAncillaryMessage};
+use tokio_seqpacket::{UnixSeqpacket, UnixSeqpacketListener};
+use tracing::{Instrument, debug, info, info_span, warn};
+
+use crate::config::BrokerConfig;
+use crate::device::Device;
+use crate::policy::{Identity, Policy};
+use crate::registry::Registry;
+use crate::session::{ModuleTable, SessionEnd, SessionInfo, SessionState};
+use crate::shm::SharedRegion;
+use crate::wake::Wakeup;
+
+/// How long a new connection has to say hello.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long shutdown waits for connections to wind down.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+#[derive(Debug, thiserror::Error)]
+pub enum BindError {
+    #[error("another gpushared is already serving on {0}")]
+    AlreadyRunning(PathBuf),
+    #[error("{0} exists and is not a socket; refusing to remove it")]
+    NotASocket(PathBuf),
+    #[error("cannot create the socket directory {path}: {source}")]
+    Directory {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot remove stale socket {path}: {source}")]
+    RemoveStale {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot listen on {path}: {source}")]
+    Bind {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot set permissions of {path}: {source}")]
+    Permissions {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("unknown socket group `{0}`")]
+    UnknownGroup(String),
+}
+
+/// Whether something accepts connections on `path` right now.
+fn socket_is_live(path: &Path) -> bool {
+    use nix::sys::socket::{AddressFamily, SockFlag, SockType, UnixAddr, connect, socket};
+    let Ok(fd) = socket(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    ) else {
+        return false;
+    };
+    let Ok(addr) = UnixAddr::new(path) else {
+        return false;
+    };
+    connect(std::os::fd::AsRawFd::as_raw_fd(&fd), &addr).is_ok()
+}
+
+/// Binds the control socket: refuses to steal a live broker's socket, removes a stale one.
+pub fn bind(config: &BrokerConfig) -> Result<UnixSeqpacketListener, BindError> {
+    let path = &config.socket;
+    if let Some(dir) = path.parent()
+        && !dir.as_os_str().is_empty()
+    {
+        std::fs::create_dir_all(dir).map_err(|source| BindError::Directory {
+            path: dir.into(),
+            source,
+        })?;
+    }
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if !meta.file_type().is_socket() {
+            return Err(BindError::NotASocket(path.clone()));
+        }
+        if socket_is_live(path) {
+            return Err(BindError::AlreadyRunning(path.clone()));
+        }
+        std::fs::remove_file(path).map_err(|source| BindError::RemoveStale {
+            path: path.clone(),
+            source,
+        })?;
+        info!(socket = %path.display(), "removed stale socket left by an earlier broker");
+    }
+    let listener = UnixSeqpacketListener::bind(path).map_err(|source| BindError::Bind {
+        path: path.clone(),
+        source,
+    })?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(config.socket_mode)).map_err(
+        |source| BindError::Permissions {
+            path: path.clone(),
+            source,
+        },
+    )?;
+    if let Some(group) = &config.socket_group {
+        let gid = nix::unistd::Group::from_name(group)
+            .ok()
+            .flatten()
+            .ok_or_else(|| BindError::UnknownGroup(group.clone()))?
+            .gid;
+        nix::unistd::chown(path, None, Some(gid)).map_err(|e| BindError::Permissions {
+            path: path.clone(),
+            source: e.into(),
+        })?;
+    }
+    Ok(listener)
+}
+
+/// The broker: one device, many sessions.
+pub struct Broker<D: Device> {
+    device: Arc<D>,
+    config: BrokerConfig,
+    policy: RwLock<Policy>,
+    registry: Registry,
+    started: Instant,
+}
+
+impl<D: Device> Broker<D> {
+    pub fn new(device: Arc<D>, config: BrokerConfig, policy: Policy) -> Arc<Broker<D>> {
+        Arc::new(Broker {
+            device,
+            config,
+            policy: RwLock::new(policy),
+            registry: Registry::default(),
+            started: Instant::now(),
+        })
+    }
+
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// Serves until `shutdown` resolves (with a reason), then tells every client, waits for
+    /// sessions to release their resources, and removes the socket file.
+    pub async fn serve(
+        self: Arc<Self>,
+        mut listener: UnixSeqpacketListener,
+        shutdown: impl std::future::Future<Output = String>,
+    ) {
+        let (stop_tx, stop_rx) = watch::channel(None::<String>);
+        let mut tasks = JoinSet::new();
+        tokio::pin!(shutdown);
+        let reason = loop {
+            tokio::select! {
+                accepted = listener.accept() => match accepted {
+                    Ok(sock) => {
+                        let broker = self.clone();
+                        tasks.spawn(broker.connection(sock, stop_rx.clone()));
+                    }
+                    Err(e) => {
+                        // Out of descriptors and the like: back off instead of spinning.
+                        warn!(error = %e, "cannot accept a connection");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                },
+                reason = &mut shutdown => break reason,
+                Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+            }
+        };
+        info!(%reason, clients = self.registry.len(), "shutting down");
+        let _ = stop_tx.send(Some(reason));
+        drop(listener);
+        let drained = tokio::time::timeout(SHUTDOWN_GRACE, async {
+            while tasks.join_next().await.is_some() {}
+        })
+        .await;
+        if drained.is_err() {
+            warn!("some sessions did not finish within {SHUTDOWN_GRACE:?}; exiting anyway");
+        }
+        if let Err(e) = std::fs::remove_file(&self.config.socket) {
+            warn!(socket = %self.config.socket.display(), error = %e, "cannot remove socket file");
+        }
+        info!("stopped");
+    }
+
+    pub fn status(&self) -> StatusReport {
+        let clients = self.registry.snapshot();
+        StatusReport {
+            broker_version: env!("CARGO_PKG_VERSION").into(),
+            protocol_version: PROTOCOL_VERSION,
+            backend: self.device.backend().into(),
+            device: self.device.info().clone(),
+            uptime_ms: self.started.elapsed().as_millis() as u64,
+            policy: "fifo".into(),
+            memory_used: clients.iter().map(|c| c.memory_used).sum(),
+            clients,
+        }
+    }
+
+    async fn connection(
+        self: Arc<Self>,
+        sock: UnixSeqpacket,
+        stop: watch::Receiver<Option<String>>,
+    ) {
+        let cred = match sock.peer_cred() {
+            Ok(c) => c,
+            Err(e) => {
+                warn!(error = %e, "cannot read peer credentials; dropping connection");
+                return;
+            }
+        };
+        let pid = cred.pid().unwrap_or(0);
+        let span = info_span!("conn", pid, uid = cred.uid());
+        async move {
+            let hello = match tokio::time::timeout(HELLO_TIMEOUT, recv(&sock)).await {
+                Ok(Ok(Some((ClientMessage::Hello(h), _)))) => h,
+                Ok(Ok(Some(_))) => {
+                    reject(&sock, ErrorCode::ProtocolViolation, "the first message must be Hello").await;
+                    return;
+                }
+                Ok(Ok(None)) => return,
+                Ok(Err(e)) => {
+                    reject(&sock, ErrorCode::ProtocolViolation, &e.to_string()).await;
+                    return;
+                }
+                Err(_) => {
+                    reject(&sock, ErrorCode::ProtocolViolation, "no Hello within 5 s").await;
+                    return;
+                }
+            };
+            if hello.protocol_version != PROTOCOL_VERSION {
+                let msg = format!(
+                    "client speaks protocol {} but this broker speaks {PROTOCOL_VERSION}; use a matching gpushare client library",
+                    hello.protocol_version
+                );
+                reject(&sock, ErrorCode::VersionMismatch, &msg).await;
+                return;
+            }
+            let identity = Identity::lookup(cred.uid(), cred.gid());
+            self.session(sock, hello, identity, pid, stop).await;
+        }
+        .instrument(span)
+        .await
+    }
+
+    async fn session(
+        self: Arc<Self>,
+        sock: UnixSeqpacket,
+        hello: Hello,
+        identity: Identity,
+        pid: i32,
+        mut stop: watch::Receiver<Option<String>>,
+    ) {
+        let mut grant = self
+            .policy
+            .read()
+            .map(|p| p.grant_for(&identity))
+            .unwrap_or_default();
+        if let Some(asked) = hello.requested_class
+            && asked > grant.class
+        {
+            grant.class = asked; // less important than granted: always allowed
+        }
+        let id = self.registry.next_id();
+        let user = identity
+            .user
+            .clone()
+            .unwrap_or_else(|| identity.uid.to_string());
+        let name: String = hello.client_name.chars().take(64).collect();
+        let welcome = |layout| Welcome {
+            protocol_version: PROTOCOL_VERSION,
+            broker_version: env!("CARGO_PKG_VERSION").into(),
+            client_id: id,
+            layout,
+            backend: self.device.backend().into(),
+            device: self.device.info().clone(),
+            class: grant.class,
+            weight: grant.weight,
+            memory_quota: grant.memory_quota,
+        };
+
+        if hello.role == Role::Monitor {
+            if send(&sock, &BrokerMessage::Welcome(Box::new(welcome(None))), &[])
+                .await
+                .is_err()
+            {
+                return;
+            }
+            self.control_loop(&sock, None, &mut stop, None).await;
+            return;
+        }
+
+        let started = match self.start_session(id, pid, &identity, user, name, grant, &hello) {
+            Ok(s) => s,
+            Err(e) => {
+                warn!(error = %e, "cannot set up client session");
+                reject(
+                    &sock,
+                    ErrorCode::Internal,
+                    &format!("cannot set up session: {e}"),
+                )
+                .await;
+                return;
+            }
+        };
+        let StartedSession {
+            info,
+            modules,
+            fds,
+            ready,
+            mut ended,
+            layout,
+        } = started;
+        match ready.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                reject(&sock, e.code(), &format!("cannot set up session: {e}")).await;
+                return;
+            }
+            Err(_) => {
+                reject(&sock, ErrorCode::Internal, "session thread failed to start").await;
+                return;
+            }
+        }
+        let borrowed: Vec<BorrowedFd<'_>> = fds.iter().map(|f| f.as_fd()).collect();
+        let sent = send(
+            &sock,
+            &BrokerMessage::Welcome(Box::new(welcome(Some(layout)))),
+            &borrowed,
+        )
+        .await;
+        drop(borrowed);
+        drop(fds);
+        if sent.is_ok() {
+            self.registry.insert(info.clone());
+            info!(client = id, name = %info.name, user = %info.user, class = %info.grant.class, "client connected");
+            self.control_loop(&sock, Some(&modules), &mut stop, Some(&mut ended))
+                .await;
+        }
+        info.request_stop();
+        let end = ended.await.unwrap_or(SessionEnd::Stopped);
+        self.registry.remove(id);
+        match end {
+            SessionEnd::Stopped => info!(client = id, "client disconnected"),
+            SessionEnd::ProtocolViolation(why) => {
+                warn!(client = id, %why, "client dropped for breaking the ring protocol")
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn start_session(
+        &self,
+        id: u64,
+        pid: i32,
+        identity: &Identity,
+        user: String,
+        name: String,
+        grant: crate::policy::Grant,
+        hello: &Hello,
+    ) -> std::io::Result<StartedSession<D>> {
+        let layout = self.config.layout_for(hello.sq_entries, hello.arena_size);
+        let region = Arc::new(
+            SharedRegion::create(&format!("gpushare-client-{id}"), layout)
+                .map_err(std::io::Error::other)?,
+        );
+        let submit_wake = Wakeup::new()?;
+        let complete_wake = Wakeup::new()?;
+        let fds = vec![
+            region.memfd().as_fd().try_clone_to_owned()?,
+            submit_wake.dup()?,
+            complete_wake.dup()?,
+        ];
+        let info = Arc::new(SessionInfo::new(
+            id,
+            pid,
+            identity.uid,
+            user,
+            name,
+            grant,
+            submit_wake,
+        ));
+        let modules: Arc<Mutex<ModuleTable<D>>> = Arc::default();
+        let (ready_tx, ready) = oneshot::channel();
+        let (ended_tx, ended) = oneshot::channel();
+        let (device, thread_info, thread_modules, spin) = (
+            self.device.clone(),
+            info.clone(),
+            modules.clone(),
+            self.config.spin,
+        );
+        std::thread::Builder::new()
+            .name(format!("gpushare-client-{id}"))
+            .spawn(move || {
+                let span = info_span!("client", id, pid);
+                let _entered = span.enter();
+                match SessionState::new(
+                    device,
+                    thread_info,
+                    region,
+                    complete_wake,
+                    thread_modules,
+                    spin,
+                ) {
+                    Ok(state) => {
+                        let _ = ready_tx.send(Ok(()));
+                        let _ = ended_tx.send(state.run());
+                    }
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                        let _ = ended_tx.send(SessionEnd::Stopped);
+                    }
+                }
+            })?;
+        Ok(StartedSession {
+            info,
+            modules,
+            fds,
+            ready,
+            ended,
+            layout,
+        })
+    }
+
+    /// Serves control requests until the client leaves, the broker stops, or the session's
+    /// data thread ends on its own.
+    async fn control_loop(
+        &self,
+        sock: &UnixSeqpacket,
+        modules: Option<&Arc<Mutex<ModuleTable<D>>>>,
+        stop: &mut watch::Receiver<Option<String>>,
+        mut ended: Option<&mut oneshot::Receiver<SessionEnd>>,
+    ) {
+        loop {
+            let thread_ended = async {
+                match ended.as_deref_mut() {
+                    Some(rx) => rx.await.unwrap_or(SessionEnd::Stopped),
+                    None => std::future::pending().await,
+                }
+            };
+            let msg = tokio::select! {
+                m = recv(sock) => m,
+                _ = stop.changed() => {
+                    let reason = stop.borrow().clone().unwrap_or_else(|| "broker shutting down".into());
+                    let _ = send(sock, &BrokerMessage::ShuttingDown { reason: format!("broker shutting down: {reason}") }, &[]).await;
+                    return;
+                }
+                end = thread_ended => {
+                    if let SessionEnd::ProtocolViolation(why) = end {
+                        let _ = send(sock, &BrokerMessage::Evicted { reason: format!("protocol violation: {why}") }, &[]).await;
+                    }
+                    return;
+                }
+            };
+            let (msg, fds) = match msg {
+                Ok(Some(m)) => m,
+                Ok(None) => return,
+                Err(e) => {
+                    debug!(error = %e, "malformed control message");
+                    let error = WireError::new(ErrorCode::ProtocolViolation, e.to_string());
+                    if send(
+                        sock,
+                        &BrokerMessage::RequestFailed { request: 0, error },
+                        &[],
+                    )
+                    .await
+                    .is_err()
+                    {
+                        return;
+                    }
+                    continue;
+                }
+            };
+            let reply = match (msg, modules) {
+                (ClientMessage::Goodbye, _) => return,
+                (ClientMessage::Status { request }, _) => BrokerMessage::Status {
+                    request,
+                    report: Box::new(self.status()),
+                },
+                (ClientMessage::Hello(_), _) => BrokerMessage::RequestFailed {
+                    request: 0,
+                    error: WireError::new(ErrorCode::ProtocolViolation, "already said hello"),
+                },
+                (
+                    ClientMessage::LoadModule {
+                        request,
+                        format,
+                        image_len,
+                    },
+                    Some(m),
+                ) => {
+                    let result = self.load_module(m, format, image_len, fds).await;
+                    BrokerMessage::ModuleLoaded { request, result }
+                }
+                (
+                    ClientMessage::GetFunction {
+                        request,
+                        module,
+                        name,
+                    },
+                    Some(m),
+                ) => {
+                    let result = self.get_function(m, module, name).await;
+                    BrokerMessage::Function { request, result }
+                }
+                (ClientMessage::UnloadModule { request, module }, Some(m)) => {
+                    let removed = m
+                        .lock()
+                        .map(|mut t| t.remove_module(module))
+                        .unwrap_or(false);
+                    let result = if removed {
+                        Ok(())
+                    } else {
+                        Err(WireError::new(
+                            ErrorCode::InvalidHandle,
+                            format!("no module {module}"),
+                        ))
+                    };
+                    BrokerMessage::ModuleUnloaded { request, result }
+                }
+                (
+                    ClientMessage::LoadModule { request, .. }
+                    | ClientMessage::GetFunction { request, .. }
+                    | ClientMessage::UnloadModule { request, .. },
+                    None,
+                ) => BrokerMessage::RequestFailed {
+                    request,
+                    error: WireError::new(
+                        ErrorCode::PermissionDenied,
+                        "monitor connections cannot load modules",
+                    ),
+                },
+            };
+            if send(sock, &reply, &[]).await.is_err() {
+                return;
+            }
+        }
+    }
+
+    async fn load_module(
+        &self,
+        modules: &Arc<Mutex<ModuleTable<D>>>,
+        format: ModuleFormat,
+        image_len: u64,
+        fds: Vec<OwnedFd>,
+    ) -> Result<u64, WireError> {
+        let fd = fds.into_iter().next().ok_or_else(|| {
+            WireError::new(
+                ErrorCode::InvalidArgument,
+                "LoadModule must carry the image as a file descriptor",
+            )
+        })?;
+        if image_len > MAX_MODULE_IMAGE {
+            return Err(WireError::new(
+                ErrorCode::InvalidArgument,
+                format!(
+                    "module image of {image_len} bytes exceeds the {MAX_MODULE_IMAGE}-byte limit"
+                ),
+            ));
+        }
+        let device = self.device.clone();
+        let loaded = tokio::task::spawn_blocking(move || {
+            let mut image = Vec::new();
+            File::from(fd)
+                .take(image_len)
+                .read_to_end(&mut image)
+                .map_err(|e| {
+                    WireError::new(
+                        ErrorCode::InvalidArgument,
+                        format!("cannot read module image: {e}"),
+                    )
+                })?;
+            if image.len() as u64 != image_len {
+                return Err(WireError::new(
+                    ErrorCode::InvalidArgument,
+                    format!(
+                        "module image has {} bytes, not the {image_len} announced",
+                        image.len()
+                    ),
+                ));
+            }
+            device
+                .load_module(format, &image)
+                .map_err(|e| WireError::new(e.code(), e.to_string()))
+        })
+        .await
+        .map_err(|e| WireError::new(ErrorCode::Internal, e.to_string()))??;
+        let mut table = modules
+            .lock()
+            .map_err(|_| WireError::new(ErrorCode::Internal, "module table poisoned"))?;
+        table
+            .insert_module(loaded)
+            .map_err(|c| WireError::new(c, "too many modules"))
+    }
+
+    async fn get_function(
+        &self,
+        modules: &Arc<Mutex<ModuleTable<D>>>,
+        module: u64,
+        name: String,
+    ) -> Result<u64, WireError> {
+        let m = modules
+            .lock()
+            .map_err(|_| WireError::new(ErrorCode::Internal, "module table poisoned"))?
+            .module(module)
+            .ok_or_else(|| {
+                WireError::new(ErrorCode::InvalidHandle, format!("no module {module}"))
+            })?;
+        let device = self.device.clone();
+        let f = tokio::task::spawn_blocking(move || {
+            device
+                .get_function(&m, &name)
+                .map_err(|e| WireError::new(e.code(), e.to_string()))
+        })
+        .await
+        .map_err(|e| WireError::new(ErrorCode::Internal, e.to_string()))??;
+        let mut table = modules
+            .lock()
+            .map_err(|_| WireError::new(ErrorCode::Internal, "module table poisoned"))?;
+        table
+            .insert_function(module, f)
+            .map_err(|c| WireError::new(c, "too many functions"))
+    }
+}
+
+struct StartedSession<D: Device> {
+    info: Arc<SessionInfo>,
+    modules: Arc<Mutex<ModuleTable<D>>>,
+    fds: Vec<OwnedFd>,
+    ready: oneshot::Receiver<Result<(), crate::device::DeviceError>>,
+    ended: oneshot::Receiver<SessionEnd>,
+    layout: gpushare_protocol::ring::ShmLayout,
+}
+
+#[derive(Debug, thiserror::Error)]
+enum RecvError {
+    #[error("control socket error: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("control message larger than {MAX_CONTROL_MESSAGE} bytes")]
+    TooLarge,
+    #[error("{0}")]
+    Codec(#[from] control::CodecError),
+}
+
+/// Receives one message and any descriptors that came with it; `None` at end of stream.
+async fn recv(sock: &UnixSeqpacket) -> Result<Option<(ClientMessage, Vec<OwnedFd>)>, RecvError> {
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut cmsg = [0u8; 256];
+    let (info, ancillary) = sock.recv_with_ancillary(&mut buf, &mut cmsg).await?;
+    let mut fds = Vec::new();
+    let truncated_fds = ancillary.is_truncated();
+    for m in ancillary.into_messages() {
+        if let OwnedAncillaryMessage::FileDescriptors(owned) = m {
+            fds.extend(owned);
+        }
+    }
+    if info.bytes_read() == 0 {
+        return Ok(None);
+    }
+    if info.truncated() || truncated_fds {
+        return Err(RecvError::TooLarge);
+    }
+    let msg = control::decode(&buf[..info.bytes_read()])?;
+    Ok(Some((msg, fds)))
+}
+
+async fn send(
+    sock: &UnixSeqpacket,
+    msg: &BrokerMessage,
+    fds: &[BorrowedFd<'_>],
+) -> std::io::Result<()> {
+    let bytes = control::encode(msg).map_err(std::io::Error::other)?;
+    if fds.is_empty() {
+        sock.send(&bytes).await?;
+    } else {
+        let mut cmsg = [0u8; 256];
+        let mut writer = AncillaryMessageWriter::new(&mut cmsg);
+        writer
+            .add_fds(fds.iter().copied())
+            .map_err(|_| std::io::Error::other("too many descriptors for one message"))?;
+        sock.send_with_ancillary(&bytes, &mut writer).await?;
+    }
+    Ok(())
+}
+
+async fn reject(sock: &UnixSeqpacket, code: ErrorCode, message: &str) {
+    info!(%code, message, "rejecting connection");
+    let _ = send(
+        sock,
+        &BrokerMessage::Rejected(WireError::new(code, message)),
+        &[],
+    )
+    .await;
+}

@@ -1,0 +1,672 @@
+//! One client's session: its handles, its accounting, and the data-plane thread that drains
+//! its submission ring.
+//!
+//! Everything a client names (pointers, streams, events, functions, arena ranges) is looked
+//! up in this session's own tables; nothing in the shared region is trusted. When the session
+//! ends — goodbye, disconnect, kill, eviction or broker shutdown — [`SessionState::reclaim`]
+//! releases everything it held.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use gpushare_protocol::command::ModuleLaunch;
+use gpushare_protocol::ring::{BrokerRings, CompletionEntry};
+use gpushare_protocol::stats::ClientStats;
+use gpushare_protocol::{Command, DevicePtr, ErrorCode, EventId, StreamId};
+
+use crate::device::{Device, DeviceError};
+use crate::policy::Grant;
+use crate::shm::SharedRegion;
+use crate::wake::Wakeup;
+
+/// Most streams one client may hold at once.
+pub const MAX_STREAMS: usize = 1024;
+/// Most events one client may hold at once.
+pub const MAX_EVENTS: usize = 16384;
+/// Most live allocations one client may hold at once.
+pub const MAX_ALLOCATIONS: usize = 1 << 20;
+/// How long the data thread waits on a full completion ring before looking again.
+const CQ_FULL_RECHECK: Duration = Duration::from_millis(10);
+
+/// Usage counters, updated by the data thread and read by status queries.
+#[derive(Default)]
+pub struct Counters {
+    pub memory_used: AtomicU64,
+    pub memory_peak: AtomicU64,
+    pub allocations: AtomicU64,
+    pub streams: AtomicU64,
+    pub commands: AtomicU64,
+    pub kernels: AtomicU64,
+    pub bytes_htod: AtomicU64,
+    pub bytes_dtoh: AtomicU64,
+    pub bytes_dtod: AtomicU64,
+    pub gpu_time_ns: AtomicU64,
+    pub errors: AtomicU64,
+}
+
+/// What the rest of the broker knows about a session.
+pub struct SessionInfo {
+    pub id: u64,
+    pub pid: i32,
+    pub uid: u32,
+    pub user: String,
+    pub name: String,
+    pub grant: Grant,
+    pub connected_at: Instant,
+    pub counters: Counters,
+    stop: AtomicBool,
+    /// The submission eventfd, so that others can wake the data thread.
+    submit_wake: Wakeup,
+}
+
+impl SessionInfo {
+    pub fn new(
+        id: u64,
+        pid: i32,
+        uid: u32,
+        user: String,
+        name: String,
+        grant: Grant,
+        submit_wake: Wakeup,
+    ) -> SessionInfo {
+        SessionInfo {
+            id,
+            pid,
+            uid,
+            user,
+            name,
+            grant,
+            connected_at: Instant::now(),
+            counters: Counters::default(),
+            stop: AtomicBool::new(false),
+            submit_wake,
+        }
+    }
+
+    /// Asks the data thread to finish and reclaim.
+    pub fn request_stop(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        self.submit_wake.signal();
+    }
+
+    pub fn stopping(&self) -> bool {
+        self.stop.load(Ordering::SeqCst)
+    }
+
+    pub fn submit_wake(&self) -> &Wakeup {
+        &self.submit_wake
+    }
+
+    pub fn stats(&self, streams: u32) -> ClientStats {
+        let c = &self.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        ClientStats {
+            client_id: self.id,
+            pid: self.pid,
+            uid: self.uid,
+            user: self.user.clone(),
+            name: self.name.clone(),
+            class: self.grant.class,
+            weight: self.grant.weight,
+            memory_used: get(&c.memory_used),
+            memory_peak: get(&c.memory_peak),
+            memory_quota: self.grant.memory_quota,
+            allocations: get(&c.allocations),
+            streams,
+            commands: get(&c.commands),
+            kernels: get(&c.kernels),
+            bytes_htod: get(&c.bytes_htod),
+            bytes_dtoh: get(&c.bytes_dtoh),
+            bytes_dtod: get(&c.bytes_dtod),
+            gpu_time_ns: get(&c.gpu_time_ns),
+            errors: get(&c.errors),
+            connected_ms: self.connected_at.elapsed().as_millis() as u64,
+        }
+    }
+}
+
+/// Modules and functions a client loaded; shared with the control task that loads them.
+pub struct ModuleTable<D: Device> {
+    modules: HashMap<u64, Arc<D::Module>>,
+    functions: HashMap<u64, (u64, Arc<D::Function>)>,
+    next: u64,
+}
+
+impl<D: Device> Default for ModuleTable<D> {
+    fn default() -> Self {
+        ModuleTable {
+            modules: HashMap::new(),
+            functions: HashMap::new(),
+            next: 1,
+        }
+    }
+}
+
+/// Most modules one client may hold.
+pub const MAX_MODULES: usize = 256;
+/// Most function handles one client may hold.
+pub const MAX_FUNCTIONS: usize = 65536;
+
+impl<D: Device> ModuleTable<D> {
+    pub fn insert_module(&mut self, module: D::Module) -> Result<u64, ErrorCode> {
+        if self.modules.len() >= MAX_MODULES {
+            return Err(ErrorCode::TooManyHandles);
+        }
+        let id = self.next;
+        self.next += 1;
+        self.modules.insert(id, Arc::new(module));
+        Ok(id)
+    }
+
+    pub fn module(&self, id: u64) -> Option<Arc<D::Module>> {
+        self.modules.get(&id).cloned()
+    }
+
+    pub fn insert_function(&mut self, module: u64, f: D::Function) -> Result<u64, ErrorCode> {
+        if self.functions.len() >= MAX_FUNCTIONS {
+            return Err(ErrorCode::TooManyHandles);
+        }
+        let id = self.next;
+        self.next += 1;
+        self.functions.insert(id, (module, Arc::new(f)));
+        Ok(id)
+    }
+
+    pub fn function(&self, id: u64) -> Option<Arc<D::Function>> {
+        self.functions.get(&id).map(|(_, f)| f.clone())
+    }
+
+    /// Unloads a module and forgets its functions.
+    pub fn remove_module(&mut self, id: u64) -> bool {
+        self.functions.retain(|_, (m, _)| *m != id);
+        self.modules.remove(&id).is_some()
+    }
+
+    pub fn clear(&mut self) {
+        self.functions.clear();
+        self.modules.clear();
+    }
+}
+
+struct StreamSlot<S> {
+    stream: S,
+}
+
+/// The data thread's state for one client.
+pub struct SessionState<D: Device> {
+    device: Arc<D>,
+    info: Arc<SessionInfo>,
+    region: Arc<SharedRegion>,
+    rings: BrokerRings,
+    complete_wake: Wakeup,
+    modules: Arc<Mutex<ModuleTable<D>>>,
+    spin: Duration,
+    /// Base pointer → size of every live allocation.
+    allocations: BTreeMap<DevicePtr, u64>,
+    streams: HashMap<StreamId, StreamSlot<D::Stream>>,
+    next_stream: StreamId,
+    events: HashMap<EventId, D::Event>,
+    next_event: EventId,
+    /// Device time of streams already destroyed.
+    retired_gpu_ns: u64,
+}
+
+/// Why a session's data thread ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SessionEnd {
+    Stopped,
+    ProtocolViolation(String),
+}
+
+impl<D: Device> SessionState<D> {
+    /// Sets up the session's rings and default stream.
+    ///
+    /// # Errors
+    /// When the device cannot create the default stream or register the arena.
+    pub fn new(
+        device: Arc<D>,
+        info: Arc<SessionInfo>,
+        region: Arc<SharedRegion>,
+        complete_wake: Wakeup,
+        modules: Arc<Mutex<ModuleTable<D>>>,
+        spin: Duration,
+    ) -> Result<SessionState<D>, DeviceError> {
+        // SAFETY: one init per region; `region` is kept alive in `self` for as long as the
+        // rings exist (fields drop after `reclaim` in `run`).
+        let rings = unsafe { region.init_rings() };
+        device.register_arena(region.arena())?;
+        let default_stream = match device.create_stream(info.grant.class) {
+            Ok(s) => s,
+            Err(e) => {
+                device.unregister_arena(region.arena());
+                return Err(e);
+            }
+        };
+        let mut streams = HashMap::new();
+        streams.insert(
+            0,
+            StreamSlot {
+                stream: default_stream,
+            },
+        );
+        info.counters.streams.store(1, Ordering::Relaxed);
+        Ok(SessionState {
+            device,
+            info,
+            region,
+            rings,
+            complete_wake,
+            modules,
+            spin,
+            allocations: BTreeMap::new(),
+            streams,
+            next_stream: 1,
+            events: HashMap::new(),
+            next_event: 1,
+            retired_gpu_ns: 0,
+        })
+    }
+
+    /// Drains the submission ring until asked to stop or the client breaks the protocol;
+    /// then releases everything the client held.
+    pub fn run(mut self) -> SessionEnd {
+        let end = self.serve();
+        self.reclaim();
+        end
+    }
+
+    fn serve(&mut self) -> SessionEnd {
+        let mut idle_since = Instant::now();
+        loop {
+            if self.info.stopping() {
+                return SessionEnd::Stopped;
+            }
+            let available = match self.rings.submissions.available() {
+                Ok(n) => n,
+                Err(e) => return SessionEnd::ProtocolViolation(e.to_string()),
+            };
+            if available > 0 {
+                for _ in 0..available {
+                    let entry = self.rings.submissions.pop();
+                    self.rings.submissions.release();
+                    let completion = self.process(&entry);
+                    if let Err(end) = self.complete(completion) {
+                        return end;
+                    }
+                }
+                idle_since = Instant::now();
+                continue;
+            }
+            if idle_since.elapsed() < self.spin {
+                std::hint::spin_loop();
+                continue;
+            }
+            // Nothing for a while: sleep until the client signals (it will, because it sees
+            // NEED_WAKEUP after publishing).
+            self.rings.submissions.prepare_sleep();
+            match self.rings.submissions.available() {
+                Ok(0) if !self.info.stopping() => self.info.submit_wake().wait(None),
+                _ => {}
+            }
+            self.rings.submissions.finish_sleep();
+            idle_since = Instant::now();
+        }
+    }
+
+    /// Publishes one completion, waiting (bounded, interruptible) while the ring is full.
+    fn complete(&mut self, entry: CompletionEntry) -> Result<(), SessionEnd> {
+        loop {
+            match self.rings.completions.try_push(entry) {
+                Ok(true) => break,
+                Ok(false) => {
+                    // The client is not reading its completions: only it waits.
+                    self.rings.completions.wait_for_room();
+                    let still_full = matches!(self.rings.completions.free_slots(), Ok(0));
+                    if still_full && !self.info.stopping() {
+                        self.info.submit_wake().wait(Some(CQ_FULL_RECHECK));
+                    }
+                    self.rings.completions.finish_wait_for_room();
+                    if self.info.stopping() {
+                        return Err(SessionEnd::Stopped);
+                    }
+                }
+                Err(e) => return Err(SessionEnd::ProtocolViolation(e.to_string())),
+            }
+        }
+        self.rings.completions.publish();
+        if self.rings.completions.consumer_needs_wakeup() {
+            self.complete_wake.signal();
+        }
+        Ok(())
+    }
+
+    /// Decodes, validates and executes one entry; never panics on any input.
+    fn process(&mut self, entry: &gpushare_protocol::ring::SubmissionEntry) -> CompletionEntry {
+        self.info.counters.commands.fetch_add(1, Ordering::Relaxed);
+        let outcome = Command::decode(entry).and_then(|cmd| self.execute(cmd));
+        let (status, result, result2) = match outcome {
+            Ok((r1, r2)) => (0, r1, r2),
+            Err(code) => {
+                self.info.counters.errors.fetch_add(1, Ordering::Relaxed);
+                (code.as_u32(), 0, 0)
+            }
+        };
+        CompletionEntry {
+            user_tag: entry.user_tag,
+            status,
+            flags: 0,
+            result,
+            result2,
+        }
+    }
+
+    /// Checks that `[ptr, ptr + len)` lies inside one of this client's allocations.
+    fn check_range(&self, ptr: DevicePtr, len: u64) -> Result<(), ErrorCode> {
+        let (&base, &size) = self
+            .allocations
+            .range(..=ptr)
+            .next_back()
+            .ok_or(ErrorCode::InvalidPointer)?;
+        let end = ptr.checked_add(len).ok_or(ErrorCode::InvalidPointer)?;
+        if end > base + size {
+            return Err(ErrorCode::InvalidPointer);
+        }
+        Ok(())
+    }
+
+    fn stream_mut(&mut self, id: StreamId) -> Result<&mut D::Stream, ErrorCode> {
+        self.streams
+            .get_mut(&id)
+            .map(|s| &mut s.stream)
+            .ok_or(ErrorCode::InvalidHandle)
+    }
+
+    /// Runs a stream-ordered device operation and charges its device time to the client.
+    fn on_stream(
+        &mut self,
+        stream: StreamId,
+        op: impl FnOnce(&D, &mut D::Stream) -> Result<(), DeviceError>,
+    ) -> Result<(u64, u64), ErrorCode> {
+        let device = self.device.clone();
+        let s = self.stream_mut(stream)?;
+        let before = device.stream_busy_ns(s);
+        let result = op(&device, s);
+        let spent = device.stream_busy_ns(s).saturating_sub(before);
+        self.info
+            .counters
+            .gpu_time_ns
+            .fetch_add(spent, Ordering::Relaxed);
+        result.map(|()| (0, 0)).map_err(|e| {
+            tracing::debug!(error = %e, "device operation failed");
+            e.code()
+        })
+    }
+
+    fn execute(&mut self, cmd: Command) -> Result<(u64, u64), ErrorCode> {
+        let counters = &self.info.counters;
+        match cmd {
+            Command::Nop => Ok((0, 0)),
+            Command::Alloc { bytes } => self.alloc(bytes),
+            Command::Free { ptr } => {
+                let size = self
+                    .allocations
+                    .get(&ptr)
+                    .copied()
+                    .ok_or(ErrorCode::InvalidPointer)?;
+                self.device.free(ptr).map_err(|e| e.code())?;
+                self.allocations.remove(&ptr);
+                counters.memory_used.fetch_sub(size, Ordering::Relaxed);
+                Ok((0, 0))
+            }
+            Command::CopyHtoD {
+                stream,
+                arena_offset,
+                dst,
+                len,
+            } => {
+                self.check_range(dst, len)?;
+                let region = self.region.clone();
+                let src = region
+                    .arena_slice(arena_offset, len)
+                    .ok_or(ErrorCode::ArenaOutOfBounds)?;
+                let r = self.on_stream(stream, |d, s| d.copy_htod(s, src, dst))?;
+                self.info
+                    .counters
+                    .bytes_htod
+                    .fetch_add(len, Ordering::Relaxed);
+                Ok(r)
+            }
+            Command::CopyDtoH {
+                stream,
+                src,
+                arena_offset,
+                len,
+            } => {
+                self.check_range(src, len)?;
+                let region = self.region.clone();
+                let dst = region
+                    .arena_slice(arena_offset, len)
+                    .ok_or(ErrorCode::ArenaOutOfBounds)?;
+                let r = self.on_stream(stream, |d, s| d.copy_dtoh(s, src, dst))?;
+                self.info
+                    .counters
+                    .bytes_dtoh
+                    .fetch_add(len, Ordering::Relaxed);
+                Ok(r)
+            }
+            Command::CopyDtoD {
+                stream,
+                src,
+                dst,
+                len,
+            } => {
+                self.check_range(src, len)?;
+                self.check_range(dst, len)?;
+                let r = self.on_stream(stream, |d, s| d.copy_dtod(s, src, dst, len))?;
+                self.info
+                    .counters
+                    .bytes_dtod
+                    .fetch_add(len, Ordering::Relaxed);
+                Ok(r)
+            }
+            Command::Memset {
+                stream,
+                dst,
+                value,
+                len,
+            } => {
+                self.check_range(dst, len)?;
+                self.on_stream(stream, |d, s| d.memset(s, dst, value, len))
+            }
+            Command::StreamCreate => {
+                if self.streams.len() >= MAX_STREAMS {
+                    return Err(ErrorCode::TooManyHandles);
+                }
+                let stream = self
+                    .device
+                    .create_stream(self.info.grant.class)
+                    .map_err(|e| e.code())?;
+                let id = self.next_stream;
+                self.next_stream = self
+                    .next_stream
+                    .checked_add(1)
+                    .ok_or(ErrorCode::TooManyHandles)?;
+                self.streams.insert(id, StreamSlot { stream });
+                counters
+                    .streams
+                    .store(self.streams.len() as u64, Ordering::Relaxed);
+                Ok((id as u64, 0))
+            }
+            Command::StreamDestroy { stream } => {
+                if stream == 0 {
+                    return Err(ErrorCode::InvalidHandle);
+                }
+                let slot = self
+                    .streams
+                    .remove(&stream)
+                    .ok_or(ErrorCode::InvalidHandle)?;
+                self.retired_gpu_ns += self.device.stream_busy_ns(&slot.stream);
+                self.device.destroy_stream(slot.stream);
+                counters
+                    .streams
+                    .store(self.streams.len() as u64, Ordering::Relaxed);
+                Ok((0, 0))
+            }
+            Command::StreamSync { stream } => {
+                let device = self.device.clone();
+                let s = self.stream_mut(stream)?;
+                device.sync_stream(s).map_err(|e| e.code())?;
+                Ok((0, 0))
+            }
+            Command::EventCreate => {
+                if self.events.len() >= MAX_EVENTS {
+                    return Err(ErrorCode::TooManyHandles);
+                }
+                let event = self.device.create_event().map_err(|e| e.code())?;
+                let id = self.next_event;
+                self.next_event = self
+                    .next_event
+                    .checked_add(1)
+                    .ok_or(ErrorCode::TooManyHandles)?;
+                self.events.insert(id, event);
+                Ok((id as u64, 0))
+            }
+            Command::EventRecord { stream, event } => {
+                let device = self.device.clone();
+                let e = self
+                    .events
+                    .get_mut(&event)
+                    .ok_or(ErrorCode::InvalidHandle)?;
+                let s = self
+                    .streams
+                    .get_mut(&stream)
+                    .map(|s| &mut s.stream)
+                    .ok_or(ErrorCode::InvalidHandle)?;
+                device.record_event(e, s).map_err(|e| e.code())?;
+                Ok((0, 0))
+            }
+            Command::EventQuery { event } => {
+                let e = self.events.get(&event).ok_or(ErrorCode::InvalidHandle)?;
+                let done = self.device.event_done(e).map_err(|e| e.code())?;
+                Ok((done as u64, 0))
+            }
+            Command::EventSync { event } => {
+                let e = self.events.get(&event).ok_or(ErrorCode::InvalidHandle)?;
+                self.device.sync_event(e).map_err(|e| e.code())?;
+                Ok((0, 0))
+            }
+            Command::EventElapsed { start, end } => {
+                let s = self.events.get(&start).ok_or(ErrorCode::InvalidHandle)?;
+                let e = self.events.get(&end).ok_or(ErrorCode::InvalidHandle)?;
+                let ns = self.device.elapsed_ns(s, e).map_err(|e| e.code())?;
+                Ok((ns, 0))
+            }
+            Command::EventDestroy { event } => {
+                self.events.remove(&event).ok_or(ErrorCode::InvalidHandle)?;
+                Ok((0, 0))
+            }
+            Command::ClientSync => {
+                let device = self.device.clone();
+                let mut first_error = None;
+                for slot in self.streams.values_mut() {
+                    if let Err(e) = device.sync_stream(&mut slot.stream) {
+                        first_error.get_or_insert(e.code());
+                    }
+                }
+                first_error.map_or(Ok((0, 0)), Err)
+            }
+            Command::Launch { stream, kernel } => {
+                for operand in kernel.operands()? {
+                    if operand.bytes > 0 {
+                        self.check_range(operand.ptr, operand.bytes)?;
+                    }
+                }
+                let r = self.on_stream(stream, |d, s| d.launch(s, &kernel))?;
+                self.info.counters.kernels.fetch_add(1, Ordering::Relaxed);
+                Ok(r)
+            }
+            Command::LaunchModule { stream, launch } => self.launch_module(stream, launch),
+        }
+    }
+
+    fn alloc(&mut self, bytes: u64) -> Result<(u64, u64), ErrorCode> {
+        if bytes == 0 {
+            return Err(ErrorCode::InvalidArgument);
+        }
+        if self.allocations.len() >= MAX_ALLOCATIONS {
+            return Err(ErrorCode::TooManyHandles);
+        }
+        let counters = &self.info.counters;
+        let used = counters.memory_used.load(Ordering::Relaxed);
+        if let Some(quota) = self.info.grant.memory_quota
+            && used.saturating_add(bytes) > quota
+        {
+            return Err(ErrorCode::OutOfQuota);
+        }
+        let ptr = self.device.alloc(bytes).map_err(|e| e.code())?;
+        self.allocations.insert(ptr, bytes);
+        let now = used + bytes;
+        counters.memory_used.store(now, Ordering::Relaxed);
+        counters.memory_peak.fetch_max(now, Ordering::Relaxed);
+        counters.allocations.fetch_add(1, Ordering::Relaxed);
+        Ok((ptr, 0))
+    }
+
+    fn launch_module(
+        &mut self,
+        stream: StreamId,
+        launch: ModuleLaunch,
+    ) -> Result<(u64, u64), ErrorCode> {
+        let function = self
+            .modules
+            .lock()
+            .map_err(|_| ErrorCode::Internal)?
+            .function(launch.function)
+            .ok_or(ErrorCode::InvalidHandle)?;
+        // Copy the parameters out of shared memory so the client cannot change them mid-launch.
+        let params_slice = self
+            .region
+            .arena_slice(launch.params_offset, launch.params_len as u64)
+            .ok_or(ErrorCode::ArenaOutOfBounds)?;
+        let mut params = vec![0u8; params_slice.len()];
+        params_slice.read_into(&mut params);
+        let r = self.on_stream(stream, |d, s| {
+            d.launch_module(s, &function, &launch, &params)
+        })?;
+        self.info.counters.kernels.fetch_add(1, Ordering::Relaxed);
+        Ok(r)
+    }
+
+    /// Releases everything the client held: waits for its streams, then frees.
+    fn reclaim(&mut self) {
+        let streams = self.streams.len();
+        let allocations = self.allocations.len();
+        let bytes: u64 = self.allocations.values().sum();
+        for (_, mut slot) in self.streams.drain() {
+            let _ = self.device.sync_stream(&mut slot.stream);
+            self.retired_gpu_ns += self.device.stream_busy_ns(&slot.stream);
+            self.device.destroy_stream(slot.stream);
+        }
+        self.events.clear();
+        if let Ok(mut m) = self.modules.lock() {
+            m.clear();
+        }
+        for (ptr, _) in std::mem::take(&mut self.allocations) {
+            if let Err(e) = self.device.free(ptr) {
+                tracing::warn!(ptr = format_args!("{ptr:#x}"), error = %e, "could not free allocation of departed client");
+            }
+        }
+        self.device.unregister_arena(self.region.arena());
+        let c = &self.info.counters;
+        c.memory_used.store(0, Ordering::Relaxed);
+        c.streams.store(0, Ordering::Relaxed);
+        tracing::info!(
+            streams,
+            allocations,
+            bytes,
+            "released everything the client held"
+        );
+    }
+}

@@ -1,0 +1,223 @@
+//! Messages on the control socket (`SOCK_SEQPACKET`, one message per datagram, bincode).
+//!
+//! A session starts with the client's [`ClientMessage::Hello`] and the broker's
+//! [`BrokerMessage::Welcome`], which for a `Role::Client` carries three file descriptors by
+//! `SCM_RIGHTS`, in this order: the shared region (memfd, size sealed), the submission
+//! eventfd (client → broker) and the completion eventfd (broker → client).
+//!
+//! Requests carry a `request` number that the reply echoes; the broker may also send
+//! [`BrokerMessage::ShuttingDown`] or [`BrokerMessage::Evicted`] at any time.
+
+use serde::{Deserialize, Serialize};
+
+use crate::PriorityClass;
+use crate::error::WireError;
+use crate::ring::ShmLayout;
+use crate::stats::StatusReport;
+
+/// Largest control message either side accepts.
+pub const MAX_CONTROL_MESSAGE: usize = 1 << 20;
+
+/// Largest module image a client may load.
+pub const MAX_MODULE_IMAGE: u64 = 256 << 20;
+
+/// Number of file descriptors that come with a client's `Welcome`.
+pub const WELCOME_FDS: usize = 3;
+
+/// What a connection is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Role {
+    /// Runs work on the GPU: gets a shared region and rings.
+    Client,
+    /// Only asks for status (the `gpushare` tool): gets no region.
+    Monitor,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Hello {
+    pub protocol_version: u32,
+    pub role: Role,
+    /// A name for status displays (defaults to the process name on the client side).
+    pub client_name: String,
+    /// A client may ask for a class less important than its policy grants, never more.
+    pub requested_class: Option<PriorityClass>,
+    /// Submission ring entries wanted (0 = broker default); the broker may round or clamp.
+    pub sq_entries: u32,
+    /// Data arena bytes wanted (0 = broker default); the broker may round or clamp.
+    pub arena_size: u64,
+}
+
+/// The format of a module image.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ModuleFormat {
+    Ptx,
+    Cubin,
+    Fatbin,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ClientMessage {
+    Hello(Hello),
+    /// Loads a module whose image comes as a memfd (one `SCM_RIGHTS` descriptor) of
+    /// `image_len` bytes.
+    LoadModule {
+        request: u64,
+        format: ModuleFormat,
+        image_len: u64,
+    },
+    /// Looks up a function in a loaded module.
+    GetFunction {
+        request: u64,
+        module: u64,
+        name: String,
+    },
+    UnloadModule {
+        request: u64,
+        module: u64,
+    },
+    Status {
+        request: u64,
+    },
+    /// The client is leaving on purpose.
+    Goodbye,
+}
+
+/// What the device looks like.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeviceInfo {
+    pub index: u32,
+    pub name: String,
+    pub total_memory: u64,
+    pub sm_count: u32,
+    pub compute_capability: (u32, u32),
+    /// Peak FP32 rate the scheduler and the sim cost model assume, in FLOP/s.
+    pub fp32_flops: f64,
+    /// Peak device memory bandwidth, bytes/s.
+    pub memory_bandwidth: f64,
+    /// Host↔device copy bandwidth, bytes/s.
+    pub host_bandwidth: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Welcome {
+    pub protocol_version: u32,
+    pub broker_version: String,
+    pub client_id: u64,
+    /// `None` for monitors.
+    pub layout: Option<ShmLayout>,
+    pub backend: String,
+    pub device: DeviceInfo,
+    pub class: PriorityClass,
+    pub weight: u32,
+    pub memory_quota: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum BrokerMessage {
+    Welcome(Box<Welcome>),
+    /// The broker refuses the session (version mismatch, permission …) and will close it.
+    Rejected(WireError),
+    ModuleLoaded {
+        request: u64,
+        result: Result<u64, WireError>,
+    },
+    Function {
+        request: u64,
+        result: Result<u64, WireError>,
+    },
+    ModuleUnloaded {
+        request: u64,
+        result: Result<(), WireError>,
+    },
+    Status {
+        request: u64,
+        report: Box<StatusReport>,
+    },
+    /// A request could not be parsed or was not allowed in this session.
+    RequestFailed {
+        request: u64,
+        error: WireError,
+    },
+    /// The broker is stopping; every command not yet completed is lost.
+    ShuttingDown {
+        reason: String,
+    },
+    /// An administrator or the broker removed this client.
+    Evicted {
+        reason: String,
+    },
+}
+
+fn config() -> impl bincode::config::Config {
+    bincode::config::standard().with_limit::<MAX_CONTROL_MESSAGE>()
+}
+
+/// Why a control message could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum CodecError {
+    #[error("cannot decode control message: {0}")]
+    Decode(#[from] bincode::error::DecodeError),
+    #[error("cannot encode control message: {0}")]
+    Encode(#[from] bincode::error::EncodeError),
+    #[error("control message has {0} trailing bytes")]
+    TrailingBytes(usize),
+}
+
+/// Encodes a control message.
+pub fn encode<T: Serialize>(msg: &T) -> Result<Vec<u8>, CodecError> {
+    Ok(bincode::serde::encode_to_vec(msg, config())?)
+}
+
+/// Decodes one whole control message; trailing garbage is an error.
+pub fn decode<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, CodecError> {
+    let (msg, used) = bincode::serde::decode_from_slice(bytes, config())?;
+    if used != bytes.len() {
+        return Err(CodecError::TrailingBytes(bytes.len() - used));
+    }
+    Ok(msg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn hello_round_trips() {
+        let hello = ClientMessage::Hello(Hello {
+            protocol_version: crate::PROTOCOL_VERSION,
+            role: Role::Client,
+            client_name: "trainer".into(),
+            requested_class: Some(PriorityClass::BestEffort),
+            sq_entries: 256,
+            arena_size: 1 << 20,
+        });
+        let bytes = encode(&hello).expect("encode");
+        assert_eq!(decode::<ClientMessage>(&bytes).expect("decode"), hello);
+        let mut longer = bytes.clone();
+        longer.push(0);
+        assert!(decode::<ClientMessage>(&longer).is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn garbage_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let _ = decode::<ClientMessage>(&bytes);
+            let _ = decode::<BrokerMessage>(&bytes);
+        }
+    }
+
+    #[test]
+    fn huge_length_prefix_is_refused_without_allocating() {
+        // A GetFunction whose name claims to be 2^60 bytes long.
+        let mut bytes = encode(&ClientMessage::GetFunction {
+            request: 1,
+            module: 2,
+            name: String::new(),
+        })
+        .expect("encode");
+        bytes.pop();
+        bytes.extend_from_slice(&[0xff, 0, 0, 0, 0, 0, 0, 0, 0x10]);
+        assert!(decode::<ClientMessage>(&bytes).is_err());
+    }
+}
