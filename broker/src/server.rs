@@ -1,8 +1,8 @@
 //! The control plane: the listening socket, one task per connection, and clean shutdown.
 
 use std::fs::File;
-use std::io::Read;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::fs::FileExt;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
@@ -573,25 +573,22 @@ impl<D: Device> Broker<D> {
         }
         let device = self.device.clone();
         let loaded = tokio::task::spawn_blocking(move || {
-            let mut image = Vec::new();
-            File::from(fd)
-                .take(image_len)
-                .read_to_end(&mut image)
-                .map_err(|e| {
-                    WireError::new(
-                        ErrorCode::InvalidArgument,
-                        format!("cannot read module image: {e}"),
-                    )
-                })?;
-            if image.len() as u64 != image_len {
+            // Read by position: the client's file offset is not ours to trust.
+            let file = File::from(fd);
+            let size = file.metadata().map(|m| m.len()).unwrap_or(0);
+            if size < image_len {
                 return Err(WireError::new(
                     ErrorCode::InvalidArgument,
-                    format!(
-                        "module image has {} bytes, not the {image_len} announced",
-                        image.len()
-                    ),
+                    format!("module image file has {size} bytes, not the {image_len} announced"),
                 ));
             }
+            let mut image = vec![0u8; image_len as usize];
+            file.read_exact_at(&mut image, 0).map_err(|e| {
+                WireError::new(
+                    ErrorCode::InvalidArgument,
+                    format!("cannot read module image: {e}"),
+                )
+            })?;
             device
                 .load_module(format, &image)
                 .map_err(|e| WireError::new(e.code(), e.to_string()))

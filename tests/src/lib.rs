@@ -1,1 +1,224 @@
+//! Helpers for gpushare's integration tests: start a real `gpushared`, find the built
+//! binaries, wait for things.
+//!
+//! Binaries are looked up in `$GPUSHARE_BIN_DIR`, then next to the test executable, then in
+//! its parent (cargo's `target/<profile>/deps/..`): build the workspace before testing
+//! (`cargo build --workspace && cargo test --workspace`), or copy the binaries next to the
+//! test executables on a machine without cargo.
 
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Path of a workspace binary (`gpushared`, `gpushare`, `gpushare-demo`, …).
+pub fn binary(name: &str) -> PathBuf {
+    let mut dirs = Vec::new();
+    if let Some(dir) = std::env::var_os("GPUSHARE_BIN_DIR") {
+        dirs.push(PathBuf::from(dir));
+    }
+    if let Ok(exe) = std::env::current_exe()
+        && let Some(dir) = exe.parent()
+    {
+        dirs.push(dir.to_path_buf());
+        if let Some(up) = dir.parent() {
+            dirs.push(up.to_path_buf());
+        }
+    }
+    for dir in &dirs {
+        let candidate = dir.join(name);
+        if candidate.is_file() {
+            return candidate;
+        }
+    }
+    panic!(
+        "binary `{name}` not found in {dirs:?}: run `cargo build --workspace` first, or set GPUSHARE_BIN_DIR"
+    );
+}
+
+/// The directory that holds the `libgpushare.so` built with the tests.
+pub fn library_dir() -> PathBuf {
+    let lib = binary("libgpushare.so");
+    lib.parent().map(Path::to_path_buf).unwrap_or_default()
+}
+
+/// A running `gpushared` on a private socket, killed when dropped.
+pub struct Broker {
+    pub child: Child,
+    pub socket: PathBuf,
+    pub dir: tempfile::TempDir,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+/// How to start a test broker.
+#[derive(Debug, Clone, Default)]
+pub struct BrokerOptions {
+    /// Policy file contents, if any.
+    pub policy: Option<String>,
+    pub extra_args: Vec<String>,
+    /// `sim` unless set.
+    pub backend: Option<String>,
+}
+
+impl Broker {
+    pub fn start() -> Broker {
+        Broker::start_with(BrokerOptions::default())
+    }
+
+    pub fn start_with(opts: BrokerOptions) -> Broker {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let socket = dir.path().join("gpushare.sock");
+        let mut cmd = Command::new(binary("gpushared"));
+        cmd.arg("--socket")
+            .arg(&socket)
+            .arg("--backend")
+            .arg(opts.backend.as_deref().unwrap_or("sim"))
+            .arg("--socket-mode")
+            .arg("666")
+            .arg("--log")
+            .arg("debug")
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        if let Some(policy) = &opts.policy {
+            let path = dir.path().join("policy.toml");
+            std::fs::write(&path, policy).expect("write policy");
+            cmd.arg("--config").arg(path);
+        }
+        cmd.args(&opts.extra_args);
+        let mut child = cmd.spawn().expect("spawn gpushared");
+        let log = Arc::new(Mutex::new(Vec::new()));
+        if let Some(stderr) = child.stderr.take() {
+            let log = log.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                    if std::env::var_os("GPUSHARE_TEST_LOG").is_some() {
+                        eprintln!("[gpushared] {line}");
+                    }
+                    log.lock().unwrap_or_else(|p| p.into_inner()).push(line);
+                }
+            });
+        }
+        let broker = Broker {
+            child,
+            socket,
+            dir,
+            log,
+        };
+        broker.wait_ready(Duration::from_secs(20));
+        broker
+    }
+
+    fn wait_ready(&self, timeout: Duration) {
+        let start = Instant::now();
+        while start.elapsed() < timeout {
+            if self.log_contains("gpushared ready") {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        panic!(
+            "gpushared did not become ready in {timeout:?}; log:\n{}",
+            self.log_text()
+        );
+    }
+
+    /// Everything the broker logged so far.
+    pub fn log_text(&self) -> String {
+        self.log
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .join("\n")
+    }
+
+    pub fn log_contains(&self, needle: &str) -> bool {
+        self.log
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .any(|l| l.contains(needle))
+    }
+
+    /// Waits until the log contains `needle`.
+    pub fn wait_for_log(&self, needle: &str, timeout: Duration) -> bool {
+        wait_until(timeout, || self.log_contains(needle))
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    /// Connects a client with default options.
+    pub fn client(&self) -> gpushare::Client {
+        self.client_named("test")
+    }
+
+    pub fn client_named(&self, name: &str) -> gpushare::Client {
+        gpushare::Client::connect_with(self.options(name)).expect("connect to test broker")
+    }
+
+    pub fn options(&self, name: &str) -> gpushare::ConnectOptions {
+        gpushare::ConnectOptions {
+            socket: self.socket.clone(),
+            name: name.into(),
+            ..Default::default()
+        }
+    }
+
+    pub fn status(&self) -> gpushare::StatusReport {
+        gpushare::Monitor::connect(&self.socket)
+            .and_then(|mut m| m.status())
+            .expect("status")
+    }
+
+    /// Sends SIGTERM and waits for the process to exit; returns its exit status.
+    pub fn terminate(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.pid()),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let start = Instant::now();
+        while start.elapsed() < timeout {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        None
+    }
+
+    /// A command for a workspace binary with this broker's socket in its environment.
+    pub fn command(&self, bin: &str) -> Command {
+        let mut cmd = Command::new(binary(bin));
+        cmd.env("GPUSHARE_SOCKET", &self.socket);
+        cmd
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Polls `check` every 5 ms until it holds or `timeout` passes.
+pub fn wait_until(timeout: Duration, mut check: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < timeout {
+        if check() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    check()
+}
+
+/// Deterministic test data.
+pub fn pattern(n: usize, seed: u32) -> Vec<f32> {
+    (0..n)
+        .map(|i| ((i as u32).wrapping_mul(2654435761).wrapping_add(seed) % 1000) as f32 / 100.0)
+        .collect()
+}

@@ -1,0 +1,847 @@
+//! The client: a session with the broker, its rings and its arena.
+
+use std::collections::{HashMap, HashSet};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::path::PathBuf;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use gpushare_protocol::command::{ModuleLaunch, opcode};
+use gpushare_protocol::control::{
+    BrokerMessage, ClientMessage, Hello, ModuleFormat, Role, WELCOME_FDS, Welcome,
+};
+use gpushare_protocol::ring::{ClientRings, CompletionEntry, SHM_MAGIC, ShmLayout};
+use gpushare_protocol::stats::StatusReport;
+use gpushare_protocol::{
+    Command, DevicePtr, ErrorCode, EventId, Kernel, PROTOCOL_VERSION, PriorityClass, StreamId,
+};
+use memmap2::{MmapOptions, MmapRaw};
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+
+use crate::control::ControlSocket;
+use crate::error::{Error, Result};
+
+/// How a client connects.
+#[derive(Debug, Clone)]
+pub struct ConnectOptions {
+    /// Broker socket; defaults to `$GPUSHARE_SOCKET` or `/run/gpushare/gpushare.sock`.
+    pub socket: PathBuf,
+    /// Name shown in `gpushare status`; defaults to the process name.
+    pub name: String,
+    /// Ask for a less important class than the policy grants (never more).
+    pub class: Option<PriorityClass>,
+    /// Submission ring entries (0 = broker default).
+    pub sq_entries: u32,
+    /// Data arena bytes (0 = broker default).
+    pub arena_size: u64,
+    /// How long to spin for a completion before sleeping.
+    pub spin: Duration,
+}
+
+impl Default for ConnectOptions {
+    fn default() -> Self {
+        let name = std::fs::read_to_string("/proc/self/comm")
+            .map(|s| s.trim().to_string())
+            .unwrap_or_else(|_| "client".into());
+        ConnectOptions {
+            socket: gpushare_protocol::socket_path_from_env(),
+            name,
+            class: None,
+            sq_entries: 0,
+            arena_size: 0,
+            spin: Duration::from_micros(50),
+        }
+    }
+}
+
+/// What the broker granted this session.
+pub type SessionInfo = Welcome;
+
+/// Why the session is over.
+#[derive(Debug, Clone)]
+enum Dead {
+    Shutdown(String),
+    Evicted(String),
+    Gone,
+    Protocol(String),
+}
+
+impl Dead {
+    fn error(&self) -> Error {
+        match self {
+            Dead::Shutdown(r) => Error::BrokerShutdown(r.clone()),
+            Dead::Evicted(r) => Error::Evicted(r.clone()),
+            Dead::Gone => Error::BrokerGone,
+            Dead::Protocol(r) => Error::Protocol(r.clone()),
+        }
+    }
+}
+
+struct RingState {
+    rings: ClientRings,
+    next_seq: u64,
+    /// Submitted and not yet reaped; never more than the completion ring holds.
+    in_flight: u32,
+    /// Tags somebody waits for, and their completions once reaped.
+    wanted: HashSet<u64>,
+    done: HashMap<u64, CompletionEntry>,
+    /// First error of a command nobody waited for, reported at the next synchronization.
+    async_error: Option<(u16, u32)>,
+    sleepers: u32,
+}
+
+/// Staging state for host copies through the arena.
+struct Staging {
+    events: Option<[EventId; 2]>,
+}
+
+pub(crate) struct Inner {
+    socket: ControlSocket,
+    /// Held for a whole request/reply exchange on the control socket.
+    requests: Mutex<u64>,
+    ring: Mutex<RingState>,
+    staging: Mutex<Staging>,
+    map: MmapRaw,
+    layout: ShmLayout,
+    submit_wake: OwnedFd,
+    complete_wake: OwnedFd,
+    welcome: Welcome,
+    is_dead: AtomicBool,
+    dead: Mutex<Option<Dead>>,
+    spin: Duration,
+    commands: AtomicU64,
+}
+
+/// A connection to `gpushared`. Cheap to clone; all clones share one session, and the
+/// session ends when the last clone (and every buffer, stream and event) is dropped.
+#[derive(Clone)]
+pub struct Client {
+    pub(crate) inner: Arc<Inner>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn op_name(op: u16) -> &'static str {
+    match op {
+        opcode::NOP => "nop",
+        opcode::ALLOC => "allocate",
+        opcode::FREE => "free",
+        opcode::COPY_HTOD => "copy host→device",
+        opcode::COPY_DTOH => "copy device→host",
+        opcode::COPY_DTOD => "copy device→device",
+        opcode::MEMSET => "memset",
+        opcode::STREAM_CREATE => "create stream",
+        opcode::STREAM_DESTROY => "destroy stream",
+        opcode::STREAM_SYNC => "synchronize stream",
+        opcode::EVENT_CREATE => "create event",
+        opcode::EVENT_RECORD => "record event",
+        opcode::EVENT_QUERY => "query event",
+        opcode::EVENT_SYNC => "synchronize event",
+        opcode::EVENT_ELAPSED => "event elapsed time",
+        opcode::EVENT_DESTROY => "destroy event",
+        opcode::CLIENT_SYNC => "synchronize",
+        opcode::LAUNCH_MODULE => "launch module function",
+        _ => "launch built-in kernel",
+    }
+}
+
+fn signal(fd: &OwnedFd) {
+    let one = 1u64.to_ne_bytes();
+    let _ = nix::unistd::write(fd, &one);
+}
+
+fn drain(fd: &OwnedFd) {
+    let mut buf = [0u8; 8];
+    let _ = nix::unistd::read(fd, &mut buf);
+}
+
+impl Client {
+    /// Connects with default options (socket from `GPUSHARE_SOCKET` or the default path).
+    pub fn connect() -> Result<Client> {
+        Client::connect_with(ConnectOptions::default())
+    }
+
+    pub fn connect_with(opts: ConnectOptions) -> Result<Client> {
+        let socket = ControlSocket::connect(&opts.socket)?;
+        socket.send(
+            &ClientMessage::Hello(Hello {
+                protocol_version: PROTOCOL_VERSION,
+                role: Role::Client,
+                client_name: opts.name.clone(),
+                requested_class: opts.class,
+                sq_entries: opts.sq_entries,
+                arena_size: opts.arena_size,
+            }),
+            &[],
+        )?;
+        let (welcome, fds) = match socket.recv()? {
+            (BrokerMessage::Welcome(w), fds) => (*w, fds),
+            (BrokerMessage::Rejected(e), _) => return Err(Error::Rejected(e)),
+            (BrokerMessage::ShuttingDown { reason }, _) => {
+                return Err(Error::BrokerShutdown(reason));
+            }
+            (other, _) => return Err(Error::Protocol(format!("expected Welcome, got {other:?}"))),
+        };
+        let layout = welcome
+            .layout
+            .ok_or_else(|| Error::Protocol("Welcome without a shared region".into()))?;
+        layout
+            .validate()
+            .map_err(|e| Error::Protocol(e.to_string()))?;
+        let [memfd, submit_wake, complete_wake]: [OwnedFd; WELCOME_FDS] =
+            fds.try_into().map_err(|v: Vec<OwnedFd>| {
+                Error::Protocol(format!("Welcome carried {} descriptors, not 3", v.len()))
+            })?;
+        let map = MmapOptions::new()
+            .len(layout.total_size())
+            .map_raw(&memfd)?;
+        drop(memfd);
+        let base =
+            NonNull::new(map.as_mut_ptr()).ok_or_else(|| Error::Protocol("null mapping".into()))?;
+        // SAFETY: the mapping is page-aligned, `total_size()` long, initialised by the broker
+        // before it sent Welcome, and lives in `Inner` as long as the rings do.
+        let header = unsafe { ClientRings::read_header(base) };
+        if header.magic != SHM_MAGIC || header.sq_entries != layout.sq_entries {
+            return Err(Error::Protocol(
+                "shared region header does not match the Welcome".into(),
+            ));
+        }
+        // SAFETY: as above.
+        let rings = unsafe { ClientRings::attach(base, &layout) };
+        Ok(Client {
+            inner: Arc::new(Inner {
+                socket,
+                requests: Mutex::new(1),
+                ring: Mutex::new(RingState {
+                    rings,
+                    next_seq: 1,
+                    in_flight: 0,
+                    wanted: HashSet::new(),
+                    done: HashMap::new(),
+                    async_error: None,
+                    sleepers: 0,
+                }),
+                staging: Mutex::new(Staging { events: None }),
+                map,
+                layout,
+                submit_wake,
+                complete_wake,
+                welcome,
+                is_dead: AtomicBool::new(false),
+                dead: Mutex::new(None),
+                spin: opts.spin,
+                commands: AtomicU64::new(0),
+            }),
+        })
+    }
+
+    /// What the broker granted: client id, class, weight, quota, device.
+    pub fn session(&self) -> &SessionInfo {
+        &self.inner.welcome
+    }
+
+    /// Commands submitted so far by this client.
+    pub fn commands_submitted(&self) -> u64 {
+        self.inner.commands.load(Ordering::Relaxed)
+    }
+
+    // ---- ring plumbing -------------------------------------------------------------
+
+    fn check_alive(&self) -> Result<()> {
+        if self.inner.is_dead.load(Ordering::Acquire) {
+            let dead = lock(&self.inner.dead).clone().unwrap_or(Dead::Gone);
+            return Err(dead.error());
+        }
+        Ok(())
+    }
+
+    fn mark_dead(&self, why: Dead) {
+        let mut d = lock(&self.inner.dead);
+        if d.is_none() {
+            *d = Some(why);
+        }
+        self.inner.is_dead.store(true, Ordering::Release);
+        // Wake any other waiter so it sees the news.
+        signal(&self.inner.complete_wake);
+    }
+
+    fn reap(&self, ring: &mut RingState) {
+        let n = match ring.rings.completions.available() {
+            Ok(n) => n,
+            Err(e) => {
+                self.mark_dead(Dead::Protocol(e.to_string()));
+                return;
+            }
+        };
+        if n == 0 {
+            return;
+        }
+        for _ in 0..n {
+            let c = ring.rings.completions.pop();
+            ring.in_flight = ring.in_flight.saturating_sub(1);
+            if ring.wanted.remove(&c.user_tag) {
+                ring.done.insert(c.user_tag, c);
+            } else if c.status != 0 && ring.async_error.is_none() {
+                ring.async_error = Some(((c.user_tag & 0xff) as u16, c.status));
+            }
+        }
+        ring.rings.completions.release();
+        if ring.rings.completions.producer_waiting() {
+            signal(&self.inner.submit_wake);
+        }
+        if !ring.done.is_empty() && ring.sleepers > 0 {
+            // Completions for other waiters: make sure they wake.
+            signal(&self.inner.complete_wake);
+        }
+    }
+
+    /// Submits a command; returns its tag. With `wait`, the completion is kept for
+    /// [`Client::wait`]; otherwise an error it carries is reported at the next sync.
+    fn submit(&self, cmd: Command, wait: bool) -> Result<u64> {
+        let entry_op = cmd.encode(0).opcode;
+        let spin_until = Instant::now() + self.inner.spin;
+        loop {
+            self.check_alive()?;
+            {
+                let mut ring = lock(&self.inner.ring);
+                self.reap(&mut ring);
+                let cq_room = ring.in_flight < self.inner.layout.cq_entries;
+                let sq_room = match ring.rings.submissions.free_slots() {
+                    Ok(n) => n > 0,
+                    Err(e) => {
+                        drop(ring);
+                        self.mark_dead(Dead::Protocol(e.to_string()));
+                        continue;
+                    }
+                };
+                if cq_room && sq_room {
+                    let tag = ring.next_seq << 8 | (entry_op as u64 & 0xff);
+                    ring.next_seq += 1;
+                    let pushed = ring
+                        .rings
+                        .submissions
+                        .try_push(cmd.encode(tag))
+                        .unwrap_or(false);
+                    if pushed {
+                        ring.rings.submissions.publish();
+                        ring.in_flight += 1;
+                        if wait {
+                            ring.wanted.insert(tag);
+                        }
+                        if ring.rings.submissions.consumer_needs_wakeup() {
+                            signal(&self.inner.submit_wake);
+                        }
+                        self.inner.commands.fetch_add(1, Ordering::Relaxed);
+                        return Ok(tag);
+                    }
+                }
+            }
+            // Full: wait for the broker to make progress.
+            if Instant::now() < spin_until {
+                std::hint::spin_loop();
+            } else {
+                self.sleep_for_completion()?;
+            }
+        }
+    }
+
+    /// Waits for the completion of `tag`.
+    fn wait(&self, tag: u64) -> Result<CompletionEntry> {
+        let spin_until = Instant::now() + self.inner.spin;
+        loop {
+            {
+                let mut ring = lock(&self.inner.ring);
+                self.reap(&mut ring);
+                if let Some(c) = ring.done.remove(&tag) {
+                    return Ok(c);
+                }
+            }
+            self.check_alive()?;
+            if Instant::now() < spin_until {
+                std::hint::spin_loop();
+            } else {
+                self.sleep_for_completion()?;
+            }
+        }
+    }
+
+    /// Sleeps until the broker signals a completion, the control socket has news, or a
+    /// short timeout passes.
+    fn sleep_for_completion(&self) -> Result<()> {
+        {
+            let mut ring = lock(&self.inner.ring);
+            ring.sleepers += 1;
+            if ring.sleepers == 1 {
+                ring.rings.completions.prepare_sleep();
+            }
+            if matches!(ring.rings.completions.available(), Ok(n) if n > 0) {
+                self.finish_sleep(&mut ring);
+                return Ok(());
+            }
+        }
+        let mut fds = [
+            PollFd::new(self.inner.complete_wake.as_fd(), PollFlags::POLLIN),
+            PollFd::new(self.inner.socket.as_fd(), PollFlags::POLLIN),
+        ];
+        let _ = poll(&mut fds, PollTimeout::from(100u8));
+        let control_news = fds[1].revents().is_some_and(|r| !r.is_empty());
+        drain(&self.inner.complete_wake);
+        {
+            let mut ring = lock(&self.inner.ring);
+            self.finish_sleep(&mut ring);
+        }
+        if control_news {
+            self.read_unsolicited();
+        }
+        self.check_alive()
+    }
+
+    fn finish_sleep(&self, ring: &mut RingState) {
+        ring.sleepers -= 1;
+        if ring.sleepers == 0 {
+            ring.rings.completions.finish_sleep();
+        }
+    }
+
+    /// Reads a message the broker sent without being asked (shutdown, eviction, hang-up).
+    fn read_unsolicited(&self) {
+        // Someone in a request exchange will read it instead.
+        let Ok(_guard) = self.inner.requests.try_lock() else {
+            return;
+        };
+        let mut fds = [PollFd::new(self.inner.socket.as_fd(), PollFlags::POLLIN)];
+        if !matches!(poll(&mut fds, PollTimeout::ZERO), Ok(n) if n > 0) {
+            return;
+        }
+        match self.inner.socket.recv() {
+            Ok((BrokerMessage::ShuttingDown { reason }, _)) => {
+                self.mark_dead(Dead::Shutdown(reason))
+            }
+            Ok((BrokerMessage::Evicted { reason }, _)) => self.mark_dead(Dead::Evicted(reason)),
+            Ok(_) => {}
+            Err(Error::BrokerGone) => self.mark_dead(Dead::Gone),
+            Err(e) => self.mark_dead(Dead::Protocol(e.to_string())),
+        }
+    }
+
+    /// Submits and waits; turns a failed status into an error.
+    fn call(&self, cmd: Command, op: &'static str) -> Result<CompletionEntry> {
+        let tag = self.submit(cmd, true)?;
+        let c = self.wait(tag)?;
+        match ErrorCode::from_u32(c.status) {
+            None if c.status == 0 => Ok(c),
+            Some(code) => Err(Error::Command { op, code }),
+            None => Err(Error::Protocol(format!(
+                "unknown status {} for {op}",
+                c.status
+            ))),
+        }
+    }
+
+    /// Reports (and clears) the first error of a command nobody waited for.
+    fn take_async_error(&self) -> Result<()> {
+        let err = lock(&self.inner.ring).async_error.take();
+        match err {
+            None => Ok(()),
+            Some((op, status)) => Err(Error::Command {
+                op: op_name(op),
+                code: ErrorCode::from_u32(status).unwrap_or(ErrorCode::Internal),
+            }),
+        }
+    }
+
+    /// Submits without waiting (the error, if any, comes with the next sync).
+    pub fn submit_async(&self, cmd: Command) -> Result<()> {
+        self.submit(cmd, false).map(|_| ())
+    }
+
+    /// Submits and waits for one command; returns its `(result, result2)`.
+    pub fn submit_wait(&self, cmd: Command) -> Result<(u64, u64)> {
+        let op = op_name(cmd.encode(0).opcode);
+        self.call(cmd, op).map(|c| (c.result, c.result2))
+    }
+
+    // ---- commands ------------------------------------------------------------------
+
+    /// One round trip through the broker that does nothing.
+    pub fn nop(&self) -> Result<()> {
+        self.call(Command::Nop, "nop").map(|_| ())
+    }
+
+    /// Submits `n` no-ops back to back and waits until all have completed.
+    pub fn nop_batch(&self, n: u64) -> Result<()> {
+        for _ in 0..n {
+            self.submit(Command::Nop, false)?;
+        }
+        self.drain_in_flight()
+    }
+
+    /// Waits until every submitted command has completed (not necessarily executed).
+    fn drain_in_flight(&self) -> Result<()> {
+        let spin_until = Instant::now() + self.inner.spin;
+        loop {
+            {
+                let mut ring = lock(&self.inner.ring);
+                self.reap(&mut ring);
+                if ring.in_flight as usize == ring.wanted.len() + ring.done.len() {
+                    return Ok(());
+                }
+            }
+            self.check_alive()?;
+            if Instant::now() < spin_until {
+                std::hint::spin_loop();
+            } else {
+                self.sleep_for_completion()?;
+            }
+        }
+    }
+
+    /// Allocates `bytes` of device memory.
+    pub fn alloc_raw(&self, bytes: u64) -> Result<DevicePtr> {
+        Ok(self.call(Command::Alloc { bytes }, "allocate")?.result)
+    }
+
+    /// Frees an allocation by its base pointer, waiting for the answer.
+    pub fn free_raw(&self, ptr: DevicePtr) -> Result<()> {
+        self.call(Command::Free { ptr }, "free").map(|_| ())
+    }
+
+    /// Allocates room for `len` values of `T`.
+    pub fn alloc<T>(&self, len: usize) -> Result<crate::DeviceBuffer<T>> {
+        let bytes = (len as u64)
+            .checked_mul(std::mem::size_of::<T>() as u64)
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!("{len} elements overflow the address space"))
+            })?;
+        let ptr = self.alloc_raw(bytes.max(1))?;
+        Ok(crate::DeviceBuffer::from_raw(self.clone(), ptr, len))
+    }
+
+    /// The stream every client has (id 0).
+    pub fn default_stream(&self) -> crate::Stream {
+        crate::Stream::default_of(self.clone())
+    }
+
+    pub fn create_stream(&self) -> Result<crate::Stream> {
+        let id = self.call(Command::StreamCreate, "create stream")?.result;
+        Ok(crate::Stream::from_raw(self.clone(), id as StreamId))
+    }
+
+    pub fn create_event(&self) -> Result<crate::Event> {
+        let id = self.call(Command::EventCreate, "create event")?.result;
+        Ok(crate::Event::from_raw(self.clone(), id as EventId))
+    }
+
+    /// Launches a built-in kernel on `stream` without waiting.
+    pub fn launch(&self, stream: &crate::Stream, kernel: Kernel) -> Result<()> {
+        self.submit_async(Command::Launch {
+            stream: stream.id(),
+            kernel,
+        })
+    }
+
+    /// Waits for all of this client's work; reports the first error any of it met.
+    pub fn synchronize(&self) -> Result<()> {
+        self.call(Command::ClientSync, "synchronize")?;
+        self.take_async_error()
+    }
+
+    pub(crate) fn sync_stream(&self, stream: StreamId) -> Result<()> {
+        self.call(Command::StreamSync { stream }, "synchronize stream")?;
+        self.take_async_error()
+    }
+
+    fn staging_events(&self, staging: &mut Staging) -> Result<[EventId; 2]> {
+        if let Some(e) = staging.events {
+            return Ok(e);
+        }
+        let a = self.call(Command::EventCreate, "create event")?.result as EventId;
+        let b = self.call(Command::EventCreate, "create event")?.result as EventId;
+        staging.events = Some([a, b]);
+        Ok([a, b])
+    }
+
+    fn arena_ptr(&self, offset: usize) -> *mut u8 {
+        // SAFETY: callers keep `offset` within the arena; the mapping outlives `self`.
+        unsafe {
+            self.inner
+                .map
+                .as_mut_ptr()
+                .add(self.inner.layout.arena_offset() + offset)
+        }
+    }
+
+    /// Copies host bytes to device memory through the arena (double-buffered), and waits
+    /// until the data is on the device.
+    pub fn copy_to_device_raw(&self, stream: StreamId, dst: DevicePtr, src: &[u8]) -> Result<()> {
+        let mut staging = lock(&self.inner.staging);
+        let events = self.staging_events(&mut staging)?;
+        let half = (self.inner.layout.arena_size / 2) as usize;
+        for (i, chunk) in src.chunks(half).enumerate() {
+            let slot = i % 2;
+            if i >= 2 {
+                self.call(
+                    Command::EventSync {
+                        event: events[slot],
+                    },
+                    "synchronize event",
+                )?;
+            }
+            // SAFETY: `slot * half + chunk.len()` is within the arena; nothing else writes this
+            // half while we hold the staging lock, and the copy that last read it is done.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    chunk.as_ptr(),
+                    self.arena_ptr(slot * half),
+                    chunk.len(),
+                )
+            };
+            let cmd = Command::CopyHtoD {
+                stream,
+                arena_offset: (slot * half) as u64,
+                dst: dst.wrapping_add((i * half) as u64),
+                len: chunk.len() as u64,
+            };
+            self.submit(cmd, false)?;
+            self.submit(
+                Command::EventRecord {
+                    stream,
+                    event: events[slot],
+                },
+                false,
+            )?;
+        }
+        self.sync_stream(stream)
+    }
+
+    /// Copies device memory to host bytes through the arena (double-buffered).
+    pub fn copy_to_host_raw(&self, stream: StreamId, dst: &mut [u8], src: DevicePtr) -> Result<()> {
+        let mut staging = lock(&self.inner.staging);
+        let events = self.staging_events(&mut staging)?;
+        let half = (self.inner.layout.arena_size / 2) as usize;
+        let chunks: Vec<(usize, usize)> = (0..dst.len())
+            .step_by(half.max(1))
+            .map(|o| (o, half.min(dst.len() - o)))
+            .collect();
+        let issue = |i: usize| -> Result<()> {
+            let (off, len) = chunks[i];
+            let slot = i % 2;
+            let cmd = Command::CopyDtoH {
+                stream,
+                src: src.wrapping_add(off as u64),
+                arena_offset: (slot * half) as u64,
+                len: len as u64,
+            };
+            self.submit(cmd, false)?;
+            self.submit(
+                Command::EventRecord {
+                    stream,
+                    event: events[slot],
+                },
+                false,
+            )?;
+            Ok(())
+        };
+        if !chunks.is_empty() {
+            issue(0)?;
+        }
+        for i in 0..chunks.len() {
+            if i + 1 < chunks.len() {
+                issue(i + 1)?;
+            }
+            let slot = i % 2;
+            self.call(
+                Command::EventSync {
+                    event: events[slot],
+                },
+                "synchronize event",
+            )?;
+            self.take_async_error()?;
+            let (off, len) = chunks[i];
+            // SAFETY: the copy into this half is complete (event synchronized) and no later
+            // copy targets it until we issue chunk i + 2, after this read.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    self.arena_ptr(slot * half),
+                    dst[off..].as_mut_ptr(),
+                    len,
+                )
+            };
+        }
+        Ok(())
+    }
+
+    /// Copies within device memory on `stream` (asynchronous).
+    pub fn copy_device_raw(
+        &self,
+        stream: StreamId,
+        dst: DevicePtr,
+        src: DevicePtr,
+        len: u64,
+    ) -> Result<()> {
+        self.submit_async(Command::CopyDtoD {
+            stream,
+            src,
+            dst,
+            len,
+        })
+    }
+
+    /// Sets `len` bytes at `dst` to `value` on `stream` (asynchronous).
+    pub fn memset_raw(&self, stream: StreamId, dst: DevicePtr, value: u8, len: u64) -> Result<()> {
+        self.submit_async(Command::Memset {
+            stream,
+            dst,
+            value,
+            len,
+        })
+    }
+
+    // ---- control-socket requests ---------------------------------------------------
+
+    fn request(
+        &self,
+        build: impl FnOnce(u64) -> ClientMessage,
+        fds: &[i32],
+    ) -> Result<BrokerMessage> {
+        self.check_alive()?;
+        let mut next = lock(&self.inner.requests);
+        let id = *next;
+        *next += 1;
+        self.inner.socket.send(&build(id), fds)?;
+        loop {
+            match self.inner.socket.recv() {
+                Ok((BrokerMessage::ShuttingDown { reason }, _)) => {
+                    self.mark_dead(Dead::Shutdown(reason));
+                    return Err(self.check_alive().err().unwrap_or(Error::BrokerGone));
+                }
+                Ok((BrokerMessage::Evicted { reason }, _)) => {
+                    self.mark_dead(Dead::Evicted(reason));
+                    return Err(self.check_alive().err().unwrap_or(Error::BrokerGone));
+                }
+                Ok((BrokerMessage::RequestFailed { error, .. }, _)) => {
+                    return Err(Error::Request(error));
+                }
+                Ok((msg, _)) => return Ok(msg),
+                Err(e) => {
+                    if e.is_fatal() {
+                        self.mark_dead(Dead::Gone);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+    }
+
+    /// The broker's status report.
+    pub fn status(&self) -> Result<StatusReport> {
+        match self.request(|request| ClientMessage::Status { request }, &[])? {
+            BrokerMessage::Status { report, .. } => Ok(*report),
+            other => Err(Error::Protocol(format!("expected Status, got {other:?}"))),
+        }
+    }
+
+    /// Loads a PTX, cubin or fatbin module (devices that support modules only; the sim device
+    /// answers `NotSupported`).
+    pub fn load_module(&self, format: ModuleFormat, image: &[u8]) -> Result<crate::Module> {
+        use nix::sys::memfd::{MFdFlags, memfd_create};
+        let fd =
+            memfd_create("gpushare-module", MFdFlags::MFD_CLOEXEC).map_err(std::io::Error::from)?;
+        let mut file = std::fs::File::from(fd);
+        std::io::Write::write_all(&mut file, image)?;
+        let raw = file.as_raw_fd();
+        let reply = self.request(
+            |request| ClientMessage::LoadModule {
+                request,
+                format,
+                image_len: image.len() as u64,
+            },
+            &[raw],
+        )?;
+        match reply {
+            BrokerMessage::ModuleLoaded { result: Ok(id), .. } => {
+                Ok(crate::Module::from_raw(self.clone(), id))
+            }
+            BrokerMessage::ModuleLoaded { result: Err(e), .. } => Err(Error::Request(e)),
+            other => Err(Error::Protocol(format!(
+                "expected ModuleLoaded, got {other:?}"
+            ))),
+        }
+    }
+
+    pub(crate) fn get_function(&self, module: u64, name: &str) -> Result<u64> {
+        let reply = self.request(
+            |request| ClientMessage::GetFunction {
+                request,
+                module,
+                name: name.into(),
+            },
+            &[],
+        )?;
+        match reply {
+            BrokerMessage::Function { result, .. } => result.map_err(Error::Request),
+            other => Err(Error::Protocol(format!("expected Function, got {other:?}"))),
+        }
+    }
+
+    pub(crate) fn unload_module(&self, module: u64) -> Result<()> {
+        match self.request(
+            |request| ClientMessage::UnloadModule { request, module },
+            &[],
+        )? {
+            BrokerMessage::ModuleUnloaded { result, .. } => result.map_err(Error::Request),
+            other => Err(Error::Protocol(format!(
+                "expected ModuleUnloaded, got {other:?}"
+            ))),
+        }
+    }
+
+    /// Launches a module function with packed parameters on `stream`.
+    pub fn launch_function(
+        &self,
+        stream: &crate::Stream,
+        function: &crate::Function,
+        grid: [u32; 3],
+        block: [u32; 3],
+        shared_mem_bytes: u32,
+        params: &[u8],
+    ) -> Result<()> {
+        let mut launch = ModuleLaunch {
+            function: function.id(),
+            grid,
+            block,
+            shared_mem_bytes,
+            params_offset: 0,
+            params_len: u32::try_from(params.len())
+                .map_err(|_| Error::InvalidArgument("parameters too large".into()))?,
+        };
+        let cmd = |launch| Command::LaunchModule {
+            stream: stream.id(),
+            launch,
+        };
+        if params.is_empty() {
+            return self.submit_async(cmd(launch));
+        }
+        if params.len() as u64 > self.inner.layout.arena_size {
+            return Err(Error::InvalidArgument(
+                "parameters larger than the arena".into(),
+            ));
+        }
+        // The broker copies the parameters when it accepts the launch; hold the arena until then.
+        let _staging = lock(&self.inner.staging);
+        launch.params_offset = 0;
+        // SAFETY: `params.len()` fits in the arena (checked above); we hold the staging lock.
+        unsafe { std::ptr::copy_nonoverlapping(params.as_ptr(), self.arena_ptr(0), params.len()) };
+        self.call(cmd(launch), "launch module function").map(|_| ())
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        let _ = self.socket.send(&ClientMessage::Goodbye, &[]);
+    }
+}

@@ -1,0 +1,58 @@
+//! The client library's error type.
+
+use std::path::PathBuf;
+
+use gpushare_protocol::ErrorCode;
+use gpushare_protocol::error::WireError;
+
+/// Everything that can go wrong talking to `gpushared`.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(
+        "cannot connect to gpushared at {path}: {source} — is gpushared running? (set GPUSHARE_SOCKET to use another socket)"
+    )]
+    Connect {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("gpushared refused the session: {0}")]
+    Rejected(WireError),
+    #[error("{op} failed: {code}")]
+    Command { op: &'static str, code: ErrorCode },
+    #[error("{0}")]
+    Request(WireError),
+    #[error("{0}")]
+    BrokerShutdown(String),
+    #[error("evicted by gpushared: {0}")]
+    Evicted(String),
+    #[error("the connection to gpushared was lost (the broker exited or closed it)")]
+    BrokerGone,
+    #[error("gpushare protocol error: {0}")]
+    Protocol(String),
+    #[error("{0}")]
+    InvalidArgument(String),
+    #[error("I/O error talking to gpushared: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl Error {
+    /// The broker's error code, where there is one.
+    pub fn code(&self) -> Option<ErrorCode> {
+        match self {
+            Error::Command { code, .. } => Some(*code),
+            Error::Rejected(w) | Error::Request(w) => Some(w.code),
+            Error::BrokerShutdown(_) => Some(ErrorCode::ShuttingDown),
+            _ => None,
+        }
+    }
+
+    /// Whether the session is over (the client must reconnect).
+    pub fn is_fatal(&self) -> bool {
+        matches!(
+            self,
+            Error::BrokerShutdown(_) | Error::Evicted(_) | Error::BrokerGone | Error::Protocol(_)
+        )
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,188 @@
+//! One client against a real broker: every command works and gives correct results.
+
+use std::time::Duration;
+
+use gpushare::{ErrorCode, Kernel, ModuleFormat};
+use gpushare_tests::{Broker, pattern};
+
+#[test]
+fn vector_kernels_copies_and_events_give_correct_results() {
+    let broker = Broker::start();
+    let client = broker.client();
+    let n = 10_000;
+    let stream = client.create_stream().expect("stream");
+    let a = client.alloc::<f32>(n).expect("alloc a");
+    let b = client.alloc::<f32>(n).expect("alloc b");
+    let c = client.alloc::<f32>(n).expect("alloc c");
+    let (ha, hb) = (pattern(n, 1), pattern(n, 2));
+    a.copy_from_host(&ha).expect("upload a");
+    b.copy_from_host(&hb).expect("upload b");
+
+    let start = client.create_event().expect("event");
+    let end = client.create_event().expect("event");
+    start.record(&stream).expect("record");
+    stream
+        .launch(Kernel::VecAddF32 {
+            a: a.ptr(),
+            b: b.ptr(),
+            c: c.ptr(),
+            n: n as u64,
+        })
+        .expect("launch");
+    stream
+        .launch(Kernel::AxpyF32 {
+            x: a.ptr(),
+            y: c.ptr(),
+            n: n as u64,
+            alpha: 2.0,
+        })
+        .expect("launch");
+    end.record(&stream).expect("record");
+    stream.synchronize().expect("sync");
+    assert!(end.query().expect("query"));
+    let elapsed = end.elapsed_since(&start).expect("elapsed");
+    assert!(elapsed > Duration::ZERO, "modelled time advances");
+
+    let got = c.to_vec().expect("download");
+    for i in 0..n {
+        assert_eq!(got[i], ha[i] + hb[i] + 2.0 * ha[i], "element {i}");
+    }
+
+    let sum = client.alloc::<f32>(1).expect("alloc");
+    stream
+        .launch(Kernel::ReduceSumF32 {
+            x: a.ptr(),
+            out: sum.ptr(),
+            n: n as u64,
+        })
+        .expect("reduce");
+    stream
+        .launch(Kernel::FillF32 {
+            dst: b.ptr(),
+            n: 10,
+            value: 7.5,
+        })
+        .expect("fill");
+    b.memset(&stream, 0).expect("memset");
+    stream
+        .launch(Kernel::FillF32 {
+            dst: b.ptr(),
+            n: 10,
+            value: 7.5,
+        })
+        .expect("fill");
+    c.copy_from_device(&stream, &a).expect("d2d");
+    stream.synchronize().expect("sync");
+    let expected: f64 = ha.iter().map(|&v| v as f64).sum();
+    let got_sum = sum.to_vec().expect("download")[0] as f64;
+    assert!(
+        (got_sum - expected).abs() / expected < 1e-5,
+        "{got_sum} vs {expected}"
+    );
+    let bv = b.to_vec().expect("download");
+    assert!(bv[..10].iter().all(|&v| v == 7.5) && bv[10..].iter().all(|&v| v == 0.0));
+    assert_eq!(c.to_vec().expect("download"), ha);
+}
+
+#[test]
+fn gemm_matches_a_host_reference() {
+    let broker = Broker::start();
+    let client = broker.client();
+    let (m, n, k) = (33, 17, 65);
+    let ha = pattern(m * k, 3);
+    let hb = pattern(k * n, 4);
+    let hc = pattern(m * n, 5);
+    let a = client.alloc::<f32>(m * k).expect("alloc");
+    let b = client.alloc::<f32>(k * n).expect("alloc");
+    let c = client.alloc::<f32>(m * n).expect("alloc");
+    a.copy_from_host(&ha).expect("up");
+    b.copy_from_host(&hb).expect("up");
+    c.copy_from_host(&hc).expect("up");
+    let stream = client.default_stream();
+    stream
+        .launch(Kernel::GemmF32 {
+            a: a.ptr(),
+            b: b.ptr(),
+            c: c.ptr(),
+            m: m as u32,
+            n: n as u32,
+            k: k as u32,
+            alpha: 1.5,
+            beta: -0.5,
+        })
+        .expect("gemm");
+    let got = c.to_vec().expect("down");
+    for i in 0..m {
+        for j in 0..n {
+            let dot: f64 = (0..k)
+                .map(|p| ha[i * k + p] as f64 * hb[p * n + j] as f64)
+                .sum();
+            let want = 1.5 * dot - 0.5 * hc[i * n + j] as f64;
+            let g = got[i * n + j] as f64;
+            assert!(
+                (g - want).abs() <= 1e-3 * want.abs().max(1.0),
+                "C[{i},{j}] = {g}, want {want}"
+            );
+        }
+    }
+}
+
+#[test]
+fn large_copies_round_trip_through_a_small_arena() {
+    let broker = Broker::start();
+    let opts = gpushare::ConnectOptions {
+        arena_size: 64 * 1024,
+        ..broker.options("small-arena")
+    };
+    let client = gpushare::Client::connect_with(opts).expect("connect");
+    let data: Vec<u8> = (0..1_000_003u32)
+        .map(|i| (i.wrapping_mul(31) >> 3) as u8)
+        .collect();
+    let buf = client.alloc::<u8>(data.len()).expect("alloc");
+    buf.copy_from_host(&data).expect("upload in many chunks");
+    assert_eq!(buf.to_vec().expect("download in many chunks"), data);
+}
+
+#[test]
+fn errors_are_typed_and_leave_the_session_usable() {
+    let broker = Broker::start();
+    let client = broker.client();
+    let buf = client.alloc::<f32>(16).expect("alloc");
+    // A pointer range past the end of the allocation.
+    let stream = client.default_stream();
+    stream
+        .launch(Kernel::FillF32 {
+            dst: buf.ptr(),
+            n: 17,
+            value: 1.0,
+        })
+        .expect("submitted");
+    let err = stream.synchronize().expect_err("reported at sync");
+    assert_eq!(err.code(), Some(ErrorCode::InvalidPointer), "{err}");
+    // Unknown handles.
+    let err = client
+        .submit_wait(gpushare::Command::StreamSync { stream: 999 })
+        .expect_err("bad stream");
+    assert_eq!(err.code(), Some(ErrorCode::InvalidHandle));
+    let err = client.free_raw(0x1234).expect_err("bad free");
+    assert_eq!(err.code(), Some(ErrorCode::InvalidPointer));
+    let err = client.alloc_raw(0).expect_err("zero alloc");
+    assert_eq!(err.code(), Some(ErrorCode::InvalidArgument));
+    // The sim refuses modules with a typed NotSupported.
+    let err = client
+        .load_module(ModuleFormat::Ptx, b".version 8.0\n.target sm_90\n")
+        .err()
+        .expect("refused");
+    assert_eq!(err.code(), Some(ErrorCode::NotSupported), "{err}");
+    assert!(err.to_string().contains("sim"), "{err}");
+    // Still fine afterwards.
+    stream
+        .launch(Kernel::FillF32 {
+            dst: buf.ptr(),
+            n: 16,
+            value: 1.0,
+        })
+        .expect("launch");
+    assert_eq!(buf.to_vec().expect("down"), vec![1.0; 16]);
+    client.nop().expect("nop");
+}
