@@ -299,7 +299,7 @@ impl<D: Device> Broker<D> {
             {
                 return;
             }
-            self.control_loop(&sock, None, &mut stop, None).await;
+            let _ = self.control_loop(&sock, None, &mut stop, None).await;
             return;
         }
 
@@ -344,15 +344,25 @@ impl<D: Device> Broker<D> {
         .await;
         drop(borrowed);
         drop(fds);
+        // Whatever happens to this task from here on (even a panic), the session stops and
+        // leaves the registry; its data thread then releases everything.
+        let _guard = SessionGuard {
+            info: info.clone(),
+            registry: &self.registry,
+        };
+        let mut observed_end = None;
         if sent.is_ok() {
             self.registry.insert(info.clone());
             info!(client = id, name = %info.name, user = %info.user, class = %info.grant.class, "client connected");
-            self.control_loop(&sock, Some(&modules), &mut stop, Some(&mut ended))
+            observed_end = self
+                .control_loop(&sock, Some(&modules), &mut stop, Some(&mut ended))
                 .await;
         }
         info.request_stop();
-        let end = ended.await.unwrap_or(SessionEnd::Stopped);
-        self.registry.remove(id);
+        let end = match observed_end {
+            Some(end) => end,
+            None => ended.await.unwrap_or(SessionEnd::Stopped),
+        };
         match end {
             SessionEnd::Stopped => info!(client = id, "client disconnected"),
             SessionEnd::ProtocolViolation(why) => {
@@ -443,7 +453,7 @@ impl<D: Device> Broker<D> {
         modules: Option<&Arc<Mutex<ModuleTable<D>>>>,
         stop: &mut watch::Receiver<Option<String>>,
         mut ended: Option<&mut oneshot::Receiver<SessionEnd>>,
-    ) {
+    ) -> Option<SessionEnd> {
         loop {
             let thread_ended = async {
                 match ended.as_deref_mut() {
@@ -456,18 +466,19 @@ impl<D: Device> Broker<D> {
                 _ = stop.changed() => {
                     let reason = stop.borrow().clone().unwrap_or_else(|| "broker shutting down".into());
                     let _ = send(sock, &BrokerMessage::ShuttingDown { reason: format!("broker shutting down: {reason}") }, &[]).await;
-                    return;
+                    return None;
                 }
                 end = thread_ended => {
-                    if let SessionEnd::ProtocolViolation(why) = end {
+                    if let SessionEnd::ProtocolViolation(why) = &end {
                         let _ = send(sock, &BrokerMessage::Evicted { reason: format!("protocol violation: {why}") }, &[]).await;
                     }
-                    return;
+                    // The receiver is spent: hand the outcome to the caller.
+                    return Some(end);
                 }
             };
             let (msg, fds) = match msg {
                 Ok(Some(m)) => m,
-                Ok(None) => return,
+                Ok(None) => return None,
                 Err(e) => {
                     debug!(error = %e, "malformed control message");
                     let error = WireError::new(ErrorCode::ProtocolViolation, e.to_string());
@@ -479,13 +490,13 @@ impl<D: Device> Broker<D> {
                     .await
                     .is_err()
                     {
-                        return;
+                        return None;
                     }
                     continue;
                 }
             };
             let reply = match (msg, modules) {
-                (ClientMessage::Goodbye, _) => return,
+                (ClientMessage::Goodbye, _) => return None,
                 (ClientMessage::Status { request }, _) => BrokerMessage::Status {
                     request,
                     report: Box::new(self.status()),
@@ -545,7 +556,7 @@ impl<D: Device> Broker<D> {
                 },
             };
             if send(sock, &reply, &[]).await.is_err() {
-                return;
+                return None;
             }
         }
     }
@@ -630,6 +641,19 @@ impl<D: Device> Broker<D> {
         table
             .insert_function(module, f)
             .map_err(|c| WireError::new(c, "too many functions"))
+    }
+}
+
+/// Stops a session and removes it from the registry when dropped.
+struct SessionGuard<'a> {
+    info: Arc<SessionInfo>,
+    registry: &'a Registry,
+}
+
+impl Drop for SessionGuard<'_> {
+    fn drop(&mut self) {
+        self.info.request_stop();
+        self.registry.remove(self.info.id);
     }
 }
 

@@ -713,26 +713,23 @@ impl Client {
         let id = *next;
         *next += 1;
         self.inner.socket.send(&build(id), fds)?;
-        loop {
-            match self.inner.socket.recv() {
-                Ok((BrokerMessage::ShuttingDown { reason }, _)) => {
-                    self.mark_dead(Dead::Shutdown(reason));
-                    return Err(self.check_alive().err().unwrap_or(Error::BrokerGone));
+        // One reply per request, in order; shutdown and eviction may come instead.
+        match self.inner.socket.recv() {
+            Ok((BrokerMessage::ShuttingDown { reason }, _)) => {
+                self.mark_dead(Dead::Shutdown(reason.clone()));
+                Err(Error::BrokerShutdown(reason))
+            }
+            Ok((BrokerMessage::Evicted { reason }, _)) => {
+                self.mark_dead(Dead::Evicted(reason.clone()));
+                Err(Error::Evicted(reason))
+            }
+            Ok((BrokerMessage::RequestFailed { error, .. }, _)) => Err(Error::Request(error)),
+            Ok((msg, _)) => Ok(msg),
+            Err(e) => {
+                if e.is_fatal() {
+                    self.mark_dead(Dead::Gone);
                 }
-                Ok((BrokerMessage::Evicted { reason }, _)) => {
-                    self.mark_dead(Dead::Evicted(reason));
-                    return Err(self.check_alive().err().unwrap_or(Error::BrokerGone));
-                }
-                Ok((BrokerMessage::RequestFailed { error, .. }, _)) => {
-                    return Err(Error::Request(error));
-                }
-                Ok((msg, _)) => return Ok(msg),
-                Err(e) => {
-                    if e.is_fatal() {
-                        self.mark_dead(Dead::Gone);
-                    }
-                    return Err(e);
-                }
+                Err(e)
             }
         }
     }
@@ -748,6 +745,14 @@ impl Client {
     /// Loads a PTX, cubin or fatbin module (devices that support modules only; the sim device
     /// answers `NotSupported`).
     pub fn load_module(&self, format: ModuleFormat, image: &[u8]) -> Result<crate::Module> {
+        let id = self.load_module_raw(format, image)?;
+        Ok(crate::Module::from_raw(self.clone(), id))
+    }
+
+    /// Loads a module and returns its raw broker id, which nothing unloads automatically:
+    /// the caller unloads it (the C ABI's `gpushare_module_unload`) or the broker does when
+    /// the session ends. Prefer [`Client::load_module`] in Rust.
+    pub fn load_module_raw(&self, format: ModuleFormat, image: &[u8]) -> Result<u64> {
         use nix::sys::memfd::{MFdFlags, memfd_create};
         let fd =
             memfd_create("gpushare-module", MFdFlags::MFD_CLOEXEC).map_err(std::io::Error::from)?;
@@ -763,9 +768,7 @@ impl Client {
             &[raw],
         )?;
         match reply {
-            BrokerMessage::ModuleLoaded { result: Ok(id), .. } => {
-                Ok(crate::Module::from_raw(self.clone(), id))
-            }
+            BrokerMessage::ModuleLoaded { result: Ok(id), .. } => Ok(id),
             BrokerMessage::ModuleLoaded { result: Err(e), .. } => Err(Error::Request(e)),
             other => Err(Error::Protocol(format!(
                 "expected ModuleLoaded, got {other:?}"
@@ -810,8 +813,29 @@ impl Client {
         shared_mem_bytes: u32,
         params: &[u8],
     ) -> Result<()> {
+        self.launch_function_raw(
+            stream.id(),
+            function.id(),
+            grid,
+            block,
+            shared_mem_bytes,
+            params,
+        )
+    }
+
+    /// Launches a module function by its raw ids (what the C ABI holds) with packed
+    /// parameters on `stream`. Prefer [`Client::launch_function`] in Rust.
+    pub fn launch_function_raw(
+        &self,
+        stream: StreamId,
+        function: u64,
+        grid: [u32; 3],
+        block: [u32; 3],
+        shared_mem_bytes: u32,
+        params: &[u8],
+    ) -> Result<()> {
         let mut launch = ModuleLaunch {
-            function: function.id(),
+            function,
             grid,
             block,
             shared_mem_bytes,
@@ -819,10 +843,7 @@ impl Client {
             params_len: u32::try_from(params.len())
                 .map_err(|_| Error::InvalidArgument("parameters too large".into()))?,
         };
-        let cmd = |launch| Command::LaunchModule {
-            stream: stream.id(),
-            launch,
-        };
+        let cmd = |launch| Command::LaunchModule { stream, launch };
         if params.is_empty() {
             return self.submit_async(cmd(launch));
         }

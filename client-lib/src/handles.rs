@@ -47,9 +47,11 @@ impl<T> DeviceBuffer<T> {
 
     /// Gives up ownership without freeing (the memory is freed when the client disconnects).
     pub fn into_raw(self) -> DevicePtr {
-        let ptr = self.ptr;
-        std::mem::forget(self);
-        ptr
+        let this = std::mem::ManuallyDrop::new(self);
+        // SAFETY: `this` is never used or dropped again, so moving the client out once is
+        // sound; dropping it releases our share of the session (no Free is sent).
+        drop(unsafe { std::ptr::read(&this.client) });
+        this.ptr
     }
 }
 

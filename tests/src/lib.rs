@@ -216,6 +216,8 @@ pub fn wait_until(timeout: Duration, mut check: impl FnMut() -> bool) -> bool {
     check()
 }
 
+pub mod raw;
+
 /// Deterministic test data.
 pub fn pattern(n: usize, seed: u32) -> Vec<f32> {
     (0..n)

@@ -1,0 +1,106 @@
+//! Clean shutdown, single instance per socket, stale sockets.
+
+use std::io::{BufRead, BufReader};
+use std::process::Stdio;
+use std::time::Duration;
+
+use gpushare_tests::Broker;
+
+#[test]
+fn sigterm_tells_clients_releases_everything_and_removes_the_socket() {
+    let mut broker = Broker::start();
+    let mut waiter = broker
+        .command("gpushare-testclient")
+        .arg("wait-shutdown")
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let mut lines = BufReader::new(waiter.stdout.take().expect("stdout")).lines();
+    assert_eq!(lines.next().and_then(Result::ok).as_deref(), Some("ready"));
+    let in_process = broker.client();
+    let buf = in_process.alloc::<f32>(16).expect("alloc");
+
+    let status = broker
+        .terminate(Duration::from_secs(10))
+        .expect("broker exits within 10 s");
+    assert!(status.success(), "exit status {status:?}");
+    assert!(!broker.socket.exists(), "socket file removed");
+    assert!(broker.log_contains("shutting down"));
+
+    // The other process saw a clear error.
+    let said = lines.next().and_then(Result::ok).unwrap_or_default();
+    assert!(said.contains("broker shutting down"), "client said: {said}");
+    let _ = waiter.wait();
+    // And so does a client in this process, on its next call.
+    let err = buf.to_vec().expect_err("broker is gone");
+    assert!(err.is_fatal(), "{err}");
+    assert!(
+        err.to_string().contains("shutting down") || err.to_string().contains("lost"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_second_broker_on_the_same_socket_is_refused_and_stale_sockets_are_replaced() {
+    let mut first = Broker::start();
+    let out = std::process::Command::new(gpushare_tests::binary("gpushared"))
+        .arg("--socket")
+        .arg(&first.socket)
+        .arg("--backend")
+        .arg("sim")
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("already serving"), "{stderr}");
+    first.client().nop().expect("first broker unharmed");
+
+    // SIGKILL leaves the socket file behind; the next broker replaces it.
+    let socket = first.socket.clone();
+    first.child.kill().expect("kill");
+    let _ = first.child.wait();
+    assert!(socket.exists(), "SIGKILL leaves a stale socket");
+    let mut second = std::process::Command::new(gpushare_tests::binary("gpushared"))
+        .arg("--socket")
+        .arg(&socket)
+        .arg("--backend")
+        .arg("sim")
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let mut lines = BufReader::new(second.stderr.take().expect("stderr")).lines();
+    let mut saw_stale = false;
+    for line in lines.by_ref().map_while(Result::ok) {
+        saw_stale |= line.contains("removed stale socket");
+        if line.contains("gpushared ready") {
+            break;
+        }
+    }
+    assert!(saw_stale);
+    let client = gpushare::Client::connect_with(gpushare::ConnectOptions {
+        socket: socket.clone(),
+        ..Default::default()
+    })
+    .expect("connect to the new broker");
+    client.nop().expect("nop");
+    drop(client);
+    let _ = second.kill();
+    let _ = second.wait();
+}
+
+#[test]
+fn connecting_without_a_broker_says_what_to_do() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let opts = gpushare::ConnectOptions {
+        socket: dir.path().join("none.sock"),
+        ..Default::default()
+    };
+    let err = gpushare::Client::connect_with(opts)
+        .err()
+        .expect("no broker");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("none.sock") && msg.contains("is gpushared running"),
+        "{msg}"
+    );
+}
