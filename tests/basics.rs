@@ -186,3 +186,52 @@ fn errors_are_typed_and_leave_the_session_usable() {
     assert_eq!(buf.to_vec().expect("down"), vec![1.0; 16]);
     client.nop().expect("nop");
 }
+
+#[test]
+fn status_reports_each_clients_usage() {
+    let broker = Broker::start();
+    let client = broker.client_named("accounted");
+    let stream = client.create_stream().expect("stream");
+    let buf = client.alloc::<f32>(1 << 16).expect("alloc");
+    buf.copy_from_host(&vec![1.0; 1 << 16]).expect("up");
+    stream
+        .launch(Kernel::Spin {
+            micros: 1_000,
+            blocks: 8,
+        })
+        .expect("spin");
+    stream
+        .launch(Kernel::FillF32 {
+            dst: buf.ptr(),
+            n: 1 << 16,
+            value: 2.0,
+        })
+        .expect("fill");
+    stream.synchronize().expect("sync");
+    let _ = buf.to_vec().expect("down");
+    let status = broker.status();
+    assert_eq!(status.backend, "sim");
+    assert_eq!(status.device.sm_count, 132);
+    let me = status
+        .clients
+        .iter()
+        .find(|c| c.name == "accounted")
+        .expect("listed");
+    assert_eq!(me.memory_used, 4 << 16);
+    assert_eq!(me.kernels, 2);
+    assert_eq!(me.bytes_htod, 4 << 16);
+    assert_eq!(me.bytes_dtoh, 4 << 16);
+    assert_eq!(me.streams, 2, "default stream + one");
+    assert!(
+        me.gpu_time_ns >= 1_000_000,
+        "the 1 ms spin is charged: {}",
+        me.gpu_time_ns
+    );
+    assert!(
+        me.gpu_time_ns < 2_000_000,
+        "and not much more: {}",
+        me.gpu_time_ns
+    );
+    assert_eq!(me.errors, 0);
+    assert_eq!(me.pid, std::process::id() as i32);
+}

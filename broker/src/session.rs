@@ -192,6 +192,8 @@ impl<D: Device> ModuleTable<D> {
 
 struct StreamSlot<S> {
     stream: S,
+    /// Got work since the last [`SessionState::account`].
+    touched: bool,
 }
 
 /// The data thread's state for one client.
@@ -209,8 +211,6 @@ pub struct SessionState<D: Device> {
     next_stream: StreamId,
     events: HashMap<EventId, D::Event>,
     next_event: EventId,
-    /// Device time of streams already destroyed.
-    retired_gpu_ns: u64,
 }
 
 /// Why a session's data thread ended.
@@ -249,6 +249,7 @@ impl<D: Device> SessionState<D> {
             0,
             StreamSlot {
                 stream: default_stream,
+                touched: false,
             },
         );
         info.counters.streams.store(1, Ordering::Relaxed);
@@ -265,7 +266,6 @@ impl<D: Device> SessionState<D> {
             next_stream: 1,
             events: HashMap::new(),
             next_event: 1,
-            retired_gpu_ns: 0,
         })
     }
 
@@ -296,6 +296,7 @@ impl<D: Device> SessionState<D> {
                         return end;
                     }
                 }
+                self.account();
                 idle_since = Instant::now();
                 continue;
             }
@@ -383,25 +384,38 @@ impl<D: Device> SessionState<D> {
             .ok_or(ErrorCode::InvalidHandle)
     }
 
-    /// Runs a stream-ordered device operation and charges its device time to the client.
+    /// Runs a stream-ordered device operation; its device time is charged at batch end.
     fn on_stream(
         &mut self,
         stream: StreamId,
         op: impl FnOnce(&D, &mut D::Stream) -> Result<(), DeviceError>,
     ) -> Result<(u64, u64), ErrorCode> {
         let device = self.device.clone();
-        let s = self.stream_mut(stream)?;
-        let before = device.stream_busy_ns(s);
-        let result = op(&device, s);
-        let spent = device.stream_busy_ns(s).saturating_sub(before);
+        let slot = self
+            .streams
+            .get_mut(&stream)
+            .ok_or(ErrorCode::InvalidHandle)?;
+        slot.touched = true;
+        op(&device, &mut slot.stream).map(|()| (0, 0)).map_err(|e| {
+            tracing::debug!(error = %e, "device operation failed");
+            e.code()
+        })
+    }
+
+    /// Closes the batch on every stream that got work and charges measured device time.
+    fn account(&mut self) {
+        let mut spent = 0;
+        for slot in self.streams.values_mut() {
+            if slot.touched {
+                self.device.end_batch(&mut slot.stream);
+                slot.touched = false;
+            }
+            spent += self.device.take_busy_ns(&mut slot.stream);
+        }
         self.info
             .counters
             .gpu_time_ns
             .fetch_add(spent, Ordering::Relaxed);
-        result.map(|()| (0, 0)).map_err(|e| {
-            tracing::debug!(error = %e, "device operation failed");
-            e.code()
-        })
     }
 
     fn execute(&mut self, cmd: Command) -> Result<(u64, u64), ErrorCode> {
@@ -493,7 +507,13 @@ impl<D: Device> SessionState<D> {
                     .next_stream
                     .checked_add(1)
                     .ok_or(ErrorCode::TooManyHandles)?;
-                self.streams.insert(id, StreamSlot { stream });
+                self.streams.insert(
+                    id,
+                    StreamSlot {
+                        stream,
+                        touched: false,
+                    },
+                );
                 counters
                     .streams
                     .store(self.streams.len() as u64, Ordering::Relaxed);
@@ -503,11 +523,14 @@ impl<D: Device> SessionState<D> {
                 if stream == 0 {
                     return Err(ErrorCode::InvalidHandle);
                 }
-                let slot = self
+                let mut slot = self
                     .streams
                     .remove(&stream)
                     .ok_or(ErrorCode::InvalidHandle)?;
-                self.retired_gpu_ns += self.device.stream_busy_ns(&slot.stream);
+                let _ = self.device.sync_stream(&mut slot.stream);
+                self.device.end_batch(&mut slot.stream);
+                let spent = self.device.take_busy_ns(&mut slot.stream);
+                counters.gpu_time_ns.fetch_add(spent, Ordering::Relaxed);
                 self.device.destroy_stream(slot.stream);
                 counters
                     .streams
@@ -644,9 +667,11 @@ impl<D: Device> SessionState<D> {
         let streams = self.streams.len();
         let allocations = self.allocations.len();
         let bytes: u64 = self.allocations.values().sum();
-        for (_, mut slot) in self.streams.drain() {
+        for slot in self.streams.values_mut() {
             let _ = self.device.sync_stream(&mut slot.stream);
-            self.retired_gpu_ns += self.device.stream_busy_ns(&slot.stream);
+        }
+        self.account();
+        for (_, slot) in self.streams.drain() {
             self.device.destroy_stream(slot.stream);
         }
         self.events.clear();

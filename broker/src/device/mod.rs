@@ -97,8 +97,11 @@ pub trait Device: Send + Sync + 'static {
     ) -> DeviceResult<()>;
     /// Waits for all work on the stream; reports the first error it met.
     fn sync_stream(&self, stream: &mut Self::Stream) -> DeviceResult<()>;
-    /// Device time this stream's work has taken so far (modelled or measured), in ns.
-    fn stream_busy_ns(&self, stream: &Self::Stream) -> u64;
+    /// Ends the current batch of work on the stream (a point where the broker may measure).
+    fn end_batch(&self, _stream: &mut Self::Stream) {}
+    /// Device time of this stream's work measured since the last call (modelled on `sim`,
+    /// from CUDA events on `cuda`), in ns. Work still running is counted by a later call.
+    fn take_busy_ns(&self, stream: &mut Self::Stream) -> u64;
 
     fn create_event(&self) -> DeviceResult<Self::Event>;
     fn record_event(&self, event: &mut Self::Event, stream: &mut Self::Stream) -> DeviceResult<()>;

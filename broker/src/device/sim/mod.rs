@@ -55,6 +55,7 @@ pub struct SimDevice {
 
 pub struct SimStream {
     ready_ns: u64,
+    /// Modelled busy time not yet taken by `take_busy_ns`.
     busy_ns: u64,
 }
 
@@ -242,8 +243,8 @@ impl Device for SimDevice {
         Ok(())
     }
 
-    fn stream_busy_ns(&self, stream: &SimStream) -> u64 {
-        stream.busy_ns
+    fn take_busy_ns(&self, stream: &mut SimStream) -> u64 {
+        std::mem::take(&mut stream.busy_ns)
     }
 
     fn create_event(&self) -> DeviceResult<SimEvent> {
@@ -325,8 +326,9 @@ mod tests {
         dev.record_event(&mut e1, &mut s1).expect("record");
         // s1's second spin waits for s2's, which waited for s1's first.
         assert_eq!(dev.elapsed_ns(&e0, &e1), Ok(160_000));
-        assert_eq!(dev.stream_busy_ns(&s1), 110_000);
-        assert_eq!(dev.stream_busy_ns(&s2), 50_000);
+        assert_eq!(dev.take_busy_ns(&mut s1), 110_000);
+        assert_eq!(dev.take_busy_ns(&mut s2), 50_000);
+        assert_eq!(dev.take_busy_ns(&mut s1), 0, "taken once");
     }
 
     #[test]
