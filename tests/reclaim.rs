@@ -103,6 +103,18 @@ fn a_client_that_floods_the_ring_without_reading_only_blocks_itself() {
 #[test]
 fn many_connect_disconnect_cycles_leave_nothing_behind() {
     let broker = Broker::start();
+    let fds = || {
+        std::fs::read_dir(format!("/proc/{}/fd", broker.pid()))
+            .map(|d| d.count())
+            .unwrap_or(0)
+    };
+    // One cycle first, so lazily created things (device handles, thread pools) exist.
+    drop(broker.client_named("warm-up"));
+    assert!(wait_until(Duration::from_secs(5), || broker
+        .status()
+        .clients
+        .is_empty()));
+    let baseline = fds();
     for i in 0..100 {
         let c = broker.client_named(&format!("cycle-{i}"));
         // Give up the buffer without freeing it: the disconnect must reclaim it.
@@ -113,11 +125,9 @@ fn many_connect_disconnect_cycles_leave_nothing_behind() {
         .clients
         .is_empty()));
     assert_eq!(broker.status().memory_used, 0);
-    let fds = std::fs::read_dir(format!("/proc/{}/fd", broker.pid()))
-        .map(|d| d.count())
-        .unwrap_or(0);
+    let after = fds();
     assert!(
-        fds < 40,
-        "broker holds {fds} descriptors after all clients left"
+        after <= baseline + 2,
+        "broker descriptors grew from {baseline} to {after} over 100 sessions"
     );
 }

@@ -4,10 +4,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use clap::{Parser, ValueEnum};
 use gpushare_broker::config::BrokerConfig;
 use gpushare_broker::device::Device;
+use gpushare_broker::device::cuda::CudaDevice;
 use gpushare_broker::device::sim::{SimDevice, SimOptions};
 use gpushare_broker::policy::Policy;
 use gpushare_broker::server::{self, Broker};
@@ -35,6 +36,9 @@ struct Args {
     /// Device backend.
     #[arg(long, value_enum, default_value_t = Backend::Auto)]
     backend: Backend,
+    /// GPU to serve (cuda backend).
+    #[arg(long, default_value_t = 0)]
+    gpu: i32,
     /// Policy file (TOML). Defaults to /etc/gpushare/gpushare.toml when that exists.
     #[arg(long)]
     config: Option<PathBuf>,
@@ -66,7 +70,17 @@ fn parse_octal(s: &str) -> Result<u32, String> {
         .map_err(|e| format!("`{s}` is not an octal mode: {e}"))
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> std::process::ExitCode {
+    match real_main() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("gpushared: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn real_main() -> anyhow::Result<()> {
     let args = Args::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .or_else(|_| tracing_subscriber::EnvFilter::try_new(&args.log))
@@ -87,19 +101,31 @@ fn main() -> anyhow::Result<()> {
         ..BrokerConfig::default()
     };
 
+    let sim = || {
+        Arc::new(SimDevice::new(SimOptions {
+            memory: args.sim_memory.as_u64(),
+            realtime: args.sim_realtime,
+            ..SimOptions::default()
+        }))
+    };
     match args.backend {
-        Backend::Cuda => bail!("the cuda backend is not part of this build yet; use --backend sim"),
-        Backend::Auto => {
-            info!("no cuda backend in this build; using the sim device");
+        Backend::Sim => run(sim(), config, policy),
+        Backend::Cuda => {
+            let gpu = CudaDevice::open(args.gpu)
+                .with_context(|| format!("cannot use GPU {} with --backend cuda", args.gpu))?;
+            run(Arc::new(gpu), config, policy)
         }
-        Backend::Sim => {}
+        Backend::Auto => match CudaDevice::open(args.gpu) {
+            Ok(gpu) => {
+                info!("backend auto: using GPU {} through CUDA", args.gpu);
+                run(Arc::new(gpu), config, policy)
+            }
+            Err(e) => {
+                info!("backend auto: no usable GPU ({e}); using the sim device");
+                run(sim(), config, policy)
+            }
+        },
     }
-    let sim = SimDevice::new(SimOptions {
-        memory: args.sim_memory.as_u64(),
-        realtime: args.sim_realtime,
-        ..SimOptions::default()
-    });
-    run(Arc::new(sim), config, policy)
 }
 
 fn load_policy(path: Option<&std::path::Path>) -> anyhow::Result<(Policy, Option<PathBuf>)> {

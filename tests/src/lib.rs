@@ -57,7 +57,7 @@ pub struct BrokerOptions {
     /// Policy file contents, if any.
     pub policy: Option<String>,
     pub extra_args: Vec<String>,
-    /// `sim` unless set.
+    /// `$GPUSHARE_TEST_BACKEND`, else `sim`, unless set.
     pub backend: Option<String>,
 }
 
@@ -67,13 +67,18 @@ impl Broker {
     }
 
     pub fn start_with(opts: BrokerOptions) -> Broker {
+        Broker::try_start_with(opts).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Starts a broker, or says why it did not come up.
+    pub fn try_start_with(opts: BrokerOptions) -> Result<Broker, String> {
         let dir = tempfile::tempdir().expect("temp dir");
         let socket = dir.path().join("gpushare.sock");
         let mut cmd = Command::new(binary("gpushared"));
         cmd.arg("--socket")
             .arg(&socket)
             .arg("--backend")
-            .arg(opts.backend.as_deref().unwrap_or("sim"))
+            .arg(opts.backend.clone().unwrap_or_else(test_backend))
             .arg("--socket-mode")
             .arg("666")
             .arg("--log")
@@ -101,28 +106,35 @@ impl Broker {
                 }
             });
         }
-        let broker = Broker {
+        let mut broker = Broker {
             child,
             socket,
             dir,
             log,
         };
-        broker.wait_ready(Duration::from_secs(20));
-        broker
+        broker.wait_ready(Duration::from_secs(30))?;
+        Ok(broker)
     }
 
-    fn wait_ready(&self, timeout: Duration) {
+    fn wait_ready(&mut self, timeout: Duration) -> Result<(), String> {
         let start = Instant::now();
         while start.elapsed() < timeout {
             if self.log_contains("gpushared ready") {
-                return;
+                return Ok(());
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                std::thread::sleep(Duration::from_millis(50)); // let the log reader catch up
+                return Err(format!(
+                    "gpushared exited ({status}) before it was ready; log:\n{}",
+                    self.log_text()
+                ));
             }
             std::thread::sleep(Duration::from_millis(10));
         }
-        panic!(
+        Err(format!(
             "gpushared did not become ready in {timeout:?}; log:\n{}",
             self.log_text()
-        );
+        ))
     }
 
     /// Everything the broker logged so far.
@@ -201,6 +213,44 @@ impl Drop for Broker {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// The backend integration tests run against: `$GPUSHARE_TEST_BACKEND` (`sim` or `cuda`),
+/// `sim` by default.
+pub fn test_backend() -> String {
+    std::env::var("GPUSHARE_TEST_BACKEND").unwrap_or_else(|_| "sim".into())
+}
+
+/// A broker on the GPU for GPU-only tests, or `None` (with a loud note) where there is none.
+pub fn gpu_broker() -> Option<Broker> {
+    let opts = BrokerOptions {
+        backend: Some("cuda".into()),
+        ..Default::default()
+    };
+    match Broker::try_start_with(opts) {
+        Ok(b) => Some(b),
+        Err(e) => {
+            let why = e
+                .lines()
+                .rev()
+                .find(|l| l.contains("cannot use GPU") || l.contains("Error"))
+                .unwrap_or("no GPU");
+            // Straight to the stderr handle: the test harness captures `eprintln!`, and a skip
+            // must show in CI logs.
+            let _ = std::io::Write::write_all(
+                &mut std::io::stderr(),
+                format!(
+                    "SKIPPED {} (no usable GPU): {why}\n",
+                    std::thread::current().name().unwrap_or("test")
+                )
+                .as_bytes(),
+            );
+            if std::env::var_os("GPUSHARE_REQUIRE_GPU").is_some() {
+                panic!("GPUSHARE_REQUIRE_GPU is set but no GPU broker could start:\n{e}");
+            }
+            None
+        }
     }
 }
 

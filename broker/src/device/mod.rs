@@ -1,6 +1,7 @@
 //! Device backends. [`Device`] hides whether work runs on a real GPU (`cuda`) or on the CPU
 //! model (`sim`); sessions are generic over it.
 
+pub mod cuda;
 pub mod sim;
 
 use gpushare_protocol::command::ModuleLaunch;

@@ -1,0 +1,693 @@
+//! `cuda`: a real NVIDIA GPU through the CUDA driver API (cudarc, loaded dynamically, so the
+//! broker builds and runs where CUDA is absent and says so).
+//!
+//! One primary context per GPU, held by the broker; one CUDA stream per client stream, with
+//! the priority of the client's class; each client's arena is page-locked with
+//! `cuMemHostRegister` so host↔device copies are asynchronous DMA straight from shared memory.
+//! Device time per stream is measured with CUDA events bracketing each batch of work.
+
+mod builtins;
+mod error;
+
+use std::cell::Cell;
+use std::collections::{BTreeMap, VecDeque};
+use std::ffi::c_void;
+use std::ptr;
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::result as cu;
+use cudarc::driver::sys::{self, CUcontext, CUdevice, CUevent, CUmodule, CUstream};
+use gpushare_protocol::command::ModuleLaunch;
+use gpushare_protocol::control::{DeviceInfo, ModuleFormat};
+use gpushare_protocol::{DevicePtr, Kernel, PriorityClass};
+
+use self::builtins::Builtins;
+use self::error::{check, driver};
+use super::{Device, DeviceError, DeviceResult};
+use crate::shm::ArenaSlice;
+
+/// GEMMs with at least this many multiply-adds go to cuBLAS when it is present.
+const CUBLAS_MIN_MACS: u64 = 32 * 32 * 32;
+/// FP32 lanes per SM on recent NVIDIA GPUs (Ampere and later), for the peak-rate estimate.
+const FP32_LANES_PER_SM: f64 = 128.0;
+
+thread_local! {
+    /// The context current on this thread, so we set it only when it changes.
+    static CURRENT: Cell<usize> = const { Cell::new(0) };
+}
+
+pub struct CudaDevice {
+    ordinal: i32,
+    device: CUdevice,
+    ctx: CUcontext,
+    info: DeviceInfo,
+    builtins: Builtins,
+    /// (least, greatest) stream priority; numerically smaller is more important.
+    priorities: (i32, i32),
+    cublas: bool,
+    /// Page-locked arenas: base address → length.
+    registered: Mutex<BTreeMap<usize, usize>>,
+}
+
+// SAFETY: the driver API is thread-safe; the raw handles are only used with the context made
+// current on the calling thread (`bind`), and mutable state is behind a mutex.
+unsafe impl Send for CudaDevice {}
+// SAFETY: as above.
+unsafe impl Sync for CudaDevice {}
+
+/// Why no CUDA device could be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    #[error("the CUDA driver library (libcuda.so) was not found")]
+    NoDriver,
+    #[error("no CUDA device is present")]
+    NoDevice,
+    #[error("GPU {asked} does not exist (this machine has {count})")]
+    NoSuchGpu { asked: i32, count: i32 },
+    #[error("{0}")]
+    Driver(#[from] DeviceError),
+}
+
+impl CudaDevice {
+    /// Opens GPU `ordinal`: retains its primary context and loads the built-in kernels.
+    pub fn open(ordinal: i32) -> Result<CudaDevice, ProbeError> {
+        // SAFETY: only probes whether the library can be loaded.
+        if !unsafe { sys::is_culib_present() } {
+            return Err(ProbeError::NoDriver);
+        }
+        cu::init().map_err(|e| driver("cuInit", e))?;
+        let count = cu::device::get_count().map_err(|e| driver("cuDeviceGetCount", e))?;
+        if count == 0 {
+            return Err(ProbeError::NoDevice);
+        }
+        if ordinal < 0 || ordinal >= count {
+            return Err(ProbeError::NoSuchGpu {
+                asked: ordinal,
+                count,
+            });
+        }
+        let device = cu::device::get(ordinal).map_err(|e| driver("cuDeviceGet", e))?;
+        // SAFETY: `device` is valid; the retained context is released in Drop.
+        let ctx = unsafe { cu::primary_ctx::retain(device) }
+            .map_err(|e| driver("cuDevicePrimaryCtxRetain", e))?;
+        // SAFETY: `ctx` was just retained.
+        unsafe { cu::ctx::set_current(ctx) }.map_err(|e| driver("cuCtxSetCurrent", e))?;
+        CURRENT.with(|c| c.set(ctx as usize));
+
+        let attr = |a| {
+            // SAFETY: `device` is valid; unknown attributes return an error, mapped to 0.
+            unsafe { cu::device::get_attribute(device, a) }
+                .unwrap_or(0)
+                .max(0) as u32
+        };
+        use sys::CUdevice_attribute::*;
+        let sm_count = attr(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT);
+        let cc = (
+            attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR),
+            attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR),
+        );
+        let clock_khz = attr(CU_DEVICE_ATTRIBUTE_CLOCK_RATE) as f64;
+        let mem_clock_khz = attr(CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE) as f64;
+        let bus_bits = attr(CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH) as f64;
+        // SAFETY: `device` is valid.
+        let total_memory = unsafe { cu::device::total_mem(device) }
+            .map_err(|e| driver("cuDeviceTotalMem", e))? as u64;
+        let name = cu::device::get_name(device).unwrap_or_else(|_| "NVIDIA GPU".into());
+        let info = DeviceInfo {
+            index: ordinal as u32,
+            name,
+            total_memory,
+            sm_count,
+            compute_capability: cc,
+            fp32_flops: sm_count as f64 * FP32_LANES_PER_SM * 2.0 * clock_khz * 1e3,
+            memory_bandwidth: 2.0 * mem_clock_khz * 1e3 * bus_bits / 8.0,
+            host_bandwidth: 0.0,
+        };
+        let priorities = cu::stream::get_priority_range().unwrap_or((0, 0));
+        let builtins = Builtins::load(cc, sm_count)?;
+        // SAFETY: only probes whether the library can be loaded.
+        let cublas = unsafe { cudarc::cublas::sys::is_culib_present() };
+        tracing::info!(
+            gpu = ordinal,
+            name = %info.name,
+            sms = sm_count,
+            compute = format_args!("{}.{}", cc.0, cc.1),
+            kernels = builtins.origin,
+            cublas,
+            "CUDA device open"
+        );
+        Ok(CudaDevice {
+            ordinal,
+            device,
+            ctx,
+            info,
+            builtins,
+            priorities,
+            cublas,
+            registered: Mutex::new(BTreeMap::new()),
+        })
+    }
+
+    /// Makes our context current on the calling thread.
+    fn bind(&self) -> DeviceResult<()> {
+        let ctx = self.ctx as usize;
+        if CURRENT.with(|c| c.get()) != ctx {
+            // SAFETY: the context is retained for the device's lifetime.
+            unsafe { cu::ctx::set_current(self.ctx) }.map_err(|e| driver("cuCtxSetCurrent", e))?;
+            CURRENT.with(|c| c.set(ctx));
+        }
+        Ok(())
+    }
+
+    /// Whether `[ptr, ptr+len)` lies in a page-locked arena.
+    fn is_registered(&self, ptr: *const u8, len: usize) -> bool {
+        let p = ptr as usize;
+        let map = self.registered.lock().unwrap_or_else(|e| e.into_inner());
+        map.range(..=p)
+            .next_back()
+            .is_some_and(|(&base, &size)| p + len <= base + size)
+    }
+
+    pub fn ordinal(&self) -> i32 {
+        self.ordinal
+    }
+
+    fn event(&self) -> DeviceResult<CUevent> {
+        cu::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT)
+            .map_err(|e| driver("cuEventCreate", e))
+    }
+}
+
+impl Drop for CudaDevice {
+    fn drop(&mut self) {
+        let _ = self.bind();
+        // SAFETY: the module was loaded by us and nothing uses it after the device is gone.
+        let _ = unsafe { cu::module::unload(self.builtins.module) };
+        // SAFETY: balances the retain in `open`.
+        let _ = unsafe { cu::primary_ctx::release(self.device) };
+    }
+}
+
+/// A client stream on the GPU.
+pub struct CudaStream {
+    raw: CUstream,
+    /// Event recorded when the current batch started, if work was queued since.
+    open: Option<CUevent>,
+    /// Batches queued and not yet measured: (start, end).
+    spans: VecDeque<(CUevent, CUevent)>,
+    spare: Vec<CUevent>,
+    busy_ns: u64,
+    blas: Option<cudarc::cublas::sys::cublasHandle_t>,
+}
+
+// SAFETY: used by one session thread at a time; the handles are thread-agnostic with the
+// context bound.
+unsafe impl Send for CudaStream {}
+
+impl CudaStream {
+    fn take_event(&mut self, dev: &CudaDevice) -> DeviceResult<CUevent> {
+        match self.spare.pop() {
+            Some(e) => Ok(e),
+            None => dev.event(),
+        }
+    }
+
+    /// Opens a measured batch before queuing work.
+    fn begin(&mut self, dev: &CudaDevice) -> DeviceResult<()> {
+        dev.bind()?;
+        if self.open.is_none() {
+            let e = self.take_event(dev)?;
+            // SAFETY: live event and stream.
+            unsafe { cu::event::record(e, self.raw) }.map_err(|e| driver("cuEventRecord", e))?;
+            self.open = Some(e);
+        }
+        Ok(())
+    }
+
+    /// Adds the time of every finished batch to `busy_ns`.
+    fn harvest(&mut self) {
+        while let Some(&(start, end)) = self.spans.front() {
+            // SAFETY: both events are live and were recorded.
+            match unsafe { cu::event::query(end) } {
+                Ok(()) => {
+                    // SAFETY: as above; both completed.
+                    if let Ok(ms) = unsafe { cu::event::elapsed(start, end) } {
+                        self.busy_ns += (ms as f64 * 1e6) as u64;
+                    }
+                    self.spans.pop_front();
+                    self.spare.push(start);
+                    self.spare.push(end);
+                }
+                _ => break,
+            }
+        }
+    }
+}
+
+/// A client event.
+pub struct CudaEvent {
+    raw: CUevent,
+    recorded: bool,
+}
+
+// SAFETY: a plain driver handle.
+unsafe impl Send for CudaEvent {}
+
+impl Drop for CudaEvent {
+    fn drop(&mut self) {
+        // SAFETY: created by us, destroyed once; the driver defers destruction of an event
+        // still pending on a stream.
+        let _ = unsafe { cu::event::destroy(self.raw) };
+    }
+}
+
+/// A module a client loaded.
+pub struct CudaModule {
+    raw: CUmodule,
+}
+
+// SAFETY: a plain driver handle.
+unsafe impl Send for CudaModule {}
+// SAFETY: never mutated after loading.
+unsafe impl Sync for CudaModule {}
+
+impl Drop for CudaModule {
+    fn drop(&mut self) {
+        // SAFETY: loaded by us; functions keep the module alive through their Arc, so nothing
+        // launches from it after this.
+        let _ = unsafe { cu::module::unload(self.raw) };
+    }
+}
+
+/// A function in a loaded module; keeps its module loaded.
+pub struct CudaFunction {
+    raw: sys::CUfunction,
+    _module: Arc<ModuleRef>,
+}
+
+/// Shares a module between its functions.
+pub struct ModuleRef(CudaModule);
+
+// SAFETY: a plain driver handle, never mutated.
+unsafe impl Send for CudaFunction {}
+// SAFETY: as above.
+unsafe impl Sync for CudaFunction {}
+
+impl Device for CudaDevice {
+    type Stream = CudaStream;
+    type Event = CudaEvent;
+    type Module = Arc<ModuleRef>;
+    type Function = CudaFunction;
+
+    fn backend(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    fn alloc(&self, bytes: u64) -> DeviceResult<DevicePtr> {
+        self.bind()?;
+        let n = usize::try_from(bytes).map_err(|_| DeviceError::OutOfMemory)?;
+        // SAFETY: plain allocation with our context current.
+        unsafe { cu::malloc_sync(n) }.map_err(|e| driver("cuMemAlloc", e))
+    }
+
+    fn free(&self, ptr: DevicePtr) -> DeviceResult<()> {
+        self.bind()?;
+        // SAFETY: the session only frees pointers this device returned for that client.
+        unsafe { cu::free_sync(ptr) }.map_err(|e| driver("cuMemFree", e))
+    }
+
+    fn register_arena(&self, arena: ArenaSlice<'_>) -> DeviceResult<()> {
+        self.bind()?;
+        // SAFETY: the arena is a live, page-aligned mapping that stays mapped until
+        // `unregister_arena` (the session calls it before dropping the region).
+        let r = unsafe {
+            sys::cuMemHostRegister_v2(
+                arena.as_ptr() as *mut c_void,
+                arena.len(),
+                sys::CU_MEMHOSTREGISTER_PORTABLE,
+            )
+        };
+        match r.result() {
+            Ok(()) => {
+                self.registered
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(arena.as_ptr() as usize, arena.len());
+            }
+            // Copies still work from pageable memory, just slower: say so, keep serving.
+            Err(e) => {
+                tracing::warn!(error = %error::describe("cuMemHostRegister", e), "arena not page-locked; copies will be staged by the driver")
+            }
+        }
+        Ok(())
+    }
+
+    fn unregister_arena(&self, arena: ArenaSlice<'_>) {
+        let removed = self
+            .registered
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&(arena.as_ptr() as usize));
+        if removed.is_some() && self.bind().is_ok() {
+            // SAFETY: registered by us above; all streams using it were synchronized.
+            let _ = unsafe { sys::cuMemHostUnregister(arena.as_ptr() as *mut c_void) };
+        }
+    }
+
+    fn create_stream(&self, class: PriorityClass) -> DeviceResult<CudaStream> {
+        self.bind()?;
+        let (least, greatest) = self.priorities;
+        let priority = match class {
+            PriorityClass::High => greatest,
+            PriorityClass::Normal => (least + greatest) / 2,
+            PriorityClass::BestEffort => least,
+        };
+        let raw = cu::stream::create_with_priority(cu::stream::StreamKind::NonBlocking, priority)
+            .map_err(|e| driver("cuStreamCreateWithPriority", e))?;
+        Ok(CudaStream {
+            raw,
+            open: None,
+            spans: VecDeque::new(),
+            spare: Vec::new(),
+            busy_ns: 0,
+            blas: None,
+        })
+    }
+
+    fn destroy_stream(&self, mut stream: CudaStream) {
+        if self.bind().is_err() {
+            return;
+        }
+        // SAFETY: live stream; waiting makes every event and copy on it complete.
+        let _ = unsafe { cu::stream::synchronize(stream.raw) };
+        let events = stream
+            .open
+            .take()
+            .into_iter()
+            .chain(stream.spans.drain(..).flat_map(|(a, b)| [a, b]))
+            .chain(stream.spare.drain(..));
+        for e in events {
+            // SAFETY: our events, destroyed once.
+            let _ = unsafe { cu::event::destroy(e) };
+        }
+        if let Some(h) = stream.blas.take() {
+            // SAFETY: created by us for this stream.
+            let _ = unsafe { cudarc::cublas::result::destroy_handle(h) };
+        }
+        // SAFETY: synchronized above; destroyed once.
+        let _ = unsafe { cu::stream::destroy(stream.raw) };
+    }
+
+    fn copy_htod(
+        &self,
+        stream: &mut CudaStream,
+        src: ArenaSlice<'_>,
+        dst: DevicePtr,
+    ) -> DeviceResult<()> {
+        stream.begin(self)?;
+        let (p, n) = (src.as_ptr() as *const c_void, src.len());
+        if self.is_registered(src.as_ptr(), n) {
+            // SAFETY: page-locked arena range (bounds-checked by the session) and a device
+            // range checked against the client's allocations; the arena outlives the copy.
+            check("cuMemcpyHtoDAsync", unsafe {
+                sys::cuMemcpyHtoDAsync_v2(dst, p, n, stream.raw)
+            })
+        } else {
+            // SAFETY: as above; synchronous with respect to the host buffer.
+            check("cuMemcpyHtoD", unsafe { sys::cuMemcpyHtoD_v2(dst, p, n) })
+        }
+    }
+
+    fn copy_dtoh(
+        &self,
+        stream: &mut CudaStream,
+        src: DevicePtr,
+        dst: ArenaSlice<'_>,
+    ) -> DeviceResult<()> {
+        stream.begin(self)?;
+        let (p, n) = (dst.as_ptr() as *mut c_void, dst.len());
+        if self.is_registered(dst.as_ptr(), n) {
+            // SAFETY: as in `copy_htod`, in the other direction.
+            check("cuMemcpyDtoHAsync", unsafe {
+                sys::cuMemcpyDtoHAsync_v2(p, src, n, stream.raw)
+            })
+        } else {
+            // Pageable: order after the stream's earlier work, then copy.
+            // SAFETY: live stream.
+            unsafe { cu::stream::synchronize(stream.raw) }
+                .map_err(|e| driver("cuStreamSynchronize", e))?;
+            // SAFETY: as above.
+            check("cuMemcpyDtoH", unsafe { sys::cuMemcpyDtoH_v2(p, src, n) })
+        }
+    }
+
+    fn copy_dtod(
+        &self,
+        stream: &mut CudaStream,
+        src: DevicePtr,
+        dst: DevicePtr,
+        len: u64,
+    ) -> DeviceResult<()> {
+        stream.begin(self)?;
+        let n = usize::try_from(len)
+            .map_err(|_| DeviceError::InvalidArgument("copy too large".into()))?;
+        // SAFETY: both ranges checked against the client's allocations.
+        unsafe { cu::memcpy_dtod_async(dst, src, n, stream.raw) }
+            .map_err(|e| driver("cuMemcpyDtoDAsync", e))
+    }
+
+    fn memset(
+        &self,
+        stream: &mut CudaStream,
+        dst: DevicePtr,
+        value: u8,
+        len: u64,
+    ) -> DeviceResult<()> {
+        stream.begin(self)?;
+        let n = usize::try_from(len)
+            .map_err(|_| DeviceError::InvalidArgument("memset too large".into()))?;
+        // SAFETY: range checked against the client's allocations.
+        unsafe { cu::memset_d8_async(dst, value, n, stream.raw) }
+            .map_err(|e| driver("cuMemsetD8Async", e))
+    }
+
+    fn launch(&self, stream: &mut CudaStream, kernel: &Kernel) -> DeviceResult<()> {
+        stream.begin(self)?;
+        if let Kernel::GemmF32 {
+            a,
+            b,
+            c,
+            m,
+            n,
+            k,
+            alpha,
+            beta,
+        } = *kernel
+            && self.cublas
+            && m as u64 * n as u64 * k as u64 >= CUBLAS_MIN_MACS
+        {
+            return self.sgemm(stream, (a, b, c), (m, n, k), alpha, beta);
+        }
+        self.builtins.launch(stream.raw, kernel)
+    }
+
+    fn launch_module(
+        &self,
+        stream: &mut CudaStream,
+        function: &CudaFunction,
+        launch: &ModuleLaunch,
+        params: &[u8],
+    ) -> DeviceResult<()> {
+        stream.begin(self)?;
+        let mut size = params.len();
+        let mut buffer = params.to_vec();
+        // Packed parameters go through the `extra` array: pointer, size, end.
+        let mut extra = [
+            sys::CU_LAUNCH_PARAM_BUFFER_POINTER_AS_INT as usize as *mut c_void,
+            buffer.as_mut_ptr() as *mut c_void,
+            sys::CU_LAUNCH_PARAM_BUFFER_SIZE_AS_INT as usize as *mut c_void,
+            &mut size as *mut usize as *mut c_void,
+            ptr::null_mut(), // CU_LAUNCH_PARAM_END
+        ];
+        let extra_ptr = if params.is_empty() {
+            ptr::null_mut()
+        } else {
+            extra.as_mut_ptr()
+        };
+        let [gx, gy, gz] = launch.grid;
+        let [bx, by, bz] = launch.block;
+        // SAFETY: `function` is a live function of a loaded module (kept alive by its Arc);
+        // the parameter buffer and its size outlive the call, which copies them.
+        check("cuLaunchKernel", unsafe {
+            sys::cuLaunchKernel(
+                function.raw,
+                gx,
+                gy,
+                gz,
+                bx,
+                by,
+                bz,
+                launch.shared_mem_bytes,
+                stream.raw,
+                ptr::null_mut(),
+                extra_ptr,
+            )
+        })
+    }
+
+    fn sync_stream(&self, stream: &mut CudaStream) -> DeviceResult<()> {
+        self.bind()?;
+        // SAFETY: live stream.
+        unsafe { cu::stream::synchronize(stream.raw) }
+            .map_err(|e| driver("kernel or copy on this stream failed", e))
+    }
+
+    fn end_batch(&self, stream: &mut CudaStream) {
+        let Some(start) = stream.open.take() else {
+            return;
+        };
+        let end = match stream.take_event(self) {
+            Ok(e) => e,
+            Err(_) => {
+                stream.spare.push(start);
+                return;
+            }
+        };
+        // SAFETY: live event and stream.
+        if unsafe { cu::event::record(end, stream.raw) }.is_ok() {
+            stream.spans.push_back((start, end));
+        } else {
+            stream.spare.extend([start, end]);
+        }
+        stream.harvest();
+    }
+
+    fn take_busy_ns(&self, stream: &mut CudaStream) -> u64 {
+        if self.bind().is_ok() {
+            stream.harvest();
+        }
+        std::mem::take(&mut stream.busy_ns)
+    }
+
+    fn create_event(&self) -> DeviceResult<CudaEvent> {
+        self.bind()?;
+        Ok(CudaEvent {
+            raw: self.event()?,
+            recorded: false,
+        })
+    }
+
+    fn record_event(&self, event: &mut CudaEvent, stream: &mut CudaStream) -> DeviceResult<()> {
+        self.bind()?;
+        // SAFETY: live event and stream.
+        unsafe { cu::event::record(event.raw, stream.raw) }
+            .map_err(|e| driver("cuEventRecord", e))?;
+        event.recorded = true;
+        Ok(())
+    }
+
+    fn event_done(&self, event: &CudaEvent) -> DeviceResult<bool> {
+        self.bind()?;
+        // SAFETY: live event.
+        match unsafe { cu::event::query(event.raw) } {
+            Ok(()) => Ok(true),
+            Err(e) if e.0 == sys::cudaError_enum::CUDA_ERROR_NOT_READY => Ok(false),
+            Err(e) => Err(driver("cuEventQuery", e)),
+        }
+    }
+
+    fn sync_event(&self, event: &CudaEvent) -> DeviceResult<()> {
+        self.bind()?;
+        // SAFETY: live event.
+        unsafe { cu::event::synchronize(event.raw) }.map_err(|e| driver("cuEventSynchronize", e))
+    }
+
+    fn elapsed_ns(&self, start: &CudaEvent, end: &CudaEvent) -> DeviceResult<u64> {
+        if !start.recorded || !end.recorded {
+            return Err(DeviceError::InvalidArgument(
+                "event was never recorded".into(),
+            ));
+        }
+        self.bind()?;
+        // SAFETY: live events, both recorded.
+        let ms = unsafe { cu::event::elapsed(start.raw, end.raw) }
+            .map_err(|e| driver("cuEventElapsedTime", e))?;
+        Ok((ms.max(0.0) as f64 * 1e6) as u64)
+    }
+
+    fn load_module(&self, format: ModuleFormat, image: &[u8]) -> DeviceResult<Arc<ModuleRef>> {
+        self.bind()?;
+        let mut bytes = image.to_vec();
+        if format == ModuleFormat::Ptx && bytes.last() != Some(&0) {
+            bytes.push(0); // the driver reads PTX as a C string
+        }
+        let raw = builtins::load_image(&bytes)?;
+        Ok(Arc::new(ModuleRef(CudaModule { raw })))
+    }
+
+    fn get_function(&self, module: &Arc<ModuleRef>, name: &str) -> DeviceResult<CudaFunction> {
+        self.bind()?;
+        let raw = builtins::function(module.0.raw, name)?;
+        Ok(CudaFunction {
+            raw,
+            _module: module.clone(),
+        })
+    }
+}
+
+impl CudaDevice {
+    /// Row-major `C = alpha·A·B + beta·C` through cuBLAS (column-major: `Cᵀ = Bᵀ·Aᵀ`).
+    fn sgemm(
+        &self,
+        stream: &mut CudaStream,
+        (a, b, c): (u64, u64, u64),
+        (m, n, k): (u32, u32, u32),
+        alpha: f32,
+        beta: f32,
+    ) -> DeviceResult<()> {
+        use cudarc::cublas::{result as blas, sys as bsys};
+        let fail = |what: &str, e: blas::CublasError| DeviceError::Failed(format!("{what}: {e:?}"));
+        let handle = match stream.blas {
+            Some(h) => h,
+            None => {
+                let h = blas::create_handle().map_err(|e| fail("cublasCreate", e))?;
+                // SAFETY: fresh handle, live stream.
+                unsafe { blas::set_stream(h, stream.raw as _) }
+                    .map_err(|e| fail("cublasSetStream", e))?;
+                stream.blas = Some(h);
+                h
+            }
+        };
+        let to_i32 = |v: u32| {
+            i32::try_from(v).map_err(|_| {
+                DeviceError::InvalidArgument("GEMM dimension too large for cuBLAS".into())
+            })
+        };
+        let (m, n, k) = (to_i32(m)?, to_i32(n)?, to_i32(k)?);
+        // SAFETY: A, B and C were checked against the client's allocations with these
+        // dimensions; alpha and beta live across the call (host pointer mode).
+        unsafe {
+            blas::sgemm(
+                handle,
+                bsys::cublasOperation_t::CUBLAS_OP_N,
+                bsys::cublasOperation_t::CUBLAS_OP_N,
+                n,
+                m,
+                k,
+                &alpha,
+                b as *const f32,
+                n,
+                a as *const f32,
+                k,
+                &beta,
+                c as *mut f32,
+                n,
+            )
+        }
+        .map_err(|e| fail("cublasSgemm", e))
+    }
+}

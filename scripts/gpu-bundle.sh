@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Builds everything a GPU machine without a Rust toolchain needs to run gpushare's GPU tests
+# and benchmarks, stripped, into one folder (default .gpu/, ignored by git):
+#   gpushared gpushare gpushare-demo gpushare-testclient libgpushare.so, the integration-test
+#   executables (named after their test files), gpu-test.sh to run them, and gpushare-bench
+#   when it exists. Copy the folder to the GPU machine and run `./gpu-test.sh` inside it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-.gpu}
+mkdir -p "$out"
+
+cargo build --release --locked --workspace --quiet
+for bin in gpushared gpushare gpushare-demo gpushare-testclient gpushare-bench libgpushare.so; do
+    [[ -f target/release/$bin ]] && cp target/release/$bin "$out/"
+done
+
+# Integration-test executables: ask cargo where it put them.
+cargo test --release --locked -p gpushare-tests --no-run --message-format=json 2>/dev/null |
+    python3 -c '
+import json, shutil, sys
+out = sys.argv[1]
+for line in sys.stdin:
+    try:
+        m = json.loads(line)
+    except ValueError:
+        continue
+    if m.get("reason") == "compiler-artifact" and m.get("profile", {}).get("test") and m.get("executable"):
+        kinds = m["target"]["kind"]
+        if "test" in kinds:
+            name = m["target"]["name"]
+            shutil.copy(m["executable"], out + "/test-" + name)
+' "$out"
+
+cp scripts/gpu-test.sh "$out/"
+strip "$out"/* 2>/dev/null || true
+du -sh "$out"
+ls "$out"

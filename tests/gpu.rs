@@ -1,0 +1,167 @@
+//! GPU-only tests: they start `gpushared --backend cuda` and are skipped, with a printed
+//! note, where no GPU is usable (set GPUSHARE_REQUIRE_GPU=1 to make that a failure).
+//! The rest of the integration suite also runs on a GPU with GPUSHARE_TEST_BACKEND=cuda.
+
+use std::process::Stdio;
+
+use gpushare::{ErrorCode, Kernel, ModuleFormat};
+use gpushare_tests::{gpu_broker, pattern};
+
+/// `y[i] = a * x[i] + y[i]` for `i < n`, hand-written PTX so the test needs no compiler.
+/// Parameters, packed: y (u64 @0), x (u64 @8), a (f32 @16), n (u32 @20): 24 bytes.
+const SCALE_ADD_PTX: &str = r#"
+.version 8.0
+.target sm_90
+.address_size 64
+
+.visible .entry scale_add(
+    .param .u64 y,
+    .param .u64 x,
+    .param .f32 a,
+    .param .u32 n
+)
+{
+    .reg .pred %p;
+    .reg .b32 %r<6>;
+    .reg .f32 %f<4>;
+    .reg .b64 %rd<8>;
+
+    ld.param.u64 %rd1, [y];
+    ld.param.u64 %rd2, [x];
+    ld.param.f32 %f1, [a];
+    ld.param.u32 %r1, [n];
+    mov.u32 %r2, %ctaid.x;
+    mov.u32 %r3, %ntid.x;
+    mov.u32 %r4, %tid.x;
+    mad.lo.s32 %r5, %r2, %r3, %r4;
+    setp.ge.u32 %p, %r5, %r1;
+    @%p bra DONE;
+    cvta.to.global.u64 %rd3, %rd1;
+    cvta.to.global.u64 %rd4, %rd2;
+    mul.wide.u32 %rd5, %r5, 4;
+    add.s64 %rd6, %rd3, %rd5;
+    add.s64 %rd7, %rd4, %rd5;
+    ld.global.f32 %f2, [%rd7];
+    ld.global.f32 %f3, [%rd6];
+    fma.rn.f32 %f3, %f1, %f2, %f3;
+    st.global.f32 [%rd6], %f3;
+DONE:
+    ret;
+}
+"#;
+
+#[test]
+fn ptx_module_runs_with_packed_parameters() {
+    let Some(broker) = gpu_broker() else { return };
+    let client = broker.client();
+    assert_eq!(client.session().backend, "cuda");
+    let module = client
+        .load_module(ModuleFormat::Ptx, SCALE_ADD_PTX.as_bytes())
+        .expect("load PTX");
+    let f = module.function("scale_add").expect("function");
+    let n = 100_003usize;
+    let (hx, hy) = (pattern(n, 11), pattern(n, 12));
+    let x = client.alloc::<f32>(n).expect("alloc");
+    let y = client.alloc::<f32>(n).expect("alloc");
+    x.copy_from_host(&hx).expect("up");
+    y.copy_from_host(&hy).expect("up");
+    let a = 1.75f32;
+    let mut params = Vec::new();
+    params.extend_from_slice(&y.ptr().to_le_bytes());
+    params.extend_from_slice(&x.ptr().to_le_bytes());
+    params.extend_from_slice(&a.to_le_bytes());
+    params.extend_from_slice(&(n as u32).to_le_bytes());
+    let stream = client.create_stream().expect("stream");
+    let blocks = (n as u32).div_ceil(256);
+    client
+        .launch_function(&stream, &f, [blocks, 1, 1], [256, 1, 1], 0, &params)
+        .expect("launch");
+    stream.synchronize().expect("sync");
+    let got = y.to_vec().expect("down");
+    for i in 0..n {
+        assert_eq!(got[i], a.mul_add(hx[i], hy[i]), "element {i}");
+    }
+    // Typed errors for a missing function and a broken image (with the JIT's own words).
+    let err = module.function("no_such_kernel").expect_err("missing");
+    assert_eq!(err.code(), Some(ErrorCode::InvalidArgument), "{err}");
+    let err = client
+        .load_module(
+            ModuleFormat::Ptx,
+            b".version 8.0\n.target sm_90\nthis is not ptx\n",
+        )
+        .err()
+        .expect("bad PTX");
+    assert_eq!(err.code(), Some(ErrorCode::InvalidArgument), "{err}");
+    assert!(err.to_string().contains("cannot load module"), "{err}");
+}
+
+#[test]
+fn concurrent_clients_on_the_gpu_get_correct_results() {
+    let Some(broker) = gpu_broker() else { return };
+    let children: Vec<_> = (0..6)
+        .map(|i| {
+            broker
+                .command("gpushare-demo")
+                .args([
+                    "--name",
+                    &format!("gpu-{i}"),
+                    "--workload",
+                    ["vecadd", "gemm", "mixed"][i % 3],
+                ])
+                .args(["--iterations", "30", "--size", "262144", "--json"])
+                .stdout(Stdio::piped())
+                .spawn()
+                .expect("spawn")
+        })
+        .collect();
+    for (i, child) in children.into_iter().enumerate() {
+        let out = child.wait_with_output().expect("wait");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "client {i}: {stdout}");
+        let summary: serde_json::Value = serde_json::from_str(stdout.trim()).expect("json");
+        assert_eq!(summary["mismatches"], 0, "{summary}");
+        assert_eq!(summary["backend"], "cuda");
+    }
+}
+
+#[test]
+fn gpu_time_is_measured_with_cuda_events() {
+    let Some(broker) = gpu_broker() else { return };
+    let client = broker.client_named("timed");
+    let stream = client.create_stream().expect("stream");
+    let (start, end) = (
+        client.create_event().expect("event"),
+        client.create_event().expect("event"),
+    );
+    start.record(&stream).expect("record");
+    stream
+        .launch(Kernel::Spin {
+            micros: 3_000,
+            blocks: 4,
+        })
+        .expect("spin");
+    end.record(&stream).expect("record");
+    stream.synchronize().expect("sync");
+    let elapsed = end.elapsed_since(&start).expect("elapsed");
+    assert!(
+        elapsed.as_micros() >= 2_900 && elapsed.as_micros() < 4_000,
+        "event elapsed {elapsed:?}"
+    );
+    client.nop().expect("let the broker close the batch");
+    let status = broker.status();
+    let me = status
+        .clients
+        .iter()
+        .find(|c| c.name == "timed")
+        .expect("listed");
+    assert!(
+        me.gpu_time_ns >= 2_900_000 && me.gpu_time_ns < 4_500_000,
+        "GPU time from events: {} ns",
+        me.gpu_time_ns
+    );
+    assert_eq!(
+        status.device.sm_count, 132,
+        "an H100 has 132 SMs: {:?}",
+        status.device
+    );
+}
