@@ -240,3 +240,38 @@ fn status_reports_each_clients_usage() {
     assert_eq!(me.errors, 0);
     assert_eq!(me.pid, std::process::id() as i32);
 }
+
+#[test]
+fn host_buffers_copy_without_staging_and_are_recycled() {
+    let broker = Broker::start();
+    let opts = gpushare::ConnectOptions {
+        host_buffers: 3 << 20,
+        ..broker.options("host-buffers")
+    };
+    let client = gpushare::Client::connect_with(opts).expect("connect");
+    let stream = client.create_stream().expect("stream");
+    let dev = client.alloc::<u8>(1 << 20).expect("alloc");
+    let mut up = client.host_buffer(1 << 20).expect("host buffer");
+    for (i, b) in up.as_mut_slice().iter_mut().enumerate() {
+        *b = (i % 251) as u8;
+    }
+    let down = client.host_buffer(1 << 20).expect("second host buffer");
+    client
+        .copy_host_buffer_to_device(&stream, &up, dev.ptr())
+        .expect("h2d");
+    client
+        .copy_device_to_host_buffer(&stream, dev.ptr(), &down)
+        .expect("d2h");
+    stream.synchronize().expect("sync");
+    assert_eq!(down.as_slice(), up.as_slice());
+    assert!(client.host_buffer(2 << 20).is_err(), "only 1 MiB left");
+    drop(up);
+    drop(down);
+    let whole = client
+        .host_buffer(3 << 20)
+        .expect("freed space is merged back");
+    assert_eq!(whole.len(), 3 << 20);
+    // Staged copies still work beside host buffers.
+    dev.copy_from_host(&vec![7u8; 1 << 20]).expect("staged");
+    assert!(dev.to_vec().expect("down").iter().all(|&b| b == 7));
+}

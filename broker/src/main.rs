@@ -54,6 +54,9 @@ struct Args {
     /// Default data arena per client (e.g. "16 MiB").
     #[arg(long, default_value = "16 MiB")]
     arena_size: bytesize::ByteSize,
+    /// Largest data arena a client may ask for.
+    #[arg(long, default_value = "512 MiB")]
+    max_arena_size: bytesize::ByteSize,
     /// Sim device: memory size.
     #[arg(long, default_value = "16 GiB")]
     sim_memory: bytesize::ByteSize,
@@ -97,6 +100,7 @@ fn real_main() -> anyhow::Result<()> {
         socket_group: args.socket_group.clone(),
         spin: Duration::from_micros(args.spin_us),
         arena_size: args.arena_size.as_u64(),
+        max_arena_size: args.max_arena_size.as_u64(),
         policy_path,
         ..BrokerConfig::default()
     };

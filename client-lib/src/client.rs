@@ -34,8 +34,13 @@ pub struct ConnectOptions {
     pub class: Option<PriorityClass>,
     /// Submission ring entries (0 = broker default).
     pub sq_entries: u32,
-    /// Data arena bytes (0 = broker default).
+    /// Data arena bytes (0 = broker default, or the default staging area plus
+    /// `host_buffers`).
     pub arena_size: u64,
+    /// Bytes of the arena set aside for [`HostBuffer`](crate::HostBuffer)s: host memory the
+    /// device copies to and from directly (page-locked on a GPU), like CUDA's pinned memory.
+    /// The rest of the arena stages ordinary copies.
+    pub host_buffers: u64,
     /// How long to spin for a completion before sleeping.
     pub spin: Duration,
 }
@@ -51,6 +56,7 @@ impl Default for ConnectOptions {
             class: None,
             sq_entries: 0,
             arena_size: 0,
+            host_buffers: 0,
             spin: Duration::from_micros(50),
         }
     }
@@ -93,6 +99,45 @@ struct RingState {
 }
 
 /// Staging state for host copies through the arena.
+/// Staging area the client asks for when it also wants host buffers but no explicit arena.
+const DEFAULT_STAGING: u64 = 16 << 20;
+/// Host buffers start on page boundaries (DMA-friendly, and never share a page).
+const HOST_BUFFER_ALIGN: usize = 4096;
+
+/// First-fit allocator over the host-buffer part of the arena: offset → length of free runs.
+struct HostRegion {
+    free: std::collections::BTreeMap<usize, usize>,
+}
+
+impl HostRegion {
+    fn alloc(&mut self, len: usize) -> Option<usize> {
+        let len = len.max(1).div_ceil(HOST_BUFFER_ALIGN) * HOST_BUFFER_ALIGN;
+        let (&at, &run) = self.free.iter().find(|&(_, &run)| run >= len)?;
+        self.free.remove(&at);
+        if run > len {
+            self.free.insert(at + len, run - len);
+        }
+        Some(at)
+    }
+
+    fn release(&mut self, at: usize, len: usize) {
+        let mut start = at;
+        let mut len = len.max(1).div_ceil(HOST_BUFFER_ALIGN) * HOST_BUFFER_ALIGN;
+        if let Some((&prev, &plen)) = self.free.range(..at).next_back()
+            && prev + plen == at
+        {
+            self.free.remove(&prev);
+            start = prev;
+            len += plen;
+        }
+        if let Some(&next_len) = self.free.get(&(start + len)) {
+            self.free.remove(&(start + len));
+            len += next_len;
+        }
+        self.free.insert(start, len);
+    }
+}
+
 struct Staging {
     events: Option<[EventId; 2]>,
 }
@@ -103,6 +148,9 @@ pub(crate) struct Inner {
     requests: Mutex<u64>,
     ring: Mutex<RingState>,
     staging: Mutex<Staging>,
+    /// Bytes at the start of the arena used for staged copies and launch parameters.
+    staging_size: usize,
+    host_region: Mutex<HostRegion>,
     map: MmapRaw,
     layout: ShmLayout,
     submit_wake: OwnedFd,
@@ -149,6 +197,17 @@ fn op_name(op: u16) -> &'static str {
     }
 }
 
+/// The arena offset of `range` within host buffer `buf`, checked.
+fn host_range(buf: &crate::HostBuffer, range: &std::ops::Range<usize>) -> Result<u64> {
+    if range.start > range.end || range.end > buf.len() {
+        return Err(Error::InvalidArgument(format!(
+            "range {range:?} is outside a {}-byte host buffer",
+            buf.len()
+        )));
+    }
+    Ok((buf.offset() + range.start) as u64)
+}
+
 fn signal(fd: &OwnedFd) {
     let one = 1u64.to_ne_bytes();
     let _ = nix::unistd::write(fd, &one);
@@ -166,6 +225,11 @@ impl Client {
     }
 
     pub fn connect_with(opts: ConnectOptions) -> Result<Client> {
+        let arena_request = match (opts.arena_size, opts.host_buffers) {
+            (0, 0) => 0,
+            (0, h) => DEFAULT_STAGING + h,
+            (a, _) => a,
+        };
         let socket = ControlSocket::connect(&opts.socket)?;
         socket.send(
             &ClientMessage::Hello(Hello {
@@ -174,7 +238,7 @@ impl Client {
                 client_name: opts.name.clone(),
                 requested_class: opts.class,
                 sq_entries: opts.sq_entries,
-                arena_size: opts.arena_size,
+                arena_size: arena_request,
             }),
             &[],
         )?;
@@ -212,6 +276,19 @@ impl Client {
         }
         // SAFETY: as above.
         let rings = unsafe { ClientRings::attach(base, &layout) };
+        let host_bytes =
+            (opts.host_buffers as usize).div_ceil(HOST_BUFFER_ALIGN) * HOST_BUFFER_ALIGN;
+        let staging_size = (layout.arena_size as usize).saturating_sub(host_bytes);
+        if staging_size < 2 * HOST_BUFFER_ALIGN {
+            return Err(Error::InvalidArgument(format!(
+                "the broker granted a {}-byte arena, too small for {} bytes of host buffers plus staging",
+                layout.arena_size, opts.host_buffers
+            )));
+        }
+        let mut free = std::collections::BTreeMap::new();
+        if host_bytes > 0 {
+            free.insert(staging_size, host_bytes);
+        }
         Ok(Client {
             inner: Arc::new(Inner {
                 socket,
@@ -226,6 +303,8 @@ impl Client {
                     sleepers: 0,
                 }),
                 staging: Mutex::new(Staging { events: None }),
+                staging_size,
+                host_region: Mutex::new(HostRegion { free }),
                 map,
                 layout,
                 submit_wake,
@@ -580,7 +659,7 @@ impl Client {
     pub fn copy_to_device_raw(&self, stream: StreamId, dst: DevicePtr, src: &[u8]) -> Result<()> {
         let mut staging = lock(&self.inner.staging);
         let events = self.staging_events(&mut staging)?;
-        let half = (self.inner.layout.arena_size / 2) as usize;
+        let half = self.inner.staging_size / 2;
         for (i, chunk) in src.chunks(half).enumerate() {
             let slot = i % 2;
             if i >= 2 {
@@ -622,7 +701,7 @@ impl Client {
     pub fn copy_to_host_raw(&self, stream: StreamId, dst: &mut [u8], src: DevicePtr) -> Result<()> {
         let mut staging = lock(&self.inner.staging);
         let events = self.staging_events(&mut staging)?;
-        let half = (self.inner.layout.arena_size / 2) as usize;
+        let half = self.inner.staging_size / 2;
         let chunks: Vec<(usize, usize)> = (0..dst.len())
             .step_by(half.max(1))
             .map(|o| (o, half.min(dst.len() - o)))
@@ -698,6 +777,83 @@ impl Client {
             dst,
             value,
             len,
+        })
+    }
+
+    // ---- host buffers --------------------------------------------------------------
+
+    /// A buffer of `len` bytes in the shared arena that the device copies to and from
+    /// directly. Needs [`ConnectOptions::host_buffers`] set at connect.
+    pub fn host_buffer(&self, len: usize) -> Result<crate::HostBuffer> {
+        let offset = lock(&self.inner.host_region).alloc(len).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "no room for a {len}-byte host buffer (ConnectOptions::host_buffers sets the space)"
+            ))
+        })?;
+        Ok(crate::HostBuffer::new(self.clone(), offset, len))
+    }
+
+    pub(crate) fn release_host_buffer(&self, offset: usize, len: usize) {
+        lock(&self.inner.host_region).release(offset, len);
+    }
+
+    /// The arena bytes of a host buffer.
+    pub(crate) fn host_buffer_ptr(&self, offset: usize) -> *mut u8 {
+        self.arena_ptr(offset)
+    }
+
+    /// Copies a whole host buffer to `dst` on `stream`, asynchronously (no staging copy).
+    pub fn copy_host_buffer_to_device(
+        &self,
+        stream: &crate::Stream,
+        src: &crate::HostBuffer,
+        dst: DevicePtr,
+    ) -> Result<()> {
+        self.copy_host_buffer_range_to_device(stream, src, 0..src.len(), dst)
+    }
+
+    /// Copies `range` of a host buffer to `dst` on `stream`, asynchronously.
+    pub fn copy_host_buffer_range_to_device(
+        &self,
+        stream: &crate::Stream,
+        src: &crate::HostBuffer,
+        range: std::ops::Range<usize>,
+        dst: DevicePtr,
+    ) -> Result<()> {
+        let arena_offset = host_range(src, &range)?;
+        self.submit_async(Command::CopyHtoD {
+            stream: stream.id(),
+            arena_offset,
+            dst,
+            len: range.len() as u64,
+        })
+    }
+
+    /// Copies `dst.len()` bytes from `src` into a host buffer on `stream`, asynchronously;
+    /// the data is there once the stream is synchronized.
+    pub fn copy_device_to_host_buffer(
+        &self,
+        stream: &crate::Stream,
+        src: DevicePtr,
+        dst: &crate::HostBuffer,
+    ) -> Result<()> {
+        self.copy_device_to_host_buffer_range(stream, src, dst, 0..dst.len())
+    }
+
+    /// Copies `range.len()` bytes from `src` into `range` of a host buffer, asynchronously.
+    pub fn copy_device_to_host_buffer_range(
+        &self,
+        stream: &crate::Stream,
+        src: DevicePtr,
+        dst: &crate::HostBuffer,
+        range: std::ops::Range<usize>,
+    ) -> Result<()> {
+        let arena_offset = host_range(dst, &range)?;
+        self.submit_async(Command::CopyDtoH {
+            stream: stream.id(),
+            src,
+            arena_offset,
+            len: range.len() as u64,
         })
     }
 
@@ -847,7 +1003,7 @@ impl Client {
         if params.is_empty() {
             return self.submit_async(cmd(launch));
         }
-        if params.len() as u64 > self.inner.layout.arena_size {
+        if params.len() > self.inner.staging_size {
             return Err(Error::InvalidArgument(
                 "parameters larger than the arena".into(),
             ));

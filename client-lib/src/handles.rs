@@ -253,3 +253,55 @@ impl Function {
         self.id
     }
 }
+
+/// Host memory in the shared arena that the device copies to and from directly (page-locked
+/// on a GPU, like CUDA's pinned memory). Fill it, copy it with
+/// [`Client::copy_host_buffer_to_device`]; after a copy into it, synchronize the stream
+/// before reading. Returned to the client's pool when dropped.
+pub struct HostBuffer {
+    client: Client,
+    offset: usize,
+    len: usize,
+}
+
+impl HostBuffer {
+    pub(crate) fn new(client: Client, offset: usize, len: usize) -> HostBuffer {
+        HostBuffer {
+            client,
+            offset,
+            len,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub(crate) fn offset(&self) -> usize {
+        self.offset
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: the range was allocated to this buffer alone inside the mapped arena, which
+        // lives as long as `client`. Only copies this client submitted write it, and the docs
+        // say to synchronize before reading after one.
+        unsafe { std::slice::from_raw_parts(self.client.host_buffer_ptr(self.offset), self.len) }
+    }
+
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as for `as_slice`; `&mut self` makes this the only reference on our side.
+        unsafe {
+            std::slice::from_raw_parts_mut(self.client.host_buffer_ptr(self.offset), self.len)
+        }
+    }
+}
+
+impl Drop for HostBuffer {
+    fn drop(&mut self) {
+        self.client.release_host_buffer(self.offset, self.len);
+    }
+}

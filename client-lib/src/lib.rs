@@ -31,5 +31,5 @@ pub use error::{Error, Result};
 pub use gpushare_protocol::control::ModuleFormat;
 pub use gpushare_protocol::stats::{ClientStats, StatusReport};
 pub use gpushare_protocol::{Command, DevicePtr, ErrorCode, Kernel, PriorityClass};
-pub use handles::{DeviceBuffer, Event, Function, Module, Stream};
+pub use handles::{DeviceBuffer, Event, Function, HostBuffer, Module, Stream};
 pub use monitor::Monitor;

@@ -22,6 +22,8 @@ use gpushare_protocol::control::{DeviceInfo, ModuleFormat};
 use gpushare_protocol::{DevicePtr, Kernel, PriorityClass};
 
 use self::builtins::Builtins;
+/// The pre-built PTX of the built-in kernels (also holds `gpushare_empty`, for benchmarks).
+pub use self::builtins::PREBUILT_PTX as BUILTIN_PTX;
 use self::error::{check, driver};
 use super::{Device, DeviceError, DeviceResult};
 use crate::shm::ArenaSlice;

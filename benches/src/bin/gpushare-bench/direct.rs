@@ -1,0 +1,197 @@
+//! Direct CUDA in the benchmark process (cudarc): the baseline, and the MPS client.
+
+use std::ffi::c_void;
+use std::time::Instant;
+
+use anyhow::{Context, Result, anyhow};
+use cudarc::driver::result as cu;
+use cudarc::driver::sys;
+use gpushare_broker::device::Device;
+use gpushare_broker::device::cuda::{BUILTIN_PTX, CudaDevice};
+use gpushare_protocol::PriorityClass;
+use serde_json::{Value, json};
+
+use crate::workload::{self, COPY_SIZES};
+
+fn ok(what: &str, r: sys::CUresult) -> Result<()> {
+    r.result().map_err(|e| anyhow!("{what}: {e:?}"))
+}
+
+struct Ctx {
+    stream: sys::CUstream,
+}
+
+fn context() -> Result<Ctx> {
+    cu::init().map_err(|e| anyhow!("cuInit: {e:?}"))?;
+    let dev = cu::device::get(0).map_err(|e| anyhow!("cuDeviceGet: {e:?}"))?;
+    // SAFETY: valid device; the context lives for the process.
+    let ctx = unsafe { cu::primary_ctx::retain(dev) }.map_err(|e| anyhow!("retain: {e:?}"))?;
+    // SAFETY: just retained.
+    unsafe { cu::ctx::set_current(ctx) }.map_err(|e| anyhow!("set_current: {e:?}"))?;
+    let stream = cu::stream::create(cu::stream::StreamKind::NonBlocking)
+        .map_err(|e| anyhow!("stream: {e:?}"))?;
+    Ok(Ctx { stream })
+}
+
+fn sync(s: sys::CUstream) -> Result<()> {
+    // SAFETY: live stream.
+    unsafe { cu::stream::synchronize(s) }.map_err(|e| anyhow!("sync: {e:?}"))
+}
+
+pub fn launch(quick: bool) -> Result<Value> {
+    let c = context()?;
+    let mut ptx = BUILTIN_PTX.as_bytes().to_vec();
+    ptx.push(0);
+    // SAFETY: NUL-terminated PTX.
+    let module = unsafe { cu::module::load_data(ptx.as_ptr() as *const c_void) }
+        .map_err(|e| anyhow!("load: {e:?}"))?;
+    let name = std::ffi::CString::new("gpushare_empty")?;
+    // SAFETY: loaded module, NUL-terminated name.
+    let f = unsafe { cu::module::get_function(module, name) }
+        .map_err(|e| anyhow!("function: {e:?}"))?;
+    let launch = || {
+        // SAFETY: kernel without parameters.
+        ok("launch", unsafe {
+            sys::cuLaunchKernel(
+                f,
+                1,
+                1,
+                1,
+                1,
+                1,
+                1,
+                0,
+                c.stream,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            )
+        })
+    };
+    let (n_async, n_sync) = if quick {
+        (20_000, 2_000)
+    } else {
+        (100_000, 10_000)
+    };
+    for _ in 0..1000 {
+        launch()?;
+    }
+    sync(c.stream)?;
+    let t = Instant::now();
+    for _ in 0..n_async {
+        launch()?;
+    }
+    sync(c.stream)?;
+    let async_rate = n_async as f64 / t.elapsed().as_secs_f64();
+    let mut lat = Vec::with_capacity(n_sync);
+    for _ in 0..n_sync {
+        let t = Instant::now();
+        launch()?;
+        sync(c.stream)?;
+        lat.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    Ok(json!({
+        "async_launches_per_s": async_rate,
+        "sync_mean_us": workload::mean(&lat),
+        "sync_p50_us": workload::percentile(&mut lat, 50.0),
+        "sync_p99_us": workload::percentile(&mut lat, 99.0),
+    }))
+}
+
+pub fn copy(quick: bool) -> Result<Value> {
+    let c = context()?;
+    let max = COPY_SIZES.iter().map(|s| s.1).max().unwrap_or(0);
+    // SAFETY: pinned host allocation, freed at the end.
+    let pinned = unsafe { cu::malloc_host(max, 0) }.map_err(|e| anyhow!("cuMemAllocHost: {e:?}"))?
+        as *mut u8;
+    // SAFETY: `pinned` has `max` bytes.
+    unsafe { std::ptr::write_bytes(pinned, 0x5a, max) };
+    let mut pageable = vec![0x5au8; max];
+    // SAFETY: plain device allocation.
+    let dev = unsafe { cu::malloc_sync(max) }.map_err(|e| anyhow!("cuMemAlloc: {e:?}"))?;
+    let mut pinned_out = serde_json::Map::new();
+    let mut pageable_out = serde_json::Map::new();
+    for (label, size) in COPY_SIZES {
+        let reps = workload::copy_reps(size, quick);
+        let time = |f: &dyn Fn() -> Result<()>| -> Result<f64> {
+            f()?;
+            sync(c.stream)?;
+            let t = Instant::now();
+            for _ in 0..reps {
+                f()?;
+            }
+            sync(c.stream)?;
+            Ok((size * reps) as f64 / t.elapsed().as_secs_f64() / 1e9)
+        };
+        // SAFETY (all four): ranges within the buffers allocated above.
+        let htod = time(&|| {
+            ok("htod", unsafe {
+                sys::cuMemcpyHtoDAsync_v2(dev, pinned as *const c_void, size, c.stream)
+            })
+        })?;
+        let dtoh = time(&|| {
+            ok("dtoh", unsafe {
+                sys::cuMemcpyDtoHAsync_v2(pinned as *mut c_void, dev, size, c.stream)
+            })
+        })?;
+        pinned_out.insert(label.into(), json!({"htod_gbps": htod, "dtoh_gbps": dtoh}));
+        let src = pageable.as_ptr() as *const c_void;
+        let htod = time(&|| ok("htod", unsafe { sys::cuMemcpyHtoD_v2(dev, src, size) }))?;
+        let dst = pageable.as_mut_ptr() as usize;
+        let dtoh = time(&|| {
+            ok("dtoh", unsafe {
+                sys::cuMemcpyDtoH_v2(dst as *mut c_void, dev, size)
+            })
+        })?;
+        pageable_out.insert(label.into(), json!({"htod_gbps": htod, "dtoh_gbps": dtoh}));
+    }
+    // SAFETY: allocated above, freed once.
+    unsafe {
+        let _ = cu::free_sync(dev);
+        let _ = cu::free_host(pinned as *mut c_void);
+    }
+    Ok(json!({"pinned": pinned_out, "pageable": pageable_out}))
+}
+
+/// DNN-like iterations through the same device layer the broker uses (cuBLAS GEMMs and the
+/// built-in kernels), called directly in this process.
+pub fn iteration(quick: bool) -> Result<Value> {
+    let dev = CudaDevice::open(0).map_err(|e| anyhow!("{e}"))?;
+    let mut stream = dev
+        .create_stream(PriorityClass::Normal)
+        .map_err(|e| anyhow!("{e}"))?;
+    let mut out = serde_json::Map::new();
+    for it in workload::iterations() {
+        let ptrs: Vec<u64> = it
+            .buffers
+            .iter()
+            .map(|b| dev.alloc(b.elems as u64 * 4).map_err(|e| anyhow!("{e}")))
+            .collect::<Result<_>>()?;
+        for &p in &ptrs {
+            dev.memset(&mut stream, p, 0, 4)
+                .map_err(|e| anyhow!("{e}"))?;
+        }
+        let kernels = (it.kernels)(&ptrs);
+        let mut run = || -> Result<f64> {
+            let t = Instant::now();
+            for k in &kernels {
+                dev.launch(&mut stream, k).map_err(|e| anyhow!("{e}"))?;
+            }
+            dev.sync_stream(&mut stream).map_err(|e| anyhow!("{e}"))?;
+            Ok(t.elapsed().as_secs_f64() * 1e3)
+        };
+        let (warm, reps) = if quick { (5, 30) } else { (20, 200) };
+        for _ in 0..warm {
+            run()?;
+        }
+        let mut ms: Vec<f64> = (0..reps).map(|_| run()).collect::<Result<_>>()?;
+        out.insert(
+            it.name.into(),
+            json!({"mean_ms": workload::mean(&ms), "p50_ms": workload::percentile(&mut ms, 50.0)}),
+        );
+        for p in ptrs {
+            dev.free(p).context("free")?;
+        }
+    }
+    dev.destroy_stream(stream);
+    Ok(Value::Object(out))
+}

@@ -1,0 +1,124 @@
+//! Markdown tables from the results, with gpushare/direct and MPS/direct ratios.
+
+use std::fmt::Write;
+
+use serde_json::Value;
+
+use crate::workload::COPY_SIZES;
+
+fn get(v: &Value, path: &[&str]) -> Option<f64> {
+    let mut cur = v;
+    for p in path {
+        cur = cur.get(*p)?;
+    }
+    cur.as_f64()
+}
+
+fn fmt(x: Option<f64>, digits: usize) -> String {
+    x.map_or("n/a".into(), |v| format!("{v:.digits$}"))
+}
+
+fn ratio(a: Option<f64>, b: Option<f64>) -> String {
+    match (a, b) {
+        (Some(a), Some(b)) if b != 0.0 => format!("{:.3}", a / b),
+        _ => "n/a".into(),
+    }
+}
+
+/// One table row: label, the three modes' values, and the two ratios to direct.
+fn row(out: &mut String, label: &str, r: &Value, path: &[&str], digits: usize) {
+    let d = get(&r["direct"], path);
+    let g = get(&r["gpushare"], path);
+    let m = get(&r["mps"], path);
+    let _ = writeln!(
+        out,
+        "| {label} | {} | {} | {} | {} | {} |",
+        fmt(d, digits),
+        fmt(g, digits),
+        fmt(m, digits),
+        ratio(g, d),
+        ratio(m, d)
+    );
+}
+
+const HEAD: &str =
+    "| | direct | gpushare | MPS | gpushare / direct | MPS / direct |\n|---|---|---|---|---|---|\n";
+
+pub fn markdown(doc: &Value) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "Machine: {}\n", doc["machine"].as_str().unwrap_or("?"));
+    let results = &doc["results"];
+    for (mode, v) in results
+        .as_object()
+        .into_iter()
+        .flatten()
+        .flat_map(|(s, m)| m.as_object().into_iter().flatten().map(move |x| (s, x)))
+    {
+        if let Some(e) = v.1.get("error") {
+            let _ = writeln!(out, "- {} / {}: FAILED: {}", mode, v.0, e);
+        }
+    }
+    if let Some(r) = results.get("launch") {
+        let _ = writeln!(out, "\n### launch (empty kernel)\n\n{HEAD}");
+        row(
+            &mut out,
+            "async launches / s",
+            r,
+            &["async_launches_per_s"],
+            0,
+        );
+        row(&mut out, "launch + sync p50 (µs)", r, &["sync_p50_us"], 2);
+        row(&mut out, "launch + sync p99 (µs)", r, &["sync_p99_us"], 2);
+        row(&mut out, "launch + sync mean (µs)", r, &["sync_mean_us"], 2);
+        let added = |q: &str| match (get(&r["gpushare"], &[q]), get(&r["direct"], &[q])) {
+            (Some(g), Some(d)) => format!("{:+.2} µs", g - d),
+            _ => "n/a".into(),
+        };
+        let _ = writeln!(
+            out,
+            "\nAdded synchronous latency through gpushare: p50 {}, mean {}.",
+            added("sync_p50_us"),
+            added("sync_mean_us")
+        );
+    }
+    if let Some(r) = results.get("copy") {
+        for (kind, what) in [
+            (
+                "pinned",
+                "pinned host memory (direct) vs page-locked arena host buffer (gpushare)",
+            ),
+            (
+                "pageable",
+                "pageable host memory (direct) vs staged through the arena (gpushare)",
+            ),
+        ] {
+            let _ = writeln!(out, "\n### copy, {what}: GB/s\n\n{HEAD}");
+            for (label, _) in COPY_SIZES {
+                row(
+                    &mut out,
+                    &format!("{label} H→D"),
+                    r,
+                    &[kind, label, "htod_gbps"],
+                    2,
+                );
+                row(
+                    &mut out,
+                    &format!("{label} D→H"),
+                    r,
+                    &[kind, label, "dtoh_gbps"],
+                    2,
+                );
+            }
+        }
+    }
+    if let Some(r) = results.get("iteration") {
+        let _ = writeln!(
+            out,
+            "\n### iteration: ms per iteration (mean; p50 in JSON)\n\n{HEAD}"
+        );
+        for it in crate::workload::iterations() {
+            row(&mut out, it.what, r, &[it.name, "mean_ms"], 3);
+        }
+    }
+    out
+}
