@@ -211,6 +211,15 @@ fn status_reports_each_clients_usage() {
         .expect("fill");
     stream.synchronize().expect("sync");
     let _ = buf.to_vec().expect("down");
+    // Device time is charged by the client's data thread once it has read the measurement.
+    let charged = || {
+        let s = broker.status();
+        s.clients
+            .iter()
+            .find(|c| c.name == "accounted")
+            .map_or(0, |c| c.gpu_time_ns)
+    };
+    gpushare_tests::wait_until(std::time::Duration::from_secs(2), || charged() >= 1_000_000);
     let status = broker.status();
     assert_eq!(status.backend, gpushare_tests::test_backend());
     assert_eq!(

@@ -25,7 +25,7 @@ fn sigterm_tells_clients_releases_everything_and_removes_the_socket() {
         .expect("broker exits within 10 s");
     assert!(status.success(), "exit status {status:?}");
     assert!(!broker.socket.exists(), "socket file removed");
-    assert!(broker.log_contains("shutting down"));
+    assert!(broker.wait_for_log("shutting down", Duration::from_secs(5)));
 
     // The other process saw a clear error.
     let said = lines.next().and_then(Result::ok).unwrap_or_default();

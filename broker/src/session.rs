@@ -296,7 +296,7 @@ impl<D: Device> SessionState<D> {
                         return end;
                     }
                 }
-                self.account();
+                self.account(false);
                 idle_since = Instant::now();
                 continue;
             }
@@ -304,8 +304,9 @@ impl<D: Device> SessionState<D> {
                 std::hint::spin_loop();
                 continue;
             }
-            // Nothing for a while: sleep until the client signals (it will, because it sees
+            // Nothing for a while: close measurements, then sleep until the client signals (it will, because it sees
             // NEED_WAKEUP after publishing).
+            self.account(true);
             self.rings.submissions.prepare_sleep();
             match self.rings.submissions.available() {
                 Ok(0) if !self.info.stopping() => self.info.submit_wake().wait(None),
@@ -377,13 +378,6 @@ impl<D: Device> SessionState<D> {
         Ok(())
     }
 
-    fn stream_mut(&mut self, id: StreamId) -> Result<&mut D::Stream, ErrorCode> {
-        self.streams
-            .get_mut(&id)
-            .map(|s| &mut s.stream)
-            .ok_or(ErrorCode::InvalidHandle)
-    }
-
     /// Runs a stream-ordered device operation; its device time is charged at batch end.
     fn on_stream(
         &mut self,
@@ -402,12 +396,13 @@ impl<D: Device> SessionState<D> {
         })
     }
 
-    /// Closes the batch on every stream that got work and charges measured device time.
-    fn account(&mut self) {
+    /// Ends the batch on every stream that got work (every stream when the client went
+    /// `idle`) and charges the device time measured so far.
+    fn account(&mut self, idle: bool) {
         let mut spent = 0;
         for slot in self.streams.values_mut() {
-            if slot.touched {
-                self.device.end_batch(&mut slot.stream);
+            if slot.touched || idle {
+                self.device.end_batch(&mut slot.stream, idle);
                 slot.touched = false;
             }
             spent += self.device.take_busy_ns(&mut slot.stream);
@@ -528,7 +523,7 @@ impl<D: Device> SessionState<D> {
                     .remove(&stream)
                     .ok_or(ErrorCode::InvalidHandle)?;
                 let _ = self.device.sync_stream(&mut slot.stream);
-                self.device.end_batch(&mut slot.stream);
+                self.device.end_batch(&mut slot.stream, true);
                 let spent = self.device.take_busy_ns(&mut slot.stream);
                 counters.gpu_time_ns.fetch_add(spent, Ordering::Relaxed);
                 self.device.destroy_stream(slot.stream);
@@ -539,8 +534,12 @@ impl<D: Device> SessionState<D> {
             }
             Command::StreamSync { stream } => {
                 let device = self.device.clone();
-                let s = self.stream_mut(stream)?;
-                device.sync_stream(s).map_err(|e| e.code())?;
+                let slot = self
+                    .streams
+                    .get_mut(&stream)
+                    .ok_or(ErrorCode::InvalidHandle)?;
+                slot.touched = true; // the batch end closes its measurement
+                device.sync_stream(&mut slot.stream).map_err(|e| e.code())?;
                 Ok((0, 0))
             }
             Command::EventCreate => {
@@ -594,6 +593,7 @@ impl<D: Device> SessionState<D> {
                 let device = self.device.clone();
                 let mut first_error = None;
                 for slot in self.streams.values_mut() {
+                    slot.touched = true;
                     if let Err(e) = device.sync_stream(&mut slot.stream) {
                         first_error.get_or_insert(e.code());
                     }
@@ -670,7 +670,7 @@ impl<D: Device> SessionState<D> {
         for slot in self.streams.values_mut() {
             let _ = self.device.sync_stream(&mut slot.stream);
         }
-        self.account();
+        self.account(true);
         for (_, slot) in self.streams.drain() {
             self.device.destroy_stream(slot.stream);
         }

@@ -98,8 +98,9 @@ pub trait Device: Send + Sync + 'static {
     ) -> DeviceResult<()>;
     /// Waits for all work on the stream; reports the first error it met.
     fn sync_stream(&self, stream: &mut Self::Stream) -> DeviceResult<()>;
-    /// Ends the current batch of work on the stream (a point where the broker may measure).
-    fn end_batch(&self, _stream: &mut Self::Stream) {}
+    /// The session finished a batch of commands that queued work on this stream; `idle`
+    /// says the client has gone quiet. A point where the backend may close a measurement.
+    fn end_batch(&self, _stream: &mut Self::Stream, _idle: bool) {}
     /// Device time of this stream's work measured since the last call (modelled on `sim`,
     /// from CUDA events on `cuda`), in ns. Work still running is counted by a later call.
     fn take_busy_ns(&self, stream: &mut Self::Stream) -> u64;

@@ -13,8 +13,81 @@ use serde_json::{Value, json};
 
 use crate::workload::{self, COPY_SIZES};
 
-fn ok(what: &str, r: sys::CUresult) -> Result<()> {
-    r.result().map_err(|e| anyhow!("{what}: {e:?}"))
+/// The benchmark's raw driver calls, each on handles this file created and keeps alive.
+mod raw {
+    use std::ffi::c_void;
+
+    use anyhow::{Result, anyhow};
+    use cudarc::driver::result as cu;
+    use cudarc::driver::sys;
+
+    fn ok(what: &str, r: sys::CUresult) -> Result<()> {
+        r.result().map_err(|e| anyhow!("{what}: {e:?}"))
+    }
+
+    pub fn launch_empty(f: sys::CUfunction, s: sys::CUstream) -> Result<()> {
+        // SAFETY: `f` takes no parameters; live function and stream.
+        ok("launch", unsafe {
+            sys::cuLaunchKernel(
+                f,
+                1,
+                1,
+                1,
+                1,
+                1,
+                1,
+                0,
+                s,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            )
+        })
+    }
+
+    pub fn record(e: sys::CUevent, s: sys::CUstream) -> Result<()> {
+        // SAFETY: live event and stream.
+        unsafe { cu::event::record(e, s) }.map_err(|e| anyhow!("record: {e:?}"))
+    }
+
+    pub fn query(e: sys::CUevent) -> Result<()> {
+        // SAFETY: live event.
+        unsafe { cu::event::query(e) }.map_err(|e| anyhow!("query: {e:?}"))
+    }
+
+    pub fn elapsed(a: sys::CUevent, b: sys::CUevent) -> Result<f32> {
+        // SAFETY: live events, both recorded and complete.
+        unsafe { cu::event::elapsed(a, b) }.map_err(|e| anyhow!("elapsed: {e:?}"))
+    }
+
+    /// Host addresses are passed as integers so closures stay `Fn`; each names `size`
+    /// valid bytes of a buffer that outlives the copy.
+    pub fn htod_async(dev: u64, host: usize, size: usize, s: sys::CUstream) -> Result<()> {
+        // SAFETY: see above; `dev` holds at least `size` bytes.
+        ok("htod", unsafe {
+            sys::cuMemcpyHtoDAsync_v2(dev, host as *const c_void, size, s)
+        })
+    }
+
+    pub fn dtoh_async(host: usize, dev: u64, size: usize, s: sys::CUstream) -> Result<()> {
+        // SAFETY: as for `htod_async`.
+        ok("dtoh", unsafe {
+            sys::cuMemcpyDtoHAsync_v2(host as *mut c_void, dev, size, s)
+        })
+    }
+
+    pub fn htod(dev: u64, host: usize, size: usize) -> Result<()> {
+        // SAFETY: as for `htod_async`.
+        ok("htod", unsafe {
+            sys::cuMemcpyHtoD_v2(dev, host as *const c_void, size)
+        })
+    }
+
+    pub fn dtoh(host: usize, dev: u64, size: usize) -> Result<()> {
+        // SAFETY: as for `htod_async`.
+        ok("dtoh", unsafe {
+            sys::cuMemcpyDtoH_v2(host as *mut c_void, dev, size)
+        })
+    }
 }
 
 struct Ctx {
@@ -49,24 +122,7 @@ pub fn launch(quick: bool) -> Result<Value> {
     // SAFETY: loaded module, NUL-terminated name.
     let f = unsafe { cu::module::get_function(module, name) }
         .map_err(|e| anyhow!("function: {e:?}"))?;
-    let launch = || {
-        // SAFETY: kernel without parameters.
-        ok("launch", unsafe {
-            sys::cuLaunchKernel(
-                f,
-                1,
-                1,
-                1,
-                1,
-                1,
-                1,
-                0,
-                c.stream,
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-            )
-        })
-    };
+    let launch = || raw::launch_empty(f, c.stream);
     let (n_async, n_sync) = if quick {
         (20_000, 2_000)
     } else {
@@ -122,26 +178,12 @@ pub fn copy(quick: bool) -> Result<Value> {
             sync(c.stream)?;
             Ok((size * reps) as f64 / t.elapsed().as_secs_f64() / 1e9)
         };
-        // SAFETY (all four): ranges within the buffers allocated above.
-        let htod = time(&|| {
-            ok("htod", unsafe {
-                sys::cuMemcpyHtoDAsync_v2(dev, pinned as *const c_void, size, c.stream)
-            })
-        })?;
-        let dtoh = time(&|| {
-            ok("dtoh", unsafe {
-                sys::cuMemcpyDtoHAsync_v2(pinned as *mut c_void, dev, size, c.stream)
-            })
-        })?;
+        let (host, pg) = (pinned as usize, pageable.as_mut_ptr() as usize);
+        let htod = time(&|| raw::htod_async(dev, host, size, c.stream))?;
+        let dtoh = time(&|| raw::dtoh_async(host, dev, size, c.stream))?;
         pinned_out.insert(label.into(), json!({"htod_gbps": htod, "dtoh_gbps": dtoh}));
-        let src = pageable.as_ptr() as *const c_void;
-        let htod = time(&|| ok("htod", unsafe { sys::cuMemcpyHtoD_v2(dev, src, size) }))?;
-        let dst = pageable.as_mut_ptr() as usize;
-        let dtoh = time(&|| {
-            ok("dtoh", unsafe {
-                sys::cuMemcpyDtoH_v2(dst as *mut c_void, dev, size)
-            })
-        })?;
+        let htod = time(&|| raw::htod(dev, pg, size))?;
+        let dtoh = time(&|| raw::dtoh(pg, dev, size))?;
         pageable_out.insert(label.into(), json!({"htod_gbps": htod, "dtoh_gbps": dtoh}));
     }
     // SAFETY: allocated above, freed once.
@@ -194,4 +236,61 @@ pub fn iteration(quick: bool) -> Result<Value> {
     }
     dev.destroy_stream(stream);
     Ok(Value::Object(out))
+}
+
+/// What the driver calls on the broker's hot paths cost, in µs (median of many).
+pub fn probe() -> Result<Value> {
+    let c = context()?;
+    let mut ptx = BUILTIN_PTX.as_bytes().to_vec();
+    ptx.push(0);
+    // SAFETY: NUL-terminated PTX.
+    let module = unsafe { cu::module::load_data(ptx.as_ptr() as *const c_void) }
+        .map_err(|e| anyhow!("load: {e:?}"))?;
+    let name = std::ffi::CString::new("gpushare_empty")?;
+    // SAFETY: loaded module, NUL-terminated name.
+    let f = unsafe { cu::module::get_function(module, name) }
+        .map_err(|e| anyhow!("function: {e:?}"))?;
+    let ev = |flags| cu::event::create(flags).map_err(|e| anyhow!("event: {e:?}"));
+    let (e1, e2) = (
+        ev(sys::CUevent_flags::CU_EVENT_DEFAULT)?,
+        ev(sys::CUevent_flags::CU_EVENT_DEFAULT)?,
+    );
+    let e3 = ev(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)?;
+    let n = 20_000;
+    let time = |f: &mut dyn FnMut() -> Result<()>| -> Result<f64> {
+        let mut v = Vec::with_capacity(n);
+        for _ in 0..n {
+            let t = Instant::now();
+            f()?;
+            v.push(t.elapsed().as_secs_f64() * 1e6);
+        }
+        Ok(workload::percentile(&mut v, 50.0))
+    };
+    let s = c.stream;
+    let launch = time(&mut || raw::launch_empty(f, s))?;
+    sync(s)?;
+    let record = time(&mut || raw::record(e1, s))?;
+    let record_no_timing = time(&mut || raw::record(e3, s))?;
+    sync(s)?;
+    let query = time(&mut || raw::query(e1))?;
+    raw::record(e2, s)?;
+    sync(s)?;
+    let elapsed = time(&mut || raw::elapsed(e1, e2).map(|_| ()))?;
+    let idle_sync = time(&mut || sync(s))?;
+    let launch_sync = time(&mut || {
+        raw::launch_empty(f, s)?;
+        sync(s)
+    })?;
+    let bracketed = time(&mut || {
+        raw::record(e1, s)?;
+        raw::launch_empty(f, s)?;
+        raw::record(e2, s)?;
+        sync(s)?;
+        raw::elapsed(e1, e2).map(|_| ())
+    })?;
+    Ok(json!({
+        "launch_us": launch, "event_record_us": record, "event_record_no_timing_us": record_no_timing,
+        "event_query_us": query, "event_elapsed_us": elapsed, "sync_idle_stream_us": idle_sync,
+        "launch_sync_us": launch_sync, "launch_sync_with_event_bracket_us": bracketed,
+    }))
 }

@@ -26,6 +26,8 @@ pub enum Scenario {
     Copy,
     /// DNN-like iterations (MLP, transformer block) of GEMMs and element-wise kernels.
     Iteration,
+    /// Cost of single driver calls on the broker's hot paths (direct mode only).
+    Probe,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -56,6 +58,10 @@ struct Cli {
     /// Fewer repetitions (a smoke run).
     #[arg(long)]
     quick: bool,
+    /// Rounds per scenario; modes take turns within each round and every figure reported is
+    /// the median over rounds (GPU timings vary from run to run).
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
     /// The broker binary (default: `gpushared` next to this one).
     #[arg(long)]
     broker: Option<PathBuf>,
@@ -100,6 +106,7 @@ fn run() -> Result<()> {
             (Scenario::Launch, _) => direct::launch(quick),
             (Scenario::Copy, _) => direct::copy(quick),
             (Scenario::Iteration, _) => direct::iteration(quick),
+            (Scenario::Probe, _) => direct::probe(),
         }?;
         println!("{result}");
         return Ok(());
@@ -117,42 +124,66 @@ fn orchestrate(cli: &Cli) -> Result<()> {
     eprintln!("gpushare-bench on {machine}");
     let mut results = serde_json::Map::new();
     for &scenario in &cli.scenarios {
+        let mut runs: Vec<(Mode, Vec<Value>)> =
+            cli.modes.iter().map(|&m| (m, Vec::new())).collect();
+        let mut errors = serde_json::Map::new();
+        let modes = if scenario == Scenario::Probe {
+            vec![Mode::Direct]
+        } else {
+            cli.modes.clone()
+        };
+        for round in 1..=cli.rounds.max(1) {
+            for &mode in &modes {
+                let started = Instant::now();
+                eprintln!("[{} round {round}] {} …", name(scenario), mode_name(mode));
+                let outcome = match mode {
+                    Mode::Direct => worker(&me, scenario, Mode::Direct, cli.quick, &[]),
+                    Mode::Broker => with_broker(&broker_bin, |socket| {
+                        worker(
+                            &me,
+                            scenario,
+                            Mode::Broker,
+                            cli.quick,
+                            &[("GPUSHARE_SOCKET", socket.as_os_str())],
+                        )
+                    }),
+                    Mode::Mps => with_mps(|envs| worker(&me, scenario, Mode::Mps, cli.quick, envs)),
+                };
+                match outcome {
+                    Ok(v) => {
+                        eprintln!(
+                            "[{} round {round}] {} done in {:.1?}",
+                            name(scenario),
+                            mode_name(mode),
+                            started.elapsed()
+                        );
+                        if let Some((_, vs)) = runs.iter_mut().find(|(m, _)| *m == mode) {
+                            vs.push(v);
+                        }
+                    }
+                    Err(e) => {
+                        eprintln!(
+                            "[{} round {round}] {} FAILED: {e:#}",
+                            name(scenario),
+                            mode_name(mode)
+                        );
+                        errors.insert(mode_name(mode).into(), json!(format!("{e:#}")));
+                    }
+                }
+            }
+        }
         let mut by_mode = serde_json::Map::new();
-        for &mode in &cli.modes {
-            let started = Instant::now();
-            eprintln!("[{}] {} …", name(scenario), mode_name(mode));
-            let outcome = match mode {
-                Mode::Direct => worker(&me, scenario, Mode::Direct, cli.quick, &[]),
-                Mode::Broker => with_broker(&broker_bin, |socket| {
-                    worker(
-                        &me,
-                        scenario,
-                        Mode::Broker,
-                        cli.quick,
-                        &[("GPUSHARE_SOCKET", socket.as_os_str())],
-                    )
-                }),
-                Mode::Mps => with_mps(|envs| worker(&me, scenario, Mode::Mps, cli.quick, envs)),
-            };
-            match outcome {
-                Ok(v) => {
-                    eprintln!(
-                        "[{}] {} done in {:.1?}",
-                        name(scenario),
-                        mode_name(mode),
-                        started.elapsed()
-                    );
-                    by_mode.insert(mode_name(mode).into(), v);
-                }
-                Err(e) => {
-                    eprintln!("[{}] {} FAILED: {e:#}", name(scenario), mode_name(mode));
-                    by_mode.insert(mode_name(mode).into(), json!({"error": format!("{e:#}")}));
-                }
+        for (mode, values) in runs {
+            if !values.is_empty() {
+                by_mode.insert(mode_name(mode).into(), report::median_of(&values));
+            } else if let Some(e) = errors.remove(mode_name(mode)) {
+                by_mode.insert(mode_name(mode).into(), json!({"error": e}));
             }
         }
         results.insert(name(scenario).into(), Value::Object(by_mode));
     }
-    let doc = json!({"machine": machine, "quick": cli.quick, "results": results});
+    let doc =
+        json!({"machine": machine, "quick": cli.quick, "rounds": cli.rounds, "results": results});
     std::fs::write(&cli.json, serde_json::to_string_pretty(&doc)?)
         .with_context(|| format!("cannot write {}", cli.json.display()))?;
     println!("{}", report::markdown(&doc));
@@ -165,6 +196,7 @@ pub fn name(s: Scenario) -> &'static str {
         Scenario::Launch => "launch",
         Scenario::Copy => "copy",
         Scenario::Iteration => "iteration",
+        Scenario::Probe => "probe",
     }
 }
 

@@ -46,7 +46,12 @@ const HEAD: &str =
 
 pub fn markdown(doc: &Value) -> String {
     let mut out = String::new();
-    let _ = writeln!(out, "Machine: {}\n", doc["machine"].as_str().unwrap_or("?"));
+    let _ = writeln!(
+        out,
+        "Machine: {}. Each figure is the median of {} rounds in which the modes took turns.\n",
+        doc["machine"].as_str().unwrap_or("?"),
+        doc["rounds"]
+    );
     let results = &doc["results"];
     for (mode, v) in results
         .as_object()
@@ -111,6 +116,15 @@ pub fn markdown(doc: &Value) -> String {
             }
         }
     }
+    if let Some(r) = results.get("probe").and_then(|r| r.get("direct")) {
+        let _ = writeln!(
+            out,
+            "\n### probe: single driver calls, median µs (direct)\n\n| call | µs |\n|---|---|"
+        );
+        for (k, v) in r.as_object().into_iter().flatten() {
+            let _ = writeln!(out, "| {k} | {} |", fmt(v.as_f64(), 2));
+        }
+    }
     if let Some(r) = results.get("iteration") {
         let _ = writeln!(
             out,
@@ -121,4 +135,27 @@ pub fn markdown(doc: &Value) -> String {
         }
     }
     out
+}
+
+/// The element-wise median of several results of the same shape.
+pub fn median_of(values: &[Value]) -> Value {
+    let Some(first) = values.first() else {
+        return Value::Null;
+    };
+    match first {
+        Value::Object(map) => Value::Object(
+            map.keys()
+                .map(|k| {
+                    let column: Vec<Value> =
+                        values.iter().filter_map(|v| v.get(k).cloned()).collect();
+                    (k.clone(), median_of(&column))
+                })
+                .collect(),
+        ),
+        Value::Number(_) => {
+            let mut xs: Vec<f64> = values.iter().filter_map(Value::as_f64).collect();
+            serde_json::json!(crate::workload::percentile(&mut xs, 50.0))
+        }
+        other => other.clone(),
+    }
 }

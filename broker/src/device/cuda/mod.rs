@@ -30,6 +30,9 @@ use crate::shm::ArenaSlice;
 
 /// GEMMs with at least this many multiply-adds go to cuBLAS when it is present.
 const CUBLAS_MIN_MACS: u64 = 32 * 32 * 32;
+/// A measured span of continuous work is closed at least this often, so accounting of a
+/// client that never synchronizes stays current.
+const MAX_SPAN: std::time::Duration = std::time::Duration::from_millis(2);
 /// FP32 lanes per SM on recent NVIDIA GPUs (Ampere and later), for the peak-rate estimate.
 const FP32_LANES_PER_SM: f64 = 128.0;
 
@@ -193,11 +196,13 @@ impl Drop for CudaDevice {
 /// A client stream on the GPU.
 pub struct CudaStream {
     raw: CUstream,
-    /// Event recorded when the current batch started, if work was queued since.
-    open: Option<CUevent>,
+    /// Event recorded when the stream went from idle to busy, and when (wall clock).
+    open: Option<(CUevent, std::time::Instant)>,
     /// Batches queued and not yet measured: (start, end).
     spans: VecDeque<(CUevent, CUevent)>,
     spare: Vec<CUevent>,
+    /// Synchronized since the last batch ended: the open span is over.
+    drained: bool,
     busy_ns: u64,
     blas: Option<cudarc::cublas::sys::cublasHandle_t>,
 }
@@ -221,9 +226,29 @@ impl CudaStream {
             let e = self.take_event(dev)?;
             // SAFETY: live event and stream.
             unsafe { cu::event::record(e, self.raw) }.map_err(|e| driver("cuEventRecord", e))?;
-            self.open = Some(e);
+            self.open = Some((e, std::time::Instant::now()));
         }
         Ok(())
+    }
+
+    /// Closes the open span (records its end event after the work queued so far).
+    fn close(&mut self, dev: &CudaDevice) {
+        let Some((start, _)) = self.open.take() else {
+            return;
+        };
+        let end = match self.take_event(dev) {
+            Ok(e) => e,
+            Err(_) => {
+                self.spare.push(start);
+                return;
+            }
+        };
+        // SAFETY: live event and stream.
+        if unsafe { cu::event::record(end, self.raw) }.is_ok() {
+            self.spans.push_back((start, end));
+        } else {
+            self.spare.extend([start, end]);
+        }
     }
 
     /// Adds the time of every finished batch to `busy_ns`.
@@ -375,6 +400,7 @@ impl Device for CudaDevice {
             open: None,
             spans: VecDeque::new(),
             spare: Vec::new(),
+            drained: false,
             busy_ns: 0,
             blas: None,
         })
@@ -389,6 +415,7 @@ impl Device for CudaDevice {
         let events = stream
             .open
             .take()
+            .map(|(e, _)| e)
             .into_iter()
             .chain(stream.spans.drain(..).flat_map(|(a, b)| [a, b]))
             .chain(stream.spare.drain(..));
@@ -544,28 +571,25 @@ impl Device for CudaDevice {
     fn sync_stream(&self, stream: &mut CudaStream) -> DeviceResult<()> {
         self.bind()?;
         // SAFETY: live stream.
-        unsafe { cu::stream::synchronize(stream.raw) }
-            .map_err(|e| driver("kernel or copy on this stream failed", e))
+        let r = unsafe { cu::stream::synchronize(stream.raw) }
+            .map_err(|e| driver("kernel or copy on this stream failed", e));
+        // The span ends here; its end event is recorded at the end of the batch, after the
+        // client has its answer (on an idle stream it completes at once).
+        stream.drained = true;
+        r
     }
 
-    fn end_batch(&self, stream: &mut CudaStream) {
-        let Some(start) = stream.open.take() else {
-            return;
-        };
-        let end = match stream.take_event(self) {
-            Ok(e) => e,
-            Err(_) => {
-                stream.spare.push(start);
-                return;
-            }
-        };
-        // SAFETY: live event and stream.
-        if unsafe { cu::event::record(end, stream.raw) }.is_ok() {
-            stream.spans.push_back((start, end));
-        } else {
-            stream.spare.extend([start, end]);
+    fn end_batch(&self, stream: &mut CudaStream, idle: bool) {
+        // A span covers continuous work: close it when the client goes quiet (so idle time
+        // is never charged) or when it has been open long enough.
+        if stream
+            .open
+            .is_some_and(|(_, at)| idle || at.elapsed() >= MAX_SPAN)
+            && self.bind().is_ok()
+        {
+            stream.close(self);
+            stream.harvest();
         }
-        stream.harvest();
     }
 
     fn take_busy_ns(&self, stream: &mut CudaStream) -> u64 {
