@@ -284,3 +284,65 @@ fn host_buffers_copy_without_staging_and_are_recycled() {
     dev.copy_from_host(&vec![7u8; 1 << 20]).expect("staged");
     assert!(dev.to_vec().expect("down").iter().all(|&b| b == 7));
 }
+
+/// bfloat16 bits of `x` (round to nearest even), as the tests feed the bf16 GEMM.
+fn bf16(x: f32) -> u16 {
+    let bits = x.to_bits();
+    ((bits + 0x7fff + ((bits >> 16) & 1)) >> 16) as u16
+}
+
+#[test]
+fn bf16_gemm_matches_a_host_reference() {
+    let broker = Broker::start();
+    let client = broker.client();
+    let (m, n, k) = (48, 40, 96);
+    let ha: Vec<u16> = pattern(m * k, 21).iter().map(|&v| bf16(v - 5.0)).collect();
+    let hb: Vec<u16> = pattern(k * n, 22).iter().map(|&v| bf16(v / 10.0)).collect();
+    let a = client.alloc::<u16>(m * k).expect("alloc");
+    let b = client.alloc::<u16>(k * n).expect("alloc");
+    let c = client.alloc::<f32>(m * n).expect("alloc");
+    a.copy_from_host(&ha).expect("up");
+    b.copy_from_host(&hb).expect("up");
+    let stream = client.default_stream();
+    let gemm = Kernel::GemmBf16 {
+        a: a.ptr(),
+        b: b.ptr(),
+        c: c.ptr(),
+        m: m as u32,
+        n: n as u32,
+        k: k as u32,
+        alpha: 1.0,
+        beta: 0.0,
+    };
+    stream.launch(gemm).expect("launch");
+    let got = c.to_vec().expect("down");
+    let widen = |h: u16| f32::from_bits((h as u32) << 16) as f64;
+    for i in 0..m {
+        for j in 0..n {
+            let want: f64 = (0..k)
+                .map(|p| widen(ha[i * k + p]) * widen(hb[p * n + j]))
+                .sum();
+            let g = got[i * n + j] as f64;
+            assert!(
+                (g - want).abs() <= 1e-3 * want.abs().max(1.0),
+                "C[{i},{j}] = {g}, want {want}"
+            );
+        }
+    }
+    // A bf16 operand range is sized in 2-byte elements: one element too many is refused.
+    let too_big = Kernel::GemmBf16 {
+        a: a.ptr(),
+        b: b.ptr(),
+        c: c.ptr(),
+        m: m as u32 + 1,
+        n: n as u32,
+        k: k as u32,
+        alpha: 1.0,
+        beta: 0.0,
+    };
+    stream.launch(too_big).expect("submitted");
+    assert_eq!(
+        stream.synchronize().expect_err("out of bounds").code(),
+        Some(ErrorCode::InvalidPointer)
+    );
+}

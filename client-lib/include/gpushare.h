@@ -211,6 +211,13 @@ int gpushare_gemm_f32(const gpushare_client *client, uint32_t stream, uint64_t a
                       uint64_t b, uint64_t c, uint32_t m, uint32_t n, uint32_t k,
                       float alpha, float beta);
 
+/* C = alpha * A.B + beta * C with A (m x k) and B (k x n) in bfloat16 (raw uint16 bits) and
+ * C (m x n) in float, row-major, accumulated in float. GPUSHARE_E_NOT_SUPPORTED on a GPU
+ * broker without cuBLAS. */
+int gpushare_gemm_bf16(const gpushare_client *client, uint32_t stream, uint64_t a,
+                       uint64_t b, uint64_t c, uint32_t m, uint32_t n, uint32_t k,
+                       float alpha, float beta);
+
 /* Occupies `blocks` thread blocks for `micros` microseconds and does nothing else. */
 int gpushare_spin(const gpushare_client *client, uint32_t stream, uint64_t micros,
                   uint32_t blocks);

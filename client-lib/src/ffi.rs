@@ -851,6 +851,39 @@ pub unsafe extern "C" fn gpushare_gemm_f32(
     unsafe { launch("gpushare_gemm_f32", client, stream, kernel) }
 }
 
+/// `C = alpha * A·B + beta * C` with A (m×k) and B (k×n) in bfloat16 and C (m×n) in f32,
+/// row-major, accumulated in f32 (asynchronous; `GPUSHARE_E_NOT_SUPPORTED` without cuBLAS).
+///
+/// # Safety
+/// `client` is NULL or a live handle.
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn gpushare_gemm_bf16(
+    client: *const gpushare_client,
+    stream: u32,
+    a: u64,
+    b: u64,
+    c: u64,
+    m: u32,
+    n: u32,
+    k: u32,
+    alpha: f32,
+    beta: f32,
+) -> c_int {
+    let kernel = Kernel::GemmBf16 {
+        a,
+        b,
+        c,
+        m,
+        n,
+        k,
+        alpha,
+        beta,
+    };
+    // SAFETY: the caller's contract is `launch`'s.
+    unsafe { launch("gpushare_gemm_bf16", client, stream, kernel) }
+}
+
 /// Occupies `blocks` thread blocks for `micros` microseconds (asynchronous).
 ///
 /// # Safety

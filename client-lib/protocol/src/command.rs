@@ -34,6 +34,7 @@ pub mod opcode {
     pub const KERNEL_REDUCE_SUM_F32: u16 = 0x43;
     pub const KERNEL_GEMM_F32: u16 = 0x44;
     pub const KERNEL_SPIN: u16 = 0x45;
+    pub const KERNEL_GEMM_BF16: u16 = 0x46;
 }
 
 /// Largest parameter block a module launch may carry (CUDA's own limit is 32 KiB).
@@ -77,6 +78,18 @@ pub enum Kernel {
     },
     /// Occupies `blocks` thread blocks for `micros` microseconds and does nothing else.
     Spin { micros: u64, blocks: u32 },
+    /// `C = alpha * A·B + beta * C` with A (m×k) and B (k×n) in bfloat16 and C (m×n) in f32,
+    /// row-major, accumulated in f32 (tensor cores on a GPU).
+    GemmBf16 {
+        a: DevicePtr,
+        b: DevicePtr,
+        c: DevicePtr,
+        m: u32,
+        n: u32,
+        k: u32,
+        alpha: f32,
+        beta: f32,
+    },
 }
 
 /// Whether a kernel reads or writes a buffer.
@@ -139,6 +152,25 @@ impl Kernel {
                     op(c, bytes_of(m * n)?, c_access),
                 ]
             }
+            Kernel::GemmBf16 {
+                a,
+                b,
+                c,
+                m,
+                n,
+                k,
+                beta,
+                ..
+            } => {
+                let (m, n, k) = (m as u64, n as u64, k as u64);
+                let half = |elems: u64| elems.checked_mul(2).ok_or(ErrorCode::InvalidArgument);
+                let c_access = if beta == 0.0 { Write } else { ReadWrite };
+                vec![
+                    op(a, half(m * k)?, Read),
+                    op(b, half(k * n)?, Read),
+                    op(c, bytes_of(m * n)?, c_access),
+                ]
+            }
             Kernel::Spin { .. } => vec![],
         })
     }
@@ -152,6 +184,7 @@ impl Kernel {
             Kernel::ReduceSumF32 { .. } => "reduce_sum_f32",
             Kernel::GemmF32 { .. } => "gemm_f32",
             Kernel::Spin { .. } => "spin",
+            Kernel::GemmBf16 { .. } => "gemm_bf16",
         }
     }
 }
@@ -370,6 +403,26 @@ impl Command {
                     Kernel::Spin { micros, blocks } => {
                         (KERNEL_SPIN, [micros, blocks as u64, 0, 0, 0, 0])
                     }
+                    Kernel::GemmBf16 {
+                        a,
+                        b,
+                        c,
+                        m,
+                        n,
+                        k,
+                        alpha,
+                        beta,
+                    } => (
+                        KERNEL_GEMM_BF16,
+                        [
+                            a,
+                            b,
+                            c,
+                            pack(m, n),
+                            k as u64,
+                            pack(alpha.to_bits(), beta.to_bits()),
+                        ],
+                    ),
                 };
                 (op, stream, args)
             }
@@ -475,6 +528,16 @@ impl Command {
                 n: a[2],
             }),
             KERNEL_GEMM_F32 => launch(Kernel::GemmF32 {
+                a: a[0],
+                b: a[1],
+                c: a[2],
+                m: lo(a[3]),
+                n: hi(a[3]),
+                k: u32::try_from(a[4]).map_err(|_| ErrorCode::InvalidArgument)?,
+                alpha: f32_of(lo(a[5])),
+                beta: f32_of(hi(a[5])),
+            }),
+            KERNEL_GEMM_BF16 => launch(Kernel::GemmBf16 {
                 a: a[0],
                 b: a[1],
                 c: a[2],
@@ -602,6 +665,19 @@ mod tests {
                 kernel: Kernel::Spin {
                     micros: 100,
                     blocks: 132,
+                },
+            },
+            Command::Launch {
+                stream: 3,
+                kernel: Kernel::GemmBf16 {
+                    a: 1,
+                    b: 2,
+                    c: 3,
+                    m: 7,
+                    n: 8,
+                    k: 9,
+                    alpha: 2.0,
+                    beta: 0.0,
                 },
             },
             Command::LaunchModule {

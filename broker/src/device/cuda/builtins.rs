@@ -250,6 +250,10 @@ impl Builtins {
                     ],
                 )
             }
+            Kernel::GemmBf16 { .. } => Err(DeviceError::NotSupported {
+                backend: "cuda",
+                what: "bf16 GEMM has no built-in kernel; it needs cuBLAS".into(),
+            }),
             Kernel::Spin { micros, blocks } => {
                 let mut nanos = micros.saturating_mul(1000);
                 launch(

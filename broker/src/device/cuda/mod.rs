@@ -506,22 +506,35 @@ impl Device for CudaDevice {
 
     fn launch(&self, stream: &mut CudaStream, kernel: &Kernel) -> DeviceResult<()> {
         stream.begin(self)?;
-        if let Kernel::GemmF32 {
-            a,
-            b,
-            c,
-            m,
-            n,
-            k,
-            alpha,
-            beta,
-        } = *kernel
-            && self.cublas
-            && m as u64 * n as u64 * k as u64 >= CUBLAS_MIN_MACS
-        {
-            return self.sgemm(stream, (a, b, c), (m, n, k), alpha, beta);
+        match *kernel {
+            Kernel::GemmF32 {
+                a,
+                b,
+                c,
+                m,
+                n,
+                k,
+                alpha,
+                beta,
+            } if self.cublas && m as u64 * n as u64 * k as u64 >= CUBLAS_MIN_MACS => {
+                self.gemm(stream, Gemm::F32, (a, b, c), (m, n, k), alpha, beta)
+            }
+            Kernel::GemmBf16 {
+                a,
+                b,
+                c,
+                m,
+                n,
+                k,
+                alpha,
+                beta,
+            } if self.cublas => self.gemm(stream, Gemm::Bf16, (a, b, c), (m, n, k), alpha, beta),
+            Kernel::GemmBf16 { .. } => Err(DeviceError::NotSupported {
+                backend: "cuda",
+                what: "bf16 GEMM needs cuBLAS (libcublas.so), which was not found".into(),
+            }),
+            _ => self.builtins.launch(stream.raw, kernel),
         }
-        self.builtins.launch(stream.raw, kernel)
     }
 
     fn launch_module(
@@ -666,16 +679,21 @@ impl Device for CudaDevice {
 }
 
 impl CudaDevice {
-    /// Row-major `C = alpha·A·B + beta·C` through cuBLAS (column-major: `Cᵀ = Bᵀ·Aᵀ`).
-    fn sgemm(
+    /// Row-major `C = alpha·A·B + beta·C` through cuBLAS (column-major: `Cᵀ = Bᵀ·Aᵀ`), with
+    /// f32 or bf16 inputs; C is f32 and accumulation is f32 either way.
+    fn gemm(
         &self,
         stream: &mut CudaStream,
+        kind: Gemm,
         (a, b, c): (u64, u64, u64),
         (m, n, k): (u32, u32, u32),
         alpha: f32,
         beta: f32,
     ) -> DeviceResult<()> {
         use cudarc::cublas::{result as blas, sys as bsys};
+        if m == 0 || n == 0 {
+            return Ok(());
+        }
         let fail = |what: &str, e: blas::CublasError| DeviceError::Failed(format!("{what}: {e:?}"));
         let handle = match stream.blas {
             Some(h) => h,
@@ -694,26 +712,44 @@ impl CudaDevice {
             })
         };
         let (m, n, k) = (to_i32(m)?, to_i32(n)?, to_i32(k)?);
-        // SAFETY: A, B and C were checked against the client's allocations with these
-        // dimensions; alpha and beta live across the call (host pointer mode).
+        let input = match kind {
+            Gemm::F32 => bsys::cudaDataType::CUDA_R_32F,
+            Gemm::Bf16 => bsys::cudaDataType::CUDA_R_16BF,
+        };
+        let nn = bsys::cublasOperation_t::CUBLAS_OP_N;
+        // SAFETY: A, B and C were checked against the client's allocations for these
+        // dimensions and element sizes; alpha and beta live across the call (host pointer
+        // mode); the handle is bound to this stream.
         unsafe {
-            blas::sgemm(
+            blas::gemm_ex(
                 handle,
-                bsys::cublasOperation_t::CUBLAS_OP_N,
-                bsys::cublasOperation_t::CUBLAS_OP_N,
+                nn,
+                nn,
                 n,
                 m,
                 k,
-                &alpha,
-                b as *const f32,
+                &alpha as *const f32 as *const c_void,
+                b as *const c_void,
+                input,
                 n,
-                a as *const f32,
+                a as *const c_void,
+                input,
                 k,
-                &beta,
-                c as *mut f32,
+                &beta as *const f32 as *const c_void,
+                c as *mut c_void,
+                bsys::cudaDataType::CUDA_R_32F,
                 n,
+                bsys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                bsys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
             )
         }
-        .map_err(|e| fail("cublasSgemm", e))
+        .map_err(|e| fail("cublasGemmEx", e))
     }
+}
+
+/// Input type of a cuBLAS GEMM.
+#[derive(Debug, Clone, Copy)]
+enum Gemm {
+    F32,
+    Bf16,
 }

@@ -5,7 +5,8 @@
 //!
 //! ```text
 //! occupancy = min(1, blocks / sm_count)
-//! kernel    = launch + max(flops / (fp32_flops × occupancy), bytes / (memory_bw × occupancy))
+//! kernel    = launch + max(flops / (peak × occupancy), bytes / (memory_bw × occupancy))
+//!             (peak: fp32_flops, or bf16_flops for the bf16 GEMM)
 //! copy h↔d  = copy_latency + bytes / host_bw
 //! copy d→d  = launch + 2 × bytes / memory_bw
 //! memset    = launch + bytes / memory_bw
@@ -27,6 +28,8 @@ pub struct CostModel {
     pub sm_count: u32,
     /// FLOP/s at full occupancy.
     pub fp32_flops: f64,
+    /// Dense bf16 tensor-core FLOP/s at full occupancy.
+    pub bf16_flops: f64,
     /// Device memory bytes/s at full occupancy.
     pub memory_bw: f64,
     /// Host↔device bytes/s.
@@ -36,11 +39,13 @@ pub struct CostModel {
 }
 
 impl CostModel {
-    /// Figures of an H100 SXM, rounded: 132 SMs, 60 TFLOP/s FP32, 3.35 TB/s HBM3, 25 GB/s
+    /// Figures of an H100 SXM, rounded: 132 SMs, 60 TFLOP/s FP32, 800 TFLOP/s dense bf16,
+    /// 3.35 TB/s HBM3, 25 GB/s
     /// effective PCIe, 3 µs launch, 5 µs copy set-up.
     pub const H100_LIKE: CostModel = CostModel {
         sm_count: 132,
         fp32_flops: 60e12,
+        bf16_flops: 800e12,
         memory_bw: 3.35e12,
         host_bw: 25e9,
         launch_ns: 3_000,
@@ -58,7 +63,12 @@ impl CostModel {
         }
         let (flops, bytes, blocks) = work(kernel);
         let occ = self.occupancy(blocks);
-        let compute = flops / (self.fp32_flops * occ);
+        let peak = if matches!(kernel, Kernel::GemmBf16 { .. }) {
+            self.bf16_flops
+        } else {
+            self.fp32_flops
+        };
+        let compute = flops / (peak * occ);
         let memory = bytes / (self.memory_bw * occ);
         self.launch_ns + secs_to_ns(compute.max(memory))
     }
@@ -98,6 +108,16 @@ pub fn work(kernel: &Kernel) -> (f64, f64, u64) {
             (
                 2.0 * m * n * k,
                 4.0 * (m * k + k * n + c_passes * m * n),
+                blocks.max(1),
+            )
+        }
+        Kernel::GemmBf16 { m, n, k, beta, .. } => {
+            let (mf, nf, kf) = (m as f64, n as f64, k as f64);
+            let c_passes = if beta == 0.0 { 1.0 } else { 2.0 };
+            let blocks = (m as u64).div_ceil(GEMM_TILE) * (n as u64).div_ceil(GEMM_TILE);
+            (
+                2.0 * mf * nf * kf,
+                2.0 * (mf * kf + kf * nf) + 4.0 * c_passes * mf * nf,
                 blocks.max(1),
             )
         }

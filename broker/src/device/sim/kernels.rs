@@ -53,6 +53,27 @@ pub fn run(mem: &mut SimMemory, kernel: &Kernel) -> DeviceResult<()> {
             gemm(&av, &bv, &mut cv, m, n, k, alpha, beta);
             mem.write_f32s(c, &cv)
         }
+        Kernel::GemmBf16 {
+            a,
+            b,
+            c,
+            m,
+            n,
+            k,
+            alpha,
+            beta,
+        } => {
+            let (m, n, k) = (m as usize, n as usize, k as usize);
+            let av = mem.read_bf16s(a, (m * k) as u64)?;
+            let bv = mem.read_bf16s(b, (k * n) as u64)?;
+            let mut cv = if beta == 0.0 {
+                vec![0.0; m * n]
+            } else {
+                mem.read_f32s(c, (m * n) as u64)?
+            };
+            gemm(&av, &bv, &mut cv, m, n, k, alpha, beta);
+            mem.write_f32s(c, &cv)
+        }
         Kernel::Spin { .. } => Ok(()),
     }
 }

@@ -155,6 +155,17 @@ impl SimMemory {
             .collect())
     }
 
+    /// Reads `n` bfloat16 values, widened exactly to f32.
+    pub fn read_bf16s(&self, ptr: DevicePtr, n: u64) -> DeviceResult<Vec<f32>> {
+        let len = usize::try_from(n.saturating_mul(2)).map_err(|_| DeviceError::OutOfMemory)?;
+        let mut bytes = vec![0u8; len];
+        self.read(ptr, &mut bytes)?;
+        Ok(bytes
+            .chunks_exact(2)
+            .map(|c| f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16))
+            .collect())
+    }
+
     pub fn write_f32s(&mut self, ptr: DevicePtr, values: &[f32]) -> DeviceResult<()> {
         let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
         self.write(ptr, &bytes)
