@@ -206,6 +206,7 @@ fn random_and_adversarial_ring_entries_fail_with_typed_errors() {
                 requested_class: None,
                 sq_entries: 0,
                 arena_size: 0,
+                gpu: None,
             },
         ))
         .expect("encode"),
@@ -296,6 +297,7 @@ fn wrong_protocol_versions_and_silent_peers_are_refused_politely() {
             requested_class: None,
             sq_entries: 0,
             arena_size: 0,
+            gpu: None,
         });
     let s = nix::sys::socket::socket(
         nix::sys::socket::AddressFamily::Unix,

@@ -36,9 +36,12 @@ struct Args {
     /// Device backend.
     #[arg(long, value_enum, default_value_t = Backend::Auto)]
     backend: Backend,
-    /// GPU to serve (cuda backend).
-    #[arg(long, default_value_t = 0)]
-    gpu: i32,
+    /// GPUs to serve (cuda backend): `all`, or one index.
+    #[arg(long, default_value = "all", value_parser = parse_gpus)]
+    gpu: Gpus,
+    /// Sim backend: how many simulated GPUs to serve.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    sim_gpus: u32,
     /// Policy file (TOML). Defaults to /etc/gpushare/gpushare.toml when that exists.
     #[arg(long)]
     config: Option<PathBuf>,
@@ -66,6 +69,34 @@ struct Args {
     /// Log filter (tracing's env-filter syntax); RUST_LOG overrides.
     #[arg(long, default_value = "info")]
     log: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Gpus {
+    All,
+    One(i32),
+}
+
+fn parse_gpus(s: &str) -> Result<Gpus, String> {
+    match s {
+        "all" => Ok(Gpus::All),
+        n => n
+            .parse::<i32>()
+            .ok()
+            .filter(|n| *n >= 0)
+            .map(Gpus::One)
+            .ok_or_else(|| format!("`{s}` is neither `all` nor a GPU index")),
+    }
+}
+
+fn open_gpus(
+    which: Gpus,
+) -> Result<Vec<Arc<CudaDevice>>, gpushare_broker::device::cuda::ProbeError> {
+    let devices = match which {
+        Gpus::All => CudaDevice::open_all()?,
+        Gpus::One(n) => vec![CudaDevice::open(n)?],
+    };
+    Ok(devices.into_iter().map(Arc::new).collect())
 }
 
 fn parse_octal(s: &str) -> Result<u32, String> {
@@ -105,28 +136,37 @@ fn real_main() -> anyhow::Result<()> {
         ..BrokerConfig::default()
     };
 
-    let sim = || {
-        Arc::new(SimDevice::new(SimOptions {
-            memory: args.sim_memory.as_u64(),
-            realtime: args.sim_realtime,
-            ..SimOptions::default()
-        }))
+    let sims = || -> Vec<Arc<SimDevice>> {
+        (0..args.sim_gpus)
+            .map(|index| {
+                Arc::new(SimDevice::new(SimOptions {
+                    index,
+                    memory: args.sim_memory.as_u64(),
+                    realtime: args.sim_realtime,
+                    ..SimOptions::default()
+                }))
+            })
+            .collect()
+    };
+    let which = match args.gpu {
+        Gpus::All => "all GPUs".to_string(),
+        Gpus::One(n) => format!("GPU {n}"),
     };
     match args.backend {
-        Backend::Sim => run(sim(), config, policy),
+        Backend::Sim => run(sims(), config, policy),
         Backend::Cuda => {
-            let gpu = CudaDevice::open(args.gpu)
-                .with_context(|| format!("cannot use GPU {} with --backend cuda", args.gpu))?;
-            run(Arc::new(gpu), config, policy)
+            let gpus = open_gpus(args.gpu)
+                .with_context(|| format!("cannot use {which} with --backend cuda"))?;
+            run(gpus, config, policy)
         }
-        Backend::Auto => match CudaDevice::open(args.gpu) {
-            Ok(gpu) => {
-                info!("backend auto: using GPU {} through CUDA", args.gpu);
-                run(Arc::new(gpu), config, policy)
+        Backend::Auto => match open_gpus(args.gpu) {
+            Ok(gpus) => {
+                info!("backend auto: serving {which} through CUDA");
+                run(gpus, config, policy)
             }
             Err(e) => {
                 info!("backend auto: no usable GPU ({e}); using the sim device");
-                run(sim(), config, policy)
+                run(sims(), config, policy)
             }
         },
     }
@@ -146,7 +186,11 @@ fn load_policy(path: Option<&std::path::Path>) -> anyhow::Result<(Policy, Option
     }
 }
 
-fn run<D: Device>(device: Arc<D>, config: BrokerConfig, policy: Policy) -> anyhow::Result<()> {
+fn run<D: Device>(
+    devices: Vec<Arc<D>>,
+    config: BrokerConfig,
+    policy: Policy,
+) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("gpushared-control")
@@ -155,16 +199,23 @@ fn run<D: Device>(device: Arc<D>, config: BrokerConfig, policy: Policy) -> anyho
         .context("cannot start the async runtime")?;
     runtime.block_on(async move {
         let listener = server::bind(&config)?;
-        let info = device.info();
+        for d in &devices {
+            let info = d.info();
+            info!(
+                gpu = info.index,
+                device = %info.name,
+                memory = %bytesize::ByteSize(info.total_memory),
+                sms = info.sm_count,
+                "serving device"
+            );
+        }
         info!(
             socket = %config.socket.display(),
-            backend = device.backend(),
-            device = %info.name,
-            memory = %bytesize::ByteSize(info.total_memory),
-            sms = info.sm_count,
+            backend = devices[0].backend(),
+            devices = devices.len(),
             "gpushared ready"
         );
-        let broker = Broker::new(device, config, policy);
+        let broker = Broker::new(devices, config, policy);
         broker.serve(listener, shutdown_signal()).await;
         Ok(())
     })

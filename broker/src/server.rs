@@ -131,7 +131,8 @@ pub fn bind(config: &BrokerConfig) -> Result<UnixSeqpacketListener, BindError> {
 
 /// The broker: one device, many sessions.
 pub struct Broker<D: Device> {
-    device: Arc<D>,
+    /// One per GPU served, by index (never empty).
+    devices: Vec<Arc<D>>,
     config: BrokerConfig,
     policy: RwLock<Policy>,
     registry: Registry,
@@ -139,14 +140,28 @@ pub struct Broker<D: Device> {
 }
 
 impl<D: Device> Broker<D> {
-    pub fn new(device: Arc<D>, config: BrokerConfig, policy: Policy) -> Arc<Broker<D>> {
+    /// A broker for `devices` (one per GPU, by index; at least one).
+    pub fn new(devices: Vec<Arc<D>>, config: BrokerConfig, policy: Policy) -> Arc<Broker<D>> {
+        assert!(!devices.is_empty(), "a broker needs at least one device");
         Arc::new(Broker {
-            device,
+            devices,
             config,
             policy: RwLock::new(policy),
             registry: Registry::default(),
             started: Instant::now(),
         })
+    }
+
+    /// The device with the least memory held by clients, then the fewest clients.
+    fn least_loaded(&self) -> usize {
+        let clients = self.registry.snapshot();
+        let load = |gpu: usize| {
+            let on = clients.iter().filter(|c| c.gpu as usize == gpu);
+            (on.clone().map(|c| c.memory_used).sum::<u64>(), on.count())
+        };
+        (0..self.devices.len())
+            .min_by_key(|&g| load(g))
+            .unwrap_or(0)
     }
 
     pub fn registry(&self) -> &Registry {
@@ -201,8 +216,9 @@ impl<D: Device> Broker<D> {
         StatusReport {
             broker_version: env!("CARGO_PKG_VERSION").into(),
             protocol_version: PROTOCOL_VERSION,
-            backend: self.device.backend().into(),
-            device: self.device.info().clone(),
+            backend: self.devices[0].backend().into(),
+            device: self.devices[0].info().clone(),
+            devices: self.devices.iter().map(|d| d.info().clone()).collect(),
             uptime_ms: self.started.elapsed().as_millis() as u64,
             policy: "fifo".into(),
             memory_used: clients.iter().map(|c| c.memory_used).sum(),
@@ -274,6 +290,20 @@ impl<D: Device> Broker<D> {
         {
             grant.class = asked; // less important than granted: always allowed
         }
+        let gpu = match hello.gpu {
+            None => self.least_loaded(),
+            Some(g) if (g as usize) < self.devices.len() => g as usize,
+            Some(g) => {
+                let msg = format!(
+                    "GPU {g} does not exist; this broker serves GPU{} 0..={}",
+                    if self.devices.len() > 1 { "s" } else { "" },
+                    self.devices.len() - 1
+                );
+                reject(&sock, ErrorCode::InvalidArgument, &msg).await;
+                return;
+            }
+        };
+        let device = self.devices[gpu].clone();
         let id = self.registry.next_id();
         let user = identity
             .user
@@ -285,8 +315,8 @@ impl<D: Device> Broker<D> {
             broker_version: env!("CARGO_PKG_VERSION").into(),
             client_id: id,
             layout,
-            backend: self.device.backend().into(),
-            device: self.device.info().clone(),
+            backend: device.backend().into(),
+            device: device.info().clone(),
             class: grant.class,
             weight: grant.weight,
             memory_quota: grant.memory_quota,
@@ -303,7 +333,9 @@ impl<D: Device> Broker<D> {
             return;
         }
 
-        let started = match self.start_session(id, pid, &identity, user, name, grant, &hello) {
+        let started = match self.start_session(
+            id, pid, &identity, user, name, grant, &hello, &device, gpu as u32,
+        ) {
             Ok(s) => s,
             Err(e) => {
                 warn!(error = %e, "cannot set up client session");
@@ -355,7 +387,12 @@ impl<D: Device> Broker<D> {
             self.registry.insert(info.clone());
             info!(client = id, name = %info.name, user = %info.user, class = %info.grant.class, "client connected");
             observed_end = self
-                .control_loop(&sock, Some(&modules), &mut stop, Some(&mut ended))
+                .control_loop(
+                    &sock,
+                    Some((&modules, &device)),
+                    &mut stop,
+                    Some(&mut ended),
+                )
                 .await;
         }
         info.request_stop();
@@ -381,6 +418,8 @@ impl<D: Device> Broker<D> {
         name: String,
         grant: crate::policy::Grant,
         hello: &Hello,
+        device: &Arc<D>,
+        gpu: u32,
     ) -> std::io::Result<StartedSession<D>> {
         let layout = self.config.layout_for(hello.sq_entries, hello.arena_size);
         let region = Arc::new(
@@ -400,6 +439,7 @@ impl<D: Device> Broker<D> {
             identity.uid,
             user,
             name,
+            gpu,
             grant,
             submit_wake,
         ));
@@ -407,7 +447,7 @@ impl<D: Device> Broker<D> {
         let (ready_tx, ready) = oneshot::channel();
         let (ended_tx, ended) = oneshot::channel();
         let (device, thread_info, thread_modules, spin) = (
-            self.device.clone(),
+            device.clone(),
             info.clone(),
             modules.clone(),
             self.config.spin,
@@ -450,7 +490,8 @@ impl<D: Device> Broker<D> {
     async fn control_loop(
         &self,
         sock: &UnixSeqpacket,
-        modules: Option<&Arc<Mutex<ModuleTable<D>>>>,
+        // A client session's module table and the device it runs on; `None` for monitors.
+        modules: Option<(&Arc<Mutex<ModuleTable<D>>>, &Arc<D>)>,
         stop: &mut watch::Receiver<Option<String>>,
         mut ended: Option<&mut oneshot::Receiver<SessionEnd>>,
     ) -> Option<SessionEnd> {
@@ -513,7 +554,7 @@ impl<D: Device> Broker<D> {
                     },
                     Some(m),
                 ) => {
-                    let result = self.load_module(m, format, image_len, fds).await;
+                    let result = Self::load_module(m.0, m.1, format, image_len, fds).await;
                     BrokerMessage::ModuleLoaded { request, result }
                 }
                 (
@@ -524,14 +565,14 @@ impl<D: Device> Broker<D> {
                     },
                     Some(m),
                 ) => {
-                    let result = self.get_function(m, module, name).await;
+                    let result = Self::get_function(m.0, m.1, module, name).await;
                     BrokerMessage::Function { request, result }
                 }
                 (ClientMessage::UnloadModule { request, module }, Some(m)) => {
-                    let removed = m
-                        .lock()
-                        .map(|mut t| t.remove_module(module))
-                        .unwrap_or(false);
+                    let removed =
+                        m.0.lock()
+                            .map(|mut t| t.remove_module(module))
+                            .unwrap_or(false);
                     let result = if removed {
                         Ok(())
                     } else {
@@ -562,8 +603,8 @@ impl<D: Device> Broker<D> {
     }
 
     async fn load_module(
-        &self,
         modules: &Arc<Mutex<ModuleTable<D>>>,
+        device: &Arc<D>,
         format: ModuleFormat,
         image_len: u64,
         fds: Vec<OwnedFd>,
@@ -582,7 +623,7 @@ impl<D: Device> Broker<D> {
                 ),
             ));
         }
-        let device = self.device.clone();
+        let device = device.clone();
         let loaded = tokio::task::spawn_blocking(move || {
             // Read by position: the client's file offset is not ours to trust.
             let file = File::from(fd);
@@ -615,8 +656,8 @@ impl<D: Device> Broker<D> {
     }
 
     async fn get_function(
-        &self,
         modules: &Arc<Mutex<ModuleTable<D>>>,
+        device: &Arc<D>,
         module: u64,
         name: String,
     ) -> Result<u64, WireError> {
@@ -627,7 +668,7 @@ impl<D: Device> Broker<D> {
             .ok_or_else(|| {
                 WireError::new(ErrorCode::InvalidHandle, format!("no module {module}"))
             })?;
-        let device = self.device.clone();
+        let device = device.clone();
         let f = tokio::task::spawn_blocking(move || {
             device
                 .get_function(&m, &name)

@@ -53,6 +53,8 @@ pub struct SessionInfo {
     pub uid: u32,
     pub user: String,
     pub name: String,
+    /// Index of the device the session runs on.
+    pub gpu: u32,
     pub grant: Grant,
     pub connected_at: Instant,
     pub counters: Counters,
@@ -68,6 +70,7 @@ impl SessionInfo {
         uid: u32,
         user: String,
         name: String,
+        gpu: u32,
         grant: Grant,
         submit_wake: Wakeup,
     ) -> SessionInfo {
@@ -77,6 +80,7 @@ impl SessionInfo {
             uid,
             user,
             name,
+            gpu,
             grant,
             connected_at: Instant::now(),
             counters: Counters::default(),
@@ -108,6 +112,7 @@ impl SessionInfo {
             uid: self.uid,
             user: self.user.clone(),
             name: self.name.clone(),
+            gpu: self.gpu,
             class: self.grant.class,
             weight: self.grant.weight,
             memory_used: get(&c.memory_used),

@@ -43,6 +43,8 @@ pub struct ConnectOptions {
     pub host_buffers: u64,
     /// How long to spin for a completion before sleeping.
     pub spin: Duration,
+    /// The GPU to run on (index); `None` lets the broker pick the least loaded.
+    pub gpu: Option<u32>,
 }
 
 impl Default for ConnectOptions {
@@ -58,6 +60,7 @@ impl Default for ConnectOptions {
             arena_size: 0,
             host_buffers: 0,
             spin: Duration::from_micros(50),
+            gpu: None,
         }
     }
 }
@@ -239,6 +242,7 @@ impl Client {
                 requested_class: opts.class,
                 sq_entries: opts.sq_entries,
                 arena_size: arena_request,
+                gpu: opts.gpu,
             }),
             &[],
         )?;

@@ -26,6 +26,7 @@ impl Monitor {
                 requested_class: None,
                 sq_entries: 0,
                 arena_size: 0,
+                gpu: None,
             }),
             &[],
         )?;

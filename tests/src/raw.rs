@@ -40,6 +40,7 @@ impl RawClient {
             requested_class: None,
             sq_entries: 64,
             arena_size: 64 * 1024,
+            gpu: None,
         });
         send_raw(&sock, &control::encode(&hello).expect("encode"));
         let mut buf = vec![0u8; 1 << 16];

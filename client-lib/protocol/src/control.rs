@@ -45,6 +45,8 @@ pub struct Hello {
     pub sq_entries: u32,
     /// Data arena bytes wanted (0 = broker default); the broker may round or clamp.
     pub arena_size: u64,
+    /// The device to run on (its index); `None` lets the broker pick the least loaded.
+    pub gpu: Option<u32>,
 }
 
 /// The format of a module image.
@@ -191,6 +193,7 @@ mod tests {
             requested_class: Some(PriorityClass::BestEffort),
             sq_entries: 256,
             arena_size: 1 << 20,
+            gpu: Some(1),
         });
         let bytes = encode(&hello).expect("encode");
         assert_eq!(decode::<ClientMessage>(&bytes).expect("decode"), hello);

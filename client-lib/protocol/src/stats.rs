@@ -10,7 +10,10 @@ pub struct StatusReport {
     pub broker_version: String,
     pub protocol_version: u32,
     pub backend: String,
+    /// The first device (all of them are in `devices`).
     pub device: DeviceInfo,
+    /// Every device this broker serves, by index.
+    pub devices: Vec<DeviceInfo>,
     pub uptime_ms: u64,
     pub policy: String,
     /// Device memory held by all clients.
@@ -26,6 +29,8 @@ pub struct ClientStats {
     pub uid: u32,
     pub user: String,
     pub name: String,
+    /// Index of the device the client's work runs on.
+    pub gpu: u32,
     pub class: PriorityClass,
     pub weight: u32,
     pub memory_used: u64,
@@ -42,4 +47,62 @@ pub struct ClientStats {
     pub gpu_time_ns: u64,
     pub errors: u64,
     pub connected_ms: u64,
+}
+
+/// Whether the broker's eBPF telemetry runs, and if not, why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TelemetryStatus {
+    pub enabled: bool,
+    /// Why it is off, as a sentence for the user (`None` when enabled).
+    pub reason: Option<String>,
+    /// Device-path prefix whose file descriptors count as GPU descriptors.
+    pub dev_prefix: String,
+    /// Whether uprobes on libcuda are attached.
+    pub uprobes: bool,
+}
+
+/// One process that uses the GPU, as the kernel sees it (eBPF telemetry): its ioctls on NVIDIA
+/// device files and, with uprobes, its calls into libcuda. Times are CLOCK_MONOTONIC ns.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessActivity {
+    pub pid: i32,
+    pub comm: String,
+    pub uid: u32,
+    pub first_seen_ns: u64,
+    pub last_seen_ns: u64,
+    /// Per ioctl command, most frequent first.
+    pub ioctls: Vec<IoctlStats>,
+    /// Calls of `cuLaunchKernel` and its variants (uprobes).
+    pub launches: u64,
+    /// Calls of `cuMemAlloc_v2` and its variants (uprobes).
+    pub allocs: u64,
+    /// Calls of `cuMemFree_v2` and its variants (uprobes).
+    pub frees: u64,
+    /// Calls of `cuCtxCreate*` and `cuDevicePrimaryCtxRetain` (uprobes).
+    pub ctx_creates: u64,
+    /// GPU device descriptors the process holds now.
+    #[serde(default)]
+    pub gpu_fds: u32,
+}
+
+impl ProcessActivity {
+    /// All ioctls on GPU descriptors, every command together.
+    pub fn total_ioctls(&self) -> u64 {
+        self.ioctls.iter().map(|i| i.count).sum()
+    }
+}
+
+/// One ioctl command of one process.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IoctlStats {
+    pub cmd: u32,
+    /// Decoded name (`RM_CONTROL`, `UVM_MAP_EXTERNAL_ALLOCATION`, …), or the number in hex.
+    pub name: String,
+    pub count: u64,
+    /// Calls that failed (negative return).
+    pub errors: u64,
+    /// Time inside the ioctl, summed.
+    pub total_ns: u64,
+    /// Argument bytes the command declares (`_IOC_SIZE`), summed.
+    pub arg_bytes: u64,
 }

@@ -74,6 +74,20 @@ pub enum ProbeError {
 }
 
 impl CudaDevice {
+    /// Opens every GPU of the machine.
+    pub fn open_all() -> Result<Vec<CudaDevice>, ProbeError> {
+        // SAFETY: only probes whether the library can be loaded.
+        if !unsafe { sys::is_culib_present() } {
+            return Err(ProbeError::NoDriver);
+        }
+        cu::init().map_err(|e| driver("cuInit", e))?;
+        let count = cu::device::get_count().map_err(|e| driver("cuDeviceGetCount", e))?;
+        if count == 0 {
+            return Err(ProbeError::NoDevice);
+        }
+        (0..count).map(CudaDevice::open).collect()
+    }
+
     /// Opens GPU `ordinal`: retains its primary context and loads the built-in kernels.
     pub fn open(ordinal: i32) -> Result<CudaDevice, ProbeError> {
         // SAFETY: only probes whether the library can be loaded.

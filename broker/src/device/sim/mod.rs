@@ -25,6 +25,8 @@ use crate::shm::ArenaSlice;
 /// How the sim device is set up.
 #[derive(Debug, Clone, Copy)]
 pub struct SimOptions {
+    /// The device's index among the broker's devices.
+    pub index: u32,
     pub memory: u64,
     pub cost: CostModel,
     /// Also spend the modelled time on the wall clock.
@@ -34,6 +36,7 @@ pub struct SimOptions {
 impl Default for SimOptions {
     fn default() -> Self {
         SimOptions {
+            index: 0,
             memory: 16 << 30,
             cost: CostModel::H100_LIKE,
             realtime: false,
@@ -71,7 +74,7 @@ impl SimDevice {
         let c = options.cost;
         SimDevice {
             info: DeviceInfo {
-                index: 0,
+                index: options.index,
                 name: "gpushare sim (H100-like cost model)".into(),
                 total_memory: options.memory,
                 sm_count: c.sm_count,
