@@ -97,3 +97,61 @@ fn a_broken_policy_file_stops_the_broker_with_a_clear_message() {
         "{stderr}"
     );
 }
+
+#[test]
+fn sighup_reloads_the_policy_without_dropping_clients() {
+    let uid = my_uid();
+    let broker = broker_with(format!("[[users]]\nuid = {uid}\nclass = \"normal\"\n"));
+    let before = broker.client_named("before");
+    assert_eq!(before.session().class, PriorityClass::Normal);
+    let policy = broker.dir.path().join("policy.toml");
+    let hup = || {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(broker.pid()),
+            nix::sys::signal::Signal::SIGHUP,
+        )
+        .expect("signal")
+    };
+
+    // A broken file is refused and the old policy stays.
+    std::fs::write(&policy, "[defaults]\nclass = \"urgent\"\n").expect("write");
+    hup();
+    assert!(
+        broker.wait_for_log(
+            "keeping the previous policy",
+            std::time::Duration::from_secs(5)
+        ),
+        "{}",
+        broker.log_text()
+    );
+    assert_eq!(
+        broker.client_named("still-old").session().class,
+        PriorityClass::Normal
+    );
+
+    std::fs::write(
+        &policy,
+        format!("[[users]]\nuid = {uid}\nclass = \"high\"\nmemory_quota = \"1 MiB\"\n"),
+    )
+    .expect("write");
+    hup();
+    assert!(
+        broker.wait_for_log("policy reloaded", std::time::Duration::from_secs(5)),
+        "{}",
+        broker.log_text()
+    );
+    let after = broker.client_named("after");
+    assert_eq!(
+        (after.session().class, after.session().memory_quota),
+        (PriorityClass::High, Some(1 << 20))
+    );
+    // The earlier client is still connected and working, with its old grant.
+    before.nop().expect("still connected");
+    let status = broker.status();
+    let old = status
+        .clients
+        .iter()
+        .find(|c| c.name == "before")
+        .expect("still listed");
+    assert_eq!(old.class, PriorityClass::Normal);
+}

@@ -215,10 +215,34 @@ fn run<D: Device>(
             devices = devices.len(),
             "gpushared ready"
         );
+        let policy_path = config.policy_path.clone();
         let broker = Broker::new(devices, config, policy);
+        tokio::spawn(reload_on_sighup(broker.clone(), policy_path));
         broker.serve(listener, shutdown_signal()).await;
         Ok(())
     })
+}
+
+/// `systemctl reload`: SIGHUP re-reads the policy file; a broken file keeps the old policy.
+async fn reload_on_sighup<D: Device>(broker: Arc<Broker<D>>, path: Option<PathBuf>) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let Ok(mut hup) = signal(SignalKind::hangup()) else {
+        warn!("cannot install the SIGHUP handler; policy reload is unavailable");
+        return;
+    };
+    while hup.recv().await.is_some() {
+        let Some(path) = &path else {
+            warn!("SIGHUP: no policy file was given (--config), nothing to reload");
+            continue;
+        };
+        match Policy::load(path) {
+            Ok(policy) => {
+                broker.set_policy(policy);
+                info!(policy = %path.display(), "policy reloaded; it applies to clients that connect from now on");
+            }
+            Err(e) => tracing::error!("SIGHUP: {e}; keeping the previous policy"),
+        }
+    }
 }
 
 async fn shutdown_signal() -> String {

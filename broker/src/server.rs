@@ -164,6 +164,15 @@ impl<D: Device> Broker<D> {
             .unwrap_or(0)
     }
 
+    /// Replaces the policy for sessions that start from now on; connected clients keep what
+    /// they were granted.
+    pub fn set_policy(&self, policy: Policy) {
+        match self.policy.write() {
+            Ok(mut p) => *p = policy,
+            Err(poisoned) => *poisoned.into_inner() = policy,
+        }
+    }
+
     pub fn registry(&self) -> &Registry {
         &self.registry
     }
