@@ -18,6 +18,9 @@
 //! memory_quota = "4 GiB"
 //! ```
 //!
+//! A top-level `admin_group = "gpushare-admin"` names the group whose members (besides root)
+//! may change and evict live clients.
+//!
 //! A user entry wins over group entries; among groups the first in file order that the user
 //! belongs to wins; fields an entry leaves out come from `[defaults]`.
 
@@ -100,6 +103,9 @@ struct GroupEntry {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct PolicyFile {
+    /// Members of this group (and root) may change and evict live clients.
+    #[serde(default)]
+    admin_group: Option<String>,
     #[serde(default)]
     defaults: Fields,
     #[serde(default)]
@@ -193,6 +199,20 @@ impl Policy {
             source,
         })?;
         Policy::parse(&text, &path.display().to_string())
+    }
+
+    /// Whether `who` may change or evict other clients: root, or a member of `admin_group`.
+    pub fn is_admin(&self, who: &Identity) -> bool {
+        who.uid == 0
+            || self
+                .file
+                .admin_group
+                .as_ref()
+                .is_some_and(|g| who.group_names.contains(g))
+    }
+
+    pub fn admin_group(&self) -> Option<&str> {
+        self.file.admin_group.as_deref()
     }
 
     /// The grant for `who`.
@@ -335,5 +355,10 @@ mod tests {
             "unknown key"
         );
         assert!(Policy::parse("", "p").is_ok(), "empty file = defaults");
+        let p = Policy::parse("admin_group = \"ops\"\n", "p").expect("valid");
+        assert!(p.is_admin(&who(0, "root", &[])));
+        assert!(p.is_admin(&who(1000, "alice", &[(10, "ops")])));
+        assert!(!p.is_admin(&who(1001, "bob", &[(11, "users")])));
+        assert!(!Policy::default().is_admin(&who(1000, "alice", &[(10, "ops")])));
     }
 }

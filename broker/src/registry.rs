@@ -27,6 +27,10 @@ impl Registry {
         self.lock().remove(&id);
     }
 
+    pub fn get(&self, id: u64) -> Option<Arc<SessionInfo>> {
+        self.lock().get(&id).cloned()
+    }
+
     pub fn len(&self) -> usize {
         self.lock().len()
     }

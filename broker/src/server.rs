@@ -164,6 +164,34 @@ impl<D: Device> Broker<D> {
             .unwrap_or(0)
     }
 
+    /// Applies an admin action to client `id` if `who` may administer clients.
+    fn admin(
+        &self,
+        who: &Identity,
+        id: u64,
+        act: impl FnOnce(&SessionInfo),
+    ) -> Result<(), WireError> {
+        let (allowed, group) = match self.policy.read() {
+            Ok(p) => (p.is_admin(who), p.admin_group().map(str::to_string)),
+            Err(_) => (who.uid == 0, None),
+        };
+        if !allowed {
+            let msg = match group {
+                Some(g) => format!("only root or members of the admin group `{g}` may change or evict clients"),
+                None => "only root may change or evict clients (set admin_group in the policy file to delegate)".into(),
+            };
+            return Err(WireError::new(ErrorCode::PermissionDenied, msg));
+        }
+        let info = self.registry.get(id).ok_or_else(|| {
+            WireError::new(
+                ErrorCode::InvalidHandle,
+                format!("no client {id} is connected"),
+            )
+        })?;
+        act(&info);
+        Ok(())
+    }
+
     /// Replaces the policy for sessions that start from now on; connected clients keep what
     /// they were granted.
     pub fn set_policy(&self, policy: Policy) {
@@ -338,7 +366,9 @@ impl<D: Device> Broker<D> {
             {
                 return;
             }
-            let _ = self.control_loop(&sock, None, &mut stop, None).await;
+            let _ = self
+                .control_loop(&sock, None, &identity, &mut stop, None)
+                .await;
             return;
         }
 
@@ -394,11 +424,12 @@ impl<D: Device> Broker<D> {
         let mut observed_end = None;
         if sent.is_ok() {
             self.registry.insert(info.clone());
-            info!(client = id, name = %info.name, user = %info.user, class = %info.grant.class, "client connected");
+            info!(client = id, name = %info.name, user = %info.user, class = %info.grant().class, "client connected");
             observed_end = self
                 .control_loop(
                     &sock,
                     Some((&modules, &device)),
+                    &identity,
                     &mut stop,
                     Some(&mut ended),
                 )
@@ -414,6 +445,7 @@ impl<D: Device> Broker<D> {
             SessionEnd::ProtocolViolation(why) => {
                 warn!(client = id, %why, "client dropped for breaking the ring protocol")
             }
+            SessionEnd::Evicted(why) => info!(client = id, %why, "client evicted"),
         }
     }
 
@@ -501,6 +533,7 @@ impl<D: Device> Broker<D> {
         sock: &UnixSeqpacket,
         // A client session's module table and the device it runs on; `None` for monitors.
         modules: Option<(&Arc<Mutex<ModuleTable<D>>>, &Arc<D>)>,
+        who: &Identity,
         stop: &mut watch::Receiver<Option<String>>,
         mut ended: Option<&mut oneshot::Receiver<SessionEnd>>,
     ) -> Option<SessionEnd> {
@@ -519,8 +552,13 @@ impl<D: Device> Broker<D> {
                     return None;
                 }
                 end = thread_ended => {
-                    if let SessionEnd::ProtocolViolation(why) = &end {
-                        let _ = send(sock, &BrokerMessage::Evicted { reason: format!("protocol violation: {why}") }, &[]).await;
+                    let reason = match &end {
+                        SessionEnd::ProtocolViolation(why) => Some(format!("protocol violation: {why}")),
+                        SessionEnd::Evicted(why) => Some(why.clone()),
+                        SessionEnd::Stopped => None,
+                    };
+                    if let Some(reason) = reason {
+                        let _ = send(sock, &BrokerMessage::Evicted { reason }, &[]).await;
                     }
                     // The receiver is spent: hand the outcome to the caller.
                     return Some(end);
@@ -604,6 +642,40 @@ impl<D: Device> Broker<D> {
                         "monitor connections cannot load modules",
                     ),
                 },
+                (
+                    ClientMessage::AdminSet {
+                        request,
+                        client,
+                        class,
+                        weight,
+                        memory_quota,
+                    },
+                    _,
+                ) => {
+                    let result = self.admin(who, client, |info| {
+                        let mut g = info.grant();
+                        g.class = class.unwrap_or(g.class);
+                        g.weight = weight.unwrap_or(g.weight).max(1);
+                        g.memory_quota = memory_quota.unwrap_or(g.memory_quota);
+                        info.set_grant(g);
+                        info!(client, class = %g.class, weight = g.weight, quota = ?g.memory_quota, by = who.uid, "admin changed a client's grant");
+                    });
+                    BrokerMessage::AdminDone { request, result }
+                }
+                (
+                    ClientMessage::AdminEvict {
+                        request,
+                        client,
+                        reason,
+                    },
+                    _,
+                ) => {
+                    let result = self.admin(who, client, |info| {
+                        warn!(client, %reason, by = who.uid, "admin evicted a client");
+                        info.evict(reason.clone());
+                    });
+                    BrokerMessage::AdminDone { request, result }
+                }
             };
             if send(sock, &reply, &[]).await.is_err() {
                 return None;

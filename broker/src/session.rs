@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use gpushare_protocol::command::ModuleLaunch;
 use gpushare_protocol::ring::{BrokerRings, CompletionEntry};
 use gpushare_protocol::stats::ClientStats;
-use gpushare_protocol::{Command, DevicePtr, ErrorCode, EventId, StreamId};
+use gpushare_protocol::{Command, DevicePtr, ErrorCode, EventId, PriorityClass, StreamId};
 
 use crate::device::{Device, DeviceError};
 use crate::policy::Grant;
@@ -55,10 +55,12 @@ pub struct SessionInfo {
     pub name: String,
     /// Index of the device the session runs on.
     pub gpu: u32,
-    pub grant: Grant,
+    /// What the client is granted now (an admin may change it while it runs).
+    grant: LiveGrant,
     pub connected_at: Instant,
     pub counters: Counters,
     stop: AtomicBool,
+    evicted: Mutex<Option<String>>,
     /// The submission eventfd, so that others can wake the data thread.
     submit_wake: Wakeup,
 }
@@ -81,12 +83,36 @@ impl SessionInfo {
             user,
             name,
             gpu,
-            grant,
+            grant: LiveGrant::new(grant),
             connected_at: Instant::now(),
             counters: Counters::default(),
             stop: AtomicBool::new(false),
+            evicted: Mutex::new(None),
             submit_wake,
         }
+    }
+
+    pub fn grant(&self) -> Grant {
+        self.grant.get()
+    }
+
+    /// Changes the live grant: allocations check the new quota from now on, and streams
+    /// created from now on get the new class's priority.
+    pub fn set_grant(&self, grant: Grant) {
+        self.grant.set(grant);
+    }
+
+    /// Removes the client: its data thread stops and the client is told `reason`.
+    pub fn evict(&self, reason: String) {
+        if let Ok(mut r) = self.evicted.lock() {
+            r.get_or_insert(reason);
+        }
+        self.request_stop();
+    }
+
+    /// Why the client was evicted, if it was.
+    pub fn eviction(&self) -> Option<String> {
+        self.evicted.lock().ok().and_then(|r| r.clone())
     }
 
     /// Asks the data thread to finish and reclaim.
@@ -105,6 +131,7 @@ impl SessionInfo {
 
     pub fn stats(&self, streams: u32) -> ClientStats {
         let c = &self.counters;
+        let grant = self.grant();
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         ClientStats {
             client_id: self.id,
@@ -113,11 +140,11 @@ impl SessionInfo {
             user: self.user.clone(),
             name: self.name.clone(),
             gpu: self.gpu,
-            class: self.grant.class,
-            weight: self.grant.weight,
+            class: grant.class,
+            weight: grant.weight,
             memory_used: get(&c.memory_used),
             memory_peak: get(&c.memory_peak),
-            memory_quota: self.grant.memory_quota,
+            memory_quota: grant.memory_quota,
             allocations: get(&c.allocations),
             streams,
             commands: get(&c.commands),
@@ -128,6 +155,51 @@ impl SessionInfo {
             gpu_time_ns: get(&c.gpu_time_ns),
             errors: get(&c.errors),
             connected_ms: self.connected_at.elapsed().as_millis() as u64,
+        }
+    }
+}
+
+/// A grant that an admin may change while the client runs: read on every allocation, so
+/// kept in atomics rather than behind a lock.
+struct LiveGrant {
+    class: std::sync::atomic::AtomicU8,
+    weight: std::sync::atomic::AtomicU32,
+    /// `u64::MAX` means unlimited.
+    quota: AtomicU64,
+}
+
+impl LiveGrant {
+    fn new(g: Grant) -> LiveGrant {
+        let l = LiveGrant {
+            class: std::sync::atomic::AtomicU8::new(0),
+            weight: std::sync::atomic::AtomicU32::new(0),
+            quota: AtomicU64::new(0),
+        };
+        l.set(g);
+        l
+    }
+
+    fn set(&self, g: Grant) {
+        let class = match g.class {
+            PriorityClass::High => 0,
+            PriorityClass::Normal => 1,
+            PriorityClass::BestEffort => 2,
+        };
+        self.class.store(class, Ordering::Relaxed);
+        self.weight.store(g.weight, Ordering::Relaxed);
+        self.quota
+            .store(g.memory_quota.unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+
+    fn get(&self) -> Grant {
+        Grant {
+            class: match self.class.load(Ordering::Relaxed) {
+                0 => PriorityClass::High,
+                1 => PriorityClass::Normal,
+                _ => PriorityClass::BestEffort,
+            },
+            weight: self.weight.load(Ordering::Relaxed),
+            memory_quota: Some(self.quota.load(Ordering::Relaxed)).filter(|&q| q != u64::MAX),
         }
     }
 }
@@ -222,6 +294,7 @@ pub struct SessionState<D: Device> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SessionEnd {
     Stopped,
+    Evicted(String),
     ProtocolViolation(String),
 }
 
@@ -242,7 +315,7 @@ impl<D: Device> SessionState<D> {
         // rings exist (fields drop after `reclaim` in `run`).
         let rings = unsafe { region.init_rings() };
         device.register_arena(region.arena())?;
-        let default_stream = match device.create_stream(info.grant.class) {
+        let default_stream = match device.create_stream(info.grant().class) {
             Ok(s) => s,
             Err(e) => {
                 device.unregister_arena(region.arena());
@@ -286,7 +359,10 @@ impl<D: Device> SessionState<D> {
         let mut idle_since = Instant::now();
         loop {
             if self.info.stopping() {
-                return SessionEnd::Stopped;
+                return self
+                    .info
+                    .eviction()
+                    .map_or(SessionEnd::Stopped, SessionEnd::Evicted);
             }
             let available = match self.rings.submissions.available() {
                 Ok(n) => n,
@@ -500,7 +576,7 @@ impl<D: Device> SessionState<D> {
                 }
                 let stream = self
                     .device
-                    .create_stream(self.info.grant.class)
+                    .create_stream(self.info.grant().class)
                     .map_err(|e| e.code())?;
                 let id = self.next_stream;
                 self.next_stream = self
@@ -628,7 +704,7 @@ impl<D: Device> SessionState<D> {
         }
         let counters = &self.info.counters;
         let used = counters.memory_used.load(Ordering::Relaxed);
-        if let Some(quota) = self.info.grant.memory_quota
+        if let Some(quota) = self.info.grant().memory_quota
             && used.saturating_add(bytes) > quota
         {
             return Err(ErrorCode::OutOfQuota);

@@ -2,9 +2,9 @@
 
 use std::path::Path;
 
-use gpushare_protocol::PROTOCOL_VERSION;
 use gpushare_protocol::control::{BrokerMessage, ClientMessage, Hello, Role, Welcome};
 use gpushare_protocol::stats::StatusReport;
+use gpushare_protocol::{PROTOCOL_VERSION, PriorityClass};
 
 use crate::control::ControlSocket;
 use crate::error::{Error, Result};
@@ -57,6 +57,55 @@ impl Monitor {
                     return Err(Error::BrokerShutdown(reason));
                 }
                 BrokerMessage::RequestFailed { error, .. } => return Err(Error::Request(error)),
+                _ => continue,
+            }
+        }
+    }
+
+    /// Changes a live client's class, weight or memory quota; `None` leaves a field as it is
+    /// and `memory_quota: Some(None)` removes the quota. Only root and the broker's admin group
+    /// may; anyone else gets the broker's refusal as [`Error::Request`].
+    pub fn admin_set(
+        &mut self,
+        client: u64,
+        class: Option<PriorityClass>,
+        weight: Option<u32>,
+        memory_quota: Option<Option<u64>>,
+    ) -> Result<()> {
+        self.admin(|request| ClientMessage::AdminSet {
+            request,
+            client,
+            class,
+            weight,
+            memory_quota,
+        })
+    }
+
+    /// Drops a client, which is told `reason`. Same permissions as [`Monitor::admin_set`].
+    pub fn admin_evict(&mut self, client: u64, reason: &str) -> Result<()> {
+        self.admin(|request| ClientMessage::AdminEvict {
+            request,
+            client,
+            reason: reason.into(),
+        })
+    }
+
+    fn admin(&mut self, build: impl FnOnce(u64) -> ClientMessage) -> Result<()> {
+        let request = self.next_request;
+        self.next_request += 1;
+        self.socket.send(&build(request), &[])?;
+        loop {
+            match self.socket.recv()?.0 {
+                BrokerMessage::AdminDone { request: r, result } if r == request => {
+                    return result.map_err(Error::Request);
+                }
+                BrokerMessage::ShuttingDown { reason } => {
+                    return Err(Error::BrokerShutdown(reason));
+                }
+                // Request 0: a broker that could not even decode the message (an older one).
+                BrokerMessage::RequestFailed { request: r, error } if r == request || r == 0 => {
+                    return Err(Error::Request(error));
+                }
                 _ => continue,
             }
         }

@@ -82,6 +82,21 @@ pub enum ClientMessage {
     },
     /// The client is leaving on purpose.
     Goodbye,
+    /// Changes a live client's grant (root or the admin group only). `None` leaves a field as
+    /// it is; `memory_quota: Some(None)` removes the quota.
+    AdminSet {
+        request: u64,
+        client: u64,
+        class: Option<PriorityClass>,
+        weight: Option<u32>,
+        memory_quota: Option<Option<u64>>,
+    },
+    /// Drops a client, which is told `reason` (root or the admin group only).
+    AdminEvict {
+        request: u64,
+        client: u64,
+        reason: String,
+    },
 }
 
 /// What the device looks like.
@@ -147,6 +162,11 @@ pub enum BrokerMessage {
     /// An administrator or the broker removed this client.
     Evicted {
         reason: String,
+    },
+    /// The answer to `AdminSet` and `AdminEvict`.
+    AdminDone {
+        request: u64,
+        result: Result<(), WireError>,
     },
 }
 

@@ -5,6 +5,8 @@
 //! - `busy`: print `ready`, then launch spin kernels and copies forever.
 //! - `flood`: submit no-ops forever without ever reading a completion.
 //! - `wait-shutdown`: print `ready`, then synchronize in a loop until an error; print it.
+//! - `admin-evict ID` / `admin-quota ID BYTES`: as a monitor, try the admin action and print
+//!   `ok` or the error (for permission tests run as another user).
 
 use std::io::Write;
 use std::time::Duration;
@@ -14,6 +16,24 @@ use gpushare::{Client, Command, Kernel};
 fn main() {
     let mut args = std::env::args().skip(1);
     let mode = args.next().unwrap_or_default();
+    if let Some(action) = mode.strip_prefix("admin-") {
+        let id: u64 = args.next().and_then(|s| s.parse().ok()).unwrap_or(0);
+        let outcome = gpushare::Monitor::connect(&gpushare_protocol::socket_path_from_env())
+            .and_then(|mut m| match action {
+                "evict" => m.admin_evict(id, "testing"),
+                _ => m.admin_set(
+                    id,
+                    None,
+                    None,
+                    Some(args.next().and_then(|s| s.parse().ok())),
+                ),
+            });
+        match outcome {
+            Ok(()) => println!("ok"),
+            Err(e) => println!("error: {e}"),
+        }
+        return;
+    }
     let client = match Client::connect() {
         Ok(c) => c,
         Err(e) => {
