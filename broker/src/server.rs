@@ -25,7 +25,7 @@ use crate::config::BrokerConfig;
 use crate::device::Device;
 use crate::policy::{Identity, Policy};
 use crate::registry::Registry;
-use crate::session::{ModuleTable, SessionEnd, SessionInfo, SessionState};
+use crate::session::{ModuleTable, Peer, SessionEnd, SessionInfo, SessionState};
 use crate::shm::SharedRegion;
 use crate::wake::Wakeup;
 
@@ -474,16 +474,15 @@ impl<D: Device> Broker<D> {
             submit_wake.dup()?,
             complete_wake.dup()?,
         ];
-        let info = Arc::new(SessionInfo::new(
+        let peer = Peer {
             id,
             pid,
-            identity.uid,
+            uid: identity.uid,
             user,
             name,
             gpu,
-            grant,
-            submit_wake,
-        ));
+        };
+        let info = Arc::new(SessionInfo::new(peer, grant, submit_wake));
         let modules: Arc<Mutex<ModuleTable<D>>> = Arc::default();
         let (ready_tx, ready) = oneshot::channel();
         let (ended_tx, ended) = oneshot::channel();
@@ -532,7 +531,7 @@ impl<D: Device> Broker<D> {
         &self,
         sock: &UnixSeqpacket,
         // A client session's module table and the device it runs on; `None` for monitors.
-        modules: Option<(&Arc<Mutex<ModuleTable<D>>>, &Arc<D>)>,
+        modules: Option<SessionScope<'_, D>>,
         who: &Identity,
         stop: &mut watch::Receiver<Option<String>>,
         mut ended: Option<&mut oneshot::Receiver<SessionEnd>>,
@@ -765,6 +764,9 @@ impl<D: Device> Broker<D> {
             .map_err(|c| WireError::new(c, "too many functions"))
     }
 }
+
+/// A client session's module table and the device it runs on.
+type SessionScope<'a, D> = (&'a Arc<Mutex<ModuleTable<D>>>, &'a Arc<D>);
 
 /// Stops a session and removes it from the registry when dropped.
 struct SessionGuard<'a> {

@@ -65,17 +65,26 @@ pub struct SessionInfo {
     submit_wake: Wakeup,
 }
 
+/// Who a session belongs to and where it runs.
+pub struct Peer {
+    pub id: u64,
+    pub pid: i32,
+    pub uid: u32,
+    pub user: String,
+    pub name: String,
+    pub gpu: u32,
+}
+
 impl SessionInfo {
-    pub fn new(
-        id: u64,
-        pid: i32,
-        uid: u32,
-        user: String,
-        name: String,
-        gpu: u32,
-        grant: Grant,
-        submit_wake: Wakeup,
-    ) -> SessionInfo {
+    pub fn new(peer: Peer, grant: Grant, submit_wake: Wakeup) -> SessionInfo {
+        let Peer {
+            id,
+            pid,
+            uid,
+            user,
+            name,
+            gpu,
+        } = peer;
         SessionInfo {
             id,
             pid,
