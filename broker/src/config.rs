@@ -22,6 +22,8 @@ pub struct BrokerConfig {
     pub spin: Duration,
     /// Path of the policy file in use, for status.
     pub policy_path: Option<PathBuf>,
+    /// Where to serve Prometheus metrics, if anywhere.
+    pub metrics_listen: Option<std::net::SocketAddr>,
 }
 
 impl Default for BrokerConfig {
@@ -36,6 +38,7 @@ impl Default for BrokerConfig {
             max_arena_size: 512 << 20,
             spin: Duration::from_micros(50),
             policy_path: None,
+            metrics_listen: None,
         }
     }
 }

@@ -4,14 +4,20 @@
 //! - [`session`]: one client's tables, accounting and ring-draining data thread.
 //! - [`device`]: the `Device` trait and its backends (`sim`; `cuda` on GPU machines).
 //! - [`shm`] and [`wake`]: the shared region and the eventfd wake-ups.
+//! - [`cli`]: `gpushared`'s command line (also read by the man page generator).
 //! - [`policy`]: the policy file (classes, weights, quotas by user and group).
 //! - [`registry`]: the live sessions, for status.
+//! - [`metrics`]: the status report as Prometheus text, and the `/metrics` endpoint.
+//! - [`telemetry`]: eBPF view of every process that uses the GPU (ioctls, libcuda calls).
 
+pub mod cli;
 pub mod config;
 pub mod device;
+pub mod metrics;
 pub mod policy;
 pub mod registry;
 pub mod server;
 pub mod session;
 pub mod shm;
+pub mod telemetry;
 pub mod wake;

@@ -5,89 +5,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use clap::{Parser, ValueEnum};
+use clap::Parser;
+use gpushare_broker::cli::{Args, Backend, Gpus};
 use gpushare_broker::config::BrokerConfig;
 use gpushare_broker::device::Device;
 use gpushare_broker::device::cuda::CudaDevice;
 use gpushare_broker::device::sim::{SimDevice, SimOptions};
 use gpushare_broker::policy::Policy;
 use gpushare_broker::server::{self, Broker};
+use gpushare_broker::telemetry::{Telemetry, TelemetryOptions, TelemetryStatus};
 use tracing::{info, warn};
 
 const DEFAULT_POLICY: &str = "/etc/gpushare/gpushare.toml";
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum Backend {
-    /// cuda when a GPU is usable, else sim.
-    Auto,
-    /// A real NVIDIA GPU through the CUDA driver.
-    Cuda,
-    /// The CPU model of a GPU (tests, CI, demos).
-    Sim,
-}
-
-/// The gpushare broker: owns the GPU and shares it among many client processes.
-#[derive(Debug, Parser)]
-#[command(name = "gpushared", version, about)]
-struct Args {
-    /// Control socket path.
-    #[arg(long, env = "GPUSHARE_SOCKET", default_value = gpushare_protocol::DEFAULT_SOCKET_PATH)]
-    socket: PathBuf,
-    /// Device backend.
-    #[arg(long, value_enum, default_value_t = Backend::Auto)]
-    backend: Backend,
-    /// GPUs to serve (cuda backend): `all`, or one index.
-    #[arg(long, default_value = "all", value_parser = parse_gpus)]
-    gpu: Gpus,
-    /// Sim backend: how many simulated GPUs to serve.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
-    sim_gpus: u32,
-    /// Policy file (TOML). Defaults to /etc/gpushare/gpushare.toml when that exists.
-    #[arg(long)]
-    config: Option<PathBuf>,
-    /// Permission bits of the socket, in octal.
-    #[arg(long, default_value = "660", value_parser = parse_octal)]
-    socket_mode: u32,
-    /// Group that owns the socket (its members may connect when the mode allows).
-    #[arg(long)]
-    socket_group: Option<String>,
-    /// Microseconds a client's data thread spins on an empty ring before sleeping.
-    #[arg(long, default_value_t = 50)]
-    spin_us: u64,
-    /// Default data arena per client (e.g. "16 MiB").
-    #[arg(long, default_value = "16 MiB")]
-    arena_size: bytesize::ByteSize,
-    /// Largest data arena a client may ask for.
-    #[arg(long, default_value = "512 MiB")]
-    max_arena_size: bytesize::ByteSize,
-    /// Sim device: memory size.
-    #[arg(long, default_value = "16 GiB")]
-    sim_memory: bytesize::ByteSize,
-    /// Sim device: also take the modelled time on the wall clock.
-    #[arg(long)]
-    sim_realtime: bool,
-    /// Log filter (tracing's env-filter syntax); RUST_LOG overrides.
-    #[arg(long, default_value = "info")]
-    log: String,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Gpus {
-    All,
-    One(i32),
-}
-
-fn parse_gpus(s: &str) -> Result<Gpus, String> {
-    match s {
-        "all" => Ok(Gpus::All),
-        n => n
-            .parse::<i32>()
-            .ok()
-            .filter(|n| *n >= 0)
-            .map(Gpus::One)
-            .ok_or_else(|| format!("`{s}` is neither `all` nor a GPU index")),
-    }
-}
 
 fn open_gpus(
     which: Gpus,
@@ -97,11 +26,6 @@ fn open_gpus(
         Gpus::One(n) => vec![CudaDevice::open(n)?],
     };
     Ok(devices.into_iter().map(Arc::new).collect())
-}
-
-fn parse_octal(s: &str) -> Result<u32, String> {
-    u32::from_str_radix(s.trim_start_matches("0o"), 8)
-        .map_err(|e| format!("`{s}` is not an octal mode: {e}"))
 }
 
 fn main() -> std::process::ExitCode {
@@ -131,6 +55,7 @@ fn real_main() -> anyhow::Result<()> {
         socket_group: args.socket_group.clone(),
         spin: Duration::from_micros(args.spin_us),
         arena_size: args.arena_size.as_u64(),
+        metrics_listen: args.metrics_listen,
         max_arena_size: args.max_arena_size.as_u64(),
         policy_path,
         ..BrokerConfig::default()
@@ -153,20 +78,20 @@ fn real_main() -> anyhow::Result<()> {
         Gpus::One(n) => format!("GPU {n}"),
     };
     match args.backend {
-        Backend::Sim => run(sims(), config, policy),
+        Backend::Sim => run(sims(), config, policy, start_telemetry(&args)),
         Backend::Cuda => {
             let gpus = open_gpus(args.gpu)
                 .with_context(|| format!("cannot use {which} with --backend cuda"))?;
-            run(gpus, config, policy)
+            run(gpus, config, policy, start_telemetry(&args))
         }
         Backend::Auto => match open_gpus(args.gpu) {
             Ok(gpus) => {
                 info!("backend auto: serving {which} through CUDA");
-                run(gpus, config, policy)
+                run(gpus, config, policy, start_telemetry(&args))
             }
             Err(e) => {
                 info!("backend auto: no usable GPU ({e}); using the sim device");
-                run(sims(), config, policy)
+                run(sims(), config, policy, start_telemetry(&args))
             }
         },
     }
@@ -186,10 +111,38 @@ fn load_policy(path: Option<&std::path::Path>) -> anyhow::Result<(Policy, Option
     }
 }
 
+/// Starts eBPF telemetry, or says once, clearly, why it is off.
+fn start_telemetry(args: &Args) -> (Option<Arc<Telemetry>>, TelemetryStatus) {
+    let opts = TelemetryOptions {
+        dev_prefix: args.telemetry_dev_prefix.clone(),
+        uprobes: !args.no_uprobes,
+        libcuda: args.libcuda.clone(),
+    };
+    if args.no_telemetry {
+        return (None, opts.off("disabled with --no-telemetry"));
+    }
+    match Telemetry::start(&opts) {
+        Ok(t) => {
+            let status = t.status();
+            info!(
+                dev_prefix = %status.dev_prefix,
+                uprobes = status.uprobes,
+                "telemetry on: eBPF sees every process that uses the GPU"
+            );
+            (Some(Arc::new(t)), status)
+        }
+        Err(reason) => {
+            warn!("telemetry off: {reason}");
+            (None, opts.off(reason))
+        }
+    }
+}
+
 fn run<D: Device>(
     devices: Vec<Arc<D>>,
     config: BrokerConfig,
     policy: Policy,
+    telemetry: (Option<Arc<Telemetry>>, TelemetryStatus),
 ) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -215,9 +168,36 @@ fn run<D: Device>(
             devices = devices.len(),
             "gpushared ready"
         );
+        // Bind before serving so a busy port stops the start with a clear message.
+        let metrics = match config.metrics_listen {
+            Some(addr) => Some(
+                tokio::net::TcpListener::bind(addr)
+                    .await
+                    .with_context(|| format!("cannot listen for metrics on {addr}"))?,
+            ),
+            None => None,
+        };
         let policy_path = config.policy_path.clone();
-        let broker = Broker::new(devices, config, policy);
+        let broker = Broker::new(devices, config, policy, telemetry.0, telemetry.1);
         tokio::spawn(reload_on_sighup(broker.clone(), policy_path));
+        tokio::spawn(broker.clone().watch_telemetry());
+        if let Some(listener) = metrics {
+            let addr = listener
+                .local_addr()
+                .map(|a| a.to_string())
+                .unwrap_or_default();
+            info!(%addr, "metrics endpoint listening: http://{addr}/metrics");
+            let b = broker.clone();
+            tokio::spawn(async move {
+                let render = move || gpushare_broker::metrics::render(&b.status());
+                if let Err(e) =
+                    gpushare_broker::metrics::serve_on(listener, render, std::future::pending())
+                        .await
+                {
+                    warn!(error = %e, "metrics endpoint stopped");
+                }
+            });
+        }
         broker.serve(listener, shutdown_signal()).await;
         Ok(())
     })

@@ -164,6 +164,7 @@ impl SessionInfo {
             gpu_time_ns: get(&c.gpu_time_ns),
             errors: get(&c.errors),
             connected_ms: self.connected_at.elapsed().as_millis() as u64,
+            bypassing: false, // set from telemetry when the report is built
         }
     }
 }

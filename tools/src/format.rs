@@ -1,10 +1,13 @@
-//! Plain-text rendering of status reports.
+//! Plain-text rendering: status reports, the client table, and `top` cells and batch frames
+//! (the interactive screen draws the same cells).
 
 use std::fmt::Write;
 use std::time::Duration;
 
 use bytesize::ByteSize;
-use gpushare::StatusReport;
+use gpushare::{ClientStats, StatusReport};
+
+use crate::top::collect::{Frame, Row};
 
 pub fn duration(d: Duration) -> String {
     let s = d.as_secs();
@@ -13,6 +16,12 @@ pub fn duration(d: Duration) -> String {
         60..3600 => format!("{}m{:02}s", s / 60, s % 60),
         _ => format!("{}h{:02}m", s / 3600, (s % 3600) / 60),
     }
+}
+
+/// A refresh interval: `1s`, `0.2s`, `0.05s`.
+pub fn interval(d: Duration) -> String {
+    let text = format!("{:.2}", d.as_secs_f64());
+    format!("{}s", text.trim_end_matches('0').trim_end_matches('.'))
 }
 
 pub fn gpu_time(ns: u64) -> String {
@@ -26,7 +35,6 @@ pub fn gpu_time(ns: u64) -> String {
 
 pub fn status(r: &StatusReport) -> String {
     let mut out = String::new();
-    let d = &r.device;
     let _ = writeln!(
         out,
         "gpushared {} (protocol {}), backend {}, up {}, policy {}",
@@ -36,33 +44,48 @@ pub fn status(r: &StatusReport) -> String {
         duration(Duration::from_millis(r.uptime_ms)),
         r.policy
     );
-    let _ = writeln!(
-        out,
-        "device {}: {}, {} SMs, compute {}.{}, {} memory",
-        d.index,
-        d.name,
-        d.sm_count,
-        d.compute_capability.0,
-        d.compute_capability.1,
-        ByteSize(d.total_memory)
-    );
+    let devices = if r.devices.is_empty() {
+        std::slice::from_ref(&r.device)
+    } else {
+        &r.devices[..]
+    };
+    for d in devices {
+        let _ = writeln!(
+            out,
+            "device {}: {}, {} SMs, compute {}.{}, {} memory",
+            d.index,
+            d.name,
+            d.sm_count,
+            d.compute_capability.0,
+            d.compute_capability.1,
+            ByteSize(d.total_memory)
+        );
+    }
+    let total: u64 = devices.iter().map(|d| d.total_memory).sum();
     let _ = writeln!(
         out,
         "memory held by clients: {} of {}",
         ByteSize(r.memory_used),
-        ByteSize(d.total_memory)
+        ByteSize(total)
     );
     let _ = writeln!(out, "clients: {}", r.clients.len());
-    if r.clients.is_empty() {
-        return out;
+    if !r.clients.is_empty() {
+        out.push_str(&clients(&r.clients));
     }
+    out
+}
+
+/// The client table of `gpushare status` and `gpushare clients`.
+pub fn clients(clients: &[ClientStats]) -> String {
+    let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:>4} {:>7} {:<10} {:<16} {:<11} {:>3} {:>10} {:>10} {:>8} {:>10} {:>10} {:>6}",
+        "{:>4} {:>7} {:<10} {:<16} {:>3} {:<11} {:>3} {:>10} {:>10} {:>8} {:>10} {:>10} {:>6}",
         "ID",
         "PID",
         "USER",
         "NAME",
+        "GPU",
         "CLASS",
         "W",
         "MEMORY",
@@ -72,18 +95,19 @@ pub fn status(r: &StatusReport) -> String {
         "GPU TIME",
         "ERRORS"
     );
-    for c in &r.clients {
+    for c in clients {
         let quota = c
             .memory_quota
             .map_or("unlimited".to_string(), |q| ByteSize(q).to_string());
         let copied = ByteSize(c.bytes_htod + c.bytes_dtoh + c.bytes_dtod);
         let _ = writeln!(
             out,
-            "{:>4} {:>7} {:<10} {:<16} {:<11} {:>3} {:>10} {:>10} {:>8} {:>10} {:>10} {:>6}",
+            "{:>4} {:>7} {:<10} {:<16} {:>3} {:<11} {:>3} {:>10} {:>10} {:>8} {:>10} {:>10} {:>6}",
             c.client_id,
             c.pid,
             truncate(&c.user, 10),
             truncate(&c.name, 16),
+            c.gpu,
             c.class.as_str(),
             c.weight,
             ByteSize(c.memory_used).to_string(),
@@ -97,10 +121,195 @@ pub fn status(r: &StatusReport) -> String {
     out
 }
 
-fn truncate(s: &str, n: usize) -> String {
+/// One column of `gpushare top`.
+pub struct Column {
+    pub title: &'static str,
+    pub width: u16,
+    pub right: bool,
+}
+
+const fn col(title: &'static str, width: u16, right: bool) -> Column {
+    Column {
+        title,
+        width,
+        right,
+    }
+}
+
+/// Index of the COMMAND column, the one that takes what width is left.
+pub const NAME_COLUMN: usize = 2;
+
+pub const TOP_COLUMNS: [Column; 14] = [
+    col("PID", 7, true),
+    col("USER", 10, false),
+    col("COMMAND", 16, false),
+    col("KIND", 8, false),
+    col("CLASS", 11, false),
+    col("GPU%", 6, true),
+    col("MEMORY", 10, true),
+    col("QUOTA", 10, true),
+    col("KERN/s", 8, true),
+    col("COPY MB/s", 9, true),
+    col("QUEUE", 5, true),
+    col("P50", 7, true),
+    col("P99", 7, true),
+    col("IOCTL/s", 8, true),
+];
+
+/// What an unknown or not-yet-reported figure shows.
+pub const MISSING: &str = "-";
+
+/// A row's cells in [`TOP_COLUMNS`] order.
+pub fn top_cells(r: &Row) -> [String; 14] {
+    let brokered = r.client_id.is_some();
+    [
+        r.pid.to_string(),
+        r.user.clone(),
+        r.name.clone(),
+        r.kind.as_str().to_string(),
+        r.class.clone().unwrap_or_else(|| MISSING.into()),
+        opt(r.gpu_share, |s| format!("{:.1}", s * 100.0)),
+        opt(r.memory_used, |m| ByteSize(m).to_string()),
+        match (r.memory_quota, brokered) {
+            (Some(q), _) => ByteSize(q).to_string(),
+            (None, true) => "none".into(),
+            (None, false) => MISSING.into(),
+        },
+        opt(r.kernels_per_s, rate),
+        opt(r.copy_bytes_per_s, |b| rate(b / 1e6)),
+        opt(r.queue_depth, |q| q.to_string()),
+        opt(r.latency_p50_ns, latency),
+        opt(r.latency_p99_ns, latency),
+        opt(r.ioctls_per_s, rate),
+    ]
+}
+
+fn opt<T>(v: Option<T>, f: impl FnOnce(T) -> String) -> String {
+    v.map_or_else(|| MISSING.into(), f)
+}
+
+/// A per-second rate in at most 6 characters.
+pub fn rate(v: f64) -> String {
+    match v {
+        v if v < 10.0 => format!("{v:.1}"),
+        v if v < 100_000.0 => format!("{v:.0}"),
+        v if v < 100_000_000.0 => format!("{:.0}k", v / 1e3),
+        v => format!("{:.0}M", v / 1e6),
+    }
+}
+
+/// A command latency in at most 7 characters.
+pub fn latency(ns: u64) -> String {
+    match ns {
+        0..10_000 => format!("{:.1}µs", ns as f64 / 1e3),
+        10_000..1_000_000 => format!("{:.0}µs", ns as f64 / 1e3),
+        1_000_000..1_000_000_000 => format!("{:.1}ms", ns as f64 / 1e6),
+        _ => format!("{:.2}s", ns as f64 / 1e9),
+    }
+}
+
+/// The header lines of a `top` frame (the interactive screen shows the same facts).
+pub fn top_summary(f: &Frame) -> String {
+    format!(
+        "gpushared {} · backend {} · policy {} · up {} · {} client{}",
+        f.broker_version,
+        f.backend,
+        f.policy,
+        duration(Duration::from_millis(f.uptime_ms)),
+        f.clients,
+        if f.clients == 1 { "" } else { "s" }
+    )
+}
+
+/// One device's line: utilisation and memory.
+pub fn device_line(d: &crate::top::collect::DeviceLoad) -> String {
+    format!(
+        "GPU {} {}: util {:.1}% · memory {} / {}",
+        d.index,
+        d.name,
+        d.utilisation * 100.0,
+        ByteSize(d.memory_used),
+        ByteSize(d.memory_total)
+    )
+}
+
+/// The telemetry line, where the broker says anything about telemetry.
+pub fn telemetry_line(f: &Frame) -> Option<String> {
+    let t = f.telemetry.as_ref()?;
+    Some(match (t.enabled, &t.reason) {
+        (true, _) if t.uprobes => "telemetry: eBPF on (ioctls, libcuda uprobes)".into(),
+        (true, _) => "telemetry: eBPF on (ioctls)".into(),
+        (false, Some(why)) => format!("telemetry: off — {why}"),
+        (false, None) => "telemetry: off".into(),
+    })
+}
+
+/// A batch frame, like one screen of `top -b`.
+pub fn top_frame(f: &Frame, rows: &[&Row]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "{}", top_summary(f));
+    for d in &f.devices {
+        let _ = writeln!(out, "{}", device_line(d));
+    }
+    if let Some(t) = telemetry_line(f) {
+        let _ = writeln!(out, "{t}");
+    }
+    out.push('\n');
+    let header: Vec<String> = TOP_COLUMNS.iter().map(|c| c.title.to_string()).collect();
+    out.push_str(&table_line(&header));
+    for r in rows {
+        out.push_str(&table_line(&top_cells(r)));
+    }
+    out
+}
+
+fn table_line(cells: &[String]) -> String {
+    let mut line = String::new();
+    for (i, (cell, c)) in cells.iter().zip(TOP_COLUMNS.iter()).enumerate() {
+        if i > 0 {
+            line.push(' ');
+        }
+        let w = c.width as usize;
+        let cell = truncate(cell, w);
+        if c.right {
+            let _ = write!(line, "{cell:>w$}");
+        } else {
+            let _ = write!(line, "{cell:<w$}");
+        }
+    }
+    line.truncate(line.trim_end().len());
+    line.push('\n');
+    line
+}
+
+pub fn truncate(s: &str, n: usize) -> String {
     if s.chars().count() <= n {
         s.to_string()
     } else {
-        s.chars().take(n - 1).chain(['…']).collect()
+        s.chars().take(n.saturating_sub(1)).chain(['…']).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rates_and_latencies_fit_their_columns() {
+        assert_eq!(rate(0.0), "0.0");
+        assert_eq!(rate(9.94), "9.9");
+        assert_eq!(rate(1234.4), "1234");
+        assert_eq!(rate(123_456.0), "123k");
+        assert_eq!(rate(5e9), "5000M");
+        assert_eq!(latency(870), "0.9µs");
+        assert_eq!(latency(120_000), "120µs");
+        assert_eq!(latency(3_400_000), "3.4ms");
+        assert_eq!(latency(2_500_000_000), "2.50s");
+        assert_eq!(interval(Duration::from_secs(1)), "1s");
+        assert_eq!(interval(Duration::from_millis(200)), "0.2s");
+        assert_eq!(interval(Duration::from_millis(50)), "0.05s");
+        assert_eq!(interval(Duration::from_secs(30)), "30s");
+        assert_eq!(truncate("abcdef", 4), "abc…");
+        assert_eq!(truncate("abc", 4), "abc");
     }
 }

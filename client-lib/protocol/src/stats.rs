@@ -19,6 +19,36 @@ pub struct StatusReport {
     /// Device memory held by all clients.
     pub memory_used: u64,
     pub clients: Vec<ClientStats>,
+    /// Whether eBPF telemetry runs, and why not.
+    pub telemetry: TelemetryStatus,
+    /// Every process that uses the GPU directly, as eBPF sees it (empty without telemetry).
+    pub processes: Vec<ProcessActivity>,
+    /// GPU activity of processes outside the broker: what the scheduler counts as outside load.
+    pub outside_load: OutsideLoad,
+}
+
+/// How busy processes that bypass the broker keep the GPU, from eBPF.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct OutsideLoad {
+    /// Processes that use the GPU directly (observed, or clients that also bypass).
+    pub processes: u32,
+    /// NVIDIA ioctls per second over the last sampling interval.
+    pub ioctls_per_s: f64,
+    /// `cuLaunchKernel` calls per second (uprobes), over the last sampling interval.
+    pub launches_per_s: f64,
+}
+
+/// How a process uses the GPU.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ProcessKind {
+    /// A broker client only.
+    Brokered,
+    /// Uses the GPU directly; not a broker client.
+    #[default]
+    Observed,
+    /// A broker client that also uses the GPU directly: it bypasses the broker.
+    Both,
 }
 
 /// One connected client and what it has used.
@@ -47,6 +77,9 @@ pub struct ClientStats {
     pub gpu_time_ns: u64,
     pub errors: u64,
     pub connected_ms: u64,
+    /// The client also uses the GPU directly (eBPF saw GPU ioctls from its pid).
+    #[serde(default)]
+    pub bypassing: bool,
 }
 
 /// Whether the broker's eBPF telemetry runs, and if not, why.
@@ -83,6 +116,12 @@ pub struct ProcessActivity {
     /// GPU device descriptors the process holds now.
     #[serde(default)]
     pub gpu_fds: u32,
+    /// Observed (outside the broker) or both (a client that also bypasses it).
+    #[serde(default)]
+    pub kind: ProcessKind,
+    /// The broker client with this pid, if any.
+    #[serde(default)]
+    pub client_id: Option<u64>,
 }
 
 impl ProcessActivity {

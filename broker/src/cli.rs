@@ -1,0 +1,100 @@
+//! `gpushared`'s command line. `main.rs` parses it; `packaging/gen` writes the man page and
+//! shell completions from it (`<Args as clap::CommandFactory>::command()`).
+
+use std::path::PathBuf;
+
+use clap::{Parser, ValueEnum};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Backend {
+    /// cuda when a GPU is usable, else sim.
+    Auto,
+    /// A real NVIDIA GPU through the CUDA driver.
+    Cuda,
+    /// The CPU model of a GPU (tests, CI, demos).
+    Sim,
+}
+
+/// The gpushare broker: owns the GPU and shares it among many client processes.
+#[derive(Debug, Parser)]
+#[command(name = "gpushared", version)]
+pub struct Args {
+    /// Control socket path.
+    #[arg(long, env = "GPUSHARE_SOCKET", default_value = gpushare_protocol::DEFAULT_SOCKET_PATH)]
+    pub socket: PathBuf,
+    /// Device backend.
+    #[arg(long, value_enum, default_value_t = Backend::Auto)]
+    pub backend: Backend,
+    /// GPUs to serve (cuda backend): `all`, or one index.
+    #[arg(long, default_value = "all", value_parser = parse_gpus)]
+    pub gpu: Gpus,
+    /// Sim backend: how many simulated GPUs to serve.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub sim_gpus: u32,
+    /// Policy file (TOML). Defaults to /etc/gpushare/gpushare.toml when that exists.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Permission bits of the socket, in octal.
+    #[arg(long, default_value = "660", value_parser = parse_octal)]
+    pub socket_mode: u32,
+    /// Group that owns the socket (its members may connect when the mode allows).
+    #[arg(long)]
+    pub socket_group: Option<String>,
+    /// Microseconds a client's data thread spins on an empty ring before sleeping.
+    #[arg(long, default_value_t = 50)]
+    pub spin_us: u64,
+    /// Default data arena per client (e.g. "16 MiB").
+    #[arg(long, default_value = "16 MiB")]
+    pub arena_size: bytesize::ByteSize,
+    /// Largest data arena a client may ask for.
+    #[arg(long, default_value = "512 MiB")]
+    pub max_arena_size: bytesize::ByteSize,
+    /// Sim device: memory size.
+    #[arg(long, default_value = "16 GiB")]
+    pub sim_memory: bytesize::ByteSize,
+    /// Sim device: also take the modelled time on the wall clock.
+    #[arg(long)]
+    pub sim_realtime: bool,
+    /// Don't load the eBPF telemetry programs.
+    #[arg(long)]
+    pub no_telemetry: bool,
+    /// Telemetry: file descriptors whose path starts with this are GPU descriptors.
+    #[arg(long, default_value = crate::telemetry::DEFAULT_DEV_PREFIX)]
+    pub telemetry_dev_prefix: String,
+    /// Telemetry: don't attach uprobes to libcuda (launch/allocation counts of processes that
+    /// bypass the broker).
+    #[arg(long)]
+    pub no_uprobes: bool,
+    /// Telemetry: the libcuda to probe (found in the usual places otherwise).
+    #[arg(long, value_name = "PATH")]
+    pub libcuda: Option<PathBuf>,
+    /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9400).
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_listen: Option<std::net::SocketAddr>,
+    /// Log filter (tracing's env-filter syntax); RUST_LOG overrides.
+    #[arg(long, default_value = "info")]
+    pub log: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gpus {
+    All,
+    One(i32),
+}
+
+pub fn parse_gpus(s: &str) -> Result<Gpus, String> {
+    match s {
+        "all" => Ok(Gpus::All),
+        n => n
+            .parse::<i32>()
+            .ok()
+            .filter(|n| *n >= 0)
+            .map(Gpus::One)
+            .ok_or_else(|| format!("`{s}` is neither `all` nor a GPU index")),
+    }
+}
+
+pub fn parse_octal(s: &str) -> Result<u32, String> {
+    u32::from_str_radix(s.trim_start_matches("0o"), 8)
+        .map_err(|e| format!("`{s}` is not an octal mode: {e}"))
+}

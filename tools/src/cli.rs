@@ -1,0 +1,134 @@
+//! The `gpushare` command line as clap defines it: the binary parses it, and `gpushare-gen`
+//! writes the man pages and completions from it.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{ArgGroup, Args, Parser, Subcommand};
+use gpushare::PriorityClass;
+
+/// See and manage the gpushare GPU-sharing broker.
+#[derive(Debug, Parser)]
+#[command(name = "gpushare", version)]
+pub struct Cli {
+    /// Broker socket.
+    #[arg(long, global = true, env = "GPUSHARE_SOCKET", default_value = gpushare_protocol::DEFAULT_SOCKET_PATH)]
+    pub socket: PathBuf,
+    #[command(subcommand)]
+    pub command: Commands,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Commands {
+    /// Broker version, backend, devices and the connected clients with their usage.
+    Status {
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The connected clients only, one line each.
+    Clients {
+        /// Print the clients as a JSON array.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Live view of who uses the GPU, like top (press ? inside for help).
+    Top(TopArgs),
+    /// Change a live client's class, weight or memory quota (root or the admin group only).
+    #[command(group(ArgGroup::new("change").required(true).multiple(true).args(["class", "weight", "memory_quota"])))]
+    Set {
+        /// The client's id (the ID column of `gpushare clients`).
+        client: u64,
+        /// New priority class: high, normal or best-effort.
+        #[arg(long, value_parser = parse_class)]
+        class: Option<PriorityClass>,
+        /// New fair-share weight (1 or more).
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+        weight: Option<u32>,
+        /// New device-memory quota: a size such as 4GiB or 512MB, or `unlimited`.
+        #[arg(long, value_name = "SIZE", value_parser = parse_quota)]
+        memory_quota: Option<Quota>,
+    },
+    /// Drop a client: its work stops and everything it held is freed (root or the admin group
+    /// only).
+    Evict {
+        /// The client's id (the ID column of `gpushare clients`).
+        client: u64,
+        /// Why, as the evicted client will be told.
+        #[arg(long, value_name = "TEXT")]
+        reason: Option<String>,
+    },
+    /// Print a shell completion script: `gpushare completions bash > /etc/bash_completion.d/gpushare`.
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct TopArgs {
+    /// Batch mode: print plain-text frames instead of the interactive screen.
+    #[arg(short, long)]
+    pub batch: bool,
+    /// Batch mode: stop after this many frames (default: run until interrupted).
+    #[arg(short = 'n', long = "iterations", value_name = "N")]
+    pub iterations: Option<u64>,
+    /// Seconds between refreshes.
+    #[arg(short = 'd', long = "delay", value_name = "SECONDS", default_value = "1.0", value_parser = parse_interval)]
+    pub delay: Duration,
+    /// Print one JSON object per frame, one per line (implies --batch).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// A memory quota on the command line: `None` is unlimited.
+#[derive(Debug, Clone, Copy)]
+pub struct Quota(pub Option<u64>);
+
+pub fn parse_class(s: &str) -> Result<PriorityClass, String> {
+    s.parse()
+}
+
+pub fn parse_quota(s: &str) -> Result<Quota, String> {
+    let s = s.trim();
+    if s.eq_ignore_ascii_case("unlimited") || s.eq_ignore_ascii_case("none") {
+        return Ok(Quota(None));
+    }
+    s.parse::<bytesize::ByteSize>()
+        .map(|b| Quota(Some(b.as_u64())))
+        .map_err(|e| format!("not a memory size (like 4GiB, 512MB or unlimited): {e}"))
+}
+
+pub fn parse_interval(s: &str) -> Result<Duration, String> {
+    let secs: f64 = s
+        .parse()
+        .map_err(|_| format!("`{s}` is not a number of seconds"))?;
+    if !(0.05..=3600.0).contains(&secs) {
+        return Err("the delay must be between 0.05 and 3600 seconds".into());
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn quotas_and_intervals_parse() {
+        assert_eq!(parse_quota("unlimited").map(|q| q.0), Ok(None));
+        assert_eq!(parse_quota("4 GiB").map(|q| q.0), Ok(Some(4 << 30)));
+        assert_eq!(parse_quota("512MB").map(|q| q.0), Ok(Some(512_000_000)));
+        assert!(parse_quota("lots").is_err());
+        assert_eq!(parse_interval("0.2"), Ok(Duration::from_millis(200)));
+        assert!(parse_interval("0").is_err());
+        assert!(parse_interval("NaN").is_err());
+        assert!(parse_interval("-1").is_err());
+    }
+}

@@ -1,0 +1,557 @@
+//! Polls the broker and turns consecutive status reports into rates and shares.
+//!
+//! A [`Frame`] is what every output draws from: the interactive screen, the plain-text batch
+//! frames and the JSON lines. Rates are deltas between two reports divided by the broker's own
+//! clock (its uptime), so a slow round trip does not distort them; a row seen for the first
+//! time gets its average since it connected, as `top` does on its first frame.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use gpushare::{ClientStats, Monitor, StatusReport};
+use gpushare_protocol::control::DeviceInfo;
+use gpushare_protocol::stats::{ProcessActivity, TelemetryStatus};
+use serde::Serialize;
+
+/// How a process uses the GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Kind {
+    /// Runs its work through the broker (links the client library).
+    Brokered,
+    /// Touches `/dev/nvidia*` itself; only eBPF telemetry sees it.
+    Observed,
+    /// A broker client that also touches the device itself.
+    Both,
+}
+
+impl Kind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Brokered => "brokered",
+            Kind::Observed => "observed",
+            Kind::Both => "both",
+        }
+    }
+}
+
+/// What identifies a row from one frame to the next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RowKey {
+    Client(u64),
+    Process(i32),
+}
+
+/// One process (or broker session) on one line.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Row {
+    pub key: RowKey,
+    pub client_id: Option<u64>,
+    pub pid: i32,
+    pub user: String,
+    pub name: String,
+    pub kind: Kind,
+    /// The device the client runs on (brokered rows).
+    pub gpu: Option<u32>,
+    pub class: Option<String>,
+    pub weight: Option<u32>,
+    /// Fraction of the device's time this row used over the last interval (1.0 = all of it).
+    pub gpu_share: Option<f64>,
+    pub memory_used: Option<u64>,
+    /// `None` for no quota (and for rows the broker does not manage).
+    pub memory_quota: Option<u64>,
+    pub kernels_per_s: Option<f64>,
+    pub copy_bytes_per_s: Option<f64>,
+    pub queue_depth: Option<u64>,
+    pub latency_p50_ns: Option<u64>,
+    pub latency_p99_ns: Option<u64>,
+    pub ioctls_per_s: Option<f64>,
+    pub errors: Option<u64>,
+}
+
+/// One device's load, summed over the rows that run on it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DeviceLoad {
+    pub index: u32,
+    pub name: String,
+    /// Sum of the clients' GPU shares; kernels of several clients overlap, so it can pass 1.0.
+    pub utilisation: f64,
+    pub memory_used: u64,
+    pub memory_total: u64,
+}
+
+/// Everything one refresh shows.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Frame {
+    pub broker_version: String,
+    pub backend: String,
+    pub policy: String,
+    pub uptime_ms: u64,
+    /// Broker time between this report and the previous one (`None` on the first).
+    pub interval_ms: Option<u64>,
+    pub devices: Vec<DeviceLoad>,
+    /// Broker sessions (brokered and both rows).
+    pub clients: usize,
+    /// `None` when the broker reports nothing about telemetry.
+    pub telemetry: Option<TelemetryStatus>,
+    pub rows: Vec<Row>,
+}
+
+/// What the report says beyond the broker's own accounting. Brokers that run eBPF telemetry
+/// report processes; until `StatusReport` carries these fields, [`Extras::of`] finds none and
+/// the columns that need them show "-".
+#[derive(Debug, Clone, Default)]
+pub struct Extras {
+    pub telemetry: Option<TelemetryStatus>,
+    pub processes: Vec<ProcessActivity>,
+    /// Scheduler figures per client id.
+    pub queues: HashMap<u64, QueueStats>,
+}
+
+/// A client's scheduler figures, where the broker reports them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QueueStats {
+    pub depth: u64,
+    pub latency_p50_ns: Option<u64>,
+    pub latency_p99_ns: Option<u64>,
+}
+
+impl Extras {
+    /// The extras in a report. The one place that reads telemetry and scheduler fields: when
+    /// the protocol gains them, fill them in here.
+    pub fn of(report: &StatusReport) -> Extras {
+        Extras {
+            telemetry: Some(report.telemetry.clone()),
+            processes: report.processes.clone(),
+            queues: HashMap::new(),
+        }
+    }
+}
+
+/// Counters of one row at the previous report.
+#[derive(Debug, Clone, Copy, Default)]
+struct Counters {
+    gpu_time_ns: u64,
+    kernels: u64,
+    bytes: u64,
+    ioctls: u64,
+}
+
+#[derive(Debug, Default)]
+struct Previous {
+    uptime_ms: u64,
+    rows: HashMap<RowKey, Counters>,
+}
+
+/// Turns reports into frames; keeps the previous report's counters for the deltas.
+#[derive(Debug, Default)]
+pub struct Deriver {
+    previous: Option<Previous>,
+    user_names: HashMap<u32, String>,
+}
+
+impl Deriver {
+    /// Forgets the previous report (after a reconnect the counters start over).
+    pub fn reset(&mut self) {
+        self.previous = None;
+    }
+
+    pub fn derive(&mut self, report: &StatusReport, extras: &Extras) -> Frame {
+        // A broker that restarted behind our back has a younger uptime: start over.
+        let previous = self
+            .previous
+            .take()
+            .filter(|p| p.uptime_ms <= report.uptime_ms);
+        let interval_ms = previous
+            .as_ref()
+            .map(|p| report.uptime_ms - p.uptime_ms)
+            .filter(|&d| d > 0);
+        let mut now = HashMap::new();
+        let mut rows = Vec::with_capacity(report.clients.len() + extras.processes.len());
+
+        let processes: HashMap<i32, &ProcessActivity> =
+            extras.processes.iter().map(|p| (p.pid, p)).collect();
+        // A process with several sessions gets its ioctls on its first (oldest) session only.
+        let mut ioctls_claimed = std::collections::HashSet::new();
+        let mut clients: Vec<&ClientStats> = report.clients.iter().collect();
+        clients.sort_by_key(|c| c.client_id);
+
+        for c in clients {
+            let key = RowKey::Client(c.client_id);
+            let process = processes.get(&c.pid).copied();
+            let owns_ioctls = process.is_some() && ioctls_claimed.insert(c.pid);
+            let counters = Counters {
+                gpu_time_ns: c.gpu_time_ns,
+                kernels: c.kernels,
+                bytes: c.bytes_htod + c.bytes_dtoh + c.bytes_dtod,
+                ioctls: if owns_ioctls {
+                    process.map_or(0, |p| p.total_ioctls())
+                } else {
+                    0
+                },
+            };
+            let (base, span_ms) = baseline(previous.as_ref(), key, interval_ms, c.connected_ms);
+            let queue = extras.queues.get(&c.client_id);
+            rows.push(Row {
+                key,
+                client_id: Some(c.client_id),
+                pid: c.pid,
+                user: c.user.clone(),
+                name: c.name.clone(),
+                kind: if process.is_some() {
+                    Kind::Both
+                } else {
+                    Kind::Brokered
+                },
+                gpu: Some(c.gpu),
+                class: Some(c.class.as_str().to_string()),
+                weight: Some(c.weight),
+                gpu_share: span_ms
+                    .map(|ms| delta(counters.gpu_time_ns, base.gpu_time_ns) / ms / 1e6),
+                memory_used: Some(c.memory_used),
+                memory_quota: c.memory_quota,
+                kernels_per_s: span_ms.map(|ms| per_s(counters.kernels, base.kernels, ms)),
+                copy_bytes_per_s: span_ms.map(|ms| per_s(counters.bytes, base.bytes, ms)),
+                queue_depth: queue.map(|q| q.depth),
+                latency_p50_ns: queue.and_then(|q| q.latency_p50_ns),
+                latency_p99_ns: queue.and_then(|q| q.latency_p99_ns),
+                ioctls_per_s: if owns_ioctls {
+                    span_ms.map(|ms| per_s(counters.ioctls, base.ioctls, ms))
+                } else {
+                    None
+                },
+                errors: Some(c.errors),
+            });
+            now.insert(key, counters);
+        }
+
+        let client_pids: std::collections::HashSet<i32> =
+            report.clients.iter().map(|c| c.pid).collect();
+        let uprobes = extras.telemetry.as_ref().is_some_and(|t| t.uprobes);
+        for p in &extras.processes {
+            if client_pids.contains(&p.pid) {
+                continue;
+            }
+            let key = RowKey::Process(p.pid);
+            let counters = Counters {
+                kernels: p.launches,
+                ioctls: p.total_ioctls(),
+                ..Counters::default()
+            };
+            let seen_ms = p.last_seen_ns.saturating_sub(p.first_seen_ns) / 1_000_000;
+            let (base, span_ms) = baseline(previous.as_ref(), key, interval_ms, seen_ms);
+            let user = self.user_name(p.uid);
+            rows.push(Row {
+                key,
+                client_id: None,
+                pid: p.pid,
+                user,
+                name: p.comm.clone(),
+                kind: Kind::Observed,
+                gpu: None,
+                class: None,
+                weight: None,
+                gpu_share: None,
+                memory_used: None,
+                memory_quota: None,
+                kernels_per_s: if uprobes {
+                    span_ms.map(|ms| per_s(counters.kernels, base.kernels, ms))
+                } else {
+                    None
+                },
+                copy_bytes_per_s: None,
+                queue_depth: None,
+                latency_p50_ns: None,
+                latency_p99_ns: None,
+                ioctls_per_s: span_ms.map(|ms| per_s(counters.ioctls, base.ioctls, ms)),
+                errors: None,
+            });
+            now.insert(key, counters);
+        }
+
+        let devices = device_loads(report, &rows);
+        self.previous = Some(Previous {
+            uptime_ms: report.uptime_ms,
+            rows: now,
+        });
+        Frame {
+            broker_version: report.broker_version.clone(),
+            backend: report.backend.clone(),
+            policy: report.policy.clone(),
+            uptime_ms: report.uptime_ms,
+            interval_ms,
+            devices,
+            clients: report.clients.len(),
+            telemetry: extras.telemetry.clone(),
+            rows,
+        }
+    }
+
+    fn user_name(&mut self, uid: u32) -> String {
+        self.user_names
+            .entry(uid)
+            .or_insert_with(|| {
+                nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
+                    .ok()
+                    .flatten()
+                    .map_or_else(|| uid.to_string(), |u| u.name)
+            })
+            .clone()
+    }
+}
+
+/// The counters to subtract and the milliseconds they cover: the previous report's for a row
+/// seen before, else zero at the row's start (`age_ms` ago).
+fn baseline(
+    previous: Option<&Previous>,
+    key: RowKey,
+    interval_ms: Option<u64>,
+    age_ms: u64,
+) -> (Counters, Option<f64>) {
+    match (previous.and_then(|p| p.rows.get(&key)), interval_ms) {
+        (Some(c), Some(ms)) => (*c, Some(ms as f64)),
+        _ => (Counters::default(), (age_ms > 0).then_some(age_ms as f64)),
+    }
+}
+
+fn delta(now: u64, before: u64) -> f64 {
+    now.saturating_sub(before) as f64
+}
+
+fn per_s(now: u64, before: u64, ms: f64) -> f64 {
+    delta(now, before) * 1e3 / ms
+}
+
+fn device_loads(report: &StatusReport, rows: &[Row]) -> Vec<DeviceLoad> {
+    let devices: Vec<&DeviceInfo> = if report.devices.is_empty() {
+        vec![&report.device]
+    } else {
+        report.devices.iter().collect()
+    };
+    devices
+        .into_iter()
+        .map(|d| DeviceLoad {
+            index: d.index,
+            name: d.name.clone(),
+            utilisation: rows
+                .iter()
+                .filter(|r| r.gpu == Some(d.index))
+                .filter_map(|r| r.gpu_share)
+                .sum(),
+            memory_used: report
+                .clients
+                .iter()
+                .filter(|c| c.gpu == d.index)
+                .map(|c| c.memory_used)
+                .sum(),
+            memory_total: d.total_memory,
+        })
+        .collect()
+}
+
+/// A connection to the broker that comes back after the broker restarts.
+pub struct Collector {
+    socket: PathBuf,
+    monitor: Option<Monitor>,
+    deriver: Deriver,
+}
+
+impl Collector {
+    pub fn new(socket: PathBuf) -> Collector {
+        Collector {
+            socket,
+            monitor: None,
+            deriver: Deriver::default(),
+        }
+    }
+
+    /// One refresh: a frame, or why there is none (the next call tries to reconnect).
+    pub fn poll(&mut self) -> Result<Frame, String> {
+        let monitor = match &mut self.monitor {
+            Some(m) => m,
+            None => {
+                self.deriver.reset();
+                self.monitor
+                    .insert(Monitor::connect(&self.socket).map_err(|e| e.to_string())?)
+            }
+        };
+        match monitor.status() {
+            Ok(report) => {
+                let extras = Extras::of(&report);
+                Ok(self.deriver.derive(&report, &extras))
+            }
+            Err(e) => {
+                self.monitor = None;
+                Err(e.to_string())
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use gpushare::PriorityClass;
+
+    pub fn device(index: u32) -> DeviceInfo {
+        DeviceInfo {
+            index,
+            name: format!("sim-gpu-{index}"),
+            total_memory: 16 << 30,
+            sm_count: 80,
+            compute_capability: (8, 0),
+            fp32_flops: 1e13,
+            memory_bandwidth: 9e11,
+            host_bandwidth: 2.5e10,
+        }
+    }
+
+    pub fn client(id: u64, pid: i32, name: &str) -> ClientStats {
+        ClientStats {
+            client_id: id,
+            pid,
+            uid: 1000,
+            user: "alice".into(),
+            name: name.into(),
+            gpu: 0,
+            class: PriorityClass::Normal,
+            weight: 1,
+            memory_used: 256 << 20,
+            memory_peak: 256 << 20,
+            memory_quota: Some(1 << 30),
+            allocations: 3,
+            streams: 1,
+            commands: 0,
+            kernels: 0,
+            bytes_htod: 0,
+            bytes_dtoh: 0,
+            bytes_dtod: 0,
+            gpu_time_ns: 0,
+            errors: 0,
+            connected_ms: 1_000,
+            bypassing: false,
+        }
+    }
+
+    pub fn report(uptime_ms: u64, clients: Vec<ClientStats>) -> StatusReport {
+        StatusReport {
+            broker_version: "0.1.0".into(),
+            protocol_version: 1,
+            backend: "sim".into(),
+            device: device(0),
+            devices: vec![device(0)],
+            uptime_ms,
+            policy: "fifo".into(),
+            memory_used: clients.iter().map(|c| c.memory_used).sum(),
+            clients,
+            telemetry: gpushare_protocol::stats::TelemetryStatus {
+                enabled: false,
+                reason: Some("not in this test".into()),
+                dev_prefix: "/dev/nvidia".into(),
+                uprobes: false,
+            },
+            processes: Vec::new(),
+            outside_load: Default::default(),
+        }
+    }
+
+    pub fn process(pid: i32, comm: &str, ioctls: u64) -> ProcessActivity {
+        ProcessActivity {
+            pid,
+            comm: comm.into(),
+            uid: 0,
+            first_seen_ns: 0,
+            last_seen_ns: 2_000_000_000,
+            ioctls: vec![gpushare_protocol::stats::IoctlStats {
+                cmd: 0x2a,
+                name: "RM_CONTROL".into(),
+                count: ioctls,
+                errors: 0,
+                total_ns: 1_000,
+                arg_bytes: 64,
+            }],
+            launches: 0,
+            allocs: 0,
+            frees: 0,
+            ctx_creates: 0,
+            gpu_fds: 2,
+            kind: gpushare_protocol::stats::ProcessKind::Observed,
+            client_id: None,
+        }
+    }
+
+    #[test]
+    fn first_frame_averages_since_connect_then_rates_follow_deltas() {
+        let mut d = Deriver::default();
+        let mut c = client(1, 100, "train");
+        c.gpu_time_ns = 500_000_000; // 0.5 s of GPU in 1 s connected
+        c.kernels = 1_000;
+        c.bytes_htod = 2_000_000;
+        let f1 = d.derive(&report(10_000, vec![c.clone()]), &Extras::default());
+        let r = &f1.rows[0];
+        assert_eq!(f1.interval_ms, None);
+        assert_eq!(r.gpu_share, Some(0.5));
+        assert_eq!(r.kernels_per_s, Some(1_000.0));
+        assert_eq!(r.copy_bytes_per_s, Some(2_000_000.0));
+        assert_eq!(r.kind, Kind::Brokered);
+        assert_eq!(r.queue_depth, None);
+        assert_eq!(r.ioctls_per_s, None);
+
+        c.gpu_time_ns += 100_000_000; // 0.1 s in 0.5 s
+        c.kernels += 50;
+        c.connected_ms += 500;
+        let f2 = d.derive(&report(10_500, vec![c]), &Extras::default());
+        let r = &f2.rows[0];
+        assert_eq!(f2.interval_ms, Some(500));
+        assert!((r.gpu_share.unwrap_or_default() - 0.2).abs() < 1e-9);
+        assert_eq!(r.kernels_per_s, Some(100.0));
+        assert_eq!(r.copy_bytes_per_s, Some(0.0));
+        assert!((f2.devices[0].utilisation - 0.2).abs() < 1e-9);
+        assert_eq!(f2.devices[0].memory_used, 256 << 20);
+    }
+
+    #[test]
+    fn a_restarted_broker_starts_the_deltas_over() {
+        let mut d = Deriver::default();
+        let mut c = client(1, 100, "train");
+        c.kernels = 10_000;
+        d.derive(&report(60_000, vec![c.clone()]), &Extras::default());
+        // Same client id on a new broker: counters went down, uptime too.
+        c.kernels = 10;
+        c.connected_ms = 100;
+        let f = d.derive(&report(200, vec![c]), &Extras::default());
+        assert_eq!(f.interval_ms, None);
+        assert_eq!(f.rows[0].kernels_per_s, Some(100.0));
+    }
+
+    #[test]
+    fn telemetry_adds_observed_rows_and_marks_clients_that_also_touch_the_device() {
+        let mut d = Deriver::default();
+        let extras = Extras {
+            telemetry: Some(TelemetryStatus {
+                enabled: true,
+                reason: None,
+                dev_prefix: "/dev/nvidia".into(),
+                uprobes: false,
+            }),
+            processes: vec![process(100, "train", 400), process(200, "python3", 1_000)],
+            queues: HashMap::new(),
+        };
+        let f = d.derive(&report(5_000, vec![client(1, 100, "train")]), &extras);
+        assert_eq!(f.rows.len(), 2);
+        assert_eq!(f.rows[0].kind, Kind::Both);
+        assert_eq!(
+            f.rows[0].ioctls_per_s,
+            Some(400.0),
+            "since it connected, 1 s ago"
+        );
+        let observed = &f.rows[1];
+        assert_eq!(observed.kind, Kind::Observed);
+        assert_eq!(observed.key, RowKey::Process(200));
+        assert_eq!(observed.user, "root");
+        assert_eq!(observed.ioctls_per_s, Some(500.0));
+        assert_eq!(observed.kernels_per_s, None, "no uprobes, no launch counts");
+        assert_eq!(f.clients, 1);
+    }
+}

@@ -1,0 +1,552 @@
+//! Draws the screen from [`State`]; reads it and nothing else.
+
+use std::time::Instant;
+
+use ratatui::Frame;
+use ratatui::layout::{Constraint, Layout, Rect};
+use ratatui::style::{Color, Modifier, Style, Stylize};
+use ratatui::text::{Line, Span};
+use ratatui::widgets::{
+    Block, Cell, Clear, LineGauge, Paragraph, Row as TableRow, Sparkline, Table, TableState, Wrap,
+};
+
+use super::collect::{DeviceLoad, Kind};
+use super::state::{Connection, State};
+use crate::format::{self, NAME_COLUMN, TOP_COLUMNS};
+
+/// Height of the share-history panel, borders included.
+const HISTORY_HEIGHT: u16 = 6;
+
+pub fn draw(f: &mut Frame, state: &State) {
+    let frame = state.frame.as_ref();
+    let devices = frame.map_or(0, |fr| fr.devices.len()) as u16;
+    let telemetry = frame.and_then(format::telemetry_line);
+    let header_height = 2 + 1 + devices + u16::from(telemetry.is_some());
+    let [header, table, history, footer] = Layout::vertical([
+        Constraint::Length(header_height),
+        Constraint::Min(3),
+        Constraint::Length(HISTORY_HEIGHT),
+        Constraint::Length(1),
+    ])
+    .areas(f.area());
+
+    draw_header(f, header, state, telemetry);
+    draw_table(f, table, state);
+    draw_history(f, history, state);
+    draw_footer(f, footer, state);
+    if state.show_help {
+        draw_help(f, f.area());
+    }
+}
+
+fn draw_header(f: &mut Frame, area: Rect, state: &State, telemetry: Option<String>) {
+    let block = Block::bordered()
+        .title(Line::from(" gpushare top ").bold())
+        .title(Line::from(format!(" every {} ", format::interval(state.interval))).right_aligned());
+    let inner = block.inner(area);
+    f.render_widget(block, area);
+    let mut lines = Layout::vertical(vec![Constraint::Length(1); inner.height as usize])
+        .split(inner)
+        .to_vec()
+        .into_iter();
+
+    if let Some(line) = lines.next() {
+        let text = match (&state.connection, &state.frame) {
+            (Connection::Down { error, since }, _) => Line::from(vec![
+                Span::styled(
+                    "disconnected — retrying",
+                    Style::new().fg(Color::Red).add_modifier(Modifier::BOLD),
+                ),
+                Span::raw(format!(
+                    " ({} so far): {error}",
+                    format::duration(Instant::now().saturating_duration_since(*since))
+                )),
+            ]),
+            (_, Some(fr)) => Line::from(format::top_summary(fr)),
+            (_, None) => Line::from(format!("connecting to {} …", state.socket)),
+        };
+        f.render_widget(Paragraph::new(text), line);
+    }
+    if let Some(fr) = &state.frame {
+        for d in &fr.devices {
+            if let Some(line) = lines.next() {
+                draw_device(f, line, d);
+            }
+        }
+    }
+    if let (Some(t), Some(line)) = (telemetry, lines.next()) {
+        f.render_widget(Paragraph::new(t).dim(), line);
+    }
+}
+
+fn draw_device(f: &mut Frame, area: Rect, d: &DeviceLoad) {
+    // The name gives way first on a narrow screen; the gauges' labels carry the numbers.
+    let name_width = (area.width / 4).min(32);
+    let [label, util, mem] = Layout::horizontal([
+        Constraint::Length(name_width),
+        Constraint::Fill(1),
+        Constraint::Fill(1),
+    ])
+    .spacing(2)
+    .areas(area);
+    let name = format!("GPU {} {}", d.index, d.name);
+    f.render_widget(
+        Paragraph::new(format::truncate(&name, name_width as usize)).bold(),
+        label,
+    );
+    f.render_widget(
+        LineGauge::default()
+            .ratio(unit(d.utilisation))
+            .label(format!("util {:>5.1}%", d.utilisation * 100.0))
+            .filled_style(Style::new().fg(Color::Green))
+            .unfilled_style(Style::new().fg(Color::DarkGray)),
+        util,
+    );
+    let used = if d.memory_total == 0 {
+        0.0
+    } else {
+        d.memory_used as f64 / d.memory_total as f64
+    };
+    f.render_widget(
+        LineGauge::default()
+            .ratio(unit(used))
+            .label(format!(
+                "mem {} / {}",
+                bytesize::ByteSize(d.memory_used),
+                bytesize::ByteSize(d.memory_total)
+            ))
+            .filled_style(Style::new().fg(Color::Cyan))
+            .unfilled_style(Style::new().fg(Color::DarkGray)),
+        mem,
+    );
+}
+
+/// A ratio the gauges accept: finite, within 0..=1.
+fn unit(v: f64) -> f64 {
+    if v.is_finite() {
+        v.clamp(0.0, 1.0)
+    } else {
+        0.0
+    }
+}
+
+/// Columns a narrow screen gives up first, so that COMMAND always keeps some room.
+const DROP_ORDER: [usize; 9] = [11, 12, 10, 13, 7, 3, 9, 4, 1];
+/// Width COMMAND keeps before other columns go.
+const MIN_NAME_WIDTH: u16 = 12;
+
+/// The columns that fit in `width`, in display order.
+fn columns_for(width: u16) -> Vec<usize> {
+    let mut shown: Vec<usize> = (0..TOP_COLUMNS.len()).collect();
+    let needed = |shown: &[usize]| -> u16 {
+        shown
+            .iter()
+            .map(|&i| {
+                if i == NAME_COLUMN {
+                    MIN_NAME_WIDTH
+                } else {
+                    TOP_COLUMNS[i].width
+                }
+            })
+            .sum::<u16>()
+            + shown.len().saturating_sub(1) as u16
+    };
+    for drop in DROP_ORDER {
+        if needed(&shown) <= width {
+            break;
+        }
+        shown.retain(|&i| i != drop);
+    }
+    shown
+}
+
+fn draw_table(f: &mut Frame, area: Rect, state: &State) {
+    let rows = state.visible_rows();
+    let shown = columns_for(area.width);
+    let arrow = if state.reversed { "▲" } else { "▼" };
+    let header = TableRow::new(shown.iter().map(|&i| {
+        let c = &TOP_COLUMNS[i];
+        let title = if c.title == state.sort.label() {
+            format!("{}{arrow}", c.title)
+        } else {
+            c.title.to_string()
+        };
+        align(title, c.right)
+    }))
+    .style(Style::new().add_modifier(Modifier::BOLD | Modifier::REVERSED));
+    let body = rows.iter().map(|r| {
+        let mut cells = format::top_cells(r).map(Some);
+        let style = match r.kind {
+            Kind::Observed => Style::new().fg(Color::Yellow),
+            Kind::Both => Style::new().fg(Color::Magenta),
+            Kind::Brokered => Style::new(),
+        };
+        TableRow::new(
+            shown
+                .iter()
+                .map(|&i| align(cells[i].take().unwrap_or_default(), TOP_COLUMNS[i].right)),
+        )
+        .style(style)
+    });
+    let widths = shown.iter().map(|&i| {
+        if i == NAME_COLUMN {
+            Constraint::Fill(1)
+        } else {
+            Constraint::Length(TOP_COLUMNS[i].width)
+        }
+    });
+    let stale = !matches!(state.connection, Connection::Up);
+    let empty = if state.frame.is_some() && rows.is_empty() {
+        if state.filter.is_empty() {
+            " no clients "
+        } else {
+            " no rows match the filter "
+        }
+    } else {
+        ""
+    };
+    let table = Table::new(body, widths)
+        .header(header)
+        .column_spacing(1)
+        .row_highlight_style(Style::new().add_modifier(Modifier::REVERSED))
+        .block(Block::new().title_bottom(Line::from(empty).centered()))
+        .style(if stale {
+            Style::new().add_modifier(Modifier::DIM)
+        } else {
+            Style::new()
+        });
+    let mut table_state = TableState::default().with_selected(state.selected_index());
+    f.render_stateful_widget(table, area, &mut table_state);
+}
+
+fn align(text: String, right: bool) -> Cell<'static> {
+    let line = Line::from(text);
+    Cell::from(if right { line.right_aligned() } else { line })
+}
+
+fn draw_history(f: &mut Frame, area: Rect, state: &State) {
+    let Some(row) = state.selected_row() else {
+        f.render_widget(Block::bordered().title(" GPU share history "), area);
+        return;
+    };
+    let history = state.history.get(&row.key);
+    // Scaled to the peak (at least 1%), so a light user's pattern still shows.
+    let top = history
+        .and_then(|h| h.iter().max())
+        .copied()
+        .unwrap_or(0)
+        .max(10);
+    let title = match row.gpu_share {
+        Some(s) => format!(
+            " GPU share — {} (pid {}): {:.1}% now · chart 0–{:.1}% ",
+            row.name,
+            row.pid,
+            s * 100.0,
+            top as f64 / 10.0
+        ),
+        None => format!(
+            " GPU share — {} (pid {}): not brokered, the broker does not time its work ",
+            row.name, row.pid
+        ),
+    };
+    let block = Block::bordered().title(title);
+    let inner = block.inner(area);
+    let data: Vec<u64> = history
+        .map(|h| {
+            let skip = h.len().saturating_sub(inner.width as usize);
+            h.iter().skip(skip).copied().collect()
+        })
+        .unwrap_or_default();
+    f.render_widget(
+        Sparkline::default()
+            .block(block)
+            .data(&data)
+            .max(top)
+            .style(Style::new().fg(Color::Green)),
+        area,
+    );
+}
+
+fn draw_footer(f: &mut Frame, area: Rect, state: &State) {
+    let key = |k: &'static str| Span::styled(k, Style::new().add_modifier(Modifier::REVERSED));
+    let mut spans = if state.editing_filter {
+        vec![
+            key("/"),
+            Span::raw(format!("{}▏", state.filter)),
+            Span::raw("   "),
+            key("Enter"),
+            Span::raw(" keep  "),
+            key("Esc"),
+            Span::raw(" clear"),
+        ]
+    } else {
+        vec![
+            key("q"),
+            Span::raw(" quit  "),
+            key("↑↓"),
+            Span::raw(" select  "),
+            key("s"),
+            Span::raw(format!(
+                " sort: {}{}  ",
+                state.sort.label(),
+                if state.reversed { "▲" } else { "▼" }
+            )),
+            key("S"),
+            Span::raw(" reverse  "),
+            key("/"),
+            Span::raw(" filter  "),
+            key("?"),
+            Span::raw(" help  "),
+            key("+-"),
+            Span::raw(format!(" interval {}", format::interval(state.interval))),
+        ]
+    };
+    if !state.editing_filter && !state.filter.is_empty() {
+        spans.push(Span::styled(
+            format!("  filter: {}", state.filter),
+            Style::new().fg(Color::Yellow),
+        ));
+    }
+    f.render_widget(Paragraph::new(Line::from(spans)), area);
+}
+
+const HELP: &[(&str, &str)] = &[
+    ("q, Esc, Ctrl-C", "quit"),
+    (
+        "↑ ↓ (k j), PgUp PgDn",
+        "select a row; its GPU-share history shows below",
+    ),
+    ("s / S", "next sort column / reverse the order"),
+    ("/", "filter rows by command, user, pid, kind or class"),
+    ("+ / -", "refresh less / more often"),
+    ("?", "show or hide this help"),
+    ("", ""),
+    ("KIND", "brokered: runs its work through gpushared"),
+    ("", "observed: uses the GPU directly (seen by eBPF)"),
+    ("", "both: a broker client that also uses the GPU directly"),
+    ("GPU%", "share of the device's time over the last interval"),
+    (
+        "MEMORY/QUOTA",
+        "device memory held / allowed (none: no quota)",
+    ),
+    (
+        "KERN/s, COPY MB/s",
+        "kernels launched and bytes copied per second",
+    ),
+    (
+        "QUEUE, P50, P99",
+        "commands waiting; command latency percentiles",
+    ),
+    ("IOCTL/s", "NVIDIA driver calls per second (eBPF telemetry)"),
+    ("-", "not known: the broker does not report it (yet)"),
+];
+
+fn draw_help(f: &mut Frame, area: Rect) {
+    let width = 80.min(area.width);
+    let height = (HELP.len() as u16 + 2).min(area.height);
+    let popup = area.centered(Constraint::Length(width), Constraint::Length(height));
+    let lines: Vec<Line> = HELP
+        .iter()
+        .map(|(k, v)| {
+            Line::from(vec![
+                Span::styled(
+                    format!("{k:>20}  "),
+                    Style::new().add_modifier(Modifier::BOLD),
+                ),
+                Span::raw(*v),
+            ])
+        })
+        .collect();
+    f.render_widget(Clear, popup);
+    f.render_widget(
+        Paragraph::new(lines)
+            .wrap(Wrap { trim: false })
+            .block(Block::bordered().title(" help — ? or Esc closes ")),
+        popup,
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+    use std::time::Duration;
+
+    use gpushare_protocol::stats::TelemetryStatus;
+    use ratatui::Terminal;
+    use ratatui::backend::TestBackend;
+
+    use super::super::collect::tests::{client, process, report};
+    use super::super::collect::{Deriver, Extras};
+    use super::*;
+
+    fn screen(state: &State, width: u16, height: u16) -> String {
+        let mut terminal = Terminal::new(TestBackend::new(width, height)).expect("test terminal");
+        terminal.draw(|f| draw(f, state)).expect("draw");
+        let buffer = terminal.backend().buffer();
+        let mut out = String::new();
+        for y in 0..buffer.area.height {
+            for x in 0..buffer.area.width {
+                out.push_str(buffer[(x, y)].symbol());
+            }
+            out.push('\n');
+        }
+        out
+    }
+
+    fn state(extras: &Extras) -> State {
+        let mut a = client(1, 4242, "trainer");
+        a.gpu_time_ns = 600_000_000;
+        a.kernels = 1_500;
+        let mut b = client(2, 4343, "notebook");
+        b.gpu_time_ns = 100_000_000;
+        b.memory_quota = None;
+        b.class = gpushare::PriorityClass::BestEffort;
+        let mut d = Deriver::default();
+        let mut s = State::new("/run/gpushare/gpushare.sock".into(), Duration::from_secs(1));
+        s.apply(
+            Ok(d.derive(&report(65_000, vec![a, b]), extras)),
+            Instant::now(),
+        );
+        s
+    }
+
+    #[test]
+    fn shows_header_rows_and_the_selected_rows_history() {
+        let s = state(&Extras::default());
+        let text = screen(&s, 160, 40);
+        assert!(text.contains("gpushare top"), "{text}");
+        assert!(
+            text.contains("gpushared 0.1.0 · backend sim · policy fifo · up 1m05s · 2 clients"),
+            "{text}"
+        );
+        assert!(text.contains("GPU 0 sim-gpu-0"), "{text}");
+        assert!(text.contains("util  70.0%"), "{text}");
+        assert!(text.contains("mem 512.0 MiB / 16.0 GiB"), "{text}");
+        let header = text.lines().find(|l| l.contains("COMMAND")).unwrap_or("");
+        for title in [
+            "PID", "USER", "KIND", "CLASS", "GPU%▼", "QUEUE", "P99", "IOCTL/s",
+        ] {
+            assert!(header.contains(title), "{title} in {header}");
+        }
+        let trainer = text.lines().find(|l| l.contains("trainer")).unwrap_or("");
+        assert!(trainer.contains("4242"), "{trainer}");
+        assert!(trainer.contains("brokered"), "{trainer}");
+        assert!(trainer.contains("60.0"), "{trainer}");
+        assert!(trainer.contains("1.0 GiB"), "{trainer}");
+        assert!(
+            trainer.trim_end().ends_with('-'),
+            "no ioctl figure: {trainer}"
+        );
+        let notebook = text.lines().find(|l| l.contains("notebook")).unwrap_or("");
+        assert!(
+            notebook.contains("best-effort") && notebook.contains("none"),
+            "{notebook}"
+        );
+        // Sorted by share: trainer above notebook, and selected.
+        assert!(text.find("trainer") < text.find("notebook"));
+        assert!(
+            text.contains("GPU share — trainer (pid 4242): 60.0% now · chart 0–60.0%"),
+            "{text}"
+        );
+        assert!(text.contains("sort: GPU%▼"), "{text}");
+        assert!(!text.contains("KIND  brokered: runs"), "no help yet");
+    }
+
+    #[test]
+    fn help_popup_and_filter_line() {
+        let mut s = state(&Extras::default());
+        s.show_help = true;
+        let text = screen(&s, 160, 40);
+        assert!(text.contains("help — ? or Esc closes"), "{text}");
+        assert!(text.contains("observed: uses the GPU directly"), "{text}");
+        s.show_help = false;
+        s.editing_filter = true;
+        s.filter = "note".into();
+        let text = screen(&s, 160, 40);
+        assert!(text.contains("/note▏"), "{text}");
+        assert!(!text.contains("4242"), "trainer filtered out: {text}");
+        assert!(text.contains("4343"), "{text}");
+    }
+
+    #[test]
+    fn disconnected_keeps_the_last_rows_and_says_so() {
+        let mut s = state(&Extras::default());
+        s.apply(
+            Err("the connection to gpushared was lost".into()),
+            Instant::now(),
+        );
+        let text = screen(&s, 160, 40);
+        assert!(text.contains("disconnected — retrying"), "{text}");
+        assert!(
+            text.contains("the connection to gpushared was lost"),
+            "{text}"
+        );
+        assert!(text.contains("trainer"), "{text}");
+        let mut fresh = State::new("/tmp/x.sock".into(), Duration::from_secs(1));
+        let text = screen(&fresh, 100, 20);
+        assert!(text.contains("connecting to /tmp/x.sock"), "{text}");
+        fresh.apply(Err("cannot connect".into()), Instant::now());
+        assert!(screen(&fresh, 100, 20).contains("disconnected — retrying"));
+    }
+
+    #[test]
+    fn telemetry_shows_observed_processes_and_ioctl_rates() {
+        let extras = Extras {
+            telemetry: Some(TelemetryStatus {
+                enabled: true,
+                reason: None,
+                dev_prefix: "/dev/nvidia".into(),
+                uprobes: false,
+            }),
+            processes: vec![
+                process(4242, "trainer", 300),
+                process(777, "python3", 9_000),
+            ],
+            queues: HashMap::new(),
+        };
+        let text = screen(&state(&extras), 160, 40);
+        assert!(text.contains("telemetry: eBPF on (ioctls)"), "{text}");
+        let py = text.lines().find(|l| l.contains("python3")).unwrap_or("");
+        assert!(py.contains("observed") && py.contains("777"), "{py}");
+        assert!(py.contains("4500"), "ioctls/s: {py}");
+        let trainer = text.lines().find(|l| l.contains("trainer")).unwrap_or("");
+        assert!(
+            trainer.contains("both") && trainer.contains("300"),
+            "{trainer}"
+        );
+    }
+
+    #[test]
+    fn narrow_screens_drop_minor_columns_and_keep_the_command() {
+        assert_eq!(columns_for(200).len(), TOP_COLUMNS.len());
+        let s = state(&Extras::default());
+        let text = screen(&s, 100, 30);
+        let header = text.lines().find(|l| l.contains("COMMAND")).unwrap_or("");
+        for title in ["PID", "COMMAND", "GPU%", "MEMORY", "KERN/s"] {
+            assert!(header.contains(title), "{title} in {header}");
+        }
+        assert!(!header.contains("P50"), "{header}");
+        assert!(
+            text.contains("trainer") && text.contains("notebook"),
+            "{text}"
+        );
+        for width in [0, 20, 60] {
+            assert!(columns_for(width).contains(&NAME_COLUMN));
+        }
+    }
+
+    #[test]
+    fn small_terminals_do_not_panic() {
+        let mut s = state(&Extras::default());
+        s.show_help = true;
+        for (w, h) in [(1, 1), (10, 5), (40, 10), (80, 24)] {
+            screen(&s, w, h);
+        }
+        let mut odd = state(&Extras::default());
+        if let Some(fr) = odd.frame.as_mut() {
+            fr.devices[0].utilisation = f64::NAN;
+            fr.devices[0].memory_total = 0;
+        }
+        screen(&odd, 120, 30);
+    }
+}
