@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds everything a GPU machine without a Rust toolchain needs to run gpushare's GPU tests
 # and benchmarks, stripped, into one folder (default .gpu/, ignored by git):
-#   gpushared gpushare gpushare-demo gpushare-testclient libgpushare.so, the integration-test
+#   gpushared gpushare gpushare-demo and the test helpers, libgpushare.so, the integration-test
 #   executables (named after their test files), gpu-test.sh to run them, and gpushare-bench
 #   when it exists. Copy the folder to the GPU machine and run `./gpu-test.sh` inside it.
 set -euo pipefail
@@ -10,7 +10,7 @@ out=${1:-.gpu}
 mkdir -p "$out"
 
 cargo build --release --locked --workspace --quiet
-for bin in gpushared gpushare gpushare-demo gpushare-testclient gpushare-bench libgpushare.so; do
+for bin in gpushared gpushare gpushare-demo gpushare-testclient gpushare-ioctl-child gpushare-telemetry-watch gpushare-bench libgpushare.so; do
     [[ -f target/release/$bin ]] && cp target/release/$bin "$out/"
 done
 
