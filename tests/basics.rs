@@ -241,8 +241,16 @@ fn status_reports_each_clients_usage() {
         "the 1 ms spin is charged: {}",
         me.gpu_time_ns
     );
+    // The sim's modelled time is exact. On a GPU, event timing measures elapsed device time,
+    // which includes slices given to other processes' contexts (parallel tests run their own
+    // brokers), so only a loose bound holds there.
+    let bound = if status.backend == "sim" {
+        2_000_000
+    } else {
+        50_000_000
+    };
     assert!(
-        me.gpu_time_ns < 2_000_000,
+        me.gpu_time_ns < bound,
         "and not much more: {}",
         me.gpu_time_ns
     );

@@ -61,9 +61,13 @@ pub struct Args {
     /// Telemetry: file descriptors whose path starts with this are GPU descriptors.
     #[arg(long, default_value = crate::telemetry::DEFAULT_DEV_PREFIX)]
     pub telemetry_dev_prefix: String,
-    /// Telemetry: don't attach uprobes to libcuda (launch/allocation counts of processes that
-    /// bypass the broker).
+    /// Telemetry: attach uprobes to libcuda for launch and allocation counts of processes that
+    /// bypass the broker. Off by default: a uprobe traps on every probed call in every process
+    /// that maps libcuda, this broker's own launches included (~2 µs each on an H100 host).
     #[arg(long)]
+    pub uprobes: bool,
+    /// Telemetry: no uprobes (the default; kept so scripts that pass it keep working).
+    #[arg(long, hide = true)]
     pub no_uprobes: bool,
     /// Telemetry: the libcuda to probe (found in the usual places otherwise).
     #[arg(long, value_name = "PATH")]

@@ -27,6 +27,8 @@ pub const MAX_STREAMS: usize = 1024;
 pub const MAX_EVENTS: usize = 16384;
 /// Most live allocations one client may hold at once.
 pub const MAX_ALLOCATIONS: usize = 1 << 20;
+/// How soon an idle data thread looks again at device-time measurements still in flight.
+const MEASURE_RECHECK: Duration = Duration::from_millis(2);
 /// How long the data thread waits on a full completion ring before looking again.
 const CQ_FULL_RECHECK: Duration = Duration::from_millis(10);
 
@@ -399,8 +401,14 @@ impl<D: Device> SessionState<D> {
             // NEED_WAKEUP after publishing).
             self.account(true);
             self.rings.submissions.prepare_sleep();
+            // Measurements still in flight: wake up soon to read them, so status stays true.
+            let measuring = self
+                .streams
+                .values()
+                .any(|s| self.device.measuring(&s.stream));
+            let timeout = measuring.then_some(MEASURE_RECHECK);
             match self.rings.submissions.available() {
-                Ok(0) if !self.info.stopping() => self.info.submit_wake().wait(None),
+                Ok(0) if !self.info.stopping() => self.info.submit_wake().wait(timeout),
                 _ => {}
             }
             self.rings.submissions.finish_sleep();

@@ -59,6 +59,9 @@ pub struct BrokerOptions {
     pub extra_args: Vec<String>,
     /// `$GPUSHARE_TEST_BACKEND`, else `sim`, unless set.
     pub backend: Option<String>,
+    /// Run eBPF telemetry. Off unless a test asks: otherwise a test's broker would report every
+    /// other GPU process on the machine (other tests' brokers included).
+    pub telemetry: bool,
 }
 
 impl Broker {
@@ -91,6 +94,11 @@ impl Broker {
             let path = dir.path().join("policy.toml");
             std::fs::write(&path, policy).expect("write policy");
             cmd.arg("--config").arg(path);
+        }
+        let wants_telemetry =
+            opts.telemetry || opts.extra_args.iter().any(|a| a.starts_with("--telemetry"));
+        if !wants_telemetry {
+            cmd.arg("--no-telemetry");
         }
         cmd.args(&opts.extra_args);
         let mut child = cmd.spawn().expect("spawn gpushared");

@@ -104,6 +104,11 @@ pub trait Device: Send + Sync + 'static {
     /// Device time of this stream's work measured since the last call (modelled on `sim`,
     /// from CUDA events on `cuda`), in ns. Work still running is counted by a later call.
     fn take_busy_ns(&self, stream: &mut Self::Stream) -> u64;
+    /// Whether measurements of finished work are still to be read (the session then wakes
+    /// up to read them rather than sleeping indefinitely).
+    fn measuring(&self, _stream: &Self::Stream) -> bool {
+        false
+    }
 
     fn create_event(&self) -> DeviceResult<Self::Event>;
     fn record_event(&self, event: &mut Self::Event, stream: &mut Self::Stream) -> DeviceResult<()>;

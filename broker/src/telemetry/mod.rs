@@ -36,7 +36,7 @@ const EXITED_KEPT: usize = 1024;
 pub struct TelemetryOptions {
     /// Descriptors whose path starts with this are GPU descriptors (`--telemetry-dev-prefix`).
     pub dev_prefix: String,
-    /// Attach uprobes on libcuda where it is found (`--no-uprobes` turns this off).
+    /// Attach uprobes on libcuda where it is found (gpushared: `--uprobes`, off by default).
     pub uprobes: bool,
     /// libcuda to probe; found in the usual places and `ldconfig -p` when `None`.
     pub libcuda: Option<PathBuf>,

@@ -4,7 +4,7 @@
 //!
 //! A uprobe is attached to the library file, so it fires in every process that maps it,
 //! whatever its pid; each hit costs that process a trap into the kernel (about a microsecond),
-//! which is why `--no-uprobes` exists.
+//! which is why gpushared attaches them only with `--uprobes`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

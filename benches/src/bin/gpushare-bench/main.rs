@@ -65,6 +65,9 @@ struct Cli {
     /// The broker binary (default: `gpushared` next to this one).
     #[arg(long)]
     broker: Option<PathBuf>,
+    /// An extra argument for gpushared (repeatable), e.g. `--broker-arg=--no-telemetry`.
+    #[arg(long = "broker-arg", allow_hyphen_values = true)]
+    broker_args: Vec<String>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -138,7 +141,7 @@ fn orchestrate(cli: &Cli) -> Result<()> {
                 eprintln!("[{} round {round}] {} …", name(scenario), mode_name(mode));
                 let outcome = match mode {
                     Mode::Direct => worker(&me, scenario, Mode::Direct, cli.quick, &[]),
-                    Mode::Broker => with_broker(&broker_bin, |socket| {
+                    Mode::Broker => with_broker(&broker_bin, &cli.broker_args, |socket| {
                         worker(
                             &me,
                             scenario,
@@ -241,7 +244,7 @@ fn worker(
 }
 
 /// Runs `f` with a fresh `gpushared --backend cuda` on a private socket.
-fn with_broker<T>(bin: &Path, f: impl FnOnce(&Path) -> Result<T>) -> Result<T> {
+fn with_broker<T>(bin: &Path, extra: &[String], f: impl FnOnce(&Path) -> Result<T>) -> Result<T> {
     let dir = tempfile::tempdir()?;
     let socket = dir.path().join("gpushare.sock");
     let mut child: Child = Command::new(bin)
@@ -257,6 +260,7 @@ fn with_broker<T>(bin: &Path, f: impl FnOnce(&Path) -> Result<T>) -> Result<T> {
             "--socket",
         ])
         .arg(&socket)
+        .args(extra)
         .stderr(Stdio::inherit())
         .spawn()
         .with_context(|| format!("cannot start {}", bin.display()))?;

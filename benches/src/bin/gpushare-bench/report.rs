@@ -52,6 +52,10 @@ pub fn markdown(doc: &Value) -> String {
         doc["machine"].as_str().unwrap_or("?"),
         doc["rounds"]
     );
+    if let Some(args) = doc["broker_args"].as_array().filter(|a| !a.is_empty()) {
+        let args: Vec<&str> = args.iter().filter_map(|a| a.as_str()).collect();
+        let _ = writeln!(out, "gpushared ran with: `{}`\n", args.join(" "));
+    }
     let results = &doc["results"];
     for (mode, v) in results
         .as_object()

@@ -270,16 +270,20 @@ impl CudaStream {
         while let Some(&(start, end)) = self.spans.front() {
             // SAFETY: both events are live and were recorded.
             match unsafe { cu::event::query(end) } {
-                Ok(()) => {
-                    // SAFETY: as above; both completed.
-                    if let Ok(ms) = unsafe { cu::event::elapsed(start, end) } {
-                        self.busy_ns += (ms as f64 * 1e6) as u64;
+                Err(e) if e.0 == sys::cudaError_enum::CUDA_ERROR_NOT_READY => break,
+                done => {
+                    // SAFETY: as above; both completed (or failed, and then elapsed fails too).
+                    match (done, unsafe { cu::event::elapsed(start, end) }) {
+                        (Ok(()), Ok(ms)) => self.busy_ns += (ms.max(0.0) as f64 * 1e6) as u64,
+                        (query, elapsed) => {
+                            // A failed measurement must not hold up every later one.
+                            tracing::debug!(?query, ?elapsed, "dropping a device-time measurement");
+                        }
                     }
                     self.spans.pop_front();
                     self.spare.push(start);
                     self.spare.push(end);
                 }
-                _ => break,
             }
         }
     }
@@ -617,6 +621,10 @@ impl Device for CudaDevice {
             stream.close(self);
             stream.harvest();
         }
+    }
+
+    fn measuring(&self, stream: &CudaStream) -> bool {
+        !stream.spans.is_empty()
     }
 
     fn take_busy_ns(&self, stream: &mut CudaStream) -> u64 {
