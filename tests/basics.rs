@@ -354,3 +354,43 @@ fn bf16_gemm_matches_a_host_reference() {
         Some(ErrorCode::InvalidPointer)
     );
 }
+
+#[test]
+fn status_reports_command_latency_percentiles() {
+    let broker = Broker::start();
+    let client = broker.client_named("timed-commands");
+    let stream = client.default_stream();
+    // Spins of 200 µs: synchronizations then take at least that long.
+    for _ in 0..20 {
+        stream
+            .launch(Kernel::Spin {
+                micros: 200,
+                blocks: 1,
+            })
+            .expect("spin");
+        client.nop().expect("nop");
+    }
+    // The broker publishes percentiles at most every 100 ms, at the end of a batch.
+    std::thread::sleep(std::time::Duration::from_millis(120));
+    client.nop().expect("nop");
+    let ok = gpushare_tests::wait_until(std::time::Duration::from_secs(2), || {
+        let s = broker.status();
+        s.clients.iter().any(|c| {
+            c.name == "timed-commands" && c.latency_p50_ns.is_some() && c.latency_p99_ns.is_some()
+        })
+    });
+    assert!(
+        ok,
+        "no latency percentiles in {:?}",
+        broker.status().clients
+    );
+    let c = broker
+        .status()
+        .clients
+        .into_iter()
+        .find(|c| c.name == "timed-commands")
+        .expect("listed");
+    let (p50, p99) = (c.latency_p50_ns.unwrap_or(0), c.latency_p99_ns.unwrap_or(0));
+    assert!(p50 > 0 && p99 >= p50, "p50 {p50} ns, p99 {p99} ns");
+    assert_eq!(c.queue_depth, 0, "nothing waits once the client is quiet");
+}

@@ -590,6 +590,9 @@ mod tests {
             errors: 3,
             connected_ms: 2_500,
             bypassing: false,
+            queue_depth: 0,
+            latency_p50_ns: None,
+            latency_p99_ns: None,
         }
     }
 

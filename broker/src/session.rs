@@ -46,6 +46,10 @@ pub struct Counters {
     pub bytes_dtod: AtomicU64,
     pub gpu_time_ns: AtomicU64,
     pub errors: AtomicU64,
+    pub queue_depth: AtomicU64,
+    /// Published by the data thread from its latency histogram; 0 = no data yet.
+    pub latency_p50_ns: AtomicU64,
+    pub latency_p99_ns: AtomicU64,
 }
 
 /// What the rest of the broker knows about a session.
@@ -167,6 +171,9 @@ impl SessionInfo {
             errors: get(&c.errors),
             connected_ms: self.connected_at.elapsed().as_millis() as u64,
             bypassing: false, // set from telemetry when the report is built
+            queue_depth: get(&c.queue_depth) as u32,
+            latency_p50_ns: Some(get(&c.latency_p50_ns)).filter(|&v| v > 0),
+            latency_p99_ns: Some(get(&c.latency_p99_ns)).filter(|&v| v > 0),
         }
     }
 }
@@ -300,6 +307,9 @@ pub struct SessionState<D: Device> {
     next_stream: StreamId,
     events: HashMap<EventId, D::Event>,
     next_event: EventId,
+    /// Service time of recent commands (ns), this thread's only: no lock on the hot path.
+    latency: Option<hdrhistogram::Histogram<u64>>,
+    latency_published: Instant,
 }
 
 /// Why a session's data thread ended.
@@ -356,6 +366,8 @@ impl<D: Device> SessionState<D> {
             next_stream: 1,
             events: HashMap::new(),
             next_event: 1,
+            latency: hdrhistogram::Histogram::new_with_bounds(1, 60_000_000_000, 2).ok(),
+            latency_published: Instant::now(),
         })
     }
 
@@ -381,14 +393,24 @@ impl<D: Device> SessionState<D> {
                 Err(e) => return SessionEnd::ProtocolViolation(e.to_string()),
             };
             if available > 0 {
+                self.info
+                    .counters
+                    .queue_depth
+                    .store(available as u64, Ordering::Relaxed);
                 for _ in 0..available {
                     let entry = self.rings.submissions.pop();
                     self.rings.submissions.release();
+                    let started = Instant::now();
                     let completion = self.process(&entry);
+                    if let Some(h) = &mut self.latency {
+                        let _ = h.record((started.elapsed().as_nanos() as u64).max(1));
+                    }
                     if let Err(end) = self.complete(completion) {
                         return end;
                     }
                 }
+                self.info.counters.queue_depth.store(0, Ordering::Relaxed);
+                self.publish_latency();
                 self.account(false);
                 idle_since = Instant::now();
                 continue;
@@ -413,6 +435,25 @@ impl<D: Device> SessionState<D> {
             }
             self.rings.submissions.finish_sleep();
             idle_since = Instant::now();
+        }
+    }
+
+    /// Publishes the latency percentiles every 100 ms and starts a fresh window, so status
+    /// shows recent behaviour.
+    fn publish_latency(&mut self) {
+        if self.latency_published.elapsed() < Duration::from_millis(100) {
+            return;
+        }
+        self.latency_published = Instant::now();
+        if let Some(h) = &mut self.latency
+            && !h.is_empty()
+        {
+            let c = &self.info.counters;
+            c.latency_p50_ns
+                .store(h.value_at_quantile(0.5), Ordering::Relaxed);
+            c.latency_p99_ns
+                .store(h.value_at_quantile(0.99), Ordering::Relaxed);
+            h.reset();
         }
     }
 

@@ -80,6 +80,15 @@ pub struct ClientStats {
     /// The client also uses the GPU directly (eBPF saw GPU ioctls from its pid).
     #[serde(default)]
     pub bypassing: bool,
+    /// Commands waiting in the client's submission ring when last looked at.
+    #[serde(default)]
+    pub queue_depth: u32,
+    /// Median and 99th percentile of the broker's time to serve one command, in ns (recent
+    /// commands; a synchronization's time includes waiting for the device).
+    #[serde(default)]
+    pub latency_p50_ns: Option<u64>,
+    #[serde(default)]
+    pub latency_p99_ns: Option<u64>,
 }
 
 /// Whether the broker's eBPF telemetry runs, and if not, why.

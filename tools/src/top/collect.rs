@@ -124,7 +124,18 @@ impl Extras {
         Extras {
             telemetry: Some(report.telemetry.clone()),
             processes: report.processes.clone(),
-            queues: HashMap::new(),
+            queues: report
+                .clients
+                .iter()
+                .map(|c| {
+                    let q = QueueStats {
+                        depth: c.queue_depth.into(),
+                        latency_p50_ns: c.latency_p50_ns,
+                        latency_p99_ns: c.latency_p99_ns,
+                    };
+                    (c.client_id, q)
+                })
+                .collect(),
         }
     }
 }
@@ -431,6 +442,9 @@ pub(crate) mod tests {
             errors: 0,
             connected_ms: 1_000,
             bypassing: false,
+            queue_depth: 0,
+            latency_p50_ns: None,
+            latency_p99_ns: None,
         }
     }
 
