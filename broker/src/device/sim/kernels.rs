@@ -42,16 +42,11 @@ pub fn run(mem: &mut SimMemory, kernel: &Kernel) -> DeviceResult<()> {
             alpha,
             beta,
         } => {
-            let (m, n, k) = (m as usize, n as usize, k as usize);
-            let av = mem.read_f32s(a, (m * k) as u64)?;
-            let bv = mem.read_f32s(b, (k * n) as u64)?;
-            let mut cv = if beta == 0.0 {
-                vec![0.0; m * n]
-            } else {
-                mem.read_f32s(c, (m * n) as u64)?
-            };
-            gemm(&av, &bv, &mut cv, m, n, k, alpha, beta);
-            mem.write_f32s(c, &cv)
+            let (av, bv) = (
+                mem.read_f32s(a, m as u64 * k as u64)?,
+                mem.read_f32s(b, k as u64 * n as u64)?,
+            );
+            gemm_in_memory(mem, &av, &bv, c, (m, n, k), alpha, beta)
         }
         Kernel::GemmBf16 {
             a,
@@ -63,19 +58,35 @@ pub fn run(mem: &mut SimMemory, kernel: &Kernel) -> DeviceResult<()> {
             alpha,
             beta,
         } => {
-            let (m, n, k) = (m as usize, n as usize, k as usize);
-            let av = mem.read_bf16s(a, (m * k) as u64)?;
-            let bv = mem.read_bf16s(b, (k * n) as u64)?;
-            let mut cv = if beta == 0.0 {
-                vec![0.0; m * n]
-            } else {
-                mem.read_f32s(c, (m * n) as u64)?
-            };
-            gemm(&av, &bv, &mut cv, m, n, k, alpha, beta);
-            mem.write_f32s(c, &cv)
+            // bf16 inputs widen exactly to f32; the rest is the f32 GEMM.
+            let (av, bv) = (
+                mem.read_bf16s(a, m as u64 * k as u64)?,
+                mem.read_bf16s(b, k as u64 * n as u64)?,
+            );
+            gemm_in_memory(mem, &av, &bv, c, (m, n, k), alpha, beta)
         }
         Kernel::Spin { .. } => Ok(()),
     }
+}
+
+/// `C = alpha·A·B + beta·C` with C (f32) in device memory; C is read only when `beta != 0`.
+fn gemm_in_memory(
+    mem: &mut SimMemory,
+    av: &[f32],
+    bv: &[f32],
+    c: gpushare_protocol::DevicePtr,
+    (m, n, k): (u32, u32, u32),
+    alpha: f32,
+    beta: f32,
+) -> DeviceResult<()> {
+    let (m, n, k) = (m as usize, n as usize, k as usize);
+    let mut cv = if beta == 0.0 {
+        vec![0.0; m * n]
+    } else {
+        mem.read_f32s(c, (m * n) as u64)?
+    };
+    gemm(av, bv, &mut cv, m, n, k, alpha, beta);
+    mem.write_f32s(c, &cv)
 }
 
 /// Row-major `C = alpha·A·B + beta·C`, i-k-j order for cache-friendly access.
