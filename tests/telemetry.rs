@@ -513,3 +513,96 @@ fn a_client_that_also_opens_the_gpu_is_flagged_as_bypassing() {
     assert!(flagged, "not flagged as bypassing: {last:#?}");
     drop(device);
 }
+
+/// Uprobes go into a process once it is seen using the GPU, count its libcuda calls, and
+/// never go into the broker.
+#[test]
+fn uprobes_count_the_libcuda_calls_of_an_observed_process() {
+    use std::io::{BufRead, BufReader, Write};
+    let standin = StandIn::new();
+    if !nix::unistd::geteuid().is_root() {
+        skip("not running as root (eBPF needs CAP_BPF and CAP_PERFMON)");
+        return;
+    }
+    // Build the stand-in libcuda and a program that uses it.
+    let dir = standin.dir.path();
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("c");
+    if !src.join("fakecuda.c").exists() {
+        skip("the C sources are not here (a bundle run away from the repository)");
+        return;
+    }
+    let lib = dir.join("libcuda.so.1");
+    let cc = |args: &[&std::ffi::OsStr]| {
+        let out = std::process::Command::new("cc")
+            .args(args)
+            .output()
+            .expect("run cc (scripts/setup.sh installs it)");
+        assert!(
+            out.status.success(),
+            "cc: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    cc(&[
+        "-shared".as_ref(),
+        "-fPIC".as_ref(),
+        "-O0".as_ref(),
+        "-o".as_ref(),
+        lib.as_os_str(),
+        src.join("fakecuda.c").as_os_str(),
+    ]);
+    let user = dir.join("cuda_user");
+    let rpath = format!("-Wl,-rpath,{}", dir.display());
+    cc(&[
+        "-O0".as_ref(),
+        "-o".as_ref(),
+        user.as_os_str(),
+        src.join("cuda_user.c").as_os_str(),
+        lib.as_os_str(),
+        rpath.as_ref(),
+    ]);
+    let opts = BrokerOptions {
+        extra_args: vec![
+            "--telemetry-dev-prefix".into(),
+            standin.prefix(),
+            "--libcuda".into(),
+            lib.to_string_lossy().into_owned(),
+        ],
+        ..Default::default()
+    };
+    let broker = gpushare_tests::Broker::start_with(opts);
+    let status = broker.status().telemetry;
+    if !status.enabled || !status.uprobes {
+        skip(&format!("telemetry or uprobes are off: {status:?}"));
+        return;
+    }
+    let mut child = std::process::Command::new(&user)
+        .arg(standin.device(0))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn the CUDA user");
+    let pid = child.id() as i32;
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    assert_eq!(lines.next().and_then(Result::ok).as_deref(), Some("ready"));
+    // Seen by the ioctl tracepoints, then probed by the next sample (once a second).
+    assert!(wait_until(Duration::from_secs(10), || broker
+        .status()
+        .processes
+        .iter()
+        .any(|p| p.pid == pid)));
+    std::thread::sleep(Duration::from_millis(2_500));
+    let mut stdin = child.stdin.take().expect("stdin");
+    writeln!(stdin, "go").expect("signal");
+    assert_eq!(lines.next().and_then(Result::ok).as_deref(), Some("done"));
+    let mut last = None;
+    let counted = wait_until(Duration::from_secs(10), || {
+        let p = broker.status().processes.into_iter().find(|p| p.pid == pid);
+        let ok = p.as_ref().is_some_and(|p| p.launches == 7 && p.allocs == 2);
+        last = p;
+        ok
+    });
+    assert!(counted, "launch/alloc counts of pid {pid}: {last:?}");
+    drop(stdin);
+    let _ = child.wait();
+}

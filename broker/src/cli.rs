@@ -61,13 +61,9 @@ pub struct Args {
     /// Telemetry: file descriptors whose path starts with this are GPU descriptors.
     #[arg(long, default_value = crate::telemetry::DEFAULT_DEV_PREFIX)]
     pub telemetry_dev_prefix: String,
-    /// Telemetry: attach uprobes to libcuda for launch and allocation counts of processes that
-    /// bypass the broker. Off by default: a uprobe traps on every probed call in every process
-    /// that maps libcuda, this broker's own launches included (~2 µs each on an H100 host).
+    /// Telemetry: don't attach uprobes to libcuda (launch and allocation counts of processes
+    /// that bypass the broker; attached to each such process, never to the broker).
     #[arg(long)]
-    pub uprobes: bool,
-    /// Telemetry: no uprobes (the default; kept so scripts that pass it keep working).
-    #[arg(long, hide = true)]
     pub no_uprobes: bool,
     /// Telemetry: the libcuda to probe (found in the usual places otherwise).
     #[arg(long, value_name = "PATH")]

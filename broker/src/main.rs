@@ -115,7 +115,7 @@ fn load_policy(path: Option<&std::path::Path>) -> anyhow::Result<(Policy, Option
 fn start_telemetry(args: &Args) -> (Option<Arc<Telemetry>>, TelemetryStatus) {
     let opts = TelemetryOptions {
         dev_prefix: args.telemetry_dev_prefix.clone(),
-        uprobes: args.uprobes && !args.no_uprobes,
+        uprobes: !args.no_uprobes,
         libcuda: args.libcuda.clone(),
     };
     if args.no_telemetry {

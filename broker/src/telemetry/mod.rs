@@ -17,7 +17,7 @@ pub mod seed;
 mod snapshot;
 pub mod uprobes;
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -36,7 +36,7 @@ const EXITED_KEPT: usize = 1024;
 pub struct TelemetryOptions {
     /// Descriptors whose path starts with this are GPU descriptors (`--telemetry-dev-prefix`).
     pub dev_prefix: String,
-    /// Attach uprobes on libcuda where it is found (gpushared: `--uprobes`, off by default).
+    /// Attach uprobes on libcuda where it is found (`--no-uprobes` turns this off).
     pub uprobes: bool,
     /// libcuda to probe; found in the usual places and `ldconfig -p` when `None`.
     pub libcuda: Option<PathBuf>,
@@ -72,6 +72,16 @@ pub struct Telemetry {
     proc_root: PathBuf,
     /// Processes that exited, as last seen, until `take_exited`.
     exited: Mutex<VecDeque<ProcessActivity>>,
+    /// The libcuda uprobes (loaded, attached per observed process), if on.
+    uprobes: Option<Mutex<UprobeState>>,
+}
+
+/// Which processes carry the libcuda uprobes.
+struct UprobeState {
+    probes: uprobes::Probes,
+    attached: HashMap<u32, uprobes::ProcessLinks>,
+    /// This process: never probed (its own CUDA calls would pay for every hit).
+    me: u32,
 }
 
 impl std::fmt::Debug for Telemetry {
@@ -101,7 +111,12 @@ impl Telemetry {
         let seeds = seed::gpu_fds(&proc_root, &opts.dev_prefix);
         snapshot::insert_seeds(&mut ebpf, &seeds, &proc_root, monotonic_ns())?;
 
-        let uprobes = opts.uprobes && attach_uprobes(&mut ebpf, opts);
+        let probes = if opts.uprobes {
+            load_uprobes(&mut ebpf, opts)
+        } else {
+            None
+        };
+        let uprobes = probes.is_some();
         info!(
             dev_prefix = %opts.dev_prefix,
             tracepoints = attached,
@@ -119,6 +134,13 @@ impl Telemetry {
             },
             proc_root,
             exited: Mutex::new(VecDeque::new()),
+            uprobes: probes.map(|probes| {
+                Mutex::new(UprobeState {
+                    probes,
+                    attached: HashMap::new(),
+                    me: std::process::id(),
+                })
+            }),
         })
     }
 
@@ -129,6 +151,10 @@ impl Telemetry {
         let mut ebpf = self.ebpf.lock().unwrap_or_else(|p| p.into_inner());
         match snapshot::collect(&mut ebpf, &self.proc_root) {
             Ok(collected) => {
+                if let Some(state) = &self.uprobes {
+                    let mut state = state.lock().unwrap_or_else(|p| p.into_inner());
+                    follow_processes(&mut ebpf, &mut state, &collected.live);
+                }
                 let mut exited = self.exited.lock().unwrap_or_else(|p| p.into_inner());
                 exited.extend(collected.exited);
                 let excess = exited.len().saturating_sub(EXITED_KEPT);
@@ -162,25 +188,49 @@ impl Telemetry {
     }
 }
 
-/// Attaches the libcuda uprobes; their absence is not an error, only a log line.
-fn attach_uprobes(ebpf: &mut Ebpf, opts: &TelemetryOptions) -> bool {
+/// Loads the libcuda uprobes (attached later, per observed process); their absence is not
+/// an error, only a log line.
+fn load_uprobes(ebpf: &mut Ebpf, opts: &TelemetryOptions) -> Option<uprobes::Probes> {
     let Some(library) = opts.libcuda.clone().or_else(uprobes::find_libcuda) else {
         info!("telemetry: no libcuda on this machine; launch and allocation counts off");
-        return false;
+        return None;
     };
-    match uprobes::attach(ebpf, &library) {
-        Ok(a) => {
-            info!(
-                library = %a.library.display(),
-                symbols = a.symbols.len(),
-                "telemetry: uprobes on libcuda attached"
-            );
-            true
+    match uprobes::load(ebpf, &library) {
+        Ok(p) => {
+            info!(library = %library.display(), "telemetry: libcuda uprobes ready; attached to each process that uses the GPU");
+            Some(p)
         }
         Err(e) => {
             warn!("telemetry: no uprobes on libcuda ({e}); launch and allocation counts off");
-            false
+            None
         }
+    }
+}
+
+/// Puts the uprobes into every newly observed process (never this one) and takes them off
+/// processes that are gone.
+fn follow_processes(ebpf: &mut Ebpf, state: &mut UprobeState, live: &[ProcessActivity]) {
+    let alive: std::collections::HashSet<u32> = live.iter().map(|p| p.pid as u32).collect();
+    let gone: Vec<u32> = state
+        .attached
+        .keys()
+        .copied()
+        .filter(|pid| !alive.contains(pid))
+        .collect();
+    for pid in gone {
+        if let Some(links) = state.attached.remove(&pid) {
+            uprobes::detach(ebpf, links);
+        }
+    }
+    for &pid in &alive {
+        if pid == state.me || state.attached.contains_key(&pid) {
+            continue;
+        }
+        let Some(nz) = std::num::NonZeroU32::new(pid) else {
+            continue;
+        };
+        let links = uprobes::attach_to(ebpf, &mut state.probes, nz);
+        state.attached.insert(pid, links);
     }
 }
 

@@ -2,16 +2,21 @@
 //! processes that bypass the broker (they make no ioctls in steady state, so only their libcuda
 //! calls show their load).
 //!
-//! A uprobe is attached to the library file, so it fires in every process that maps it,
-//! whatever its pid; each hit costs that process a trap into the kernel (about a microsecond),
-//! which is why gpushared attaches them only with `--uprobes`.
+//! A uprobe attached to the library file for all processes traps in every process that maps
+//! it (about a microsecond per hit on an H100 host) — the broker's own launches included,
+//! which measurably slowed brokered work. So the probes are attached per observed process
+//! (a perf-event uprobe with a pid installs its breakpoint in that process only), when the
+//! ioctl tracepoints first see it use the GPU, and never in the broker itself. Calls a process
+//! makes before it is first seen (its context creation, typically) are not counted.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use aya::Ebpf;
 use aya::programs::UProbe;
-use aya::programs::uprobe::UProbeScope;
+use std::num::NonZeroU32;
+
+use aya::programs::uprobe::{UProbeLinkId, UProbeScope};
 use tracing::debug;
 
 use super::loader::error_chain;
@@ -94,47 +99,72 @@ fn from_ldconfig(listing: &str) -> Option<PathBuf> {
     })
 }
 
-/// What `attach` managed.
-#[derive(Debug, Default)]
-pub struct Attached {
+/// The uprobe programs loaded (not attached), and what `library` offers them.
+#[derive(Debug)]
+pub struct Probes {
     pub library: PathBuf,
-    pub symbols: Vec<&'static str>,
+    /// (program, symbol) pairs that attached in the first process tried; empty until then.
+    pub symbols: Vec<(&'static str, &'static str)>,
 }
 
-/// Loads the uprobe programs and attaches each to every symbol of its list that `library`
-/// exports. Err when nothing could be attached.
-pub fn attach(ebpf: &mut Ebpf, library: &Path) -> Result<Attached, String> {
-    let mut attached = Attached {
-        library: library.to_path_buf(),
-        symbols: Vec::new(),
-    };
-    for &(program, symbols) in PROBES {
-        let probe: &mut UProbe = ebpf
-            .program_mut(program)
-            .ok_or_else(|| format!("the eBPF object has no program {program}"))?
-            .try_into()
-            .map_err(|e| format!("program {program} is not a uprobe: {e}"))?;
-        probe
+/// Links of the probes attached to one process.
+pub type ProcessLinks = Vec<(&'static str, UProbeLinkId)>;
+
+/// Loads the uprobe programs without attaching them anywhere.
+pub fn load(ebpf: &mut Ebpf, library: &Path) -> Result<Probes, String> {
+    for &(program, _) in PROBES {
+        probe(ebpf, program)?
             .load()
             .map_err(|e| format!("the kernel refused program {program}: {}", error_chain(&e)))?;
+    }
+    Ok(Probes {
+        library: library.to_path_buf(),
+        symbols: Vec::new(),
+    })
+}
+
+fn probe<'a>(ebpf: &'a mut Ebpf, program: &str) -> Result<&'a mut UProbe, String> {
+    ebpf.program_mut(program)
+        .ok_or_else(|| format!("the eBPF object has no program {program}"))?
+        .try_into()
+        .map_err(|e| format!("program {program} is not a uprobe: {e}"))
+}
+
+/// Attaches every probe to every symbol `library` exports, for process `pid` only.
+pub fn attach_to(ebpf: &mut Ebpf, probes: &mut Probes, pid: NonZeroU32) -> ProcessLinks {
+    let mut links = Vec::new();
+    let first = probes.symbols.is_empty();
+    for &(program, symbols) in PROBES {
+        let Ok(p) = probe(ebpf, program) else {
+            continue;
+        };
         for &symbol in symbols {
-            match probe.attach(symbol, library, UProbeScope::AllProcesses) {
-                Ok(_) => attached.symbols.push(symbol),
+            match p.attach(symbol, &probes.library, UProbeScope::OneProcess(pid)) {
+                Ok(link) => {
+                    links.push((program, link));
+                    if first {
+                        probes.symbols.push((program, symbol));
+                    }
+                }
                 Err(e) => debug!(
+                    pid,
                     "telemetry: no uprobe on {symbol} in {}: {}",
-                    library.display(),
+                    probes.library.display(),
                     error_chain(&e)
                 ),
             }
         }
     }
-    if attached.symbols.is_empty() {
-        return Err(format!(
-            "{} exports none of the probed CUDA functions",
-            library.display()
-        ));
+    links
+}
+
+/// Detaches one process's probes (after it exited, or when telemetry stops).
+pub fn detach(ebpf: &mut Ebpf, links: ProcessLinks) {
+    for (program, link) in links {
+        if let Ok(p) = probe(ebpf, program) {
+            let _ = p.detach(link);
+        }
     }
-    Ok(attached)
 }
 
 #[cfg(test)]
