@@ -118,7 +118,7 @@ fn many_connect_disconnect_cycles_leave_nothing_behind() {
         .clients
         .is_empty()));
     let baseline = fds();
-    for i in 0..100 {
+    for i in 0..1000 {
         let c = broker.client_named(&format!("cycle-{i}"));
         // Give up the buffer without freeing it: the disconnect must reclaim it.
         let _leaked = c.alloc::<u8>(4096).expect("alloc").into_raw();

@@ -104,3 +104,38 @@ fn connecting_without_a_broker_says_what_to_do() {
         "{msg}"
     );
 }
+
+#[test]
+fn after_a_broker_restart_the_client_gets_a_typed_error_and_can_reconnect() {
+    let mut first = Broker::start();
+    let socket = first.socket.clone();
+    let client = first.client_named("survivor");
+    let buf = client.alloc::<f32>(64).expect("alloc");
+    assert!(
+        first
+            .terminate(Duration::from_secs(10))
+            .is_some_and(|s| s.success())
+    );
+    let err = buf.to_vec().expect_err("the broker is gone");
+    assert!(err.is_fatal(), "{err}");
+    drop(buf);
+
+    let _second = Broker::start_with(gpushare_tests::BrokerOptions {
+        socket: Some(socket),
+        ..Default::default()
+    });
+    let again = client.reconnect().expect("reconnect to the new broker");
+    assert_eq!(again.session().backend, gpushare_tests::test_backend());
+    let buf = again.alloc::<f32>(64).expect("alloc");
+    again
+        .launch(
+            &again.default_stream(),
+            gpushare::Kernel::FillF32 {
+                dst: buf.ptr(),
+                n: 64,
+                value: 9.0,
+            },
+        )
+        .expect("launch");
+    assert_eq!(buf.to_vec().expect("read"), vec![9.0; 64]);
+}

@@ -163,6 +163,10 @@ pub(crate) struct Inner {
     dead: Mutex<Option<Dead>>,
     spin: Duration,
     commands: AtomicU64,
+    /// Completions read from the ring; with `commands`, shows none was lost or doubled.
+    completions: AtomicU64,
+    /// How this client connected, for [`Client::reconnect`].
+    options: ConnectOptions,
 }
 
 /// A connection to `gpushared`. Cheap to clone; all clones share one session, and the
@@ -318,6 +322,8 @@ impl Client {
                 dead: Mutex::new(None),
                 spin: opts.spin,
                 commands: AtomicU64::new(0),
+                completions: AtomicU64::new(0),
+                options: opts.clone(),
             }),
         })
     }
@@ -330,6 +336,19 @@ impl Client {
     /// Commands submitted so far by this client.
     pub fn commands_submitted(&self) -> u64 {
         self.inner.commands.load(Ordering::Relaxed)
+    }
+
+    /// Completions received so far. After [`Client::synchronize`] it equals
+    /// [`Client::commands_submitted`]: every command got exactly one completion.
+    pub fn completions_received(&self) -> u64 {
+        self.inner.completions.load(Ordering::Relaxed)
+    }
+
+    /// A new session with the same options, for after the broker restarted or evicted this one
+    /// (an error with [`Error::is_fatal`]). Buffers, streams and events of the old session are
+    /// gone with it: the caller uploads again what it needs.
+    pub fn reconnect(&self) -> Result<Client> {
+        Client::connect_with(self.inner.options.clone())
     }
 
     // ---- ring plumbing -------------------------------------------------------------
@@ -363,6 +382,9 @@ impl Client {
         if n == 0 {
             return;
         }
+        self.inner
+            .completions
+            .fetch_add(n as u64, Ordering::Relaxed);
         for _ in 0..n {
             let c = ring.rings.completions.pop();
             ring.in_flight = ring.in_flight.saturating_sub(1);

@@ -59,6 +59,8 @@ pub struct BrokerOptions {
     pub extra_args: Vec<String>,
     /// `$GPUSHARE_TEST_BACKEND`, else `sim`, unless set.
     pub backend: Option<String>,
+    /// Listen on this socket instead of a fresh one in a private directory.
+    pub socket: Option<PathBuf>,
     /// Run eBPF telemetry. Off unless a test asks: otherwise a test's broker would report every
     /// other GPU process on the machine (other tests' brokers included).
     pub telemetry: bool,
@@ -76,7 +78,10 @@ impl Broker {
     /// Starts a broker, or says why it did not come up.
     pub fn try_start_with(opts: BrokerOptions) -> Result<Broker, String> {
         let dir = tempfile::tempdir().expect("temp dir");
-        let socket = dir.path().join("gpushare.sock");
+        let socket = opts
+            .socket
+            .clone()
+            .unwrap_or_else(|| dir.path().join("gpushare.sock"));
         let mut cmd = Command::new(binary("gpushared"));
         cmd.arg("--socket")
             .arg(&socket)
