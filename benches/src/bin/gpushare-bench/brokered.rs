@@ -22,35 +22,8 @@ pub fn launch(quick: bool) -> Result<Value> {
     let stream = client.create_stream()?;
     let module = client.load_module(ModuleFormat::Ptx, BUILTIN_PTX.as_bytes())?;
     let f = module.function("gpushare_empty")?;
-    let launch = || client.launch_function(&stream, &f, [1, 1, 1], [1, 1, 1], 0, &[]);
-    let (n_async, n_sync) = if quick {
-        (20_000, 2_000)
-    } else {
-        (100_000, 10_000)
-    };
-    for _ in 0..1000 {
-        launch()?;
-    }
-    stream.synchronize()?;
-    let t = Instant::now();
-    for _ in 0..n_async {
-        launch()?;
-    }
-    stream.synchronize()?;
-    let async_rate = n_async as f64 / t.elapsed().as_secs_f64();
-    let mut lat = Vec::with_capacity(n_sync);
-    for _ in 0..n_sync {
-        let t = Instant::now();
-        launch()?;
-        stream.synchronize()?;
-        lat.push(t.elapsed().as_secs_f64() * 1e6);
-    }
-    Ok(json!({
-        "async_launches_per_s": async_rate,
-        "sync_mean_us": workload::mean(&lat),
-        "sync_p50_us": workload::percentile(&mut lat, 50.0),
-        "sync_p99_us": workload::percentile(&mut lat, 99.0),
-    }))
+    let launch = || Ok(client.launch_function(&stream, &f, [1, 1, 1], [1, 1, 1], 0, &[])?);
+    workload::measure_launches(quick, launch, || Ok(stream.synchronize()?))
 }
 
 pub fn copy(quick: bool) -> Result<Value> {

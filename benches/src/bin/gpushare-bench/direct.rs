@@ -111,8 +111,8 @@ fn sync(s: sys::CUstream) -> Result<()> {
     unsafe { cu::stream::synchronize(s) }.map_err(|e| anyhow!("sync: {e:?}"))
 }
 
-pub fn launch(quick: bool) -> Result<Value> {
-    let c = context()?;
+/// The built-in PTX's `gpushare_empty` kernel, loaded into the current context.
+fn empty_kernel() -> Result<sys::CUfunction> {
     let mut ptx = BUILTIN_PTX.as_bytes().to_vec();
     ptx.push(0);
     // SAFETY: NUL-terminated PTX.
@@ -120,37 +120,13 @@ pub fn launch(quick: bool) -> Result<Value> {
         .map_err(|e| anyhow!("load: {e:?}"))?;
     let name = std::ffi::CString::new("gpushare_empty")?;
     // SAFETY: loaded module, NUL-terminated name.
-    let f = unsafe { cu::module::get_function(module, name) }
-        .map_err(|e| anyhow!("function: {e:?}"))?;
-    let launch = || raw::launch_empty(f, c.stream);
-    let (n_async, n_sync) = if quick {
-        (20_000, 2_000)
-    } else {
-        (100_000, 10_000)
-    };
-    for _ in 0..1000 {
-        launch()?;
-    }
-    sync(c.stream)?;
-    let t = Instant::now();
-    for _ in 0..n_async {
-        launch()?;
-    }
-    sync(c.stream)?;
-    let async_rate = n_async as f64 / t.elapsed().as_secs_f64();
-    let mut lat = Vec::with_capacity(n_sync);
-    for _ in 0..n_sync {
-        let t = Instant::now();
-        launch()?;
-        sync(c.stream)?;
-        lat.push(t.elapsed().as_secs_f64() * 1e6);
-    }
-    Ok(json!({
-        "async_launches_per_s": async_rate,
-        "sync_mean_us": workload::mean(&lat),
-        "sync_p50_us": workload::percentile(&mut lat, 50.0),
-        "sync_p99_us": workload::percentile(&mut lat, 99.0),
-    }))
+    unsafe { cu::module::get_function(module, name) }.map_err(|e| anyhow!("function: {e:?}"))
+}
+
+pub fn launch(quick: bool) -> Result<Value> {
+    let c = context()?;
+    let f = empty_kernel()?;
+    workload::measure_launches(quick, || raw::launch_empty(f, c.stream), || sync(c.stream))
 }
 
 pub fn copy(quick: bool) -> Result<Value> {
@@ -241,15 +217,7 @@ pub fn iteration(quick: bool) -> Result<Value> {
 /// What the driver calls on the broker's hot paths cost, in µs (median of many).
 pub fn probe() -> Result<Value> {
     let c = context()?;
-    let mut ptx = BUILTIN_PTX.as_bytes().to_vec();
-    ptx.push(0);
-    // SAFETY: NUL-terminated PTX.
-    let module = unsafe { cu::module::load_data(ptx.as_ptr() as *const c_void) }
-        .map_err(|e| anyhow!("load: {e:?}"))?;
-    let name = std::ffi::CString::new("gpushare_empty")?;
-    // SAFETY: loaded module, NUL-terminated name.
-    let f = unsafe { cu::module::get_function(module, name) }
-        .map_err(|e| anyhow!("function: {e:?}"))?;
+    let f = empty_kernel()?;
     let ev = |flags| cu::event::create(flags).map_err(|e| anyhow!("event: {e:?}"));
     let (e1, e2) = (
         ev(sys::CUevent_flags::CU_EVENT_DEFAULT)?,

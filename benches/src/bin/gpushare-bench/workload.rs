@@ -175,6 +175,43 @@ pub fn iterations() -> Vec<Iteration> {
     ]
 }
 
+/// The `launch` scenario, the same for every mode: warm up, time `n` back-to-back launches
+/// then one sync (the asynchronous rate), then time launch + sync pairs (the latency).
+pub fn measure_launches(
+    quick: bool,
+    launch: impl Fn() -> anyhow::Result<()>,
+    sync: impl Fn() -> anyhow::Result<()>,
+) -> anyhow::Result<serde_json::Value> {
+    let (n_async, n_sync) = if quick {
+        (20_000, 2_000)
+    } else {
+        (100_000, 10_000)
+    };
+    for _ in 0..1000 {
+        launch()?;
+    }
+    sync()?;
+    let t = std::time::Instant::now();
+    for _ in 0..n_async {
+        launch()?;
+    }
+    sync()?;
+    let async_rate = n_async as f64 / t.elapsed().as_secs_f64();
+    let mut lat = Vec::with_capacity(n_sync);
+    for _ in 0..n_sync {
+        let t = std::time::Instant::now();
+        launch()?;
+        sync()?;
+        lat.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    Ok(serde_json::json!({
+        "async_launches_per_s": async_rate,
+        "sync_mean_us": mean(&lat),
+        "sync_p50_us": percentile(&mut lat, 50.0),
+        "sync_p99_us": percentile(&mut lat, 99.0),
+    }))
+}
+
 /// p-th percentile (0..=100) of unsorted samples.
 pub fn percentile(samples: &mut [f64], p: f64) -> f64 {
     if samples.is_empty() {
