@@ -71,3 +71,12 @@ if ! command -v bpf-linker >/dev/null 2>&1; then
         log "eBPF toolchain: no LLVM $LLVM_MAJOR development files, so bpf-linker is not installed"
     fi
 fi
+
+# cargo fuzz, for scripts/fuzz.sh (the wire decoders' fuzz targets in client-lib/protocol/fuzz,
+# run by test.sh). It builds with the nightly toolchain above when there is one, else with
+# stable and RUSTC_BOOTSTRAP=1.
+CARGO_FUZZ_VERSION=0.13.2
+if ! cargo fuzz --version 2>/dev/null | grep -qx "cargo-fuzz $CARGO_FUZZ_VERSION"; then
+    log "installing cargo-fuzz $CARGO_FUZZ_VERSION (about half a minute)"
+    cargo install --quiet --locked cargo-fuzz --version "=$CARGO_FUZZ_VERSION"
+fi

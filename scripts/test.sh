@@ -13,5 +13,8 @@ step "cargo clippy (all targets, warnings are errors)"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 step "cargo build (binaries the integration tests start)"
 cargo build --workspace --locked
+# Before the tests, so that cargo test's summary stays the last thing printed.
+step "cargo fuzz (the wire decoders, 20 s a target: scripts/fuzz.sh)"
+./scripts/fuzz.sh 20
 step "cargo test"
 cargo test --workspace --locked -- --test-threads 2

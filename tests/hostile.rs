@@ -19,21 +19,14 @@ fn submit_all(
     raw: &RawClient,
     entries: &[SubmissionEntry],
 ) -> Vec<gpushare_protocol::ring::CompletionEntry> {
-    let mut tail = raw.sq_tail().load(std::sync::atomic::Ordering::Relaxed);
-    let mut done = Vec::new();
-    for chunk in entries.chunks(raw.layout.sq_entries as usize / 2) {
-        for e in chunk {
-            raw.write_entry(tail, *e);
-            tail = tail.wrapping_add(1);
-        }
-        raw.publish(tail);
-        let want = done.len() + chunk.len();
-        let ok = wait_until(Duration::from_secs(10), || {
-            done.extend(raw.completions());
-            done.len() >= want
-        });
-        assert!(ok, "broker stopped completing: {} of {want}", done.len());
-    }
+    let done = raw.submit_all(entries);
+    assert_eq!(
+        done.len(),
+        entries.len(),
+        "broker stopped completing: {} of {}",
+        done.len(),
+        entries.len()
+    );
     done
 }
 

@@ -1,13 +1,89 @@
 //! Load: 64 concurrent clients mixing allocations, copies, launches and syncs for a bounded
 //! time. No completion is lost or doubled, results stay correct, the broker's memory stays
 //! bounded and everything is released at the end.
+//!
+//! It also reports (never asserts: CI machines are noisy) a latency histogram of the client
+//! library's calls, measured in each client around each call, merged over all clients.
 
 use std::time::{Duration, Instant};
 
 use gpushare::{ConnectOptions, Kernel};
 use gpushare_tests::{Broker, wait_until};
+use hdrhistogram::Histogram;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+
+/// What each histogram measures: the wall time of one client-library call, from the call to
+/// its return, in the calling thread (each client is one thread of this process, with its own
+/// session, rings and broker thread).
+const CALLS: [(&str, &str); 6] = [
+    (
+        "alloc",
+        "Client::alloc: one Alloc entry, waits for its completion (one round trip)",
+    ),
+    (
+        "copy-in",
+        "DeviceBuffer::copy_from_host, <= 16 KiB: arena copy, CopyHtoD + EventRecord, then a stream sync round trip",
+    ),
+    (
+        "launch",
+        "Stream::launch (fill or axpy): submission only, returns once the entry is in the ring (waits only for ring room)",
+    ),
+    (
+        "sync",
+        "Stream::synchronize after the two launches (half the iterations): a round trip that includes the kernels' modelled device time",
+    ),
+    (
+        "read-back",
+        "DeviceBuffer::to_vec: CopyDtoH + EventRecord, an EventSync round trip, arena copy out",
+    ),
+    (
+        "iteration",
+        "one whole iteration: 2 allocs, copy-in, 2 launches, maybe sync, read-back, 2 (asynchronous) frees",
+    ),
+];
+
+fn histograms() -> Vec<Histogram<u64>> {
+    (0..CALLS.len())
+        .map(|_| Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("histogram bounds"))
+        .collect()
+}
+
+/// Runs `f`, recording its wall time in ns into `h`.
+fn timed<T>(h: &mut Histogram<u64>, f: impl FnOnce() -> T) -> T {
+    let start = Instant::now();
+    let out = f();
+    h.saturating_record(start.elapsed().as_nanos() as u64);
+    out
+}
+
+fn us(ns: u64) -> String {
+    format!("{:.1}", ns as f64 / 1e3)
+}
+
+/// The merged histograms as a table, in µs.
+fn report(hists: &[Histogram<u64>]) -> String {
+    let mut out = format!(
+        "{:<10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10}  (µs, client side)\n",
+        "call", "count", "p50", "p90", "p99", "p99.9", "max"
+    );
+    for ((name, _), h) in CALLS.iter().zip(hists) {
+        out.push_str(&format!(
+            "{:<10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10}\n",
+            name,
+            h.len(),
+            us(h.value_at_quantile(0.5)),
+            us(h.value_at_quantile(0.9)),
+            us(h.value_at_quantile(0.99)),
+            us(h.value_at_quantile(0.999)),
+            us(h.max()),
+        ));
+    }
+    for (name, what) in CALLS {
+        out.push_str(&format!("  {name}: {what}\n"));
+    }
+    out
+}
 
 fn rss_kib(pid: i32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
@@ -23,7 +99,7 @@ fn sixty_four_clients_lose_no_completion_and_leave_nothing_behind() {
     let broker = Broker::start();
     let rss_before = rss_kib(broker.pid());
     let deadline = Instant::now() + Duration::from_secs(4);
-    let (commands, mismatches, saw_latency) = std::thread::scope(|s| {
+    let (commands, mismatches, saw_latency, hists) = std::thread::scope(|s| {
         let workers: Vec<_> = (0..64u64)
             .map(|i| {
                 let broker = &broker;
@@ -37,32 +113,42 @@ fn sixty_four_clients_lose_no_completion_and_leave_nothing_behind() {
                     let stream = client.create_stream().expect("stream");
                     let mut rng = StdRng::seed_from_u64(i);
                     let mut mismatches = 0u64;
+                    let mut h = histograms();
+                    let [alloc, copy_in, launch, sync, read_back, iteration] = &mut h[..] else {
+                        unreachable!("one histogram per call")
+                    };
                     while Instant::now() < deadline {
+                        let started = Instant::now();
                         let n = rng.random_range(1..4096usize);
-                        let a = client.alloc::<f32>(n).expect("alloc");
-                        let b = client.alloc::<f32>(n).expect("alloc");
+                        let a = timed(alloc, || client.alloc::<f32>(n)).expect("alloc");
+                        let b = timed(alloc, || client.alloc::<f32>(n)).expect("alloc");
                         let x = rng.random_range(0..100) as f32;
-                        a.copy_from_host(&vec![x; n]).expect("copy");
-                        stream
-                            .launch(Kernel::FillF32 {
+                        let data = vec![x; n];
+                        timed(copy_in, || a.copy_from_host(&data)).expect("copy");
+                        timed(launch, || {
+                            stream.launch(Kernel::FillF32 {
                                 dst: b.ptr(),
                                 n: n as u64,
                                 value: 1.0,
                             })
-                            .expect("fill");
-                        stream
-                            .launch(Kernel::AxpyF32 {
+                        })
+                        .expect("fill");
+                        timed(launch, || {
+                            stream.launch(Kernel::AxpyF32 {
                                 x: a.ptr(),
                                 y: b.ptr(),
                                 n: n as u64,
                                 alpha: 2.0,
                             })
-                            .expect("axpy");
+                        })
+                        .expect("axpy");
                         if rng.random_bool(0.5) {
-                            stream.synchronize().expect("sync");
+                            timed(sync, || stream.synchronize()).expect("sync");
                         }
-                        let got = b.to_vec().expect("read");
+                        let got = timed(read_back, || b.to_vec()).expect("read");
                         mismatches += got.iter().filter(|&&v| v != 2.0 * x + 1.0).count() as u64;
+                        drop((a, b));
+                        iteration.saturating_record(started.elapsed().as_nanos() as u64);
                     }
                     client.synchronize().expect("sync");
                     assert_eq!(
@@ -70,7 +156,7 @@ fn sixty_four_clients_lose_no_completion_and_leave_nothing_behind() {
                         client.commands_submitted(),
                         "client {i}: every command got exactly one completion"
                     );
-                    (client.commands_submitted(), mismatches)
+                    (client.commands_submitted(), mismatches, h)
                 })
             })
             .collect();
@@ -85,11 +171,15 @@ fn sixty_four_clients_lose_no_completion_and_leave_nothing_behind() {
                 .count()
                 >= 32;
         let mut total = (0, 0);
+        let mut merged = histograms();
         for w in workers {
-            let (c, m) = w.join().expect("worker");
+            let (c, m, h) = w.join().expect("worker");
             total = (total.0 + c, total.1 + m);
+            for (into, from) in merged.iter_mut().zip(&h) {
+                into.add(from).expect("same bounds");
+            }
         }
-        (total.0, total.1, saw_latency)
+        (total.0, total.1, saw_latency, merged)
     });
     assert_eq!(mismatches, 0);
     assert!(commands > 64 * 20, "only {commands} commands in 4 s");
@@ -108,4 +198,8 @@ fn sixty_four_clients_lose_no_completion_and_leave_nothing_behind() {
         "broker RSS grew from {rss_before} KiB to {rss_after} KiB"
     );
     eprintln!("64 clients: {commands} commands, broker RSS {rss_before} → {rss_after} KiB");
+    eprintln!(
+        "latency of client-library calls, 64 clients × 4 s, merged:\n{}",
+        report(&hists)
+    );
 }

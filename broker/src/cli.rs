@@ -71,6 +71,19 @@ pub struct Args {
     /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9400).
     #[arg(long, value_name = "ADDR")]
     pub metrics_listen: Option<std::net::SocketAddr>,
+    /// Queued GPU work that makes no progress for this many seconds counts as a hung kernel:
+    /// the context is recreated and the client that queued it evicted.
+    #[arg(long, value_name = "SECONDS", default_value_t = 10.0, value_parser = parse_seconds)]
+    pub kernel_timeout: f64,
+    /// After a fault that cannot be pinned on one client, the clients whose work was in
+    /// flight run one at a time for this many seconds, so that a second fault names the
+    /// culprit.
+    #[arg(long, value_name = "SECONDS", default_value_t = 60.0, value_parser = parse_seconds)]
+    pub fault_probation: f64,
+    /// Let clients launch the fault-injection kernel (an illegal address or a kernel that never
+    /// ends), to test fault containment. Never on a shared machine in production.
+    #[arg(long)]
+    pub allow_fault_injection: bool,
     /// Log filter (tracing's env-filter syntax); RUST_LOG overrides.
     #[arg(long, default_value = "info")]
     pub log: String,
@@ -92,6 +105,13 @@ pub fn parse_gpus(s: &str) -> Result<Gpus, String> {
             .map(Gpus::One)
             .ok_or_else(|| format!("`{s}` is neither `all` nor a GPU index")),
     }
+}
+
+pub fn parse_seconds(s: &str) -> Result<f64, String> {
+    s.parse::<f64>()
+        .ok()
+        .filter(|v| v.is_finite() && *v > 0.0 && *v <= 86_400.0)
+        .ok_or_else(|| format!("`{s}` is not a number of seconds between 0 and 86400"))
 }
 
 pub fn parse_octal(s: &str) -> Result<u32, String> {

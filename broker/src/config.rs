@@ -24,6 +24,8 @@ pub struct BrokerConfig {
     pub policy_path: Option<PathBuf>,
     /// Where to serve Prometheus metrics, if anywhere.
     pub metrics_listen: Option<std::net::SocketAddr>,
+    /// GPU fault containment: hang timeout, probation, fault injection.
+    pub faults: crate::fault::FaultConfig,
 }
 
 impl Default for BrokerConfig {
@@ -39,6 +41,7 @@ impl Default for BrokerConfig {
             spin: Duration::from_micros(50),
             policy_path: None,
             metrics_listen: None,
+            faults: crate::fault::FaultConfig::default(),
         }
     }
 }

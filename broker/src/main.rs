@@ -11,6 +11,7 @@ use gpushare_broker::config::BrokerConfig;
 use gpushare_broker::device::Device;
 use gpushare_broker::device::cuda::CudaDevice;
 use gpushare_broker::device::sim::{SimDevice, SimOptions};
+use gpushare_broker::fault::FaultConfig;
 use gpushare_broker::policy::Policy;
 use gpushare_broker::server::{self, Broker};
 use gpushare_broker::telemetry::{Telemetry, TelemetryOptions, TelemetryStatus};
@@ -58,8 +59,16 @@ fn real_main() -> anyhow::Result<()> {
         metrics_listen: args.metrics_listen,
         max_arena_size: args.max_arena_size.as_u64(),
         policy_path,
+        faults: FaultConfig {
+            kernel_timeout: Duration::from_secs_f64(args.kernel_timeout),
+            probation: Duration::from_secs_f64(args.fault_probation),
+            allow_injection: args.allow_fault_injection,
+        },
         ..BrokerConfig::default()
     };
+    if args.allow_fault_injection {
+        tracing::warn!("fault injection is on: any client may fault the GPU on purpose");
+    }
 
     let sims = || -> Vec<Arc<SimDevice>> {
         (0..args.sim_gpus)
@@ -198,9 +207,38 @@ fn run<D: Device>(
                 }
             });
         }
-        broker.serve(listener, shutdown_signal()).await;
+        let stuck = broker.stuck();
+        let stop = async {
+            tokio::select! {
+                reason = shutdown_signal() => reason,
+                reason = stuck.wait() => reason,
+            }
+        };
+        broker.serve(listener, stop).await;
+        if let Some(reason) = stuck.reason() {
+            restart(&reason);
+        }
         Ok(())
     })
+}
+
+/// Starts gpushared again in this process (same pid, same arguments), for a GPU that could
+/// not be recovered in place. Every descriptor but stdin/out/err is closed first: the GPU's
+/// device files must go with the old image so the driver tears the stuck context down.
+fn restart(reason: &str) -> ! {
+    use std::os::unix::process::CommandExt;
+    tracing::error!(%reason, "restarting gpushared");
+    let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    // Marks them close-on-exec rather than closing them now: the runtime's threads still use
+    // theirs until exec replaces the process. (CLOSE_RANGE_CLOEXEC, Linux 5.11.)
+    const CLOSE_RANGE_CLOEXEC: u32 = 1 << 2;
+    // SAFETY: only changes descriptor flags of this process.
+    unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, CLOSE_RANGE_CLOEXEC) };
+    let err = std::process::Command::new("/proc/self/exe")
+        .args(args)
+        .exec();
+    eprintln!("gpushared: cannot restart: {err}");
+    std::process::exit(1)
 }
 
 /// `systemctl reload`: SIGHUP re-reads the policy file; a broken file keeps the old policy.

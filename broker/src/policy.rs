@@ -5,12 +5,17 @@
 //! class = "normal"            # high | normal | best-effort
 //! weight = 1
 //! memory_quota = "unlimited"  # or "8 GiB", or a number of bytes
+//! allow = true                # false: only users/groups with `allow = true` may connect
 //!
 //! [[users]]
 //! name = "alice"              # or uid = 1000
 //! class = "high"
 //! weight = 4
 //! memory_quota = "20 GiB"
+//!
+//! [[users]]
+//! name = "mallory"
+//! allow = false               # refused at the handshake (PermissionDenied)
 //!
 //! [[groups]]
 //! name = "students"           # or gid = 2000
@@ -22,7 +27,9 @@
 //! may change and evict live clients.
 //!
 //! A user entry wins over group entries; among groups the first in file order that the user
-//! belongs to wins; fields an entry leaves out come from `[defaults]`.
+//! belongs to wins; fields an entry leaves out come from `[defaults]`. `allow` follows the
+//! same rule: with `[defaults] allow = false`, a `[[users]]` entry for alice that does not say
+//! `allow = true` refuses her even when a group she is in is allowed. Root is always allowed.
 
 use std::path::Path;
 
@@ -78,6 +85,7 @@ struct Fields {
     class: Option<PriorityClass>,
     weight: Option<u32>,
     memory_quota: Option<Quota>,
+    allow: Option<bool>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -88,6 +96,7 @@ struct UserEntry {
     class: Option<PriorityClass>,
     weight: Option<u32>,
     memory_quota: Option<Quota>,
+    allow: Option<bool>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -98,6 +107,7 @@ struct GroupEntry {
     class: Option<PriorityClass>,
     weight: Option<u32>,
     memory_quota: Option<Quota>,
+    allow: Option<bool>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -119,6 +129,8 @@ struct PolicyFile {
 pub struct Policy {
     file: PolicyFile,
     defaults: Grant,
+    /// Where the file was read from (named when it refuses someone).
+    path: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -190,7 +202,11 @@ impl Policy {
             }
         }
         let defaults = apply(Grant::default(), &file.defaults);
-        Ok(Policy { file, defaults })
+        Ok(Policy {
+            file,
+            defaults,
+            path: Some(path.to_string()),
+        })
     }
 
     pub fn load(path: &Path) -> Result<Policy, PolicyError> {
@@ -217,33 +233,65 @@ impl Policy {
 
     /// The grant for `who`.
     pub fn grant_for(&self, who: &Identity) -> Grant {
+        apply(self.defaults, &self.entry_for(who))
+    }
+
+    /// Whether the policy lets `who` connect at all: root always; anyone else by `allow` of
+    /// their user entry, else of their first group entry, else of `[defaults]` (true when
+    /// nothing says).
+    pub fn allows(&self, who: &Identity) -> bool {
+        who.uid == 0
+            || self
+                .entry_for(who)
+                .allow
+                .or(self.file.defaults.allow)
+                .unwrap_or(true)
+    }
+
+    /// Why `who` is refused, as a sentence for them, or `None` when allowed.
+    pub fn refusal(&self, who: &Identity) -> Option<String> {
+        if self.allows(who) {
+            return None;
+        }
+        let user = match &who.user {
+            Some(name) => format!("user `{name}` (uid {})", who.uid),
+            None => format!("uid {}", who.uid),
+        };
+        let file = match &self.path {
+            Some(path) => format!("the policy file {path}"),
+            None => "the policy file".to_string(),
+        };
+        Some(format!(
+            "{file} does not allow {user} to use gpushare; ask the administrator"
+        ))
+    }
+
+    /// The fields of the entry that applies to `who`: their `[[users]]` entry, else the first
+    /// `[[groups]]` entry they belong to, else none (all empty).
+    fn entry_for(&self, who: &Identity) -> Fields {
         let user_match = self.file.users.iter().find(|u| {
             u.uid == Some(who.uid) || (u.name.is_some() && u.name.as_deref() == who.user.as_deref())
         });
         if let Some(u) = user_match {
-            return apply(
-                self.defaults,
-                &Fields {
-                    class: u.class,
-                    weight: u.weight,
-                    memory_quota: u.memory_quota,
-                },
-            );
+            return Fields {
+                class: u.class,
+                weight: u.weight,
+                memory_quota: u.memory_quota,
+                allow: u.allow,
+            };
         }
         let group_match = self.file.groups.iter().find(|g| {
             g.gid.is_some_and(|gid| who.gids.contains(&gid))
                 || g.name.as_ref().is_some_and(|n| who.group_names.contains(n))
         });
         match group_match {
-            Some(g) => apply(
-                self.defaults,
-                &Fields {
-                    class: g.class,
-                    weight: g.weight,
-                    memory_quota: g.memory_quota,
-                },
-            ),
-            None => self.defaults,
+            Some(g) => Fields {
+                class: g.class,
+                weight: g.weight,
+                memory_quota: g.memory_quota,
+                allow: g.allow,
+            },
+            None => Fields::default(),
         }
     }
 }
@@ -360,5 +408,96 @@ mod tests {
         assert!(p.is_admin(&who(1000, "alice", &[(10, "ops")])));
         assert!(!p.is_admin(&who(1001, "bob", &[(11, "users")])));
         assert!(!Policy::default().is_admin(&who(1000, "alice", &[(10, "ops")])));
+    }
+
+    #[test]
+    fn allow_refuses_users_and_groups_like_any_other_field() {
+        // Everyone allowed unless the file says otherwise.
+        assert!(Policy::default().allows(&who(1000, "alice", &[])));
+        assert!(
+            Policy::parse(FILE, "p")
+                .expect("valid")
+                .allows(&who(1000, "alice", &[]))
+        );
+
+        let deny_one = Policy::parse(
+            "[[users]]\nname = \"mallory\"\nallow = false\n",
+            "/etc/gpushare/gpushare.toml",
+        )
+        .expect("valid");
+        assert!(deny_one.allows(&who(1000, "alice", &[])));
+        assert!(!deny_one.allows(&who(1001, "mallory", &[])));
+        assert_eq!(deny_one.refusal(&who(1000, "alice", &[])), None);
+        assert_eq!(
+            deny_one.refusal(&who(1001, "mallory", &[])).as_deref(),
+            Some(
+                "the policy file /etc/gpushare/gpushare.toml does not allow user `mallory` (uid 1001) to use gpushare; ask the administrator"
+            )
+        );
+
+        let closed = Policy::parse(
+            r#"
+            [defaults]
+            allow = false
+
+            [[users]]
+            uid = 1002
+            class = "high"
+
+            [[users]]
+            name = "bob"
+            allow = true
+
+            [[groups]]
+            name = "gpu"
+            allow = true
+
+            [[groups]]
+            gid = 60
+            allow = false
+            "#,
+            "p",
+        )
+        .expect("valid");
+        assert!(!closed.allows(&who(1000, "alice", &[])), "defaults refuse");
+        assert!(closed.allows(&who(1001, "bob", &[])), "user entry allows");
+        assert!(
+            closed.allows(&who(1003, "carol", &[(50, "gpu")])),
+            "group allows"
+        );
+        assert!(
+            closed.allows(&who(1003, "carol", &[(50, "gpu"), (60, "banned")])),
+            "first group in file order wins"
+        );
+        assert!(!closed.allows(&who(1004, "dave", &[(60, "banned")])));
+        assert!(
+            !closed.allows(&who(1002, "erin", &[(50, "gpu")])),
+            "a user entry without allow takes the default, not the group's"
+        );
+        assert!(
+            closed.allows(&who(0, "root", &[])),
+            "root is always allowed"
+        );
+        let nameless = Identity {
+            uid: 4242,
+            user: None,
+            gids: vec![],
+            group_names: vec![],
+        };
+        assert_eq!(
+            closed.refusal(&nameless).as_deref(),
+            Some(
+                "the policy file p does not allow uid 4242 to use gpushare; ask the administrator"
+            )
+        );
+        // Allow does not change what the allowed are granted.
+        assert_eq!(
+            closed.grant_for(&who(1002, "erin", &[])).class,
+            PriorityClass::High
+        );
+        assert!(
+            Policy::parse("[defaults]\nallow = \"no\"\n", "p").is_err(),
+            "allow is a boolean"
+        );
     }
 }

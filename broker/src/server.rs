@@ -6,6 +6,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::FileExt;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -26,6 +27,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::config::BrokerConfig;
 use crate::device::Device;
+use crate::fault::{DeviceHealth, Stuck};
 use crate::policy::{Identity, Policy};
 use crate::registry::Registry;
 use crate::session::{ModuleTable, Peer, SessionEnd, SessionInfo, SessionState};
@@ -137,6 +139,10 @@ pub fn bind(config: &BrokerConfig) -> Result<UnixSeqpacketListener, BindError> {
 pub struct Broker<D: Device> {
     /// One per GPU served, by index (never empty).
     devices: Vec<Arc<D>>,
+    /// Fault containment per GPU (same index as `devices`).
+    health: Vec<Arc<DeviceHealth>>,
+    /// Set when a GPU cannot be recovered in place and the broker must restart.
+    stuck: Arc<Stuck>,
     config: BrokerConfig,
     policy: RwLock<Policy>,
     registry: Registry,
@@ -171,8 +177,15 @@ impl<D: Device> Broker<D> {
         telemetry_status: TelemetryStatus,
     ) -> Arc<Broker<D>> {
         assert!(!devices.is_empty(), "a broker needs at least one device");
+        let stuck = Arc::new(Stuck::default());
+        let health = devices
+            .iter()
+            .map(|_| DeviceHealth::new(config.faults, stuck.clone()))
+            .collect();
         Arc::new(Broker {
             devices,
+            health,
+            stuck,
             config,
             policy: RwLock::new(policy),
             registry: Registry::default(),
@@ -293,6 +306,12 @@ impl<D: Device> Broker<D> {
         }
     }
 
+    /// Resolves when a GPU cannot be recovered in place: serve's caller should then stop
+    /// and restart the broker ([`Stuck::reason`] says why).
+    pub fn stuck(&self) -> Arc<Stuck> {
+        self.stuck.clone()
+    }
+
     pub fn registry(&self) -> &Registry {
         &self.registry
     }
@@ -306,6 +325,17 @@ impl<D: Device> Broker<D> {
     ) {
         let (stop_tx, stop_rx) = watch::channel(None::<String>);
         let mut tasks = JoinSet::new();
+        // One guardian per GPU watches for faults and hangs (see `fault`).
+        let guardians_stop = Arc::new(AtomicBool::new(false));
+        for (gpu, (health, device)) in self.health.iter().zip(&self.devices).enumerate() {
+            let (health, device, stop) = (health.clone(), device.clone(), guardians_stop.clone());
+            if let Err(e) = std::thread::Builder::new()
+                .name(format!("gpushare-guard-{gpu}"))
+                .spawn(move || health.guard(device, gpu as u32, stop))
+            {
+                warn!(gpu, error = %e, "cannot start the fault guardian; GPU faults will not be contained");
+            }
+        }
         tokio::pin!(shutdown);
         let reason = loop {
             tokio::select! {
@@ -327,13 +357,19 @@ impl<D: Device> Broker<D> {
         info!(%reason, clients = self.registry.len(), "shutting down");
         let _ = stop_tx.send(Some(reason));
         drop(listener);
-        let drained = tokio::time::timeout(SHUTDOWN_GRACE, async {
-            while tasks.join_next().await.is_some() {}
-        })
-        .await;
+        // A stuck GPU: the restart is what frees it, and parked sessions never finish; give
+        // the clients just long enough to be told.
+        let grace = if self.stuck.reason().is_some() {
+            Duration::from_millis(20)
+        } else {
+            SHUTDOWN_GRACE
+        };
+        let drained =
+            tokio::time::timeout(grace, async { while tasks.join_next().await.is_some() {} }).await;
         if drained.is_err() {
-            warn!("some sessions did not finish within {SHUTDOWN_GRACE:?}; exiting anyway");
+            warn!("some sessions did not finish within {grace:?}; exiting anyway");
         }
+        guardians_stop.store(true, Ordering::Release);
         if let Err(e) = std::fs::remove_file(&self.config.socket) {
             warn!(socket = %self.config.socket.display(), error = %e, "cannot remove socket file");
         }
@@ -410,6 +446,15 @@ impl<D: Device> Broker<D> {
                 return;
             }
             let identity = Identity::lookup(cred.uid(), cred.gid());
+            let refused = self
+                .policy
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .refusal(&identity);
+            if let Some(why) = refused {
+                reject(&sock, ErrorCode::PermissionDenied, &why).await;
+                return;
+            }
             self.session(sock, hello, identity, pid, stop).await;
         }
         .instrument(span)
@@ -474,7 +519,7 @@ impl<D: Device> Broker<D> {
                 return;
             }
             let _ = self
-                .control_loop(&sock, None, &identity, &mut stop, None)
+                .control_loop(&sock, None, None, &identity, &mut stop, None)
                 .await;
             return;
         }
@@ -536,6 +581,7 @@ impl<D: Device> Broker<D> {
                 .control_loop(
                     &sock,
                     Some((&modules, &device)),
+                    Some(&info),
                     &identity,
                     &mut stop,
                     Some(&mut ended),
@@ -599,6 +645,7 @@ impl<D: Device> Broker<D> {
             modules.clone(),
             self.config.spin,
         );
+        let health = self.health[gpu as usize].clone();
         std::thread::Builder::new()
             .name(format!("gpushare-client-{id}"))
             .spawn(move || {
@@ -611,6 +658,7 @@ impl<D: Device> Broker<D> {
                     complete_wake,
                     thread_modules,
                     spin,
+                    health,
                 ) {
                     Ok(state) => {
                         let _ = ready_tx.send(Ok(()));
@@ -639,6 +687,8 @@ impl<D: Device> Broker<D> {
         sock: &UnixSeqpacket,
         // A client session's module table and the device it runs on; `None` for monitors.
         modules: Option<SessionScope<'_, D>>,
+        // The client session, for notices its data thread posts; `None` for monitors.
+        session: Option<&SessionInfo>,
         who: &Identity,
         stop: &mut watch::Receiver<Option<String>>,
         mut ended: Option<&mut oneshot::Receiver<SessionEnd>>,
@@ -650,8 +700,22 @@ impl<D: Device> Broker<D> {
                     None => std::future::pending().await,
                 }
             };
+            let notice = async {
+                match session {
+                    Some(info) => info.notice_posted.notified().await,
+                    None => std::future::pending().await,
+                }
+            };
             let msg = tokio::select! {
                 m = recv(sock) => m,
+                () = notice => {
+                    if let Some(msg) = session.and_then(|i| i.take_notice())
+                        && send(sock, &msg, &[]).await.is_err()
+                    {
+                        return None;
+                    }
+                    continue;
+                }
                 _ = stop.changed() => {
                     let reason = stop.borrow().clone().unwrap_or_else(|| "broker shutting down".into());
                     let _ = send(sock, &BrokerMessage::ShuttingDown { reason: format!("broker shutting down: {reason}") }, &[]).await;

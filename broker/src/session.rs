@@ -6,17 +6,19 @@
 //! ends — goodbye, disconnect, kill, eviction or broker shutdown — [`SessionState::reclaim`]
 //! releases everything it held.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use gpushare_protocol::command::ModuleLaunch;
+use gpushare_protocol::control::{BrokerMessage, LostState};
 use gpushare_protocol::ring::{BrokerRings, CompletionEntry};
 use gpushare_protocol::stats::ClientStats;
 use gpushare_protocol::{Command, DevicePtr, ErrorCode, EventId, PriorityClass, StreamId};
 
 use crate::device::{Device, DeviceError};
+use crate::fault::{DeviceHealth, FaultWatch, Verdict};
 use crate::policy::Grant;
 use crate::shm::SharedRegion;
 use crate::wake::Wakeup;
@@ -69,6 +71,12 @@ pub struct SessionInfo {
     evicted: Mutex<Option<String>>,
     /// The submission eventfd, so that others can wake the data thread.
     submit_wake: Wakeup,
+    /// In-flight stamps for the fault watchdog.
+    pub fault_watch: FaultWatch,
+    /// A message for the client that the data thread posts and the control task sends
+    /// (a device reset notice).
+    notice: Mutex<Option<BrokerMessage>>,
+    pub notice_posted: tokio::sync::Notify,
 }
 
 /// Who a session belongs to and where it runs.
@@ -104,6 +112,9 @@ impl SessionInfo {
             stop: AtomicBool::new(false),
             evicted: Mutex::new(None),
             submit_wake,
+            fault_watch: FaultWatch::default(),
+            notice: Mutex::new(None),
+            notice_posted: tokio::sync::Notify::new(),
         }
     }
 
@@ -138,6 +149,16 @@ impl SessionInfo {
 
     pub fn stopping(&self) -> bool {
         self.stop.load(Ordering::SeqCst)
+    }
+
+    /// Hands a message to the control task for the client.
+    pub fn post_notice(&self, msg: BrokerMessage) {
+        *self.notice.lock().unwrap_or_else(|e| e.into_inner()) = Some(msg);
+        self.notice_posted.notify_one();
+    }
+
+    pub fn take_notice(&self) -> Option<BrokerMessage> {
+        self.notice.lock().unwrap_or_else(|e| e.into_inner()).take()
     }
 
     pub fn submit_wake(&self) -> &Wakeup {
@@ -284,6 +305,16 @@ impl<D: Device> ModuleTable<D> {
         self.functions.clear();
         self.modules.clear();
     }
+
+    /// Forgets everything, returning the module and function ids that were live.
+    pub fn take_ids(&mut self) -> (Vec<u64>, Vec<u64>) {
+        let ids = (
+            self.modules.keys().copied().collect(),
+            self.functions.keys().copied().collect(),
+        );
+        self.clear();
+        ids
+    }
 }
 
 struct StreamSlot<S> {
@@ -310,6 +341,66 @@ pub struct SessionState<D: Device> {
     /// Service time of recent commands (ns), this thread's only: no lock on the hot path.
     latency: Option<hdrhistogram::Histogram<u64>>,
     latency_published: Instant,
+    health: Arc<DeviceHealth>,
+    /// The device epoch this session's handles belong to.
+    epoch: u64,
+    /// The outcome of a reset this session parked for while busy elsewhere.
+    verdict: Option<Verdict>,
+    /// Until when this session's work must run alone (suspect of a fault).
+    probation_until: Option<Instant>,
+    holding_turn: bool,
+    /// Handles lost in device resets: commands naming them fail with `DeviceReset`.
+    lost: Lost,
+}
+
+/// Handles a session lost in device resets.
+#[derive(Default)]
+struct Lost {
+    buffers: BTreeMap<DevicePtr, u64>,
+    streams: HashSet<StreamId>,
+    events: HashSet<EventId>,
+    functions: HashSet<u64>,
+}
+
+impl Lost {
+    fn has_ptr(&self, ptr: DevicePtr) -> bool {
+        self.buffers
+            .range(..=ptr)
+            .next_back()
+            .is_some_and(|(&base, &len)| ptr < base.saturating_add(len))
+    }
+
+    /// Whether a command that failed with a bad handle or pointer named something lost.
+    fn named_by(&self, cmd: &Command) -> bool {
+        if cmd.stream().is_some_and(|s| self.streams.contains(&s)) {
+            return true;
+        }
+        let ptrs: Vec<DevicePtr> = match *cmd {
+            Command::Free { ptr } => vec![ptr],
+            Command::CopyHtoD { dst, .. } | Command::Memset { dst, .. } => vec![dst],
+            Command::CopyDtoH { src, .. } => vec![src],
+            Command::CopyDtoD { src, dst, .. } => vec![src, dst],
+            Command::Launch { kernel, .. } => kernel
+                .operands()
+                .map(|ops| ops.iter().map(|o| o.ptr).collect())
+                .unwrap_or_default(),
+            Command::LaunchModule { launch, .. } => {
+                return self.functions.contains(&launch.function);
+            }
+            Command::StreamSync { stream } | Command::StreamDestroy { stream } => {
+                return self.streams.contains(&stream);
+            }
+            Command::EventRecord { event, .. }
+            | Command::EventQuery { event }
+            | Command::EventSync { event }
+            | Command::EventDestroy { event } => return self.events.contains(&event),
+            Command::EventElapsed { start, end } => {
+                return self.events.contains(&start) || self.events.contains(&end);
+            }
+            _ => vec![],
+        };
+        ptrs.into_iter().any(|p| self.has_ptr(p))
+    }
 }
 
 /// Why a session's data thread ended.
@@ -332,6 +423,7 @@ impl<D: Device> SessionState<D> {
         complete_wake: Wakeup,
         modules: Arc<Mutex<ModuleTable<D>>>,
         spin: Duration,
+        health: Arc<DeviceHealth>,
     ) -> Result<SessionState<D>, DeviceError> {
         // SAFETY: one init per region; `region` is kept alive in `self` for as long as the
         // rings exist (fields drop after `reclaim` in `run`).
@@ -368,20 +460,33 @@ impl<D: Device> SessionState<D> {
             next_event: 1,
             latency: hdrhistogram::Histogram::new_with_bounds(1, 60_000_000_000, 2).ok(),
             latency_published: Instant::now(),
+            epoch: health.epoch(),
+            health,
+            verdict: None,
+            probation_until: None,
+            holding_turn: false,
+            lost: Lost::default(),
         })
     }
 
     /// Drains the submission ring until asked to stop or the client breaks the protocol;
     /// then releases everything the client held.
     pub fn run(mut self) -> SessionEnd {
+        self.health.register(self.info.clone());
         let end = self.serve();
         self.reclaim();
+        self.health.unregister(self.info.id);
         end
     }
 
     fn serve(&mut self) -> SessionEnd {
         let mut idle_since = Instant::now();
         loop {
+            if self.health.epoch() != self.epoch
+                && let Some(end) = self.after_reset()
+            {
+                return end;
+            }
             if self.info.stopping() {
                 return self
                     .info
@@ -398,6 +503,9 @@ impl<D: Device> SessionState<D> {
                     .queue_depth
                     .store(available as u64, Ordering::Relaxed);
                 for _ in 0..available {
+                    if self.health.epoch() != self.epoch {
+                        break; // stop touching the device: the next loop parks
+                    }
                     let entry = self.rings.submissions.pop();
                     self.rings.submissions.release();
                     let started = Instant::now();
@@ -465,6 +573,7 @@ impl<D: Device> SessionState<D> {
                 Ok(false) => {
                     // The client is not reading its completions: only it waits.
                     self.rings.completions.wait_for_room();
+                    self.park_if_resetting();
                     let still_full = matches!(self.rings.completions.free_slots(), Ok(0));
                     if still_full && !self.info.stopping() {
                         self.info.submit_wake().wait(Some(CQ_FULL_RECHECK));
@@ -487,7 +596,46 @@ impl<D: Device> SessionState<D> {
     /// Decodes, validates and executes one entry; never panics on any input.
     fn process(&mut self, entry: &gpushare_protocol::ring::SubmissionEntry) -> CompletionEntry {
         self.info.counters.commands.fetch_add(1, Ordering::Relaxed);
-        let outcome = Command::decode(entry).and_then(|cmd| self.execute(cmd));
+        let outcome = Command::decode(entry).and_then(|cmd| {
+            self.execute(cmd).or_else(|code| match code {
+                ErrorCode::InvalidPointer | ErrorCode::InvalidHandle
+                    if self.lost.named_by(&cmd) =>
+                {
+                    // Releasing what a reset took already is done, not an error.
+                    match cmd {
+                        Command::Free { ptr } => {
+                            self.lost.buffers.remove(&ptr);
+                            Ok((0, 0))
+                        }
+                        Command::StreamDestroy { stream } => {
+                            self.lost.streams.remove(&stream);
+                            Ok((0, 0))
+                        }
+                        Command::EventDestroy { event } => {
+                            self.lost.events.remove(&event);
+                            Ok((0, 0))
+                        }
+                        _ => Err(ErrorCode::DeviceReset),
+                    }
+                }
+                ErrorCode::DeviceError | ErrorCode::LaunchFailed => {
+                    // A sticky error poisons everyone's context: get it reset now.
+                    if let Some(what) = self.device.fault() {
+                        self.health.report_fault(self.info.id, what);
+                        // The command was lost to the fault, like everything else the reset
+                        // takes: say so once the guardian has taken over.
+                        if self
+                            .health
+                            .wait_for_recovery_start(self.epoch, Duration::from_secs(2))
+                        {
+                            return Err(ErrorCode::DeviceReset);
+                        }
+                    }
+                    Err(code)
+                }
+                _ => Err(code),
+            })
+        });
         let (status, result, result2) = match outcome {
             Ok((r1, r2)) => (0, r1, r2),
             Err(code) => {
@@ -525,6 +673,26 @@ impl<D: Device> SessionState<D> {
         op: impl FnOnce(&D, &mut D::Stream) -> Result<(), DeviceError>,
     ) -> Result<(u64, u64), ErrorCode> {
         let device = self.device.clone();
+        if !self.streams.contains_key(&stream) {
+            return Err(ErrorCode::InvalidHandle);
+        }
+        if let Some(until) = self.probation_until
+            && !self.holding_turn
+        {
+            if Instant::now() >= until {
+                self.probation_until = None;
+            } else if self.health.acquire_turn(self.info.id) {
+                self.holding_turn = true;
+            } else {
+                return Err(ErrorCode::DeviceReset);
+            }
+        }
+        let watch = &self.info.fault_watch;
+        if watch.busy_since.load(Ordering::Relaxed) == 0 {
+            watch
+                .busy_since
+                .store(self.health.now_ns(), Ordering::Release);
+        }
         let slot = self
             .streams
             .get_mut(&stream)
@@ -539,6 +707,14 @@ impl<D: Device> SessionState<D> {
     /// Ends the batch on every stream that got work (every stream when the client went
     /// `idle`) and charges the device time measured so far.
     fn account(&mut self, idle: bool) {
+        if self.holding_turn {
+            // On probation the batch finishes before another suspect's work may start.
+            for slot in self.streams.values_mut() {
+                if slot.touched {
+                    let _ = self.device.sync_stream(&mut slot.stream);
+                }
+            }
+        }
         let mut spent = 0;
         for slot in self.streams.values_mut() {
             if slot.touched || idle {
@@ -551,6 +727,113 @@ impl<D: Device> SessionState<D> {
             .counters
             .gpu_time_ns
             .fetch_add(spent, Ordering::Relaxed);
+        let watch = &self.info.fault_watch;
+        if watch.busy_since.load(Ordering::Relaxed) != 0 {
+            let now = self.health.now_ns();
+            if spent > 0 {
+                watch.progress.store(now, Ordering::Release);
+            }
+            if (idle || self.holding_turn)
+                && !self
+                    .streams
+                    .values()
+                    .any(|s| self.device.stream_busy(&s.stream))
+            {
+                watch.progress.store(now, Ordering::Release);
+                watch.busy_since.store(0, Ordering::Release);
+            }
+        }
+        if self.holding_turn {
+            self.health.release_turn(self.info.id);
+            self.holding_turn = false;
+        }
+    }
+
+    /// Parks (once) while a device reset is under way, keeping the outcome for
+    /// [`SessionState::after_reset`].
+    fn park_if_resetting(&mut self) {
+        if self.health.epoch() != self.epoch && self.verdict.is_none() {
+            self.verdict = Some(self.health.park(self.info.id));
+        }
+    }
+
+    /// After a device reset: forgets every (now inert) handle, sets up a fresh default
+    /// stream, and tells the client what it lost — or ends the session of the culprit.
+    fn after_reset(&mut self) -> Option<SessionEnd> {
+        let verdict = match self.verdict.take() {
+            Some(v) => v,
+            None => self.health.park(self.info.id),
+        };
+        self.epoch = self.health.epoch();
+        self.holding_turn = false;
+        let mut lost = LostState {
+            buffers: self.allocations.iter().map(|(&p, &n)| (p, n)).collect(),
+            streams: self.streams.keys().copied().filter(|&s| s != 0).collect(),
+            events: self.events.keys().copied().collect(),
+            modules: Vec::new(),
+        };
+        lost.streams.sort_unstable();
+        lost.events.sort_unstable();
+        let (modules, functions) = self
+            .modules
+            .lock()
+            .map(|mut m| m.take_ids())
+            .unwrap_or_default();
+        lost.modules = modules;
+        self.lost
+            .buffers
+            .extend(std::mem::take(&mut self.allocations));
+        self.lost.streams.extend(lost.streams.iter().copied());
+        self.lost.events.extend(lost.events.iter().copied());
+        self.lost.functions.extend(functions);
+        // The handles belong to a context that no longer exists: dropping them is inert.
+        self.streams.clear();
+        self.events.clear();
+        let c = &self.info.counters;
+        c.memory_used.store(0, Ordering::Relaxed);
+        self.info.fault_watch.busy_since.store(0, Ordering::Release);
+
+        if let Verdict::Culprit(reason) = verdict {
+            return Some(SessionEnd::Evicted(reason));
+        }
+        let rebuilt = self
+            .device
+            .register_arena(self.region.arena())
+            .and_then(|()| self.device.create_stream(self.info.grant().class));
+        match rebuilt {
+            Ok(stream) => {
+                self.streams.insert(
+                    0,
+                    StreamSlot {
+                        stream,
+                        touched: false,
+                    },
+                );
+                c.streams.store(1, Ordering::Relaxed);
+            }
+            Err(e) => {
+                return Some(SessionEnd::Evicted(format!(
+                    "the GPU was reset and this session could not be set up again: {e}"
+                )));
+            }
+        }
+        self.probation_until = self.health.probation_until(self.info.id);
+        let Verdict::Lost(reason) = verdict else {
+            return None;
+        };
+        tracing::info!(
+            buffers = lost.buffers.len(),
+            streams = lost.streams.len(),
+            events = lost.events.len(),
+            modules = lost.modules.len(),
+            "device reset: client state lost"
+        );
+        self.info.post_notice(BrokerMessage::DeviceReset {
+            gpu: self.info.gpu,
+            reason,
+            lost,
+        });
+        None
     }
 
     fn execute(&mut self, cmd: Command) -> Result<(u64, u64), ErrorCode> {
@@ -680,6 +963,10 @@ impl<D: Device> SessionState<D> {
                     .ok_or(ErrorCode::InvalidHandle)?;
                 slot.touched = true; // the batch end closes its measurement
                 device.sync_stream(&mut slot.stream).map_err(|e| e.code())?;
+                self.info
+                    .fault_watch
+                    .progress
+                    .store(self.health.now_ns(), Ordering::Release);
                 Ok((0, 0))
             }
             Command::EventCreate => {
@@ -740,6 +1027,10 @@ impl<D: Device> SessionState<D> {
                 }
                 first_error.map_or(Ok((0, 0)), Err)
             }
+            Command::Launch {
+                kernel: gpushare_protocol::Kernel::Fault { .. },
+                ..
+            } if !self.health.config.allow_injection => Err(ErrorCode::NotSupported),
             Command::Launch { stream, kernel } => {
                 for operand in kernel.operands()? {
                     if operand.bytes > 0 {
@@ -809,6 +1100,17 @@ impl<D: Device> SessionState<D> {
         let bytes: u64 = self.allocations.values().sum();
         for slot in self.streams.values_mut() {
             let _ = self.device.sync_stream(&mut slot.stream);
+        }
+        if self.health.epoch() != self.epoch {
+            // A reset came meanwhile: everything is already gone (and its addresses may be
+            // someone else's now), so forget rather than free.
+            self.park_if_resetting();
+            self.streams.clear();
+            self.events.clear();
+            self.allocations.clear();
+            if let Ok(mut m) = self.modules.lock() {
+                m.clear();
+            }
         }
         self.account(true);
         for (_, slot) in self.streams.drain() {

@@ -54,6 +54,7 @@ extern "C" {
 #define GPUSHARE_E_LAUNCH_FAILED 15      /* kernel launch failed */
 #define GPUSHARE_E_INTERNAL 16           /* internal error (broker, or a library bug) */
 #define GPUSHARE_E_PROTOCOL_VIOLATION 17 /* protocol violation */
+#define GPUSHARE_E_DEVICE_RESET 18       /* GPU reset after a fault: device state lost, session goes on */
 
 /* Library error codes. */
 #define GPUSHARE_E_CONNECT 100     /* cannot reach the broker's socket */

@@ -142,7 +142,8 @@ impl HostRegion {
 }
 
 struct Staging {
-    events: Option<[EventId; 2]>,
+    /// The staging events, and the `handles_lost` count they were made at.
+    events: Option<([EventId; 2], u64)>,
 }
 
 pub(crate) struct Inner {
@@ -167,6 +168,22 @@ pub(crate) struct Inner {
     completions: AtomicU64,
     /// How this client connected, for [`Client::reconnect`].
     options: ConnectOptions,
+    /// Device resets the broker told us about and nobody has taken yet.
+    resets: Mutex<Vec<DeviceReset>>,
+    reset_count: AtomicU64,
+    /// Bumped whenever the broker says handles were lost (a notice or a `DeviceReset`
+    /// status), so the library's own cached handles are made again.
+    handles_lost: AtomicU64,
+}
+
+/// The GPU was reset after a fault (another client's, or a hang): everything this client
+/// held on the device is gone. The session goes on: new allocations work at once, and
+/// commands naming lost handles fail with [`ErrorCode::DeviceReset`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceReset {
+    pub gpu: u32,
+    pub reason: String,
+    pub lost: gpushare_protocol::control::LostState,
 }
 
 /// A connection to `gpushared`. Cheap to clone; all clones share one session, and the
@@ -324,6 +341,9 @@ impl Client {
                 commands: AtomicU64::new(0),
                 completions: AtomicU64::new(0),
                 options: opts.clone(),
+                resets: Mutex::new(Vec::new()),
+                reset_count: AtomicU64::new(0),
+                handles_lost: AtomicU64::new(0),
             }),
         })
     }
@@ -391,6 +411,9 @@ impl Client {
             if ring.wanted.remove(&c.user_tag) {
                 ring.done.insert(c.user_tag, c);
             } else if c.status != 0 && ring.async_error.is_none() {
+                if c.status == ErrorCode::DeviceReset.as_u32() {
+                    self.inner.handles_lost.fetch_add(1, Ordering::AcqRel);
+                }
                 ring.async_error = Some(((c.user_tag & 0xff) as u16, c.status));
             }
         }
@@ -527,6 +550,9 @@ impl Client {
                 self.mark_dead(Dead::Shutdown(reason))
             }
             Ok((BrokerMessage::Evicted { reason }, _)) => self.mark_dead(Dead::Evicted(reason)),
+            Ok((BrokerMessage::DeviceReset { gpu, reason, lost }, _)) => {
+                self.note_reset(DeviceReset { gpu, reason, lost })
+            }
             Ok(_) => {}
             Err(Error::BrokerGone) => self.mark_dead(Dead::Gone),
             Err(e) => self.mark_dead(Dead::Protocol(e.to_string())),
@@ -539,7 +565,12 @@ impl Client {
         let c = self.wait(tag)?;
         match ErrorCode::from_u32(c.status) {
             None if c.status == 0 => Ok(c),
-            Some(code) => Err(Error::Command { op, code }),
+            Some(code) => {
+                if code == ErrorCode::DeviceReset {
+                    self.inner.handles_lost.fetch_add(1, Ordering::AcqRel);
+                }
+                Err(Error::Command { op, code })
+            }
             None => Err(Error::Protocol(format!(
                 "unknown status {} for {op}",
                 c.status
@@ -557,6 +588,16 @@ impl Client {
                 code: ErrorCode::from_u32(status).unwrap_or(ErrorCode::Internal),
             }),
         }
+    }
+
+    /// A staged copy that failed part-way: waits for its other pieces and drops their errors,
+    /// so they are not reported again by an unrelated later sync.
+    fn abandon_on_error<T>(&self, r: Result<T>) -> Result<T> {
+        if r.is_err() {
+            let _ = self.drain_in_flight();
+            let _ = self.take_async_error();
+        }
+        r
     }
 
     /// Submits without waiting (the error, if any, comes with the next sync).
@@ -661,12 +702,16 @@ impl Client {
     }
 
     fn staging_events(&self, staging: &mut Staging) -> Result<[EventId; 2]> {
-        if let Some(e) = staging.events {
+        let lost = self.inner.handles_lost.load(Ordering::Acquire);
+        if let Some((e, made)) = staging.events
+            && made == lost
+        {
             return Ok(e);
         }
+        // First use, or a device reset took the old ones.
         let a = self.call(Command::EventCreate, "create event")?.result as EventId;
         let b = self.call(Command::EventCreate, "create event")?.result as EventId;
-        staging.events = Some([a, b]);
+        staging.events = Some(([a, b], lost));
         Ok([a, b])
     }
 
@@ -689,12 +734,13 @@ impl Client {
         for (i, chunk) in src.chunks(half).enumerate() {
             let slot = i % 2;
             if i >= 2 {
-                self.call(
+                let synced = self.call(
                     Command::EventSync {
                         event: events[slot],
                     },
                     "synchronize event",
-                )?;
+                );
+                self.abandon_on_error(synced)?;
             }
             // SAFETY: `slot * half + chunk.len()` is within the arena; nothing else writes this
             // half while we hold the staging lock, and the copy that last read it is done.
@@ -759,12 +805,13 @@ impl Client {
                 issue(i + 1)?;
             }
             let slot = i % 2;
-            self.call(
+            let synced = self.call(
                 Command::EventSync {
                     event: events[slot],
                 },
                 "synchronize event",
-            )?;
+            );
+            self.abandon_on_error(synced)?;
             self.take_async_error()?;
             let (off, len) = chunks[i];
             // SAFETY: the copy into this half is complete (event synchronized) and no later
@@ -895,8 +942,17 @@ impl Client {
         let id = *next;
         *next += 1;
         self.inner.socket.send(&build(id), fds)?;
-        // One reply per request, in order; shutdown and eviction may come instead.
-        match self.inner.socket.recv() {
+        // One reply per request, in order; shutdown and eviction may come instead, and
+        // device-reset notices before it.
+        let reply = loop {
+            match self.inner.socket.recv() {
+                Ok((BrokerMessage::DeviceReset { gpu, reason, lost }, _)) => {
+                    self.note_reset(DeviceReset { gpu, reason, lost })
+                }
+                other => break other,
+            }
+        };
+        match reply {
             Ok((BrokerMessage::ShuttingDown { reason }, _)) => {
                 self.mark_dead(Dead::Shutdown(reason.clone()));
                 Err(Error::BrokerShutdown(reason))
@@ -914,6 +970,27 @@ impl Client {
                 Err(e)
             }
         }
+    }
+
+    fn note_reset(&self, reset: DeviceReset) {
+        self.inner.reset_count.fetch_add(1, Ordering::Relaxed);
+        self.inner.handles_lost.fetch_add(1, Ordering::AcqRel);
+        lock(&self.inner.resets).push(reset);
+    }
+
+    /// The oldest device reset not yet taken: what the GPU reset took from this client.
+    /// Commands that fail with [`ErrorCode::DeviceReset`] mean one happened; reading the
+    /// control socket is what delivers the notice, so this also looks for one now.
+    pub fn take_device_reset(&self) -> Option<DeviceReset> {
+        self.read_unsolicited();
+        let mut resets = lock(&self.inner.resets);
+        (!resets.is_empty()).then(|| resets.remove(0))
+    }
+
+    /// How many device resets this session has lived through.
+    pub fn device_resets(&self) -> u64 {
+        self.read_unsolicited();
+        self.inner.reset_count.load(Ordering::Relaxed)
     }
 
     /// The broker's status report.

@@ -53,6 +53,9 @@ pub const GPUSHARE_E_LAUNCH_FAILED: c_int = wire(ErrorCode::LaunchFailed);
 /// A broker-side internal error, or a bug (panic) inside this library.
 pub const GPUSHARE_E_INTERNAL: c_int = wire(ErrorCode::Internal);
 pub const GPUSHARE_E_PROTOCOL_VIOLATION: c_int = wire(ErrorCode::ProtocolViolation);
+/// Another client faulted the GPU and its context was recreated: this client's device state
+/// is gone; the session goes on.
+pub const GPUSHARE_E_DEVICE_RESET: c_int = wire(ErrorCode::DeviceReset);
 /// The broker's socket could not be reached.
 pub const GPUSHARE_E_CONNECT: c_int = 100;
 /// The connection to the broker was lost; the session is over.
@@ -121,6 +124,7 @@ fn name_of(code: c_int) -> &'static CStr {
         GPUSHARE_E_LAUNCH_FAILED => c"GPUSHARE_E_LAUNCH_FAILED",
         GPUSHARE_E_INTERNAL => c"GPUSHARE_E_INTERNAL",
         GPUSHARE_E_PROTOCOL_VIOLATION => c"GPUSHARE_E_PROTOCOL_VIOLATION",
+        GPUSHARE_E_DEVICE_RESET => c"GPUSHARE_E_DEVICE_RESET",
         GPUSHARE_E_CONNECT => c"GPUSHARE_E_CONNECT",
         GPUSHARE_E_BROKER_GONE => c"GPUSHARE_E_BROKER_GONE",
         GPUSHARE_E_EVICTED => c"GPUSHARE_E_EVICTED",

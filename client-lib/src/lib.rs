@@ -26,7 +26,7 @@ pub mod ffi;
 mod handles;
 mod monitor;
 
-pub use client::{Client, ConnectOptions, SessionInfo};
+pub use client::{Client, ConnectOptions, DeviceReset, SessionInfo};
 pub use error::{Error, Result};
 pub use gpushare_protocol::control::ModuleFormat;
 pub use gpushare_protocol::stats::{ClientStats, StatusReport};

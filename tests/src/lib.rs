@@ -64,6 +64,8 @@ pub struct BrokerOptions {
     /// Run eBPF telemetry. Off unless a test asks: otherwise a test's broker would report every
     /// other GPU process on the machine (other tests' brokers included).
     pub telemetry: bool,
+    /// `--socket-mode` (octal), `666` unless set.
+    pub socket_mode: Option<String>,
 }
 
 impl Broker {
@@ -88,7 +90,7 @@ impl Broker {
             .arg("--backend")
             .arg(opts.backend.clone().unwrap_or_else(test_backend))
             .arg("--socket-mode")
-            .arg("666")
+            .arg(opts.socket_mode.as_deref().unwrap_or("666"))
             .arg("--log")
             .arg("debug")
             .env_remove("RUST_LOG")
@@ -148,6 +150,24 @@ impl Broker {
             "gpushared did not become ready in {timeout:?}; log:\n{}",
             self.log_text()
         ))
+    }
+
+    /// If the test is still running after `after`, prints the broker's log and aborts the
+    /// test process: a hang then shows what the broker was doing instead of nothing.
+    pub fn dump_log_if_stuck(&self, after: Duration) {
+        let log = Arc::downgrade(&self.log);
+        let name = std::thread::current().name().unwrap_or("test").to_string();
+        std::thread::spawn(move || {
+            std::thread::sleep(after);
+            // Gone (the broker was dropped and its log reader finished): the test is over.
+            let Some(log) = log.upgrade() else { return };
+            let text = log.lock().unwrap_or_else(|p| p.into_inner()).join("\n");
+            let _ = std::io::Write::write_all(
+                &mut std::io::stderr(),
+                format!("{name} still running after {after:?}; broker log:\n{text}\n").as_bytes(),
+            );
+            std::process::abort();
+        });
     }
 
     /// Everything the broker logged so far.
@@ -214,6 +234,85 @@ impl Broker {
         None
     }
 
+    /// How many descriptors the broker holds open.
+    pub fn fd_count(&self) -> usize {
+        std::fs::read_dir(format!("/proc/{}/fd", self.pid()))
+            .map(|d| d.count())
+            .unwrap_or(0)
+    }
+
+    /// How many clients' shared regions (`memfd:gpushare-client-N`) the broker has mapped.
+    pub fn mapped_client_regions(&self) -> usize {
+        let maps =
+            std::fs::read_to_string(format!("/proc/{}/maps", self.pid())).unwrap_or_default();
+        maps.lines()
+            .filter_map(|l| {
+                l.split_whitespace()
+                    .find(|f| f.contains("memfd:gpushare-client-"))
+            })
+            .collect::<std::collections::HashSet<_>>()
+            .len()
+    }
+
+    /// Lets every user reach the socket (the private directory is 0700): from then on the
+    /// socket's own mode and group decide who may connect.
+    pub fn open_to_other_users(&self) {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(self.dir.path(), std::fs::Permissions::from_mode(0o755))
+            .expect("chmod the broker's directory");
+    }
+
+    /// A workspace binary that other users can run: the built one where every directory above
+    /// it lets others through, else a copy in this broker's directory (call
+    /// [`Broker::open_to_other_users`] too).
+    pub fn binary_for_other_users(&self, name: &str) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let built = binary(name);
+        let others_may = |p: &Path, bits: u32| {
+            std::fs::metadata(p).is_ok_and(|m| m.permissions().mode() & bits == bits)
+        };
+        let reachable = others_may(&built, 0o005)
+            && built
+                .ancestors()
+                .skip(1)
+                .all(|d| d.as_os_str().is_empty() || others_may(d, 0o001));
+        if reachable {
+            return built;
+        }
+        let dir = self.dir.path().join("bin");
+        std::fs::create_dir_all(&dir).expect("bin dir");
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        let copy = dir.join(name);
+        if !copy.exists() {
+            // Copied by `cp`, not here: a writable descriptor of the copy in this process
+            // could leak into a child another test thread forks at that moment, and then
+            // running the copy fails with ETXTBSY until that child execs.
+            let copied = Command::new("cp")
+                .arg(&built)
+                .arg(&copy)
+                .status()
+                .expect("run cp");
+            assert!(
+                copied.success(),
+                "cp {} {}: {copied}",
+                built.display(),
+                copy.display()
+            );
+            std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        }
+        copy
+    }
+
+    /// A command for a workspace binary, run as `user`, with this broker's socket in its
+    /// environment. Makes the socket's directory and the binary reachable for `user`.
+    pub fn command_as(&self, user: &SystemUser, bin: &str) -> Command {
+        self.open_to_other_users();
+        let mut cmd = Command::new(self.binary_for_other_users(bin));
+        cmd.env("GPUSHARE_SOCKET", &self.socket).current_dir("/");
+        user.apply(&mut cmd);
+        cmd
+    }
+
     /// A command for a workspace binary with this broker's socket in its environment.
     pub fn command(&self, bin: &str) -> Command {
         let mut cmd = Command::new(binary(bin));
@@ -224,6 +323,12 @@ impl Broker {
 
 impl Drop for Broker {
     fn drop(&mut self) {
+        if std::thread::panicking() && std::env::var_os("GPUSHARE_TEST_BROKER_LOG").is_some() {
+            let _ = std::io::Write::write_all(
+                &mut std::io::stderr(),
+                format!("broker log:\n{}\n", self.log_text()).as_bytes(),
+            );
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -280,6 +385,70 @@ pub fn wait_until(timeout: Duration, mut check: impl FnMut() -> bool) -> bool {
 }
 
 pub mod raw;
+
+/// A real account of this machine to run test processes as. Tests look accounts up; they
+/// never create any.
+#[derive(Debug, Clone)]
+pub struct SystemUser {
+    pub name: String,
+    pub uid: u32,
+    pub gid: u32,
+    /// Every group of the account (primary included), as a login would set them.
+    pub groups: Vec<u32>,
+}
+
+impl SystemUser {
+    /// Looks `name` up in the system's user database.
+    pub fn lookup(name: &str) -> Option<SystemUser> {
+        let user = nix::unistd::User::from_name(name).ok().flatten()?;
+        let cname = std::ffi::CString::new(name).ok()?;
+        let groups = nix::unistd::getgrouplist(&cname, user.gid)
+            .map(|g| g.into_iter().map(|g| g.as_raw()).collect())
+            .unwrap_or_else(|_| vec![user.gid.as_raw()]);
+        Some(SystemUser {
+            name: name.to_string(),
+            uid: user.uid.as_raw(),
+            gid: user.gid.as_raw(),
+            groups,
+        })
+    }
+
+    /// Makes `cmd` run as this user: real and effective uid and gid and the account's groups,
+    /// nothing left of the caller's (root's) groups. Needs root.
+    pub fn apply<'c>(&self, cmd: &'c mut Command) -> &'c mut Command {
+        use std::os::unix::process::CommandExt;
+        let (uid, gid, groups) = (self.uid, self.gid, self.groups.clone());
+        // SAFETY: the closure runs in the forked child before exec. It only makes the
+        // async-signal-safe system calls setgroups, setgid and setuid (in that order: groups
+        // and gid while still root) on data prepared before the fork; it neither allocates nor
+        // takes locks (`last_os_error` only reads errno).
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::setgroups(groups.len(), groups.as_ptr()) != 0
+                    || libc::setgid(gid) != 0
+                    || libc::setuid(uid) != 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            })
+        }
+    }
+}
+
+/// Whether this process runs as root; if not, says loudly (straight to stderr, which the test
+/// harness does not capture) that `test` is skipped.
+pub fn root_or_skip(test: &str) -> bool {
+    if nix::unistd::geteuid().is_root() {
+        return true;
+    }
+    let _ = std::io::Write::write_all(
+        &mut std::io::stderr(),
+        format!("SKIPPED {test}: not root (needs root to run processes as other users)\n")
+            .as_bytes(),
+    );
+    false
+}
 
 /// Deterministic test data.
 pub fn pattern(n: usize, seed: u32) -> Vec<f32> {

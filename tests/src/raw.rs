@@ -126,6 +126,30 @@ impl RawClient {
         };
     }
 
+    /// Submits `entries` in batches of half the ring and waits (10 s at most per batch) for
+    /// their completions; returns every completion that came.
+    pub fn submit_all(
+        &self,
+        entries: &[SubmissionEntry],
+    ) -> Vec<gpushare_protocol::ring::CompletionEntry> {
+        let mut tail = self.sq_tail().load(Ordering::Relaxed);
+        let mut done = Vec::new();
+        for chunk in entries.chunks((self.layout.sq_entries as usize / 2).max(1)) {
+            for e in chunk {
+                self.write_entry(tail, *e);
+                tail = tail.wrapping_add(1);
+            }
+            self.publish(tail);
+            let want = done.len() + chunk.len();
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            while done.len() < want && std::time::Instant::now() < deadline {
+                done.extend(self.completions());
+                std::thread::sleep(std::time::Duration::from_micros(200));
+            }
+        }
+        done
+    }
+
     /// Reads every completion published since the last call and hands the slots back.
     pub fn completions(&self) -> Vec<gpushare_protocol::ring::CompletionEntry> {
         let tail = self.cq_tail().load(Ordering::Acquire);

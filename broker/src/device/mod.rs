@@ -23,6 +23,12 @@ pub enum DeviceError {
     NotReady,
     #[error("device error: {0}")]
     Failed(String),
+    /// A sticky error: the shared context is unusable until the broker resets it.
+    #[error("GPU fault: {0}")]
+    Fault(String),
+    /// The wait was cut short because the device is being reset.
+    #[error("interrupted by a device reset")]
+    Cancelled,
 }
 
 impl DeviceError {
@@ -32,7 +38,8 @@ impl DeviceError {
             DeviceError::NotSupported { .. } => ErrorCode::NotSupported,
             DeviceError::InvalidArgument(_) => ErrorCode::InvalidArgument,
             DeviceError::NotReady => ErrorCode::NotReady,
-            DeviceError::Failed(_) => ErrorCode::DeviceError,
+            DeviceError::Failed(_) | DeviceError::Fault(_) => ErrorCode::DeviceError,
+            DeviceError::Cancelled => ErrorCode::DeviceReset,
         }
     }
 }
@@ -115,6 +122,29 @@ pub trait Device: Send + Sync + 'static {
     fn event_done(&self, event: &Self::Event) -> DeviceResult<bool>;
     fn sync_event(&self, event: &Self::Event) -> DeviceResult<()>;
     fn elapsed_ns(&self, start: &Self::Event, end: &Self::Event) -> DeviceResult<u64>;
+
+    /// Whether work queued on the stream has not finished yet (for the hang watchdog and for
+    /// telling which clients had work in flight at a fault).
+    fn stream_busy(&self, _stream: &Self::Stream) -> bool {
+        false
+    }
+    /// Cuts short every wait on the device (they fail with [`DeviceError::Cancelled`]) until
+    /// [`Device::reset`] finishes: the first step of recovering from a fault.
+    fn interrupt(&self) {}
+    /// Whether the context is poisoned by a sticky error (an illegal address …), and which.
+    /// Cheap: the guardian asks every few milliseconds.
+    fn fault(&self) -> Option<String> {
+        None
+    }
+    /// Recreates the device context after a fault or a hang. Every allocation, stream, event
+    /// and module made before is gone; their handles become inert (dropping them is safe and
+    /// touches nothing).
+    fn reset(&self) -> DeviceResult<()>;
+    /// Whether [`Device::reset`] can recover the device within this process; when not, the
+    /// broker restarts itself after a fault.
+    fn resets_in_place(&self) -> bool {
+        true
+    }
 
     fn load_module(&self, format: ModuleFormat, image: &[u8]) -> DeviceResult<Self::Module>;
     fn get_function(&self, module: &Self::Module, name: &str) -> DeviceResult<Self::Function>;

@@ -35,6 +35,7 @@ pub mod opcode {
     pub const KERNEL_GEMM_F32: u16 = 0x44;
     pub const KERNEL_SPIN: u16 = 0x45;
     pub const KERNEL_GEMM_BF16: u16 = 0x46;
+    pub const KERNEL_FAULT: u16 = 0x47;
 }
 
 /// Largest parameter block a module launch may carry (CUDA's own limit is 32 KiB).
@@ -90,6 +91,10 @@ pub enum Kernel {
         alpha: f32,
         beta: f32,
     },
+    /// Deliberately breaks the GPU, to test fault containment: `hang = false` writes to an
+    /// illegal address (a sticky error that poisons the shared context), `hang = true` never
+    /// finishes. Refused unless the broker runs with `--allow-fault-injection`.
+    Fault { hang: bool },
 }
 
 /// Whether a kernel reads or writes a buffer.
@@ -171,7 +176,7 @@ impl Kernel {
                     op(c, bytes_of(m * n)?, c_access),
                 ]
             }
-            Kernel::Spin { .. } => vec![],
+            Kernel::Spin { .. } | Kernel::Fault { .. } => vec![],
         })
     }
 
@@ -185,6 +190,7 @@ impl Kernel {
             Kernel::GemmF32 { .. } => "gemm_f32",
             Kernel::Spin { .. } => "spin",
             Kernel::GemmBf16 { .. } => "gemm_bf16",
+            Kernel::Fault { .. } => "fault",
         }
     }
 }
@@ -403,6 +409,7 @@ impl Command {
                     Kernel::Spin { micros, blocks } => {
                         (KERNEL_SPIN, [micros, blocks as u64, 0, 0, 0, 0])
                     }
+                    Kernel::Fault { hang } => (KERNEL_FAULT, [hang as u64, 0, 0, 0, 0, 0]),
                     Kernel::GemmBf16 {
                         a,
                         b,
@@ -551,6 +558,13 @@ impl Command {
                 micros: a[0],
                 blocks: u32::try_from(a[1]).map_err(|_| ErrorCode::InvalidArgument)?,
             }),
+            KERNEL_FAULT => launch(Kernel::Fault {
+                hang: match a[0] {
+                    0 => false,
+                    1 => true,
+                    _ => return Err(ErrorCode::InvalidArgument),
+                },
+            }),
             _ => return Err(ErrorCode::InvalidCommand),
         })
     }
@@ -576,122 +590,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn samples() -> Vec<Command> {
-        vec![
-            Command::Nop,
-            Command::Alloc { bytes: 1 << 40 },
-            Command::Free { ptr: 0xdead_beef },
-            Command::CopyHtoD {
-                stream: 3,
-                arena_offset: 4096,
-                dst: 77,
-                len: 5,
-            },
-            Command::CopyDtoH {
-                stream: 1,
-                src: 9,
-                arena_offset: 8,
-                len: 7,
-            },
-            Command::CopyDtoD {
-                stream: 2,
-                src: 1,
-                dst: 2,
-                len: 3,
-            },
-            Command::Memset {
-                stream: 0,
-                dst: 5,
-                value: 0xab,
-                len: 9,
-            },
-            Command::StreamCreate,
-            Command::StreamDestroy { stream: 4 },
-            Command::StreamSync { stream: 4 },
-            Command::EventCreate,
-            Command::EventRecord {
-                stream: 1,
-                event: 2,
-            },
-            Command::EventQuery { event: 2 },
-            Command::EventSync { event: 2 },
-            Command::EventElapsed { start: 1, end: 2 },
-            Command::EventDestroy { event: 2 },
-            Command::ClientSync,
-            Command::Launch {
-                stream: 1,
-                kernel: Kernel::FillF32 {
-                    dst: 1,
-                    n: 2,
-                    value: 1.5,
-                },
-            },
-            Command::Launch {
-                stream: 1,
-                kernel: Kernel::AxpyF32 {
-                    x: 1,
-                    y: 2,
-                    n: 3,
-                    alpha: -2.0,
-                },
-            },
-            Command::Launch {
-                stream: 1,
-                kernel: Kernel::VecAddF32 {
-                    a: 1,
-                    b: 2,
-                    c: 3,
-                    n: 4,
-                },
-            },
-            Command::Launch {
-                stream: 1,
-                kernel: Kernel::ReduceSumF32 { x: 1, out: 2, n: 3 },
-            },
-            Command::Launch {
-                stream: 1,
-                kernel: Kernel::GemmF32 {
-                    a: 1,
-                    b: 2,
-                    c: 3,
-                    m: 4,
-                    n: 5,
-                    k: 6,
-                    alpha: 1.0,
-                    beta: 0.5,
-                },
-            },
-            Command::Launch {
-                stream: 9,
-                kernel: Kernel::Spin {
-                    micros: 100,
-                    blocks: 132,
-                },
-            },
-            Command::Launch {
-                stream: 3,
-                kernel: Kernel::GemmBf16 {
-                    a: 1,
-                    b: 2,
-                    c: 3,
-                    m: 7,
-                    n: 8,
-                    k: 9,
-                    alpha: 2.0,
-                    beta: 0.0,
-                },
-            },
-            Command::LaunchModule {
-                stream: 2,
-                launch: ModuleLaunch {
-                    function: 7,
-                    grid: [1, 2, 3],
-                    block: [32, 4, 1],
-                    shared_mem_bytes: 1024,
-                    params_offset: 64,
-                    params_len: 24,
-                },
-            },
-        ]
+        crate::fuzzing::commands()
     }
 
     #[test]

@@ -168,6 +168,25 @@ pub enum BrokerMessage {
         request: u64,
         result: Result<(), WireError>,
     },
+    /// Another client's work faulted the GPU and the broker recreated its context: everything
+    /// this client held on the device is gone (listed in `lost`); the session goes on, and
+    /// commands naming lost handles fail with `DeviceReset`.
+    DeviceReset {
+        gpu: u32,
+        reason: String,
+        lost: LostState,
+    },
+}
+
+/// What a client lost in a GPU reset.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LostState {
+    /// (base pointer, bytes) of every allocation.
+    pub buffers: Vec<(u64, u64)>,
+    /// Streams the client created (the default stream 0 is recreated by the broker).
+    pub streams: Vec<u32>,
+    pub events: Vec<u32>,
+    pub modules: Vec<u64>,
 }
 
 fn config() -> impl bincode::config::Config {

@@ -43,10 +43,14 @@ pub enum ErrorCode {
     Internal = 16,
     #[error("protocol violation")]
     ProtocolViolation = 17,
+    #[error(
+        "the GPU was reset after a fault; this client's device memory, streams, events and modules were lost"
+    )]
+    DeviceReset = 18,
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 17] = [
+    pub const ALL: [ErrorCode; 18] = [
         ErrorCode::InvalidCommand,
         ErrorCode::InvalidArgument,
         ErrorCode::InvalidHandle,
@@ -64,6 +68,7 @@ impl ErrorCode {
         ErrorCode::LaunchFailed,
         ErrorCode::Internal,
         ErrorCode::ProtocolViolation,
+        ErrorCode::DeviceReset,
     ];
 
     pub fn as_u32(self) -> u32 {

@@ -10,6 +10,8 @@
 pub mod command;
 pub mod control;
 pub mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod ring;
 pub mod stats;
 

@@ -5,22 +5,47 @@
 //! - `busy`: print `ready`, then launch spin kernels and copies forever.
 //! - `flood`: submit no-ops forever without ever reading a completion.
 //! - `wait-shutdown`: print `ready`, then synchronize in a loop until an error; print it.
-//! - `admin-evict ID` / `admin-quota ID BYTES`: as a monitor, try the admin action and print
-//!   `ok` or the error (for permission tests run as another user).
+//! - `churn SEED`: print `ready`, then random work forever (allocations of random sizes,
+//!   frees, copies both ways, fills, axpys, spins, syncs), from a seeded RNG.
+//! - `full-ring`: a raw client that fills its submission ring with no-ops and never reads a
+//!   completion, so both rings stay full; prints `ready` once they are.
+//! - `own VALUE N`: allocate N floats, fill them with VALUE, print `ready PTR BYTES`; then for
+//!   every `check` line on stdin print `intact` or `changed AT VALUE`; exit at end of input.
+//! - `raw-attack PTR BYTES`: a raw client that aims ring entries (copies, memset, launches,
+//!   free) at device memory it does not own; prints `NAME STATUS` per entry, then
+//!   `arena-clean true|false` (whether its arena still holds the sentinel it wrote before, i.e.
+//!   none of the victim's bytes reached it) and `own-readback true|false` (the same copy of
+//!   its own buffer works).
+//! - `peek PID…`: try to list `/proc/PID/fd` and open each descriptor; print `PID denied` or
+//!   `PID opened N`.
+//! - `connect-probe [CLASS]`: connect (asking for CLASS), print `connected ID CLASS`, or
+//!   `refused errno=N: …` (socket) or `refused code=CODE: …` (broker).
+//! - `admin-evict ID` / `admin-quota ID BYTES` / `admin-class ID CLASS`: as a monitor, try the
+//!   admin action and print `ok` or the error (for permission tests run as another user).
 
-use std::io::Write;
-use std::time::Duration;
+use std::io::{BufRead, Write};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
-use gpushare::{Client, Command, Kernel};
+use gpushare::{Client, Command, ConnectOptions, Kernel, PriorityClass};
+use gpushare_protocol::ring::SubmissionEntry;
+use gpushare_tests::raw::RawClient;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 
 fn main() {
     let mut args = std::env::args().skip(1);
     let mode = args.next().unwrap_or_default();
     if let Some(action) = mode.strip_prefix("admin-") {
         let id: u64 = args.next().and_then(|s| s.parse().ok()).unwrap_or(0);
+        let class: Option<PriorityClass> = match action {
+            "class" => args.next().and_then(|s| s.parse().ok()),
+            _ => None,
+        };
         let outcome = gpushare::Monitor::connect(&gpushare_protocol::socket_path_from_env())
             .and_then(|mut m| match action {
                 "evict" => m.admin_evict(id, "testing"),
+                "class" => m.admin_set(id, class, None, None),
                 _ => m.admin_set(
                     id,
                     None,
@@ -33,6 +58,25 @@ fn main() {
             Err(e) => println!("error: {e}"),
         }
         return;
+    }
+    match mode.as_str() {
+        "full-ring" => return full_ring(),
+        "raw-attack" => {
+            let ptr = parse_ptr(args.next());
+            let bytes: u64 = args.next().and_then(|s| s.parse().ok()).unwrap_or(4096);
+            return raw_attack(ptr, bytes);
+        }
+        "peek" => {
+            for pid in args {
+                println!("{pid} {}", peek(&pid));
+            }
+            return;
+        }
+        "connect-probe" => {
+            let class = args.next().and_then(|s| s.parse().ok());
+            return connect_probe(class);
+        }
+        _ => {}
     }
     let client = match Client::connect() {
         Ok(c) => c,
@@ -101,9 +145,380 @@ fn main() {
                 std::thread::sleep(Duration::from_millis(5));
             }
         }
+        "churn" => {
+            let seed: u64 = args.next().and_then(|s| s.parse().ok()).unwrap_or(0);
+            ready();
+            churn(&client, seed);
+        }
+        "own" => {
+            let value: f32 = args.next().and_then(|s| s.parse().ok()).unwrap_or(1.0);
+            let n: usize = args.next().and_then(|s| s.parse().ok()).unwrap_or(1024);
+            let buf = client.alloc::<f32>(n).expect("alloc");
+            client
+                .default_stream()
+                .launch(Kernel::FillF32 {
+                    dst: buf.ptr(),
+                    n: n as u64,
+                    value,
+                })
+                .expect("fill");
+            client.synchronize().expect("sync");
+            println!("ready {:#x} {}", buf.ptr(), buf.byte_len());
+            let _ = std::io::stdout().flush();
+            for line in std::io::stdin().lock().lines().map_while(Result::ok) {
+                if line.trim() != "check" {
+                    continue;
+                }
+                let got = buf.to_vec().expect("read back");
+                match got.iter().position(|&v| v != value) {
+                    None => println!("intact"),
+                    Some(at) => println!("changed {at} {}", got[at]),
+                }
+                let _ = std::io::stdout().flush();
+            }
+        }
         other => {
             eprintln!("unknown mode `{other}`");
             std::process::exit(2);
         }
     }
+}
+
+fn parse_ptr(arg: Option<String>) -> u64 {
+    let arg = arg.unwrap_or_default();
+    match arg.strip_prefix("0x") {
+        Some(hex) => u64::from_str_radix(hex, 16).unwrap_or(0),
+        None => arg.parse().unwrap_or(0),
+    }
+}
+
+/// Random work until killed.
+fn churn(client: &Client, seed: u64) -> ! {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let stream = client.create_stream().expect("stream");
+    let mut live: Vec<gpushare::DeviceBuffer<f32>> = Vec::new();
+    loop {
+        match rng.random_range(0..8) {
+            0 | 1 => {
+                let log2 = rng.random_range(4..19);
+                let n = rng.random_range(1..(1usize << log2));
+                if let Ok(b) = client.alloc::<f32>(n) {
+                    live.push(b);
+                }
+            }
+            2 if !live.is_empty() => {
+                let i = rng.random_range(0..live.len());
+                drop(live.swap_remove(i));
+            }
+            3 if !live.is_empty() => {
+                let b = &live[rng.random_range(0..live.len())];
+                let _ = b.copy_from_host(&vec![rng.random::<f32>(); b.len()]);
+            }
+            4 if !live.is_empty() => {
+                let b = &live[rng.random_range(0..live.len())];
+                let _ = b.to_vec();
+            }
+            5 if live.len() >= 2 => {
+                let (x, y) = (&live[0], &live[live.len() - 1]);
+                let n = x.len().min(y.len()) as u64;
+                let _ = stream.launch(Kernel::FillF32 {
+                    dst: x.ptr(),
+                    n,
+                    value: 1.0,
+                });
+                let _ = stream.launch(Kernel::AxpyF32 {
+                    x: x.ptr(),
+                    y: y.ptr(),
+                    n,
+                    alpha: 2.0,
+                });
+            }
+            6 => {
+                let _ = stream.launch(Kernel::Spin {
+                    micros: rng.random_range(10..500),
+                    blocks: 4,
+                });
+            }
+            _ => {
+                for _ in 0..rng.random_range(1..64) {
+                    let _ = client.submit_async(Command::Nop);
+                }
+                let _ = stream.synchronize();
+            }
+        }
+        if live.len() > 32 {
+            live.truncate(16);
+        }
+    }
+}
+
+/// Fills both rings and never reads a completion.
+fn full_ring() {
+    let raw = RawClient::connect(&gpushare_protocol::socket_path_from_env());
+    let sq = raw.layout.sq_entries;
+    let mut tail = 0u32;
+    let mut announced = false;
+    let start = Instant::now();
+    loop {
+        let head = raw.sq_head().load(Ordering::Acquire);
+        while tail.wrapping_sub(head) < sq {
+            raw.write_entry(tail, Command::Nop.encode(u64::from(tail)));
+            tail = tail.wrapping_add(1);
+        }
+        raw.publish(tail);
+        let cq_full = raw
+            .cq_tail()
+            .load(Ordering::Acquire)
+            .wrapping_sub(raw.cq_head().load(Ordering::Relaxed))
+            >= raw.layout.cq_entries;
+        if !announced && (cq_full || start.elapsed() > Duration::from_secs(2)) {
+            println!("ready");
+            let _ = std::io::stdout().flush();
+            announced = true;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Aims every kind of operand at `victim` (BYTES long), which another user owns.
+fn raw_attack(victim: u64, bytes: u64) {
+    let raw = RawClient::connect(&gpushare_protocol::socket_path_from_env());
+    let own = raw.submit_all(&[Command::Alloc { bytes }.encode(1)]);
+    let mine = match own.first() {
+        Some(c) if c.status == 0 => c.result,
+        other => {
+            println!("own-alloc failed {other:?}");
+            return;
+        }
+    };
+    let n = bytes / 4;
+    let kernel = |kernel| Command::Launch { stream: 0, kernel };
+    let attacks: Vec<(&str, Command)> = vec![
+        (
+            "own-memset",
+            Command::Memset {
+                stream: 0,
+                dst: mine,
+                value: 0,
+                len: bytes,
+            },
+        ),
+        (
+            "own-fill",
+            kernel(Kernel::FillF32 {
+                dst: mine,
+                n,
+                value: 3.0,
+            }),
+        ),
+        (
+            "copy-dtoh-from-victim",
+            Command::CopyDtoH {
+                stream: 0,
+                src: victim,
+                arena_offset: 0,
+                len: bytes,
+            },
+        ),
+        (
+            "copy-dtod-from-victim",
+            Command::CopyDtoD {
+                stream: 0,
+                src: victim,
+                dst: mine,
+                len: bytes,
+            },
+        ),
+        (
+            "copy-dtod-to-victim",
+            Command::CopyDtoD {
+                stream: 0,
+                src: mine,
+                dst: victim,
+                len: bytes,
+            },
+        ),
+        (
+            "copy-htod-to-victim",
+            Command::CopyHtoD {
+                stream: 0,
+                arena_offset: 0,
+                dst: victim,
+                len: bytes,
+            },
+        ),
+        (
+            "memset-victim",
+            Command::Memset {
+                stream: 0,
+                dst: victim,
+                value: 0,
+                len: bytes,
+            },
+        ),
+        (
+            "memset-victim-interior",
+            Command::Memset {
+                stream: 0,
+                dst: victim + 4,
+                value: 0,
+                len: 4,
+            },
+        ),
+        (
+            "memset-own-past-its-end",
+            Command::Memset {
+                stream: 0,
+                dst: mine,
+                value: 0,
+                len: bytes + 4096,
+            },
+        ),
+        (
+            "fill-victim",
+            kernel(Kernel::FillF32 {
+                dst: victim,
+                n,
+                value: -1.0,
+            }),
+        ),
+        (
+            "axpy-reads-victim",
+            kernel(Kernel::AxpyF32 {
+                x: victim,
+                y: mine,
+                n,
+                alpha: 1.0,
+            }),
+        ),
+        (
+            "axpy-writes-victim",
+            kernel(Kernel::AxpyF32 {
+                x: mine,
+                y: victim,
+                n,
+                alpha: 1.0,
+            }),
+        ),
+        (
+            "vec-add-reads-victim",
+            kernel(Kernel::VecAddF32 {
+                a: victim,
+                b: mine,
+                c: mine,
+                n,
+            }),
+        ),
+        (
+            "reduce-reads-victim",
+            kernel(Kernel::ReduceSumF32 {
+                x: victim,
+                out: mine,
+                n,
+            }),
+        ),
+        (
+            "gemm-reads-victim",
+            kernel(Kernel::GemmF32 {
+                a: victim,
+                b: mine,
+                c: mine,
+                m: 1,
+                n: 1,
+                k: 1,
+                alpha: 1.0,
+                beta: 0.0,
+            }),
+        ),
+        ("free-victim", Command::Free { ptr: victim }),
+        ("sync", Command::ClientSync),
+    ];
+    // A sentinel in the arena: what a leaking copy of the victim's memory would overwrite.
+    let sentinel = vec![0xa5u8; bytes as usize];
+    raw.scribble(raw.layout.arena_offset(), &sentinel);
+    let entries: Vec<SubmissionEntry> = attacks
+        .iter()
+        .enumerate()
+        .map(|(i, (_, c))| c.encode(100 + i as u64))
+        .collect();
+    let done = raw.submit_all(&entries);
+    for (i, (name, _)) in attacks.iter().enumerate() {
+        match done.iter().find(|c| c.user_tag == 100 + i as u64) {
+            Some(c) => println!("{name} {}", c.status),
+            None => println!("{name} missing"),
+        }
+    }
+    println!("arena-clean {}", read_arena(&raw, bytes) == sentinel);
+    // The same path works on this client's own memory (filled with 3.0 above).
+    let own = raw.submit_all(&[
+        Command::CopyDtoH {
+            stream: 0,
+            src: mine,
+            arena_offset: 0,
+            len: bytes,
+        }
+        .encode(1000),
+        Command::ClientSync.encode(1001),
+    ]);
+    let own_ok = own.iter().all(|c| c.status == 0)
+        && read_arena(&raw, bytes)
+            .chunks(4)
+            .all(|c| c == 3.0f32.to_ne_bytes());
+    println!("own-readback {own_ok}");
+    let _ = std::io::stdout().flush();
+}
+
+/// The first `bytes` of the raw client's arena (all zeros past the arena's end).
+fn read_arena(raw: &RawClient, bytes: u64) -> Vec<u8> {
+    let mut arena = vec![0u8; bytes as usize];
+    if bytes <= raw.layout.arena_size {
+        // SAFETY: the first `bytes` of the arena lie inside the mapping (checked just above).
+        // The broker may be writing them only while a copy is in flight; callers read after a
+        // synchronization.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                raw.map.as_ptr().add(raw.layout.arena_offset()),
+                arena.as_mut_ptr(),
+                arena.len(),
+            )
+        };
+    }
+    arena
+}
+
+/// Lists `/proc/PID/fd` and opens every descriptor it can.
+fn peek(pid: &str) -> String {
+    let dir = match std::fs::read_dir(format!("/proc/{pid}/fd")) {
+        Ok(d) => d,
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => return "denied".into(),
+        Err(e) => return format!("error {e}"),
+    };
+    let opened = dir
+        .map_while(Result::ok)
+        .filter(|e| std::fs::File::open(e.path()).is_ok())
+        .count();
+    format!("opened {opened}")
+}
+
+fn connect_probe(class: Option<PriorityClass>) {
+    let opts = ConnectOptions {
+        class,
+        ..ConnectOptions::default()
+    };
+    match Client::connect_with(opts) {
+        Ok(c) => println!(
+            "connected {} {}",
+            c.session().client_id,
+            c.session().class.as_str()
+        ),
+        Err(gpushare::Error::Connect { source, .. }) => println!(
+            "refused errno={}: {source}",
+            source.raw_os_error().unwrap_or(0)
+        ),
+        Err(e) => match e.code() {
+            Some(code) => println!("refused code={code:?}: {e}"),
+            None => println!("failed: {e}"),
+        },
+    }
+    let _ = std::io::stdout().flush();
 }

@@ -254,6 +254,10 @@ impl Builtins {
                 backend: "cuda",
                 what: "bf16 GEMM has no built-in kernel; it needs cuBLAS".into(),
             }),
+            Kernel::Fault { .. } => Err(DeviceError::NotSupported {
+                backend: "cuda",
+                what: "fault injection is not a built-in kernel".into(),
+            }),
             Kernel::Spin { micros, blocks } => {
                 let mut nanos = micros.saturating_mul(1000);
                 launch(

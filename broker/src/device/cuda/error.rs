@@ -17,6 +17,18 @@ pub fn driver(what: &str, e: DriverError) -> DeviceError {
         | cudaError_enum::CUDA_ERROR_NO_BINARY_FOR_GPU => {
             DeviceError::InvalidArgument(describe(what, e))
         }
+        // Sticky errors: the context is unusable until it is reset.
+        cudaError_enum::CUDA_ERROR_ILLEGAL_ADDRESS
+        | cudaError_enum::CUDA_ERROR_LAUNCH_FAILED
+        | cudaError_enum::CUDA_ERROR_HARDWARE_STACK_ERROR
+        | cudaError_enum::CUDA_ERROR_ILLEGAL_INSTRUCTION
+        | cudaError_enum::CUDA_ERROR_MISALIGNED_ADDRESS
+        | cudaError_enum::CUDA_ERROR_INVALID_ADDRESS_SPACE
+        | cudaError_enum::CUDA_ERROR_INVALID_PC
+        | cudaError_enum::CUDA_ERROR_ASSERT
+        | cudaError_enum::CUDA_ERROR_LAUNCH_TIMEOUT
+        | cudaError_enum::CUDA_ERROR_ECC_UNCORRECTABLE
+        | cudaError_enum::CUDA_ERROR_CONTEXT_IS_DESTROYED => DeviceError::Fault(describe(what, e)),
         _ => DeviceError::Failed(describe(what, e)),
     }
 }

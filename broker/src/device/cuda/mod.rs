@@ -13,7 +13,9 @@ use std::cell::Cell;
 use std::collections::{BTreeMap, VecDeque};
 use std::ffi::c_void;
 use std::ptr;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
 
 use cudarc::driver::result as cu;
 use cudarc::driver::sys::{self, CUcontext, CUdevice, CUevent, CUmodule, CUstream};
@@ -37,16 +39,63 @@ const MAX_SPAN: std::time::Duration = std::time::Duration::from_millis(2);
 const FP32_LANES_PER_SM: f64 = 128.0;
 
 thread_local! {
-    /// The context current on this thread, so we set it only when it changes.
-    static CURRENT: Cell<usize> = const { Cell::new(0) };
+    /// The context (and its reset epoch) current on this thread, so we set it only when it
+    /// changes.
+    static CURRENT: Cell<(usize, u64)> = const { Cell::new((0, 0)) };
 }
+
+/// Kernels that break the GPU on purpose (`--allow-fault-injection`), hand-written PTX so
+/// they need no compiler: an illegal-address store and a loop that never ends.
+const FAULT_PTX: &str = "
+.version 7.0
+.target sm_70
+.address_size 64
+.visible .entry gpushare_fault_illegal()
+{
+    .reg .b32 %r<2>;
+    .reg .b64 %rd<2>;
+    mov.u64 %rd1, 16;
+    mov.u32 %r1, 1;
+    st.global.u32 [%rd1], %r1;
+    ret;
+}
+.visible .entry gpushare_fault_hang(.param .u64 flag)
+{
+    .reg .pred %p<2>;
+    .reg .b32 %r<2>;
+    .reg .b64 %rd<2>;
+    ld.param.u64 %rd1, [flag];
+LOOP:
+    ld.volatile.global.u32 %r1, [%rd1];
+    setp.eq.u32 %p1, %r1, 0;
+    @%p1 bra LOOP;
+    ret;
+}
+";
+
+/// The fault-injection kernels, loaded on first use in the current context.
+struct FaultKernels {
+    illegal: sys::CUfunction,
+    hang: sys::CUfunction,
+    /// A zeroed device word the hang kernel waits on forever.
+    flag: DevicePtr,
+}
+
+// SAFETY: plain driver handles, used with the context current.
+unsafe impl Send for FaultKernels {}
 
 pub struct CudaDevice {
     ordinal: i32,
     device: CUdevice,
-    ctx: CUcontext,
+    /// The primary context (a `CUcontext`), replaced by [`Device::reset`].
+    ctx: AtomicUsize,
+    /// Bumped by every reset; handles remember theirs and go inert when it moves on.
+    epoch: Arc<AtomicU64>,
+    /// Set while a reset is pending: waits give up.
+    interrupted: AtomicBool,
     info: DeviceInfo,
-    builtins: Builtins,
+    builtins: RwLock<Arc<Builtins>>,
+    faults: Mutex<Option<FaultKernels>>,
     /// (least, greatest) stream priority; numerically smaller is more important.
     priorities: (i32, i32),
     cublas: bool,
@@ -111,7 +160,7 @@ impl CudaDevice {
             .map_err(|e| driver("cuDevicePrimaryCtxRetain", e))?;
         // SAFETY: `ctx` was just retained.
         unsafe { cu::ctx::set_current(ctx) }.map_err(|e| driver("cuCtxSetCurrent", e))?;
-        CURRENT.with(|c| c.set(ctx as usize));
+        CURRENT.with(|c| c.set((ctx as usize, 0)));
 
         let attr = |a| {
             // SAFETY: `device` is valid; unknown attributes return an error, mapped to 0.
@@ -158,9 +207,12 @@ impl CudaDevice {
         Ok(CudaDevice {
             ordinal,
             device,
-            ctx,
+            ctx: AtomicUsize::new(ctx as usize),
+            epoch: Arc::new(AtomicU64::new(0)),
+            interrupted: AtomicBool::new(false),
             info,
-            builtins,
+            builtins: RwLock::new(Arc::new(builtins)),
+            faults: Mutex::new(None),
             priorities,
             cublas,
             registered: Mutex::new(BTreeMap::new()),
@@ -169,13 +221,93 @@ impl CudaDevice {
 
     /// Makes our context current on the calling thread.
     fn bind(&self) -> DeviceResult<()> {
-        let ctx = self.ctx as usize;
-        if CURRENT.with(|c| c.get()) != ctx {
-            // SAFETY: the context is retained for the device's lifetime.
-            unsafe { cu::ctx::set_current(self.ctx) }.map_err(|e| driver("cuCtxSetCurrent", e))?;
-            CURRENT.with(|c| c.set(ctx));
+        let now = (
+            self.ctx.load(Ordering::Acquire),
+            self.epoch.load(Ordering::Acquire),
+        );
+        let was = CURRENT.with(|c| c.get());
+        if was != now {
+            if was.1 != now.1 {
+                // After a reset the handle may be the same value: make the driver forget the
+                // thread's old binding first, or it keeps pointing at the destroyed context.
+                // SAFETY: unbinding is always allowed.
+                let _ = unsafe { cu::ctx::set_current(ptr::null_mut()) };
+            }
+            // SAFETY: the context is retained for the device's lifetime (a reset replaces it
+            // and bumps the epoch, so a stale one is never made current again).
+            unsafe { cu::ctx::set_current(now.0 as CUcontext) }
+                .map_err(|e| driver("cuCtxSetCurrent", e))?;
+            CURRENT.with(|c| c.set(now));
         }
         Ok(())
+    }
+
+    fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::Acquire)
+    }
+
+    fn builtins(&self) -> Arc<Builtins> {
+        self.builtins
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Waits until `done` says the work finished, polling so that a reset can interrupt it
+    /// (a blocking driver wait on a kernel that never ends would never return).
+    fn wait_until(&self, mut done: impl FnMut() -> DeviceResult<bool>) -> DeviceResult<()> {
+        let started = Instant::now();
+        loop {
+            if done()? {
+                return Ok(());
+            }
+            if self.interrupted.load(Ordering::Acquire) {
+                return Err(DeviceError::Cancelled);
+            }
+            // Spin first (short kernels answer within microseconds), then back off.
+            let waited = started.elapsed();
+            if waited < Duration::from_micros(100) {
+                std::hint::spin_loop();
+            } else if waited < Duration::from_millis(20) {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(Duration::from_micros(20));
+            }
+        }
+    }
+
+    /// Launches a fault-injection kernel.
+    fn inject_fault(&self, stream: &CudaStream, hang: bool) -> DeviceResult<()> {
+        let mut faults = self.faults.lock().unwrap_or_else(|e| e.into_inner());
+        if faults.is_none() {
+            let mut image = FAULT_PTX.as_bytes().to_vec();
+            image.push(0);
+            let module = builtins::load_image(&image)?;
+            // SAFETY: plain allocation with our context current (bound by the caller).
+            let flag = unsafe { cu::malloc_sync(4) }.map_err(|e| driver("cuMemAlloc", e))?;
+            // SAFETY: `flag` is the 4-byte allocation just made.
+            unsafe { cu::memset_d8_sync(flag, 0, 4) }.map_err(|e| driver("cuMemsetD8", e))?;
+            *faults = Some(FaultKernels {
+                illegal: builtins::function(module, "gpushare_fault_illegal")?,
+                hang: builtins::function(module, "gpushare_fault_hang")?,
+                flag,
+            });
+        }
+        let Some(k) = faults.as_ref() else {
+            return Err(DeviceError::Failed("fault kernels missing".into()));
+        };
+        let mut flag = k.flag;
+        let mut params = [&mut flag as *mut DevicePtr as *mut c_void];
+        let (f, params) = if hang {
+            (k.hang, params.as_mut_ptr())
+        } else {
+            (k.illegal, ptr::null_mut())
+        };
+        // SAFETY: functions of the loaded fault module; the hang kernel's one parameter is a
+        // live local the driver copies at launch.
+        check("fault kernel launch", unsafe {
+            sys::cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, stream.raw, params, ptr::null_mut())
+        })
     }
 
     /// Whether `[ptr, ptr+len)` lies in a page-locked arena.
@@ -201,7 +333,7 @@ impl Drop for CudaDevice {
     fn drop(&mut self) {
         let _ = self.bind();
         // SAFETY: the module was loaded by us and nothing uses it after the device is gone.
-        let _ = unsafe { cu::module::unload(self.builtins.module) };
+        let _ = unsafe { cu::module::unload(self.builtins().module) };
         // SAFETY: balances the retain in `open`.
         let _ = unsafe { cu::primary_ctx::release(self.device) };
     }
@@ -210,6 +342,8 @@ impl Drop for CudaDevice {
 /// A client stream on the GPU.
 pub struct CudaStream {
     raw: CUstream,
+    /// The reset epoch it was made in; after a reset it is inert.
+    epoch: u64,
     /// Event recorded when the stream went from idle to busy, and when (wall clock).
     open: Option<(CUevent, std::time::Instant)>,
     /// Batches queued and not yet measured: (start, end).
@@ -293,6 +427,8 @@ impl CudaStream {
 pub struct CudaEvent {
     raw: CUevent,
     recorded: bool,
+    epoch: u64,
+    device_epoch: Arc<AtomicU64>,
 }
 
 // SAFETY: a plain driver handle.
@@ -300,6 +436,9 @@ unsafe impl Send for CudaEvent {}
 
 impl Drop for CudaEvent {
     fn drop(&mut self) {
+        if self.device_epoch.load(Ordering::Acquire) != self.epoch {
+            return; // died with its context
+        }
         // SAFETY: created by us, destroyed once; the driver defers destruction of an event
         // still pending on a stream.
         let _ = unsafe { cu::event::destroy(self.raw) };
@@ -309,6 +448,8 @@ impl Drop for CudaEvent {
 /// A module a client loaded.
 pub struct CudaModule {
     raw: CUmodule,
+    epoch: u64,
+    device_epoch: Arc<AtomicU64>,
 }
 
 // SAFETY: a plain driver handle.
@@ -318,6 +459,9 @@ unsafe impl Sync for CudaModule {}
 
 impl Drop for CudaModule {
     fn drop(&mut self) {
+        if self.device_epoch.load(Ordering::Acquire) != self.epoch {
+            return; // died with its context
+        }
         // SAFETY: loaded by us; functions keep the module alive through their Arc, so nothing
         // launches from it after this.
         let _ = unsafe { cu::module::unload(self.raw) };
@@ -415,6 +559,7 @@ impl Device for CudaDevice {
             .map_err(|e| driver("cuStreamCreateWithPriority", e))?;
         Ok(CudaStream {
             raw,
+            epoch: self.epoch(),
             open: None,
             spans: VecDeque::new(),
             spare: Vec::new(),
@@ -425,8 +570,8 @@ impl Device for CudaDevice {
     }
 
     fn destroy_stream(&self, mut stream: CudaStream) {
-        if self.bind().is_err() {
-            return;
+        if stream.epoch != self.epoch() || self.bind().is_err() {
+            return; // a stale stream died with its context
         }
         // SAFETY: live stream; waiting makes every event and copy on it complete.
         let _ = unsafe { cu::stream::synchronize(stream.raw) };
@@ -551,7 +696,8 @@ impl Device for CudaDevice {
                 backend: "cuda",
                 what: "bf16 GEMM needs cuBLAS (libcublas.so), which was not found".into(),
             }),
-            _ => self.builtins.launch(stream.raw, kernel),
+            Kernel::Fault { hang } => self.inject_fault(stream, hang),
+            _ => self.builtins().launch(stream.raw, kernel),
         }
     }
 
@@ -601,9 +747,17 @@ impl Device for CudaDevice {
 
     fn sync_stream(&self, stream: &mut CudaStream) -> DeviceResult<()> {
         self.bind()?;
-        // SAFETY: live stream.
-        let r = unsafe { cu::stream::synchronize(stream.raw) }
-            .map_err(|e| driver("kernel or copy on this stream failed", e));
+        let raw = stream.raw;
+        let r = self.wait_until(|| {
+            // SAFETY: live stream.
+            let r = unsafe { sys::cuStreamQuery(raw) };
+            if r == sys::cudaError_enum::CUDA_ERROR_NOT_READY {
+                return Ok(false);
+            }
+            r.result()
+                .map(|()| true)
+                .map_err(|e| driver("kernel or copy on this stream failed", e))
+        });
         // The span ends here; its end event is recorded at the end of the batch, after the
         // client has its answer (on an idle stream it completes at once).
         stream.drained = true;
@@ -627,6 +781,45 @@ impl Device for CudaDevice {
         !stream.spans.is_empty()
     }
 
+    fn stream_busy(&self, stream: &CudaStream) -> bool {
+        if stream.epoch != self.epoch() || self.bind().is_err() {
+            return false;
+        }
+        // SAFETY: live stream. An error counts as busy: after a fault the work's fate is
+        // unknown, and its owner stays a suspect.
+        let r = unsafe { sys::cuStreamQuery(stream.raw) };
+        r != sys::cudaError_enum::CUDA_SUCCESS
+    }
+
+    fn fault(&self) -> Option<String> {
+        self.bind().ok()?;
+        // SAFETY: the legacy default stream of our current context; a query never blocks and
+        // reports a sticky error if the context has one.
+        let r = unsafe { sys::cuStreamQuery(ptr::null_mut()) };
+        match r.result().map_err(|e| driver("GPU context", e)) {
+            Err(DeviceError::Fault(what)) => Some(what),
+            _ => None,
+        }
+    }
+
+    fn interrupt(&self) {
+        self.interrupted.store(true, Ordering::Release);
+    }
+
+    fn resets_in_place(&self) -> bool {
+        false
+    }
+
+    fn reset(&self) -> DeviceResult<()> {
+        // Measured on driver 580 (H100): after an illegal address even
+        // cuDevicePrimaryCtxRetain fails with the sticky error once the context is reset, and
+        // a reset under a kernel that never ends waits for it forever. Only a new process gets
+        // a working GPU back, so the broker restarts instead (see `fault`).
+        Err(DeviceError::Fault(
+            "the CUDA driver keeps a sticky error for the life of the process".into(),
+        ))
+    }
+
     fn take_busy_ns(&self, stream: &mut CudaStream) -> u64 {
         if self.bind().is_ok() {
             stream.harvest();
@@ -639,6 +832,8 @@ impl Device for CudaDevice {
         Ok(CudaEvent {
             raw: self.event()?,
             recorded: false,
+            epoch: self.epoch(),
+            device_epoch: self.epoch.clone(),
         })
     }
 
@@ -662,9 +857,7 @@ impl Device for CudaDevice {
     }
 
     fn sync_event(&self, event: &CudaEvent) -> DeviceResult<()> {
-        self.bind()?;
-        // SAFETY: live event.
-        unsafe { cu::event::synchronize(event.raw) }.map_err(|e| driver("cuEventSynchronize", e))
+        self.wait_until(|| self.event_done(event))
     }
 
     fn elapsed_ns(&self, start: &CudaEvent, end: &CudaEvent) -> DeviceResult<u64> {
@@ -687,7 +880,11 @@ impl Device for CudaDevice {
             bytes.push(0); // the driver reads PTX as a C string
         }
         let raw = builtins::load_image(&bytes)?;
-        Ok(Arc::new(ModuleRef(CudaModule { raw })))
+        Ok(Arc::new(ModuleRef(CudaModule {
+            raw,
+            epoch: self.epoch(),
+            device_epoch: self.epoch.clone(),
+        })))
     }
 
     fn get_function(&self, module: &Arc<ModuleRef>, name: &str) -> DeviceResult<CudaFunction> {

@@ -122,6 +122,7 @@ pub fn work(kernel: &Kernel) -> (f64, f64, u64) {
             )
         }
         Kernel::Spin { blocks, .. } => (0.0, 0.0, blocks as u64),
+        Kernel::Fault { .. } => (0.0, 0.0, 1),
     }
 }
 

@@ -11,6 +11,7 @@ pub mod kernels;
 pub mod memory;
 
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use gpushare_protocol::command::ModuleLaunch;
@@ -48,18 +49,26 @@ struct SimState {
     memory: SimMemory,
     /// Modelled time at which the device finishes its last accepted command.
     busy_until_ns: u64,
+    /// Set by an injected illegal-address fault: like CUDA's sticky errors, every later call
+    /// fails until the device is reset.
+    poisoned: Option<String>,
+    epoch: u64,
 }
 
 pub struct SimDevice {
     info: DeviceInfo,
     options: SimOptions,
     state: Mutex<SimState>,
+    interrupted: AtomicBool,
 }
 
 pub struct SimStream {
     ready_ns: u64,
     /// Modelled busy time not yet taken by `take_busy_ns`.
     busy_ns: u64,
+    /// An injected hang runs on this stream: its work never finishes.
+    hung: bool,
+    epoch: u64,
 }
 
 pub struct SimEvent {
@@ -87,7 +96,10 @@ impl SimDevice {
             state: Mutex::new(SimState {
                 memory: SimMemory::new(options.memory),
                 busy_until_ns: 0,
+                poisoned: None,
+                epoch: 0,
             }),
+            interrupted: AtomicBool::new(false),
         }
     }
 
@@ -108,6 +120,7 @@ impl SimDevice {
     ) -> DeviceResult<T> {
         let wall_start = Instant::now();
         let mut st = self.state();
+        Self::check_healthy(&st)?;
         let out = body(&mut st.memory)?;
         let start = stream.ready_ns.max(st.busy_until_ns);
         let end = start.saturating_add(cost_ns);
@@ -129,6 +142,13 @@ impl SimDevice {
     }
 
     /// Bytes of device memory in use.
+    fn check_healthy(st: &SimState) -> DeviceResult<()> {
+        match &st.poisoned {
+            Some(why) => Err(DeviceError::Fault(why.clone())),
+            None => Ok(()),
+        }
+    }
+
     pub fn memory_used(&self) -> u64 {
         self.state().memory.used()
     }
@@ -149,11 +169,15 @@ impl Device for SimDevice {
     }
 
     fn alloc(&self, bytes: u64) -> DeviceResult<DevicePtr> {
-        self.state().memory.alloc(bytes)
+        let mut st = self.state();
+        Self::check_healthy(&st)?;
+        st.memory.alloc(bytes)
     }
 
     fn free(&self, ptr: DevicePtr) -> DeviceResult<()> {
-        self.state().memory.free(ptr)
+        let mut st = self.state();
+        Self::check_healthy(&st)?;
+        st.memory.free(ptr)
     }
 
     fn register_arena(&self, _arena: ArenaSlice<'_>) -> DeviceResult<()> {
@@ -166,6 +190,8 @@ impl Device for SimDevice {
         Ok(SimStream {
             ready_ns: 0,
             busy_ns: 0,
+            hung: false,
+            epoch: self.state().epoch,
         })
     }
 
@@ -227,6 +253,16 @@ impl Device for SimDevice {
     }
 
     fn launch(&self, stream: &mut SimStream, kernel: &Kernel) -> DeviceResult<()> {
+        if let Kernel::Fault { hang } = *kernel {
+            let mut st = self.state();
+            Self::check_healthy(&st)?;
+            if hang {
+                stream.hung = true;
+            } else {
+                st.poisoned = Some("illegal address (injected fault)".into());
+            }
+            return Ok(()); // like a real launch, the failure shows later
+        }
         let cost = self.options.cost.kernel_ns(kernel);
         self.run_on(stream, cost, |m| kernels::run(m, kernel))
     }
@@ -241,8 +277,39 @@ impl Device for SimDevice {
         match *function {}
     }
 
-    fn sync_stream(&self, _stream: &mut SimStream) -> DeviceResult<()> {
-        // Work ran when it was accepted; nothing is ever pending.
+    fn sync_stream(&self, stream: &mut SimStream) -> DeviceResult<()> {
+        // Work ran when it was accepted; only an injected hang is ever pending.
+        if stream.hung {
+            // It never finishes: only a reset ends the wait.
+            while !self.interrupted.load(Ordering::Acquire) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            return Err(DeviceError::Cancelled);
+        }
+        Self::check_healthy(&self.state())
+    }
+
+    fn stream_busy(&self, stream: &SimStream) -> bool {
+        // Like CUDA, a poisoned context leaves every stream's work unaccounted for.
+        let st = self.state();
+        stream.epoch == st.epoch && (stream.hung || st.poisoned.is_some())
+    }
+
+    fn fault(&self) -> Option<String> {
+        self.state().poisoned.clone()
+    }
+
+    fn interrupt(&self) {
+        self.interrupted.store(true, Ordering::Release);
+    }
+
+    fn reset(&self) -> DeviceResult<()> {
+        let mut st = self.state();
+        st.memory = SimMemory::new(self.options.memory);
+        st.busy_until_ns = 0;
+        st.poisoned = None;
+        st.epoch += 1;
+        self.interrupted.store(false, Ordering::Release);
         Ok(())
     }
 

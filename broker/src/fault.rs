@@ -1,0 +1,465 @@
+//! GPU fault containment: one client's faulting or never-ending kernel must not take the
+//! broker, or the other clients' sessions, down with it.
+//!
+//! All clients of a GPU share one CUDA context, and an illegal address (or any other sticky
+//! error) poisons that context for everyone. The only way out is to recreate it, which loses
+//! every client's device state. So, per GPU, a guardian thread:
+//!
+//! 1. notices the fault: a session reports a sticky error ([`DeviceHealth::report_fault`]), or
+//!    the watchdog sees a session whose queued work has made no progress for
+//!    `--kernel-timeout`;
+//! 2. names the suspects: the sessions that had work in flight at that moment (one suspect is
+//!    the culprit; several go on probation, below);
+//! 3. stops everyone: interrupts every wait on the device, wakes every session, and waits
+//!    until each has parked ([`DeviceHealth::park`]);
+//! 4. recreates the context ([`Device::reset`]);
+//! 5. evicts the culprit and lets the others go on: each drops its (now inert) handles, gets a
+//!    fresh default stream, and tells its client exactly what it lost.
+//!
+//! Probation: when several clients had work in flight, none is evicted; instead their work
+//! runs one client at a time for `--fault-probation`, so that a second fault has exactly one
+//! suspect, who is then evicted.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use crate::device::Device;
+use crate::session::SessionInfo;
+
+/// Fault-containment settings (`gpushared --kernel-timeout`, `--fault-probation`,
+/// `--allow-fault-injection`).
+#[derive(Debug, Clone, Copy)]
+pub struct FaultConfig {
+    /// Queued work that makes no progress for this long counts as a hang.
+    pub kernel_timeout: Duration,
+    /// How long suspects of an unattributed fault run one at a time.
+    pub probation: Duration,
+    /// Whether clients may launch the fault-injection kernel (for testing containment).
+    pub allow_injection: bool,
+}
+
+impl Default for FaultConfig {
+    fn default() -> Self {
+        FaultConfig {
+            kernel_timeout: Duration::from_secs(10),
+            probation: Duration::from_secs(60),
+            allow_injection: false,
+        }
+    }
+}
+
+/// How long a context reset may take before the broker gives up on it and restarts itself.
+/// (The driver waits for running kernels before it tears a context down, so a kernel that
+/// never ends also never lets the reset finish; only the end of the process stops it.)
+const RESET_DEADLINE: Duration = Duration::from_secs(1);
+/// How long the guardian waits for every session to park before resetting anyway.
+const PARK_TIMEOUT: Duration = Duration::from_secs(2);
+/// How often the watchdog looks for hangs.
+const WATCH_TICK: Duration = Duration::from_millis(20);
+
+/// What a session learns when a reset it took part in is over.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Its work caused the fault: it is evicted with this reason.
+    Culprit(String),
+    /// It lost its device state through no fault of its own.
+    Lost(String),
+}
+
+/// A finished recovery, for status and tests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RecoveryRecord {
+    pub resets: u64,
+    /// Fault noticed → context recreated and sessions released, of the last reset.
+    pub last_recovery: Duration,
+}
+
+#[derive(Default)]
+struct HealthState {
+    /// Sessions on this GPU, for waking and counting them.
+    sessions: HashMap<u64, Arc<SessionInfo>>,
+    /// A fault reported and not yet handled: (reporter, what).
+    fault: Option<(u64, String)>,
+    parked: HashSet<u64>,
+    verdicts: HashMap<u64, Verdict>,
+    /// Suspects of an unattributed fault, and when their probation ends.
+    probation: HashMap<u64, Instant>,
+    /// The suspect whose work runs now (others on probation wait for it).
+    serial_holder: Option<u64>,
+    record: RecoveryRecord,
+}
+
+/// Set when a GPU cannot be recovered in place: the broker must restart (see
+/// [`RESET_DEADLINE`]). Shared by every GPU's health.
+#[derive(Default)]
+pub struct Stuck {
+    reason: Mutex<Option<String>>,
+    notify: tokio::sync::Notify,
+}
+
+impl Stuck {
+    fn set(&self, reason: String) {
+        let mut r = self.reason.lock().unwrap_or_else(|e| e.into_inner());
+        if r.is_none() {
+            *r = Some(reason);
+            self.notify.notify_one();
+        }
+    }
+
+    /// Why the broker must restart, if it must.
+    pub fn reason(&self) -> Option<String> {
+        self.reason
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Resolves (with the reason) once a GPU is stuck.
+    pub async fn wait(&self) -> String {
+        loop {
+            if let Some(r) = self.reason() {
+                return r;
+            }
+            self.notify.notified().await;
+        }
+    }
+}
+
+/// One GPU's health, shared by its sessions and its guardian.
+pub struct DeviceHealth {
+    pub config: FaultConfig,
+    stuck: Arc<Stuck>,
+    /// Bumped when a reset starts; a session that sees it move parks, then rebuilds.
+    epoch: AtomicU64,
+    resetting: AtomicBool,
+    /// Time origin for the sessions' busy/progress stamps.
+    origin: Instant,
+    state: Mutex<HealthState>,
+    changed: Condvar,
+}
+
+impl DeviceHealth {
+    pub fn new(config: FaultConfig, stuck: Arc<Stuck>) -> Arc<DeviceHealth> {
+        Arc::new(DeviceHealth {
+            config,
+            stuck,
+            epoch: AtomicU64::new(0),
+            resetting: AtomicBool::new(false),
+            origin: Instant::now(),
+            state: Mutex::default(),
+            changed: Condvar::new(),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HealthState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::Acquire)
+    }
+
+    /// Nanoseconds since this GPU's guardian started, never 0 (0 means "not busy").
+    pub fn now_ns(&self) -> u64 {
+        (self.origin.elapsed().as_nanos() as u64).max(1)
+    }
+
+    pub fn register(&self, info: Arc<SessionInfo>) {
+        self.lock().sessions.insert(info.id, info);
+        self.changed.notify_all();
+    }
+
+    /// The session's data thread has ended: it no longer takes part in resets.
+    pub fn unregister(&self, id: u64) {
+        let mut st = self.lock();
+        st.sessions.remove(&id);
+        st.parked.remove(&id);
+        st.probation.remove(&id);
+        if st.serial_holder == Some(id) {
+            st.serial_holder = None;
+        }
+        drop(st);
+        self.changed.notify_all();
+    }
+
+    /// A session met a sticky device error: the context must be recreated.
+    pub fn report_fault(&self, reporter: u64, what: String) {
+        let mut st = self.lock();
+        if st.fault.is_none() && !self.resetting.load(Ordering::Acquire) {
+            st.fault = Some((reporter, what));
+        }
+        drop(st);
+        self.changed.notify_all();
+    }
+
+    /// Waits until a recovery has started after `epoch` (true), or `timeout` passes.
+    pub fn wait_for_recovery_start(&self, epoch: u64, timeout: Duration) -> bool {
+        let st = self.lock();
+        let (_st, waited) = self
+            .changed
+            .wait_timeout_while(st, timeout, |_| self.epoch() == epoch)
+            .unwrap_or_else(|e| e.into_inner());
+        !waited.timed_out()
+    }
+
+    /// Waits (called by a session that saw the epoch move) until the reset is over; returns
+    /// what happened to this session.
+    pub fn park(&self, id: u64) -> Verdict {
+        let mut st = self.lock();
+        st.parked.insert(id);
+        self.changed.notify_all();
+        while self.resetting.load(Ordering::Acquire) {
+            st = self
+                .changed
+                .wait_timeout(st, Duration::from_millis(50))
+                .map(|(g, _)| g)
+                .unwrap_or_else(|e| e.into_inner().0);
+        }
+        st.parked.remove(&id);
+        st.verdicts
+            .remove(&id)
+            .unwrap_or_else(|| Verdict::Lost("the GPU was reset after a fault".into()))
+    }
+
+    /// Whether the session's work must run alone (it is a suspect on probation).
+    pub fn on_probation(&self, id: u64) -> bool {
+        let mut st = self.lock();
+        match st.probation.get(&id) {
+            Some(&until) if Instant::now() < until => true,
+            Some(_) => {
+                st.probation.remove(&id);
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// Waits until no other suspect's work runs, then takes the turn. Gives up (returning
+    /// false) when a reset starts.
+    pub fn acquire_turn(&self, id: u64) -> bool {
+        let mut st = self.lock();
+        loop {
+            if self.resetting.load(Ordering::Acquire) {
+                return false;
+            }
+            match st.serial_holder {
+                None => {
+                    st.serial_holder = Some(id);
+                    return true;
+                }
+                Some(h) if h == id => return true,
+                Some(_) => {
+                    st = self
+                        .changed
+                        .wait_timeout(st, Duration::from_millis(10))
+                        .map(|(g, _)| g)
+                        .unwrap_or_else(|e| e.into_inner().0);
+                }
+            }
+        }
+    }
+
+    /// Until when the session is a suspect on probation, if it is.
+    pub fn probation_until(&self, id: u64) -> Option<Instant> {
+        self.lock().probation.get(&id).copied()
+    }
+
+    pub fn release_turn(&self, id: u64) {
+        let mut st = self.lock();
+        if st.serial_holder == Some(id) {
+            st.serial_holder = None;
+            drop(st);
+            self.changed.notify_all();
+        }
+    }
+
+    pub fn record(&self) -> RecoveryRecord {
+        self.lock().record
+    }
+
+    /// The guardian: watches for faults and hangs on `device` until `stop` is set.
+    pub fn guard<D: Device>(self: Arc<Self>, device: Arc<D>, gpu: u32, stop: Arc<AtomicBool>) {
+        while !stop.load(Ordering::Acquire) && self.stuck.reason().is_none() {
+            let fault = {
+                let st = self.lock();
+                let (mut st, _) = self
+                    .changed
+                    .wait_timeout_while(st, WATCH_TICK, |s| s.fault.is_none())
+                    .unwrap_or_else(|e| e.into_inner());
+                st.fault.take()
+            };
+            let cause = match fault.or_else(|| device.fault().map(|what| (0, what))) {
+                Some((_, what)) => Some((what, None)),
+                None => self.find_hang().map(|(id, stuck)| {
+                    (
+                        format!(
+                            "work queued by client {id} made no progress for {:.1} s (--kernel-timeout)",
+                            stuck.as_secs_f64()
+                        ),
+                        Some(id),
+                    )
+                }),
+            };
+            if let Some((what, hung)) = cause {
+                self.recover(&*device, gpu, &what, hung);
+            }
+        }
+    }
+
+    /// A session whose queued work has not progressed for the kernel timeout.
+    fn find_hang(&self) -> Option<(u64, Duration)> {
+        let now = self.now_ns();
+        let limit = self.config.kernel_timeout.as_nanos() as u64;
+        let st = self.lock();
+        // Work queued behind a hung kernel (streams can share a hardware queue) stalls too:
+        // the culprit is the client whose stalled work is oldest.
+        st.sessions
+            .values()
+            .filter_map(|s| {
+                let busy = s.fault_watch.busy_since.load(Ordering::Acquire);
+                let progress = s.fault_watch.progress.load(Ordering::Acquire);
+                let since = busy.max(progress);
+                (busy != 0 && now.saturating_sub(since) > limit).then_some((busy, s.id, since))
+            })
+            .min()
+            .map(|(_, id, since)| (id, Duration::from_nanos(now.saturating_sub(since))))
+    }
+
+    /// Stops every session, recreates the context, evicts the culprit, releases the rest.
+    fn recover<D: Device>(&self, device: &D, gpu: u32, what: &str, hung: Option<u64>) {
+        let started = Instant::now();
+        // Who had work in flight when it happened?
+        let (suspects, sessions, holder) = {
+            let st = self.lock();
+            let busy: Vec<u64> = st
+                .sessions
+                .values()
+                .filter(|s| s.fault_watch.busy_since.load(Ordering::Acquire) != 0)
+                .map(|s| s.id)
+                .collect();
+            let sessions: Vec<Arc<SessionInfo>> = st.sessions.values().cloned().collect();
+            (busy, sessions, st.serial_holder)
+        };
+        let culprit = match (hung, holder, suspects.as_slice()) {
+            (Some(id), _, _) => Some(id),
+            // On probation only the turn holder's work runs among the suspects.
+            (None, Some(h), _) if suspects.contains(&h) => Some(h),
+            (None, _, [one]) => Some(*one),
+            _ => None,
+        };
+        tracing::error!(gpu, fault = what, ?culprit, ?suspects, "GPU fault");
+        if !device.resets_in_place() {
+            // Nothing to save in this process: restart at once (every client is told why).
+            tracing::error!(
+                gpu,
+                "the driver cannot recover this GPU in place; restarting gpushared"
+            );
+            self.resetting.store(true, Ordering::Release);
+            device.interrupt();
+            self.epoch.fetch_add(1, Ordering::AcqRel);
+            self.changed.notify_all();
+            self.stuck.set(format!(
+                "GPU {gpu} faulted ({what}; {}) and the driver cannot recover it in place: gpushared restarts, reconnect",
+                culprit.map_or("cause not attributable".to_string(), |c| format!("caused by client {c}"))
+            ));
+            return;
+        }
+        tracing::error!(gpu, "resetting the device context");
+
+        self.resetting.store(true, Ordering::Release);
+        device.interrupt();
+        self.epoch.fetch_add(1, Ordering::AcqRel);
+        self.changed.notify_all();
+        for s in &sessions {
+            s.submit_wake().signal();
+        }
+        // Wait until every session has parked (each stops touching the device).
+        {
+            let st = self.lock();
+            let (st, timeout) = self
+                .changed
+                .wait_timeout_while(st, PARK_TIMEOUT, |s| {
+                    s.sessions.keys().any(|id| !s.parked.contains(id))
+                })
+                .unwrap_or_else(|e| e.into_inner());
+            if timeout.timed_out() {
+                let missing: Vec<u64> = st
+                    .sessions
+                    .keys()
+                    .filter(|id| !st.parked.contains(id))
+                    .copied()
+                    .collect();
+                tracing::warn!(?missing, "sessions did not stop in time; resetting anyway");
+            }
+        }
+        let reset_done = Arc::new(AtomicBool::new(false));
+        {
+            let (done, stuck, what) = (reset_done.clone(), self.stuck.clone(), what.to_string());
+            let _ = std::thread::Builder::new()
+                .name(format!("gpushare-reset-{gpu}"))
+                .spawn(move || {
+                    std::thread::sleep(RESET_DEADLINE);
+                    if !done.load(Ordering::Acquire) {
+                        tracing::error!(gpu, "the context reset has not finished in {RESET_DEADLINE:?} (a kernel that never ends keeps it waiting); restarting gpushared");
+                        stuck.set(format!("GPU {gpu} hung ({what}) and the driver cannot stop the kernel in place: gpushared restarts, reconnect"));
+                    }
+                });
+        }
+        let reset = device.reset();
+        reset_done.store(true, Ordering::Release);
+        if let Err(e) = reset {
+            // CUDA keeps a sticky error for the rest of the process: only a new process gets
+            // a working GPU again.
+            tracing::error!(gpu, error = %e, "the device context cannot be recreated in this process; restarting gpushared");
+            self.stuck.set(format!(
+                "GPU {gpu} faulted ({what}; {}) and the driver cannot recover it in place: gpushared restarts, reconnect",
+                culprit.map_or("cause not attributable".to_string(), |c| format!("caused by client {c}"))
+            ));
+            return; // sessions stay parked until the restart
+        }
+
+        let mut st = self.lock();
+        let lost = format!("the GPU was reset after a fault ({what})");
+        for s in &sessions {
+            let verdict = if Some(s.id) == culprit {
+                Verdict::Culprit(format!("your work faulted the GPU and was stopped: {what}"))
+            } else {
+                Verdict::Lost(lost.clone())
+            };
+            st.verdicts.insert(s.id, verdict);
+            s.fault_watch.busy_since.store(0, Ordering::Release);
+        }
+        st.serial_holder = None;
+        if culprit.is_none() && suspects.len() > 1 {
+            let until = Instant::now() + self.config.probation;
+            for id in &suspects {
+                st.probation.insert(*id, until);
+            }
+            tracing::warn!(gpu, ?suspects, probation = ?self.config.probation, "fault not attributable: suspects run one at a time");
+        } else if let Some(c) = culprit {
+            st.probation.remove(&c);
+        }
+        st.record.resets += 1;
+        st.record.last_recovery = started.elapsed();
+        tracing::warn!(
+            gpu,
+            recovery_ms = st.record.last_recovery.as_secs_f64() * 1e3,
+            "device context recreated; clients resume"
+        );
+        self.resetting.store(false, Ordering::Release);
+        drop(st);
+        self.changed.notify_all();
+    }
+}
+
+/// A session's in-flight stamps, read by the watchdog.
+#[derive(Default)]
+pub struct FaultWatch {
+    /// When the session's oldest unfinished device work was queued ([`DeviceHealth::now_ns`]);
+    /// 0 when it has none.
+    pub busy_since: AtomicU64,
+    /// When its work was last seen making progress.
+    pub progress: AtomicU64,
+}

@@ -1,0 +1,5 @@
+//! `control_decode`: the body is `gpushare_protocol::fuzzing::control_decode` (stable `cargo test` replays the
+//! checked-in corpus through it too).
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| gpushare_protocol::fuzzing::control_decode(data));
