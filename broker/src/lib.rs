@@ -8,6 +8,7 @@
 //! - [`cli`]: `gpushared`'s command line (also read by the man page generator).
 //! - [`policy`]: the policy file (classes, weights, quotas by user and group).
 //! - [`registry`]: the live sessions, for status.
+//! - [`sched`]: the scheduler's decisions (queues, policies, rate and deadline control), clock-free.
 //! - [`metrics`]: the status report as Prometheus text, and the `/metrics` endpoint.
 //! - [`telemetry`]: eBPF view of every process that uses the GPU (ioctls, libcuda calls).
 
@@ -18,6 +19,7 @@ pub mod fault;
 pub mod metrics;
 pub mod policy;
 pub mod registry;
+pub mod sched;
 pub mod server;
 pub mod session;
 pub mod shm;

@@ -1,0 +1,184 @@
+//! SM partitions for clients with deadlines, after CudaMon's AIMD controller.
+//!
+//! Clients that declare a deadline report each iteration's latency. While one is present,
+//! the clients ranked below it (no deadline of their own, class not above the deadline
+//! client's) share a partition of `share × sms` SMs. A deadline miss cuts the share
+//! multiplicatively (once per control period, however many misses it saw); every period
+//! without a miss grows it by a fixed step. The controller remembers the share that missed
+//! and, for `probe_after` periods, grows only to one step below it, so the misses stop
+//! instead of recurring every sawtooth; after that it probes upward again, in case the
+//! deadline client's needs shrank. With no deadline client the share grows back to the whole
+//! device, step by step.
+//!
+//! The floor is `min_sms` SMs (8 by default: Hopper's green contexts split SMs in groups of
+//! 8), so partitioned work always progresses. The dispatcher keeps the partitioned clients'
+//! SMs in flight within `cap_sms()` and tells the device layer the cap with each grant, so
+//! the device can run the kernel on a green context of that size.
+
+/// Tunables of the controller.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DeadlineConfig {
+    pub period_ns: u64,
+    /// Multiplicative decrease on a miss.
+    pub decrease: f64,
+    /// Share added per period without a miss.
+    pub increase: f64,
+    /// The partition never shrinks below this many SMs.
+    pub min_sms: u32,
+    /// Periods the share that missed is remembered as a ceiling.
+    pub probe_after: u64,
+}
+
+impl Default for DeadlineConfig {
+    fn default() -> Self {
+        DeadlineConfig {
+            period_ns: 10_000_000,
+            decrease: 0.5,
+            increase: 1.0 / 16.0,
+            min_sms: 8,
+            probe_after: 100,
+        }
+    }
+}
+
+/// The AIMD controller over the partitioned clients' SM share.
+#[derive(Debug, Clone)]
+pub struct DeadlineController {
+    cfg: DeadlineConfig,
+    sms: u32,
+    share: f64,
+    period_start: u64,
+    missed: bool,
+    /// Share that missed, and the periods it still caps growth for.
+    ceiling: Option<(f64, u64)>,
+    active: bool,
+    cuts: u64,
+}
+
+impl DeadlineController {
+    pub fn new(cfg: DeadlineConfig, sms: u32, now: u64) -> DeadlineController {
+        DeadlineController {
+            cfg,
+            sms: sms.max(1),
+            share: 1.0,
+            period_start: now,
+            missed: false,
+            ceiling: None,
+            active: false,
+            cuts: 0,
+        }
+    }
+
+    fn floor(&self) -> f64 {
+        (self.cfg.min_sms.clamp(1, self.sms) as f64 / self.sms as f64).min(1.0)
+    }
+
+    /// Whether any deadline client is present; without one the ceiling is forgotten.
+    pub fn set_active(&mut self, active: bool) {
+        if !active {
+            self.ceiling = None;
+        }
+        self.active = active;
+    }
+
+    pub fn is_active(&self) -> bool {
+        self.active
+    }
+
+    /// Closes the periods that ended by `now`.
+    pub fn advance(&mut self, now: u64) {
+        let period = self.cfg.period_ns.max(1);
+        if now < self.period_start + period {
+            return;
+        }
+        let elapsed = (now - self.period_start) / period;
+        self.period_start += elapsed * period;
+        // The period holding a miss grows nothing; the rest each add a step.
+        let mut grow = elapsed;
+        if std::mem::take(&mut self.missed) {
+            grow -= 1;
+        }
+        if let Some((level, left)) = self.ceiling {
+            self.ceiling = (left > elapsed).then(|| (level, left - elapsed));
+        }
+        let limit = match self.ceiling {
+            Some((level, _)) => (level - self.cfg.increase).max(self.share),
+            None => 1.0,
+        };
+        let grown = self.share + grow as f64 * self.cfg.increase;
+        self.share = grown.min(limit).min(1.0);
+    }
+
+    /// A deadline client's iteration missed its deadline at `now`.
+    pub fn report_miss(&mut self, now: u64) {
+        self.advance(now);
+        if self.missed {
+            return; // one cut per period
+        }
+        self.missed = true;
+        self.cuts += 1;
+        self.ceiling = Some((self.share, self.cfg.probe_after));
+        self.share = (self.share * self.cfg.decrease).max(self.floor());
+    }
+
+    /// The partitioned clients' share of the device's SMs.
+    pub fn share(&self) -> f64 {
+        self.share
+    }
+
+    /// The partition size in SMs.
+    pub fn cap_sms(&self) -> u32 {
+        let sms = (self.share * self.sms as f64).floor() as u32;
+        sms.clamp(self.cfg.min_sms.clamp(1, self.sms), self.sms)
+    }
+
+    pub fn cuts(&self) -> u64 {
+        self.cuts
+    }
+
+    /// End of the current period (when the share may grow next).
+    pub fn next_period_at(&self) -> u64 {
+        self.period_start.saturating_add(self.cfg.period_ns.max(1))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const P: u64 = 10_000_000;
+
+    #[test]
+    fn a_miss_halves_once_per_period_and_quiet_periods_grow_it() {
+        let mut d = DeadlineController::new(DeadlineConfig::default(), 128, 0);
+        d.set_active(true);
+        d.report_miss(1);
+        d.report_miss(2);
+        assert_eq!(d.share(), 0.5);
+        assert_eq!(d.cap_sms(), 64);
+        d.report_miss(P + 1);
+        assert_eq!(d.share(), 0.25);
+        // Grows back to one step below the last share that missed (0.5), and holds there.
+        d.advance(P * 30);
+        assert_eq!(d.share(), 0.5 - 1.0 / 16.0);
+        // After probe_after periods the ceiling expires and growth resumes.
+        d.advance(P * 140);
+        assert_eq!(d.share(), 1.0);
+    }
+
+    #[test]
+    fn the_floor_is_min_sms_and_the_share_recovers_when_deadlines_leave() {
+        let mut d = DeadlineController::new(DeadlineConfig::default(), 132, 0);
+        d.set_active(true);
+        for i in 0..10 {
+            d.report_miss(i * P);
+        }
+        assert_eq!(d.cap_sms(), 8);
+        d.set_active(false);
+        d.advance(20 * P);
+        assert!(d.share() > 0.5);
+        d.advance(40 * P);
+        assert_eq!(d.share(), 1.0);
+        assert_eq!(d.cap_sms(), 132);
+    }
+}

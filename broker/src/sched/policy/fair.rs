@@ -1,0 +1,204 @@
+//! FAIR (Salus): weighted fair share of measured GPU time.
+//!
+//! Each client carries a virtual time: GPU time charged divided by its weight (the estimate
+//! at grant, corrected to the measured time at completion). The next grant goes to the
+//! candidate with the least virtual time, so over any backlogged interval GPU time divides
+//! in proportion to the weights. A client that becomes backlogged (new, or back from idle)
+//! has its virtual time raised to at least the least backlogged one's minus `lag_ns ÷ weight`:
+//! it is owed at most `lag_ns` of GPU time and cannot monopolise the device to "catch up".
+//! Measured times of overlapping kernels would double-count the GPU, so by default one
+//! request is in flight at a time (`max_concurrent`).
+
+use std::collections::HashMap;
+
+use super::{Pick, Policy};
+use crate::sched::{ClientId, Inflight, View};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FairConfig {
+    /// Requests in flight over all clients.
+    pub max_concurrent: u32,
+    /// Most GPU time a newly backlogged client may be owed.
+    pub lag_ns: u64,
+}
+
+impl Default for FairConfig {
+    fn default() -> Self {
+        FairConfig {
+            max_concurrent: 1,
+            lag_ns: 20_000_000,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Fair {
+    cfg: FairConfig,
+    vtime: HashMap<ClientId, f64>,
+}
+
+impl Fair {
+    pub fn new(cfg: FairConfig) -> Fair {
+        Fair {
+            cfg,
+            vtime: HashMap::new(),
+        }
+    }
+
+    fn vt(&self, id: ClientId) -> f64 {
+        self.vtime.get(&id).copied().unwrap_or(0.0)
+    }
+
+    /// A client's virtual time (GPU ns per unit of weight).
+    pub fn virtual_time(&self, id: ClientId) -> f64 {
+        self.vt(id)
+    }
+}
+
+impl Policy for Fair {
+    fn name(&self) -> &'static str {
+        "fair"
+    }
+
+    fn pick(&mut self, view: &View<'_>, _now: u64) -> Pick {
+        if view.inflight_total() >= self.cfg.max_concurrent.max(1) as usize {
+            return Pick::Hold;
+        }
+        view.candidates()
+            .min_by(|a, b| {
+                self.vt(a.id())
+                    .total_cmp(&self.vt(b.id()))
+                    .then(a.head().map(|h| h.id).cmp(&b.head().map(|h| h.id)))
+            })
+            .map_or(Pick::Hold, |c| Pick::Grant(c.id()))
+    }
+
+    fn on_submit(&mut self, view: &View<'_>, client: ClientId, _now: u64) {
+        let Some(c) = view.client(client) else { return };
+        if c.queued() != 1 || !c.inflight().is_empty() {
+            return; // was backlogged already
+        }
+        let vmin = view
+            .clients()
+            .filter(|o| o.id() != client && o.backlogged())
+            .map(|o| self.vt(o.id()))
+            .min_by(f64::total_cmp);
+        let floor = vmin.map(|v| v - self.cfg.lag_ns as f64 / f64::from(c.weight()));
+        let v = self.vtime.entry(client).or_insert(0.0);
+        if let Some(floor) = floor {
+            *v = v.max(floor);
+        }
+    }
+
+    fn on_grant(&mut self, view: &View<'_>, client: ClientId, request: &Inflight, _now: u64) {
+        let w = view.client(client).map_or(1, |c| c.weight());
+        *self.vtime.entry(client).or_insert(0.0) += request.profile.est_ns as f64 / f64::from(w);
+    }
+
+    fn on_complete(
+        &mut self,
+        view: &View<'_>,
+        client: ClientId,
+        request: &Inflight,
+        gpu_ns: u64,
+        _now: u64,
+    ) {
+        let w = view.client(client).map_or(1, |c| c.weight());
+        let correction = gpu_ns as f64 - request.profile.est_ns as f64;
+        *self.vtime.entry(client).or_insert(0.0) += correction / f64::from(w);
+    }
+
+    fn on_remove(&mut self, client: ClientId) {
+        self.vtime.remove(&client);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use gpushare_protocol::PriorityClass;
+
+    use crate::sched::simulate::{ClientScript, SimConfig, Simulation, kernel};
+    use crate::sched::{Bound, ClientSpec, PolicyKind};
+
+    const MS: u64 = 1_000_000;
+
+    /// Closed-loop clients of `weights`, kernels of different lengths, all on the whole GPU.
+    fn shares(weights: &[u32], horizon: u64) -> Vec<f64> {
+        let scripts = weights
+            .iter()
+            .enumerate()
+            .map(|(i, &w)| {
+                let id = i as u64 + 1;
+                let spec = ClientSpec::new(id, PriorityClass::Normal, w);
+                ClientScript::new(spec, vec![kernel(id, 50 * id, 132, Bound::Compute)])
+            })
+            .collect();
+        let cfg = SimConfig {
+            horizon_ns: horizon,
+            ..SimConfig::default()
+        };
+        let r = Simulation::new(cfg, PolicyKind::Fair, scripts).run();
+        let total: u64 = r.clients.iter().map(|c| c.gpu_ns).sum();
+        r.clients
+            .iter()
+            .map(|c| c.gpu_ns as f64 / total as f64)
+            .collect()
+    }
+
+    #[test]
+    fn weighted_shares_within_five_percent() {
+        for weights in [vec![1, 2, 3, 4], vec![1, 1, 1, 1], vec![5, 1]] {
+            let got = shares(&weights, 1_000 * MS);
+            let sum: u32 = weights.iter().sum();
+            println!("fair: weights {weights:?} → GPU shares {got:.4?}");
+            for (w, s) in weights.iter().zip(&got) {
+                let want = f64::from(*w) / f64::from(sum);
+                assert!((s / want - 1.0).abs() < 0.05, "weight {w}: {s} vs {want}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_newcomer_is_owed_at_most_the_lag_bound() {
+        let lag = 20 * MS;
+        let mut scripts: Vec<_> = (1..=3)
+            .map(|id| {
+                let spec = ClientSpec::new(id, PriorityClass::Normal, 1);
+                ClientScript::new(spec, vec![kernel(id, 100, 132, Bound::Compute)])
+            })
+            .collect();
+        let spec = ClientSpec::new(4, PriorityClass::Normal, 1);
+        scripts.push(ClientScript {
+            start_ns: 500 * MS,
+            ..ClientScript::new(spec, vec![kernel(4, 100, 132, Bound::Compute)])
+        });
+        let cfg = SimConfig {
+            horizon_ns: 700 * MS,
+            ..SimConfig::default()
+        };
+        let r = Simulation::new(cfg, PolicyKind::Fair, scripts).run();
+        // GPU time in the 100 ms after it joins: each iteration is one 100 µs kernel.
+        let window = |id| {
+            r.client(id).map_or(0.0, |c| {
+                c.throughput(500 * MS, 600 * MS) * 0.1 * 100e-6 * 1e9
+            })
+        };
+        let newcomer = window(4);
+        let fair = 100.0 * MS as f64 / 4.0;
+        println!(
+            "fair: newcomer got {:.1} ms of the 100 ms after joining (fair {:.1} ms, lag {} ms); others {:.1}, {:.1}, {:.1} ms",
+            newcomer / 1e6,
+            fair / 1e6,
+            lag / MS,
+            window(1) / 1e6,
+            window(2) / 1e6,
+            window(3) / 1e6
+        );
+        // At most its fair share of what is left after the lag, plus the lag, plus a kernel.
+        assert!(newcomer <= lag as f64 + (100 * MS - lag) as f64 / 4.0 + 100e3 + 1.0);
+        assert!(newcomer >= fair);
+        for id in 1..=3 {
+            assert!(window(id) > 10.0 * MS as f64);
+        }
+    }
+}

@@ -1,0 +1,349 @@
+//! Kernel profiles: how long a kernel runs, what bounds it, how many SMs its grid occupies.
+//!
+//! Orion (EuroSys'24) schedules best-effort kernels around high-priority ones from per-kernel
+//! profiles: duration, compute- vs memory-bound, SM needs. Orion profiles offline; here a
+//! profile is declared (by the client, or for built-in kernels by the sim cost model's
+//! roofline) or learned online from measured durations, an EWMA per [`KernelKey`]. A declared
+//! profile always wins over a learned one. Durations are learned from runs that had the GPU to
+//! themselves when there are any, so that `est_ns` stays the kernel's solo time and the rate
+//! controller can read slowdown as `est / measured`.
+
+use std::collections::HashMap;
+
+use gpushare_protocol::Kernel;
+
+use crate::device::sim::cost::{self, CostModel};
+
+/// What identifies "the same kernel" for learning: the function and its grid size.
+///
+/// `function` must be unique across clients (session-local handles are not): use
+/// [`KernelKey::client_function`] or a digest of module and name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct KernelKey {
+    pub function: u64,
+    /// Thread blocks in the grid.
+    pub blocks: u32,
+}
+
+impl KernelKey {
+    /// A key for a client's own function handle (handles start at 1 in every session).
+    pub fn client_function(client: u64, handle: u64, blocks: u32) -> KernelKey {
+        // 24 bits of client and 39 of handle keep the built-in range (top bit) free.
+        let function = ((client & 0xff_ffff) << 39) | (handle & ((1 << 39) - 1));
+        KernelKey { function, blocks }
+    }
+}
+
+/// Which resource limits a kernel (Orion's profile classes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Bound {
+    Compute,
+    Memory,
+    Unknown,
+}
+
+impl Bound {
+    /// Classifies by arithmetic intensity (FLOP per byte) against the device's ridge point
+    /// (peak FLOP/s ÷ memory bytes/s): at or above the ridge the roofline is flat, so the
+    /// kernel is compute-bound.
+    pub fn from_intensity(flops: f64, bytes: f64, ridge_flop_per_byte: f64) -> Bound {
+        if !(flops.is_finite() && bytes.is_finite()) || (flops <= 0.0 && bytes <= 0.0) {
+            return Bound::Unknown;
+        }
+        if bytes <= 0.0 || flops / bytes >= ridge_flop_per_byte {
+            Bound::Compute
+        } else {
+            Bound::Memory
+        }
+    }
+
+    /// Orion's interference test: two kernels collide when both stress the same resource.
+    pub fn collides(self, other: Bound) -> bool {
+        matches!(
+            (self, other),
+            (Bound::Compute, Bound::Compute) | (Bound::Memory, Bound::Memory)
+        )
+    }
+}
+
+/// One kernel launch as the scheduler sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KernelProfile {
+    pub key: KernelKey,
+    /// Expected duration when the kernel has the GPU to itself.
+    pub est_ns: u64,
+    pub bound: Bound,
+    /// SMs the grid occupies: its block count, capped at the device's SMs.
+    pub sm_need: u32,
+}
+
+impl KernelProfile {
+    pub fn new(key: KernelKey, est_ns: u64, bound: Bound, sms: u32) -> KernelProfile {
+        KernelProfile {
+            key,
+            est_ns,
+            bound,
+            sm_need: sm_need(key.blocks, sms),
+        }
+    }
+}
+
+/// SMs a grid of `blocks` occupies on a device of `sms` SMs (one wave: at most all of them).
+pub fn sm_need(blocks: u32, sms: u32) -> u32 {
+    blocks.clamp(1, sms.max(1))
+}
+
+/// The top bit marks built-in kernels so they never meet a client's function handle.
+pub const BUILTIN_FUNCTION_BASE: u64 = 1 << 63;
+
+/// The function id of a built-in kernel: its name hashed (FNV-1a), so new kernels get ids
+/// without a table to keep in step.
+pub fn builtin_function_id(kernel: &Kernel) -> u64 {
+    let hash = kernel
+        .name()
+        .bytes()
+        .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        });
+    BUILTIN_FUNCTION_BASE | (hash >> 1)
+}
+
+/// The profile of a built-in kernel from the sim's roofline cost model: its modelled time,
+/// the side of the roofline it sits on, and its grid's SM need on `model`'s device.
+pub fn builtin_profile(model: &CostModel, kernel: &Kernel) -> KernelProfile {
+    let (flops, bytes, blocks) = cost::work(kernel);
+    let peak = if matches!(kernel, Kernel::GemmBf16 { .. }) {
+        model.bf16_flops
+    } else {
+        model.fp32_flops
+    };
+    // Spin does no work but holds its SMs: it competes for SMs, not bandwidth.
+    let bound = if let Kernel::Spin { .. } = kernel {
+        Bound::Compute
+    } else {
+        Bound::from_intensity(flops, bytes, peak / model.memory_bw)
+    };
+    let key = KernelKey {
+        function: builtin_function_id(kernel),
+        blocks: u32::try_from(blocks).unwrap_or(u32::MAX),
+    };
+    KernelProfile::new(key, model.kernel_ns(kernel), bound, model.sm_count)
+}
+
+/// Most distinct kernels remembered; a client inventing keys cannot grow the broker past it.
+pub const MAX_PROFILES: usize = 16_384;
+
+#[derive(Debug, Clone)]
+struct Entry {
+    declared: Option<KernelProfile>,
+    learned_ns: f64,
+    samples: u64,
+    /// Whether `learned_ns` comes from solo runs (then overlapped ones are ignored).
+    solo: bool,
+    hint: Bound,
+}
+
+/// Per-kernel profiles: declared ones, plus EWMA durations learned from measurements.
+#[derive(Debug, Clone)]
+pub struct ProfileTable {
+    sms: u32,
+    alpha: f64,
+    default_est_ns: u64,
+    entries: HashMap<KernelKey, Entry>,
+}
+
+impl ProfileTable {
+    /// `alpha` is the EWMA weight of a new sample; `default_est_ns` what an unseen kernel is
+    /// assumed to take.
+    pub fn new(sms: u32, alpha: f64, default_est_ns: u64) -> ProfileTable {
+        ProfileTable {
+            sms: sms.max(1),
+            alpha: alpha.clamp(0.01, 1.0),
+            default_est_ns,
+            entries: HashMap::new(),
+        }
+    }
+
+    fn entry(&mut self, key: KernelKey) -> Option<&mut Entry> {
+        if !self.entries.contains_key(&key) && self.entries.len() >= MAX_PROFILES {
+            return None;
+        }
+        Some(self.entries.entry(key).or_insert(Entry {
+            declared: None,
+            learned_ns: 0.0,
+            samples: 0,
+            solo: false,
+            hint: Bound::Unknown,
+        }))
+    }
+
+    /// A declared profile: overrides whatever was learned for its key.
+    pub fn declare(&mut self, profile: KernelProfile) {
+        let sms = self.sms;
+        if let Some(e) = self.entry(profile.key) {
+            e.declared = Some(KernelProfile {
+                sm_need: profile.sm_need.clamp(1, sms),
+                ..profile
+            });
+        }
+    }
+
+    /// A hint of the kernel's bound, for kernels whose duration is learned.
+    pub fn hint(&mut self, key: KernelKey, bound: Bound) {
+        if let Some(e) = self.entry(key) {
+            e.hint = bound;
+        }
+    }
+
+    /// A hint as arithmetic intensity: FLOPs and bytes per launch against the ridge point.
+    pub fn hint_intensity(&mut self, key: KernelKey, flops: f64, bytes: f64, ridge: f64) {
+        self.hint(key, Bound::from_intensity(flops, bytes, ridge));
+    }
+
+    /// A measured duration. `solo`: nothing else ran beside it. Once a solo sample exists,
+    /// overlapped ones are ignored (they include other clients' interference).
+    pub fn observe(&mut self, key: KernelKey, measured_ns: u64, solo: bool) {
+        let alpha = self.alpha;
+        let Some(e) = self.entry(key) else { return };
+        let m = measured_ns as f64;
+        if e.samples == 0 || (solo && !e.solo) {
+            e.learned_ns = m;
+            e.samples = 1;
+            e.solo = solo;
+        } else if solo || !e.solo {
+            e.learned_ns += alpha * (m - e.learned_ns);
+            e.samples += 1;
+        }
+    }
+
+    /// What is known of `key`: the declared profile, else the learned one, else `None`.
+    pub fn get(&self, key: KernelKey) -> Option<KernelProfile> {
+        let e = self.entries.get(&key)?;
+        if let Some(p) = e.declared {
+            return Some(p);
+        }
+        (e.samples > 0)
+            .then(|| KernelProfile::new(key, e.learned_ns.round() as u64, e.hint, self.sms))
+    }
+
+    /// The profile to submit `key` with: known, or the default estimate with an unknown bound
+    /// (or the hinted one).
+    pub fn profile(&self, key: KernelKey) -> KernelProfile {
+        self.get(key).unwrap_or_else(|| {
+            let hint = self.entries.get(&key).map_or(Bound::Unknown, |e| e.hint);
+            KernelProfile::new(key, self.default_est_ns, hint, self.sms)
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const M: CostModel = CostModel::H100_LIKE;
+
+    fn key(f: u64) -> KernelKey {
+        KernelKey {
+            function: f,
+            blocks: 64,
+        }
+    }
+
+    #[test]
+    fn learns_an_ewma_and_declared_overrides() {
+        let mut t = ProfileTable::new(132, 0.5, 10_000);
+        assert_eq!(t.profile(key(1)).est_ns, 10_000);
+        t.observe(key(1), 100, true);
+        t.observe(key(1), 200, true);
+        assert_eq!(t.get(key(1)).map(|p| p.est_ns), Some(150));
+        assert_eq!(t.get(key(1)).map(|p| p.sm_need), Some(64));
+        t.declare(KernelProfile::new(key(1), 7, Bound::Memory, 132));
+        t.observe(key(1), 1_000, true);
+        let p = t.profile(key(1));
+        assert_eq!((p.est_ns, p.bound), (7, Bound::Memory));
+    }
+
+    #[test]
+    fn solo_samples_replace_overlapped_ones() {
+        let mut t = ProfileTable::new(132, 0.5, 0);
+        t.observe(key(2), 900, false);
+        assert_eq!(t.profile(key(2)).est_ns, 900);
+        t.observe(key(2), 300, true);
+        t.observe(key(2), 5_000, false); // slowed by a neighbour: ignored
+        assert_eq!(t.profile(key(2)).est_ns, 300);
+    }
+
+    #[test]
+    fn classifies_by_intensity() {
+        let ridge = M.fp32_flops / M.memory_bw;
+        assert_eq!(Bound::from_intensity(1e9, 1e6, ridge), Bound::Compute);
+        assert_eq!(Bound::from_intensity(1e6, 1e9, ridge), Bound::Memory);
+        assert_eq!(Bound::from_intensity(0.0, 0.0, ridge), Bound::Unknown);
+        let mut t = ProfileTable::new(132, 0.5, 0);
+        t.hint_intensity(key(3), 1e6, 1e9, ridge);
+        t.observe(key(3), 50, true);
+        assert_eq!(t.profile(key(3)).bound, Bound::Memory);
+        assert!(Bound::Compute.collides(Bound::Compute));
+        assert!(!Bound::Compute.collides(Bound::Memory));
+        assert!(!Bound::Unknown.collides(Bound::Unknown));
+    }
+
+    #[test]
+    fn builtin_profiles_follow_the_cost_model() {
+        let gemm = Kernel::GemmF32 {
+            a: 0,
+            b: 0,
+            c: 0,
+            m: 4096,
+            n: 4096,
+            k: 4096,
+            alpha: 1.0,
+            beta: 0.0,
+        };
+        let p = builtin_profile(&M, &gemm);
+        assert_eq!(p.bound, Bound::Compute);
+        assert_eq!(p.sm_need, 132);
+        assert_eq!(p.est_ns, M.kernel_ns(&gemm));
+        let add = Kernel::VecAddF32 {
+            a: 0,
+            b: 0,
+            c: 0,
+            n: 1 << 20,
+        };
+        let p = builtin_profile(&M, &add);
+        assert_eq!(p.bound, Bound::Memory);
+        assert_eq!(p.key.blocks, 4096);
+        let spin = Kernel::Spin {
+            micros: 10,
+            blocks: 8,
+        };
+        let p = builtin_profile(&M, &spin);
+        assert_eq!((p.est_ns, p.sm_need, p.bound), (10_000, 8, Bound::Compute));
+        assert_ne!(builtin_function_id(&gemm), builtin_function_id(&add));
+    }
+
+    #[test]
+    fn client_keys_do_not_collide() {
+        let a = KernelKey::client_function(1, 1, 8);
+        let b = KernelKey::client_function(2, 1, 8);
+        assert_ne!(a, b);
+        assert_eq!(a.function & BUILTIN_FUNCTION_BASE, 0);
+    }
+
+    #[test]
+    fn the_table_is_bounded() {
+        let mut t = ProfileTable::new(132, 0.5, 0);
+        for f in 0..(MAX_PROFILES as u64 + 10) {
+            t.observe(key(f), 1, true);
+        }
+        assert_eq!(t.len(), MAX_PROFILES);
+    }
+}
