@@ -3,6 +3,7 @@
 //! - [`server`]: the control socket, handshakes, per-connection tasks, shutdown.
 //! - [`session`]: one client's tables, accounting and ring-draining data thread.
 //! - [`fault`]: GPU fault containment: the watchdog, context reset, culprit and probation.
+//! - [`dispatch`]: one GPU's scheduler as sessions meet it: kernels wait for their turn.
 //! - [`device`]: the `Device` trait and its backends (`sim`; `cuda` on GPU machines).
 //! - [`shm`] and [`wake`]: the shared region and the eventfd wake-ups.
 //! - [`cli`]: `gpushared`'s command line (also read by the man page generator).
@@ -15,6 +16,7 @@
 pub mod cli;
 pub mod config;
 pub mod device;
+pub mod dispatch;
 pub mod fault;
 pub mod metrics;
 pub mod policy;

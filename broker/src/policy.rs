@@ -23,6 +23,9 @@
 //! memory_quota = "4 GiB"
 //! ```
 //!
+//! A top-level `scheduler = "priority"` picks the scheduling policy (fifo, priority, fair,
+//! srtf or pack; fifo by default); a SIGHUP switches it for running clients too.
+//!
 //! A top-level `admin_group = "gpushare-admin"` names the group whose members (besides root)
 //! may change and evict live clients.
 //!
@@ -116,6 +119,9 @@ struct PolicyFile {
     /// Members of this group (and root) may change and evict live clients.
     #[serde(default)]
     admin_group: Option<String>,
+    /// The scheduling policy: fifo (default), priority, fair, srtf or pack.
+    #[serde(default)]
+    scheduler: Option<String>,
     #[serde(default)]
     defaults: Fields,
     #[serde(default)]
@@ -201,12 +207,28 @@ impl Policy {
                 });
             }
         }
+        if let Some(kind) = &file.scheduler {
+            kind.parse::<crate::sched::PolicyKind>()
+                .map_err(|message| PolicyError::Parse {
+                    path: path.into(),
+                    message,
+                })?;
+        }
         let defaults = apply(Grant::default(), &file.defaults);
         Ok(Policy {
             file,
             defaults,
             path: Some(path.to_string()),
         })
+    }
+
+    /// The scheduling policy the file asks for (FIFO when it names none).
+    pub fn scheduler(&self) -> crate::sched::PolicyKind {
+        self.file
+            .scheduler
+            .as_deref()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(crate::sched::PolicyKind::Fifo)
     }
 
     pub fn load(path: &Path) -> Result<Policy, PolicyError> {

@@ -27,10 +27,11 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::config::BrokerConfig;
 use crate::device::Device;
+use crate::dispatch::GpuDispatch;
 use crate::fault::{DeviceHealth, Stuck};
 use crate::policy::{Identity, Policy};
 use crate::registry::Registry;
-use crate::session::{ModuleTable, Peer, SessionEnd, SessionInfo, SessionState};
+use crate::session::{GpuServices, ModuleTable, Peer, SessionEnd, SessionInfo, SessionState};
 use crate::shm::SharedRegion;
 use crate::telemetry::Telemetry;
 use crate::wake::Wakeup;
@@ -143,6 +144,8 @@ pub struct Broker<D: Device> {
     health: Vec<Arc<DeviceHealth>>,
     /// Set when a GPU cannot be recovered in place and the broker must restart.
     stuck: Arc<Stuck>,
+    /// The scheduler per GPU (same index as `devices`).
+    dispatch: Vec<Arc<GpuDispatch>>,
     config: BrokerConfig,
     policy: RwLock<Policy>,
     registry: Registry,
@@ -177,6 +180,16 @@ impl<D: Device> Broker<D> {
         telemetry_status: TelemetryStatus,
     ) -> Arc<Broker<D>> {
         assert!(!devices.is_empty(), "a broker needs at least one device");
+        let dispatch = devices
+            .iter()
+            .map(|d| {
+                Arc::new(GpuDispatch::new(
+                    policy.scheduler(),
+                    d.info().sm_count,
+                    crate::device::sim::cost::CostModel::H100_LIKE,
+                ))
+            })
+            .collect();
         let stuck = Arc::new(Stuck::default());
         let health = devices
             .iter()
@@ -186,6 +199,7 @@ impl<D: Device> Broker<D> {
             devices,
             health,
             stuck,
+            dispatch,
             config,
             policy: RwLock::new(policy),
             registry: Registry::default(),
@@ -300,6 +314,9 @@ impl<D: Device> Broker<D> {
     /// Replaces the policy for sessions that start from now on; connected clients keep what
     /// they were granted.
     pub fn set_policy(&self, policy: Policy) {
+        for d in &self.dispatch {
+            d.set_policy(policy.scheduler());
+        }
         match self.policy.write() {
             Ok(mut p) => *p = policy,
             Err(poisoned) => *poisoned.into_inner() = policy,
@@ -397,7 +414,7 @@ impl<D: Device> Broker<D> {
             device: self.devices[0].info().clone(),
             devices: self.devices.iter().map(|d| d.info().clone()).collect(),
             uptime_ms: self.started.elapsed().as_millis() as u64,
-            policy: "fifo".into(),
+            policy: self.dispatch[0].policy_name().into(),
             memory_used: clients.iter().map(|c| c.memory_used).sum(),
             clients,
             telemetry: self.telemetry_status.clone(),
@@ -646,6 +663,7 @@ impl<D: Device> Broker<D> {
             self.config.spin,
         );
         let health = self.health[gpu as usize].clone();
+        let dispatch = self.dispatch[gpu as usize].clone();
         std::thread::Builder::new()
             .name(format!("gpushare-client-{id}"))
             .spawn(move || {
@@ -658,7 +676,7 @@ impl<D: Device> Broker<D> {
                     complete_wake,
                     thread_modules,
                     spin,
-                    health,
+                    GpuServices { health, dispatch },
                 ) {
                     Ok(state) => {
                         let _ = ready_tx.send(Ok(()));
@@ -828,6 +846,9 @@ impl<D: Device> Broker<D> {
                         g.weight = weight.unwrap_or(g.weight).max(1);
                         g.memory_quota = memory_quota.unwrap_or(g.memory_quota);
                         info.set_grant(g);
+                        if let Some(d) = self.dispatch.get(info.gpu as usize) {
+                            d.update_client(info.id, g.class, g.weight);
+                        }
                         info!(client, class = %g.class, weight = g.weight, quota = ?g.memory_quota, by = who.uid, "admin changed a client's grant");
                     });
                     BrokerMessage::AdminDone { request, result }

@@ -18,6 +18,7 @@ use gpushare_protocol::stats::ClientStats;
 use gpushare_protocol::{Command, DevicePtr, ErrorCode, EventId, PriorityClass, StreamId};
 
 use crate::device::{Device, DeviceError};
+use crate::dispatch::GpuDispatch;
 use crate::fault::{DeviceHealth, FaultWatch, Verdict};
 use crate::policy::Grant;
 use crate::shm::SharedRegion;
@@ -351,6 +352,10 @@ pub struct SessionState<D: Device> {
     holding_turn: bool,
     /// Handles lost in device resets: commands naming them fail with `DeviceReset`.
     lost: Lost,
+    dispatch: Arc<GpuDispatch>,
+    /// Granted kernels not yet seen finished, oldest first, with the event after each.
+    granted: std::collections::VecDeque<(crate::sched::RequestId, D::Event)>,
+    spare_events: Vec<D::Event>,
 }
 
 /// Handles a session lost in device resets.
@@ -403,6 +408,12 @@ impl Lost {
     }
 }
 
+/// What a session uses of its GPU besides the device: fault containment and the scheduler.
+pub struct GpuServices {
+    pub health: Arc<DeviceHealth>,
+    pub dispatch: Arc<GpuDispatch>,
+}
+
 /// Why a session's data thread ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SessionEnd {
@@ -423,8 +434,9 @@ impl<D: Device> SessionState<D> {
         complete_wake: Wakeup,
         modules: Arc<Mutex<ModuleTable<D>>>,
         spin: Duration,
-        health: Arc<DeviceHealth>,
+        gpu: GpuServices,
     ) -> Result<SessionState<D>, DeviceError> {
+        let GpuServices { health, dispatch } = gpu;
         // SAFETY: one init per region; `region` is kept alive in `self` for as long as the
         // rings exist (fields drop after `reclaim` in `run`).
         let rings = unsafe { region.init_rings() };
@@ -466,6 +478,9 @@ impl<D: Device> SessionState<D> {
             probation_until: None,
             holding_turn: false,
             lost: Lost::default(),
+            dispatch,
+            granted: std::collections::VecDeque::new(),
+            spare_events: Vec::new(),
         })
     }
 
@@ -473,10 +488,82 @@ impl<D: Device> SessionState<D> {
     /// then releases everything the client held.
     pub fn run(mut self) -> SessionEnd {
         self.health.register(self.info.clone());
+        let grant = self.info.grant();
+        self.dispatch
+            .add_client(self.info.id, grant.class, grant.weight);
         let end = self.serve();
+        self.dispatch.remove_client(self.info.id);
+        self.granted.clear();
         self.reclaim();
         self.health.unregister(self.info.id);
         end
+    }
+
+    /// Waits for the scheduler to grant a kernel of this profile (not at all under FIFO).
+    fn acquire(
+        &mut self,
+        profile: impl FnOnce(&GpuDispatch) -> crate::sched::KernelProfile,
+    ) -> Option<crate::sched::RequestId> {
+        if !self.dispatch.gated() {
+            return None;
+        }
+        let dispatch = self.dispatch.clone();
+        let profile = profile(&dispatch);
+        let id = self.info.id;
+        let info = self.info.clone();
+        let health = self.health.clone();
+        let epoch = self.epoch;
+        dispatch.acquire(
+            id,
+            profile,
+            || self.reap_granted(),
+            || info.stopping() || health.epoch() != epoch,
+        )
+    }
+
+    /// After a granted launch: an event marks when the kernel is done.
+    fn track_granted(
+        &mut self,
+        stream: StreamId,
+        request: crate::sched::RequestId,
+        launched: bool,
+    ) {
+        let event = match self.spare_events.pop() {
+            Some(e) => Ok(e),
+            None => self.device.create_event(),
+        };
+        let recorded = match (launched, event, self.streams.get_mut(&stream)) {
+            (true, Ok(mut e), Some(slot)) => {
+                match self.device.record_event(&mut e, &mut slot.stream) {
+                    Ok(()) => Ok(e),
+                    Err(_) => Err(Some(e)),
+                }
+            }
+            (_, Ok(e), _) => Err(Some(e)),
+            (_, Err(_), _) => Err(None),
+        };
+        match recorded {
+            Ok(e) => self.granted.push_back((request, e)),
+            Err(spare) => {
+                self.spare_events.extend(spare);
+                self.dispatch.complete(self.info.id, request, None);
+            }
+        }
+    }
+
+    /// Reports granted kernels that have finished to the scheduler.
+    fn reap_granted(&mut self) {
+        while let Some((request, event)) = self.granted.front() {
+            // An error (a fault) ends the wait too: the guardian deals with the fault.
+            if matches!(self.device.event_done(event), Ok(false)) {
+                break;
+            }
+            let request = *request;
+            if let Some((_, e)) = self.granted.pop_front() {
+                self.spare_events.push(e);
+            }
+            self.dispatch.complete(self.info.id, request, None);
+        }
     }
 
     fn serve(&mut self) -> SessionEnd {
@@ -532,10 +619,11 @@ impl<D: Device> SessionState<D> {
             self.account(true);
             self.rings.submissions.prepare_sleep();
             // Measurements still in flight: wake up soon to read them, so status stays true.
-            let measuring = self
-                .streams
-                .values()
-                .any(|s| self.device.measuring(&s.stream));
+            let measuring = !self.granted.is_empty()
+                || self
+                    .streams
+                    .values()
+                    .any(|s| self.device.measuring(&s.stream));
             let timeout = measuring.then_some(MEASURE_RECHECK);
             match self.rings.submissions.available() {
                 Ok(0) if !self.info.stopping() => self.info.submit_wake().wait(timeout),
@@ -707,6 +795,7 @@ impl<D: Device> SessionState<D> {
     /// Ends the batch on every stream that got work (every stream when the client went
     /// `idle`) and charges the device time measured so far.
     fn account(&mut self, idle: bool) {
+        self.reap_granted();
         if self.holding_turn {
             // On probation the batch finishes before another suspect's work may start.
             for slot in self.streams.values_mut() {
@@ -789,6 +878,12 @@ impl<D: Device> SessionState<D> {
         // The handles belong to a context that no longer exists: dropping them is inert.
         self.streams.clear();
         self.events.clear();
+        self.granted.clear();
+        self.spare_events.clear();
+        let grant = self.info.grant();
+        self.dispatch.remove_client(self.info.id);
+        self.dispatch
+            .add_client(self.info.id, grant.class, grant.weight);
         let c = &self.info.counters;
         c.memory_used.store(0, Ordering::Relaxed);
         self.info.fault_watch.busy_since.store(0, Ordering::Release);
@@ -1037,7 +1132,15 @@ impl<D: Device> SessionState<D> {
                         self.check_range(operand.ptr, operand.bytes)?;
                     }
                 }
-                let r = self.on_stream(stream, |d, s| d.launch(s, &kernel))?;
+                if !self.streams.contains_key(&stream) {
+                    return Err(ErrorCode::InvalidHandle);
+                }
+                let turn = self.acquire(|d| d.builtin_profile(&kernel));
+                let r = self.on_stream(stream, |d, s| d.launch(s, &kernel));
+                if let Some(request) = turn {
+                    self.track_granted(stream, request, r.is_ok());
+                }
+                let r = r?;
                 self.info.counters.kernels.fetch_add(1, Ordering::Relaxed);
                 Ok(r)
             }
@@ -1086,9 +1189,19 @@ impl<D: Device> SessionState<D> {
             .ok_or(ErrorCode::ArenaOutOfBounds)?;
         let mut params = vec![0u8; params_slice.len()];
         params_slice.read_into(&mut params);
+        if !self.streams.contains_key(&stream) {
+            return Err(ErrorCode::InvalidHandle);
+        }
+        let blocks = launch.grid.iter().fold(1u32, |a, &g| a.saturating_mul(g));
+        let id = self.info.id;
+        let turn = self.acquire(|d| d.module_profile(id, launch.function, blocks));
         let r = self.on_stream(stream, |d, s| {
             d.launch_module(s, &function, &launch, &params)
-        })?;
+        });
+        if let Some(request) = turn {
+            self.track_granted(stream, request, r.is_ok());
+        }
+        let r = r?;
         self.info.counters.kernels.fetch_add(1, Ordering::Relaxed);
         Ok(r)
     }

@@ -1,0 +1,197 @@
+//! One GPU's dispatcher as the sessions meet it: [`sched::Dispatcher`] behind a lock, and the
+//! sessions' data threads waiting for their kernels' turn.
+//!
+//! Each client's submission ring is its software queue. Before a kernel launch the client's
+//! data thread hands the kernel's profile to [`GpuDispatch::acquire`], which queues it with
+//! the dispatcher and waits until the policy grants it. The decision takes the lock for
+//! microseconds and never across a GPU call: the launch happens after the lock is released.
+//! The thread then records an event after the kernel and, when the event has completed,
+//! reports the request done ([`GpuDispatch::complete`]), which may grant others.
+//!
+//! Under FIFO nothing is gated: launches go straight to the stream, as they did before a
+//! scheduler existed, at no cost.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use gpushare_protocol::{Kernel, PriorityClass};
+
+use crate::device::sim::cost::CostModel;
+use crate::sched::{
+    ClientId, ClientSchedStats, ClientSpec, DeviceShape, Dispatcher, Grant, KernelKey,
+    KernelProfile, PolicyKind, RequestId, builtin_profile,
+};
+
+/// How long a waiting data thread sleeps before looking at its own finished work again
+/// (its completions may be what holds its next kernel back).
+const WAIT_SLICE: Duration = Duration::from_micros(200);
+
+struct State {
+    dispatcher: Dispatcher,
+    /// Requests granted whose data thread has not taken the grant yet.
+    granted: HashSet<RequestId>,
+    grants: Vec<Grant>,
+}
+
+pub struct GpuDispatch {
+    state: Mutex<State>,
+    granted_cv: Condvar,
+    /// False under FIFO: launches are not gated at all.
+    gated: AtomicBool,
+    origin: Instant,
+    cost: CostModel,
+}
+
+impl GpuDispatch {
+    /// A dispatcher for a GPU with `sms` SMs. Kernel profiles of the built-in kernels come
+    /// from the roofline `cost` model until measured ones replace them.
+    pub fn new(kind: PolicyKind, sms: u32, cost: CostModel) -> GpuDispatch {
+        GpuDispatch {
+            state: Mutex::new(State {
+                dispatcher: Dispatcher::new(kind, DeviceShape { sms: sms.max(1) }),
+                granted: HashSet::new(),
+                grants: Vec::new(),
+            }),
+            granted_cv: Condvar::new(),
+            gated: AtomicBool::new(kind != PolicyKind::Fifo),
+            origin: Instant::now(),
+            cost,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn now(&self) -> u64 {
+        self.origin.elapsed().as_nanos() as u64
+    }
+
+    /// Whether launches wait for the policy (anything but FIFO).
+    pub fn gated(&self) -> bool {
+        self.gated.load(Ordering::Relaxed)
+    }
+
+    pub fn policy_name(&self) -> &'static str {
+        self.lock().dispatcher.policy_name()
+    }
+
+    /// Switches the policy at run time; queued work stays queued.
+    pub fn set_policy(&self, kind: PolicyKind) {
+        let mut st = self.lock();
+        if st.dispatcher.policy_kind() == kind {
+            return;
+        }
+        st.dispatcher.set_policy(kind);
+        self.gated
+            .store(kind != PolicyKind::Fifo, Ordering::Relaxed);
+        self.pump(&mut st);
+        tracing::info!(policy = kind.as_str(), "scheduling policy switched");
+    }
+
+    pub fn add_client(&self, id: ClientId, class: PriorityClass, weight: u32) {
+        let mut st = self.lock();
+        if let Err(e) = st
+            .dispatcher
+            .add_client(ClientSpec::new(id, class, weight.max(1)))
+        {
+            tracing::warn!(client = id, error = %e, "scheduler refused the client");
+        }
+    }
+
+    /// Forgets the client (its queued and in-flight work); others may be granted at once.
+    pub fn remove_client(&self, id: ClientId) {
+        let mut st = self.lock();
+        let _ = st.dispatcher.remove_client(id);
+        self.pump(&mut st);
+    }
+
+    pub fn update_client(&self, id: ClientId, class: PriorityClass, weight: u32) {
+        let mut st = self.lock();
+        let _ = st.dispatcher.update_client(id, class, weight.max(1));
+        self.pump(&mut st);
+    }
+
+    /// The profile of a built-in kernel (modelled until measured).
+    pub fn builtin_profile(&self, kernel: &Kernel) -> KernelProfile {
+        builtin_profile(&self.cost, kernel)
+    }
+
+    /// The profile of a module function launched with `blocks` blocks (learned, or a
+    /// default guess until it has run).
+    pub fn module_profile(&self, client: ClientId, function: u64, blocks: u32) -> KernelProfile {
+        let key = KernelKey::client_function(client, function, blocks);
+        self.lock().dispatcher.profiles().profile(key)
+    }
+
+    /// Queues a kernel and waits for the policy to grant it; `reap` runs between waits and
+    /// reports the client's finished work. `None` (run it anyway) when the client is unknown
+    /// to the scheduler or `give_up` says the session is ending.
+    pub fn acquire(
+        &self,
+        id: ClientId,
+        profile: KernelProfile,
+        mut reap: impl FnMut(),
+        give_up: impl Fn() -> bool,
+    ) -> Option<RequestId> {
+        let request = self
+            .lock()
+            .dispatcher
+            .submit(id, profile, self.now())
+            .ok()?;
+        // Then report finished work (which may be what holds this kernel back): with the new
+        // request already queued, the policy weighs this client as waiting, as it is.
+        reap();
+        let mut st = self.lock();
+        self.pump(&mut st);
+        loop {
+            if st.granted.remove(&request) {
+                return Some(request);
+            }
+            if give_up() {
+                return None;
+            }
+            st = self
+                .granted_cv
+                .wait_timeout(st, WAIT_SLICE)
+                .map(|(g, _)| g)
+                .unwrap_or_else(|e| e.into_inner().0);
+            if st.granted.remove(&request) {
+                return Some(request);
+            }
+            drop(st);
+            reap();
+            st = self.lock();
+            self.pump(&mut st);
+        }
+    }
+
+    /// The granted kernel has finished (`measured_ns` of device time, when known).
+    pub fn complete(&self, id: ClientId, request: RequestId, measured_ns: Option<u64>) {
+        let mut st = self.lock();
+        let _ = st.dispatcher.complete(id, request, measured_ns, self.now());
+        self.pump(&mut st);
+    }
+
+    pub fn stats(&self, id: ClientId) -> Option<ClientSchedStats> {
+        self.lock().dispatcher.stats(id)
+    }
+
+    /// Lets the policy grant what it will now, and wakes the threads granted.
+    fn pump(&self, st: &mut State) {
+        let now = self.now();
+        let State {
+            dispatcher,
+            granted,
+            grants,
+        } = st;
+        grants.clear();
+        dispatcher.poll_into(now, grants);
+        if !grants.is_empty() {
+            granted.extend(grants.iter().map(|g| g.request));
+            self.granted_cv.notify_all();
+        }
+    }
+}

@@ -1,0 +1,144 @@
+//! The scheduler in the real broker (sim device): the policy file picks the policy, a reload
+//! switches it for running clients, and FAIR gives busy clients GPU time in proportion to
+//! their weights.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use gpushare::{Client, Kernel, Monitor};
+use gpushare_tests::{Broker, BrokerOptions};
+
+fn broker(scheduler: &str) -> Broker {
+    Broker::start_with(BrokerOptions {
+        policy: Some(format!("scheduler = \"{scheduler}\"\n")),
+        // Kernels take their modelled time on the wall clock too, so the GPU, not the two
+        // CPUs of a CI machine, is what the clients compete for.
+        extra_args: vec!["--sim-realtime".into()],
+        ..Default::default()
+    })
+}
+
+/// Keeps `client` busy with 1 ms kernels until `stop`, always with plenty
+/// queued (FAIR shares GPU time among clients that have work waiting).
+fn busy(client: Client, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<(Client, u64)> {
+    std::thread::spawn(move || {
+        let stream = client.default_stream();
+        let mut launched = 0;
+        // No synchronization until the end: the ring stays full, so the client never stops
+        // waiting for the GPU (the ring's back-pressure paces it).
+        while !stop.load(Ordering::Relaxed) {
+            for _ in 0..16 {
+                stream
+                    .launch(Kernel::Spin {
+                        micros: 1000,
+                        blocks: 1,
+                    })
+                    .expect("launch");
+                launched += 1;
+            }
+        }
+        stream.synchronize().expect("sync");
+        drop(stream);
+        (client, launched)
+    })
+}
+
+fn gpu_time(broker: &Broker, name: &str) -> u64 {
+    broker
+        .status()
+        .clients
+        .iter()
+        .find(|c| c.name == name)
+        .map_or(0, |c| c.gpu_time_ns)
+}
+
+#[test]
+fn fair_shares_follow_the_weights() {
+    let broker = broker("fair");
+    assert_eq!(broker.status().policy, "fair");
+    let light = broker.client_named("light");
+    let heavy = broker.client_named("heavy");
+    let heavy_id = heavy.session().client_id;
+    assert!(gpushare_tests::wait_until(Duration::from_secs(5), || {
+        broker.status().clients.len() == 2
+    }));
+    let mut admin = Monitor::connect(&broker.socket).expect("monitor");
+    admin
+        .admin_set(heavy_id, None, Some(3), None)
+        .expect("weight 3");
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let threads = [busy(light, stop.clone()), busy(heavy, stop.clone())];
+    // Measure while both are busy: once they stop submitting, whatever is still queued in
+    // one ring runs alone.
+    std::thread::sleep(Duration::from_millis(300));
+    let (l0, h0) = (gpu_time(&broker, "light"), gpu_time(&broker, "heavy"));
+    std::thread::sleep(Duration::from_secs(2));
+    let (l1, h1) = (gpu_time(&broker, "light"), gpu_time(&broker, "heavy"));
+    stop.store(true, Ordering::Relaxed);
+    let done: Vec<(Client, u64)> = threads
+        .into_iter()
+        .map(|t| t.join().expect("client thread"))
+        .collect();
+    let launched: Vec<u64> = done.iter().map(|(_, n)| *n).collect();
+    let (l, h) = (l1 - l0, h1 - h0);
+    let share = h as f64 / (l + h) as f64;
+    println!(
+        "FAIR, weights 1:3: GPU time light {:.1} ms, heavy {:.1} ms; heavy's share {share:.3} (goal 0.750); kernels launched {launched:?}",
+        l as f64 / 1e6,
+        h as f64 / 1e6
+    );
+    assert!(
+        l + h > 1_000_000_000,
+        "too little work to judge: {l} + {h} ns"
+    );
+    assert!(
+        (share - 0.75).abs() <= 0.05 * 0.75,
+        "heavy's share {share:.3} is not within 5 % of 0.75"
+    );
+}
+
+#[test]
+fn a_reload_switches_the_policy_for_running_clients() {
+    let broker = broker("fifo");
+    let client = broker.client();
+    assert_eq!(broker.status().policy, "fifo");
+    std::fs::write(
+        broker.dir.path().join("policy.toml"),
+        "scheduler = \"priority\"\n",
+    )
+    .expect("rewrite policy");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(broker.pid()),
+        nix::sys::signal::Signal::SIGHUP,
+    )
+    .expect("SIGHUP");
+    assert!(broker.wait_for_log("scheduling policy switched", Duration::from_secs(5)));
+    assert_eq!(broker.status().policy, "priority");
+    // The running client's kernels now go through the scheduler, and still run.
+    let buf = client.alloc::<f32>(1024).expect("alloc");
+    client
+        .default_stream()
+        .launch(Kernel::FillF32 {
+            dst: buf.ptr(),
+            n: 1024,
+            value: 2.5,
+        })
+        .expect("launch");
+    assert!(buf.to_vec().expect("read").iter().all(|&v| v == 2.5));
+
+    // A policy the broker does not know is refused, and the old one stays.
+    std::fs::write(
+        broker.dir.path().join("policy.toml"),
+        "scheduler = \"lottery\"\n",
+    )
+    .expect("rewrite policy");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(broker.pid()),
+        nix::sys::signal::Signal::SIGHUP,
+    )
+    .expect("SIGHUP");
+    assert!(broker.wait_for_log("unknown scheduling policy", Duration::from_secs(5)));
+    assert_eq!(broker.status().policy, "priority");
+}
