@@ -122,6 +122,14 @@ fn an_illegal_address_evicts_only_the_culprit_and_the_others_learn_what_they_los
             );
             assert!(broker.log_contains("restarting gpushared"));
             assert!(broker.log_contains("caused by client"), "culprit named");
+            // Where the time went.
+            for line in broker.log_text().lines().filter(|l| {
+                ["GPU fault", "restarting", "stopped", "device open", "ready"]
+                    .iter()
+                    .any(|k| l.contains(k))
+            }) {
+                println!("  {line}");
+            }
             verified_fill(&back, 8.0).expect("works after the restart");
             let e = other.nop().expect_err("the bystander's session ended too");
             assert!(e.is_fatal(), "{e}");

@@ -142,3 +142,73 @@ fn a_reload_switches_the_policy_for_running_clients() {
     assert!(broker.wait_for_log("unknown scheduling policy", Duration::from_secs(5)));
     assert_eq!(broker.status().policy, "priority");
 }
+
+/// Runs iterations of four 1 ms kernels, declaring each iteration's end, until `stop` or
+/// `limit` iterations; returns how many it ran.
+fn iterations(client: &Client, stop: &AtomicBool, limit: u64) -> u64 {
+    let stream = client.default_stream();
+    let mut done = 0;
+    while done < limit && !stop.load(Ordering::Relaxed) {
+        for _ in 0..4 {
+            stream
+                .launch(Kernel::Spin {
+                    micros: 1000,
+                    blocks: 1,
+                })
+                .expect("launch");
+        }
+        stream.synchronize().expect("sync");
+        client.end_iteration().expect("end iteration");
+        done += 1;
+    }
+    done
+}
+
+#[test]
+fn srtf_runs_the_shortest_declared_job_and_switches_only_at_iteration_ends() {
+    let broker = broker("srtf");
+    let long = broker.client_named("long");
+    let short = broker.client_named("short");
+    long.declare_job(Duration::from_secs(60), 0, 0)
+        .expect("declare");
+    short
+        .declare_job(Duration::from_millis(80), 0, 0)
+        .expect("declare");
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let long_thread = {
+        let (long, stop) = (long.clone(), stop.clone());
+        std::thread::spawn(move || iterations(&long, &stop, u64::MAX))
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    // The short job arrives while the long one runs: it gets the GPU at the long job's next
+    // iteration end and keeps it until it is done.
+    let before = gpu_time(&broker, "long");
+    let started = std::time::Instant::now();
+    let ran = iterations(&short, &AtomicBool::new(false), 20);
+    let short_took = started.elapsed();
+    let during = gpu_time(&broker, "long") - before;
+    stop.store(true, Ordering::Relaxed);
+    let long_iterations = long_thread.join().expect("long job");
+    println!(
+        "SRTF: short job's 20 iterations (80 ms of GPU) took {:.0} ms; the long job got {:.1} ms of GPU meanwhile; long ran {long_iterations} iterations",
+        short_took.as_secs_f64() * 1e3,
+        during as f64 / 1e6
+    );
+    assert_eq!(ran, 20);
+    assert!(long_iterations > 20, "the long job ran before and after");
+    // At most the long job's iteration in progress when the short one arrived (4 ms), plus
+    // one more if the short one was between iterations at a boundary.
+    assert!(
+        during <= 8_000_000,
+        "the long job got {during} ns while the shorter job was waiting"
+    );
+    // Declarations are checked.
+    let e = short
+        .declare_deadline(Duration::from_millis(10), Duration::from_millis(20))
+        .expect_err("a deadline past its period is refused");
+    assert_eq!(e.code(), Some(gpushare::ErrorCode::InvalidArgument));
+    short
+        .declare_deadline(Duration::from_millis(33), Duration::from_millis(20))
+        .expect("a sensible deadline");
+}

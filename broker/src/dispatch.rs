@@ -20,8 +20,8 @@ use gpushare_protocol::{Kernel, PriorityClass};
 
 use crate::device::sim::cost::CostModel;
 use crate::sched::{
-    ClientId, ClientSchedStats, ClientSpec, DeviceShape, Dispatcher, Grant, KernelKey,
-    KernelProfile, PolicyKind, RequestId, builtin_profile,
+    ClientId, ClientSchedStats, ClientSpec, DeadlineSpec, DeviceShape, Dispatcher, Grant,
+    JobProfile, KernelKey, KernelProfile, PolicyKind, RequestId, SchedError, builtin_profile,
 };
 
 /// How long a waiting data thread sleeps before looking at its own finished work again
@@ -173,6 +173,45 @@ impl GpuDispatch {
         let mut st = self.lock();
         let _ = st.dispatcher.complete(id, request, measured_ns, self.now());
         self.pump(&mut st);
+    }
+
+    /// The client ended an iteration: (latency ns, deadline missed).
+    pub fn iteration_boundary(&self, id: ClientId) -> (u64, bool) {
+        let mut st = self.lock();
+        let report = st.dispatcher.iteration_boundary(id, self.now());
+        self.pump(&mut st);
+        match report {
+            Ok(Some(r)) => (r.latency_ns, r.deadline_missed),
+            _ => (0, false),
+        }
+    }
+
+    /// Declares (or, with `None`, withdraws) the client's job profile.
+    pub fn set_job(&self, id: ClientId, job: Option<JobProfile>) -> Result<(), SchedError> {
+        let mut st = self.lock();
+        let r = st.dispatcher.set_job(id, job);
+        self.pump(&mut st);
+        r
+    }
+
+    /// Declares (or withdraws) the client's deadline. The scheduler learns it as part of the
+    /// client's spec, so the client is registered again (its queue is empty: its data thread
+    /// is here, not waiting for a grant).
+    pub fn set_deadline(
+        &self,
+        spec: (ClientId, PriorityClass, u32),
+        job: Option<JobProfile>,
+        deadline: Option<DeadlineSpec>,
+    ) -> Result<(), SchedError> {
+        let (id, class, weight) = spec;
+        let mut st = self.lock();
+        let _ = st.dispatcher.remove_client(id);
+        let mut spec = ClientSpec::new(id, class, weight.max(1));
+        spec.job = job;
+        spec.deadline = deadline;
+        let r = st.dispatcher.add_client(spec);
+        self.pump(&mut st);
+        r
     }
 
     pub fn stats(&self, id: ClientId) -> Option<ClientSchedStats> {

@@ -32,6 +32,8 @@ pub const MAX_EVENTS: usize = 16384;
 pub const MAX_ALLOCATIONS: usize = 1 << 20;
 /// How soon an idle data thread looks again at device-time measurements still in flight.
 const MEASURE_RECHECK: Duration = Duration::from_millis(2);
+/// Within a long batch, device time is charged at least this often.
+const ACCOUNT_EVERY: Duration = Duration::from_millis(5);
 /// How long the data thread waits on a full completion ring before looking again.
 const CQ_FULL_RECHECK: Duration = Duration::from_millis(10);
 
@@ -353,6 +355,8 @@ pub struct SessionState<D: Device> {
     /// Handles lost in device resets: commands naming them fail with `DeviceReset`.
     lost: Lost,
     dispatch: Arc<GpuDispatch>,
+    /// The job profile the client declared (kept when its deadline changes).
+    declared_job: Option<crate::sched::JobProfile>,
     /// Granted kernels not yet seen finished, oldest first, with the event after each.
     granted: std::collections::VecDeque<(crate::sched::RequestId, D::Event)>,
     spare_events: Vec<D::Event>,
@@ -479,6 +483,7 @@ impl<D: Device> SessionState<D> {
             holding_turn: false,
             lost: Lost::default(),
             dispatch,
+            declared_job: None,
             granted: std::collections::VecDeque::new(),
             spare_events: Vec::new(),
         })
@@ -589,6 +594,7 @@ impl<D: Device> SessionState<D> {
                     .counters
                     .queue_depth
                     .store(available as u64, Ordering::Relaxed);
+                let mut batch_started = Instant::now();
                 for _ in 0..available {
                     if self.health.epoch() != self.epoch {
                         break; // stop touching the device: the next loop parks
@@ -602,6 +608,11 @@ impl<D: Device> SessionState<D> {
                     }
                     if let Err(end) = self.complete(completion) {
                         return end;
+                    }
+                    // A long batch (slow commands, a full ring) still shows in status.
+                    if batch_started.elapsed() >= ACCOUNT_EVERY {
+                        self.account(false);
+                        batch_started = Instant::now();
                     }
                 }
                 self.info.counters.queue_depth.store(0, Ordering::Relaxed);
@@ -1121,6 +1132,45 @@ impl<D: Device> SessionState<D> {
                     }
                 }
                 first_error.map_or(Ok((0, 0)), Err)
+            }
+            Command::IterationEnd => {
+                let (latency, missed) = self.dispatch.iteration_boundary(self.info.id);
+                Ok((latency, missed as u64))
+            }
+            Command::DeclareJob {
+                remaining_ns,
+                persistent_bytes,
+                ephemeral_bytes,
+            } => {
+                let job = (remaining_ns, persistent_bytes, ephemeral_bytes) != (0, 0, 0);
+                let job = job.then_some(crate::sched::JobProfile {
+                    remaining_ns_estimate: remaining_ns,
+                    persistent_bytes,
+                    ephemeral_bytes,
+                });
+                self.declared_job = job;
+                self.dispatch
+                    .set_job(self.info.id, job)
+                    .map(|()| (0, 0))
+                    .map_err(|_| ErrorCode::InvalidArgument)
+            }
+            Command::DeclareDeadline {
+                period_ns,
+                deadline_ns,
+            } => {
+                let deadline = (deadline_ns != 0).then_some(crate::sched::DeadlineSpec {
+                    period_ns,
+                    deadline_ns,
+                });
+                let grant = self.info.grant();
+                self.dispatch
+                    .set_deadline(
+                        (self.info.id, grant.class, grant.weight),
+                        self.declared_job,
+                        deadline,
+                    )
+                    .map(|()| (0, 0))
+                    .map_err(|_| ErrorCode::InvalidArgument)
             }
             Command::Launch {
                 kernel: gpushare_protocol::Kernel::Fault { .. },

@@ -127,6 +127,25 @@ int gpushare_session_info(const gpushare_client *client, gpushare_session_info_t
  * met (synchronous). */
 int gpushare_synchronize(const gpushare_client *client);
 
+/* ---- scheduling --------------------------------------------------------------------- */
+
+/* Marks the end of one iteration (a training step, an inference request): where SRTF/PACK
+ * may switch jobs and a declared deadline is checked. *out_latency_ns (may be NULL) gets the
+ * iteration's latency as the scheduler saw it (0 under FIFO), *out_missed (may be NULL) 1
+ * when it missed the deadline (synchronous). */
+int gpushare_end_iteration(const gpushare_client *client, uint64_t *out_latency_ns,
+                           int *out_missed);
+
+/* Declares the job's expected remaining GPU time and memory for SRTF/PACK and memory
+ * admission; all zero withdraws it (synchronous). */
+int gpushare_declare_job(const gpushare_client *client, uint64_t remaining_ns,
+                         uint64_t persistent_bytes, uint64_t ephemeral_bytes);
+
+/* Declares a periodic deadline per iteration; a deadline longer than the period fails with
+ * GPUSHARE_E_INVALID_ARGUMENT; both zero withdraw it (synchronous). */
+int gpushare_declare_deadline(const gpushare_client *client, uint64_t period_ns,
+                              uint64_t deadline_ns);
+
 /* ---- memory ------------------------------------------------------------------------ */
 
 /* Allocates bytes of device memory; *out_ptr is its device address (synchronous). */

@@ -216,6 +216,9 @@ fn op_name(op: u16) -> &'static str {
         opcode::EVENT_ELAPSED => "event elapsed time",
         opcode::EVENT_DESTROY => "destroy event",
         opcode::CLIENT_SYNC => "synchronize",
+        opcode::ITERATION_END => "end iteration",
+        opcode::DECLARE_JOB => "declare job",
+        opcode::DECLARE_DEADLINE => "declare deadline",
         opcode::LAUNCH_MODULE => "launch module function",
         _ => "launch built-in kernel",
     }
@@ -644,6 +647,48 @@ impl Client {
                 self.sleep_for_completion()?;
             }
         }
+    }
+
+    /// Marks the end of one iteration (a training step, one inference request): where the
+    /// scheduler may switch jobs (SRTF, PACK) and checks a declared deadline. Returns the
+    /// iteration's latency as the scheduler saw it (zero under FIFO) and whether it missed
+    /// the deadline.
+    pub fn end_iteration(&self) -> Result<(Duration, bool)> {
+        let c = self.call(Command::IterationEnd, "end iteration")?;
+        Ok((Duration::from_nanos(c.result), c.result2 != 0))
+    }
+
+    /// Declares this job's expected remaining GPU time and memory (persistent: weights and
+    /// state; ephemeral: per-iteration scratch) for SRTF/PACK and memory admission.
+    pub fn declare_job(
+        &self,
+        remaining: Duration,
+        persistent_bytes: u64,
+        ephemeral_bytes: u64,
+    ) -> Result<()> {
+        self.call(
+            Command::DeclareJob {
+                remaining_ns: remaining.as_nanos().min(u64::MAX as u128) as u64,
+                persistent_bytes,
+                ephemeral_bytes,
+            },
+            "declare job",
+        )
+        .map(|_| ())
+    }
+
+    /// Declares a periodic deadline: each iteration should end within `deadline` of its
+    /// start, one iteration every `period` (CudaMon). Lower-priority clients then yield SMs
+    /// when deadlines are missed.
+    pub fn declare_deadline(&self, period: Duration, deadline: Duration) -> Result<()> {
+        self.call(
+            Command::DeclareDeadline {
+                period_ns: period.as_nanos().min(u64::MAX as u128) as u64,
+                deadline_ns: deadline.as_nanos().min(u64::MAX as u128) as u64,
+            },
+            "declare deadline",
+        )
+        .map(|_| ())
     }
 
     /// Allocates `bytes` of device memory.

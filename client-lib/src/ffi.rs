@@ -432,6 +432,77 @@ pub unsafe extern "C" fn gpushare_synchronize(client: *const gpushare_client) ->
     })
 }
 
+/// Marks the end of one iteration (a training step, an inference request). `out_latency_ns`
+/// (may be NULL) gets the iteration's latency as the scheduler saw it (0 under FIFO),
+/// `out_missed` (may be NULL) 1 when it missed a declared deadline.
+///
+/// # Safety
+/// `client` is NULL or a live handle; the out-pointers are NULL or valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn gpushare_end_iteration(
+    client: *const gpushare_client,
+    out_latency_ns: *mut u64,
+    out_missed: *mut c_int,
+) -> c_int {
+    guard("gpushare_end_iteration", || {
+        // SAFETY: the caller's contract.
+        let client = unsafe { client_ref(client) }?;
+        let (latency, missed) = client.end_iteration()?;
+        if !out_latency_ns.is_null() {
+            // SAFETY: non-NULL, and valid for a write by the caller's contract.
+            unsafe { out_latency_ns.write(latency.as_nanos() as u64) };
+        }
+        if !out_missed.is_null() {
+            // SAFETY: as above.
+            unsafe { out_missed.write(missed as c_int) };
+        }
+        Ok(())
+    })
+}
+
+/// Declares the job's expected remaining GPU time and memory (for SRTF/PACK and memory
+/// admission); all zero withdraws it.
+///
+/// # Safety
+/// `client` is NULL or a live handle.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn gpushare_declare_job(
+    client: *const gpushare_client,
+    remaining_ns: u64,
+    persistent_bytes: u64,
+    ephemeral_bytes: u64,
+) -> c_int {
+    guard("gpushare_declare_job", || {
+        // SAFETY: the caller's contract.
+        let client = unsafe { client_ref(client) }?;
+        Ok(client.declare_job(
+            std::time::Duration::from_nanos(remaining_ns),
+            persistent_bytes,
+            ephemeral_bytes,
+        )?)
+    })
+}
+
+/// Declares a periodic deadline per iteration (both zero withdraw it).
+///
+/// # Safety
+/// `client` is NULL or a live handle.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn gpushare_declare_deadline(
+    client: *const gpushare_client,
+    period_ns: u64,
+    deadline_ns: u64,
+) -> c_int {
+    guard("gpushare_declare_deadline", || {
+        // SAFETY: the caller's contract.
+        let client = unsafe { client_ref(client) }?;
+        Ok(client.declare_deadline(
+            std::time::Duration::from_nanos(period_ns),
+            std::time::Duration::from_nanos(deadline_ns),
+        )?)
+    })
+}
+
 // ---- memory --------------------------------------------------------------------------
 
 /// Allocates `bytes` of device memory; `*out_ptr` gets its device address.

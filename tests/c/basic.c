@@ -182,6 +182,20 @@ int main(void) {
     CHECK(gpushare_memset(client, stream, c, 0, N * sizeof(float) / 4));
     CHECK(gpushare_fill_f32(client, stream, c + (N - 8) * sizeof(float), 8, 7.0f));
     CHECK(gpushare_synchronize(client));
+    /* Scheduling declarations: accepted, and a deadline past its period refused. */
+    {
+        uint64_t latency = 1;
+        int missed = -1;
+        CHECK(gpushare_declare_job(client, 1000000000ull, 1u << 20, 0));
+        CHECK(gpushare_end_iteration(client, &latency, &missed));
+        if (missed != 0) {
+            fail("end_iteration reported a missed deadline without one declared");
+        }
+        CHECK(gpushare_end_iteration(client, NULL, NULL));
+        expect_rc(gpushare_declare_deadline(client, 10000000ull, 20000000ull),
+                  GPUSHARE_E_INVALID_ARGUMENT, "deadline past its period");
+        CHECK(gpushare_declare_deadline(client, 33000000ull, 20000000ull));
+    }
     download(stream, got, c);
     for (size_t i = 0; i < N; i++) {
         float w = i < N / 4 ? 0.0f : i >= N - 8 ? 7.0f : ha[i];

@@ -960,6 +960,9 @@ impl Dispatcher {
         if self.waiting_partition {
             consider(self.deadline.next_period_at());
         }
+        if let Some(t) = self.policy.next_wakeup() {
+            consider(t);
+        }
         at.map(|t| t.max(self.last_now + 1))
     }
 

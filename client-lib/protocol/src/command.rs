@@ -27,6 +27,9 @@ pub mod opcode {
     pub const EVENT_ELAPSED: u16 = 0x0e;
     pub const EVENT_DESTROY: u16 = 0x0f;
     pub const CLIENT_SYNC: u16 = 0x10;
+    pub const ITERATION_END: u16 = 0x11;
+    pub const DECLARE_JOB: u16 = 0x12;
+    pub const DECLARE_DEADLINE: u16 = 0x13;
     pub const LAUNCH_MODULE: u16 = 0x20;
     pub const KERNEL_FILL_F32: u16 = 0x40;
     pub const KERNEL_AXPY_F32: u16 = 0x41;
@@ -287,6 +290,22 @@ pub enum Command {
     },
     /// Completes when all of the client's work is done; reports its first error.
     ClientSync,
+    /// Marks the end of one iteration (a training step, an inference request): the only
+    /// point where SRTF/PACK switch jobs, and what deadlines are checked against. Result:
+    /// the iteration's latency in ns as the scheduler saw it (0 under FIFO), and 1 in
+    /// `result2` when it missed the declared deadline.
+    IterationEnd,
+    /// Declares the job's profile for SRTF/PACK and memory admission (all 0 withdraws it).
+    DeclareJob {
+        remaining_ns: u64,
+        persistent_bytes: u64,
+        ephemeral_bytes: u64,
+    },
+    /// Declares a periodic deadline per iteration (CudaMon); both 0 withdraw it.
+    DeclareDeadline {
+        period_ns: u64,
+        deadline_ns: u64,
+    },
     /// Launches a built-in kernel.
     Launch {
         stream: StreamId,
@@ -362,6 +381,20 @@ impl Command {
             }
             Command::EventDestroy { event } => (EVENT_DESTROY, 0, [event as u64, 0, 0, 0, 0, 0]),
             Command::ClientSync => (CLIENT_SYNC, 0, [0; 6]),
+            Command::IterationEnd => (ITERATION_END, 0, [0; 6]),
+            Command::DeclareJob {
+                remaining_ns,
+                persistent_bytes,
+                ephemeral_bytes,
+            } => (
+                DECLARE_JOB,
+                0,
+                [remaining_ns, persistent_bytes, ephemeral_bytes, 0, 0, 0],
+            ),
+            Command::DeclareDeadline {
+                period_ns,
+                deadline_ns,
+            } => (DECLARE_DEADLINE, 0, [period_ns, deadline_ns, 0, 0, 0, 0]),
             Command::LaunchModule { stream, launch } => (
                 LAUNCH_MODULE,
                 stream,
@@ -495,6 +528,21 @@ impl Command {
             },
             EVENT_DESTROY => Command::EventDestroy { event: id(a[0])? },
             CLIENT_SYNC => Command::ClientSync,
+            ITERATION_END => Command::IterationEnd,
+            DECLARE_JOB => Command::DeclareJob {
+                remaining_ns: a[0],
+                persistent_bytes: a[1],
+                ephemeral_bytes: a[2],
+            },
+            DECLARE_DEADLINE => {
+                if a[1] > a[0] && a[0] != 0 {
+                    return Err(ErrorCode::InvalidArgument); // a deadline past the period
+                }
+                Command::DeclareDeadline {
+                    period_ns: a[0],
+                    deadline_ns: a[1],
+                }
+            }
             LAUNCH_MODULE => {
                 let launch = ModuleLaunch {
                     function: a[0],

@@ -746,6 +746,9 @@ fn command_variant(c: &Command) -> &'static str {
         Command::EventElapsed { .. } => "event_elapsed",
         Command::EventDestroy { .. } => "event_destroy",
         Command::ClientSync => "client_sync",
+        Command::IterationEnd => "iteration_end",
+        Command::DeclareJob { .. } => "declare_job",
+        Command::DeclareDeadline { .. } => "declare_deadline",
         Command::Launch { kernel, .. } => kernel_variant(kernel),
         Command::LaunchModule { .. } => "launch_module",
     }
@@ -795,6 +798,16 @@ pub fn commands() -> Vec<Command> {
         Command::EventElapsed { start: 1, end: 2 },
         Command::EventDestroy { event: 2 },
         Command::ClientSync,
+        Command::IterationEnd,
+        Command::DeclareJob {
+            remaining_ns: 30_000_000_000,
+            persistent_bytes: 1 << 30,
+            ephemeral_bytes: 1 << 28,
+        },
+        Command::DeclareDeadline {
+            period_ns: 33_000_000,
+            deadline_ns: 20_000_000,
+        },
         launch(
             1,
             Kernel::FillF32 {
@@ -1102,7 +1115,7 @@ mod tests {
         let mut names: Vec<&str> = commands().iter().map(command_variant).collect();
         names.sort();
         names.dedup();
-        assert_eq!(names.len(), 26, "one seed per command and kernel");
+        assert_eq!(names.len(), 29, "one seed per command and kernel");
         for c in commands() {
             assert_eq!(Command::decode(&c.encode(1)), Ok(c));
         }

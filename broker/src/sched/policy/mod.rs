@@ -59,6 +59,11 @@ pub trait Policy: Send {
 
     /// `client` left; forget it.
     fn on_remove(&mut self, _client: ClientId) {}
+
+    /// When a decision of this policy changes with time alone (a hold that expires).
+    fn next_wakeup(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// The policies the broker can be configured with.

@@ -23,10 +23,17 @@ pub enum JobOrder {
     Arrival,
 }
 
+/// How long the current job keeps the GPU after an iteration ends while it prepares the
+/// next (a closed-loop job synchronizes between iterations). Without it a job with a longer
+/// remaining time would slip in at every such gap.
+pub const ITERATION_GAP_GRACE_NS: u64 = 2_000_000;
+
 #[derive(Debug, Clone)]
 pub struct Srtf {
     order: JobOrder,
     current: Option<ClientId>,
+    /// When the current job was last seen between iterations with nothing queued.
+    gap_since: Option<u64>,
 }
 
 impl Srtf {
@@ -34,6 +41,7 @@ impl Srtf {
         Srtf {
             order: JobOrder::ShortestRemaining,
             current: None,
+            gap_since: None,
         }
     }
 
@@ -42,6 +50,7 @@ impl Srtf {
         Srtf {
             order: JobOrder::Arrival,
             current: None,
+            gap_since: None,
         }
     }
 
@@ -78,10 +87,11 @@ impl Policy for Srtf {
         }
     }
 
-    fn pick(&mut self, view: &View<'_>, _now: u64) -> Pick {
+    fn pick(&mut self, view: &View<'_>, now: u64) -> Pick {
         if let Some(c) = self.current.and_then(|id| view.client(id))
             && mid_iteration(&c)
         {
+            self.gap_since = None;
             return if c.eligible() {
                 Pick::Grant(c.id())
             } else {
@@ -90,8 +100,25 @@ impl Policy for Srtf {
         }
         // A switch point: the best backlogged job takes over (possibly the same one).
         let best = view.candidates().min_by_key(|c| self.key(c));
+        // The current job, between iterations and still the shortest, keeps the GPU for a
+        // short gap while it prepares its next iteration.
+        if let Some(c) = self.current.and_then(|id| view.client(id))
+            && c.spec().job.is_some()
+            && !c.backlogged()
+            && best.as_ref().is_none_or(|b| self.key(&c) < self.key(b))
+        {
+            let since = *self.gap_since.get_or_insert(now);
+            if now.saturating_sub(since) < ITERATION_GAP_GRACE_NS {
+                return Pick::Hold;
+            }
+        }
+        self.gap_since = None;
         self.current = best.map(|c| c.id());
         best.map_or(Pick::Hold, |c| Pick::Grant(c.id()))
+    }
+
+    fn next_wakeup(&self) -> Option<u64> {
+        self.gap_since.map(|t| t + ITERATION_GAP_GRACE_NS)
     }
 
     fn on_remove(&mut self, client: ClientId) {
@@ -107,7 +134,7 @@ mod tests {
     use rand::rngs::StdRng;
     use rand::{Rng, SeedableRng};
 
-    use super::Srtf;
+    use super::{ITERATION_GAP_GRACE_NS, Srtf};
     use crate::sched::simulate::{
         Arrivals, ClientScript, SimConfig, SimReport, Simulation, kernel,
     };
@@ -221,14 +248,32 @@ mod tests {
 
     #[test]
     fn closed_loop_think_time_lets_others_in_at_the_boundary() {
-        // A job with think time between iterations is not backlogged then: another job runs.
+        // A job that thinks longer than the grace between iterations is not backlogged then:
+        // another job runs.
         let mut a = job(1, 0, 5);
-        a.arrivals = Arrivals::Closed { think_ns: 2 * MS };
+        a.arrivals = Arrivals::Closed {
+            think_ns: ITERATION_GAP_GRACE_NS + 3 * MS,
+        };
         let r = run(Some(PolicyKind::Srtf), vec![a, job(2, 0, 50)], 200 * MS);
         let b = r.client(2).and_then(|c| c.finished_at);
         assert!(b.is_some());
         // B (longer) got grants while A was thinking, i.e. before A finished.
         let a_done = r.client(1).and_then(|c| c.finished_at).unwrap_or(0);
         assert!(r.grants.iter().any(|g| g.1 == 2 && g.0 < a_done));
+    }
+
+    #[test]
+    fn a_short_gap_between_iterations_keeps_the_gpu_for_the_shortest_job() {
+        // Synchronizing between iterations takes a moment; the shorter job keeps the GPU.
+        let mut a = job(1, 0, 5);
+        a.arrivals = Arrivals::Closed {
+            think_ns: ITERATION_GAP_GRACE_NS / 4,
+        };
+        let r = run(Some(PolicyKind::Srtf), vec![a, job(2, 0, 50)], 200 * MS);
+        let a_done = r.client(1).and_then(|c| c.finished_at).expect("A finishes");
+        assert!(
+            !r.grants.iter().any(|g| g.1 == 2 && g.0 < a_done),
+            "the longer job slipped in between the shorter job's iterations"
+        );
     }
 }
