@@ -198,7 +198,7 @@ fn the_policy_file_refuses_users_and_groups_at_the_handshake() {
             )),
         "{said}"
     );
-    assert!(broker.log_contains("rejecting connection"));
+    assert!(broker.wait_for_log("rejecting connection", Duration::from_secs(5)));
     assert!(testclient(&broker, &a, &["connect-probe"]).starts_with("connected "));
     // Monitors too: the refused user cannot even look.
     let out = gpushare_cli(&broker, &b, &["status"]);

@@ -21,12 +21,23 @@ use gpushare_protocol::{Kernel, PriorityClass};
 use crate::device::sim::cost::CostModel;
 use crate::sched::{
     ClientId, ClientSchedStats, ClientSpec, DeadlineSpec, DeviceShape, Dispatcher, Grant,
-    JobProfile, KernelKey, KernelProfile, PolicyKind, RequestId, SchedError, builtin_profile,
+    JobProfile, KernelKey, KernelProfile, PolicyKind, RequestId, SchedConfig, SchedError,
+    builtin_profile,
 };
 
 /// How long a waiting data thread sleeps before looking at its own finished work again
 /// (its completions may be what holds its next kernel back).
 const WAIT_SLICE: Duration = Duration::from_micros(200);
+/// Granted kernels one client may have on the GPU at once.
+const MAX_INFLIGHT_PER_CLIENT: u32 = 64;
+
+/// What [`GpuDispatch::acquire`] asks of the waiting session.
+pub enum Waiting {
+    /// Report your finished kernels.
+    Reap,
+    /// You are about to wait for others: stop charging yourself device time meanwhile.
+    Begins,
+}
 
 struct State {
     dispatcher: Dispatcher,
@@ -50,7 +61,16 @@ impl GpuDispatch {
     pub fn new(kind: PolicyKind, sms: u32, cost: CostModel) -> GpuDispatch {
         GpuDispatch {
             state: Mutex::new(State {
-                dispatcher: Dispatcher::new(kind, DeviceShape { sms: sms.max(1) }),
+                dispatcher: Dispatcher::with_config(
+                    kind,
+                    DeviceShape { sms: sms.max(1) },
+                    SchedConfig {
+                        // A client's asynchronous launches queue on its stream as they would
+                        // without a scheduler; the policies' own limits still apply.
+                        max_inflight_per_client: MAX_INFLIGHT_PER_CLIENT,
+                        ..SchedConfig::default()
+                    },
+                ),
                 granted: HashSet::new(),
                 grants: Vec::new(),
             }),
@@ -126,14 +146,15 @@ impl GpuDispatch {
         self.lock().dispatcher.profiles().profile(key)
     }
 
-    /// Queues a kernel and waits for the policy to grant it; `reap` runs between waits and
-    /// reports the client's finished work. `None` (run it anyway) when the client is unknown
-    /// to the scheduler or `give_up` says the session is ending.
+    /// Queues a kernel and waits for the policy to grant it; `session` is asked to report the
+    /// client's finished work between waits, and told once when a wait begins. `None` (run
+    /// it anyway) when the client is unknown to the scheduler or `give_up` says the session
+    /// is ending.
     pub fn acquire(
         &self,
         id: ClientId,
         profile: KernelProfile,
-        mut reap: impl FnMut(),
+        mut session: impl FnMut(Waiting),
         give_up: impl Fn() -> bool,
     ) -> Option<RequestId> {
         let request = self
@@ -143,15 +164,24 @@ impl GpuDispatch {
             .ok()?;
         // Then report finished work (which may be what holds this kernel back): with the new
         // request already queued, the policy weighs this client as waiting, as it is.
-        reap();
+        session(Waiting::Reap);
         let mut st = self.lock();
         self.pump(&mut st);
+        let mut waited = false;
         loop {
             if st.granted.remove(&request) {
                 return Some(request);
             }
             if give_up() {
                 return None;
+            }
+            if !waited {
+                waited = true;
+                drop(st);
+                session(Waiting::Begins);
+                st = self.lock();
+                self.pump(&mut st);
+                continue;
             }
             st = self
                 .granted_cv
@@ -162,7 +192,7 @@ impl GpuDispatch {
                 return Some(request);
             }
             drop(st);
-            reap();
+            session(Waiting::Reap);
             st = self.lock();
             self.pump(&mut st);
         }

@@ -21,11 +21,19 @@ const DEFAULT_POLICY: &str = "/etc/gpushare/gpushare.toml";
 
 fn open_gpus(
     which: Gpus,
+    fault_injection: bool,
 ) -> Result<Vec<Arc<CudaDevice>>, gpushare_broker::device::cuda::ProbeError> {
     let devices = match which {
         Gpus::All => CudaDevice::open_all()?,
         Gpus::One(n) => vec![CudaDevice::open(n)?],
     };
+    if fault_injection {
+        for d in &devices {
+            if let Err(e) = d.prepare_fault_injection() {
+                warn!(gpu = d.ordinal(), error = %e, "cannot load the fault-injection kernels");
+            }
+        }
+    }
     Ok(devices.into_iter().map(Arc::new).collect())
 }
 
@@ -89,11 +97,11 @@ fn real_main() -> anyhow::Result<()> {
     match args.backend {
         Backend::Sim => run(sims(), config, policy, start_telemetry(&args)),
         Backend::Cuda => {
-            let gpus = open_gpus(args.gpu)
+            let gpus = open_gpus(args.gpu, args.allow_fault_injection)
                 .with_context(|| format!("cannot use {which} with --backend cuda"))?;
             run(gpus, config, policy, start_telemetry(&args))
         }
-        Backend::Auto => match open_gpus(args.gpu) {
+        Backend::Auto => match open_gpus(args.gpu, args.allow_fault_injection) {
             Ok(gpus) => {
                 info!("backend auto: serving {which} through CUDA");
                 run(gpus, config, policy, start_telemetry(&args))
@@ -234,9 +242,17 @@ fn restart(reason: &str) -> ! {
     const CLOSE_RANGE_CLOEXEC: u32 = 1 << 2;
     // SAFETY: only changes descriptor flags of this process.
     unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, CLOSE_RANGE_CLOEXEC) };
-    let err = std::process::Command::new("/proc/self/exe")
-        .args(args)
-        .exec();
+    // The compiled built-in kernels go along (in a descriptor made after the call above), so
+    // the new image starts without compiling them again.
+    let mut next = std::process::Command::new("/proc/self/exe");
+    next.args(args);
+    if let Some(fd) = gpushare_broker::device::cuda::hand_over_builtins() {
+        next.env(
+            gpushare_broker::device::cuda::BUILTINS_HANDOVER_ENV,
+            fd.to_string(),
+        );
+    }
+    let err = next.exec();
     eprintln!("gpushared: cannot restart: {err}");
     std::process::exit(1)
 }

@@ -521,7 +521,17 @@ impl<D: Device> SessionState<D> {
         dispatch.acquire(
             id,
             profile,
-            || self.reap_granted(),
+            |waiting| match waiting {
+                crate::dispatch::Waiting::Reap => self.reap_granted(),
+                // Close the measured spans: time spent waiting for others is not ours.
+                crate::dispatch::Waiting::Begins => {
+                    for slot in self.streams.values_mut() {
+                        if slot.touched {
+                            self.device.end_batch(&mut slot.stream, true);
+                        }
+                    }
+                }
+            },
             || info.stopping() || health.epoch() != epoch,
         )
     }

@@ -42,6 +42,60 @@ unsafe impl Send for Builtins {}
 // SAFETY: as above.
 unsafe impl Sync for Builtins {}
 
+/// The NVRTC output of this process (compute capability, PTX), handed to the next image
+/// when gpushared restarts after a fault, so it need not compile again.
+static COMPILED: std::sync::Mutex<Option<((u32, u32), String)>> = std::sync::Mutex::new(None);
+
+/// Environment variable naming a descriptor that holds the previous image's compiled PTX.
+pub const HANDOVER_ENV: &str = "GPUSHARE_BUILTIN_PTX_FD";
+
+/// Puts the compiled kernels in a descriptor that survives `exec` (called just before
+/// gpushared restarts itself); returns the descriptor, to be named in the next image's
+/// environment as [`HANDOVER_ENV`].
+pub fn hand_over() -> Option<i32> {
+    use std::io::Write;
+    let (cc, ptx) = COMPILED.lock().unwrap_or_else(|e| e.into_inner()).clone()?;
+    // Not close-on-exec: the next image reads it.
+    let fd =
+        nix::sys::memfd::memfd_create("gpushare-builtin-ptx", nix::sys::memfd::MFdFlags::empty())
+            .ok()?;
+    let mut file = std::fs::File::from(fd);
+    writeln!(file, "{}.{}", cc.0, cc.1).ok()?;
+    file.write_all(ptx.as_bytes()).ok()?;
+    Some(std::os::fd::IntoRawFd::into_raw_fd(file))
+}
+
+/// The PTX the previous image compiled for `cc`, if it handed one over.
+fn handed_over(cc: (u32, u32)) -> Option<String> {
+    static HANDED: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    let text = HANDED.get_or_init(|| {
+        use std::io::{Read, Seek};
+        use std::os::fd::FromRawFd;
+        let fd: i32 = std::env::var(HANDOVER_ENV).ok()?.parse().ok()?;
+        // Only gpushared's own restart names one, and it is a memfd (checked below) that
+        // nothing else in this process uses; it is read once, here, and then closed.
+        if fd < 3 {
+            return None;
+        }
+        let link = std::fs::read_link(format!("/proc/self/fd/{fd}")).ok()?;
+        if !link
+            .to_string_lossy()
+            .contains("memfd:gpushare-builtin-ptx")
+        {
+            return None;
+        }
+        // SAFETY: the descriptor was left open for us by the previous image and is a memfd
+        // of ours (checked above); nothing else owns it.
+        let mut file = unsafe { std::fs::File::from_raw_fd(fd) };
+        file.rewind().ok()?;
+        let mut text = String::new();
+        file.read_to_string(&mut text).ok()?;
+        Some(text)
+    });
+    let (first, ptx) = text.as_deref()?.split_once('\n')?;
+    (first == format!("{}.{}", cc.0, cc.1)).then(|| ptx.to_string())
+}
+
 /// Compiles the kernel source for `compute_<major><minor>` with NVRTC.
 fn compile_with_nvrtc(cc: (u32, u32)) -> Result<String, String> {
     use cudarc::nvrtc::result as nvrtc;
@@ -140,8 +194,15 @@ impl Builtins {
     /// Builds (NVRTC) or loads (pre-built PTX) the built-in kernels for a device of compute
     /// capability `cc` with `sm_count` SMs. The context must be current.
     pub fn load(cc: (u32, u32), sm_count: u32) -> DeviceResult<Builtins> {
-        let (ptx, origin) = match compile_with_nvrtc(cc) {
-            Ok(ptx) => (ptx, "nvrtc"),
+        let compiled = match handed_over(cc) {
+            Some(ptx) => Ok(ptx),
+            None => compile_with_nvrtc(cc),
+        };
+        let (ptx, origin) = match compiled {
+            Ok(ptx) => {
+                *COMPILED.lock().unwrap_or_else(|e| e.into_inner()) = Some((cc, ptx.clone()));
+                (ptx, "nvrtc")
+            }
             Err(why) => {
                 tracing::info!(%why, "NVRTC unavailable or failed; using the pre-built PTX");
                 if PREBUILT_PTX.trim().is_empty() {

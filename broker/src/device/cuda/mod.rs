@@ -26,6 +26,8 @@ use gpushare_protocol::{DevicePtr, Kernel, PriorityClass};
 use self::builtins::Builtins;
 /// The pre-built PTX of the built-in kernels (also holds `gpushare_empty`, for benchmarks).
 pub use self::builtins::PREBUILT_PTX as BUILTIN_PTX;
+/// Hands the compiled built-in kernels to the next image of a restarting gpushared.
+pub use self::builtins::{HANDOVER_ENV as BUILTINS_HANDOVER_ENV, hand_over as hand_over_builtins};
 use self::error::{check, driver};
 use super::{Device, DeviceError, DeviceResult};
 use crate::shm::ArenaSlice;
@@ -276,8 +278,14 @@ impl CudaDevice {
         }
     }
 
-    /// Launches a fault-injection kernel.
-    fn inject_fault(&self, stream: &CudaStream, hang: bool) -> DeviceResult<()> {
+    /// Loads the fault-injection kernels now, so injecting a fault later takes no JIT time
+    /// (for measuring recovery from the fault itself).
+    pub fn prepare_fault_injection(&self) -> DeviceResult<()> {
+        self.bind()?;
+        self.fault_kernels().map(|_| ())
+    }
+
+    fn fault_kernels(&self) -> DeviceResult<std::sync::MutexGuard<'_, Option<FaultKernels>>> {
         let mut faults = self.faults.lock().unwrap_or_else(|e| e.into_inner());
         if faults.is_none() {
             let mut image = FAULT_PTX.as_bytes().to_vec();
@@ -293,6 +301,12 @@ impl CudaDevice {
                 flag,
             });
         }
+        Ok(faults)
+    }
+
+    /// Launches a fault-injection kernel.
+    fn inject_fault(&self, stream: &CudaStream, hang: bool) -> DeviceResult<()> {
+        let faults = self.fault_kernels()?;
         let Some(k) = faults.as_ref() else {
             return Err(DeviceError::Failed("fault kernels missing".into()));
         };
