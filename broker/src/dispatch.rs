@@ -12,7 +12,7 @@
 //! scheduler existed, at no cost.
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -51,6 +51,9 @@ pub struct GpuDispatch {
     granted_cv: Condvar,
     /// False under FIFO: launches are not gated at all.
     gated: AtomicBool,
+    /// Clients registered: a client alone on the GPU is not gated either (there is nobody
+    /// to order it against).
+    clients: AtomicUsize,
     origin: Instant,
     cost: CostModel,
 }
@@ -76,6 +79,7 @@ impl GpuDispatch {
             }),
             granted_cv: Condvar::new(),
             gated: AtomicBool::new(kind != PolicyKind::Fifo),
+            clients: AtomicUsize::new(0),
             origin: Instant::now(),
             cost,
         }
@@ -89,9 +93,11 @@ impl GpuDispatch {
         self.origin.elapsed().as_nanos() as u64
     }
 
-    /// Whether launches wait for the policy (anything but FIFO).
+    /// Whether launches wait for the policy: anything but FIFO, with another client on the
+    /// GPU. (A lone client's kernels go straight to its stream; once a second client comes,
+    /// its new kernels are scheduled.)
     pub fn gated(&self) -> bool {
-        self.gated.load(Ordering::Relaxed)
+        self.gated.load(Ordering::Relaxed) && self.clients.load(Ordering::Relaxed) > 1
     }
 
     pub fn policy_name(&self) -> &'static str {
@@ -113,18 +119,23 @@ impl GpuDispatch {
 
     pub fn add_client(&self, id: ClientId, class: PriorityClass, weight: u32) {
         let mut st = self.lock();
-        if let Err(e) = st
+        match st
             .dispatcher
             .add_client(ClientSpec::new(id, class, weight.max(1)))
         {
-            tracing::warn!(client = id, error = %e, "scheduler refused the client");
+            Ok(()) => {
+                self.clients.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e) => tracing::warn!(client = id, error = %e, "scheduler refused the client"),
         }
     }
 
     /// Forgets the client (its queued and in-flight work); others may be granted at once.
     pub fn remove_client(&self, id: ClientId) {
         let mut st = self.lock();
-        let _ = st.dispatcher.remove_client(id);
+        if st.dispatcher.remove_client(id).is_ok() {
+            self.clients.fetch_sub(1, Ordering::Relaxed);
+        }
         self.pump(&mut st);
     }
 

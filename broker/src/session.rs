@@ -545,7 +545,7 @@ impl<D: Device> SessionState<D> {
     ) {
         let event = match self.spare_events.pop() {
             Some(e) => Ok(e),
-            None => self.device.create_event(),
+            None => self.device.create_marker(),
         };
         let recorded = match (launched, event, self.streams.get_mut(&stream)) {
             (true, Ok(mut e), Some(slot)) => {

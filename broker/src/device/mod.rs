@@ -118,6 +118,11 @@ pub trait Device: Send + Sync + 'static {
     }
 
     fn create_event(&self) -> DeviceResult<Self::Event>;
+    /// An event only for knowing when work is done (cheaper to record on a GPU; it cannot
+    /// time anything).
+    fn create_marker(&self) -> DeviceResult<Self::Event> {
+        self.create_event()
+    }
     fn record_event(&self, event: &mut Self::Event, stream: &mut Self::Stream) -> DeviceResult<()>;
     fn event_done(&self, event: &Self::Event) -> DeviceResult<bool>;
     fn sync_event(&self, event: &Self::Event) -> DeviceResult<()>;

@@ -851,6 +851,18 @@ impl Device for CudaDevice {
         })
     }
 
+    fn create_marker(&self) -> DeviceResult<CudaEvent> {
+        self.bind()?;
+        let raw = cu::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+            .map_err(|e| driver("cuEventCreate", e))?;
+        Ok(CudaEvent {
+            raw,
+            recorded: false,
+            epoch: self.epoch(),
+            device_epoch: self.epoch.clone(),
+        })
+    }
+
     fn record_event(&self, event: &mut CudaEvent, stream: &mut CudaStream) -> DeviceResult<()> {
         self.bind()?;
         // SAFETY: live event and stream.
