@@ -19,6 +19,12 @@ fn connect(host_buffers: u64) -> Result<Client> {
 
 pub fn launch(quick: bool) -> Result<Value> {
     let client = connect(0)?;
+    // With GPUSHARE_BENCH_COMPANION set, an idle second client shares the GPU, so a
+    // scheduling policy other than FIFO gates every launch (a lone client is not gated).
+    let _companion = match std::env::var_os("GPUSHARE_BENCH_COMPANION") {
+        Some(_) => Some(connect(0)?),
+        None => None,
+    };
     let stream = client.create_stream()?;
     let module = client.load_module(ModuleFormat::Ptx, BUILTIN_PTX.as_bytes())?;
     let f = module.function("gpushare_empty")?;
