@@ -55,6 +55,10 @@ pub struct Args {
     /// Sim device: also take the modelled time on the wall clock.
     #[arg(long)]
     pub sim_realtime: bool,
+    /// Sim device: after a fault, behave like the CUDA driver (no recovery in place, so
+    /// gpushared restarts), to test that path without a GPU.
+    #[arg(long)]
+    pub sim_restart_on_fault: bool,
     /// Don't load the eBPF telemetry programs.
     #[arg(long)]
     pub no_telemetry: bool,

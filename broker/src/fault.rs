@@ -91,11 +91,67 @@ struct HealthState {
     record: RecoveryRecord,
 }
 
+/// What a restart carries over to the next image, by client process id: whose work faulted
+/// (refused for a while, so one program cannot restart the broker again and again) and who
+/// was a suspect (on probation: its work runs alone, so a second fault names it).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Carry {
+    pub evicted: Vec<i32>,
+    pub probation: Vec<i32>,
+    /// How long both last, from the restart.
+    pub seconds: u64,
+}
+
+/// The environment variable a restarting gpushared passes a [`Carry`] in.
+pub const CARRY_ENV: &str = "GPUSHARE_FAULT_CARRY";
+
+impl Carry {
+    /// `evicted=1,2;probation=3;seconds=60`
+    pub fn to_env(&self) -> String {
+        let list = |v: &[i32]| v.iter().map(i32::to_string).collect::<Vec<_>>().join(",");
+        format!(
+            "evicted={};probation={};seconds={}",
+            list(&self.evicted),
+            list(&self.probation),
+            self.seconds
+        )
+    }
+
+    /// Reads [`Carry::to_env`]'s format; anything malformed is ignored.
+    pub fn from_env(text: &str) -> Carry {
+        let mut carry = Carry::default();
+        for part in text.split(';') {
+            let Some((key, value)) = part.split_once('=') else {
+                continue;
+            };
+            let pids = || -> Vec<i32> {
+                value
+                    .split(',')
+                    .filter_map(|p| p.trim().parse().ok())
+                    .filter(|p| *p > 0)
+                    .collect()
+            };
+            match key.trim() {
+                "evicted" => carry.evicted = pids(),
+                "probation" => carry.probation = pids(),
+                "seconds" => carry.seconds = value.trim().parse().unwrap_or(0).min(86_400),
+                _ => {}
+            }
+        }
+        carry
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.evicted.is_empty() && self.probation.is_empty()
+    }
+}
+
 /// Set when a GPU cannot be recovered in place: the broker must restart (see
 /// [`RESET_DEADLINE`]). Shared by every GPU's health.
 #[derive(Default)]
 pub struct Stuck {
     reason: Mutex<Option<String>>,
+    carry: Mutex<Carry>,
     notify: tokio::sync::Notify,
 }
 
@@ -106,6 +162,15 @@ impl Stuck {
             *r = Some(reason);
             self.notify.notify_one();
         }
+    }
+
+    fn set_carry(&self, carry: Carry) {
+        *self.carry.lock().unwrap_or_else(|e| e.into_inner()) = carry;
+    }
+
+    /// What the next image should know.
+    pub fn carry(&self) -> Carry {
+        self.carry.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// Why the broker must restart, if it must.
@@ -261,6 +326,11 @@ impl DeviceHealth {
         }
     }
 
+    /// Puts a session on probation until `until` (a suspect carried over a restart).
+    pub fn set_probation(&self, id: u64, until: Instant) {
+        self.lock().probation.insert(id, until);
+    }
+
     /// Until when the session is a suspect on probation, if it is.
     pub fn probation_until(&self, id: u64) -> Option<Instant> {
         self.lock().probation.get(&id).copied()
@@ -331,7 +401,7 @@ impl DeviceHealth {
     fn recover<D: Device>(&self, device: &D, gpu: u32, what: &str, hung: Option<u64>) {
         let started = Instant::now();
         // Who had work in flight when it happened?
-        let (suspects, sessions, holder) = {
+        let (suspects, sessions, holder, pids) = {
             let st = self.lock();
             let busy: Vec<u64> = st
                 .sessions
@@ -340,7 +410,8 @@ impl DeviceHealth {
                 .map(|s| s.id)
                 .collect();
             let sessions: Vec<Arc<SessionInfo>> = st.sessions.values().cloned().collect();
-            (busy, sessions, st.serial_holder)
+            let pids: HashMap<u64, i32> = st.sessions.values().map(|s| (s.id, s.pid)).collect();
+            (busy, sessions, st.serial_holder, pids)
         };
         let culprit = match (hung, holder, suspects.as_slice()) {
             (Some(id), _, _) => Some(id),
@@ -360,6 +431,16 @@ impl DeviceHealth {
             device.interrupt();
             self.epoch.fetch_add(1, Ordering::AcqRel);
             self.changed.notify_all();
+            let pid = |id: &u64| pids.get(id).copied();
+            self.stuck.set_carry(Carry {
+                evicted: culprit.iter().filter_map(pid).collect(),
+                probation: if culprit.is_none() {
+                    suspects.iter().filter_map(pid).collect()
+                } else {
+                    Vec::new()
+                },
+                seconds: self.config.probation.as_secs().max(1),
+            });
             self.stuck.set(format!(
                 "GPU {gpu} faulted ({what}; {}) and the driver cannot recover it in place: gpushared restarts, reconnect",
                 culprit.map_or("cause not attributable".to_string(), |c| format!("caused by client {c}"))

@@ -11,7 +11,7 @@ use gpushare_broker::config::BrokerConfig;
 use gpushare_broker::device::Device;
 use gpushare_broker::device::cuda::CudaDevice;
 use gpushare_broker::device::sim::{SimDevice, SimOptions};
-use gpushare_broker::fault::FaultConfig;
+use gpushare_broker::fault::{CARRY_ENV, Carry, FaultConfig};
 use gpushare_broker::policy::Policy;
 use gpushare_broker::server::{self, Broker};
 use gpushare_broker::telemetry::{Telemetry, TelemetryOptions, TelemetryStatus};
@@ -85,6 +85,7 @@ fn real_main() -> anyhow::Result<()> {
                     index,
                     memory: args.sim_memory.as_u64(),
                     realtime: args.sim_realtime,
+                    restart_on_fault: args.sim_restart_on_fault,
                     ..SimOptions::default()
                 }))
             })
@@ -196,6 +197,9 @@ fn run<D: Device>(
         };
         let policy_path = config.policy_path.clone();
         let broker = Broker::new(devices, config, policy, telemetry.0, telemetry.1);
+        if let Some(text) = std::env::var_os(CARRY_ENV) {
+            broker.carry_over(Carry::from_env(&text.to_string_lossy()));
+        }
         tokio::spawn(reload_on_sighup(broker.clone(), policy_path));
         tokio::spawn(broker.clone().watch_telemetry());
         if let Some(listener) = metrics {
@@ -224,7 +228,7 @@ fn run<D: Device>(
         };
         broker.serve(listener, stop).await;
         if let Some(reason) = stuck.reason() {
-            restart(&reason);
+            restart(&reason, &stuck.carry());
         }
         Ok(())
     })
@@ -233,7 +237,7 @@ fn run<D: Device>(
 /// Starts gpushared again in this process (same pid, same arguments), for a GPU that could
 /// not be recovered in place. Every descriptor but stdin/out/err is closed first: the GPU's
 /// device files must go with the old image so the driver tears the stuck context down.
-fn restart(reason: &str) -> ! {
+fn restart(reason: &str, carry: &Carry) -> ! {
     use std::os::unix::process::CommandExt;
     tracing::error!(%reason, "restarting gpushared");
     let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
@@ -252,6 +256,7 @@ fn restart(reason: &str) -> ! {
             fd.to_string(),
         );
     }
+    next.env(CARRY_ENV, carry.to_env());
     let err = next.exec();
     eprintln!("gpushared: cannot restart: {err}");
     std::process::exit(1)

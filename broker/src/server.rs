@@ -28,7 +28,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 use crate::config::BrokerConfig;
 use crate::device::Device;
 use crate::dispatch::GpuDispatch;
-use crate::fault::{DeviceHealth, Stuck};
+use crate::fault::{Carry, DeviceHealth, Stuck};
 use crate::policy::{Identity, Policy};
 use crate::registry::Registry;
 use crate::session::{GpuServices, ModuleTable, Peer, SessionEnd, SessionInfo, SessionState};
@@ -146,6 +146,8 @@ pub struct Broker<D: Device> {
     stuck: Arc<Stuck>,
     /// The scheduler per GPU (same index as `devices`).
     dispatch: Vec<Arc<GpuDispatch>>,
+    /// What the previous image knew about a fault (culprit, suspects), and since when.
+    carried: Mutex<Option<(Carry, Instant)>>,
     config: BrokerConfig,
     policy: RwLock<Policy>,
     registry: Registry,
@@ -200,6 +202,7 @@ impl<D: Device> Broker<D> {
             health,
             stuck,
             dispatch,
+            carried: Mutex::new(None),
             config,
             policy: RwLock::new(policy),
             registry: Registry::default(),
@@ -321,6 +324,34 @@ impl<D: Device> Broker<D> {
             Ok(mut p) => *p = policy,
             Err(poisoned) => *poisoned.into_inner() = policy,
         }
+    }
+
+    /// Takes over what the image before a restart knew about the fault: its culprit is
+    /// refused and its suspects run on probation, each for `carry.seconds`.
+    pub fn carry_over(&self, carry: Carry) {
+        if carry.is_empty() {
+            return;
+        }
+        info!(evicted = ?carry.evicted, probation = ?carry.probation, seconds = carry.seconds, "carried over from before the restart");
+        *self.carried.lock().unwrap_or_else(|e| e.into_inner()) = Some((carry, Instant::now()));
+    }
+
+    /// Whether the process `pid` is refused (it faulted the GPU before a restart), and until
+    /// when its suspects' probation lasts, if it is one.
+    fn carried_for(&self, pid: i32) -> (Option<Duration>, Option<Instant>) {
+        let carried = self.carried.lock().unwrap_or_else(|e| e.into_inner());
+        let Some((carry, since)) = carried.as_ref() else {
+            return (None, None);
+        };
+        let until = *since + Duration::from_secs(carry.seconds);
+        let left = until.checked_duration_since(Instant::now());
+        let Some(left) = left else {
+            return (None, None);
+        };
+        (
+            carry.evicted.contains(&pid).then_some(left),
+            carry.probation.contains(&pid).then_some(until),
+        )
     }
 
     /// Resolves when a GPU cannot be recovered in place: serve's caller should then stop
@@ -486,6 +517,14 @@ impl<D: Device> Broker<D> {
         pid: i32,
         mut stop: watch::Receiver<Option<String>>,
     ) {
+        if let (Some(left), _) = self.carried_for(pid) {
+            let msg = format!(
+                "evicted: work of this process (pid {pid}) faulted the GPU before gpushared restarted; refused for {} more seconds",
+                left.as_secs() + 1
+            );
+            reject(&sock, ErrorCode::PermissionDenied, &msg).await;
+            return;
+        }
         let mut grant = self
             .policy
             .read()
@@ -653,6 +692,13 @@ impl<D: Device> Broker<D> {
             gpu,
         };
         let info = Arc::new(SessionInfo::new(peer, grant, submit_wake));
+        if let (_, Some(until)) = self.carried_for(pid) {
+            info!(
+                client = id,
+                pid, "suspect of the fault before the restart: on probation"
+            );
+            self.health[gpu as usize].set_probation(id, until);
+        }
         let modules: Arc<Mutex<ModuleTable<D>>> = Arc::default();
         let (ready_tx, ready) = oneshot::channel();
         let (ended_tx, ended) = oneshot::channel();

@@ -441,6 +441,8 @@ impl<D: Device> SessionState<D> {
         gpu: GpuServices,
     ) -> Result<SessionState<D>, DeviceError> {
         let GpuServices { health, dispatch } = gpu;
+        // A suspect carried over a restart starts on probation.
+        let probation_until = health.probation_until(info.id);
         // SAFETY: one init per region; `region` is kept alive in `self` for as long as the
         // rings exist (fields drop after `reclaim` in `run`).
         let rings = unsafe { region.init_rings() };
@@ -479,7 +481,7 @@ impl<D: Device> SessionState<D> {
             epoch: health.epoch(),
             health,
             verdict: None,
-            probation_until: None,
+            probation_until,
             holding_turn: false,
             lost: Lost::default(),
             dispatch,
@@ -859,6 +861,23 @@ impl<D: Device> SessionState<D> {
         }
     }
 
+    /// After a successful synchronization: work made progress, and when nothing is left on
+    /// any stream the session has no work in flight (so a fault right after is not pinned on
+    /// it).
+    fn settle_in_flight(&mut self) {
+        let watch = &self.info.fault_watch;
+        let now = self.health.now_ns();
+        watch.progress.store(now, Ordering::Release);
+        if watch.busy_since.load(Ordering::Relaxed) != 0
+            && !self
+                .streams
+                .values()
+                .any(|s| self.device.stream_busy(&s.stream))
+        {
+            watch.busy_since.store(0, Ordering::Release);
+        }
+    }
+
     /// Parks (once) while a device reset is under way, keeping the outcome for
     /// [`SessionState::after_reset`].
     fn park_if_resetting(&mut self) {
@@ -1079,10 +1098,7 @@ impl<D: Device> SessionState<D> {
                     .ok_or(ErrorCode::InvalidHandle)?;
                 slot.touched = true; // the batch end closes its measurement
                 device.sync_stream(&mut slot.stream).map_err(|e| e.code())?;
-                self.info
-                    .fault_watch
-                    .progress
-                    .store(self.health.now_ns(), Ordering::Release);
+                self.settle_in_flight();
                 Ok((0, 0))
             }
             Command::EventCreate => {
@@ -1120,6 +1136,7 @@ impl<D: Device> SessionState<D> {
             Command::EventSync { event } => {
                 let e = self.events.get(&event).ok_or(ErrorCode::InvalidHandle)?;
                 self.device.sync_event(e).map_err(|e| e.code())?;
+                self.settle_in_flight();
                 Ok((0, 0))
             }
             Command::EventElapsed { start, end } => {
@@ -1140,6 +1157,9 @@ impl<D: Device> SessionState<D> {
                     if let Err(e) = device.sync_stream(&mut slot.stream) {
                         first_error.get_or_insert(e.code());
                     }
+                }
+                if first_error.is_none() {
+                    self.settle_in_flight();
                 }
                 first_error.map_or(Ok((0, 0)), Err)
             }

@@ -76,6 +76,7 @@ fn main() {
             let class = args.next().and_then(|s| s.parse().ok());
             return connect_probe(class);
         }
+        "script" => return script(),
         _ => {}
     }
     let client = match Client::connect() {
@@ -521,4 +522,92 @@ fn connect_probe(class: Option<PriorityClass>) {
         },
     }
     let _ = std::io::stdout().flush();
+}
+
+/// Runs commands read from stdin, one per line, printing one result line each (for tests
+/// that drive a client process step by step, across broker restarts):
+/// `connect`, `reconnect` (until the broker answers), `hang`, `illegal`, `fill`,
+/// `wait-fatal` (until the session ends).
+fn script() {
+    use std::io::BufRead;
+    let say = |line: String| {
+        println!("{line}");
+        let _ = std::io::stdout().flush();
+    };
+    let mut client: Option<Client> = None;
+    for line in std::io::stdin().lock().lines() {
+        let Ok(line) = line else { break };
+        let result = match (line.trim(), client.as_ref()) {
+            ("connect", _) | ("reconnect", _) => {
+                let deadline = std::time::Instant::now() + Duration::from_secs(20);
+                loop {
+                    match Client::connect() {
+                        Ok(c) => {
+                            let id = c.session().client_id;
+                            client = Some(c);
+                            break format!("connected {id}");
+                        }
+                        Err(gpushare::Error::Rejected(w)) => {
+                            client = None;
+                            break format!("refused {:?}: {}", w.code, w.message);
+                        }
+                        Err(e)
+                            if line.trim() == "connect" || std::time::Instant::now() > deadline =>
+                        {
+                            client = None;
+                            break format!("error {e}");
+                        }
+                        Err(_) => std::thread::sleep(Duration::from_millis(5)),
+                    }
+                }
+            }
+            (_, None) => "error not connected".to_string(),
+            ("hang", Some(c)) => match c
+                .default_stream()
+                .launch(Kernel::Fault { hang: true })
+                .and_then(|()| c.nop())
+            {
+                Ok(()) => "ok".into(),
+                Err(e) => format!("error {e}"),
+            },
+            ("illegal", Some(c)) => match c
+                .default_stream()
+                .launch(Kernel::Fault { hang: false })
+                .and_then(|()| c.synchronize())
+            {
+                Ok(()) => "ok".into(),
+                Err(e) => format!("error {e}"),
+            },
+            ("fill", Some(c)) => {
+                let fill = || -> gpushare::Result<bool> {
+                    let buf = c.alloc::<f32>(1024)?;
+                    c.default_stream().launch(Kernel::FillF32 {
+                        dst: buf.ptr(),
+                        n: 1024,
+                        value: 3.0,
+                    })?;
+                    Ok(buf.to_vec()?.iter().all(|&v| v == 3.0))
+                };
+                match fill() {
+                    Ok(true) => "ok".into(),
+                    Ok(false) => "error wrong values".into(),
+                    Err(e) => format!("error {e}"),
+                }
+            }
+            ("wait-fatal", Some(c)) => {
+                let deadline = std::time::Instant::now() + Duration::from_secs(20);
+                loop {
+                    match c.nop() {
+                        Err(e) if e.is_fatal() => break format!("fatal {e}"),
+                        _ if std::time::Instant::now() > deadline => {
+                            break "error still alive".into();
+                        }
+                        _ => std::thread::sleep(Duration::from_millis(5)),
+                    }
+                }
+            }
+            (other, _) => format!("error unknown command {other}"),
+        };
+        say(result);
+    }
 }

@@ -32,6 +32,8 @@ pub struct SimOptions {
     pub cost: CostModel,
     /// Also spend the modelled time on the wall clock.
     pub realtime: bool,
+    /// Behave like the CUDA driver after a fault: no recovery in place (the broker restarts).
+    pub restart_on_fault: bool,
 }
 
 impl Default for SimOptions {
@@ -41,6 +43,7 @@ impl Default for SimOptions {
             memory: 16 << 30,
             cost: CostModel::H100_LIKE,
             realtime: false,
+            restart_on_fault: false,
         }
     }
 }
@@ -68,6 +71,8 @@ pub struct SimStream {
     busy_ns: u64,
     /// An injected hang runs on this stream: its work never finishes.
     hung: bool,
+    /// An injected illegal address faulted on this stream.
+    faulted: bool,
     epoch: u64,
 }
 
@@ -191,6 +196,7 @@ impl Device for SimDevice {
             ready_ns: 0,
             busy_ns: 0,
             hung: false,
+            faulted: false,
             epoch: self.state().epoch,
         })
     }
@@ -260,6 +266,7 @@ impl Device for SimDevice {
                 stream.hung = true;
             } else {
                 st.poisoned = Some("illegal address (injected fault)".into());
+                stream.faulted = true;
             }
             return Ok(()); // like a real launch, the failure shows later
         }
@@ -290,13 +297,17 @@ impl Device for SimDevice {
     }
 
     fn stream_busy(&self, stream: &SimStream) -> bool {
-        // Like CUDA, a poisoned context leaves every stream's work unaccounted for.
-        let st = self.state();
-        stream.epoch == st.epoch && (stream.hung || st.poisoned.is_some())
+        // Work runs when it is accepted, so only a hung stream, or the one whose kernel
+        // faulted (its work never finished), has any pending.
+        (stream.hung || stream.faulted) && stream.epoch == self.state().epoch
     }
 
     fn fault(&self) -> Option<String> {
         self.state().poisoned.clone()
+    }
+
+    fn resets_in_place(&self) -> bool {
+        !self.options.restart_on_fault
     }
 
     fn interrupt(&self) {
