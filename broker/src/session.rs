@@ -324,6 +324,9 @@ struct StreamSlot<S> {
     stream: S,
     /// Got work since the last [`SessionState::account`].
     touched: bool,
+    /// Got work since it was last synchronized (for telling whether the session has work in
+    /// flight without asking the driver).
+    unsynced: bool,
 }
 
 /// The data thread's state for one client.
@@ -460,6 +463,7 @@ impl<D: Device> SessionState<D> {
             StreamSlot {
                 stream: default_stream,
                 touched: false,
+                unsynced: false,
             },
         );
         info.counters.streams.store(1, Ordering::Relaxed);
@@ -809,6 +813,7 @@ impl<D: Device> SessionState<D> {
             .get_mut(&stream)
             .ok_or(ErrorCode::InvalidHandle)?;
         slot.touched = true;
+        slot.unsynced = true;
         op(&device, &mut slot.stream).map(|()| (0, 0)).map_err(|e| {
             tracing::debug!(error = %e, "device operation failed");
             e.code()
@@ -866,13 +871,12 @@ impl<D: Device> SessionState<D> {
     /// it).
     fn settle_in_flight(&mut self) {
         let watch = &self.info.fault_watch;
-        let now = self.health.now_ns();
-        watch.progress.store(now, Ordering::Release);
+        watch
+            .progress
+            .store(self.health.now_ns(), Ordering::Release);
+        // No driver call here: this is on every synchronization's path.
         if watch.busy_since.load(Ordering::Relaxed) != 0
-            && !self
-                .streams
-                .values()
-                .any(|s| self.device.stream_busy(&s.stream))
+            && !self.streams.values().any(|s| s.unsynced)
         {
             watch.busy_since.store(0, Ordering::Release);
         }
@@ -942,6 +946,7 @@ impl<D: Device> SessionState<D> {
                     StreamSlot {
                         stream,
                         touched: false,
+                        unsynced: false,
                     },
                 );
                 c.streams.store(1, Ordering::Relaxed);
@@ -1065,6 +1070,7 @@ impl<D: Device> SessionState<D> {
                     StreamSlot {
                         stream,
                         touched: false,
+                        unsynced: false,
                     },
                 );
                 counters
@@ -1098,6 +1104,7 @@ impl<D: Device> SessionState<D> {
                     .ok_or(ErrorCode::InvalidHandle)?;
                 slot.touched = true; // the batch end closes its measurement
                 device.sync_stream(&mut slot.stream).map_err(|e| e.code())?;
+                slot.unsynced = false;
                 self.settle_in_flight();
                 Ok((0, 0))
             }
@@ -1154,8 +1161,11 @@ impl<D: Device> SessionState<D> {
                 let mut first_error = None;
                 for slot in self.streams.values_mut() {
                     slot.touched = true;
-                    if let Err(e) = device.sync_stream(&mut slot.stream) {
-                        first_error.get_or_insert(e.code());
+                    match device.sync_stream(&mut slot.stream) {
+                        Ok(()) => slot.unsynced = false,
+                        Err(e) => {
+                            first_error.get_or_insert(e.code());
+                        }
                     }
                 }
                 if first_error.is_none() {

@@ -586,7 +586,10 @@ fn script() {
                         n: 1024,
                         value: 3.0,
                     })?;
-                    Ok(buf.to_vec()?.iter().all(|&v| v == 3.0))
+                    let right = buf.to_vec()?.iter().all(|&v| v == 3.0);
+                    // Nothing left in flight afterwards (the fault tests rely on it).
+                    c.synchronize()?;
+                    Ok(right)
                 };
                 match fill() {
                     Ok(true) => "ok".into(),
