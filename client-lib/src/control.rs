@@ -19,9 +19,9 @@ pub struct ControlSocket {
 
 impl ControlSocket {
     pub fn connect(path: &Path) -> Result<ControlSocket> {
-        let err = |source: std::io::Error| Error::Connect {
+        let err = |cause: std::io::Error| Error::Connect {
             path: path.to_path_buf(),
-            source,
+            cause,
         };
         let fd = socket(
             AddressFamily::Unix,

@@ -8,12 +8,11 @@ use gpushare_protocol::error::WireError;
 /// Everything that can go wrong talking to `gpushared`.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error(
-        "cannot connect to gpushared at {path}: {source} — is gpushared running? (set GPUSHARE_SOCKET to use another socket)"
-    )]
+    /// (`cause` is part of the message, not a chained source, so it is printed once.)
+    #[error("cannot connect to gpushared at {path}: {cause}{}", connect_hint(.cause))]
     Connect {
         path: PathBuf,
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     #[error("gpushared refused the session: {0}")]
     Rejected(WireError),
@@ -33,6 +32,16 @@ pub enum Error {
     InvalidArgument(String),
     #[error("I/O error talking to gpushared: {0}")]
     Io(#[from] std::io::Error),
+}
+
+/// What to do about a failed connection, by its cause.
+fn connect_hint(cause: &std::io::Error) -> &'static str {
+    match cause.kind() {
+        std::io::ErrorKind::PermissionDenied => {
+            " — this user may not use gpushared (the socket's group and mode decide; ask the administrator)"
+        }
+        _ => " — is gpushared running? (set GPUSHARE_SOCKET to use another socket)",
+    }
 }
 
 impl Error {

@@ -512,9 +512,9 @@ fn connect_probe(class: Option<PriorityClass>) {
             c.session().client_id,
             c.session().class.as_str()
         ),
-        Err(gpushare::Error::Connect { source, .. }) => println!(
-            "refused errno={}: {source}",
-            source.raw_os_error().unwrap_or(0)
+        Err(gpushare::Error::Connect { cause, .. }) => println!(
+            "refused errno={}: {cause}",
+            cause.raw_os_error().unwrap_or(0)
         ),
         Err(e) => match e.code() {
             Some(code) => println!("refused code={code:?}: {e}"),
