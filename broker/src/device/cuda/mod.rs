@@ -13,8 +13,8 @@ use std::cell::Cell;
 use std::collections::{BTreeMap, VecDeque};
 use std::ffi::c_void;
 use std::ptr;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cudarc::driver::result as cu;
@@ -41,9 +41,8 @@ const MAX_SPAN: std::time::Duration = std::time::Duration::from_millis(2);
 const FP32_LANES_PER_SM: f64 = 128.0;
 
 thread_local! {
-    /// The context (and its reset epoch) current on this thread, so we set it only when it
-    /// changes.
-    static CURRENT: Cell<(usize, u64)> = const { Cell::new((0, 0)) };
+    /// The context current on this thread, so we set it only when it changes.
+    static CURRENT: Cell<usize> = const { Cell::new(0) };
 }
 
 /// Kernels that break the GPU on purpose (`--allow-fault-injection`), hand-written PTX so
@@ -89,14 +88,11 @@ unsafe impl Send for FaultKernels {}
 pub struct CudaDevice {
     ordinal: i32,
     device: CUdevice,
-    /// The primary context (a `CUcontext`), replaced by [`Device::reset`].
-    ctx: AtomicUsize,
-    /// Bumped by every reset; handles remember theirs and go inert when it moves on.
-    epoch: Arc<AtomicU64>,
-    /// Set while a reset is pending: waits give up.
+    ctx: CUcontext,
+    /// Set once the context is given up after a fault (the broker restarts): waits give up.
     interrupted: AtomicBool,
     info: DeviceInfo,
-    builtins: RwLock<Arc<Builtins>>,
+    builtins: Builtins,
     faults: Mutex<Option<FaultKernels>>,
     /// (least, greatest) stream priority; numerically smaller is more important.
     priorities: (i32, i32),
@@ -162,7 +158,7 @@ impl CudaDevice {
             .map_err(|e| driver("cuDevicePrimaryCtxRetain", e))?;
         // SAFETY: `ctx` was just retained.
         unsafe { cu::ctx::set_current(ctx) }.map_err(|e| driver("cuCtxSetCurrent", e))?;
-        CURRENT.with(|c| c.set((ctx as usize, 0)));
+        CURRENT.with(|c| c.set(ctx as usize));
 
         let attr = |a| {
             // SAFETY: `device` is valid; unknown attributes return an error, mapped to 0.
@@ -209,11 +205,10 @@ impl CudaDevice {
         Ok(CudaDevice {
             ordinal,
             device,
-            ctx: AtomicUsize::new(ctx as usize),
-            epoch: Arc::new(AtomicU64::new(0)),
+            ctx,
             interrupted: AtomicBool::new(false),
             info,
-            builtins: RwLock::new(Arc::new(builtins)),
+            builtins,
             faults: Mutex::new(None),
             priorities,
             cublas,
@@ -223,40 +218,17 @@ impl CudaDevice {
 
     /// Makes our context current on the calling thread.
     fn bind(&self) -> DeviceResult<()> {
-        let now = (
-            self.ctx.load(Ordering::Acquire),
-            self.epoch.load(Ordering::Acquire),
-        );
-        let was = CURRENT.with(|c| c.get());
-        if was != now {
-            if was.1 != now.1 {
-                // After a reset the handle may be the same value: make the driver forget the
-                // thread's old binding first, or it keeps pointing at the destroyed context.
-                // SAFETY: unbinding is always allowed.
-                let _ = unsafe { cu::ctx::set_current(ptr::null_mut()) };
-            }
-            // SAFETY: the context is retained for the device's lifetime (a reset replaces it
-            // and bumps the epoch, so a stale one is never made current again).
-            unsafe { cu::ctx::set_current(now.0 as CUcontext) }
-                .map_err(|e| driver("cuCtxSetCurrent", e))?;
-            CURRENT.with(|c| c.set(now));
+        let ctx = self.ctx as usize;
+        if CURRENT.with(|c| c.get()) != ctx {
+            // SAFETY: the context is retained for the device's lifetime.
+            unsafe { cu::ctx::set_current(self.ctx) }.map_err(|e| driver("cuCtxSetCurrent", e))?;
+            CURRENT.with(|c| c.set(ctx));
         }
         Ok(())
     }
 
-    fn epoch(&self) -> u64 {
-        self.epoch.load(Ordering::Acquire)
-    }
-
-    fn builtins(&self) -> Arc<Builtins> {
-        self.builtins
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
-    }
-
-    /// Waits until `done` says the work finished, polling so that a reset can interrupt it
-    /// (a blocking driver wait on a kernel that never ends would never return).
+    /// Waits until `done` says the work finished, polling so that giving up the context can
+    /// interrupt it (a blocking driver wait on a kernel that never ends would never return).
     fn wait_until(&self, mut done: impl FnMut() -> DeviceResult<bool>) -> DeviceResult<()> {
         let started = Instant::now();
         loop {
@@ -341,13 +313,23 @@ impl CudaDevice {
         cu::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT)
             .map_err(|e| driver("cuEventCreate", e))
     }
+
+    /// A client-visible event with `flags`.
+    fn new_event(&self, flags: sys::CUevent_flags) -> DeviceResult<CudaEvent> {
+        self.bind()?;
+        let raw = cu::event::create(flags).map_err(|e| driver("cuEventCreate", e))?;
+        Ok(CudaEvent {
+            raw,
+            recorded: false,
+        })
+    }
 }
 
 impl Drop for CudaDevice {
     fn drop(&mut self) {
         let _ = self.bind();
         // SAFETY: the module was loaded by us and nothing uses it after the device is gone.
-        let _ = unsafe { cu::module::unload(self.builtins().module) };
+        let _ = unsafe { cu::module::unload(self.builtins.module) };
         // SAFETY: balances the retain in `open`.
         let _ = unsafe { cu::primary_ctx::release(self.device) };
     }
@@ -356,8 +338,6 @@ impl Drop for CudaDevice {
 /// A client stream on the GPU.
 pub struct CudaStream {
     raw: CUstream,
-    /// The reset epoch it was made in; after a reset it is inert.
-    epoch: u64,
     /// Event recorded when the stream went from idle to busy, and when (wall clock).
     open: Option<(CUevent, std::time::Instant)>,
     /// Batches queued and not yet measured: (start, end).
@@ -441,8 +421,6 @@ impl CudaStream {
 pub struct CudaEvent {
     raw: CUevent,
     recorded: bool,
-    epoch: u64,
-    device_epoch: Arc<AtomicU64>,
 }
 
 // SAFETY: a plain driver handle.
@@ -450,9 +428,6 @@ unsafe impl Send for CudaEvent {}
 
 impl Drop for CudaEvent {
     fn drop(&mut self) {
-        if self.device_epoch.load(Ordering::Acquire) != self.epoch {
-            return; // died with its context
-        }
         // SAFETY: created by us, destroyed once; the driver defers destruction of an event
         // still pending on a stream.
         let _ = unsafe { cu::event::destroy(self.raw) };
@@ -462,8 +437,6 @@ impl Drop for CudaEvent {
 /// A module a client loaded.
 pub struct CudaModule {
     raw: CUmodule,
-    epoch: u64,
-    device_epoch: Arc<AtomicU64>,
 }
 
 // SAFETY: a plain driver handle.
@@ -473,9 +446,6 @@ unsafe impl Sync for CudaModule {}
 
 impl Drop for CudaModule {
     fn drop(&mut self) {
-        if self.device_epoch.load(Ordering::Acquire) != self.epoch {
-            return; // died with its context
-        }
         // SAFETY: loaded by us; functions keep the module alive through their Arc, so nothing
         // launches from it after this.
         let _ = unsafe { cu::module::unload(self.raw) };
@@ -573,7 +543,6 @@ impl Device for CudaDevice {
             .map_err(|e| driver("cuStreamCreateWithPriority", e))?;
         Ok(CudaStream {
             raw,
-            epoch: self.epoch(),
             open: None,
             spans: VecDeque::new(),
             spare: Vec::new(),
@@ -584,8 +553,8 @@ impl Device for CudaDevice {
     }
 
     fn destroy_stream(&self, mut stream: CudaStream) {
-        if stream.epoch != self.epoch() || self.bind().is_err() {
-            return; // a stale stream died with its context
+        if self.bind().is_err() {
+            return;
         }
         // SAFETY: live stream; waiting makes every event and copy on it complete.
         let _ = unsafe { cu::stream::synchronize(stream.raw) };
@@ -711,7 +680,7 @@ impl Device for CudaDevice {
                 what: "bf16 GEMM needs cuBLAS (libcublas.so), which was not found".into(),
             }),
             Kernel::Fault { hang } => self.inject_fault(stream, hang),
-            _ => self.builtins().launch(stream.raw, kernel),
+            _ => self.builtins.launch(stream.raw, kernel),
         }
     }
 
@@ -796,7 +765,7 @@ impl Device for CudaDevice {
     }
 
     fn stream_busy(&self, stream: &CudaStream) -> bool {
-        if stream.epoch != self.epoch() || self.bind().is_err() {
+        if self.bind().is_err() {
             return false;
         }
         // SAFETY: live stream. An error counts as busy: after a fault the work's fate is
@@ -842,25 +811,11 @@ impl Device for CudaDevice {
     }
 
     fn create_event(&self) -> DeviceResult<CudaEvent> {
-        self.bind()?;
-        Ok(CudaEvent {
-            raw: self.event()?,
-            recorded: false,
-            epoch: self.epoch(),
-            device_epoch: self.epoch.clone(),
-        })
+        self.new_event(sys::CUevent_flags::CU_EVENT_DEFAULT)
     }
 
     fn create_marker(&self) -> DeviceResult<CudaEvent> {
-        self.bind()?;
-        let raw = cu::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
-            .map_err(|e| driver("cuEventCreate", e))?;
-        Ok(CudaEvent {
-            raw,
-            recorded: false,
-            epoch: self.epoch(),
-            device_epoch: self.epoch.clone(),
-        })
+        self.new_event(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
     }
 
     fn record_event(&self, event: &mut CudaEvent, stream: &mut CudaStream) -> DeviceResult<()> {
@@ -906,11 +861,7 @@ impl Device for CudaDevice {
             bytes.push(0); // the driver reads PTX as a C string
         }
         let raw = builtins::load_image(&bytes)?;
-        Ok(Arc::new(ModuleRef(CudaModule {
-            raw,
-            epoch: self.epoch(),
-            device_epoch: self.epoch.clone(),
-        })))
+        Ok(Arc::new(ModuleRef(CudaModule { raw })))
     }
 
     fn get_function(&self, module: &Arc<ModuleRef>, name: &str) -> DeviceResult<CudaFunction> {
