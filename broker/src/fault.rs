@@ -397,6 +397,34 @@ impl DeviceHealth {
             .map(|(_, id, since)| (id, Duration::from_nanos(now.saturating_sub(since))))
     }
 
+    /// Asks for a restart (only a new process gets a working GPU back), telling the next
+    /// image whom to refuse and whom to put on probation.
+    fn restart_after(
+        &self,
+        gpu: u32,
+        what: &str,
+        culprit: Option<u64>,
+        suspects: &[u64],
+        pids: &HashMap<u64, i32>,
+    ) {
+        let pid = |id: &u64| pids.get(id).copied();
+        self.stuck.set_carry(Carry {
+            evicted: culprit.iter().filter_map(pid).collect(),
+            probation: if culprit.is_none() {
+                suspects.iter().filter_map(pid).collect()
+            } else {
+                Vec::new()
+            },
+            seconds: self.config.probation.as_secs().max(1),
+        });
+        let cause = culprit.map_or("cause not attributable".to_string(), |c| {
+            format!("caused by client {c}")
+        });
+        self.stuck.set(format!(
+            "GPU {gpu} faulted ({what}; {cause}) and the driver cannot recover it in place: gpushared restarts, reconnect"
+        ));
+    }
+
     /// Stops every session, recreates the context, evicts the culprit, releases the rest.
     fn recover<D: Device>(&self, device: &D, gpu: u32, what: &str, hung: Option<u64>) {
         let started = Instant::now();
@@ -421,38 +449,21 @@ impl DeviceHealth {
             _ => None,
         };
         tracing::error!(gpu, fault = what, ?culprit, ?suspects, "GPU fault");
-        if !device.resets_in_place() {
-            // Nothing to save in this process: restart at once (every client is told why).
-            tracing::error!(
-                gpu,
-                "the driver cannot recover this GPU in place; restarting gpushared"
-            );
-            self.resetting.store(true, Ordering::Release);
-            device.interrupt();
-            self.epoch.fetch_add(1, Ordering::AcqRel);
-            self.changed.notify_all();
-            let pid = |id: &u64| pids.get(id).copied();
-            self.stuck.set_carry(Carry {
-                evicted: culprit.iter().filter_map(pid).collect(),
-                probation: if culprit.is_none() {
-                    suspects.iter().filter_map(pid).collect()
-                } else {
-                    Vec::new()
-                },
-                seconds: self.config.probation.as_secs().max(1),
-            });
-            self.stuck.set(format!(
-                "GPU {gpu} faulted ({what}; {}) and the driver cannot recover it in place: gpushared restarts, reconnect",
-                culprit.map_or("cause not attributable".to_string(), |c| format!("caused by client {c}"))
-            ));
-            return;
-        }
-        tracing::error!(gpu, "resetting the device context");
-
+        // Stop everyone: waits are cut short, and sessions park at their next step.
         self.resetting.store(true, Ordering::Release);
         device.interrupt();
         self.epoch.fetch_add(1, Ordering::AcqRel);
         self.changed.notify_all();
+        let give_up = |why: &str| {
+            tracing::error!(gpu, "{why}; restarting gpushared");
+            self.restart_after(gpu, what, culprit, &suspects, &pids);
+        };
+        if !device.resets_in_place() {
+            // Nothing to save in this process: restart at once (every client is told why).
+            give_up("the driver cannot recover this GPU in place");
+            return;
+        }
+        tracing::error!(gpu, "resetting the device context");
         for s in &sessions {
             s.submit_wake().signal();
         }
@@ -491,12 +502,8 @@ impl DeviceHealth {
         let reset = device.reset();
         reset_done.store(true, Ordering::Release);
         if let Err(e) = reset {
-            // CUDA keeps a sticky error for the rest of the process: only a new process gets
-            // a working GPU again.
-            tracing::error!(gpu, error = %e, "the device context cannot be recreated in this process; restarting gpushared");
-            self.stuck.set(format!(
-                "GPU {gpu} faulted ({what}; {}) and the driver cannot recover it in place: gpushared restarts, reconnect",
-                culprit.map_or("cause not attributable".to_string(), |c| format!("caused by client {c}"))
+            give_up(&format!(
+                "the device context cannot be recreated in this process ({e})"
             ));
             return; // sessions stay parked until the restart
         }
