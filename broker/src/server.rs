@@ -614,6 +614,15 @@ impl<D: Device> Broker<D> {
                 return;
             }
         }
+        // Registered before the client learns its id, so that a status or admin request it
+        // (or anyone) sends right after the Welcome finds it. Whatever happens to this task
+        // from here on (even a panic), the session stops and leaves the registry; its data
+        // thread then releases everything.
+        self.registry.insert(info.clone());
+        let _guard = SessionGuard {
+            info: info.clone(),
+            registry: &self.registry,
+        };
         let borrowed: Vec<BorrowedFd<'_>> = fds.iter().map(|f| f.as_fd()).collect();
         let sent = send(
             &sock,
@@ -623,15 +632,8 @@ impl<D: Device> Broker<D> {
         .await;
         drop(borrowed);
         drop(fds);
-        // Whatever happens to this task from here on (even a panic), the session stops and
-        // leaves the registry; its data thread then releases everything.
-        let _guard = SessionGuard {
-            info: info.clone(),
-            registry: &self.registry,
-        };
         let mut observed_end = None;
         if sent.is_ok() {
-            self.registry.insert(info.clone());
             info!(client = id, name = %info.name, user = %info.user, class = %info.grant().class, "client connected");
             observed_end = self
                 .control_loop(
