@@ -98,15 +98,7 @@ pub fn iteration(quick: bool) -> Result<Value> {
             stream.synchronize()?;
             Ok(t.elapsed().as_secs_f64() * 1e3)
         };
-        let (warm, reps) = if quick { (5, 30) } else { (20, 200) };
-        for _ in 0..warm {
-            run()?;
-        }
-        let mut ms: Vec<f64> = (0..reps).map(|_| run()).collect::<Result<_>>()?;
-        out.insert(
-            it.name.into(),
-            json!({"mean_ms": workload::mean(&ms), "p50_ms": workload::percentile(&mut ms, 50.0)}),
-        );
+        out.insert(it.name.into(), workload::time_iterations(quick, run)?);
     }
     Ok(Value::Object(out))
 }

@@ -189,7 +189,7 @@ pub fn iteration(quick: bool) -> Result<Value> {
                 .map_err(|e| anyhow!("{e}"))?;
         }
         let kernels = (it.kernels)(&ptrs);
-        let mut run = || -> Result<f64> {
+        let run = || -> Result<f64> {
             let t = Instant::now();
             for k in &kernels {
                 dev.launch(&mut stream, k).map_err(|e| anyhow!("{e}"))?;
@@ -197,15 +197,7 @@ pub fn iteration(quick: bool) -> Result<Value> {
             dev.sync_stream(&mut stream).map_err(|e| anyhow!("{e}"))?;
             Ok(t.elapsed().as_secs_f64() * 1e3)
         };
-        let (warm, reps) = if quick { (5, 30) } else { (20, 200) };
-        for _ in 0..warm {
-            run()?;
-        }
-        let mut ms: Vec<f64> = (0..reps).map(|_| run()).collect::<Result<_>>()?;
-        out.insert(
-            it.name.into(),
-            json!({"mean_ms": workload::mean(&ms), "p50_ms": workload::percentile(&mut ms, 50.0)}),
-        );
+        out.insert(it.name.into(), workload::time_iterations(quick, run)?);
         for p in ptrs {
             dev.free(p).context("free")?;
         }

@@ -212,6 +212,20 @@ pub fn measure_launches(
     }))
 }
 
+/// The `iteration` scenario's timing, the same for every mode: warm up, then time
+/// repetitions of `run` (which returns one iteration's milliseconds).
+pub fn time_iterations(
+    quick: bool,
+    mut run: impl FnMut() -> anyhow::Result<f64>,
+) -> anyhow::Result<serde_json::Value> {
+    let (warm, reps) = if quick { (5, 30) } else { (20, 200) };
+    for _ in 0..warm {
+        run()?;
+    }
+    let mut ms: Vec<f64> = (0..reps).map(|_| run()).collect::<anyhow::Result<_>>()?;
+    Ok(serde_json::json!({"mean_ms": mean(&ms), "p50_ms": percentile(&mut ms, 50.0)}))
+}
+
 /// p-th percentile (0..=100) of unsorted samples.
 pub fn percentile(samples: &mut [f64], p: f64) -> f64 {
     if samples.is_empty() {
