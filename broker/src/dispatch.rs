@@ -27,7 +27,7 @@ use crate::sched::{
 
 /// How long a waiting data thread sleeps before looking at its own finished work again
 /// (its completions may be what holds its next kernel back).
-const WAIT_SLICE: Duration = Duration::from_micros(200);
+const WAIT_SLICE: Duration = Duration::from_micros(25);
 /// Granted kernels one client may have on the GPU at once.
 const MAX_INFLIGHT_PER_CLIENT: u32 = 64;
 

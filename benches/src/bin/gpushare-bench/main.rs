@@ -6,6 +6,7 @@
 //! so no mode inherits another's CUDA context, and MPS clients start after the MPS daemon.
 
 mod brokered;
+mod colocate;
 mod direct;
 mod report;
 mod workload;
@@ -28,6 +29,10 @@ pub enum Scenario {
     Iteration,
     /// Cost of single driver calls on the broker's hot paths (direct mode only).
     Probe,
+    /// A high-priority inference client (Poisson arrivals) beside 1 and 4 best-effort
+    /// clients, each its own process: dedicated vs time-slicing (the `direct` mode) vs MPS
+    /// vs gpushare (priority policy).
+    Colocate,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -68,6 +73,25 @@ struct Cli {
     /// An extra argument for gpushared (repeatable), e.g. `--broker-arg=--no-telemetry`.
     #[arg(long = "broker-arg", allow_hyphen_values = true)]
     broker_args: Vec<String>,
+    /// colocate: seconds each setup runs (3 with --quick).
+    #[arg(long, default_value_t = 10.0)]
+    colocate_seconds: f64,
+    /// colocate: mean gap between the high-priority client's request arrivals (ms).
+    #[arg(long, default_value_t = 2.0)]
+    hp_gap_ms: f64,
+    /// colocate: best-effort workloads, taken in turn for the best-effort clients.
+    #[arg(long, value_delimiter = ',', default_values_t = ["mlp_train".to_string(), "transformer".to_string()])]
+    be_workloads: Vec<String>,
+    /// colocate: how many best-effort clients beside the high-priority one.
+    #[arg(long, value_delimiter = ',', default_values_t = [1usize, 4])]
+    be_counts: Vec<usize>,
+    /// colocate: how long the high-priority gpushare client spins for a completion before
+    /// sleeping, in µs (the client library's default otherwise).
+    #[arg(long)]
+    hp_spin_us: Option<u64>,
+    /// colocate: the scheduling policy gpushared runs.
+    #[arg(long, default_value = "priority")]
+    colocate_scheduler: String,
 }
 
 #[derive(Debug, Subcommand)]
@@ -81,6 +105,24 @@ enum Cmd {
         mode: Mode,
         #[arg(long)]
         quick: bool,
+    },
+    /// Runs one process of a colocate setup (used by the orchestrator).
+    #[command(hide = true)]
+    ColocateWorker {
+        #[arg(long)]
+        via: String,
+        #[arg(long, value_enum)]
+        role: colocate::Role,
+        #[arg(long)]
+        workload: String,
+        #[arg(long)]
+        seconds: f64,
+        #[arg(long)]
+        mean_gap_ms: f64,
+        #[arg(long)]
+        seed: u64,
+        #[arg(long)]
+        spin_us: Option<u64>,
     },
 }
 
@@ -96,6 +138,32 @@ fn main() -> std::process::ExitCode {
 
 fn run() -> Result<()> {
     let cli = Cli::parse();
+    if let Some(Cmd::ColocateWorker {
+        via,
+        role,
+        workload,
+        seconds,
+        mean_gap_ms,
+        seed,
+        spin_us,
+    }) = &cli.command
+    {
+        let via = match via.as_str() {
+            "direct" => colocate::Via::Direct,
+            "broker" => colocate::Via::Broker,
+            other => bail!("unknown --via {other}"),
+        };
+        let spec = colocate::WorkerSpec {
+            role: *role,
+            workload: workload.clone(),
+            seconds: *seconds,
+            mean_gap_ms: *mean_gap_ms,
+            seed: *seed,
+            spin_us: *spin_us,
+        };
+        println!("{}", colocate::worker(via, &spec)?);
+        return Ok(());
+    }
     if let Some(Cmd::Worker {
         scenario,
         mode,
@@ -110,6 +178,7 @@ fn run() -> Result<()> {
             (Scenario::Copy, _) => direct::copy(quick),
             (Scenario::Iteration, _) => direct::iteration(quick),
             (Scenario::Probe, _) => direct::probe(),
+            (Scenario::Colocate, _) => bail!("colocate runs through colocate-worker"),
         }?;
         println!("{result}");
         return Ok(());
@@ -127,6 +196,13 @@ fn orchestrate(cli: &Cli) -> Result<()> {
     eprintln!("gpushare-bench on {machine}");
     let mut results = serde_json::Map::new();
     for &scenario in &cli.scenarios {
+        if scenario == Scenario::Colocate {
+            results.insert(
+                name(scenario).into(),
+                colocate_rounds(cli, &me, &broker_bin)?,
+            );
+            continue;
+        }
         let mut runs: Vec<(Mode, Vec<Value>)> =
             cli.modes.iter().map(|&m| (m, Vec::new())).collect();
         let mut errors = serde_json::Map::new();
@@ -200,6 +276,7 @@ pub fn name(s: Scenario) -> &'static str {
         Scenario::Copy => "copy",
         Scenario::Iteration => "iteration",
         Scenario::Probe => "probe",
+        Scenario::Colocate => "colocate",
     }
 }
 
@@ -241,6 +318,140 @@ fn worker(
     let text = String::from_utf8_lossy(&out.stdout);
     let line = text.lines().last().unwrap_or_default();
     serde_json::from_str(line).with_context(|| format!("worker printed no JSON: {text}"))
+}
+
+/// The colocate scenario, every setup in every round; setups take turns within a round and
+/// the high-priority client sees the same arrivals in each setup of a round.
+fn colocate_rounds(cli: &Cli, me: &Path, broker_bin: &Path) -> Result<Value> {
+    use colocate::{Member, Role, Via, WorkerSpec};
+    let seconds = if cli.quick { 3.0 } else { cli.colocate_seconds };
+    if cli.be_workloads.is_empty() {
+        bail!("--be-workloads names no workload");
+    }
+    let policy_dir = tempfile::tempdir()?;
+    let policy = policy_dir.path().join("gpushare.toml");
+    // Every worker runs as this user: the policy grants it `high`, and the best-effort
+    // workers ask for less.
+    std::fs::write(
+        &policy,
+        format!(
+            "scheduler = \"{}\"\n[defaults]\nclass = \"high\"\n",
+            cli.colocate_scheduler
+        ),
+    )?;
+    let mut broker_args = cli.broker_args.clone();
+    broker_args.push("--config".into());
+    broker_args.push(policy.display().to_string());
+    let mut rounds = Vec::new();
+    for round in 1..=cli.rounds.max(1) {
+        let seed = round as u64;
+        let high = |via| Member {
+            label: "high".into(),
+            via,
+            spec: WorkerSpec {
+                role: Role::High,
+                workload: colocate::HIGH_WORKLOAD.into(),
+                seconds,
+                mean_gap_ms: cli.hp_gap_ms,
+                seed,
+                spin_us: cli.hp_spin_us,
+            },
+        };
+        let best_effort = |i: usize, via| Member {
+            label: format!("be{i}"),
+            via,
+            spec: WorkerSpec {
+                role: Role::BestEffort,
+                workload: cli.be_workloads[i % cli.be_workloads.len()].clone(),
+                seconds,
+                mean_gap_ms: cli.hp_gap_ms,
+                seed,
+                spin_us: None,
+            },
+        };
+        let mut r = serde_json::Map::new();
+        let mut run = |key: String, f: &mut dyn FnMut() -> Result<Value>| {
+            let started = Instant::now();
+            eprintln!("[colocate round {round}] {key} …");
+            let v = match f() {
+                Ok(v) => {
+                    eprintln!(
+                        "[colocate round {round}] {key} done in {:.1?}",
+                        started.elapsed()
+                    );
+                    v
+                }
+                Err(e) => {
+                    eprintln!("[colocate round {round}] {key} FAILED: {e:#}");
+                    json!({"error": format!("{e:#}")})
+                }
+            };
+            r.insert(key, v);
+        };
+        run("dedicated".into(), &mut || {
+            colocate::run_group(me, &[high(Via::Direct)], &[])
+        });
+        let mut workloads = cli.be_workloads.clone();
+        workloads.dedup();
+        for (i, w) in workloads.iter().enumerate() {
+            let idx = cli.be_workloads.iter().position(|x| x == w).unwrap_or(i);
+            run(format!("standalone {w}"), &mut || {
+                let alone = Member {
+                    label: "be".into(),
+                    ..best_effort(idx, Via::Direct)
+                };
+                colocate::run_group(me, &[alone], &[])
+            });
+        }
+        if cli.modes.contains(&Mode::Broker) {
+            run("gpushare alone".into(), &mut || {
+                with_broker(broker_bin, &broker_args, |socket| {
+                    let envs = [("GPUSHARE_SOCKET", socket.as_os_str())];
+                    colocate::run_group(me, &[high(Via::Broker)], &envs)
+                })
+            });
+        }
+        for &n in &cli.be_counts {
+            for &mode in &cli.modes {
+                let via = if mode == Mode::Broker {
+                    Via::Broker
+                } else {
+                    Via::Direct
+                };
+                let members: Vec<Member> = std::iter::once(high(via))
+                    .chain((0..n).map(|i| best_effort(i, via)))
+                    .collect();
+                let key = format!("{n} best-effort, {}", colocate_setup_name(mode));
+                run(key, &mut || match mode {
+                    Mode::Direct => colocate::run_group(me, &members, &[]),
+                    Mode::Mps => with_mps(|envs| colocate::run_group(me, &members, envs)),
+                    Mode::Broker => with_broker(broker_bin, &broker_args, |socket| {
+                        let envs = [("GPUSHARE_SOCKET", socket.as_os_str())];
+                        colocate::run_group(me, &members, &envs)
+                    }),
+                });
+            }
+        }
+        rounds.push(Value::Object(r));
+    }
+    Ok(json!({
+        "seconds": seconds,
+        "hp_gap_ms": cli.hp_gap_ms,
+        "high_workload": colocate::HIGH_WORKLOAD,
+        "be_workloads": cli.be_workloads,
+        "be_counts": cli.be_counts,
+        "scheduler": cli.colocate_scheduler,
+        "median": report::median_of(&rounds),
+        "rounds": rounds,
+    }))
+}
+
+pub fn colocate_setup_name(m: Mode) -> &'static str {
+    match m {
+        Mode::Direct => "time-slicing",
+        Mode::Broker => "gpushare",
+        Mode::Mps => "mps",
+    }
 }
 
 /// Runs `f` with a fresh `gpushared --backend cuda` on a private socket.

@@ -129,6 +129,9 @@ pub fn markdown(doc: &Value) -> String {
             let _ = writeln!(out, "| {k} | {} |", fmt(v.as_f64(), 2));
         }
     }
+    if let Some(c) = results.get("colocate") {
+        colocate(&mut out, c);
+    }
     if let Some(r) = results.get("iteration") {
         let _ = writeln!(
             out,
@@ -139,6 +142,117 @@ pub fn markdown(doc: &Value) -> String {
         }
     }
     out
+}
+
+/// The colocate tables: one per number of best-effort clients, every setup a row.
+fn colocate(out: &mut String, c: &Value) {
+    let m = &c["median"];
+    let _ = writeln!(
+        out,
+        "\n### colocate: high-priority `{}` requests (Poisson, mean gap {} ms) beside best-effort \
+         clients ({}), {} s per setup, gpushare scheduler `{}`\n",
+        c["high_workload"].as_str().unwrap_or("?"),
+        c["hp_gap_ms"],
+        c["be_workloads"]
+            .as_array()
+            .map(|a| a
+                .iter()
+                .filter_map(|w| w.as_str())
+                .collect::<Vec<_>>()
+                .join(", "))
+            .unwrap_or_default(),
+        c["seconds"],
+        c["scheduler"].as_str().unwrap_or("?"),
+    );
+    for (key, v) in m.as_object().into_iter().flatten() {
+        if let Some(e) = v.get("error") {
+            let _ = writeln!(out, "- {key}: FAILED: {e}");
+        }
+    }
+    let dedicated_p99 = get(m, &["dedicated", "high", "p99_ms"]);
+    let standalone =
+        |workload: &str| get(m, &[&format!("standalone {workload}"), "be", "it_per_s"]);
+    let be_workloads: Vec<String> = c["be_workloads"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|w| w.as_str().map(String::from))
+        .collect();
+    let _ = writeln!(
+        out,
+        "Standalone best-effort throughput (direct CUDA, alone):"
+    );
+    for w in &be_workloads {
+        let _ = writeln!(out, "- {w}: {} it/s", fmt(standalone(w), 1));
+    }
+    let counts: Vec<u64> = c["be_counts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_u64)
+        .collect();
+    for n in counts {
+        let _ = writeln!(
+            out,
+            "\n{n} best-effort client(s):\n\n| setup | HP p50 ms | HP p99 ms | HP p99 / dedicated | \
+             HP served / offered | BE it/s each | BE / standalone (sum) | total (HP served + BE sum) |\n\
+             |---|---|---|---|---|---|---|---|"
+        );
+        let mut setups = vec![("dedicated".to_string(), 0usize)];
+        if n == counts_first(c) {
+            setups.push(("gpushare alone".to_string(), 0));
+        }
+        for s in ["time-slicing", "mps", "gpushare"] {
+            setups.push((format!("{n} best-effort, {s}"), n as usize));
+        }
+        for (key, be_n) in setups {
+            let Some(v) = m.get(&key).filter(|v| v.get("error").is_none()) else {
+                continue;
+            };
+            let p99 = get(v, &["high", "p99_ms"]);
+            let served = match (get(v, &["high", "requests"]), get(v, &["high", "offered"])) {
+                (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+                _ => None,
+            };
+            let mut each = Vec::new();
+            let mut share = 0.0;
+            for i in 0..be_n {
+                let it = get(v, &[&format!("be{i}"), "it_per_s"]);
+                each.push(fmt(it, 1));
+                let w = &be_workloads[i % be_workloads.len().max(1)];
+                if let (Some(it), Some(alone)) = (it, standalone(w)) {
+                    share += it / alone;
+                }
+            }
+            let _ = writeln!(
+                out,
+                "| {key} | {} | {} | {} | {} | {} | {} | {} |",
+                fmt(get(v, &["high", "p50_ms"]), 3),
+                fmt(p99, 3),
+                ratio(p99, dedicated_p99),
+                fmt(served, 3),
+                if each.is_empty() {
+                    "–".into()
+                } else {
+                    each.join(" / ")
+                },
+                if be_n == 0 {
+                    "–".into()
+                } else {
+                    format!("{share:.3}")
+                },
+                fmt(served.map(|s| s + share), 3),
+            );
+        }
+    }
+}
+
+fn counts_first(c: &Value) -> u64 {
+    c["be_counts"]
+        .as_array()
+        .and_then(|a| a.first())
+        .and_then(Value::as_u64)
+        .unwrap_or(0)
 }
 
 /// The element-wise median of several results of the same shape.
