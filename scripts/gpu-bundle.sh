@@ -2,15 +2,17 @@
 # Builds everything a GPU machine without a Rust toolchain needs to run gpushare's GPU tests
 # and benchmarks, stripped, into one folder (default .gpu/, ignored by git):
 #   gpushared gpushare gpushare-demo and the test helpers, libgpushare.so, the integration-test
-#   executables (named after their test files), gpu-test.sh to run them, and gpushare-bench
-#   when it exists. Copy the folder to the GPU machine and run `./gpu-test.sh` inside it.
+#   executables (named after their test files), gpu-test.sh to run them, gpushare-bench
+#   when it exists, and the governed-clients PyTorch check (libgpushare_interpose.so,
+#   gpu-pytorch-governed.sh, governed/*.py). Copy the folder to the GPU machine and run
+#   `./gpu-test.sh` (and `./gpu-pytorch-governed.sh`) inside it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-.gpu}
 mkdir -p "$out"
 
 cargo build --release --locked --workspace --quiet
-for bin in gpushared gpushare gpushare-demo gpushare-testclient gpushare-ioctl-child gpushare-telemetry-watch gpushare-bench libgpushare.so; do
+for bin in gpushared gpushare gpushare-demo gpushare-testclient gpushare-ioctl-child gpushare-telemetry-watch gpushare-bench libgpushare.so libgpushare_interpose.so; do
     [[ -f target/release/$bin ]] && cp target/release/$bin "$out/"
 done
 
@@ -31,7 +33,9 @@ for line in sys.stdin:
             shutil.copy(m["executable"], out + "/test-" + name)
 ' "$out"
 
-cp scripts/gpu-test.sh "$out/"
+cp scripts/gpu-test.sh scripts/gpu-pytorch-governed.sh "$out/"
+mkdir -p "$out/governed"
+cp scripts/governed/*.py "$out/governed/"
 strip "$out"/* 2>/dev/null || true
 du -sh "$out"
 ls "$out"

@@ -122,6 +122,8 @@ has -rwxr-xr-x usr/bin/gpushare-demo
 has -rw-r--r-- "$libdir/libgpushare.so.$version"
 has lrwxrwxrwx "$libdir/libgpushare.so.0 -> libgpushare.so.$version"
 has lrwxrwxrwx "$libdir/libgpushare.so -> libgpushare.so.0"
+# Where `gpushare run` looks for it beside /usr/bin/gpushare.
+has -rw-r--r-- usr/lib/gpushare/libgpushare_interpose.so
 has -rw-r--r-- usr/include/gpushare.h
 has -rw-r--r-- "$libdir/pkgconfig/gpushare.pc"
 has -rw-r--r-- usr/lib/systemd/system/gpushared.service

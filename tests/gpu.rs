@@ -5,50 +5,7 @@
 use std::process::Stdio;
 
 use gpushare::{ErrorCode, Kernel, ModuleFormat};
-use gpushare_tests::{gpu_broker, pattern};
-
-/// `y[i] = a * x[i] + y[i]` for `i < n`, hand-written PTX so the test needs no compiler.
-/// Parameters, packed: y (u64 @0), x (u64 @8), a (f32 @16), n (u32 @20): 24 bytes.
-const SCALE_ADD_PTX: &str = r#"
-.version 8.0
-.target sm_90
-.address_size 64
-
-.visible .entry scale_add(
-    .param .u64 y,
-    .param .u64 x,
-    .param .f32 a,
-    .param .u32 n
-)
-{
-    .reg .pred %p;
-    .reg .b32 %r<6>;
-    .reg .f32 %f<4>;
-    .reg .b64 %rd<8>;
-
-    ld.param.u64 %rd1, [y];
-    ld.param.u64 %rd2, [x];
-    ld.param.f32 %f1, [a];
-    ld.param.u32 %r1, [n];
-    mov.u32 %r2, %ctaid.x;
-    mov.u32 %r3, %ntid.x;
-    mov.u32 %r4, %tid.x;
-    mad.lo.s32 %r5, %r2, %r3, %r4;
-    setp.ge.u32 %p, %r5, %r1;
-    @%p bra DONE;
-    cvta.to.global.u64 %rd3, %rd1;
-    cvta.to.global.u64 %rd4, %rd2;
-    mul.wide.u32 %rd5, %r5, 4;
-    add.s64 %rd6, %rd3, %rd5;
-    add.s64 %rd7, %rd4, %rd5;
-    ld.global.f32 %f2, [%rd7];
-    ld.global.f32 %f3, [%rd6];
-    fma.rn.f32 %f3, %f1, %f2, %f3;
-    st.global.f32 [%rd6], %f3;
-DONE:
-    ret;
-}
-"#;
+use gpushare_tests::{SCALE_ADD_PTX, gpu_broker, pattern};
 
 #[test]
 fn ptx_module_runs_with_packed_parameters() {

@@ -257,6 +257,12 @@ fn restart(reason: &str, carry: &Carry) -> ! {
         );
     }
     next.env(CARRY_ENV, carry.to_env());
+    // The sim device's fresh allocations go on above the old image's, as a new CUDA
+    // context's land elsewhere: clients rebuilding their state find their addresses free.
+    next.env(
+        gpushare_broker::device::sim::memory::ADDRESS_HANDOVER_ENV,
+        gpushare_broker::device::sim::memory::next_address().to_string(),
+    );
     let err = next.exec();
     eprintln!("gpushared: cannot restart: {err}");
     std::process::exit(1)

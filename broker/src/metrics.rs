@@ -173,7 +173,9 @@ fn render_clients(out: &mut Exposition, clients: &[ClientStats], processes: &[Pr
     let labels: Vec<[(&str, String); 7]> = clients
         .iter()
         .map(|c| {
-            let kind = if observed.contains(&c.pid) {
+            let kind = if c.governed {
+                "governed"
+            } else if observed.contains(&c.pid) {
                 "both"
             } else {
                 "brokered"
@@ -190,7 +192,7 @@ fn render_clients(out: &mut Exposition, clients: &[ClientStats], processes: &[Pr
         })
         .collect();
     type Get = fn(&ClientStats) -> Option<f64>;
-    let families: [(&str, &str, &str, Get); 11] = [
+    let families: [(&str, &str, &str, Get); 12] = [
         (
             "gpushare_client_gpu_seconds_total",
             "counter",
@@ -244,6 +246,12 @@ fn render_clients(out: &mut Exposition, clients: &[ClientStats], processes: &[Pr
             "counter",
             "Kernels the client has launched.",
             |c| Some(c.kernels as f64),
+        ),
+        (
+            "gpushare_client_throttled_seconds_total",
+            "counter",
+            "Time a governed client (gpushare run) waited for launch tokens (absent for others).",
+            |c| c.governed.then(|| c.throttled_ns as f64 / 1e9),
         ),
         (
             "gpushare_client_errors_total",
@@ -303,10 +311,17 @@ fn render_telemetry(
         if telemetry.enabled { 1.0 } else { 0.0 },
     );
     let brokered: HashSet<i32> = clients.iter().map(|c| c.pid).collect();
+    let governed: HashSet<i32> = clients
+        .iter()
+        .filter(|c| c.governed)
+        .map(|c| c.pid)
+        .collect();
     let labels: Vec<[(&str, String); 4]> = processes
         .iter()
         .map(|p| {
-            let kind = if brokered.contains(&p.pid) {
+            let kind = if governed.contains(&p.pid) {
+                "governed"
+            } else if brokered.contains(&p.pid) {
                 "both"
             } else {
                 "observed"
@@ -593,6 +608,8 @@ mod tests {
             queue_depth: 0,
             latency_p50_ns: None,
             latency_p99_ns: None,
+            governed: false,
+            throttled_ns: 0,
         }
     }
 

@@ -430,11 +430,16 @@ impl<D: Device> Broker<D> {
             Ok(o) => (o.processes.clone(), o.load),
             Err(_) => (Vec::new(), OutsideLoad::default()),
         };
-        // A process eBPF sees that is also a client bypasses the broker.
+        // A process eBPF sees that is also a client bypasses the broker, unless it is governed
+        // (it uses the GPU directly by design, with the broker's admission).
         for p in &mut processes {
             if let Some(c) = clients.iter_mut().find(|c| c.pid == p.pid) {
-                c.bypassing = true;
-                p.kind = ProcessKind::Both;
+                if c.governed {
+                    p.kind = ProcessKind::Governed;
+                } else {
+                    c.bypassing = true;
+                    p.kind = ProcessKind::Both;
+                }
                 p.client_id = Some(c.client_id);
             }
         }
@@ -634,7 +639,7 @@ impl<D: Device> Broker<D> {
         drop(fds);
         let mut observed_end = None;
         if sent.is_ok() {
-            info!(client = id, name = %info.name, user = %info.user, class = %info.grant().class, "client connected");
+            info!(client = id, name = %info.name, user = %info.user, class = %info.grant().class, governed = info.governed, "client connected");
             observed_end = self
                 .control_loop(
                     &sock,
@@ -692,6 +697,7 @@ impl<D: Device> Broker<D> {
             user,
             name,
             gpu,
+            governed: hello.role == Role::Governed,
         };
         let info = Arc::new(SessionInfo::new(peer, grant, submit_wake));
         if let (_, Some(until)) = self.carried_for(pid) {

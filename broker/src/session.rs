@@ -24,6 +24,8 @@ use crate::policy::Grant;
 use crate::shm::SharedRegion;
 use crate::wake::Wakeup;
 
+mod governed;
+
 /// Most streams one client may hold at once.
 pub const MAX_STREAMS: usize = 1024;
 /// Most events one client may hold at once.
@@ -55,6 +57,8 @@ pub struct Counters {
     /// Published by the data thread from its latency histogram; 0 = no data yet.
     pub latency_p50_ns: AtomicU64,
     pub latency_p99_ns: AtomicU64,
+    /// Time a governed client waited for launch tokens.
+    pub throttled_ns: AtomicU64,
 }
 
 /// What the rest of the broker knows about a session.
@@ -66,6 +70,9 @@ pub struct SessionInfo {
     pub name: String,
     /// Index of the device the session runs on.
     pub gpu: u32,
+    /// An unmodified program under `gpushare run` (it runs on its own CUDA context and asks
+    /// only for admission).
+    pub governed: bool,
     /// What the client is granted now (an admin may change it while it runs).
     grant: LiveGrant,
     pub connected_at: Instant,
@@ -90,6 +97,7 @@ pub struct Peer {
     pub user: String,
     pub name: String,
     pub gpu: u32,
+    pub governed: bool,
 }
 
 impl SessionInfo {
@@ -101,6 +109,7 @@ impl SessionInfo {
             user,
             name,
             gpu,
+            governed,
         } = peer;
         SessionInfo {
             id,
@@ -109,6 +118,7 @@ impl SessionInfo {
             user,
             name,
             gpu,
+            governed,
             grant: LiveGrant::new(grant),
             connected_at: Instant::now(),
             counters: Counters::default(),
@@ -198,6 +208,8 @@ impl SessionInfo {
             queue_depth: get(&c.queue_depth) as u32,
             latency_p50_ns: Some(get(&c.latency_p50_ns)).filter(|&v| v > 0),
             latency_p99_ns: Some(get(&c.latency_p99_ns)).filter(|&v| v > 0),
+            governed: self.governed,
+            throttled_ns: get(&c.throttled_ns),
         }
     }
 }
@@ -363,6 +375,11 @@ pub struct SessionState<D: Device> {
     /// Granted kernels not yet seen finished, oldest first, with the event after each.
     granted: std::collections::VecDeque<(crate::sched::RequestId, D::Event)>,
     spare_events: Vec<D::Event>,
+    /// Placed allocations (`AllocAt`) that were charged more than their size: the device
+    /// memory they took (whole granules on a GPU).
+    placed_charges: HashMap<DevicePtr, u64>,
+    /// A governed client's admission state (memory reserved, its launch lease).
+    governed: governed::Governed,
 }
 
 /// Handles a session lost in device resets.
@@ -492,6 +509,8 @@ impl<D: Device> SessionState<D> {
             declared_job: None,
             granted: std::collections::VecDeque::new(),
             spare_events: Vec::new(),
+            placed_charges: HashMap::new(),
+            governed: governed::Governed::default(),
         })
     }
 
@@ -601,6 +620,7 @@ impl<D: Device> SessionState<D> {
                     .eviction()
                     .map_or(SessionEnd::Stopped, SessionEnd::Evicted);
             }
+            self.expire_lease();
             let available = match self.rings.submissions.available() {
                 Ok(n) => n,
                 Err(e) => return SessionEnd::ProtocolViolation(e.to_string()),
@@ -654,7 +674,10 @@ impl<D: Device> SessionState<D> {
                     .streams
                     .values()
                     .any(|s| self.device.measuring(&s.stream));
-            let timeout = measuring.then_some(MEASURE_RECHECK);
+            let timeout = match self.lease_left() {
+                Some(left) => Some(left.min(MEASURE_RECHECK)),
+                None => measuring.then_some(MEASURE_RECHECK),
+            };
             match self.rings.submissions.available() {
                 Ok(0) if !self.info.stopping() => self.info.submit_wake().wait(timeout),
                 _ => {}
@@ -927,12 +950,16 @@ impl<D: Device> SessionState<D> {
         self.events.clear();
         self.granted.clear();
         self.spare_events.clear();
+        self.placed_charges.clear();
         let grant = self.info.grant();
         self.dispatch.remove_client(self.info.id);
         self.dispatch
             .add_client(self.info.id, grant.class, grant.weight);
         let c = &self.info.counters;
-        c.memory_used.store(0, Ordering::Relaxed);
+        // A governed client's memory is in its own context, which the reset did not touch.
+        c.memory_used
+            .store(self.governed.reserved(), Ordering::Relaxed);
+        self.governed.forget_lease();
         self.info.fault_watch.busy_since.store(0, Ordering::Release);
 
         if let Verdict::Culprit(reason) = verdict {
@@ -983,7 +1010,8 @@ impl<D: Device> SessionState<D> {
         let counters = &self.info.counters;
         match cmd {
             Command::Nop => Ok((0, 0)),
-            Command::Alloc { bytes } => self.alloc(bytes),
+            Command::Alloc { bytes } => self.alloc(bytes, None),
+            Command::AllocAt { bytes, ptr } => self.alloc(bytes, Some(ptr)),
             Command::Free { ptr } => {
                 let size = self
                     .allocations
@@ -992,7 +1020,8 @@ impl<D: Device> SessionState<D> {
                     .ok_or(ErrorCode::InvalidPointer)?;
                 self.device.free(ptr).map_err(|e| e.code())?;
                 self.allocations.remove(&ptr);
-                counters.memory_used.fetch_sub(size, Ordering::Relaxed);
+                let charged = self.placed_charges.remove(&ptr).unwrap_or(size);
+                counters.memory_used.fetch_sub(charged, Ordering::Relaxed);
                 Ok((0, 0))
             }
             Command::CopyHtoD {
@@ -1238,10 +1267,16 @@ impl<D: Device> SessionState<D> {
                 Ok(r)
             }
             Command::LaunchModule { stream, launch } => self.launch_module(stream, launch),
+            Command::GovernedReserve { bytes } => self.governed_reserve(bytes),
+            Command::GovernedRelease { bytes } => self.governed_release(bytes),
+            Command::GovernedTokens { launched, blocks } => self.governed_tokens(launched, blocks),
+            Command::GovernedIdle { launched, blocks } => self.governed_idle(launched, blocks),
+            Command::GovernedWeight { weight } => self.governed_weight(weight),
         }
     }
 
-    fn alloc(&mut self, bytes: u64) -> Result<(u64, u64), ErrorCode> {
+    /// Allocates `bytes`, anywhere or at exactly `at` (a client rebuilding after a reset).
+    fn alloc(&mut self, bytes: u64, at: Option<DevicePtr>) -> Result<(u64, u64), ErrorCode> {
         if bytes == 0 {
             return Err(ErrorCode::InvalidArgument);
         }
@@ -1255,9 +1290,45 @@ impl<D: Device> SessionState<D> {
         {
             return Err(ErrorCode::OutOfQuota);
         }
-        let ptr = self.device.alloc(bytes).map_err(|e| e.code())?;
+        let mut charge = bytes;
+        let ptr = match at {
+            None => self.device.alloc(bytes).map_err(|e| e.code())?,
+            Some(ptr) => {
+                let end = ptr
+                    .checked_add(bytes)
+                    .ok_or(ErrorCode::AddressUnavailable)?;
+                if self
+                    .allocations
+                    .range(..end)
+                    .next_back()
+                    .is_some_and(|(&base, &len)| base + len > ptr)
+                {
+                    return Err(ErrorCode::AddressUnavailable);
+                }
+                let took = self.device.alloc_at(ptr, bytes).map_err(|e| {
+                    tracing::debug!(ptr = format_args!("{ptr:#x}"), bytes, error = %e, "cannot allocate at the address asked for");
+                    e.code()
+                })?;
+                // Placed memory costs whole granules on a GPU: the quota counts what it took.
+                if took > bytes {
+                    if let Some(quota) = self.info.grant().memory_quota
+                        && used.saturating_add(took) > quota
+                    {
+                        let _ = self.device.free(ptr);
+                        return Err(ErrorCode::OutOfQuota);
+                    }
+                    charge = took;
+                    self.placed_charges.insert(ptr, took);
+                }
+                // Memory lost at this address in a reset is there again.
+                self.lost
+                    .buffers
+                    .retain(|&base, &mut len| base.saturating_add(len) <= ptr || base >= end);
+                ptr
+            }
+        };
         self.allocations.insert(ptr, bytes);
-        let now = used + bytes;
+        let now = used + charge;
         counters.memory_used.store(now, Ordering::Relaxed);
         counters.memory_peak.fetch_max(now, Ordering::Relaxed);
         counters.allocations.fetch_add(1, Ordering::Relaxed);

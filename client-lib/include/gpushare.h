@@ -7,7 +7,7 @@
  * Conventions
  * - Every function except gpushare_disconnect, gpushare_last_error_message and
  *   gpushare_error_name returns an int status: GPUSHARE_OK (0) on success, a broker error
- *   code (1..17) or a library error code (100 and up) on failure. After a failure,
+ *   code (1..19) or a library error code (100 and up) on failure. After a failure,
  *   gpushare_last_error_message() says what went wrong, in a sentence.
  * - Synchronous calls return once the broker has answered. Asynchronous calls (device
  *   copies, memsets, event records, kernel launches) return once the command is queued;
@@ -54,7 +54,9 @@ extern "C" {
 #define GPUSHARE_E_LAUNCH_FAILED 15      /* kernel launch failed */
 #define GPUSHARE_E_INTERNAL 16           /* internal error (broker, or a library bug) */
 #define GPUSHARE_E_PROTOCOL_VIOLATION 17 /* protocol violation */
-#define GPUSHARE_E_DEVICE_RESET 18       /* GPU reset after a fault: device state lost, session goes on */
+#define GPUSHARE_E_DEVICE_RESET 18       /* GPU reset after a fault: device state lost, session goes on
+                                          * (with GPUSHARE_CONNECT_REBUILD: state rebuilt, submit again) */
+#define GPUSHARE_E_ADDRESS_UNAVAILABLE 19 /* a rebuild could not get a buffer's device address back */
 
 /* Library error codes. */
 #define GPUSHARE_E_CONNECT 100     /* cannot reach the broker's socket */
@@ -63,6 +65,7 @@ extern "C" {
 #define GPUSHARE_E_PROTOCOL 103    /* unintelligible broker reply; the session is over */
 #define GPUSHARE_E_IO 104          /* I/O error on the connection */
 #define GPUSHARE_E_NULL 105        /* a required pointer argument was NULL */
+#define GPUSHARE_E_REBUILD_FAILED 106 /* rebuilding after a GPU reset failed; connect again */
 
 /* ---- constants --------------------------------------------------------------------- */
 
@@ -84,6 +87,9 @@ extern "C" {
 
 /* The default stream. */
 #define GPUSHARE_DEFAULT_STREAM 0u
+
+/* gpushare_connect_with_flags flags. */
+#define GPUSHARE_CONNECT_REBUILD 1u /* rebuild the device state by itself after a GPU reset */
 
 /* ---- types ------------------------------------------------------------------------- */
 
@@ -107,6 +113,26 @@ typedef struct gpushare_session_info {
  * /run/gpushare/gpushare.sock. name NULL: the process name (shown by `gpushare status`).
  * On success *out is the new client; on failure *out is set to NULL. */
 int gpushare_connect(const char *socket_path, const char *name, gpushare_client **out);
+
+/* gpushare_connect with flags (0, or GPUSHARE_CONNECT_REBUILD; others are refused with
+ * GPUSHARE_E_INVALID_ARGUMENT).
+ *
+ * GPUSHARE_CONNECT_REBUILD: after a GPU reset caused by another client (or a restart of
+ * gpushared after one), the library makes this client's device state again by itself:
+ * every allocation at its old device address holding the bytes last copied into it from
+ * the host, every module, function, stream and event. Handles and device pointers keep
+ * working, kernel parameters holding raw pointers included (stream, event, module and
+ * function ids are then the library's own numbers, which it maps to the broker's). The call that meets the reset
+ * fails once with GPUSHARE_E_DEVICE_RESET: work submitted before the fault was lost and is
+ * not run again, so submit it again. Buffers only the device wrote come back without their
+ * contents. If the rebuild fails (GPUSHARE_E_ADDRESS_UNAVAILABLE: an old address is taken;
+ * GPUSHARE_E_REBUILD_FAILED: gpushared did not come back within 30 s, or refused), every
+ * later call fails with that code: disconnect, connect again and upload again.
+ * Cost: host memory for a copy of every buffer that was copied to from the host (its whole
+ * size, from the first copy) and of every module image, and one extra host copy per
+ * upload. */
+int gpushare_connect_with_flags(const char *socket_path, const char *name, uint32_t flags,
+                                gpushare_client **out);
 
 /* Ends the session; the broker frees everything it still holds. NULL is ignored. The
  * client must not be in use by another thread, nor used again. */

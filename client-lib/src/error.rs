@@ -32,6 +32,21 @@ pub enum Error {
     InvalidArgument(String),
     #[error("I/O error talking to gpushared: {0}")]
     Io(#[from] std::io::Error),
+    /// A GPU reset (another client's fault, or a restart of gpushared after one) took this
+    /// client's device state, and the library made it again from what it recorded
+    /// ([`ConnectOptions::rebuild`](crate::ConnectOptions::rebuild)): the call that met the
+    /// reset fails with this, once. Work submitted before the fault was lost and is not run
+    /// again; submit it again (the handles and device addresses stay the same).
+    #[error(
+        "device reset: work submitted before the fault was lost; state was rebuilt from host data ({0}); submit that work again"
+    )]
+    Rebuilt(String),
+    /// A rebuild after a GPU reset failed; every later call of this client fails with it.
+    /// Connect again ([`Client::reconnect`](crate::Client::reconnect)) and upload again.
+    #[error(
+        "cannot rebuild this client's device state after a GPU reset: {0}; reconnect and upload again"
+    )]
+    RebuildFailed(crate::rebuild::RebuildError),
 }
 
 /// What to do about a failed connection, by its cause.
@@ -51,6 +66,10 @@ impl Error {
             Error::Command { code, .. } => Some(*code),
             Error::Rejected(w) | Error::Request(w) => Some(w.code),
             Error::BrokerShutdown(_) => Some(ErrorCode::ShuttingDown),
+            Error::Rebuilt(_) => Some(ErrorCode::DeviceReset),
+            Error::RebuildFailed(crate::rebuild::RebuildError::AddressUnavailable { .. }) => {
+                Some(ErrorCode::AddressUnavailable)
+            }
             _ => None,
         }
     }
@@ -59,7 +78,11 @@ impl Error {
     pub fn is_fatal(&self) -> bool {
         matches!(
             self,
-            Error::BrokerShutdown(_) | Error::Evicted(_) | Error::BrokerGone | Error::Protocol(_)
+            Error::BrokerShutdown(_)
+                | Error::Evicted(_)
+                | Error::BrokerGone
+                | Error::Protocol(_)
+                | Error::RebuildFailed(_)
         )
     }
 }

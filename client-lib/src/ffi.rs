@@ -1,7 +1,7 @@
 //! The C ABI: `libgpushare.so` and `include/gpushare.h`.
 //!
 //! Every function returns an `int` status: [`GPUSHARE_OK`] (0), the broker's [`ErrorCode`]
-//! value (1..=17, wire-stable), or a library-side code from 100 up (`GPUSHARE_E_CONNECT`, …).
+//! value (1..=19, wire-stable), or a library-side code from 100 up (`GPUSHARE_E_CONNECT`, …).
 //! The failing call's sentence is kept per thread for [`gpushare_last_error_message`].
 //!
 //! Rules every function here keeps:
@@ -56,6 +56,9 @@ pub const GPUSHARE_E_PROTOCOL_VIOLATION: c_int = wire(ErrorCode::ProtocolViolati
 /// Another client faulted the GPU and its context was recreated: this client's device state
 /// is gone; the session goes on.
 pub const GPUSHARE_E_DEVICE_RESET: c_int = wire(ErrorCode::DeviceReset);
+/// Memory could not be placed at the device address asked for (a rebuild after a reset could
+/// not get a buffer's old address back); with rebuild on, the client is unusable afterwards.
+pub const GPUSHARE_E_ADDRESS_UNAVAILABLE: c_int = wire(ErrorCode::AddressUnavailable);
 /// The broker's socket could not be reached.
 pub const GPUSHARE_E_CONNECT: c_int = 100;
 /// The connection to the broker was lost; the session is over.
@@ -68,6 +71,13 @@ pub const GPUSHARE_E_PROTOCOL: c_int = 103;
 pub const GPUSHARE_E_IO: c_int = 104;
 /// A pointer argument that must not be NULL was NULL.
 pub const GPUSHARE_E_NULL: c_int = 105;
+/// Rebuilding the client's device state after a GPU reset failed (other than for an
+/// address); the client is unusable: disconnect, connect again and upload again.
+pub const GPUSHARE_E_REBUILD_FAILED: c_int = 106;
+
+/// `gpushare_connect_with_flags` flag: record what the client uploads and loads, and rebuild
+/// its device state by itself after a GPU reset (same handles, same device addresses).
+pub const GPUSHARE_CONNECT_REBUILD: u32 = 1;
 
 /// `gpushare_module_load` formats.
 pub const GPUSHARE_MODULE_PTX: c_int = 0;
@@ -100,6 +110,11 @@ fn status_of(err: &Error) -> c_int {
         Error::Protocol(_) => GPUSHARE_E_PROTOCOL,
         Error::InvalidArgument(_) => GPUSHARE_E_INVALID_ARGUMENT,
         Error::Io(_) => GPUSHARE_E_IO,
+        Error::Rebuilt(_) => GPUSHARE_E_DEVICE_RESET,
+        Error::RebuildFailed(crate::RebuildError::AddressUnavailable { .. }) => {
+            GPUSHARE_E_ADDRESS_UNAVAILABLE
+        }
+        Error::RebuildFailed(_) => GPUSHARE_E_REBUILD_FAILED,
     }
 }
 
@@ -125,6 +140,8 @@ fn name_of(code: c_int) -> &'static CStr {
         GPUSHARE_E_INTERNAL => c"GPUSHARE_E_INTERNAL",
         GPUSHARE_E_PROTOCOL_VIOLATION => c"GPUSHARE_E_PROTOCOL_VIOLATION",
         GPUSHARE_E_DEVICE_RESET => c"GPUSHARE_E_DEVICE_RESET",
+        GPUSHARE_E_ADDRESS_UNAVAILABLE => c"GPUSHARE_E_ADDRESS_UNAVAILABLE",
+        GPUSHARE_E_REBUILD_FAILED => c"GPUSHARE_E_REBUILD_FAILED",
         GPUSHARE_E_CONNECT => c"GPUSHARE_E_CONNECT",
         GPUSHARE_E_BROKER_GONE => c"GPUSHARE_E_BROKER_GONE",
         GPUSHARE_E_EVICTED => c"GPUSHARE_E_EVICTED",
@@ -292,11 +309,51 @@ pub unsafe extern "C" fn gpushare_connect(
     name: *const c_char,
     out: *mut *mut gpushare_client,
 ) -> c_int {
-    guard("gpushare_connect", || {
+    // SAFETY: the caller's contract is `connect_with_flags`'s.
+    unsafe { connect_with_flags("gpushare_connect", socket_path, name, 0, out) }
+}
+
+/// Like [`gpushare_connect`], with `flags`: [`GPUSHARE_CONNECT_REBUILD`] makes the library
+/// record what the client uploads (a host copy of every byte copied to the device) and loads,
+/// and rebuild its device state by itself after a GPU reset caused by another client: the
+/// call that meets the reset fails once with `GPUSHARE_E_DEVICE_RESET` (work submitted before
+/// the fault is lost and not run again), and every handle and device address keeps working.
+/// Unknown flags are refused with `GPUSHARE_E_INVALID_ARGUMENT`.
+///
+/// # Safety
+/// As for [`gpushare_connect`].
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn gpushare_connect_with_flags(
+    socket_path: *const c_char,
+    name: *const c_char,
+    flags: u32,
+    out: *mut *mut gpushare_client,
+) -> c_int {
+    // SAFETY: the caller's contract is `connect_with_flags`'s.
+    unsafe { connect_with_flags("gpushare_connect_with_flags", socket_path, name, flags, out) }
+}
+
+/// # Safety
+/// `socket_path` and `name` are NULL or NUL-terminated strings; `out` is NULL or valid for a
+/// write of one pointer.
+unsafe fn connect_with_flags(
+    func: &'static str,
+    socket_path: *const c_char,
+    name: *const c_char,
+    flags: u32,
+    out: *mut *mut gpushare_client,
+) -> c_int {
+    guard(func, || {
         non_null(out, "out")?;
         // SAFETY: `out` is non-NULL and, by the contract, writable.
         unsafe { put(out, std::ptr::null_mut()) };
-        let mut opts = ConnectOptions::default();
+        if flags & !GPUSHARE_CONNECT_REBUILD != 0 {
+            return Err(invalid(format!("unknown connect flags {flags:#x}")));
+        }
+        let mut opts = ConnectOptions {
+            rebuild: flags & GPUSHARE_CONNECT_REBUILD != 0,
+            ..ConnectOptions::default()
+        };
         if !socket_path.is_null() {
             // SAFETY: non-NULL, and NUL-terminated by the contract.
             let path = unsafe { CStr::from_ptr(socket_path) };

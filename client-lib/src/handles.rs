@@ -238,7 +238,7 @@ impl Module {
 
 impl Drop for Module {
     fn drop(&mut self) {
-        let _ = self.client.unload_module(self.id);
+        self.client.release_module(self.id);
     }
 }
 

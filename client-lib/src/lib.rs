@@ -25,6 +25,7 @@ mod error;
 pub mod ffi;
 mod handles;
 mod monitor;
+mod rebuild;
 
 pub use client::{Client, ConnectOptions, DeviceReset, SessionInfo};
 pub use error::{Error, Result};
@@ -33,3 +34,4 @@ pub use gpushare_protocol::stats::{ClientStats, StatusReport};
 pub use gpushare_protocol::{Command, DevicePtr, ErrorCode, Kernel, PriorityClass};
 pub use handles::{DeviceBuffer, Event, Function, HostBuffer, Module, Stream};
 pub use monitor::Monitor;
+pub use rebuild::RebuildError;

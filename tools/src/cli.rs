@@ -1,6 +1,7 @@
 //! The `gpushare` command line as clap defines it: the binary parses it, and `gpushare-gen`
 //! writes the man pages and completions from it.
 
+use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -58,6 +59,10 @@ pub enum Commands {
         #[arg(long, value_name = "TEXT")]
         reason: Option<String>,
     },
+    /// Run an unmodified CUDA program governed: its device memory counts against your quota
+    /// (past it the program gets CUDA's out-of-memory error) and its kernel launches follow the
+    /// broker's scheduling. Without a broker it runs normally, after one warning.
+    Run(RunArgs),
     /// Print a shell completion script: `gpushare completions bash > /etc/bash_completion.d/gpushare`.
     Completions {
         /// The shell.
@@ -79,6 +84,33 @@ pub struct TopArgs {
     /// Print one JSON object per frame, one per line (implies --batch).
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Ask for a class (high, normal or best-effort) no more important than the policy
+    /// grants; if the policy grants less, the program warns once and runs as granted.
+    #[arg(long, value_parser = parse_class)]
+    pub class: Option<PriorityClass>,
+    /// Ask for a smaller fair-share weight than the policy grants (1 or more); a larger one is
+    /// refused with a warning.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub weight: Option<u32>,
+    /// The name shown in `gpushare status` and `top` (default: the program's name).
+    #[arg(long)]
+    pub name: Option<String>,
+    /// The interposer library to preload (default: next to this binary, then the install's
+    /// library directory).
+    #[arg(long, value_name = "PATH", env = "GPUSHARE_INTERPOSER")]
+    pub interposer: Option<PathBuf>,
+    /// The program to run and its arguments (after `--`).
+    #[arg(
+        required = true,
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "COMMAND"
+    )]
+    pub command: Vec<OsString>,
 }
 
 /// A memory quota on the command line: `None` is unlimited.

@@ -80,11 +80,12 @@ pub fn clients(clients: &[ClientStats]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:>4} {:>7} {:<10} {:<16} {:>3} {:<11} {:>3} {:>10} {:>10} {:>8} {:>10} {:>10} {:>6}",
+        "{:>4} {:>7} {:<10} {:<16} {:<8} {:>3} {:<11} {:>3} {:>10} {:>10} {:>8} {:>10} {:>10} {:>6} {:>10}",
         "ID",
         "PID",
         "USER",
         "NAME",
+        "KIND",
         "GPU",
         "CLASS",
         "W",
@@ -93,7 +94,8 @@ pub fn clients(clients: &[ClientStats]) -> String {
         "KERNELS",
         "COPIED",
         "GPU TIME",
-        "ERRORS"
+        "ERRORS",
+        "THROTTLED"
     );
     for c in clients {
         let quota = c
@@ -102,11 +104,12 @@ pub fn clients(clients: &[ClientStats]) -> String {
         let copied = ByteSize(c.bytes_htod + c.bytes_dtoh + c.bytes_dtod);
         let _ = writeln!(
             out,
-            "{:>4} {:>7} {:<10} {:<16} {:>3} {:<11} {:>3} {:>10} {:>10} {:>8} {:>10} {:>10} {:>6}",
+            "{:>4} {:>7} {:<10} {:<16} {:<8} {:>3} {:<11} {:>3} {:>10} {:>10} {:>8} {:>10} {:>10} {:>6} {:>10}",
             c.client_id,
             c.pid,
             truncate(&c.user, 10),
             truncate(&c.name, 16),
+            if c.governed { "governed" } else { "brokered" },
             c.gpu,
             c.class.as_str(),
             c.weight,
@@ -115,7 +118,12 @@ pub fn clients(clients: &[ClientStats]) -> String {
             c.kernels,
             copied.to_string(),
             gpu_time(c.gpu_time_ns),
-            c.errors
+            c.errors,
+            if c.governed {
+                gpu_time(c.throttled_ns)
+            } else {
+                MISSING.to_string()
+            }
         );
     }
     out
@@ -139,7 +147,7 @@ const fn col(title: &'static str, width: u16, right: bool) -> Column {
 /// Index of the COMMAND column, the one that takes what width is left.
 pub const NAME_COLUMN: usize = 2;
 
-pub const TOP_COLUMNS: [Column; 14] = [
+pub const TOP_COLUMNS: [Column; 15] = [
     col("PID", 7, true),
     col("USER", 10, false),
     col("COMMAND", 16, false),
@@ -154,13 +162,14 @@ pub const TOP_COLUMNS: [Column; 14] = [
     col("P50", 7, true),
     col("P99", 7, true),
     col("IOCTL/s", 8, true),
+    col("THROT%", 6, true),
 ];
 
 /// What an unknown or not-yet-reported figure shows.
 pub const MISSING: &str = "-";
 
 /// A row's cells in [`TOP_COLUMNS`] order.
-pub fn top_cells(r: &Row) -> [String; 14] {
+pub fn top_cells(r: &Row) -> [String; 15] {
     let brokered = r.client_id.is_some();
     [
         r.pid.to_string(),
@@ -181,6 +190,7 @@ pub fn top_cells(r: &Row) -> [String; 14] {
         opt(r.latency_p50_ns, latency),
         opt(r.latency_p99_ns, latency),
         opt(r.ioctls_per_s, rate),
+        opt(r.throttled_share, |s| format!("{:.1}", s * 100.0)),
     ]
 }
 

@@ -8,6 +8,7 @@ use gpushare::{Monitor, StatusReport};
 use gpushare_tools::cli::{Cli, Commands, Quota};
 
 mod format;
+mod run;
 mod top;
 
 fn main() -> ExitCode {
@@ -84,6 +85,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Monitor::connect(&cli.socket)?.admin_evict(client, &reason)?;
             println!("client {client} evicted");
         }
+        Commands::Run(args) => return Err(run::exec(&cli.socket, args)),
         Commands::Completions { shell } => {
             clap_complete::generate(
                 shell,

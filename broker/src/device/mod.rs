@@ -29,6 +29,9 @@ pub enum DeviceError {
     /// The wait was cut short because the device is being reset.
     #[error("interrupted by a device reset")]
     Cancelled,
+    /// Memory cannot be placed at the address asked for ([`Device::alloc_at`]).
+    #[error("cannot allocate at the address asked for: {0}")]
+    AddressUnavailable(String),
 }
 
 impl DeviceError {
@@ -40,6 +43,7 @@ impl DeviceError {
             DeviceError::NotReady => ErrorCode::NotReady,
             DeviceError::Failed(_) | DeviceError::Fault(_) => ErrorCode::DeviceError,
             DeviceError::Cancelled => ErrorCode::DeviceReset,
+            DeviceError::AddressUnavailable(_) => ErrorCode::AddressUnavailable,
         }
     }
 }
@@ -59,6 +63,19 @@ pub trait Device: Send + Sync + 'static {
     fn info(&self) -> &DeviceInfo;
 
     fn alloc(&self, bytes: u64) -> DeviceResult<DevicePtr>;
+    /// Allocates `bytes` at exactly `ptr`, for a client rebuilding its state after a reset
+    /// (its kernels' parameters hold the old addresses). Fails with
+    /// [`DeviceError::AddressUnavailable`] when any of the range is in use or the device
+    /// cannot place memory there; never at another address. Freed by [`Device::free`].
+    /// Returns the device memory it took (more than `bytes` where memory is placed in
+    /// larger units: the caller charges that).
+    fn alloc_at(&self, ptr: DevicePtr, bytes: u64) -> DeviceResult<u64> {
+        let _ = (ptr, bytes);
+        Err(DeviceError::NotSupported {
+            backend: self.backend(),
+            what: "allocating at a given address".into(),
+        })
+    }
     fn free(&self, ptr: DevicePtr) -> DeviceResult<()>;
 
     /// Makes a client's arena usable for direct DMA (a no-op where that means nothing).

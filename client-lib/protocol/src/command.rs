@@ -30,7 +30,13 @@ pub mod opcode {
     pub const ITERATION_END: u16 = 0x11;
     pub const DECLARE_JOB: u16 = 0x12;
     pub const DECLARE_DEADLINE: u16 = 0x13;
+    pub const ALLOC_AT: u16 = 0x14;
     pub const LAUNCH_MODULE: u16 = 0x20;
+    pub const GOVERNED_RESERVE: u16 = 0x30;
+    pub const GOVERNED_RELEASE: u16 = 0x31;
+    pub const GOVERNED_TOKENS: u16 = 0x32;
+    pub const GOVERNED_IDLE: u16 = 0x33;
+    pub const GOVERNED_WEIGHT: u16 = 0x34;
     pub const KERNEL_FILL_F32: u16 = 0x40;
     pub const KERNEL_AXPY_F32: u16 = 0x41;
     pub const KERNEL_VEC_ADD_F32: u16 = 0x42;
@@ -224,6 +230,14 @@ pub enum Command {
     Alloc {
         bytes: u64,
     },
+    /// Allocates device memory at exactly `ptr` (a client rebuilding its state after a GPU
+    /// reset asks for the addresses its kernels' parameters hold). Result: `ptr`. Fails with
+    /// [`ErrorCode::AddressUnavailable`] when any of the range is taken or the device cannot
+    /// place memory there.
+    AllocAt {
+        bytes: u64,
+        ptr: DevicePtr,
+    },
     /// Frees an allocation (by its base pointer).
     Free {
         ptr: DevicePtr,
@@ -316,7 +330,40 @@ pub enum Command {
         stream: StreamId,
         launch: ModuleLaunch,
     },
+    /// A governed program (one that runs on its own CUDA context, under `gpushare run`) is
+    /// about to allocate `bytes` of device memory itself: the broker counts them against the
+    /// client's memory quota, or refuses with `OutOfQuota` and counts nothing.
+    GovernedReserve {
+        bytes: u64,
+    },
+    /// A governed program freed `bytes` it had reserved (never more than it holds).
+    GovernedRelease {
+        bytes: u64,
+    },
+    /// A governed program asks for launch tokens, reporting the `launched` kernels (of
+    /// `blocks` thread blocks in all) it made since its last request. Completes when the
+    /// scheduling policy lets it launch. Result: the tokens granted; result2: how long they
+    /// stay valid in µs (low 32 bits), and [`GOVERNED_LEASE`] when the grant holds a place in
+    /// the scheduler that the program gives back with `GovernedIdle` once its work is done.
+    GovernedTokens {
+        launched: u64,
+        blocks: u64,
+    },
+    /// A governed program synchronized: the work of its last grant is done (the scheduler
+    /// stops counting it in flight). Reports launches like `GovernedTokens`; grants nothing.
+    GovernedIdle {
+        launched: u64,
+        blocks: u64,
+    },
+    /// A governed program asks for a fair-share weight below what the policy grants
+    /// (`gpushare run --weight`); a larger one fails with `PermissionDenied`.
+    GovernedWeight {
+        weight: u32,
+    },
 }
+
+/// Set in a `GovernedTokens` result2: the grant is a lease to end with `GovernedIdle`.
+pub const GOVERNED_LEASE: u64 = 1 << 63;
 
 fn lo(w: u64) -> u32 {
     w as u32
@@ -342,6 +389,7 @@ impl Command {
         let (op, stream, args): (u16, u32, [u64; 6]) = match *self {
             Command::Nop => (NOP, 0, [0; 6]),
             Command::Alloc { bytes } => (ALLOC, 0, [bytes, 0, 0, 0, 0, 0]),
+            Command::AllocAt { bytes, ptr } => (ALLOC_AT, 0, [bytes, ptr, 0, 0, 0, 0]),
             Command::Free { ptr } => (FREE, 0, [ptr, 0, 0, 0, 0, 0]),
             Command::CopyHtoD {
                 stream,
@@ -395,6 +443,17 @@ impl Command {
                 period_ns,
                 deadline_ns,
             } => (DECLARE_DEADLINE, 0, [period_ns, deadline_ns, 0, 0, 0, 0]),
+            Command::GovernedReserve { bytes } => (GOVERNED_RESERVE, 0, [bytes, 0, 0, 0, 0, 0]),
+            Command::GovernedRelease { bytes } => (GOVERNED_RELEASE, 0, [bytes, 0, 0, 0, 0, 0]),
+            Command::GovernedTokens { launched, blocks } => {
+                (GOVERNED_TOKENS, 0, [launched, blocks, 0, 0, 0, 0])
+            }
+            Command::GovernedIdle { launched, blocks } => {
+                (GOVERNED_IDLE, 0, [launched, blocks, 0, 0, 0, 0])
+            }
+            Command::GovernedWeight { weight } => {
+                (GOVERNED_WEIGHT, 0, [weight as u64, 0, 0, 0, 0, 0])
+            }
             Command::LaunchModule { stream, launch } => (
                 LAUNCH_MODULE,
                 stream,
@@ -487,6 +546,10 @@ impl Command {
         Ok(match e.opcode {
             NOP => Command::Nop,
             ALLOC => Command::Alloc { bytes: a[0] },
+            ALLOC_AT => Command::AllocAt {
+                bytes: a[0],
+                ptr: a[1],
+            },
             FREE => Command::Free { ptr: a[0] },
             COPY_HTOD => Command::CopyHtoD {
                 stream: s,
@@ -560,6 +623,19 @@ impl Command {
                 }
                 Command::LaunchModule { stream: s, launch }
             }
+            GOVERNED_RESERVE => Command::GovernedReserve { bytes: a[0] },
+            GOVERNED_RELEASE => Command::GovernedRelease { bytes: a[0] },
+            GOVERNED_TOKENS => Command::GovernedTokens {
+                launched: a[0],
+                blocks: a[1],
+            },
+            GOVERNED_IDLE => Command::GovernedIdle {
+                launched: a[0],
+                blocks: a[1],
+            },
+            GOVERNED_WEIGHT => Command::GovernedWeight {
+                weight: u32::try_from(a[0]).map_err(|_| ErrorCode::InvalidArgument)?,
+            },
             KERNEL_FILL_F32 => launch(Kernel::FillF32 {
                 dst: a[0],
                 n: a[1],

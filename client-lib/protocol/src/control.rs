@@ -1,7 +1,7 @@
 //! Messages on the control socket (`SOCK_SEQPACKET`, one message per datagram, bincode).
 //!
 //! A session starts with the client's [`ClientMessage::Hello`] and the broker's
-//! [`BrokerMessage::Welcome`], which for a `Role::Client` carries three file descriptors by
+//! [`BrokerMessage::Welcome`], which for a `Role::Client` (or `Role::Governed`) carries three file descriptors by
 //! `SCM_RIGHTS`, in this order: the shared region (memfd, size sealed), the submission
 //! eventfd (client → broker) and the completion eventfd (broker → client).
 //!
@@ -21,6 +21,11 @@ pub const MAX_CONTROL_MESSAGE: usize = 1 << 20;
 /// Largest module image a client may load.
 pub const MAX_MODULE_IMAGE: u64 = 256 << 20;
 
+/// How the reason of a [`BrokerMessage::ShuttingDown`] ends when gpushared restarts itself
+/// after a GPU fault it cannot recover in place: it is back on the same socket shortly, and a
+/// client may reconnect (the client library's rebuild does so by itself).
+pub const RESTARTING: &str = "gpushared restarts, reconnect";
+
 /// Number of file descriptors that come with a client's `Welcome`.
 pub const WELCOME_FDS: usize = 3;
 
@@ -31,6 +36,10 @@ pub enum Role {
     Client,
     /// Only asks for status (the `gpushare` tool): gets no region.
     Monitor,
+    /// An unmodified program under `gpushare run`, through the libcuda interposer: it runs
+    /// its work on its own CUDA context and gets a region and rings like a client, over
+    /// which it asks for admission (`GovernedReserve`, `GovernedRelease`, `GovernedTokens`).
+    Governed,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -47,10 +47,14 @@ pub enum ErrorCode {
         "the GPU was reset after a fault; this client's device memory, streams, events and modules were lost"
     )]
     DeviceReset = 18,
+    #[error(
+        "the device address asked for is not available (another allocation holds part of it, or the device cannot place memory there)"
+    )]
+    AddressUnavailable = 19,
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 18] = [
+    pub const ALL: [ErrorCode; 19] = [
         ErrorCode::InvalidCommand,
         ErrorCode::InvalidArgument,
         ErrorCode::InvalidHandle,
@@ -69,6 +73,7 @@ impl ErrorCode {
         ErrorCode::Internal,
         ErrorCode::ProtocolViolation,
         ErrorCode::DeviceReset,
+        ErrorCode::AddressUnavailable,
     ];
 
     pub fn as_u32(self) -> u32 {

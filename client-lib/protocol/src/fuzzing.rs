@@ -429,6 +429,8 @@ fn status_report() -> StatusReport {
             queue_depth: 4,
             latency_p50_ns: Some(300),
             latency_p99_ns: None,
+            governed: true,
+            throttled_ns: 1_500_000,
         }],
         telemetry: TelemetryStatus {
             enabled: false,
@@ -506,6 +508,7 @@ pub fn client_messages() -> Vec<ClientMessage> {
             Some(1),
         )),
         ClientMessage::Hello(hello(Role::Monitor, None, None)),
+        ClientMessage::Hello(hello(Role::Governed, Some(PriorityClass::High), None)),
     ];
     for format in [ModuleFormat::Ptx, ModuleFormat::Cubin, ModuleFormat::Fatbin] {
         out.push(ClientMessage::LoadModule {
@@ -731,6 +734,7 @@ fn command_variant(c: &Command) -> &'static str {
     match c {
         Command::Nop => "nop",
         Command::Alloc { .. } => "alloc",
+        Command::AllocAt { .. } => "alloc_at",
         Command::Free { .. } => "free",
         Command::CopyHtoD { .. } => "copy_htod",
         Command::CopyDtoH { .. } => "copy_dtoh",
@@ -751,6 +755,11 @@ fn command_variant(c: &Command) -> &'static str {
         Command::DeclareDeadline { .. } => "declare_deadline",
         Command::Launch { kernel, .. } => kernel_variant(kernel),
         Command::LaunchModule { .. } => "launch_module",
+        Command::GovernedReserve { .. } => "governed_reserve",
+        Command::GovernedRelease { .. } => "governed_release",
+        Command::GovernedTokens { .. } => "governed_tokens",
+        Command::GovernedIdle { .. } => "governed_idle",
+        Command::GovernedWeight { .. } => "governed_weight",
     }
 }
 
@@ -760,6 +769,10 @@ pub fn commands() -> Vec<Command> {
     vec![
         Command::Nop,
         Command::Alloc { bytes: 1 << 40 },
+        Command::AllocAt {
+            bytes: 4096,
+            ptr: 0x7000_0000_0100,
+        },
         Command::Free { ptr: 0xdead_beef },
         Command::CopyHtoD {
             stream: 3,
@@ -880,6 +893,17 @@ pub fn commands() -> Vec<Command> {
                 params_len: 24,
             },
         },
+        Command::GovernedReserve { bytes: 3 << 30 },
+        Command::GovernedRelease { bytes: 1 << 20 },
+        Command::GovernedTokens {
+            launched: 64,
+            blocks: 8192,
+        },
+        Command::GovernedIdle {
+            launched: 3,
+            blocks: 96,
+        },
+        Command::GovernedWeight { weight: 2 },
     ]
 }
 
@@ -1115,7 +1139,7 @@ mod tests {
         let mut names: Vec<&str> = commands().iter().map(command_variant).collect();
         names.sort();
         names.dedup();
-        assert_eq!(names.len(), 29, "one seed per command and kernel");
+        assert_eq!(names.len(), 35, "one seed per command and kernel");
         for c in commands() {
             assert_eq!(Command::decode(&c.encode(1)), Ok(c));
         }

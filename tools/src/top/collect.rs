@@ -23,6 +23,9 @@ pub enum Kind {
     Observed,
     /// A broker client that also touches the device itself.
     Both,
+    /// An unmodified program under `gpushare run`: it uses the device itself, with the
+    /// broker's admission for its memory and launches.
+    Governed,
 }
 
 impl Kind {
@@ -31,6 +34,7 @@ impl Kind {
             Kind::Brokered => "brokered",
             Kind::Observed => "observed",
             Kind::Both => "both",
+            Kind::Governed => "governed",
         }
     }
 }
@@ -68,6 +72,8 @@ pub struct Row {
     pub latency_p99_ns: Option<u64>,
     pub ioctls_per_s: Option<f64>,
     pub errors: Option<u64>,
+    /// Fraction of the last interval a governed program waited for launch tokens.
+    pub throttled_share: Option<f64>,
 }
 
 /// One device's load, summed over the rows that run on it.
@@ -147,6 +153,7 @@ struct Counters {
     kernels: u64,
     bytes: u64,
     ioctls: u64,
+    throttled_ns: u64,
 }
 
 #[derive(Debug, Default)]
@@ -194,6 +201,7 @@ impl Deriver {
             let owns_ioctls = process.is_some() && ioctls_claimed.insert(c.pid);
             let counters = Counters {
                 gpu_time_ns: c.gpu_time_ns,
+                throttled_ns: c.throttled_ns,
                 kernels: c.kernels,
                 bytes: c.bytes_htod + c.bytes_dtoh + c.bytes_dtod,
                 ioctls: if owns_ioctls {
@@ -210,7 +218,9 @@ impl Deriver {
                 pid: c.pid,
                 user: c.user.clone(),
                 name: c.name.clone(),
-                kind: if process.is_some() {
+                kind: if c.governed {
+                    Kind::Governed
+                } else if process.is_some() {
                     Kind::Both
                 } else {
                     Kind::Brokered
@@ -233,6 +243,11 @@ impl Deriver {
                     None
                 },
                 errors: Some(c.errors),
+                throttled_share: if c.governed {
+                    span_ms.map(|ms| delta(counters.throttled_ns, base.throttled_ns) / ms / 1e6)
+                } else {
+                    None
+                },
             });
             now.insert(key, counters);
         }
@@ -277,6 +292,7 @@ impl Deriver {
                 latency_p99_ns: None,
                 ioctls_per_s: span_ms.map(|ms| per_s(counters.ioctls, base.ioctls, ms)),
                 errors: None,
+                throttled_share: None,
             });
             now.insert(key, counters);
         }
@@ -445,6 +461,8 @@ pub(crate) mod tests {
             queue_depth: 0,
             latency_p50_ns: None,
             latency_p99_ns: None,
+            governed: false,
+            throttled_ns: 0,
         }
     }
 

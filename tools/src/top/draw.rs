@@ -131,7 +131,7 @@ fn unit(v: f64) -> f64 {
 }
 
 /// Columns a narrow screen gives up first, so that COMMAND always keeps some room.
-const DROP_ORDER: [usize; 9] = [11, 12, 10, 13, 7, 3, 9, 4, 1];
+const DROP_ORDER: [usize; 10] = [14, 11, 12, 10, 13, 7, 3, 9, 4, 1];
 /// Width COMMAND keeps before other columns go.
 const MIN_NAME_WIDTH: u16 = 12;
 
@@ -179,6 +179,7 @@ fn draw_table(f: &mut Frame, area: Rect, state: &State) {
         let style = match r.kind {
             Kind::Observed => Style::new().fg(Color::Yellow),
             Kind::Both => Style::new().fg(Color::Magenta),
+            Kind::Governed => Style::new().fg(Color::Cyan),
             Kind::Brokered => Style::new(),
         };
         TableRow::new(
@@ -324,6 +325,10 @@ const HELP: &[(&str, &str)] = &[
     ("KIND", "brokered: runs its work through gpushared"),
     ("", "observed: uses the GPU directly (seen by eBPF)"),
     ("", "both: a broker client that also uses the GPU directly"),
+    (
+        "",
+        "governed: a program under `gpushare run` (its own context)",
+    ),
     ("GPU%", "share of the device's time over the last interval"),
     (
         "MEMORY/QUOTA",
@@ -338,6 +343,10 @@ const HELP: &[(&str, &str)] = &[
         "commands waiting; command latency percentiles",
     ),
     ("IOCTL/s", "NVIDIA driver calls per second (eBPF telemetry)"),
+    (
+        "THROT%",
+        "share of the interval a governed program waited to launch",
+    ),
     ("-", "not known: the broker does not report it (yet)"),
 ];
 

@@ -8,6 +8,7 @@
 
 mod builtins;
 mod error;
+mod placed;
 
 use std::cell::Cell;
 use std::collections::{BTreeMap, VecDeque};
@@ -29,6 +30,7 @@ pub use self::builtins::PREBUILT_PTX as BUILTIN_PTX;
 /// Hands the compiled built-in kernels to the next image of a restarting gpushared.
 pub use self::builtins::{HANDOVER_ENV as BUILTINS_HANDOVER_ENV, hand_over as hand_over_builtins};
 use self::error::{check, driver};
+use self::placed::PlacedMemory;
 use super::{Device, DeviceError, DeviceResult};
 use crate::shm::ArenaSlice;
 
@@ -99,6 +101,8 @@ pub struct CudaDevice {
     cublas: bool,
     /// Page-locked arenas: base address → length.
     registered: Mutex<BTreeMap<usize, usize>>,
+    /// Allocations placed at an address a client asked for ([`Device::alloc_at`]).
+    placed: Mutex<PlacedMemory>,
 }
 
 // SAFETY: the driver API is thread-safe; the raw handles are only used with the context made
@@ -213,6 +217,7 @@ impl CudaDevice {
             priorities,
             cublas,
             registered: Mutex::new(BTreeMap::new()),
+            placed: Mutex::new(PlacedMemory::default()),
         })
     }
 
@@ -487,8 +492,24 @@ impl Device for CudaDevice {
         unsafe { cu::malloc_sync(n) }.map_err(|e| driver("cuMemAlloc", e))
     }
 
+    fn alloc_at(&self, ptr: DevicePtr, bytes: u64) -> DeviceResult<u64> {
+        self.bind()?;
+        self.placed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .alloc_at(self.ordinal, ptr, bytes)
+    }
+
     fn free(&self, ptr: DevicePtr) -> DeviceResult<()> {
         self.bind()?;
+        let placed = self
+            .placed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .free(ptr);
+        if let Some(freed) = placed {
+            return freed;
+        }
         // SAFETY: the session only frees pointers this device returned for that client.
         unsafe { cu::free_sync(ptr) }.map_err(|e| driver("cuMemFree", e))
     }

@@ -1,6 +1,7 @@
 //! The sim device's memory: zero-initialised host buffers at made-up device addresses.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use gpushare_protocol::DevicePtr;
 
@@ -10,6 +11,46 @@ use crate::device::{DeviceError, DeviceResult};
 const BASE_ADDRESS: u64 = 0x7000_0000_0000;
 /// Allocation granularity (like cudaMalloc's 256-byte alignment).
 const ALIGN: u64 = 256;
+/// Where a restarting gpushared tells its next image to start handing out addresses (see
+/// [`next_address`]).
+pub const ADDRESS_HANDOVER_ENV: &str = "GPUSHARE_SIM_NEXT_ADDRESS";
+
+/// The next address any sim device of this process hands out. Shared by every sim GPU and
+/// never rewound, not even by a reset, and carried across a restart: a fresh allocation
+/// never lands where memory lost in a reset used to be, so a client rebuilding its state
+/// finds its old addresses free (as a new CUDA context's allocations land elsewhere). 0 until
+/// the first allocation.
+static NEXT_ADDRESS: AtomicU64 = AtomicU64::new(0);
+
+/// Where the next fresh allocation of this process goes: for handing to the next image of a
+/// restarting gpushared in [`ADDRESS_HANDOVER_ENV`].
+pub fn next_address() -> u64 {
+    let handed = std::env::var(ADDRESS_HANDOVER_ENV)
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .unwrap_or(0);
+    let first = BASE_ADDRESS.max(handed.div_ceil(ALIGN) * ALIGN);
+    let _ = NEXT_ADDRESS.compare_exchange(0, first, Ordering::AcqRel, Ordering::Acquire);
+    NEXT_ADDRESS.load(Ordering::Acquire)
+}
+
+/// Takes `span` bytes of fresh address space.
+fn take_addresses(span: u64) -> Option<u64> {
+    next_address();
+    NEXT_ADDRESS
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_add(span))
+        .ok()
+}
+
+/// Makes sure fresh allocations start at or above `end` (memory placed there on request).
+fn skip_addresses_below(end: u64) {
+    next_address();
+    let end = end
+        .div_ceil(ALIGN)
+        .saturating_mul(ALIGN)
+        .saturating_add(ALIGN);
+    NEXT_ADDRESS.fetch_max(end, Ordering::AcqRel);
+}
 
 /// A zeroed heap buffer whose allocation failure is reported, not aborted on.
 struct Buffer {
@@ -57,11 +98,11 @@ impl Drop for Buffer {
     }
 }
 
-/// All allocations of the sim device. Addresses are never reused, so a stale pointer can
-/// never alias a newer allocation.
+/// All allocations of the sim device. Fresh addresses are never reused (see
+/// [`NEXT_ADDRESS`]), so a stale pointer never aliases a newer fresh allocation; only
+/// [`SimMemory::alloc_at`] places memory at an address asked for.
 pub struct SimMemory {
     buffers: BTreeMap<u64, Buffer>,
-    next: u64,
     used: u64,
     capacity: u64,
 }
@@ -70,26 +111,56 @@ impl SimMemory {
     pub fn new(capacity: u64) -> SimMemory {
         SimMemory {
             buffers: BTreeMap::new(),
-            next: BASE_ADDRESS,
             used: 0,
             capacity,
         }
     }
 
-    pub fn alloc(&mut self, bytes: u64) -> DeviceResult<DevicePtr> {
-        let size = bytes.max(1);
+    /// A zeroed buffer of `size` bytes within the capacity.
+    fn buffer(&self, size: u64) -> DeviceResult<Buffer> {
         if self.used.saturating_add(size) > self.capacity {
             return Err(DeviceError::OutOfMemory);
         }
         let len = usize::try_from(size).map_err(|_| DeviceError::OutOfMemory)?;
-        let buffer = Buffer::zeroed(len).ok_or(DeviceError::OutOfMemory)?;
-        let ptr = self.next;
-        self.next = ptr
-            .checked_add(size.div_ceil(ALIGN) * ALIGN + ALIGN)
+        Buffer::zeroed(len).ok_or(DeviceError::OutOfMemory)
+    }
+
+    pub fn alloc(&mut self, bytes: u64) -> DeviceResult<DevicePtr> {
+        let size = bytes.max(1);
+        let buffer = self.buffer(size)?;
+        let span = size
+            .div_ceil(ALIGN)
+            .checked_mul(ALIGN)
+            .and_then(|s| s.checked_add(ALIGN))
             .ok_or(DeviceError::OutOfMemory)?;
+        let ptr = take_addresses(span).ok_or(DeviceError::OutOfMemory)?;
         self.buffers.insert(ptr, buffer);
         self.used += size;
         Ok(ptr)
+    }
+
+    /// Places `bytes` at exactly `ptr`: refused when any of the range overlaps a live
+    /// allocation (or is null, or wraps).
+    pub fn alloc_at(&mut self, ptr: DevicePtr, bytes: u64) -> DeviceResult<()> {
+        let size = bytes.max(1);
+        let end = ptr.checked_add(size).filter(|_| ptr != 0).ok_or_else(|| {
+            DeviceError::AddressUnavailable(format!(
+                "{size} bytes at {ptr:#x} are not a valid device range"
+            ))
+        })?;
+        let below = self.buffers.range(..end).next_back();
+        if let Some((&base, buf)) = below
+            && base + (buf.len as u64).max(1) > ptr
+        {
+            return Err(DeviceError::AddressUnavailable(format!(
+                "{size} bytes at {ptr:#x} overlap the allocation at {base:#x}"
+            )));
+        }
+        let buffer = self.buffer(size)?;
+        self.buffers.insert(ptr, buffer);
+        self.used += size;
+        skip_addresses_below(end);
+        Ok(())
     }
 
     pub fn free(&mut self, ptr: DevicePtr) -> DeviceResult<()> {
@@ -192,5 +263,39 @@ mod tests {
         let c = m.alloc(10).expect("fits");
         assert_ne!(c, a, "addresses are not reused");
         assert_eq!(m.used(), 1010);
+    }
+
+    #[test]
+    fn memory_is_placed_at_an_address_asked_for_only_where_nothing_lives() {
+        let mut m = SimMemory::new(1 << 20);
+        let a = m.alloc(1000).expect("fits");
+        m.free(a).expect("frees");
+        // After a reset (a new memory), the old address is free again: the same range back.
+        let mut after = SimMemory::new(1 << 20);
+        after.alloc_at(a, 1000).expect("old address free");
+        after.write(a + 996, &[7; 4]).expect("in bounds");
+        // Overlapping a live allocation, at either end, is refused with the typed error.
+        for (ptr, len) in [(a, 1), (a + 999, 8), (a - 8, 9), (a - 8, 2000)] {
+            assert!(
+                matches!(
+                    after.alloc_at(ptr, len),
+                    Err(DeviceError::AddressUnavailable(_))
+                ),
+                "{ptr:#x}+{len}"
+            );
+        }
+        assert!(matches!(
+            after.alloc_at(0, 8),
+            Err(DeviceError::AddressUnavailable(_))
+        ));
+        assert!(matches!(
+            after.alloc_at(u64::MAX - 4, 8),
+            Err(DeviceError::AddressUnavailable(_))
+        ));
+        // Right next to it is fine; a fresh allocation never lands on placed memory.
+        after.alloc_at(a + 1000, 24).expect("adjacent");
+        let fresh = after.alloc(64).expect("fits");
+        assert!(fresh >= a + 1024, "{fresh:#x} after {a:#x}");
+        assert_eq!(after.used(), 1000 + 24 + 64);
     }
 }

@@ -179,6 +179,12 @@ impl Device for SimDevice {
         st.memory.alloc(bytes)
     }
 
+    fn alloc_at(&self, ptr: DevicePtr, bytes: u64) -> DeviceResult<u64> {
+        let mut st = self.state();
+        Self::check_healthy(&st)?;
+        st.memory.alloc_at(ptr, bytes).map(|()| bytes)
+    }
+
     fn free(&self, ptr: DevicePtr) -> DeviceResult<()> {
         let mut st = self.state();
         Self::check_healthy(&st)?;

@@ -1,0 +1,656 @@
+//! Governed clients (`gpushare run`): the libcuda interposer in front of a stand-in driver.
+//!
+//! `c/standin_libcuda.c` is a fake libcuda (every wrapped entry point, counted, with fake
+//! device addresses; its `cuGetProcAddress` answers like the real driver's, versions and
+//! per-thread variants included). `c/governed_app.c` is an unmodified program that opens it
+//! with `dlopen` and finds its functions with `dlsym` and `cuGetProcAddress`, as the CUDA
+//! runtime does. Both are compiled here with the system C compiler.
+//!
+//! The scheduling tests run the program as a best-effort training loop (several threads,
+//! each entry-point variant) on a `--sim-realtime` broker beside a brokered client that keeps
+//! the sim busy, and compare what it launched and how long it was held with a run where
+//! nothing holds it.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use gpushare_tests::{Broker, BrokerOptions, binary, wait_until};
+
+/// Every libcuda entry point the issue asks the interposer to govern.
+const GOVERNED: &[&str] = &[
+    "cuInit",
+    "cuGetProcAddress",
+    "cuGetProcAddress_v2",
+    "cuMemAlloc_v2",
+    "cuMemAllocPitch_v2",
+    "cuMemFree_v2",
+    "cuMemAllocManaged",
+    "cuMemAllocAsync",
+    "cuMemAllocAsync_ptsz",
+    "cuMemAllocFromPoolAsync",
+    "cuMemAllocFromPoolAsync_ptsz",
+    "cuMemFreeAsync",
+    "cuMemFreeAsync_ptsz",
+    "cuMemCreate",
+    "cuMemRelease",
+    "cuLaunchKernel",
+    "cuLaunchKernel_ptsz",
+    "cuLaunchKernelEx",
+    "cuLaunchKernelEx_ptsz",
+    "cuLaunchCooperativeKernel",
+    "cuLaunchCooperativeKernel_ptsz",
+    "cuGraphLaunch",
+    "cuGraphLaunch_ptsz",
+    "cuCtxCreate_v2",
+    "cuCtxCreate_v3",
+    "cuCtxCreate_v4",
+    "cuDevicePrimaryCtxRetain",
+    "cuCtxSynchronize",
+    "cuCtxSynchronize_v2",
+    "cuStreamSynchronize",
+    "cuStreamSynchronize_ptsz",
+    "cuEventSynchronize",
+];
+
+const MIB: u64 = 1 << 20;
+
+struct Built {
+    _dir: tempfile::TempDir,
+    standin: PathBuf,
+    app: PathBuf,
+}
+
+/// The stand-in driver and the program, compiled once per test process.
+fn built() -> &'static Built {
+    static BUILT: OnceLock<Built> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("c");
+        let dir = tempfile::tempdir().expect("temp dir");
+        let cc = std::env::var_os("CC").unwrap_or_else(|| "cc".into());
+        let standin = dir.path().join("libcuda-standin.so");
+        let app = dir.path().join("governed_app");
+        // -Bsymbolic: the driver's own references to its functions stay its own, as in the
+        // real libcuda (the interposer's exports must not capture them).
+        let builds: [(Vec<&str>, PathBuf, &Path); 2] = [
+            (
+                vec!["-shared", "-fPIC", "-Wl,-Bsymbolic"],
+                src.join("standin_libcuda.c"),
+                &standin,
+            ),
+            (vec!["-ldl", "-pthread"], src.join("governed_app.c"), &app),
+        ];
+        for (flags, source, out) in builds {
+            let output = Command::new(&cc)
+                .arg("-Wall")
+                .arg("-o")
+                .arg(out)
+                .arg(&source)
+                .args(flags)
+                .output()
+                .unwrap_or_else(|e| {
+                    panic!(
+                        "cannot run the C compiler `{}` ({e}): these tests need one (install gcc or clang, or set CC)",
+                        cc.to_string_lossy()
+                    )
+                });
+            assert!(
+                output.status.success(),
+                "compiling {}: {}",
+                source.display(),
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        Built {
+            _dir: dir,
+            standin,
+            app,
+        }
+    })
+}
+
+fn interposer() -> PathBuf {
+    binary("libgpushare_interpose.so")
+}
+
+/// The program under `gpushare run` against `socket`, with `args` after the driver's path.
+fn governed_app(socket: &Path, run_args: &[&str], args: &[&str]) -> Command {
+    let b = built();
+    let mut cmd = Command::new(binary("gpushare"));
+    cmd.arg("--socket")
+        .arg(socket)
+        .arg("run")
+        .arg("--interposer")
+        .arg(interposer())
+        .args(run_args)
+        .arg("--")
+        .arg(&b.app)
+        .arg(&b.standin)
+        .args(args)
+        .env("GPUSHARE_REAL_LIBCUDA", &b.standin)
+        .env_remove("LD_PRELOAD");
+    cmd
+}
+
+fn text(output: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn the_interposer_exports_every_governed_entry_point() {
+    let path = std::ffi::CString::new(interposer().into_os_string().into_encoded_bytes())
+        .expect("path without NUL");
+    // SAFETY: a NUL-terminated path. The interposer has no constructors, and opened locally
+    // its exports (its `dlsym` among them) do not replace this process's.
+    let handle = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+    assert!(!handle.is_null(), "cannot dlopen the interposer");
+    let missing: Vec<&str> = GOVERNED
+        .iter()
+        .copied()
+        .filter(|name| {
+            let c = std::ffi::CString::new(*name).expect("name");
+            // SAFETY: a handle from dlopen and a NUL-terminated name.
+            unsafe { libc::dlsym(handle, c.as_ptr()) }.is_null()
+        })
+        .collect();
+    assert!(missing.is_empty(), "not exported: {missing:?}");
+}
+
+#[test]
+fn lookups_hand_out_the_wrapper_for_governed_functions_and_the_driver_for_others() {
+    let output = governed_app(Path::new("/nonexistent/gpushare.sock"), &[], &["symbols"])
+        .output()
+        .expect("run the program");
+    let (out, err) = text(&output);
+    assert!(output.status.success(), "{out}{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    // One line per lookup: every governed function comes back wrapped, in each version and
+    // per-thread variant; a function the interposer does not wrap comes back as the driver's.
+    for line in &lines {
+        if line.starts_with("cuDeviceGetCount") {
+            assert!(line.ends_with("-> real"), "{line}");
+        } else if line.contains("->") {
+            assert!(line.ends_with("-> wrapper"), "{line}");
+        }
+    }
+    for expected in [
+        "cuMemAlloc 12000 0 -> wrapper",
+        "cuLaunchKernel 12000 2 -> wrapper",
+        "cuCtxCreate 13000 0 -> wrapper",
+        "cuGetProcAddress 11030 0 -> wrapper",
+        "cuDeviceGetCount 12000 0 -> real",
+        // dlopen + dlsym finds the wrapper of cuGetProcAddress_v2 too.
+        "dlsym cuGetProcAddress_v2 -> wrapper",
+        "v1 cuMemAlloc 11030 0 -> wrapper",
+        // The wrapper reached the driver, once.
+        "forwarded cuMemAlloc_v2 0 1",
+    ] {
+        assert!(lines.contains(&expected), "missing `{expected}` in:\n{out}");
+    }
+    assert_eq!(lines.len(), 35, "{out}");
+}
+
+/// What `governed_app quota 1MiB` prints under a 3 MiB quota: each family counts against it,
+/// the allocation past it fails with CUDA_ERROR_OUT_OF_MEMORY (2) without reaching the driver,
+/// and frees make room again.
+const UNDER_QUOTA: &str = "\
+alloc classic 0
+alloc managed 0
+alloc async 0
+alloc pool 2
+driver pool calls 0
+free async 0
+alloc pool 0
+alloc vmm 2
+alloc pitch 2
+free classic 0
+alloc vmm 0
+free vmm 0
+alloc pitch 0
+free pitch 0
+free managed 0
+free pool 0
+";
+
+#[test]
+fn allocations_past_the_quota_fail_with_out_of_memory_and_succeed_after_a_free() {
+    let broker = Broker::start_with(BrokerOptions {
+        policy: Some(format!("[defaults]\nmemory_quota = {}\n", 3 * MIB)),
+        ..Default::default()
+    });
+    broker.dump_log_if_stuck(Duration::from_secs(60));
+    let output = governed_app(&broker.socket, &[], &["quota", &MIB.to_string()])
+        .output()
+        .expect("run the program");
+    let (out, err) = text(&output);
+    assert!(output.status.success(), "{out}{err}");
+    assert_eq!(out, UNDER_QUOTA, "stderr: {err}");
+    assert!(!err.contains("unmanaged"), "{err}");
+    assert!(
+        wait_until(Duration::from_secs(5), || broker
+            .status()
+            .clients
+            .is_empty()),
+        "the governed session did not end with the program"
+    );
+}
+
+#[test]
+fn a_governed_program_shows_in_status_with_its_memory_launches_and_grant() {
+    let broker = Broker::start_with(BrokerOptions {
+        policy: Some("[defaults]\nweight = 4\nmemory_quota = \"1 GiB\"\n".into()),
+        ..Default::default()
+    });
+    broker.dump_log_if_stuck(Duration::from_secs(60));
+    let mut child = governed_app(
+        &broker.socket,
+        &[
+            "--class",
+            "best-effort",
+            "--weight",
+            "2",
+            "--name",
+            "governed-trainer",
+        ],
+        &["hold", "50", &(5 * MIB).to_string()],
+    )
+    .stdin(Stdio::piped())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .expect("start the program");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    assert_eq!(
+        lines.next().and_then(Result::ok).as_deref(),
+        Some("ready"),
+        "the program did not get ready"
+    );
+    // Launches are reported when the program synchronizes (it did, before "ready").
+    let mut report = broker.status();
+    assert!(wait_until(Duration::from_secs(5), || {
+        report = broker.status();
+        report.clients.first().is_some_and(|c| c.kernels == 50)
+    }));
+    let c = &report.clients[0];
+    assert!(c.governed, "{c:?}");
+    assert_eq!(c.name, "governed-trainer");
+    assert_eq!(
+        c.pid,
+        child.id() as i32,
+        "the program itself, not a launcher"
+    );
+    assert_eq!(c.class, gpushare::PriorityClass::BestEffort);
+    assert_eq!(c.weight, 2, "asked for less than the policy's 4");
+    assert_eq!(c.memory_used, 5 * MIB);
+    assert_eq!(c.memory_quota, Some(1 << 30));
+
+    let table = Command::new(binary("gpushare"))
+        .arg("--socket")
+        .arg(&broker.socket)
+        .arg("clients")
+        .output()
+        .expect("gpushare clients");
+    let (table, _) = text(&table);
+    let row = table
+        .lines()
+        .find(|l| l.contains("governed-trainer"))
+        .unwrap_or_default();
+    assert!(
+        row.contains("governed") && row.contains("best-effort"),
+        "{table}"
+    );
+
+    writeln!(child.stdin.as_mut().expect("stdin"), "done").expect("tell the program");
+    let status = child.wait().expect("wait");
+    assert!(status.success(), "{status}");
+    assert!(wait_until(Duration::from_secs(5), || broker
+        .status()
+        .clients
+        .is_empty()));
+}
+
+#[test]
+fn without_a_broker_the_program_runs_unmanaged_after_one_warning() {
+    let output = governed_app(
+        Path::new("/nonexistent/gpushare.sock"),
+        &[],
+        &["quota", &MIB.to_string()],
+    )
+    .output()
+    .expect("run the program");
+    let (out, err) = text(&output);
+    assert!(output.status.success(), "{out}{err}");
+    // No quota without a broker: every allocation reaches the driver and succeeds.
+    for line in out
+        .lines()
+        .filter(|l| l.starts_with("alloc") || l.starts_with("free"))
+    {
+        assert!(line.ends_with(" 0"), "{line}\n{out}");
+    }
+    assert!(out.contains("driver pool calls 1"), "{out}");
+    let warnings: Vec<&str> = err.lines().filter(|l| l.starts_with("gpushare:")).collect();
+    assert_eq!(
+        warnings,
+        [
+            "gpushare: broker not running at /nonexistent/gpushare.sock (No such file or directory (os error 2)); this program runs unmanaged"
+        ],
+        "{err}"
+    );
+}
+
+#[test]
+fn asking_for_a_more_important_class_than_granted_warns_once_and_runs_as_granted() {
+    let broker = Broker::start_with(BrokerOptions {
+        policy: Some("[defaults]\nclass = \"normal\"\n".into()),
+        ..Default::default()
+    });
+    broker.dump_log_if_stuck(Duration::from_secs(60));
+    let mut child = governed_app(&broker.socket, &["--class", "high"], &["hold", "1", "4096"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the program");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    assert_eq!(lines.next().and_then(Result::ok).as_deref(), Some("ready"));
+    let report = broker.status();
+    assert_eq!(report.clients.len(), 1, "{report:?}");
+    assert_eq!(report.clients[0].class, gpushare::PriorityClass::Normal);
+    writeln!(child.stdin.as_mut().expect("stdin"), "done").expect("tell the program");
+    let output = child.wait_with_output().expect("wait");
+    assert!(output.status.success(), "{}", output.status);
+    let (_, err) = text(&output);
+    let warnings: Vec<&str> = err.lines().filter(|l| l.starts_with("gpushare:")).collect();
+    assert_eq!(
+        warnings,
+        [
+            "gpushare: asked for class high, but the broker's policy grants this user at most normal; this program runs as normal (an administrator can raise the grant in the policy file)"
+        ],
+        "{err}"
+    );
+}
+
+#[test]
+fn interpose_debug_tells_how_each_governed_function_was_reached() {
+    let broker = Broker::start();
+    broker.dump_log_if_stuck(Duration::from_secs(60));
+    let output = governed_app(&broker.socket, &[], &["loop", "50", "3", "mixed", "4"])
+        .env("GPUSHARE_INTERPOSE_DEBUG", "1")
+        .output()
+        .expect("run the program");
+    let (out, err) = text(&output);
+    assert!(output.status.success(), "{out}{err}");
+    let debug: Vec<&str> = err
+        .lines()
+        .filter_map(|l| l.strip_prefix("gpushare-debug: "))
+        .collect();
+    // Each entry point once, at its first call, with the lookup that handed it out.
+    for expected in [
+        "first call of cuGetProcAddress_v2 (thread ",
+        "first call of cuInit (thread ",
+        "first call of cuLaunchKernel (thread ",
+        "first call of cuLaunchKernel_ptsz (thread ",
+        "first call of cuLaunchKernelEx (thread ",
+        "first call of cuCtxSynchronize (thread ",
+    ] {
+        let found: Vec<&&str> = debug.iter().filter(|l| l.starts_with(expected)).collect();
+        assert_eq!(found.len(), 1, "`{expected}` in:\n{err}");
+    }
+    let line = |prefix: &str| {
+        debug
+            .iter()
+            .find(|l| l.starts_with(prefix))
+            .copied()
+            .unwrap_or_default()
+    };
+    assert!(
+        line("first call of cuGetProcAddress_v2 ")
+            .ends_with(r#"obtained via dlsym(libcuda, "cuGetProcAddress_v2")"#),
+        "{err}"
+    );
+    assert!(
+        line("first call of cuLaunchKernel_ptsz ").ends_with(
+            r#"obtained via cuGetProcAddress_v2("cuLaunchKernel", version 12000, flags 0x2)"#
+        ),
+        "{err}"
+    );
+    assert!(
+        debug
+            .iter()
+            .any(|l| l.contains("connected to the broker") && l.contains("class normal")),
+        "{err}"
+    );
+    // The summary at exit: governed, and every launch reported.
+    let launched: u64 = out
+        .strip_prefix("launched ")
+        .and_then(|n| n.trim().parse().ok())
+        .expect("launch count");
+    let exit = line("at exit ");
+    assert!(exit.contains("governed as client"), "{err}");
+    assert!(
+        exit.contains(&format!("launches reported {launched} (+0 not yet)")),
+        "{launched} launches: {err}"
+    );
+}
+
+#[test]
+fn interpose_debug_names_a_lookup_it_cannot_wrap() {
+    let broker = Broker::start();
+    broker.dump_log_if_stuck(Duration::from_secs(60));
+    let output = governed_app(&broker.socket, &[], &["internal"])
+        .env("GPUSHARE_INTERPOSE_DEBUG", "1")
+        .output()
+        .expect("run the program");
+    let (out, err) = text(&output);
+    assert!(output.status.success(), "{out}{err}");
+    assert_eq!(out, "internal launch 0\n");
+    // The launch went around the interposer, and the diagnostics say where to.
+    let missed: Vec<&str> = err.lines().filter(|l| l.contains("NOT governed")).collect();
+    assert_eq!(missed.len(), 1, "{err}");
+    assert!(
+        missed[0].starts_with(
+            r#"gpushare-debug: cuGetProcAddress_v2("cuLaunchKernel", version 13050, flags 0x0) -> 0x"#
+        ) && missed[0].contains("(standin_internal_cuLaunchKernel+0x0 in ")
+            && missed[0].ends_with(
+                "is not a libcuda function the interposer wraps: calls through it are NOT governed"
+            ),
+        "{err}"
+    );
+    assert!(
+        !err.contains("first call of cuLaunchKernel"),
+        "the wrapper was not called: {err}"
+    );
+}
+
+/// A governed training loop (`governed_app loop MS THREADS mixed BLOCKS`) as a best-effort
+/// client, with `meanwhile` run while it runs: its launch count, and its row in status before
+/// it exits (after its last synchronization reported every launch).
+fn best_effort_loop(
+    broker: &Broker,
+    ms: u32,
+    threads: u32,
+    blocks: u64,
+    meanwhile: impl FnOnce(),
+) -> (u64, gpushare::ClientStats) {
+    let mut child = governed_app(
+        &broker.socket,
+        &["--class", "best-effort", "--name", "trainer"],
+        &[
+            "loop",
+            &ms.to_string(),
+            &threads.to_string(),
+            "mixed",
+            &blocks.to_string(),
+        ],
+    )
+    .stdin(Stdio::piped())
+    .stdout(Stdio::piped())
+    .spawn()
+    .expect("start the program");
+    meanwhile();
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let line = lines.next().and_then(Result::ok).unwrap_or_default();
+    let launched: u64 = line
+        .strip_prefix("launched ")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("the program printed `{line}`"));
+    let mut row = None;
+    assert!(
+        wait_until(Duration::from_secs(5), || {
+            row = broker
+                .status()
+                .clients
+                .into_iter()
+                .find(|c| c.name == "trainer" && c.kernels == launched);
+            row.is_some()
+        }),
+        "status never showed the program's {launched} launches: {:?}",
+        broker.status().clients
+    );
+    drop(child.stdin.take());
+    let status = child.wait().expect("wait");
+    assert!(status.success(), "{status}");
+    (launched, row.expect("row"))
+}
+
+/// A brokered client of `class` with `work` of 20 ms spin kernels queued at once (its ring
+/// holds them all): busy from the moment this returns for about that long. Returns what waits
+/// for the work to be done.
+///
+/// Long kernels keep the scheduler's view true: on the sim device a kernel runs while it is
+/// launched, so between two of them the dispatcher sees nothing in flight for a moment, and a
+/// waiting best-effort request may pass then (as it may on a GPU in a real gap).
+fn spin_for(broker: &Broker, class: gpushare::PriorityClass, work: Duration) -> impl FnOnce() {
+    const KERNEL: Duration = Duration::from_millis(20);
+    let client = gpushare::Client::connect_with(gpushare::ConnectOptions {
+        class: Some(class),
+        ..broker.options("spinner")
+    })
+    .expect("connect the spinner");
+    let kernels = work.as_millis().div_ceil(KERNEL.as_millis());
+    let stream = client.default_stream();
+    for _ in 0..kernels {
+        stream
+            .launch(gpushare::Kernel::Spin {
+                micros: KERNEL.as_micros() as u64,
+                blocks: 1,
+            })
+            .expect("launch");
+    }
+    // Under way once the first kernel has run (the broker counts a kernel when its launch
+    // returns, on the sim when it is done).
+    assert!(
+        wait_until(Duration::from_secs(5), || broker
+            .status()
+            .clients
+            .iter()
+            .any(|c| c.name == "spinner" && c.kernels >= 1)),
+        "the spinner's work did not start"
+    );
+    move || {
+        stream.synchronize().expect("the spinner's work");
+        drop(stream);
+        drop(client);
+    }
+}
+
+fn sim_realtime_broker(policy: &str) -> Broker {
+    let broker = Broker::start_with(BrokerOptions {
+        policy: Some(policy.into()),
+        // Kernels take their modelled time on the wall clock, so the spinner is busy while its
+        // queued kernels last.
+        extra_args: vec!["--sim-realtime".into()],
+        backend: Some("sim".into()),
+        ..Default::default()
+    });
+    broker.dump_log_if_stuck(Duration::from_secs(60));
+    broker
+}
+
+#[test]
+fn a_best_effort_governed_program_is_held_while_high_priority_work_is_in_flight() {
+    let broker = sim_realtime_broker("scheduler = \"priority\"\n[defaults]\nclass = \"high\"\n");
+    // The high-priority client connected but idle: the program's launches are scheduled
+    // (two clients), and nothing holds them.
+    // A client alone on its GPU is not scheduled at all: this one, connected throughout,
+    // makes sure every launch of the others is.
+    let _idle = broker.client_named("idle");
+    let (free, free_row) = best_effort_loop(&broker, 400, 2, 4, || {});
+    // The high-priority client busy for 1.5 s from before the program starts (the program's
+    // loop takes 0.4 s): the program's launches wait for gaps in its work, and the waits show
+    // as throttled time.
+    let (held, held_row) = best_effort_loop(
+        &broker,
+        400,
+        2,
+        4,
+        spin_for(
+            &broker,
+            gpushare::PriorityClass::High,
+            Duration::from_secs(1),
+        ),
+    );
+    println!(
+        "best-effort governed loop: {free} launches beside an idle high-priority client (throttled {} ns), {held} beside a busy one (throttled {} ns)",
+        free_row.throttled_ns, held_row.throttled_ns
+    );
+    assert!(held_row.governed && held_row.class == gpushare::PriorityClass::BestEffort);
+    // The program is held except in the gaps of the high-priority work (more of them when
+    // the machine's CPUs are busy and the spinner's thread waits for one): its launches fall
+    // and its waits grow, by a wide margin on a quiet machine (~100x), and always some.
+    assert!(
+        held_row.throttled_ns > 0 && held_row.throttled_ns > free_row.throttled_ns,
+        "throttled {} ns beside busy high-priority work, {} ns beside idle",
+        held_row.throttled_ns,
+        free_row.throttled_ns
+    );
+    assert!(held < free, "{held} launches while held, {free} while free");
+}
+
+#[test]
+fn tgs_rate_control_paces_a_best_effort_governed_program_beside_a_high_priority_one() {
+    // PACK runs every client's work at once and never holds one class for another: what
+    // changes between the two runs is only the other client's class, and with it the TGS rate
+    // limit on best-effort thread blocks (binding while a high-priority client has work in
+    // flight). Each launch is a huge grid, far past the limiter's bucket.
+    let broker = sim_realtime_broker("scheduler = \"pack\"\n[defaults]\nclass = \"high\"\n");
+    let blocks = 1u64 << 28;
+    // A client alone on its GPU is not scheduled at all: this one, connected throughout,
+    // makes sure every launch of the others is.
+    let _idle = gpushare::Client::connect_with(gpushare::ConnectOptions {
+        class: Some(gpushare::PriorityClass::Normal),
+        ..broker.options("idle")
+    })
+    .expect("connect");
+    let run = |class| {
+        best_effort_loop(
+            &broker,
+            400,
+            1,
+            blocks,
+            spin_for(&broker, class, Duration::from_millis(1500)),
+        )
+    };
+    let (beside_normal, normal_row) = run(gpushare::PriorityClass::Normal);
+    let (beside_high, high_row) = run(gpushare::PriorityClass::High);
+    println!(
+        "best-effort governed loop of {blocks}-block launches: {beside_normal} launches beside a busy normal client (throttled {} ns), {beside_high} beside a busy high one (throttled {} ns)",
+        normal_row.throttled_ns, high_row.throttled_ns
+    );
+    // As in the priority test, only gaps in the high-priority work let it through.
+    assert!(
+        high_row.throttled_ns > 0 && high_row.throttled_ns > normal_row.throttled_ns,
+        "throttled {} ns beside high, {} ns beside normal",
+        high_row.throttled_ns,
+        normal_row.throttled_ns
+    );
+    assert!(
+        beside_high < beside_normal,
+        "{beside_high} launches rate-limited, {beside_normal} not"
+    );
+}
