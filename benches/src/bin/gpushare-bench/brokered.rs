@@ -5,6 +5,7 @@ use std::time::Instant;
 use anyhow::Result;
 use gpushare::{Client, ConnectOptions, ModuleFormat};
 use gpushare_broker::device::cuda::BUILTIN_PTX;
+use gpushare_protocol::Kernel;
 use serde_json::{Value, json};
 
 use crate::workload::{self, COPY_SIZES};
@@ -75,21 +76,32 @@ pub fn copy(quick: bool) -> Result<Value> {
     Ok(json!({"pinned": pinned_out, "pageable": pageable_out}))
 }
 
+/// Allocates an iteration's buffers through `client`, zeroed, and builds its kernels (the
+/// buffers must outlive the kernels' use).
+pub fn prepare_iteration(
+    client: &Client,
+    stream: &gpushare::Stream,
+    it: &workload::Iteration,
+) -> Result<(Vec<gpushare::DeviceBuffer<f32>>, Vec<Kernel>)> {
+    let buffers: Vec<gpushare::DeviceBuffer<f32>> = it
+        .buffers
+        .iter()
+        .map(|b| client.alloc::<f32>(b.elems))
+        .collect::<Result<_, _>>()?;
+    for b in &buffers {
+        b.memset(stream, 0)?;
+    }
+    let ptrs: Vec<u64> = buffers.iter().map(|b| b.ptr()).collect();
+    let kernels = (it.kernels)(&ptrs);
+    Ok((buffers, kernels))
+}
+
 pub fn iteration(quick: bool) -> Result<Value> {
     let client = connect(0)?;
     let stream = client.create_stream()?;
     let mut out = serde_json::Map::new();
     for it in workload::iterations() {
-        let bufs: Vec<gpushare::DeviceBuffer<f32>> = it
-            .buffers
-            .iter()
-            .map(|b| client.alloc::<f32>(b.elems))
-            .collect::<Result<_, _>>()?;
-        for b in &bufs {
-            b.memset(&stream, 0)?;
-        }
-        let ptrs: Vec<u64> = bufs.iter().map(|b| b.ptr()).collect();
-        let kernels = (it.kernels)(&ptrs);
+        let (_buffers, kernels) = prepare_iteration(&client, &stream, &it)?;
         let run = || -> Result<f64> {
             let t = Instant::now();
             for k in &kernels {

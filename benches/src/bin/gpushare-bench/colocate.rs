@@ -88,16 +88,7 @@ impl Engine {
                 let mut stream = dev
                     .create_stream(PriorityClass::Normal)
                     .map_err(|e| anyhow!("{e}"))?;
-                let ptrs: Vec<u64> = it
-                    .buffers
-                    .iter()
-                    .map(|b| dev.alloc(b.elems as u64 * 4).map_err(|e| anyhow!("{e}")))
-                    .collect::<Result<_>>()?;
-                for &p in &ptrs {
-                    dev.memset(&mut stream, p, 0, 4)
-                        .map_err(|e| anyhow!("{e}"))?;
-                }
-                let kernels = (it.kernels)(&ptrs);
+                let (_, kernels) = crate::direct::prepare_iteration(&dev, &mut stream, &it)?;
                 Ok(Engine::Direct {
                     dev,
                     stream,
@@ -119,16 +110,7 @@ impl Engine {
                     None => opts,
                 })?;
                 let stream = client.create_stream()?;
-                let buffers: Vec<gpushare::DeviceBuffer<f32>> = it
-                    .buffers
-                    .iter()
-                    .map(|b| client.alloc::<f32>(b.elems))
-                    .collect::<Result<_, _>>()?;
-                for b in &buffers {
-                    b.memset(&stream, 0)?;
-                }
-                let ptrs: Vec<u64> = buffers.iter().map(|b| b.ptr()).collect();
-                let kernels = (it.kernels)(&ptrs);
+                let (buffers, kernels) = crate::brokered::prepare_iteration(&client, &stream, &it)?;
                 Ok(Engine::Broker {
                     client,
                     stream,

@@ -7,8 +7,8 @@ use anyhow::{Context, Result, anyhow};
 use cudarc::driver::result as cu;
 use cudarc::driver::sys;
 use gpushare_broker::device::Device;
-use gpushare_broker::device::cuda::{BUILTIN_PTX, CudaDevice};
-use gpushare_protocol::PriorityClass;
+use gpushare_broker::device::cuda::{BUILTIN_PTX, CudaDevice, CudaStream};
+use gpushare_protocol::{Kernel, PriorityClass};
 use serde_json::{Value, json};
 
 use crate::workload::{self, COPY_SIZES};
@@ -170,6 +170,24 @@ pub fn copy(quick: bool) -> Result<Value> {
     Ok(json!({"pinned": pinned_out, "pageable": pageable_out}))
 }
 
+/// Allocates an iteration's buffers on `dev` (their first word zeroed) and builds its kernels.
+pub fn prepare_iteration(
+    dev: &CudaDevice,
+    stream: &mut CudaStream,
+    it: &workload::Iteration,
+) -> Result<(Vec<u64>, Vec<Kernel>)> {
+    let ptrs: Vec<u64> = it
+        .buffers
+        .iter()
+        .map(|b| dev.alloc(b.elems as u64 * 4).map_err(|e| anyhow!("{e}")))
+        .collect::<Result<_>>()?;
+    for &p in &ptrs {
+        dev.memset(stream, p, 0, 4).map_err(|e| anyhow!("{e}"))?;
+    }
+    let kernels = (it.kernels)(&ptrs);
+    Ok((ptrs, kernels))
+}
+
 /// DNN-like iterations through the same device layer the broker uses (cuBLAS GEMMs and the
 /// built-in kernels), called directly in this process.
 pub fn iteration(quick: bool) -> Result<Value> {
@@ -179,16 +197,7 @@ pub fn iteration(quick: bool) -> Result<Value> {
         .map_err(|e| anyhow!("{e}"))?;
     let mut out = serde_json::Map::new();
     for it in workload::iterations() {
-        let ptrs: Vec<u64> = it
-            .buffers
-            .iter()
-            .map(|b| dev.alloc(b.elems as u64 * 4).map_err(|e| anyhow!("{e}")))
-            .collect::<Result<_>>()?;
-        for &p in &ptrs {
-            dev.memset(&mut stream, p, 0, 4)
-                .map_err(|e| anyhow!("{e}"))?;
-        }
-        let kernels = (it.kernels)(&ptrs);
+        let (ptrs, kernels) = prepare_iteration(&dev, &mut stream, &it)?;
         let run = || -> Result<f64> {
             let t = Instant::now();
             for k in &kernels {
