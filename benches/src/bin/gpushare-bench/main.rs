@@ -9,6 +9,7 @@ mod brokered;
 mod colocate;
 mod direct;
 mod report;
+mod trace;
 mod workload;
 
 use std::path::{Path, PathBuf};
@@ -33,6 +34,9 @@ pub enum Scenario {
     /// clients, each its own process: dedicated vs time-slicing (the `direct` mode) vs MPS
     /// vs gpushare (priority policy).
     Colocate,
+    /// Salus-style trace: jobs arriving online, each its own client, under gpushared's FIFO,
+    /// SRTF and PACK policies; mean job completion time.
+    Trace,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -89,6 +93,12 @@ struct Cli {
     /// sleeping, in µs (the client library's default otherwise).
     #[arg(long)]
     hp_spin_us: Option<u64>,
+    /// trace: how many jobs.
+    #[arg(long, default_value_t = 24)]
+    trace_jobs: usize,
+    /// trace: the scheduling policies to compare.
+    #[arg(long, value_delimiter = ',', default_values_t = ["fifo".to_string(), "srtf".to_string(), "pack".to_string()])]
+    trace_policies: Vec<String>,
     /// colocate: the scheduling policy gpushared runs.
     #[arg(long, default_value = "priority")]
     colocate_scheduler: String,
@@ -105,6 +115,14 @@ enum Cmd {
         mode: Mode,
         #[arg(long)]
         quick: bool,
+    },
+    /// Runs every job of the trace against `$GPUSHARE_SOCKET` (used by the orchestrator).
+    #[command(hide = true)]
+    TraceWorker {
+        #[arg(long)]
+        seed: u64,
+        #[arg(long)]
+        jobs: usize,
     },
     /// Runs one process of a colocate setup (used by the orchestrator).
     #[command(hide = true)]
@@ -138,6 +156,10 @@ fn main() -> std::process::ExitCode {
 
 fn run() -> Result<()> {
     let cli = Cli::parse();
+    if let Some(Cmd::TraceWorker { seed, jobs }) = &cli.command {
+        println!("{}", trace::worker(*seed, *jobs)?);
+        return Ok(());
+    }
     if let Some(Cmd::ColocateWorker {
         via,
         role,
@@ -178,7 +200,9 @@ fn run() -> Result<()> {
             (Scenario::Copy, _) => direct::copy(quick),
             (Scenario::Iteration, _) => direct::iteration(quick),
             (Scenario::Probe, _) => direct::probe(),
-            (Scenario::Colocate, _) => bail!("colocate runs through colocate-worker"),
+            (Scenario::Colocate | Scenario::Trace, _) => {
+                bail!("colocate and trace run through their own workers")
+            }
         }?;
         println!("{result}");
         return Ok(());
@@ -196,6 +220,10 @@ fn orchestrate(cli: &Cli) -> Result<()> {
     eprintln!("gpushare-bench on {machine}");
     let mut results = serde_json::Map::new();
     for &scenario in &cli.scenarios {
+        if scenario == Scenario::Trace {
+            results.insert(name(scenario).into(), trace_rounds(cli, &me, &broker_bin)?);
+            continue;
+        }
         if scenario == Scenario::Colocate {
             results.insert(
                 name(scenario).into(),
@@ -277,6 +305,7 @@ pub fn name(s: Scenario) -> &'static str {
         Scenario::Iteration => "iteration",
         Scenario::Probe => "probe",
         Scenario::Colocate => "colocate",
+        Scenario::Trace => "trace",
     }
 }
 
@@ -441,6 +470,61 @@ fn colocate_rounds(cli: &Cli, me: &Path, broker_bin: &Path) -> Result<Value> {
         "be_workloads": cli.be_workloads,
         "be_counts": cli.be_counts,
         "scheduler": cli.colocate_scheduler,
+        "median": report::median_of(&rounds),
+        "rounds": rounds,
+    }))
+}
+
+/// The trace scenario: the same jobs under each policy, the policies taking turns per round.
+fn trace_rounds(cli: &Cli, me: &Path, broker_bin: &Path) -> Result<Value> {
+    let policy_dir = tempfile::tempdir()?;
+    let mut rounds = Vec::new();
+    for round in 1..=cli.rounds.max(1) {
+        let mut r = serde_json::Map::new();
+        for policy in &cli.trace_policies {
+            let file = policy_dir.path().join(format!("{policy}.toml"));
+            std::fs::write(&file, format!("scheduler = \"{policy}\"\n"))?;
+            let mut args = cli.broker_args.clone();
+            args.push("--config".into());
+            args.push(file.display().to_string());
+            let started = Instant::now();
+            eprintln!("[trace round {round}] {policy} …");
+            let outcome = with_broker(broker_bin, &args, |socket| {
+                let out = Command::new(me)
+                    .args(["trace-worker", "--seed", "7", "--jobs"])
+                    .arg(cli.trace_jobs.to_string())
+                    .env("GPUSHARE_SOCKET", socket)
+                    .stderr(Stdio::inherit())
+                    .output()
+                    .context("cannot start the trace worker")?;
+                if !out.status.success() {
+                    bail!("trace worker exited with {}", out.status);
+                }
+                let text = String::from_utf8_lossy(&out.stdout);
+                let line = text.lines().last().unwrap_or_default();
+                serde_json::from_str::<Value>(line)
+                    .with_context(|| format!("trace worker printed no JSON: {text}"))
+            });
+            let v = match outcome {
+                Ok(v) => {
+                    eprintln!(
+                        "[trace round {round}] {policy} done in {:.1?}",
+                        started.elapsed()
+                    );
+                    v
+                }
+                Err(e) => {
+                    eprintln!("[trace round {round}] {policy} FAILED: {e:#}");
+                    json!({"error": format!("{e:#}")})
+                }
+            };
+            r.insert(policy.clone(), v);
+        }
+        rounds.push(Value::Object(r));
+    }
+    Ok(json!({
+        "jobs": cli.trace_jobs,
+        "policies": cli.trace_policies,
         "median": report::median_of(&rounds),
         "rounds": rounds,
     }))

@@ -129,6 +129,9 @@ pub fn markdown(doc: &Value) -> String {
             let _ = writeln!(out, "| {k} | {} |", fmt(v.as_f64(), 2));
         }
     }
+    if let Some(t) = results.get("trace") {
+        trace(&mut out, t);
+    }
     if let Some(c) = results.get("colocate") {
         colocate(&mut out, c);
     }
@@ -245,6 +248,46 @@ fn colocate(out: &mut String, c: &Value) {
             );
         }
     }
+}
+
+/// The trace table: mean JCT per policy and its ratio to SRTF's.
+fn trace(out: &mut String, t: &Value) {
+    let m = &t["median"];
+    let srtf = get(m, &["srtf", "mean_jct_ms"]);
+    let _ = writeln!(
+        out,
+        "\n### trace: {} jobs arriving online (Salus-style), job completion time\n\n\
+         | policy | mean JCT ms | mean JCT, short jobs ms | p50 JCT ms | max JCT ms | makespan ms | mean JCT / SRTF's |\n\
+         |---|---|---|---|---|---|---|",
+        t["jobs"]
+    );
+    for policy in t["policies"].as_array().into_iter().flatten() {
+        let Some(p) = policy.as_str() else { continue };
+        let v = &m[p];
+        if let Some(e) = v.get("error") {
+            let _ = writeln!(out, "| {p} | FAILED: {e} | | | | | |");
+            continue;
+        }
+        let mean = get(v, &["mean_jct_ms"]);
+        let _ = writeln!(
+            out,
+            "| {p} | {} | {} | {} | {} | {} | {} |",
+            fmt(mean, 1),
+            fmt(get(v, &["mean_jct_short_ms"]), 1),
+            fmt(get(v, &["p50_jct_ms"]), 1),
+            fmt(get(v, &["max_jct_ms"]), 1),
+            fmt(get(v, &["makespan_ms"]), 1),
+            ratio(mean, srtf),
+        );
+    }
+    let _ = writeln!(
+        out,
+        "\nGPU work in the trace: {} ms.",
+        fmt(
+            get(m, &["srtf", "gpu_work_ms"]).or(get(m, &["fifo", "gpu_work_ms"])),
+            0
+        )
+    );
 }
 
 fn counts_first(c: &Value) -> u64 {
