@@ -25,9 +25,13 @@ use crate::sched::{
     builtin_profile,
 };
 
-/// How long a waiting data thread sleeps before looking at its own finished work again
-/// (its completions may be what holds its next kernel back).
+/// How long a waiting data thread with work of its own on the GPU sleeps before looking at
+/// its finished work again (its completions may be what holds its next kernel back).
 const WAIT_SLICE: Duration = Duration::from_micros(25);
+/// How long a waiting data thread with nothing on the GPU sleeps unless a grant wakes it: only
+/// the policy's timers (a grace period, a rate's next tokens) need it to look sooner. With
+/// many clients waiting, polling every 25 µs would make the lock busy for the one running.
+const IDLE_WAIT_SLICE: Duration = Duration::from_micros(500);
 /// Granted kernels one client may have on the GPU at once.
 const MAX_INFLIGHT_PER_CLIENT: u32 = 64;
 
@@ -194,9 +198,14 @@ impl GpuDispatch {
                 self.pump(&mut st);
                 continue;
             }
+            let slice = if st.dispatcher.inflight_of(id) > 0 {
+                WAIT_SLICE
+            } else {
+                IDLE_WAIT_SLICE
+            };
             st = self
                 .granted_cv
-                .wait_timeout(st, WAIT_SLICE)
+                .wait_timeout(st, slice)
                 .map(|(g, _)| g)
                 .unwrap_or_else(|e| e.into_inner().0);
             if st.granted.remove(&request) {

@@ -966,6 +966,13 @@ impl Dispatcher {
         at.map(|t| t.max(self.last_now + 1))
     }
 
+    /// How many of the client's requests are on the GPU (0 for an unknown client).
+    pub fn inflight_of(&self, id: ClientId) -> usize {
+        self.index
+            .get(&id)
+            .map_or(0, |&i| self.clients[i].inflight.len())
+    }
+
     /// Scheduling figures of one client.
     pub fn stats(&self, id: ClientId) -> Option<ClientSchedStats> {
         let c = &self.clients[*self.index.get(&id)?];

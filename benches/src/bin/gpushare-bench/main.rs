@@ -96,6 +96,10 @@ struct Cli {
     /// trace: how many jobs.
     #[arg(long, default_value_t = 24)]
     trace_jobs: usize,
+    /// trace: how long each job's client spins for a completion before sleeping, in µs (the
+    /// client library's default otherwise).
+    #[arg(long)]
+    trace_spin_us: Option<u64>,
     /// trace: the scheduling policies to compare.
     #[arg(long, value_delimiter = ',', default_values_t = ["fifo".to_string(), "srtf".to_string(), "pack".to_string()])]
     trace_policies: Vec<String>,
@@ -123,6 +127,8 @@ enum Cmd {
         seed: u64,
         #[arg(long)]
         jobs: usize,
+        #[arg(long)]
+        spin_us: Option<u64>,
     },
     /// Runs one process of a colocate setup (used by the orchestrator).
     #[command(hide = true)]
@@ -156,8 +162,14 @@ fn main() -> std::process::ExitCode {
 
 fn run() -> Result<()> {
     let cli = Cli::parse();
-    if let Some(Cmd::TraceWorker { seed, jobs }) = &cli.command {
-        println!("{}", trace::worker(*seed, *jobs)?);
+    if let Some(Cmd::TraceWorker {
+        seed,
+        jobs,
+        spin_us,
+    }) = &cli.command
+    {
+        let spin = spin_us.map(Duration::from_micros);
+        println!("{}", trace::worker(*seed, *jobs, spin)?);
         return Ok(());
     }
     if let Some(Cmd::ColocateWorker {
@@ -490,9 +502,14 @@ fn trace_rounds(cli: &Cli, me: &Path, broker_bin: &Path) -> Result<Value> {
             let started = Instant::now();
             eprintln!("[trace round {round}] {policy} …");
             let outcome = with_broker(broker_bin, &args, |socket| {
-                let out = Command::new(me)
+                let mut worker = Command::new(me);
+                worker
                     .args(["trace-worker", "--seed", "7", "--jobs"])
-                    .arg(cli.trace_jobs.to_string())
+                    .arg(cli.trace_jobs.to_string());
+                if let Some(us) = cli.trace_spin_us {
+                    worker.arg(format!("--spin-us={us}"));
+                }
+                let out = worker
                     .env("GPUSHARE_SOCKET", socket)
                     .stderr(Stdio::inherit())
                     .output()

@@ -54,14 +54,16 @@ fn jobs(seed: u64, count: usize) -> Vec<Job> {
 }
 
 /// Runs one job from its arrival; returns its completion time in ms.
-fn run_job(job: &Job, start: Instant, sms: u32) -> Result<f64> {
+fn run_job(job: &Job, start: Instant, sms: u32, spin: Option<Duration>) -> Result<f64> {
     let arrival = start + job.arrival;
     if let Some(wait) = arrival.checked_duration_since(Instant::now()) {
         std::thread::sleep(wait);
     }
+    let defaults = ConnectOptions::default();
     let client = Client::connect_with(ConnectOptions {
         name: format!("trace-job-{}", job.iterations),
-        ..ConnectOptions::default()
+        spin: spin.unwrap_or(defaults.spin),
+        ..defaults
     })?;
     let per_iteration = Duration::from_micros(KERNEL_MICROS * KERNELS_PER_ITERATION as u64);
     client.declare_job(per_iteration * job.iterations, 0, 0)?;
@@ -81,8 +83,8 @@ fn run_job(job: &Job, start: Instant, sms: u32) -> Result<f64> {
 }
 
 /// The worker process: every job of the trace on its own thread and client, against the
-/// broker at `$GPUSHARE_SOCKET`.
-pub fn worker(seed: u64, count: usize) -> Result<Value> {
+/// broker at `$GPUSHARE_SOCKET`; `spin` is how long each client spins for a completion.
+pub fn worker(seed: u64, count: usize, spin: Option<Duration>) -> Result<Value> {
     let sms = {
         let probe = Client::connect()?;
         probe.session().device.sm_count.max(1)
@@ -92,7 +94,7 @@ pub fn worker(seed: u64, count: usize) -> Result<Value> {
     let results: Vec<Result<f64>> = std::thread::scope(|s| {
         let handles: Vec<_> = jobs
             .iter()
-            .map(|job| s.spawn(move || run_job(job, start, sms)))
+            .map(|job| s.spawn(move || run_job(job, start, sms, spin)))
             .collect();
         handles
             .into_iter()
