@@ -715,20 +715,6 @@ fn control_seeds() -> Vec<(String, Vec<u8>)> {
     out
 }
 
-fn kernel_variant(k: &Kernel) -> &'static str {
-    // Exhaustive on purpose: a new kernel must get a seed here.
-    match k {
-        Kernel::FillF32 { .. } => "fill_f32",
-        Kernel::AxpyF32 { .. } => "axpy_f32",
-        Kernel::VecAddF32 { .. } => "vec_add_f32",
-        Kernel::ReduceSumF32 { .. } => "reduce_sum_f32",
-        Kernel::GemmF32 { .. } => "gemm_f32",
-        Kernel::Spin { .. } => "spin",
-        Kernel::GemmBf16 { .. } => "gemm_bf16",
-        Kernel::Fault { .. } => "fault",
-    }
-}
-
 fn command_variant(c: &Command) -> &'static str {
     // Exhaustive on purpose: a new command must get a seed here.
     match c {
@@ -753,7 +739,8 @@ fn command_variant(c: &Command) -> &'static str {
         Command::IterationEnd => "iteration_end",
         Command::DeclareJob { .. } => "declare_job",
         Command::DeclareDeadline { .. } => "declare_deadline",
-        Command::Launch { kernel, .. } => kernel_variant(kernel),
+        // Named by `Kernel::name`, which is exhaustive like this match.
+        Command::Launch { kernel, .. } => kernel.name(),
         Command::LaunchModule { .. } => "launch_module",
         Command::GovernedReserve { .. } => "governed_reserve",
         Command::GovernedRelease { .. } => "governed_release",
