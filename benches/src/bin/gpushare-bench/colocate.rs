@@ -353,9 +353,7 @@ pub fn run_group(
         if !status.success() {
             bail!("worker {} exited with {status}", r.label);
         }
-        let line = text.lines().last().unwrap_or_default();
-        let v: Value = serde_json::from_str(line)
-            .with_context(|| format!("worker {} printed no JSON: {text}", r.label))?;
+        let v = crate::last_json_line(&text, &format!("worker {}", r.label))?;
         out.insert(r.label.clone(), v);
     }
     Ok(Value::Object(out))

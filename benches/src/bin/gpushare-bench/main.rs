@@ -253,9 +253,8 @@ fn orchestrate(cli: &Cli) -> Result<()> {
         };
         for round in 1..=cli.rounds.max(1) {
             for &mode in &modes {
-                let started = Instant::now();
-                eprintln!("[{} round {round}] {} …", name(scenario), mode_name(mode));
-                let outcome = match mode {
+                let step = format!("{} round {round}", name(scenario));
+                let outcome = timed(&step, mode_name(mode), || match mode {
                     Mode::Direct => worker(&me, scenario, Mode::Direct, cli.quick, &[]),
                     Mode::Broker => with_broker(&broker_bin, &cli.broker_args, |socket| {
                         worker(
@@ -267,25 +266,14 @@ fn orchestrate(cli: &Cli) -> Result<()> {
                         )
                     }),
                     Mode::Mps => with_mps(|envs| worker(&me, scenario, Mode::Mps, cli.quick, envs)),
-                };
+                });
                 match outcome {
                     Ok(v) => {
-                        eprintln!(
-                            "[{} round {round}] {} done in {:.1?}",
-                            name(scenario),
-                            mode_name(mode),
-                            started.elapsed()
-                        );
                         if let Some((_, vs)) = runs.iter_mut().find(|(m, _)| *m == mode) {
                             vs.push(v);
                         }
                     }
                     Err(e) => {
-                        eprintln!(
-                            "[{} round {round}] {} FAILED: {e:#}",
-                            name(scenario),
-                            mode_name(mode)
-                        );
                         errors.insert(mode_name(mode).into(), json!(format!("{e:#}")));
                     }
                 }
@@ -349,16 +337,53 @@ fn worker(
     for (k, v) in envs {
         cmd.env(k, v);
     }
+    run_for_json(&mut cmd, "worker")
+}
+
+/// Runs a worker process to its end and returns the JSON it printed last.
+fn run_for_json(cmd: &mut Command, what: &str) -> Result<Value> {
     let out = cmd
         .stderr(Stdio::inherit())
         .output()
-        .context("cannot start worker")?;
+        .with_context(|| format!("cannot start the {what}"))?;
     if !out.status.success() {
-        bail!("worker exited with {}", out.status);
+        bail!("{what} exited with {}", out.status);
     }
-    let text = String::from_utf8_lossy(&out.stdout);
+    last_json_line(&String::from_utf8_lossy(&out.stdout), what)
+}
+
+/// The JSON a worker prints as its last line of output.
+pub fn last_json_line(text: &str, what: &str) -> Result<Value> {
     let line = text.lines().last().unwrap_or_default();
-    serde_json::from_str(line).with_context(|| format!("worker printed no JSON: {text}"))
+    serde_json::from_str(line).with_context(|| format!("{what} printed no JSON: {text}"))
+}
+
+/// Runs one step of a benchmark, saying on stderr when it starts and how it ended:
+/// `[round] what …`.
+fn timed(round: &str, what: &str, f: impl FnOnce() -> Result<Value>) -> Result<Value> {
+    let started = Instant::now();
+    eprintln!("[{round}] {what} …");
+    let outcome = f();
+    match &outcome {
+        Ok(_) => eprintln!("[{round}] {what} done in {:.1?}", started.elapsed()),
+        Err(e) => eprintln!("[{round}] {what} FAILED: {e:#}"),
+    }
+    outcome
+}
+
+/// Writes a policy file into `dir` and returns gpushared's arguments with it.
+fn broker_args_with_policy(cli: &Cli, dir: &Path, name: &str, policy: &str) -> Result<Vec<String>> {
+    let file = dir.join(format!("{name}.toml"));
+    std::fs::write(&file, policy)?;
+    let mut args = cli.broker_args.clone();
+    args.push("--config".into());
+    args.push(file.display().to_string());
+    Ok(args)
+}
+
+/// A step's result, or its error as the JSON the report shows.
+fn or_error(outcome: Result<Value>) -> Value {
+    outcome.unwrap_or_else(|e| json!({"error": format!("{e:#}")}))
 }
 
 /// The colocate scenario, every setup in every round; setups take turns within a round and
@@ -370,19 +395,17 @@ fn colocate_rounds(cli: &Cli, me: &Path, broker_bin: &Path) -> Result<Value> {
         bail!("--be-workloads names no workload");
     }
     let policy_dir = tempfile::tempdir()?;
-    let policy = policy_dir.path().join("gpushare.toml");
     // Every worker runs as this user: the policy grants it `high`, and the best-effort
     // workers ask for less.
-    std::fs::write(
-        &policy,
-        format!(
+    let broker_args = broker_args_with_policy(
+        cli,
+        policy_dir.path(),
+        "colocate",
+        &format!(
             "scheduler = \"{}\"\n[defaults]\nclass = \"high\"\n",
             cli.colocate_scheduler
         ),
     )?;
-    let mut broker_args = cli.broker_args.clone();
-    broker_args.push("--config".into());
-    broker_args.push(policy.display().to_string());
     let mut rounds = Vec::new();
     for round in 1..=cli.rounds.max(1) {
         let seed = round as u64;
@@ -412,21 +435,7 @@ fn colocate_rounds(cli: &Cli, me: &Path, broker_bin: &Path) -> Result<Value> {
         };
         let mut r = serde_json::Map::new();
         let mut run = |key: String, f: &mut dyn FnMut() -> Result<Value>| {
-            let started = Instant::now();
-            eprintln!("[colocate round {round}] {key} …");
-            let v = match f() {
-                Ok(v) => {
-                    eprintln!(
-                        "[colocate round {round}] {key} done in {:.1?}",
-                        started.elapsed()
-                    );
-                    v
-                }
-                Err(e) => {
-                    eprintln!("[colocate round {round}] {key} FAILED: {e:#}");
-                    json!({"error": format!("{e:#}")})
-                }
-            };
+            let v = or_error(timed(&format!("colocate round {round}"), &key, f));
             r.insert(key, v);
         };
         run("dedicated".into(), &mut || {
@@ -494,48 +503,25 @@ fn trace_rounds(cli: &Cli, me: &Path, broker_bin: &Path) -> Result<Value> {
     for round in 1..=cli.rounds.max(1) {
         let mut r = serde_json::Map::new();
         for policy in &cli.trace_policies {
-            let file = policy_dir.path().join(format!("{policy}.toml"));
-            std::fs::write(&file, format!("scheduler = \"{policy}\"\n"))?;
-            let mut args = cli.broker_args.clone();
-            args.push("--config".into());
-            args.push(file.display().to_string());
-            let started = Instant::now();
-            eprintln!("[trace round {round}] {policy} …");
-            let outcome = with_broker(broker_bin, &args, |socket| {
-                let mut worker = Command::new(me);
-                worker
-                    .args(["trace-worker", "--seed", "7", "--jobs"])
-                    .arg(cli.trace_jobs.to_string());
-                if let Some(us) = cli.trace_spin_us {
-                    worker.arg(format!("--spin-us={us}"));
-                }
-                let out = worker
-                    .env("GPUSHARE_SOCKET", socket)
-                    .stderr(Stdio::inherit())
-                    .output()
-                    .context("cannot start the trace worker")?;
-                if !out.status.success() {
-                    bail!("trace worker exited with {}", out.status);
-                }
-                let text = String::from_utf8_lossy(&out.stdout);
-                let line = text.lines().last().unwrap_or_default();
-                serde_json::from_str::<Value>(line)
-                    .with_context(|| format!("trace worker printed no JSON: {text}"))
+            let args = broker_args_with_policy(
+                cli,
+                policy_dir.path(),
+                policy,
+                &format!("scheduler = \"{policy}\"\n"),
+            )?;
+            let outcome = timed(&format!("trace round {round}"), policy, || {
+                with_broker(broker_bin, &args, |socket| {
+                    let mut worker = Command::new(me);
+                    worker
+                        .args(["trace-worker", "--seed", "7", "--jobs"])
+                        .arg(cli.trace_jobs.to_string());
+                    if let Some(us) = cli.trace_spin_us {
+                        worker.arg(format!("--spin-us={us}"));
+                    }
+                    run_for_json(worker.env("GPUSHARE_SOCKET", socket), "trace worker")
+                })
             });
-            let v = match outcome {
-                Ok(v) => {
-                    eprintln!(
-                        "[trace round {round}] {policy} done in {:.1?}",
-                        started.elapsed()
-                    );
-                    v
-                }
-                Err(e) => {
-                    eprintln!("[trace round {round}] {policy} FAILED: {e:#}");
-                    json!({"error": format!("{e:#}")})
-                }
-            };
-            r.insert(policy.clone(), v);
+            r.insert(policy.clone(), or_error(outcome));
         }
         rounds.push(Value::Object(r));
     }
