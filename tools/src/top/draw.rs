@@ -526,6 +526,38 @@ mod tests {
     }
 
     #[test]
+    fn a_governed_program_shows_its_kind_memory_launches_and_throttling() {
+        let mut g = client(3, 5151, "train.py");
+        g.governed = true;
+        g.class = gpushare::PriorityClass::BestEffort;
+        g.memory_used = 434 << 20;
+        g.kernels = 4_000;
+        g.throttled_ns = 100_000_000;
+        let mut d = Deriver::default();
+        let mut s = State::new("/run/gpushare/gpushare.sock".into(), Duration::from_secs(1));
+        d.derive(&report(10_000, vec![g.clone()]), &Extras::default());
+        // One second later: 900 more launches, held 250 ms of it.
+        g.kernels += 900;
+        g.throttled_ns += 250_000_000;
+        g.connected_ms += 1_000;
+        s.apply(
+            Ok(d.derive(&report(11_000, vec![g]), &Extras::default())),
+            Instant::now(),
+        );
+        let text = screen(&s, 200, 40);
+        let header = text.lines().find(|l| l.contains("COMMAND")).unwrap_or("");
+        assert!(header.contains("THROT%"), "{header}");
+        let row = text.lines().find(|l| l.contains("train.py")).unwrap_or("");
+        assert!(row.contains("5151") && row.contains("governed"), "{row}");
+        assert!(
+            row.contains("best-effort") && row.contains("434.0 MiB"),
+            "{row}"
+        );
+        assert!(row.contains("900"), "launches/s: {row}");
+        assert!(row.contains("25.0"), "throttled 250 ms of 1 s: {row}");
+    }
+
+    #[test]
     fn narrow_screens_drop_minor_columns_and_keep_the_command() {
         assert_eq!(columns_for(200).len(), TOP_COLUMNS.len());
         let s = state(&Extras::default());
