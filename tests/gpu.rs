@@ -4,8 +4,10 @@
 
 use std::process::Stdio;
 
-use gpushare::{ErrorCode, Kernel, ModuleFormat};
-use gpushare_tests::{SCALE_ADD_PTX, gpu_broker, pattern};
+use std::time::Duration;
+
+use gpushare::{ErrorCode, Kernel, ModuleFormat, PriorityClass};
+use gpushare_tests::{BrokerOptions, SCALE_ADD_PTX, gpu_broker, gpu_broker_with, pattern};
 
 #[test]
 fn ptx_module_runs_with_packed_parameters() {
@@ -127,4 +129,108 @@ fn gpu_time_is_measured_with_cuda_events() {
         "an H100 has 132 SMs: {:?}",
         status.device
     );
+}
+
+/// `[priority] lower_sm_share`: beside a high-priority client, a best-effort client's kernels
+/// run on a green context of a quarter of the SMs, in order with what it queued before on the
+/// whole GPU, and give the same results (cuBLAS GEMM and built-in kernels); once the high
+/// client leaves they go back to the whole GPU, again in order.
+#[test]
+fn best_effort_work_on_an_sm_partition_stays_correct_and_in_order() {
+    let Some(broker) = gpu_broker_with(BrokerOptions {
+        policy: Some(
+            "scheduler = \"priority\"\n[priority]\nlower_sm_share = 0.25\n\
+             [defaults]\nclass = \"high\"\n"
+                .into(),
+        ),
+        ..Default::default()
+    }) else {
+        return;
+    };
+    let be = gpushare::Client::connect_with(gpushare::ConnectOptions {
+        class: Some(PriorityClass::BestEffort),
+        ..broker.options("be")
+    })
+    .expect("connect best-effort");
+    let (m, n, k) = (256usize, 192, 320);
+    let (ha, hb) = (pattern(m * k, 21), pattern(k * n, 22));
+    let a = be.alloc::<f32>(m * k).expect("alloc");
+    let b = be.alloc::<f32>(k * n).expect("alloc");
+    let c = be.alloc::<f32>(m * n).expect("alloc");
+    a.copy_from_host(&ha).expect("up");
+    b.copy_from_host(&hb).expect("up");
+    let stream = be.create_stream().expect("stream");
+    // C = A·B + beta·C.
+    let gemm = |beta: f32| Kernel::GemmF32 {
+        a: a.ptr(),
+        b: b.ptr(),
+        c: c.ptr(),
+        m: m as u32,
+        n: n as u32,
+        k: k as u32,
+        alpha: 1.0,
+        beta,
+    };
+    // A long kernel, then C = value: whatever runs next must wait for both.
+    let slow_fill = |value: f32| {
+        stream
+            .launch(Kernel::Spin {
+                micros: 300_000,
+                blocks: 1,
+            })
+            .expect("spin");
+        stream
+            .launch(Kernel::FillF32 {
+                dst: c.ptr(),
+                n: (m * n) as u64,
+                value,
+            })
+            .expect("fill");
+    };
+    let mut ab = vec![0f32; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            ab[i * n + j] = (0..k).map(|p| ha[i * k + p] * hb[p * n + j]).sum();
+        }
+    }
+    let check = |what: &str, plus: f32| {
+        let got = c.to_vec().expect("down");
+        for (i, (g, w)) in got.iter().zip(&ab).enumerate() {
+            let w = w + plus;
+            assert!(
+                (g - w).abs() <= 1e-3 * w.abs().max(1.0),
+                "{what}: C[{i}] = {g}, want {w}"
+            );
+        }
+    };
+    // Alone: the whole GPU (the stream's cuBLAS handle is made there).
+    stream.launch(gemm(0.0)).expect("gemm");
+    stream.synchronize().expect("sync");
+    check("alone", 0.0);
+
+    // Queued on the whole GPU, then a high client comes: the GEMM goes to the partition and
+    // must still see C = 7.
+    slow_fill(7.0);
+    let high = broker.client_named("high");
+    assert_eq!(high.session().class, PriorityClass::High);
+    stream.launch(gemm(1.0)).expect("gemm on the partition");
+    stream.synchronize().expect("sync");
+    check("on a partition after work on the whole GPU", 7.0);
+    assert!(
+        broker.wait_for_log("SM partition made", Duration::from_secs(5)),
+        "no green context was made: {}",
+        broker.log_text()
+    );
+
+    // Queued on the partition, then the high client leaves: back on the whole GPU, in order.
+    slow_fill(3.0);
+    drop(high);
+    assert!(gpushare_tests::wait_until(Duration::from_secs(5), || {
+        broker.status().clients.len() == 1
+    }));
+    stream
+        .launch(gemm(1.0))
+        .expect("gemm back on the whole GPU");
+    stream.synchronize().expect("sync");
+    check("on the whole GPU after work on the partition", 3.0);
 }

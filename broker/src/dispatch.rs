@@ -11,7 +11,7 @@
 //! Under FIFO nothing is gated: launches go straight to the stream, as they did before a
 //! scheduler existed, at no cost.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -21,8 +21,8 @@ use gpushare_protocol::{Kernel, PriorityClass};
 use crate::device::sim::cost::CostModel;
 use crate::sched::{
     ClientId, ClientSchedStats, ClientSpec, DeadlineSpec, DeviceShape, Dispatcher, Grant,
-    JobProfile, KernelKey, KernelProfile, PolicyKind, RequestId, SchedConfig, SchedError,
-    builtin_profile,
+    JobProfile, KernelKey, KernelProfile, PolicyKind, PriorityConfig, RequestId, SchedConfig,
+    SchedError, builtin_profile,
 };
 
 /// How long a waiting data thread with work of its own on the GPU sleeps before looking at
@@ -43,10 +43,18 @@ pub enum Waiting {
     Begins,
 }
 
+/// A granted kernel, as its data thread takes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Turn {
+    pub request: RequestId,
+    /// Run it on a partition of this many SMs, if set.
+    pub sm_limit: Option<u32>,
+}
+
 struct State {
     dispatcher: Dispatcher,
-    /// Requests granted whose data thread has not taken the grant yet.
-    granted: HashSet<RequestId>,
+    /// Requests granted whose data thread has not taken the grant yet, with their partition.
+    granted: HashMap<RequestId, Option<u32>>,
     grants: Vec<Grant>,
 }
 
@@ -65,7 +73,12 @@ pub struct GpuDispatch {
 impl GpuDispatch {
     /// A dispatcher for a GPU with `sms` SMs. Kernel profiles of the built-in kernels come
     /// from the roofline `cost` model until measured ones replace them.
-    pub fn new(kind: PolicyKind, sms: u32, cost: CostModel) -> GpuDispatch {
+    pub fn new(
+        kind: PolicyKind,
+        priority: PriorityConfig,
+        sms: u32,
+        cost: CostModel,
+    ) -> GpuDispatch {
         GpuDispatch {
             state: Mutex::new(State {
                 dispatcher: Dispatcher::with_config(
@@ -75,10 +88,11 @@ impl GpuDispatch {
                         // A client's asynchronous launches queue on its stream as they would
                         // without a scheduler; the policies' own limits still apply.
                         max_inflight_per_client: MAX_INFLIGHT_PER_CLIENT,
+                        priority,
                         ..SchedConfig::default()
                     },
                 ),
-                granted: HashSet::new(),
+                granted: HashMap::new(),
                 grants: Vec::new(),
             }),
             granted_cv: Condvar::new(),
@@ -109,11 +123,12 @@ impl GpuDispatch {
     }
 
     /// Switches the policy at run time; queued work stays queued.
-    pub fn set_policy(&self, kind: PolicyKind) {
+    pub fn set_policy(&self, kind: PolicyKind, priority: PriorityConfig) {
         let mut st = self.lock();
-        if st.dispatcher.policy_kind() == kind {
+        if st.dispatcher.policy_kind() == kind && st.dispatcher.config().priority == priority {
             return;
         }
+        st.dispatcher.set_priority_config(priority);
         st.dispatcher.set_policy(kind);
         self.gated
             .store(kind != PolicyKind::Fifo, Ordering::Relaxed);
@@ -171,7 +186,7 @@ impl GpuDispatch {
         profile: KernelProfile,
         mut session: impl FnMut(Waiting),
         give_up: impl Fn() -> bool,
-    ) -> Option<RequestId> {
+    ) -> Option<Turn> {
         let request = self
             .lock()
             .dispatcher
@@ -184,8 +199,8 @@ impl GpuDispatch {
         self.pump(&mut st);
         let mut waited = false;
         loop {
-            if st.granted.remove(&request) {
-                return Some(request);
+            if let Some(sm_limit) = st.granted.remove(&request) {
+                return Some(Turn { request, sm_limit });
             }
             if give_up() {
                 return None;
@@ -208,8 +223,8 @@ impl GpuDispatch {
                 .wait_timeout(st, slice)
                 .map(|(g, _)| g)
                 .unwrap_or_else(|e| e.into_inner().0);
-            if st.granted.remove(&request) {
-                return Some(request);
+            if let Some(sm_limit) = st.granted.remove(&request) {
+                return Some(Turn { request, sm_limit });
             }
             drop(st);
             session(Waiting::Reap);
@@ -279,7 +294,7 @@ impl GpuDispatch {
         grants.clear();
         dispatcher.poll_into(now, grants);
         if !grants.is_empty() {
-            granted.extend(grants.iter().map(|g| g.request));
+            granted.extend(grants.iter().map(|g| (g.request, g.sm_limit)));
             self.granted_cv.notify_all();
         }
     }

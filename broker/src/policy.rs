@@ -24,7 +24,14 @@
 //! ```
 //!
 //! A top-level `scheduler = "priority"` picks the scheduling policy (fifo, priority, fair,
-//! srtf or pack; fifo by default); a SIGHUP switches it for running clients too.
+//! srtf or pack; fifo by default); a SIGHUP switches it for running clients too. The priority
+//! policy's tunables, while a high-priority client is connected:
+//!
+//! ```toml
+//! [priority]
+//! lower_sm_share = 0.5   # lower classes run on this share of the SMs (a hardware partition)
+//! lower_depth = 2        # kernels each lower-priority client may have on the GPU
+//! ```
 //!
 //! A top-level `admin_group = "gpushare-admin"` names the group whose members (besides root)
 //! may change and evict live clients.
@@ -113,6 +120,14 @@ struct GroupEntry {
     allow: Option<bool>,
 }
 
+/// `[priority]`: the priority policy's tunables.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PriorityFields {
+    lower_sm_share: Option<f64>,
+    lower_depth: Option<u32>,
+}
+
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct PolicyFile {
@@ -122,6 +137,8 @@ struct PolicyFile {
     /// The scheduling policy: fifo (default), priority, fair, srtf or pack.
     #[serde(default)]
     scheduler: Option<String>,
+    #[serde(default)]
+    priority: PriorityFields,
     #[serde(default)]
     defaults: Fields,
     #[serde(default)]
@@ -214,6 +231,22 @@ impl Policy {
                     message,
                 })?;
         }
+        if let Some(share) = file.priority.lower_sm_share
+            && !(share > 0.0 && share <= 1.0)
+        {
+            return Err(PolicyError::Parse {
+                path: path.into(),
+                message: format!(
+                    "[priority] lower_sm_share must be above 0 and at most 1 (the share of the SMs), not {share}"
+                ),
+            });
+        }
+        if file.priority.lower_depth == Some(0) {
+            return Err(PolicyError::Parse {
+                path: path.into(),
+                message: "[priority] lower_depth must be at least 1".into(),
+            });
+        }
         let defaults = apply(Grant::default(), &file.defaults);
         Ok(Policy {
             file,
@@ -229,6 +262,17 @@ impl Policy {
             .as_deref()
             .and_then(|s| s.parse().ok())
             .unwrap_or(crate::sched::PolicyKind::Fifo)
+    }
+
+    /// The priority policy's tunables: the file's `[priority]` over the defaults.
+    pub fn priority_config(&self) -> crate::sched::PriorityConfig {
+        let base = crate::sched::PriorityConfig::default();
+        let p = &self.file.priority;
+        crate::sched::PriorityConfig {
+            lower_sm_share: p.lower_sm_share.or(base.lower_sm_share),
+            lower_depth_beside_high: p.lower_depth.or(base.lower_depth_beside_high),
+            ..base
+        }
     }
 
     pub fn load(path: &Path) -> Result<Policy, PolicyError> {
@@ -406,6 +450,32 @@ mod tests {
                 memory_quota: Some(1 << 30)
             }
         );
+    }
+
+    #[test]
+    fn priority_tunables_come_from_the_file_and_bad_ones_are_refused() {
+        let p = Policy::parse(
+            "scheduler = \"priority\"\n[priority]\nlower_sm_share = 0.5\nlower_depth = 1\n",
+            "t.toml",
+        )
+        .expect("valid policy");
+        let cfg = p.priority_config();
+        assert_eq!(cfg.lower_sm_share, Some(0.5));
+        assert_eq!(cfg.lower_depth_beside_high, Some(1));
+        let none = Policy::parse("", "t.toml").expect("empty policy is valid");
+        assert_eq!(
+            none.priority_config(),
+            crate::sched::PriorityConfig::default()
+        );
+        for bad in [
+            "lower_sm_share = 0.0",
+            "lower_sm_share = 1.5",
+            "lower_depth = 0",
+        ] {
+            let e = Policy::parse(&format!("[priority]\n{bad}\n"), "t.toml")
+                .expect_err("out-of-range tunable");
+            assert!(e.to_string().contains("[priority]"), "{e}");
+        }
     }
 
     #[test]

@@ -187,6 +187,7 @@ impl<D: Device> Broker<D> {
             .map(|d| {
                 Arc::new(GpuDispatch::new(
                     policy.scheduler(),
+                    policy.priority_config(),
                     d.info().sm_count,
                     crate::device::sim::cost::CostModel::H100_LIKE,
                 ))
@@ -318,7 +319,7 @@ impl<D: Device> Broker<D> {
     /// they were granted.
     pub fn set_policy(&self, policy: Policy) {
         for d in &self.dispatch {
-            d.set_policy(policy.scheduler());
+            d.set_policy(policy.scheduler(), policy.priority_config());
         }
         match self.policy.write() {
             Ok(mut p) => *p = policy,

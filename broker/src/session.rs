@@ -533,7 +533,7 @@ impl<D: Device> SessionState<D> {
     fn acquire(
         &mut self,
         profile: impl FnOnce(&GpuDispatch) -> crate::sched::KernelProfile,
-    ) -> Option<crate::sched::RequestId> {
+    ) -> Option<crate::dispatch::Turn> {
         if !self.dispatch.gated() {
             return None;
         }
@@ -1258,9 +1258,13 @@ impl<D: Device> SessionState<D> {
                     return Err(ErrorCode::InvalidHandle);
                 }
                 let turn = self.acquire(|d| d.builtin_profile(&kernel));
-                let r = self.on_stream(stream, |d, s| d.launch(s, &kernel));
-                if let Some(request) = turn {
-                    self.track_granted(stream, request, r.is_ok());
+                let sm_limit = turn.and_then(|t| t.sm_limit);
+                let r = self.on_stream(stream, |d, s| {
+                    d.limit_sms(s, sm_limit)?;
+                    d.launch(s, &kernel)
+                });
+                if let Some(turn) = turn {
+                    self.track_granted(stream, turn.request, r.is_ok());
                 }
                 let r = r?;
                 self.info.counters.kernels.fetch_add(1, Ordering::Relaxed);
@@ -1359,11 +1363,13 @@ impl<D: Device> SessionState<D> {
         let blocks = launch.grid.iter().fold(1u32, |a, &g| a.saturating_mul(g));
         let id = self.info.id;
         let turn = self.acquire(|d| d.module_profile(id, launch.function, blocks));
+        let sm_limit = turn.and_then(|t| t.sm_limit);
         let r = self.on_stream(stream, |d, s| {
+            d.limit_sms(s, sm_limit)?;
             d.launch_module(s, &function, &launch, &params)
         });
-        if let Some(request) = turn {
-            self.track_granted(stream, request, r.is_ok());
+        if let Some(turn) = turn {
+            self.track_granted(stream, turn.request, r.is_ok());
         }
         let r = r?;
         self.info.counters.kernels.fetch_add(1, Ordering::Relaxed);

@@ -342,9 +342,14 @@ pub fn test_backend() -> String {
 
 /// A broker on the GPU for GPU-only tests, or `None` (with a loud note) where there is none.
 pub fn gpu_broker() -> Option<Broker> {
+    gpu_broker_with(BrokerOptions::default())
+}
+
+/// [`gpu_broker`] with these options (the backend is always `cuda`).
+pub fn gpu_broker_with(opts: BrokerOptions) -> Option<Broker> {
     let opts = BrokerOptions {
         backend: Some("cuda".into()),
-        ..Default::default()
+        ..opts
     };
     match Broker::try_start_with(opts) {
         Ok(b) => Some(b),

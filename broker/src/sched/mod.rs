@@ -127,6 +127,8 @@ pub struct Inflight {
     pub sm_limit: Option<u32>,
     /// Another client had work in flight at some point beside it.
     overlapped: bool,
+    /// SMs it holds of the deadline partition's room (0: not partitioned below a deadline).
+    deadline_sms: u32,
 }
 
 /// A decision: hand `request` of `client` to the device now.
@@ -485,6 +487,11 @@ impl Dispatcher {
         &mut self.profiles
     }
 
+    /// The priority policy's tunables from now on (takes effect at the next `set_policy`).
+    pub fn set_priority_config(&mut self, priority: PriorityConfig) {
+        self.cfg.priority = priority;
+    }
+
     /// Switches policy at run time; queues, in-flight records and accounting are kept.
     pub fn set_policy(&mut self, kind: PolicyKind) {
         self.policy = build_policy(kind, &self.cfg);
@@ -718,7 +725,8 @@ impl Dispatcher {
                 );
                 break;
             }
-            let Some(grant) = self.grant(i, now) else {
+            let policy_limit = self.policy.sm_limit(&view, id);
+            let Some(grant) = self.grant(i, now, policy_limit) else {
                 break;
             };
             out.push(grant);
@@ -805,7 +813,8 @@ impl Dispatcher {
         }
     }
 
-    fn grant(&mut self, i: usize, now: u64) -> Option<Grant> {
+    /// Grants client `i`'s head; `policy_limit` is the SM partition its policy keeps it to.
+    fn grant(&mut self, i: usize, now: u64, policy_limit: Option<u32>) -> Option<Grant> {
         let restricted = Self::is_restricted(&self.ctx, &self.clients[i].spec);
         let cap = self.deadline.cap_sms();
         let overlapped = self.inflight_total > self.clients[i].inflight.len();
@@ -820,11 +829,18 @@ impl Dispatcher {
         }
         let c = &mut self.clients[i];
         let req = c.queue.pop_front()?;
-        let sm_limit = restricted.then_some(cap);
-        if restricted {
+        let deadline_limit = restricted.then_some(cap);
+        let sm_limit = match (deadline_limit, policy_limit) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let deadline_sms = if restricted {
             self.restricted_sms += req.profile.sm_need.min(cap);
             self.restricted_count += 1;
-        }
+            req.profile.sm_need.min(cap)
+        } else {
+            0
+        };
         if c.spec.class == PriorityClass::BestEffort
             && self.ctx.limiter_active
             && let Some(r) = self.rate.as_mut()
@@ -838,6 +854,7 @@ impl Dispatcher {
             granted_at: now,
             sm_limit,
             overlapped,
+            deadline_sms,
         });
         c.granted += 1;
         c.iter_open = true;
@@ -851,10 +868,8 @@ impl Dispatcher {
     }
 
     fn release_partition(&mut self, f: &Inflight) {
-        if let Some(cap) = f.sm_limit {
-            self.restricted_sms = self
-                .restricted_sms
-                .saturating_sub(f.profile.sm_need.min(cap));
+        if f.deadline_sms > 0 {
+            self.restricted_sms = self.restricted_sms.saturating_sub(f.deadline_sms);
             self.restricted_count = self.restricted_count.saturating_sub(1);
         }
     }

@@ -162,7 +162,8 @@ impl<D: Device> SessionState<D> {
             .counters
             .throttled_ns
             .fetch_add(waited.as_nanos() as u64, Ordering::Relaxed);
-        match request {
+        // A governed program runs in its own CUDA context: no partition applies to it.
+        match request.map(|turn| turn.request) {
             Some(request) => {
                 self.governed.lease = Some(Lease {
                     request,

@@ -106,6 +106,10 @@ struct Cli {
     /// colocate: the scheduling policy gpushared runs.
     #[arg(long, default_value = "priority")]
     colocate_scheduler: String,
+    /// colocate: the shares of the SMs best-effort clients run on beside the high-priority
+    /// client (`[priority] lower_sm_share`), one gpushare setup each; 1 is no partition.
+    #[arg(long, value_delimiter = ',', default_values_t = [1.0f64])]
+    sm_shares: Vec<f64>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -394,18 +398,29 @@ fn colocate_rounds(cli: &Cli, me: &Path, broker_bin: &Path) -> Result<Value> {
     if cli.be_workloads.is_empty() {
         bail!("--be-workloads names no workload");
     }
+    if let Some(bad) = cli.sm_shares.iter().find(|s| !(**s > 0.0 && **s <= 1.0)) {
+        bail!("--sm-shares: {bad} is not a share of the SMs (above 0, at most 1)");
+    }
     let policy_dir = tempfile::tempdir()?;
     // Every worker runs as this user: the policy grants it `high`, and the best-effort
-    // workers ask for less.
-    let broker_args = broker_args_with_policy(
-        cli,
-        policy_dir.path(),
-        "colocate",
-        &format!(
-            "scheduler = \"{}\"\n[defaults]\nclass = \"high\"\n",
-            cli.colocate_scheduler
-        ),
-    )?;
+    // workers ask for less. One policy per SM share.
+    let broker_args = |share: f64| {
+        let partition = if share < 1.0 {
+            format!("[priority]\nlower_sm_share = {share}\n")
+        } else {
+            String::new()
+        };
+        broker_args_with_policy(
+            cli,
+            policy_dir.path(),
+            &format!("colocate-{}", (share * 1000.0).round() as u64),
+            &format!(
+                "scheduler = \"{}\"\n{partition}[defaults]\nclass = \"high\"\n",
+                cli.colocate_scheduler
+            ),
+        )
+    };
+    let whole_gpu_args = broker_args(1.0)?;
     let mut rounds = Vec::new();
     for round in 1..=cli.rounds.max(1) {
         let seed = round as u64;
@@ -455,7 +470,7 @@ fn colocate_rounds(cli: &Cli, me: &Path, broker_bin: &Path) -> Result<Value> {
         }
         if cli.modes.contains(&Mode::Broker) {
             run("gpushare alone".into(), &mut || {
-                with_broker(broker_bin, &broker_args, |socket| {
+                with_broker(broker_bin, &whole_gpu_args, |socket| {
                     let envs = [("GPUSHARE_SOCKET", socket.as_os_str())];
                     colocate::run_group(me, &[high(Via::Broker)], &envs)
                 })
@@ -471,15 +486,22 @@ fn colocate_rounds(cli: &Cli, me: &Path, broker_bin: &Path) -> Result<Value> {
                 let members: Vec<Member> = std::iter::once(high(via))
                     .chain((0..n).map(|i| best_effort(i, via)))
                     .collect();
-                let key = format!("{n} best-effort, {}", colocate_setup_name(mode));
-                run(key, &mut || match mode {
-                    Mode::Direct => colocate::run_group(me, &members, &[]),
-                    Mode::Mps => with_mps(|envs| colocate::run_group(me, &members, envs)),
-                    Mode::Broker => with_broker(broker_bin, &broker_args, |socket| {
-                        let envs = [("GPUSHARE_SOCKET", socket.as_os_str())];
-                        colocate::run_group(me, &members, &envs)
-                    }),
-                });
+                let shares: &[f64] = if mode == Mode::Broker {
+                    &cli.sm_shares
+                } else {
+                    &[1.0]
+                };
+                for &share in shares {
+                    let key = format!("{n} best-effort, {}", colocate_setup_label(mode, share));
+                    run(key, &mut || match mode {
+                        Mode::Direct => colocate::run_group(me, &members, &[]),
+                        Mode::Mps => with_mps(|envs| colocate::run_group(me, &members, envs)),
+                        Mode::Broker => with_broker(broker_bin, &broker_args(share)?, |socket| {
+                            let envs = [("GPUSHARE_SOCKET", socket.as_os_str())];
+                            colocate::run_group(me, &members, &envs)
+                        }),
+                    });
+                }
             }
         }
         rounds.push(Value::Object(r));
@@ -491,6 +513,7 @@ fn colocate_rounds(cli: &Cli, me: &Path, broker_bin: &Path) -> Result<Value> {
         "be_workloads": cli.be_workloads,
         "be_counts": cli.be_counts,
         "scheduler": cli.colocate_scheduler,
+        "sm_shares": cli.sm_shares,
         "median": report::median_of(&rounds),
         "rounds": rounds,
     }))
@@ -531,6 +554,16 @@ fn trace_rounds(cli: &Cli, me: &Path, broker_bin: &Path) -> Result<Value> {
         "median": report::median_of(&rounds),
         "rounds": rounds,
     }))
+}
+
+/// A colocate setup's name in the report: the mode, and a gpushare setup's SM partition.
+pub fn colocate_setup_label(m: Mode, sm_share: f64) -> String {
+    let name = colocate_setup_name(m);
+    if m == Mode::Broker && sm_share < 1.0 {
+        format!("{name}, BE on {:.0}% of SMs", sm_share * 100.0)
+    } else {
+        name.to_string()
+    }
 }
 
 pub fn colocate_setup_name(m: Mode) -> &'static str {

@@ -5,6 +5,7 @@ use std::fmt::Write;
 use serde_json::Value;
 
 use crate::workload::COPY_SIZES;
+use crate::{Mode, colocate_setup_label};
 
 fn get(v: &Value, path: &[&str]) -> Option<f64> {
     let mut cur = v;
@@ -205,8 +206,19 @@ fn colocate(out: &mut String, c: &Value) {
         if n == counts_first(c) {
             setups.push(("gpushare alone".to_string(), 0));
         }
-        for s in ["time-slicing", "mps", "gpushare"] {
-            setups.push((format!("{n} best-effort, {s}"), n as usize));
+        let shares: Vec<f64> = c["sm_shares"]
+            .as_array()
+            .map(|a| a.iter().filter_map(Value::as_f64).collect())
+            .unwrap_or_else(|| vec![1.0]);
+        for mode in [Mode::Direct, Mode::Mps] {
+            setups.push((
+                format!("{n} best-effort, {}", colocate_setup_label(mode, 1.0)),
+                n as usize,
+            ));
+        }
+        for &share in &shares {
+            let label = colocate_setup_label(Mode::Broker, share);
+            setups.push((format!("{n} best-effort, {label}"), n as usize));
         }
         for (key, be_n) in setups {
             let Some(v) = m.get(&key).filter(|v| v.get("error").is_none()) else {

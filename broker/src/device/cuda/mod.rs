@@ -8,6 +8,7 @@
 
 mod builtins;
 mod error;
+mod partition;
 mod placed;
 
 use std::cell::Cell;
@@ -30,6 +31,7 @@ pub use self::builtins::PREBUILT_PTX as BUILTIN_PTX;
 /// Hands the compiled built-in kernels to the next image of a restarting gpushared.
 pub use self::builtins::{HANDOVER_ENV as BUILTINS_HANDOVER_ENV, hand_over as hand_over_builtins};
 use self::error::{check, driver};
+use self::partition::Partitions;
 use self::placed::PlacedMemory;
 use super::{Device, DeviceError, DeviceResult};
 use crate::shm::ArenaSlice;
@@ -103,6 +105,8 @@ pub struct CudaDevice {
     registered: Mutex<BTreeMap<usize, usize>>,
     /// Allocations placed at an address a client asked for ([`Device::alloc_at`]).
     placed: Mutex<PlacedMemory>,
+    /// SM partitions for clients the scheduler keeps off part of the GPU.
+    partitions: Partitions,
 }
 
 // SAFETY: the driver API is thread-safe; the raw handles are only used with the context made
@@ -218,6 +222,7 @@ impl CudaDevice {
             cublas,
             registered: Mutex::new(BTreeMap::new()),
             placed: Mutex::new(PlacedMemory::default()),
+            partitions: Partitions::probe(device, sm_count),
         })
     }
 
@@ -342,7 +347,15 @@ impl Drop for CudaDevice {
 
 /// A client stream on the GPU.
 pub struct CudaStream {
+    /// Where its work goes now: `home`, or a lane on an SM partition.
     raw: CUstream,
+    /// The stream on the whole device, made with the client's priority.
+    home: CUstream,
+    priority: i32,
+    /// Streams on SM partitions, by partition size, made on first use.
+    lanes: Vec<(u32, CUstream)>,
+    /// Orders a lane after the work queued on the stream it takes over from.
+    handoff: Option<CUevent>,
     /// Event recorded when the stream went from idle to busy, and when (wall clock).
     open: Option<(CUevent, std::time::Instant)>,
     /// Batches queued and not yet measured: (start, end).
@@ -564,6 +577,10 @@ impl Device for CudaDevice {
             .map_err(|e| driver("cuStreamCreateWithPriority", e))?;
         Ok(CudaStream {
             raw,
+            home: raw,
+            priority,
+            lanes: Vec::new(),
+            handoff: None,
             open: None,
             spans: VecDeque::new(),
             spare: Vec::new(),
@@ -594,8 +611,18 @@ impl Device for CudaDevice {
             // SAFETY: created by us for this stream.
             let _ = unsafe { cudarc::cublas::result::destroy_handle(h) };
         }
+        if let Some(e) = stream.handoff.take() {
+            // SAFETY: our event, destroyed once.
+            let _ = unsafe { cu::event::destroy(e) };
+        }
+        // The work on the lanes and home was ordered before the stream's last work, which
+        // the synchronize above waited for.
+        for (_, lane) in stream.lanes.drain(..) {
+            // SAFETY: made by us for this stream; destroyed once.
+            let _ = unsafe { cu::stream::destroy(lane) };
+        }
         // SAFETY: synchronized above; destroyed once.
-        let _ = unsafe { cu::stream::destroy(stream.raw) };
+        let _ = unsafe { cu::stream::destroy(stream.home) };
     }
 
     fn copy_htod(
@@ -703,6 +730,53 @@ impl Device for CudaDevice {
             Kernel::Fault { hang } => self.inject_fault(stream, hang),
             _ => self.builtins.launch(stream.raw, kernel),
         }
+    }
+
+    fn limit_sms(&self, stream: &mut CudaStream, sms: Option<u32>) -> DeviceResult<()> {
+        let size = sms.and_then(|n| self.partitions.size_for(n));
+        let target = match size {
+            None => stream.home,
+            Some(size) => match stream.lanes.iter().find(|(s, _)| *s == size) {
+                Some(&(_, lane)) => lane,
+                None => {
+                    self.bind()?;
+                    let lane = self.partitions.stream(size, stream.priority)?;
+                    stream.lanes.push((size, lane));
+                    lane
+                }
+            },
+        };
+        if target == stream.raw {
+            return Ok(());
+        }
+        self.bind()?;
+        let handoff = match stream.handoff {
+            Some(e) => e,
+            None => {
+                let e = cu::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+                    .map_err(|e| driver("cuEventCreate", e))?;
+                stream.handoff = Some(e);
+                e
+            }
+        };
+        // SAFETY: live event and streams; the wait takes the event's state at this call, so
+        // the event may be recorded again at the next handoff.
+        unsafe {
+            cu::event::record(handoff, stream.raw).map_err(|e| driver("cuEventRecord", e))?;
+            cu::stream::wait_event(
+                target,
+                handoff,
+                sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+            )
+            .map_err(|e| driver("cuStreamWaitEvent", e))?;
+        }
+        if let Some(h) = stream.blas {
+            // SAFETY: our handle; the new stream is live.
+            unsafe { cudarc::cublas::result::set_stream(h, target as _) }
+                .map_err(|e| DeviceError::Failed(format!("cublasSetStream: {e:?}")))?;
+        }
+        stream.raw = target;
+        Ok(())
     }
 
     fn launch_module(

@@ -64,6 +64,12 @@ pub trait Policy: Send {
     fn next_wakeup(&self) -> Option<u64> {
         None
     }
+
+    /// The SMs a request of `client` granted now may run on (a hardware partition), if the
+    /// policy keeps it off part of the GPU.
+    fn sm_limit(&self, _view: &View<'_>, _client: ClientId) -> Option<u32> {
+        None
+    }
 }
 
 /// The policies the broker can be configured with.

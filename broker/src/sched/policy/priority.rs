@@ -11,7 +11,9 @@
 //!   kernel, nor memory-bound beside a memory-bound one (unknown bounds pass unless
 //!   `unknown_collides`);
 //! - SM room: its SM need fits in the SMs nothing in flight occupies (or, if configured, in a
-//!   fixed fraction of the device).
+//!   fixed fraction of the device). Not checked with `lower_sm_share`: then lower classes run
+//!   on a hardware partition of that share of the SMs (a CUDA green context) while a
+//!   high-priority client is connected, and the rest stay free for it whatever they queue.
 //!
 //! A lower-priority kernel that can never pass (longer than the budget, say) waits for a gap
 //! in the high-priority work, as in Orion: that is the price the class pays.
@@ -26,7 +28,7 @@
 use gpushare_protocol::PriorityClass;
 
 use super::{Pick, Policy};
-use crate::sched::{Bound, View};
+use crate::sched::{Bound, ClientId, View};
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct PriorityConfig {
@@ -43,6 +45,10 @@ pub struct PriorityConfig {
     /// Kernels a lower-priority client may have in flight while a high-priority client is
     /// connected (`None`: no limit beyond the dispatcher's own).
     pub lower_depth_beside_high: Option<u32>,
+    /// Fraction of the SMs lower-priority kernels may run on while a high-priority client is
+    /// connected (`None`: all of them). The device enforces it with a hardware partition
+    /// (a CUDA green context), so their blocks never occupy the rest.
+    pub lower_sm_share: Option<f64>,
 }
 
 impl Default for PriorityConfig {
@@ -53,6 +59,7 @@ impl Default for PriorityConfig {
             sm_threshold_fraction: None,
             unknown_collides: false,
             lower_depth_beside_high: Some(2),
+            lower_sm_share: None,
         }
     }
 }
@@ -148,6 +155,8 @@ impl Policy for Priority {
                 .map_or(Pick::Hold, |c| Pick::Grant(c.id()));
         }
         let budget = (self.cfg.budget_fraction * f.high_latency_ns as f64) as u64;
+        // On a partition, lower kernels cannot take the SMs left to high-priority work.
+        let partitioned = self.cfg.lower_sm_share.is_some_and(|s| s < 1.0);
         let sms = u64::from(view.device().sms);
         let threshold = match self.cfg.sm_threshold_fraction {
             Some(frac) => (frac.clamp(0.0, 1.0) * sms as f64) as u64,
@@ -158,13 +167,25 @@ impl Policy for Priority {
                 let Some(h) = c.head() else { return false };
                 let p = h.profile;
                 f.lower_outstanding_ns.saturating_add(p.est_ns) <= budget
-                    && u64::from(p.sm_need) <= threshold
+                    && (partitioned || u64::from(p.sm_need) <= threshold)
                     && !BOUNDS
                         .iter()
                         .any(|&b| f.high_bounds[bound_index(b)] && self.collides(p.bound, b))
             })
             .min_by_key(order)
             .map_or(Pick::Hold, |c| Pick::Grant(c.id()))
+    }
+
+    fn sm_limit(&self, view: &View<'_>, client: ClientId) -> Option<u32> {
+        let share = self.cfg.lower_sm_share?;
+        let below_high = view
+            .clients()
+            .find(|c| c.id() == client)
+            .is_some_and(|c| c.class() != PriorityClass::High);
+        let high_present = view.clients().any(|c| c.class() == PriorityClass::High);
+        let sms = view.device().sms;
+        (below_high && high_present && share < 1.0)
+            .then(|| ((share.max(0.0) * f64::from(sms)) as u32).clamp(1, sms))
     }
 }
 
@@ -262,6 +283,67 @@ mod tests {
             .lower_depth_beside_high
             .expect("a default depth") as usize;
         assert_eq!(granted_to_best_effort(true), depth);
+    }
+
+    #[test]
+    fn lower_clients_run_on_a_partition_only_while_a_high_client_is_connected() {
+        let partitioned = SchedConfig {
+            rate: None,
+            priority: PriorityConfig {
+                lower_sm_share: Some(0.5),
+                ..PriorityConfig::default()
+            },
+            ..SchedConfig::default()
+        };
+        let mut d =
+            Dispatcher::with_config(PolicyKind::Priority, DeviceShape { sms: 132 }, partitioned);
+        d.add_client(ClientSpec::new(2, PriorityClass::BestEffort, 1))
+            .expect("client registers");
+        d.submit(2, kernel(2, 200, 132, Bound::Compute), 0)
+            .expect("client is registered");
+        let alone = d.poll(0);
+        assert_eq!(alone.len(), 1);
+        assert_eq!(
+            alone[0].sm_limit, None,
+            "alone, best-effort has the whole GPU"
+        );
+        d.complete(2, alone[0].request, None, 1)
+            .expect("request is in flight");
+
+        d.add_client(ClientSpec::new(1, PriorityClass::High, 1))
+            .expect("client registers");
+        // Memory-bound beside compute-bound, within the budget: only the SM room would have
+        // held it, and the partition leaves the high client its SMs instead.
+        d.submit(2, kernel(2, 200, 132, Bound::Memory), 2)
+            .expect("client is registered");
+        d.submit(1, kernel(1, 50, 132, Bound::Compute), 2)
+            .expect("client is registered");
+        let both = d.poll(2);
+        let limit = |id| both.iter().find(|g| g.client == id).map(|g| g.sm_limit);
+        assert_eq!(
+            limit(1),
+            Some(None),
+            "high-priority work is never partitioned"
+        );
+        assert_eq!(limit(2), Some(Some(66)), "best-effort gets half the SMs");
+
+        // Without the setting, nothing is partitioned.
+        let mut d = Dispatcher::with_config(PolicyKind::Priority, DeviceShape { sms: 132 }, deep());
+        d.add_client(ClientSpec::new(1, PriorityClass::High, 1))
+            .expect("client registers");
+        d.add_client(ClientSpec::new(2, PriorityClass::BestEffort, 1))
+            .expect("client registers");
+        d.submit(2, kernel(2, 200, 8, Bound::Compute), 0)
+            .expect("client is registered");
+        assert!(d.poll(0).iter().all(|g| g.sm_limit.is_none()));
+    }
+
+    fn deep() -> SchedConfig {
+        SchedConfig {
+            max_inflight_per_client: 64,
+            rate: None,
+            ..SchedConfig::default()
+        }
     }
 
     /// High: requests (Poisson, mean gap 5 ms) of four 250 µs compute-bound kernels on half
