@@ -113,6 +113,12 @@ fn an_illegal_address_evicts_only_the_culprit_and_the_others_learn_what_they_los
     let kept_stream = victim.create_stream().expect("stream");
     verified_fill(&victim, 1.0).expect("victim works");
     verified_fill(&other, 2.0).expect("bystander works");
+    // On a GPU, one helper keeps the driver initialised, and the restarted image keeps it.
+    let holders = broker.cuda_holders();
+    let holder_off = std::env::var_os("GPUSHARE_NO_CUDA_HOLDER").is_some_and(|v| v != "0");
+    if test_backend() == "cuda" && !holder_off {
+        assert_eq!(holders.len(), 1, "one CUDA driver holder: {holders:?}");
+    }
 
     // The culprit is another process (after a restart, gpushared refuses the culprit's
     // process, and the victims here live in this one).
@@ -144,6 +150,11 @@ fn an_illegal_address_evicts_only_the_culprit_and_the_others_learn_what_they_los
                 println!("  {line}");
             }
             verified_fill(&back, 8.0).expect("works after the restart");
+            assert_eq!(
+                broker.cuda_holders(),
+                holders,
+                "the restarted image kept the same driver holder"
+            );
             let e = other.nop().expect_err("the bystander's session ended too");
             assert!(e.is_fatal(), "{e}");
             verified_fill(&other.reconnect().expect("reconnect"), 9.0).expect("bystander back");

@@ -234,3 +234,32 @@ fn best_effort_work_on_an_sm_partition_stays_correct_and_in_order() {
     stream.synchronize().expect("sync");
     check("on the whole GPU after work on the partition", 3.0);
 }
+
+/// gpushared on a GPU starts one helper that keeps the CUDA driver initialised (so a restart
+/// after a fault is quicker), and the helper goes when gpushared does.
+#[test]
+fn the_cuda_driver_holder_lives_exactly_as_long_as_gpushared() {
+    let Some(mut broker) = gpu_broker() else {
+        return;
+    };
+    let mut holders = Vec::new();
+    assert!(
+        gpushare_tests::wait_until(Duration::from_secs(5), || {
+            holders = broker.cuda_holders();
+            holders.len() == 1
+        }),
+        "one holder: {holders:?}"
+    );
+    assert!(broker.terminate(Duration::from_secs(10)).is_some());
+    let holder = holders[0];
+    assert!(
+        gpushare_tests::wait_until(Duration::from_secs(5), || {
+            !std::path::Path::new(&format!("/proc/{holder}")).exists()
+                || std::fs::read_to_string(format!("/proc/{holder}/stat")).is_ok_and(|s| {
+                    s.rsplit_once(')')
+                        .is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
+                })
+        }),
+        "the holder {holder} outlived gpushared"
+    );
+}

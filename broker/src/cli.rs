@@ -19,6 +19,13 @@ pub enum Backend {
 #[derive(Debug, Parser)]
 #[command(name = "gpushared", version)]
 pub struct Args {
+    /// Internal: run as the helper that keeps the CUDA driver initialised while gpushared
+    /// restarts after a GPU fault.
+    #[arg(long, hide = true)]
+    pub hold_cuda_driver: bool,
+    /// Do not start that helper (a restart after a GPU fault then takes about 0.1 s longer).
+    #[arg(long, env = "GPUSHARE_NO_CUDA_HOLDER", value_parser = clap::builder::FalseyValueParser::new())]
+    pub no_cuda_holder: bool,
     /// Control socket path.
     #[arg(long, env = "GPUSHARE_SOCKET", default_value = gpushare_protocol::DEFAULT_SOCKET_PATH)]
     pub socket: PathBuf,

@@ -28,6 +28,8 @@ fn open_gpus(
         Gpus::One(n) => vec![CudaDevice::open(n)?],
     };
     if fault_injection {
+        // Before serving, as in every image: the flag it allocates then takes the same place
+        // in each, so clients rebuilding after a restart find their addresses free.
         for d in &devices {
             if let Err(e) = d.prepare_fault_injection() {
                 warn!(gpu = d.ordinal(), error = %e, "cannot load the fault-injection kernels");
@@ -49,6 +51,9 @@ fn main() -> std::process::ExitCode {
 
 fn real_main() -> anyhow::Result<()> {
     let args = Args::parse();
+    if args.hold_cuda_driver {
+        gpushare_broker::device::cuda::run_holder();
+    }
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .or_else(|_| tracing_subscriber::EnvFilter::try_new(&args.log))
         .context("bad --log filter")?;
@@ -57,6 +62,10 @@ fn real_main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
 
+    tracing::debug!(
+        restarted = std::env::var_os(CARRY_ENV).is_some(),
+        "gpushared starting"
+    );
     let (policy, policy_path) = load_policy(args.config.as_deref())?;
     let config = BrokerConfig {
         socket: args.socket.clone(),
@@ -100,11 +109,17 @@ fn real_main() -> anyhow::Result<()> {
         Backend::Cuda => {
             let gpus = open_gpus(args.gpu, args.allow_fault_injection)
                 .with_context(|| format!("cannot use {which} with --backend cuda"))?;
+            if !args.no_cuda_holder {
+                gpushare_broker::device::cuda::keep_driver_warm();
+            }
             run(gpus, config, policy, start_telemetry(&args))
         }
         Backend::Auto => match open_gpus(args.gpu, args.allow_fault_injection) {
             Ok(gpus) => {
                 info!("backend auto: serving {which} through CUDA");
+                if !args.no_cuda_holder {
+                    gpushare_broker::device::cuda::keep_driver_warm();
+                }
                 run(gpus, config, policy, start_telemetry(&args))
             }
             Err(e) => {
@@ -257,6 +272,10 @@ fn restart(reason: &str, carry: &Carry) -> ! {
         );
     }
     next.env(CARRY_ENV, carry.to_env());
+    // The CUDA driver holder goes on to the next image, so its cuInit is quick.
+    if let Some(fd) = gpushare_broker::device::cuda::hand_over_holder() {
+        next.env(gpushare_broker::device::cuda::HOLDER_ENV, fd);
+    }
     // The sim device's fresh allocations go on above the old image's, as a new CUDA
     // context's land elsewhere: clients rebuilding their state find their addresses free.
     next.env(

@@ -130,8 +130,9 @@ const HOST_BUFFER_ALIGN: usize = 4096;
 /// How long a command that failed with `DeviceReset` waits for the broker's notice of what
 /// the reset took (it comes on the control socket, possibly just after the completion).
 const NOTICE_WAIT: Duration = Duration::from_secs(5);
-/// Longest pause between two attempts to reach a restarting gpushared.
-const RECONNECT_PAUSE: Duration = Duration::from_millis(100);
+/// Longest pause between two attempts to reach a restarting gpushared. An attempt while it is
+/// away costs a failed connect(), so trying often is cheap and shortens the wait.
+const RECONNECT_PAUSE: Duration = Duration::from_millis(10);
 
 /// First-fit allocator over the host-buffer part of the arena: offset → length of free runs.
 struct HostRegion {

@@ -234,6 +234,28 @@ impl Broker {
         None
     }
 
+    /// The broker's children that keep the CUDA driver initialised (`--hold-cuda-driver`).
+    pub fn cuda_holders(&self) -> Vec<i32> {
+        let me = self.pid();
+        let Ok(dir) = std::fs::read_dir("/proc") else {
+            return Vec::new();
+        };
+        dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+            .filter(|pid| {
+                let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+                // "pid (comm) state ppid ...": the comm may hold spaces, so split after ')'.
+                let ppid = stat
+                    .rsplit_once(')')
+                    .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<i32>().ok());
+                let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+                ppid == Some(me)
+                    && cmdline
+                        .split(|&b| b == 0)
+                        .any(|arg| arg == b"--hold-cuda-driver")
+            })
+            .collect()
+    }
+
     /// How many descriptors the broker holds open.
     pub fn fd_count(&self) -> usize {
         std::fs::read_dir(format!("/proc/{}/fd", self.pid()))

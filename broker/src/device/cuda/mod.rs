@@ -8,6 +8,7 @@
 
 mod builtins;
 mod error;
+mod holder;
 mod partition;
 mod placed;
 
@@ -16,7 +17,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::ffi::c_void;
 use std::ptr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use cudarc::driver::result as cu;
@@ -31,6 +32,10 @@ pub use self::builtins::PREBUILT_PTX as BUILTIN_PTX;
 /// Hands the compiled built-in kernels to the next image of a restarting gpushared.
 pub use self::builtins::{HANDOVER_ENV as BUILTINS_HANDOVER_ENV, hand_over as hand_over_builtins};
 use self::error::{check, driver};
+/// The helper process that keeps the driver initialised across a restart.
+pub use self::holder::{
+    HOLDER_ENV, HOLDER_FLAG, hand_over as hand_over_holder, keep_driver_warm, run_holder,
+};
 use self::partition::Partitions;
 use self::placed::PlacedMemory;
 use super::{Device, DeviceError, DeviceResult};
@@ -100,7 +105,6 @@ pub struct CudaDevice {
     faults: Mutex<Option<FaultKernels>>,
     /// (least, greatest) stream priority; numerically smaller is more important.
     priorities: (i32, i32),
-    cublas: bool,
     /// Page-locked arenas: base address → length.
     registered: Mutex<BTreeMap<usize, usize>>,
     /// Allocations placed at an address a client asked for ([`Device::alloc_at`]).
@@ -149,7 +153,10 @@ impl CudaDevice {
         if !unsafe { sys::is_culib_present() } {
             return Err(ProbeError::NoDriver);
         }
+        let started = Instant::now();
         cu::init().map_err(|e| driver("cuInit", e))?;
+        tracing::debug!(took = ?started.elapsed(), "CUDA driver initialised");
+        start_loading_cublas();
         let count = cu::device::get_count().map_err(|e| driver("cuDeviceGetCount", e))?;
         if count == 0 {
             return Err(ProbeError::NoDevice);
@@ -161,9 +168,11 @@ impl CudaDevice {
             });
         }
         let device = cu::device::get(ordinal).map_err(|e| driver("cuDeviceGet", e))?;
+        let started = Instant::now();
         // SAFETY: `device` is valid; the retained context is released in Drop.
         let ctx = unsafe { cu::primary_ctx::retain(device) }
             .map_err(|e| driver("cuDevicePrimaryCtxRetain", e))?;
+        let context_took = started.elapsed();
         // SAFETY: `ctx` was just retained.
         unsafe { cu::ctx::set_current(ctx) }.map_err(|e| driver("cuCtxSetCurrent", e))?;
         CURRENT.with(|c| c.set(ctx as usize));
@@ -199,15 +208,18 @@ impl CudaDevice {
         };
         let priorities = cu::stream::get_priority_range().unwrap_or((0, 0));
         let builtins = Builtins::load(cc, sm_count)?;
-        // SAFETY: only probes whether the library can be loaded.
-        let cublas = unsafe { cudarc::cublas::sys::is_culib_present() };
+        tracing::debug!(
+            gpu = ordinal,
+            context = ?context_took,
+            kernels = ?(started.elapsed() - context_took),
+            "CUDA context and built-in kernels ready"
+        );
         tracing::info!(
             gpu = ordinal,
             name = %info.name,
             sms = sm_count,
             compute = format_args!("{}.{}", cc.0, cc.1),
             kernels = builtins.origin,
-            cublas,
             "CUDA device open"
         );
         Ok(CudaDevice {
@@ -219,7 +231,6 @@ impl CudaDevice {
             builtins,
             faults: Mutex::new(None),
             priorities,
-            cublas,
             registered: Mutex::new(BTreeMap::new()),
             placed: Mutex::new(PlacedMemory::default()),
             partitions: Partitions::probe(device, sm_count),
@@ -710,7 +721,7 @@ impl Device for CudaDevice {
                 k,
                 alpha,
                 beta,
-            } if self.cublas && m as u64 * n as u64 * k as u64 >= CUBLAS_MIN_MACS => {
+            } if self.cublas() && m as u64 * n as u64 * k as u64 >= CUBLAS_MIN_MACS => {
                 self.gemm(stream, Gemm::F32, (a, b, c), (m, n, k), alpha, beta)
             }
             Kernel::GemmBf16 {
@@ -722,7 +733,7 @@ impl Device for CudaDevice {
                 k,
                 alpha,
                 beta,
-            } if self.cublas => self.gemm(stream, Gemm::Bf16, (a, b, c), (m, n, k), alpha, beta),
+            } if self.cublas() => self.gemm(stream, Gemm::Bf16, (a, b, c), (m, n, k), alpha, beta),
             Kernel::GemmBf16 { .. } => Err(DeviceError::NotSupported {
                 backend: "cuda",
                 what: "bf16 GEMM needs cuBLAS (libcublas.so), which was not found".into(),
@@ -1035,6 +1046,38 @@ impl CudaDevice {
             )
         }
         .map_err(|e| fail("cublasGemmEx", e))
+    }
+}
+
+/// Whether cuBLAS can be loaded (loads it: about 0.1 s the first time).
+fn probe_cublas() -> bool {
+    // SAFETY: only probes whether the library can be loaded.
+    let present = unsafe { cudarc::cublas::sys::is_culib_present() };
+    if !present {
+        tracing::info!("cuBLAS (libcublas.so) not found: GEMMs use the built-in kernel");
+    }
+    present
+}
+
+/// Whether cuBLAS can be loaded, once found out.
+static CUBLAS: OnceLock<bool> = OnceLock::new();
+
+/// Starts loading cuBLAS on a thread of its own, once: right after `cuInit`, so that loading
+/// it (about 0.1 s) overlaps making the CUDA context. (Not earlier: two libraries cannot load
+/// at once, and `cuInit` then waited 80 ms for it, measured after a restart. Not later: while
+/// a library loads, no thread can start, and serving starts threads.)
+fn start_loading_cublas() {
+    static STARTED: std::sync::Once = std::sync::Once::new();
+    STARTED.call_once(|| {
+        let _ = std::thread::Builder::new()
+            .name("cublas-load".into())
+            .spawn(|| CUBLAS.get_or_init(probe_cublas));
+    });
+}
+
+impl CudaDevice {
+    fn cublas(&self) -> bool {
+        *CUBLAS.get_or_init(probe_cublas)
     }
 }
 
