@@ -45,22 +45,22 @@ fn busy(client: Client, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<(Clien
     })
 }
 
-fn gpu_time(broker: &Broker, name: &str) -> u64 {
+/// A figure of the client named `name` from the broker's status (0 if it is not there).
+fn client_figure(broker: &Broker, name: &str, figure: fn(&gpushare::ClientStats) -> u64) -> u64 {
     broker
         .status()
         .clients
         .iter()
         .find(|c| c.name == name)
-        .map_or(0, |c| c.gpu_time_ns)
+        .map_or(0, figure)
+}
+
+fn gpu_time(broker: &Broker, name: &str) -> u64 {
+    client_figure(broker, name, |c| c.gpu_time_ns)
 }
 
 fn kernels(broker: &Broker, name: &str) -> u64 {
-    broker
-        .status()
-        .clients
-        .iter()
-        .find(|c| c.name == name)
-        .map_or(0, |c| c.kernels)
+    client_figure(broker, name, |c| c.kernels)
 }
 
 #[test]
