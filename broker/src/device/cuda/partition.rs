@@ -61,7 +61,7 @@ impl Partitions {
                 (Some(whole), sm.minSmPartitionSize.max(1))
             }
             Err(e) => {
-                tracing::info!(error = %e, "no SM partitions on this GPU (green contexts need CUDA 12.4 and a recent driver); partitioned clients are limited by rate only");
+                tracing::info!(error = %e, "no SM partitions on this GPU (green contexts need CUDA 12.4 and a recent driver); a partitioned client is held only by the scheduler (the SMs its kernels in flight may need), not by the hardware");
                 (None, 1)
             }
         };
