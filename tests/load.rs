@@ -142,10 +142,23 @@ fn sixty_four_clients_lose_no_completion_and_leave_nothing_behind() {
                             })
                         })
                         .expect("axpy");
-                        if rng.random_bool(0.5) {
+                        // Read back after a sync half the time, else on the kernels' own stream
+                        // (streams are not ordered with each other: reading on the default
+                        // stream without a sync races the kernels on a real GPU).
+                        let got = if rng.random_bool(0.5) {
                             timed(sync, || stream.synchronize()).expect("sync");
-                        }
-                        let got = timed(read_back, || b.to_vec()).expect("read");
+                            timed(read_back, || b.to_vec()).expect("read")
+                        } else {
+                            let mut bytes = vec![0u8; n * 4];
+                            timed(read_back, || {
+                                client.copy_to_host_raw(stream.id(), &mut bytes, b.ptr())
+                            })
+                            .expect("read on the stream");
+                            bytes
+                                .chunks_exact(4)
+                                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                                .collect()
+                        };
                         mismatches += got.iter().filter(|&&v| v != 2.0 * x + 1.0).count() as u64;
                         drop((a, b));
                         iteration.saturating_record(started.elapsed().as_nanos() as u64);
