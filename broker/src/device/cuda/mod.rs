@@ -751,9 +751,18 @@ impl Device for CudaDevice {
                 Some(&(_, lane)) => lane,
                 None => {
                     self.bind()?;
-                    let lane = self.partitions.stream(size, stream.priority)?;
-                    stream.lanes.push((size, lane));
-                    lane
+                    match self.partitions.stream(size, stream.priority) {
+                        Ok(lane) => {
+                            stream.lanes.push((size, lane));
+                            lane
+                        }
+                        // The client's work matters more than its partition: run it on the
+                        // whole GPU rather than fail it.
+                        Err(e) => {
+                            tracing::warn!(sms = size, error = %e, "cannot make an SM partition; running on the whole GPU");
+                            stream.home
+                        }
+                    }
                 }
             },
         };

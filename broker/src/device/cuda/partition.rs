@@ -8,7 +8,7 @@
 //! both on the whole device) back to the 59 µs it takes alone once the flood ran on a green
 //! context of 8 to 104 SMs. A partition is made once per size (about 1.5 ms) and kept.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ptr;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -27,6 +27,8 @@ pub struct Partitions {
     /// Partition sizes are multiples of this (8 SMs on Hopper).
     granularity: u32,
     made: Mutex<BTreeMap<u32, GreenCtx>>,
+    /// Sizes the driver refused to make: not asked for again.
+    refused: Mutex<BTreeSet<u32>>,
     /// Said once that a partition was asked for and cannot be made.
     warned: AtomicBool,
 }
@@ -71,6 +73,7 @@ impl Partitions {
             whole,
             granularity,
             made: Mutex::new(BTreeMap::new()),
+            refused: Mutex::new(BTreeSet::new()),
             warned: AtomicBool::new(false),
         }
     }
@@ -88,7 +91,12 @@ impl Partitions {
             return None;
         }
         let size = (sms / self.granularity * self.granularity).max(self.granularity);
-        (size < self.sm_count).then_some(size)
+        let refused = self
+            .refused
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(&size);
+        (size < self.sm_count && !refused).then_some(size)
     }
 
     /// A new stream of `priority` on the partition of `size` SMs (from [`size_for`]).
@@ -99,7 +107,12 @@ impl Partitions {
         let green = match made.get(&size) {
             Some(g) => g.raw,
             None => {
-                let g = self.make(size)?;
+                let g = self.make(size).inspect_err(|_| {
+                    self.refused
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(size);
+                })?;
                 made.insert(size, GreenCtx { raw: g });
                 g
             }
