@@ -936,9 +936,10 @@ fn through_the_c_abi_a_rebuilding_client_keeps_its_raw_handles() {
 /// client faults the GPU: a call that meets the reset fails with `Rebuilt` (never the raw
 /// reset error), promptly, whichever thread did the rebuild; then every stream works.
 #[test]
-#[ignore = "a thread that translated its handles before a rebuild may submit after it: the \
-            rebuild can then fail for good (RebuildFailed) or the call waits 5 s and returns a \
-            bare DeviceReset (see the review notes); flaky until the rebuild excludes calls"]
+#[ignore = "fails about 6 runs in 16 on the sim: a thread that translated its handles before \
+            a rebuild may submit after it (the rebuild then fails for good, RebuildFailed), and \
+            the guardian sometimes resets the device a second time right after the first, so \
+            the client rebuilds twice (see docs/reliability.md)"]
 fn every_thread_of_a_rebuilding_client_that_meets_a_reset_gets_rebuilt_promptly() {
     threads_of_a_rebuilding_client_meet_a_fault(&broker(&[]), Duration::from_secs(2));
 }
@@ -995,16 +996,18 @@ fn threads_of_a_rebuilding_client_meet_a_fault(broker: &Broker, within: Duration
             })
             .collect();
         std::thread::sleep(Duration::from_millis(20));
-        assert!(
-            culprit.run("illegal").starts_with("error"),
-            "the fault shows"
-        );
-        std::thread::sleep(Duration::from_millis(300) + within / 4);
+        let said = culprit.run("illegal");
+        if said.starts_with("error") {
+            std::thread::sleep(Duration::from_millis(300) + within / 4);
+        }
+        // Stopped before any assertion: a panic here would wait for them forever.
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        threads
+        let errors = threads
             .into_iter()
             .flat_map(|t| t.join().expect("thread"))
-            .collect()
+            .collect();
+        assert!(said.starts_with("error"), "the fault shows: {said}");
+        errors
     });
     for (e, took) in &errors {
         assert!(

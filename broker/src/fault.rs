@@ -20,7 +20,7 @@
 //! runs one client at a time for `--fault-probation`, so that a second fault has exactly one
 //! suspect, who is then evicted.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -90,6 +90,9 @@ struct HealthState {
     probation: HashMap<u64, Instant>,
     /// The suspect whose work runs now (others on probation wait for it).
     serial_holder: Option<u64>,
+    /// Suspects waiting for the turn, in order: a release hands it to the first, so a busy
+    /// suspect that takes the turn again at once cannot starve the others.
+    turn_queue: VecDeque<u64>,
     record: RecoveryRecord,
 }
 
@@ -244,17 +247,20 @@ impl DeviceHealth {
         st.sessions.remove(&id);
         st.parked.remove(&id);
         st.probation.remove(&id);
+        st.turn_queue.retain(|&w| w != id);
         if st.serial_holder == Some(id) {
-            st.serial_holder = None;
+            st.serial_holder = st.turn_queue.pop_front();
         }
         drop(st);
         self.changed.notify_all();
     }
 
-    /// A session met a sticky device error: the context must be recreated.
-    pub fn report_fault(&self, reporter: u64, what: String) {
+    /// A session met a sticky device error: the context must be recreated. `epoch` is the
+    /// reset epoch the session was in when it met the error: if a reset has come since, that
+    /// reset already dealt with it, and a late report must not reset the device again.
+    pub fn report_fault(&self, reporter: u64, epoch: u64, what: String) {
         let mut st = self.lock();
-        if st.fault.is_none() && !self.resetting.load(Ordering::Acquire) {
+        if st.fault.is_none() && !self.resetting.load(Ordering::Acquire) && self.epoch() == epoch {
             st.fault = Some((reporter, what));
         }
         drop(st);
@@ -309,15 +315,21 @@ impl DeviceHealth {
         let mut st = self.lock();
         loop {
             if self.resetting.load(Ordering::Acquire) {
+                st.turn_queue.retain(|&w| w != id);
                 return false;
             }
             match st.serial_holder {
-                None => {
+                Some(h) if h == id => return true,
+                // Free, and nobody waited longer.
+                None if st.turn_queue.front().is_none_or(|&w| w == id) => {
+                    st.turn_queue.retain(|&w| w != id);
                     st.serial_holder = Some(id);
                     return true;
                 }
-                Some(h) if h == id => return true,
-                Some(_) => {
+                _ => {
+                    if !st.turn_queue.contains(&id) {
+                        st.turn_queue.push_back(id);
+                    }
                     st = self
                         .changed
                         .wait_timeout(st, Duration::from_millis(10))
@@ -338,10 +350,11 @@ impl DeviceHealth {
         self.lock().probation.get(&id).copied()
     }
 
+    /// Ends the turn; the suspect that has waited longest gets it.
     pub fn release_turn(&self, id: u64) {
         let mut st = self.lock();
         if st.serial_holder == Some(id) {
-            st.serial_holder = None;
+            st.serial_holder = st.turn_queue.pop_front();
             drop(st);
             self.changed.notify_all();
         }
@@ -522,6 +535,7 @@ impl DeviceHealth {
             s.fault_watch.busy_since.store(0, Ordering::Release);
         }
         st.serial_holder = None;
+        st.turn_queue.clear();
         if culprit.is_none() && suspects.len() > 1 {
             let until = Instant::now() + self.config.probation;
             for id in &suspects {
@@ -552,4 +566,40 @@ pub struct FaultWatch {
     pub busy_since: AtomicU64,
     /// When its work was last seen making progress.
     pub progress: AtomicU64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// On probation, a busy suspect that gives the turn up and asks again at once does not
+    /// get it back before a suspect that was already waiting.
+    #[test]
+    fn the_probation_turn_goes_to_the_suspect_that_waited_longest() {
+        let health = DeviceHealth::new(FaultConfig::default(), Arc::new(Stuck::default()));
+        assert!(health.acquire_turn(1));
+        let waiter = {
+            let health = health.clone();
+            std::thread::spawn(move || {
+                assert!(health.acquire_turn(2));
+                let got = Instant::now();
+                std::thread::sleep(Duration::from_millis(50));
+                health.release_turn(2);
+                got
+            })
+        };
+        // Let suspect 2 queue up, then 1 releases and asks again straight away.
+        while health.lock().turn_queue.is_empty() {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        health.release_turn(1);
+        assert!(health.acquire_turn(1));
+        let back = Instant::now();
+        let got = waiter.join().expect("waiter");
+        assert!(
+            got < back,
+            "suspect 1 took the turn back before suspect 2 had it"
+        );
+        health.release_turn(1);
+    }
 }

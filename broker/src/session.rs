@@ -764,7 +764,7 @@ impl<D: Device> SessionState<D> {
                 ErrorCode::DeviceError | ErrorCode::LaunchFailed => {
                     // A sticky error poisons everyone's context: get it reset now.
                     if let Some(what) = self.device.fault() {
-                        self.health.report_fault(self.info.id, what);
+                        self.health.report_fault(self.info.id, self.epoch, what);
                         // The command was lost to the fault, like everything else the reset
                         // takes: say so once the guardian has taken over.
                         if self
