@@ -83,7 +83,8 @@ struct HealthState {
     /// Sessions on this GPU, for waking and counting them.
     sessions: HashMap<u64, Arc<SessionInfo>>,
     /// A fault reported and not yet handled: (reporter, what).
-    fault: Option<(u64, String)>,
+    /// (reporter, the reset epoch it reported in, what).
+    fault: Option<(u64, u64, String)>,
     parked: HashSet<u64>,
     verdicts: HashMap<u64, Verdict>,
     /// Suspects of an unattributed fault, and when their probation ends.
@@ -261,7 +262,7 @@ impl DeviceHealth {
     pub fn report_fault(&self, reporter: u64, epoch: u64, what: String) {
         let mut st = self.lock();
         if st.fault.is_none() && !self.resetting.load(Ordering::Acquire) && self.epoch() == epoch {
-            st.fault = Some((reporter, what));
+            st.fault = Some((reporter, epoch, what));
         }
         drop(st);
         self.changed.notify_all();
@@ -373,7 +374,12 @@ impl DeviceHealth {
                     .changed
                     .wait_timeout_while(st, WATCH_TICK, |s| s.fault.is_none())
                     .unwrap_or_else(|e| e.into_inner());
-                st.fault.take()
+                // A report from before the last reset was about what that reset dealt with
+                // (one can slip in while the guardian starts a recovery).
+                st.fault
+                    .take()
+                    .filter(|&(_, epoch, _)| epoch == self.epoch())
+                    .map(|(reporter, _, what)| (reporter, what))
             };
             let cause = match fault.or_else(|| device.fault().map(|what| (0, what))) {
                 Some((_, what)) => Some((what, None)),

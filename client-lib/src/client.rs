@@ -612,6 +612,12 @@ impl Conn {
     /// Submits and waits; turns a failed status into an error.
     fn call(&self, cmd: Command, op: &'static str) -> Result<CompletionEntry> {
         let tag = self.submit(cmd, true)?;
+        self.finish(tag, op)
+    }
+
+    /// Waits for the completion of `tag` (submitted with `wait`) and turns its status into a
+    /// result.
+    fn finish(&self, tag: u64, op: &'static str) -> Result<CompletionEntry> {
         let c = self.wait(tag)?;
         match ErrorCode::from_u32(c.status) {
             None if c.status == 0 => Ok(c),
@@ -1294,16 +1300,25 @@ impl Client {
                 } => conn.arena_copy(arena_offset, len),
                 _ => None,
             };
-            let broker_cmd = {
+            let tag = {
                 let mut reg = lock(registry);
                 if let (Some(bytes), Command::CopyHtoD { dst, .. }) = (&shadow, cmd) {
                     reg.record_upload(dst, bytes);
                 }
                 let translated = reg.translate(cmd);
                 reg.forget(&cmd);
-                translated
+                // Submitted with the record held: a rebuild (which holds it) cannot come
+                // between translating and submitting, so no command naming the old handles
+                // reaches the broker after the rebuild's own commands, where its error would
+                // fall on the rebuild or on a later, unrelated call.
+                conn.submit(translated, wait)?
             };
-            let result = send(broker_cmd)?;
+            let result = if wait {
+                let c = conn.finish(tag, op_name(cmd.encode(0).opcode))?;
+                (c.result, c.result2)
+            } else {
+                (0, 0)
+            };
             let makes = matches!(
                 cmd,
                 Command::Alloc { .. }
@@ -1707,15 +1722,14 @@ impl Client {
         shared_mem_bytes: u32,
         params: &[u8],
     ) -> Result<()> {
-        self.run(|c| {
-            let (stream, function) = match &self.inner.registry {
-                Some(r) => {
-                    let reg = lock(r);
-                    (reg.stream(stream), reg.function(function))
-                }
-                None => (stream, function),
-            };
-            c.launch_function(stream, function, (grid, block, shared_mem_bytes), params)
+        self.run(|c| match &self.inner.registry {
+            Some(r) => {
+                let reg = lock(r);
+                let (stream, function) = (reg.stream(stream), reg.function(function));
+                // Submitted with the record held, as in `user_command`.
+                c.launch_function(stream, function, (grid, block, shared_mem_bytes), params)
+            }
+            None => c.launch_function(stream, function, (grid, block, shared_mem_bytes), params),
         })
     }
 }

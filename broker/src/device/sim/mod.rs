@@ -272,6 +272,7 @@ impl Device for SimDevice {
                 stream.hung = true;
             } else {
                 st.poisoned = Some("illegal address (injected fault)".into());
+                tracing::debug!(epoch = st.epoch, "sim: injected illegal address");
                 stream.faulted = true;
             }
             return Ok(()); // like a real launch, the failure shows later
