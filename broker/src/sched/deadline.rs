@@ -12,8 +12,9 @@
 //!
 //! The floor is `min_sms` SMs (8 by default: Hopper's green contexts split SMs in groups of
 //! 8), so partitioned work always progresses. The dispatcher keeps the partitioned clients'
-//! SMs in flight within `cap_sms()` and tells the device layer the cap with each grant, so
-//! the device can run the kernel on a green context of that size.
+//! SMs in flight within `cap_sms()` and tells the device layer the cap with each grant; on
+//! CUDA the kernel then runs on a green context of that size (`device/cuda/partition.rs`).
+//! Where the GPU has no green contexts, only that accounting holds them.
 
 /// Tunables of the controller.
 #[derive(Debug, Clone, Copy, PartialEq)]
