@@ -16,7 +16,7 @@ use gpushare::{
     Client, Command, ConnectOptions, DeviceBuffer, DevicePtr, Error, ErrorCode, Event, Function,
     Kernel, Module, ModuleFormat, RebuildError, Stream,
 };
-use gpushare_tests::{Broker, BrokerOptions, SCALE_ADD_PTX, pattern, test_backend};
+use gpushare_tests::{Broker, BrokerOptions, SCALE_ADD_PTX, host_gemm, pattern, test_backend};
 
 fn broker(extra: &[&str]) -> Broker {
     let mut extra_args = vec!["--allow-fault-injection".to_string()];
@@ -625,14 +625,7 @@ impl Server {
 /// The server's GEMM on the host.
 fn reference_gemm() -> Vec<f32> {
     let (m, n, k) = (M as usize, N as usize, K as usize);
-    let (a, b) = (pattern(m * k, 1), pattern(k * n, 2));
-    let mut c = vec![0f32; m * n];
-    for i in 0..m {
-        for j in 0..n {
-            c[i * n + j] = (0..k).map(|p| a[i * k + p] * b[p * n + j]).sum();
-        }
-    }
-    c
+    host_gemm(&pattern(m * k, 1), &pattern(k * n, 2), m, n, k)
 }
 
 fn assert_close(got: &[f32], want: &[f32]) {

@@ -7,7 +7,9 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use gpushare::{ErrorCode, Kernel, ModuleFormat, PriorityClass};
-use gpushare_tests::{BrokerOptions, SCALE_ADD_PTX, gpu_broker, gpu_broker_with, pattern};
+use gpushare_tests::{
+    BrokerOptions, SCALE_ADD_PTX, gpu_broker, gpu_broker_with, host_gemm, pattern,
+};
 
 #[test]
 fn ptx_module_runs_with_packed_parameters() {
@@ -187,12 +189,7 @@ fn best_effort_work_on_an_sm_partition_stays_correct_and_in_order() {
             })
             .expect("fill");
     };
-    let mut ab = vec![0f32; m * n];
-    for i in 0..m {
-        for j in 0..n {
-            ab[i * n + j] = (0..k).map(|p| ha[i * k + p] * hb[p * n + j]).sum();
-        }
-    }
+    let ab = host_gemm(&ha, &hb, m, n, k);
     let check = |what: &str, plus: f32| {
         let got = c.to_vec().expect("down");
         for (i, (g, w)) in got.iter().zip(&ab).enumerate() {

@@ -520,6 +520,17 @@ DONE:
 }
 "#;
 
+/// Row-major `A·B` on the host, in f32 (A is m×k, B is k×n): what a GEMM should give.
+pub fn host_gemm(a: &[f32], b: &[f32], m: usize, n: usize, k: usize) -> Vec<f32> {
+    let mut c = vec![0f32; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            c[i * n + j] = (0..k).map(|p| a[i * k + p] * b[p * n + j]).sum();
+        }
+    }
+    c
+}
+
 /// Deterministic test data.
 pub fn pattern(n: usize, seed: u32) -> Vec<f32> {
     (0..n)
