@@ -752,12 +752,13 @@ impl Device for CudaDevice {
                 None => {
                     self.bind()?;
                     match self.partitions.stream(size, stream.priority) {
-                        Ok(lane) => {
+                        Ok(Some(lane)) => {
                             stream.lanes.push((size, lane));
                             lane
                         }
                         // The client's work matters more than its partition: run it on the
-                        // whole GPU rather than fail it.
+                        // whole GPU rather than fail it (said once, when the driver refused).
+                        Ok(None) => stream.home,
                         Err(e) => {
                             tracing::warn!(sms = size, error = %e, "cannot make an SM partition; running on the whole GPU");
                             stream.home

@@ -8,7 +8,7 @@
 //! both on the whole device) back to the 59 µs it takes alone once the flood ran on a green
 //! context of 8 to 104 SMs. A partition is made once per size (about 1.5 ms) and kept.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::ptr;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -26,9 +26,9 @@ pub struct Partitions {
     whole: Option<CUdevResource>,
     /// Partition sizes are multiples of this (8 SMs on Hopper).
     granularity: u32,
-    made: Mutex<BTreeMap<u32, GreenCtx>>,
-    /// Sizes the driver refused to make: not asked for again.
-    refused: Mutex<BTreeSet<u32>>,
+    /// By size: the green context, or `None` where the driver refused to make it (not asked
+    /// again).
+    made: Mutex<BTreeMap<u32, Option<GreenCtx>>>,
     /// Said once that a partition was asked for and cannot be made.
     warned: AtomicBool,
 }
@@ -73,7 +73,6 @@ impl Partitions {
             whole,
             granularity,
             made: Mutex::new(BTreeMap::new()),
-            refused: Mutex::new(BTreeSet::new()),
             warned: AtomicBool::new(false),
         }
     }
@@ -91,31 +90,28 @@ impl Partitions {
             return None;
         }
         let size = (sms / self.granularity * self.granularity).max(self.granularity);
-        let refused = self
-            .refused
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .contains(&size);
-        (size < self.sm_count && !refused).then_some(size)
+        (size < self.sm_count).then_some(size)
     }
 
-    /// A new stream of `priority` on the partition of `size` SMs (from [`size_for`]).
+    /// A new stream of `priority` on the partition of `size` SMs (from [`size_for`]);
+    /// `None` for a size the driver already refused to make.
     ///
     /// [`size_for`]: Partitions::size_for
-    pub fn stream(&self, size: u32, priority: i32) -> DeviceResult<CUstream> {
+    pub fn stream(&self, size: u32, priority: i32) -> DeviceResult<Option<CUstream>> {
         let mut made = self.made.lock().unwrap_or_else(|e| e.into_inner());
         let green = match made.get(&size) {
-            Some(g) => g.raw,
-            None => {
-                let g = self.make(size).inspect_err(|_| {
-                    self.refused
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .insert(size);
-                })?;
-                made.insert(size, GreenCtx { raw: g });
-                g
-            }
+            Some(Some(g)) => g.raw,
+            Some(None) => return Ok(None),
+            None => match self.make(size) {
+                Ok(g) => {
+                    made.insert(size, Some(GreenCtx { raw: g }));
+                    g
+                }
+                Err(e) => {
+                    made.insert(size, None);
+                    return Err(e);
+                }
+            },
         };
         let mut stream = ptr::null_mut();
         // SAFETY: `green` is a live green context of ours; `stream` is written by the driver.
@@ -127,7 +123,7 @@ impl Partitions {
                 priority,
             )
         })?;
-        Ok(stream)
+        Ok(Some(stream))
     }
 
     fn make(&self, size: u32) -> DeviceResult<CUgreenCtx> {
@@ -171,7 +167,7 @@ impl Partitions {
 impl Drop for Partitions {
     fn drop(&mut self) {
         let made = std::mem::take(self.made.get_mut().unwrap_or_else(|e| e.into_inner()));
-        for g in made.into_values() {
+        for g in made.into_values().flatten() {
             // SAFETY: made by us; every stream on it was destroyed with its client's stream.
             let _ = unsafe { sys::cuGreenCtxDestroy(g.raw) };
         }
