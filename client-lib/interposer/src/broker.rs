@@ -5,23 +5,17 @@
 //! a batch of launch tokens) and waits for the answer, or posts a notice (a release, an idle
 //! report) whose completion nobody waits for. It never copies through the arena.
 
-use std::io::{IoSlice, IoSliceMut};
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::Path;
 use std::ptr::NonNull;
 use std::time::{Duration, Instant};
 
-use gpushare_protocol::control::{
-    self, BrokerMessage, ClientMessage, Hello, MAX_CONTROL_MESSAGE, Role, WELCOME_FDS, Welcome,
-};
+use gpushare_protocol::control::{BrokerMessage, ClientMessage, Hello, Role, WELCOME_FDS, Welcome};
 use gpushare_protocol::ring::{ClientRings, SHM_MAGIC};
 use gpushare_protocol::{Command, ErrorCode, PROTOCOL_VERSION, PriorityClass};
 use memmap2::{MmapOptions, MmapRaw};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
-use nix::sys::socket::{
-    AddressFamily, ControlMessage, ControlMessageOwned, MsgFlags, SockFlag, SockType, UnixAddr,
-    connect, recvmsg, sendmsg, socket,
-};
+use nix::sys::socket::{AddressFamily, SockFlag, SockType, UnixAddr, connect, socket};
 
 /// Submission entries asked for: one request and a few notices are ever in flight.
 const SQ_ENTRIES: u32 = 64;
@@ -244,61 +238,9 @@ fn signal(fd: &OwnedFd) {
 }
 
 fn send(socket: &OwnedFd, msg: &ClientMessage) -> Result<(), String> {
-    let bytes = control::encode(msg).map_err(|e| e.to_string())?;
-    let iov = [IoSlice::new(&bytes)];
-    let cmsgs: [ControlMessage<'_>; 0] = [];
-    loop {
-        match sendmsg::<UnixAddr>(
-            socket.as_raw_fd(),
-            &iov,
-            &cmsgs,
-            MsgFlags::MSG_NOSIGNAL,
-            None,
-        ) {
-            Ok(_) => return Ok(()),
-            Err(nix::errno::Errno::EINTR) => continue,
-            Err(e) => return Err(std::io::Error::from(e).to_string()),
-        }
-    }
+    gpushare_protocol::socket::send(socket.as_fd(), msg, &[]).map_err(|e| e.to_string())
 }
 
 fn recv(socket: &OwnedFd) -> Result<(BrokerMessage, Vec<OwnedFd>), String> {
-    let mut buf = vec![0u8; MAX_CONTROL_MESSAGE];
-    let mut cmsg_space = nix::cmsg_space!([RawFd; 8]);
-    let (bytes, fds, truncated) = loop {
-        let mut iov = [IoSliceMut::new(&mut buf)];
-        match recvmsg::<UnixAddr>(
-            socket.as_raw_fd(),
-            &mut iov,
-            Some(&mut cmsg_space),
-            MsgFlags::MSG_CMSG_CLOEXEC,
-        ) {
-            Ok(msg) => {
-                let mut fds = Vec::new();
-                if let Ok(cmsgs) = msg.cmsgs() {
-                    for c in cmsgs {
-                        if let ControlMessageOwned::ScmRights(raw) = c {
-                            // SAFETY: the kernel just installed these descriptors for us;
-                            // nothing else owns them.
-                            fds.extend(
-                                raw.into_iter()
-                                    .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }),
-                            );
-                        }
-                    }
-                }
-                break (msg.bytes, fds, msg.flags.contains(MsgFlags::MSG_TRUNC));
-            }
-            Err(nix::errno::Errno::EINTR) => continue,
-            Err(e) => return Err(std::io::Error::from(e).to_string()),
-        }
-    };
-    if bytes == 0 {
-        return Err("the broker closed the connection".into());
-    }
-    if truncated {
-        return Err("control message too large".into());
-    }
-    let msg = control::decode(&buf[..bytes]).map_err(|e| e.to_string())?;
-    Ok((msg, fds))
+    gpushare_protocol::socket::recv(socket.as_fd()).map_err(|e| e.to_string())
 }

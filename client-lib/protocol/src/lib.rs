@@ -13,6 +13,8 @@ pub mod error;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod ring;
+#[cfg(feature = "socket")]
+pub mod socket;
 pub mod stats;
 
 pub use command::{Command, Kernel};
