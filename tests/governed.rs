@@ -219,11 +219,7 @@ free pool 0
 
 #[test]
 fn allocations_past_the_quota_fail_with_out_of_memory_and_succeed_after_a_free() {
-    let broker = Broker::start_with(BrokerOptions {
-        policy: Some(format!("[defaults]\nmemory_quota = {}\n", 3 * MIB)),
-        ..Default::default()
-    });
-    broker.dump_log_if_stuck(Duration::from_secs(60));
+    let broker = broker_with_policy(&format!("[defaults]\nmemory_quota = {}\n", 3 * MIB));
     let output = governed_app(&broker.socket, &[], &["quota", &MIB.to_string()])
         .output()
         .expect("run the program");
@@ -242,11 +238,7 @@ fn allocations_past_the_quota_fail_with_out_of_memory_and_succeed_after_a_free()
 
 #[test]
 fn a_governed_program_shows_in_status_with_its_memory_launches_and_grant() {
-    let broker = Broker::start_with(BrokerOptions {
-        policy: Some("[defaults]\nweight = 4\nmemory_quota = \"1 GiB\"\n".into()),
-        ..Default::default()
-    });
-    broker.dump_log_if_stuck(Duration::from_secs(60));
+    let broker = broker_with_policy("[defaults]\nweight = 4\nmemory_quota = \"1 GiB\"\n");
     let mut child = governed_app(
         &broker.socket,
         &[
@@ -345,11 +337,7 @@ fn without_a_broker_the_program_runs_unmanaged_after_one_warning() {
 
 #[test]
 fn asking_for_a_more_important_class_than_granted_warns_once_and_runs_as_granted() {
-    let broker = Broker::start_with(BrokerOptions {
-        policy: Some("[defaults]\nclass = \"normal\"\n".into()),
-        ..Default::default()
-    });
-    broker.dump_log_if_stuck(Duration::from_secs(60));
+    let broker = broker_with_policy("[defaults]\nclass = \"normal\"\n");
     let mut child = governed_app(&broker.socket, &["--class", "high"], &["hold", "1", "4096"])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -557,6 +545,16 @@ fn spin_for(broker: &Broker, class: gpushare::PriorityClass, work: Duration) -> 
         drop(stream);
         drop(client);
     }
+}
+
+/// A broker on the test backend with this policy file.
+fn broker_with_policy(policy: &str) -> Broker {
+    let broker = Broker::start_with(BrokerOptions {
+        policy: Some(policy.into()),
+        ..Default::default()
+    });
+    broker.dump_log_if_stuck(Duration::from_secs(60));
+    broker
 }
 
 fn sim_realtime_broker(policy: &str) -> Broker {
