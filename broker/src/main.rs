@@ -19,9 +19,12 @@ use tracing::{info, warn};
 
 const DEFAULT_POLICY: &str = "/etc/gpushare/gpushare.toml";
 
+/// Opens the GPUs; then, unless `no_holder`, starts (or keeps) the helper that keeps the CUDA
+/// driver initialised across a restart.
 fn open_gpus(
     which: Gpus,
     fault_injection: bool,
+    no_holder: bool,
 ) -> Result<Vec<Arc<CudaDevice>>, gpushare_broker::device::cuda::ProbeError> {
     let devices = match which {
         Gpus::All => CudaDevice::open_all()?,
@@ -35,6 +38,9 @@ fn open_gpus(
                 warn!(gpu = d.ordinal(), error = %e, "cannot load the fault-injection kernels");
             }
         }
+    }
+    if !no_holder {
+        gpushare_broker::device::cuda::keep_driver_warm();
     }
     Ok(devices.into_iter().map(Arc::new).collect())
 }
@@ -107,19 +113,14 @@ fn real_main() -> anyhow::Result<()> {
     match args.backend {
         Backend::Sim => run(sims(), config, policy, start_telemetry(&args)),
         Backend::Cuda => {
-            let gpus = open_gpus(args.gpu, args.allow_fault_injection)
+            let gpus = open_gpus(args.gpu, args.allow_fault_injection, args.no_cuda_holder)
                 .with_context(|| format!("cannot use {which} with --backend cuda"))?;
-            if !args.no_cuda_holder {
-                gpushare_broker::device::cuda::keep_driver_warm();
-            }
             run(gpus, config, policy, start_telemetry(&args))
         }
-        Backend::Auto => match open_gpus(args.gpu, args.allow_fault_injection) {
+        Backend::Auto => match open_gpus(args.gpu, args.allow_fault_injection, args.no_cuda_holder)
+        {
             Ok(gpus) => {
                 info!("backend auto: serving {which} through CUDA");
-                if !args.no_cuda_holder {
-                    gpushare_broker::device::cuda::keep_driver_warm();
-                }
                 run(gpus, config, policy, start_telemetry(&args))
             }
             Err(e) => {
