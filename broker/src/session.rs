@@ -6,7 +6,7 @@
 //! ends — goodbye, disconnect, kill, eviction or broker shutdown — [`SessionState::reclaim`]
 //! releases everything it held.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -337,8 +337,10 @@ struct StreamSlot<S> {
     /// Got work since the last [`SessionState::account`].
     touched: bool,
     /// Got work since it was last synchronized (for telling whether the session has work in
-    /// flight without asking the driver).
+    /// flight without asking the driver, and which work a reset took unseen).
     unsynced: bool,
+    /// Operations submitted so far: an event recorded after the last one covers them all.
+    submitted: u64,
 }
 
 /// The data thread's state for one client.
@@ -355,6 +357,8 @@ pub struct SessionState<D: Device> {
     streams: HashMap<StreamId, StreamSlot<D::Stream>>,
     next_stream: StreamId,
     events: HashMap<EventId, D::Event>,
+    /// Where each event was last recorded: the stream, and its operations submitted then.
+    event_marks: HashMap<EventId, (StreamId, u64)>,
     next_event: EventId,
     /// Service time of recent commands (ns), this thread's only: no lock on the hot path.
     latency: Option<hdrhistogram::Histogram<u64>>,
@@ -389,6 +393,9 @@ struct Lost {
     streams: HashSet<StreamId>,
     events: HashSet<EventId>,
     functions: HashSet<u64>,
+    /// Streams with work not yet synchronized when a reset took it: the next sync that
+    /// covers one fails with `DeviceReset` (once), rather than saying work ran that never did.
+    unsynced: BTreeSet<StreamId>,
 }
 
 impl Lost {
@@ -481,6 +488,7 @@ impl<D: Device> SessionState<D> {
                 stream: default_stream,
                 touched: false,
                 unsynced: false,
+                submitted: 0,
             },
         );
         info.counters.streams.store(1, Ordering::Relaxed);
@@ -496,6 +504,7 @@ impl<D: Device> SessionState<D> {
             streams,
             next_stream: 1,
             events: HashMap::new(),
+            event_marks: HashMap::new(),
             next_event: 1,
             latency: hdrhistogram::Histogram::new_with_bounds(1, 60_000_000_000, 2).ok(),
             latency_published: Instant::now(),
@@ -752,6 +761,7 @@ impl<D: Device> SessionState<D> {
                         }
                         Command::StreamDestroy { stream } => {
                             self.lost.streams.remove(&stream);
+                            self.lost.unsynced.remove(&stream);
                             Ok((0, 0))
                         }
                         Command::EventDestroy { event } => {
@@ -771,6 +781,7 @@ impl<D: Device> SessionState<D> {
                             .health
                             .wait_for_recovery_start(self.epoch, Duration::from_secs(2))
                         {
+                            self.told_lost(&cmd);
                             return Err(ErrorCode::DeviceReset);
                         }
                     }
@@ -842,6 +853,7 @@ impl<D: Device> SessionState<D> {
             .ok_or(ErrorCode::InvalidHandle)?;
         slot.touched = true;
         slot.unsynced = true;
+        slot.submitted += 1;
         op(&device, &mut slot.stream).map(|()| (0, 0)).map_err(|e| {
             tracing::debug!(error = %e, "device operation failed");
             e.code()
@@ -910,6 +922,36 @@ impl<D: Device> SessionState<D> {
         }
     }
 
+    /// This command's failure tells the client that the reset took the work of the streams
+    /// it covers: a later sync need not say so again.
+    fn told_lost(&mut self, cmd: &Command) {
+        let stream = match *cmd {
+            Command::ClientSync => {
+                for slot in self.streams.values_mut() {
+                    slot.unsynced = false;
+                }
+                return;
+            }
+            Command::StreamSync { stream } => Some(stream),
+            Command::EventSync { event } => self.event_marks.get(&event).map(|&(s, _)| s),
+            ref other => other.stream(),
+        };
+        if let Some(slot) = stream.and_then(|s| self.streams.get_mut(&s)) {
+            slot.unsynced = false;
+        }
+    }
+
+    /// An event the client saw complete: the work it was recorded after is done, so a
+    /// stream with nothing submitted since is synchronized.
+    fn settle_marked(&mut self, event: EventId) {
+        if let Some(&(stream, submitted)) = self.event_marks.get(&event)
+            && let Some(slot) = self.streams.get_mut(&stream)
+            && slot.submitted == submitted
+        {
+            slot.unsynced = false;
+        }
+    }
+
     /// Parks (once) while a device reset is under way, keeping the outcome for
     /// [`SessionState::after_reset`].
     fn park_if_resetting(&mut self) {
@@ -935,6 +977,12 @@ impl<D: Device> SessionState<D> {
         };
         lost.streams.sort_unstable();
         lost.events.sort_unstable();
+        self.lost.unsynced.extend(
+            self.streams
+                .iter()
+                .filter(|(_, slot)| slot.unsynced)
+                .map(|(&id, _)| id),
+        );
         let (modules, functions) = self
             .modules
             .lock()
@@ -950,6 +998,7 @@ impl<D: Device> SessionState<D> {
         // The handles belong to a context that no longer exists: dropping them is inert.
         self.streams.clear();
         self.events.clear();
+        self.event_marks.clear();
         self.granted.clear();
         self.spare_events.clear();
         self.placed_charges.clear();
@@ -979,6 +1028,7 @@ impl<D: Device> SessionState<D> {
                         stream,
                         touched: false,
                         unsynced: false,
+                        submitted: 0,
                     },
                 );
                 c.streams.store(1, Ordering::Relaxed);
@@ -1105,6 +1155,7 @@ impl<D: Device> SessionState<D> {
                         stream,
                         touched: false,
                         unsynced: false,
+                        submitted: 0,
                     },
                 );
                 counters
@@ -1131,6 +1182,9 @@ impl<D: Device> SessionState<D> {
                 Ok((0, 0))
             }
             Command::StreamSync { stream } => {
+                if self.lost.unsynced.remove(&stream) && stream == 0 {
+                    return Err(ErrorCode::DeviceReset);
+                }
                 let device = self.device.clone();
                 let slot = self
                     .streams
@@ -1161,22 +1215,28 @@ impl<D: Device> SessionState<D> {
                     .events
                     .get_mut(&event)
                     .ok_or(ErrorCode::InvalidHandle)?;
-                let s = self
+                let slot = self
                     .streams
                     .get_mut(&stream)
-                    .map(|s| &mut s.stream)
                     .ok_or(ErrorCode::InvalidHandle)?;
-                device.record_event(e, s).map_err(|e| e.code())?;
+                device
+                    .record_event(e, &mut slot.stream)
+                    .map_err(|e| e.code())?;
+                self.event_marks.insert(event, (stream, slot.submitted));
                 Ok((0, 0))
             }
             Command::EventQuery { event } => {
                 let e = self.events.get(&event).ok_or(ErrorCode::InvalidHandle)?;
                 let done = self.device.event_done(e).map_err(|e| e.code())?;
+                if done {
+                    self.settle_marked(event);
+                }
                 Ok((done as u64, 0))
             }
             Command::EventSync { event } => {
                 let e = self.events.get(&event).ok_or(ErrorCode::InvalidHandle)?;
                 self.device.sync_event(e).map_err(|e| e.code())?;
+                self.settle_marked(event);
                 self.settle_in_flight();
                 Ok((0, 0))
             }
@@ -1188,9 +1248,14 @@ impl<D: Device> SessionState<D> {
             }
             Command::EventDestroy { event } => {
                 self.events.remove(&event).ok_or(ErrorCode::InvalidHandle)?;
+                self.event_marks.remove(&event);
                 Ok((0, 0))
             }
             Command::ClientSync => {
+                if !self.lost.unsynced.is_empty() {
+                    self.lost.unsynced.clear();
+                    return Err(ErrorCode::DeviceReset);
+                }
                 let device = self.device.clone();
                 let mut first_error = None;
                 for slot in self.streams.values_mut() {
@@ -1392,6 +1457,7 @@ impl<D: Device> SessionState<D> {
             self.park_if_resetting();
             self.streams.clear();
             self.events.clear();
+            self.event_marks.clear();
             self.allocations.clear();
             if let Ok(mut m) = self.modules.lock() {
                 m.clear();
@@ -1402,6 +1468,7 @@ impl<D: Device> SessionState<D> {
             self.device.destroy_stream(slot.stream);
         }
         self.events.clear();
+        self.event_marks.clear();
         if let Ok(mut m) = self.modules.lock() {
             m.clear();
         }

@@ -150,7 +150,8 @@ const char *gpushare_error_name(int code);
 int gpushare_session_info(const gpushare_client *client, gpushare_session_info_t *out);
 
 /* Waits for all of this client's work; reports the first error any asynchronous command
- * met (synchronous). */
+ * met (synchronous). Work a device reset took before the client saw it finish is reported
+ * here, once, as GPUSHARE_E_DEVICE_RESET. */
 int gpushare_synchronize(const gpushare_client *client);
 
 /* ---- scheduling --------------------------------------------------------------------- */

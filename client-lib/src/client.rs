@@ -683,12 +683,29 @@ impl Conn {
     }
 
     fn synchronize(&self) -> Result<()> {
-        self.call(Command::ClientSync, "synchronize")?;
-        self.take_async_error()
+        self.sync_with(Command::ClientSync, "synchronize")
     }
 
     fn sync_stream(&self, stream: StreamId) -> Result<()> {
-        self.call(Command::StreamSync { stream }, "synchronize stream")?;
+        self.sync_with(Command::StreamSync { stream }, "synchronize stream")
+    }
+
+    /// A sync reports the first error since the last one: an earlier command's, else its own.
+    /// When both say a reset took the work, that is one loss, reported once.
+    fn sync_with(&self, cmd: Command, op: &'static str) -> Result<()> {
+        let synced = self.call(cmd, op);
+        let mut ring = lock(&self.ring);
+        match (&synced, ring.async_error) {
+            (Err(e), Some((_, status)))
+                if e.code() == Some(ErrorCode::DeviceReset)
+                    && status == ErrorCode::DeviceReset.as_u32() =>
+            {
+                ring.async_error = None;
+            }
+            _ => {}
+        }
+        drop(ring);
+        synced?;
         self.take_async_error()
     }
 
@@ -1190,9 +1207,11 @@ impl Client {
         conn: &Conn,
         lost: &Lost,
     ) -> Result<(), RebuildError> {
-        // Completions of work the reset took carry `DeviceReset`: not news any more.
+        // Completions of work the reset took carry `DeviceReset`: not news any more. So does
+        // the first sync covering work the reset took before it ran.
         let _ = conn.drain_in_flight();
         let _ = conn.take_async_error();
+        let _ = conn.synchronize();
         remake(reg, conn, lost)
     }
 
@@ -1486,7 +1505,8 @@ impl Client {
         })
     }
 
-    /// Waits for all of this client's work; reports the first error any of it met.
+    /// Waits for all of this client's work; reports the first error any of it met. Work a
+    /// device reset took before this client saw it finish fails here with `DeviceReset`, once.
     pub fn synchronize(&self) -> Result<()> {
         self.run(|c| c.synchronize())
     }

@@ -134,6 +134,8 @@ impl Stream {
     }
 
     /// Waits for the stream's work; reports the first error any asynchronous command met.
+    /// Work a device reset took before this client saw it finish fails here with
+    /// `DeviceReset`, once.
     pub fn synchronize(&self) -> Result<()> {
         self.client.sync_stream(self.id)
     }
