@@ -989,6 +989,72 @@ fn every_thread_of_a_rebuilding_client_that_meets_a_reset_gets_rebuilt_promptly(
     threads_of_a_rebuilding_client_meet_a_fault(&broker(&[]), Duration::from_secs(2));
 }
 
+/// With rebuild on, work one thread submitted before a reset, which another thread's call
+/// then rebuilt after, never reads as done: that thread's first wait (here a read of the
+/// buffer the lost kernel was to fill) fails with `Rebuilt`, once, instead of returning the
+/// buffer's restored, stale bytes.
+#[test]
+fn work_lost_before_another_threads_rebuild_is_reported_to_the_thread_that_waits_for_it() {
+    let broker = broker(&[]);
+    let client = Client::connect_with(ConnectOptions {
+        rebuild: true,
+        ..broker.options("two-threads")
+    })
+    .expect("connect with rebuild");
+    let stream = client.create_stream().expect("stream");
+    let out = client.alloc::<f32>(1024).expect("alloc");
+    out.copy_from_host(&[1.0; 1024]).expect("upload");
+    let (submitted, wait_submitted) = std::sync::mpsc::channel();
+    let (rebuilt, wait_rebuilt) = std::sync::mpsc::channel::<()>();
+    std::thread::scope(|s| {
+        let (stream, out, client) = (&stream, &out, &client);
+        let worker = s.spawn(move || {
+            for on in [stream, &client.default_stream()] {
+                on.launch(Kernel::FillF32 {
+                    dst: out.ptr(),
+                    n: 1024,
+                    value: 3.0,
+                })
+                .expect("launch");
+            }
+            let _ = submitted.send(());
+            // Another thread meets the fault and rebuilds meanwhile.
+            let _ = wait_rebuilt.recv();
+            let first = out.to_vec();
+            let then = out.to_vec();
+            let stream_after = stream.synchronize();
+            (first, then, stream_after)
+        });
+        wait_submitted.recv().expect("the worker submitted");
+        let mut culprit = Scripted::start(&broker);
+        assert!(culprit.run("connect").starts_with("connected"));
+        let said = culprit.run("illegal");
+        // This thread's next calls meet the reset (or the restart) and rebuild.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let met = loop {
+            match client.nop() {
+                Err(e) => break e,
+                Ok(()) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                Ok(()) => break Error::Protocol("no reset met in 30 s".into()),
+            }
+        };
+        let _ = rebuilt.send(());
+        let (first, then, stream_after) = worker.join().expect("worker");
+        assert!(said.starts_with("error"), "the fault shows: {said}");
+        assert!(matches!(met, Error::Rebuilt(_)), "{met:?}");
+        assert_eq!(client.rebuilds(), 1);
+        let e = first
+            .map(|v| v.len())
+            .expect_err("the fill the reset took is not read as done");
+        assert!(matches!(e, Error::Rebuilt(_)), "{e:?}");
+        // Told once: from now on it reads what the rebuild restored (the last upload).
+        assert_eq!(then.expect("read after the report"), vec![1.0; 1024]);
+        stream_after.expect("the worker was told already");
+    });
+}
+
 #[test]
 fn every_thread_of_a_rebuilding_client_that_meets_a_restart_gets_rebuilt() {
     if test_backend() != "sim" {

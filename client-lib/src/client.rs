@@ -28,7 +28,7 @@ use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 
 use crate::control::ControlSocket;
 use crate::error::{Error, Result};
-use crate::rebuild::{Lost, RebuildError, Registry};
+use crate::rebuild::{Lost, RebuildError, Registry, Waited};
 
 /// How a client connects.
 #[derive(Debug, Clone)]
@@ -57,7 +57,9 @@ pub struct ConnectOptions {
     /// addresses holding what was uploaded into them, its modules, functions, streams and
     /// events come back too, and every handle keeps working. The call that meets the reset
     /// fails once with [`Error::Rebuilt`] (the work submitted before the fault was lost and
-    /// is not run again: submit it again); the calls after it work.
+    /// is not run again: submit it again); the calls after it work. With several threads,
+    /// each thread whose work was lost hears it once: in the call it meets the rebuild
+    /// with, or in the first call that waits for that work.
     ///
     /// Costs host memory: a copy of every byte uploaded from the host into a device buffer
     /// (the whole buffer, from its first upload) and of every module image, and one host
@@ -1112,16 +1114,38 @@ impl Client {
         // Notices so far: one arriving while `op` runs means a reset it may have met, even
         // when another thread takes the notice and rebuilds first.
         let seen = self.inner.notices.count.load(Ordering::Acquire);
-        if self.inner.failed.load(Ordering::Acquire)
+        let outcome = if self.inner.failed.load(Ordering::Acquire)
             || self.inner.notices.pending.load(Ordering::Acquire)
             || conn.restarted().is_some()
         {
-            return Err(self.rebuild(registry, &conn));
+            Err(self.rebuild(registry, &conn))
+        } else {
+            match op(&conn) {
+                Err(e) if self.lost_to_fault(&conn, &e, seen) => Err(self.rebuild(registry, &conn)),
+                other => other,
+            }
+        };
+        if let Err(Error::Rebuilt(_)) = &outcome {
+            // This thread now knows that what it submitted before was lost.
+            lock(registry).told_this_thread();
         }
-        match op(&conn) {
-            Err(e) if self.lost_to_fault(&conn, &e, seen) => Err(self.rebuild(registry, &conn)),
-            other => other,
+        outcome
+    }
+
+    /// After a call that waited for `waited`'s work (rebuild on): if a rebuild found some of
+    /// that work not yet waited for, the reset took it, and this call says so (`Rebuilt`),
+    /// rather than let the caller read results that were never computed.
+    fn check_waited(&self, waited: Waited, outcome: Result<()>) -> Result<()> {
+        let Some(registry) = &self.inner.registry else {
+            return outcome;
+        };
+        outcome?;
+        let mut reg = lock(registry);
+        if reg.waited(waited) {
+            reg.told_this_thread();
+            return Err(Error::Rebuilt(reg.last_reason.clone()));
         }
+        Ok(())
     }
 
     /// Whether `e` means a reset took this client's device state (the notice of what it
@@ -1184,6 +1208,8 @@ impl Client {
             Ok(reason) if !rebuilt_here => Error::Rebuilt(reason),
             Ok(reason) => {
                 reg.rebuilds += 1;
+                reg.lose_unsynced();
+                reg.last_reason = reason.clone();
                 tracing_free_log(&format!(
                     "gpushare: device state rebuilt in {:.1} ms ({:.1} ms of it waiting for gpushared to come back) after: {reason}",
                     started.elapsed().as_secs_f64() * 1e3,
@@ -1324,6 +1350,9 @@ impl Client {
                 if let (Some(bytes), Command::CopyHtoD { dst, .. }) = (&shadow, cmd) {
                     reg.record_upload(dst, bytes);
                 }
+                if !wait {
+                    reg.submitted_async(&cmd);
+                }
                 let translated = reg.translate(cmd);
                 reg.forget(&cmd);
                 // Submitted with the record held: a rebuild (which holds it) cannot come
@@ -1401,7 +1430,18 @@ impl Client {
 
     /// Submits and waits for one command; returns its `(result, result2)`.
     pub fn submit_wait(&self, cmd: Command) -> Result<(u64, u64)> {
-        self.user_command(cmd, true)
+        let outcome = self.user_command(cmd, true);
+        let waited = match (cmd, &outcome) {
+            (Command::ClientSync, _) => Waited::All,
+            (Command::StreamSync { stream }, _) => Waited::Stream(stream),
+            (Command::EventSync { event }, _) | (Command::EventQuery { event }, Ok((1, _))) => {
+                Waited::Event(event)
+            }
+            _ => return outcome,
+        };
+        let result = outcome.as_ref().map_or((0, 0), |&r| r);
+        self.check_waited(waited, outcome.map(drop))
+            .map(|()| result)
     }
 
     /// One round trip through the broker that does nothing.
@@ -1508,11 +1548,13 @@ impl Client {
     /// Waits for all of this client's work; reports the first error any of it met. Work a
     /// device reset took before this client saw it finish fails here with `DeviceReset`, once.
     pub fn synchronize(&self) -> Result<()> {
-        self.run(|c| c.synchronize())
+        let outcome = self.run(|c| c.synchronize());
+        self.check_waited(Waited::All, outcome)
     }
 
     pub(crate) fn sync_stream(&self, stream: StreamId) -> Result<()> {
-        self.run(|c| c.sync_stream(self.broker_stream(stream)))
+        let outcome = self.run(|c| c.sync_stream(self.broker_stream(stream)));
+        self.check_waited(Waited::Stream(stream), outcome)
     }
 
     /// Copies host bytes to device memory through the arena (double-buffered), and waits
@@ -1528,7 +1570,8 @@ impl Client {
 
     /// Copies device memory to host bytes through the arena (double-buffered).
     pub fn copy_to_host_raw(&self, stream: StreamId, dst: &mut [u8], src: DevicePtr) -> Result<()> {
-        self.run(|c| c.copy_to_host(self.broker_stream(stream), dst, src))
+        let outcome = self.run(|c| c.copy_to_host(self.broker_stream(stream), dst, src));
+        self.check_waited(Waited::Stream(stream), outcome)
     }
 
     /// Copies within device memory on `stream` (asynchronous).

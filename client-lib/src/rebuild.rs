@@ -10,6 +10,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
+use std::thread::ThreadId;
 
 use gpushare_protocol::command::ModuleLaunch;
 use gpushare_protocol::control::{LostState, ModuleFormat};
@@ -88,6 +89,27 @@ pub(crate) struct Registry {
     pub failed: Option<RebuildError>,
     /// Rebuilds done.
     pub rebuilds: u64,
+    /// Where each event was last recorded (library ids).
+    event_streams: BTreeMap<EventId, StreamId>,
+    /// Streams (library ids) with asynchronous work not yet waited for, and the threads that
+    /// submitted it.
+    unsynced: BTreeMap<StreamId, HashSet<ThreadId>>,
+    /// Such work a rebuild found: the reset took it. It is reported (as `Rebuilt`) once, to
+    /// the first call that waits for its stream, or to each thread that submitted it, in
+    /// whatever call that thread meets the rebuild with.
+    lost_work: BTreeMap<StreamId, HashSet<ThreadId>>,
+    /// Why the last rebuild was needed.
+    pub last_reason: String,
+}
+
+/// What a call that returned waited for.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Waited {
+    /// All of the client's work.
+    All,
+    Stream(StreamId),
+    /// The work before an event.
+    Event(EventId),
 }
 
 impl Registry {
@@ -104,7 +126,61 @@ impl Registry {
             next_object: 1,
             failed: None,
             rebuilds: 0,
+            event_streams: BTreeMap::new(),
+            unsynced: BTreeMap::new(),
+            lost_work: BTreeMap::new(),
+            last_reason: String::new(),
         }
+    }
+
+    /// An asynchronous command was submitted (library ids).
+    pub fn submitted_async(&mut self, cmd: &Command) {
+        if let Command::EventRecord { stream, event } = *cmd {
+            self.event_streams.insert(event, stream);
+            return;
+        }
+        if let Some(stream) = cmd.stream() {
+            self.unsynced
+                .entry(stream)
+                .or_default()
+                .insert(std::thread::current().id());
+        }
+    }
+
+    /// A call returned having waited for `waited`'s work: it is no longer in flight. Returns
+    /// whether the reset took some of it (that call must say so).
+    pub fn waited(&mut self, waited: Waited) -> bool {
+        let stream = match waited {
+            Waited::All => {
+                self.unsynced.clear();
+                let lost = !self.lost_work.is_empty();
+                self.lost_work.clear();
+                return lost;
+            }
+            Waited::Stream(s) => s,
+            Waited::Event(e) => match self.event_streams.get(&e) {
+                Some(&s) => s,
+                None => return false,
+            },
+        };
+        self.unsynced.remove(&stream);
+        self.lost_work.remove(&stream).is_some()
+    }
+
+    /// After a rebuild: every bit of work not yet waited for was lost.
+    pub fn lose_unsynced(&mut self) {
+        for (stream, threads) in std::mem::take(&mut self.unsynced) {
+            self.lost_work.entry(stream).or_default().extend(threads);
+        }
+    }
+
+    /// The current thread was told of the rebuild: the work it submitted before is reported.
+    pub fn told_this_thread(&mut self) {
+        let me = std::thread::current().id();
+        self.lost_work.retain(|_, threads| {
+            threads.remove(&me);
+            !threads.is_empty()
+        });
     }
 
     pub fn stream(&self, id: StreamId) -> StreamId {
@@ -242,10 +318,13 @@ impl Registry {
                 self.buffers.remove(&ptr);
             }
             Command::StreamDestroy { stream } => {
+                self.unsynced.remove(&stream);
+                self.lost_work.remove(&stream);
                 self.streams.remove(&stream);
             }
             Command::EventDestroy { event } => {
                 self.events.remove(&event);
+                self.event_streams.remove(&event);
             }
             _ => {}
         }
