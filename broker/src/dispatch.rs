@@ -71,19 +71,19 @@ pub struct GpuDispatch {
 }
 
 impl GpuDispatch {
-    /// A dispatcher for a GPU with `sms` SMs. Kernel profiles of the built-in kernels come
+    /// A dispatcher for a GPU of this shape. Kernel profiles of the built-in kernels come
     /// from the roofline `cost` model until measured ones replace them.
     pub fn new(
         kind: PolicyKind,
         priority: PriorityConfig,
-        sms: u32,
+        device: DeviceShape,
         cost: CostModel,
     ) -> GpuDispatch {
         GpuDispatch {
             state: Mutex::new(State {
                 dispatcher: Dispatcher::with_config(
                     kind,
-                    DeviceShape { sms: sms.max(1) },
+                    device,
                     SchedConfig {
                         // A client's asynchronous launches queue on its stream as they would
                         // without a scheduler; the policies' own limits still apply.

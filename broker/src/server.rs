@@ -188,7 +188,10 @@ impl<D: Device> Broker<D> {
                 Arc::new(GpuDispatch::new(
                     policy.scheduler(),
                     policy.priority_config(),
-                    d.info().sm_count,
+                    crate::sched::DeviceShape {
+                        sms: d.info().sm_count.max(1),
+                        sm_partitions: d.sm_partitions(),
+                    },
                     crate::device::sim::cost::CostModel::H100_LIKE,
                 ))
             })

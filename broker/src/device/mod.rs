@@ -113,6 +113,11 @@ pub trait Device: Send + Sync + 'static {
         len: u64,
     ) -> DeviceResult<()>;
     fn launch(&self, stream: &mut Self::Stream, kernel: &Kernel) -> DeviceResult<()>;
+    /// Whether [`Device::limit_sms`] partitions SMs (without, the scheduler paces partitioned
+    /// clients instead).
+    fn sm_partitions(&self) -> bool {
+        false
+    }
     /// Runs the stream's next kernels on at most `sms` SMs (`None`: on the whole device), in
     /// order with everything queued on it before. A device without SM partitions ignores it.
     fn limit_sms(&self, _stream: &mut Self::Stream, _sms: Option<u32>) -> DeviceResult<()> {

@@ -14,7 +14,11 @@
 //! 8), so partitioned work always progresses. The dispatcher keeps the partitioned clients'
 //! SMs in flight within `cap_sms()` and tells the device layer the cap with each grant; on
 //! CUDA the kernel then runs on a green context of that size (`device/cuda/partition.rs`).
-//! Where the GPU has no green contexts, only that accounting holds them.
+//!
+//! Where the device cannot partition SMs (no green contexts), rate control holds them
+//! instead ([`SharePacer`]): the partitioned clients' kernels are paced so that together they
+//! use no more than `share` of the device's SM-time, which is what a partition of that size
+//! would let them use. Their kernels then run on the whole device, a fraction of the time.
 
 /// Tunables of the controller.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -143,9 +147,70 @@ impl DeadlineController {
     }
 }
 
+/// Rate control for partitioned clients on a device without SM partitions: a pacer over
+/// SM-time. A kernel costs its expected duration times the SMs it occupies; the budget
+/// refills at `share × sms` SM-ns per ns and never banks more than nothing, so unused share is
+/// not saved up for a burst later. A kernel may start while the budget is not negative (one
+/// always can, after a wait), and its cost may take it below zero.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SharePacer {
+    /// SM-ns available (negative: owed).
+    budget: f64,
+    last: u64,
+}
+
+impl SharePacer {
+    /// Refills for the time since the last call, at `rate` SM-ns per ns.
+    pub fn refill(&mut self, now: u64, rate: f64) {
+        let dt = now.saturating_sub(self.last) as f64;
+        self.last = self.last.max(now);
+        self.budget = (self.budget + dt * rate).min(0.0);
+    }
+
+    pub fn ready(&self) -> bool {
+        self.budget >= 0.0
+    }
+
+    /// Charges a granted kernel.
+    pub fn take(&mut self, sm_ns: f64) {
+        self.budget -= sm_ns;
+    }
+
+    /// When the budget is back to zero at `rate`.
+    pub fn ready_at(&self, rate: f64) -> u64 {
+        if self.ready() || rate <= 0.0 {
+            return self.last;
+        }
+        self.last
+            .saturating_add((-self.budget / rate).ceil() as u64)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_pacer_holds_kernels_to_their_share_of_sm_time_and_banks_nothing() {
+        // 1 ms whole-GPU kernels at a quarter share: one may start every 4 ms.
+        let (sms, share) = (132.0, 0.25);
+        let rate = share * sms;
+        let cost = 1_000_000.0 * sms;
+        let mut p = SharePacer::default();
+        p.refill(0, rate);
+        assert!(p.ready());
+        p.take(cost);
+        p.refill(3_999_999, rate);
+        assert!(!p.ready());
+        assert_eq!(p.ready_at(rate), 4_000_000);
+        p.refill(4_000_000, rate);
+        assert!(p.ready());
+        // Idle for a second: still one kernel, then the wait again.
+        p.refill(1_004_000_000, rate);
+        p.take(cost);
+        p.refill(1_004_000_001, rate);
+        assert!(!p.ready());
+    }
 
     const P: u64 = 10_000_000;
 

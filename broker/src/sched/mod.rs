@@ -27,7 +27,8 @@
 //!   high-priority work is queued or in flight (or outside load is non-zero);
 //! - partition ([`deadline`]): while a deadline client is present, clients below it keep
 //!   their SMs in flight within the partition (one request always fits), and their grants
-//!   carry the partition size.
+//!   carry the partition size. On a device without SM partitions their grants carry none, and
+//!   a pacer holds them to the partition's share of the device's SM-time instead.
 //!
 //! Policies ([`policy`]) pick among the candidates, one grant per `pick`.
 
@@ -43,7 +44,7 @@ use std::collections::{HashMap, VecDeque};
 use gpushare_protocol::PriorityClass;
 
 pub use self::admission::{Admit, MemoryAdmission, TooLarge};
-pub use self::deadline::{DeadlineConfig, DeadlineController};
+pub use self::deadline::{DeadlineConfig, DeadlineController, SharePacer};
 pub use self::policy::{
     FairConfig, FifoConfig, Pick, Policy, PolicyKind, PriorityConfig, build_policy,
 };
@@ -58,6 +59,9 @@ pub type RequestId = u64;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DeviceShape {
     pub sms: u32,
+    /// The device can run a client's kernels on a subset of its SMs (CUDA green contexts).
+    /// Without, partitioned clients are rate-controlled instead.
+    pub sm_partitions: bool,
 }
 
 /// A training-style job's declaration (Salus): for SRTF and memory admission.
@@ -412,9 +416,13 @@ pub struct Dispatcher {
     restricted_sms: u32,
     restricted_count: u32,
     last_now: u64,
-    /// A best-effort head waits for tokens / a partitioned head for partition room.
+    /// Paces partitioned clients where the device cannot partition SMs.
+    pacer: SharePacer,
+    /// A best-effort head waits for tokens / a partitioned head for partition room / for
+    /// the pacer.
     waiting_tokens: bool,
     waiting_partition: bool,
+    waiting_pacer: bool,
 }
 
 impl Dispatcher {
@@ -436,6 +444,7 @@ impl Dispatcher {
     ) -> Dispatcher {
         let device = DeviceShape {
             sms: device.sms.max(1),
+            ..device
         };
         Dispatcher {
             device,
@@ -457,8 +466,10 @@ impl Dispatcher {
             restricted_sms: 0,
             restricted_count: 0,
             last_now: 0,
+            pacer: SharePacer::default(),
             waiting_tokens: false,
             waiting_partition: false,
+            waiting_pacer: false,
         }
     }
 
@@ -771,7 +782,19 @@ impl Dispatcher {
         }
         self.deadline.set_active(ctx.deadline_class.is_some());
         self.deadline.advance(now);
+        self.pacer.refill(now, self.pacing_rate());
         self.ctx = ctx;
+    }
+
+    /// Whether partitioned clients are paced (the device cannot partition SMs, and their
+    /// share is below the whole device).
+    fn pacing(&self) -> bool {
+        !self.device.sm_partitions && self.deadline.share() < 1.0
+    }
+
+    /// SM-ns per ns the partitioned clients may use together.
+    fn pacing_rate(&self) -> f64 {
+        self.deadline.share() * f64::from(self.device.sms)
     }
 
     /// Partitioned below a deadline client: no deadline of its own, class not above it.
@@ -785,19 +808,24 @@ impl Dispatcher {
     fn compute_eligible(&mut self) {
         let depth = self.cfg.max_inflight_per_client.max(1) as usize;
         let cap = self.deadline.cap_sms();
+        let paced = self.pacing() && !self.pacer.ready();
         self.waiting_tokens = false;
         self.waiting_partition = false;
+        self.waiting_pacer = false;
         for (i, c) in self.clients.iter().enumerate() {
             let Some(head) = c.queue.front() else {
                 self.eligible[i] = false;
                 continue;
             };
             let mut ok = c.admitted && c.inflight.len() < depth;
-            if ok && Self::is_restricted(&self.ctx, &c.spec) && self.restricted_count > 0 {
+            if ok && Self::is_restricted(&self.ctx, &c.spec) {
                 let need = head.profile.sm_need.min(cap);
-                if self.restricted_sms + need > cap {
+                if self.restricted_count > 0 && self.restricted_sms + need > cap {
                     ok = false;
                     self.waiting_partition = true;
+                } else if paced {
+                    ok = false;
+                    self.waiting_pacer = true;
                 }
             }
             if ok
@@ -833,7 +861,12 @@ impl Dispatcher {
         let sm_limit = match (deadline_limit, policy_limit) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
-        };
+        }
+        .filter(|_| self.device.sm_partitions);
+        if restricted && !self.device.sm_partitions && self.deadline.share() < 1.0 {
+            let sms = req.profile.sm_need.clamp(1, self.device.sms);
+            self.pacer.take(req.profile.est_ns as f64 * f64::from(sms));
+        }
         let deadline_sms = if restricted {
             self.restricted_sms += req.profile.sm_need.min(cap);
             self.restricted_count += 1;
@@ -973,6 +1006,11 @@ impl Dispatcher {
             consider(r.next_period_at());
         }
         if self.waiting_partition {
+            consider(self.deadline.next_period_at());
+        }
+        if self.waiting_pacer {
+            consider(self.pacer.ready_at(self.pacing_rate()));
+            // The share may grow at the period's end.
             consider(self.deadline.next_period_at());
         }
         if let Some(t) = self.policy.next_wakeup() {

@@ -85,6 +85,19 @@ pub struct SimConfig {
     pub horizon_ns: u64,
     /// Keep a log of every grant (time, client).
     pub record_grants: bool,
+    /// The modelled GPU runs kernels on SM partitions (green contexts); without, the
+    /// dispatcher paces partitioned clients instead, and the model runs every kernel on the
+    /// whole device.
+    pub sm_partitions: bool,
+}
+
+impl SimConfig {
+    fn device(&self) -> DeviceShape {
+        DeviceShape {
+            sms: self.sms,
+            sm_partitions: self.sm_partitions,
+        }
+    }
 }
 
 impl Default for SimConfig {
@@ -95,6 +108,7 @@ impl Default for SimConfig {
             seed: 1,
             horizon_ns: 1_000_000_000,
             record_grants: false,
+            sm_partitions: true,
         }
     }
 }
@@ -223,7 +237,7 @@ pub struct Simulation {
 
 impl Simulation {
     pub fn new(cfg: SimConfig, policy: PolicyKind, scripts: Vec<ClientScript>) -> Simulation {
-        let d = Dispatcher::with_config(policy, DeviceShape { sms: cfg.sms }, cfg.sched);
+        let d = Dispatcher::with_config(policy, cfg.device(), cfg.sched);
         Simulation::with_dispatcher(cfg, d, scripts)
     }
 
@@ -234,7 +248,7 @@ impl Simulation {
         kind: PolicyKind,
         scripts: Vec<ClientScript>,
     ) -> Simulation {
-        let d = Dispatcher::with_policy(policy, kind, DeviceShape { sms: cfg.sms }, cfg.sched);
+        let d = Dispatcher::with_policy(policy, kind, cfg.device(), cfg.sched);
         Simulation::with_dispatcher(cfg, d, scripts)
     }
 

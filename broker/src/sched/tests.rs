@@ -9,7 +9,10 @@ use super::*;
 
 const US: u64 = 1_000;
 const MS: u64 = 1_000_000;
-const H100: DeviceShape = DeviceShape { sms: 132 };
+const H100: DeviceShape = DeviceShape {
+    sms: 132,
+    sm_partitions: true,
+};
 
 fn spec(id: ClientId, class: PriorityClass) -> ClientSpec {
     ClientSpec::new(id, class, 1)
@@ -365,11 +368,22 @@ fn rate_control_keeps_high_near_solo_and_backs_off_under_outside_load() {
     assert!(limit_outside.unwrap_or(f64::MAX) < 0.7 * limit.unwrap_or(0.0));
 }
 
-#[test]
-fn deadline_partitions_recover_from_misses_and_grow_back() {
-    // Deadline client: every 5 ms, six 500 µs whole-GPU kernels (3 ms solo), deadline 4 ms.
-    // Best-effort: back-to-back 1 ms whole-GPU kernels. Sharing SMs equally, the deadline
-    // client would take 6 ms.
+/// What one run of the deadline scenario showed.
+struct DeadlineRun {
+    /// When (ms) the deadline client's iterations that missed ended.
+    misses_at: Vec<u64>,
+    iterations: u64,
+    /// The best-effort client's SM share while the deadline client was there, and 200 ms
+    /// after it left.
+    share_during: Option<f64>,
+    share_after: Option<f64>,
+    be_done: u64,
+}
+
+/// Deadline client: every 5 ms, six 500 µs whole-GPU kernels (3 ms solo), deadline 4 ms,
+/// leaving at 300 ms. Best-effort: back-to-back 1 ms whole-GPU kernels. Sharing SMs equally,
+/// the deadline client would take 6 ms.
+fn deadline_scenario(sm_partitions: bool) -> DeadlineRun {
     let dl = ClientScript {
         arrivals: Arrivals::Periodic { period_ns: 5 * MS },
         leave_ns: Some(300 * MS),
@@ -399,11 +413,12 @@ fn deadline_partitions_recover_from_misses_and_grow_back() {
             ..SchedConfig::default()
         },
         horizon_ns: 500 * MS,
+        sm_partitions,
         ..SimConfig::default()
     };
     let mut sim = Simulation::new(cfg, PolicyKind::Fifo, vec![dl, be]);
     sim.run_until(299 * MS);
-    let during = sim.dispatcher().stats(2).map(|s| s.sm_share);
+    let share_during = sim.dispatcher().stats(2).map(|s| s.sm_share);
     let r = sim.report();
     let c = r.client(1).cloned().unwrap_or_default();
     let misses_at: Vec<u64> = c
@@ -415,19 +430,59 @@ fn deadline_partitions_recover_from_misses_and_grow_back() {
         .collect();
     let be_done = r.client(2).map_or(0, |c| c.completed);
     sim.run_until(500 * MS);
-    let after = sim.dispatcher().stats(2).map(|s| s.sm_share);
+    let run = DeadlineRun {
+        misses_at,
+        iterations: c.iterations,
+        share_during,
+        share_after: sim.dispatcher().stats(2).map(|s| s.sm_share),
+        be_done,
+    };
     println!(
-        "deadline: misses at {misses_at:?} ms of {} iterations, none after; best-effort share {:.3} with the \
-         deadline client ({be_done} kernels done), {:.3} 200 ms after it left",
-        c.iterations,
-        during.unwrap_or(0.0),
-        after.unwrap_or(0.0)
+        "deadline ({}): misses at {:?} ms of {} iterations, none after; best-effort share {:.3} with the \
+         deadline client ({} kernels done), {:.3} 200 ms after it left",
+        if sm_partitions {
+            "SM partitions"
+        } else {
+            "no SM partitions: paced"
+        },
+        run.misses_at,
+        run.iterations,
+        run.share_during.unwrap_or(0.0),
+        run.be_done,
+        run.share_after.unwrap_or(0.0)
     );
-    assert!(!misses_at.is_empty());
-    assert!(misses_at.iter().all(|&t| t < 150), "{misses_at:?}");
-    assert!(during.is_some_and(|s| s < 0.5));
-    assert!(be_done > 20);
-    assert_eq!(after, Some(1.0));
+    run
+}
+
+#[test]
+fn deadline_partitions_recover_from_misses_and_grow_back() {
+    let run = deadline_scenario(true);
+    assert!(!run.misses_at.is_empty());
+    assert!(
+        run.misses_at.iter().all(|&t| t < 150),
+        "{:?}",
+        run.misses_at
+    );
+    assert!(run.share_during.is_some_and(|s| s < 0.5));
+    assert!(run.be_done > 20);
+    assert_eq!(run.share_after, Some(1.0));
+}
+
+/// Where the device cannot partition SMs (the sim device, a GPU without green contexts), the
+/// same controller holds the lower clients by rate control: their kernels run on the whole
+/// device, paced to the share's SM-time, and the deadline client's misses stop as well.
+#[test]
+fn without_sm_partitions_rate_control_holds_the_share_and_deadlines_recover() {
+    let run = deadline_scenario(false);
+    assert!(!run.misses_at.is_empty());
+    assert!(
+        run.misses_at.iter().all(|&t| t < 150),
+        "{:?}",
+        run.misses_at
+    );
+    assert!(run.share_during.is_some_and(|s| s < 0.5));
+    assert!(run.be_done > 20, "best-effort work still progresses");
+    assert_eq!(run.share_after, Some(1.0));
 }
 
 /// Random scripts: up to five clients of random class, weight, job, deadline, arrivals and
@@ -512,7 +567,10 @@ proptest! {
     /// Every request submitted is eventually granted, under every policy: clients that stay
     /// finish all their iterations, and nothing is left queued.
     #[test]
-    fn no_policy_starves_a_client((scripts, outside) in scripts()) {
+    fn no_policy_starves_a_client(
+        (scripts, outside) in scripts(),
+        sm_partitions in proptest::bool::ANY,
+    ) {
         for policy in PolicyKind::ALL {
             let cfg = SimConfig {
                 sched: SchedConfig {
@@ -520,6 +578,8 @@ proptest! {
                     ..SchedConfig::default()
                 },
                 horizon_ns: 60_000 * MS,
+                // Without partitions, partitioned clients are paced instead.
+                sm_partitions,
                 ..SimConfig::default()
             };
             let mut sim = Simulation::new(cfg, policy, scripts.clone());

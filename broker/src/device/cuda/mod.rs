@@ -743,6 +743,10 @@ impl Device for CudaDevice {
         }
     }
 
+    fn sm_partitions(&self) -> bool {
+        self.partitions.available()
+    }
+
     fn limit_sms(&self, stream: &mut CudaStream, sms: Option<u32>) -> DeviceResult<()> {
         let size = sms.and_then(|n| self.partitions.size_for(n));
         let target = match size {

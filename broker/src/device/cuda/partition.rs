@@ -63,7 +63,7 @@ impl Partitions {
                 (Some(whole), sm.minSmPartitionSize.max(1))
             }
             Err(e) => {
-                tracing::info!(error = %e, "no SM partitions on this GPU (green contexts need CUDA 12.4 and a recent driver); a partitioned client is held only by the scheduler (the SMs its kernels in flight may need), not by the hardware");
+                tracing::info!(error = %e, "no SM partitions on this GPU (green contexts need CUDA 12.4 and a recent driver); partitioned clients are rate-controlled to their share of SM-time instead");
                 (None, 1)
             }
         };
@@ -75,6 +75,11 @@ impl Partitions {
             made: Mutex::new(BTreeMap::new()),
             warned: AtomicBool::new(false),
         }
+    }
+
+    /// Whether the driver can make green contexts on this device.
+    pub fn available(&self) -> bool {
+        self.whole.is_some()
     }
 
     /// The partition that runs a client limited to `sms` SMs: the largest size the driver

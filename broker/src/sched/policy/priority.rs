@@ -202,6 +202,10 @@ mod tests {
 
     const US: u64 = 1_000;
     const MS: u64 = 1_000_000;
+    const H100: DeviceShape = DeviceShape {
+        sms: 132,
+        sm_partitions: true,
+    };
 
     fn cfg() -> SchedConfig {
         SchedConfig {
@@ -217,7 +221,7 @@ mod tests {
 
     #[test]
     fn lower_kernels_beside_high_work_follow_orions_rule() {
-        let mut d = Dispatcher::with_config(PolicyKind::Priority, DeviceShape { sms: 132 }, cfg());
+        let mut d = Dispatcher::with_config(PolicyKind::Priority, H100, cfg());
         for (id, class) in [
             (1, PriorityClass::High),
             (2, PriorityClass::BestEffort),
@@ -263,8 +267,7 @@ mod tests {
             ..SchedConfig::default()
         };
         let granted_to_best_effort = |with_high: bool| {
-            let mut d =
-                Dispatcher::with_config(PolicyKind::Priority, DeviceShape { sms: 132 }, deep);
+            let mut d = Dispatcher::with_config(PolicyKind::Priority, H100, deep);
             d.add_client(ClientSpec::new(2, PriorityClass::BestEffort, 1))
                 .expect("client registers");
             if with_high {
@@ -295,8 +298,7 @@ mod tests {
             },
             ..SchedConfig::default()
         };
-        let mut d =
-            Dispatcher::with_config(PolicyKind::Priority, DeviceShape { sms: 132 }, partitioned);
+        let mut d = Dispatcher::with_config(PolicyKind::Priority, H100, partitioned);
         d.add_client(ClientSpec::new(2, PriorityClass::BestEffort, 1))
             .expect("client registers");
         d.submit(2, kernel(2, 200, 132, Bound::Compute), 0)
@@ -328,7 +330,7 @@ mod tests {
         assert_eq!(limit(2), Some(Some(66)), "best-effort gets half the SMs");
 
         // Without the setting, nothing is partitioned.
-        let mut d = Dispatcher::with_config(PolicyKind::Priority, DeviceShape { sms: 132 }, deep());
+        let mut d = Dispatcher::with_config(PolicyKind::Priority, H100, deep());
         d.add_client(ClientSpec::new(1, PriorityClass::High, 1))
             .expect("client registers");
         d.add_client(ClientSpec::new(2, PriorityClass::BestEffort, 1))
