@@ -24,8 +24,8 @@
 //! ```
 //!
 //! A top-level `scheduler = "priority"` picks the scheduling policy (fifo, priority, fair,
-//! srtf or pack; fifo by default); a SIGHUP switches it for running clients too. The priority
-//! policy's tunables, while a high-priority client is connected:
+//! srtf, pack or job-fifo; fifo by default); a SIGHUP switches it for running clients too.
+//! The priority policy's tunables, while a high-priority client is connected:
 //!
 //! ```toml
 //! [priority]
@@ -134,7 +134,7 @@ struct PolicyFile {
     /// Members of this group (and root) may change and evict live clients.
     #[serde(default)]
     admin_group: Option<String>,
-    /// The scheduling policy: fifo (default), priority, fair, srtf or pack.
+    /// The scheduling policy: fifo (default), priority, fair, srtf, pack or job-fifo.
     #[serde(default)]
     scheduler: Option<String>,
     #[serde(default)]

@@ -35,7 +35,7 @@ pub enum Scenario {
     /// vs gpushare (priority policy).
     Colocate,
     /// Salus-style trace: jobs arriving online, each its own client, under gpushared's FIFO,
-    /// SRTF and PACK policies; mean job completion time.
+    /// SRTF, PACK and exclusive job-FIFO policies; mean job completion time.
     Trace,
 }
 
@@ -101,7 +101,7 @@ struct Cli {
     #[arg(long)]
     trace_spin_us: Option<u64>,
     /// trace: the scheduling policies to compare.
-    #[arg(long, value_delimiter = ',', default_values_t = ["fifo".to_string(), "srtf".to_string(), "pack".to_string()])]
+    #[arg(long, value_delimiter = ',', default_values_t = ["fifo".to_string(), "srtf".to_string(), "pack".to_string(), "job-fifo".to_string()])]
     trace_policies: Vec<String>,
     /// colocate: the scheduling policy gpushared runs.
     #[arg(long, default_value = "priority")]

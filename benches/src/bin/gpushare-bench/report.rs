@@ -269,27 +269,31 @@ fn trace(out: &mut String, t: &Value) {
     let _ = writeln!(
         out,
         "\n### trace: {} jobs arriving online (Salus-style), job completion time\n\n\
-         | policy | mean JCT ms | mean JCT, short jobs ms | p50 JCT ms | max JCT ms | makespan ms | mean JCT / SRTF's |\n\
-         |---|---|---|---|---|---|---|",
+         | policy | mean JCT ms | mean JCT, short jobs ms | p50 JCT ms | max JCT ms | makespan ms | mean JCT / SRTF's | iteration p50 µs (launch / sync / end) |\n\
+         |---|---|---|---|---|---|---|---|",
         t["jobs"]
     );
     for policy in t["policies"].as_array().into_iter().flatten() {
         let Some(p) = policy.as_str() else { continue };
         let v = &m[p];
         if let Some(e) = v.get("error") {
-            let _ = writeln!(out, "| {p} | FAILED: {e} | | | | | |");
+            let _ = writeln!(out, "| {p} | FAILED: {e} | | | | | | |");
             continue;
         }
         let mean = get(v, &["mean_jct_ms"]);
         let _ = writeln!(
             out,
-            "| {p} | {} | {} | {} | {} | {} | {} |",
+            "| {p} | {} | {} | {} | {} | {} | {} | {} ({} / {} / {}) |",
             fmt(mean, 1),
             fmt(get(v, &["mean_jct_short_ms"]), 1),
             fmt(get(v, &["p50_jct_ms"]), 1),
             fmt(get(v, &["max_jct_ms"]), 1),
             fmt(get(v, &["makespan_ms"]), 1),
             ratio(mean, srtf),
+            fmt(get(v, &["iteration_p50_us"]), 0),
+            fmt(get(v, &["launch_p50_us"]), 0),
+            fmt(get(v, &["sync_p50_us"]), 0),
+            fmt(get(v, &["end_iteration_p50_us"]), 0),
         );
     }
     let _ = writeln!(

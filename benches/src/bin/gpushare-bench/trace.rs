@@ -53,8 +53,23 @@ fn jobs(seed: u64, count: usize) -> Vec<Job> {
         .collect()
 }
 
-/// Runs one job from its arrival; returns its completion time in ms.
-fn run_job(job: &Job, start: Instant, sms: u32, spin: Option<Duration>) -> Result<f64> {
+/// Where one iteration's time went, in µs: issuing its launches, waiting in the
+/// synchronization (the GPU work, and any wait for the GPU), and declaring its end.
+#[derive(Clone, Copy)]
+struct IterationTimes {
+    launch_us: f64,
+    sync_us: f64,
+    end_us: f64,
+}
+
+/// Runs one job from its arrival; returns its completion time in ms and its iterations'
+/// times.
+fn run_job(
+    job: &Job,
+    start: Instant,
+    sms: u32,
+    spin: Option<Duration>,
+) -> Result<(f64, Vec<IterationTimes>)> {
     let arrival = start + job.arrival;
     if let Some(wait) = arrival.checked_duration_since(Instant::now()) {
         std::thread::sleep(wait);
@@ -72,14 +87,24 @@ fn run_job(job: &Job, start: Instant, sms: u32, spin: Option<Duration>) -> Resul
         micros: KERNEL_MICROS,
         blocks: sms.saturating_mul(BLOCKS_PER_SM),
     };
+    let mut times = Vec::with_capacity(job.iterations as usize);
+    let us = |from: Instant, to: Instant| to.duration_since(from).as_secs_f64() * 1e6;
     for _ in 0..job.iterations {
+        let began = Instant::now();
         for _ in 0..KERNELS_PER_ITERATION {
             stream.launch(kernel)?;
         }
+        let launched = Instant::now();
         stream.synchronize()?;
+        let synced = Instant::now();
         client.end_iteration()?;
+        times.push(IterationTimes {
+            launch_us: us(began, launched),
+            sync_us: us(launched, synced),
+            end_us: us(synced, Instant::now()),
+        });
     }
-    Ok(arrival.elapsed().as_secs_f64() * 1e3)
+    Ok((arrival.elapsed().as_secs_f64() * 1e3, times))
 }
 
 /// The worker process: every job of the trace on its own thread and client, against the
@@ -91,7 +116,7 @@ pub fn worker(seed: u64, count: usize, spin: Option<Duration>) -> Result<Value> 
     };
     let jobs = jobs(seed, count);
     let start = Instant::now() + Duration::from_millis(200);
-    let results: Vec<Result<f64>> = std::thread::scope(|s| {
+    let results: Vec<Result<(f64, Vec<IterationTimes>)>> = std::thread::scope(|s| {
         let handles: Vec<_> = jobs
             .iter()
             .map(|job| s.spawn(move || run_job(job, start, sms, spin)))
@@ -101,7 +126,16 @@ pub fn worker(seed: u64, count: usize, spin: Option<Duration>) -> Result<Value> 
             .map(|h| h.join().map_err(|_| anyhow!("a job's thread panicked"))?)
             .collect()
     });
-    let mut jct: Vec<f64> = results.into_iter().collect::<Result<_>>()?;
+    let results: Vec<(f64, Vec<IterationTimes>)> = results.into_iter().collect::<Result<_>>()?;
+    let mut jct: Vec<f64> = results.iter().map(|(t, _)| *t).collect();
+    let iterations: Vec<IterationTimes> = results.iter().flat_map(|(_, i)| i).copied().collect();
+    let p50 = |f: fn(&IterationTimes) -> f64| {
+        let mut v: Vec<f64> = iterations.iter().map(f).collect();
+        workload::percentile(&mut v, 50.0)
+    };
+    let (launch_us, sync_us, end_us) =
+        (p50(|i| i.launch_us), p50(|i| i.sync_us), p50(|i| i.end_us));
+    let iteration_us = p50(|i| i.launch_us + i.sync_us + i.end_us);
     let short: Vec<f64> = jobs
         .iter()
         .zip(&jct)
@@ -116,6 +150,12 @@ pub fn worker(seed: u64, count: usize, spin: Option<Duration>) -> Result<Value> 
         "p50_jct_ms": workload::percentile(&mut jct, 50.0),
         "max_jct_ms": workload::percentile(&mut jct, 100.0),
         "makespan_ms": makespan,
+        // Medians over every iteration of every job (most run with the GPU held, so these
+        // show the cost of an iteration boundary: GPU work is 1,000 µs of each).
+        "iteration_p50_us": iteration_us,
+        "launch_p50_us": launch_us,
+        "sync_p50_us": sync_us,
+        "end_iteration_p50_us": end_us,
         "gpu_work_ms": jobs.iter().map(|j| j.iterations as f64).sum::<f64>()
             * (KERNEL_MICROS * KERNELS_PER_ITERATION as u64) as f64 / 1e3,
     }))

@@ -80,15 +80,20 @@ pub enum PolicyKind {
     Fair,
     Srtf,
     Pack,
+    /// Exclusive FIFO over jobs (Salus's baseline, a plain queue for the GPU): one job at a
+    /// time in arrival order; the job holding the GPU keeps it while it works (pauses under
+    /// 2 ms between iterations).
+    JobFifo,
 }
 
 impl PolicyKind {
-    pub const ALL: [PolicyKind; 5] = [
+    pub const ALL: [PolicyKind; 6] = [
         PolicyKind::Fifo,
         PolicyKind::Priority,
         PolicyKind::Fair,
         PolicyKind::Srtf,
         PolicyKind::Pack,
+        PolicyKind::JobFifo,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -98,6 +103,7 @@ impl PolicyKind {
             PolicyKind::Fair => "fair",
             PolicyKind::Srtf => "srtf",
             PolicyKind::Pack => "pack",
+            PolicyKind::JobFifo => "job-fifo",
         }
     }
 }
@@ -116,7 +122,7 @@ impl std::str::FromStr for PolicyKind {
             .find(|k| k.as_str().eq_ignore_ascii_case(s.trim()))
             .ok_or_else(|| {
                 format!(
-                    "unknown scheduling policy `{s}` (expected fifo, priority, fair, srtf or pack)"
+                    "unknown scheduling policy `{s}` (expected fifo, priority, fair, srtf, pack or job-fifo)"
                 )
             })
     }
@@ -130,6 +136,7 @@ pub fn build_policy(kind: PolicyKind, cfg: &SchedConfig) -> Box<dyn Policy> {
         PolicyKind::Fair => Box::new(fair::Fair::new(cfg.fair)),
         PolicyKind::Srtf => Box::new(srtf::Srtf::shortest_remaining()),
         PolicyKind::Pack => Box::new(pack::Pack::new()),
+        PolicyKind::JobFifo => Box::new(srtf::Srtf::job_fifo()),
     }
 }
 
