@@ -83,6 +83,9 @@ struct Cli {
     /// colocate: mean gap between the high-priority client's request arrivals (ms).
     #[arg(long, default_value_t = 2.0)]
     hp_gap_ms: f64,
+    /// colocate: the high-priority client's workload (one request is one iteration).
+    #[arg(long, default_value = colocate::HIGH_WORKLOAD)]
+    hp_workload: String,
     /// colocate: best-effort workloads, taken in turn for the best-effort clients.
     #[arg(long, value_delimiter = ',', default_values_t = ["mlp_train".to_string(), "transformer".to_string()])]
     be_workloads: Vec<String>,
@@ -398,6 +401,13 @@ fn colocate_rounds(cli: &Cli, me: &Path, broker_bin: &Path) -> Result<Value> {
     if cli.be_workloads.is_empty() {
         bail!("--be-workloads names no workload");
     }
+    let known: Vec<&str> = workload::iterations().iter().map(|i| i.name).collect();
+    if let Some(bad) = std::iter::once(&cli.hp_workload)
+        .chain(&cli.be_workloads)
+        .find(|w| !known.contains(&w.as_str()))
+    {
+        bail!("unknown workload `{bad}` (known: {})", known.join(", "));
+    }
     if let Some(bad) = cli.sm_shares.iter().find(|s| !(**s > 0.0 && **s <= 1.0)) {
         bail!("--sm-shares: {bad} is not a share of the SMs (above 0, at most 1)");
     }
@@ -429,7 +439,7 @@ fn colocate_rounds(cli: &Cli, me: &Path, broker_bin: &Path) -> Result<Value> {
             via,
             spec: WorkerSpec {
                 role: Role::High,
-                workload: colocate::HIGH_WORKLOAD.into(),
+                workload: cli.hp_workload.clone(),
                 seconds,
                 mean_gap_ms: cli.hp_gap_ms,
                 seed,
@@ -509,7 +519,7 @@ fn colocate_rounds(cli: &Cli, me: &Path, broker_bin: &Path) -> Result<Value> {
     Ok(json!({
         "seconds": seconds,
         "hp_gap_ms": cli.hp_gap_ms,
-        "high_workload": colocate::HIGH_WORKLOAD,
+        "high_workload": cli.hp_workload,
         "be_workloads": cli.be_workloads,
         "be_counts": cli.be_counts,
         "scheduler": cli.colocate_scheduler,
