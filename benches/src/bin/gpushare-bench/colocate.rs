@@ -78,10 +78,7 @@ enum Engine {
 impl Engine {
     fn open(via: Via, spec: &WorkerSpec) -> Result<Engine> {
         let (role, name) = (spec.role, spec.workload.as_str());
-        let it = workload::iterations()
-            .into_iter()
-            .find(|i| i.name == name)
-            .ok_or_else(|| anyhow!("no workload named {name}"))?;
+        let it = workload::by_name(name).ok_or_else(|| anyhow!("no workload named {name}"))?;
         match via {
             Via::Direct => {
                 let dev = Box::new(CudaDevice::open(0).map_err(|e| anyhow!("{e}"))?);

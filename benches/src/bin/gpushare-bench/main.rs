@@ -401,7 +401,11 @@ fn colocate_rounds(cli: &Cli, me: &Path, broker_bin: &Path) -> Result<Value> {
     if cli.be_workloads.is_empty() {
         bail!("--be-workloads names no workload");
     }
-    let known: Vec<&str> = workload::iterations().iter().map(|i| i.name).collect();
+    let known: Vec<&str> = workload::iterations()
+        .iter()
+        .chain(&workload::probes())
+        .map(|i| i.name)
+        .collect();
     if let Some(bad) = std::iter::once(&cli.hp_workload)
         .chain(&cli.be_workloads)
         .find(|w| !known.contains(&w.as_str()))

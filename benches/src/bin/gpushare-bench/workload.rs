@@ -128,6 +128,65 @@ fn mlp_infer(p: &[DevicePtr]) -> Vec<Kernel> {
     mlp_kernels(p, 8)
 }
 
+/// Spin blocks: 32 one-warp blocks per SM of an H100 (132 SMs) fill every block slot.
+const SPIN_BLOCKS: u32 = 132 * 32;
+/// Elements of each `stream` buffer: 128 MiB of f32, far beyond the 50 MiB L2.
+const STREAM_ELEMS: u32 = 32 << 20;
+
+/// Occupies SMs and moves no memory: four 100 µs spin kernels.
+fn spin(_p: &[DevicePtr]) -> Vec<Kernel> {
+    vec![
+        Kernel::Spin {
+            micros: 100,
+            blocks: SPIN_BLOCKS,
+        };
+        4
+    ]
+}
+
+/// Moves memory and computes next to nothing: four `y += a·x` over 128 MiB vectors.
+fn stream(p: &[DevicePtr]) -> Vec<Kernel> {
+    vec![
+        Kernel::AxpyF32 {
+            x: p[0],
+            y: p[1],
+            n: u64::from(STREAM_ELEMS),
+            alpha: 0.5,
+        };
+        4
+    ]
+}
+
+/// Workloads for probing what slows a colocated client (colocate's `--be-workloads` and
+/// `--hp-workload` take them; the `iteration` scenario does not run them).
+pub fn probes() -> Vec<Iteration> {
+    let b = |elems: u32| BufferSpec {
+        elems: elems as usize,
+    };
+    vec![
+        Iteration {
+            name: "spin",
+            what: "4 × 100 µs spin kernels filling every SM, no memory traffic (a probe)",
+            buffers: vec![b(1)],
+            kernels: spin,
+        },
+        Iteration {
+            name: "stream",
+            what: "4 × axpy over 128 MiB vectors, memory-bound (a probe)",
+            buffers: vec![b(STREAM_ELEMS), b(STREAM_ELEMS)],
+            kernels: stream,
+        },
+    ]
+}
+
+/// A workload of either list, by name.
+pub fn by_name(name: &str) -> Option<Iteration> {
+    iterations()
+        .into_iter()
+        .chain(probes())
+        .find(|i| i.name == name)
+}
+
 pub fn iterations() -> Vec<Iteration> {
     let b = |_name: &str, elems: u32| BufferSpec {
         elems: elems as usize,
