@@ -529,7 +529,7 @@ impl<D: Device> SessionState<D> {
         self.health.register(self.info.clone());
         let grant = self.info.grant();
         self.dispatch
-            .add_client(self.info.id, grant.class, grant.weight);
+            .add_client(self.info.id, grant.class, grant.weight, self.info.governed);
         let end = self.serve();
         self.dispatch.remove_client(self.info.id);
         self.granted.clear();
@@ -543,7 +543,7 @@ impl<D: Device> SessionState<D> {
         &mut self,
         profile: impl FnOnce(&GpuDispatch) -> crate::sched::KernelProfile,
     ) -> Option<crate::dispatch::Turn> {
-        if !self.dispatch.gated() {
+        if !self.dispatch.schedules(self.info.grant().class) {
             return None;
         }
         let dispatch = self.dispatch.clone();
@@ -1005,7 +1005,7 @@ impl<D: Device> SessionState<D> {
         let grant = self.info.grant();
         self.dispatch.remove_client(self.info.id);
         self.dispatch
-            .add_client(self.info.id, grant.class, grant.weight);
+            .add_client(self.info.id, grant.class, grant.weight, self.info.governed);
         let c = &self.info.counters;
         // A governed client's memory is in its own context, which the reset did not touch.
         c.memory_used

@@ -14,6 +14,9 @@
 //!   fixed fraction of the device). Not checked with `lower_sm_share`: then lower classes run
 //!   on a hardware partition of that share of the SMs (a CUDA green context) while a
 //!   high-priority client is connected, and the rest stay free for it whatever they queue.
+//!   On such a device the high-priority kernels then skip the scheduler altogether
+//!   (`GpuDispatch::schedules`), unless a governed program, which no partition holds, is
+//!   connected.
 //!
 //! A lower-priority kernel that can never pass (longer than the budget, say) waits for a gap
 //! in the high-priority work, as in Orion: that is the price the class pays.
