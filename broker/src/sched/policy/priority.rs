@@ -11,9 +11,10 @@
 //!   kernel, nor memory-bound beside a memory-bound one (unknown bounds pass unless
 //!   `unknown_collides`);
 //! - SM room: its SM need fits in the SMs nothing in flight occupies (or, if configured, in a
-//!   fixed fraction of the device). Not checked with `lower_sm_share`: then lower classes run
-//!   on a hardware partition of that share of the SMs (a CUDA green context) while a
-//!   high-priority client is connected, and the rest stay free for it whatever they queue.
+//!   fixed fraction of the device). Not checked with `lower_sm_share` on a device that can
+//!   partition SMs: then lower classes run on a hardware partition of that share of the SMs
+//!   (a CUDA green context) while a high-priority client is connected, and the rest stay free
+//!   for it whatever they queue. On a device that cannot, the setting changes nothing.
 //!   On such a device the high-priority kernels then skip the scheduler altogether
 //!   (`GpuDispatch::schedules`), unless a governed program, which no partition holds, is
 //!   connected.
@@ -158,8 +159,10 @@ impl Policy for Priority {
                 .map_or(Pick::Hold, |c| Pick::Grant(c.id()));
         }
         let budget = (self.cfg.budget_fraction * f.high_latency_ns as f64) as u64;
-        // On a partition, lower kernels cannot take the SMs left to high-priority work.
-        let partitioned = self.cfg.lower_sm_share.is_some_and(|s| s < 1.0);
+        // On a partition, lower kernels cannot take the SMs left to high-priority work. A
+        // device that cannot partition leaves them the whole GPU: the SM room still holds.
+        let partitioned =
+            view.device().sm_partitions && self.cfg.lower_sm_share.is_some_and(|s| s < 1.0);
         let sms = u64::from(view.device().sms);
         let threshold = match self.cfg.sm_threshold_fraction {
             Some(frac) => (frac.clamp(0.0, 1.0) * sms as f64) as u64,
@@ -331,6 +334,25 @@ mod tests {
             "high-priority work is never partitioned"
         );
         assert_eq!(limit(2), Some(Some(66)), "best-effort gets half the SMs");
+
+        // On a device without partitions the SM room holds instead: the same best-effort
+        // kernel waits beside the high one, and nothing is sent with a partition.
+        let no_partitions = DeviceShape {
+            sm_partitions: false,
+            ..H100
+        };
+        let mut d = Dispatcher::with_config(PolicyKind::Priority, no_partitions, partitioned);
+        d.add_client(ClientSpec::new(1, PriorityClass::High, 1))
+            .expect("client registers");
+        d.add_client(ClientSpec::new(2, PriorityClass::BestEffort, 1))
+            .expect("client registers");
+        d.submit(1, kernel(1, 50, 132, Bound::Compute), 0)
+            .expect("client is registered");
+        d.submit(2, kernel(2, 200, 132, Bound::Memory), 0)
+            .expect("client is registered");
+        let both = d.poll(0);
+        assert_eq!(both.len(), 1, "{both:?}");
+        assert_eq!((both[0].client, both[0].sm_limit), (1, None));
 
         // Without the setting, nothing is partitioned.
         let mut d = Dispatcher::with_config(PolicyKind::Priority, H100, deep());
