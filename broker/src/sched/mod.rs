@@ -855,6 +855,7 @@ impl Dispatcher {
                 }
             }
         }
+        let paced = restricted && self.pacing();
         let c = &mut self.clients[i];
         let req = c.queue.pop_front()?;
         let deadline_limit = restricted.then_some(cap);
@@ -863,7 +864,7 @@ impl Dispatcher {
             (a, b) => a.or(b),
         }
         .filter(|_| self.device.sm_partitions);
-        if restricted && !self.device.sm_partitions && self.deadline.share() < 1.0 {
+        if paced {
             let sms = req.profile.sm_need.clamp(1, self.device.sms);
             self.pacer.take(req.profile.est_ns as f64 * f64::from(sms));
         }
