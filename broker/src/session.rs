@@ -1182,6 +1182,8 @@ impl<D: Device> SessionState<D> {
                 Ok((0, 0))
             }
             Command::StreamSync { stream } => {
+                // The default stream is made again after a reset; any other stream the
+                // reset took is a lost handle, and fails with `DeviceReset` below.
                 if self.lost.unsynced.remove(&stream) && stream == 0 {
                     return Err(ErrorCode::DeviceReset);
                 }

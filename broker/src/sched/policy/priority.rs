@@ -341,11 +341,7 @@ mod tests {
             sm_partitions: false,
             ..H100
         };
-        let mut d = Dispatcher::with_config(PolicyKind::Priority, no_partitions, partitioned);
-        d.add_client(ClientSpec::new(1, PriorityClass::High, 1))
-            .expect("client registers");
-        d.add_client(ClientSpec::new(2, PriorityClass::BestEffort, 1))
-            .expect("client registers");
+        let mut d = high_and_best_effort(no_partitions, partitioned);
         d.submit(1, kernel(1, 50, 132, Bound::Compute), 0)
             .expect("client is registered");
         d.submit(2, kernel(2, 200, 132, Bound::Memory), 0)
@@ -355,14 +351,20 @@ mod tests {
         assert_eq!((both[0].client, both[0].sm_limit), (1, None));
 
         // Without the setting, nothing is partitioned.
-        let mut d = Dispatcher::with_config(PolicyKind::Priority, H100, deep());
+        let mut d = high_and_best_effort(H100, deep());
+        d.submit(2, kernel(2, 200, 8, Bound::Compute), 0)
+            .expect("client is registered");
+        assert!(d.poll(0).iter().all(|g| g.sm_limit.is_none()));
+    }
+
+    /// A priority dispatcher with client 1 high and client 2 best-effort.
+    fn high_and_best_effort(device: DeviceShape, cfg: SchedConfig) -> Dispatcher {
+        let mut d = Dispatcher::with_config(PolicyKind::Priority, device, cfg);
         d.add_client(ClientSpec::new(1, PriorityClass::High, 1))
             .expect("client registers");
         d.add_client(ClientSpec::new(2, PriorityClass::BestEffort, 1))
             .expect("client registers");
-        d.submit(2, kernel(2, 200, 8, Bound::Compute), 0)
-            .expect("client is registered");
-        assert!(d.poll(0).iter().all(|g| g.sm_limit.is_none()));
+        d
     }
 
     fn deep() -> SchedConfig {
