@@ -563,11 +563,7 @@ const MODULE_N: usize = 10_000;
 
 impl Server {
     fn start(broker: &Broker) -> Server {
-        let client = Client::connect_with(ConnectOptions {
-            rebuild: true,
-            ..broker.options("server")
-        })
-        .expect("connect with rebuild");
+        let client = rebuilding_client(broker, "server");
         assert!(client.rebuilds_state());
         let (m, n, k) = (M as usize, N as usize, K as usize);
         let a = client.alloc::<f32>(m * k).expect("alloc");
@@ -851,6 +847,15 @@ fn across_a_restart_a_rebuilding_client_reconnects_and_rebuilds_by_itself() {
     assert!(broker.log_contains("restarting gpushared"));
 }
 
+/// A client of `broker` that rebuilds its device state by itself after a reset.
+fn rebuilding_client(broker: &Broker, name: &str) -> Client {
+    Client::connect_with(ConnectOptions {
+        rebuild: true,
+        ..broker.options(name)
+    })
+    .expect("connect with rebuild")
+}
+
 /// Waits until a client of this process holds `bytes` at `ptr` (the broker may be resetting
 /// or restarting meanwhile).
 fn squat(broker: &Broker, ptr: DevicePtr, bytes: u64) -> Client {
@@ -996,11 +1001,7 @@ fn every_thread_of_a_rebuilding_client_that_meets_a_reset_gets_rebuilt_promptly(
 #[test]
 fn work_lost_before_another_threads_rebuild_is_reported_to_the_thread_that_waits_for_it() {
     let broker = broker(&[]);
-    let client = Client::connect_with(ConnectOptions {
-        rebuild: true,
-        ..broker.options("two-threads")
-    })
-    .expect("connect with rebuild");
+    let client = rebuilding_client(&broker, "two-threads");
     let stream = client.create_stream().expect("stream");
     let out = client.alloc::<f32>(1024).expect("alloc");
     out.copy_from_host(&[1.0; 1024]).expect("upload");
@@ -1066,11 +1067,7 @@ fn every_thread_of_a_rebuilding_client_that_meets_a_restart_gets_rebuilt() {
 }
 
 fn threads_of_a_rebuilding_client_meet_a_fault(broker: &Broker, within: Duration) {
-    let client = Client::connect_with(ConnectOptions {
-        rebuild: true,
-        ..broker.options("threads")
-    })
-    .expect("connect with rebuild");
+    let client = rebuilding_client(broker, "threads");
     const THREADS: usize = 4;
     let work: Vec<(Stream, DeviceBuffer<f32>)> = (0..THREADS)
         .map(|_| {
