@@ -25,8 +25,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use gpushare_protocol::control::RESTARTING;
-
 use crate::device::Device;
 use crate::session::SessionInfo;
 
@@ -442,7 +440,7 @@ impl DeviceHealth {
             format!("caused by client {c}")
         });
         self.stuck.set(format!(
-            "GPU {gpu} faulted ({what}; {cause}) and the driver cannot recover it in place: {RESTARTING}"
+            "GPU {gpu} faulted ({what}; {cause}) and the driver cannot recover it in place; gpushared restarts, reconnect"
         ));
     }
 
@@ -516,7 +514,7 @@ impl DeviceHealth {
                     std::thread::sleep(RESET_DEADLINE);
                     if !done.load(Ordering::Acquire) {
                         tracing::error!(gpu, "the context reset has not finished in {RESET_DEADLINE:?} (a kernel that never ends keeps it waiting); restarting gpushared");
-                        stuck.set(format!("GPU {gpu} hung ({what}) and the driver cannot stop the kernel in place: {RESTARTING}"));
+                        stuck.set(format!("GPU {gpu} hung ({what}) and the driver cannot stop the kernel in place; gpushared restarts, reconnect"));
                     }
                 });
         }

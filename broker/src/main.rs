@@ -13,7 +13,7 @@ use gpushare_broker::device::cuda::CudaDevice;
 use gpushare_broker::device::sim::{SimDevice, SimOptions};
 use gpushare_broker::fault::{CARRY_ENV, Carry, FaultConfig};
 use gpushare_broker::policy::Policy;
-use gpushare_broker::server::{self, Broker};
+use gpushare_broker::server::{self, Broker, Stop};
 use gpushare_broker::telemetry::{Telemetry, TelemetryOptions, TelemetryStatus};
 use tracing::{info, warn};
 
@@ -238,8 +238,8 @@ fn run<D: Device>(
         let stuck = broker.stuck();
         let stop = async {
             tokio::select! {
-                reason = shutdown_signal() => reason,
-                reason = stuck.wait() => reason,
+                reason = shutdown_signal() => Stop::stopping(format!("broker shutting down: {reason}")),
+                reason = stuck.wait() => Stop::restarting(reason),
             }
         };
         broker.serve(listener, stop).await;

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use gpushare_protocol::control::{
     self, BrokerMessage, ClientMessage, Hello, MAX_CONTROL_MESSAGE, MAX_MODULE_IMAGE, ModuleFormat,
-    Role, Welcome,
+    Role, ShutdownKind, Welcome,
 };
 use gpushare_protocol::error::WireError;
 use gpushare_protocol::stats::{
@@ -35,6 +35,29 @@ use crate::session::{GpuServices, ModuleTable, Peer, SessionEnd, SessionInfo, Se
 use crate::shm::SharedRegion;
 use crate::telemetry::Telemetry;
 use crate::wake::Wakeup;
+
+/// Why the broker stops serving, as every client is told.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stop {
+    pub kind: ShutdownKind,
+    pub reason: String,
+}
+
+impl Stop {
+    pub fn stopping(reason: impl Into<String>) -> Stop {
+        Stop {
+            kind: ShutdownKind::Stopping,
+            reason: reason.into(),
+        }
+    }
+
+    pub fn restarting(reason: impl Into<String>) -> Stop {
+        Stop {
+            kind: ShutdownKind::Restarting,
+            reason: reason.into(),
+        }
+    }
+}
 
 /// How long a new connection has to say hello.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
@@ -373,9 +396,9 @@ impl<D: Device> Broker<D> {
     pub async fn serve(
         self: Arc<Self>,
         mut listener: UnixSeqpacketListener,
-        shutdown: impl std::future::Future<Output = String>,
+        shutdown: impl std::future::Future<Output = Stop>,
     ) {
-        let (stop_tx, stop_rx) = watch::channel(None::<String>);
+        let (stop_tx, stop_rx) = watch::channel(None::<Stop>);
         let mut tasks = JoinSet::new();
         // One guardian per GPU watches for faults and hangs (see `fault`).
         let guardians_stop = Arc::new(AtomicBool::new(false));
@@ -389,7 +412,7 @@ impl<D: Device> Broker<D> {
             }
         }
         tokio::pin!(shutdown);
-        let reason = loop {
+        let stopping = loop {
             tokio::select! {
                 accepted = listener.accept() => match accepted {
                     Ok(sock) => {
@@ -402,12 +425,12 @@ impl<D: Device> Broker<D> {
                         tokio::time::sleep(Duration::from_millis(50)).await;
                     }
                 },
-                reason = &mut shutdown => break reason,
+                stopping = &mut shutdown => break stopping,
                 Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
             }
         };
-        info!(%reason, clients = self.registry.len(), "shutting down");
-        let _ = stop_tx.send(Some(reason));
+        info!(reason = %stopping.reason, kind = ?stopping.kind, clients = self.registry.len(), "shutting down");
+        let _ = stop_tx.send(Some(stopping));
         drop(listener);
         // A stuck GPU: the restart is what frees it, and parked sessions never finish; give
         // the clients just long enough to be told.
@@ -463,11 +486,7 @@ impl<D: Device> Broker<D> {
         }
     }
 
-    async fn connection(
-        self: Arc<Self>,
-        sock: UnixSeqpacket,
-        stop: watch::Receiver<Option<String>>,
-    ) {
+    async fn connection(self: Arc<Self>, sock: UnixSeqpacket, stop: watch::Receiver<Option<Stop>>) {
         let cred = match sock.peer_cred() {
             Ok(c) => c,
             Err(e) => {
@@ -480,6 +499,13 @@ impl<D: Device> Broker<D> {
         async move {
             let hello = match tokio::time::timeout(HELLO_TIMEOUT, recv(&sock)).await {
                 Ok(Ok(Some((ClientMessage::Hello(h), _)))) => h,
+                Ok(Err(RecvError::Version(theirs))) => {
+                    let msg = format!(
+                        "client speaks protocol {theirs} but this broker speaks {PROTOCOL_VERSION}; use a matching gpushare client library"
+                    );
+                    reject(&sock, ErrorCode::VersionMismatch, &msg).await;
+                    return;
+                }
                 Ok(Ok(Some(_))) => {
                     reject(&sock, ErrorCode::ProtocolViolation, "the first message must be Hello").await;
                     return;
@@ -494,14 +520,6 @@ impl<D: Device> Broker<D> {
                     return;
                 }
             };
-            if hello.protocol_version != PROTOCOL_VERSION {
-                let msg = format!(
-                    "client speaks protocol {} but this broker speaks {PROTOCOL_VERSION}; use a matching gpushare client library",
-                    hello.protocol_version
-                );
-                reject(&sock, ErrorCode::VersionMismatch, &msg).await;
-                return;
-            }
             let identity = Identity::lookup(cred.uid(), cred.gid());
             let refused = self
                 .policy
@@ -524,7 +542,7 @@ impl<D: Device> Broker<D> {
         hello: Hello,
         identity: Identity,
         pid: i32,
-        mut stop: watch::Receiver<Option<String>>,
+        mut stop: watch::Receiver<Option<Stop>>,
     ) {
         if let (Some(left), _) = self.carried_for(pid) {
             let msg = format!(
@@ -766,7 +784,7 @@ impl<D: Device> Broker<D> {
         // The client session, for notices its data thread posts; `None` for monitors.
         session: Option<&SessionInfo>,
         who: &Identity,
-        stop: &mut watch::Receiver<Option<String>>,
+        stop: &mut watch::Receiver<Option<Stop>>,
         mut ended: Option<&mut oneshot::Receiver<SessionEnd>>,
     ) -> Option<SessionEnd> {
         loop {
@@ -793,8 +811,8 @@ impl<D: Device> Broker<D> {
                     continue;
                 }
                 _ = stop.changed() => {
-                    let reason = stop.borrow().clone().unwrap_or_else(|| "broker shutting down".into());
-                    let _ = send(sock, &BrokerMessage::ShuttingDown { reason: format!("broker shutting down: {reason}") }, &[]).await;
+                    let Stop { kind, reason } = stop.borrow().clone().unwrap_or_else(|| Stop::stopping("broker shutting down"));
+                    let _ = send(sock, &BrokerMessage::ShuttingDown { kind, reason }, &[]).await;
                     return None;
                 }
                 end = thread_ended => {
@@ -1046,13 +1064,16 @@ enum RecvError {
     Io(#[from] std::io::Error),
     #[error("control message larger than {MAX_CONTROL_MESSAGE} bytes")]
     TooLarge,
+    /// A hello of another protocol version (read before the rest of it).
+    #[error("protocol version {0}")]
+    Version(u32),
     #[error("{0}")]
     Codec(#[from] control::CodecError),
 }
 
 /// Receives one message and any descriptors that came with it; `None` at end of stream.
 async fn recv(sock: &UnixSeqpacket) -> Result<Option<(ClientMessage, Vec<OwnedFd>)>, RecvError> {
-    let mut buf = vec![0u8; 64 * 1024];
+    let mut buf = vec![0u8; MAX_CONTROL_MESSAGE];
     let mut cmsg = [0u8; 256];
     let (info, ancillary) = sock.recv_with_ancillary(&mut buf, &mut cmsg).await?;
     let mut fds = Vec::new();
@@ -1068,7 +1089,13 @@ async fn recv(sock: &UnixSeqpacket) -> Result<Option<(ClientMessage, Vec<OwnedFd
     if info.truncated() || truncated_fds {
         return Err(RecvError::TooLarge);
     }
-    let msg = control::decode(&buf[..info.bytes_read()])?;
+    let bytes = &buf[..info.bytes_read()];
+    if let Some(theirs) = control::hello_version(bytes)
+        && theirs != PROTOCOL_VERSION
+    {
+        return Err(RecvError::Version(theirs));
+    }
+    let msg = control::decode(bytes)?;
     Ok(Some((msg, fds)))
 }
 

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use gpushare_protocol::command::{ModuleLaunch, opcode};
 use gpushare_protocol::control::{
-    BrokerMessage, ClientMessage, Hello, ModuleFormat, RESTARTING, Role, WELCOME_FDS, Welcome,
+    BrokerMessage, ClientMessage, Hello, ModuleFormat, Role, ShutdownKind, WELCOME_FDS, Welcome,
 };
 use gpushare_protocol::ring::{ClientRings, CompletionEntry, SHM_MAGIC, ShmLayout};
 use gpushare_protocol::stats::StatusReport;
@@ -95,7 +95,7 @@ pub type SessionInfo = Welcome;
 /// Why the session is over.
 #[derive(Debug, Clone)]
 enum Dead {
-    Shutdown(String),
+    Shutdown(ShutdownKind, String),
     Evicted(String),
     Gone,
     Protocol(String),
@@ -104,7 +104,7 @@ enum Dead {
 impl Dead {
     fn error(&self) -> Error {
         match self {
-            Dead::Shutdown(r) => Error::BrokerShutdown(r.clone()),
+            Dead::Shutdown(kind, r) => Error::shutdown(*kind, r.clone()),
             Dead::Evicted(r) => Error::Evicted(r.clone()),
             Dead::Gone => Error::BrokerGone,
             Dead::Protocol(r) => Error::Protocol(r.clone()),
@@ -325,8 +325,8 @@ impl Conn {
         let (welcome, fds) = match socket.recv()? {
             (BrokerMessage::Welcome(w), fds) => (*w, fds),
             (BrokerMessage::Rejected(e), _) => return Err(Error::Rejected(e)),
-            (BrokerMessage::ShuttingDown { reason }, _) => {
-                return Err(Error::BrokerShutdown(reason));
+            (BrokerMessage::ShuttingDown { kind, reason }, _) => {
+                return Err(Error::shutdown(kind, reason));
             }
             (other, _) => return Err(Error::Protocol(format!("expected Welcome, got {other:?}"))),
         };
@@ -420,7 +420,7 @@ impl Conn {
             return None;
         }
         match lock(&self.dead).as_ref() {
-            Some(Dead::Shutdown(reason)) if reason.contains(RESTARTING) => Some(reason.clone()),
+            Some(Dead::Shutdown(ShutdownKind::Restarting, reason)) => Some(reason.clone()),
             _ => None,
         }
     }
@@ -579,8 +579,8 @@ impl Conn {
             return;
         }
         match self.socket.recv() {
-            Ok((BrokerMessage::ShuttingDown { reason }, _)) => {
-                self.mark_dead(Dead::Shutdown(reason))
+            Ok((BrokerMessage::ShuttingDown { kind, reason }, _)) => {
+                self.mark_dead(Dead::Shutdown(kind, reason))
             }
             Ok((BrokerMessage::Evicted { reason }, _)) => self.mark_dead(Dead::Evicted(reason)),
             Ok((BrokerMessage::DeviceReset { gpu, reason, lost }, _)) => {
@@ -877,9 +877,9 @@ impl Conn {
             }
         };
         match reply {
-            Ok((BrokerMessage::ShuttingDown { reason }, _)) => {
-                self.mark_dead(Dead::Shutdown(reason.clone()));
-                Err(Error::BrokerShutdown(reason))
+            Ok((BrokerMessage::ShuttingDown { kind, reason }, _)) => {
+                self.mark_dead(Dead::Shutdown(kind, reason.clone()));
+                Err(Error::shutdown(kind, reason))
             }
             Ok((BrokerMessage::Evicted { reason }, _)) => {
                 self.mark_dead(Dead::Evicted(reason.clone()));
@@ -1153,7 +1153,7 @@ impl Client {
     /// notices counted when the call began.
     fn lost_to_fault(&self, conn: &Conn, e: &Error, seen: u64) -> bool {
         match e {
-            Error::BrokerShutdown(reason) => reason.contains(RESTARTING),
+            Error::BrokerRestarting(_) => true,
             e if e.code() == Some(ErrorCode::DeviceReset) => {
                 conn.wait_for_notice(NOTICE_WAIT, seen);
                 let notices = &self.inner.notices;
@@ -1402,7 +1402,7 @@ impl Client {
             conn.submit(broker_cmd, false).map(|_| (0, 0))
         };
         match sent {
-            Err(Error::BrokerShutdown(reason)) if reason.contains(RESTARTING) => Ok((0, 0)),
+            Err(Error::BrokerRestarting(_)) => Ok((0, 0)),
             Err(e) if e.code() == Some(ErrorCode::DeviceReset) => Ok((0, 0)),
             other => other,
         }
@@ -1749,7 +1749,7 @@ impl Client {
             return Ok(());
         }
         match conn.unload_module(broker) {
-            Err(Error::BrokerShutdown(reason)) if reason.contains(RESTARTING) => Ok(()),
+            Err(Error::BrokerRestarting(_)) => Ok(()),
             other => other,
         }
     }

@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use gpushare_protocol::ErrorCode;
+use gpushare_protocol::control::ShutdownKind;
 use gpushare_protocol::error::WireError;
 
 /// Everything that can go wrong talking to `gpushared`.
@@ -22,6 +23,10 @@ pub enum Error {
     Request(WireError),
     #[error("{0}")]
     BrokerShutdown(String),
+    /// gpushared restarts itself after a GPU fault it could not recover in place: it is back
+    /// on the same socket shortly ([`Client::reconnect`](crate::Client::reconnect)).
+    #[error("gpushared restarts after a GPU fault ({0}); reconnect")]
+    BrokerRestarting(String),
     #[error("evicted by gpushared: {0}")]
     Evicted(String),
     #[error("the connection to gpushared was lost (the broker exited or closed it)")]
@@ -60,12 +65,20 @@ fn connect_hint(cause: &std::io::Error) -> &'static str {
 }
 
 impl Error {
+    /// The error for a broker that ended every session.
+    pub(crate) fn shutdown(kind: ShutdownKind, reason: String) -> Error {
+        match kind {
+            ShutdownKind::Stopping => Error::BrokerShutdown(reason),
+            ShutdownKind::Restarting => Error::BrokerRestarting(reason),
+        }
+    }
+
     /// The broker's error code, where there is one.
     pub fn code(&self) -> Option<ErrorCode> {
         match self {
             Error::Command { code, .. } => Some(*code),
             Error::Rejected(w) | Error::Request(w) => Some(w.code),
-            Error::BrokerShutdown(_) => Some(ErrorCode::ShuttingDown),
+            Error::BrokerShutdown(_) | Error::BrokerRestarting(_) => Some(ErrorCode::ShuttingDown),
             Error::Rebuilt(_) => Some(ErrorCode::DeviceReset),
             Error::RebuildFailed(crate::rebuild::RebuildError::AddressUnavailable { .. }) => {
                 Some(ErrorCode::AddressUnavailable)
@@ -79,6 +92,7 @@ impl Error {
         matches!(
             self,
             Error::BrokerShutdown(_)
+                | Error::BrokerRestarting(_)
                 | Error::Evicted(_)
                 | Error::BrokerGone
                 | Error::Protocol(_)

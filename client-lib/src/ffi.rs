@@ -104,7 +104,7 @@ fn status_of(err: &Error) -> c_int {
         Error::Connect { .. } => GPUSHARE_E_CONNECT,
         Error::Rejected(w) | Error::Request(w) => wire(w.code),
         Error::Command { code, .. } => wire(*code),
-        Error::BrokerShutdown(_) => GPUSHARE_E_SHUTTING_DOWN,
+        Error::BrokerShutdown(_) | Error::BrokerRestarting(_) => GPUSHARE_E_SHUTTING_DOWN,
         Error::Evicted(_) => GPUSHARE_E_EVICTED,
         Error::BrokerGone => GPUSHARE_E_BROKER_GONE,
         Error::Protocol(_) => GPUSHARE_E_PROTOCOL,

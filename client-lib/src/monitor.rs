@@ -37,7 +37,7 @@ impl Monitor {
                 next_request: 1,
             }),
             BrokerMessage::Rejected(e) => Err(Error::Rejected(e)),
-            BrokerMessage::ShuttingDown { reason } => Err(Error::BrokerShutdown(reason)),
+            BrokerMessage::ShuttingDown { kind, reason } => Err(Error::shutdown(kind, reason)),
             other => Err(Error::Protocol(format!("expected Welcome, got {other:?}"))),
         }
     }
@@ -53,8 +53,8 @@ impl Monitor {
         loop {
             match self.socket.recv()?.0 {
                 BrokerMessage::Status { report, .. } => return Ok(*report),
-                BrokerMessage::ShuttingDown { reason } => {
-                    return Err(Error::BrokerShutdown(reason));
+                BrokerMessage::ShuttingDown { kind, reason } => {
+                    return Err(Error::shutdown(kind, reason));
                 }
                 BrokerMessage::RequestFailed { error, .. } => return Err(Error::Request(error)),
                 _ => continue,
@@ -99,8 +99,8 @@ impl Monitor {
                 BrokerMessage::AdminDone { request: r, result } if r == request => {
                     return result.map_err(Error::Request);
                 }
-                BrokerMessage::ShuttingDown { reason } => {
-                    return Err(Error::BrokerShutdown(reason));
+                BrokerMessage::ShuttingDown { kind, reason } => {
+                    return Err(Error::shutdown(kind, reason));
                 }
                 // Request 0: a broker that could not even decode the message (an older one).
                 BrokerMessage::RequestFailed { request: r, error } if r == request || r == 0 => {

@@ -76,7 +76,7 @@ impl Connection {
         let (welcome, fds) = match recv(&socket)? {
             (BrokerMessage::Welcome(w), fds) => (*w, fds),
             (BrokerMessage::Rejected(e), _) => return Err(format!("refused: {}", e.message)),
-            (BrokerMessage::ShuttingDown { reason }, _) => return Err(reason),
+            (BrokerMessage::ShuttingDown { reason, .. }, _) => return Err(reason),
             (other, _) => return Err(format!("unexpected answer to hello: {other:?}")),
         };
         let layout = welcome
@@ -223,7 +223,7 @@ impl Connection {
     /// The broker said something unasked: the end of the session, or news to ignore.
     fn read_notice(&mut self) -> Result<(), CallError> {
         match recv(&self.socket) {
-            Ok((BrokerMessage::ShuttingDown { reason }, _)) => Err(CallError::Lost(reason)),
+            Ok((BrokerMessage::ShuttingDown { reason, .. }, _)) => Err(CallError::Lost(reason)),
             Ok((BrokerMessage::Evicted { reason }, _)) => {
                 Err(CallError::Lost(format!("evicted: {reason}")))
             }

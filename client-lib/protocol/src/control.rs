@@ -21,10 +21,16 @@ pub const MAX_CONTROL_MESSAGE: usize = 1 << 20;
 /// Largest module image a client may load.
 pub const MAX_MODULE_IMAGE: u64 = 256 << 20;
 
-/// How the reason of a [`BrokerMessage::ShuttingDown`] ends when gpushared restarts itself
-/// after a GPU fault it cannot recover in place: it is back on the same socket shortly, and a
-/// client may reconnect (the client library's rebuild does so by itself).
-pub const RESTARTING: &str = "gpushared restarts, reconnect";
+/// Why every session ends at once ([`BrokerMessage::ShuttingDown`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ShutdownKind {
+    /// gpushared is stopping (a signal, an upgrade): it stays away until started again.
+    Stopping,
+    /// gpushared restarts itself after a GPU fault it cannot recover in place: it is back on
+    /// the same socket shortly, and a client may reconnect (the client library's rebuild does
+    /// so by itself).
+    Restarting,
+}
 
 /// Number of file descriptors that come with a client's `Welcome`.
 pub const WELCOME_FDS: usize = 3;
@@ -164,8 +170,9 @@ pub enum BrokerMessage {
         request: u64,
         error: WireError,
     },
-    /// The broker is stopping; every command not yet completed is lost.
+    /// The broker is stopping or restarting; every command not yet completed is lost.
     ShuttingDown {
+        kind: ShutdownKind,
         reason: String,
     },
     /// An administrator or the broker removed this client.
@@ -213,6 +220,18 @@ pub enum CodecError {
     TrailingBytes(usize),
 }
 
+/// The protocol version a [`ClientMessage::Hello`] announces, read without decoding the rest
+/// of it, so that a client of another version (whose hello may be shaped differently) is told
+/// `VersionMismatch` rather than a decoding error. `None` when `bytes` is not a hello.
+///
+/// Wire invariant, for every protocol version: `Hello` is the first variant of
+/// `ClientMessage`, and `protocol_version` is its first field.
+pub fn hello_version(bytes: &[u8]) -> Option<u32> {
+    let ((variant, version), _): ((u32, u32), usize) =
+        bincode::serde::decode_from_slice(bytes, config()).ok()?;
+    (variant == 0).then_some(version)
+}
+
 /// Encodes a control message.
 pub fn encode<T: Serialize>(msg: &T) -> Result<Vec<u8>, CodecError> {
     Ok(bincode::serde::encode_to_vec(msg, config())?)
@@ -256,6 +275,32 @@ mod tests {
             let _ = decode::<ClientMessage>(&bytes);
             let _ = decode::<BrokerMessage>(&bytes);
         }
+    }
+
+    #[test]
+    fn the_version_of_a_hello_is_read_before_the_rest() {
+        let hello = |version| {
+            ClientMessage::Hello(Hello {
+                protocol_version: version,
+                role: Role::Client,
+                client_name: "x".into(),
+                requested_class: None,
+                sq_entries: 0,
+                arena_size: 0,
+                gpu: None,
+            })
+        };
+        let bytes = encode(&hello(7)).expect("encode");
+        assert_eq!(hello_version(&bytes), Some(7));
+        // A later version's hello with fields this one does not know: still readable.
+        let mut longer = encode(&hello(crate::PROTOCOL_VERSION + 1)).expect("encode");
+        longer.extend_from_slice(&[1, 2, 3, 4]);
+        assert_eq!(hello_version(&longer), Some(crate::PROTOCOL_VERSION + 1));
+        assert!(decode::<ClientMessage>(&longer).is_err());
+        // Not a hello.
+        let status = encode(&ClientMessage::Status { request: 1 }).expect("encode");
+        assert_eq!(hello_version(&status), None);
+        assert_eq!(hello_version(&[]), None);
     }
 
     #[test]

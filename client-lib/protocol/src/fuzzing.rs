@@ -604,7 +604,12 @@ pub fn broker_messages() -> Vec<BrokerMessage> {
             error: err(ErrorCode::ProtocolViolation),
         },
         BrokerMessage::ShuttingDown {
+            kind: crate::control::ShutdownKind::Stopping,
             reason: "SIGTERM".into(),
+        },
+        BrokerMessage::ShuttingDown {
+            kind: crate::control::ShutdownKind::Restarting,
+            reason: "GPU 0 faulted".into(),
         },
         BrokerMessage::Evicted {
             reason: "by root".into(),
