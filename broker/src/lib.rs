@@ -5,7 +5,7 @@
 //! - [`fault`]: GPU fault containment: the watchdog, context reset, culprit and probation.
 //! - [`dispatch`]: one GPU's scheduler as sessions meet it: kernels wait for their turn.
 //! - [`device`]: the `Device` trait and its backends (`sim`; `cuda` on GPU machines).
-//! - [`shm`] and [`wake`]: the shared region and the eventfd wake-ups.
+//! - [`shm`]: the shared region (its eventfd wake-ups are `gpushare_protocol::wake`).
 //! - [`cli`]: `gpushared`'s command line (also read by the man page generator).
 //! - [`policy`]: the policy file (classes, weights, quotas by user and group).
 //! - [`registry`]: the live sessions, for status.
@@ -26,4 +26,3 @@ pub mod server;
 pub mod session;
 pub mod shm;
 pub mod telemetry;
-pub mod wake;

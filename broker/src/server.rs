@@ -34,7 +34,7 @@ use crate::registry::Registry;
 use crate::session::{GpuServices, ModuleTable, Peer, SessionEnd, SessionInfo, SessionState};
 use crate::shm::SharedRegion;
 use crate::telemetry::Telemetry;
-use crate::wake::Wakeup;
+use gpushare_protocol::wake::Wakeup;
 
 /// Why the broker stops serving, as every client is told.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -22,7 +22,7 @@ use crate::dispatch::GpuDispatch;
 use crate::fault::{DeviceHealth, FaultWatch, Verdict};
 use crate::policy::Grant;
 use crate::shm::SharedRegion;
-use crate::wake::Wakeup;
+use gpushare_protocol::wake::Wakeup;
 
 mod governed;
 

@@ -24,8 +24,8 @@ use std::path::PathBuf;
 use gpushare_protocol::control::ModuleFormat;
 use gpushare_protocol::{Command, ErrorCode, EventId, Kernel, PriorityClass, StreamId};
 
+use crate::Error;
 use crate::client::{Client, ConnectOptions};
-use crate::error::Error;
 
 // ---- status codes --------------------------------------------------------------------
 

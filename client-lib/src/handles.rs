@@ -8,7 +8,7 @@ use gpushare_protocol::{Command, DevicePtr, EventId, StreamId};
 use zerocopy::{FromBytes, Immutable, IntoBytes};
 
 use crate::client::Client;
-use crate::error::{Error, Result};
+use crate::{Error, Result};
 
 /// `len` values of `T` in device memory.
 pub struct DeviceBuffer<T> {

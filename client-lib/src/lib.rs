@@ -20,15 +20,13 @@
 //! lives in [`ffi`] and `include/gpushare.h`.
 
 mod client;
-mod control;
-mod error;
 pub mod ffi;
 mod handles;
 mod monitor;
 mod rebuild;
 
 pub use client::{Client, ConnectOptions, DeviceReset, SessionInfo};
-pub use error::{Error, Result};
+pub use gpushare_conn::{Error, Result};
 pub use gpushare_protocol::control::ModuleFormat;
 pub use gpushare_protocol::stats::{ClientStats, StatusReport};
 pub use gpushare_protocol::{Command, DevicePtr, ErrorCode, Kernel, PriorityClass};

@@ -6,8 +6,8 @@ use gpushare_protocol::control::{BrokerMessage, ClientMessage, Hello, Role, Welc
 use gpushare_protocol::stats::StatusReport;
 use gpushare_protocol::{PROTOCOL_VERSION, PriorityClass};
 
-use crate::control::ControlSocket;
-use crate::error::{Error, Result};
+use crate::{Error, Result};
+use gpushare_conn::ControlSocket;
 
 pub struct Monitor {
     socket: ControlSocket,
@@ -18,28 +18,20 @@ pub struct Monitor {
 impl Monitor {
     pub fn connect(path: &Path) -> Result<Monitor> {
         let socket = ControlSocket::connect(path)?;
-        socket.send(
-            &ClientMessage::Hello(Hello {
-                protocol_version: PROTOCOL_VERSION,
-                role: Role::Monitor,
-                client_name: "gpushare".into(),
-                requested_class: None,
-                sq_entries: 0,
-                arena_size: 0,
-                gpu: None,
-            }),
-            &[],
-        )?;
-        match socket.recv()?.0 {
-            BrokerMessage::Welcome(welcome) => Ok(Monitor {
-                socket,
-                welcome: *welcome,
-                next_request: 1,
-            }),
-            BrokerMessage::Rejected(e) => Err(Error::Rejected(e)),
-            BrokerMessage::ShuttingDown { kind, reason } => Err(Error::shutdown(kind, reason)),
-            other => Err(Error::Protocol(format!("expected Welcome, got {other:?}"))),
-        }
+        let (welcome, _) = socket.handshake(Hello {
+            protocol_version: PROTOCOL_VERSION,
+            role: Role::Monitor,
+            client_name: "gpushare".into(),
+            requested_class: None,
+            sq_entries: 0,
+            arena_size: 0,
+            gpu: None,
+        })?;
+        Ok(Monitor {
+            socket,
+            welcome,
+            next_request: 1,
+        })
     }
 
     pub fn welcome(&self) -> &Welcome {

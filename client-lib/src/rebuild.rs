@@ -16,30 +16,7 @@ use gpushare_protocol::command::ModuleLaunch;
 use gpushare_protocol::control::{LostState, ModuleFormat};
 use gpushare_protocol::{Command, DevicePtr, EventId, StreamId};
 
-/// Why a client's device state could not be made again after a reset. Once a rebuild has
-/// failed, every later call of that client fails with it: some of its handles are not
-/// there any more, and a result computed without them would be wrong.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum RebuildError {
-    /// The broker could not place an allocation at its old address (another allocation
-    /// holds part of the range, or the device cannot place memory there).
-    #[error("device memory at {ptr:#x} ({bytes} bytes) could not be allocated again: {cause}")]
-    AddressUnavailable {
-        ptr: DevicePtr,
-        bytes: u64,
-        cause: String,
-    },
-    /// gpushared restarted after a fault and did not take a new session in time.
-    #[error("gpushared did not come back within {waited_ms} ms of its restart: {last}")]
-    BrokerNotBack { waited_ms: u64, last: String },
-    /// gpushared came back and refused the new session (a culprit's process is refused for
-    /// a while after its fault).
-    #[error("gpushared refused a new session: {0}")]
-    Refused(String),
-    /// Another step failed (uploading a shadow, loading a module again, …).
-    #[error("{what} failed: {cause}")]
-    Step { what: String, cause: String },
-}
+pub use gpushare_conn::RebuildError;
 
 /// An allocation and the host copy of what was uploaded into it.
 pub(crate) struct RecordedBuffer {

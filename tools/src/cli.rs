@@ -101,7 +101,7 @@ pub struct RunArgs {
     pub name: Option<String>,
     /// The interposer library to preload (default: next to this binary, then the install's
     /// library directory).
-    #[arg(long, value_name = "PATH", env = "GPUSHARE_INTERPOSER")]
+    #[arg(long, value_name = "PATH", env = gpushare_conn::env::INTERPOSER_ENV)]
     pub interposer: Option<PathBuf>,
     /// The program to run and its arguments (after `--`).
     #[arg(

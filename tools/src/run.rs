@@ -4,6 +4,7 @@
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 
+use gpushare_conn::env;
 use gpushare_tools::cli::RunArgs;
 
 /// The interposer's file name.
@@ -26,12 +27,13 @@ fn find_interposer() -> anyhow::Result<PathBuf> {
         .cloned()
         .ok_or_else(|| {
             anyhow::anyhow!(
-                "cannot find {INTERPOSER} (looked in {}); pass --interposer PATH or set GPUSHARE_INTERPOSER",
+                "cannot find {INTERPOSER} (looked in {}); pass --interposer PATH or set {}",
                 candidates
                     .iter()
                     .map(|p| p.display().to_string())
                     .collect::<Vec<_>>()
-                    .join(", ")
+                    .join(", "),
+                env::INTERPOSER_ENV
             )
         })
 }
@@ -57,13 +59,13 @@ pub fn exec(socket: &Path, args: RunArgs) -> anyhow::Error {
         .env("LD_PRELOAD", preload)
         .env(gpushare_protocol::SOCKET_ENV, socket);
     if let Some(class) = args.class {
-        cmd.env("GPUSHARE_CLASS", class.as_str());
+        cmd.env(env::CLASS_ENV, class.as_str());
     }
     if let Some(weight) = args.weight {
-        cmd.env("GPUSHARE_WEIGHT", weight.to_string());
+        cmd.env(env::WEIGHT_ENV, weight.to_string());
     }
     if let Some(name) = args.name {
-        cmd.env("GPUSHARE_NAME", name);
+        cmd.env(env::NAME_ENV, name);
     }
     let err = cmd.exec();
     anyhow::anyhow!("cannot run {}: {err}", Path::new(program).display())

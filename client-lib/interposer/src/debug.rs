@@ -23,7 +23,7 @@ use std::sync::{Mutex, OnceLock};
 use crate::real::Sym;
 
 /// The environment variable that turns the diagnostics on (any value but empty or `0`).
-pub const DEBUG_ENV: &str = "GPUSHARE_INTERPOSE_DEBUG";
+pub use gpushare_conn::env::INTERPOSE_DEBUG_ENV as DEBUG_ENV;
 
 static ENABLED: OnceLock<bool> = OnceLock::new();
 

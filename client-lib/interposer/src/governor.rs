@@ -22,11 +22,7 @@ use gpushare_protocol::{Command, ErrorCode, PriorityClass};
 use crate::broker::{CallError, Connection, Introduction};
 use crate::debug;
 
-/// Environment variables `gpushare run` sets (any launcher may).
-pub const CLASS_ENV: &str = "GPUSHARE_CLASS";
-pub const NAME_ENV: &str = "GPUSHARE_NAME";
-pub const GPU_ENV: &str = "GPUSHARE_GPU";
-pub const WEIGHT_ENV: &str = "GPUSHARE_WEIGHT";
+use gpushare_conn::env::{CLASS_ENV, GPU_ENV, NAME_ENV, WEIGHT_ENV};
 
 const UNKNOWN: u8 = 0;
 const GOVERNED: u8 = 1;

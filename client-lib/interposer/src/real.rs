@@ -11,7 +11,7 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 /// Environment variable naming the driver library to wrap (tests point it at a stand-in).
-pub const REAL_LIBCUDA_ENV: &str = "GPUSHARE_REAL_LIBCUDA";
+pub use gpushare_conn::env::REAL_LIBCUDA_ENV;
 
 macro_rules! symbols {
     ($($name:ident),* $(,)?) => {

@@ -6,6 +6,8 @@
 //! - [`command`]: the typed commands carried in submission entries, and their encoding.
 //! - [`error`]: the error codes both sides speak.
 //! - [`stats`]: the status snapshot the broker reports.
+//! - `socket` and `wake` (feature `socket`): the control socket's framing and the rings'
+//!   eventfd wake-ups, one copy for every client kind and the broker.
 
 pub mod command;
 pub mod control;
@@ -16,6 +18,8 @@ pub mod ring;
 #[cfg(feature = "socket")]
 pub mod socket;
 pub mod stats;
+#[cfg(feature = "socket")]
+pub mod wake;
 
 pub use command::{Command, Kernel};
 pub use error::ErrorCode;

@@ -1,10 +1,10 @@
-//! The client library's error type.
+//! What can go wrong talking to `gpushared`, for every client kind.
 
 use std::path::PathBuf;
 
-use gpushare_protocol::ErrorCode;
 use gpushare_protocol::control::ShutdownKind;
 use gpushare_protocol::error::WireError;
+use gpushare_protocol::{DevicePtr, ErrorCode};
 
 /// Everything that can go wrong talking to `gpushared`.
 #[derive(Debug, thiserror::Error)]
@@ -24,7 +24,7 @@ pub enum Error {
     #[error("{0}")]
     BrokerShutdown(String),
     /// gpushared restarts itself after a GPU fault it could not recover in place: it is back
-    /// on the same socket shortly ([`Client::reconnect`](crate::Client::reconnect)).
+    /// on the same socket shortly: connect again.
     #[error("gpushared restarts after a GPU fault ({0}); reconnect")]
     BrokerRestarting(String),
     #[error("evicted by gpushared: {0}")]
@@ -38,8 +38,8 @@ pub enum Error {
     #[error("I/O error talking to gpushared: {0}")]
     Io(#[from] std::io::Error),
     /// A GPU reset (another client's fault, or a restart of gpushared after one) took this
-    /// client's device state, and the library made it again from what it recorded
-    /// ([`ConnectOptions::rebuild`](crate::ConnectOptions::rebuild)): the call that met the
+    /// client's device state, and the client library made it again from what it recorded
+    /// (`ConnectOptions::rebuild`): the call that met the
     /// reset fails with this, once. Work submitted before the fault was lost and is not run
     /// again; submit it again (the handles and device addresses stay the same).
     #[error(
@@ -47,11 +47,11 @@ pub enum Error {
     )]
     Rebuilt(String),
     /// A rebuild after a GPU reset failed; every later call of this client fails with it.
-    /// Connect again ([`Client::reconnect`](crate::Client::reconnect)) and upload again.
+    /// Connect again and upload again.
     #[error(
         "cannot rebuild this client's device state after a GPU reset: {0}; reconnect and upload again"
     )]
-    RebuildFailed(crate::rebuild::RebuildError),
+    RebuildFailed(RebuildError),
 }
 
 /// What to do about a failed connection, by its cause.
@@ -66,7 +66,7 @@ fn connect_hint(cause: &std::io::Error) -> &'static str {
 
 impl Error {
     /// The error for a broker that ended every session.
-    pub(crate) fn shutdown(kind: ShutdownKind, reason: String) -> Error {
+    pub fn shutdown(kind: ShutdownKind, reason: String) -> Error {
         match kind {
             ShutdownKind::Stopping => Error::BrokerShutdown(reason),
             ShutdownKind::Restarting => Error::BrokerRestarting(reason),
@@ -80,7 +80,7 @@ impl Error {
             Error::Rejected(w) | Error::Request(w) => Some(w.code),
             Error::BrokerShutdown(_) | Error::BrokerRestarting(_) => Some(ErrorCode::ShuttingDown),
             Error::Rebuilt(_) => Some(ErrorCode::DeviceReset),
-            Error::RebuildFailed(crate::rebuild::RebuildError::AddressUnavailable { .. }) => {
+            Error::RebuildFailed(RebuildError::AddressUnavailable { .. }) => {
                 Some(ErrorCode::AddressUnavailable)
             }
             _ => None,
@@ -102,3 +102,28 @@ impl Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Why a client's device state could not be made again after a reset. Once a rebuild has
+/// failed, every later call of that client fails with it: some of its handles are not
+/// there any more, and a result computed without them would be wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RebuildError {
+    /// The broker could not place an allocation at its old address (another allocation
+    /// holds part of the range, or the device cannot place memory there).
+    #[error("device memory at {ptr:#x} ({bytes} bytes) could not be allocated again: {cause}")]
+    AddressUnavailable {
+        ptr: DevicePtr,
+        bytes: u64,
+        cause: String,
+    },
+    /// gpushared restarted after a fault and did not take a new session in time.
+    #[error("gpushared did not come back within {waited_ms} ms of its restart: {last}")]
+    BrokerNotBack { waited_ms: u64, last: String },
+    /// gpushared came back and refused the new session (a culprit's process is refused for
+    /// a while after its fault).
+    #[error("gpushared refused a new session: {0}")]
+    Refused(String),
+    /// Another step failed (uploading a shadow, loading a module again, …).
+    #[error("{what} failed: {cause}")]
+    Step { what: String, cause: String },
+}

@@ -1,9 +1,10 @@
-//! The blocking control-socket side of a client: connect, handshake, requests.
+//! A connected control socket: blocking send and receive of one control message, with the
+//! descriptors it carries, and the handshake every client kind starts with.
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::path::Path;
 
-use gpushare_protocol::control::{BrokerMessage, ClientMessage};
+use gpushare_protocol::control::{BrokerMessage, ClientMessage, Hello, Welcome};
 use gpushare_protocol::socket::{self, SocketError};
 use nix::errno::Errno;
 use nix::sys::socket::{AddressFamily, SockFlag, SockType, UnixAddr, connect};
@@ -45,9 +46,21 @@ impl ControlSocket {
     pub fn recv(&self) -> Result<(BrokerMessage, Vec<OwnedFd>)> {
         socket::recv(self.fd.as_fd()).map_err(from_socket)
     }
+
+    /// Says hello and reads the broker's answer: the welcome and the descriptors that came
+    /// with it, or why the broker refused.
+    pub fn handshake(&self, hello: Hello) -> Result<(Welcome, Vec<OwnedFd>)> {
+        self.send(&ClientMessage::Hello(hello), &[])?;
+        match self.recv()? {
+            (BrokerMessage::Welcome(w), fds) => Ok((*w, fds)),
+            (BrokerMessage::Rejected(e), _) => Err(Error::Rejected(e)),
+            (BrokerMessage::ShuttingDown { kind, reason }, _) => Err(Error::shutdown(kind, reason)),
+            (other, _) => Err(Error::Protocol(format!("expected Welcome, got {other:?}"))),
+        }
+    }
 }
 
-/// A failed send or receive as the library reports it: a peer that went away is `BrokerGone`.
+/// A failed send or receive as clients report it: a peer that went away is `BrokerGone`.
 fn from_socket(e: SocketError) -> Error {
     let gone = |e: &std::io::Error| {
         e.raw_os_error()

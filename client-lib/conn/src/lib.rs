@@ -1,0 +1,23 @@
+//! gpushare's connection core: the client side of the broker protocol, one copy for every
+//! client kind (the client library, the governed interposer, the consolidated CUDA driver).
+//!
+//! - [`socket`]: connect, one control message at a time, the handshake.
+//! - [`session`]: a [`Session`]: the shared region mapped, its rings attached; reconnecting.
+//! - [`ring`]: submit, reap and wait (spin, then sleep on the eventfd); errors of commands
+//!   nobody waited for, reported at the next synchronization.
+//! - [`news`]: requests on the control socket, and what the broker says unasked.
+//! - [`error`]: what can go wrong, for all of them.
+//! - [`env`]: the environment a launcher hands to the programs it starts.
+
+pub mod env;
+pub mod error;
+pub mod news;
+pub mod ring;
+pub mod session;
+pub mod socket;
+
+pub use error::{Error, RebuildError, Result};
+pub use news::{DeviceReset, Notices};
+pub use ring::{command_name, op_name};
+pub use session::{Session, SessionOptions, process_name};
+pub use socket::ControlSocket;

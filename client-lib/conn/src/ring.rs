@@ -1,0 +1,381 @@
+//! The rings as a client drives them: submit, reap, wait (spin, then sleep on the eventfd),
+//! and errors of commands nobody waited for, reported at the next synchronization.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use gpushare_protocol::command::opcode;
+use gpushare_protocol::ring::{ClientRings, CompletionEntry};
+use gpushare_protocol::{Command, ErrorCode, StreamId};
+use nix::poll::PollTimeout;
+
+use crate::error::{Error, Result};
+use crate::session::{Dead, Session, lock};
+
+/// A submission's tag: its sequence number (submission order, from 1) and the low byte of
+/// its opcode, so that an error nobody waited for can say what failed.
+pub(crate) fn tag_of(seq: u64, op: u16) -> u64 {
+    seq << 8 | (op as u64 & 0xff)
+}
+
+/// The sequence number in a tag.
+pub fn seq_of(tag: u64) -> u64 {
+    tag >> 8
+}
+
+pub(crate) struct RingState {
+    pub rings: ClientRings,
+    next_seq: u64,
+    /// Submitted and not yet reaped; never more than the completion ring holds.
+    in_flight: u32,
+    /// Tags somebody waits for, and their completions once reaped.
+    wanted: HashSet<u64>,
+    done: HashMap<u64, CompletionEntry>,
+    /// First error of a command nobody waited for, reported at the next synchronization.
+    pub async_error: Option<(u16, u32)>,
+    sleepers: u32,
+    /// The sequence number of the last completion reaped. The broker completes commands in
+    /// the order they were submitted, so every earlier one has been reaped too.
+    reaped_seq: u64,
+}
+
+impl RingState {
+    pub fn new(rings: ClientRings) -> RingState {
+        RingState {
+            rings,
+            next_seq: 1,
+            in_flight: 0,
+            wanted: HashSet::new(),
+            done: HashMap::new(),
+            async_error: None,
+            sleepers: 0,
+            reaped_seq: 0,
+        }
+    }
+}
+
+/// A short name of what a command does, for error messages.
+pub fn op_name(op: u16) -> &'static str {
+    match op {
+        opcode::NOP => "nop",
+        opcode::ALLOC => "allocate",
+        opcode::ALLOC_AT => "allocate at an address",
+        opcode::FREE => "free",
+        opcode::COPY_HTOD => "copy host→device",
+        opcode::COPY_DTOH => "copy device→host",
+        opcode::COPY_DTOD => "copy device→device",
+        opcode::MEMSET => "memset",
+        opcode::STREAM_CREATE => "create stream",
+        opcode::STREAM_DESTROY => "destroy stream",
+        opcode::STREAM_SYNC => "synchronize stream",
+        opcode::EVENT_CREATE => "create event",
+        opcode::EVENT_RECORD => "record event",
+        opcode::EVENT_QUERY => "query event",
+        opcode::EVENT_SYNC => "synchronize event",
+        opcode::EVENT_ELAPSED => "event elapsed time",
+        opcode::EVENT_DESTROY => "destroy event",
+        opcode::CLIENT_SYNC => "synchronize",
+        opcode::ITERATION_END => "end iteration",
+        opcode::DECLARE_JOB => "declare job",
+        opcode::DECLARE_DEADLINE => "declare deadline",
+        opcode::LAUNCH_MODULE => "launch module function",
+        opcode::GOVERNED_RESERVE => "reserve memory",
+        opcode::GOVERNED_RELEASE => "release memory",
+        opcode::GOVERNED_TOKENS => "ask for launch tokens",
+        opcode::GOVERNED_IDLE => "report idle",
+        opcode::GOVERNED_WEIGHT => "ask for a weight",
+        _ => "launch built-in kernel",
+    }
+}
+
+/// The name of a command's operation.
+pub fn command_name(cmd: &Command) -> &'static str {
+    op_name(cmd.encode(0).opcode)
+}
+
+impl Session {
+    /// Reads every completion there is: keeps those somebody waits for, notes the first error
+    /// of the others.
+    fn reap(&self, ring: &mut RingState) {
+        let n = match ring.rings.completions.available() {
+            Ok(n) => n,
+            Err(e) => {
+                self.mark_dead(Dead::Protocol(e.to_string()));
+                return;
+            }
+        };
+        if n == 0 {
+            return;
+        }
+        self.completions.fetch_add(n as u64, Ordering::Relaxed);
+        for _ in 0..n {
+            let c = ring.rings.completions.pop();
+            ring.in_flight = ring.in_flight.saturating_sub(1);
+            ring.reaped_seq = ring.reaped_seq.max(seq_of(c.user_tag));
+            if ring.wanted.remove(&c.user_tag) {
+                ring.done.insert(c.user_tag, c);
+            } else if c.status != 0 && ring.async_error.is_none() {
+                if c.status == ErrorCode::DeviceReset.as_u32() {
+                    self.note_handles_lost();
+                }
+                ring.async_error = Some(((c.user_tag & 0xff) as u16, c.status));
+            }
+        }
+        ring.rings.completions.release();
+        if ring.rings.completions.producer_waiting() {
+            self.submit_wake.signal();
+        }
+        if !ring.done.is_empty() && ring.sleepers > 0 {
+            // Completions for other waiters: make sure they wake.
+            self.complete_wake.signal();
+        }
+    }
+
+    /// The sequence number of the last command whose completion has been read (every earlier
+    /// one's has been read too), after reading what there is.
+    pub fn reaped_seq(&self) -> u64 {
+        let mut ring = lock(&self.ring);
+        self.reap(&mut ring);
+        ring.reaped_seq
+    }
+
+    /// Submits a command; returns its tag. With `wait`, the completion is kept for
+    /// [`Session::finish`]; otherwise an error it carries is reported at the next sync.
+    /// Waits (spin, then sleep) only while the rings are full.
+    pub fn submit(&self, cmd: Command, wait: bool) -> Result<u64> {
+        self.submit_with(cmd.encode(0).opcode, wait, |_| Ok(cmd))
+    }
+
+    /// Like [`Session::submit`], with the command made under the ring's lock: `make` gets the
+    /// sequence number the command will have, and may write arena data that the command
+    /// names, so that submission order and arena use agree. A `make` error submits nothing.
+    pub fn submit_with(
+        &self,
+        op: u16,
+        wait: bool,
+        mut make: impl FnMut(u64) -> Result<Command>,
+    ) -> Result<u64> {
+        let spin_until = Instant::now() + self.spin;
+        loop {
+            self.check_alive()?;
+            {
+                let mut ring = lock(&self.ring);
+                self.reap(&mut ring);
+                let cq_room = ring.in_flight < self.layout().cq_entries;
+                let sq_room = match ring.rings.submissions.free_slots() {
+                    Ok(n) => n > 0,
+                    Err(e) => {
+                        drop(ring);
+                        self.mark_dead(Dead::Protocol(e.to_string()));
+                        continue;
+                    }
+                };
+                if cq_room && sq_room {
+                    let seq = ring.next_seq;
+                    let cmd = make(seq)?;
+                    let tag = tag_of(seq, op);
+                    let pushed = ring
+                        .rings
+                        .submissions
+                        .try_push(cmd.encode(tag))
+                        .unwrap_or(false);
+                    if pushed {
+                        ring.next_seq += 1;
+                        ring.rings.submissions.publish();
+                        ring.in_flight += 1;
+                        if wait {
+                            ring.wanted.insert(tag);
+                        }
+                        if ring.rings.submissions.consumer_needs_wakeup() {
+                            self.submit_wake.signal();
+                        }
+                        self.commands.fetch_add(1, Ordering::Relaxed);
+                        return Ok(tag);
+                    }
+                }
+            }
+            // Full: wait for the broker to make progress.
+            if Instant::now() < spin_until {
+                std::hint::spin_loop();
+            } else {
+                self.sleep_for_completion()?;
+            }
+        }
+    }
+
+    /// Waits for the completion of `tag` (submitted with `wait`).
+    pub fn wait(&self, tag: u64) -> Result<CompletionEntry> {
+        let spin_until = Instant::now() + self.spin;
+        loop {
+            {
+                let mut ring = lock(&self.ring);
+                self.reap(&mut ring);
+                if let Some(c) = ring.done.remove(&tag) {
+                    return Ok(c);
+                }
+            }
+            self.check_alive()?;
+            if Instant::now() < spin_until {
+                std::hint::spin_loop();
+            } else {
+                self.sleep_for_completion()?;
+            }
+        }
+    }
+
+    /// Waits until `done` says so, reading completions meanwhile (spin, then sleep).
+    pub fn wait_until(&self, mut done: impl FnMut(&Session) -> bool) -> Result<()> {
+        let spin_until = Instant::now() + self.spin;
+        loop {
+            {
+                let mut ring = lock(&self.ring);
+                self.reap(&mut ring);
+            }
+            if done(self) {
+                return Ok(());
+            }
+            self.check_alive()?;
+            if Instant::now() < spin_until {
+                std::hint::spin_loop();
+            } else {
+                self.sleep_for_completion()?;
+            }
+        }
+    }
+
+    /// Sleeps until the broker signals a completion, the control socket has news, or a
+    /// short timeout passes.
+    pub(crate) fn sleep_for_completion(&self) -> Result<()> {
+        {
+            let mut ring = lock(&self.ring);
+            ring.sleepers += 1;
+            if ring.sleepers == 1 {
+                ring.rings.completions.prepare_sleep();
+            }
+            if matches!(ring.rings.completions.available(), Ok(n) if n > 0) {
+                self.finish_sleep(&mut ring);
+                return Ok(());
+            }
+        }
+        let control_news = self.complete_wake.wait_or(
+            self.socket.as_fd(),
+            Some(std::time::Duration::from_millis(100)),
+        );
+        {
+            let mut ring = lock(&self.ring);
+            self.finish_sleep(&mut ring);
+        }
+        if control_news {
+            self.read_news(PollTimeout::ZERO);
+        }
+        self.check_alive()
+    }
+
+    fn finish_sleep(&self, ring: &mut RingState) {
+        ring.sleepers -= 1;
+        if ring.sleepers == 0 {
+            ring.rings.completions.finish_sleep();
+        }
+    }
+
+    /// Submits and waits; turns a failed status into an error.
+    pub fn call(&self, cmd: Command, op: &'static str) -> Result<CompletionEntry> {
+        let tag = self.submit(cmd, true)?;
+        self.finish(tag, op)
+    }
+
+    /// Waits for the completion of `tag` (submitted with `wait`) and turns its status into a
+    /// result.
+    pub fn finish(&self, tag: u64, op: &'static str) -> Result<CompletionEntry> {
+        let c = self.wait(tag)?;
+        match ErrorCode::from_u32(c.status) {
+            None if c.status == 0 => Ok(c),
+            Some(code) => {
+                if code == ErrorCode::DeviceReset {
+                    self.note_handles_lost();
+                }
+                Err(Error::Command { op, code })
+            }
+            None => Err(Error::Protocol(format!(
+                "unknown status {} for {op}",
+                c.status
+            ))),
+        }
+    }
+
+    /// Reports (and clears) the first error of a command nobody waited for.
+    pub fn take_async_error(&self) -> Result<()> {
+        let err = lock(&self.ring).async_error.take();
+        match err {
+            None => Ok(()),
+            Some((op, status)) => Err(Error::Command {
+                op: op_name(op),
+                code: ErrorCode::from_u32(status).unwrap_or(ErrorCode::Internal),
+            }),
+        }
+    }
+
+    /// The first error of a command nobody waited for, without clearing it.
+    pub fn pending_async_error(&self) -> Option<ErrorCode> {
+        let mut ring = lock(&self.ring);
+        self.reap(&mut ring);
+        ring.async_error
+            .map(|(_, status)| ErrorCode::from_u32(status).unwrap_or(ErrorCode::Internal))
+    }
+
+    /// Submits and waits for one command; returns its `(result, result2)`.
+    pub fn submit_wait(&self, cmd: Command) -> Result<(u64, u64)> {
+        self.call(cmd, command_name(&cmd))
+            .map(|c| (c.result, c.result2))
+    }
+
+    /// Waits until every submitted command has completed (not necessarily executed).
+    pub fn drain_in_flight(&self) -> Result<()> {
+        let spin_until = Instant::now() + self.spin;
+        loop {
+            {
+                let mut ring = lock(&self.ring);
+                self.reap(&mut ring);
+                if ring.in_flight as usize == ring.wanted.len() + ring.done.len() {
+                    return Ok(());
+                }
+            }
+            self.check_alive()?;
+            if Instant::now() < spin_until {
+                std::hint::spin_loop();
+            } else {
+                self.sleep_for_completion()?;
+            }
+        }
+    }
+
+    /// Waits for all of this session's work; reports the first error since the last sync.
+    pub fn synchronize(&self) -> Result<()> {
+        self.sync_with(Command::ClientSync, "synchronize")
+    }
+
+    /// Waits for a stream's work; reports the first error since the last sync.
+    pub fn sync_stream(&self, stream: StreamId) -> Result<()> {
+        self.sync_with(Command::StreamSync { stream }, "synchronize stream")
+    }
+
+    /// A sync reports the first error since the last one: an earlier command's, else its own.
+    /// When both say a reset took the work, that is one loss, reported once.
+    pub fn sync_with(&self, cmd: Command, op: &'static str) -> Result<()> {
+        let synced = self.call(cmd, op);
+        let mut ring = lock(&self.ring);
+        match (&synced, ring.async_error) {
+            (Err(e), Some((_, status)))
+                if e.code() == Some(ErrorCode::DeviceReset)
+                    && status == ErrorCode::DeviceReset.as_u32() =>
+            {
+                ring.async_error = None;
+            }
+            _ => {}
+        }
+        drop(ring);
+        synced?;
+        self.take_async_error()
+    }
+}
