@@ -7,24 +7,25 @@
 //! releases everything it held.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use gpushare_protocol::command::ModuleLaunch;
 use gpushare_protocol::control::{BrokerMessage, LostState};
 use gpushare_protocol::ring::{BrokerRings, CompletionEntry};
-use gpushare_protocol::stats::ClientStats;
-use gpushare_protocol::{Command, DevicePtr, ErrorCode, EventId, PriorityClass, StreamId};
+use gpushare_protocol::{Command, DevicePtr, ErrorCode, EventId, StreamId};
 
 use crate::device::{Device, DeviceError};
 use crate::dispatch::GpuDispatch;
-use crate::fault::{DeviceHealth, FaultWatch, Verdict};
-use crate::policy::Grant;
+use crate::fault::{DeviceHealth, Verdict};
 use crate::shm::SharedRegion;
 use crate::wake::Wakeup;
 
 mod governed;
+mod info;
+
+pub use info::{Counters, Peer, SessionInfo};
 
 /// Most streams one client may hold at once.
 pub const MAX_STREAMS: usize = 1024;
@@ -38,226 +39,6 @@ const MEASURE_RECHECK: Duration = Duration::from_millis(2);
 const ACCOUNT_EVERY: Duration = Duration::from_millis(5);
 /// How long the data thread waits on a full completion ring before looking again.
 const CQ_FULL_RECHECK: Duration = Duration::from_millis(10);
-
-/// Usage counters, updated by the data thread and read by status queries.
-#[derive(Default)]
-pub struct Counters {
-    pub memory_used: AtomicU64,
-    pub memory_peak: AtomicU64,
-    pub allocations: AtomicU64,
-    pub streams: AtomicU64,
-    pub commands: AtomicU64,
-    pub kernels: AtomicU64,
-    pub bytes_htod: AtomicU64,
-    pub bytes_dtoh: AtomicU64,
-    pub bytes_dtod: AtomicU64,
-    pub gpu_time_ns: AtomicU64,
-    pub errors: AtomicU64,
-    pub queue_depth: AtomicU64,
-    /// Published by the data thread from its latency histogram; 0 = no data yet.
-    pub latency_p50_ns: AtomicU64,
-    pub latency_p99_ns: AtomicU64,
-    /// Time a governed client waited for launch tokens.
-    pub throttled_ns: AtomicU64,
-}
-
-/// What the rest of the broker knows about a session.
-pub struct SessionInfo {
-    pub id: u64,
-    pub pid: i32,
-    pub uid: u32,
-    pub user: String,
-    pub name: String,
-    /// Index of the device the session runs on.
-    pub gpu: u32,
-    /// An unmodified program under `gpushare run` (it runs on its own CUDA context and asks
-    /// only for admission).
-    pub governed: bool,
-    /// What the client is granted now (an admin may change it while it runs).
-    grant: LiveGrant,
-    pub connected_at: Instant,
-    pub counters: Counters,
-    stop: AtomicBool,
-    evicted: Mutex<Option<String>>,
-    /// The submission eventfd, so that others can wake the data thread.
-    submit_wake: Wakeup,
-    /// In-flight stamps for the fault watchdog.
-    pub fault_watch: FaultWatch,
-    /// A message for the client that the data thread posts and the control task sends
-    /// (a device reset notice).
-    notice: Mutex<Option<BrokerMessage>>,
-    pub notice_posted: tokio::sync::Notify,
-}
-
-/// Who a session belongs to and where it runs.
-pub struct Peer {
-    pub id: u64,
-    pub pid: i32,
-    pub uid: u32,
-    pub user: String,
-    pub name: String,
-    pub gpu: u32,
-    pub governed: bool,
-}
-
-impl SessionInfo {
-    pub fn new(peer: Peer, grant: Grant, submit_wake: Wakeup) -> SessionInfo {
-        let Peer {
-            id,
-            pid,
-            uid,
-            user,
-            name,
-            gpu,
-            governed,
-        } = peer;
-        SessionInfo {
-            id,
-            pid,
-            uid,
-            user,
-            name,
-            gpu,
-            governed,
-            grant: LiveGrant::new(grant),
-            connected_at: Instant::now(),
-            counters: Counters::default(),
-            stop: AtomicBool::new(false),
-            evicted: Mutex::new(None),
-            submit_wake,
-            fault_watch: FaultWatch::default(),
-            notice: Mutex::new(None),
-            notice_posted: tokio::sync::Notify::new(),
-        }
-    }
-
-    pub fn grant(&self) -> Grant {
-        self.grant.get()
-    }
-
-    /// Changes the live grant: allocations check the new quota from now on, and streams
-    /// created from now on get the new class's priority.
-    pub fn set_grant(&self, grant: Grant) {
-        self.grant.set(grant);
-    }
-
-    /// Removes the client: its data thread stops and the client is told `reason`.
-    pub fn evict(&self, reason: String) {
-        if let Ok(mut r) = self.evicted.lock() {
-            r.get_or_insert(reason);
-        }
-        self.request_stop();
-    }
-
-    /// Why the client was evicted, if it was.
-    pub fn eviction(&self) -> Option<String> {
-        self.evicted.lock().ok().and_then(|r| r.clone())
-    }
-
-    /// Asks the data thread to finish and reclaim.
-    pub fn request_stop(&self) {
-        self.stop.store(true, Ordering::SeqCst);
-        self.submit_wake.signal();
-    }
-
-    pub fn stopping(&self) -> bool {
-        self.stop.load(Ordering::SeqCst)
-    }
-
-    /// Hands a message to the control task for the client.
-    pub fn post_notice(&self, msg: BrokerMessage) {
-        *self.notice.lock().unwrap_or_else(|e| e.into_inner()) = Some(msg);
-        self.notice_posted.notify_one();
-    }
-
-    pub fn take_notice(&self) -> Option<BrokerMessage> {
-        self.notice.lock().unwrap_or_else(|e| e.into_inner()).take()
-    }
-
-    pub fn submit_wake(&self) -> &Wakeup {
-        &self.submit_wake
-    }
-
-    pub fn stats(&self, streams: u32) -> ClientStats {
-        let c = &self.counters;
-        let grant = self.grant();
-        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        ClientStats {
-            client_id: self.id,
-            pid: self.pid,
-            uid: self.uid,
-            user: self.user.clone(),
-            name: self.name.clone(),
-            gpu: self.gpu,
-            class: grant.class,
-            weight: grant.weight,
-            memory_used: get(&c.memory_used),
-            memory_peak: get(&c.memory_peak),
-            memory_quota: grant.memory_quota,
-            allocations: get(&c.allocations),
-            streams,
-            commands: get(&c.commands),
-            kernels: get(&c.kernels),
-            bytes_htod: get(&c.bytes_htod),
-            bytes_dtoh: get(&c.bytes_dtoh),
-            bytes_dtod: get(&c.bytes_dtod),
-            gpu_time_ns: get(&c.gpu_time_ns),
-            errors: get(&c.errors),
-            connected_ms: self.connected_at.elapsed().as_millis() as u64,
-            bypassing: false, // set from telemetry when the report is built
-            queue_depth: get(&c.queue_depth) as u32,
-            latency_p50_ns: Some(get(&c.latency_p50_ns)).filter(|&v| v > 0),
-            latency_p99_ns: Some(get(&c.latency_p99_ns)).filter(|&v| v > 0),
-            governed: self.governed,
-            throttled_ns: get(&c.throttled_ns),
-        }
-    }
-}
-
-/// A grant that an admin may change while the client runs: read on every allocation, so
-/// kept in atomics rather than behind a lock.
-struct LiveGrant {
-    class: std::sync::atomic::AtomicU8,
-    weight: std::sync::atomic::AtomicU32,
-    /// `u64::MAX` means unlimited.
-    quota: AtomicU64,
-}
-
-impl LiveGrant {
-    fn new(g: Grant) -> LiveGrant {
-        let l = LiveGrant {
-            class: std::sync::atomic::AtomicU8::new(0),
-            weight: std::sync::atomic::AtomicU32::new(0),
-            quota: AtomicU64::new(0),
-        };
-        l.set(g);
-        l
-    }
-
-    fn set(&self, g: Grant) {
-        let class = match g.class {
-            PriorityClass::High => 0,
-            PriorityClass::Normal => 1,
-            PriorityClass::BestEffort => 2,
-        };
-        self.class.store(class, Ordering::Relaxed);
-        self.weight.store(g.weight, Ordering::Relaxed);
-        self.quota
-            .store(g.memory_quota.unwrap_or(u64::MAX), Ordering::Relaxed);
-    }
-
-    fn get(&self) -> Grant {
-        Grant {
-            class: match self.class.load(Ordering::Relaxed) {
-                0 => PriorityClass::High,
-                1 => PriorityClass::Normal,
-                _ => PriorityClass::BestEffort,
-            },
-            weight: self.weight.load(Ordering::Relaxed),
-            memory_quota: Some(self.quota.load(Ordering::Relaxed)).filter(|&q| q != u64::MAX),
-        }
-    }
-}
 
 /// Modules and functions a client loaded; shared with the control task that loads them.
 pub struct ModuleTable<D: Device> {
