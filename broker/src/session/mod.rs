@@ -24,8 +24,10 @@ use crate::wake::Wakeup;
 
 mod governed;
 mod info;
+mod modules;
 
 pub use info::{Counters, Peer, SessionInfo};
+pub use modules::{MAX_FUNCTIONS, MAX_MODULES, ModuleTable};
 
 /// Most streams one client may hold at once.
 pub const MAX_STREAMS: usize = 1024;
@@ -39,79 +41,6 @@ const MEASURE_RECHECK: Duration = Duration::from_millis(2);
 const ACCOUNT_EVERY: Duration = Duration::from_millis(5);
 /// How long the data thread waits on a full completion ring before looking again.
 const CQ_FULL_RECHECK: Duration = Duration::from_millis(10);
-
-/// Modules and functions a client loaded; shared with the control task that loads them.
-pub struct ModuleTable<D: Device> {
-    modules: HashMap<u64, Arc<D::Module>>,
-    functions: HashMap<u64, (u64, Arc<D::Function>)>,
-    next: u64,
-}
-
-impl<D: Device> Default for ModuleTable<D> {
-    fn default() -> Self {
-        ModuleTable {
-            modules: HashMap::new(),
-            functions: HashMap::new(),
-            next: 1,
-        }
-    }
-}
-
-/// Most modules one client may hold.
-pub const MAX_MODULES: usize = 256;
-/// Most function handles one client may hold.
-pub const MAX_FUNCTIONS: usize = 65536;
-
-impl<D: Device> ModuleTable<D> {
-    pub fn insert_module(&mut self, module: D::Module) -> Result<u64, ErrorCode> {
-        if self.modules.len() >= MAX_MODULES {
-            return Err(ErrorCode::TooManyHandles);
-        }
-        let id = self.next;
-        self.next += 1;
-        self.modules.insert(id, Arc::new(module));
-        Ok(id)
-    }
-
-    pub fn module(&self, id: u64) -> Option<Arc<D::Module>> {
-        self.modules.get(&id).cloned()
-    }
-
-    pub fn insert_function(&mut self, module: u64, f: D::Function) -> Result<u64, ErrorCode> {
-        if self.functions.len() >= MAX_FUNCTIONS {
-            return Err(ErrorCode::TooManyHandles);
-        }
-        let id = self.next;
-        self.next += 1;
-        self.functions.insert(id, (module, Arc::new(f)));
-        Ok(id)
-    }
-
-    pub fn function(&self, id: u64) -> Option<Arc<D::Function>> {
-        self.functions.get(&id).map(|(_, f)| f.clone())
-    }
-
-    /// Unloads a module and forgets its functions.
-    pub fn remove_module(&mut self, id: u64) -> bool {
-        self.functions.retain(|_, (m, _)| *m != id);
-        self.modules.remove(&id).is_some()
-    }
-
-    pub fn clear(&mut self) {
-        self.functions.clear();
-        self.modules.clear();
-    }
-
-    /// Forgets everything, returning the module and function ids that were live.
-    pub fn take_ids(&mut self) -> (Vec<u64>, Vec<u64>) {
-        let ids = (
-            self.modules.keys().copied().collect(),
-            self.functions.keys().copied().collect(),
-        );
-        self.clear();
-        ids
-    }
-}
 
 struct StreamSlot<S> {
     stream: S,
