@@ -22,12 +22,15 @@ use crate::fault::{DeviceHealth, Verdict};
 use crate::shm::SharedRegion;
 use crate::wake::Wakeup;
 
+mod allocations;
 mod governed;
 mod info;
 mod modules;
 
 pub use info::{Counters, Peer, SessionInfo};
 pub use modules::{MAX_FUNCTIONS, MAX_MODULES, ModuleTable};
+
+use allocations::Allocations;
 
 /// Most streams one client may hold at once.
 pub const MAX_STREAMS: usize = 1024;
@@ -63,7 +66,7 @@ pub struct SessionState<D: Device> {
     modules: Arc<Mutex<ModuleTable<D>>>,
     spin: Duration,
     /// Base pointer → size of every live allocation.
-    allocations: BTreeMap<DevicePtr, u64>,
+    allocations: Allocations,
     streams: HashMap<StreamId, StreamSlot<D::Stream>>,
     next_stream: StreamId,
     events: HashMap<EventId, D::Event>,
@@ -210,7 +213,7 @@ impl<D: Device> SessionState<D> {
             complete_wake,
             modules,
             spin,
-            allocations: BTreeMap::new(),
+            allocations: Allocations::default(),
             streams,
             next_stream: 1,
             events: HashMap::new(),
@@ -516,20 +519,6 @@ impl<D: Device> SessionState<D> {
         }
     }
 
-    /// Checks that `[ptr, ptr + len)` lies inside one of this client's allocations.
-    fn check_range(&self, ptr: DevicePtr, len: u64) -> Result<(), ErrorCode> {
-        let (&base, &size) = self
-            .allocations
-            .range(..=ptr)
-            .next_back()
-            .ok_or(ErrorCode::InvalidPointer)?;
-        let end = ptr.checked_add(len).ok_or(ErrorCode::InvalidPointer)?;
-        if end > base + size {
-            return Err(ErrorCode::InvalidPointer);
-        }
-        Ok(())
-    }
-
     /// Runs a stream-ordered device operation; its device time is charged at batch end.
     fn on_stream(
         &mut self,
@@ -680,7 +669,7 @@ impl<D: Device> SessionState<D> {
         self.epoch = self.health.epoch();
         self.holding_turn = false;
         let mut lost = LostState {
-            buffers: self.allocations.iter().map(|(&p, &n)| (p, n)).collect(),
+            buffers: self.allocations.iter().collect(),
             streams: self.streams.keys().copied().filter(|&s| s != 0).collect(),
             events: self.events.keys().copied().collect(),
             modules: Vec::new(),
@@ -699,9 +688,7 @@ impl<D: Device> SessionState<D> {
             .map(|mut m| m.take_ids())
             .unwrap_or_default();
         lost.modules = modules;
-        self.lost
-            .buffers
-            .extend(std::mem::take(&mut self.allocations));
+        self.lost.buffers.extend(self.allocations.take());
         self.lost.streams.extend(lost.streams.iter().copied());
         self.lost.events.extend(lost.events.iter().copied());
         self.lost.functions.extend(functions);
@@ -777,11 +764,10 @@ impl<D: Device> SessionState<D> {
             Command::Free { ptr } => {
                 let size = self
                     .allocations
-                    .get(&ptr)
-                    .copied()
+                    .size_of(ptr)
                     .ok_or(ErrorCode::InvalidPointer)?;
                 self.device.free(ptr).map_err(|e| e.code())?;
-                self.allocations.remove(&ptr);
+                self.allocations.remove(ptr);
                 let charged = self.placed_charges.remove(&ptr).unwrap_or(size);
                 counters.memory_used.fetch_sub(charged, Ordering::Relaxed);
                 Ok((0, 0))
@@ -792,7 +778,7 @@ impl<D: Device> SessionState<D> {
                 dst,
                 len,
             } => {
-                self.check_range(dst, len)?;
+                self.allocations.check_range(dst, len)?;
                 let region = self.region.clone();
                 let src = region
                     .arena_slice(arena_offset, len)
@@ -810,7 +796,7 @@ impl<D: Device> SessionState<D> {
                 arena_offset,
                 len,
             } => {
-                self.check_range(src, len)?;
+                self.allocations.check_range(src, len)?;
                 let region = self.region.clone();
                 let dst = region
                     .arena_slice(arena_offset, len)
@@ -828,8 +814,8 @@ impl<D: Device> SessionState<D> {
                 dst,
                 len,
             } => {
-                self.check_range(src, len)?;
-                self.check_range(dst, len)?;
+                self.allocations.check_range(src, len)?;
+                self.allocations.check_range(dst, len)?;
                 let r = self.on_stream(stream, |d, s| d.copy_dtod(s, src, dst, len))?;
                 self.info
                     .counters
@@ -843,7 +829,7 @@ impl<D: Device> SessionState<D> {
                 value,
                 len,
             } => {
-                self.check_range(dst, len)?;
+                self.allocations.check_range(dst, len)?;
                 self.on_stream(stream, |d, s| d.memset(s, dst, value, len))
             }
             Command::StreamCreate => {
@@ -1030,7 +1016,7 @@ impl<D: Device> SessionState<D> {
             Command::Launch { stream, kernel } => {
                 for operand in kernel.operands()? {
                     if operand.bytes > 0 {
-                        self.check_range(operand.ptr, operand.bytes)?;
+                        self.allocations.check_range(operand.ptr, operand.bytes)?;
                     }
                 }
                 if !self.streams.contains_key(&stream) {
@@ -1080,12 +1066,7 @@ impl<D: Device> SessionState<D> {
                 let end = ptr
                     .checked_add(bytes)
                     .ok_or(ErrorCode::AddressUnavailable)?;
-                if self
-                    .allocations
-                    .range(..end)
-                    .next_back()
-                    .is_some_and(|(&base, &len)| base + len > ptr)
-                {
+                if self.allocations.overlaps(ptr, end) {
                     return Err(ErrorCode::AddressUnavailable);
                 }
                 let took = self.device.alloc_at(ptr, bytes).map_err(|e| {
@@ -1159,7 +1140,7 @@ impl<D: Device> SessionState<D> {
     fn reclaim(&mut self) {
         let streams = self.streams.len();
         let allocations = self.allocations.len();
-        let bytes: u64 = self.allocations.values().sum();
+        let bytes = self.allocations.total_bytes();
         for slot in self.streams.values_mut() {
             let _ = self.device.sync_stream(&mut slot.stream);
         }
@@ -1184,7 +1165,7 @@ impl<D: Device> SessionState<D> {
         if let Ok(mut m) = self.modules.lock() {
             m.clear();
         }
-        for (ptr, _) in std::mem::take(&mut self.allocations) {
+        for (ptr, _) in self.allocations.take() {
             if let Err(e) = self.device.free(ptr) {
                 tracing::warn!(ptr = format_args!("{ptr:#x}"), error = %e, "could not free allocation of departed client");
             }
