@@ -6,13 +6,12 @@
 //! ends — goodbye, disconnect, kill, eviction or broker shutdown — [`SessionState::reclaim`]
 //! releases everything it held.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use gpushare_protocol::command::ModuleLaunch;
-use gpushare_protocol::control::{BrokerMessage, LostState};
 use gpushare_protocol::ring::{BrokerRings, CompletionEntry};
 use gpushare_protocol::{Command, DevicePtr, ErrorCode, EventId, StreamId};
 
@@ -26,11 +25,13 @@ mod allocations;
 mod governed;
 mod info;
 mod modules;
+mod reset;
 
 pub use info::{Counters, Peer, SessionInfo};
 pub use modules::{MAX_FUNCTIONS, MAX_MODULES, ModuleTable};
 
 use allocations::Allocations;
+use reset::Lost;
 
 /// Most streams one client may hold at once.
 pub const MAX_STREAMS: usize = 1024;
@@ -97,59 +98,6 @@ pub struct SessionState<D: Device> {
     placed_charges: HashMap<DevicePtr, u64>,
     /// A governed client's admission state (memory reserved, its launch lease).
     governed: governed::Governed,
-}
-
-/// Handles a session lost in device resets.
-#[derive(Default)]
-struct Lost {
-    buffers: BTreeMap<DevicePtr, u64>,
-    streams: HashSet<StreamId>,
-    events: HashSet<EventId>,
-    functions: HashSet<u64>,
-    /// Streams with work not yet synchronized when a reset took it: the next sync that
-    /// covers one fails with `DeviceReset` (once), rather than saying work ran that never did.
-    unsynced: BTreeSet<StreamId>,
-}
-
-impl Lost {
-    fn has_ptr(&self, ptr: DevicePtr) -> bool {
-        self.buffers
-            .range(..=ptr)
-            .next_back()
-            .is_some_and(|(&base, &len)| ptr < base.saturating_add(len))
-    }
-
-    /// Whether a command that failed with a bad handle or pointer named something lost.
-    fn named_by(&self, cmd: &Command) -> bool {
-        if cmd.stream().is_some_and(|s| self.streams.contains(&s)) {
-            return true;
-        }
-        let ptrs: Vec<DevicePtr> = match *cmd {
-            Command::Free { ptr } => vec![ptr],
-            Command::CopyHtoD { dst, .. } | Command::Memset { dst, .. } => vec![dst],
-            Command::CopyDtoH { src, .. } => vec![src],
-            Command::CopyDtoD { src, dst, .. } => vec![src, dst],
-            Command::Launch { kernel, .. } => kernel
-                .operands()
-                .map(|ops| ops.iter().map(|o| o.ptr).collect())
-                .unwrap_or_default(),
-            Command::LaunchModule { launch, .. } => {
-                return self.functions.contains(&launch.function);
-            }
-            Command::StreamSync { stream } | Command::StreamDestroy { stream } => {
-                return self.streams.contains(&stream);
-            }
-            Command::EventRecord { event, .. }
-            | Command::EventQuery { event }
-            | Command::EventSync { event }
-            | Command::EventDestroy { event } => return self.events.contains(&event),
-            Command::EventElapsed { start, end } => {
-                return self.events.contains(&start) || self.events.contains(&end);
-            }
-            _ => vec![],
-        };
-        ptrs.into_iter().any(|p| self.has_ptr(p))
-    }
 }
 
 /// What a session uses of its GPU besides the device: fault containment and the scheduler.
@@ -461,48 +409,8 @@ impl<D: Device> SessionState<D> {
     /// Decodes, validates and executes one entry; never panics on any input.
     fn process(&mut self, entry: &gpushare_protocol::ring::SubmissionEntry) -> CompletionEntry {
         self.info.counters.commands.fetch_add(1, Ordering::Relaxed);
-        let outcome = Command::decode(entry).and_then(|cmd| {
-            self.execute(cmd).or_else(|code| match code {
-                ErrorCode::InvalidPointer | ErrorCode::InvalidHandle
-                    if self.lost.named_by(&cmd) =>
-                {
-                    // Releasing what a reset took already is done, not an error.
-                    match cmd {
-                        Command::Free { ptr } => {
-                            self.lost.buffers.remove(&ptr);
-                            Ok((0, 0))
-                        }
-                        Command::StreamDestroy { stream } => {
-                            self.lost.streams.remove(&stream);
-                            self.lost.unsynced.remove(&stream);
-                            Ok((0, 0))
-                        }
-                        Command::EventDestroy { event } => {
-                            self.lost.events.remove(&event);
-                            Ok((0, 0))
-                        }
-                        _ => Err(ErrorCode::DeviceReset),
-                    }
-                }
-                ErrorCode::DeviceError | ErrorCode::LaunchFailed => {
-                    // A sticky error poisons everyone's context: get it reset now.
-                    if let Some(what) = self.device.fault() {
-                        self.health.report_fault(self.info.id, self.epoch, what);
-                        // The command was lost to the fault, like everything else the reset
-                        // takes: say so once the guardian has taken over.
-                        if self
-                            .health
-                            .wait_for_recovery_start(self.epoch, Duration::from_secs(2))
-                        {
-                            self.told_lost(&cmd);
-                            return Err(ErrorCode::DeviceReset);
-                        }
-                    }
-                    Err(code)
-                }
-                _ => Err(code),
-            })
-        });
+        let outcome = Command::decode(entry)
+            .and_then(|cmd| self.execute(cmd).or_else(|code| self.on_failure(cmd, code)));
         let (status, result, result2) = match outcome {
             Ok((r1, r2)) => (0, r1, r2),
             Err(code) => {
@@ -603,156 +511,6 @@ impl<D: Device> SessionState<D> {
             self.health.release_turn(self.info.id);
             self.holding_turn = false;
         }
-    }
-
-    /// After a successful synchronization: work made progress, and when nothing is left on
-    /// any stream the session has no work in flight (so a fault right after is not pinned on
-    /// it).
-    fn settle_in_flight(&mut self) {
-        let watch = &self.info.fault_watch;
-        watch
-            .progress
-            .store(self.health.now_ns(), Ordering::Release);
-        // No driver call here: this is on every synchronization's path.
-        if watch.busy_since.load(Ordering::Relaxed) != 0
-            && !self.streams.values().any(|s| s.unsynced)
-        {
-            watch.busy_since.store(0, Ordering::Release);
-        }
-    }
-
-    /// This command's failure tells the client that the reset took the work of the streams
-    /// it covers: a later sync need not say so again.
-    fn told_lost(&mut self, cmd: &Command) {
-        let stream = match *cmd {
-            Command::ClientSync => {
-                for slot in self.streams.values_mut() {
-                    slot.unsynced = false;
-                }
-                return;
-            }
-            Command::StreamSync { stream } => Some(stream),
-            Command::EventSync { event } => self.event_marks.get(&event).map(|&(s, _)| s),
-            ref other => other.stream(),
-        };
-        if let Some(slot) = stream.and_then(|s| self.streams.get_mut(&s)) {
-            slot.unsynced = false;
-        }
-    }
-
-    /// An event the client saw complete: the work it was recorded after is done, so a
-    /// stream with nothing submitted since is synchronized.
-    fn settle_marked(&mut self, event: EventId) {
-        if let Some(&(stream, submitted)) = self.event_marks.get(&event)
-            && let Some(slot) = self.streams.get_mut(&stream)
-            && slot.submitted == submitted
-        {
-            slot.unsynced = false;
-        }
-    }
-
-    /// Parks (once) while a device reset is under way, keeping the outcome for
-    /// [`SessionState::after_reset`].
-    fn park_if_resetting(&mut self) {
-        if self.health.epoch() != self.epoch && self.verdict.is_none() {
-            self.verdict = Some(self.health.park(self.info.id));
-        }
-    }
-
-    /// After a device reset: forgets every (now inert) handle, sets up a fresh default
-    /// stream, and tells the client what it lost — or ends the session of the culprit.
-    fn after_reset(&mut self) -> Option<SessionEnd> {
-        let verdict = match self.verdict.take() {
-            Some(v) => v,
-            None => self.health.park(self.info.id),
-        };
-        self.epoch = self.health.epoch();
-        self.holding_turn = false;
-        let mut lost = LostState {
-            buffers: self.allocations.iter().collect(),
-            streams: self.streams.keys().copied().filter(|&s| s != 0).collect(),
-            events: self.events.keys().copied().collect(),
-            modules: Vec::new(),
-        };
-        lost.streams.sort_unstable();
-        lost.events.sort_unstable();
-        self.lost.unsynced.extend(
-            self.streams
-                .iter()
-                .filter(|(_, slot)| slot.unsynced)
-                .map(|(&id, _)| id),
-        );
-        let (modules, functions) = self
-            .modules
-            .lock()
-            .map(|mut m| m.take_ids())
-            .unwrap_or_default();
-        lost.modules = modules;
-        self.lost.buffers.extend(self.allocations.take());
-        self.lost.streams.extend(lost.streams.iter().copied());
-        self.lost.events.extend(lost.events.iter().copied());
-        self.lost.functions.extend(functions);
-        // The handles belong to a context that no longer exists: dropping them is inert.
-        self.streams.clear();
-        self.events.clear();
-        self.event_marks.clear();
-        self.granted.clear();
-        self.spare_events.clear();
-        self.placed_charges.clear();
-        let grant = self.info.grant();
-        self.dispatch.remove_client(self.info.id);
-        self.dispatch
-            .add_client(self.info.id, grant.class, grant.weight, self.info.governed);
-        let c = &self.info.counters;
-        // A governed client's memory is in its own context, which the reset did not touch.
-        c.memory_used
-            .store(self.governed.reserved(), Ordering::Relaxed);
-        self.governed.forget_lease();
-        self.info.fault_watch.busy_since.store(0, Ordering::Release);
-
-        if let Verdict::Culprit(reason) = verdict {
-            return Some(SessionEnd::Evicted(reason));
-        }
-        let rebuilt = self
-            .device
-            .register_arena(self.region.arena())
-            .and_then(|()| self.device.create_stream(self.info.grant().class));
-        match rebuilt {
-            Ok(stream) => {
-                self.streams.insert(
-                    0,
-                    StreamSlot {
-                        stream,
-                        touched: false,
-                        unsynced: false,
-                        submitted: 0,
-                    },
-                );
-                c.streams.store(1, Ordering::Relaxed);
-            }
-            Err(e) => {
-                return Some(SessionEnd::Evicted(format!(
-                    "the GPU was reset and this session could not be set up again: {e}"
-                )));
-            }
-        }
-        self.probation_until = self.health.probation_until(self.info.id);
-        let Verdict::Lost(reason) = verdict else {
-            return None;
-        };
-        tracing::info!(
-            buffers = lost.buffers.len(),
-            streams = lost.streams.len(),
-            events = lost.events.len(),
-            modules = lost.modules.len(),
-            "device reset: client state lost"
-        );
-        self.info.post_notice(BrokerMessage::DeviceReset {
-            gpu: self.info.gpu,
-            reason,
-            lost,
-        });
-        None
     }
 
     fn execute(&mut self, cmd: Command) -> Result<(u64, u64), ErrorCode> {
@@ -880,7 +638,7 @@ impl<D: Device> SessionState<D> {
             Command::StreamSync { stream } => {
                 // The default stream is made again after a reset; any other stream the
                 // reset took is a lost handle, and fails with `DeviceReset` below.
-                if self.lost.unsynced.remove(&stream) && stream == 0 {
+                if self.lost.take_unsynced(stream) && stream == 0 {
                     return Err(ErrorCode::DeviceReset);
                 }
                 let device = self.device.clone();
@@ -950,8 +708,7 @@ impl<D: Device> SessionState<D> {
                 Ok((0, 0))
             }
             Command::ClientSync => {
-                if !self.lost.unsynced.is_empty() {
-                    self.lost.unsynced.clear();
+                if self.lost.take_any_unsynced() {
                     return Err(ErrorCode::DeviceReset);
                 }
                 let device = self.device.clone();
@@ -1085,9 +842,7 @@ impl<D: Device> SessionState<D> {
                     self.placed_charges.insert(ptr, took);
                 }
                 // Memory lost at this address in a reset is there again.
-                self.lost
-                    .buffers
-                    .retain(|&base, &mut len| base.saturating_add(len) <= ptr || base >= end);
+                self.lost.forget_buffers_in(ptr, end);
                 ptr
             }
         };
