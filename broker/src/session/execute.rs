@@ -124,15 +124,7 @@ impl<D: Device> SessionState<D> {
                     .next_stream
                     .checked_add(1)
                     .ok_or(ErrorCode::TooManyHandles)?;
-                self.streams.insert(
-                    id,
-                    StreamSlot {
-                        stream,
-                        touched: false,
-                        unsynced: false,
-                        submitted: 0,
-                    },
-                );
+                self.streams.insert(id, StreamSlot::new(stream));
                 counters
                     .streams
                     .store(self.streams.len() as u64, Ordering::Relaxed);

@@ -43,6 +43,7 @@ pub const MAX_EVENTS: usize = 16384;
 /// Most live allocations one client may hold at once.
 pub const MAX_ALLOCATIONS: usize = 1 << 20;
 
+/// One of the client's streams, and what the session tracks of the work on it.
 struct StreamSlot<S> {
     stream: S,
     /// Got work since the last [`SessionState::account`].
@@ -52,6 +53,17 @@ struct StreamSlot<S> {
     unsynced: bool,
     /// Operations submitted so far: an event recorded after the last one covers them all.
     submitted: u64,
+}
+
+impl<S> StreamSlot<S> {
+    fn new(stream: S) -> StreamSlot<S> {
+        StreamSlot {
+            stream,
+            touched: false,
+            unsynced: false,
+            submitted: 0,
+        }
+    }
 }
 
 /// The data thread's state for one client.
@@ -140,15 +152,7 @@ impl<D: Device> SessionState<D> {
             }
         };
         let mut streams = HashMap::new();
-        streams.insert(
-            0,
-            StreamSlot {
-                stream: default_stream,
-                touched: false,
-                unsynced: false,
-                submitted: 0,
-            },
-        );
+        streams.insert(0, StreamSlot::new(default_stream));
         info.counters.streams.store(1, Ordering::Relaxed);
         Ok(SessionState {
             device,

@@ -257,15 +257,7 @@ impl<D: Device> SessionState<D> {
             .and_then(|()| self.device.create_stream(self.info.grant().class));
         match rebuilt {
             Ok(stream) => {
-                self.streams.insert(
-                    0,
-                    StreamSlot {
-                        stream,
-                        touched: false,
-                        unsynced: false,
-                        submitted: 0,
-                    },
-                );
+                self.streams.insert(0, StreamSlot::new(stream));
                 c.streams.store(1, Ordering::Relaxed);
             }
             Err(e) => {
