@@ -77,27 +77,31 @@ impl<D: Device> SessionState<D> {
                 std::hint::spin_loop();
                 continue;
             }
-            // Nothing for a while: close measurements, then sleep until the client signals (it will, because it sees
-            // NEED_WAKEUP after publishing).
-            self.account(true);
-            self.rings.submissions.prepare_sleep();
-            // Measurements still in flight: wake up soon to read them, so status stays true.
-            let measuring = !self.granted.is_empty()
-                || self
-                    .streams
-                    .values()
-                    .any(|s| self.device.measuring(&s.stream));
-            let timeout = match self.lease_left() {
-                Some(left) => Some(left.min(MEASURE_RECHECK)),
-                None => measuring.then_some(MEASURE_RECHECK),
-            };
-            match self.rings.submissions.available() {
-                Ok(0) if !self.info.stopping() => self.info.submit_wake().wait(timeout),
-                _ => {}
-            }
-            self.rings.submissions.finish_sleep();
+            self.sleep();
             idle_since = Instant::now();
         }
+    }
+
+    /// Nothing for a while: closes the measurements, then sleeps until the client signals
+    /// (it will, because it sees NEED_WAKEUP after publishing).
+    fn sleep(&mut self) {
+        self.account(true);
+        self.rings.submissions.prepare_sleep();
+        // Measurements still in flight: wake up soon to read them, so status stays true.
+        let measuring = !self.granted.is_empty()
+            || self
+                .streams
+                .values()
+                .any(|s| self.device.measuring(&s.stream));
+        let timeout = match self.lease_left() {
+            Some(left) => Some(left.min(MEASURE_RECHECK)),
+            None => measuring.then_some(MEASURE_RECHECK),
+        };
+        match self.rings.submissions.available() {
+            Ok(0) if !self.info.stopping() => self.info.submit_wake().wait(timeout),
+            _ => {}
+        }
+        self.rings.submissions.finish_sleep();
     }
 
     /// Publishes the latency percentiles every 100 ms and starts a fresh window, so status
