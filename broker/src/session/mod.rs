@@ -5,6 +5,16 @@
 //! up in this session's own tables; nothing in the shared region is trusted. When the session
 //! ends — goodbye, disconnect, kill, eviction or broker shutdown — [`SessionState::reclaim`]
 //! releases everything it held.
+//!
+//! - `info`: what the rest of the broker sees of a session ([`SessionInfo`], [`Counters`]).
+//! - `modules`: the modules and functions it loaded ([`ModuleTable`]).
+//! - `allocations`: its live device memory, and the range check every pointer meets.
+//! - `serve`: the ring loop: drain, complete, charge device time, sleep.
+//! - `execute`: one command, decoded, checked and run.
+//! - `turns`: a kernel waiting for the scheduler's turn, and granted kernels reported done.
+//! - `reset`: what a device reset took, and what the client is told of it.
+//! - `reclaim`: releasing everything when the session ends.
+//! - `governed`: admission for governed clients (their own CUDA context).
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;

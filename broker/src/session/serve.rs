@@ -60,8 +60,8 @@ impl<D: Device> SessionState<D> {
                     if let Err(end) = self.complete(completion) {
                         return end;
                     }
-                    // A long batch (slow commands, a full ring) still shows in status. (The
-                    // clock read above serves both: this is the hot path.)
+                    // A long batch (slow commands, a full ring) still shows in status. The
+                    // latency's clock read serves here too: none more per command.
                     if finished.duration_since(batch_started) >= ACCOUNT_EVERY {
                         self.account(false);
                         batch_started = finished;

@@ -29,10 +29,8 @@ impl<D: Device> SessionState<D> {
             |waiting| match waiting {
                 Waiting::Reap => self.reap_granted(),
                 // Close the measured spans: time spent waiting for others is not ours. Every
-                // stream's, not only those touched since the last batch end: that closes a
-                // span only once it is 2 ms old, so a younger one is still open here (measured
-                // on the H100: a FAIR client waiting 3 turns in 4 was charged 2.7 ms per 1 ms
-                // kernel).
+                // stream's, and as idle: an ordinary batch end leaves a young span open, and
+                // the wait would be charged to this client.
                 Waiting::Begins => {
                     for slot in self.streams.values_mut() {
                         self.device.end_batch(&mut slot.stream, true);
