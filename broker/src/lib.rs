@@ -1,7 +1,10 @@
 //! `gpushared`, the gpushare broker: owns the GPU and runs many clients' work on it.
 //!
 //! - [`server`]: the control socket, handshakes, per-connection tasks, shutdown.
-//! - [`session`]: one client's tables, accounting and ring-draining data thread.
+//! - [`session`]: one client's tables, accounting and ring-draining data thread: `info`
+//!   (what status sees), `modules` and `allocations` (its tables), `serve` (the ring loop),
+//!   `execute` (one command), `turns` (scheduler turns), `reset` (what a GPU reset took),
+//!   `reclaim` (the release at its end), `governed` (admission for governed clients).
 //! - [`fault`]: GPU fault containment: the watchdog, context reset, culprit and probation.
 //! - [`dispatch`]: one GPU's scheduler as sessions meet it: kernels wait for their turn.
 //! - [`device`]: the `Device` trait and its backends (`sim`; `cuda` on GPU machines).

@@ -41,7 +41,7 @@ const BEST_EFFORT_TOKENS: u64 = 8;
 pub(super) const LEASE: Duration = Duration::from_millis(5);
 /// A best-effort batch never counts as shorter than this: longer than the priority policy's
 /// budget for lower-priority work beside high-priority work (2.5 % of 10 ms by default), so it
-/// waits for a gap, as the issue asks ("held while high-priority clients have work in flight").
+/// is held while high-priority clients have work in flight and waits for a gap.
 const BEST_EFFORT_MIN_NS: u64 = 1_000_000;
 /// The function handle a governed program's launch batches are profiled under (client handles
 /// start at 1).

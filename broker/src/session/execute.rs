@@ -1,0 +1,446 @@
+//! One command from the ring: decoded, checked against this client's own tables, and run on
+//! the device. Nothing the client wrote is trusted; every failure is a typed error in the
+//! command's completion.
+
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use gpushare_protocol::command::ModuleLaunch;
+use gpushare_protocol::ring::{CompletionEntry, SubmissionEntry};
+use gpushare_protocol::{Command, DevicePtr, ErrorCode, StreamId};
+
+use super::{MAX_ALLOCATIONS, MAX_EVENTS, MAX_STREAMS, SessionState, StreamSlot};
+use crate::device::{Device, DeviceError};
+
+impl<D: Device> SessionState<D> {
+    /// Decodes, validates and executes one entry; never panics on any input.
+    pub(super) fn process(&mut self, entry: &SubmissionEntry) -> CompletionEntry {
+        self.info.counters.commands.fetch_add(1, Ordering::Relaxed);
+        let outcome = Command::decode(entry)
+            .and_then(|cmd| self.execute(cmd).or_else(|code| self.on_failure(cmd, code)));
+        let (status, result, result2) = match outcome {
+            Ok((r1, r2)) => (0, r1, r2),
+            Err(code) => {
+                self.info.counters.errors.fetch_add(1, Ordering::Relaxed);
+                (code.as_u32(), 0, 0)
+            }
+        };
+        CompletionEntry {
+            user_tag: entry.user_tag,
+            status,
+            flags: 0,
+            result,
+            result2,
+        }
+    }
+
+    fn execute(&mut self, cmd: Command) -> Result<(u64, u64), ErrorCode> {
+        let counters = &self.info.counters;
+        match cmd {
+            Command::Nop => Ok((0, 0)),
+            Command::Alloc { bytes } => self.alloc(bytes, None),
+            Command::AllocAt { bytes, ptr } => self.alloc(bytes, Some(ptr)),
+            Command::Free { ptr } => {
+                let size = self
+                    .allocations
+                    .size_of(ptr)
+                    .ok_or(ErrorCode::InvalidPointer)?;
+                self.device.free(ptr).map_err(|e| e.code())?;
+                self.allocations.remove(ptr);
+                let charged = self.placed_charges.remove(&ptr).unwrap_or(size);
+                counters.memory_used.fetch_sub(charged, Ordering::Relaxed);
+                Ok((0, 0))
+            }
+            Command::CopyHtoD {
+                stream,
+                arena_offset,
+                dst,
+                len,
+            } => {
+                self.allocations.check_range(dst, len)?;
+                let region = self.region.clone();
+                let src = region
+                    .arena_slice(arena_offset, len)
+                    .ok_or(ErrorCode::ArenaOutOfBounds)?;
+                let r = self.on_stream(stream, |d, s| d.copy_htod(s, src, dst))?;
+                self.info
+                    .counters
+                    .bytes_htod
+                    .fetch_add(len, Ordering::Relaxed);
+                Ok(r)
+            }
+            Command::CopyDtoH {
+                stream,
+                src,
+                arena_offset,
+                len,
+            } => {
+                self.allocations.check_range(src, len)?;
+                let region = self.region.clone();
+                let dst = region
+                    .arena_slice(arena_offset, len)
+                    .ok_or(ErrorCode::ArenaOutOfBounds)?;
+                let r = self.on_stream(stream, |d, s| d.copy_dtoh(s, src, dst))?;
+                self.info
+                    .counters
+                    .bytes_dtoh
+                    .fetch_add(len, Ordering::Relaxed);
+                Ok(r)
+            }
+            Command::CopyDtoD {
+                stream,
+                src,
+                dst,
+                len,
+            } => {
+                self.allocations.check_range(src, len)?;
+                self.allocations.check_range(dst, len)?;
+                let r = self.on_stream(stream, |d, s| d.copy_dtod(s, src, dst, len))?;
+                self.info
+                    .counters
+                    .bytes_dtod
+                    .fetch_add(len, Ordering::Relaxed);
+                Ok(r)
+            }
+            Command::Memset {
+                stream,
+                dst,
+                value,
+                len,
+            } => {
+                self.allocations.check_range(dst, len)?;
+                self.on_stream(stream, |d, s| d.memset(s, dst, value, len))
+            }
+            Command::StreamCreate => {
+                if self.streams.len() >= MAX_STREAMS {
+                    return Err(ErrorCode::TooManyHandles);
+                }
+                let stream = self
+                    .device
+                    .create_stream(self.info.grant().class)
+                    .map_err(|e| e.code())?;
+                let id = self.next_stream;
+                self.next_stream = self
+                    .next_stream
+                    .checked_add(1)
+                    .ok_or(ErrorCode::TooManyHandles)?;
+                self.streams.insert(id, StreamSlot::new(stream));
+                counters
+                    .streams
+                    .store(self.streams.len() as u64, Ordering::Relaxed);
+                Ok((id as u64, 0))
+            }
+            Command::StreamDestroy { stream } => {
+                if stream == 0 {
+                    return Err(ErrorCode::InvalidHandle);
+                }
+                let mut slot = self
+                    .streams
+                    .remove(&stream)
+                    .ok_or(ErrorCode::InvalidHandle)?;
+                let _ = self.device.sync_stream(&mut slot.stream);
+                self.device.end_batch(&mut slot.stream, true);
+                let spent = self.device.take_busy_ns(&mut slot.stream);
+                counters.gpu_time_ns.fetch_add(spent, Ordering::Relaxed);
+                self.device.destroy_stream(slot.stream);
+                counters
+                    .streams
+                    .store(self.streams.len() as u64, Ordering::Relaxed);
+                Ok((0, 0))
+            }
+            Command::StreamSync { stream } => {
+                // The default stream is made again after a reset; any other stream the
+                // reset took is a lost handle, and fails with `DeviceReset` below.
+                if self.lost.take_unsynced(stream) && stream == 0 {
+                    return Err(ErrorCode::DeviceReset);
+                }
+                let device = self.device.clone();
+                let slot = self
+                    .streams
+                    .get_mut(&stream)
+                    .ok_or(ErrorCode::InvalidHandle)?;
+                slot.touched = true; // the batch end closes its measurement
+                device.sync_stream(&mut slot.stream).map_err(|e| e.code())?;
+                slot.unsynced = false;
+                self.settle_in_flight();
+                Ok((0, 0))
+            }
+            Command::EventCreate => {
+                if self.events.len() >= MAX_EVENTS {
+                    return Err(ErrorCode::TooManyHandles);
+                }
+                let event = self.device.create_event().map_err(|e| e.code())?;
+                let id = self.next_event;
+                self.next_event = self
+                    .next_event
+                    .checked_add(1)
+                    .ok_or(ErrorCode::TooManyHandles)?;
+                self.events.insert(id, event);
+                Ok((id as u64, 0))
+            }
+            Command::EventRecord { stream, event } => {
+                let device = self.device.clone();
+                let e = self
+                    .events
+                    .get_mut(&event)
+                    .ok_or(ErrorCode::InvalidHandle)?;
+                let slot = self
+                    .streams
+                    .get_mut(&stream)
+                    .ok_or(ErrorCode::InvalidHandle)?;
+                device
+                    .record_event(e, &mut slot.stream)
+                    .map_err(|e| e.code())?;
+                self.event_marks.insert(event, (stream, slot.submitted));
+                Ok((0, 0))
+            }
+            Command::EventQuery { event } => {
+                let e = self.events.get(&event).ok_or(ErrorCode::InvalidHandle)?;
+                let done = self.device.event_done(e).map_err(|e| e.code())?;
+                if done {
+                    self.settle_marked(event);
+                }
+                Ok((done as u64, 0))
+            }
+            Command::EventSync { event } => {
+                let e = self.events.get(&event).ok_or(ErrorCode::InvalidHandle)?;
+                self.device.sync_event(e).map_err(|e| e.code())?;
+                self.settle_marked(event);
+                self.settle_in_flight();
+                Ok((0, 0))
+            }
+            Command::EventElapsed { start, end } => {
+                let s = self.events.get(&start).ok_or(ErrorCode::InvalidHandle)?;
+                let e = self.events.get(&end).ok_or(ErrorCode::InvalidHandle)?;
+                let ns = self.device.elapsed_ns(s, e).map_err(|e| e.code())?;
+                Ok((ns, 0))
+            }
+            Command::EventDestroy { event } => {
+                self.events.remove(&event).ok_or(ErrorCode::InvalidHandle)?;
+                self.event_marks.remove(&event);
+                Ok((0, 0))
+            }
+            Command::ClientSync => {
+                if self.lost.take_any_unsynced() {
+                    return Err(ErrorCode::DeviceReset);
+                }
+                let device = self.device.clone();
+                let mut first_error = None;
+                for slot in self.streams.values_mut() {
+                    slot.touched = true;
+                    match device.sync_stream(&mut slot.stream) {
+                        Ok(()) => slot.unsynced = false,
+                        Err(e) => {
+                            first_error.get_or_insert(e.code());
+                        }
+                    }
+                }
+                if first_error.is_none() {
+                    self.settle_in_flight();
+                }
+                first_error.map_or(Ok((0, 0)), Err)
+            }
+            Command::IterationEnd => {
+                let (latency, missed) = self.dispatch.iteration_boundary(self.info.id);
+                Ok((latency, missed as u64))
+            }
+            Command::DeclareJob {
+                remaining_ns,
+                persistent_bytes,
+                ephemeral_bytes,
+            } => {
+                let job = (remaining_ns, persistent_bytes, ephemeral_bytes) != (0, 0, 0);
+                let job = job.then_some(crate::sched::JobProfile {
+                    remaining_ns_estimate: remaining_ns,
+                    persistent_bytes,
+                    ephemeral_bytes,
+                });
+                self.declared_job = job;
+                self.dispatch
+                    .set_job(self.info.id, job)
+                    .map(|()| (0, 0))
+                    .map_err(|_| ErrorCode::InvalidArgument)
+            }
+            Command::DeclareDeadline {
+                period_ns,
+                deadline_ns,
+            } => {
+                let deadline = (deadline_ns != 0).then_some(crate::sched::DeadlineSpec {
+                    period_ns,
+                    deadline_ns,
+                });
+                let grant = self.info.grant();
+                self.dispatch
+                    .set_deadline(
+                        (self.info.id, grant.class, grant.weight),
+                        self.declared_job,
+                        deadline,
+                    )
+                    .map(|()| (0, 0))
+                    .map_err(|_| ErrorCode::InvalidArgument)
+            }
+            Command::Launch {
+                kernel: gpushare_protocol::Kernel::Fault { .. },
+                ..
+            } if !self.health.config.allow_injection => Err(ErrorCode::NotSupported),
+            Command::Launch { stream, kernel } => {
+                for operand in kernel.operands()? {
+                    if operand.bytes > 0 {
+                        self.allocations.check_range(operand.ptr, operand.bytes)?;
+                    }
+                }
+                if !self.streams.contains_key(&stream) {
+                    return Err(ErrorCode::InvalidHandle);
+                }
+                let turn = self.acquire(|d| d.builtin_profile(&kernel));
+                let sm_limit = turn.and_then(|t| t.sm_limit);
+                let r = self.on_stream(stream, |d, s| {
+                    d.limit_sms(s, sm_limit)?;
+                    d.launch(s, &kernel)
+                });
+                if let Some(turn) = turn {
+                    self.track_granted(stream, turn.request, r.is_ok());
+                }
+                let r = r?;
+                self.info.counters.kernels.fetch_add(1, Ordering::Relaxed);
+                Ok(r)
+            }
+            Command::LaunchModule { stream, launch } => self.launch_module(stream, launch),
+            Command::GovernedReserve { bytes } => self.governed_reserve(bytes),
+            Command::GovernedRelease { bytes } => self.governed_release(bytes),
+            Command::GovernedTokens { launched, blocks } => self.governed_tokens(launched, blocks),
+            Command::GovernedIdle { launched, blocks } => self.governed_idle(launched, blocks),
+            Command::GovernedWeight { weight } => self.governed_weight(weight),
+        }
+    }
+
+    /// Allocates `bytes`, anywhere or at exactly `at` (a client rebuilding after a reset).
+    fn alloc(&mut self, bytes: u64, at: Option<DevicePtr>) -> Result<(u64, u64), ErrorCode> {
+        if bytes == 0 {
+            return Err(ErrorCode::InvalidArgument);
+        }
+        if self.allocations.len() >= MAX_ALLOCATIONS {
+            return Err(ErrorCode::TooManyHandles);
+        }
+        let counters = &self.info.counters;
+        let used = counters.memory_used.load(Ordering::Relaxed);
+        if let Some(quota) = self.info.grant().memory_quota
+            && used.saturating_add(bytes) > quota
+        {
+            return Err(ErrorCode::OutOfQuota);
+        }
+        let mut charge = bytes;
+        let ptr = match at {
+            None => self.device.alloc(bytes).map_err(|e| e.code())?,
+            Some(ptr) => {
+                let end = ptr
+                    .checked_add(bytes)
+                    .ok_or(ErrorCode::AddressUnavailable)?;
+                if self.allocations.overlaps(ptr, end) {
+                    return Err(ErrorCode::AddressUnavailable);
+                }
+                let took = self.device.alloc_at(ptr, bytes).map_err(|e| {
+                    tracing::debug!(ptr = format_args!("{ptr:#x}"), bytes, error = %e, "cannot allocate at the address asked for");
+                    e.code()
+                })?;
+                // Placed memory costs whole granules on a GPU: the quota counts what it took.
+                if took > bytes {
+                    if let Some(quota) = self.info.grant().memory_quota
+                        && used.saturating_add(took) > quota
+                    {
+                        let _ = self.device.free(ptr);
+                        return Err(ErrorCode::OutOfQuota);
+                    }
+                    charge = took;
+                    self.placed_charges.insert(ptr, took);
+                }
+                // Memory lost at this address in a reset is there again.
+                self.lost.forget_buffers_in(ptr, end);
+                ptr
+            }
+        };
+        self.allocations.insert(ptr, bytes);
+        let now = used + charge;
+        counters.memory_used.store(now, Ordering::Relaxed);
+        counters.memory_peak.fetch_max(now, Ordering::Relaxed);
+        counters.allocations.fetch_add(1, Ordering::Relaxed);
+        Ok((ptr, 0))
+    }
+
+    fn launch_module(
+        &mut self,
+        stream: StreamId,
+        launch: ModuleLaunch,
+    ) -> Result<(u64, u64), ErrorCode> {
+        let function = self
+            .modules
+            .lock()
+            .map_err(|_| ErrorCode::Internal)?
+            .function(launch.function)
+            .ok_or(ErrorCode::InvalidHandle)?;
+        // Copy the parameters out of shared memory so the client cannot change them mid-launch.
+        let params_slice = self
+            .region
+            .arena_slice(launch.params_offset, launch.params_len as u64)
+            .ok_or(ErrorCode::ArenaOutOfBounds)?;
+        let mut params = vec![0u8; params_slice.len()];
+        params_slice.read_into(&mut params);
+        if !self.streams.contains_key(&stream) {
+            return Err(ErrorCode::InvalidHandle);
+        }
+        let blocks = launch.grid.iter().fold(1u32, |a, &g| a.saturating_mul(g));
+        let id = self.info.id;
+        let turn = self.acquire(|d| d.module_profile(id, launch.function, blocks));
+        let sm_limit = turn.and_then(|t| t.sm_limit);
+        let r = self.on_stream(stream, |d, s| {
+            d.limit_sms(s, sm_limit)?;
+            d.launch_module(s, &function, &launch, &params)
+        });
+        if let Some(turn) = turn {
+            self.track_granted(stream, turn.request, r.is_ok());
+        }
+        let r = r?;
+        self.info.counters.kernels.fetch_add(1, Ordering::Relaxed);
+        Ok(r)
+    }
+
+    /// Runs a stream-ordered device operation; its device time is charged at batch end.
+    fn on_stream(
+        &mut self,
+        stream: StreamId,
+        op: impl FnOnce(&D, &mut D::Stream) -> Result<(), DeviceError>,
+    ) -> Result<(u64, u64), ErrorCode> {
+        let device = self.device.clone();
+        if !self.streams.contains_key(&stream) {
+            return Err(ErrorCode::InvalidHandle);
+        }
+        if let Some(until) = self.probation_until
+            && !self.holding_turn
+        {
+            if Instant::now() >= until {
+                self.probation_until = None;
+            } else if self.health.acquire_turn(self.info.id) {
+                self.holding_turn = true;
+            } else {
+                return Err(ErrorCode::DeviceReset);
+            }
+        }
+        let watch = &self.info.fault_watch;
+        if watch.busy_since.load(Ordering::Relaxed) == 0 {
+            watch
+                .busy_since
+                .store(self.health.now_ns(), Ordering::Release);
+        }
+        let slot = self
+            .streams
+            .get_mut(&stream)
+            .ok_or(ErrorCode::InvalidHandle)?;
+        slot.touched = true;
+        slot.unsynced = true;
+        slot.submitted += 1;
+        op(&device, &mut slot.stream).map(|()| (0, 0)).map_err(|e| {
+            tracing::debug!(error = %e, "device operation failed");
+            e.code()
+        })
+    }
+}

@@ -1,0 +1,327 @@
+//! What the rest of the broker knows about a session: who it is, what it is granted, its
+//! usage counters, and the flags and notices other tasks use to reach its data thread.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
+use std::time::Instant;
+
+use gpushare_protocol::PriorityClass;
+use gpushare_protocol::control::BrokerMessage;
+use gpushare_protocol::stats::ClientStats;
+
+use crate::fault::FaultWatch;
+use crate::policy::Grant;
+use gpushare_protocol::wake::Wakeup;
+
+/// Usage counters, updated by the data thread and read by status queries.
+#[derive(Default)]
+pub struct Counters {
+    pub memory_used: AtomicU64,
+    pub memory_peak: AtomicU64,
+    pub allocations: AtomicU64,
+    pub streams: AtomicU64,
+    pub commands: AtomicU64,
+    pub kernels: AtomicU64,
+    pub bytes_htod: AtomicU64,
+    pub bytes_dtoh: AtomicU64,
+    pub bytes_dtod: AtomicU64,
+    pub gpu_time_ns: AtomicU64,
+    pub errors: AtomicU64,
+    pub queue_depth: AtomicU64,
+    /// Published by the data thread from its latency histogram; 0 = no data yet.
+    pub latency_p50_ns: AtomicU64,
+    pub latency_p99_ns: AtomicU64,
+    /// Time a governed client waited for launch tokens.
+    pub throttled_ns: AtomicU64,
+}
+
+/// What the rest of the broker knows about a session.
+pub struct SessionInfo {
+    pub id: u64,
+    pub pid: i32,
+    pub uid: u32,
+    pub user: String,
+    pub name: String,
+    /// Index of the device the session runs on.
+    pub gpu: u32,
+    /// An unmodified program under `gpushare run` (it runs on its own CUDA context and asks
+    /// only for admission).
+    pub governed: bool,
+    /// What the client is granted now (an admin may change it while it runs).
+    grant: LiveGrant,
+    pub connected_at: Instant,
+    pub counters: Counters,
+    stop: AtomicBool,
+    evicted: Mutex<Option<String>>,
+    /// The submission eventfd, so that others can wake the data thread.
+    submit_wake: Wakeup,
+    /// In-flight stamps for the fault watchdog.
+    pub fault_watch: FaultWatch,
+    /// A message for the client that the data thread posts and the control task sends
+    /// (a device reset notice).
+    notice: Mutex<Option<BrokerMessage>>,
+    pub notice_posted: tokio::sync::Notify,
+}
+
+/// Who a session belongs to and where it runs.
+pub struct Peer {
+    pub id: u64,
+    pub pid: i32,
+    pub uid: u32,
+    pub user: String,
+    pub name: String,
+    pub gpu: u32,
+    pub governed: bool,
+}
+
+impl SessionInfo {
+    pub fn new(peer: Peer, grant: Grant, submit_wake: Wakeup) -> SessionInfo {
+        let Peer {
+            id,
+            pid,
+            uid,
+            user,
+            name,
+            gpu,
+            governed,
+        } = peer;
+        SessionInfo {
+            id,
+            pid,
+            uid,
+            user,
+            name,
+            gpu,
+            governed,
+            grant: LiveGrant::new(grant),
+            connected_at: Instant::now(),
+            counters: Counters::default(),
+            stop: AtomicBool::new(false),
+            evicted: Mutex::new(None),
+            submit_wake,
+            fault_watch: FaultWatch::default(),
+            notice: Mutex::new(None),
+            notice_posted: tokio::sync::Notify::new(),
+        }
+    }
+
+    pub fn grant(&self) -> Grant {
+        self.grant.get()
+    }
+
+    /// Changes the live grant: allocations check the new quota from now on, and streams
+    /// created from now on get the new class's priority.
+    pub fn set_grant(&self, grant: Grant) {
+        self.grant.set(grant);
+    }
+
+    /// Removes the client: its data thread stops and the client is told `reason`.
+    pub fn evict(&self, reason: String) {
+        if let Ok(mut r) = self.evicted.lock() {
+            r.get_or_insert(reason);
+        }
+        self.request_stop();
+    }
+
+    /// Why the client was evicted, if it was.
+    pub fn eviction(&self) -> Option<String> {
+        self.evicted.lock().ok().and_then(|r| r.clone())
+    }
+
+    /// Asks the data thread to finish and reclaim.
+    pub fn request_stop(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        self.submit_wake.signal();
+    }
+
+    pub fn stopping(&self) -> bool {
+        self.stop.load(Ordering::SeqCst)
+    }
+
+    /// Hands a message to the control task for the client.
+    pub fn post_notice(&self, msg: BrokerMessage) {
+        *self.notice.lock().unwrap_or_else(|e| e.into_inner()) = Some(msg);
+        self.notice_posted.notify_one();
+    }
+
+    pub fn take_notice(&self) -> Option<BrokerMessage> {
+        self.notice.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+
+    pub fn submit_wake(&self) -> &Wakeup {
+        &self.submit_wake
+    }
+
+    pub fn stats(&self, streams: u32) -> ClientStats {
+        let c = &self.counters;
+        let grant = self.grant();
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        ClientStats {
+            client_id: self.id,
+            pid: self.pid,
+            uid: self.uid,
+            user: self.user.clone(),
+            name: self.name.clone(),
+            gpu: self.gpu,
+            class: grant.class,
+            weight: grant.weight,
+            memory_used: get(&c.memory_used),
+            memory_peak: get(&c.memory_peak),
+            memory_quota: grant.memory_quota,
+            allocations: get(&c.allocations),
+            streams,
+            commands: get(&c.commands),
+            kernels: get(&c.kernels),
+            bytes_htod: get(&c.bytes_htod),
+            bytes_dtoh: get(&c.bytes_dtoh),
+            bytes_dtod: get(&c.bytes_dtod),
+            gpu_time_ns: get(&c.gpu_time_ns),
+            errors: get(&c.errors),
+            connected_ms: self.connected_at.elapsed().as_millis() as u64,
+            bypassing: false, // set from telemetry when the report is built
+            queue_depth: get(&c.queue_depth) as u32,
+            latency_p50_ns: Some(get(&c.latency_p50_ns)).filter(|&v| v > 0),
+            latency_p99_ns: Some(get(&c.latency_p99_ns)).filter(|&v| v > 0),
+            governed: self.governed,
+            throttled_ns: get(&c.throttled_ns),
+        }
+    }
+}
+
+/// A grant that an admin may change while the client runs: read on every allocation, so
+/// kept in atomics rather than behind a lock.
+struct LiveGrant {
+    class: AtomicU8,
+    weight: AtomicU32,
+    /// `u64::MAX` means unlimited.
+    quota: AtomicU64,
+}
+
+impl LiveGrant {
+    fn new(g: Grant) -> LiveGrant {
+        let l = LiveGrant {
+            class: AtomicU8::new(0),
+            weight: AtomicU32::new(0),
+            quota: AtomicU64::new(0),
+        };
+        l.set(g);
+        l
+    }
+
+    fn set(&self, g: Grant) {
+        let class = match g.class {
+            PriorityClass::High => 0,
+            PriorityClass::Normal => 1,
+            PriorityClass::BestEffort => 2,
+        };
+        self.class.store(class, Ordering::Relaxed);
+        self.weight.store(g.weight, Ordering::Relaxed);
+        self.quota
+            .store(g.memory_quota.unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+
+    fn get(&self) -> Grant {
+        Grant {
+            class: match self.class.load(Ordering::Relaxed) {
+                0 => PriorityClass::High,
+                1 => PriorityClass::Normal,
+                _ => PriorityClass::BestEffort,
+            },
+            weight: self.weight.load(Ordering::Relaxed),
+            memory_quota: Some(self.quota.load(Ordering::Relaxed)).filter(|&q| q != u64::MAX),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info() -> SessionInfo {
+        let peer = Peer {
+            id: 7,
+            pid: 1234,
+            uid: 1000,
+            user: "alice".into(),
+            name: "train".into(),
+            gpu: 0,
+            governed: false,
+        };
+        let wake = Wakeup::new().expect("an eventfd for the test");
+        SessionInfo::new(peer, Grant::default(), wake)
+    }
+
+    #[test]
+    fn a_live_grant_reads_back_what_was_set() {
+        let classes = [
+            PriorityClass::High,
+            PriorityClass::Normal,
+            PriorityClass::BestEffort,
+        ];
+        let live = LiveGrant::new(Grant::default());
+        for class in classes {
+            for weight in [1, 3, u32::MAX] {
+                for memory_quota in [None, Some(0), Some(1 << 30)] {
+                    let g = Grant {
+                        class,
+                        weight,
+                        memory_quota,
+                    };
+                    assert_eq!(LiveGrant::new(g).get(), g);
+                    live.set(g);
+                    assert_eq!(live.get(), g);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_changed_grant_shows_in_status() {
+        let info = info();
+        let g = Grant {
+            class: PriorityClass::BestEffort,
+            weight: 5,
+            memory_quota: Some(4096),
+        };
+        info.set_grant(g);
+        assert_eq!(info.grant(), g);
+        let stats = info.stats(1);
+        assert_eq!(stats.class, PriorityClass::BestEffort);
+        assert_eq!(stats.weight, 5);
+        assert_eq!(stats.memory_quota, Some(4096));
+    }
+
+    #[test]
+    fn eviction_keeps_the_first_reason_and_stops_the_session() {
+        let info = info();
+        assert!(!info.stopping());
+        assert_eq!(info.eviction(), None);
+        info.evict("over quota".into());
+        info.evict("later reason".into());
+        assert!(info.stopping());
+        assert_eq!(info.eviction().as_deref(), Some("over quota"));
+    }
+
+    #[test]
+    fn a_notice_is_taken_once() {
+        let info = info();
+        assert!(info.take_notice().is_none());
+        let notice = BrokerMessage::Evicted {
+            reason: "test".into(),
+        };
+        info.post_notice(notice.clone());
+        assert_eq!(info.take_notice(), Some(notice));
+        assert!(info.take_notice().is_none());
+    }
+
+    #[test]
+    fn latency_shows_only_once_measured() {
+        let info = info();
+        assert_eq!(info.stats(1).latency_p50_ns, None);
+        info.counters.latency_p50_ns.store(800, Ordering::Relaxed);
+        info.counters.latency_p99_ns.store(2_000, Ordering::Relaxed);
+        let stats = info.stats(1);
+        assert_eq!(stats.latency_p50_ns, Some(800));
+        assert_eq!(stats.latency_p99_ns, Some(2_000));
+    }
+}

@@ -1,0 +1,212 @@
+//! One client's session: its handles, its accounting, and the data-plane thread that drains
+//! its submission ring.
+//!
+//! Everything a client names (pointers, streams, events, functions, arena ranges) is looked
+//! up in this session's own tables; nothing in the shared region is trusted. When the session
+//! ends — goodbye, disconnect, kill, eviction or broker shutdown — [`SessionState::reclaim`]
+//! releases everything it held.
+//!
+//! - `info`: what the rest of the broker sees of a session ([`SessionInfo`], [`Counters`]).
+//! - `modules`: the modules and functions it loaded ([`ModuleTable`]).
+//! - `allocations`: its live device memory, and the range check every pointer meets.
+//! - `serve`: the ring loop: drain, complete, charge device time, sleep.
+//! - `execute`: one command, decoded, checked and run.
+//! - `turns`: a kernel waiting for the scheduler's turn, and granted kernels reported done.
+//! - `reset`: what a device reset took, and what the client is told of it.
+//! - `reclaim`: releasing everything when the session ends.
+//! - `governed`: admission for governed clients (their own CUDA context).
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use gpushare_protocol::ring::BrokerRings;
+use gpushare_protocol::{DevicePtr, EventId, StreamId};
+
+use crate::device::{Device, DeviceError};
+use crate::dispatch::GpuDispatch;
+use crate::fault::{DeviceHealth, Verdict};
+use crate::shm::SharedRegion;
+use gpushare_protocol::wake::Wakeup;
+
+mod allocations;
+mod execute;
+mod governed;
+mod info;
+mod modules;
+mod reclaim;
+mod reset;
+mod serve;
+mod turns;
+
+pub use info::{Counters, Peer, SessionInfo};
+pub use modules::{MAX_FUNCTIONS, MAX_MODULES, ModuleTable};
+
+use allocations::Allocations;
+use reset::Lost;
+
+/// Most streams one client may hold at once.
+pub const MAX_STREAMS: usize = 1024;
+/// Most events one client may hold at once.
+pub const MAX_EVENTS: usize = 16384;
+/// Most live allocations one client may hold at once.
+pub const MAX_ALLOCATIONS: usize = 1 << 20;
+
+/// One of the client's streams, and what the session tracks of the work on it.
+struct StreamSlot<S> {
+    stream: S,
+    /// Got work since the last [`SessionState::account`].
+    touched: bool,
+    /// Got work since it was last synchronized (for telling whether the session has work in
+    /// flight without asking the driver, and which work a reset took unseen).
+    unsynced: bool,
+    /// Operations submitted so far: an event recorded after the last one covers them all.
+    submitted: u64,
+}
+
+impl<S> StreamSlot<S> {
+    fn new(stream: S) -> StreamSlot<S> {
+        StreamSlot {
+            stream,
+            touched: false,
+            unsynced: false,
+            submitted: 0,
+        }
+    }
+}
+
+/// The data thread's state for one client.
+pub struct SessionState<D: Device> {
+    device: Arc<D>,
+    info: Arc<SessionInfo>,
+    region: Arc<SharedRegion>,
+    rings: BrokerRings,
+    complete_wake: Wakeup,
+    modules: Arc<Mutex<ModuleTable<D>>>,
+    spin: Duration,
+    /// Base pointer → size of every live allocation.
+    allocations: Allocations,
+    streams: HashMap<StreamId, StreamSlot<D::Stream>>,
+    next_stream: StreamId,
+    events: HashMap<EventId, D::Event>,
+    /// Where each event was last recorded: the stream, and its operations submitted then.
+    event_marks: HashMap<EventId, (StreamId, u64)>,
+    next_event: EventId,
+    /// Service time of recent commands (ns), this thread's only: no lock on the hot path.
+    latency: Option<hdrhistogram::Histogram<u64>>,
+    latency_published: Instant,
+    health: Arc<DeviceHealth>,
+    /// The device epoch this session's handles belong to.
+    epoch: u64,
+    /// The outcome of a reset this session parked for while busy elsewhere.
+    verdict: Option<Verdict>,
+    /// Until when this session's work must run alone (suspect of a fault).
+    probation_until: Option<Instant>,
+    holding_turn: bool,
+    /// Handles lost in device resets: commands naming them fail with `DeviceReset`.
+    lost: Lost,
+    dispatch: Arc<GpuDispatch>,
+    /// The job profile the client declared (kept when its deadline changes).
+    declared_job: Option<crate::sched::JobProfile>,
+    /// Granted kernels not yet seen finished, oldest first, with the event after each.
+    granted: std::collections::VecDeque<(crate::sched::RequestId, D::Event)>,
+    spare_events: Vec<D::Event>,
+    /// Placed allocations (`AllocAt`) that were charged more than their size: the device
+    /// memory they took (whole granules on a GPU).
+    placed_charges: HashMap<DevicePtr, u64>,
+    /// A governed client's admission state (memory reserved, its launch lease).
+    governed: governed::Governed,
+}
+
+/// What a session uses of its GPU besides the device: fault containment and the scheduler.
+pub struct GpuServices {
+    pub health: Arc<DeviceHealth>,
+    pub dispatch: Arc<GpuDispatch>,
+}
+
+/// Why a session's data thread ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SessionEnd {
+    Stopped,
+    Evicted(String),
+    ProtocolViolation(String),
+}
+
+impl<D: Device> SessionState<D> {
+    /// Sets up the session's rings and default stream.
+    ///
+    /// # Errors
+    /// When the device cannot create the default stream or register the arena.
+    pub fn new(
+        device: Arc<D>,
+        info: Arc<SessionInfo>,
+        region: Arc<SharedRegion>,
+        complete_wake: Wakeup,
+        modules: Arc<Mutex<ModuleTable<D>>>,
+        spin: Duration,
+        gpu: GpuServices,
+    ) -> Result<SessionState<D>, DeviceError> {
+        let GpuServices { health, dispatch } = gpu;
+        // A suspect carried over a restart starts on probation.
+        let probation_until = health.probation_until(info.id);
+        // SAFETY: one init per region; `region` is kept alive in `self` for as long as the
+        // rings exist (fields drop after `reclaim` in `run`).
+        let rings = unsafe { region.init_rings() };
+        device.register_arena(region.arena())?;
+        let default_stream = match device.create_stream(info.grant().class) {
+            Ok(s) => s,
+            Err(e) => {
+                device.unregister_arena(region.arena());
+                return Err(e);
+            }
+        };
+        let mut streams = HashMap::new();
+        streams.insert(0, StreamSlot::new(default_stream));
+        info.counters.streams.store(1, Ordering::Relaxed);
+        Ok(SessionState {
+            device,
+            info,
+            region,
+            rings,
+            complete_wake,
+            modules,
+            spin,
+            allocations: Allocations::default(),
+            streams,
+            next_stream: 1,
+            events: HashMap::new(),
+            event_marks: HashMap::new(),
+            next_event: 1,
+            latency: hdrhistogram::Histogram::new_with_bounds(1, 60_000_000_000, 2).ok(),
+            latency_published: Instant::now(),
+            epoch: health.epoch(),
+            health,
+            verdict: None,
+            probation_until,
+            holding_turn: false,
+            lost: Lost::default(),
+            dispatch,
+            declared_job: None,
+            granted: std::collections::VecDeque::new(),
+            spare_events: Vec::new(),
+            placed_charges: HashMap::new(),
+            governed: governed::Governed::default(),
+        })
+    }
+
+    /// Drains the submission ring until asked to stop or the client breaks the protocol;
+    /// then releases everything the client held.
+    pub fn run(mut self) -> SessionEnd {
+        self.health.register(self.info.clone());
+        let grant = self.info.grant();
+        self.dispatch
+            .add_client(self.info.id, grant.class, grant.weight, self.info.governed);
+        let end = self.serve();
+        self.dispatch.remove_client(self.info.id);
+        self.granted.clear();
+        self.reclaim();
+        self.health.unregister(self.info.id);
+        end
+    }
+}

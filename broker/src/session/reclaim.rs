@@ -1,0 +1,54 @@
+//! The end of a session: everything the client held is released at once, whatever ended it.
+
+use std::sync::atomic::Ordering;
+
+use super::SessionState;
+use crate::device::Device;
+
+impl<D: Device> SessionState<D> {
+    /// Releases everything the client held: waits for its streams, then frees.
+    pub(super) fn reclaim(&mut self) {
+        let streams = self.streams.len();
+        let allocations = self.allocations.len();
+        let bytes = self.allocations.total_bytes();
+        for slot in self.streams.values_mut() {
+            let _ = self.device.sync_stream(&mut slot.stream);
+        }
+        if self.health.epoch() != self.epoch {
+            // A reset came meanwhile: everything is already gone (and its addresses may be
+            // someone else's now), so forget rather than free.
+            self.park_if_resetting();
+            self.streams.clear();
+            self.events.clear();
+            self.event_marks.clear();
+            self.allocations.clear();
+            if let Ok(mut m) = self.modules.lock() {
+                m.clear();
+            }
+        }
+        self.account(true);
+        for (_, slot) in self.streams.drain() {
+            self.device.destroy_stream(slot.stream);
+        }
+        self.events.clear();
+        self.event_marks.clear();
+        if let Ok(mut m) = self.modules.lock() {
+            m.clear();
+        }
+        for (ptr, _) in self.allocations.take() {
+            if let Err(e) = self.device.free(ptr) {
+                tracing::warn!(ptr = format_args!("{ptr:#x}"), error = %e, "could not free allocation of departed client");
+            }
+        }
+        self.device.unregister_arena(self.region.arena());
+        let c = &self.info.counters;
+        c.memory_used.store(0, Ordering::Relaxed);
+        c.streams.store(0, Ordering::Relaxed);
+        tracing::info!(
+            streams,
+            allocations,
+            bytes,
+            "released everything the client held"
+        );
+    }
+}

@@ -1,0 +1,444 @@
+//! Device resets as one session lives through them: what a reset took, what the client is
+//! told, and how commands naming lost handles fail (with `DeviceReset`, once) rather than
+//! with a bad handle or a claim that lost work ran. Also the in-flight bookkeeping that tells
+//! the fault watchdog whether this session had work on the GPU when a fault came.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use gpushare_protocol::control::{BrokerMessage, LostState};
+use gpushare_protocol::{Command, DevicePtr, ErrorCode, EventId, StreamId};
+
+use super::{SessionEnd, SessionState, StreamSlot};
+use crate::device::Device;
+use crate::fault::Verdict;
+
+/// Handles a session lost in device resets.
+#[derive(Default)]
+pub(super) struct Lost {
+    buffers: BTreeMap<DevicePtr, u64>,
+    streams: HashSet<StreamId>,
+    events: HashSet<EventId>,
+    functions: HashSet<u64>,
+    /// Streams with work not yet synchronized when a reset took it: the next sync that
+    /// covers one fails with `DeviceReset` (once), rather than saying work ran that never did.
+    unsynced: BTreeSet<StreamId>,
+}
+
+impl Lost {
+    fn has_ptr(&self, ptr: DevicePtr) -> bool {
+        self.buffers
+            .range(..=ptr)
+            .next_back()
+            .is_some_and(|(&base, &len)| ptr < base.saturating_add(len))
+    }
+
+    /// Whether a command that failed with a bad handle or pointer named something lost.
+    fn named_by(&self, cmd: &Command) -> bool {
+        if cmd.stream().is_some_and(|s| self.streams.contains(&s)) {
+            return true;
+        }
+        let ptrs: Vec<DevicePtr> = match *cmd {
+            Command::Free { ptr } => vec![ptr],
+            Command::CopyHtoD { dst, .. } | Command::Memset { dst, .. } => vec![dst],
+            Command::CopyDtoH { src, .. } => vec![src],
+            Command::CopyDtoD { src, dst, .. } => vec![src, dst],
+            Command::Launch { kernel, .. } => kernel
+                .operands()
+                .map(|ops| ops.iter().map(|o| o.ptr).collect())
+                .unwrap_or_default(),
+            Command::LaunchModule { launch, .. } => {
+                return self.functions.contains(&launch.function);
+            }
+            Command::StreamSync { stream } | Command::StreamDestroy { stream } => {
+                return self.streams.contains(&stream);
+            }
+            Command::EventRecord { event, .. }
+            | Command::EventQuery { event }
+            | Command::EventSync { event }
+            | Command::EventDestroy { event } => return self.events.contains(&event),
+            Command::EventElapsed { start, end } => {
+                return self.events.contains(&start) || self.events.contains(&end);
+            }
+            _ => vec![],
+        };
+        ptrs.into_iter().any(|p| self.has_ptr(p))
+    }
+
+    /// Forgets the lost handle that `cmd` releases: releasing what a reset took already is
+    /// done, not an error. False when `cmd` releases nothing.
+    fn release(&mut self, cmd: &Command) -> bool {
+        match *cmd {
+            Command::Free { ptr } => {
+                self.buffers.remove(&ptr);
+            }
+            Command::StreamDestroy { stream } => {
+                self.streams.remove(&stream);
+                self.unsynced.remove(&stream);
+            }
+            Command::EventDestroy { event } => {
+                self.events.remove(&event);
+            }
+            _ => return false,
+        }
+        true
+    }
+
+    /// Whether a reset took unsynchronized work of `stream` that no sync has reported yet;
+    /// after this, none has to.
+    pub(super) fn take_unsynced(&mut self, stream: StreamId) -> bool {
+        self.unsynced.remove(&stream)
+    }
+
+    /// Whether a reset took unsynchronized work of any stream that no sync has reported yet;
+    /// after this, none has to.
+    pub(super) fn take_any_unsynced(&mut self) -> bool {
+        let any = !self.unsynced.is_empty();
+        self.unsynced.clear();
+        any
+    }
+
+    /// Memory lost in `[start, end)` is there again (a client placing it anew).
+    pub(super) fn forget_buffers_in(&mut self, start: DevicePtr, end: DevicePtr) {
+        self.buffers
+            .retain(|&base, &mut len| base.saturating_add(len) <= start || base >= end);
+    }
+}
+
+impl<D: Device> SessionState<D> {
+    /// What a failed command tells the client when a reset is behind the failure: a command
+    /// naming something a reset took fails with `DeviceReset` (or, releasing it, succeeds),
+    /// and a sticky device error gets the context reset and is reported the same way.
+    pub(super) fn on_failure(
+        &mut self,
+        cmd: Command,
+        code: ErrorCode,
+    ) -> Result<(u64, u64), ErrorCode> {
+        match code {
+            ErrorCode::InvalidPointer | ErrorCode::InvalidHandle if self.lost.named_by(&cmd) => {
+                if self.lost.release(&cmd) {
+                    Ok((0, 0))
+                } else {
+                    Err(ErrorCode::DeviceReset)
+                }
+            }
+            ErrorCode::DeviceError | ErrorCode::LaunchFailed => {
+                // A sticky error poisons everyone's context: get it reset now.
+                if let Some(what) = self.device.fault() {
+                    self.health.report_fault(self.info.id, self.epoch, what);
+                    // The command was lost to the fault, like everything else the reset
+                    // takes: say so once the guardian has taken over.
+                    if self
+                        .health
+                        .wait_for_recovery_start(self.epoch, Duration::from_secs(2))
+                    {
+                        self.told_lost(&cmd);
+                        return Err(ErrorCode::DeviceReset);
+                    }
+                }
+                Err(code)
+            }
+            _ => Err(code),
+        }
+    }
+
+    /// This command's failure tells the client that the reset took the work of the streams
+    /// it covers: a later sync need not say so again.
+    fn told_lost(&mut self, cmd: &Command) {
+        let stream = match *cmd {
+            Command::ClientSync => {
+                for slot in self.streams.values_mut() {
+                    slot.unsynced = false;
+                }
+                return;
+            }
+            Command::StreamSync { stream } => Some(stream),
+            Command::EventSync { event } => self.event_marks.get(&event).map(|&(s, _)| s),
+            ref other => other.stream(),
+        };
+        if let Some(slot) = stream.and_then(|s| self.streams.get_mut(&s)) {
+            slot.unsynced = false;
+        }
+    }
+
+    /// After a successful synchronization: work made progress, and when nothing is left on
+    /// any stream the session has no work in flight (so a fault right after is not pinned on
+    /// it).
+    pub(super) fn settle_in_flight(&mut self) {
+        let watch = &self.info.fault_watch;
+        watch
+            .progress
+            .store(self.health.now_ns(), Ordering::Release);
+        // No driver call here: this is on every synchronization's path.
+        if watch.busy_since.load(Ordering::Relaxed) != 0
+            && !self.streams.values().any(|s| s.unsynced)
+        {
+            watch.busy_since.store(0, Ordering::Release);
+        }
+    }
+
+    /// An event the client saw complete: the work it was recorded after is done, so a
+    /// stream with nothing submitted since is synchronized.
+    pub(super) fn settle_marked(&mut self, event: EventId) {
+        if let Some(&(stream, submitted)) = self.event_marks.get(&event)
+            && let Some(slot) = self.streams.get_mut(&stream)
+            && slot.submitted == submitted
+        {
+            slot.unsynced = false;
+        }
+    }
+
+    /// Parks (once) while a device reset is under way, keeping the outcome for
+    /// [`SessionState::after_reset`].
+    pub(super) fn park_if_resetting(&mut self) {
+        if self.health.epoch() != self.epoch && self.verdict.is_none() {
+            self.verdict = Some(self.health.park(self.info.id));
+        }
+    }
+
+    /// After a device reset: forgets every (now inert) handle, sets up a fresh default
+    /// stream, and tells the client what it lost — or ends the session of the culprit.
+    pub(super) fn after_reset(&mut self) -> Option<SessionEnd> {
+        let verdict = match self.verdict.take() {
+            Some(v) => v,
+            None => self.health.park(self.info.id),
+        };
+        self.epoch = self.health.epoch();
+        self.holding_turn = false;
+        let mut lost = LostState {
+            buffers: self.allocations.iter().collect(),
+            streams: self.streams.keys().copied().filter(|&s| s != 0).collect(),
+            events: self.events.keys().copied().collect(),
+            modules: Vec::new(),
+        };
+        lost.streams.sort_unstable();
+        lost.events.sort_unstable();
+        self.lost.unsynced.extend(
+            self.streams
+                .iter()
+                .filter(|(_, slot)| slot.unsynced)
+                .map(|(&id, _)| id),
+        );
+        let (modules, functions) = self
+            .modules
+            .lock()
+            .map(|mut m| m.take_ids())
+            .unwrap_or_default();
+        lost.modules = modules;
+        self.lost.buffers.extend(self.allocations.take());
+        self.lost.streams.extend(lost.streams.iter().copied());
+        self.lost.events.extend(lost.events.iter().copied());
+        self.lost.functions.extend(functions);
+        // The handles belong to a context that no longer exists: dropping them is inert.
+        self.streams.clear();
+        self.events.clear();
+        self.event_marks.clear();
+        self.granted.clear();
+        self.spare_events.clear();
+        self.placed_charges.clear();
+        let grant = self.info.grant();
+        self.dispatch.remove_client(self.info.id);
+        self.dispatch
+            .add_client(self.info.id, grant.class, grant.weight, self.info.governed);
+        let c = &self.info.counters;
+        // A governed client's memory is in its own context, which the reset did not touch.
+        c.memory_used
+            .store(self.governed.reserved(), Ordering::Relaxed);
+        self.governed.forget_lease();
+        self.info.fault_watch.busy_since.store(0, Ordering::Release);
+
+        if let Verdict::Culprit(reason) = verdict {
+            return Some(SessionEnd::Evicted(reason));
+        }
+        let rebuilt = self
+            .device
+            .register_arena(self.region.arena())
+            .and_then(|()| self.device.create_stream(self.info.grant().class));
+        match rebuilt {
+            Ok(stream) => {
+                self.streams.insert(0, StreamSlot::new(stream));
+                c.streams.store(1, Ordering::Relaxed);
+            }
+            Err(e) => {
+                return Some(SessionEnd::Evicted(format!(
+                    "the GPU was reset and this session could not be set up again: {e}"
+                )));
+            }
+        }
+        self.probation_until = self.health.probation_until(self.info.id);
+        let Verdict::Lost(reason) = verdict else {
+            return None;
+        };
+        tracing::info!(
+            buffers = lost.buffers.len(),
+            streams = lost.streams.len(),
+            events = lost.events.len(),
+            modules = lost.modules.len(),
+            "device reset: client state lost"
+        );
+        self.info.post_notice(BrokerMessage::DeviceReset {
+            gpu: self.info.gpu,
+            reason,
+            lost,
+        });
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use gpushare_protocol::Kernel;
+    use gpushare_protocol::command::ModuleLaunch;
+
+    use super::*;
+
+    /// What a reset took: a buffer [0x1000, 0x1100), stream 3 (with work never synchronized),
+    /// event 4 and function 5.
+    fn lost() -> Lost {
+        let mut l = Lost::default();
+        l.buffers.insert(0x1000, 0x100);
+        l.streams.insert(3);
+        l.unsynced.insert(3);
+        l.events.insert(4);
+        l.functions.insert(5);
+        l
+    }
+
+    fn launch_module(function: u64) -> Command {
+        Command::LaunchModule {
+            stream: 0,
+            launch: ModuleLaunch {
+                function,
+                grid: [1; 3],
+                block: [1; 3],
+                shared_mem_bytes: 0,
+                params_offset: 0,
+                params_len: 0,
+            },
+        }
+    }
+
+    #[test]
+    fn a_lost_buffer_holds_its_bytes_only() {
+        let l = lost();
+        assert!(l.has_ptr(0x1000));
+        assert!(l.has_ptr(0x10ff));
+        assert!(!l.has_ptr(0x1100), "one past the end");
+        assert!(!l.has_ptr(0x0fff));
+        assert!(!Lost::default().has_ptr(0x1000));
+    }
+
+    #[test]
+    fn a_lost_buffer_at_the_top_of_memory_does_not_wrap() {
+        let mut l = Lost::default();
+        l.buffers.insert(u64::MAX - 0x10, 0x100);
+        assert!(l.has_ptr(u64::MAX - 0x10));
+        assert!(l.has_ptr(u64::MAX - 1));
+        assert!(!l.has_ptr(0));
+    }
+
+    #[test]
+    fn commands_naming_lost_memory_are_recognised() {
+        let l = lost();
+        let copy = |src, dst| Command::CopyDtoD {
+            stream: 0,
+            src,
+            dst,
+            len: 4,
+        };
+        assert!(l.named_by(&copy(0x1010, 0x9000)), "by the source");
+        assert!(l.named_by(&copy(0x9000, 0x1010)), "by the destination");
+        assert!(!l.named_by(&copy(0x9000, 0x9100)));
+        assert!(l.named_by(&Command::Free { ptr: 0x1000 }));
+        let fill = |dst| Command::Launch {
+            stream: 0,
+            kernel: Kernel::FillF32 {
+                dst,
+                n: 4,
+                value: 1.0,
+            },
+        };
+        assert!(l.named_by(&fill(0x1080)), "by a kernel's operand");
+        assert!(!l.named_by(&fill(0x2000)));
+    }
+
+    #[test]
+    fn commands_naming_lost_handles_are_recognised() {
+        let l = lost();
+        let on_lost_stream = Command::Memset {
+            stream: 3,
+            dst: 0x9000,
+            value: 0,
+            len: 4,
+        };
+        assert!(l.named_by(&on_lost_stream));
+        assert!(l.named_by(&Command::StreamSync { stream: 3 }));
+        assert!(!l.named_by(&Command::StreamSync { stream: 2 }));
+        assert!(l.named_by(&Command::EventSync { event: 4 }));
+        assert!(l.named_by(&Command::EventElapsed { start: 1, end: 4 }));
+        assert!(!l.named_by(&Command::EventElapsed { start: 1, end: 2 }));
+        assert!(l.named_by(&launch_module(5)));
+        assert!(!l.named_by(&launch_module(6)));
+        assert!(!l.named_by(&Command::Nop));
+        assert!(!l.named_by(&Command::ClientSync));
+    }
+
+    #[test]
+    fn releasing_a_lost_handle_forgets_it() {
+        let mut l = lost();
+        let free = Command::Free { ptr: 0x1000 };
+        assert!(l.release(&free));
+        assert!(
+            !l.named_by(&free),
+            "a second free is an ordinary bad pointer"
+        );
+
+        let destroy = Command::StreamDestroy { stream: 3 };
+        assert!(l.release(&destroy));
+        assert!(!l.named_by(&destroy));
+        assert!(
+            !l.take_unsynced(3),
+            "a destroyed stream's lost work is not reported"
+        );
+
+        let destroy = Command::EventDestroy { event: 4 };
+        assert!(l.release(&destroy));
+        assert!(!l.named_by(&destroy));
+    }
+
+    #[test]
+    fn only_releases_release() {
+        let mut l = lost();
+        assert!(!l.release(&Command::StreamSync { stream: 3 }));
+        assert!(!l.release(&launch_module(5)));
+        assert!(l.named_by(&Command::StreamSync { stream: 3 }));
+        assert!(l.named_by(&launch_module(5)));
+    }
+
+    #[test]
+    fn lost_work_is_reported_once() {
+        let mut l = lost();
+        assert!(!l.take_unsynced(2));
+        assert!(l.take_unsynced(3));
+        assert!(!l.take_unsynced(3));
+
+        let mut l = lost();
+        l.unsynced.insert(0);
+        assert!(l.take_any_unsynced());
+        assert!(!l.take_any_unsynced());
+        assert!(!l.take_unsynced(0));
+    }
+
+    #[test]
+    fn placing_memory_again_forgets_the_lost_buffers_it_overlaps() {
+        let mut l = lost();
+        l.buffers.insert(0x2000, 0x100);
+        l.buffers.insert(0x3000, 0x100);
+        // Overlaps the first by its last byte, the second wholly; touches the third.
+        l.forget_buffers_in(0x10ff, 0x3000);
+        assert!(!l.has_ptr(0x1000));
+        assert!(!l.has_ptr(0x2000));
+        assert!(l.has_ptr(0x3000));
+    }
+}

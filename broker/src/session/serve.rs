@@ -1,0 +1,199 @@
+//! The data thread's loop: drains the submission ring, publishes completions, charges the
+//! device time measured, and sleeps on the submission eventfd when the client goes quiet.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use gpushare_protocol::ring::CompletionEntry;
+
+use super::{SessionEnd, SessionState};
+use crate::device::Device;
+
+/// How soon an idle data thread looks again at device-time measurements still in flight.
+const MEASURE_RECHECK: Duration = Duration::from_millis(2);
+/// Within a long batch, device time is charged at least this often.
+const ACCOUNT_EVERY: Duration = Duration::from_millis(5);
+/// How long the data thread waits on a full completion ring before looking again.
+const CQ_FULL_RECHECK: Duration = Duration::from_millis(10);
+
+impl<D: Device> SessionState<D> {
+    /// Runs the client's commands until the session ends: stopped, evicted, culprit of a
+    /// fault, or a client that broke the ring protocol.
+    pub(super) fn serve(&mut self) -> SessionEnd {
+        let mut idle_since = Instant::now();
+        loop {
+            if self.health.epoch() != self.epoch
+                && let Some(end) = self.after_reset()
+            {
+                return end;
+            }
+            if self.info.stopping() {
+                return self
+                    .info
+                    .eviction()
+                    .map_or(SessionEnd::Stopped, SessionEnd::Evicted);
+            }
+            self.expire_lease();
+            let available = match self.rings.submissions.available() {
+                Ok(n) => n,
+                Err(e) => return SessionEnd::ProtocolViolation(e.to_string()),
+            };
+            if available > 0 {
+                self.info
+                    .counters
+                    .queue_depth
+                    .store(available as u64, Ordering::Relaxed);
+                let mut batch_started = Instant::now();
+                for _ in 0..available {
+                    if self.health.epoch() != self.epoch {
+                        break; // stop touching the device: the next loop parks
+                    }
+                    let entry = self.rings.submissions.pop();
+                    self.rings.submissions.release();
+                    let started = Instant::now();
+                    let completion = self.process(&entry);
+                    let finished = Instant::now();
+                    if let Some(h) = &mut self.latency {
+                        let _ =
+                            h.record((finished.duration_since(started).as_nanos() as u64).max(1));
+                    }
+                    if let Err(end) = self.complete(completion) {
+                        return end;
+                    }
+                    // A long batch (slow commands, a full ring) still shows in status. The
+                    // latency's clock read serves here too: none more per command.
+                    if finished.duration_since(batch_started) >= ACCOUNT_EVERY {
+                        self.account(false);
+                        batch_started = finished;
+                    }
+                }
+                self.info.counters.queue_depth.store(0, Ordering::Relaxed);
+                self.publish_latency();
+                self.account(false);
+                idle_since = Instant::now();
+                continue;
+            }
+            if idle_since.elapsed() < self.spin {
+                std::hint::spin_loop();
+                continue;
+            }
+            self.sleep();
+            idle_since = Instant::now();
+        }
+    }
+
+    /// Nothing for a while: closes the measurements, then sleeps until the client signals
+    /// (it will, because it sees NEED_WAKEUP after publishing).
+    fn sleep(&mut self) {
+        self.account(true);
+        self.rings.submissions.prepare_sleep();
+        // Measurements still in flight: wake up soon to read them, so status stays true.
+        let measuring = !self.granted.is_empty()
+            || self
+                .streams
+                .values()
+                .any(|s| self.device.measuring(&s.stream));
+        let timeout = match self.lease_left() {
+            Some(left) => Some(left.min(MEASURE_RECHECK)),
+            None => measuring.then_some(MEASURE_RECHECK),
+        };
+        match self.rings.submissions.available() {
+            Ok(0) if !self.info.stopping() => self.info.submit_wake().wait(timeout),
+            _ => {}
+        }
+        self.rings.submissions.finish_sleep();
+    }
+
+    /// Publishes the latency percentiles every 100 ms and starts a fresh window, so status
+    /// shows recent behaviour.
+    fn publish_latency(&mut self) {
+        if self.latency_published.elapsed() < Duration::from_millis(100) {
+            return;
+        }
+        self.latency_published = Instant::now();
+        if let Some(h) = &mut self.latency
+            && !h.is_empty()
+        {
+            let c = &self.info.counters;
+            c.latency_p50_ns
+                .store(h.value_at_quantile(0.5), Ordering::Relaxed);
+            c.latency_p99_ns
+                .store(h.value_at_quantile(0.99), Ordering::Relaxed);
+            h.reset();
+        }
+    }
+
+    /// Publishes one completion, waiting (bounded, interruptible) while the ring is full.
+    fn complete(&mut self, entry: CompletionEntry) -> Result<(), SessionEnd> {
+        loop {
+            match self.rings.completions.try_push(entry) {
+                Ok(true) => break,
+                Ok(false) => {
+                    // The client is not reading its completions: only it waits.
+                    self.rings.completions.wait_for_room();
+                    self.park_if_resetting();
+                    let still_full = matches!(self.rings.completions.free_slots(), Ok(0));
+                    if still_full && !self.info.stopping() {
+                        self.info.submit_wake().wait(Some(CQ_FULL_RECHECK));
+                    }
+                    self.rings.completions.finish_wait_for_room();
+                    if self.info.stopping() {
+                        return Err(SessionEnd::Stopped);
+                    }
+                }
+                Err(e) => return Err(SessionEnd::ProtocolViolation(e.to_string())),
+            }
+        }
+        self.rings.completions.publish();
+        if self.rings.completions.consumer_needs_wakeup() {
+            self.complete_wake.signal();
+        }
+        Ok(())
+    }
+
+    /// Ends the batch on every stream that got work (every stream when the client went
+    /// `idle`) and charges the device time measured so far.
+    pub(super) fn account(&mut self, idle: bool) {
+        self.reap_granted();
+        if self.holding_turn {
+            // On probation the batch finishes before another suspect's work may start.
+            for slot in self.streams.values_mut() {
+                if slot.touched {
+                    let _ = self.device.sync_stream(&mut slot.stream);
+                }
+            }
+        }
+        let mut spent = 0;
+        for slot in self.streams.values_mut() {
+            if slot.touched || idle {
+                self.device.end_batch(&mut slot.stream, idle);
+                slot.touched = false;
+            }
+            spent += self.device.take_busy_ns(&mut slot.stream);
+        }
+        self.info
+            .counters
+            .gpu_time_ns
+            .fetch_add(spent, Ordering::Relaxed);
+        let watch = &self.info.fault_watch;
+        if watch.busy_since.load(Ordering::Relaxed) != 0 {
+            let now = self.health.now_ns();
+            if spent > 0 {
+                watch.progress.store(now, Ordering::Release);
+            }
+            if (idle || self.holding_turn)
+                && !self
+                    .streams
+                    .values()
+                    .any(|s| self.device.stream_busy(&s.stream))
+            {
+                watch.progress.store(now, Ordering::Release);
+                watch.busy_since.store(0, Ordering::Release);
+            }
+        }
+        if self.holding_turn {
+            self.health.release_turn(self.info.id);
+            self.holding_turn = false;
+        }
+    }
+}
