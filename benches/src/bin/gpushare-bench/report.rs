@@ -26,24 +26,99 @@ fn ratio(a: Option<f64>, b: Option<f64>) -> String {
     }
 }
 
-/// One table row: label, the three modes' values, and the two ratios to direct.
-fn row(out: &mut String, label: &str, r: &Value, path: &[&str], digits: usize) {
+/// A markdown table. Rendered as the header row, the separator and the rows, with no blank
+/// line between them (a blank line ends a table, so rows after one render as a paragraph of
+/// pipes) and every `|` inside a cell escaped (it would otherwise start a new column).
+struct Table {
+    header: Vec<String>,
+    rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    fn new(header: &[&str]) -> Self {
+        Table {
+            header: header.iter().map(|h| h.to_string()).collect(),
+            rows: Vec::new(),
+        }
+    }
+
+    /// Adds a row; a short row is padded with empty cells to the header's width.
+    fn row(&mut self, cells: impl IntoIterator<Item = String>) {
+        let mut cells: Vec<String> = cells.into_iter().collect();
+        assert!(
+            cells.len() <= self.header.len(),
+            "a row of {} cells in a table of {} columns",
+            cells.len(),
+            self.header.len()
+        );
+        cells.resize(self.header.len(), String::new());
+        self.rows.push(cells);
+    }
+
+    /// Appends the table to `out`, after a blank line so that it starts a block of its own.
+    /// What follows must start with a blank line too: a line of text right under a table
+    /// would be read as one more row.
+    fn render(&self, out: &mut String) {
+        if !out.is_empty() && !out.ends_with("\n\n") {
+            out.push_str(if out.ends_with('\n') { "\n" } else { "\n\n" });
+        }
+        let line = |out: &mut String, cells: &[String]| {
+            out.push('|');
+            for c in cells {
+                let c = escape_cell(c);
+                if c.is_empty() {
+                    out.push_str(" |");
+                } else {
+                    let _ = write!(out, " {c} |");
+                }
+            }
+            out.push('\n');
+        };
+        line(out, &self.header);
+        out.push('|');
+        for _ in &self.header {
+            out.push_str("---|");
+        }
+        out.push('\n');
+        for r in &self.rows {
+            line(out, r);
+        }
+    }
+}
+
+/// A cell's text made safe for a table: `|` escaped, line breaks (which would end the row)
+/// turned into spaces.
+fn escape_cell(s: &str) -> String {
+    s.replace('|', "\\|").replace(['\r', '\n'], " ")
+}
+
+/// The table of one scenario: a label per row, the three modes' values, and the two ratios to
+/// direct.
+fn modes_table() -> Table {
+    Table::new(&[
+        "",
+        "direct",
+        "gpushare",
+        "MPS",
+        "gpushare / direct",
+        "MPS / direct",
+    ])
+}
+
+/// One row of a [`modes_table`]: the figure at `path` in each mode, and the ratios.
+fn row(t: &mut Table, label: &str, r: &Value, path: &[&str], digits: usize) {
     let d = get(&r["direct"], path);
     let g = get(&r["gpushare"], path);
     let m = get(&r["mps"], path);
-    let _ = writeln!(
-        out,
-        "| {label} | {} | {} | {} | {} | {} |",
+    t.row([
+        label.to_string(),
         fmt(d, digits),
         fmt(g, digits),
         fmt(m, digits),
         ratio(g, d),
-        ratio(m, d)
-    );
+        ratio(m, d),
+    ]);
 }
-
-const HEAD: &str =
-    "| | direct | gpushare | MPS | gpushare / direct | MPS / direct |\n|---|---|---|---|---|---|\n";
 
 pub fn markdown(doc: &Value) -> String {
     let mut out = String::new();
@@ -69,17 +144,19 @@ pub fn markdown(doc: &Value) -> String {
         }
     }
     if let Some(r) = results.get("launch") {
-        let _ = writeln!(out, "\n### launch (empty kernel)\n\n{HEAD}");
+        let _ = writeln!(out, "\n### launch (empty kernel)");
+        let mut t = modes_table();
         row(
-            &mut out,
+            &mut t,
             "async launches / s",
             r,
             &["async_launches_per_s"],
             0,
         );
-        row(&mut out, "launch + sync p50 (µs)", r, &["sync_p50_us"], 2);
-        row(&mut out, "launch + sync p99 (µs)", r, &["sync_p99_us"], 2);
-        row(&mut out, "launch + sync mean (µs)", r, &["sync_mean_us"], 2);
+        row(&mut t, "launch + sync p50 (µs)", r, &["sync_p50_us"], 2);
+        row(&mut t, "launch + sync p99 (µs)", r, &["sync_p99_us"], 2);
+        row(&mut t, "launch + sync mean (µs)", r, &["sync_mean_us"], 2);
+        t.render(&mut out);
         let added = |q: &str| match (get(&r["gpushare"], &[q]), get(&r["direct"], &[q])) {
             (Some(g), Some(d)) => format!("{:+.2} µs", g - d),
             _ => "n/a".into(),
@@ -102,33 +179,24 @@ pub fn markdown(doc: &Value) -> String {
                 "pageable host memory (direct) vs staged through the arena (gpushare)",
             ),
         ] {
-            let _ = writeln!(out, "\n### copy, {what}: GB/s\n\n{HEAD}");
+            let _ = writeln!(out, "\n### copy, {what}: GB/s");
+            let mut t = modes_table();
             for (label, _) in COPY_SIZES {
-                row(
-                    &mut out,
-                    &format!("{label} H→D"),
-                    r,
-                    &[kind, label, "htod_gbps"],
-                    2,
-                );
-                row(
-                    &mut out,
-                    &format!("{label} D→H"),
-                    r,
-                    &[kind, label, "dtoh_gbps"],
-                    2,
-                );
+                let h2d = format!("{label} H→D");
+                row(&mut t, &h2d, r, &[kind, label, "htod_gbps"], 2);
+                let d2h = format!("{label} D→H");
+                row(&mut t, &d2h, r, &[kind, label, "dtoh_gbps"], 2);
             }
+            t.render(&mut out);
         }
     }
     if let Some(r) = results.get("probe").and_then(|r| r.get("direct")) {
-        let _ = writeln!(
-            out,
-            "\n### probe: single driver calls, median µs (direct)\n\n| call | µs |\n|---|---|"
-        );
+        let _ = writeln!(out, "\n### probe: single driver calls, median µs (direct)");
+        let mut t = Table::new(&["call", "µs"]);
         for (k, v) in r.as_object().into_iter().flatten() {
-            let _ = writeln!(out, "| {k} | {} |", fmt(v.as_f64(), 2));
+            t.row([k.clone(), fmt(v.as_f64(), 2)]);
         }
+        t.render(&mut out);
     }
     if let Some(t) = results.get("trace") {
         trace(&mut out, t);
@@ -137,13 +205,12 @@ pub fn markdown(doc: &Value) -> String {
         colocate(&mut out, c);
     }
     if let Some(r) = results.get("iteration") {
-        let _ = writeln!(
-            out,
-            "\n### iteration: ms per iteration (mean; p50 in JSON)\n\n{HEAD}"
-        );
+        let _ = writeln!(out, "\n### iteration: ms per iteration (mean; p50 in JSON)");
+        let mut t = modes_table();
         for it in crate::workload::iterations() {
-            row(&mut out, it.what, r, &[it.name, "mean_ms"], 3);
+            row(&mut t, it.what, r, &[it.name, "mean_ms"], 3);
         }
+        t.render(&mut out);
     }
     out
 }
@@ -168,10 +235,16 @@ fn colocate(out: &mut String, c: &Value) {
         c["seconds"],
         c["scheduler"].as_str().unwrap_or("?"),
     );
+    let mut failed = false;
     for (key, v) in m.as_object().into_iter().flatten() {
         if let Some(e) = v.get("error") {
             let _ = writeln!(out, "- {key}: FAILED: {e}");
+            failed = true;
         }
+    }
+    if failed {
+        // A paragraph right after a list item would continue the item.
+        out.push('\n');
     }
     let dedicated_p99 = get(m, &["dedicated", "high", "p99_ms"]);
     let standalone =
@@ -184,7 +257,7 @@ fn colocate(out: &mut String, c: &Value) {
         .collect();
     let _ = writeln!(
         out,
-        "Standalone best-effort throughput (direct CUDA, alone):"
+        "Standalone best-effort throughput (direct CUDA, alone):\n"
     );
     for w in &be_workloads {
         let _ = writeln!(out, "- {w}: {} it/s", fmt(standalone(w), 1));
@@ -196,12 +269,17 @@ fn colocate(out: &mut String, c: &Value) {
         .filter_map(Value::as_u64)
         .collect();
     for n in counts {
-        let _ = writeln!(
-            out,
-            "\n{n} best-effort client(s):\n\n| setup | HP p50 ms | HP p99 ms | HP p99 / dedicated | \
-             HP served / offered | BE it/s each | BE / standalone (sum) | total (HP served + BE sum) |\n\
-             |---|---|---|---|---|---|---|---|"
-        );
+        let _ = writeln!(out, "\n{n} best-effort client(s):");
+        let mut table = Table::new(&[
+            "setup",
+            "HP p50 ms",
+            "HP p99 ms",
+            "HP p99 / dedicated",
+            "HP served / offered",
+            "BE it/s each",
+            "BE / standalone (sum)",
+            "total (HP served + BE sum)",
+        ]);
         let mut setups = vec![("dedicated".to_string(), 0usize)];
         if n == counts_first(c) {
             setups.push(("gpushare alone".to_string(), 0));
@@ -239,9 +317,8 @@ fn colocate(out: &mut String, c: &Value) {
                     share += it / alone;
                 }
             }
-            let _ = writeln!(
-                out,
-                "| {key} | {} | {} | {} | {} | {} | {} | {} |",
+            table.row([
+                key,
                 fmt(get(v, &["high", "p50_ms"]), 3),
                 fmt(p99, 3),
                 ratio(p99, dedicated_p99),
@@ -257,8 +334,9 @@ fn colocate(out: &mut String, c: &Value) {
                     format!("{share:.3}")
                 },
                 fmt(served.map(|s| s + share), 3),
-            );
+            ]);
         }
+        table.render(out);
     }
 }
 
@@ -268,34 +346,45 @@ fn trace(out: &mut String, t: &Value) {
     let srtf = get(m, &["srtf", "mean_jct_ms"]);
     let _ = writeln!(
         out,
-        "\n### trace: {} jobs arriving online (Salus-style), job completion time\n\n\
-         | policy | mean JCT ms | mean JCT, short jobs ms | p50 JCT ms | max JCT ms | makespan ms | mean JCT / SRTF's | iteration p50 µs (launch / sync / end) |\n\
-         |---|---|---|---|---|---|---|---|",
+        "\n### trace: {} jobs arriving online (Salus-style), job completion time",
         t["jobs"]
     );
+    let mut table = Table::new(&[
+        "policy",
+        "mean JCT ms",
+        "mean JCT, short jobs ms",
+        "p50 JCT ms",
+        "max JCT ms",
+        "makespan ms",
+        "mean JCT / SRTF's",
+        "iteration p50 µs (launch / sync / end)",
+    ]);
     for policy in t["policies"].as_array().into_iter().flatten() {
         let Some(p) = policy.as_str() else { continue };
         let v = &m[p];
         if let Some(e) = v.get("error") {
-            let _ = writeln!(out, "| {p} | FAILED: {e} | | | | | | |");
+            table.row([p.to_string(), format!("FAILED: {e}")]);
             continue;
         }
         let mean = get(v, &["mean_jct_ms"]);
-        let _ = writeln!(
-            out,
-            "| {p} | {} | {} | {} | {} | {} | {} | {} ({} / {} / {}) |",
+        table.row([
+            p.to_string(),
             fmt(mean, 1),
             fmt(get(v, &["mean_jct_short_ms"]), 1),
             fmt(get(v, &["p50_jct_ms"]), 1),
             fmt(get(v, &["max_jct_ms"]), 1),
             fmt(get(v, &["makespan_ms"]), 1),
             ratio(mean, srtf),
-            fmt(get(v, &["iteration_p50_us"]), 0),
-            fmt(get(v, &["launch_p50_us"]), 0),
-            fmt(get(v, &["sync_p50_us"]), 0),
-            fmt(get(v, &["end_iteration_p50_us"]), 0),
-        );
+            format!(
+                "{} ({} / {} / {})",
+                fmt(get(v, &["iteration_p50_us"]), 0),
+                fmt(get(v, &["launch_p50_us"]), 0),
+                fmt(get(v, &["sync_p50_us"]), 0),
+                fmt(get(v, &["end_iteration_p50_us"]), 0),
+            ),
+        ]);
     }
+    table.render(out);
     let _ = writeln!(
         out,
         "\nGPU work in the trace: {} ms.",
@@ -334,5 +423,233 @@ pub fn median_of(values: &[Value]) -> Value {
             serde_json::json!(crate::workload::percentile(&mut xs, 50.0))
         }
         other => other.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    /// The cells of a table line, split at the `|`s that are not escaped.
+    fn cells(line: &str) -> Vec<String> {
+        let inner = line
+            .trim()
+            .strip_prefix('|')
+            .and_then(|l| l.strip_suffix('|'));
+        let inner = inner.unwrap_or_else(|| panic!("not a table line: {line:?}"));
+        let mut out = vec![String::new()];
+        let mut escaped = false;
+        for ch in inner.chars() {
+            match ch {
+                '|' if !escaped => out.push(String::new()),
+                _ => out.last_mut().expect("one cell at least").push(ch),
+            }
+            escaped = ch == '\\' && !escaped;
+        }
+        out.iter().map(|c| c.trim().to_string()).collect()
+    }
+
+    /// Every table in `md`, as (header, rows), after checking that each is one block of
+    /// lines: a blank line (or the start) before it, a header, a separator of as many columns,
+    /// and rows of as many cells, with no blank line in between.
+    fn tables(md: &str) -> Vec<(Vec<String>, Vec<Vec<String>>)> {
+        let lines: Vec<&str> = md.lines().collect();
+        let mut found = Vec::new();
+        let mut i = 0;
+        while i < lines.len() {
+            if !lines[i].starts_with('|') {
+                i += 1;
+                continue;
+            }
+            let start = i;
+            while i < lines.len() && lines[i].starts_with('|') {
+                i += 1;
+            }
+            let block = &lines[start..i];
+            let at = format!("table at line {}:\n{}", start + 1, block.join("\n"));
+            assert!(
+                start == 0 || lines[start - 1].trim().is_empty(),
+                "no blank line before the {at}"
+            );
+            assert!(
+                i == lines.len() || lines[i].trim().is_empty(),
+                "no blank line after the {at}"
+            );
+            assert!(block.len() >= 2, "a header without separator: {at}");
+            let header = cells(block[0]);
+            let separator = cells(block[1]);
+            assert!(
+                separator
+                    .iter()
+                    .all(|c| c.len() >= 3 && c.trim_matches(':').chars().all(|ch| ch == '-')),
+                "the second line is not a separator: {at}"
+            );
+            assert_eq!(separator.len(), header.len(), "separator width: {at}");
+            let rows: Vec<Vec<String>> = block[2..].iter().map(|l| cells(l)).collect();
+            assert!(!rows.is_empty(), "a table without rows: {at}");
+            for r in &rows {
+                assert_eq!(r.len(), header.len(), "row width: {at}");
+            }
+            found.push((header, rows));
+        }
+        found
+    }
+
+    #[test]
+    fn a_table_is_header_separator_rows_with_pipes_escaped() {
+        let mut t = Table::new(&["", "a", "b | c"]);
+        t.row(["one".to_string(), "1".into(), "x|y".into()]);
+        t.row(["two".to_string()]);
+        let mut out = "Some text:\n".to_string();
+        t.render(&mut out);
+        out.push_str("\nAfter.\n");
+        assert_eq!(
+            out,
+            "Some text:\n\
+             \n\
+             | | a | b \\| c |\n\
+             |---|---|---|\n\
+             | one | 1 | x\\|y |\n\
+             | two | | |\n\
+             \n\
+             After.\n"
+        );
+        let found = tables(&out);
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0].0, ["", "a", "b \\| c"]);
+        assert_eq!(found[0].1, [vec!["one", "1", "x\\|y"], vec!["two", "", ""]]);
+    }
+
+    #[test]
+    #[should_panic(expected = "a row of 3 cells in a table of 2 columns")]
+    fn a_row_wider_than_the_header_is_refused() {
+        let mut t = Table::new(&["a", "b"]);
+        t.row(["1".to_string(), "2".into(), "3".into()]);
+    }
+
+    /// A results document with every scenario, a failed trace policy whose message holds a
+    /// `|`, and a failed colocate setup.
+    fn every_scenario() -> Value {
+        let launch = json!({
+            "direct": { "async_launches_per_s": 300000.0, "sync_p50_us": 8.5,
+                        "sync_p99_us": 14.0, "sync_mean_us": 8.9 },
+            "gpushare": { "async_launches_per_s": 280000.0, "sync_p50_us": 9.5,
+                          "sync_p99_us": 16.0, "sync_mean_us": 9.9 },
+            "mps": { "async_launches_per_s": 290000.0, "sync_p50_us": 8.6,
+                     "sync_p99_us": 15.0, "sync_mean_us": 9.0 },
+        });
+        let mut copy = json!({});
+        for mode in ["direct", "gpushare", "mps"] {
+            for kind in ["pinned", "pageable"] {
+                for (label, _) in COPY_SIZES {
+                    copy[mode][kind][label] = json!({ "htod_gbps": 50.0, "dtoh_gbps": 51.0 });
+                }
+            }
+        }
+        let mut iteration = json!({ "direct": {}, "gpushare": {}, "mps": {} });
+        for it in crate::workload::iterations() {
+            for (mode, ms) in [("direct", 0.5), ("gpushare", 0.51), ("mps", 0.52)] {
+                iteration[mode][it.name] = json!({ "mean_ms": ms });
+            }
+        }
+        json!({
+            "machine": "a test machine",
+            "rounds": 3,
+            "broker_args": ["--no-telemetry"],
+            "results": {
+                "launch": launch,
+                "copy": copy,
+                "probe": { "direct": { "launch_us": 3.7, "event_record_us": 1.2 } },
+                "iteration": iteration,
+                "trace": {
+                    "jobs": 24,
+                    "policies": ["fifo", "srtf", "pack"],
+                    "median": {
+                        "fifo": { "mean_jct_ms": 360.0, "mean_jct_short_ms": 170.0,
+                                  "p50_jct_ms": 216.0, "max_jct_ms": 900.0,
+                                  "makespan_ms": 1600.0, "gpu_work_ms": 1289.0 },
+                        "srtf": { "mean_jct_ms": 280.0, "iteration_p50_us": 1258.0,
+                                  "launch_p50_us": 3.0, "sync_p50_us": 1247.0,
+                                  "end_iteration_p50_us": 5.0 },
+                        "pack": { "error": "worker exited | status 1" },
+                    },
+                },
+                "colocate": {
+                    "high_workload": "mlp_infer",
+                    "hp_gap_ms": 2.0,
+                    "be_workloads": ["mlp_train", "transformer"],
+                    "be_counts": [1, 4],
+                    "sm_shares": [1.0, 0.25],
+                    "seconds": 5,
+                    "scheduler": "priority",
+                    "median": {
+                        "dedicated": { "high": { "p50_ms": 0.16, "p99_ms": 0.27,
+                                                 "requests": 100.0, "offered": 100.0 } },
+                        "gpushare alone": { "high": { "p50_ms": 0.16, "p99_ms": 0.35,
+                                                      "requests": 100.0, "offered": 100.0 } },
+                        "standalone mlp_train": { "be": { "it_per_s": 1582.0 } },
+                        "standalone transformer": { "be": { "it_per_s": 1352.0 } },
+                        "1 best-effort, time-slicing": {
+                            "high": { "p50_ms": 0.8, "p99_ms": 4.0, "requests": 90.0,
+                                      "offered": 100.0 },
+                            "be0": { "it_per_s": 1200.0 } },
+                        "1 best-effort, mps": {
+                            "high": { "p50_ms": 0.6, "p99_ms": 2.0, "requests": 100.0,
+                                      "offered": 100.0 },
+                            "be0": { "it_per_s": 1500.0 } },
+                        "1 best-effort, gpushare": {
+                            "high": { "p50_ms": 0.2, "p99_ms": 0.5, "requests": 100.0,
+                                      "offered": 100.0 },
+                            "be0": { "it_per_s": 1000.0 } },
+                        "1 best-effort, gpushare, BE on 25% of SMs": {
+                            "error": "no green contexts | whole GPU" },
+                        "4 best-effort, gpushare": {
+                            "high": { "p50_ms": 0.3, "p99_ms": 0.8, "requests": 100.0,
+                                      "offered": 100.0 },
+                            "be0": { "it_per_s": 400.0 }, "be1": { "it_per_s": 300.0 },
+                            "be2": { "it_per_s": 400.0 }, "be3": { "it_per_s": 300.0 } },
+                    },
+                },
+            },
+        })
+    }
+
+    #[test]
+    fn every_table_of_the_report_renders() {
+        let md = markdown(&every_scenario());
+        let found = tables(&md);
+        let headers: Vec<&str> = found.iter().map(|(h, _)| h[0].as_str()).collect();
+        // launch, pinned and pageable copies, probe, trace, colocate with 1 and 4 best-effort
+        // clients, iteration.
+        assert_eq!(
+            headers,
+            ["", "", "", "call", "policy", "setup", "setup", ""],
+            "{md}"
+        );
+        let rows = |i: usize| found[i].1.iter().map(|r| r[0].as_str()).collect::<Vec<_>>();
+        assert_eq!(rows(0)[0], "async launches / s");
+        assert_eq!(rows(1).len(), 2 * COPY_SIZES.len());
+        assert_eq!(rows(4), ["fifo", "srtf", "pack"]);
+        assert_eq!(found[4].1[2][1], "FAILED: \"worker exited \\| status 1\"");
+        assert_eq!(
+            rows(5),
+            [
+                "dedicated",
+                "gpushare alone",
+                "1 best-effort, time-slicing",
+                "1 best-effort, mps",
+                "1 best-effort, gpushare"
+            ]
+        );
+        assert_eq!(rows(6), ["dedicated", "4 best-effort, gpushare"]);
+        assert_eq!(rows(7).len(), crate::workload::iterations().len());
+        // A failed setup is listed before the paragraph that follows it, with a blank line
+        // between, so the paragraph does not continue the list item.
+        assert!(
+            md.contains("whole GPU\"\n\nStandalone best-effort throughput"),
+            "{md}"
+        );
     }
 }
