@@ -914,10 +914,9 @@ impl Device for CudaDevice {
     }
 
     fn reset(&self) -> DeviceResult<()> {
-        // Measured on driver 580 (H100): after an illegal address even
-        // cuDevicePrimaryCtxRetain fails with the sticky error once the context is reset, and
-        // a reset under a kernel that never ends waits for it forever. Only a new process gets
-        // a working GPU back, so the broker restarts instead (see `fault`).
+        // After a sticky error even cuDevicePrimaryCtxRetain fails once the context is reset,
+        // and a reset under a kernel that never ends waits for it forever: only a new process
+        // gets a working GPU back, so the broker restarts instead (see `fault`).
         Err(DeviceError::Fault(
             "the CUDA driver keeps a sticky error for the life of the process".into(),
         ))
@@ -1063,7 +1062,7 @@ impl CudaDevice {
     }
 }
 
-/// Whether cuBLAS can be loaded (loads it: about 0.1 s the first time).
+/// Whether cuBLAS can be loaded (loads it, which is slow the first time).
 fn probe_cublas() -> bool {
     // SAFETY: only probes whether the library can be loaded.
     let present = unsafe { cudarc::cublas::sys::is_culib_present() };
@@ -1077,9 +1076,9 @@ fn probe_cublas() -> bool {
 static CUBLAS: OnceLock<bool> = OnceLock::new();
 
 /// Starts loading cuBLAS on a thread of its own, once: right after `cuInit`, so that loading
-/// it (about 0.1 s) overlaps making the CUDA context. (Not earlier: two libraries cannot load
-/// at once, and `cuInit` then waited 80 ms for it, measured after a restart. Not later: while
-/// a library loads, no thread can start, and serving starts threads.)
+/// it overlaps making the CUDA context. (Not earlier: two libraries cannot load at once, so
+/// `cuInit` would wait for it. Not later: while a library loads, no thread can start, and
+/// serving starts threads.)
 fn start_loading_cublas() {
     static STARTED: std::sync::Once = std::sync::Once::new();
     STARTED.call_once(|| {
