@@ -8,6 +8,7 @@
 
 mod builtins;
 mod error;
+mod gemm;
 mod holder;
 mod injection;
 mod partition;
@@ -18,7 +19,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::ffi::c_void;
 use std::ptr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cudarc::driver::result as cu;
@@ -33,6 +34,7 @@ pub use self::builtins::PREBUILT_PTX as BUILTIN_PTX;
 /// Hands the compiled built-in kernels to the next image of a restarting gpushared.
 pub use self::builtins::{HANDOVER_ENV as BUILTINS_HANDOVER_ENV, hand_over as hand_over_builtins};
 use self::error::{check, driver};
+use self::gemm::{CUBLAS_MIN_MACS, Gemm, start_loading_cublas};
 /// The helper process that keeps the driver initialised across a restart.
 pub use self::holder::{
     HOLDER_ENV, HOLDER_FLAG, hand_over as hand_over_holder, keep_driver_warm, run_holder,
@@ -43,8 +45,6 @@ use self::placed::PlacedMemory;
 use super::{Device, DeviceError, DeviceResult};
 use crate::shm::ArenaSlice;
 
-/// GEMMs with at least this many multiply-adds go to cuBLAS when it is present.
-const CUBLAS_MIN_MACS: u64 = 32 * 32 * 32;
 /// A measured span of continuous work is closed at least this often, so accounting of a
 /// client that never synchronizes stays current.
 const MAX_SPAN: std::time::Duration = std::time::Duration::from_millis(2);
@@ -907,112 +907,4 @@ impl Device for CudaDevice {
             _module: module.clone(),
         })
     }
-}
-
-impl CudaDevice {
-    /// Row-major `C = alpha·A·B + beta·C` through cuBLAS (column-major: `Cᵀ = Bᵀ·Aᵀ`), with
-    /// f32 or bf16 inputs; C is f32 and accumulation is f32 either way.
-    fn gemm(
-        &self,
-        stream: &mut CudaStream,
-        kind: Gemm,
-        (a, b, c): (u64, u64, u64),
-        (m, n, k): (u32, u32, u32),
-        alpha: f32,
-        beta: f32,
-    ) -> DeviceResult<()> {
-        use cudarc::cublas::{result as blas, sys as bsys};
-        if m == 0 || n == 0 {
-            return Ok(());
-        }
-        let fail = |what: &str, e: blas::CublasError| DeviceError::Failed(format!("{what}: {e:?}"));
-        let handle = match stream.blas {
-            Some(h) => h,
-            None => {
-                let h = blas::create_handle().map_err(|e| fail("cublasCreate", e))?;
-                // SAFETY: fresh handle, live stream.
-                unsafe { blas::set_stream(h, stream.raw as _) }
-                    .map_err(|e| fail("cublasSetStream", e))?;
-                stream.blas = Some(h);
-                h
-            }
-        };
-        let to_i32 = |v: u32| {
-            i32::try_from(v).map_err(|_| {
-                DeviceError::InvalidArgument("GEMM dimension too large for cuBLAS".into())
-            })
-        };
-        let (m, n, k) = (to_i32(m)?, to_i32(n)?, to_i32(k)?);
-        let input = match kind {
-            Gemm::F32 => bsys::cudaDataType::CUDA_R_32F,
-            Gemm::Bf16 => bsys::cudaDataType::CUDA_R_16BF,
-        };
-        let nn = bsys::cublasOperation_t::CUBLAS_OP_N;
-        // SAFETY: A, B and C were checked against the client's allocations for these
-        // dimensions and element sizes; alpha and beta live across the call (host pointer
-        // mode); the handle is bound to this stream.
-        unsafe {
-            blas::gemm_ex(
-                handle,
-                nn,
-                nn,
-                n,
-                m,
-                k,
-                &alpha as *const f32 as *const c_void,
-                b as *const c_void,
-                input,
-                n,
-                a as *const c_void,
-                input,
-                k,
-                &beta as *const f32 as *const c_void,
-                c as *mut c_void,
-                bsys::cudaDataType::CUDA_R_32F,
-                n,
-                bsys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                bsys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-            )
-        }
-        .map_err(|e| fail("cublasGemmEx", e))
-    }
-}
-
-/// Whether cuBLAS can be loaded (loads it, which is slow the first time).
-fn probe_cublas() -> bool {
-    // SAFETY: only probes whether the library can be loaded.
-    let present = unsafe { cudarc::cublas::sys::is_culib_present() };
-    if !present {
-        tracing::info!("cuBLAS (libcublas.so) not found: GEMMs use the built-in kernel");
-    }
-    present
-}
-
-/// Whether cuBLAS can be loaded, once found out.
-static CUBLAS: OnceLock<bool> = OnceLock::new();
-
-/// Starts loading cuBLAS on a thread of its own, once: right after `cuInit`, so that loading
-/// it overlaps making the CUDA context. (Not earlier: two libraries cannot load at once, so
-/// `cuInit` would wait for it. Not later: while a library loads, no thread can start, and
-/// serving starts threads.)
-fn start_loading_cublas() {
-    static STARTED: std::sync::Once = std::sync::Once::new();
-    STARTED.call_once(|| {
-        let _ = std::thread::Builder::new()
-            .name("cublas-load".into())
-            .spawn(|| CUBLAS.get_or_init(probe_cublas));
-    });
-}
-
-impl CudaDevice {
-    fn cublas(&self) -> bool {
-        *CUBLAS.get_or_init(probe_cublas)
-    }
-}
-
-/// Input type of a cuBLAS GEMM.
-#[derive(Debug, Clone, Copy)]
-enum Gemm {
-    F32,
-    Bf16,
 }
