@@ -8,6 +8,7 @@
 
 mod builtins;
 mod error;
+mod event;
 mod gemm;
 mod holder;
 mod injection;
@@ -34,6 +35,7 @@ pub use self::builtins::PREBUILT_PTX as BUILTIN_PTX;
 /// Hands the compiled built-in kernels to the next image of a restarting gpushared.
 pub use self::builtins::{HANDOVER_ENV as BUILTINS_HANDOVER_ENV, hand_over as hand_over_builtins};
 use self::error::{check, driver};
+pub use self::event::CudaEvent;
 use self::gemm::{CUBLAS_MIN_MACS, Gemm, start_loading_cublas};
 /// The helper process that keeps the driver initialised across a restart.
 pub use self::holder::{
@@ -250,16 +252,6 @@ impl CudaDevice {
         cu::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT)
             .map_err(|e| driver("cuEventCreate", e))
     }
-
-    /// A client-visible event with `flags`.
-    fn new_event(&self, flags: sys::CUevent_flags) -> DeviceResult<CudaEvent> {
-        self.bind()?;
-        let raw = cu::event::create(flags).map_err(|e| driver("cuEventCreate", e))?;
-        Ok(CudaEvent {
-            raw,
-            recorded: false,
-        })
-    }
 }
 
 impl Drop for CudaDevice {
@@ -359,23 +351,6 @@ impl CudaStream {
                 }
             }
         }
-    }
-}
-
-/// A client event.
-pub struct CudaEvent {
-    raw: CUevent,
-    recorded: bool,
-}
-
-// SAFETY: a plain driver handle.
-unsafe impl Send for CudaEvent {}
-
-impl Drop for CudaEvent {
-    fn drop(&mut self) {
-        // SAFETY: created by us, destroyed once; the driver defers destruction of an event
-        // still pending on a stream.
-        let _ = unsafe { cu::event::destroy(self.raw) };
     }
 }
 
@@ -846,47 +821,27 @@ impl Device for CudaDevice {
     }
 
     fn create_event(&self) -> DeviceResult<CudaEvent> {
-        self.new_event(sys::CUevent_flags::CU_EVENT_DEFAULT)
+        CudaEvent::create(self, sys::CUevent_flags::CU_EVENT_DEFAULT)
     }
 
     fn create_marker(&self) -> DeviceResult<CudaEvent> {
-        self.new_event(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+        CudaEvent::create(self, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
     }
 
     fn record_event(&self, event: &mut CudaEvent, stream: &mut CudaStream) -> DeviceResult<()> {
-        self.bind()?;
-        // SAFETY: live event and stream.
-        unsafe { cu::event::record(event.raw, stream.raw) }
-            .map_err(|e| driver("cuEventRecord", e))?;
-        event.recorded = true;
-        Ok(())
+        event.record(self, stream)
     }
 
     fn event_done(&self, event: &CudaEvent) -> DeviceResult<bool> {
-        self.bind()?;
-        // SAFETY: live event.
-        match unsafe { cu::event::query(event.raw) } {
-            Ok(()) => Ok(true),
-            Err(e) if e.0 == sys::cudaError_enum::CUDA_ERROR_NOT_READY => Ok(false),
-            Err(e) => Err(driver("cuEventQuery", e)),
-        }
+        event.done(self)
     }
 
     fn sync_event(&self, event: &CudaEvent) -> DeviceResult<()> {
-        self.wait_until(|| self.event_done(event))
+        self.wait_until(|| event.done(self))
     }
 
     fn elapsed_ns(&self, start: &CudaEvent, end: &CudaEvent) -> DeviceResult<u64> {
-        if !start.recorded || !end.recorded {
-            return Err(DeviceError::InvalidArgument(
-                "event was never recorded".into(),
-            ));
-        }
-        self.bind()?;
-        // SAFETY: live events, both recorded.
-        let ms = unsafe { cu::event::elapsed(start.raw, end.raw) }
-            .map_err(|e| driver("cuEventElapsedTime", e))?;
-        Ok((ms.max(0.0) as f64 * 1e6) as u64)
+        start.elapsed_ns(self, end)
     }
 
     fn load_module(&self, format: ModuleFormat, image: &[u8]) -> DeviceResult<Arc<ModuleRef>> {
