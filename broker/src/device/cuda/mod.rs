@@ -12,6 +12,7 @@ mod event;
 mod gemm;
 mod holder;
 mod injection;
+mod module;
 mod partition;
 mod placed;
 
@@ -24,7 +25,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cudarc::driver::result as cu;
-use cudarc::driver::sys::{self, CUcontext, CUdevice, CUevent, CUmodule, CUstream};
+use cudarc::driver::sys::{self, CUcontext, CUdevice, CUevent, CUstream};
 use gpushare_protocol::command::ModuleLaunch;
 use gpushare_protocol::control::{DeviceInfo, ModuleFormat};
 use gpushare_protocol::{DevicePtr, Kernel, PriorityClass};
@@ -42,6 +43,7 @@ pub use self::holder::{
     HOLDER_ENV, HOLDER_FLAG, hand_over as hand_over_holder, keep_driver_warm, run_holder,
 };
 use self::injection::FaultKernels;
+pub use self::module::{CudaFunction, CudaModule, ModuleRef};
 use self::partition::Partitions;
 use self::placed::PlacedMemory;
 use super::{Device, DeviceError, DeviceResult};
@@ -353,38 +355,6 @@ impl CudaStream {
         }
     }
 }
-
-/// A module a client loaded.
-pub struct CudaModule {
-    raw: CUmodule,
-}
-
-// SAFETY: a plain driver handle.
-unsafe impl Send for CudaModule {}
-// SAFETY: never mutated after loading.
-unsafe impl Sync for CudaModule {}
-
-impl Drop for CudaModule {
-    fn drop(&mut self) {
-        // SAFETY: loaded by us; functions keep the module alive through their Arc, so nothing
-        // launches from it after this.
-        let _ = unsafe { cu::module::unload(self.raw) };
-    }
-}
-
-/// A function in a loaded module; keeps its module loaded.
-pub struct CudaFunction {
-    raw: sys::CUfunction,
-    _module: Arc<ModuleRef>,
-}
-
-/// Shares a module between its functions.
-pub struct ModuleRef(CudaModule);
-
-// SAFETY: a plain driver handle, never mutated.
-unsafe impl Send for CudaFunction {}
-// SAFETY: as above.
-unsafe impl Sync for CudaFunction {}
 
 impl Device for CudaDevice {
     type Stream = CudaStream;
@@ -702,41 +672,7 @@ impl Device for CudaDevice {
         launch: &ModuleLaunch,
         params: &[u8],
     ) -> DeviceResult<()> {
-        stream.begin(self)?;
-        let mut size = params.len();
-        let mut buffer = params.to_vec();
-        // Packed parameters go through the `extra` array: pointer, size, end.
-        let mut extra = [
-            sys::CU_LAUNCH_PARAM_BUFFER_POINTER_AS_INT as usize as *mut c_void,
-            buffer.as_mut_ptr() as *mut c_void,
-            sys::CU_LAUNCH_PARAM_BUFFER_SIZE_AS_INT as usize as *mut c_void,
-            &mut size as *mut usize as *mut c_void,
-            ptr::null_mut(), // CU_LAUNCH_PARAM_END
-        ];
-        let extra_ptr = if params.is_empty() {
-            ptr::null_mut()
-        } else {
-            extra.as_mut_ptr()
-        };
-        let [gx, gy, gz] = launch.grid;
-        let [bx, by, bz] = launch.block;
-        // SAFETY: `function` is a live function of a loaded module (kept alive by its Arc);
-        // the parameter buffer and its size outlive the call, which copies them.
-        check("cuLaunchKernel", unsafe {
-            sys::cuLaunchKernel(
-                function.raw,
-                gx,
-                gy,
-                gz,
-                bx,
-                by,
-                bz,
-                launch.shared_mem_bytes,
-                stream.raw,
-                ptr::null_mut(),
-                extra_ptr,
-            )
-        })
+        function.launch(self, stream, launch, params)
     }
 
     fn sync_stream(&self, stream: &mut CudaStream) -> DeviceResult<()> {
@@ -845,21 +781,10 @@ impl Device for CudaDevice {
     }
 
     fn load_module(&self, format: ModuleFormat, image: &[u8]) -> DeviceResult<Arc<ModuleRef>> {
-        self.bind()?;
-        let mut bytes = image.to_vec();
-        if format == ModuleFormat::Ptx && bytes.last() != Some(&0) {
-            bytes.push(0); // the driver reads PTX as a C string
-        }
-        let raw = builtins::load_image(&bytes)?;
-        Ok(Arc::new(ModuleRef(CudaModule { raw })))
+        ModuleRef::load(self, format, image)
     }
 
     fn get_function(&self, module: &Arc<ModuleRef>, name: &str) -> DeviceResult<CudaFunction> {
-        self.bind()?;
-        let raw = builtins::function(module.0.raw, name)?;
-        Ok(CudaFunction {
-            raw,
-            _module: module.clone(),
-        })
+        CudaFunction::get(self, module, name)
     }
 }
