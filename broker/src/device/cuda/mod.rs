@@ -7,18 +7,19 @@
 //! Device time per stream is measured with CUDA events bracketing each batch of work.
 
 mod builtins;
+mod copy;
 mod error;
 mod event;
 mod gemm;
 mod holder;
 mod injection;
+mod memory;
 mod module;
 mod partition;
 mod placed;
 
 use std::cell::Cell;
-use std::collections::{BTreeMap, VecDeque};
-use std::ffi::c_void;
+use std::collections::VecDeque;
 use std::ptr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -35,7 +36,7 @@ use self::builtins::Builtins;
 pub use self::builtins::PREBUILT_PTX as BUILTIN_PTX;
 /// Hands the compiled built-in kernels to the next image of a restarting gpushared.
 pub use self::builtins::{HANDOVER_ENV as BUILTINS_HANDOVER_ENV, hand_over as hand_over_builtins};
-use self::error::{check, driver};
+use self::error::driver;
 pub use self::event::CudaEvent;
 use self::gemm::{CUBLAS_MIN_MACS, Gemm, start_loading_cublas};
 /// The helper process that keeps the driver initialised across a restart.
@@ -43,6 +44,7 @@ pub use self::holder::{
     HOLDER_ENV, HOLDER_FLAG, hand_over as hand_over_holder, keep_driver_warm, run_holder,
 };
 use self::injection::FaultKernels;
+use self::memory::PinnedArenas;
 pub use self::module::{CudaFunction, CudaModule, ModuleRef};
 use self::partition::Partitions;
 use self::placed::PlacedMemory;
@@ -71,8 +73,8 @@ pub struct CudaDevice {
     faults: Mutex<Option<FaultKernels>>,
     /// (least, greatest) stream priority; numerically smaller is more important.
     priorities: (i32, i32),
-    /// Page-locked arenas: base address → length.
-    registered: Mutex<BTreeMap<usize, usize>>,
+    /// Client arenas that copies can DMA from.
+    pinned: PinnedArenas,
     /// Allocations placed at an address a client asked for ([`Device::alloc_at`]).
     placed: Mutex<PlacedMemory>,
     /// SM partitions for clients the scheduler keeps off part of the GPU.
@@ -197,7 +199,7 @@ impl CudaDevice {
             builtins,
             faults: Mutex::new(None),
             priorities,
-            registered: Mutex::new(BTreeMap::new()),
+            pinned: PinnedArenas::default(),
             placed: Mutex::new(PlacedMemory::default()),
             partitions: Partitions::probe(device, sm_count),
         })
@@ -235,15 +237,6 @@ impl CudaDevice {
                 std::thread::sleep(Duration::from_micros(20));
             }
         }
-    }
-
-    /// Whether `[ptr, ptr+len)` lies in a page-locked arena.
-    fn is_registered(&self, ptr: *const u8, len: usize) -> bool {
-        let p = ptr as usize;
-        let map = self.registered.lock().unwrap_or_else(|e| e.into_inner());
-        map.range(..=p)
-            .next_back()
-            .is_some_and(|(&base, &size)| p + len <= base + size)
     }
 
     pub fn ordinal(&self) -> i32 {
@@ -372,9 +365,7 @@ impl Device for CudaDevice {
 
     fn alloc(&self, bytes: u64) -> DeviceResult<DevicePtr> {
         self.bind()?;
-        let n = usize::try_from(bytes).map_err(|_| DeviceError::OutOfMemory)?;
-        // SAFETY: plain allocation with our context current.
-        unsafe { cu::malloc_sync(n) }.map_err(|e| driver("cuMemAlloc", e))
+        memory::alloc(bytes)
     }
 
     fn alloc_at(&self, ptr: DevicePtr, bytes: u64) -> DeviceResult<u64> {
@@ -387,53 +378,18 @@ impl Device for CudaDevice {
 
     fn free(&self, ptr: DevicePtr) -> DeviceResult<()> {
         self.bind()?;
-        let placed = self
-            .placed
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .free(ptr);
-        if let Some(freed) = placed {
-            return freed;
-        }
-        // SAFETY: the session only frees pointers this device returned for that client.
-        unsafe { cu::free_sync(ptr) }.map_err(|e| driver("cuMemFree", e))
+        memory::free(&self.placed, ptr)
     }
 
     fn register_arena(&self, arena: ArenaSlice<'_>) -> DeviceResult<()> {
         self.bind()?;
-        // SAFETY: the arena is a live, page-aligned mapping that stays mapped until
-        // `unregister_arena` (the session calls it before dropping the region).
-        let r = unsafe {
-            sys::cuMemHostRegister_v2(
-                arena.as_ptr() as *mut c_void,
-                arena.len(),
-                sys::CU_MEMHOSTREGISTER_PORTABLE,
-            )
-        };
-        match r.result() {
-            Ok(()) => {
-                self.registered
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .insert(arena.as_ptr() as usize, arena.len());
-            }
-            // Copies still work from pageable memory, just slower: say so, keep serving.
-            Err(e) => {
-                tracing::warn!(error = %error::describe("cuMemHostRegister", e), "arena not page-locked; copies will be staged by the driver")
-            }
-        }
+        self.pinned.register(arena);
         Ok(())
     }
 
     fn unregister_arena(&self, arena: ArenaSlice<'_>) {
-        let removed = self
-            .registered
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&(arena.as_ptr() as usize));
-        if removed.is_some() && self.bind().is_ok() {
-            // SAFETY: registered by us above; all streams using it were synchronized.
-            let _ = unsafe { sys::cuMemHostUnregister(arena.as_ptr() as *mut c_void) };
+        if self.pinned.forget(arena.as_ptr() as usize) && self.bind().is_ok() {
+            memory::unpin(arena);
         }
     }
 
@@ -503,18 +459,7 @@ impl Device for CudaDevice {
         src: ArenaSlice<'_>,
         dst: DevicePtr,
     ) -> DeviceResult<()> {
-        stream.begin(self)?;
-        let (p, n) = (src.as_ptr() as *const c_void, src.len());
-        if self.is_registered(src.as_ptr(), n) {
-            // SAFETY: page-locked arena range (bounds-checked by the session) and a device
-            // range checked against the client's allocations; the arena outlives the copy.
-            check("cuMemcpyHtoDAsync", unsafe {
-                sys::cuMemcpyHtoDAsync_v2(dst, p, n, stream.raw)
-            })
-        } else {
-            // SAFETY: as above; synchronous with respect to the host buffer.
-            check("cuMemcpyHtoD", unsafe { sys::cuMemcpyHtoD_v2(dst, p, n) })
-        }
+        copy::htod(self, stream, src, dst)
     }
 
     fn copy_dtoh(
@@ -523,21 +468,7 @@ impl Device for CudaDevice {
         src: DevicePtr,
         dst: ArenaSlice<'_>,
     ) -> DeviceResult<()> {
-        stream.begin(self)?;
-        let (p, n) = (dst.as_ptr() as *mut c_void, dst.len());
-        if self.is_registered(dst.as_ptr(), n) {
-            // SAFETY: as in `copy_htod`, in the other direction.
-            check("cuMemcpyDtoHAsync", unsafe {
-                sys::cuMemcpyDtoHAsync_v2(p, src, n, stream.raw)
-            })
-        } else {
-            // Pageable: order after the stream's earlier work, then copy.
-            // SAFETY: live stream.
-            unsafe { cu::stream::synchronize(stream.raw) }
-                .map_err(|e| driver("cuStreamSynchronize", e))?;
-            // SAFETY: as above.
-            check("cuMemcpyDtoH", unsafe { sys::cuMemcpyDtoH_v2(p, src, n) })
-        }
+        copy::dtoh(self, stream, src, dst)
     }
 
     fn copy_dtod(
@@ -547,12 +478,7 @@ impl Device for CudaDevice {
         dst: DevicePtr,
         len: u64,
     ) -> DeviceResult<()> {
-        stream.begin(self)?;
-        let n = usize::try_from(len)
-            .map_err(|_| DeviceError::InvalidArgument("copy too large".into()))?;
-        // SAFETY: both ranges checked against the client's allocations.
-        unsafe { cu::memcpy_dtod_async(dst, src, n, stream.raw) }
-            .map_err(|e| driver("cuMemcpyDtoDAsync", e))
+        copy::dtod(self, stream, src, dst, len)
     }
 
     fn memset(
@@ -562,12 +488,7 @@ impl Device for CudaDevice {
         value: u8,
         len: u64,
     ) -> DeviceResult<()> {
-        stream.begin(self)?;
-        let n = usize::try_from(len)
-            .map_err(|_| DeviceError::InvalidArgument("memset too large".into()))?;
-        // SAFETY: range checked against the client's allocations.
-        unsafe { cu::memset_d8_async(dst, value, n, stream.raw) }
-            .map_err(|e| driver("cuMemsetD8Async", e))
+        copy::memset(self, stream, dst, value, len)
     }
 
     fn launch(&self, stream: &mut CudaStream, kernel: &Kernel) -> DeviceResult<()> {

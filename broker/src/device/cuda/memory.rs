@@ -1,0 +1,91 @@
+//! Device memory: plain allocations, and the client arenas page-locked so that copies are
+//! DMA straight from shared memory. (Allocations at an address a client chose are in
+//! `placed.rs`.)
+
+use std::collections::BTreeMap;
+use std::ffi::c_void;
+use std::sync::Mutex;
+
+use cudarc::driver::result as cu;
+use cudarc::driver::sys;
+use gpushare_protocol::DevicePtr;
+
+use super::error::{self, driver};
+use super::placed::PlacedMemory;
+use crate::device::{DeviceError, DeviceResult};
+use crate::shm::ArenaSlice;
+
+/// Allocates `bytes` of device memory; the caller has bound the context.
+pub(super) fn alloc(bytes: u64) -> DeviceResult<DevicePtr> {
+    let n = usize::try_from(bytes).map_err(|_| DeviceError::OutOfMemory)?;
+    // SAFETY: plain allocation with our context current.
+    unsafe { cu::malloc_sync(n) }.map_err(|e| driver("cuMemAlloc", e))
+}
+
+/// Frees an allocation, placed or plain; the caller has bound the context.
+pub(super) fn free(placed: &Mutex<PlacedMemory>, ptr: DevicePtr) -> DeviceResult<()> {
+    let placed = placed.lock().unwrap_or_else(|e| e.into_inner()).free(ptr);
+    if let Some(freed) = placed {
+        return freed;
+    }
+    // SAFETY: the session only frees pointers this device returned for that client.
+    unsafe { cu::free_sync(ptr) }.map_err(|e| driver("cuMemFree", e))
+}
+
+/// Unlocks an arena [`PinnedArenas::register`] page-locked; the caller has bound the context.
+pub(super) fn unpin(arena: ArenaSlice<'_>) {
+    // SAFETY: called only for an arena `register` page-locked (`forget` said so), once every
+    // stream that copied from it was synchronized.
+    let _ = unsafe { sys::cuMemHostUnregister(arena.as_ptr() as *mut c_void) };
+}
+
+/// The client arenas that are page-locked: copies from them can be asynchronous.
+#[derive(Default)]
+pub(super) struct PinnedArenas {
+    /// Base address → length.
+    by_base: Mutex<BTreeMap<usize, usize>>,
+}
+
+impl PinnedArenas {
+    /// Page-locks `arena`; the caller has bound the context. Copies still work from pageable
+    /// memory, just slower, so a failure is said and otherwise ignored.
+    pub(super) fn register(&self, arena: ArenaSlice<'_>) {
+        // SAFETY: the arena is a live, page-aligned mapping that stays mapped until
+        // `unregister_arena` (the session calls it before dropping the region).
+        let r = unsafe {
+            sys::cuMemHostRegister_v2(
+                arena.as_ptr() as *mut c_void,
+                arena.len(),
+                sys::CU_MEMHOSTREGISTER_PORTABLE,
+            )
+        };
+        match r.result() {
+            Ok(()) => self.insert(arena.as_ptr() as usize, arena.len()),
+            Err(e) => {
+                tracing::warn!(error = %error::describe("cuMemHostRegister", e), "arena not page-locked; copies will be staged by the driver")
+            }
+        }
+    }
+
+    fn insert(&self, base: usize, len: usize) {
+        self.lock().insert(base, len);
+    }
+
+    /// Forgets the arena at `base`; whether it was page-locked (and must be unlocked).
+    pub(super) fn forget(&self, base: usize) -> bool {
+        self.lock().remove(&base).is_some()
+    }
+
+    /// Whether `[ptr, ptr+len)` lies in one page-locked arena.
+    pub(super) fn contains(&self, ptr: *const u8, len: usize) -> bool {
+        let p = ptr as usize;
+        self.lock()
+            .range(..=p)
+            .next_back()
+            .is_some_and(|(&base, &size)| p + len <= base + size)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<usize, usize>> {
+        self.by_base.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
