@@ -7,6 +7,7 @@
 //! Device time per stream is measured with CUDA events bracketing each batch of work.
 
 mod builtins;
+mod context;
 mod copy;
 mod error;
 mod event;
@@ -18,12 +19,10 @@ mod module;
 mod partition;
 mod placed;
 
-use std::cell::Cell;
 use std::collections::VecDeque;
-use std::ptr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use cudarc::driver::result as cu;
 use cudarc::driver::sys::{self, CUcontext, CUdevice, CUevent, CUstream};
@@ -56,11 +55,6 @@ use crate::shm::ArenaSlice;
 const MAX_SPAN: std::time::Duration = std::time::Duration::from_millis(2);
 /// FP32 lanes per SM on recent NVIDIA GPUs (Ampere and later), for the peak-rate estimate.
 const FP32_LANES_PER_SM: f64 = 128.0;
-
-thread_local! {
-    /// The context current on this thread, so we set it only when it changes.
-    static CURRENT: Cell<usize> = const { Cell::new(0) };
-}
 
 pub struct CudaDevice {
     ordinal: i32,
@@ -142,8 +136,7 @@ impl CudaDevice {
             .map_err(|e| driver("cuDevicePrimaryCtxRetain", e))?;
         let context_took = started.elapsed();
         // SAFETY: `ctx` was just retained.
-        unsafe { cu::ctx::set_current(ctx) }.map_err(|e| driver("cuCtxSetCurrent", e))?;
-        CURRENT.with(|c| c.set(ctx as usize));
+        unsafe { context::make_current(ctx) }?;
 
         let attr = |a| {
             // SAFETY: `device` is valid; unknown attributes return an error, mapped to 0.
@@ -203,40 +196,6 @@ impl CudaDevice {
             placed: Mutex::new(PlacedMemory::default()),
             partitions: Partitions::probe(device, sm_count),
         })
-    }
-
-    /// Makes our context current on the calling thread.
-    fn bind(&self) -> DeviceResult<()> {
-        let ctx = self.ctx as usize;
-        if CURRENT.with(|c| c.get()) != ctx {
-            // SAFETY: the context is retained for the device's lifetime.
-            unsafe { cu::ctx::set_current(self.ctx) }.map_err(|e| driver("cuCtxSetCurrent", e))?;
-            CURRENT.with(|c| c.set(ctx));
-        }
-        Ok(())
-    }
-
-    /// Waits until `done` says the work finished, polling so that giving up the context can
-    /// interrupt it (a blocking driver wait on a kernel that never ends would never return).
-    fn wait_until(&self, mut done: impl FnMut() -> DeviceResult<bool>) -> DeviceResult<()> {
-        let started = Instant::now();
-        loop {
-            if done()? {
-                return Ok(());
-            }
-            if self.interrupted.load(Ordering::Acquire) {
-                return Err(DeviceError::Cancelled);
-            }
-            // Spin first (short kernels answer within microseconds), then back off.
-            let waited = started.elapsed();
-            if waited < Duration::from_micros(100) {
-                std::hint::spin_loop();
-            } else if waited < Duration::from_millis(20) {
-                std::thread::yield_now();
-            } else {
-                std::thread::sleep(Duration::from_micros(20));
-            }
-        }
     }
 
     pub fn ordinal(&self) -> i32 {
@@ -643,14 +602,7 @@ impl Device for CudaDevice {
     }
 
     fn fault(&self) -> Option<String> {
-        self.bind().ok()?;
-        // SAFETY: the legacy default stream of our current context; a query never blocks and
-        // reports a sticky error if the context has one.
-        let r = unsafe { sys::cuStreamQuery(ptr::null_mut()) };
-        match r.result().map_err(|e| driver("GPU context", e)) {
-            Err(DeviceError::Fault(what)) => Some(what),
-            _ => None,
-        }
+        self.sticky_fault()
     }
 
     fn interrupt(&self) {
