@@ -18,14 +18,14 @@ mod memory;
 mod module;
 mod partition;
 mod placed;
+mod stream;
 
-use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use cudarc::driver::result as cu;
-use cudarc::driver::sys::{self, CUcontext, CUdevice, CUevent, CUstream};
+use cudarc::driver::sys::{self, CUcontext, CUdevice};
 use gpushare_protocol::command::ModuleLaunch;
 use gpushare_protocol::control::{DeviceInfo, ModuleFormat};
 use gpushare_protocol::{DevicePtr, Kernel, PriorityClass};
@@ -47,12 +47,10 @@ use self::memory::PinnedArenas;
 pub use self::module::{CudaFunction, CudaModule, ModuleRef};
 use self::partition::Partitions;
 use self::placed::PlacedMemory;
+pub use self::stream::CudaStream;
 use super::{Device, DeviceError, DeviceResult};
 use crate::shm::ArenaSlice;
 
-/// A measured span of continuous work is closed at least this often, so accounting of a
-/// client that never synchronizes stays current.
-const MAX_SPAN: std::time::Duration = std::time::Duration::from_millis(2);
 /// FP32 lanes per SM on recent NVIDIA GPUs (Ampere and later), for the peak-rate estimate.
 const FP32_LANES_PER_SM: f64 = 128.0;
 
@@ -201,11 +199,6 @@ impl CudaDevice {
     pub fn ordinal(&self) -> i32 {
         self.ordinal
     }
-
-    fn event(&self) -> DeviceResult<CUevent> {
-        cu::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT)
-            .map_err(|e| driver("cuEventCreate", e))
-    }
 }
 
 impl Drop for CudaDevice {
@@ -215,96 +208,6 @@ impl Drop for CudaDevice {
         let _ = unsafe { cu::module::unload(self.builtins.module) };
         // SAFETY: balances the retain in `open`.
         let _ = unsafe { cu::primary_ctx::release(self.device) };
-    }
-}
-
-/// A client stream on the GPU.
-pub struct CudaStream {
-    /// Where its work goes now: `home`, or a lane on an SM partition.
-    raw: CUstream,
-    /// The stream on the whole device, made with the client's priority.
-    home: CUstream,
-    priority: i32,
-    /// Streams on SM partitions, by partition size, made on first use.
-    lanes: Vec<(u32, CUstream)>,
-    /// Orders a lane after the work queued on the stream it takes over from.
-    handoff: Option<CUevent>,
-    /// Event recorded when the stream went from idle to busy, and when (wall clock).
-    open: Option<(CUevent, std::time::Instant)>,
-    /// Batches queued and not yet measured: (start, end).
-    spans: VecDeque<(CUevent, CUevent)>,
-    spare: Vec<CUevent>,
-    /// Synchronized since the last batch ended: the open span is over.
-    drained: bool,
-    busy_ns: u64,
-    blas: Option<cudarc::cublas::sys::cublasHandle_t>,
-}
-
-// SAFETY: used by one session thread at a time; the handles are thread-agnostic with the
-// context bound.
-unsafe impl Send for CudaStream {}
-
-impl CudaStream {
-    fn take_event(&mut self, dev: &CudaDevice) -> DeviceResult<CUevent> {
-        match self.spare.pop() {
-            Some(e) => Ok(e),
-            None => dev.event(),
-        }
-    }
-
-    /// Opens a measured batch before queuing work.
-    fn begin(&mut self, dev: &CudaDevice) -> DeviceResult<()> {
-        dev.bind()?;
-        if self.open.is_none() {
-            let e = self.take_event(dev)?;
-            // SAFETY: live event and stream.
-            unsafe { cu::event::record(e, self.raw) }.map_err(|e| driver("cuEventRecord", e))?;
-            self.open = Some((e, std::time::Instant::now()));
-        }
-        Ok(())
-    }
-
-    /// Closes the open span (records its end event after the work queued so far).
-    fn close(&mut self, dev: &CudaDevice) {
-        let Some((start, _)) = self.open.take() else {
-            return;
-        };
-        let end = match self.take_event(dev) {
-            Ok(e) => e,
-            Err(_) => {
-                self.spare.push(start);
-                return;
-            }
-        };
-        // SAFETY: live event and stream.
-        if unsafe { cu::event::record(end, self.raw) }.is_ok() {
-            self.spans.push_back((start, end));
-        } else {
-            self.spare.extend([start, end]);
-        }
-    }
-
-    /// Adds the time of every finished batch to `busy_ns`.
-    fn harvest(&mut self) {
-        while let Some(&(start, end)) = self.spans.front() {
-            // SAFETY: both events are live and were recorded.
-            match unsafe { cu::event::query(end) } {
-                Err(e) if e.0 == sys::cudaError_enum::CUDA_ERROR_NOT_READY => break,
-                done => {
-                    // SAFETY: as above; both completed (or failed, and then elapsed fails too).
-                    match (done, unsafe { cu::event::elapsed(start, end) }) {
-                        (Ok(()), Ok(ms)) => self.busy_ns += (ms.max(0.0) as f64 * 1e6) as u64,
-                        (query, elapsed) => {
-                            // A failed measurement must not hold up every later one.
-                            tracing::debug!(?query, ?elapsed, "dropping a device-time measurement");
-                        }
-                    }
-                    self.spans.pop_front();
-                    self.spare.push(start);
-                    self.spare.push(end);
-                }
-            }
-        }
     }
 }
 
@@ -353,63 +256,11 @@ impl Device for CudaDevice {
     }
 
     fn create_stream(&self, class: PriorityClass) -> DeviceResult<CudaStream> {
-        self.bind()?;
-        let (least, greatest) = self.priorities;
-        let priority = match class {
-            PriorityClass::High => greatest,
-            PriorityClass::Normal => (least + greatest) / 2,
-            PriorityClass::BestEffort => least,
-        };
-        let raw = cu::stream::create_with_priority(cu::stream::StreamKind::NonBlocking, priority)
-            .map_err(|e| driver("cuStreamCreateWithPriority", e))?;
-        Ok(CudaStream {
-            raw,
-            home: raw,
-            priority,
-            lanes: Vec::new(),
-            handoff: None,
-            open: None,
-            spans: VecDeque::new(),
-            spare: Vec::new(),
-            drained: false,
-            busy_ns: 0,
-            blas: None,
-        })
+        CudaStream::create(self, class)
     }
 
-    fn destroy_stream(&self, mut stream: CudaStream) {
-        if self.bind().is_err() {
-            return;
-        }
-        // SAFETY: live stream; waiting makes every event and copy on it complete.
-        let _ = unsafe { cu::stream::synchronize(stream.raw) };
-        let events = stream
-            .open
-            .take()
-            .map(|(e, _)| e)
-            .into_iter()
-            .chain(stream.spans.drain(..).flat_map(|(a, b)| [a, b]))
-            .chain(stream.spare.drain(..));
-        for e in events {
-            // SAFETY: our events, destroyed once.
-            let _ = unsafe { cu::event::destroy(e) };
-        }
-        if let Some(h) = stream.blas.take() {
-            // SAFETY: created by us for this stream.
-            let _ = unsafe { cudarc::cublas::result::destroy_handle(h) };
-        }
-        if let Some(e) = stream.handoff.take() {
-            // SAFETY: our event, destroyed once.
-            let _ = unsafe { cu::event::destroy(e) };
-        }
-        // The work on the lanes and home was ordered before the stream's last work, which
-        // the synchronize above waited for.
-        for (_, lane) in stream.lanes.drain(..) {
-            // SAFETY: made by us for this stream; destroyed once.
-            let _ = unsafe { cu::stream::destroy(lane) };
-        }
-        // SAFETY: synchronized above; destroyed once.
-        let _ = unsafe { cu::stream::destroy(stream.home) };
+    fn destroy_stream(&self, stream: CudaStream) {
+        stream.destroy(self)
     }
 
     fn copy_htod(
@@ -489,60 +340,7 @@ impl Device for CudaDevice {
     }
 
     fn limit_sms(&self, stream: &mut CudaStream, sms: Option<u32>) -> DeviceResult<()> {
-        let size = sms.and_then(|n| self.partitions.size_for(n));
-        let target = match size {
-            None => stream.home,
-            Some(size) => match stream.lanes.iter().find(|(s, _)| *s == size) {
-                Some(&(_, lane)) => lane,
-                None => {
-                    self.bind()?;
-                    match self.partitions.stream(size, stream.priority) {
-                        Ok(Some(lane)) => {
-                            stream.lanes.push((size, lane));
-                            lane
-                        }
-                        // The client's work matters more than its partition: run it on the
-                        // whole GPU rather than fail it (said once, when the driver refused).
-                        Ok(None) => stream.home,
-                        Err(e) => {
-                            tracing::warn!(sms = size, error = %e, "cannot make an SM partition; running on the whole GPU");
-                            stream.home
-                        }
-                    }
-                }
-            },
-        };
-        if target == stream.raw {
-            return Ok(());
-        }
-        self.bind()?;
-        let handoff = match stream.handoff {
-            Some(e) => e,
-            None => {
-                let e = cu::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
-                    .map_err(|e| driver("cuEventCreate", e))?;
-                stream.handoff = Some(e);
-                e
-            }
-        };
-        // SAFETY: live event and streams; the wait takes the event's state at this call, so
-        // the event may be recorded again at the next handoff.
-        unsafe {
-            cu::event::record(handoff, stream.raw).map_err(|e| driver("cuEventRecord", e))?;
-            cu::stream::wait_event(
-                target,
-                handoff,
-                sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
-            )
-            .map_err(|e| driver("cuStreamWaitEvent", e))?;
-        }
-        if let Some(h) = stream.blas {
-            // SAFETY: our handle; the new stream is live.
-            unsafe { cudarc::cublas::result::set_stream(h, target as _) }
-                .map_err(|e| DeviceError::Failed(format!("cublasSetStream: {e:?}")))?;
-        }
-        stream.raw = target;
-        Ok(())
+        stream.limit_sms(self, sms)
     }
 
     fn launch_module(
@@ -556,49 +354,19 @@ impl Device for CudaDevice {
     }
 
     fn sync_stream(&self, stream: &mut CudaStream) -> DeviceResult<()> {
-        self.bind()?;
-        let raw = stream.raw;
-        let r = self.wait_until(|| {
-            // SAFETY: live stream.
-            let r = unsafe { sys::cuStreamQuery(raw) };
-            if r == sys::cudaError_enum::CUDA_ERROR_NOT_READY {
-                return Ok(false);
-            }
-            r.result()
-                .map(|()| true)
-                .map_err(|e| driver("kernel or copy on this stream failed", e))
-        });
-        // The span ends here; its end event is recorded at the end of the batch, after the
-        // client has its answer (on an idle stream it completes at once).
-        stream.drained = true;
-        r
+        stream.sync(self)
     }
 
     fn end_batch(&self, stream: &mut CudaStream, idle: bool) {
-        // A span covers continuous work: close it when the client goes quiet (so idle time
-        // is never charged) or when it has been open long enough.
-        if stream
-            .open
-            .is_some_and(|(_, at)| idle || at.elapsed() >= MAX_SPAN)
-            && self.bind().is_ok()
-        {
-            stream.close(self);
-            stream.harvest();
-        }
+        stream.end_batch(self, idle)
     }
 
     fn measuring(&self, stream: &CudaStream) -> bool {
-        !stream.spans.is_empty()
+        stream.measuring()
     }
 
     fn stream_busy(&self, stream: &CudaStream) -> bool {
-        if self.bind().is_err() {
-            return false;
-        }
-        // SAFETY: live stream. An error counts as busy: after a fault the work's fate is
-        // unknown, and its owner stays a suspect.
-        let r = unsafe { sys::cuStreamQuery(stream.raw) };
-        r != sys::cudaError_enum::CUDA_SUCCESS
+        stream.is_busy(self)
     }
 
     fn fault(&self) -> Option<String> {
@@ -623,10 +391,7 @@ impl Device for CudaDevice {
     }
 
     fn take_busy_ns(&self, stream: &mut CudaStream) -> u64 {
-        if self.bind().is_ok() {
-            stream.harvest();
-        }
-        std::mem::take(&mut stream.busy_ns)
+        stream.take_busy_ns(self)
     }
 
     fn create_event(&self) -> DeviceResult<CudaEvent> {

@@ -1,0 +1,290 @@
+//! A client's stream on the GPU: where its work goes (the whole device or an SM partition)
+//! and how much device time it took, measured with events around spans of continuous work.
+
+use std::collections::VecDeque;
+
+use cudarc::driver::result as cu;
+use cudarc::driver::sys::{self, CUevent, CUstream};
+use gpushare_protocol::PriorityClass;
+
+use super::CudaDevice;
+use super::error::driver;
+use crate::device::{DeviceError, DeviceResult};
+
+/// A measured span of continuous work is closed at least this often, so accounting of a
+/// client that never synchronizes stays current.
+const MAX_SPAN: std::time::Duration = std::time::Duration::from_millis(2);
+
+/// A client stream on the GPU.
+pub struct CudaStream {
+    /// Where its work goes now: `home`, or a lane on an SM partition.
+    pub(super) raw: CUstream,
+    /// The stream on the whole device, made with the client's priority.
+    home: CUstream,
+    priority: i32,
+    /// Streams on SM partitions, by partition size, made on first use.
+    lanes: Vec<(u32, CUstream)>,
+    /// Orders a lane after the work queued on the stream it takes over from.
+    handoff: Option<CUevent>,
+    /// Event recorded when the stream went from idle to busy, and when (wall clock).
+    open: Option<(CUevent, std::time::Instant)>,
+    /// Batches queued and not yet measured: (start, end).
+    spans: VecDeque<(CUevent, CUevent)>,
+    spare: Vec<CUevent>,
+    /// Synchronized since the last batch ended: the open span is over.
+    drained: bool,
+    busy_ns: u64,
+    pub(super) blas: Option<cudarc::cublas::sys::cublasHandle_t>,
+}
+
+// SAFETY: used by one session thread at a time; the handles are thread-agnostic with the
+// context bound.
+unsafe impl Send for CudaStream {}
+
+impl CudaStream {
+    fn take_event(&mut self) -> DeviceResult<CUevent> {
+        match self.spare.pop() {
+            Some(e) => Ok(e),
+            None => timed_event(),
+        }
+    }
+
+    /// Opens a measured batch before queuing work.
+    #[inline]
+    pub(super) fn begin(&mut self, dev: &CudaDevice) -> DeviceResult<()> {
+        dev.bind()?;
+        if self.open.is_none() {
+            let e = self.take_event()?;
+            // SAFETY: live event and stream.
+            unsafe { cu::event::record(e, self.raw) }.map_err(|e| driver("cuEventRecord", e))?;
+            self.open = Some((e, std::time::Instant::now()));
+        }
+        Ok(())
+    }
+
+    /// Closes the open span (records its end event after the work queued so far).
+    fn close(&mut self) {
+        let Some((start, _)) = self.open.take() else {
+            return;
+        };
+        let end = match self.take_event() {
+            Ok(e) => e,
+            Err(_) => {
+                self.spare.push(start);
+                return;
+            }
+        };
+        // SAFETY: live event and stream.
+        if unsafe { cu::event::record(end, self.raw) }.is_ok() {
+            self.spans.push_back((start, end));
+        } else {
+            self.spare.extend([start, end]);
+        }
+    }
+
+    /// Adds the time of every finished batch to `busy_ns`.
+    fn harvest(&mut self) {
+        while let Some(&(start, end)) = self.spans.front() {
+            // SAFETY: both events are live and were recorded.
+            match unsafe { cu::event::query(end) } {
+                Err(e) if e.0 == sys::cudaError_enum::CUDA_ERROR_NOT_READY => break,
+                done => {
+                    // SAFETY: as above; both completed (or failed, and then elapsed fails too).
+                    match (done, unsafe { cu::event::elapsed(start, end) }) {
+                        (Ok(()), Ok(ms)) => self.busy_ns += (ms.max(0.0) as f64 * 1e6) as u64,
+                        (query, elapsed) => {
+                            // A failed measurement must not hold up every later one.
+                            tracing::debug!(?query, ?elapsed, "dropping a device-time measurement");
+                        }
+                    }
+                    self.spans.pop_front();
+                    self.spare.push(start);
+                    self.spare.push(end);
+                }
+            }
+        }
+    }
+
+    pub(super) fn create(dev: &CudaDevice, class: PriorityClass) -> DeviceResult<CudaStream> {
+        dev.bind()?;
+        let (least, greatest) = dev.priorities;
+        let priority = match class {
+            PriorityClass::High => greatest,
+            PriorityClass::Normal => (least + greatest) / 2,
+            PriorityClass::BestEffort => least,
+        };
+        let raw = cu::stream::create_with_priority(cu::stream::StreamKind::NonBlocking, priority)
+            .map_err(|e| driver("cuStreamCreateWithPriority", e))?;
+        Ok(CudaStream {
+            raw,
+            home: raw,
+            priority,
+            lanes: Vec::new(),
+            handoff: None,
+            open: None,
+            spans: VecDeque::new(),
+            spare: Vec::new(),
+            drained: false,
+            busy_ns: 0,
+            blas: None,
+        })
+    }
+
+    /// Waits for the stream's work, then destroys it with everything made for it.
+    pub(super) fn destroy(mut self, dev: &CudaDevice) {
+        if dev.bind().is_err() {
+            return;
+        }
+        // SAFETY: live stream; waiting makes every event and copy on it complete.
+        let _ = unsafe { cu::stream::synchronize(self.raw) };
+        let events = self
+            .open
+            .take()
+            .map(|(e, _)| e)
+            .into_iter()
+            .chain(self.spans.drain(..).flat_map(|(a, b)| [a, b]))
+            .chain(self.spare.drain(..));
+        for e in events {
+            // SAFETY: our events, destroyed once.
+            let _ = unsafe { cu::event::destroy(e) };
+        }
+        if let Some(h) = self.blas.take() {
+            // SAFETY: created by us for this stream.
+            let _ = unsafe { cudarc::cublas::result::destroy_handle(h) };
+        }
+        if let Some(e) = self.handoff.take() {
+            // SAFETY: our event, destroyed once.
+            let _ = unsafe { cu::event::destroy(e) };
+        }
+        // The work on the lanes and home was ordered before the stream's last work, which
+        // the synchronize above waited for.
+        for (_, lane) in self.lanes.drain(..) {
+            // SAFETY: made by us for this stream; destroyed once.
+            let _ = unsafe { cu::stream::destroy(lane) };
+        }
+        // SAFETY: synchronized above; destroyed once.
+        let _ = unsafe { cu::stream::destroy(self.home) };
+    }
+
+    /// Moves the stream's future work onto a partition of at least `sms` SMs (`None`: the
+    /// whole GPU), ordered after the work queued so far.
+    pub(super) fn limit_sms(&mut self, dev: &CudaDevice, sms: Option<u32>) -> DeviceResult<()> {
+        let size = sms.and_then(|n| dev.partitions.size_for(n));
+        let target = match size {
+            None => self.home,
+            Some(size) => match self.lanes.iter().find(|(s, _)| *s == size) {
+                Some(&(_, lane)) => lane,
+                None => {
+                    dev.bind()?;
+                    match dev.partitions.stream(size, self.priority) {
+                        Ok(Some(lane)) => {
+                            self.lanes.push((size, lane));
+                            lane
+                        }
+                        // The client's work matters more than its partition: run it on the
+                        // whole GPU rather than fail it (said once, when the driver refused).
+                        Ok(None) => self.home,
+                        Err(e) => {
+                            tracing::warn!(sms = size, error = %e, "cannot make an SM partition; running on the whole GPU");
+                            self.home
+                        }
+                    }
+                }
+            },
+        };
+        if target == self.raw {
+            return Ok(());
+        }
+        dev.bind()?;
+        let handoff = match self.handoff {
+            Some(e) => e,
+            None => {
+                let e = cu::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+                    .map_err(|e| driver("cuEventCreate", e))?;
+                self.handoff = Some(e);
+                e
+            }
+        };
+        // SAFETY: live event and streams; the wait takes the event's state at this call, so
+        // the event may be recorded again at the next handoff.
+        unsafe {
+            cu::event::record(handoff, self.raw).map_err(|e| driver("cuEventRecord", e))?;
+            cu::stream::wait_event(
+                target,
+                handoff,
+                sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+            )
+            .map_err(|e| driver("cuStreamWaitEvent", e))?;
+        }
+        if let Some(h) = self.blas {
+            // SAFETY: our handle; the new stream is live.
+            unsafe { cudarc::cublas::result::set_stream(h, target as _) }
+                .map_err(|e| DeviceError::Failed(format!("cublasSetStream: {e:?}")))?;
+        }
+        self.raw = target;
+        Ok(())
+    }
+
+    /// Waits until the work queued on the stream is done.
+    pub(super) fn sync(&mut self, dev: &CudaDevice) -> DeviceResult<()> {
+        dev.bind()?;
+        let raw = self.raw;
+        let r = dev.wait_until(|| {
+            // SAFETY: live stream.
+            let r = unsafe { sys::cuStreamQuery(raw) };
+            if r == sys::cudaError_enum::CUDA_ERROR_NOT_READY {
+                return Ok(false);
+            }
+            r.result()
+                .map(|()| true)
+                .map_err(|e| driver("kernel or copy on this stream failed", e))
+        });
+        // The span ends here; its end event is recorded at the end of the batch, after the
+        // client has its answer (on an idle stream it completes at once).
+        self.drained = true;
+        r
+    }
+
+    /// The session finished a batch of work on the stream; `idle`: the client went quiet.
+    pub(super) fn end_batch(&mut self, dev: &CudaDevice, idle: bool) {
+        // A span covers continuous work: close it when the client goes quiet (so idle time
+        // is never charged) or when it has been open long enough.
+        if self
+            .open
+            .is_some_and(|(_, at)| idle || at.elapsed() >= MAX_SPAN)
+            && dev.bind().is_ok()
+        {
+            self.close();
+            self.harvest();
+        }
+    }
+
+    /// Whether measured spans wait to be harvested.
+    pub(super) fn measuring(&self) -> bool {
+        !self.spans.is_empty()
+    }
+
+    /// Whether work queued on the stream may still be running.
+    pub(super) fn is_busy(&self, dev: &CudaDevice) -> bool {
+        if dev.bind().is_err() {
+            return false;
+        }
+        // SAFETY: live stream. An error counts as busy: after a fault the work's fate is
+        // unknown, and its owner stays a suspect.
+        let r = unsafe { sys::cuStreamQuery(self.raw) };
+        r != sys::cudaError_enum::CUDA_SUCCESS
+    }
+
+    /// Device time measured since the last call.
+    pub(super) fn take_busy_ns(&mut self, dev: &CudaDevice) -> u64 {
+        if dev.bind().is_ok() {
+            self.harvest();
+        }
+        std::mem::take(&mut self.busy_ns)
+    }
+}
+
+/// An event for timing spans.
+fn timed_event() -> DeviceResult<CUevent> {
+    cu::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT).map_err(|e| driver("cuEventCreate", e))
+}
