@@ -4,6 +4,7 @@ use cudarc::driver::result as cu;
 use cudarc::driver::sys::{self, CUevent};
 
 use super::error::driver;
+use super::timing::ms_to_ns;
 use super::{CudaDevice, CudaStream};
 use crate::device::{DeviceError, DeviceResult};
 
@@ -66,6 +67,6 @@ impl CudaEvent {
         // SAFETY: live events, both recorded.
         let ms = unsafe { cu::event::elapsed(self.raw, end.raw) }
             .map_err(|e| driver("cuEventElapsedTime", e))?;
-        Ok((ms.max(0.0) as f64 * 1e6) as u64)
+        Ok(ms_to_ns(ms))
     }
 }

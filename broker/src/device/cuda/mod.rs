@@ -19,6 +19,7 @@ mod module;
 mod partition;
 mod placed;
 mod stream;
+mod timing;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};

@@ -1,14 +1,13 @@
 //! A client's stream on the GPU: where its work goes (the whole device or an SM partition)
 //! and how much device time it took, measured with events around spans of continuous work.
 
-use std::collections::VecDeque;
-
 use cudarc::driver::result as cu;
 use cudarc::driver::sys::{self, CUevent, CUstream};
 use gpushare_protocol::PriorityClass;
 
 use super::CudaDevice;
 use super::error::driver;
+use super::timing::{Measured, Spans, ms_to_ns};
 use crate::device::{DeviceError, DeviceResult};
 
 /// A measured span of continuous work is closed at least this often, so accounting of a
@@ -26,14 +25,10 @@ pub struct CudaStream {
     lanes: Vec<(u32, CUstream)>,
     /// Orders a lane after the work queued on the stream it takes over from.
     handoff: Option<CUevent>,
-    /// Event recorded when the stream went from idle to busy, and when (wall clock).
-    open: Option<(CUevent, std::time::Instant)>,
-    /// Batches queued and not yet measured: (start, end).
-    spans: VecDeque<(CUevent, CUevent)>,
-    spare: Vec<CUevent>,
+    /// Device time, from events around spans of continuous work.
+    spans: Spans<CUevent>,
     /// Synchronized since the last batch ended: the open span is over.
     drained: bool,
-    busy_ns: u64,
     pub(super) blas: Option<cudarc::cublas::sys::cublasHandle_t>,
 }
 
@@ -42,67 +37,44 @@ pub struct CudaStream {
 unsafe impl Send for CudaStream {}
 
 impl CudaStream {
-    fn take_event(&mut self) -> DeviceResult<CUevent> {
-        match self.spare.pop() {
-            Some(e) => Ok(e),
-            None => timed_event(),
-        }
-    }
-
-    /// Opens a measured batch before queuing work.
+    /// Opens a measured span, unless one is open, before queuing work.
     #[inline]
     pub(super) fn begin(&mut self, dev: &CudaDevice) -> DeviceResult<()> {
         dev.bind()?;
-        if self.open.is_none() {
-            let e = self.take_event()?;
+        let raw = self.raw;
+        self.spans.begin(timed_event, |e| {
             // SAFETY: live event and stream.
-            unsafe { cu::event::record(e, self.raw) }.map_err(|e| driver("cuEventRecord", e))?;
-            self.open = Some((e, std::time::Instant::now()));
-        }
-        Ok(())
+            unsafe { cu::event::record(e, raw) }.map_err(|e| driver("cuEventRecord", e))
+        })
     }
 
-    /// Closes the open span (records its end event after the work queued so far).
+    /// Closes the open span: its end event goes after the work queued so far.
     fn close(&mut self) {
-        let Some((start, _)) = self.open.take() else {
-            return;
-        };
-        let end = match self.take_event() {
-            Ok(e) => e,
-            Err(_) => {
-                self.spare.push(start);
-                return;
-            }
-        };
-        // SAFETY: live event and stream.
-        if unsafe { cu::event::record(end, self.raw) }.is_ok() {
-            self.spans.push_back((start, end));
-        } else {
-            self.spare.extend([start, end]);
-        }
+        let raw = self.raw;
+        self.spans.close(timed_event, |end| {
+            // SAFETY: live event and stream.
+            unsafe { cu::event::record(end, raw) }.is_ok()
+        });
     }
 
-    /// Adds the time of every finished batch to `busy_ns`.
+    /// Adds the time of every finished span to the stream's total.
     fn harvest(&mut self) {
-        while let Some(&(start, end)) = self.spans.front() {
+        self.spans.harvest(|start, end| {
             // SAFETY: both events are live and were recorded.
             match unsafe { cu::event::query(end) } {
-                Err(e) if e.0 == sys::cudaError_enum::CUDA_ERROR_NOT_READY => break,
+                Err(e) if e.0 == sys::cudaError_enum::CUDA_ERROR_NOT_READY => Measured::Pending,
                 done => {
                     // SAFETY: as above; both completed (or failed, and then elapsed fails too).
                     match (done, unsafe { cu::event::elapsed(start, end) }) {
-                        (Ok(()), Ok(ms)) => self.busy_ns += (ms.max(0.0) as f64 * 1e6) as u64,
+                        (Ok(()), Ok(ms)) => Measured::Took(ms_to_ns(ms)),
                         (query, elapsed) => {
-                            // A failed measurement must not hold up every later one.
                             tracing::debug!(?query, ?elapsed, "dropping a device-time measurement");
+                            Measured::Lost
                         }
                     }
-                    self.spans.pop_front();
-                    self.spare.push(start);
-                    self.spare.push(end);
                 }
             }
-        }
+        });
     }
 
     pub(super) fn create(dev: &CudaDevice, class: PriorityClass) -> DeviceResult<CudaStream> {
@@ -121,11 +93,8 @@ impl CudaStream {
             priority,
             lanes: Vec::new(),
             handoff: None,
-            open: None,
-            spans: VecDeque::new(),
-            spare: Vec::new(),
+            spans: Spans::new(),
             drained: false,
-            busy_ns: 0,
             blas: None,
         })
     }
@@ -137,14 +106,7 @@ impl CudaStream {
         }
         // SAFETY: live stream; waiting makes every event and copy on it complete.
         let _ = unsafe { cu::stream::synchronize(self.raw) };
-        let events = self
-            .open
-            .take()
-            .map(|(e, _)| e)
-            .into_iter()
-            .chain(self.spans.drain(..).flat_map(|(a, b)| [a, b]))
-            .chain(self.spare.drain(..));
-        for e in events {
+        for e in self.spans.drain() {
             // SAFETY: our events, destroyed once.
             let _ = unsafe { cu::event::destroy(e) };
         }
@@ -247,13 +209,7 @@ impl CudaStream {
 
     /// The session finished a batch of work on the stream; `idle`: the client went quiet.
     pub(super) fn end_batch(&mut self, dev: &CudaDevice, idle: bool) {
-        // A span covers continuous work: close it when the client goes quiet (so idle time
-        // is never charged) or when it has been open long enough.
-        if self
-            .open
-            .is_some_and(|(_, at)| idle || at.elapsed() >= MAX_SPAN)
-            && dev.bind().is_ok()
-        {
+        if self.spans.due(idle, MAX_SPAN) && dev.bind().is_ok() {
             self.close();
             self.harvest();
         }
@@ -261,7 +217,7 @@ impl CudaStream {
 
     /// Whether measured spans wait to be harvested.
     pub(super) fn measuring(&self) -> bool {
-        !self.spans.is_empty()
+        self.spans.measuring()
     }
 
     /// Whether work queued on the stream may still be running.
@@ -280,7 +236,7 @@ impl CudaStream {
         if dev.bind().is_ok() {
             self.harvest();
         }
-        std::mem::take(&mut self.busy_ns)
+        self.spans.take_busy_ns()
     }
 }
 
