@@ -38,7 +38,7 @@ pub use self::builtins::PREBUILT_PTX as BUILTIN_PTX;
 pub use self::builtins::{HANDOVER_ENV as BUILTINS_HANDOVER_ENV, hand_over as hand_over_builtins};
 use self::error::driver;
 pub use self::event::CudaEvent;
-use self::gemm::{CUBLAS_MIN_MACS, Gemm, start_loading_cublas};
+use self::gemm::Gemm;
 /// The helper process that keeps the driver initialised across a restart.
 pub use self::holder::{
     HOLDER_ENV, HOLDER_FLAG, hand_over as hand_over_holder, keep_driver_warm, run_holder,
@@ -117,7 +117,7 @@ impl CudaDevice {
         let started = Instant::now();
         cu::init().map_err(|e| driver("cuInit", e))?;
         tracing::debug!(took = ?started.elapsed(), "CUDA driver initialised");
-        start_loading_cublas();
+        gemm::start_loading_cublas();
         let count = cu::device::get_count().map_err(|e| driver("cuDeviceGetCount", e))?;
         if count == 0 {
             return Err(ProbeError::NoDevice);
@@ -314,8 +314,8 @@ impl Device for CudaDevice {
                 k,
                 alpha,
                 beta,
-            } if self.cublas() && m as u64 * n as u64 * k as u64 >= CUBLAS_MIN_MACS => {
-                self.gemm(stream, Gemm::F32, (a, b, c), (m, n, k), alpha, beta)
+            } if gemm::cublas_present() && gemm::worth_cublas(m, n, k) => {
+                gemm::run(stream, Gemm::F32, (a, b, c), (m, n, k), alpha, beta)
             }
             Kernel::GemmBf16 {
                 a,
@@ -326,7 +326,9 @@ impl Device for CudaDevice {
                 k,
                 alpha,
                 beta,
-            } if self.cublas() => self.gemm(stream, Gemm::Bf16, (a, b, c), (m, n, k), alpha, beta),
+            } if gemm::cublas_present() => {
+                gemm::run(stream, Gemm::Bf16, (a, b, c), (m, n, k), alpha, beta)
+            }
             Kernel::GemmBf16 { .. } => Err(DeviceError::NotSupported {
                 backend: "cuda",
                 what: "bf16 GEMM needs cuBLAS (libcublas.so), which was not found".into(),
