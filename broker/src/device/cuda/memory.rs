@@ -89,3 +89,48 @@ impl PinnedArenas {
         self.by_base.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn arenas(ranges: &[(usize, usize)]) -> PinnedArenas {
+        let pinned = PinnedArenas::default();
+        for &(base, len) in ranges {
+            pinned.insert(base, len);
+        }
+        pinned
+    }
+
+    fn contains(pinned: &PinnedArenas, ptr: usize, len: usize) -> bool {
+        pinned.contains(ptr as *const u8, len)
+    }
+
+    #[test]
+    fn a_range_is_pinned_only_if_one_arena_holds_all_of_it() {
+        let pinned = arenas(&[(0x1000, 0x1000), (0x2000, 0x1000), (0x8000, 0x100)]);
+        assert!(contains(&pinned, 0x1000, 0x1000), "the whole arena");
+        assert!(contains(&pinned, 0x1800, 0x10), "inside");
+        assert!(contains(&pinned, 0x2fff, 1), "the last byte");
+        assert!(
+            !contains(&pinned, 0xfff, 2),
+            "starts before the first arena"
+        );
+        assert!(
+            !contains(&pinned, 0x1800, 0x1000),
+            "runs into the next arena"
+        );
+        assert!(!contains(&pinned, 0x3000, 1), "just past an arena");
+        assert!(!contains(&pinned, 0x7000, 0x10), "between arenas");
+        assert!(!contains(&pinned, 0x80f0, 0x20), "runs past the last arena");
+    }
+
+    #[test]
+    fn a_forgotten_arena_is_no_longer_pinned() {
+        let pinned = arenas(&[(0x1000, 0x1000)]);
+        assert!(!pinned.forget(0x1800), "forget takes the base address");
+        assert!(pinned.forget(0x1000));
+        assert!(!contains(&pinned, 0x1000, 1));
+        assert!(!pinned.forget(0x1000), "forgotten once");
+    }
+}

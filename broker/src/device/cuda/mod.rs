@@ -162,8 +162,8 @@ impl CudaDevice {
             total_memory,
             sm_count,
             compute_capability: cc,
-            fp32_flops: sm_count as f64 * FP32_LANES_PER_SM * 2.0 * clock_khz * 1e3,
-            memory_bandwidth: 2.0 * mem_clock_khz * 1e3 * bus_bits / 8.0,
+            fp32_flops: fp32_flops(sm_count, clock_khz),
+            memory_bandwidth: memory_bandwidth(mem_clock_khz, bus_bits),
             host_bandwidth: 0.0,
         };
         let priorities = cu::stream::get_priority_range().unwrap_or((0, 0));
@@ -200,6 +200,18 @@ impl CudaDevice {
     pub fn ordinal(&self) -> i32 {
         self.ordinal
     }
+}
+
+/// Peak FP32 rate (flop/s) from the SM count and the SM clock in kHz: one FMA (two flops) per
+/// lane per clock.
+fn fp32_flops(sm_count: u32, clock_khz: f64) -> f64 {
+    sm_count as f64 * FP32_LANES_PER_SM * 2.0 * clock_khz * 1e3
+}
+
+/// Peak memory bandwidth (bytes/s) from the memory clock in kHz and the bus width in bits:
+/// two transfers per clock.
+fn memory_bandwidth(mem_clock_khz: f64, bus_bits: f64) -> f64 {
+    2.0 * mem_clock_khz * 1e3 * bus_bits / 8.0
 }
 
 impl Drop for CudaDevice {
@@ -427,5 +439,18 @@ impl Device for CudaDevice {
 
     fn get_function(&self, module: &Arc<ModuleRef>, name: &str) -> DeviceResult<CudaFunction> {
         CudaFunction::get(self, module, name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peak_rates_come_from_attributes_in_khz_and_bits() {
+        // 100 SMs at 1 GHz: 100 × 128 lanes × 2 flops × 1e9.
+        assert_eq!(fp32_flops(100, 1_000_000.0), 25.6e12);
+        // A 1 GHz memory clock on a 1024-bit bus: 2 × 1e9 × 128 bytes.
+        assert_eq!(memory_bandwidth(1_000_000.0, 1024.0), 256e9);
     }
 }

@@ -41,13 +41,18 @@ impl ModuleRef {
         image: &[u8],
     ) -> DeviceResult<Arc<ModuleRef>> {
         dev.bind()?;
-        let mut bytes = image.to_vec();
-        if format == ModuleFormat::Ptx && bytes.last() != Some(&0) {
-            bytes.push(0); // the driver reads PTX as a C string
-        }
-        let raw = builtins::load_image(&bytes)?;
+        let raw = builtins::load_image(&image_for_driver(format, image))?;
         Ok(Arc::new(ModuleRef(CudaModule { raw })))
     }
+}
+
+/// The image as the driver takes it: PTX is read as a C string, so it ends in a NUL.
+fn image_for_driver(format: ModuleFormat, image: &[u8]) -> Vec<u8> {
+    let mut bytes = image.to_vec();
+    if format == ModuleFormat::Ptx && bytes.last() != Some(&0) {
+        bytes.push(0);
+    }
+    bytes
 }
 
 /// A function in a loaded module; keeps its module loaded.
@@ -118,5 +123,30 @@ impl CudaFunction {
                 extra_ptr,
             )
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ptx_is_handed_over_nul_terminated_once() {
+        assert_eq!(
+            image_for_driver(ModuleFormat::Ptx, b".version 7.0"),
+            b".version 7.0\0"
+        );
+        assert_eq!(
+            image_for_driver(ModuleFormat::Ptx, b".version 7.0\0"),
+            b".version 7.0\0"
+        );
+        assert_eq!(image_for_driver(ModuleFormat::Ptx, b""), b"\0");
+    }
+
+    #[test]
+    fn binary_images_are_handed_over_as_they_are() {
+        for format in [ModuleFormat::Cubin, ModuleFormat::Fatbin] {
+            assert_eq!(image_for_driver(format, b"\x7fELF"), b"\x7fELF");
+        }
     }
 }

@@ -79,12 +79,7 @@ impl CudaStream {
 
     pub(super) fn create(dev: &CudaDevice, class: PriorityClass) -> DeviceResult<CudaStream> {
         dev.bind()?;
-        let (least, greatest) = dev.priorities;
-        let priority = match class {
-            PriorityClass::High => greatest,
-            PriorityClass::Normal => (least + greatest) / 2,
-            PriorityClass::BestEffort => least,
-        };
+        let priority = priority_for(class, dev.priorities);
         let raw = cu::stream::create_with_priority(cu::stream::StreamKind::NonBlocking, priority)
             .map_err(|e| driver("cuStreamCreateWithPriority", e))?;
         Ok(CudaStream {
@@ -240,7 +235,42 @@ impl CudaStream {
     }
 }
 
+/// The CUDA stream priority of `class`, given the device's (least, greatest) priority;
+/// numerically smaller is more important.
+fn priority_for(class: PriorityClass, (least, greatest): (i32, i32)) -> i32 {
+    match class {
+        PriorityClass::High => greatest,
+        PriorityClass::Normal => (least + greatest) / 2,
+        PriorityClass::BestEffort => least,
+    }
+}
+
 /// An event for timing spans.
 fn timed_event() -> DeviceResult<CUevent> {
     cu::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT).map_err(|e| driver("cuEventCreate", e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classes_map_onto_the_device_priority_range_in_order() {
+        // The range a recent GPU reports: 0 is least important, -5 most.
+        let range = (0, -5);
+        assert_eq!(priority_for(PriorityClass::High, range), -5);
+        assert_eq!(priority_for(PriorityClass::Normal, range), -2);
+        assert_eq!(priority_for(PriorityClass::BestEffort, range), 0);
+    }
+
+    #[test]
+    fn without_priorities_every_class_gets_the_one_there_is() {
+        for class in [
+            PriorityClass::High,
+            PriorityClass::Normal,
+            PriorityClass::BestEffort,
+        ] {
+            assert_eq!(priority_for(class, (0, 0)), 0);
+        }
+    }
 }
