@@ -27,8 +27,6 @@ pub struct CudaStream {
     handoff: Option<CUevent>,
     /// Device time, from events around spans of continuous work.
     spans: Spans<CUevent>,
-    /// Synchronized since the last batch ended: the open span is over.
-    drained: bool,
     pub(super) blas: Option<cudarc::cublas::sys::cublasHandle_t>,
 }
 
@@ -89,7 +87,6 @@ impl CudaStream {
             lanes: Vec::new(),
             handoff: None,
             spans: Spans::new(),
-            drained: false,
             blas: None,
         })
     }
@@ -183,10 +180,10 @@ impl CudaStream {
     }
 
     /// Waits until the work queued on the stream is done.
-    pub(super) fn sync(&mut self, dev: &CudaDevice) -> DeviceResult<()> {
+    pub(super) fn sync(&self, dev: &CudaDevice) -> DeviceResult<()> {
         dev.bind()?;
         let raw = self.raw;
-        let r = dev.wait_until(|| {
+        dev.wait_until(|| {
             // SAFETY: live stream.
             let r = unsafe { sys::cuStreamQuery(raw) };
             if r == sys::cudaError_enum::CUDA_ERROR_NOT_READY {
@@ -195,11 +192,7 @@ impl CudaStream {
             r.result()
                 .map(|()| true)
                 .map_err(|e| driver("kernel or copy on this stream failed", e))
-        });
-        // The span ends here; its end event is recorded at the end of the batch, after the
-        // client has its answer (on an idle stream it completes at once).
-        self.drained = true;
-        r
+        })
     }
 
     /// The session finished a batch of work on the stream; `idle`: the client went quiet.
