@@ -4,7 +4,14 @@
 //! One primary context per GPU, held by the broker; one CUDA stream per client stream, with
 //! the priority of the client's class; each client's arena is page-locked with
 //! `cuMemHostRegister` so host↔device copies are asynchronous DMA straight from shared memory.
-//! Device time per stream is measured with CUDA events bracketing each batch of work.
+//! Device time per stream is measured with CUDA events bracketing spans of continuous work.
+//!
+//! This file opens the device and maps [`Device`] onto the files that do the work: `context`
+//! (binding, interruptible waits), `memory` and `placed` (allocations, page-locked arenas),
+//! `copy`, `stream` and `timing` (client streams and their device time), `event`, `module`
+//! (client modules and launches), `builtins` and `gemm` (built-in kernels, cuBLAS),
+//! `partition` (SM partitions), `injection` (fault kernels), `holder` (restart helper) and
+//! `error` (driver statuses as device errors).
 
 mod builtins;
 mod context;
@@ -55,6 +62,7 @@ use crate::shm::ArenaSlice;
 /// FP32 lanes per SM on recent NVIDIA GPUs (Ampere and later), for the peak-rate estimate.
 const FP32_LANES_PER_SM: f64 = 128.0;
 
+/// One GPU, with the broker's primary context on it.
 pub struct CudaDevice {
     ordinal: i32,
     device: CUdevice,

@@ -20,6 +20,7 @@ pub struct CudaStream {
     pub(super) raw: CUstream,
     /// The stream on the whole device, made with the client's priority.
     home: CUstream,
+    /// Its CUDA priority, which the lanes get too.
     priority: i32,
     /// Streams on SM partitions, by partition size, made on first use.
     lanes: Vec<(u32, CUstream)>,
@@ -27,6 +28,7 @@ pub struct CudaStream {
     handoff: Option<CUevent>,
     /// Device time, from events around spans of continuous work.
     spans: Spans<CUevent>,
+    /// Its cuBLAS handle, made on its first cuBLAS GEMM.
     pub(super) blas: Option<cudarc::cublas::sys::cublasHandle_t>,
 }
 
@@ -35,46 +37,7 @@ pub struct CudaStream {
 unsafe impl Send for CudaStream {}
 
 impl CudaStream {
-    /// Opens a measured span, unless one is open, before queuing work.
-    #[inline]
-    pub(super) fn begin(&mut self, dev: &CudaDevice) -> DeviceResult<()> {
-        dev.bind()?;
-        let raw = self.raw;
-        self.spans.begin(timed_event, |e| {
-            // SAFETY: live event and stream.
-            unsafe { cu::event::record(e, raw) }.map_err(|e| driver("cuEventRecord", e))
-        })
-    }
-
-    /// Closes the open span: its end event goes after the work queued so far.
-    fn close(&mut self) {
-        let raw = self.raw;
-        self.spans.close(timed_event, |end| {
-            // SAFETY: live event and stream.
-            unsafe { cu::event::record(end, raw) }.is_ok()
-        });
-    }
-
-    /// Adds the time of every finished span to the stream's total.
-    fn harvest(&mut self) {
-        self.spans.harvest(|start, end| {
-            // SAFETY: both events are live and were recorded.
-            match unsafe { cu::event::query(end) } {
-                Err(e) if e.0 == sys::cudaError_enum::CUDA_ERROR_NOT_READY => Measured::Pending,
-                done => {
-                    // SAFETY: as above; both completed (or failed, and then elapsed fails too).
-                    match (done, unsafe { cu::event::elapsed(start, end) }) {
-                        (Ok(()), Ok(ms)) => Measured::Took(ms_to_ns(ms)),
-                        (query, elapsed) => {
-                            tracing::debug!(?query, ?elapsed, "dropping a device-time measurement");
-                            Measured::Lost
-                        }
-                    }
-                }
-            }
-        });
-    }
-
+    /// A stream on the whole device with the priority of `class`.
     pub(super) fn create(dev: &CudaDevice, class: PriorityClass) -> DeviceResult<CudaStream> {
         dev.bind()?;
         let priority = priority_for(class, dev.priorities);
@@ -118,6 +81,94 @@ impl CudaStream {
         }
         // SAFETY: synchronized above; destroyed once.
         let _ = unsafe { cu::stream::destroy(self.home) };
+    }
+
+    /// Opens a measured span, unless one is open, before queuing work.
+    #[inline]
+    pub(super) fn begin(&mut self, dev: &CudaDevice) -> DeviceResult<()> {
+        dev.bind()?;
+        let raw = self.raw;
+        self.spans.begin(timed_event, |e| {
+            // SAFETY: live event and stream.
+            unsafe { cu::event::record(e, raw) }.map_err(|e| driver("cuEventRecord", e))
+        })
+    }
+
+    /// Closes the open span: its end event goes after the work queued so far.
+    fn close(&mut self) {
+        let raw = self.raw;
+        self.spans.close(timed_event, |end| {
+            // SAFETY: live event and stream.
+            unsafe { cu::event::record(end, raw) }.is_ok()
+        });
+    }
+
+    /// Adds the time of every finished span to the stream's total.
+    fn harvest(&mut self) {
+        self.spans.harvest(|start, end| {
+            // SAFETY: both events are live and were recorded.
+            match unsafe { cu::event::query(end) } {
+                Err(e) if e.0 == sys::cudaError_enum::CUDA_ERROR_NOT_READY => Measured::Pending,
+                done => {
+                    // SAFETY: as above; both completed (or failed, and then elapsed fails too).
+                    match (done, unsafe { cu::event::elapsed(start, end) }) {
+                        (Ok(()), Ok(ms)) => Measured::Took(ms_to_ns(ms)),
+                        (query, elapsed) => {
+                            tracing::debug!(?query, ?elapsed, "dropping a device-time measurement");
+                            Measured::Lost
+                        }
+                    }
+                }
+            }
+        });
+    }
+
+    /// The session finished a batch of work on the stream; `idle`: the client went quiet.
+    pub(super) fn end_batch(&mut self, dev: &CudaDevice, idle: bool) {
+        if self.spans.due(idle, MAX_SPAN) && dev.bind().is_ok() {
+            self.close();
+            self.harvest();
+        }
+    }
+
+    /// Whether measured spans wait to be harvested.
+    pub(super) fn measuring(&self) -> bool {
+        self.spans.measuring()
+    }
+
+    /// Device time measured since the last call.
+    pub(super) fn take_busy_ns(&mut self, dev: &CudaDevice) -> u64 {
+        if dev.bind().is_ok() {
+            self.harvest();
+        }
+        self.spans.take_busy_ns()
+    }
+
+    /// Waits until the work queued on the stream is done.
+    pub(super) fn sync(&self, dev: &CudaDevice) -> DeviceResult<()> {
+        dev.bind()?;
+        let raw = self.raw;
+        dev.wait_until(|| {
+            // SAFETY: live stream.
+            let r = unsafe { sys::cuStreamQuery(raw) };
+            if r == sys::cudaError_enum::CUDA_ERROR_NOT_READY {
+                return Ok(false);
+            }
+            r.result()
+                .map(|()| true)
+                .map_err(|e| driver("kernel or copy on this stream failed", e))
+        })
+    }
+
+    /// Whether work queued on the stream may still be running.
+    pub(super) fn is_busy(&self, dev: &CudaDevice) -> bool {
+        if dev.bind().is_err() {
+            return false;
+        }
+        // SAFETY: live stream. An error counts as busy: after a fault the work's fate is
+        // unknown, and its owner stays a suspect.
+        let r = unsafe { sys::cuStreamQuery(self.raw) };
+        r != sys::cudaError_enum::CUDA_SUCCESS
     }
 
     /// Moves the stream's future work onto a partition of at least `sms` SMs (`None`: the
@@ -177,54 +228,6 @@ impl CudaStream {
         }
         self.raw = target;
         Ok(())
-    }
-
-    /// Waits until the work queued on the stream is done.
-    pub(super) fn sync(&self, dev: &CudaDevice) -> DeviceResult<()> {
-        dev.bind()?;
-        let raw = self.raw;
-        dev.wait_until(|| {
-            // SAFETY: live stream.
-            let r = unsafe { sys::cuStreamQuery(raw) };
-            if r == sys::cudaError_enum::CUDA_ERROR_NOT_READY {
-                return Ok(false);
-            }
-            r.result()
-                .map(|()| true)
-                .map_err(|e| driver("kernel or copy on this stream failed", e))
-        })
-    }
-
-    /// The session finished a batch of work on the stream; `idle`: the client went quiet.
-    pub(super) fn end_batch(&mut self, dev: &CudaDevice, idle: bool) {
-        if self.spans.due(idle, MAX_SPAN) && dev.bind().is_ok() {
-            self.close();
-            self.harvest();
-        }
-    }
-
-    /// Whether measured spans wait to be harvested.
-    pub(super) fn measuring(&self) -> bool {
-        self.spans.measuring()
-    }
-
-    /// Whether work queued on the stream may still be running.
-    pub(super) fn is_busy(&self, dev: &CudaDevice) -> bool {
-        if dev.bind().is_err() {
-            return false;
-        }
-        // SAFETY: live stream. An error counts as busy: after a fault the work's fate is
-        // unknown, and its owner stays a suspect.
-        let r = unsafe { sys::cuStreamQuery(self.raw) };
-        r != sys::cudaError_enum::CUDA_SUCCESS
-    }
-
-    /// Device time measured since the last call.
-    pub(super) fn take_busy_ns(&mut self, dev: &CudaDevice) -> u64 {
-        if dev.bind().is_ok() {
-            self.harvest();
-        }
-        self.spans.take_busy_ns()
     }
 }
 
