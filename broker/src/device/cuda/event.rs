@@ -36,6 +36,7 @@ impl CudaEvent {
         })
     }
 
+    #[inline]
     pub(super) fn record(&mut self, dev: &CudaDevice, stream: &CudaStream) -> DeviceResult<()> {
         dev.bind()?;
         // SAFETY: live event and stream.

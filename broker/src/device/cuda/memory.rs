@@ -77,6 +77,7 @@ impl PinnedArenas {
     }
 
     /// Whether `[ptr, ptr+len)` lies in one page-locked arena.
+    #[inline]
     pub(super) fn contains(&self, ptr: *const u8, len: usize) -> bool {
         let p = ptr as usize;
         self.lock()

@@ -1,4 +1,4 @@
-//! Modules a client loads (PTX or cubin) and launches of their functions.
+//! Modules a client loads (PTX, cubin or fatbin) and launches of their functions.
 
 use std::ffi::c_void;
 use std::ptr;
@@ -81,6 +81,7 @@ impl CudaFunction {
     }
 
     /// Queues a launch with the client's packed parameters.
+    #[inline]
     pub(super) fn launch(
         &self,
         dev: &CudaDevice,
