@@ -1,11 +1,9 @@
 //! A small helper process that keeps the CUDA driver initialised while gpushared restarts.
 //!
 //! After a sticky fault gpushared restarts itself (exec), and the new image must bring CUDA
-//! up again before anyone is served. Measured on the H100 (driver 580, persistence mode on):
-//! `cuInit` in a fresh process takes 98–201 ms when no other process has the driver
-//! initialised, and 11–18 ms when one has; creating the context takes about 100 ms either
-//! way. So gpushared starts a holder: a child that calls `cuInit` (no context, no GPU memory)
-//! and then waits on a pipe. The pipe's write end goes through the restart's exec, so the
+//! up again before anyone is served; `cuInit` in a fresh process is several times faster when
+//! another process has the driver initialised. So gpushared starts a holder: a child that
+//! calls `cuInit` (no context, no GPU memory) and then waits on a pipe. The pipe's write end goes through the restart's exec, so the
 //! next image adopts the same holder; it never holds the faulted context, which is torn down
 //! with the old image. When gpushared exits for good (or is killed), the pipe closes and the
 //! holder exits too.

@@ -4,24 +4,36 @@
 //! One primary context per GPU, held by the broker; one CUDA stream per client stream, with
 //! the priority of the client's class; each client's arena is page-locked with
 //! `cuMemHostRegister` so host↔device copies are asynchronous DMA straight from shared memory.
-//! Device time per stream is measured with CUDA events bracketing each batch of work.
+//! Device time per stream is measured with CUDA events bracketing spans of continuous work.
+//!
+//! This file opens the device and maps [`Device`] onto the files that do the work: `context`
+//! (binding, interruptible waits), `memory` and `placed` (allocations, page-locked arenas),
+//! `copy`, `stream` and `timing` (client streams and their device time), `event`, `module`
+//! (client modules and launches), `builtins` and `gemm` (built-in kernels, cuBLAS),
+//! `partition` (SM partitions), `injection` (fault kernels), `holder` (restart helper) and
+//! `error` (driver statuses as device errors).
 
 mod builtins;
+mod context;
+mod copy;
 mod error;
+mod event;
+mod gemm;
 mod holder;
+mod injection;
+mod memory;
+mod module;
 mod partition;
 mod placed;
+mod stream;
+mod timing;
 
-use std::cell::Cell;
-use std::collections::{BTreeMap, VecDeque};
-use std::ffi::c_void;
-use std::ptr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use cudarc::driver::result as cu;
-use cudarc::driver::sys::{self, CUcontext, CUdevice, CUevent, CUmodule, CUstream};
+use cudarc::driver::sys::{self, CUcontext, CUdevice};
 use gpushare_protocol::command::ModuleLaunch;
 use gpushare_protocol::control::{DeviceInfo, ModuleFormat};
 use gpushare_protocol::{DevicePtr, Kernel, PriorityClass};
@@ -31,69 +43,26 @@ use self::builtins::Builtins;
 pub use self::builtins::PREBUILT_PTX as BUILTIN_PTX;
 /// Hands the compiled built-in kernels to the next image of a restarting gpushared.
 pub use self::builtins::{HANDOVER_ENV as BUILTINS_HANDOVER_ENV, hand_over as hand_over_builtins};
-use self::error::{check, driver};
+use self::error::driver;
+pub use self::event::CudaEvent;
+use self::gemm::Gemm;
 /// The helper process that keeps the driver initialised across a restart.
 pub use self::holder::{
     HOLDER_ENV, HOLDER_FLAG, hand_over as hand_over_holder, keep_driver_warm, run_holder,
 };
+use self::injection::FaultKernels;
+use self::memory::PinnedArenas;
+pub use self::module::{CudaFunction, CudaModule, ModuleRef};
 use self::partition::Partitions;
 use self::placed::PlacedMemory;
+pub use self::stream::CudaStream;
 use super::{Device, DeviceError, DeviceResult};
 use crate::shm::ArenaSlice;
 
-/// GEMMs with at least this many multiply-adds go to cuBLAS when it is present.
-const CUBLAS_MIN_MACS: u64 = 32 * 32 * 32;
-/// A measured span of continuous work is closed at least this often, so accounting of a
-/// client that never synchronizes stays current.
-const MAX_SPAN: std::time::Duration = std::time::Duration::from_millis(2);
 /// FP32 lanes per SM on recent NVIDIA GPUs (Ampere and later), for the peak-rate estimate.
 const FP32_LANES_PER_SM: f64 = 128.0;
 
-thread_local! {
-    /// The context current on this thread, so we set it only when it changes.
-    static CURRENT: Cell<usize> = const { Cell::new(0) };
-}
-
-/// Kernels that break the GPU on purpose (`--allow-fault-injection`), hand-written PTX so
-/// they need no compiler: an illegal-address store and a loop that never ends.
-const FAULT_PTX: &str = "
-.version 7.0
-.target sm_70
-.address_size 64
-.visible .entry gpushare_fault_illegal()
-{
-    .reg .b32 %r<2>;
-    .reg .b64 %rd<2>;
-    mov.u64 %rd1, 16;
-    mov.u32 %r1, 1;
-    st.global.u32 [%rd1], %r1;
-    ret;
-}
-.visible .entry gpushare_fault_hang(.param .u64 flag)
-{
-    .reg .pred %p<2>;
-    .reg .b32 %r<2>;
-    .reg .b64 %rd<2>;
-    ld.param.u64 %rd1, [flag];
-LOOP:
-    ld.volatile.global.u32 %r1, [%rd1];
-    setp.eq.u32 %p1, %r1, 0;
-    @%p1 bra LOOP;
-    ret;
-}
-";
-
-/// The fault-injection kernels, loaded on first use in the current context.
-struct FaultKernels {
-    illegal: sys::CUfunction,
-    hang: sys::CUfunction,
-    /// A zeroed device word the hang kernel waits on forever.
-    flag: DevicePtr,
-}
-
-// SAFETY: plain driver handles, used with the context current.
-unsafe impl Send for FaultKernels {}
-
+/// One GPU, with the broker's primary context on it.
 pub struct CudaDevice {
     ordinal: i32,
     device: CUdevice,
@@ -105,8 +74,8 @@ pub struct CudaDevice {
     faults: Mutex<Option<FaultKernels>>,
     /// (least, greatest) stream priority; numerically smaller is more important.
     priorities: (i32, i32),
-    /// Page-locked arenas: base address → length.
-    registered: Mutex<BTreeMap<usize, usize>>,
+    /// Client arenas that copies can DMA from.
+    pinned: PinnedArenas,
     /// Allocations placed at an address a client asked for ([`Device::alloc_at`]).
     placed: Mutex<PlacedMemory>,
     /// SM partitions for clients the scheduler keeps off part of the GPU.
@@ -156,7 +125,7 @@ impl CudaDevice {
         let started = Instant::now();
         cu::init().map_err(|e| driver("cuInit", e))?;
         tracing::debug!(took = ?started.elapsed(), "CUDA driver initialised");
-        start_loading_cublas();
+        gemm::start_loading_cublas();
         let count = cu::device::get_count().map_err(|e| driver("cuDeviceGetCount", e))?;
         if count == 0 {
             return Err(ProbeError::NoDevice);
@@ -174,8 +143,7 @@ impl CudaDevice {
             .map_err(|e| driver("cuDevicePrimaryCtxRetain", e))?;
         let context_took = started.elapsed();
         // SAFETY: `ctx` was just retained.
-        unsafe { cu::ctx::set_current(ctx) }.map_err(|e| driver("cuCtxSetCurrent", e))?;
-        CURRENT.with(|c| c.set(ctx as usize));
+        unsafe { context::make_current(ctx) }?;
 
         let attr = |a| {
             // SAFETY: `device` is valid; unknown attributes return an error, mapped to 0.
@@ -202,8 +170,8 @@ impl CudaDevice {
             total_memory,
             sm_count,
             compute_capability: cc,
-            fp32_flops: sm_count as f64 * FP32_LANES_PER_SM * 2.0 * clock_khz * 1e3,
-            memory_bandwidth: 2.0 * mem_clock_khz * 1e3 * bus_bits / 8.0,
+            fp32_flops: fp32_flops(sm_count, clock_khz),
+            memory_bandwidth: memory_bandwidth(mem_clock_khz, bus_bits),
             host_bandwidth: 0.0,
         };
         let priorities = cu::stream::get_priority_range().unwrap_or((0, 0));
@@ -231,119 +199,27 @@ impl CudaDevice {
             builtins,
             faults: Mutex::new(None),
             priorities,
-            registered: Mutex::new(BTreeMap::new()),
+            pinned: PinnedArenas::default(),
             placed: Mutex::new(PlacedMemory::default()),
             partitions: Partitions::probe(device, sm_count),
         })
     }
 
-    /// Makes our context current on the calling thread.
-    fn bind(&self) -> DeviceResult<()> {
-        let ctx = self.ctx as usize;
-        if CURRENT.with(|c| c.get()) != ctx {
-            // SAFETY: the context is retained for the device's lifetime.
-            unsafe { cu::ctx::set_current(self.ctx) }.map_err(|e| driver("cuCtxSetCurrent", e))?;
-            CURRENT.with(|c| c.set(ctx));
-        }
-        Ok(())
-    }
-
-    /// Waits until `done` says the work finished, polling so that giving up the context can
-    /// interrupt it (a blocking driver wait on a kernel that never ends would never return).
-    fn wait_until(&self, mut done: impl FnMut() -> DeviceResult<bool>) -> DeviceResult<()> {
-        let started = Instant::now();
-        loop {
-            if done()? {
-                return Ok(());
-            }
-            if self.interrupted.load(Ordering::Acquire) {
-                return Err(DeviceError::Cancelled);
-            }
-            // Spin first (short kernels answer within microseconds), then back off.
-            let waited = started.elapsed();
-            if waited < Duration::from_micros(100) {
-                std::hint::spin_loop();
-            } else if waited < Duration::from_millis(20) {
-                std::thread::yield_now();
-            } else {
-                std::thread::sleep(Duration::from_micros(20));
-            }
-        }
-    }
-
-    /// Loads the fault-injection kernels now, so injecting a fault later takes no JIT time
-    /// (for measuring recovery from the fault itself).
-    pub fn prepare_fault_injection(&self) -> DeviceResult<()> {
-        self.bind()?;
-        self.fault_kernels().map(|_| ())
-    }
-
-    fn fault_kernels(&self) -> DeviceResult<std::sync::MutexGuard<'_, Option<FaultKernels>>> {
-        let mut faults = self.faults.lock().unwrap_or_else(|e| e.into_inner());
-        if faults.is_none() {
-            let mut image = FAULT_PTX.as_bytes().to_vec();
-            image.push(0);
-            let module = builtins::load_image(&image)?;
-            // SAFETY: plain allocation with our context current (bound by the caller).
-            let flag = unsafe { cu::malloc_sync(4) }.map_err(|e| driver("cuMemAlloc", e))?;
-            // SAFETY: `flag` is the 4-byte allocation just made.
-            unsafe { cu::memset_d8_sync(flag, 0, 4) }.map_err(|e| driver("cuMemsetD8", e))?;
-            *faults = Some(FaultKernels {
-                illegal: builtins::function(module, "gpushare_fault_illegal")?,
-                hang: builtins::function(module, "gpushare_fault_hang")?,
-                flag,
-            });
-        }
-        Ok(faults)
-    }
-
-    /// Launches a fault-injection kernel.
-    fn inject_fault(&self, stream: &CudaStream, hang: bool) -> DeviceResult<()> {
-        let faults = self.fault_kernels()?;
-        let Some(k) = faults.as_ref() else {
-            return Err(DeviceError::Failed("fault kernels missing".into()));
-        };
-        let mut flag = k.flag;
-        let mut params = [&mut flag as *mut DevicePtr as *mut c_void];
-        let (f, params) = if hang {
-            (k.hang, params.as_mut_ptr())
-        } else {
-            (k.illegal, ptr::null_mut())
-        };
-        // SAFETY: functions of the loaded fault module; the hang kernel's one parameter is a
-        // live local the driver copies at launch.
-        check("fault kernel launch", unsafe {
-            sys::cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, stream.raw, params, ptr::null_mut())
-        })
-    }
-
-    /// Whether `[ptr, ptr+len)` lies in a page-locked arena.
-    fn is_registered(&self, ptr: *const u8, len: usize) -> bool {
-        let p = ptr as usize;
-        let map = self.registered.lock().unwrap_or_else(|e| e.into_inner());
-        map.range(..=p)
-            .next_back()
-            .is_some_and(|(&base, &size)| p + len <= base + size)
-    }
-
     pub fn ordinal(&self) -> i32 {
         self.ordinal
     }
+}
 
-    fn event(&self) -> DeviceResult<CUevent> {
-        cu::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT)
-            .map_err(|e| driver("cuEventCreate", e))
-    }
+/// Peak FP32 rate (flop/s) from the SM count and the SM clock in kHz: one FMA (two flops) per
+/// lane per clock.
+fn fp32_flops(sm_count: u32, clock_khz: f64) -> f64 {
+    sm_count as f64 * FP32_LANES_PER_SM * 2.0 * clock_khz * 1e3
+}
 
-    /// A client-visible event with `flags`.
-    fn new_event(&self, flags: sys::CUevent_flags) -> DeviceResult<CudaEvent> {
-        self.bind()?;
-        let raw = cu::event::create(flags).map_err(|e| driver("cuEventCreate", e))?;
-        Ok(CudaEvent {
-            raw,
-            recorded: false,
-        })
-    }
+/// Peak memory bandwidth (bytes/s) from the memory clock in kHz and the bus width in bits:
+/// two transfers per clock.
+fn memory_bandwidth(mem_clock_khz: f64, bus_bits: f64) -> f64 {
+    2.0 * mem_clock_khz * 1e3 * bus_bits / 8.0
 }
 
 impl Drop for CudaDevice {
@@ -355,145 +231,6 @@ impl Drop for CudaDevice {
         let _ = unsafe { cu::primary_ctx::release(self.device) };
     }
 }
-
-/// A client stream on the GPU.
-pub struct CudaStream {
-    /// Where its work goes now: `home`, or a lane on an SM partition.
-    raw: CUstream,
-    /// The stream on the whole device, made with the client's priority.
-    home: CUstream,
-    priority: i32,
-    /// Streams on SM partitions, by partition size, made on first use.
-    lanes: Vec<(u32, CUstream)>,
-    /// Orders a lane after the work queued on the stream it takes over from.
-    handoff: Option<CUevent>,
-    /// Event recorded when the stream went from idle to busy, and when (wall clock).
-    open: Option<(CUevent, std::time::Instant)>,
-    /// Batches queued and not yet measured: (start, end).
-    spans: VecDeque<(CUevent, CUevent)>,
-    spare: Vec<CUevent>,
-    /// Synchronized since the last batch ended: the open span is over.
-    drained: bool,
-    busy_ns: u64,
-    blas: Option<cudarc::cublas::sys::cublasHandle_t>,
-}
-
-// SAFETY: used by one session thread at a time; the handles are thread-agnostic with the
-// context bound.
-unsafe impl Send for CudaStream {}
-
-impl CudaStream {
-    fn take_event(&mut self, dev: &CudaDevice) -> DeviceResult<CUevent> {
-        match self.spare.pop() {
-            Some(e) => Ok(e),
-            None => dev.event(),
-        }
-    }
-
-    /// Opens a measured batch before queuing work.
-    fn begin(&mut self, dev: &CudaDevice) -> DeviceResult<()> {
-        dev.bind()?;
-        if self.open.is_none() {
-            let e = self.take_event(dev)?;
-            // SAFETY: live event and stream.
-            unsafe { cu::event::record(e, self.raw) }.map_err(|e| driver("cuEventRecord", e))?;
-            self.open = Some((e, std::time::Instant::now()));
-        }
-        Ok(())
-    }
-
-    /// Closes the open span (records its end event after the work queued so far).
-    fn close(&mut self, dev: &CudaDevice) {
-        let Some((start, _)) = self.open.take() else {
-            return;
-        };
-        let end = match self.take_event(dev) {
-            Ok(e) => e,
-            Err(_) => {
-                self.spare.push(start);
-                return;
-            }
-        };
-        // SAFETY: live event and stream.
-        if unsafe { cu::event::record(end, self.raw) }.is_ok() {
-            self.spans.push_back((start, end));
-        } else {
-            self.spare.extend([start, end]);
-        }
-    }
-
-    /// Adds the time of every finished batch to `busy_ns`.
-    fn harvest(&mut self) {
-        while let Some(&(start, end)) = self.spans.front() {
-            // SAFETY: both events are live and were recorded.
-            match unsafe { cu::event::query(end) } {
-                Err(e) if e.0 == sys::cudaError_enum::CUDA_ERROR_NOT_READY => break,
-                done => {
-                    // SAFETY: as above; both completed (or failed, and then elapsed fails too).
-                    match (done, unsafe { cu::event::elapsed(start, end) }) {
-                        (Ok(()), Ok(ms)) => self.busy_ns += (ms.max(0.0) as f64 * 1e6) as u64,
-                        (query, elapsed) => {
-                            // A failed measurement must not hold up every later one.
-                            tracing::debug!(?query, ?elapsed, "dropping a device-time measurement");
-                        }
-                    }
-                    self.spans.pop_front();
-                    self.spare.push(start);
-                    self.spare.push(end);
-                }
-            }
-        }
-    }
-}
-
-/// A client event.
-pub struct CudaEvent {
-    raw: CUevent,
-    recorded: bool,
-}
-
-// SAFETY: a plain driver handle.
-unsafe impl Send for CudaEvent {}
-
-impl Drop for CudaEvent {
-    fn drop(&mut self) {
-        // SAFETY: created by us, destroyed once; the driver defers destruction of an event
-        // still pending on a stream.
-        let _ = unsafe { cu::event::destroy(self.raw) };
-    }
-}
-
-/// A module a client loaded.
-pub struct CudaModule {
-    raw: CUmodule,
-}
-
-// SAFETY: a plain driver handle.
-unsafe impl Send for CudaModule {}
-// SAFETY: never mutated after loading.
-unsafe impl Sync for CudaModule {}
-
-impl Drop for CudaModule {
-    fn drop(&mut self) {
-        // SAFETY: loaded by us; functions keep the module alive through their Arc, so nothing
-        // launches from it after this.
-        let _ = unsafe { cu::module::unload(self.raw) };
-    }
-}
-
-/// A function in a loaded module; keeps its module loaded.
-pub struct CudaFunction {
-    raw: sys::CUfunction,
-    _module: Arc<ModuleRef>,
-}
-
-/// Shares a module between its functions.
-pub struct ModuleRef(CudaModule);
-
-// SAFETY: a plain driver handle, never mutated.
-unsafe impl Send for CudaFunction {}
-// SAFETY: as above.
-unsafe impl Sync for CudaFunction {}
 
 impl Device for CudaDevice {
     type Stream = CudaStream;
@@ -511,9 +248,7 @@ impl Device for CudaDevice {
 
     fn alloc(&self, bytes: u64) -> DeviceResult<DevicePtr> {
         self.bind()?;
-        let n = usize::try_from(bytes).map_err(|_| DeviceError::OutOfMemory)?;
-        // SAFETY: plain allocation with our context current.
-        unsafe { cu::malloc_sync(n) }.map_err(|e| driver("cuMemAlloc", e))
+        memory::alloc(bytes)
     }
 
     fn alloc_at(&self, ptr: DevicePtr, bytes: u64) -> DeviceResult<u64> {
@@ -526,114 +261,27 @@ impl Device for CudaDevice {
 
     fn free(&self, ptr: DevicePtr) -> DeviceResult<()> {
         self.bind()?;
-        let placed = self
-            .placed
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .free(ptr);
-        if let Some(freed) = placed {
-            return freed;
-        }
-        // SAFETY: the session only frees pointers this device returned for that client.
-        unsafe { cu::free_sync(ptr) }.map_err(|e| driver("cuMemFree", e))
+        memory::free(&self.placed, ptr)
     }
 
     fn register_arena(&self, arena: ArenaSlice<'_>) -> DeviceResult<()> {
         self.bind()?;
-        // SAFETY: the arena is a live, page-aligned mapping that stays mapped until
-        // `unregister_arena` (the session calls it before dropping the region).
-        let r = unsafe {
-            sys::cuMemHostRegister_v2(
-                arena.as_ptr() as *mut c_void,
-                arena.len(),
-                sys::CU_MEMHOSTREGISTER_PORTABLE,
-            )
-        };
-        match r.result() {
-            Ok(()) => {
-                self.registered
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .insert(arena.as_ptr() as usize, arena.len());
-            }
-            // Copies still work from pageable memory, just slower: say so, keep serving.
-            Err(e) => {
-                tracing::warn!(error = %error::describe("cuMemHostRegister", e), "arena not page-locked; copies will be staged by the driver")
-            }
-        }
+        self.pinned.register(arena);
         Ok(())
     }
 
     fn unregister_arena(&self, arena: ArenaSlice<'_>) {
-        let removed = self
-            .registered
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&(arena.as_ptr() as usize));
-        if removed.is_some() && self.bind().is_ok() {
-            // SAFETY: registered by us above; all streams using it were synchronized.
-            let _ = unsafe { sys::cuMemHostUnregister(arena.as_ptr() as *mut c_void) };
+        if self.pinned.forget(arena.as_ptr() as usize) && self.bind().is_ok() {
+            memory::unpin(arena);
         }
     }
 
     fn create_stream(&self, class: PriorityClass) -> DeviceResult<CudaStream> {
-        self.bind()?;
-        let (least, greatest) = self.priorities;
-        let priority = match class {
-            PriorityClass::High => greatest,
-            PriorityClass::Normal => (least + greatest) / 2,
-            PriorityClass::BestEffort => least,
-        };
-        let raw = cu::stream::create_with_priority(cu::stream::StreamKind::NonBlocking, priority)
-            .map_err(|e| driver("cuStreamCreateWithPriority", e))?;
-        Ok(CudaStream {
-            raw,
-            home: raw,
-            priority,
-            lanes: Vec::new(),
-            handoff: None,
-            open: None,
-            spans: VecDeque::new(),
-            spare: Vec::new(),
-            drained: false,
-            busy_ns: 0,
-            blas: None,
-        })
+        CudaStream::create(self, class)
     }
 
-    fn destroy_stream(&self, mut stream: CudaStream) {
-        if self.bind().is_err() {
-            return;
-        }
-        // SAFETY: live stream; waiting makes every event and copy on it complete.
-        let _ = unsafe { cu::stream::synchronize(stream.raw) };
-        let events = stream
-            .open
-            .take()
-            .map(|(e, _)| e)
-            .into_iter()
-            .chain(stream.spans.drain(..).flat_map(|(a, b)| [a, b]))
-            .chain(stream.spare.drain(..));
-        for e in events {
-            // SAFETY: our events, destroyed once.
-            let _ = unsafe { cu::event::destroy(e) };
-        }
-        if let Some(h) = stream.blas.take() {
-            // SAFETY: created by us for this stream.
-            let _ = unsafe { cudarc::cublas::result::destroy_handle(h) };
-        }
-        if let Some(e) = stream.handoff.take() {
-            // SAFETY: our event, destroyed once.
-            let _ = unsafe { cu::event::destroy(e) };
-        }
-        // The work on the lanes and home was ordered before the stream's last work, which
-        // the synchronize above waited for.
-        for (_, lane) in stream.lanes.drain(..) {
-            // SAFETY: made by us for this stream; destroyed once.
-            let _ = unsafe { cu::stream::destroy(lane) };
-        }
-        // SAFETY: synchronized above; destroyed once.
-        let _ = unsafe { cu::stream::destroy(stream.home) };
+    fn destroy_stream(&self, stream: CudaStream) {
+        stream.destroy(self)
     }
 
     fn copy_htod(
@@ -642,18 +290,7 @@ impl Device for CudaDevice {
         src: ArenaSlice<'_>,
         dst: DevicePtr,
     ) -> DeviceResult<()> {
-        stream.begin(self)?;
-        let (p, n) = (src.as_ptr() as *const c_void, src.len());
-        if self.is_registered(src.as_ptr(), n) {
-            // SAFETY: page-locked arena range (bounds-checked by the session) and a device
-            // range checked against the client's allocations; the arena outlives the copy.
-            check("cuMemcpyHtoDAsync", unsafe {
-                sys::cuMemcpyHtoDAsync_v2(dst, p, n, stream.raw)
-            })
-        } else {
-            // SAFETY: as above; synchronous with respect to the host buffer.
-            check("cuMemcpyHtoD", unsafe { sys::cuMemcpyHtoD_v2(dst, p, n) })
-        }
+        copy::htod(self, stream, src, dst)
     }
 
     fn copy_dtoh(
@@ -662,21 +299,7 @@ impl Device for CudaDevice {
         src: DevicePtr,
         dst: ArenaSlice<'_>,
     ) -> DeviceResult<()> {
-        stream.begin(self)?;
-        let (p, n) = (dst.as_ptr() as *mut c_void, dst.len());
-        if self.is_registered(dst.as_ptr(), n) {
-            // SAFETY: as in `copy_htod`, in the other direction.
-            check("cuMemcpyDtoHAsync", unsafe {
-                sys::cuMemcpyDtoHAsync_v2(p, src, n, stream.raw)
-            })
-        } else {
-            // Pageable: order after the stream's earlier work, then copy.
-            // SAFETY: live stream.
-            unsafe { cu::stream::synchronize(stream.raw) }
-                .map_err(|e| driver("cuStreamSynchronize", e))?;
-            // SAFETY: as above.
-            check("cuMemcpyDtoH", unsafe { sys::cuMemcpyDtoH_v2(p, src, n) })
-        }
+        copy::dtoh(self, stream, src, dst)
     }
 
     fn copy_dtod(
@@ -686,12 +309,7 @@ impl Device for CudaDevice {
         dst: DevicePtr,
         len: u64,
     ) -> DeviceResult<()> {
-        stream.begin(self)?;
-        let n = usize::try_from(len)
-            .map_err(|_| DeviceError::InvalidArgument("copy too large".into()))?;
-        // SAFETY: both ranges checked against the client's allocations.
-        unsafe { cu::memcpy_dtod_async(dst, src, n, stream.raw) }
-            .map_err(|e| driver("cuMemcpyDtoDAsync", e))
+        copy::dtod(self, stream, src, dst, len)
     }
 
     fn memset(
@@ -701,12 +319,7 @@ impl Device for CudaDevice {
         value: u8,
         len: u64,
     ) -> DeviceResult<()> {
-        stream.begin(self)?;
-        let n = usize::try_from(len)
-            .map_err(|_| DeviceError::InvalidArgument("memset too large".into()))?;
-        // SAFETY: range checked against the client's allocations.
-        unsafe { cu::memset_d8_async(dst, value, n, stream.raw) }
-            .map_err(|e| driver("cuMemsetD8Async", e))
+        copy::memset(self, stream, dst, value, len)
     }
 
     fn launch(&self, stream: &mut CudaStream, kernel: &Kernel) -> DeviceResult<()> {
@@ -721,8 +334,8 @@ impl Device for CudaDevice {
                 k,
                 alpha,
                 beta,
-            } if self.cublas() && m as u64 * n as u64 * k as u64 >= CUBLAS_MIN_MACS => {
-                self.gemm(stream, Gemm::F32, (a, b, c), (m, n, k), alpha, beta)
+            } if gemm::cublas_present() && gemm::worth_cublas(m, n, k) => {
+                gemm::run(stream, Gemm::F32, (a, b, c), (m, n, k), alpha, beta)
             }
             Kernel::GemmBf16 {
                 a,
@@ -733,7 +346,9 @@ impl Device for CudaDevice {
                 k,
                 alpha,
                 beta,
-            } if self.cublas() => self.gemm(stream, Gemm::Bf16, (a, b, c), (m, n, k), alpha, beta),
+            } if gemm::cublas_present() => {
+                gemm::run(stream, Gemm::Bf16, (a, b, c), (m, n, k), alpha, beta)
+            }
             Kernel::GemmBf16 { .. } => Err(DeviceError::NotSupported {
                 backend: "cuda",
                 what: "bf16 GEMM needs cuBLAS (libcublas.so), which was not found".into(),
@@ -748,60 +363,7 @@ impl Device for CudaDevice {
     }
 
     fn limit_sms(&self, stream: &mut CudaStream, sms: Option<u32>) -> DeviceResult<()> {
-        let size = sms.and_then(|n| self.partitions.size_for(n));
-        let target = match size {
-            None => stream.home,
-            Some(size) => match stream.lanes.iter().find(|(s, _)| *s == size) {
-                Some(&(_, lane)) => lane,
-                None => {
-                    self.bind()?;
-                    match self.partitions.stream(size, stream.priority) {
-                        Ok(Some(lane)) => {
-                            stream.lanes.push((size, lane));
-                            lane
-                        }
-                        // The client's work matters more than its partition: run it on the
-                        // whole GPU rather than fail it (said once, when the driver refused).
-                        Ok(None) => stream.home,
-                        Err(e) => {
-                            tracing::warn!(sms = size, error = %e, "cannot make an SM partition; running on the whole GPU");
-                            stream.home
-                        }
-                    }
-                }
-            },
-        };
-        if target == stream.raw {
-            return Ok(());
-        }
-        self.bind()?;
-        let handoff = match stream.handoff {
-            Some(e) => e,
-            None => {
-                let e = cu::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
-                    .map_err(|e| driver("cuEventCreate", e))?;
-                stream.handoff = Some(e);
-                e
-            }
-        };
-        // SAFETY: live event and streams; the wait takes the event's state at this call, so
-        // the event may be recorded again at the next handoff.
-        unsafe {
-            cu::event::record(handoff, stream.raw).map_err(|e| driver("cuEventRecord", e))?;
-            cu::stream::wait_event(
-                target,
-                handoff,
-                sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
-            )
-            .map_err(|e| driver("cuStreamWaitEvent", e))?;
-        }
-        if let Some(h) = stream.blas {
-            // SAFETY: our handle; the new stream is live.
-            unsafe { cudarc::cublas::result::set_stream(h, target as _) }
-                .map_err(|e| DeviceError::Failed(format!("cublasSetStream: {e:?}")))?;
-        }
-        stream.raw = target;
-        Ok(())
+        stream.limit_sms(self, sms)
     }
 
     fn launch_module(
@@ -811,98 +373,27 @@ impl Device for CudaDevice {
         launch: &ModuleLaunch,
         params: &[u8],
     ) -> DeviceResult<()> {
-        stream.begin(self)?;
-        let mut size = params.len();
-        let mut buffer = params.to_vec();
-        // Packed parameters go through the `extra` array: pointer, size, end.
-        let mut extra = [
-            sys::CU_LAUNCH_PARAM_BUFFER_POINTER_AS_INT as usize as *mut c_void,
-            buffer.as_mut_ptr() as *mut c_void,
-            sys::CU_LAUNCH_PARAM_BUFFER_SIZE_AS_INT as usize as *mut c_void,
-            &mut size as *mut usize as *mut c_void,
-            ptr::null_mut(), // CU_LAUNCH_PARAM_END
-        ];
-        let extra_ptr = if params.is_empty() {
-            ptr::null_mut()
-        } else {
-            extra.as_mut_ptr()
-        };
-        let [gx, gy, gz] = launch.grid;
-        let [bx, by, bz] = launch.block;
-        // SAFETY: `function` is a live function of a loaded module (kept alive by its Arc);
-        // the parameter buffer and its size outlive the call, which copies them.
-        check("cuLaunchKernel", unsafe {
-            sys::cuLaunchKernel(
-                function.raw,
-                gx,
-                gy,
-                gz,
-                bx,
-                by,
-                bz,
-                launch.shared_mem_bytes,
-                stream.raw,
-                ptr::null_mut(),
-                extra_ptr,
-            )
-        })
+        function.launch(self, stream, launch, params)
     }
 
     fn sync_stream(&self, stream: &mut CudaStream) -> DeviceResult<()> {
-        self.bind()?;
-        let raw = stream.raw;
-        let r = self.wait_until(|| {
-            // SAFETY: live stream.
-            let r = unsafe { sys::cuStreamQuery(raw) };
-            if r == sys::cudaError_enum::CUDA_ERROR_NOT_READY {
-                return Ok(false);
-            }
-            r.result()
-                .map(|()| true)
-                .map_err(|e| driver("kernel or copy on this stream failed", e))
-        });
-        // The span ends here; its end event is recorded at the end of the batch, after the
-        // client has its answer (on an idle stream it completes at once).
-        stream.drained = true;
-        r
+        stream.sync(self)
     }
 
     fn end_batch(&self, stream: &mut CudaStream, idle: bool) {
-        // A span covers continuous work: close it when the client goes quiet (so idle time
-        // is never charged) or when it has been open long enough.
-        if stream
-            .open
-            .is_some_and(|(_, at)| idle || at.elapsed() >= MAX_SPAN)
-            && self.bind().is_ok()
-        {
-            stream.close(self);
-            stream.harvest();
-        }
+        stream.end_batch(self, idle)
     }
 
     fn measuring(&self, stream: &CudaStream) -> bool {
-        !stream.spans.is_empty()
+        stream.measuring()
     }
 
     fn stream_busy(&self, stream: &CudaStream) -> bool {
-        if self.bind().is_err() {
-            return false;
-        }
-        // SAFETY: live stream. An error counts as busy: after a fault the work's fate is
-        // unknown, and its owner stays a suspect.
-        let r = unsafe { sys::cuStreamQuery(stream.raw) };
-        r != sys::cudaError_enum::CUDA_SUCCESS
+        stream.is_busy(self)
     }
 
     fn fault(&self) -> Option<String> {
-        self.bind().ok()?;
-        // SAFETY: the legacy default stream of our current context; a query never blocks and
-        // reports a sticky error if the context has one.
-        let r = unsafe { sys::cuStreamQuery(ptr::null_mut()) };
-        match r.result().map_err(|e| driver("GPU context", e)) {
-            Err(DeviceError::Fault(what)) => Some(what),
-            _ => None,
-        }
+        self.sticky_fault()
     }
 
     fn interrupt(&self) {
@@ -914,190 +405,60 @@ impl Device for CudaDevice {
     }
 
     fn reset(&self) -> DeviceResult<()> {
-        // Measured on driver 580 (H100): after an illegal address even
-        // cuDevicePrimaryCtxRetain fails with the sticky error once the context is reset, and
-        // a reset under a kernel that never ends waits for it forever. Only a new process gets
-        // a working GPU back, so the broker restarts instead (see `fault`).
+        // After a sticky error even cuDevicePrimaryCtxRetain fails once the context is reset,
+        // and a reset under a kernel that never ends waits for it forever: only a new process
+        // gets a working GPU back, so the broker restarts instead (see `fault`).
         Err(DeviceError::Fault(
             "the CUDA driver keeps a sticky error for the life of the process".into(),
         ))
     }
 
     fn take_busy_ns(&self, stream: &mut CudaStream) -> u64 {
-        if self.bind().is_ok() {
-            stream.harvest();
-        }
-        std::mem::take(&mut stream.busy_ns)
+        stream.take_busy_ns(self)
     }
 
     fn create_event(&self) -> DeviceResult<CudaEvent> {
-        self.new_event(sys::CUevent_flags::CU_EVENT_DEFAULT)
+        CudaEvent::create(self, sys::CUevent_flags::CU_EVENT_DEFAULT)
     }
 
     fn create_marker(&self) -> DeviceResult<CudaEvent> {
-        self.new_event(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+        CudaEvent::create(self, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
     }
 
     fn record_event(&self, event: &mut CudaEvent, stream: &mut CudaStream) -> DeviceResult<()> {
-        self.bind()?;
-        // SAFETY: live event and stream.
-        unsafe { cu::event::record(event.raw, stream.raw) }
-            .map_err(|e| driver("cuEventRecord", e))?;
-        event.recorded = true;
-        Ok(())
+        event.record(self, stream)
     }
 
     fn event_done(&self, event: &CudaEvent) -> DeviceResult<bool> {
-        self.bind()?;
-        // SAFETY: live event.
-        match unsafe { cu::event::query(event.raw) } {
-            Ok(()) => Ok(true),
-            Err(e) if e.0 == sys::cudaError_enum::CUDA_ERROR_NOT_READY => Ok(false),
-            Err(e) => Err(driver("cuEventQuery", e)),
-        }
+        event.done(self)
     }
 
     fn sync_event(&self, event: &CudaEvent) -> DeviceResult<()> {
-        self.wait_until(|| self.event_done(event))
+        self.wait_until(|| event.done(self))
     }
 
     fn elapsed_ns(&self, start: &CudaEvent, end: &CudaEvent) -> DeviceResult<u64> {
-        if !start.recorded || !end.recorded {
-            return Err(DeviceError::InvalidArgument(
-                "event was never recorded".into(),
-            ));
-        }
-        self.bind()?;
-        // SAFETY: live events, both recorded.
-        let ms = unsafe { cu::event::elapsed(start.raw, end.raw) }
-            .map_err(|e| driver("cuEventElapsedTime", e))?;
-        Ok((ms.max(0.0) as f64 * 1e6) as u64)
+        start.elapsed_ns(self, end)
     }
 
     fn load_module(&self, format: ModuleFormat, image: &[u8]) -> DeviceResult<Arc<ModuleRef>> {
-        self.bind()?;
-        let mut bytes = image.to_vec();
-        if format == ModuleFormat::Ptx && bytes.last() != Some(&0) {
-            bytes.push(0); // the driver reads PTX as a C string
-        }
-        let raw = builtins::load_image(&bytes)?;
-        Ok(Arc::new(ModuleRef(CudaModule { raw })))
+        ModuleRef::load(self, format, image)
     }
 
     fn get_function(&self, module: &Arc<ModuleRef>, name: &str) -> DeviceResult<CudaFunction> {
-        self.bind()?;
-        let raw = builtins::function(module.0.raw, name)?;
-        Ok(CudaFunction {
-            raw,
-            _module: module.clone(),
-        })
+        CudaFunction::get(self, module, name)
     }
 }
 
-impl CudaDevice {
-    /// Row-major `C = alpha·A·B + beta·C` through cuBLAS (column-major: `Cᵀ = Bᵀ·Aᵀ`), with
-    /// f32 or bf16 inputs; C is f32 and accumulation is f32 either way.
-    fn gemm(
-        &self,
-        stream: &mut CudaStream,
-        kind: Gemm,
-        (a, b, c): (u64, u64, u64),
-        (m, n, k): (u32, u32, u32),
-        alpha: f32,
-        beta: f32,
-    ) -> DeviceResult<()> {
-        use cudarc::cublas::{result as blas, sys as bsys};
-        if m == 0 || n == 0 {
-            return Ok(());
-        }
-        let fail = |what: &str, e: blas::CublasError| DeviceError::Failed(format!("{what}: {e:?}"));
-        let handle = match stream.blas {
-            Some(h) => h,
-            None => {
-                let h = blas::create_handle().map_err(|e| fail("cublasCreate", e))?;
-                // SAFETY: fresh handle, live stream.
-                unsafe { blas::set_stream(h, stream.raw as _) }
-                    .map_err(|e| fail("cublasSetStream", e))?;
-                stream.blas = Some(h);
-                h
-            }
-        };
-        let to_i32 = |v: u32| {
-            i32::try_from(v).map_err(|_| {
-                DeviceError::InvalidArgument("GEMM dimension too large for cuBLAS".into())
-            })
-        };
-        let (m, n, k) = (to_i32(m)?, to_i32(n)?, to_i32(k)?);
-        let input = match kind {
-            Gemm::F32 => bsys::cudaDataType::CUDA_R_32F,
-            Gemm::Bf16 => bsys::cudaDataType::CUDA_R_16BF,
-        };
-        let nn = bsys::cublasOperation_t::CUBLAS_OP_N;
-        // SAFETY: A, B and C were checked against the client's allocations for these
-        // dimensions and element sizes; alpha and beta live across the call (host pointer
-        // mode); the handle is bound to this stream.
-        unsafe {
-            blas::gemm_ex(
-                handle,
-                nn,
-                nn,
-                n,
-                m,
-                k,
-                &alpha as *const f32 as *const c_void,
-                b as *const c_void,
-                input,
-                n,
-                a as *const c_void,
-                input,
-                k,
-                &beta as *const f32 as *const c_void,
-                c as *mut c_void,
-                bsys::cudaDataType::CUDA_R_32F,
-                n,
-                bsys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                bsys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-            )
-        }
-        .map_err(|e| fail("cublasGemmEx", e))
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peak_rates_come_from_attributes_in_khz_and_bits() {
+        // 100 SMs at 1 GHz: 100 × 128 lanes × 2 flops × 1e9.
+        assert_eq!(fp32_flops(100, 1_000_000.0), 25.6e12);
+        // A 1 GHz memory clock on a 1024-bit bus: 2 × 1e9 × 128 bytes.
+        assert_eq!(memory_bandwidth(1_000_000.0, 1024.0), 256e9);
     }
-}
-
-/// Whether cuBLAS can be loaded (loads it: about 0.1 s the first time).
-fn probe_cublas() -> bool {
-    // SAFETY: only probes whether the library can be loaded.
-    let present = unsafe { cudarc::cublas::sys::is_culib_present() };
-    if !present {
-        tracing::info!("cuBLAS (libcublas.so) not found: GEMMs use the built-in kernel");
-    }
-    present
-}
-
-/// Whether cuBLAS can be loaded, once found out.
-static CUBLAS: OnceLock<bool> = OnceLock::new();
-
-/// Starts loading cuBLAS on a thread of its own, once: right after `cuInit`, so that loading
-/// it (about 0.1 s) overlaps making the CUDA context. (Not earlier: two libraries cannot load
-/// at once, and `cuInit` then waited 80 ms for it, measured after a restart. Not later: while
-/// a library loads, no thread can start, and serving starts threads.)
-fn start_loading_cublas() {
-    static STARTED: std::sync::Once = std::sync::Once::new();
-    STARTED.call_once(|| {
-        let _ = std::thread::Builder::new()
-            .name("cublas-load".into())
-            .spawn(|| CUBLAS.get_or_init(probe_cublas));
-    });
-}
-
-impl CudaDevice {
-    fn cublas(&self) -> bool {
-        *CUBLAS.get_or_init(probe_cublas)
-    }
-}
-
-/// Input type of a cuBLAS GEMM.
-#[derive(Debug, Clone, Copy)]
-enum Gemm {
-    F32,
-    Bf16,
 }

@@ -2,11 +2,10 @@
 //! kernels launched on a stream of a green context that owns `n` SMs, so its blocks never
 //! occupy the others, whatever is queued.
 //!
-//! Measured on the H100 (driver 580): a module loaded in the primary context launches on a
-//! green context's stream; events, cross-stream waits and cuBLAS work there too; and a
-//! 50 µs high-priority kernel beside a flood of best-effort blocks went from 199 µs (p50,
-//! both on the whole device) back to the 59 µs it takes alone once the flood ran on a green
-//! context of 8 to 104 SMs. A partition is made once per size (about 1.5 ms) and kept.
+//! A module loaded in the primary context launches on a green context's stream, and events,
+//! cross-stream waits and cuBLAS work there too, so a client's work moves onto a partition
+//! without reloading anything. Making a partition takes a while, so one is made per size and
+//! kept.
 
 use std::collections::BTreeMap;
 use std::ptr;

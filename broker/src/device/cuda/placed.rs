@@ -16,9 +16,9 @@ use gpushare_protocol::DevicePtr;
 use super::error::check;
 use crate::device::{DeviceError, DeviceResult};
 
-/// Address space is reserved in blocks of this size and alignment. Measured on driver 580
-/// (H100): `cuMemAddressReserve` honours its address hint only for a reservation of at least
-/// 32 MiB that starts on a 32 MiB boundary; a smaller one lands wherever the driver likes.
+/// Address space is reserved in blocks of this size and alignment: `cuMemAddressReserve`
+/// honours its address hint only for a reservation of at least 32 MiB that starts on a 32 MiB
+/// boundary; a smaller one lands wherever the driver likes.
 const VA_BLOCK: u64 = 32 << 20;
 
 /// One `cuMemAddressReserve`d range.

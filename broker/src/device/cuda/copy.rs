@@ -1,0 +1,91 @@
+//! Copies between a client's arena and the device, device-to-device copies and fills, all
+//! queued on the client's stream. (Hot paths: `#[inline]` so the Device impl that calls each
+//! costs no extra call.)
+
+use std::ffi::c_void;
+
+use cudarc::driver::result as cu;
+use cudarc::driver::sys;
+use gpushare_protocol::DevicePtr;
+
+use super::error::{check, driver};
+use super::{CudaDevice, CudaStream};
+use crate::device::{DeviceError, DeviceResult};
+use crate::shm::ArenaSlice;
+
+#[inline]
+pub(super) fn htod(
+    dev: &CudaDevice,
+    stream: &mut CudaStream,
+    src: ArenaSlice<'_>,
+    dst: DevicePtr,
+) -> DeviceResult<()> {
+    stream.begin(dev)?;
+    let (p, n) = (src.as_ptr() as *const c_void, src.len());
+    if dev.pinned.contains(src.as_ptr(), n) {
+        // SAFETY: page-locked arena range (bounds-checked by the session) and a device
+        // range checked against the client's allocations; the arena outlives the copy.
+        check("cuMemcpyHtoDAsync", unsafe {
+            sys::cuMemcpyHtoDAsync_v2(dst, p, n, stream.raw)
+        })
+    } else {
+        // SAFETY: as above; synchronous with respect to the host buffer.
+        check("cuMemcpyHtoD", unsafe { sys::cuMemcpyHtoD_v2(dst, p, n) })
+    }
+}
+
+#[inline]
+pub(super) fn dtoh(
+    dev: &CudaDevice,
+    stream: &mut CudaStream,
+    src: DevicePtr,
+    dst: ArenaSlice<'_>,
+) -> DeviceResult<()> {
+    stream.begin(dev)?;
+    let (p, n) = (dst.as_ptr() as *mut c_void, dst.len());
+    if dev.pinned.contains(dst.as_ptr(), n) {
+        // SAFETY: as in `htod`, in the other direction.
+        check("cuMemcpyDtoHAsync", unsafe {
+            sys::cuMemcpyDtoHAsync_v2(p, src, n, stream.raw)
+        })
+    } else {
+        // Pageable: order after the stream's earlier work, then copy.
+        // SAFETY: live stream.
+        unsafe { cu::stream::synchronize(stream.raw) }
+            .map_err(|e| driver("cuStreamSynchronize", e))?;
+        // SAFETY: as above.
+        check("cuMemcpyDtoH", unsafe { sys::cuMemcpyDtoH_v2(p, src, n) })
+    }
+}
+
+#[inline]
+pub(super) fn dtod(
+    dev: &CudaDevice,
+    stream: &mut CudaStream,
+    src: DevicePtr,
+    dst: DevicePtr,
+    len: u64,
+) -> DeviceResult<()> {
+    stream.begin(dev)?;
+    let n =
+        usize::try_from(len).map_err(|_| DeviceError::InvalidArgument("copy too large".into()))?;
+    // SAFETY: both ranges checked against the client's allocations.
+    unsafe { cu::memcpy_dtod_async(dst, src, n, stream.raw) }
+        .map_err(|e| driver("cuMemcpyDtoDAsync", e))
+}
+
+#[inline]
+pub(super) fn memset(
+    dev: &CudaDevice,
+    stream: &mut CudaStream,
+    dst: DevicePtr,
+    value: u8,
+    len: u64,
+) -> DeviceResult<()> {
+    stream.begin(dev)?;
+    let n = usize::try_from(len)
+        .map_err(|_| DeviceError::InvalidArgument("memset too large".into()))?;
+    // SAFETY: range checked against the client's allocations.
+    unsafe { cu::memset_d8_async(dst, value, n, stream.raw) }
+        .map_err(|e| driver("cuMemsetD8Async", e))
+}

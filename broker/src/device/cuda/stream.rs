@@ -1,0 +1,272 @@
+//! A client's stream on the GPU: where its work goes (the whole device or an SM partition)
+//! and how much device time it took, measured with events around spans of continuous work.
+
+use cudarc::driver::result as cu;
+use cudarc::driver::sys::{self, CUevent, CUstream};
+use gpushare_protocol::PriorityClass;
+
+use super::CudaDevice;
+use super::error::driver;
+use super::timing::{Measured, Spans, ms_to_ns};
+use crate::device::{DeviceError, DeviceResult};
+
+/// A measured span of continuous work is closed at least this often, so accounting of a
+/// client that never synchronizes stays current.
+const MAX_SPAN: std::time::Duration = std::time::Duration::from_millis(2);
+
+/// A client stream on the GPU.
+pub struct CudaStream {
+    /// Where its work goes now: `home`, or a lane on an SM partition.
+    pub(super) raw: CUstream,
+    /// The stream on the whole device, made with the client's priority.
+    home: CUstream,
+    /// Its CUDA priority, which the lanes get too.
+    priority: i32,
+    /// Streams on SM partitions, by partition size, made on first use.
+    lanes: Vec<(u32, CUstream)>,
+    /// Orders a lane after the work queued on the stream it takes over from.
+    handoff: Option<CUevent>,
+    /// Device time, from events around spans of continuous work.
+    spans: Spans<CUevent>,
+    /// Its cuBLAS handle, made on its first cuBLAS GEMM.
+    pub(super) blas: Option<cudarc::cublas::sys::cublasHandle_t>,
+}
+
+// SAFETY: used by one session thread at a time; the handles are thread-agnostic with the
+// context bound.
+unsafe impl Send for CudaStream {}
+
+impl CudaStream {
+    /// A stream on the whole device with the priority of `class`.
+    pub(super) fn create(dev: &CudaDevice, class: PriorityClass) -> DeviceResult<CudaStream> {
+        dev.bind()?;
+        let priority = priority_for(class, dev.priorities);
+        let raw = cu::stream::create_with_priority(cu::stream::StreamKind::NonBlocking, priority)
+            .map_err(|e| driver("cuStreamCreateWithPriority", e))?;
+        Ok(CudaStream {
+            raw,
+            home: raw,
+            priority,
+            lanes: Vec::new(),
+            handoff: None,
+            spans: Spans::new(),
+            blas: None,
+        })
+    }
+
+    /// Waits for the stream's work, then destroys it with everything made for it.
+    pub(super) fn destroy(mut self, dev: &CudaDevice) {
+        if dev.bind().is_err() {
+            return;
+        }
+        // SAFETY: live stream; waiting makes every event and copy on it complete.
+        let _ = unsafe { cu::stream::synchronize(self.raw) };
+        for e in self.spans.drain() {
+            // SAFETY: our events, destroyed once.
+            let _ = unsafe { cu::event::destroy(e) };
+        }
+        if let Some(h) = self.blas.take() {
+            // SAFETY: created by us for this stream.
+            let _ = unsafe { cudarc::cublas::result::destroy_handle(h) };
+        }
+        if let Some(e) = self.handoff.take() {
+            // SAFETY: our event, destroyed once.
+            let _ = unsafe { cu::event::destroy(e) };
+        }
+        // The work on the lanes and home was ordered before the stream's last work, which
+        // the synchronize above waited for.
+        for (_, lane) in self.lanes.drain(..) {
+            // SAFETY: made by us for this stream; destroyed once.
+            let _ = unsafe { cu::stream::destroy(lane) };
+        }
+        // SAFETY: synchronized above; destroyed once.
+        let _ = unsafe { cu::stream::destroy(self.home) };
+    }
+
+    /// Opens a measured span, unless one is open, before queuing work.
+    #[inline]
+    pub(super) fn begin(&mut self, dev: &CudaDevice) -> DeviceResult<()> {
+        dev.bind()?;
+        let raw = self.raw;
+        self.spans.begin(timed_event, |e| {
+            // SAFETY: live event and stream.
+            unsafe { cu::event::record(e, raw) }.map_err(|e| driver("cuEventRecord", e))
+        })
+    }
+
+    /// Closes the open span: its end event goes after the work queued so far.
+    fn close(&mut self) {
+        let raw = self.raw;
+        self.spans.close(timed_event, |end| {
+            // SAFETY: live event and stream.
+            unsafe { cu::event::record(end, raw) }.is_ok()
+        });
+    }
+
+    /// Adds the time of every finished span to the stream's total.
+    fn harvest(&mut self) {
+        self.spans.harvest(|start, end| {
+            // SAFETY: both events are live and were recorded.
+            match unsafe { cu::event::query(end) } {
+                Err(e) if e.0 == sys::cudaError_enum::CUDA_ERROR_NOT_READY => Measured::Pending,
+                done => {
+                    // SAFETY: as above; both completed (or failed, and then elapsed fails too).
+                    match (done, unsafe { cu::event::elapsed(start, end) }) {
+                        (Ok(()), Ok(ms)) => Measured::Took(ms_to_ns(ms)),
+                        (query, elapsed) => {
+                            tracing::debug!(?query, ?elapsed, "dropping a device-time measurement");
+                            Measured::Lost
+                        }
+                    }
+                }
+            }
+        });
+    }
+
+    /// The session finished a batch of work on the stream; `idle`: the client went quiet.
+    pub(super) fn end_batch(&mut self, dev: &CudaDevice, idle: bool) {
+        if self.spans.due(idle, MAX_SPAN) && dev.bind().is_ok() {
+            self.close();
+            self.harvest();
+        }
+    }
+
+    /// Whether measured spans wait to be harvested.
+    pub(super) fn measuring(&self) -> bool {
+        self.spans.measuring()
+    }
+
+    /// Device time measured since the last call.
+    pub(super) fn take_busy_ns(&mut self, dev: &CudaDevice) -> u64 {
+        if dev.bind().is_ok() {
+            self.harvest();
+        }
+        self.spans.take_busy_ns()
+    }
+
+    /// Waits until the work queued on the stream is done.
+    pub(super) fn sync(&self, dev: &CudaDevice) -> DeviceResult<()> {
+        dev.bind()?;
+        let raw = self.raw;
+        dev.wait_until(|| {
+            // SAFETY: live stream.
+            let r = unsafe { sys::cuStreamQuery(raw) };
+            if r == sys::cudaError_enum::CUDA_ERROR_NOT_READY {
+                return Ok(false);
+            }
+            r.result()
+                .map(|()| true)
+                .map_err(|e| driver("kernel or copy on this stream failed", e))
+        })
+    }
+
+    /// Whether work queued on the stream may still be running.
+    pub(super) fn is_busy(&self, dev: &CudaDevice) -> bool {
+        if dev.bind().is_err() {
+            return false;
+        }
+        // SAFETY: live stream. An error counts as busy: after a fault the work's fate is
+        // unknown, and its owner stays a suspect.
+        let r = unsafe { sys::cuStreamQuery(self.raw) };
+        r != sys::cudaError_enum::CUDA_SUCCESS
+    }
+
+    /// Moves the stream's future work onto a partition of at least `sms` SMs (`None`: the
+    /// whole GPU), ordered after the work queued so far.
+    pub(super) fn limit_sms(&mut self, dev: &CudaDevice, sms: Option<u32>) -> DeviceResult<()> {
+        let size = sms.and_then(|n| dev.partitions.size_for(n));
+        let target = match size {
+            None => self.home,
+            Some(size) => match self.lanes.iter().find(|(s, _)| *s == size) {
+                Some(&(_, lane)) => lane,
+                None => {
+                    dev.bind()?;
+                    match dev.partitions.stream(size, self.priority) {
+                        Ok(Some(lane)) => {
+                            self.lanes.push((size, lane));
+                            lane
+                        }
+                        // The client's work matters more than its partition: run it on the
+                        // whole GPU rather than fail it (said once, when the driver refused).
+                        Ok(None) => self.home,
+                        Err(e) => {
+                            tracing::warn!(sms = size, error = %e, "cannot make an SM partition; running on the whole GPU");
+                            self.home
+                        }
+                    }
+                }
+            },
+        };
+        if target == self.raw {
+            return Ok(());
+        }
+        dev.bind()?;
+        let handoff = match self.handoff {
+            Some(e) => e,
+            None => {
+                let e = cu::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+                    .map_err(|e| driver("cuEventCreate", e))?;
+                self.handoff = Some(e);
+                e
+            }
+        };
+        // SAFETY: live event and streams; the wait takes the event's state at this call, so
+        // the event may be recorded again at the next handoff.
+        unsafe {
+            cu::event::record(handoff, self.raw).map_err(|e| driver("cuEventRecord", e))?;
+            cu::stream::wait_event(
+                target,
+                handoff,
+                sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+            )
+            .map_err(|e| driver("cuStreamWaitEvent", e))?;
+        }
+        if let Some(h) = self.blas {
+            // SAFETY: our handle; the new stream is live.
+            unsafe { cudarc::cublas::result::set_stream(h, target as _) }
+                .map_err(|e| DeviceError::Failed(format!("cublasSetStream: {e:?}")))?;
+        }
+        self.raw = target;
+        Ok(())
+    }
+}
+
+/// The CUDA stream priority of `class`, given the device's (least, greatest) priority;
+/// numerically smaller is more important.
+fn priority_for(class: PriorityClass, (least, greatest): (i32, i32)) -> i32 {
+    match class {
+        PriorityClass::High => greatest,
+        PriorityClass::Normal => (least + greatest) / 2,
+        PriorityClass::BestEffort => least,
+    }
+}
+
+/// An event for timing spans.
+fn timed_event() -> DeviceResult<CUevent> {
+    cu::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT).map_err(|e| driver("cuEventCreate", e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classes_map_onto_the_device_priority_range_in_order() {
+        // The range a recent GPU reports: 0 is least important, -5 most.
+        let range = (0, -5);
+        assert_eq!(priority_for(PriorityClass::High, range), -5);
+        assert_eq!(priority_for(PriorityClass::Normal, range), -2);
+        assert_eq!(priority_for(PriorityClass::BestEffort, range), 0);
+    }
+
+    #[test]
+    fn without_priorities_every_class_gets_the_one_there_is() {
+        for class in [
+            PriorityClass::High,
+            PriorityClass::Normal,
+            PriorityClass::BestEffort,
+        ] {
+            assert_eq!(priority_for(class, (0, 0)), 0);
+        }
+    }
+}
