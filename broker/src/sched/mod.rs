@@ -2,8 +2,8 @@
 //! and the controllers that gate opportunistic and lower-priority work.
 //!
 //! Pure logic, no clock and no I/O: every call takes `now` (ns, any monotonic origin) from
-//! the caller, so the same code runs in the broker and in the discrete-event
-//! [`simulate`] used by the tests. It carries out the scheduling of four papers:
+//! the caller, so the same code runs in the broker and in the tests' discrete-event
+//! simulator (`simulate`). It carries out the scheduling of four papers:
 //! Salus (FIFO, SRTF, PACK, FAIR and memory [`admission`]), Orion (the priority policy over
 //! kernel [`profile`]s), TGS ([`rate`] control of best-effort launches) and CudaMon (SM
 //! partitions for [`deadline`] clients).
@@ -37,6 +37,7 @@ pub mod deadline;
 pub mod policy;
 pub mod profile;
 pub mod rate;
+#[cfg(test)]
 pub mod simulate;
 
 use std::collections::{HashMap, VecDeque};
