@@ -344,10 +344,6 @@ impl<'a> ClientView<'a> {
         !self.state.queue.is_empty() || !self.state.inflight.is_empty()
     }
 
-    pub fn gpu_ns(&self) -> u64 {
-        self.state.gpu_ns
-    }
-
     /// The declared job's remaining GPU time, less what it has used since declaring it.
     pub fn remaining_ns(&self) -> Option<u64> {
         let used = self.state.gpu_ns - self.state.job_base_gpu_ns;
@@ -427,10 +423,6 @@ pub struct Dispatcher {
 }
 
 impl Dispatcher {
-    pub fn new(policy: PolicyKind, device: DeviceShape) -> Dispatcher {
-        Dispatcher::with_config(policy, device, SchedConfig::default())
-    }
-
     pub fn with_config(policy: PolicyKind, device: DeviceShape, cfg: SchedConfig) -> Dispatcher {
         let boxed = build_policy(policy, &cfg);
         Dispatcher::with_policy(boxed, policy, device, cfg)
@@ -474,6 +466,7 @@ impl Dispatcher {
         }
     }
 
+    #[cfg(test)]
     pub fn device(&self) -> DeviceShape {
         self.device
     }
@@ -493,10 +486,6 @@ impl Dispatcher {
     /// The kernel profiles, to build what `submit` takes ([`ProfileTable::profile`]).
     pub fn profiles(&self) -> &ProfileTable {
         &self.profiles
-    }
-
-    pub fn profiles_mut(&mut self) -> &mut ProfileTable {
-        &mut self.profiles
     }
 
     /// The priority policy's tunables from now on (takes effect at the next `set_policy`).
@@ -658,16 +647,6 @@ impl Dispatcher {
             self.clients[i].admitted = admitted;
         }
         Ok(())
-    }
-
-    /// High-priority throughput against its solo throughput, for the rate controller
-    /// (overrides the automatic estimate for the current control period).
-    pub fn observe_high(&mut self, now: u64, rate: f64, solo_rate: f64) {
-        let now = self.clamp_now(now);
-        if let Some(r) = self.rate.as_mut() {
-            r.advance(now);
-            r.observe_high(rate, solo_rate);
-        }
     }
 
     /// Fraction of the GPU busy with processes outside the broker (from telemetry).
@@ -1060,22 +1039,13 @@ impl Dispatcher {
         })
     }
 
-    /// The SM share partitioned clients get now (1 with no deadline client present).
-    pub fn partition_share(&self) -> f64 {
-        self.deadline.share()
-    }
-
-    /// The rate controller, if best-effort rate control is configured.
-    pub fn rate_controller(&self) -> Option<&RateController> {
-        self.rate.as_ref()
-    }
-
     /// Clients registered, in arrival order.
     pub fn clients(&self) -> impl Iterator<Item = ClientId> + '_ {
         self.clients.iter().map(|c| c.spec.id)
     }
 
     /// Requests queued (not granted) and in flight over all clients.
+    #[cfg(test)]
     pub fn backlog(&self) -> (usize, usize) {
         (self.queued_total, self.inflight_total)
     }

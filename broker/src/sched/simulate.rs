@@ -306,16 +306,8 @@ impl Simulation {
         self.schedule(at, Event::Outside(i));
     }
 
-    pub fn now(&self) -> u64 {
-        self.now
-    }
-
     pub fn dispatcher(&self) -> &Dispatcher {
         &self.d
-    }
-
-    pub fn dispatcher_mut(&mut self) -> &mut Dispatcher {
-        &mut self.d
     }
 
     /// Runs to the horizon (or until nothing is left to happen) and reports.
