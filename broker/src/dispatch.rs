@@ -8,12 +8,11 @@
 //! The thread then records an event after the kernel and, when the event has completed,
 //! reports the request done ([`GpuDispatch::complete`]), which may grant others.
 //!
-//! Under FIFO nothing is gated: launches go straight to the stream, as they did before a
-//! scheduler existed, at no cost. Nor are high-priority kernels under the priority policy
-//! when the lower classes run on a hardware SM partition (`lower_sm_share`, on a GPU with
-//! green contexts): the partition already keeps them off the rest of the SMs, and scheduling
-//! each high-priority kernel would only add its cost to every request (measured on the H100:
-//! 0.04–0.06 ms of a 0.2 ms request's median).
+//! Under FIFO nothing is gated: launches go straight to the stream, at no cost. Nor are
+//! high-priority kernels under the priority policy when the lower classes run on a hardware
+//! SM partition (`lower_sm_share`, on a GPU with green contexts): the partition already keeps
+//! them off the rest of the SMs, and scheduling each high-priority kernel would only add its
+//! cost to every request (docs/benchmarks.md has the figure).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

@@ -68,20 +68,11 @@ pub enum Verdict {
     Lost(String),
 }
 
-/// A finished recovery, for status and tests.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct RecoveryRecord {
-    pub resets: u64,
-    /// Fault noticed → context recreated and sessions released, of the last reset.
-    pub last_recovery: Duration,
-}
-
 #[derive(Default)]
 struct HealthState {
     /// Sessions on this GPU, for waking and counting them.
     sessions: HashMap<u64, Arc<SessionInfo>>,
-    /// A fault reported and not yet handled: (reporter, what).
-    /// (reporter, the reset epoch it reported in, what).
+    /// A fault reported and not yet handled: (reporter, the reset epoch it reported in, what).
     fault: Option<(u64, u64, String)>,
     parked: HashSet<u64>,
     verdicts: HashMap<u64, Verdict>,
@@ -92,7 +83,6 @@ struct HealthState {
     /// Suspects waiting for the turn, in order: a release hands it to the first, so a busy
     /// suspect that takes the turn again at once cannot starve the others.
     turn_queue: VecDeque<u64>,
-    record: RecoveryRecord,
 }
 
 /// What a restart carries over to the next image, by client process id: whose work faulted
@@ -295,19 +285,6 @@ impl DeviceHealth {
             .unwrap_or_else(|| Verdict::Lost("the GPU was reset after a fault".into()))
     }
 
-    /// Whether the session's work must run alone (it is a suspect on probation).
-    pub fn on_probation(&self, id: u64) -> bool {
-        let mut st = self.lock();
-        match st.probation.get(&id) {
-            Some(&until) if Instant::now() < until => true,
-            Some(_) => {
-                st.probation.remove(&id);
-                false
-            }
-            None => false,
-        }
-    }
-
     /// Waits until no other suspect's work runs, then takes the turn. Gives up (returning
     /// false) when a reset starts.
     pub fn acquire_turn(&self, id: u64) -> bool {
@@ -357,10 +334,6 @@ impl DeviceHealth {
             drop(st);
             self.changed.notify_all();
         }
-    }
-
-    pub fn record(&self) -> RecoveryRecord {
-        self.lock().record
     }
 
     /// The guardian: watches for faults and hangs on `device` until `stop` is set.
@@ -549,11 +522,11 @@ impl DeviceHealth {
         } else if let Some(c) = culprit {
             st.probation.remove(&c);
         }
-        st.record.resets += 1;
-        st.record.last_recovery = started.elapsed();
+        // Fault noticed → context recreated and sessions released.
+        let recovery = started.elapsed();
         tracing::warn!(
             gpu,
-            recovery_ms = st.record.last_recovery.as_secs_f64() * 1e3,
+            recovery_ms = recovery.as_secs_f64() * 1e3,
             "device context recreated; clients resume"
         );
         self.resetting.store(false, Ordering::Release);

@@ -52,10 +52,6 @@ impl SharedRegion {
         Ok(SharedRegion { map, memfd, layout })
     }
 
-    pub fn layout(&self) -> &ShmLayout {
-        &self.layout
-    }
-
     pub fn memfd(&self) -> impl AsFd + '_ {
         self.memfd.as_fd()
     }

@@ -122,21 +122,9 @@ impl MemoryAdmission {
         self.admitted.contains_key(&client)
     }
 
-    pub fn is_waiting(&self, client: ClientId) -> bool {
-        self.waiting.iter().any(|&(c, _)| c == client)
-    }
-
+    #[cfg(test)]
     pub fn used(&self) -> u64 {
         self.used
-    }
-
-    pub fn capacity(&self) -> u64 {
-        self.capacity
-    }
-
-    /// Waiting clients, first in line first.
-    pub fn waiting(&self) -> impl Iterator<Item = ClientId> + '_ {
-        self.waiting.iter().map(|&(c, _)| c)
     }
 }
 

@@ -56,8 +56,6 @@ pub struct DeadlineController {
     missed: bool,
     /// Share that missed, and the periods it still caps growth for.
     ceiling: Option<(f64, u64)>,
-    active: bool,
-    cuts: u64,
 }
 
 impl DeadlineController {
@@ -69,8 +67,6 @@ impl DeadlineController {
             period_start: now,
             missed: false,
             ceiling: None,
-            active: false,
-            cuts: 0,
         }
     }
 
@@ -83,11 +79,6 @@ impl DeadlineController {
         if !active {
             self.ceiling = None;
         }
-        self.active = active;
-    }
-
-    pub fn is_active(&self) -> bool {
-        self.active
     }
 
     /// Closes the periods that ended by `now`.
@@ -121,7 +112,6 @@ impl DeadlineController {
             return; // one cut per period
         }
         self.missed = true;
-        self.cuts += 1;
         self.ceiling = Some((self.share, self.cfg.probe_after));
         self.share = (self.share * self.cfg.decrease).max(self.floor());
     }
@@ -135,10 +125,6 @@ impl DeadlineController {
     pub fn cap_sms(&self) -> u32 {
         let sms = (self.share * self.sms as f64).floor() as u32;
         sms.clamp(self.cfg.min_sms.clamp(1, self.sms), self.sms)
-    }
-
-    pub fn cuts(&self) -> u64 {
-        self.cuts
     }
 
     /// End of the current period (when the share may grow next).

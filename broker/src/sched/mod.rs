@@ -2,8 +2,8 @@
 //! and the controllers that gate opportunistic and lower-priority work.
 //!
 //! Pure logic, no clock and no I/O: every call takes `now` (ns, any monotonic origin) from
-//! the caller, so the same code runs in the broker and in the discrete-event
-//! [`simulate`] used by the tests. It carries out the scheduling of four papers:
+//! the caller, so the same code runs in the broker and in the tests' discrete-event
+//! simulator (`simulate`). It carries out the scheduling of four papers:
 //! Salus (FIFO, SRTF, PACK, FAIR and memory [`admission`]), Orion (the priority policy over
 //! kernel [`profile`]s), TGS ([`rate`] control of best-effort launches) and CudaMon (SM
 //! partitions for [`deadline`] clients).
@@ -37,6 +37,7 @@ pub mod deadline;
 pub mod policy;
 pub mod profile;
 pub mod rate;
+#[cfg(test)]
 pub mod simulate;
 
 use std::collections::{HashMap, VecDeque};
@@ -343,10 +344,6 @@ impl<'a> ClientView<'a> {
         !self.state.queue.is_empty() || !self.state.inflight.is_empty()
     }
 
-    pub fn gpu_ns(&self) -> u64 {
-        self.state.gpu_ns
-    }
-
     /// The declared job's remaining GPU time, less what it has used since declaring it.
     pub fn remaining_ns(&self) -> Option<u64> {
         let used = self.state.gpu_ns - self.state.job_base_gpu_ns;
@@ -426,10 +423,6 @@ pub struct Dispatcher {
 }
 
 impl Dispatcher {
-    pub fn new(policy: PolicyKind, device: DeviceShape) -> Dispatcher {
-        Dispatcher::with_config(policy, device, SchedConfig::default())
-    }
-
     pub fn with_config(policy: PolicyKind, device: DeviceShape, cfg: SchedConfig) -> Dispatcher {
         let boxed = build_policy(policy, &cfg);
         Dispatcher::with_policy(boxed, policy, device, cfg)
@@ -473,6 +466,7 @@ impl Dispatcher {
         }
     }
 
+    #[cfg(test)]
     pub fn device(&self) -> DeviceShape {
         self.device
     }
@@ -492,10 +486,6 @@ impl Dispatcher {
     /// The kernel profiles, to build what `submit` takes ([`ProfileTable::profile`]).
     pub fn profiles(&self) -> &ProfileTable {
         &self.profiles
-    }
-
-    pub fn profiles_mut(&mut self) -> &mut ProfileTable {
-        &mut self.profiles
     }
 
     /// The priority policy's tunables from now on (takes effect at the next `set_policy`).
@@ -657,16 +647,6 @@ impl Dispatcher {
             self.clients[i].admitted = admitted;
         }
         Ok(())
-    }
-
-    /// High-priority throughput against its solo throughput, for the rate controller
-    /// (overrides the automatic estimate for the current control period).
-    pub fn observe_high(&mut self, now: u64, rate: f64, solo_rate: f64) {
-        let now = self.clamp_now(now);
-        if let Some(r) = self.rate.as_mut() {
-            r.advance(now);
-            r.observe_high(rate, solo_rate);
-        }
     }
 
     /// Fraction of the GPU busy with processes outside the broker (from telemetry).
@@ -1059,22 +1039,13 @@ impl Dispatcher {
         })
     }
 
-    /// The SM share partitioned clients get now (1 with no deadline client present).
-    pub fn partition_share(&self) -> f64 {
-        self.deadline.share()
-    }
-
-    /// The rate controller, if best-effort rate control is configured.
-    pub fn rate_controller(&self) -> Option<&RateController> {
-        self.rate.as_ref()
-    }
-
     /// Clients registered, in arrival order.
     pub fn clients(&self) -> impl Iterator<Item = ClientId> + '_ {
         self.clients.iter().map(|c| c.spec.id)
     }
 
     /// Requests queued (not granted) and in flight over all clients.
+    #[cfg(test)]
     pub fn backlog(&self) -> (usize, usize) {
         (self.queued_total, self.inflight_total)
     }

@@ -193,10 +193,12 @@ impl RateController {
         self.rate
     }
 
+    #[cfg(test)]
     pub fn phase(&self) -> Phase {
         self.phase
     }
 
+    #[cfg(test)]
     pub fn decreases(&self) -> u64 {
         self.decreases
     }

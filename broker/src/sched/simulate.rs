@@ -1,5 +1,5 @@
 //! A deterministic discrete-event simulator that drives a [`Dispatcher`] the way the broker
-//! does, for the scheduler's tests and benchmarks.
+//! does, for the scheduler's tests.
 //!
 //! Clients follow scripts: they join at a time, run iterations (all of an iteration's kernels
 //! are submitted at once, like an asynchronous client; the iteration ends, and is declared with
@@ -306,16 +306,8 @@ impl Simulation {
         self.schedule(at, Event::Outside(i));
     }
 
-    pub fn now(&self) -> u64 {
-        self.now
-    }
-
     pub fn dispatcher(&self) -> &Dispatcher {
         &self.d
-    }
-
-    pub fn dispatcher_mut(&mut self) -> &mut Dispatcher {
-        &mut self.d
     }
 
     /// Runs to the horizon (or until nothing is left to happen) and reports.

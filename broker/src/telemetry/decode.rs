@@ -168,7 +168,7 @@ mod tests {
 
     #[test]
     fn names_the_commands_pytorch_makes() {
-        // Seen from a PyTorch inference run on the H100 (shared/gpu-notes.md).
+        // Commands a PyTorch inference run makes.
         assert_eq!(command_name(0xc020_462a), "RM_CONTROL");
         assert_eq!(command_name(0xc030_462b), "RM_ALLOC");
         assert_eq!(command_name(0xc038_464e), "RM_MAP_MEMORY");

@@ -3,11 +3,11 @@
 //! calls show their load).
 //!
 //! A uprobe attached to the library file for all processes traps in every process that maps
-//! it (about a microsecond per hit on an H100 host) — the broker's own launches included,
-//! which measurably slowed brokered work. So the probes are attached per observed process
-//! (a perf-event uprobe with a pid installs its breakpoint in that process only), when the
-//! ioctl tracepoints first see it use the GPU, and never in the broker itself. Calls a process
-//! makes before it is first seen (its context creation, typically) are not counted.
+//! it — the broker's own launches included, which slowed brokered work (docs/telemetry.md has
+//! the cost per hit). So the probes are attached per observed process (a perf-event uprobe
+//! with a pid installs its breakpoint in that process only), when the ioctl tracepoints first
+//! see it use the GPU, and never in the broker itself. Calls a process makes before it is
+//! first seen (its context creation, typically) are not counted.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

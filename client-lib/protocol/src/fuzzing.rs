@@ -1,9 +1,11 @@
 //! Bodies of the fuzz targets in `client-lib/protocol/fuzz/`, and their seed corpus.
 //!
-//! Not part of the API. Each body takes the fuzzer's bytes and panics on any broken property,
-//! so that libFuzzer reports it; none hides a failure. The fuzz crate calls these from its
-//! `fuzz_targets/*.rs` (nightly, `cargo fuzz`), and the unit tests below replay the checked-in
-//! corpus (`fuzz/corpus/<target>/*`) through the same bodies on stable `cargo test`.
+//! Not part of the API: compiled only for this crate's tests and with the `fuzzing` feature
+//! (which the fuzz crate turns on), never into production builds. Each body takes the fuzzer's
+//! bytes and panics on any broken property, so that libFuzzer reports it; none hides a failure.
+//! The fuzz crate calls these from its `fuzz_targets/*.rs` (nightly, `cargo fuzz`), and the unit
+//! tests below replay the checked-in corpus (`fuzz/corpus/<target>/*`) through the same bodies
+//! on stable `cargo test`.
 //!
 //! The seed corpus is generated from [`seeds`]:
 //! `cargo test -p gpushare-protocol --lib fuzzing::tests::write_seed_corpus -- --ignored`.

@@ -12,6 +12,8 @@
 pub mod command;
 pub mod control;
 pub mod error;
+// The fuzz targets' bodies and seeds: test code, kept out of production builds.
+#[cfg(any(test, feature = "fuzzing"))]
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod ring;

@@ -283,10 +283,6 @@ impl<E: Copy + FromBytes + IntoBytes> Producer<E> {
         Ok(self.ring.capacity - used)
     }
 
-    pub fn capacity(&self) -> u32 {
-        self.ring.capacity
-    }
-
     /// Writes `entry` into the next slot if there is room; it becomes visible to the consumer
     /// at the next [`publish`](Self::publish). Returns `false` when the ring is full.
     pub fn try_push(&mut self, entry: E) -> Result<bool, RingCorrupt> {

@@ -1,7 +1,7 @@
 //! Eventfd wake-ups for the rings' spin-then-sleep protocol, for both sides: the broker
 //! creates the two eventfds of a session, and each side signals the one the other sleeps on.
 
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::time::Duration;
 
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
@@ -62,14 +62,6 @@ impl Wakeup {
     pub fn drain(&self) {
         let mut buf = [0u8; 8];
         let _ = nix::unistd::read(&self.fd, &mut buf);
-    }
-
-    pub fn as_fd(&self) -> BorrowedFd<'_> {
-        self.fd.as_fd()
-    }
-
-    pub fn raw(&self) -> i32 {
-        self.fd.as_raw_fd()
     }
 
     /// A duplicate descriptor to hand to the other side.

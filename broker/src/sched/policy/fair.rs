@@ -48,11 +48,6 @@ impl Fair {
     fn vt(&self, id: ClientId) -> f64 {
         self.vtime.get(&id).copied().unwrap_or(0.0)
     }
-
-    /// A client's virtual time (GPU ns per unit of weight).
-    pub fn virtual_time(&self, id: ClientId) -> f64 {
-        self.vt(id)
-    }
 }
 
 impl Policy for Fair {

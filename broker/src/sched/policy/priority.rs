@@ -26,8 +26,8 @@
 //! client keeps at most `lower_depth_beside_high` kernels on the GPU. Kernels queued on a
 //! low-priority stream are not preempted, but between two kernels of a high-priority request
 //! (a dependency gap of a few µs) they take the SMs the first one freed, and the second then
-//! waits for their blocks: measured on the H100, a 64-deep best-effort queue doubled the
-//! high-priority p99. A shallow queue keeps what a new request finds ahead of it small.
+//! waits for their blocks. A shallow queue keeps what a new request finds ahead of it small
+//! (docs/benchmarks.md measures the depths).
 
 use gpushare_protocol::PriorityClass;
 

@@ -54,11 +54,6 @@ impl Srtf {
         }
     }
 
-    /// The job holding the GPU.
-    pub fn current(&self) -> Option<ClientId> {
-        self.current
-    }
-
     fn key(&self, c: &ClientView<'_>) -> (u64, u64, u64) {
         let head = c.head().map_or(u64::MAX, |h| h.id);
         match self.order {
