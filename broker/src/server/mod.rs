@@ -4,8 +4,6 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::FileExt;
-use std::os::unix::fs::{FileTypeExt, PermissionsExt};
-use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
@@ -36,6 +34,10 @@ use crate::shm::SharedRegion;
 use crate::telemetry::Telemetry;
 use crate::wake::Wakeup;
 
+mod listen;
+
+pub use listen::{BindError, bind};
+
 /// Why the broker stops serving, as every client is told.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Stop {
@@ -63,101 +65,6 @@ impl Stop {
 const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long shutdown waits for connections to wind down.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
-
-#[derive(Debug, thiserror::Error)]
-pub enum BindError {
-    #[error("another gpushared is already serving on {0}")]
-    AlreadyRunning(PathBuf),
-    #[error("{0} exists and is not a socket; refusing to remove it")]
-    NotASocket(PathBuf),
-    #[error("cannot create the socket directory {path}: {source}")]
-    Directory {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("cannot remove stale socket {path}: {source}")]
-    RemoveStale {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("cannot listen on {path}: {source}")]
-    Bind {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("cannot set permissions of {path}: {source}")]
-    Permissions {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("unknown socket group `{0}`")]
-    UnknownGroup(String),
-}
-
-/// Whether something accepts connections on `path` right now.
-fn socket_is_live(path: &Path) -> bool {
-    use nix::sys::socket::{AddressFamily, SockFlag, SockType, UnixAddr, connect, socket};
-    let Ok(fd) = socket(
-        AddressFamily::Unix,
-        SockType::SeqPacket,
-        SockFlag::SOCK_CLOEXEC,
-        None,
-    ) else {
-        return false;
-    };
-    let Ok(addr) = UnixAddr::new(path) else {
-        return false;
-    };
-    connect(std::os::fd::AsRawFd::as_raw_fd(&fd), &addr).is_ok()
-}
-
-/// Binds the control socket: refuses to steal a live broker's socket, removes a stale one.
-pub fn bind(config: &BrokerConfig) -> Result<UnixSeqpacketListener, BindError> {
-    let path = &config.socket;
-    if let Some(dir) = path.parent()
-        && !dir.as_os_str().is_empty()
-    {
-        std::fs::create_dir_all(dir).map_err(|source| BindError::Directory {
-            path: dir.into(),
-            source,
-        })?;
-    }
-    if let Ok(meta) = std::fs::symlink_metadata(path) {
-        if !meta.file_type().is_socket() {
-            return Err(BindError::NotASocket(path.clone()));
-        }
-        if socket_is_live(path) {
-            return Err(BindError::AlreadyRunning(path.clone()));
-        }
-        std::fs::remove_file(path).map_err(|source| BindError::RemoveStale {
-            path: path.clone(),
-            source,
-        })?;
-        info!(socket = %path.display(), "removed stale socket left by an earlier broker");
-    }
-    let listener = UnixSeqpacketListener::bind(path).map_err(|source| BindError::Bind {
-        path: path.clone(),
-        source,
-    })?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(config.socket_mode)).map_err(
-        |source| BindError::Permissions {
-            path: path.clone(),
-            source,
-        },
-    )?;
-    if let Some(group) = &config.socket_group {
-        let gid = nix::unistd::Group::from_name(group)
-            .ok()
-            .flatten()
-            .ok_or_else(|| BindError::UnknownGroup(group.clone()))?
-            .gid;
-        nix::unistd::chown(path, None, Some(gid)).map_err(|e| BindError::Permissions {
-            path: path.clone(),
-            source: e.into(),
-        })?;
-    }
-    Ok(listener)
-}
 
 /// The broker: one device, many sessions.
 pub struct Broker<D: Device> {
