@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use gpushare_protocol::control::{
-    self, BrokerMessage, ClientMessage, Hello, MAX_CONTROL_MESSAGE, MAX_MODULE_IMAGE, ModuleFormat,
-    Role, ShutdownKind, Welcome,
+    BrokerMessage, ClientMessage, Hello, MAX_MODULE_IMAGE, ModuleFormat, Role, ShutdownKind,
+    Welcome,
 };
 use gpushare_protocol::error::WireError;
 use gpushare_protocol::stats::{
@@ -19,7 +19,6 @@ use gpushare_protocol::stats::{
 use gpushare_protocol::{ErrorCode, PROTOCOL_VERSION};
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinSet;
-use tokio_seqpacket::ancillary::{AncillaryMessageWriter, OwnedAncillaryMessage};
 use tokio_seqpacket::{UnixSeqpacket, UnixSeqpacketListener};
 use tracing::{Instrument, debug, info, info_span, warn};
 
@@ -33,7 +32,9 @@ use crate::session::{GpuServices, ModuleTable, Peer, SessionEnd, SessionInfo, Se
 use crate::shm::SharedRegion;
 use crate::telemetry::Telemetry;
 use crate::wake::Wakeup;
+use framing::{RecvError, recv, reject, send};
 
+mod framing;
 mod listen;
 
 pub use listen::{BindError, bind};
@@ -963,74 +964,4 @@ struct StartedSession<D: Device> {
     ready: oneshot::Receiver<Result<(), crate::device::DeviceError>>,
     ended: oneshot::Receiver<SessionEnd>,
     layout: gpushare_protocol::ring::ShmLayout,
-}
-
-#[derive(Debug, thiserror::Error)]
-enum RecvError {
-    #[error("control socket error: {0}")]
-    Io(#[from] std::io::Error),
-    #[error("control message larger than {MAX_CONTROL_MESSAGE} bytes")]
-    TooLarge,
-    /// A hello of another protocol version (read before the rest of it).
-    #[error("protocol version {0}")]
-    Version(u32),
-    #[error("{0}")]
-    Codec(#[from] control::CodecError),
-}
-
-/// Receives one message and any descriptors that came with it; `None` at end of stream.
-async fn recv(sock: &UnixSeqpacket) -> Result<Option<(ClientMessage, Vec<OwnedFd>)>, RecvError> {
-    let mut buf = vec![0u8; MAX_CONTROL_MESSAGE];
-    let mut cmsg = [0u8; 256];
-    let (info, ancillary) = sock.recv_with_ancillary(&mut buf, &mut cmsg).await?;
-    let mut fds = Vec::new();
-    let truncated_fds = ancillary.is_truncated();
-    for m in ancillary.into_messages() {
-        if let OwnedAncillaryMessage::FileDescriptors(owned) = m {
-            fds.extend(owned);
-        }
-    }
-    if info.bytes_read() == 0 {
-        return Ok(None);
-    }
-    if info.truncated() || truncated_fds {
-        return Err(RecvError::TooLarge);
-    }
-    let bytes = &buf[..info.bytes_read()];
-    if let Some(theirs) = control::hello_version(bytes)
-        && theirs != PROTOCOL_VERSION
-    {
-        return Err(RecvError::Version(theirs));
-    }
-    let msg = control::decode(bytes)?;
-    Ok(Some((msg, fds)))
-}
-
-async fn send(
-    sock: &UnixSeqpacket,
-    msg: &BrokerMessage,
-    fds: &[BorrowedFd<'_>],
-) -> std::io::Result<()> {
-    let bytes = control::encode(msg).map_err(std::io::Error::other)?;
-    if fds.is_empty() {
-        sock.send(&bytes).await?;
-    } else {
-        let mut cmsg = [0u8; 256];
-        let mut writer = AncillaryMessageWriter::new(&mut cmsg);
-        writer
-            .add_fds(fds.iter().copied())
-            .map_err(|_| std::io::Error::other("too many descriptors for one message"))?;
-        sock.send_with_ancillary(&bytes, &mut writer).await?;
-    }
-    Ok(())
-}
-
-async fn reject(sock: &UnixSeqpacket, code: ErrorCode, message: &str) {
-    info!(%code, message, "rejecting connection");
-    let _ = send(
-        sock,
-        &BrokerMessage::Rejected(WireError::new(code, message)),
-        &[],
-    )
-    .await;
 }
