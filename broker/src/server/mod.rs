@@ -1,6 +1,5 @@
 //! The control plane: the listening socket, one task per connection, and clean shutdown.
 
-use std::collections::HashMap;
 use std::fs::File;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::FileExt;
@@ -13,9 +12,7 @@ use gpushare_protocol::control::{
     Welcome,
 };
 use gpushare_protocol::error::WireError;
-use gpushare_protocol::stats::{
-    OutsideLoad, ProcessActivity, ProcessKind, StatusReport, TelemetryStatus,
-};
+use gpushare_protocol::stats::TelemetryStatus;
 use gpushare_protocol::{ErrorCode, PROTOCOL_VERSION};
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinSet;
@@ -36,6 +33,9 @@ use framing::{RecvError, recv, reject, send};
 
 mod framing;
 mod listen;
+mod status;
+#[cfg(test)]
+mod testing;
 
 pub use listen::{BindError, bind};
 
@@ -86,21 +86,8 @@ pub struct Broker<D: Device> {
     telemetry: Option<Arc<Telemetry>>,
     telemetry_status: TelemetryStatus,
     /// The latest eBPF view of GPU processes and the outside-load rates derived from it.
-    observed: Mutex<Observed>,
+    observed: Mutex<status::Observed>,
 }
-
-/// The last telemetry sample.
-#[derive(Default)]
-struct Observed {
-    processes: Vec<ProcessActivity>,
-    load: OutsideLoad,
-    /// Per pid: (ioctls, launches) at the previous sample, and when it was taken.
-    previous: HashMap<i32, (u64, u64)>,
-    at: Option<Instant>,
-}
-
-/// How often telemetry maps are read (this also sweeps exited processes from them).
-const TELEMETRY_SAMPLE: Duration = Duration::from_secs(1);
 
 impl<D: Device> Broker<D> {
     /// A broker for `devices` (one per GPU, by index; at least one), with eBPF telemetry
@@ -144,69 +131,8 @@ impl<D: Device> Broker<D> {
             started: Instant::now(),
             telemetry,
             telemetry_status,
-            observed: Mutex::new(Observed::default()),
+            observed: Mutex::new(status::Observed::default()),
         })
-    }
-
-    /// Samples telemetry every second until the broker stops: caches the processes for
-    /// status and derives the outside-load rates the scheduler uses.
-    pub async fn watch_telemetry(self: Arc<Self>) {
-        let Some(telemetry) = self.telemetry.clone() else {
-            return;
-        };
-        let me = std::process::id() as i32;
-        let mut tick = tokio::time::interval(TELEMETRY_SAMPLE);
-        loop {
-            tick.tick().await;
-            let t = telemetry.clone();
-            let Ok(mut processes) = tokio::task::spawn_blocking(move || {
-                let _ = t.take_exited();
-                t.snapshot()
-            })
-            .await
-            else {
-                continue;
-            };
-            // The broker's own CUDA context shows up too; it is not outside load.
-            processes.retain(|p| p.pid != me);
-            let now = Instant::now();
-            let mut obs = self.observed.lock().unwrap_or_else(|e| e.into_inner());
-            let secs = obs
-                .at
-                .map(|t| now.duration_since(t).as_secs_f64())
-                .unwrap_or(0.0);
-            let (mut ioctls, mut launches) = (0u64, 0u64);
-            let mut previous = HashMap::new();
-            for p in &processes {
-                let now_counts = (p.total_ioctls(), p.launches);
-                if let Some(&(i, l)) = obs.previous.get(&p.pid) {
-                    ioctls += now_counts.0.saturating_sub(i);
-                    launches += now_counts.1.saturating_sub(l);
-                }
-                previous.insert(p.pid, now_counts);
-            }
-            obs.load = OutsideLoad {
-                processes: processes.len() as u32,
-                ioctls_per_s: if secs > 0.0 {
-                    ioctls as f64 / secs
-                } else {
-                    0.0
-                },
-                launches_per_s: if secs > 0.0 {
-                    launches as f64 / secs
-                } else {
-                    0.0
-                },
-            };
-            obs.previous = previous;
-            obs.processes = processes;
-            obs.at = Some(now);
-        }
-    }
-
-    /// GPU activity outside the broker (the scheduler's outside-load signal).
-    pub fn outside_load(&self) -> OutsideLoad {
-        self.observed.lock().map(|o| o.load).unwrap_or_default()
     }
 
     /// The device with the least memory held by clients, then the fewest clients.
@@ -357,41 +283,6 @@ impl<D: Device> Broker<D> {
             warn!(socket = %self.config.socket.display(), error = %e, "cannot remove socket file");
         }
         info!("stopped");
-    }
-
-    pub fn status(&self) -> StatusReport {
-        let mut clients = self.registry.snapshot();
-        let (mut processes, outside_load) = match self.observed.lock() {
-            Ok(o) => (o.processes.clone(), o.load),
-            Err(_) => (Vec::new(), OutsideLoad::default()),
-        };
-        // A process eBPF sees that is also a client bypasses the broker, unless it is governed
-        // (it uses the GPU directly by design, with the broker's admission).
-        for p in &mut processes {
-            if let Some(c) = clients.iter_mut().find(|c| c.pid == p.pid) {
-                if c.governed {
-                    p.kind = ProcessKind::Governed;
-                } else {
-                    c.bypassing = true;
-                    p.kind = ProcessKind::Both;
-                }
-                p.client_id = Some(c.client_id);
-            }
-        }
-        StatusReport {
-            broker_version: env!("CARGO_PKG_VERSION").into(),
-            protocol_version: PROTOCOL_VERSION,
-            backend: self.devices[0].backend().into(),
-            device: self.devices[0].info().clone(),
-            devices: self.devices.iter().map(|d| d.info().clone()).collect(),
-            uptime_ms: self.started.elapsed().as_millis() as u64,
-            policy: self.dispatch[0].policy_name().into(),
-            memory_used: clients.iter().map(|c| c.memory_used).sum(),
-            clients,
-            telemetry: self.telemetry_status.clone(),
-            processes,
-            outside_load,
-        }
     }
 
     async fn connection(self: Arc<Self>, sock: UnixSeqpacket, stop: watch::Receiver<Option<Stop>>) {
