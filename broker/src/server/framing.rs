@@ -97,43 +97,17 @@ mod tests {
     use nix::sys::socket::{setsockopt, sockopt};
 
     use super::*;
-
-    fn pair() -> (UnixSeqpacket, UnixSeqpacket) {
-        UnixSeqpacket::pair().expect("socketpair")
-    }
+    use crate::server::testing::{self, hear_with_fds, pair};
 
     fn hello(version: u32) -> ClientMessage {
         ClientMessage::Hello(Hello {
             protocol_version: version,
-            role: Role::Monitor,
-            client_name: "test".into(),
-            requested_class: None,
-            sq_entries: 0,
-            arena_size: 0,
-            gpu: None,
+            ..testing::hello(Role::Monitor)
         })
     }
 
     fn encoded(msg: &ClientMessage) -> Vec<u8> {
         control::encode(msg).expect("encode")
-    }
-
-    /// What a client reads back: one broker message and the descriptors that came with it.
-    async fn read_reply(sock: &UnixSeqpacket) -> (BrokerMessage, Vec<OwnedFd>) {
-        let mut buf = vec![0u8; MAX_CONTROL_MESSAGE];
-        let mut cmsg = [0u8; CMSG_SPACE];
-        let (info, ancillary) = sock
-            .recv_with_ancillary(&mut buf, &mut cmsg)
-            .await
-            .expect("recv");
-        let mut fds = Vec::new();
-        for m in ancillary.into_messages() {
-            if let OwnedAncillaryMessage::FileDescriptors(owned) = m {
-                fds.extend(owned);
-            }
-        }
-        let msg = control::decode(&buf[..info.bytes_read()]).expect("a broker message");
-        (msg, fds)
     }
 
     #[tokio::test]
@@ -267,12 +241,12 @@ mod tests {
             reason: "test".into(),
         };
         send(&broker, &reply, &[file.as_fd()]).await.expect("send");
-        let (got, fds) = read_reply(&client).await;
+        let (got, fds) = hear_with_fds(&client).await;
         assert_eq!(got, reply);
         assert_eq!(fds.len(), 1);
 
         reject(&broker, ErrorCode::PermissionDenied, "not in the policy").await;
-        let (got, fds) = read_reply(&client).await;
+        let (got, fds) = hear_with_fds(&client).await;
         assert_eq!(
             got,
             BrokerMessage::Rejected(WireError::new(

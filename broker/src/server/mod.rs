@@ -1,23 +1,19 @@
 //! The control plane: the listening socket, one task per connection, and clean shutdown.
 
-use std::fs::File;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use gpushare_protocol::control::{
-    BrokerMessage, ClientMessage, Hello, MAX_MODULE_IMAGE, ModuleFormat, Role, ShutdownKind,
-    Welcome,
+    BrokerMessage, ClientMessage, Hello, Role, ShutdownKind, Welcome,
 };
-use gpushare_protocol::error::WireError;
 use gpushare_protocol::stats::TelemetryStatus;
 use gpushare_protocol::{ErrorCode, PROTOCOL_VERSION};
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinSet;
 use tokio_seqpacket::{UnixSeqpacket, UnixSeqpacketListener};
-use tracing::{Instrument, debug, info, info_span, warn};
+use tracing::{Instrument, info, info_span, warn};
 
 use crate::config::BrokerConfig;
 use crate::device::Device;
@@ -31,6 +27,7 @@ use crate::telemetry::Telemetry;
 use crate::wake::Wakeup;
 use framing::{RecvError, recv, reject, send};
 
+mod control;
 mod framing;
 mod listen;
 mod status;
@@ -145,34 +142,6 @@ impl<D: Device> Broker<D> {
         (0..self.devices.len())
             .min_by_key(|&g| load(g))
             .unwrap_or(0)
-    }
-
-    /// Applies an admin action to client `id` if `who` may administer clients.
-    fn admin(
-        &self,
-        who: &Identity,
-        id: u64,
-        act: impl FnOnce(&SessionInfo),
-    ) -> Result<(), WireError> {
-        let (allowed, group) = match self.policy.read() {
-            Ok(p) => (p.is_admin(who), p.admin_group().map(str::to_string)),
-            Err(_) => (who.uid == 0, None),
-        };
-        if !allowed {
-            let msg = match group {
-                Some(g) => format!("only root or members of the admin group `{g}` may change or evict clients"),
-                None => "only root may change or evict clients (set admin_group in the policy file to delegate)".into(),
-            };
-            return Err(WireError::new(ErrorCode::PermissionDenied, msg));
-        }
-        let info = self.registry.get(id).ok_or_else(|| {
-            WireError::new(
-                ErrorCode::InvalidHandle,
-                format!("no client {id} is connected"),
-            )
-        })?;
-        act(&info);
-        Ok(())
     }
 
     /// Replaces the policy for sessions that start from now on; connected clients keep what
@@ -572,268 +541,7 @@ impl<D: Device> Broker<D> {
             layout,
         })
     }
-
-    /// Serves control requests until the client leaves, the broker stops, or the session's
-    /// data thread ends on its own.
-    async fn control_loop(
-        &self,
-        sock: &UnixSeqpacket,
-        // A client session's module table and the device it runs on; `None` for monitors.
-        modules: Option<SessionScope<'_, D>>,
-        // The client session, for notices its data thread posts; `None` for monitors.
-        session: Option<&SessionInfo>,
-        who: &Identity,
-        stop: &mut watch::Receiver<Option<Stop>>,
-        mut ended: Option<&mut oneshot::Receiver<SessionEnd>>,
-    ) -> Option<SessionEnd> {
-        loop {
-            let thread_ended = async {
-                match ended.as_deref_mut() {
-                    Some(rx) => rx.await.unwrap_or(SessionEnd::Stopped),
-                    None => std::future::pending().await,
-                }
-            };
-            let notice = async {
-                match session {
-                    Some(info) => info.notice_posted.notified().await,
-                    None => std::future::pending().await,
-                }
-            };
-            let msg = tokio::select! {
-                m = recv(sock) => m,
-                () = notice => {
-                    if let Some(msg) = session.and_then(|i| i.take_notice())
-                        && send(sock, &msg, &[]).await.is_err()
-                    {
-                        return None;
-                    }
-                    continue;
-                }
-                _ = stop.changed() => {
-                    let Stop { kind, reason } = stop.borrow().clone().unwrap_or_else(|| Stop::stopping("broker shutting down"));
-                    let _ = send(sock, &BrokerMessage::ShuttingDown { kind, reason }, &[]).await;
-                    return None;
-                }
-                end = thread_ended => {
-                    let reason = match &end {
-                        SessionEnd::ProtocolViolation(why) => Some(format!("protocol violation: {why}")),
-                        SessionEnd::Evicted(why) => Some(why.clone()),
-                        SessionEnd::Stopped => None,
-                    };
-                    if let Some(reason) = reason {
-                        let _ = send(sock, &BrokerMessage::Evicted { reason }, &[]).await;
-                    }
-                    // The receiver is spent: hand the outcome to the caller.
-                    return Some(end);
-                }
-            };
-            let (msg, fds) = match msg {
-                Ok(Some(m)) => m,
-                Ok(None) => return None,
-                Err(e) => {
-                    debug!(error = %e, "malformed control message");
-                    let error = WireError::new(ErrorCode::ProtocolViolation, e.to_string());
-                    if send(
-                        sock,
-                        &BrokerMessage::RequestFailed { request: 0, error },
-                        &[],
-                    )
-                    .await
-                    .is_err()
-                    {
-                        return None;
-                    }
-                    continue;
-                }
-            };
-            let reply = match (msg, modules) {
-                (ClientMessage::Goodbye, _) => return None,
-                (ClientMessage::Status { request }, _) => BrokerMessage::Status {
-                    request,
-                    report: Box::new(self.status()),
-                },
-                (ClientMessage::Hello(_), _) => BrokerMessage::RequestFailed {
-                    request: 0,
-                    error: WireError::new(ErrorCode::ProtocolViolation, "already said hello"),
-                },
-                (
-                    ClientMessage::LoadModule {
-                        request,
-                        format,
-                        image_len,
-                    },
-                    Some(m),
-                ) => {
-                    let result = Self::load_module(m.0, m.1, format, image_len, fds).await;
-                    BrokerMessage::ModuleLoaded { request, result }
-                }
-                (
-                    ClientMessage::GetFunction {
-                        request,
-                        module,
-                        name,
-                    },
-                    Some(m),
-                ) => {
-                    let result = Self::get_function(m.0, m.1, module, name).await;
-                    BrokerMessage::Function { request, result }
-                }
-                (ClientMessage::UnloadModule { request, module }, Some(m)) => {
-                    let removed =
-                        m.0.lock()
-                            .map(|mut t| t.remove_module(module))
-                            .unwrap_or(false);
-                    let result = if removed {
-                        Ok(())
-                    } else {
-                        Err(WireError::new(
-                            ErrorCode::InvalidHandle,
-                            format!("no module {module}"),
-                        ))
-                    };
-                    BrokerMessage::ModuleUnloaded { request, result }
-                }
-                (
-                    ClientMessage::LoadModule { request, .. }
-                    | ClientMessage::GetFunction { request, .. }
-                    | ClientMessage::UnloadModule { request, .. },
-                    None,
-                ) => BrokerMessage::RequestFailed {
-                    request,
-                    error: WireError::new(
-                        ErrorCode::PermissionDenied,
-                        "monitor connections cannot load modules",
-                    ),
-                },
-                (
-                    ClientMessage::AdminSet {
-                        request,
-                        client,
-                        class,
-                        weight,
-                        memory_quota,
-                    },
-                    _,
-                ) => {
-                    let result = self.admin(who, client, |info| {
-                        let mut g = info.grant();
-                        g.class = class.unwrap_or(g.class);
-                        g.weight = weight.unwrap_or(g.weight).max(1);
-                        g.memory_quota = memory_quota.unwrap_or(g.memory_quota);
-                        info.set_grant(g);
-                        if let Some(d) = self.dispatch.get(info.gpu as usize) {
-                            d.update_client(info.id, g.class, g.weight);
-                        }
-                        info!(client, class = %g.class, weight = g.weight, quota = ?g.memory_quota, by = who.uid, "admin changed a client's grant");
-                    });
-                    BrokerMessage::AdminDone { request, result }
-                }
-                (
-                    ClientMessage::AdminEvict {
-                        request,
-                        client,
-                        reason,
-                    },
-                    _,
-                ) => {
-                    let result = self.admin(who, client, |info| {
-                        warn!(client, %reason, by = who.uid, "admin evicted a client");
-                        info.evict(reason.clone());
-                    });
-                    BrokerMessage::AdminDone { request, result }
-                }
-            };
-            if send(sock, &reply, &[]).await.is_err() {
-                return None;
-            }
-        }
-    }
-
-    async fn load_module(
-        modules: &Arc<Mutex<ModuleTable<D>>>,
-        device: &Arc<D>,
-        format: ModuleFormat,
-        image_len: u64,
-        fds: Vec<OwnedFd>,
-    ) -> Result<u64, WireError> {
-        let fd = fds.into_iter().next().ok_or_else(|| {
-            WireError::new(
-                ErrorCode::InvalidArgument,
-                "LoadModule must carry the image as a file descriptor",
-            )
-        })?;
-        if image_len > MAX_MODULE_IMAGE {
-            return Err(WireError::new(
-                ErrorCode::InvalidArgument,
-                format!(
-                    "module image of {image_len} bytes exceeds the {MAX_MODULE_IMAGE}-byte limit"
-                ),
-            ));
-        }
-        let device = device.clone();
-        let loaded = tokio::task::spawn_blocking(move || {
-            // Read by position: the client's file offset is not ours to trust.
-            let file = File::from(fd);
-            let size = file.metadata().map(|m| m.len()).unwrap_or(0);
-            if size < image_len {
-                return Err(WireError::new(
-                    ErrorCode::InvalidArgument,
-                    format!("module image file has {size} bytes, not the {image_len} announced"),
-                ));
-            }
-            let mut image = vec![0u8; image_len as usize];
-            file.read_exact_at(&mut image, 0).map_err(|e| {
-                WireError::new(
-                    ErrorCode::InvalidArgument,
-                    format!("cannot read module image: {e}"),
-                )
-            })?;
-            device
-                .load_module(format, &image)
-                .map_err(|e| WireError::new(e.code(), e.to_string()))
-        })
-        .await
-        .map_err(|e| WireError::new(ErrorCode::Internal, e.to_string()))??;
-        let mut table = modules
-            .lock()
-            .map_err(|_| WireError::new(ErrorCode::Internal, "module table poisoned"))?;
-        table
-            .insert_module(loaded)
-            .map_err(|c| WireError::new(c, "too many modules"))
-    }
-
-    async fn get_function(
-        modules: &Arc<Mutex<ModuleTable<D>>>,
-        device: &Arc<D>,
-        module: u64,
-        name: String,
-    ) -> Result<u64, WireError> {
-        let m = modules
-            .lock()
-            .map_err(|_| WireError::new(ErrorCode::Internal, "module table poisoned"))?
-            .module(module)
-            .ok_or_else(|| {
-                WireError::new(ErrorCode::InvalidHandle, format!("no module {module}"))
-            })?;
-        let device = device.clone();
-        let f = tokio::task::spawn_blocking(move || {
-            device
-                .get_function(&m, &name)
-                .map_err(|e| WireError::new(e.code(), e.to_string()))
-        })
-        .await
-        .map_err(|e| WireError::new(ErrorCode::Internal, e.to_string()))??;
-        let mut table = modules
-            .lock()
-            .map_err(|_| WireError::new(ErrorCode::Internal, "module table poisoned"))?;
-        table
-            .insert_function(module, f)
-            .map_err(|c| WireError::new(c, "too many functions"))
-    }
 }
-
-/// A client session's module table and the device it runs on.
-type SessionScope<'a, D> = (&'a Arc<Mutex<ModuleTable<D>>>, &'a Arc<D>);
 
 /// Stops a session and removes it from the registry when dropped.
 struct SessionGuard<'a> {
