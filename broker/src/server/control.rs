@@ -1,56 +1,29 @@
 //! A connection's control requests, answered in order until it ends: status for anyone,
-//! modules and functions for a client session, grant changes and evictions for admins.
+//! modules and functions for a client session, admin requests (`admin`), and notices and
+//! shutdown for the client.
 
 use std::fs::File;
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::FileExt;
 use std::sync::{Arc, Mutex};
 
+use gpushare_protocol::ErrorCode;
 use gpushare_protocol::control::{BrokerMessage, ClientMessage, MAX_MODULE_IMAGE, ModuleFormat};
 use gpushare_protocol::error::WireError;
-use gpushare_protocol::{ErrorCode, PriorityClass};
 use tokio::sync::{oneshot, watch};
 use tokio_seqpacket::UnixSeqpacket;
-use tracing::{debug, info, warn};
+use tracing::debug;
 
 use super::framing::{recv, send};
 use super::{Broker, Stop};
 use crate::device::Device;
-use crate::policy::{Grant, Identity};
+use crate::policy::Identity;
 use crate::session::{ModuleTable, SessionEnd, SessionInfo};
 
 /// A client session's module table and the device it runs on.
 type SessionScope<'a, D> = (&'a Arc<Mutex<ModuleTable<D>>>, &'a Arc<D>);
 
 impl<D: Device> Broker<D> {
-    /// Applies an admin action to client `id` if `who` may administer clients.
-    fn admin(
-        &self,
-        who: &Identity,
-        id: u64,
-        act: impl FnOnce(&SessionInfo),
-    ) -> Result<(), WireError> {
-        let (allowed, group) = match self.policy.read() {
-            Ok(p) => (p.is_admin(who), p.admin_group().map(str::to_string)),
-            Err(_) => (who.uid == 0, None),
-        };
-        if !allowed {
-            let msg = match group {
-                Some(g) => format!("only root or members of the admin group `{g}` may change or evict clients"),
-                None => "only root may change or evict clients (set admin_group in the policy file to delegate)".into(),
-            };
-            return Err(WireError::new(ErrorCode::PermissionDenied, msg));
-        }
-        let info = self.registry.get(id).ok_or_else(|| {
-            WireError::new(
-                ErrorCode::InvalidHandle,
-                format!("no client {id} is connected"),
-            )
-        })?;
-        act(&info);
-        Ok(())
-    }
-
     /// Serves control requests until the client leaves, the broker stops, or the session's
     /// data thread ends on its own.
     pub(super) async fn control_loop(
@@ -192,17 +165,10 @@ impl<D: Device> Broker<D> {
                         memory_quota,
                     },
                     _,
-                ) => {
-                    let result = self.admin(who, client, |info| {
-                        let g = changed_grant(info.grant(), class, weight, memory_quota);
-                        info.set_grant(g);
-                        if let Some(d) = self.dispatch.get(info.gpu as usize) {
-                            d.update_client(info.id, g.class, g.weight);
-                        }
-                        info!(client, class = %g.class, weight = g.weight, quota = ?g.memory_quota, by = who.uid, "admin changed a client's grant");
-                    });
-                    BrokerMessage::AdminDone { request, result }
-                }
+                ) => BrokerMessage::AdminDone {
+                    request,
+                    result: self.admin_set(who, client, class, weight, memory_quota),
+                },
                 (
                     ClientMessage::AdminEvict {
                         request,
@@ -210,13 +176,10 @@ impl<D: Device> Broker<D> {
                         reason,
                     },
                     _,
-                ) => {
-                    let result = self.admin(who, client, |info| {
-                        warn!(client, %reason, by = who.uid, "admin evicted a client");
-                        info.evict(reason.clone());
-                    });
-                    BrokerMessage::AdminDone { request, result }
-                }
+                ) => BrokerMessage::AdminDone {
+                    request,
+                    result: self.admin_evict(who, client, reason),
+                },
             };
             if send(sock, &reply, &[]).await.is_err() {
                 return None;
@@ -307,19 +270,6 @@ impl<D: Device> Broker<D> {
     }
 }
 
-/// `grant` with what an admin changed (`None` keeps a field as it is); a weight is at least 1.
-fn changed_grant(
-    mut grant: Grant,
-    class: Option<PriorityClass>,
-    weight: Option<u32>,
-    memory_quota: Option<Option<u64>>,
-) -> Grant {
-    grant.class = class.unwrap_or(grant.class);
-    grant.weight = weight.unwrap_or(grant.weight).max(1);
-    grant.memory_quota = memory_quota.unwrap_or(grant.memory_quota);
-    grant
-}
-
 #[cfg(test)]
 mod tests {
     use std::io::Write;
@@ -330,7 +280,6 @@ mod tests {
 
     use super::*;
     use crate::device::sim::SimDevice;
-    use crate::policy::Policy;
     use crate::server::testing::{
         closed, hear, hello, identity, pair, register, say, sim_broker, within,
     };
@@ -531,86 +480,18 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn only_admins_change_or_evict_clients() {
+    async fn admin_requests_are_answered_with_their_request_id() {
         let broker = sim_broker(1);
         let target = register(&broker, 100, 0, false);
-        let evict = |request| ClientMessage::AdminEvict {
-            request,
-            client: target.id,
-            reason: "make room".into(),
-        };
-        let done = |request, result| BrokerMessage::AdminDone { request, result };
-        let denied = |msg: &str| Err(WireError::new(ErrorCode::PermissionDenied, msg));
-
-        monitor_loop(&broker, &identity(1000, &["ops"]), async |client| {
-            say(client, &evict(1)).await;
-            assert_eq!(
-                hear(client).await,
-                done(
-                    1,
-                    denied(
-                        "only root may change or evict clients (set admin_group in the policy file to delegate)"
-                    )
-                )
-            );
-        })
-        .await;
-        broker.set_policy(Policy::parse("admin_group = \"ops\"\n", "test.toml").expect("valid"));
-        monitor_loop(&broker, &identity(1000, &["staff"]), async |client| {
-            say(client, &evict(2)).await;
-            assert_eq!(
-                hear(client).await,
-                done(
-                    2,
-                    denied(
-                        "only root or members of the admin group `ops` may change or evict clients"
-                    )
-                )
-            );
-        })
-        .await;
-        assert_eq!(target.eviction(), None, "refused admins change nothing");
-
-        monitor_loop(&broker, &identity(1000, &["ops"]), async |client| {
-            say(client, &evict(3)).await;
-            assert_eq!(hear(client).await, done(3, Ok(())));
-        })
-        .await;
-        assert_eq!(target.eviction().as_deref(), Some("make room"));
-        assert!(target.stopping());
-    }
-
-    #[tokio::test]
-    async fn admin_set_changes_a_live_grant() {
-        let broker = sim_broker(1);
-        let target = register(&broker, 100, 0, false);
-        let set = |request, client, class, weight, memory_quota| ClientMessage::AdminSet {
-            request,
-            client,
-            class,
-            weight,
-            memory_quota,
-        };
         monitor_loop(&broker, &identity(0, &[]), async |client| {
-            say(
-                client,
-                &set(
-                    1,
-                    target.id,
-                    Some(PriorityClass::High),
-                    Some(4),
-                    Some(Some(1 << 30)),
-                ),
-            )
-            .await;
-            assert!(matches!(
-                hear(client).await,
-                BrokerMessage::AdminDone {
-                    request: 1,
-                    result: Ok(())
-                }
-            ));
-            say(client, &set(2, 999, None, Some(2), None)).await;
+            let set = ClientMessage::AdminSet {
+                request: 2,
+                client: 999,
+                class: None,
+                weight: Some(2),
+                memory_quota: None,
+            };
+            say(client, &set).await;
             assert_eq!(
                 hear(client).await,
                 BrokerMessage::AdminDone {
@@ -621,36 +502,22 @@ mod tests {
                     ))
                 }
             );
+            let evict = ClientMessage::AdminEvict {
+                request: 3,
+                client: target.id,
+                reason: "make room".into(),
+            };
+            say(client, &evict).await;
+            assert_eq!(
+                hear(client).await,
+                BrokerMessage::AdminDone {
+                    request: 3,
+                    result: Ok(())
+                }
+            );
         })
         .await;
-        assert_eq!(
-            target.grant(),
-            Grant {
-                class: PriorityClass::High,
-                weight: 4,
-                memory_quota: Some(1 << 30)
-            }
-        );
-    }
-
-    #[test]
-    fn an_admin_change_keeps_what_it_does_not_name() {
-        let before = Grant {
-            class: PriorityClass::Normal,
-            weight: 3,
-            memory_quota: Some(1 << 20),
-        };
-        assert_eq!(changed_grant(before, None, None, None), before);
-        let after = changed_grant(before, Some(PriorityClass::BestEffort), Some(0), Some(None));
-        assert_eq!(
-            after,
-            Grant {
-                class: PriorityClass::BestEffort,
-                weight: 1,
-                memory_quota: None
-            },
-            "a weight of 0 becomes 1; Some(None) lifts the quota"
-        );
+        assert_eq!(target.eviction().as_deref(), Some("make room"));
     }
 
     #[tokio::test]

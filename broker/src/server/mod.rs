@@ -27,6 +27,7 @@ use crate::telemetry::Telemetry;
 use crate::wake::Wakeup;
 use framing::{RecvError, recv, reject, send};
 
+mod admin;
 mod control;
 mod framing;
 mod listen;
