@@ -1,36 +1,30 @@
 //! The control plane: the listening socket, one task per connection, and clean shutdown.
 
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use gpushare_protocol::control::{
-    BrokerMessage, ClientMessage, Hello, Role, ShutdownKind, Welcome,
-};
+use gpushare_protocol::control::ShutdownKind;
 use gpushare_protocol::stats::TelemetryStatus;
-use gpushare_protocol::{ErrorCode, PROTOCOL_VERSION};
-use tokio::sync::{oneshot, watch};
+use tokio::sync::watch;
 use tokio::task::JoinSet;
-use tokio_seqpacket::{UnixSeqpacket, UnixSeqpacketListener};
-use tracing::{Instrument, info, info_span, warn};
+use tokio_seqpacket::UnixSeqpacketListener;
+use tracing::{info, warn};
 
 use crate::config::BrokerConfig;
 use crate::device::Device;
 use crate::dispatch::GpuDispatch;
 use crate::fault::{Carry, DeviceHealth, Stuck};
-use crate::policy::{Identity, Policy};
+use crate::policy::Policy;
 use crate::registry::Registry;
-use crate::session::{GpuServices, ModuleTable, Peer, SessionEnd, SessionInfo, SessionState};
-use crate::shm::SharedRegion;
 use crate::telemetry::Telemetry;
-use crate::wake::Wakeup;
-use framing::{RecvError, recv, reject, send};
 
 mod admin;
 mod control;
 mod framing;
+mod handshake;
 mod listen;
+mod session;
 mod status;
 #[cfg(test)]
 mod testing;
@@ -60,8 +54,6 @@ impl Stop {
     }
 }
 
-/// How long a new connection has to say hello.
-const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long shutdown waits for connections to wind down.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
@@ -131,18 +123,6 @@ impl<D: Device> Broker<D> {
             telemetry_status,
             observed: Mutex::new(status::Observed::default()),
         })
-    }
-
-    /// The device with the least memory held by clients, then the fewest clients.
-    fn least_loaded(&self) -> usize {
-        let clients = self.registry.snapshot();
-        let load = |gpu: usize| {
-            let on = clients.iter().filter(|c| c.gpu as usize == gpu);
-            (on.clone().map(|c| c.memory_used).sum::<u64>(), on.count())
-        };
-        (0..self.devices.len())
-            .min_by_key(|&g| load(g))
-            .unwrap_or(0)
     }
 
     /// Replaces the policy for sessions that start from now on; connected clients keep what
@@ -254,314 +234,4 @@ impl<D: Device> Broker<D> {
         }
         info!("stopped");
     }
-
-    async fn connection(self: Arc<Self>, sock: UnixSeqpacket, stop: watch::Receiver<Option<Stop>>) {
-        let cred = match sock.peer_cred() {
-            Ok(c) => c,
-            Err(e) => {
-                warn!(error = %e, "cannot read peer credentials; dropping connection");
-                return;
-            }
-        };
-        let pid = cred.pid().unwrap_or(0);
-        let span = info_span!("conn", pid, uid = cred.uid());
-        async move {
-            let hello = match tokio::time::timeout(HELLO_TIMEOUT, recv(&sock)).await {
-                Ok(Ok(Some((ClientMessage::Hello(h), _)))) => h,
-                Ok(Err(RecvError::Version(theirs))) => {
-                    let msg = format!(
-                        "client speaks protocol {theirs} but this broker speaks {PROTOCOL_VERSION}; use a matching gpushare client library"
-                    );
-                    reject(&sock, ErrorCode::VersionMismatch, &msg).await;
-                    return;
-                }
-                Ok(Ok(Some(_))) => {
-                    reject(&sock, ErrorCode::ProtocolViolation, "the first message must be Hello").await;
-                    return;
-                }
-                Ok(Ok(None)) => return,
-                Ok(Err(e)) => {
-                    reject(&sock, ErrorCode::ProtocolViolation, &e.to_string()).await;
-                    return;
-                }
-                Err(_) => {
-                    reject(&sock, ErrorCode::ProtocolViolation, "no Hello within 5 s").await;
-                    return;
-                }
-            };
-            let identity = Identity::lookup(cred.uid(), cred.gid());
-            let refused = self
-                .policy
-                .read()
-                .unwrap_or_else(|p| p.into_inner())
-                .refusal(&identity);
-            if let Some(why) = refused {
-                reject(&sock, ErrorCode::PermissionDenied, &why).await;
-                return;
-            }
-            self.session(sock, hello, identity, pid, stop).await;
-        }
-        .instrument(span)
-        .await
-    }
-
-    async fn session(
-        self: Arc<Self>,
-        sock: UnixSeqpacket,
-        hello: Hello,
-        identity: Identity,
-        pid: i32,
-        mut stop: watch::Receiver<Option<Stop>>,
-    ) {
-        if let (Some(left), _) = self.carried_for(pid) {
-            let msg = format!(
-                "evicted: work of this process (pid {pid}) faulted the GPU before gpushared restarted; refused for {} more seconds",
-                left.as_secs() + 1
-            );
-            reject(&sock, ErrorCode::PermissionDenied, &msg).await;
-            return;
-        }
-        let mut grant = self
-            .policy
-            .read()
-            .map(|p| p.grant_for(&identity))
-            .unwrap_or_default();
-        if let Some(asked) = hello.requested_class
-            && asked > grant.class
-        {
-            grant.class = asked; // less important than granted: always allowed
-        }
-        let gpu = match hello.gpu {
-            None => self.least_loaded(),
-            Some(g) if (g as usize) < self.devices.len() => g as usize,
-            Some(g) => {
-                let msg = format!(
-                    "GPU {g} does not exist; this broker serves GPU{} 0..={}",
-                    if self.devices.len() > 1 { "s" } else { "" },
-                    self.devices.len() - 1
-                );
-                reject(&sock, ErrorCode::InvalidArgument, &msg).await;
-                return;
-            }
-        };
-        let device = self.devices[gpu].clone();
-        let id = self.registry.next_id();
-        let user = identity
-            .user
-            .clone()
-            .unwrap_or_else(|| identity.uid.to_string());
-        let name: String = hello.client_name.chars().take(64).collect();
-        let welcome = |layout| Welcome {
-            protocol_version: PROTOCOL_VERSION,
-            broker_version: env!("CARGO_PKG_VERSION").into(),
-            client_id: id,
-            layout,
-            backend: device.backend().into(),
-            device: device.info().clone(),
-            class: grant.class,
-            weight: grant.weight,
-            memory_quota: grant.memory_quota,
-        };
-
-        if hello.role == Role::Monitor {
-            if send(&sock, &BrokerMessage::Welcome(Box::new(welcome(None))), &[])
-                .await
-                .is_err()
-            {
-                return;
-            }
-            let _ = self
-                .control_loop(&sock, None, None, &identity, &mut stop, None)
-                .await;
-            return;
-        }
-
-        let started = match self.start_session(
-            id, pid, &identity, user, name, grant, &hello, &device, gpu as u32,
-        ) {
-            Ok(s) => s,
-            Err(e) => {
-                warn!(error = %e, "cannot set up client session");
-                reject(
-                    &sock,
-                    ErrorCode::Internal,
-                    &format!("cannot set up session: {e}"),
-                )
-                .await;
-                return;
-            }
-        };
-        let StartedSession {
-            info,
-            modules,
-            fds,
-            ready,
-            mut ended,
-            layout,
-        } = started;
-        match ready.await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                reject(&sock, e.code(), &format!("cannot set up session: {e}")).await;
-                return;
-            }
-            Err(_) => {
-                reject(&sock, ErrorCode::Internal, "session thread failed to start").await;
-                return;
-            }
-        }
-        // Registered before the client learns its id, so that a status or admin request it
-        // (or anyone) sends right after the Welcome finds it. Whatever happens to this task
-        // from here on (even a panic), the session stops and leaves the registry; its data
-        // thread then releases everything.
-        self.registry.insert(info.clone());
-        let _guard = SessionGuard {
-            info: info.clone(),
-            registry: &self.registry,
-        };
-        let borrowed: Vec<BorrowedFd<'_>> = fds.iter().map(|f| f.as_fd()).collect();
-        let sent = send(
-            &sock,
-            &BrokerMessage::Welcome(Box::new(welcome(Some(layout)))),
-            &borrowed,
-        )
-        .await;
-        drop(borrowed);
-        drop(fds);
-        let mut observed_end = None;
-        if sent.is_ok() {
-            info!(client = id, name = %info.name, user = %info.user, class = %info.grant().class, governed = info.governed, "client connected");
-            observed_end = self
-                .control_loop(
-                    &sock,
-                    Some((&modules, &device)),
-                    Some(&info),
-                    &identity,
-                    &mut stop,
-                    Some(&mut ended),
-                )
-                .await;
-        }
-        info.request_stop();
-        let end = match observed_end {
-            Some(end) => end,
-            None => ended.await.unwrap_or(SessionEnd::Stopped),
-        };
-        match end {
-            SessionEnd::Stopped => info!(client = id, "client disconnected"),
-            SessionEnd::ProtocolViolation(why) => {
-                warn!(client = id, %why, "client dropped for breaking the ring protocol")
-            }
-            SessionEnd::Evicted(why) => info!(client = id, %why, "client evicted"),
-        }
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn start_session(
-        &self,
-        id: u64,
-        pid: i32,
-        identity: &Identity,
-        user: String,
-        name: String,
-        grant: crate::policy::Grant,
-        hello: &Hello,
-        device: &Arc<D>,
-        gpu: u32,
-    ) -> std::io::Result<StartedSession<D>> {
-        let layout = self.config.layout_for(hello.sq_entries, hello.arena_size);
-        let region = Arc::new(
-            SharedRegion::create(&format!("gpushare-client-{id}"), layout)
-                .map_err(std::io::Error::other)?,
-        );
-        let submit_wake = Wakeup::new()?;
-        let complete_wake = Wakeup::new()?;
-        let fds = vec![
-            region.memfd().as_fd().try_clone_to_owned()?,
-            submit_wake.dup()?,
-            complete_wake.dup()?,
-        ];
-        let peer = Peer {
-            id,
-            pid,
-            uid: identity.uid,
-            user,
-            name,
-            gpu,
-            governed: hello.role == Role::Governed,
-        };
-        let info = Arc::new(SessionInfo::new(peer, grant, submit_wake));
-        if let (_, Some(until)) = self.carried_for(pid) {
-            info!(
-                client = id,
-                pid, "suspect of the fault before the restart: on probation"
-            );
-            self.health[gpu as usize].set_probation(id, until);
-        }
-        let modules: Arc<Mutex<ModuleTable<D>>> = Arc::default();
-        let (ready_tx, ready) = oneshot::channel();
-        let (ended_tx, ended) = oneshot::channel();
-        let (device, thread_info, thread_modules, spin) = (
-            device.clone(),
-            info.clone(),
-            modules.clone(),
-            self.config.spin,
-        );
-        let health = self.health[gpu as usize].clone();
-        let dispatch = self.dispatch[gpu as usize].clone();
-        std::thread::Builder::new()
-            .name(format!("gpushare-client-{id}"))
-            .spawn(move || {
-                let span = info_span!("client", id, pid);
-                let _entered = span.enter();
-                match SessionState::new(
-                    device,
-                    thread_info,
-                    region,
-                    complete_wake,
-                    thread_modules,
-                    spin,
-                    GpuServices { health, dispatch },
-                ) {
-                    Ok(state) => {
-                        let _ = ready_tx.send(Ok(()));
-                        let _ = ended_tx.send(state.run());
-                    }
-                    Err(e) => {
-                        let _ = ready_tx.send(Err(e));
-                        let _ = ended_tx.send(SessionEnd::Stopped);
-                    }
-                }
-            })?;
-        Ok(StartedSession {
-            info,
-            modules,
-            fds,
-            ready,
-            ended,
-            layout,
-        })
-    }
-}
-
-/// Stops a session and removes it from the registry when dropped.
-struct SessionGuard<'a> {
-    info: Arc<SessionInfo>,
-    registry: &'a Registry,
-}
-
-impl Drop for SessionGuard<'_> {
-    fn drop(&mut self) {
-        self.info.request_stop();
-        self.registry.remove(self.info.id);
-    }
-}
-
-struct StartedSession<D: Device> {
-    info: Arc<SessionInfo>,
-    modules: Arc<Mutex<ModuleTable<D>>>,
-    fds: Vec<OwnedFd>,
-    ready: oneshot::Receiver<Result<(), crate::device::DeviceError>>,
-    ended: oneshot::Receiver<SessionEnd>,
-    layout: gpushare_protocol::ring::ShmLayout,
 }
