@@ -1,4 +1,13 @@
 //! The control plane: the listening socket, one task per connection, and clean shutdown.
+//!
+//! Here: the broker's shared state, and its accept loop until shutdown. Beside it, one file per
+//! step of a connection's life:
+//! - `listen`: binding the socket ([`bind`]), never over a live broker's;
+//! - `handshake`: a new connection's credentials, hello and admission;
+//! - `session`: an admitted connection's session, from its Welcome to its end;
+//! - `control`: its control requests, and `admin` for the administrators' ones;
+//! - `framing`: one control message and its descriptors on the socket;
+//! - `status`: the telemetry sample and the status report.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -233,5 +242,96 @@ impl<D: Device> Broker<D> {
             warn!(socket = %self.config.socket.display(), error = %e, "cannot remove socket file");
         }
         info!("stopped");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use gpushare_protocol::control::{BrokerMessage, ClientMessage, Role};
+    use tokio::sync::oneshot;
+    use tokio_seqpacket::UnixSeqpacket;
+
+    use super::*;
+    use crate::server::testing::{
+        hear, hear_with_fds, hello, say, sim_broker, sim_broker_with, within,
+    };
+
+    #[test]
+    fn a_carried_culprit_is_refused_and_a_suspect_on_probation_for_the_time_given() {
+        let broker = sim_broker(1);
+        assert_eq!(broker.carried_for(1), (None, None), "nothing carried");
+        broker.carry_over(Carry {
+            evicted: vec![1],
+            probation: vec![2],
+            seconds: 60,
+        });
+        let (refused, probation) = broker.carried_for(1);
+        let left = refused.expect("the culprit is refused");
+        assert!(left > Duration::from_secs(59) && left <= Duration::from_secs(60));
+        assert_eq!(probation, None);
+
+        let (refused, probation) = broker.carried_for(2);
+        assert_eq!(refused, None);
+        let until = probation.expect("the suspect is on probation");
+        assert!(until > Instant::now() + Duration::from_secs(59));
+
+        assert_eq!(
+            broker.carried_for(3),
+            (None, None),
+            "anyone else is welcome"
+        );
+    }
+
+    #[test]
+    fn what_is_carried_over_expires() {
+        let broker = sim_broker(1);
+        broker.carry_over(Carry {
+            evicted: vec![1],
+            probation: vec![2],
+            seconds: 0,
+        });
+        assert_eq!(broker.carried_for(1), (None, None));
+        assert_eq!(broker.carried_for(2), (None, None));
+    }
+
+    #[tokio::test]
+    async fn serve_tells_clients_why_it_stops_and_removes_its_socket() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let config = BrokerConfig {
+            socket: dir.path().join("gpushare.sock"),
+            ..BrokerConfig::default()
+        };
+        let listener = bind(&config).expect("bind");
+        let broker = sim_broker_with(1, config.clone());
+        let (stop_tx, stop_rx) = oneshot::channel::<Stop>();
+        let shutdown = async move {
+            stop_rx
+                .await
+                .unwrap_or_else(|_| Stop::stopping("the test ended"))
+        };
+        let client_side = async {
+            let client = UnixSeqpacket::connect(&config.socket)
+                .await
+                .expect("connect");
+            say(&client, &ClientMessage::Hello(hello(Role::Monitor))).await;
+            let (welcome, _) = hear_with_fds(&client).await;
+            assert!(matches!(welcome, BrokerMessage::Welcome(_)), "{welcome:?}");
+            stop_tx
+                .send(Stop::restarting("GPU 0 is stuck"))
+                .expect("serve listens");
+            hear(&client).await
+        };
+        let ((), told) = tokio::join!(
+            within(broker.clone().serve(listener, shutdown)),
+            client_side
+        );
+        assert_eq!(
+            told,
+            BrokerMessage::ShuttingDown {
+                kind: ShutdownKind::Restarting,
+                reason: "GPU 0 is stuck".into()
+            }
+        );
+        assert!(!config.socket.exists(), "the socket file is removed");
     }
 }

@@ -19,8 +19,20 @@ use crate::policy::{Grant, Identity, Policy};
 use crate::session::{Peer, SessionInfo};
 use crate::wake::Wakeup;
 
-/// A broker serving `gpus` sim devices, with the default policy and telemetry off.
+/// A broker serving `gpus` sim devices, with the default policy and telemetry off. Its
+/// socket path names nothing, so that no test removes a real broker's socket.
 pub(super) fn sim_broker(gpus: u32) -> Arc<Broker<SimDevice>> {
+    sim_broker_with(
+        gpus,
+        BrokerConfig {
+            socket: "/nonexistent/gpushare-unit-test.sock".into(),
+            ..BrokerConfig::default()
+        },
+    )
+}
+
+/// A broker serving `gpus` sim devices with `config`.
+pub(super) fn sim_broker_with(gpus: u32, config: BrokerConfig) -> Arc<Broker<SimDevice>> {
     let devices = (0..gpus)
         .map(|index| {
             Arc::new(SimDevice::new(SimOptions {
@@ -31,7 +43,7 @@ pub(super) fn sim_broker(gpus: u32) -> Arc<Broker<SimDevice>> {
         .collect();
     Broker::new(
         devices,
-        BrokerConfig::default(),
+        config,
         Policy::default(),
         None,
         TelemetryStatus {
