@@ -1,6 +1,7 @@
 //! `gpushared`, the gpushare broker: owns the GPU and runs many clients' work on it.
 //!
-//! - [`server`]: the control socket, handshakes, per-connection tasks, shutdown.
+//! - [`server`]: the control socket, handshakes, per-connection tasks, shutdown; one file per
+//!   step (`listen`, `handshake`, `session`, `control` and `admin`, `framing`, `status`).
 //! - [`session`]: one client's tables, accounting and ring-draining data thread.
 //! - [`fault`]: GPU fault containment: the watchdog, context reset, culprit and probation.
 //! - [`dispatch`]: one GPU's scheduler as sessions meet it: kernels wait for their turn.
