@@ -1,6 +1,7 @@
 //! `gpushared`, the gpushare broker: owns the GPU and runs many clients' work on it.
 //!
-//! - [`server`]: the control socket, handshakes, per-connection tasks, shutdown.
+//! - [`server`]: the control socket, handshakes, per-connection tasks, shutdown; one file per
+//!   step (`listen`, `handshake`, `session`, `control` and `admin`, `framing`, `status`).
 //! - [`session`]: one client's tables, accounting and ring-draining data thread: `info`
 //!   (what status sees), `modules` and `allocations` (its tables), `serve` (the ring loop),
 //!   `execute` (one command), `turns` (scheduler turns), `reset` (what a GPU reset took),

@@ -1,0 +1,601 @@
+//! A connection's control requests, answered in order until it ends: status for anyone,
+//! modules and functions for a client session, admin requests (`admin`), and notices and
+//! shutdown for the client.
+
+use std::fs::File;
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::FileExt;
+use std::sync::{Arc, Mutex};
+
+use gpushare_protocol::ErrorCode;
+use gpushare_protocol::control::{BrokerMessage, ClientMessage, MAX_MODULE_IMAGE, ModuleFormat};
+use gpushare_protocol::error::WireError;
+use tokio::sync::{oneshot, watch};
+use tokio_seqpacket::UnixSeqpacket;
+use tracing::debug;
+
+use super::framing::{recv, send};
+use super::{Broker, Stop};
+use crate::device::Device;
+use crate::policy::Identity;
+use crate::session::{ModuleTable, SessionEnd, SessionInfo};
+
+/// A client session's module table and the device it runs on.
+type SessionScope<'a, D> = (&'a Arc<Mutex<ModuleTable<D>>>, &'a Arc<D>);
+
+impl<D: Device> Broker<D> {
+    /// Serves control requests until the client leaves, the broker stops, or the session's
+    /// data thread ends on its own.
+    pub(super) async fn control_loop(
+        &self,
+        sock: &UnixSeqpacket,
+        // A client session's module table and the device it runs on; `None` for monitors.
+        modules: Option<SessionScope<'_, D>>,
+        // The client session, for notices its data thread posts; `None` for monitors.
+        session: Option<&SessionInfo>,
+        who: &Identity,
+        stop: &mut watch::Receiver<Option<Stop>>,
+        mut ended: Option<&mut oneshot::Receiver<SessionEnd>>,
+    ) -> Option<SessionEnd> {
+        loop {
+            let thread_ended = async {
+                match ended.as_deref_mut() {
+                    Some(rx) => rx.await.unwrap_or(SessionEnd::Stopped),
+                    None => std::future::pending().await,
+                }
+            };
+            let notice = async {
+                match session {
+                    Some(info) => info.notice_posted.notified().await,
+                    None => std::future::pending().await,
+                }
+            };
+            let msg = tokio::select! {
+                m = recv(sock) => m,
+                () = notice => {
+                    if let Some(msg) = session.and_then(|i| i.take_notice())
+                        && send(sock, &msg, &[]).await.is_err()
+                    {
+                        return None;
+                    }
+                    continue;
+                }
+                _ = stop.changed() => {
+                    let Stop { kind, reason } = stop.borrow().clone().unwrap_or_else(|| Stop::stopping("broker shutting down"));
+                    let _ = send(sock, &BrokerMessage::ShuttingDown { kind, reason }, &[]).await;
+                    return None;
+                }
+                end = thread_ended => {
+                    let reason = match &end {
+                        SessionEnd::ProtocolViolation(why) => Some(format!("protocol violation: {why}")),
+                        SessionEnd::Evicted(why) => Some(why.clone()),
+                        SessionEnd::Stopped => None,
+                    };
+                    if let Some(reason) = reason {
+                        let _ = send(sock, &BrokerMessage::Evicted { reason }, &[]).await;
+                    }
+                    // The receiver is spent: hand the outcome to the caller.
+                    return Some(end);
+                }
+            };
+            let (msg, fds) = match msg {
+                Ok(Some(m)) => m,
+                Ok(None) => return None,
+                Err(e) => {
+                    debug!(error = %e, "malformed control message");
+                    let error = WireError::new(ErrorCode::ProtocolViolation, e.to_string());
+                    if send(
+                        sock,
+                        &BrokerMessage::RequestFailed { request: 0, error },
+                        &[],
+                    )
+                    .await
+                    .is_err()
+                    {
+                        return None;
+                    }
+                    continue;
+                }
+            };
+            let reply = match (msg, modules) {
+                (ClientMessage::Goodbye, _) => return None,
+                (ClientMessage::Status { request }, _) => BrokerMessage::Status {
+                    request,
+                    report: Box::new(self.status()),
+                },
+                (ClientMessage::Hello(_), _) => BrokerMessage::RequestFailed {
+                    request: 0,
+                    error: WireError::new(ErrorCode::ProtocolViolation, "already said hello"),
+                },
+                (
+                    ClientMessage::LoadModule {
+                        request,
+                        format,
+                        image_len,
+                    },
+                    Some(m),
+                ) => {
+                    let result = Self::load_module(m.0, m.1, format, image_len, fds).await;
+                    BrokerMessage::ModuleLoaded { request, result }
+                }
+                (
+                    ClientMessage::GetFunction {
+                        request,
+                        module,
+                        name,
+                    },
+                    Some(m),
+                ) => {
+                    let result = Self::get_function(m.0, m.1, module, name).await;
+                    BrokerMessage::Function { request, result }
+                }
+                (ClientMessage::UnloadModule { request, module }, Some(m)) => {
+                    let removed =
+                        m.0.lock()
+                            .map(|mut t| t.remove_module(module))
+                            .unwrap_or(false);
+                    let result = if removed {
+                        Ok(())
+                    } else {
+                        Err(WireError::new(
+                            ErrorCode::InvalidHandle,
+                            format!("no module {module}"),
+                        ))
+                    };
+                    BrokerMessage::ModuleUnloaded { request, result }
+                }
+                (
+                    ClientMessage::LoadModule { request, .. }
+                    | ClientMessage::GetFunction { request, .. }
+                    | ClientMessage::UnloadModule { request, .. },
+                    None,
+                ) => BrokerMessage::RequestFailed {
+                    request,
+                    error: WireError::new(
+                        ErrorCode::PermissionDenied,
+                        "monitor connections cannot load modules",
+                    ),
+                },
+                (
+                    ClientMessage::AdminSet {
+                        request,
+                        client,
+                        class,
+                        weight,
+                        memory_quota,
+                    },
+                    _,
+                ) => BrokerMessage::AdminDone {
+                    request,
+                    result: self.admin_set(who, client, class, weight, memory_quota),
+                },
+                (
+                    ClientMessage::AdminEvict {
+                        request,
+                        client,
+                        reason,
+                    },
+                    _,
+                ) => BrokerMessage::AdminDone {
+                    request,
+                    result: self.admin_evict(who, client, reason),
+                },
+            };
+            if send(sock, &reply, &[]).await.is_err() {
+                return None;
+            }
+        }
+    }
+
+    async fn load_module(
+        modules: &Arc<Mutex<ModuleTable<D>>>,
+        device: &Arc<D>,
+        format: ModuleFormat,
+        image_len: u64,
+        fds: Vec<OwnedFd>,
+    ) -> Result<u64, WireError> {
+        let fd = fds.into_iter().next().ok_or_else(|| {
+            WireError::new(
+                ErrorCode::InvalidArgument,
+                "LoadModule must carry the image as a file descriptor",
+            )
+        })?;
+        if image_len > MAX_MODULE_IMAGE {
+            return Err(WireError::new(
+                ErrorCode::InvalidArgument,
+                format!(
+                    "module image of {image_len} bytes exceeds the {MAX_MODULE_IMAGE}-byte limit"
+                ),
+            ));
+        }
+        let device = device.clone();
+        let loaded = tokio::task::spawn_blocking(move || {
+            // Read by position: the client's file offset is not ours to trust.
+            let file = File::from(fd);
+            let size = file.metadata().map(|m| m.len()).unwrap_or(0);
+            if size < image_len {
+                return Err(WireError::new(
+                    ErrorCode::InvalidArgument,
+                    format!("module image file has {size} bytes, not the {image_len} announced"),
+                ));
+            }
+            let mut image = vec![0u8; image_len as usize];
+            file.read_exact_at(&mut image, 0).map_err(|e| {
+                WireError::new(
+                    ErrorCode::InvalidArgument,
+                    format!("cannot read module image: {e}"),
+                )
+            })?;
+            device
+                .load_module(format, &image)
+                .map_err(|e| WireError::new(e.code(), e.to_string()))
+        })
+        .await
+        .map_err(|e| WireError::new(ErrorCode::Internal, e.to_string()))??;
+        let mut table = modules
+            .lock()
+            .map_err(|_| WireError::new(ErrorCode::Internal, "module table poisoned"))?;
+        table
+            .insert_module(loaded)
+            .map_err(|c| WireError::new(c, "too many modules"))
+    }
+
+    async fn get_function(
+        modules: &Arc<Mutex<ModuleTable<D>>>,
+        device: &Arc<D>,
+        module: u64,
+        name: String,
+    ) -> Result<u64, WireError> {
+        let m = modules
+            .lock()
+            .map_err(|_| WireError::new(ErrorCode::Internal, "module table poisoned"))?
+            .module(module)
+            .ok_or_else(|| {
+                WireError::new(ErrorCode::InvalidHandle, format!("no module {module}"))
+            })?;
+        let device = device.clone();
+        let f = tokio::task::spawn_blocking(move || {
+            device
+                .get_function(&m, &name)
+                .map_err(|e| WireError::new(e.code(), e.to_string()))
+        })
+        .await
+        .map_err(|e| WireError::new(ErrorCode::Internal, e.to_string()))??;
+        let mut table = modules
+            .lock()
+            .map_err(|_| WireError::new(ErrorCode::Internal, "module table poisoned"))?;
+        table
+            .insert_function(module, f)
+            .map_err(|c| WireError::new(c, "too many functions"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+    use std::os::fd::AsFd;
+
+    use gpushare_protocol::control::{LostState, Role, ShutdownKind};
+    use tokio::sync::watch;
+
+    use super::*;
+    use crate::device::sim::SimDevice;
+    use crate::server::testing::{
+        closed, hear, hello, identity, pair, register, say, sim_broker, within,
+    };
+
+    /// Runs a monitor's control loop (as `who`) while a client says what `talk` says, then
+    /// leaves; returns how the loop ended.
+    async fn monitor_loop(
+        broker: &Broker<SimDevice>,
+        who: &Identity,
+        talk: impl AsyncFnOnce(&UnixSeqpacket),
+    ) -> Option<SessionEnd> {
+        let (server, client) = pair();
+        let (_stop_tx, mut stop) = watch::channel(None::<Stop>);
+        let client_side = async move {
+            talk(&client).await;
+            drop(client);
+        };
+        let (end, ()) = tokio::join!(
+            within(broker.control_loop(&server, None, None, who, &mut stop, None)),
+            client_side
+        );
+        end
+    }
+
+    fn failed(request: u64, code: ErrorCode, message: &str) -> BrokerMessage {
+        BrokerMessage::RequestFailed {
+            request,
+            error: WireError::new(code, message),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_monitor_gets_status_but_no_modules() {
+        let broker = sim_broker(1);
+        let end = monitor_loop(&broker, &identity(1000, &[]), async |client| {
+            say(client, &ClientMessage::Status { request: 3 }).await;
+            match hear(client).await {
+                BrokerMessage::Status { request, report } => {
+                    assert_eq!(request, 3);
+                    assert_eq!(report.backend, "sim");
+                }
+                other => panic!("expected a status report, got {other:?}"),
+            }
+            let denied = "monitor connections cannot load modules";
+            let asks = [
+                ClientMessage::LoadModule {
+                    request: 4,
+                    format: ModuleFormat::Ptx,
+                    image_len: 1,
+                },
+                ClientMessage::GetFunction {
+                    request: 5,
+                    module: 1,
+                    name: "f".into(),
+                },
+                ClientMessage::UnloadModule {
+                    request: 6,
+                    module: 1,
+                },
+            ];
+            for (ask, request) in asks.iter().zip(4..) {
+                say(client, ask).await;
+                assert_eq!(
+                    hear(client).await,
+                    failed(request, ErrorCode::PermissionDenied, denied)
+                );
+            }
+            say(client, &ClientMessage::Goodbye).await;
+        })
+        .await;
+        assert!(
+            end.is_none(),
+            "a goodbye ends the loop with nothing to report"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_bad_request_fails_alone_and_the_connection_goes_on() {
+        let broker = sim_broker(1);
+        monitor_loop(&broker, &identity(1000, &[]), async |client| {
+            client.send(&[0xff; 8]).await.expect("send");
+            match hear(client).await {
+                BrokerMessage::RequestFailed { request: 0, error } => {
+                    assert_eq!(error.code, ErrorCode::ProtocolViolation)
+                }
+                other => panic!("expected RequestFailed, got {other:?}"),
+            }
+            say(client, &ClientMessage::Hello(hello(Role::Monitor))).await;
+            assert_eq!(
+                hear(client).await,
+                failed(0, ErrorCode::ProtocolViolation, "already said hello")
+            );
+            say(client, &ClientMessage::Status { request: 9 }).await;
+            assert!(matches!(
+                hear(client).await,
+                BrokerMessage::Status { request: 9, .. }
+            ));
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn the_peer_leaving_ends_the_loop() {
+        let broker = sim_broker(1);
+        let end = monitor_loop(&broker, &identity(1000, &[]), async |client| {
+            client
+                .shutdown(std::net::Shutdown::Write)
+                .expect("shutdown");
+        })
+        .await;
+        assert!(end.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_stopping_broker_tells_the_client_why() {
+        let broker = sim_broker(1);
+        let (server, client) = pair();
+        let (stop_tx, mut stop) = watch::channel(None::<Stop>);
+        let who = identity(1000, &[]);
+        let talk = async {
+            stop_tx
+                .send(Some(Stop::restarting("GPU 0 is stuck")))
+                .expect("the loop listens");
+            hear(&client).await
+        };
+        let (end, told) = tokio::join!(
+            within(broker.control_loop(&server, None, None, &who, &mut stop, None)),
+            talk
+        );
+        assert!(end.is_none());
+        assert_eq!(
+            told,
+            BrokerMessage::ShuttingDown {
+                kind: ShutdownKind::Restarting,
+                reason: "GPU 0 is stuck".into()
+            }
+        );
+    }
+
+    #[tokio::test]
+    async fn the_data_thread_ending_is_told_and_handed_back() {
+        let broker = sim_broker(1);
+        let who = identity(1000, &[]);
+        for (end, told) in [
+            (
+                SessionEnd::ProtocolViolation("bad ring index".into()),
+                Some("protocol violation: bad ring index"),
+            ),
+            (SessionEnd::Evicted("by admin".into()), Some("by admin")),
+            (SessionEnd::Stopped, None),
+        ] {
+            let (server, client) = pair();
+            let (_stop_tx, mut stop) = watch::channel(None::<Stop>);
+            let (ended_tx, mut ended) = oneshot::channel();
+            let expected = format!("{end:?}");
+            ended_tx.send(end).expect("receiver alive");
+            let got =
+                within(broker.control_loop(&server, None, None, &who, &mut stop, Some(&mut ended)))
+                    .await;
+            assert_eq!(format!("{got:?}"), format!("Some({expected})"));
+            drop(server);
+            match told {
+                Some(reason) => assert_eq!(
+                    hear(&client).await,
+                    BrokerMessage::Evicted {
+                        reason: reason.into()
+                    }
+                ),
+                None => assert!(closed(&client).await),
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_notice_from_the_data_thread_is_forwarded() {
+        let broker = sim_broker(1);
+        let info = register(&broker, 100, 0, false);
+        let (server, client) = pair();
+        let (_stop_tx, mut stop) = watch::channel(None::<Stop>);
+        let who = identity(1000, &[]);
+        let notice = BrokerMessage::DeviceReset {
+            gpu: 0,
+            reason: "another client faulted".into(),
+            lost: LostState::default(),
+        };
+        let talk = async {
+            info.post_notice(notice.clone());
+            let heard = hear(&client).await;
+            say(&client, &ClientMessage::Goodbye).await;
+            heard
+        };
+        let (end, heard) = tokio::join!(
+            within(broker.control_loop(&server, None, Some(&info), &who, &mut stop, None)),
+            talk
+        );
+        assert!(end.is_none());
+        assert_eq!(heard, notice);
+    }
+
+    #[tokio::test]
+    async fn admin_requests_are_answered_with_their_request_id() {
+        let broker = sim_broker(1);
+        let target = register(&broker, 100, 0, false);
+        monitor_loop(&broker, &identity(0, &[]), async |client| {
+            let set = ClientMessage::AdminSet {
+                request: 2,
+                client: 999,
+                class: None,
+                weight: Some(2),
+                memory_quota: None,
+            };
+            say(client, &set).await;
+            assert_eq!(
+                hear(client).await,
+                BrokerMessage::AdminDone {
+                    request: 2,
+                    result: Err(WireError::new(
+                        ErrorCode::InvalidHandle,
+                        "no client 999 is connected"
+                    ))
+                }
+            );
+            let evict = ClientMessage::AdminEvict {
+                request: 3,
+                client: target.id,
+                reason: "make room".into(),
+            };
+            say(client, &evict).await;
+            assert_eq!(
+                hear(client).await,
+                BrokerMessage::AdminDone {
+                    request: 3,
+                    result: Ok(())
+                }
+            );
+        })
+        .await;
+        assert_eq!(target.eviction().as_deref(), Some("make room"));
+    }
+
+    #[tokio::test]
+    async fn a_module_image_is_checked_before_the_device_sees_it() {
+        let broker = sim_broker(1);
+        let device = broker.devices[0].clone();
+        let modules = Arc::default();
+        let load = |len, fds| {
+            Broker::<SimDevice>::load_module(&modules, &device, ModuleFormat::Ptx, len, fds)
+        };
+        let image = |bytes: &[u8]| {
+            let mut f = tempfile::tempfile().expect("temp file");
+            f.write_all(bytes).expect("write");
+            vec![f.as_fd().try_clone_to_owned().expect("dup")]
+        };
+        let code = |r: Result<u64, WireError>| r.expect_err("refused").code;
+
+        assert_eq!(code(load(4, Vec::new()).await), ErrorCode::InvalidArgument);
+        assert_eq!(
+            code(load(MAX_MODULE_IMAGE + 1, image(b"tiny")).await),
+            ErrorCode::InvalidArgument
+        );
+        let short = load(10, image(b"abc")).await.expect_err("short file");
+        assert_eq!(
+            short,
+            WireError::new(
+                ErrorCode::InvalidArgument,
+                "module image file has 3 bytes, not the 10 announced"
+            )
+        );
+        // A whole image reaches the device, which on sim refuses modules.
+        assert_eq!(code(load(4, image(b"ptx!")).await), ErrorCode::NotSupported);
+    }
+
+    #[tokio::test]
+    async fn unknown_modules_are_invalid_handles() {
+        let broker = sim_broker(1);
+        let device = broker.devices[0].clone();
+        let modules: Arc<Mutex<ModuleTable<SimDevice>>> = Arc::default();
+        let got = Broker::<SimDevice>::get_function(&modules, &device, 7, "f".into()).await;
+        assert_eq!(
+            got,
+            Err(WireError::new(ErrorCode::InvalidHandle, "no module 7"))
+        );
+
+        let (server, client) = pair();
+        let (_stop_tx, mut stop) = watch::channel(None::<Stop>);
+        let who = identity(1000, &[]);
+        let talk = async {
+            say(
+                &client,
+                &ClientMessage::UnloadModule {
+                    request: 8,
+                    module: 7,
+                },
+            )
+            .await;
+            let heard = hear(&client).await;
+            say(&client, &ClientMessage::Goodbye).await;
+            heard
+        };
+        let (_, heard) = tokio::join!(
+            within(broker.control_loop(
+                &server,
+                Some((&modules, &device)),
+                None,
+                &who,
+                &mut stop,
+                None
+            )),
+            talk
+        );
+        assert_eq!(
+            heard,
+            BrokerMessage::ModuleUnloaded {
+                request: 8,
+                result: Err(WireError::new(ErrorCode::InvalidHandle, "no module 7"))
+            }
+        );
+    }
+}
