@@ -503,6 +503,8 @@ fn a_non_admin_sees_who_uses_the_gpu_but_no_pointers_or_contents() {
         // Governed programs (`gpushare run`): a flag and a duration.
         "governed",
         "throttled_ns",
+        // Programs under the consolidated driver: a flag.
+        "consolidated",
     ];
     for field in &shown {
         assert!(

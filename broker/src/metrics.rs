@@ -578,6 +578,10 @@ mod tests {
             fp32_flops: 6e13,
             memory_bandwidth: 3.3e12,
             host_bandwidth: 5e10,
+            uuid: [0; 16],
+            pci: (0, 1, 0),
+            driver_version: 13000,
+            attributes: Vec::new(),
         }
     }
 
@@ -610,6 +614,7 @@ mod tests {
             latency_p99_ns: None,
             governed: false,
             throttled_ns: 0,
+            consolidated: false,
         }
     }
 

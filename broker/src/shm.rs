@@ -7,6 +7,7 @@ use gpushare_protocol::ring::{BrokerRings, ShmLayout};
 use memmap2::{MmapOptions, MmapRaw};
 use nix::fcntl::{FcntlArg, SealFlag, fcntl};
 use nix::sys::memfd::{MFdFlags, memfd_create};
+use std::ops::Not;
 
 /// The mapping of one client's region. The client can write any byte of it at any time; the
 /// broker reads it only through the rings (which check indices) and the arena accessors
@@ -95,13 +96,137 @@ impl SharedRegion {
     }
 }
 
-/// Bytes of a client's arena. The client may change them at any time, so they are never
-/// handed out as `&[u8]`: only copied in and out.
+/// Bytes of memory a client shares (its arena, or a host region of its own). The client may
+/// change them at any time, so they are never handed out as `&[u8]`: only copied in and out.
 #[derive(Clone, Copy)]
 pub struct ArenaSlice<'a> {
     ptr: NonNull<u8>,
     len: usize,
-    _region: std::marker::PhantomData<&'a SharedRegion>,
+    _region: std::marker::PhantomData<&'a ()>,
+}
+
+/// Page-locked host memory a client shares with the broker (a consolidated client's
+/// `cuMemHostAlloc`): its memfd, sealed against shrinking, mapped here too.
+pub struct HostRegion {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: a plain shared mapping, read and written only through `ArenaSlice` copies.
+unsafe impl Send for HostRegion {}
+// SAFETY: as above.
+unsafe impl Sync for HostRegion {}
+
+#[derive(Debug, thiserror::Error)]
+pub enum HostRegionError {
+    #[error("the host memory must be a memfd sealed against shrinking")]
+    NotSealed,
+    #[error("the host memory file has {have} bytes, not the {want} announced")]
+    TooShort { have: u64, want: u64 },
+    #[error("{0} bytes is not a whole number of pages")]
+    NotPages(u64),
+    #[error("cannot map the host memory: {0}")]
+    Map(nix::Error),
+}
+
+impl HostRegion {
+    /// Maps `len` bytes of a client's memfd, at `at` when that address is free here (device
+    /// code may then use the client's own pointer), else wherever the kernel puts it.
+    pub fn map(fd: &OwnedFd, len: u64, at: u64) -> Result<HostRegion, HostRegionError> {
+        use nix::sys::mman::{MapFlags, ProtFlags, mmap};
+        let seals = fcntl(fd, FcntlArg::F_GET_SEALS).map_err(|_| HostRegionError::NotSealed)?;
+        if SealFlag::from_bits_truncate(seals)
+            .contains(SealFlag::F_SEAL_SHRINK)
+            .not()
+        {
+            return Err(HostRegionError::NotSealed);
+        }
+        let have = nix::sys::stat::fstat(fd)
+            .map(|s| s.st_size as u64)
+            .unwrap_or(0);
+        if have < len {
+            return Err(HostRegionError::TooShort { have, want: len });
+        }
+        if len == 0 || !len.is_multiple_of(4096) {
+            return Err(HostRegionError::NotPages(len));
+        }
+        let size =
+            std::num::NonZeroUsize::new(len as usize).ok_or(HostRegionError::NotPages(len))?;
+        let prot = ProtFlags::PROT_READ | ProtFlags::PROT_WRITE;
+        // SAFETY: a new shared mapping of a sealed memfd, wherever the kernel puts it.
+        let anywhere = || unsafe { mmap(None, size, prot, MapFlags::MAP_SHARED, fd, 0) };
+        // No hint means anywhere: MAP_FIXED_NOREPLACE at 0 would map page zero where allowed.
+        let ptr = match std::num::NonZeroUsize::new(at as usize) {
+            None => anywhere().map_err(HostRegionError::Map)?,
+            Some(hint) => {
+                // SAFETY: as above; MAP_FIXED_NOREPLACE never replaces a mapping of ours.
+                let placed = unsafe {
+                    mmap(
+                        Some(hint),
+                        size,
+                        prot,
+                        MapFlags::MAP_SHARED | MapFlags::MAP_FIXED_NOREPLACE,
+                        fd,
+                        0,
+                    )
+                };
+                match placed {
+                    Ok(p) if p.as_ptr() as usize == hint.get() => p,
+                    other => {
+                        if let Ok(p) = other {
+                            // SAFETY: the mapping just made, elsewhere than asked (old kernel).
+                            let _ = unsafe { nix::sys::mman::munmap(p, len as usize) };
+                        }
+                        anywhere().map_err(HostRegionError::Map)?
+                    }
+                }
+            }
+        };
+        Ok(HostRegion {
+            ptr: ptr.cast(),
+            len: len as usize,
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The whole region, for registering it with a device.
+    pub fn whole(&self) -> ArenaSlice<'_> {
+        ArenaSlice {
+            ptr: self.ptr,
+            len: self.len,
+            _region: std::marker::PhantomData,
+        }
+    }
+
+    /// A checked view of `len` bytes at `offset`, or `None` if it leaves the region.
+    pub fn slice(&self, offset: u64, len: u64) -> Option<ArenaSlice<'_>> {
+        let end = offset.checked_add(len)?;
+        if end > self.len as u64 {
+            return None;
+        }
+        // SAFETY: inside the mapping (checked).
+        let ptr = unsafe { self.ptr.add(offset as usize) };
+        Some(ArenaSlice {
+            ptr,
+            len: len as usize,
+            _region: std::marker::PhantomData,
+        })
+    }
+}
+
+impl Drop for HostRegion {
+    fn drop(&mut self) {
+        // SAFETY: our mapping, unmapped once; the device let go of it first (the session
+        // unregisters before dropping).
+        let _ = unsafe { nix::sys::mman::munmap(self.ptr.cast(), self.len) };
+    }
 }
 
 impl ArenaSlice<'_> {

@@ -57,6 +57,7 @@ extern "C" {
 #define GPUSHARE_E_DEVICE_RESET 18       /* GPU reset after a fault: device state lost, session goes on
                                           * (with GPUSHARE_CONNECT_REBUILD: state rebuilt, submit again) */
 #define GPUSHARE_E_ADDRESS_UNAVAILABLE 19 /* a rebuild could not get a buffer's device address back */
+#define GPUSHARE_E_NOT_FOUND 20           /* the broker does not know the named module, kernel or global */
 
 /* Library error codes. */
 #define GPUSHARE_E_CONNECT 100     /* cannot reach the broker's socket */

@@ -59,6 +59,8 @@ pub const GPUSHARE_E_DEVICE_RESET: c_int = wire(ErrorCode::DeviceReset);
 /// Memory could not be placed at the device address asked for (a rebuild after a reset could
 /// not get a buffer's old address back); with rebuild on, the client is unusable afterwards.
 pub const GPUSHARE_E_ADDRESS_UNAVAILABLE: c_int = wire(ErrorCode::AddressUnavailable);
+/// The broker does not know the named thing (a cached module image, a kernel, a global).
+pub const GPUSHARE_E_NOT_FOUND: c_int = wire(ErrorCode::NotFound);
 /// The broker's socket could not be reached.
 pub const GPUSHARE_E_CONNECT: c_int = 100;
 /// The connection to the broker was lost; the session is over.
@@ -141,6 +143,7 @@ fn name_of(code: c_int) -> &'static CStr {
         GPUSHARE_E_PROTOCOL_VIOLATION => c"GPUSHARE_E_PROTOCOL_VIOLATION",
         GPUSHARE_E_DEVICE_RESET => c"GPUSHARE_E_DEVICE_RESET",
         GPUSHARE_E_ADDRESS_UNAVAILABLE => c"GPUSHARE_E_ADDRESS_UNAVAILABLE",
+        GPUSHARE_E_NOT_FOUND => c"GPUSHARE_E_NOT_FOUND",
         GPUSHARE_E_REBUILD_FAILED => c"GPUSHARE_E_REBUILD_FAILED",
         GPUSHARE_E_CONNECT => c"GPUSHARE_E_CONNECT",
         GPUSHARE_E_BROKER_GONE => c"GPUSHARE_E_BROKER_GONE",

@@ -4,7 +4,7 @@
 pub mod cuda;
 pub mod sim;
 
-use gpushare_protocol::command::ModuleLaunch;
+use gpushare_protocol::command::{LaunchAttributes, ModuleLaunch, OccupancyQuery};
 use gpushare_protocol::control::{DeviceInfo, ModuleFormat};
 use gpushare_protocol::{DevicePtr, ErrorCode, Kernel, PriorityClass};
 
@@ -49,6 +49,33 @@ impl DeviceError {
 }
 
 pub type DeviceResult<T> = Result<T, DeviceError>;
+
+/// What a client-side driver needs to know of a function: its parameters' (offset, size)
+/// in the packed buffer, and its `CUfunction_attribute` values by number.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FunctionShape {
+    pub params: Vec<(u32, u32)>,
+    pub attributes: Vec<i32>,
+}
+
+/// An occupancy question about a function.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Occupancy {
+    pub query: OccupancyQuery,
+    pub block_size: u32,
+    /// Dynamic shared memory per block; the block count for `DynamicSmemPerBlock`.
+    pub dynamic_smem: u64,
+    pub flags: u32,
+    pub cluster: [u32; 3],
+}
+
+/// What a backend that cannot run client modules says about them.
+fn no_modules<T>(backend: &'static str, what: &str) -> DeviceResult<T> {
+    Err(DeviceError::NotSupported {
+        backend,
+        what: what.into(),
+    })
+}
 
 /// One GPU as the broker drives it. Pointers and ranges passed in have already been checked
 /// against the calling client's allocations by its session.
@@ -123,11 +150,14 @@ pub trait Device: Send + Sync + 'static {
     fn limit_sms(&self, _stream: &mut Self::Stream, _sms: Option<u32>) -> DeviceResult<()> {
         Ok(())
     }
+    /// Launches a module function with its packed parameters (`params`, without the
+    /// attributes) and the launch's attributes (clusters, cooperative, programmatic launch).
     fn launch_module(
         &self,
         stream: &mut Self::Stream,
         function: &Self::Function,
         launch: &ModuleLaunch,
+        attributes: &LaunchAttributes,
         params: &[u8],
     ) -> DeviceResult<()>;
     /// Waits for all work on the stream; reports the first error it met.
@@ -180,4 +210,75 @@ pub trait Device: Send + Sync + 'static {
 
     fn load_module(&self, format: ModuleFormat, image: &[u8]) -> DeviceResult<Self::Module>;
     fn get_function(&self, module: &Self::Module, name: &str) -> DeviceResult<Self::Function>;
+
+    // ---- what consolidated clients (a client-side CUDA driver) need besides -----------
+
+    /// Work queued on `stream` after this waits until `event`'s recorded work is done.
+    fn stream_wait_event(&self, stream: &mut Self::Stream, event: &Self::Event)
+    -> DeviceResult<()>;
+    /// Whether all work queued on the stream has finished.
+    fn stream_done(&self, stream: &Self::Stream) -> DeviceResult<bool>;
+    /// An event with `cuEventCreate`'s flags (timing disabled makes a marker).
+    fn create_event_flags(&self, flags: u32) -> DeviceResult<Self::Event> {
+        const DISABLE_TIMING: u32 = 0x2;
+        if flags & DISABLE_TIMING != 0 {
+            self.create_marker()
+        } else {
+            self.create_event()
+        }
+    }
+    /// Sets `count` elements of `elem_bytes` (2 or 4) at `dst` to `value`.
+    fn memset_wide(
+        &self,
+        stream: &mut Self::Stream,
+        dst: DevicePtr,
+        value: u32,
+        elem_bytes: u8,
+        count: u64,
+    ) -> DeviceResult<()>;
+    /// Copies arena bytes to the device, ordered on the stream; the device is done reading
+    /// `src` when this returns (the client reuses it).
+    fn copy_htod_staged(
+        &self,
+        stream: &mut Self::Stream,
+        src: ArenaSlice<'_>,
+        dst: DevicePtr,
+    ) -> DeviceResult<()>;
+    /// Copies device bytes into the arena after the stream's earlier work; they are there
+    /// when this returns.
+    fn copy_dtoh_staged(
+        &self,
+        stream: &mut Self::Stream,
+        src: DevicePtr,
+        dst: ArenaSlice<'_>,
+    ) -> DeviceResult<()>;
+    /// Page-locks a client's shared host region for DMA; returns where device code reaches
+    /// it. Copies to and from it through `copy_htod`/`copy_dtoh` are then DMA.
+    fn register_host(&self, region: ArenaSlice<'_>) -> DeviceResult<u64>;
+    fn unregister_host(&self, region: ArenaSlice<'_>);
+    /// Free and total device memory.
+    fn memory_info(&self) -> DeviceResult<(u64, u64)>;
+    /// A function's parameter layout and attributes.
+    fn function_shape(&self, function: &Self::Function) -> DeviceResult<FunctionShape> {
+        let _ = function;
+        no_modules(self.backend(), "describing functions")
+    }
+    fn set_function_attribute(
+        &self,
+        function: &Self::Function,
+        attribute: u32,
+        value: i32,
+    ) -> DeviceResult<()> {
+        let _ = (function, attribute, value);
+        no_modules(self.backend(), "setting function attributes")
+    }
+    fn occupancy(&self, function: &Self::Function, question: &Occupancy) -> DeviceResult<u64> {
+        let _ = (function, question);
+        no_modules(self.backend(), "occupancy queries")
+    }
+    /// A module's global variable: its device address and size.
+    fn module_global(&self, module: &Self::Module, name: &str) -> DeviceResult<(u64, u64)> {
+        let _ = (module, name);
+        no_modules(self.backend(), "module globals")
+    }
 }

@@ -21,7 +21,7 @@ use crate::policy::Identity;
 use crate::session::{ModuleTable, SessionEnd, SessionInfo};
 
 /// A client session's module table and the device it runs on.
-type SessionScope<'a, D> = (&'a Arc<Mutex<ModuleTable<D>>>, &'a Arc<D>);
+pub(super) type SessionScope<'a, D> = (&'a Arc<Mutex<ModuleTable<D>>>, &'a Arc<D>);
 
 impl<D: Device> Broker<D> {
     /// Serves control requests until the client leaves, the broker stops, or the session's
@@ -97,6 +97,27 @@ impl<D: Device> Broker<D> {
                     continue;
                 }
             };
+            let consolidated = matches!(
+                msg,
+                ClientMessage::LoadCachedModule { .. }
+                    | ClientMessage::GetFunctionInfo { .. }
+                    | ClientMessage::GetGlobal { .. }
+                    | ClientMessage::ShareHostMemory { .. }
+                    | ClientMessage::UnshareHostMemory { .. }
+            );
+            if consolidated && let Some(scope) = modules {
+                let reply = self
+                    .consolidated_request(&msg, fds, scope, session)
+                    .await
+                    .unwrap_or_else(|| BrokerMessage::RequestFailed {
+                        request: 0,
+                        error: WireError::new(ErrorCode::Internal, "unrouted request"),
+                    });
+                if send(sock, &reply, &[]).await.is_err() {
+                    return None;
+                }
+                continue;
+            }
             let reply = match (msg, modules) {
                 (ClientMessage::Goodbye, _) => return None,
                 (ClientMessage::Status { request }, _) => BrokerMessage::Status {
@@ -115,7 +136,8 @@ impl<D: Device> Broker<D> {
                     },
                     Some(m),
                 ) => {
-                    let result = Self::load_module(m.0, m.1, format, image_len, fds).await;
+                    let result =
+                        Self::load_module(m.0, m.1, &self.images, format, image_len, fds).await;
                     BrokerMessage::ModuleLoaded { request, result }
                 }
                 (
@@ -147,8 +169,13 @@ impl<D: Device> Broker<D> {
                 (
                     ClientMessage::LoadModule { request, .. }
                     | ClientMessage::GetFunction { request, .. }
-                    | ClientMessage::UnloadModule { request, .. },
-                    None,
+                    | ClientMessage::UnloadModule { request, .. }
+                    | ClientMessage::LoadCachedModule { request, .. }
+                    | ClientMessage::GetFunctionInfo { request, .. }
+                    | ClientMessage::GetGlobal { request, .. }
+                    | ClientMessage::ShareHostMemory { request, .. }
+                    | ClientMessage::UnshareHostMemory { request, .. },
+                    _,
                 ) => BrokerMessage::RequestFailed {
                     request,
                     error: WireError::new(
@@ -187,9 +214,10 @@ impl<D: Device> Broker<D> {
         }
     }
 
-    async fn load_module(
+    pub(super) async fn load_module(
         modules: &Arc<Mutex<ModuleTable<D>>>,
         device: &Arc<D>,
+        images: &super::images::ImageCache,
         format: ModuleFormat,
         image_len: u64,
         fds: Vec<OwnedFd>,
@@ -226,8 +254,15 @@ impl<D: Device> Broker<D> {
                     format!("cannot read module image: {e}"),
                 )
             })?;
+            Ok(image)
+        })
+        .await
+        .map_err(|e| WireError::new(ErrorCode::Internal, e.to_string()))??;
+        let image = images.intern(loaded);
+        let (device, held) = (device.clone(), image.clone());
+        let module = tokio::task::spawn_blocking(move || {
             device
-                .load_module(format, &image)
+                .load_module(format, &held)
                 .map_err(|e| WireError::new(e.code(), e.to_string()))
         })
         .await
@@ -236,11 +271,11 @@ impl<D: Device> Broker<D> {
             .lock()
             .map_err(|_| WireError::new(ErrorCode::Internal, "module table poisoned"))?;
         table
-            .insert_module(loaded)
+            .insert_module_from(module, image)
             .map_err(|c| WireError::new(c, "too many modules"))
     }
 
-    async fn get_function(
+    pub(super) async fn get_function(
         modules: &Arc<Mutex<ModuleTable<D>>>,
         device: &Arc<D>,
         module: u64,
@@ -525,8 +560,16 @@ mod tests {
         let broker = sim_broker(1);
         let device = broker.devices[0].clone();
         let modules = Arc::default();
+        let images = crate::server::images::ImageCache::default();
         let load = |len, fds| {
-            Broker::<SimDevice>::load_module(&modules, &device, ModuleFormat::Ptx, len, fds)
+            Broker::<SimDevice>::load_module(
+                &modules,
+                &device,
+                &images,
+                ModuleFormat::Ptx,
+                len,
+                fds,
+            )
         };
         let image = |bytes: &[u8]| {
             let mut f = tempfile::tempfile().expect("temp file");

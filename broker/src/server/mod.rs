@@ -29,9 +29,11 @@ use crate::registry::Registry;
 use crate::telemetry::Telemetry;
 
 mod admin;
+mod consolidated;
 mod control;
 mod framing;
 mod handshake;
+mod images;
 mod listen;
 mod session;
 mod status;
@@ -86,6 +88,8 @@ pub struct Broker<D: Device> {
     telemetry_status: TelemetryStatus,
     /// The latest eBPF view of GPU processes and the outside-load rates derived from it.
     observed: Mutex<status::Observed>,
+    /// Module images by content, shared between sessions.
+    images: images::ImageCache,
 }
 
 impl<D: Device> Broker<D> {
@@ -131,6 +135,7 @@ impl<D: Device> Broker<D> {
             telemetry,
             telemetry_status,
             observed: Mutex::new(status::Observed::default()),
+            images: images::ImageCache::default(),
         })
     }
 

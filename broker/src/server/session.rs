@@ -179,6 +179,7 @@ impl<D: Device> Broker<D> {
             name,
             gpu,
             governed: hello.role == Role::Governed,
+            consolidated: hello.role == Role::Consolidated,
         };
         let info = Arc::new(SessionInfo::new(peer, grant, submit_wake));
         if let (_, Some(until)) = self.carried_for(pid) {

@@ -70,6 +70,7 @@ pub(super) fn register(
         name: format!("client{pid}"),
         gpu,
         governed,
+        consolidated: false,
     };
     let wake = Wakeup::new().expect("eventfd");
     let info = Arc::new(SessionInfo::new(peer, Grant::default(), wake));

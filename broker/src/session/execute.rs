@@ -5,9 +5,10 @@
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use gpushare_protocol::command::ModuleLaunch;
+use gpushare_protocol::command::{LAUNCH_ATTRIBUTES_BYTES, LaunchAttributes, ModuleLaunch};
 use gpushare_protocol::ring::{CompletionEntry, SubmissionEntry};
 use gpushare_protocol::{Command, DevicePtr, ErrorCode, StreamId};
+use zerocopy::FromBytes;
 
 use super::{MAX_ALLOCATIONS, MAX_EVENTS, MAX_STREAMS, SessionState, StreamSlot};
 use crate::device::{Device, DeviceError};
@@ -57,7 +58,7 @@ impl<D: Device> SessionState<D> {
                 dst,
                 len,
             } => {
-                self.allocations.check_range(dst, len)?;
+                self.check_device(dst, len)?;
                 let region = self.region.clone();
                 let src = region
                     .arena_slice(arena_offset, len)
@@ -75,7 +76,7 @@ impl<D: Device> SessionState<D> {
                 arena_offset,
                 len,
             } => {
-                self.allocations.check_range(src, len)?;
+                self.check_device(src, len)?;
                 let region = self.region.clone();
                 let dst = region
                     .arena_slice(arena_offset, len)
@@ -93,8 +94,8 @@ impl<D: Device> SessionState<D> {
                 dst,
                 len,
             } => {
-                self.allocations.check_range(src, len)?;
-                self.allocations.check_range(dst, len)?;
+                self.check_device(src, len)?;
+                self.check_device(dst, len)?;
                 let r = self.on_stream(stream, |d, s| d.copy_dtod(s, src, dst, len))?;
                 self.info
                     .counters
@@ -108,7 +109,7 @@ impl<D: Device> SessionState<D> {
                 value,
                 len,
             } => {
-                self.allocations.check_range(dst, len)?;
+                self.check_device(dst, len)?;
                 self.on_stream(stream, |d, s| d.memset(s, dst, value, len))
             }
             Command::StreamCreate => {
@@ -286,7 +287,7 @@ impl<D: Device> SessionState<D> {
             Command::Launch { stream, kernel } => {
                 for operand in kernel.operands()? {
                     if operand.bytes > 0 {
-                        self.allocations.check_range(operand.ptr, operand.bytes)?;
+                        self.check_device(operand.ptr, operand.bytes)?;
                     }
                 }
                 if !self.streams.contains_key(&stream) {
@@ -305,7 +306,22 @@ impl<D: Device> SessionState<D> {
                 self.info.counters.kernels.fetch_add(1, Ordering::Relaxed);
                 Ok(r)
             }
-            Command::LaunchModule { stream, launch } => self.launch_module(stream, launch),
+            Command::LaunchModule { stream, launch } => self.launch_module(stream, launch, false),
+            Command::LaunchEx { stream, launch } => self.launch_module(stream, launch, true),
+            Command::StreamCreateAs { .. }
+            | Command::EventCreateAs { .. }
+            | Command::StreamWaitEvent { .. }
+            | Command::StreamQuery { .. }
+            | Command::MemsetWide { .. }
+            | Command::CopyHtoDStaged { .. }
+            | Command::CopyDtoHStaged { .. }
+            | Command::CopyHtoDHost { .. }
+            | Command::CopyDtoHHost { .. }
+            | Command::MemInfo
+            | Command::FunctionSetAttribute { .. }
+            | Command::Occupancy { .. } => self
+                .execute_consolidated(cmd)
+                .unwrap_or(Err(ErrorCode::InvalidCommand)),
             Command::GovernedReserve { bytes } => self.governed_reserve(bytes),
             Command::GovernedRelease { bytes } => self.governed_release(bytes),
             Command::GovernedTokens { launched, blocks } => self.governed_tokens(launched, blocks),
@@ -367,10 +383,13 @@ impl<D: Device> SessionState<D> {
         Ok((ptr, 0))
     }
 
+    /// Launches a module function; `with_attributes`: the parameter block starts with the
+    /// launch's [`LaunchAttributes`] (`LaunchEx`).
     fn launch_module(
         &mut self,
         stream: StreamId,
         launch: ModuleLaunch,
+        with_attributes: bool,
     ) -> Result<(u64, u64), ErrorCode> {
         let function = self
             .modules
@@ -385,6 +404,15 @@ impl<D: Device> SessionState<D> {
             .ok_or(ErrorCode::ArenaOutOfBounds)?;
         let mut params = vec![0u8; params_slice.len()];
         params_slice.read_into(&mut params);
+        let mut attributes = LaunchAttributes::default();
+        if with_attributes {
+            let header = LAUNCH_ATTRIBUTES_BYTES as usize;
+            attributes = LaunchAttributes::read_from_bytes(
+                params.get(..header).ok_or(ErrorCode::InvalidArgument)?,
+            )
+            .map_err(|_| ErrorCode::InvalidArgument)?;
+            params.drain(..header);
+        }
         if !self.streams.contains_key(&stream) {
             return Err(ErrorCode::InvalidHandle);
         }
@@ -394,7 +422,7 @@ impl<D: Device> SessionState<D> {
         let sm_limit = turn.and_then(|t| t.sm_limit);
         let r = self.on_stream(stream, |d, s| {
             d.limit_sms(s, sm_limit)?;
-            d.launch_module(s, &function, &launch, &params)
+            d.launch_module(s, &function, &launch, &attributes, &params)
         });
         if let Some(turn) = turn {
             self.track_granted(stream, turn.request, r.is_ok());
@@ -405,7 +433,7 @@ impl<D: Device> SessionState<D> {
     }
 
     /// Runs a stream-ordered device operation; its device time is charged at batch end.
-    fn on_stream(
+    pub(super) fn on_stream(
         &mut self,
         stream: StreamId,
         op: impl FnOnce(&D, &mut D::Stream) -> Result<(), DeviceError>,
@@ -438,9 +466,36 @@ impl<D: Device> SessionState<D> {
         slot.touched = true;
         slot.unsynced = true;
         slot.submitted += 1;
-        op(&device, &mut slot.stream).map(|()| (0, 0)).map_err(|e| {
+        if self.info.consolidated {
+            self.order_legacy(stream)?;
+        }
+        let slot = self
+            .streams
+            .get_mut(&stream)
+            .ok_or(ErrorCode::InvalidHandle)?;
+        let r = op(&device, &mut slot.stream).map(|()| (0, 0)).map_err(|e| {
             tracing::debug!(error = %e, "device operation failed");
             e.code()
-        })
+        });
+        if self.info.consolidated && r.is_ok() {
+            self.note_legacy(stream);
+        }
+        r
+    }
+
+    /// Checks that `[ptr, ptr + len)` is the client's: in one of its allocations, or in a
+    /// module global it looked up.
+    pub(super) fn check_device(&self, ptr: DevicePtr, len: u64) -> Result<(), ErrorCode> {
+        match self.allocations.check_range(ptr, len) {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                let in_global = self
+                    .modules
+                    .lock()
+                    .map(|m| m.in_global(ptr, len))
+                    .unwrap_or(false);
+                if in_global { Ok(()) } else { Err(e) }
+            }
+        }
     }
 }

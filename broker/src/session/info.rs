@@ -47,6 +47,12 @@ pub struct SessionInfo {
     /// An unmodified program under `gpushare run` (it runs on its own CUDA context and asks
     /// only for admission).
     pub governed: bool,
+    /// An unmodified program under `gpushare run` whose CUDA driver is gpushare's: its work
+    /// runs here like a client's, with CUDA's stream semantics.
+    pub consolidated: bool,
+    /// Host memory the client shares for DMA (`ShareHostMemory`); the control task adds, the
+    /// data thread copies.
+    pub hosts: Mutex<super::hosts::HostRegions>,
     /// What the client is granted now (an admin may change it while it runs).
     grant: LiveGrant,
     pub connected_at: Instant,
@@ -72,6 +78,7 @@ pub struct Peer {
     pub name: String,
     pub gpu: u32,
     pub governed: bool,
+    pub consolidated: bool,
 }
 
 impl SessionInfo {
@@ -84,6 +91,7 @@ impl SessionInfo {
             name,
             gpu,
             governed,
+            consolidated,
         } = peer;
         SessionInfo {
             id,
@@ -93,6 +101,8 @@ impl SessionInfo {
             name,
             gpu,
             governed,
+            consolidated,
+            hosts: Mutex::new(super::hosts::HostRegions::default()),
             grant: LiveGrant::new(grant),
             connected_at: Instant::now(),
             counters: Counters::default(),
@@ -183,6 +193,7 @@ impl SessionInfo {
             latency_p50_ns: Some(get(&c.latency_p50_ns)).filter(|&v| v > 0),
             latency_p99_ns: Some(get(&c.latency_p99_ns)).filter(|&v| v > 0),
             governed: self.governed,
+            consolidated: self.consolidated,
             throttled_ns: get(&c.throttled_ns),
         }
     }
@@ -246,6 +257,7 @@ mod tests {
             name: "train".into(),
             gpu: 0,
             governed: false,
+            consolidated: false,
         };
         let wake = Wakeup::new().expect("an eventfd for the test");
         SessionInfo::new(peer, Grant::default(), wake)

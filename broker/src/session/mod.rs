@@ -31,8 +31,10 @@ use crate::shm::SharedRegion;
 use gpushare_protocol::wake::Wakeup;
 
 mod allocations;
+mod consolidated;
 mod execute;
 mod governed;
+pub mod hosts;
 mod info;
 mod modules;
 mod reclaim;
@@ -63,6 +65,13 @@ struct StreamSlot<S> {
     unsynced: bool,
     /// Operations submitted so far: an event recorded after the last one covers them all.
     submitted: u64,
+    /// For consolidated clients: the stream keeps CUDA's legacy order with stream 0 (it was
+    /// made without CU_STREAM_NON_BLOCKING).
+    blocking: bool,
+    /// Got work stream 0 has not been ordered after yet.
+    unordered: bool,
+    /// Stream 0's work up to which this stream is ordered after.
+    legacy_seen: u64,
 }
 
 impl<S> StreamSlot<S> {
@@ -72,6 +81,9 @@ impl<S> StreamSlot<S> {
             touched: false,
             unsynced: false,
             submitted: 0,
+            blocking: false,
+            unordered: false,
+            legacy_seen: 0,
         }
     }
 }
@@ -117,6 +129,8 @@ pub struct SessionState<D: Device> {
     placed_charges: HashMap<DevicePtr, u64>,
     /// A governed client's admission state (memory reserved, its launch lease).
     governed: governed::Governed,
+    /// A consolidated client's stream-order markers and stream 0's work count.
+    legacy: consolidated::Legacy<D>,
 }
 
 /// What a session uses of its GPU besides the device: fault containment and the scheduler.
@@ -153,7 +167,11 @@ impl<D: Device> SessionState<D> {
         // SAFETY: one init per region; `region` is kept alive in `self` for as long as the
         // rings exist (fields drop after `reclaim` in `run`).
         let rings = unsafe { region.init_rings() };
-        device.register_arena(region.arena())?;
+        // A consolidated client's arena stays pageable: what it stages there is read (or
+        // written) before the command completes, and its page-locked memory comes apart.
+        if !info.consolidated {
+            device.register_arena(region.arena())?;
+        }
         let default_stream = match device.create_stream(info.grant().class) {
             Ok(s) => s,
             Err(e) => {
@@ -192,6 +210,7 @@ impl<D: Device> SessionState<D> {
             spare_events: Vec::new(),
             placed_charges: HashMap::new(),
             governed: governed::Governed::default(),
+            legacy: consolidated::Legacy::default(),
         })
     }
 

@@ -1,7 +1,7 @@
 //! The modules and functions a client loaded. The control task loads them (module images
 //! come over the control socket); the data thread looks functions up to launch them.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use gpushare_protocol::ErrorCode;
@@ -16,12 +16,19 @@ pub const MAX_FUNCTIONS: usize = 65536;
 /// Modules and functions a client loaded; shared with the control task that loads them.
 pub struct ModuleTable<D: Device> {
     handles: Handles<D::Module, D::Function>,
+    /// Module globals the client looked up (base → (size, module)): copies may name them.
+    globals: BTreeMap<u64, (u64, u64)>,
+    /// Each module's image, kept while loaded: the broker shares image bytes between
+    /// sessions by their hash for as long as one of them holds it.
+    images: HashMap<u64, Arc<[u8]>>,
 }
 
 impl<D: Device> Default for ModuleTable<D> {
     fn default() -> Self {
         ModuleTable {
             handles: Handles::default(),
+            globals: BTreeMap::new(),
+            images: HashMap::new(),
         }
     }
 }
@@ -29,6 +36,33 @@ impl<D: Device> Default for ModuleTable<D> {
 impl<D: Device> ModuleTable<D> {
     pub fn insert_module(&mut self, module: D::Module) -> Result<u64, ErrorCode> {
         self.handles.insert_module(module)
+    }
+
+    /// Adds a module loaded from `image`, which is kept with it.
+    pub fn insert_module_from(
+        &mut self,
+        module: D::Module,
+        image: Arc<[u8]>,
+    ) -> Result<u64, ErrorCode> {
+        let id = self.handles.insert_module(module)?;
+        self.images.insert(id, image);
+        Ok(id)
+    }
+
+    /// Records a global of module `module` that the client may copy to and from.
+    pub fn add_global(&mut self, module: u64, ptr: u64, size: u64) {
+        self.globals.insert(ptr, (size, module));
+    }
+
+    /// Whether `[ptr, ptr + len)` lies inside one global the client looked up.
+    pub fn in_global(&self, ptr: u64, len: u64) -> bool {
+        let Some(end) = ptr.checked_add(len) else {
+            return false;
+        };
+        self.globals
+            .range(..=ptr)
+            .next_back()
+            .is_some_and(|(&base, &(size, _))| end <= base.saturating_add(size))
     }
 
     pub fn module(&self, id: u64) -> Option<Arc<D::Module>> {
@@ -43,17 +77,23 @@ impl<D: Device> ModuleTable<D> {
         self.handles.function(id)
     }
 
-    /// Unloads a module and forgets its functions.
+    /// Unloads a module and forgets its functions and globals.
     pub fn remove_module(&mut self, id: u64) -> bool {
+        self.globals.retain(|_, &mut (_, m)| m != id);
+        self.images.remove(&id);
         self.handles.remove_module(id)
     }
 
     pub fn clear(&mut self) {
+        self.globals.clear();
+        self.images.clear();
         self.handles.clear();
     }
 
     /// Forgets everything, returning the module and function ids that were live.
     pub fn take_ids(&mut self) -> (Vec<u64>, Vec<u64>) {
+        self.globals.clear();
+        self.images.clear();
         self.handles.take_ids()
     }
 }

@@ -18,6 +18,10 @@ impl<D: Device> SessionState<D> {
             // A reset came meanwhile: everything is already gone (and its addresses may be
             // someone else's now), so forget rather than free.
             self.park_if_resetting();
+            self.forget_legacy();
+            if let Ok(mut h) = self.info.hosts.lock() {
+                h.take_all();
+            }
             self.streams.clear();
             self.events.clear();
             self.event_marks.clear();
@@ -27,6 +31,7 @@ impl<D: Device> SessionState<D> {
             }
         }
         self.account(true);
+        self.forget_legacy();
         for (_, slot) in self.streams.drain() {
             self.device.destroy_stream(slot.stream);
         }
@@ -39,6 +44,15 @@ impl<D: Device> SessionState<D> {
             if let Err(e) = self.device.free(ptr) {
                 tracing::warn!(ptr = format_args!("{ptr:#x}"), error = %e, "could not free allocation of departed client");
             }
+        }
+        let hosts = self
+            .info
+            .hosts
+            .lock()
+            .map(|mut h| h.take_all())
+            .unwrap_or_default();
+        for shared in hosts {
+            self.device.unregister_host(shared.region.whole());
         }
         self.device.unregister_arena(self.region.arena());
         let c = &self.info.counters;

@@ -231,6 +231,11 @@ impl<D: Device> SessionState<D> {
         self.lost.events.extend(lost.events.iter().copied());
         self.lost.functions.extend(functions);
         // The handles belong to a context that no longer exists: dropping them is inert.
+        self.forget_legacy();
+        // The context the host regions were registered with is gone.
+        if let Ok(mut h) = self.info.hosts.lock() {
+            h.take_all();
+        }
         self.streams.clear();
         self.events.clear();
         self.event_marks.clear();

@@ -31,7 +31,20 @@ pub mod opcode {
     pub const DECLARE_JOB: u16 = 0x12;
     pub const DECLARE_DEADLINE: u16 = 0x13;
     pub const ALLOC_AT: u16 = 0x14;
+    pub const STREAM_CREATE_AS: u16 = 0x15;
+    pub const EVENT_CREATE_AS: u16 = 0x16;
+    pub const STREAM_WAIT_EVENT: u16 = 0x17;
+    pub const STREAM_QUERY: u16 = 0x18;
+    pub const MEMSET_WIDE: u16 = 0x19;
+    pub const COPY_HTOD_STAGED: u16 = 0x1a;
+    pub const COPY_DTOH_STAGED: u16 = 0x1b;
+    pub const COPY_HTOD_HOST: u16 = 0x1c;
+    pub const COPY_DTOH_HOST: u16 = 0x1d;
+    pub const MEM_INFO: u16 = 0x1e;
     pub const LAUNCH_MODULE: u16 = 0x20;
+    pub const LAUNCH_EX: u16 = 0x21;
+    pub const FUNCTION_SET_ATTRIBUTE: u16 = 0x22;
+    pub const OCCUPANCY: u16 = 0x23;
     pub const GOVERNED_RESERVE: u16 = 0x30;
     pub const GOVERNED_RELEASE: u16 = 0x31;
     pub const GOVERNED_TOKENS: u16 = 0x32;
@@ -204,6 +217,68 @@ impl Kernel {
     }
 }
 
+/// Launch attributes a [`Command::LaunchEx`] carries at the start of its parameter block, in
+/// the arena (the kernel's packed parameters follow it).
+#[repr(C)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    zerocopy::FromBytes,
+    zerocopy::IntoBytes,
+    zerocopy::Immutable,
+    zerocopy::KnownLayout,
+)]
+pub struct LaunchAttributes {
+    /// Thread-block cluster dimensions; all zero for no clusters.
+    pub cluster: [u32; 3],
+    /// [`LAUNCH_COOPERATIVE`], [`LAUNCH_PROGRAMMATIC_SERIALIZATION`].
+    pub flags: u32,
+    pub _reserved: [u32; 4],
+}
+
+/// The launch is cooperative (its blocks may synchronize grid-wide).
+pub const LAUNCH_COOPERATIVE: u32 = 1;
+/// Programmatic dependent launch: the kernel may start before the previous one on its stream
+/// finishes (it waits where its code says).
+pub const LAUNCH_PROGRAMMATIC_SERIALIZATION: u32 = 2;
+/// Bytes of [`LaunchAttributes`] before the parameters of a [`Command::LaunchEx`].
+pub const LAUNCH_ATTRIBUTES_BYTES: u32 = std::mem::size_of::<LaunchAttributes>() as u32;
+const _: () = assert!(LAUNCH_ATTRIBUTES_BYTES == 32);
+
+/// What an [`Command::Occupancy`] asks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OccupancyQuery {
+    /// `cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags`.
+    BlocksPerSm,
+    /// `cuOccupancyAvailableDynamicSMemPerBlock` (the block size is `num_blocks` here).
+    DynamicSmemPerBlock,
+    /// `cuOccupancyMaxActiveClusters` (cluster dimensions are the launch's).
+    MaxActiveClusters,
+}
+
+impl OccupancyQuery {
+    fn code(self) -> u64 {
+        match self {
+            OccupancyQuery::BlocksPerSm => 0,
+            OccupancyQuery::DynamicSmemPerBlock => 1,
+            OccupancyQuery::MaxActiveClusters => 2,
+        }
+    }
+
+    fn from_code(code: u64) -> Option<OccupancyQuery> {
+        Some(match code {
+            0 => OccupancyQuery::BlocksPerSm,
+            1 => OccupancyQuery::DynamicSmemPerBlock,
+            2 => OccupancyQuery::MaxActiveClusters,
+            _ => return None,
+        })
+    }
+}
+
 /// A launch of a function from a module the client loaded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ModuleLaunch {
@@ -360,6 +435,126 @@ pub enum Command {
     GovernedWeight {
         weight: u32,
     },
+    /// Creates a stream under an id the client chose (so that it need not wait for the
+    /// answer); an id in use fails with `InvalidHandle`. `flags`: 1 = does not synchronize
+    /// with stream 0 (CUDA's non-blocking streams); `priority` is the program's hint.
+    StreamCreateAs {
+        stream: StreamId,
+        flags: u32,
+        priority: i32,
+    },
+    /// Creates an event under an id the client chose. `flags` as `cuEventCreate`'s.
+    EventCreateAs {
+        event: EventId,
+        flags: u32,
+    },
+    /// Work submitted to `stream` after this waits until `event`'s recorded work is done.
+    StreamWaitEvent {
+        stream: StreamId,
+        event: EventId,
+    },
+    /// Result: 1 when all of the stream's work is done, else 0.
+    StreamQuery {
+        stream: StreamId,
+    },
+    /// Sets `count` elements of `elem_bytes` (1, 2 or 4) at `dst` to `value`.
+    MemsetWide {
+        stream: StreamId,
+        dst: DevicePtr,
+        value: u32,
+        elem_bytes: u8,
+        count: u64,
+    },
+    /// Copies `len` arena bytes to device memory. The broker has read the arena by the time
+    /// this completes (the client may reuse the range), while the copy itself stays ordered
+    /// on the stream.
+    CopyHtoDStaged {
+        stream: StreamId,
+        arena_offset: u64,
+        dst: DevicePtr,
+        len: u64,
+    },
+    /// Copies `len` device bytes into the arena once the stream's earlier work is done, and
+    /// completes only when they are there.
+    CopyDtoHStaged {
+        stream: StreamId,
+        src: DevicePtr,
+        arena_offset: u64,
+        len: u64,
+    },
+    /// Copies from a shared host region (`ShareHostMemory`) to device memory, by DMA, ordered
+    /// on the stream: the host bytes must stay as they are until the stream has done it.
+    CopyHtoDHost {
+        stream: StreamId,
+        region: u32,
+        offset: u64,
+        dst: DevicePtr,
+        len: u64,
+    },
+    /// Copies device memory into a shared host region, ordered on the stream.
+    CopyDtoHHost {
+        stream: StreamId,
+        src: DevicePtr,
+        region: u32,
+        offset: u64,
+        len: u64,
+    },
+    /// Result: (free, total) device bytes as this client sees them (its quota, if any).
+    MemInfo,
+    /// A module function launch whose parameter block starts with [`LaunchAttributes`].
+    LaunchEx {
+        stream: StreamId,
+        launch: ModuleLaunch,
+    },
+    /// Sets a `CUfunction_attribute` of a function (sizes only grow: a function other
+    /// sessions share keeps the largest any asked for).
+    FunctionSetAttribute {
+        function: u64,
+        attribute: u32,
+        value: i32,
+    },
+    /// Result: the answer to an occupancy query about `function`.
+    Occupancy {
+        function: u64,
+        query: OccupancyQuery,
+        block_size: u32,
+        dynamic_smem: u64,
+        flags: u32,
+        cluster: [u32; 3],
+    },
+}
+
+/// The six argument words of a module launch.
+fn launch_words(launch: &ModuleLaunch) -> [u64; 6] {
+    [
+        launch.function,
+        pack(launch.grid[0], launch.grid[1]),
+        pack(launch.grid[2], launch.block[0]),
+        pack(launch.block[1], launch.block[2]),
+        pack(launch.shared_mem_bytes, launch.params_len),
+        launch.params_offset,
+    ]
+}
+
+/// A module launch from its argument words; its parameter block holds at least `header`
+/// bytes before the kernel's parameters.
+fn launch_of(a: &[u64; 6], header: u32) -> Result<ModuleLaunch, ErrorCode> {
+    let launch = ModuleLaunch {
+        function: a[0],
+        grid: [lo(a[1]), hi(a[1]), lo(a[2])],
+        block: [hi(a[2]), lo(a[3]), hi(a[3])],
+        shared_mem_bytes: lo(a[4]),
+        params_len: hi(a[4]),
+        params_offset: a[5],
+    };
+    if launch.params_len > MAX_LAUNCH_PARAMS + header
+        || launch.params_len < header
+        || launch.grid.contains(&0)
+        || launch.block.contains(&0)
+    {
+        return Err(ErrorCode::InvalidArgument);
+    }
+    Ok(launch)
 }
 
 /// Set in a `GovernedTokens` result2: the grant is a lease to end with `GovernedIdle`.
@@ -454,16 +649,98 @@ impl Command {
             Command::GovernedWeight { weight } => {
                 (GOVERNED_WEIGHT, 0, [weight as u64, 0, 0, 0, 0, 0])
             }
-            Command::LaunchModule { stream, launch } => (
-                LAUNCH_MODULE,
+            Command::LaunchModule { stream, launch } => {
+                (LAUNCH_MODULE, stream, launch_words(&launch))
+            }
+            Command::LaunchEx { stream, launch } => (LAUNCH_EX, stream, launch_words(&launch)),
+            Command::StreamCreateAs {
                 stream,
+                flags,
+                priority,
+            } => (
+                STREAM_CREATE_AS,
+                stream,
+                [pack(flags, priority as u32), 0, 0, 0, 0, 0],
+            ),
+            Command::EventCreateAs { event, flags } => {
+                (EVENT_CREATE_AS, 0, [event as u64, flags as u64, 0, 0, 0, 0])
+            }
+            Command::StreamWaitEvent { stream, event } => {
+                (STREAM_WAIT_EVENT, stream, [event as u64, 0, 0, 0, 0, 0])
+            }
+            Command::StreamQuery { stream } => (STREAM_QUERY, stream, [0; 6]),
+            Command::MemsetWide {
+                stream,
+                dst,
+                value,
+                elem_bytes,
+                count,
+            } => (
+                MEMSET_WIDE,
+                stream,
+                [dst, value as u64, elem_bytes as u64, count, 0, 0],
+            ),
+            Command::CopyHtoDStaged {
+                stream,
+                arena_offset,
+                dst,
+                len,
+            } => (COPY_HTOD_STAGED, stream, [arena_offset, dst, len, 0, 0, 0]),
+            Command::CopyDtoHStaged {
+                stream,
+                src,
+                arena_offset,
+                len,
+            } => (COPY_DTOH_STAGED, stream, [src, arena_offset, len, 0, 0, 0]),
+            Command::CopyHtoDHost {
+                stream,
+                region,
+                offset,
+                dst,
+                len,
+            } => (
+                COPY_HTOD_HOST,
+                stream,
+                [region as u64, offset, dst, len, 0, 0],
+            ),
+            Command::CopyDtoHHost {
+                stream,
+                src,
+                region,
+                offset,
+                len,
+            } => (
+                COPY_DTOH_HOST,
+                stream,
+                [src, region as u64, offset, len, 0, 0],
+            ),
+            Command::MemInfo => (MEM_INFO, 0, [0; 6]),
+            Command::FunctionSetAttribute {
+                function,
+                attribute,
+                value,
+            } => (
+                FUNCTION_SET_ATTRIBUTE,
+                0,
+                [function, attribute as u64, value as u32 as u64, 0, 0, 0],
+            ),
+            Command::Occupancy {
+                function,
+                query,
+                block_size,
+                dynamic_smem,
+                flags,
+                cluster,
+            } => (
+                OCCUPANCY,
+                0,
                 [
-                    launch.function,
-                    pack(launch.grid[0], launch.grid[1]),
-                    pack(launch.grid[2], launch.block[0]),
-                    pack(launch.block[1], launch.block[2]),
-                    pack(launch.shared_mem_bytes, launch.params_len),
-                    launch.params_offset,
+                    function,
+                    query.code(),
+                    pack(block_size, flags),
+                    dynamic_smem,
+                    pack(cluster[0], cluster[1]),
+                    cluster[2] as u64,
                 ],
             ),
             Command::Launch { stream, kernel } => {
@@ -606,23 +883,87 @@ impl Command {
                     deadline_ns: a[1],
                 }
             }
-            LAUNCH_MODULE => {
-                let launch = ModuleLaunch {
-                    function: a[0],
-                    grid: [lo(a[1]), hi(a[1]), lo(a[2])],
-                    block: [hi(a[2]), lo(a[3]), hi(a[3])],
-                    shared_mem_bytes: lo(a[4]),
-                    params_len: hi(a[4]),
-                    params_offset: a[5],
-                };
-                if launch.params_len > MAX_LAUNCH_PARAMS
-                    || launch.grid.contains(&0)
-                    || launch.block.contains(&0)
-                {
+            LAUNCH_MODULE => Command::LaunchModule {
+                stream: s,
+                launch: launch_of(&a, 0)?,
+            },
+            LAUNCH_EX => Command::LaunchEx {
+                stream: s,
+                launch: launch_of(&a, LAUNCH_ATTRIBUTES_BYTES)?,
+            },
+            STREAM_CREATE_AS => {
+                if a[1..].iter().any(|&w| w != 0) {
                     return Err(ErrorCode::InvalidArgument);
                 }
-                Command::LaunchModule { stream: s, launch }
+                Command::StreamCreateAs {
+                    stream: s,
+                    flags: lo(a[0]),
+                    priority: hi(a[0]) as i32,
+                }
             }
+            EVENT_CREATE_AS => Command::EventCreateAs {
+                event: id(a[0])?,
+                flags: u32::try_from(a[1]).map_err(|_| ErrorCode::InvalidArgument)?,
+            },
+            STREAM_WAIT_EVENT => Command::StreamWaitEvent {
+                stream: s,
+                event: id(a[0])?,
+            },
+            STREAM_QUERY => Command::StreamQuery { stream: s },
+            MEMSET_WIDE => Command::MemsetWide {
+                stream: s,
+                dst: a[0],
+                value: u32::try_from(a[1]).map_err(|_| ErrorCode::InvalidArgument)?,
+                elem_bytes: match a[2] {
+                    1 | 2 | 4 => a[2] as u8,
+                    _ => return Err(ErrorCode::InvalidArgument),
+                },
+                count: a[3],
+            },
+            COPY_HTOD_STAGED => Command::CopyHtoDStaged {
+                stream: s,
+                arena_offset: a[0],
+                dst: a[1],
+                len: a[2],
+            },
+            COPY_DTOH_STAGED => Command::CopyDtoHStaged {
+                stream: s,
+                src: a[0],
+                arena_offset: a[1],
+                len: a[2],
+            },
+            COPY_HTOD_HOST => Command::CopyHtoDHost {
+                stream: s,
+                region: id(a[0])?,
+                offset: a[1],
+                dst: a[2],
+                len: a[3],
+            },
+            COPY_DTOH_HOST => Command::CopyDtoHHost {
+                stream: s,
+                src: a[0],
+                region: id(a[1])?,
+                offset: a[2],
+                len: a[3],
+            },
+            MEM_INFO => Command::MemInfo,
+            FUNCTION_SET_ATTRIBUTE => Command::FunctionSetAttribute {
+                function: a[0],
+                attribute: u32::try_from(a[1]).map_err(|_| ErrorCode::InvalidArgument)?,
+                value: u32::try_from(a[2]).map_err(|_| ErrorCode::InvalidArgument)? as i32,
+            },
+            OCCUPANCY => Command::Occupancy {
+                function: a[0],
+                query: OccupancyQuery::from_code(a[1]).ok_or(ErrorCode::InvalidArgument)?,
+                block_size: lo(a[2]),
+                flags: hi(a[2]),
+                dynamic_smem: a[3],
+                cluster: [
+                    lo(a[4]),
+                    hi(a[4]),
+                    u32::try_from(a[5]).map_err(|_| ErrorCode::InvalidArgument)?,
+                ],
+            },
             GOVERNED_RESERVE => Command::GovernedReserve { bytes: a[0] },
             GOVERNED_RELEASE => Command::GovernedRelease { bytes: a[0] },
             GOVERNED_TOKENS => Command::GovernedTokens {
@@ -702,7 +1043,14 @@ impl Command {
             | Command::Memset { stream, .. }
             | Command::EventRecord { stream, .. }
             | Command::Launch { stream, .. }
-            | Command::LaunchModule { stream, .. } => Some(stream),
+            | Command::LaunchModule { stream, .. }
+            | Command::LaunchEx { stream, .. }
+            | Command::StreamWaitEvent { stream, .. }
+            | Command::MemsetWide { stream, .. }
+            | Command::CopyHtoDStaged { stream, .. }
+            | Command::CopyDtoHStaged { stream, .. }
+            | Command::CopyHtoDHost { stream, .. }
+            | Command::CopyDtoHHost { stream, .. } => Some(stream),
             _ => None,
         }
     }

@@ -46,6 +46,11 @@ pub enum Role {
     /// its work on its own CUDA context and gets a region and rings like a client, over
     /// which it asks for admission (`GovernedReserve`, `GovernedRelease`, `GovernedTokens`).
     Governed,
+    /// An unmodified program under `gpushare run` whose CUDA driver is gpushare's
+    /// (`libcuda.so.1` from `client-lib/cuda`): all its GPU work runs in the broker's
+    /// context, like a client's. Its arena stages pageable copies and launch parameters; its
+    /// page-locked memory comes in separate regions (`ShareHostMemory`).
+    Consolidated,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -112,6 +117,70 @@ pub enum ClientMessage {
         client: u64,
         reason: String,
     },
+    /// Loads a module from an image the broker already holds (another session loaded the same
+    /// bytes): no image travels. Answered with `ModuleLoaded`; `NotFound` when the broker does
+    /// not hold it (send it with `LoadModule`).
+    LoadCachedModule {
+        request: u64,
+        format: ModuleFormat,
+        hash: ImageHash,
+    },
+    /// Looks up a function with what a client-side driver needs to launch it and answer
+    /// queries about it. Answered with `FunctionInfo`.
+    GetFunctionInfo {
+        request: u64,
+        module: u64,
+        name: String,
+    },
+    /// Looks up a module's global variable. Answered with `Global`.
+    GetGlobal {
+        request: u64,
+        module: u64,
+        name: String,
+    },
+    /// Shares `bytes` of page-locked host memory: a memfd (one `SCM_RIGHTS` descriptor,
+    /// sealed against shrinking) that the broker maps and registers with the device, so copies
+    /// to and from it are DMA. `at` is where the client mapped it (the broker maps it at the
+    /// same address when it can, so that device code may use the client's pointer).
+    /// Answered with `HostShared`.
+    ShareHostMemory {
+        request: u64,
+        bytes: u64,
+        at: u64,
+    },
+    /// Stops sharing a host region. Answered with `HostUnshared`.
+    UnshareHostMemory {
+        request: u64,
+        region: u32,
+    },
+}
+
+/// A module image's content hash (BLAKE3), by which the broker deduplicates images.
+pub type ImageHash = [u8; 32];
+
+/// The content hash of a module image.
+pub fn image_hash(image: &[u8]) -> ImageHash {
+    *blake3::hash(image).as_bytes()
+}
+
+/// What a client-side driver needs to know of a function.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FunctionDetails {
+    /// The function's id in the session (as `GetFunction` returns).
+    pub id: u64,
+    /// Each kernel parameter's (offset, size) in the packed parameter buffer, in order.
+    pub params: Vec<(u32, u32)>,
+    /// `CUfunction_attribute` values, indexed by attribute number.
+    pub attributes: Vec<i32>,
+}
+
+/// A shared host region as the broker registered it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostRegionGrant {
+    pub region: u32,
+    /// Where device code reaches the region (the client's own address when the broker could
+    /// map it there).
+    pub device_ptr: u64,
 }
 
 /// What the device looks like.
@@ -128,6 +197,13 @@ pub struct DeviceInfo {
     pub memory_bandwidth: f64,
     /// Host↔device copy bandwidth, bytes/s.
     pub host_bandwidth: f64,
+    pub uuid: [u8; 16],
+    /// PCI domain, bus and device.
+    pub pci: (u32, u32, u32),
+    /// The CUDA version the driver supports (`cuDriverGetVersion`), e.g. 13000.
+    pub driver_version: i32,
+    /// `CUdevice_attribute` values, indexed by attribute number (0 where unknown).
+    pub attributes: Vec<i32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -181,6 +257,26 @@ pub enum BrokerMessage {
     },
     /// The answer to `AdminSet` and `AdminEvict`.
     AdminDone {
+        request: u64,
+        result: Result<(), WireError>,
+    },
+    /// The answer to `GetFunctionInfo`.
+    FunctionInfo {
+        request: u64,
+        result: Result<FunctionDetails, WireError>,
+    },
+    /// The answer to `GetGlobal`: the variable's device address and size.
+    Global {
+        request: u64,
+        result: Result<(u64, u64), WireError>,
+    },
+    /// The answer to `ShareHostMemory`.
+    HostShared {
+        request: u64,
+        result: Result<HostRegionGrant, WireError>,
+    },
+    /// The answer to `UnshareHostMemory`.
+    HostUnshared {
         request: u64,
         result: Result<(), WireError>,
     },

@@ -51,10 +51,12 @@ pub enum ErrorCode {
         "the device address asked for is not available (another allocation holds part of it, or the device cannot place memory there)"
     )]
     AddressUnavailable = 19,
+    #[error("not found (no such symbol in the module, or no such cached image)")]
+    NotFound = 20,
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 19] = [
+    pub const ALL: [ErrorCode; 20] = [
         ErrorCode::InvalidCommand,
         ErrorCode::InvalidArgument,
         ErrorCode::InvalidHandle,
@@ -74,6 +76,7 @@ impl ErrorCode {
         ErrorCode::ProtocolViolation,
         ErrorCode::DeviceReset,
         ErrorCode::AddressUnavailable,
+        ErrorCode::NotFound,
     ];
 
     pub fn as_u32(self) -> u32 {

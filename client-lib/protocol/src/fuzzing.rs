@@ -366,6 +366,10 @@ fn device(index: u32) -> DeviceInfo {
         fp32_flops: 6.7e13,
         memory_bandwidth: 3.35e12,
         host_bandwidth: 5.0e10,
+        uuid: [7; 16],
+        pci: (0, 6, 0),
+        driver_version: 13000,
+        attributes: vec![0, 1024, 1024, 1024, 64],
     }
 }
 
@@ -433,6 +437,7 @@ fn status_report() -> StatusReport {
             latency_p99_ns: None,
             governed: true,
             throttled_ns: 1_500_000,
+            consolidated: false,
         }],
         telemetry: TelemetryStatus {
             enabled: false,
@@ -481,6 +486,11 @@ fn client_variant(m: &ClientMessage) -> &'static str {
         ClientMessage::Goodbye => "goodbye",
         ClientMessage::AdminSet { .. } => "admin_set",
         ClientMessage::AdminEvict { .. } => "admin_evict",
+        ClientMessage::LoadCachedModule { .. } => "load_cached_module",
+        ClientMessage::GetFunctionInfo { .. } => "get_function_info",
+        ClientMessage::GetGlobal { .. } => "get_global",
+        ClientMessage::ShareHostMemory { .. } => "share_host_memory",
+        ClientMessage::UnshareHostMemory { .. } => "unshare_host_memory",
     }
 }
 
@@ -498,6 +508,10 @@ fn broker_variant(m: &BrokerMessage) -> &'static str {
         BrokerMessage::Evicted { .. } => "evicted",
         BrokerMessage::AdminDone { .. } => "admin_done",
         BrokerMessage::DeviceReset { .. } => "device_reset",
+        BrokerMessage::FunctionInfo { .. } => "function_info",
+        BrokerMessage::Global { .. } => "global",
+        BrokerMessage::HostShared { .. } => "host_shared",
+        BrokerMessage::HostUnshared { .. } => "host_unshared",
     }
 }
 
@@ -511,6 +525,7 @@ pub fn client_messages() -> Vec<ClientMessage> {
         )),
         ClientMessage::Hello(hello(Role::Monitor, None, None)),
         ClientMessage::Hello(hello(Role::Governed, Some(PriorityClass::High), None)),
+        ClientMessage::Hello(hello(Role::Consolidated, None, Some(0))),
     ];
     for format in [ModuleFormat::Ptx, ModuleFormat::Cubin, ModuleFormat::Fatbin] {
         out.push(ClientMessage::LoadModule {
@@ -556,6 +571,30 @@ pub fn client_messages() -> Vec<ClientMessage> {
             request: 7,
             client: 2,
             reason: "over budget".into(),
+        },
+        ClientMessage::LoadCachedModule {
+            request: 8,
+            format: ModuleFormat::Fatbin,
+            hash: [0x5a; 32],
+        },
+        ClientMessage::GetFunctionInfo {
+            request: 9,
+            module: 1,
+            name: "_Z6kernelPf".into(),
+        },
+        ClientMessage::GetGlobal {
+            request: 10,
+            module: 1,
+            name: "counter".into(),
+        },
+        ClientMessage::ShareHostMemory {
+            request: 11,
+            bytes: 2 << 20,
+            at: 0x7f12_3400_0000,
+        },
+        ClientMessage::UnshareHostMemory {
+            request: 12,
+            region: 3,
         },
     ]);
     out
@@ -638,6 +677,41 @@ pub fn broker_messages() -> Vec<BrokerMessage> {
             gpu: 1,
             reason: String::new(),
             lost: LostState::default(),
+        },
+        BrokerMessage::FunctionInfo {
+            request: 7,
+            result: Ok(crate::control::FunctionDetails {
+                id: 12,
+                params: vec![(0, 8), (8, 4), (16, 16)],
+                attributes: vec![1024, 0, 0, 0, 32, 90, 90],
+            }),
+        },
+        BrokerMessage::FunctionInfo {
+            request: 7,
+            result: Err(err(ErrorCode::NotFound)),
+        },
+        BrokerMessage::Global {
+            request: 8,
+            result: Ok((0x7f00_0000_2000, 64)),
+        },
+        BrokerMessage::Global {
+            request: 8,
+            result: Err(err(ErrorCode::NotFound)),
+        },
+        BrokerMessage::HostShared {
+            request: 9,
+            result: Ok(crate::control::HostRegionGrant {
+                region: 1,
+                device_ptr: 0x7f12_3400_0000,
+            }),
+        },
+        BrokerMessage::HostShared {
+            request: 9,
+            result: Err(err(ErrorCode::PermissionDenied)),
+        },
+        BrokerMessage::HostUnshared {
+            request: 10,
+            result: Ok(()),
         },
     ]
 }
@@ -754,6 +828,19 @@ fn command_variant(c: &Command) -> &'static str {
         Command::GovernedTokens { .. } => "governed_tokens",
         Command::GovernedIdle { .. } => "governed_idle",
         Command::GovernedWeight { .. } => "governed_weight",
+        Command::StreamCreateAs { .. } => "stream_create_as",
+        Command::EventCreateAs { .. } => "event_create_as",
+        Command::StreamWaitEvent { .. } => "stream_wait_event",
+        Command::StreamQuery { .. } => "stream_query",
+        Command::MemsetWide { .. } => "memset_wide",
+        Command::CopyHtoDStaged { .. } => "copy_htod_staged",
+        Command::CopyDtoHStaged { .. } => "copy_dtoh_staged",
+        Command::CopyHtoDHost { .. } => "copy_htod_host",
+        Command::CopyDtoHHost { .. } => "copy_dtoh_host",
+        Command::MemInfo => "mem_info",
+        Command::LaunchEx { .. } => "launch_ex",
+        Command::FunctionSetAttribute { .. } => "function_set_attribute",
+        Command::Occupancy { .. } => "occupancy",
     }
 }
 
@@ -898,6 +985,78 @@ pub fn commands() -> Vec<Command> {
             blocks: 96,
         },
         Command::GovernedWeight { weight: 2 },
+        Command::StreamCreateAs {
+            stream: 1 << 20,
+            flags: 1,
+            priority: -1,
+        },
+        Command::EventCreateAs {
+            event: 1 << 20,
+            flags: 2,
+        },
+        Command::StreamWaitEvent {
+            stream: 3,
+            event: 4,
+        },
+        Command::StreamQuery { stream: 3 },
+        Command::MemsetWide {
+            stream: 0,
+            dst: 0x7000_0000_0000,
+            value: 0x3f80_0000,
+            elem_bytes: 4,
+            count: 1 << 20,
+        },
+        Command::CopyHtoDStaged {
+            stream: 1,
+            arena_offset: 8192,
+            dst: 0x7000_0000_0000,
+            len: 4096,
+        },
+        Command::CopyDtoHStaged {
+            stream: 1,
+            src: 0x7000_0000_0000,
+            arena_offset: 0,
+            len: 64,
+        },
+        Command::CopyHtoDHost {
+            stream: 2,
+            region: 1,
+            offset: 4096,
+            dst: 0x7000_0000_1000,
+            len: 1 << 20,
+        },
+        Command::CopyDtoHHost {
+            stream: 2,
+            src: 0x7000_0000_1000,
+            region: 1,
+            offset: 0,
+            len: 8,
+        },
+        Command::MemInfo,
+        Command::LaunchEx {
+            stream: 5,
+            launch: ModuleLaunch {
+                function: 9,
+                grid: [132, 1, 1],
+                block: [384, 1, 1],
+                shared_mem_bytes: 200 * 1024,
+                params_offset: 128,
+                params_len: crate::command::LAUNCH_ATTRIBUTES_BYTES + 40,
+            },
+        },
+        Command::FunctionSetAttribute {
+            function: 9,
+            attribute: 8,
+            value: 200 * 1024,
+        },
+        Command::Occupancy {
+            function: 9,
+            query: crate::command::OccupancyQuery::MaxActiveClusters,
+            block_size: 384,
+            dynamic_smem: 0,
+            flags: 0,
+            cluster: [2, 1, 1],
+        },
     ]
 }
 
@@ -1133,18 +1292,18 @@ mod tests {
         let mut names: Vec<&str> = commands().iter().map(command_variant).collect();
         names.sort();
         names.dedup();
-        assert_eq!(names.len(), 35, "one seed per command and kernel");
+        assert_eq!(names.len(), 48, "one seed per command and kernel");
         for c in commands() {
             assert_eq!(Command::decode(&c.encode(1)), Ok(c));
         }
         let mut names: Vec<&str> = client_messages().iter().map(client_variant).collect();
         names.sort();
         names.dedup();
-        assert_eq!(names.len(), 8, "every client message");
+        assert_eq!(names.len(), 13, "every client message");
         let mut names: Vec<&str> = broker_messages().iter().map(broker_variant).collect();
         names.sort();
         names.dedup();
-        assert_eq!(names.len(), 11, "every broker message");
+        assert_eq!(names.len(), 15, "every broker message");
         let total = seeds().len();
         assert!(total < 200, "{total} seeds: keep the corpus small");
     }

@@ -99,6 +99,10 @@ pub struct ClientStats {
     /// Time a governed program waited for launch tokens (priority holds and rate limit).
     #[serde(default)]
     pub throttled_ns: u64,
+    /// An unmodified program under `gpushare run` whose GPU work runs in the broker's context
+    /// through gpushare's CUDA driver.
+    #[serde(default)]
+    pub consolidated: bool,
 }
 
 /// Whether the broker's eBPF telemetry runs, and if not, why.

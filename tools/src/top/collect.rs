@@ -431,6 +431,10 @@ pub(crate) mod tests {
             fp32_flops: 1e13,
             memory_bandwidth: 9e11,
             host_bandwidth: 2.5e10,
+            uuid: [0; 16],
+            pci: (0, 1, 0),
+            driver_version: 13000,
+            attributes: Vec::new(),
         }
     }
 
@@ -463,6 +467,7 @@ pub(crate) mod tests {
             latency_p99_ns: None,
             governed: false,
             throttled_ns: 0,
+            consolidated: false,
         }
     }
 

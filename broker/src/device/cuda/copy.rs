@@ -74,6 +74,75 @@ pub(super) fn dtod(
         .map_err(|e| driver("cuMemcpyDtoDAsync", e))
 }
 
+/// Arena bytes to the device, read before this returns: from pageable memory the driver
+/// stages them at once; a page-locked arena is copied out to pageable memory first.
+pub(super) fn htod_staged(
+    dev: &CudaDevice,
+    stream: &mut CudaStream,
+    src: ArenaSlice<'_>,
+    dst: DevicePtr,
+) -> DeviceResult<()> {
+    stream.begin(dev)?;
+    let n = src.len();
+    let bounce;
+    let p = if dev.pinned.contains(src.as_ptr(), n) {
+        let mut bytes = vec![0u8; n];
+        src.read_into(&mut bytes);
+        bounce = bytes;
+        bounce.as_ptr() as *const c_void
+    } else {
+        src.as_ptr() as *const c_void
+    };
+    // SAFETY: pageable host bytes (the arena or our copy of it), which the driver stages
+    // before returning; a device range checked against the client's allocations.
+    check("cuMemcpyHtoDAsync", unsafe {
+        sys::cuMemcpyHtoDAsync_v2(dst, p, n, stream.raw)
+    })
+}
+
+/// Device bytes into the arena after the stream's earlier work, there when this returns.
+pub(super) fn dtoh_staged(
+    dev: &CudaDevice,
+    stream: &mut CudaStream,
+    src: DevicePtr,
+    dst: ArenaSlice<'_>,
+) -> DeviceResult<()> {
+    stream.begin(dev)?;
+    // SAFETY: live stream.
+    unsafe { cu::stream::synchronize(stream.raw) }.map_err(|e| driver("cuStreamSynchronize", e))?;
+    // SAFETY: an arena range (bounds-checked by the session) and a device range checked
+    // against the client's allocations; synchronous.
+    check("cuMemcpyDtoH", unsafe {
+        sys::cuMemcpyDtoH_v2(dst.as_ptr() as *mut c_void, src, dst.len())
+    })
+}
+
+/// Sets `count` 2- or 4-byte elements.
+pub(super) fn memset_wide(
+    dev: &CudaDevice,
+    stream: &mut CudaStream,
+    dst: DevicePtr,
+    value: u32,
+    elem_bytes: u8,
+    count: u64,
+) -> DeviceResult<()> {
+    stream.begin(dev)?;
+    let n = usize::try_from(count)
+        .map_err(|_| DeviceError::InvalidArgument("memset too large".into()))?;
+    match elem_bytes {
+        // SAFETY: range checked against the client's allocations.
+        2 => check("cuMemsetD16Async", unsafe {
+            sys::cuMemsetD16Async(dst, value as u16, n, stream.raw)
+        }),
+        // SAFETY: as above.
+        4 => check("cuMemsetD32Async", unsafe {
+            sys::cuMemsetD32Async(dst, value, n, stream.raw)
+        }),
+        // SAFETY: as above.
+        _ => memset(dev, stream, dst, value as u8, count),
+    }
+}
+
 #[inline]
 pub(super) fn memset(
     dev: &CudaDevice,

@@ -46,6 +46,10 @@ impl CudaEvent {
         Ok(())
     }
 
+    pub(super) fn raw(&self) -> CUevent {
+        self.raw
+    }
+
     /// Whether the work before the event's last record has finished.
     pub(super) fn done(&self, dev: &CudaDevice) -> DeviceResult<bool> {
         dev.bind()?;

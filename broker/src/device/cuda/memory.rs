@@ -32,6 +32,16 @@ pub(super) fn free(placed: &Mutex<PlacedMemory>, ptr: DevicePtr) -> DeviceResult
     unsafe { cu::free_sync(ptr) }.map_err(|e| driver("cuMemFree", e))
 }
 
+/// Free and total memory of the device; the caller has bound the context.
+pub(super) fn info() -> DeviceResult<(u64, u64)> {
+    let (mut free, mut total) = (0usize, 0usize);
+    // SAFETY: out-parameters on our stack, our context current.
+    unsafe { sys::cuMemGetInfo_v2(&mut free, &mut total) }
+        .result()
+        .map_err(|e| driver("cuMemGetInfo", e))?;
+    Ok((free as u64, total as u64))
+}
+
 /// Unlocks an arena [`PinnedArenas::register`] page-locked; the caller has bound the context.
 pub(super) fn unpin(arena: ArenaSlice<'_>) {
     // SAFETY: called only for an arena `register` page-locked (`forget` said so), once every
@@ -65,6 +75,32 @@ impl PinnedArenas {
                 tracing::warn!(error = %error::describe("cuMemHostRegister", e), "arena not page-locked; copies will be staged by the driver")
             }
         }
+    }
+
+    /// Page-locks a client's shared host region for DMA and device access; returns the
+    /// device address of its start. The caller has bound the context.
+    pub(super) fn register_host(&self, region: ArenaSlice<'_>) -> DeviceResult<u64> {
+        let p = region.as_ptr() as *mut c_void;
+        // SAFETY: a live, page-aligned mapping of a sealed memfd that stays mapped until
+        // `unregister_host`.
+        let r = unsafe {
+            sys::cuMemHostRegister_v2(
+                p,
+                region.len(),
+                sys::CU_MEMHOSTREGISTER_PORTABLE | sys::CU_MEMHOSTREGISTER_DEVICEMAP,
+            )
+        };
+        r.result().map_err(|e| driver("cuMemHostRegister", e))?;
+        let mut dptr = 0;
+        // SAFETY: registered just above; out-parameter on our stack.
+        let r = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dptr, p, 0) };
+        if let Err(e) = r.result() {
+            // SAFETY: registered just above.
+            let _ = unsafe { sys::cuMemHostUnregister(p) };
+            return Err(driver("cuMemHostGetDevicePointer", e));
+        }
+        self.insert(region.as_ptr() as usize, region.len());
+        Ok(dptr)
     }
 
     fn insert(&self, base: usize, len: usize) {

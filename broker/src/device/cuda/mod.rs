@@ -34,7 +34,7 @@ use std::time::Instant;
 
 use cudarc::driver::result as cu;
 use cudarc::driver::sys::{self, CUcontext, CUdevice};
-use gpushare_protocol::command::ModuleLaunch;
+use gpushare_protocol::command::{LaunchAttributes, ModuleLaunch};
 use gpushare_protocol::control::{DeviceInfo, ModuleFormat};
 use gpushare_protocol::{DevicePtr, Kernel, PriorityClass};
 
@@ -56,7 +56,7 @@ pub use self::module::{CudaFunction, CudaModule, ModuleRef};
 use self::partition::Partitions;
 use self::placed::PlacedMemory;
 pub use self::stream::CudaStream;
-use super::{Device, DeviceError, DeviceResult};
+use super::{Device, DeviceError, DeviceResult, FunctionShape, Occupancy};
 use crate::shm::ArenaSlice;
 
 /// FP32 lanes per SM on recent NVIDIA GPUs (Ampere and later), for the peak-rate estimate.
@@ -164,6 +164,8 @@ impl CudaDevice {
         let total_memory = unsafe { cu::device::total_mem(device) }
             .map_err(|e| driver("cuDeviceTotalMem", e))? as u64;
         let name = cu::device::get_name(device).unwrap_or_else(|_| "NVIDIA GPU".into());
+        let attributes = all_attributes(device);
+        let at = |a: usize| attributes.get(a).copied().unwrap_or(0).max(0) as u32;
         let info = DeviceInfo {
             index: ordinal as u32,
             name,
@@ -173,6 +175,11 @@ impl CudaDevice {
             fp32_flops: fp32_flops(sm_count, clock_khz),
             memory_bandwidth: memory_bandwidth(mem_clock_khz, bus_bits),
             host_bandwidth: 0.0,
+            uuid: uuid(device),
+            // CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID, _PCI_BUS_ID, _PCI_DEVICE_ID.
+            pci: (at(50), at(33), at(34)),
+            driver_version: driver_version(),
+            attributes,
         };
         let priorities = cu::stream::get_priority_range().unwrap_or((0, 0));
         let builtins = Builtins::load(cc, sm_count)?;
@@ -208,6 +215,48 @@ impl CudaDevice {
     pub fn ordinal(&self) -> i32 {
         self.ordinal
     }
+}
+
+/// Every device attribute by number (0 where the driver does not know it): what a
+/// consolidated client's driver answers `cuDeviceGetAttribute` with.
+fn all_attributes(device: CUdevice) -> Vec<i32> {
+    const COUNT: i32 = 160;
+    (0..COUNT)
+        .map(|a| {
+            if a == 0 {
+                return 0;
+            }
+            let mut v = 0;
+            // SAFETY: `device` is valid; the attribute number is passed as the C enum's
+            // integer, and one the driver does not know is an error (mapped to 0).
+            let r = unsafe {
+                sys::cuDeviceGetAttribute(
+                    &mut v,
+                    std::mem::transmute::<i32, sys::CUdevice_attribute>(a),
+                    device,
+                )
+            };
+            if r == sys::cudaError_enum::CUDA_SUCCESS {
+                v
+            } else {
+                0
+            }
+        })
+        .collect()
+}
+
+fn uuid(device: CUdevice) -> [u8; 16] {
+    let mut u = sys::CUuuid { bytes: [0; 16] };
+    // SAFETY: valid device; out-parameter on our stack.
+    let _ = unsafe { sys::cuDeviceGetUuid_v2(&mut u, device) };
+    u.bytes.map(|b| b as u8)
+}
+
+fn driver_version() -> i32 {
+    let mut v = 0;
+    // SAFETY: out-parameter on our stack.
+    let _ = unsafe { sys::cuDriverGetVersion(&mut v) };
+    v
 }
 
 /// Peak FP32 rate (flop/s) from the SM count and the SM clock in kHz: one FMA (two flops) per
@@ -371,9 +420,10 @@ impl Device for CudaDevice {
         stream: &mut CudaStream,
         function: &CudaFunction,
         launch: &ModuleLaunch,
+        attributes: &LaunchAttributes,
         params: &[u8],
     ) -> DeviceResult<()> {
-        function.launch(self, stream, launch, params)
+        function.launch(self, stream, launch, attributes, params)
     }
 
     fn sync_stream(&self, stream: &mut CudaStream) -> DeviceResult<()> {
@@ -447,6 +497,87 @@ impl Device for CudaDevice {
 
     fn get_function(&self, module: &Arc<ModuleRef>, name: &str) -> DeviceResult<CudaFunction> {
         CudaFunction::get(self, module, name)
+    }
+
+    fn stream_wait_event(&self, stream: &mut CudaStream, event: &CudaEvent) -> DeviceResult<()> {
+        stream.wait_event(self, event.raw())
+    }
+
+    fn stream_done(&self, stream: &CudaStream) -> DeviceResult<bool> {
+        stream.done(self)
+    }
+
+    fn create_event_flags(&self, flags: u32) -> DeviceResult<CudaEvent> {
+        const DISABLE_TIMING: u32 = 0x2;
+        if flags & DISABLE_TIMING != 0 {
+            self.create_marker()
+        } else {
+            self.create_event()
+        }
+    }
+
+    fn memset_wide(
+        &self,
+        stream: &mut CudaStream,
+        dst: DevicePtr,
+        value: u32,
+        elem_bytes: u8,
+        count: u64,
+    ) -> DeviceResult<()> {
+        copy::memset_wide(self, stream, dst, value, elem_bytes, count)
+    }
+
+    fn copy_htod_staged(
+        &self,
+        stream: &mut CudaStream,
+        src: ArenaSlice<'_>,
+        dst: DevicePtr,
+    ) -> DeviceResult<()> {
+        copy::htod_staged(self, stream, src, dst)
+    }
+
+    fn copy_dtoh_staged(
+        &self,
+        stream: &mut CudaStream,
+        src: DevicePtr,
+        dst: ArenaSlice<'_>,
+    ) -> DeviceResult<()> {
+        copy::dtoh_staged(self, stream, src, dst)
+    }
+
+    fn register_host(&self, region: ArenaSlice<'_>) -> DeviceResult<u64> {
+        self.bind()?;
+        self.pinned.register_host(region)
+    }
+
+    fn unregister_host(&self, region: ArenaSlice<'_>) {
+        self.unregister_arena(region)
+    }
+
+    fn memory_info(&self) -> DeviceResult<(u64, u64)> {
+        self.bind()?;
+        memory::info()
+    }
+
+    fn function_shape(&self, function: &CudaFunction) -> DeviceResult<FunctionShape> {
+        function.shape(self)
+    }
+
+    fn set_function_attribute(
+        &self,
+        function: &CudaFunction,
+        attribute: u32,
+        value: i32,
+    ) -> DeviceResult<()> {
+        function.set_attribute(self, attribute, value)
+    }
+
+    fn occupancy(&self, function: &CudaFunction, question: &Occupancy) -> DeviceResult<u64> {
+        function.occupancy(self, question)
+    }
+
+    fn module_global(&self, module: &Arc<ModuleRef>, name: &str) -> DeviceResult<(u64, u64)> {
+        module.global(self, name)
     }
 }
 

@@ -231,6 +231,33 @@ impl CudaStream {
     }
 }
 
+impl CudaStream {
+    /// Work queued after this waits for `event`.
+    pub(super) fn wait_event(&mut self, dev: &CudaDevice, event: CUevent) -> DeviceResult<()> {
+        self.begin(dev)?;
+        // SAFETY: live stream and event.
+        unsafe {
+            cu::stream::wait_event(
+                self.raw,
+                event,
+                sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+            )
+        }
+        .map_err(|e| driver("cuStreamWaitEvent", e))
+    }
+
+    /// Whether all queued work has finished.
+    pub(super) fn done(&self, dev: &CudaDevice) -> DeviceResult<bool> {
+        dev.bind()?;
+        // SAFETY: live stream.
+        match unsafe { sys::cuStreamQuery(self.raw) } {
+            sys::cudaError_enum::CUDA_SUCCESS => Ok(true),
+            sys::cudaError_enum::CUDA_ERROR_NOT_READY => Ok(false),
+            e => Err(driver("cuStreamQuery", cudarc::driver::DriverError(e))),
+        }
+    }
+}
+
 /// The CUDA stream priority of `class`, given the device's (least, greatest) priority;
 /// numerically smaller is more important.
 fn priority_for(class: PriorityClass, (least, greatest): (i32, i32)) -> i32 {

@@ -6,6 +6,7 @@
 //! time advances only with work, so results are deterministic. With `realtime` the sim also
 //! takes that long on the wall clock (for demos and `gpushare top`).
 
+mod attributes;
 pub mod cost;
 pub mod kernels;
 pub mod memory;
@@ -14,7 +15,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use gpushare_protocol::command::ModuleLaunch;
+use gpushare_protocol::command::{LaunchAttributes, ModuleLaunch};
 use gpushare_protocol::control::{DeviceInfo, ModuleFormat};
 use gpushare_protocol::{DevicePtr, Kernel, PriorityClass};
 
@@ -83,6 +84,13 @@ pub struct SimEvent {
 /// Modules cannot exist on the sim device; the type is uninhabited.
 pub enum SimModule {}
 
+/// A stable UUID per sim device ("gpushare-sim" and the index).
+fn sim_uuid(index: u32) -> [u8; 16] {
+    let mut u = *b"gpushare-sim\0\0\0\0";
+    u[12..].copy_from_slice(&index.to_le_bytes());
+    u
+}
+
 impl SimDevice {
     pub fn new(options: SimOptions) -> SimDevice {
         let c = options.cost;
@@ -96,6 +104,10 @@ impl SimDevice {
                 fp32_flops: c.fp32_flops,
                 memory_bandwidth: c.memory_bw,
                 host_bandwidth: c.host_bw,
+                uuid: sim_uuid(options.index),
+                pci: (0, options.index + 1, 6),
+                driver_version: 13000,
+                attributes: attributes::for_sim(c.sm_count, options.index),
             },
             options,
             state: Mutex::new(SimState {
@@ -286,6 +298,7 @@ impl Device for SimDevice {
         _stream: &mut SimStream,
         function: &SimModule,
         _launch: &ModuleLaunch,
+        _attributes: &LaunchAttributes,
         _params: &[u8],
     ) -> DeviceResult<()> {
         match *function {}
@@ -372,6 +385,70 @@ impl Device for SimDevice {
 
     fn get_function(&self, module: &SimModule, _name: &str) -> DeviceResult<SimModule> {
         match *module {}
+    }
+
+    fn stream_wait_event(&self, stream: &mut SimStream, event: &SimEvent) -> DeviceResult<()> {
+        Self::check_healthy(&self.state())?;
+        if let Some(t) = event.time_ns {
+            stream.ready_ns = stream.ready_ns.max(t);
+        }
+        Ok(())
+    }
+
+    fn stream_done(&self, stream: &SimStream) -> DeviceResult<bool> {
+        Self::check_healthy(&self.state())?;
+        Ok(!stream.hung)
+    }
+
+    fn memset_wide(
+        &self,
+        stream: &mut SimStream,
+        dst: DevicePtr,
+        value: u32,
+        elem_bytes: u8,
+        count: u64,
+    ) -> DeviceResult<()> {
+        let len = count
+            .checked_mul(elem_bytes as u64)
+            .ok_or_else(|| DeviceError::InvalidArgument("memset too large".into()))?;
+        let n = usize::try_from(len).map_err(|_| DeviceError::OutOfMemory)?;
+        let element = &value.to_le_bytes()[..elem_bytes as usize];
+        let bytes: Vec<u8> = element.iter().copied().cycle().take(n).collect();
+        let cost = self.options.cost.memset_ns(len);
+        self.run_on(stream, cost, |m| m.write(dst, &bytes))
+    }
+
+    fn copy_htod_staged(
+        &self,
+        stream: &mut SimStream,
+        src: ArenaSlice<'_>,
+        dst: DevicePtr,
+    ) -> DeviceResult<()> {
+        // Copies run when accepted here: the arena is read before this returns.
+        self.copy_htod(stream, src, dst)
+    }
+
+    fn copy_dtoh_staged(
+        &self,
+        stream: &mut SimStream,
+        src: DevicePtr,
+        dst: ArenaSlice<'_>,
+    ) -> DeviceResult<()> {
+        self.copy_dtoh(stream, src, dst)
+    }
+
+    fn register_host(&self, region: ArenaSlice<'_>) -> DeviceResult<u64> {
+        Ok(region.as_ptr() as u64)
+    }
+
+    fn unregister_host(&self, _region: ArenaSlice<'_>) {}
+
+    fn memory_info(&self) -> DeviceResult<(u64, u64)> {
+        let used = self.state().memory.used();
+        Ok((
+            self.options.memory.saturating_sub(used),
+            self.options.memory,
+        ))
     }
 }
 

@@ -1,0 +1,199 @@
+//! Control requests only consolidated clients (a client-side CUDA driver) make: modules by
+//! content hash, functions with their layout and attributes, module globals, and page-locked
+//! host memory shared for DMA.
+
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+
+use gpushare_protocol::ErrorCode;
+use gpushare_protocol::control::{
+    BrokerMessage, ClientMessage, FunctionDetails, HostRegionGrant, ImageHash, ModuleFormat,
+};
+use gpushare_protocol::error::WireError;
+
+use super::Broker;
+use super::control::SessionScope;
+use crate::device::Device;
+use crate::session::SessionInfo;
+use crate::shm::HostRegion;
+
+fn wire(code: ErrorCode, message: impl Into<String>) -> WireError {
+    WireError::new(code, message)
+}
+
+impl<D: Device> Broker<D> {
+    /// Answers one of the consolidated requests (`None` for any other message).
+    pub(super) async fn consolidated_request(
+        &self,
+        msg: &ClientMessage,
+        fds: Vec<OwnedFd>,
+        scope: SessionScope<'_, D>,
+        session: Option<&SessionInfo>,
+    ) -> Option<BrokerMessage> {
+        Some(match msg {
+            ClientMessage::LoadCachedModule {
+                request,
+                format,
+                hash,
+            } => BrokerMessage::ModuleLoaded {
+                request: *request,
+                result: self.load_cached(scope, *format, hash).await,
+            },
+            ClientMessage::GetFunctionInfo {
+                request,
+                module,
+                name,
+            } => BrokerMessage::FunctionInfo {
+                request: *request,
+                result: Self::function_info(scope, *module, name.clone()).await,
+            },
+            ClientMessage::GetGlobal {
+                request,
+                module,
+                name,
+            } => BrokerMessage::Global {
+                request: *request,
+                result: Self::global(scope, *module, name.clone()).await,
+            },
+            ClientMessage::ShareHostMemory { request, bytes, at } => BrokerMessage::HostShared {
+                request: *request,
+                result: Self::share_host(scope, session, fds, *bytes, *at).await,
+            },
+            ClientMessage::UnshareHostMemory { request, region } => BrokerMessage::HostUnshared {
+                request: *request,
+                result: Self::unshare_host(scope, session, *region),
+            },
+            _ => return None,
+        })
+    }
+
+    async fn load_cached(
+        &self,
+        (modules, device): SessionScope<'_, D>,
+        format: ModuleFormat,
+        hash: &ImageHash,
+    ) -> Result<u64, WireError> {
+        let image = self
+            .images
+            .get(hash)
+            .ok_or_else(|| wire(ErrorCode::NotFound, "no such image here; send it"))?;
+        let device = device.clone();
+        let held = image.clone();
+        let loaded = tokio::task::spawn_blocking(move || device.load_module(format, &held))
+            .await
+            .map_err(|e| wire(ErrorCode::Internal, e.to_string()))?
+            .map_err(|e| wire(e.code(), e.to_string()))?;
+        modules
+            .lock()
+            .map_err(|_| wire(ErrorCode::Internal, "module table poisoned"))?
+            .insert_module_from(loaded, image)
+            .map_err(|c| wire(c, "too many modules"))
+    }
+
+    async fn function_info(
+        scope: SessionScope<'_, D>,
+        module: u64,
+        name: String,
+    ) -> Result<FunctionDetails, WireError> {
+        let id = Self::get_function(scope.0, scope.1, module, name).await?;
+        let f = scope
+            .0
+            .lock()
+            .map_err(|_| wire(ErrorCode::Internal, "module table poisoned"))?
+            .function(id)
+            .ok_or_else(|| wire(ErrorCode::Internal, "function gone"))?;
+        let device = scope.1.clone();
+        let shape = tokio::task::spawn_blocking(move || device.function_shape(&f))
+            .await
+            .map_err(|e| wire(ErrorCode::Internal, e.to_string()))?
+            .map_err(|e| wire(e.code(), e.to_string()))?;
+        Ok(FunctionDetails {
+            id,
+            params: shape.params,
+            attributes: shape.attributes,
+        })
+    }
+
+    async fn global(
+        (modules, device): SessionScope<'_, D>,
+        module: u64,
+        name: String,
+    ) -> Result<(u64, u64), WireError> {
+        let m = modules
+            .lock()
+            .map_err(|_| wire(ErrorCode::Internal, "module table poisoned"))?
+            .module(module)
+            .ok_or_else(|| wire(ErrorCode::InvalidHandle, format!("no module {module}")))?;
+        let device = device.clone();
+        let (ptr, size) = tokio::task::spawn_blocking(move || device.module_global(&m, &name))
+            .await
+            .map_err(|e| wire(ErrorCode::Internal, e.to_string()))?
+            .map_err(|e| match e.code() {
+                ErrorCode::DeviceError => wire(ErrorCode::NotFound, e.to_string()),
+                code => wire(code, e.to_string()),
+            })?;
+        modules
+            .lock()
+            .map_err(|_| wire(ErrorCode::Internal, "module table poisoned"))?
+            .add_global(module, ptr, size);
+        Ok((ptr, size))
+    }
+
+    async fn share_host(
+        (_, device): SessionScope<'_, D>,
+        session: Option<&SessionInfo>,
+        fds: Vec<OwnedFd>,
+        bytes: u64,
+        at: u64,
+    ) -> Result<HostRegionGrant, WireError> {
+        let info = session.ok_or_else(|| wire(ErrorCode::PermissionDenied, "no session"))?;
+        let fd = fds.into_iter().next().ok_or_else(|| {
+            wire(
+                ErrorCode::InvalidArgument,
+                "ShareHostMemory must carry a memfd",
+            )
+        })?;
+        info.hosts
+            .lock()
+            .map_err(|_| wire(ErrorCode::Internal, "host table poisoned"))?
+            .room_for(bytes)
+            .map_err(|c| wire(c, "too much shared host memory for one client"))?;
+        let region = Arc::new(
+            HostRegion::map(&fd, bytes, at)
+                .map_err(|e| wire(ErrorCode::InvalidArgument, e.to_string()))?,
+        );
+        let device = device.clone();
+        let registered = region.clone();
+        let device_ptr =
+            tokio::task::spawn_blocking(move || device.register_host(registered.whole()))
+                .await
+                .map_err(|e| wire(ErrorCode::Internal, e.to_string()))?
+                .map_err(|e| wire(e.code(), e.to_string()))?;
+        let id = info
+            .hosts
+            .lock()
+            .map_err(|_| wire(ErrorCode::Internal, "host table poisoned"))?
+            .insert(region, device_ptr)
+            .map_err(|c| wire(c, "too much shared host memory for one client"))?;
+        Ok(HostRegionGrant {
+            region: id,
+            device_ptr,
+        })
+    }
+
+    fn unshare_host(
+        (_, device): SessionScope<'_, D>,
+        session: Option<&SessionInfo>,
+        region: u32,
+    ) -> Result<(), WireError> {
+        let info = session.ok_or_else(|| wire(ErrorCode::PermissionDenied, "no session"))?;
+        let shared = info
+            .hosts
+            .lock()
+            .map_err(|_| wire(ErrorCode::Internal, "host table poisoned"))?
+            .remove(region)
+            .ok_or_else(|| wire(ErrorCode::InvalidHandle, format!("no host region {region}")))?;
+        device.unregister_host(shared.region.whole());
+        Ok(())
+    }
+}

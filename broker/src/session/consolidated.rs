@@ -1,0 +1,318 @@
+//! What consolidated clients (a client-side CUDA driver) ask of a session besides what every
+//! client does: streams and events under ids they choose, stream-to-event waits and stream
+//! queries, CUDA's legacy default-stream order, staged and page-locked copies, wider
+//! memsets, device memory as their quota shows it, and function attributes and occupancy.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+
+use gpushare_protocol::{Command, ErrorCode, StreamId};
+
+use super::{MAX_EVENTS, MAX_STREAMS, SessionState, StreamSlot};
+use crate::device::{Device, Occupancy};
+
+/// `CU_STREAM_NON_BLOCKING`.
+const NON_BLOCKING: u32 = 0x1;
+
+/// CUDA's legacy order between stream 0 and the blocking streams: a marker event per stream,
+/// and how much work stream 0 has been given.
+pub(super) struct Legacy<D: Device> {
+    markers: HashMap<StreamId, D::Event>,
+    /// Stream 0's operations so far.
+    epoch: u64,
+}
+
+impl<D: Device> Default for Legacy<D> {
+    fn default() -> Self {
+        Legacy {
+            markers: HashMap::new(),
+            epoch: 0,
+        }
+    }
+}
+
+impl<D: Device> SessionState<D> {
+    /// Runs a command only consolidated clients send; `None` for any other command.
+    pub(super) fn execute_consolidated(
+        &mut self,
+        cmd: Command,
+    ) -> Option<Result<(u64, u64), ErrorCode>> {
+        Some(match cmd {
+            Command::StreamCreateAs {
+                stream,
+                flags,
+                priority: _,
+            } => self.create_stream_as(stream, flags),
+            Command::EventCreateAs { event, flags } => self.create_event_as(event, flags),
+            Command::StreamWaitEvent { stream, event } => match self.events.remove(&event) {
+                None => Err(ErrorCode::InvalidHandle),
+                Some(e) => {
+                    // Out of the table while the stream takes it (on_stream borrows the session).
+                    let r = self.on_stream(stream, |d, s| d.stream_wait_event(s, &e));
+                    self.events.insert(event, e);
+                    r
+                }
+            },
+            Command::StreamQuery { stream } => {
+                let device = self.device.clone();
+                match self.streams.get_mut(&stream) {
+                    None => Err(ErrorCode::InvalidHandle),
+                    Some(slot) => device
+                        .stream_done(&slot.stream)
+                        .map(|done| {
+                            if done {
+                                slot.unsynced = false;
+                            }
+                            (done as u64, 0)
+                        })
+                        .map_err(|e| e.code()),
+                }
+            }
+            Command::MemsetWide {
+                stream,
+                dst,
+                value,
+                elem_bytes,
+                count,
+            } => count
+                .checked_mul(elem_bytes as u64)
+                .ok_or(ErrorCode::InvalidArgument)
+                .and_then(|len| self.check_device(dst, len))
+                .and_then(|()| {
+                    self.on_stream(stream, |d, s| {
+                        d.memset_wide(s, dst, value, elem_bytes, count)
+                    })
+                }),
+            Command::CopyHtoDStaged {
+                stream,
+                arena_offset,
+                dst,
+                len,
+            } => self.check_device(dst, len).and_then(|()| {
+                let region = self.region.clone();
+                let src = region
+                    .arena_slice(arena_offset, len)
+                    .ok_or(ErrorCode::ArenaOutOfBounds)?;
+                let r = self.on_stream(stream, |d, s| d.copy_htod_staged(s, src, dst))?;
+                self.info
+                    .counters
+                    .bytes_htod
+                    .fetch_add(len, Ordering::Relaxed);
+                Ok(r)
+            }),
+            Command::CopyDtoHStaged {
+                stream,
+                src,
+                arena_offset,
+                len,
+            } => self.check_device(src, len).and_then(|()| {
+                let region = self.region.clone();
+                let dst = region
+                    .arena_slice(arena_offset, len)
+                    .ok_or(ErrorCode::ArenaOutOfBounds)?;
+                let r = self.on_stream(stream, |d, s| d.copy_dtoh_staged(s, src, dst))?;
+                if let Some(slot) = self.streams.get_mut(&stream) {
+                    slot.unsynced = false;
+                }
+                self.info
+                    .counters
+                    .bytes_dtoh
+                    .fetch_add(len, Ordering::Relaxed);
+                Ok(r)
+            }),
+            Command::CopyHtoDHost {
+                stream,
+                region,
+                offset,
+                dst,
+                len,
+            } => self.check_device(dst, len).and_then(|()| {
+                let host = self.host(region)?;
+                let src = host.slice(offset, len).ok_or(ErrorCode::ArenaOutOfBounds)?;
+                let r = self.on_stream(stream, |d, s| d.copy_htod(s, src, dst))?;
+                self.info
+                    .counters
+                    .bytes_htod
+                    .fetch_add(len, Ordering::Relaxed);
+                Ok(r)
+            }),
+            Command::CopyDtoHHost {
+                stream,
+                src,
+                region,
+                offset,
+                len,
+            } => self.check_device(src, len).and_then(|()| {
+                let host = self.host(region)?;
+                let dst = host.slice(offset, len).ok_or(ErrorCode::ArenaOutOfBounds)?;
+                let r = self.on_stream(stream, |d, s| d.copy_dtoh(s, src, dst))?;
+                self.info
+                    .counters
+                    .bytes_dtoh
+                    .fetch_add(len, Ordering::Relaxed);
+                Ok(r)
+            }),
+            Command::MemInfo => match self.info.grant().memory_quota {
+                Some(quota) => {
+                    let used = self.info.counters.memory_used.load(Ordering::Relaxed);
+                    Ok((quota.saturating_sub(used), quota))
+                }
+                None => self.device.memory_info().map_err(|e| e.code()),
+            },
+            Command::FunctionSetAttribute {
+                function,
+                attribute,
+                value,
+            } => self.function(function).and_then(|f| {
+                self.device
+                    .set_function_attribute(&f, attribute, value)
+                    .map(|()| (0, 0))
+                    .map_err(|e| e.code())
+            }),
+            Command::Occupancy {
+                function,
+                query,
+                block_size,
+                dynamic_smem,
+                flags,
+                cluster,
+            } => self.function(function).and_then(|f| {
+                let q = Occupancy {
+                    query,
+                    block_size,
+                    dynamic_smem,
+                    flags,
+                    cluster,
+                };
+                self.device
+                    .occupancy(&f, &q)
+                    .map(|n| (n, 0))
+                    .map_err(|e| e.code())
+            }),
+            _ => return None,
+        })
+    }
+
+    fn create_stream_as(&mut self, id: StreamId, flags: u32) -> Result<(u64, u64), ErrorCode> {
+        if id == 0 || self.streams.contains_key(&id) {
+            return Err(ErrorCode::InvalidHandle);
+        }
+        if self.streams.len() >= MAX_STREAMS {
+            return Err(ErrorCode::TooManyHandles);
+        }
+        let stream = self
+            .device
+            .create_stream(self.info.grant().class)
+            .map_err(|e| e.code())?;
+        let mut slot = StreamSlot::new(stream);
+        slot.blocking = flags & NON_BLOCKING == 0;
+        self.streams.insert(id, slot);
+        self.info
+            .counters
+            .streams
+            .store(self.streams.len() as u64, Ordering::Relaxed);
+        Ok((0, 0))
+    }
+
+    fn create_event_as(&mut self, id: u32, flags: u32) -> Result<(u64, u64), ErrorCode> {
+        if id == 0 || self.events.contains_key(&id) {
+            return Err(ErrorCode::InvalidHandle);
+        }
+        if self.events.len() >= MAX_EVENTS {
+            return Err(ErrorCode::TooManyHandles);
+        }
+        let event = self
+            .device
+            .create_event_flags(flags)
+            .map_err(|e| e.code())?;
+        self.events.insert(id, event);
+        Ok((0, 0))
+    }
+
+    fn host(&self, region: u32) -> Result<std::sync::Arc<crate::shm::HostRegion>, ErrorCode> {
+        self.info
+            .hosts
+            .lock()
+            .map_err(|_| ErrorCode::Internal)?
+            .get(region)
+            .ok_or(ErrorCode::InvalidHandle)
+    }
+
+    fn function(&self, id: u64) -> Result<std::sync::Arc<D::Function>, ErrorCode> {
+        self.modules
+            .lock()
+            .map_err(|_| ErrorCode::Internal)?
+            .function(id)
+            .ok_or(ErrorCode::InvalidHandle)
+    }
+
+    /// Before an operation on `stream` of a consolidated client: CUDA's legacy order. Work
+    /// on stream 0 waits for the blocking streams' work before it, and work on a blocking
+    /// stream for stream 0's.
+    pub(super) fn order_legacy(&mut self, stream: StreamId) -> Result<(), ErrorCode> {
+        let device = self.device.clone();
+        if stream == 0 {
+            let waiting: Vec<StreamId> = self
+                .streams
+                .iter()
+                .filter(|(id, s)| **id != 0 && s.blocking && s.unordered)
+                .map(|(id, _)| *id)
+                .collect();
+            for id in waiting {
+                self.mark_and_wait(&*device, id, 0)?;
+                if let Some(s) = self.streams.get_mut(&id) {
+                    s.unordered = false;
+                }
+            }
+        } else if let Some(slot) = self.streams.get(&stream)
+            && slot.blocking
+            && slot.legacy_seen < self.legacy.epoch
+        {
+            self.mark_and_wait(&*device, 0, stream)?;
+            let epoch = self.legacy.epoch;
+            if let Some(s) = self.streams.get_mut(&stream) {
+                s.legacy_seen = epoch;
+            }
+        }
+        Ok(())
+    }
+
+    /// After an operation on `stream`: what the next one on the other side must wait for.
+    pub(super) fn note_legacy(&mut self, stream: StreamId) {
+        if stream == 0 {
+            self.legacy.epoch += 1;
+        } else if let Some(s) = self.streams.get_mut(&stream)
+            && s.blocking
+        {
+            s.unordered = true;
+        }
+    }
+
+    /// Records `from`'s marker at the end of `from`, and makes `to` wait for it.
+    fn mark_and_wait(&mut self, device: &D, from: StreamId, to: StreamId) -> Result<(), ErrorCode> {
+        if let std::collections::hash_map::Entry::Vacant(v) = self.legacy.markers.entry(from) {
+            v.insert(device.create_marker().map_err(|e| e.code())?);
+        }
+        let marker = self
+            .legacy
+            .markers
+            .get_mut(&from)
+            .ok_or(ErrorCode::Internal)?;
+        let source = self
+            .streams
+            .get_mut(&from)
+            .ok_or(ErrorCode::InvalidHandle)?;
+        device
+            .record_event(marker, &mut source.stream)
+            .map_err(|e| e.code())?;
+        let target = self.streams.get_mut(&to).ok_or(ErrorCode::InvalidHandle)?;
+        device
+            .stream_wait_event(&mut target.stream, marker)
+            .map_err(|e| e.code())
+    }
+
+    /// Forgets the legacy markers (their streams are gone: a reset, or the session's end).
+    pub(super) fn forget_legacy(&mut self) {
+        self.legacy = Legacy::default();
+    }
+}
