@@ -1,0 +1,319 @@
+//! The device: one, the GPU the broker runs this client on, as ordinal 0. Everything about it
+//! comes from the broker's welcome; no query waits for the broker.
+
+use std::ffi::{c_char, c_int, c_uint};
+
+use crate::driver::{self, Driver};
+use crate::status::{Cu, entry, out};
+use crate::types::{CUdevice, CUdevprop, CUresult, CUuuid, device_attr, result};
+
+/// The device a handle names; this driver has exactly one.
+pub fn check(dev: CUdevice) -> Cu<()> {
+    if dev == 0 {
+        Ok(())
+    } else {
+        Err(result::INVALID_DEVICE)
+    }
+}
+
+impl Driver {
+    /// A device attribute, as the broker's GPU has it.
+    pub fn attribute(&self, attr: usize) -> Cu<i32> {
+        match self.device.attributes.get(attr) {
+            Some(&v) if attr > 0 => Ok(v),
+            _ => Err(result::INVALID_VALUE),
+        }
+    }
+}
+
+/// # Safety
+/// Callable from C.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuInit(flags: c_uint) -> CUresult {
+    entry(|| {
+        if flags != 0 {
+            return Err(result::INVALID_VALUE);
+        }
+        driver::init()
+    })
+}
+
+/// # Safety
+/// `version` is NULL or valid for writing.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDriverGetVersion(version: *mut c_int) -> CUresult {
+    entry(|| {
+        // Before cuInit too, as CUDA allows; then it is the version this driver speaks.
+        let v = driver::get().map_or(crate::types::CUDA_VERSION, |d| {
+            if d.device.driver_version > 0 {
+                d.device.driver_version
+            } else {
+                crate::types::CUDA_VERSION
+            }
+        });
+        // SAFETY: the caller's contract.
+        unsafe { out(version, v) }
+    })
+}
+
+/// # Safety
+/// `device` is NULL or valid for writing.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGet(device: *mut CUdevice, ordinal: c_int) -> CUresult {
+    entry(|| {
+        driver::get()?;
+        check(ordinal)?;
+        // SAFETY: the caller's contract.
+        unsafe { out(device, ordinal) }
+    })
+}
+
+/// # Safety
+/// `count` is NULL or valid for writing.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGetCount(count: *mut c_int) -> CUresult {
+    entry(|| {
+        driver::get()?;
+        // SAFETY: the caller's contract.
+        unsafe { out(count, 1) }
+    })
+}
+
+/// # Safety
+/// `name` is NULL or valid for writing `len` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGetName(name: *mut c_char, len: c_int, dev: CUdevice) -> CUresult {
+    entry(|| {
+        let d = driver::get()?;
+        check(dev)?;
+        if name.is_null() || len <= 0 {
+            return Err(result::INVALID_VALUE);
+        }
+        let bytes = d.device.name.as_bytes();
+        let n = bytes.len().min(len as usize - 1);
+        // SAFETY: `n + 1 <= len` bytes, which the caller says are writable.
+        unsafe {
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), name.cast::<u8>(), n);
+            *name.add(n) = 0;
+        }
+        Ok(())
+    })
+}
+
+/// # Safety
+/// `bytes` is NULL or valid for writing.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CUresult {
+    entry(|| {
+        let d = driver::get()?;
+        check(dev)?;
+        // SAFETY: the caller's contract.
+        unsafe { out(bytes, d.device.total_memory as usize) }
+    })
+}
+
+/// The CUDA 2.0 form, with a 32-bit size.
+///
+/// # Safety
+/// `bytes` is NULL or valid for writing.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceTotalMem(bytes: *mut c_uint, dev: CUdevice) -> CUresult {
+    entry(|| {
+        let d = driver::get()?;
+        check(dev)?;
+        let total = d.device.total_memory.min(c_uint::MAX as u64) as c_uint;
+        // SAFETY: the caller's contract.
+        unsafe { out(bytes, total) }
+    })
+}
+
+/// # Safety
+/// `value` is NULL or valid for writing.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGetAttribute(
+    value: *mut c_int,
+    attr: c_int,
+    dev: CUdevice,
+) -> CUresult {
+    entry(|| {
+        let d = driver::get()?;
+        check(dev)?;
+        let v = usize::try_from(attr)
+            .map_err(|_| result::INVALID_VALUE)
+            .and_then(|a| d.attribute(a))?;
+        // SAFETY: the caller's contract.
+        unsafe { out(value, v) }
+    })
+}
+
+/// # Safety
+/// `uuid` is NULL or valid for writing.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGetUuid(uuid: *mut CUuuid, dev: CUdevice) -> CUresult {
+    entry(|| {
+        let d = driver::get()?;
+        check(dev)?;
+        // SAFETY: the caller's contract.
+        unsafe {
+            out(
+                uuid,
+                CUuuid {
+                    bytes: d.device.uuid,
+                },
+            )
+        }
+    })
+}
+
+/// # Safety
+/// `uuid` is NULL or valid for writing.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGetUuid_v2(uuid: *mut CUuuid, dev: CUdevice) -> CUresult {
+    // SAFETY: the same contract.
+    unsafe { cuDeviceGetUuid(uuid, dev) }
+}
+
+/// # Safety
+/// `major` and `minor` are NULL or valid for writing.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceComputeCapability(
+    major: *mut c_int,
+    minor: *mut c_int,
+    dev: CUdevice,
+) -> CUresult {
+    entry(|| {
+        let d = driver::get()?;
+        check(dev)?;
+        let (ma, mi) = d.device.compute_capability;
+        // SAFETY: the caller's contract.
+        unsafe {
+            out(major, ma as c_int)?;
+            out(minor, mi as c_int)
+        }
+    })
+}
+
+/// # Safety
+/// `prop` is NULL or valid for writing.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGetProperties(prop: *mut CUdevprop, dev: CUdevice) -> CUresult {
+    entry(|| {
+        let d = driver::get()?;
+        check(dev)?;
+        let a = |i| d.attribute(i).unwrap_or(0);
+        let p = CUdevprop {
+            max_threads_per_block: a(device_attr::MAX_THREADS_PER_BLOCK),
+            max_threads_dim: [
+                a(device_attr::MAX_BLOCK_DIM_X),
+                a(device_attr::MAX_BLOCK_DIM_X + 1),
+                a(device_attr::MAX_BLOCK_DIM_X + 2),
+            ],
+            max_grid_size: [
+                a(device_attr::MAX_GRID_DIM_X),
+                a(device_attr::MAX_GRID_DIM_X + 1),
+                a(device_attr::MAX_GRID_DIM_X + 2),
+            ],
+            shared_mem_per_block: a(device_attr::MAX_SHARED_MEMORY_PER_BLOCK),
+            total_constant_memory: a(device_attr::TOTAL_CONSTANT_MEMORY),
+            simd_width: a(device_attr::WARP_SIZE),
+            mem_pitch: a(device_attr::MAX_PITCH),
+            regs_per_block: a(device_attr::MAX_REGISTERS_PER_BLOCK),
+            clock_rate: a(device_attr::CLOCK_RATE),
+            texture_align: a(device_attr::TEXTURE_ALIGNMENT),
+        };
+        // SAFETY: the caller's contract.
+        unsafe { out(prop, p) }
+    })
+}
+
+/// The device's PCI bus id, as `cuDeviceGetPCIBusId` writes it.
+fn pci_bus_id(d: &Driver) -> String {
+    let (domain, bus, device) = d.device.pci;
+    format!("{domain:08x}:{bus:02x}:{device:02x}.0")
+}
+
+/// # Safety
+/// `id` is NULL or valid for writing `len` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGetPCIBusId(
+    id: *mut c_char,
+    len: c_int,
+    dev: CUdevice,
+) -> CUresult {
+    entry(|| {
+        let d = driver::get()?;
+        check(dev)?;
+        if id.is_null() || len <= 0 {
+            return Err(result::INVALID_VALUE);
+        }
+        let s = pci_bus_id(d);
+        let n = s.len().min(len as usize - 1);
+        // SAFETY: `n + 1 <= len` writable bytes.
+        unsafe {
+            std::ptr::copy_nonoverlapping(s.as_ptr(), id.cast::<u8>(), n);
+            *id.add(n) = 0;
+        }
+        Ok(())
+    })
+}
+
+/// # Safety
+/// `dev` is NULL or valid for writing; `id` is NULL or a NUL-terminated string.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGetByPCIBusId(dev: *mut CUdevice, id: *const c_char) -> CUresult {
+    entry(|| {
+        let d = driver::get()?;
+        if id.is_null() {
+            return Err(result::INVALID_VALUE);
+        }
+        // SAFETY: the caller's contract.
+        let asked = unsafe { std::ffi::CStr::from_ptr(id) }
+            .to_string_lossy()
+            .to_lowercase();
+        let ours = pci_bus_id(d);
+        // Domain may be written short ("0000:00:06.0") or left out ("00:06.0").
+        let matches = ours.ends_with(asked.trim_start_matches('0'))
+            || ours
+                .trim_start_matches('0')
+                .ends_with(asked.trim_start_matches("0000:"));
+        if !matches {
+            return Err(result::INVALID_DEVICE);
+        }
+        // SAFETY: the caller's contract.
+        unsafe { out(dev, 0) }
+    })
+}
+
+/// # Safety
+/// `can` is NULL or valid for writing.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceCanAccessPeer(
+    can: *mut c_int,
+    dev: CUdevice,
+    peer: CUdevice,
+) -> CUresult {
+    entry(|| {
+        driver::get()?;
+        check(dev)?;
+        check(peer)?;
+        // One device: there is no peer.
+        // SAFETY: the caller's contract.
+        unsafe { out(can, 0) }
+    })
+}
+
+/// # Safety
+/// `supported` is NULL or valid for writing.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGetExecAffinitySupport(
+    supported: *mut c_int,
+    _kind: c_int,
+    dev: CUdevice,
+) -> CUresult {
+    entry(|| {
+        driver::get()?;
+        check(dev)?;
+        // SAFETY: the caller's contract.
+        unsafe { out(supported, 0) }
+    })
+}

@@ -1,0 +1,245 @@
+//! The process-wide driver: connected at `cuInit`, kept for the process's life, forgotten in
+//! a forked child (which must `cuInit` again and becomes a client of its own).
+
+use std::collections::HashSet;
+use std::ptr;
+use std::sync::atomic::{AtomicI32, AtomicPtr, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use gpushare_conn::env::{CLASS_ENV, GPU_ENV, NAME_ENV};
+use gpushare_conn::{Error, Notices, Session, SessionOptions, process_name};
+use gpushare_protocol::PriorityClass;
+use gpushare_protocol::control::{DeviceInfo, Role};
+
+use crate::status::{Cu, from_error};
+use crate::transport::Transport;
+use crate::types::{CUresult, result};
+
+/// Submission entries asked for: launches are sent without waiting, so many are in flight.
+const SQ_ENTRIES: u32 = 4096;
+/// The arena: launch parameters and staged copies in flight.
+const ARENA_BYTES: u64 = 64 << 20;
+/// How long a waiting call spins before it sleeps.
+const SPIN: Duration = Duration::from_micros(50);
+
+/// Everything the driver knows of its session.
+pub struct Driver {
+    pub transport: Transport,
+    pub device: DeviceInfo,
+    pub memory_quota: Option<u64>,
+    pub memory: crate::memory::Memory,
+    pub streams: crate::stream::Streams,
+    pub events: crate::event::Events,
+    pub modules: crate::module::Modules,
+    pub contexts: crate::context::Contexts,
+    pub graphs: crate::graph::Graphs,
+    pub occupancy: crate::occupancy::Cache,
+    /// A failure every later call reports (the device was reset under this process).
+    sticky: AtomicI32,
+}
+
+static DRIVER: AtomicPtr<Driver> = AtomicPtr::new(ptr::null_mut());
+/// What a failed `cuInit` said: later calls say it again (CUDA does the same).
+static INIT_FAILED: AtomicI32 = AtomicI32::new(0);
+static INIT: Mutex<()> = Mutex::new(());
+
+/// The driver, once `cuInit` has succeeded in this process.
+#[inline]
+pub fn get() -> Cu<&'static Driver> {
+    let p = DRIVER.load(Ordering::Acquire);
+    if p.is_null() {
+        return Err(match INIT_FAILED.load(Ordering::Relaxed) {
+            0 => result::NOT_INITIALIZED,
+            code => code,
+        });
+    }
+    // SAFETY: a non-null pointer is a leaked `Box<Driver>`, never freed (a forked child only
+    // forgets it).
+    Ok(unsafe { &*p })
+}
+
+/// The driver, and the error every call must report if the device was lost under it.
+#[inline]
+pub fn live() -> Cu<&'static Driver> {
+    let d = get()?;
+    match d.sticky.load(Ordering::Relaxed) {
+        0 => Ok(d),
+        code => Err(code),
+    }
+}
+
+/// Connects to gpushared (once per process image).
+pub fn init() -> Cu<()> {
+    let _serial = INIT.lock().unwrap_or_else(|p| p.into_inner());
+    if !DRIVER.load(Ordering::Acquire).is_null() {
+        return Ok(());
+    }
+    match INIT_FAILED.load(Ordering::Relaxed) {
+        0 => {}
+        code => return Err(code),
+    }
+    match connect() {
+        Ok(driver) => {
+            DRIVER.store(Box::into_raw(Box::new(driver)), Ordering::Release);
+            // SAFETY: registers a plain function as the fork child handler; it only stores
+            // atomics, which is async-signal-safe.
+            unsafe { libc::pthread_atfork(None, None, Some(forked_child)) };
+            Ok(())
+        }
+        Err(code) => {
+            INIT_FAILED.store(code, Ordering::Relaxed);
+            Err(code)
+        }
+    }
+}
+
+fn options() -> SessionOptions {
+    let mut opts = SessionOptions::new(Role::Consolidated);
+    if let Some(name) = std::env::var(NAME_ENV).ok().filter(|n| !n.is_empty()) {
+        opts.name = name;
+    } else {
+        opts.name = process_name();
+    }
+    opts.class = std::env::var(CLASS_ENV)
+        .ok()
+        .and_then(|c| c.parse::<PriorityClass>().ok());
+    opts.gpu = std::env::var(GPU_ENV)
+        .ok()
+        .and_then(|g| g.trim().parse().ok())
+        .or_else(visible_device);
+    opts.sq_entries = SQ_ENTRIES;
+    opts.arena_size = ARENA_BYTES;
+    opts.spin = SPIN;
+    opts
+}
+
+/// `CUDA_VISIBLE_DEVICES` naming one device by index: the GPU to ask the broker for.
+fn visible_device() -> Option<u32> {
+    let v = std::env::var("CUDA_VISIBLE_DEVICES").ok()?;
+    let mut ids = v.split(',').map(str::trim).filter(|s| !s.is_empty());
+    let first = ids.next()?.parse().ok()?;
+    ids.next().is_none().then_some(first)
+}
+
+fn connect() -> Cu<Driver> {
+    let opts = options();
+    let session = Session::open(&opts, Arc::new(Notices::new(false))).map_err(|e| {
+        let code = match &e {
+            Error::Connect { .. } | Error::Rejected(_) => result::NO_DEVICE,
+            other => from_error(other),
+        };
+        say(&format!(
+            "CUDA is not available to this program: {e} (gpushare's CUDA driver runs all GPU work through gpushared; start it, or run the program with `gpushare run --fallback direct`)"
+        ));
+        code
+    })?;
+    let welcome = session.welcome().clone();
+    let device = welcome.device.clone();
+    if let Some(asked) = opts.class
+        && asked != welcome.class
+    {
+        say(&format!(
+            "asked to run as {asked}, but the policy grants this user {}: running as {}",
+            welcome.class, welcome.class
+        ));
+    }
+    Ok(Driver {
+        transport: Transport::new(session),
+        memory_quota: welcome.memory_quota,
+        memory: crate::memory::Memory::default(),
+        streams: crate::stream::Streams::default(),
+        events: crate::event::Events::default(),
+        modules: crate::module::Modules::default(),
+        contexts: crate::context::Contexts::new(),
+        graphs: crate::graph::Graphs::default(),
+        occupancy: crate::occupancy::Cache::default(),
+        device,
+        sticky: AtomicI32::new(0),
+    })
+}
+
+impl Driver {
+    /// From now on every call fails with `code` (the device's state is gone).
+    pub fn fail_for_good(&self, code: CUresult, why: &str) {
+        if self
+            .sticky
+            .compare_exchange(0, code, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+        {
+            say(why);
+        }
+    }
+
+    /// Reports the first error of work sent without waiting, and notes a lost device.
+    pub fn deferred(&self) -> Cu<()> {
+        self.transport.deferred_error().inspect_err(|&code| {
+            self.notice_loss(code);
+        })
+    }
+
+    /// A broker answer that means this process's device state is gone makes every later
+    /// call fail too.
+    pub fn notice_loss(&self, code: CUresult) {
+        if code == result::LAUNCH_FAILED && self.transport.session.handles_lost() > 0 {
+            self.fail_for_good(
+                code,
+                "another client's fault reset the GPU: this program's GPU memory, modules and streams are gone; restart it",
+            );
+        } else if code == result::DEVICE_UNAVAILABLE {
+            self.fail_for_good(
+                code,
+                "the connection to gpushared is gone: this program's GPU work cannot go on",
+            );
+        }
+    }
+}
+
+extern "C" fn forked_child() {
+    // The parent's session belongs to the parent: leak it here, never say goodbye on it.
+    DRIVER.store(ptr::null_mut(), Ordering::Release);
+    INIT_FAILED.store(0, Ordering::Relaxed);
+}
+
+/// One line on stderr.
+pub fn say(line: &str) {
+    let _ = std::io::Write::write_all(
+        &mut std::io::stderr(),
+        format!("gpushare: {line}\n").as_bytes(),
+    );
+}
+
+/// One line on stderr, once per distinct line.
+pub fn say_once(line: &str) {
+    static SAID: Mutex<Option<HashSet<String>>> = Mutex::new(None);
+    let mut said = SAID.lock().unwrap_or_else(|p| p.into_inner());
+    if said
+        .get_or_insert_with(HashSet::new)
+        .insert(line.to_string())
+    {
+        say(line);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn visible_devices_pick_a_gpu_only_when_they_name_one_index() {
+        let cases = [
+            ("1", Some(1)),
+            (" 2 ", Some(2)),
+            ("0,1", None),
+            ("GPU-abc", None),
+            ("", None),
+        ];
+        for (value, want) in cases {
+            // SAFETY: tests in this module do not read the environment concurrently.
+            unsafe { std::env::set_var("CUDA_VISIBLE_DEVICES", value) };
+            assert_eq!(visible_device(), want, "{value:?}");
+        }
+        // SAFETY: as above.
+        unsafe { std::env::remove_var("CUDA_VISIBLE_DEVICES") };
+    }
+}

@@ -1,0 +1,190 @@
+//! Events, under ids the driver chooses (creating and recording one never waits); queries,
+//! synchronizations and timings ask the broker.
+
+use std::collections::HashMap;
+use std::ffi::{c_float, c_uint};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use gpushare_protocol::Command;
+
+use crate::driver::{self, Driver};
+use crate::handle;
+use crate::status::{Cu, entry, out};
+use crate::types::{CUevent, CUresult, CUstream, event, result};
+
+pub struct Events {
+    next: AtomicU32,
+    /// Live events and their flags.
+    flags: Mutex<HashMap<u32, u32>>,
+}
+
+impl Default for Events {
+    fn default() -> Events {
+        Events {
+            next: AtomicU32::new(1),
+            flags: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+impl Driver {
+    pub fn event_flags(&self, id: u32) -> Option<u32> {
+        self.events
+            .flags
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&id)
+            .copied()
+    }
+}
+
+/// # Safety
+/// `ph` is NULL or valid for writing.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuEventCreate(ph: *mut CUevent, flags: c_uint) -> CUresult {
+    entry(|| {
+        let d = driver::live()?;
+        if ph.is_null() {
+            return Err(result::INVALID_VALUE);
+        }
+        if flags & event::INTERPROCESS != 0 {
+            crate::entry::say_unsupported("cuEventCreate with CU_EVENT_INTERPROCESS");
+            return Err(result::NOT_SUPPORTED);
+        }
+        let id = d.events.next.fetch_add(1, Ordering::Relaxed);
+        d.transport
+            .post(Command::EventCreateAs { event: id, flags })?;
+        d.events
+            .flags
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id, flags);
+        // SAFETY: checked non-NULL; writable by the caller's contract.
+        unsafe { out(ph, handle::event_handle(id)) }
+    })
+}
+
+fn destroy(h: CUevent) -> Cu<()> {
+    let d = driver::live()?;
+    let id = handle::event_id(h).ok_or(result::INVALID_HANDLE)?;
+    d.events
+        .flags
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(&id)
+        .ok_or(result::INVALID_HANDLE)?;
+    d.transport.post(Command::EventDestroy { event: id })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuEventDestroy(h: CUevent) -> CUresult {
+    entry(|| destroy(h))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuEventDestroy_v2(h: CUevent) -> CUresult {
+    entry(|| destroy(h))
+}
+
+fn record(h: CUevent, s: CUstream, per_thread: bool) -> Cu<()> {
+    let d = driver::live()?;
+    let ev = handle::event_id(h).ok_or(result::INVALID_HANDLE)?;
+    let stream = d.stream(s, per_thread)?;
+    if crate::graph::record_in_capture(d, stream, ev)? {
+        return Ok(());
+    }
+    d.transport.post(Command::EventRecord { stream, event: ev })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuEventRecord(h: CUevent, s: CUstream) -> CUresult {
+    entry(|| record(h, s, false))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuEventRecord_ptsz(h: CUevent, s: CUstream) -> CUresult {
+    entry(|| record(h, s, true))
+}
+
+/// The flag (`CU_EVENT_RECORD_EXTERNAL`) only matters inside graph capture.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuEventRecordWithFlags(h: CUevent, s: CUstream, _flags: c_uint) -> CUresult {
+    entry(|| record(h, s, false))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuEventRecordWithFlags_ptsz(h: CUevent, s: CUstream, _flags: c_uint) -> CUresult {
+    entry(|| record(h, s, true))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuEventQuery(h: CUevent) -> CUresult {
+    entry(|| {
+        let d = driver::live()?;
+        let ev = handle::event_id(h).ok_or(result::INVALID_HANDLE)?;
+        let (done, _) = d.transport.call(Command::EventQuery { event: ev })?;
+        d.deferred()?;
+        if done == 1 {
+            Ok(())
+        } else {
+            Err(result::NOT_READY)
+        }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuEventSynchronize(h: CUevent) -> CUresult {
+    entry(|| {
+        let d = driver::live()?;
+        let ev = handle::event_id(h).ok_or(result::INVALID_HANDLE)?;
+        let synced = d.transport.call(Command::EventSync { event: ev }).map(drop);
+        let outcome = synced.and(d.deferred());
+        if let Err(code) = outcome {
+            d.notice_loss(code);
+        }
+        outcome
+    })
+}
+
+fn elapsed(ms: *mut c_float, start: CUevent, end: CUevent) -> Cu<()> {
+    let d = driver::live()?;
+    let (s, e) = (
+        handle::event_id(start).ok_or(result::INVALID_HANDLE)?,
+        handle::event_id(end).ok_or(result::INVALID_HANDLE)?,
+    );
+    for id in [s, e] {
+        match d.event_flags(id) {
+            Some(f) if f & event::DISABLE_TIMING != 0 => return Err(result::INVALID_HANDLE),
+            Some(_) => {}
+            None => return Err(result::INVALID_HANDLE),
+        }
+    }
+    let (ns, _) = d
+        .transport
+        .call(Command::EventElapsed { start: s, end: e })?;
+    // SAFETY: the caller's contract.
+    unsafe { out(ms, (ns as f64 / 1e6) as c_float) }
+}
+
+/// # Safety
+/// `ms` is NULL or valid for writing.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuEventElapsedTime(
+    ms: *mut c_float,
+    start: CUevent,
+    end: CUevent,
+) -> CUresult {
+    entry(|| elapsed(ms, start, end))
+}
+
+/// # Safety
+/// `ms` is NULL or valid for writing.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuEventElapsedTime_v2(
+    ms: *mut c_float,
+    start: CUevent,
+    end: CUevent,
+) -> CUresult {
+    entry(|| elapsed(ms, start, end))
+}

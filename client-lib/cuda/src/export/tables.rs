@@ -1,0 +1,252 @@
+//! The export tables this driver hands out, slot by slot. A table with a size header holds its
+//! size in bytes first, as the driver's do; context-local storage's table has none and ends
+//! with a NULL.
+
+use std::ffi::c_void;
+
+use super::{Known, Slot, Table, cudart, unknown_slot, uuid};
+use crate::types::CUresult;
+
+/// The tables' names in the "not implemented" message (by the `T` of `stub`).
+const NAMES: [&str; 10] = [
+    "6bd5fb6c", "42d85a81", "a094798c", "c693336e", "263e8860", "d4082055", "f8cff951", "21318c60",
+    "1734dc26", "da9151d3",
+];
+
+/// A slot whose use was never seen.
+extern "C" fn stub<const T: usize, const S: usize>() -> CUresult {
+    unknown_slot(NAMES[T], S)
+}
+
+const fn f(p: *const c_void) -> Slot {
+    Slot { f: p }
+}
+
+const fn size(n: usize) -> Slot {
+    Slot { size: n * 8 }
+}
+
+const NULL: Slot = Slot {
+    f: std::ptr::null(),
+};
+
+pub static CUDART: Table<13> = Table([
+    size(13),
+    f(cudart::module_from_wrapper as *const c_void),
+    f(cudart::primary_context as *const c_void),
+    f(stub::<0, 3> as *const c_void),
+    f(stub::<0, 4> as *const c_void),
+    f(stub::<0, 5> as *const c_void),
+    f(cudart::module_from_wrapper_ext as *const c_void),
+    f(cudart::ignore_word as *const c_void),
+    f(cudart::module_from_fatbin_ext as *const c_void),
+    f(stub::<0, 9> as *const c_void),
+    NULL,
+    f(stub::<0, 11> as *const c_void),
+    f(cudart::load_compilers as *const c_void),
+]);
+
+pub static TOOLS_TLS: Table<3> = Table([
+    size(3),
+    f(stub::<1, 1> as *const c_void),
+    f(cudart::current_context as *const c_void),
+]);
+
+pub static TOOLS_HOOKS: Table<7> = Table([
+    size(7),
+    f(stub::<2, 1> as *const c_void),
+    f(cudart::hooks_buffer_a as *const c_void),
+    f(stub::<2, 3> as *const c_void),
+    f(stub::<2, 4> as *const c_void),
+    f(stub::<2, 5> as *const c_void),
+    f(cudart::hooks_buffer_b as *const c_void),
+]);
+
+pub static CONTEXT_STORAGE: Table<4> = Table([
+    f(cudart::storage_put as *const c_void),
+    f(cudart::storage_delete as *const c_void),
+    f(cudart::storage_get as *const c_void),
+    NULL,
+]);
+
+pub static CONTEXT_CHECKS: Table<15> = Table([
+    size(15),
+    f(stub::<4, 1> as *const c_void),
+    f(cudart::context_check as *const c_void),
+    f(cudart::flag_off as *const c_void),
+    f(stub::<4, 4> as *const c_void),
+    f(stub::<4, 5> as *const c_void),
+    f(stub::<4, 6> as *const c_void),
+    f(stub::<4, 7> as *const c_void),
+    f(stub::<4, 8> as *const c_void),
+    f(stub::<4, 9> as *const c_void),
+    f(stub::<4, 10> as *const c_void),
+    f(stub::<4, 11> as *const c_void),
+    f(stub::<4, 12> as *const c_void),
+    f(stub::<4, 13> as *const c_void),
+    f(stub::<4, 14> as *const c_void),
+]);
+
+pub static INTEGRITY: Table<3> = Table([
+    size(3),
+    f(cudart::integrity_check as *const c_void),
+    f(cudart::integrity_flag as *const c_void),
+]);
+
+pub static RUNTIME_F8: Table<3> = Table([
+    size(3),
+    f(stub::<6, 1> as *const c_void),
+    f(stub::<6, 2> as *const c_void),
+]);
+
+pub static CUBLASLT_A: Table<93> = Table([
+    size(93),
+    f(stub::<7, 1> as *const c_void),
+    f(stub::<7, 2> as *const c_void),
+    f(stub::<7, 3> as *const c_void),
+    f(cudart::field_of as *const c_void),
+    f(stub::<7, 5> as *const c_void),
+    f(stub::<7, 6> as *const c_void),
+    f(stub::<7, 7> as *const c_void),
+    f(stub::<7, 8> as *const c_void),
+    f(stub::<7, 9> as *const c_void),
+    f(stub::<7, 10> as *const c_void),
+    f(stub::<7, 11> as *const c_void),
+    f(stub::<7, 12> as *const c_void),
+    f(stub::<7, 13> as *const c_void),
+    f(stub::<7, 14> as *const c_void),
+    f(stub::<7, 15> as *const c_void),
+    f(stub::<7, 16> as *const c_void),
+    f(stub::<7, 17> as *const c_void),
+    f(stub::<7, 18> as *const c_void),
+    f(stub::<7, 19> as *const c_void),
+    f(stub::<7, 20> as *const c_void),
+    f(stub::<7, 21> as *const c_void),
+    f(stub::<7, 22> as *const c_void),
+    f(stub::<7, 23> as *const c_void),
+    f(stub::<7, 24> as *const c_void),
+    f(stub::<7, 25> as *const c_void),
+    f(stub::<7, 26> as *const c_void),
+    f(stub::<7, 27> as *const c_void),
+    f(stub::<7, 28> as *const c_void),
+    f(stub::<7, 29> as *const c_void),
+    f(stub::<7, 30> as *const c_void),
+    f(stub::<7, 31> as *const c_void),
+    f(stub::<7, 32> as *const c_void),
+    f(stub::<7, 33> as *const c_void),
+    f(stub::<7, 34> as *const c_void),
+    f(stub::<7, 35> as *const c_void),
+    f(stub::<7, 36> as *const c_void),
+    f(stub::<7, 37> as *const c_void),
+    f(stub::<7, 38> as *const c_void),
+    f(stub::<7, 39> as *const c_void),
+    f(stub::<7, 40> as *const c_void),
+    f(stub::<7, 41> as *const c_void),
+    f(stub::<7, 42> as *const c_void),
+    f(stub::<7, 43> as *const c_void),
+    f(stub::<7, 44> as *const c_void),
+    f(stub::<7, 45> as *const c_void),
+    f(stub::<7, 46> as *const c_void),
+    f(stub::<7, 47> as *const c_void),
+    f(stub::<7, 48> as *const c_void),
+    f(stub::<7, 49> as *const c_void),
+    f(stub::<7, 50> as *const c_void),
+    f(stub::<7, 51> as *const c_void),
+    f(stub::<7, 52> as *const c_void),
+    f(stub::<7, 53> as *const c_void),
+    f(stub::<7, 54> as *const c_void),
+    f(stub::<7, 55> as *const c_void),
+    f(stub::<7, 56> as *const c_void),
+    f(stub::<7, 57> as *const c_void),
+    f(stub::<7, 58> as *const c_void),
+    f(stub::<7, 59> as *const c_void),
+    f(stub::<7, 60> as *const c_void),
+    f(stub::<7, 61> as *const c_void),
+    f(stub::<7, 62> as *const c_void),
+    f(stub::<7, 63> as *const c_void),
+    f(stub::<7, 64> as *const c_void),
+    f(stub::<7, 65> as *const c_void),
+    f(stub::<7, 66> as *const c_void),
+    f(stub::<7, 67> as *const c_void),
+    f(stub::<7, 68> as *const c_void),
+    f(stub::<7, 69> as *const c_void),
+    f(stub::<7, 70> as *const c_void),
+    f(stub::<7, 71> as *const c_void),
+    f(stub::<7, 72> as *const c_void),
+    f(stub::<7, 73> as *const c_void),
+    f(stub::<7, 74> as *const c_void),
+    f(stub::<7, 75> as *const c_void),
+    f(stub::<7, 76> as *const c_void),
+    f(stub::<7, 77> as *const c_void),
+    f(stub::<7, 78> as *const c_void),
+    f(stub::<7, 79> as *const c_void),
+    f(stub::<7, 80> as *const c_void),
+    f(stub::<7, 81> as *const c_void),
+    f(stub::<7, 82> as *const c_void),
+    f(stub::<7, 83> as *const c_void),
+    f(stub::<7, 84> as *const c_void),
+    f(stub::<7, 85> as *const c_void),
+    f(stub::<7, 86> as *const c_void),
+    f(stub::<7, 87> as *const c_void),
+    f(stub::<7, 88> as *const c_void),
+    f(stub::<7, 89> as *const c_void),
+    f(stub::<7, 90> as *const c_void),
+    f(stub::<7, 91> as *const c_void),
+    f(stub::<7, 92> as *const c_void),
+]);
+
+pub static CUBLASLT_B: Table<17> = Table([
+    size(17),
+    f(stub::<8, 1> as *const c_void),
+    f(stub::<8, 2> as *const c_void),
+    f(stub::<8, 3> as *const c_void),
+    f(cudart::no_device_data as *const c_void),
+    f(stub::<8, 5> as *const c_void),
+    f(stub::<8, 6> as *const c_void),
+    f(stub::<8, 7> as *const c_void),
+    f(stub::<8, 8> as *const c_void),
+    f(stub::<8, 9> as *const c_void),
+    f(stub::<8, 10> as *const c_void),
+    f(stub::<8, 11> as *const c_void),
+    f(stub::<8, 12> as *const c_void),
+    f(cudart::free_device_data as *const c_void),
+    f(stub::<8, 14> as *const c_void),
+    f(stub::<8, 15> as *const c_void),
+    f(stub::<8, 16> as *const c_void),
+]);
+
+pub static NVRTC: Table<7> = Table([
+    size(7),
+    f(stub::<9, 1> as *const c_void),
+    f(stub::<9, 2> as *const c_void),
+    f(stub::<9, 3> as *const c_void),
+    f(stub::<9, 4> as *const c_void),
+    f(stub::<9, 5> as *const c_void),
+    f(stub::<9, 6> as *const c_void),
+]);
+
+/// Every table by UUID.
+pub static ALL: [Known; 10] = [
+    (uuid("6bd5fb6c5bf4e74a8987d93912fd9df9"), || CUDART.ptr()),
+    (uuid("42d85a8123f6cb478298f6e78a3aecdc"), || TOOLS_TLS.ptr()),
+    (uuid("a094798c2e742e7493f20800200c0a66"), || {
+        TOOLS_HOOKS.ptr()
+    }),
+    (uuid("c693336e1121df11a8c368f355d89593"), || {
+        CONTEXT_STORAGE.ptr()
+    }),
+    (uuid("263e88607cd2614392f6bbd5006dfa7e"), || {
+        CONTEXT_CHECKS.ptr()
+    }),
+    (uuid("d4082055bde6704b8d34ba123c66e1f2"), || INTEGRITY.ptr()),
+    (uuid("f8cff95121468b4eb9e2fb469e7c0dd9"), || {
+        RUNTIME_F8.ptr()
+    }),
+    (uuid("21318c60971432488ca641ff7324c8f2"), || {
+        CUBLASLT_A.ptr()
+    }),
+    (uuid("1734dc26800d47458726c0f1e7dd8bca"), || {
+        CUBLASLT_B.ptr()
+    }),
+    (uuid("da9151d33ae6cc41a5c04f26d533e328"), || NVRTC.ptr()),
+];

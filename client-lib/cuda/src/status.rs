@@ -1,0 +1,163 @@
+//! CUresult, as this driver makes it: from the broker's error codes, from the connection's
+//! errors, and the names and sentences `cuGetErrorName` / `cuGetErrorString` give.
+
+use std::ffi::c_char;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use gpushare_conn::Error;
+use gpushare_protocol::ErrorCode;
+
+use crate::errors::ERRORS;
+use crate::types::{CUresult, result};
+
+/// A driver call's outcome before it crosses the ABI.
+pub type Cu<T> = Result<T, CUresult>;
+
+/// Runs an entry point's body: its error becomes the CUresult, and a panic never unwinds into
+/// the caller (it is reported once and answered with CUDA_ERROR_UNKNOWN).
+pub fn entry(body: impl FnOnce() -> Cu<()>) -> CUresult {
+    match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(Ok(())) => result::SUCCESS,
+        Ok(Err(code)) => code,
+        Err(_) => {
+            crate::driver::say_once("internal error (a panic) in a driver call");
+            result::UNKNOWN
+        }
+    }
+}
+
+/// Writes an out-parameter; a NULL one is the caller's error.
+///
+/// # Safety
+/// `ptr` is NULL or valid for writing a `T`.
+pub unsafe fn out<T>(ptr: *mut T, value: T) -> Cu<()> {
+    if ptr.is_null() {
+        return Err(result::INVALID_VALUE);
+    }
+    // SAFETY: non-NULL, and the caller says it is valid for writes.
+    unsafe { ptr.write(value) };
+    Ok(())
+}
+
+/// What a broker error code means to a CUDA program.
+pub fn from_code(code: ErrorCode) -> CUresult {
+    match code {
+        ErrorCode::InvalidArgument | ErrorCode::InvalidPointer | ErrorCode::AddressUnavailable => {
+            result::INVALID_VALUE
+        }
+        ErrorCode::OutOfMemory | ErrorCode::OutOfQuota | ErrorCode::TooManyHandles => {
+            result::OUT_OF_MEMORY
+        }
+        ErrorCode::InvalidHandle => result::INVALID_HANDLE,
+        ErrorCode::NotSupported => result::NOT_SUPPORTED,
+        ErrorCode::NotReady => result::NOT_READY,
+        ErrorCode::ShuttingDown => result::DEVICE_UNAVAILABLE,
+        ErrorCode::VersionMismatch => result::SYSTEM_DRIVER_MISMATCH,
+        ErrorCode::PermissionDenied => result::NOT_PERMITTED,
+        ErrorCode::LaunchFailed | ErrorCode::DeviceReset => result::LAUNCH_FAILED,
+        ErrorCode::DeviceError => result::ILLEGAL_ADDRESS,
+        ErrorCode::NotFound => result::NOT_FOUND,
+        ErrorCode::InvalidCommand
+        | ErrorCode::ArenaOutOfBounds
+        | ErrorCode::Internal
+        | ErrorCode::ProtocolViolation => result::UNKNOWN,
+    }
+}
+
+/// What a connection error means to a CUDA program.
+pub fn from_error(e: &Error) -> CUresult {
+    match e {
+        Error::Command { code, .. } => from_code(*code),
+        Error::Request(w) | Error::Rejected(w) => from_code(w.code),
+        Error::InvalidArgument(_) => result::INVALID_VALUE,
+        Error::Rebuilt(_) | Error::RebuildFailed(_) => result::LAUNCH_FAILED,
+        Error::Connect { .. }
+        | Error::BrokerShutdown(_)
+        | Error::BrokerRestarting(_)
+        | Error::Evicted(_)
+        | Error::BrokerGone
+        | Error::Protocol(_)
+        | Error::Io(_) => result::DEVICE_UNAVAILABLE,
+    }
+}
+
+fn lookup(code: CUresult) -> Option<&'static (i32, &'static str, &'static str)> {
+    ERRORS
+        .binary_search_by_key(&code, |e| e.0)
+        .ok()
+        .map(|i| &ERRORS[i])
+}
+
+/// A CUresult's name, NUL-terminated (`cuGetErrorName`).
+pub fn name(code: CUresult) -> Option<&'static str> {
+    lookup(code).map(|e| e.1)
+}
+
+/// What a CUresult means, NUL-terminated (`cuGetErrorString`).
+pub fn text(code: CUresult) -> Option<&'static str> {
+    lookup(code).map(|e| e.2)
+}
+
+/// # Safety
+/// `out` is NULL or valid for writing a pointer.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGetErrorString(error: CUresult, out: *mut *const c_char) -> CUresult {
+    entry(|| match text(error) {
+        // SAFETY: the caller's contract.
+        Some(s) => unsafe { self::out(out, s.as_ptr().cast()) },
+        None => {
+            // SAFETY: as above; CUDA leaves NULL for an unknown code.
+            let _ = unsafe { self::out(out, std::ptr::null()) };
+            Err(result::INVALID_VALUE)
+        }
+    })
+}
+
+/// # Safety
+/// `out` is NULL or valid for writing a pointer.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGetErrorName(error: CUresult, out: *mut *const c_char) -> CUresult {
+    entry(|| match name(error) {
+        // SAFETY: the caller's contract.
+        Some(s) => unsafe { self::out(out, s.as_ptr().cast()) },
+        None => {
+            // SAFETY: as above.
+            let _ = unsafe { self::out(out, std::ptr::null()) };
+            Err(result::INVALID_VALUE)
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_code_has_a_nul_terminated_name_and_text_in_order() {
+        assert!(ERRORS.windows(2).all(|w| w[0].0 < w[1].0), "sorted by code");
+        for (code, name, text) in ERRORS {
+            assert!(name.ends_with('\0') && text.ends_with('\0'), "{code}");
+            assert_eq!(super::name(code), Some(name));
+        }
+        assert_eq!(text(result::INVALID_VALUE), Some("invalid argument\0"));
+        assert_eq!(
+            name(result::NOT_SUPPORTED),
+            Some("CUDA_ERROR_NOT_SUPPORTED\0")
+        );
+        assert_eq!(name(12345), None);
+    }
+
+    #[test]
+    fn every_broker_error_maps_to_a_known_cuda_error() {
+        for code in ErrorCode::ALL {
+            assert!(name(from_code(code)).is_some(), "{code:?}");
+        }
+    }
+
+    #[test]
+    fn a_panic_becomes_an_error_not_an_unwind() {
+        assert_eq!(entry(|| panic!("boom")), result::UNKNOWN);
+        assert_eq!(entry(|| Err(result::NOT_READY)), result::NOT_READY);
+        assert_eq!(entry(|| Ok(())), result::SUCCESS);
+    }
+}

@@ -1,0 +1,347 @@
+//! Streams. Each is a stream of this client's in the broker, under an id the driver chooses
+//! (so creating one never waits). The NULL and legacy default streams are the client's
+//! stream 0, which the broker keeps in CUDA's legacy order with the client's blocking
+//! streams; the per-thread default stream is a stream of the calling thread's own.
+
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::ffi::{c_int, c_uint};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use gpushare_protocol::Command;
+
+use crate::driver::{self, Driver};
+use crate::handle;
+use crate::status::{Cu, entry, out};
+use crate::types::{CUcontext, CUevent, CUresult, CUstream, result, stream};
+
+/// What the program said when it made a stream.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StreamMeta {
+    pub flags: u32,
+    pub priority: i32,
+}
+
+pub struct Streams {
+    next: AtomicU32,
+    meta: Mutex<HashMap<u32, StreamMeta>>,
+}
+
+impl Default for Streams {
+    fn default() -> Streams {
+        Streams {
+            next: AtomicU32::new(1),
+            meta: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+/// The calling thread's per-thread default stream, made at its first use; destroyed when the
+/// thread ends.
+struct PerThread {
+    id: Cell<u32>,
+}
+
+impl Drop for PerThread {
+    fn drop(&mut self) {
+        let id = self.id.get();
+        if id != 0
+            && let Ok(d) = driver::get()
+        {
+            let _ = d.transport.post(Command::StreamDestroy { stream: id });
+        }
+    }
+}
+
+thread_local! {
+    static PER_THREAD: PerThread = const { PerThread { id: Cell::new(0) } };
+}
+
+impl Driver {
+    /// Makes a stream in the broker under a fresh id.
+    pub fn create_stream(&self, flags: u32, priority: i32) -> Cu<u32> {
+        let id = self.streams.next.fetch_add(1, Ordering::Relaxed);
+        if id == 0 {
+            return Err(result::OUT_OF_MEMORY); // wrapped: four billion streams made
+        }
+        self.transport.post(Command::StreamCreateAs {
+            stream: id,
+            flags,
+            priority,
+        })?;
+        self.streams
+            .meta
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id, StreamMeta { flags, priority });
+        Ok(id)
+    }
+
+    fn per_thread_stream(&self) -> Cu<u32> {
+        let known = PER_THREAD.with(|p| p.id.get());
+        if known != 0 {
+            return Ok(known);
+        }
+        // Blocking, like CUDA's: it keeps legacy order with stream 0.
+        let id = self.create_stream(0, 0)?;
+        PER_THREAD.with(|p| p.id.set(id));
+        Ok(id)
+    }
+
+    /// The broker stream a handle means. `per_thread`: the call is a per-thread-default-stream
+    /// form (`_ptsz`, `_ptds`), where NULL means the thread's own stream.
+    #[inline]
+    pub fn stream(&self, h: CUstream, per_thread: bool) -> Cu<u32> {
+        match h as usize {
+            0 if per_thread => self.per_thread_stream(),
+            0 | stream::LEGACY => Ok(0),
+            stream::PER_THREAD => self.per_thread_stream(),
+            _ => handle::stream_id(h).ok_or(result::INVALID_HANDLE),
+        }
+    }
+
+    fn stream_meta(&self, id: u32) -> StreamMeta {
+        self.streams
+            .meta
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&id)
+            .copied()
+            .unwrap_or_default()
+    }
+
+    /// Waits for a stream's work; reports the first error since the last sync.
+    pub fn sync_stream(&self, id: u32) -> Cu<()> {
+        let synced = self
+            .transport
+            .call(Command::StreamSync { stream: id })
+            .map(drop);
+        let outcome = synced.and(self.deferred());
+        if let Err(code) = outcome {
+            self.notice_loss(code);
+        }
+        outcome
+    }
+}
+
+fn create(ph: *mut CUstream, flags: c_uint, priority: c_int) -> Cu<()> {
+    let d = driver::live()?;
+    if ph.is_null() || flags & !stream::NON_BLOCKING != 0 {
+        return Err(result::INVALID_VALUE);
+    }
+    let id = d.create_stream(flags, priority)?;
+    // SAFETY: checked non-NULL; writable by the caller's contract.
+    unsafe { out(ph, handle::stream_handle(id)) }
+}
+
+/// # Safety
+/// `ph` is NULL or valid for writing.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamCreate(ph: *mut CUstream, flags: c_uint) -> CUresult {
+    entry(|| create(ph, flags, 0))
+}
+
+/// # Safety
+/// `ph` is NULL or valid for writing.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamCreateWithPriority(
+    ph: *mut CUstream,
+    flags: c_uint,
+    priority: c_int,
+) -> CUresult {
+    entry(|| create(ph, flags, priority))
+}
+
+fn destroy(h: CUstream) -> Cu<()> {
+    let d = driver::live()?;
+    let id = handle::stream_id(h).ok_or(result::INVALID_HANDLE)?;
+    d.streams
+        .meta
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(&id)
+        .ok_or(result::INVALID_HANDLE)?;
+    d.transport.post(Command::StreamDestroy { stream: id })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuStreamDestroy(h: CUstream) -> CUresult {
+    entry(|| destroy(h))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuStreamDestroy_v2(h: CUstream) -> CUresult {
+    entry(|| destroy(h))
+}
+
+fn synchronize(h: CUstream, per_thread: bool) -> Cu<()> {
+    let d = driver::live()?;
+    let id = d.stream(h, per_thread)?;
+    crate::graph::refuse_while_capturing(d, id)?;
+    d.sync_stream(id)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuStreamSynchronize(h: CUstream) -> CUresult {
+    entry(|| synchronize(h, false))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuStreamSynchronize_ptsz(h: CUstream) -> CUresult {
+    entry(|| synchronize(h, true))
+}
+
+fn query(h: CUstream, per_thread: bool) -> Cu<()> {
+    let d = driver::live()?;
+    let id = d.stream(h, per_thread)?;
+    crate::graph::refuse_while_capturing(d, id)?;
+    let (idle, _) = d.transport.call(Command::StreamQuery { stream: id })?;
+    d.deferred()?;
+    if idle == 1 {
+        Ok(())
+    } else {
+        Err(result::NOT_READY)
+    }
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuStreamQuery(h: CUstream) -> CUresult {
+    entry(|| query(h, false))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuStreamQuery_ptsz(h: CUstream) -> CUresult {
+    entry(|| query(h, true))
+}
+
+fn wait_event(h: CUstream, event: CUevent, per_thread: bool) -> Cu<()> {
+    let d = driver::live()?;
+    let id = d.stream(h, per_thread)?;
+    let ev = handle::event_id(event).ok_or(result::INVALID_HANDLE)?;
+    if crate::graph::wait_in_capture(d, id, ev)? {
+        return Ok(());
+    }
+    d.transport.post(Command::StreamWaitEvent {
+        stream: id,
+        event: ev,
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuStreamWaitEvent(h: CUstream, event: CUevent, _flags: c_uint) -> CUresult {
+    entry(|| wait_event(h, event, false))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuStreamWaitEvent_ptsz(h: CUstream, event: CUevent, _flags: c_uint) -> CUresult {
+    entry(|| wait_event(h, event, true))
+}
+
+fn get_flags(h: CUstream, flags: *mut c_uint, per_thread: bool) -> Cu<()> {
+    let d = driver::get()?;
+    let id = d.stream(h, per_thread)?;
+    // SAFETY: the caller's contract.
+    unsafe { out(flags, d.stream_meta(id).flags) }
+}
+
+/// # Safety
+/// `flags` is NULL or valid for writing.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamGetFlags(h: CUstream, flags: *mut c_uint) -> CUresult {
+    entry(|| get_flags(h, flags, false))
+}
+
+/// # Safety
+/// `flags` is NULL or valid for writing.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamGetFlags_ptsz(h: CUstream, flags: *mut c_uint) -> CUresult {
+    entry(|| get_flags(h, flags, true))
+}
+
+fn get_priority(h: CUstream, priority: *mut c_int, per_thread: bool) -> Cu<()> {
+    let d = driver::get()?;
+    let id = d.stream(h, per_thread)?;
+    // SAFETY: the caller's contract.
+    unsafe { out(priority, d.stream_meta(id).priority) }
+}
+
+/// # Safety
+/// `priority` is NULL or valid for writing.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamGetPriority(h: CUstream, priority: *mut c_int) -> CUresult {
+    entry(|| get_priority(h, priority, false))
+}
+
+/// # Safety
+/// `priority` is NULL or valid for writing.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamGetPriority_ptsz(h: CUstream, priority: *mut c_int) -> CUresult {
+    entry(|| get_priority(h, priority, true))
+}
+
+fn get_id(h: CUstream, id_out: *mut u64, per_thread: bool) -> Cu<()> {
+    let d = driver::get()?;
+    let id = d.stream(h, per_thread)?;
+    // SAFETY: the caller's contract.
+    unsafe { out(id_out, id as u64) }
+}
+
+/// # Safety
+/// `id` is NULL or valid for writing.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamGetId(h: CUstream, id: *mut u64) -> CUresult {
+    entry(|| get_id(h, id, false))
+}
+
+/// # Safety
+/// `id` is NULL or valid for writing.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamGetId_ptsz(h: CUstream, id: *mut u64) -> CUresult {
+    entry(|| get_id(h, id, true))
+}
+
+fn get_ctx(h: CUstream, pctx: *mut CUcontext, per_thread: bool) -> Cu<()> {
+    let d = driver::get()?;
+    d.stream(h, per_thread)?;
+    // SAFETY: the caller's contract.
+    unsafe { out(pctx, d.contexts.primary()) }
+}
+
+/// # Safety
+/// `pctx` is NULL or valid for writing.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamGetCtx(h: CUstream, pctx: *mut CUcontext) -> CUresult {
+    entry(|| get_ctx(h, pctx, false))
+}
+
+/// # Safety
+/// `pctx` is NULL or valid for writing.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamGetCtx_ptsz(h: CUstream, pctx: *mut CUcontext) -> CUresult {
+    entry(|| get_ctx(h, pctx, true))
+}
+
+/// # Safety
+/// `dev` is NULL or valid for writing.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamGetDevice(h: CUstream, dev: *mut c_int) -> CUresult {
+    entry(|| {
+        let d = driver::get()?;
+        d.stream(h, false)?;
+        // SAFETY: the caller's contract.
+        unsafe { out(dev, 0) }
+    })
+}
+
+/// # Safety
+/// `dev` is NULL or valid for writing.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamGetDevice_ptsz(h: CUstream, dev: *mut c_int) -> CUresult {
+    entry(|| {
+        let d = driver::get()?;
+        d.stream(h, true)?;
+        // SAFETY: the caller's contract.
+        unsafe { out(dev, 0) }
+    })
+}
