@@ -230,10 +230,10 @@ impl Driver {
             {
                 session
                     .load_module(image.format, bytes)
-                    .map_err(|e| from_error(&e))?
+                    .map_err(|e| module_load_error(&e))?
             }
             Ok(BrokerMessage::ModuleLoaded { result: Err(w), .. }) => {
-                return Err(module_error(w.code));
+                return Err(module_error(&w));
             }
             Ok(_) => return Err(result::UNKNOWN),
             Err(e) => return Err(module_load_error(&e)),
@@ -268,7 +268,7 @@ impl Driver {
             .map_err(|e| module_load_error(&e))?;
         let details = match reply {
             BrokerMessage::FunctionInfo { result: Ok(d), .. } => d,
-            BrokerMessage::FunctionInfo { result: Err(w), .. } => return Err(module_error(w.code)),
+            BrokerMessage::FunctionInfo { result: Err(w), .. } => return Err(module_error(&w)),
             _ => return Err(result::UNKNOWN),
         };
         let info = Arc::new(FunctionInfo::from(details));
@@ -302,7 +302,7 @@ impl Driver {
             .map_err(|e| from_error(&e))?;
         let (ptr, bytes) = match reply {
             BrokerMessage::Global { result: Ok(g), .. } => g,
-            BrokerMessage::Global { result: Err(w), .. } => return Err(module_error(w.code)),
+            BrokerMessage::Global { result: Err(w), .. } => return Err(module_error(&w)),
             _ => return Err(result::UNKNOWN),
         };
         self.note_global(ptr, bytes);
@@ -366,19 +366,22 @@ impl Driver {
     }
 }
 
-/// A module error as CUDA reports it.
-fn module_error(code: ErrorCode) -> CUresult {
-    match code {
+/// A module error as CUDA reports it; a device that runs no kernels says why, once.
+fn module_error(w: &gpushare_protocol::error::WireError) -> CUresult {
+    match w.code {
         ErrorCode::NotFound => result::NOT_FOUND,
         ErrorCode::InvalidArgument => result::INVALID_IMAGE,
-        ErrorCode::NotSupported => result::NOT_SUPPORTED,
+        ErrorCode::NotSupported => {
+            crate::driver::say_once(&format!("gpushared cannot load kernels: {}", w.message));
+            result::NOT_SUPPORTED
+        }
         other => from_code(other),
     }
 }
 
 fn module_load_error(e: &gpushare_conn::Error) -> CUresult {
     match e {
-        gpushare_conn::Error::Request(w) => module_error(w.code),
+        gpushare_conn::Error::Request(w) => module_error(w),
         other => from_error(other),
     }
 }
