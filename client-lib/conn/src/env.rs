@@ -16,3 +16,5 @@ pub const REAL_LIBCUDA_ENV: &str = "GPUSHARE_REAL_LIBCUDA";
 pub const INTERPOSE_DEBUG_ENV: &str = "GPUSHARE_INTERPOSE_DEBUG";
 /// Where `gpushare run` finds the interposer when `--interposer` is not given.
 pub const INTERPOSER_ENV: &str = "GPUSHARE_INTERPOSER";
+/// The consolidated CUDA driver's diagnostics: 1 names every failing call, 2 every call.
+pub const CUDA_TRACE_ENV: &str = "GPUSHARE_CUDA_TRACE";

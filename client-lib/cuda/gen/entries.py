@@ -60,6 +60,9 @@ def headers(argv):
     return h, t
 
 
+PROFILER = [("cuProfilerInitialize", 4000), ("cuProfilerStart", 4000), ("cuProfilerStop", 4000)]
+
+
 def entries(h, t):
     # `#define cuMemAlloc cuMemAlloc_v2`: the name a program writes, the symbol it links.
     defines = dict(re.findall(r"#define\s+(cu\w+)\s+(cu\w+)\s*$", h, re.M))
@@ -70,6 +73,10 @@ def entries(h, t):
     forms = collections.defaultdict(set)
     for base, ver, pt in re.findall(r"PFN_(cu\w+?)_v(\d+)(_ptsz|_ptds)?\)", t):
         forms[(base, pt)].add(int(ver))
+    # cudaProfiler.h's entry points, which the runtime wheel does not ship.
+    for base, ver in PROFILER:
+        symbols.add(base)
+        forms[(base, "")].add(ver)
     table = []
     for (base, pt), versions in sorted(forms.items()):
         # The forms' symbols, oldest first: base, base_v2, base_v3 ... (with the suffix).

@@ -216,7 +216,7 @@ impl Driver {
 /// `pctx` is NULL or valid for writing.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) -> CUresult {
-    entry(|| {
+    entry("cuDevicePrimaryCtxRetain", || {
         let d = driver::get()?;
         check(dev)?;
         d.contexts.primary_retains.fetch_add(1, Ordering::Relaxed);
@@ -239,12 +239,12 @@ fn release_primary(dev: CUdevice) -> Cu<()> {
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuDevicePrimaryCtxRelease(dev: CUdevice) -> CUresult {
-    entry(|| release_primary(dev))
+    entry("cuDevicePrimaryCtxRelease", || release_primary(dev))
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult {
-    entry(|| release_primary(dev))
+    entry("cuDevicePrimaryCtxRelease_v2", || release_primary(dev))
 }
 
 /// # Safety
@@ -255,7 +255,7 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxGetState(
     flags: *mut c_uint,
     active: *mut c_int,
 ) -> CUresult {
-    entry(|| {
+    entry("cuDevicePrimaryCtxGetState", || {
         let d = driver::get()?;
         check(dev)?;
         let c = &d.contexts;
@@ -279,12 +279,16 @@ fn set_primary_flags(dev: CUdevice, flags: c_uint) -> Cu<()> {
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuDevicePrimaryCtxSetFlags(dev: CUdevice, flags: c_uint) -> CUresult {
-    entry(|| set_primary_flags(dev, flags))
+    entry("cuDevicePrimaryCtxSetFlags", || {
+        set_primary_flags(dev, flags)
+    })
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuDevicePrimaryCtxSetFlags_v2(dev: CUdevice, flags: c_uint) -> CUresult {
-    entry(|| set_primary_flags(dev, flags))
+    entry("cuDevicePrimaryCtxSetFlags_v2", || {
+        set_primary_flags(dev, flags)
+    })
 }
 
 /// Resetting the primary context ends its local storage. The device memory and modules the
@@ -301,12 +305,12 @@ fn reset_primary(dev: CUdevice) -> Cu<()> {
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuDevicePrimaryCtxReset(dev: CUdevice) -> CUresult {
-    entry(|| reset_primary(dev))
+    entry("cuDevicePrimaryCtxReset", || reset_primary(dev))
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CUresult {
-    entry(|| reset_primary(dev))
+    entry("cuDevicePrimaryCtxReset_v2", || reset_primary(dev))
 }
 
 fn create(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> Cu<()> {
@@ -326,7 +330,7 @@ pub unsafe extern "C" fn cuCtxCreate(
     flags: c_uint,
     dev: CUdevice,
 ) -> CUresult {
-    entry(|| create(pctx, flags, dev))
+    entry("cuCtxCreate", || create(pctx, flags, dev))
 }
 
 /// # Safety
@@ -337,7 +341,7 @@ pub unsafe extern "C" fn cuCtxCreate_v2(
     flags: c_uint,
     dev: CUdevice,
 ) -> CUresult {
-    entry(|| create(pctx, flags, dev))
+    entry("cuCtxCreate_v2", || create(pctx, flags, dev))
 }
 
 /// Execution-affinity parameters (SM limits per context) are not supported.
@@ -352,7 +356,7 @@ pub unsafe extern "C" fn cuCtxCreate_v3(
     flags: c_uint,
     dev: CUdevice,
 ) -> CUresult {
-    entry(|| {
+    entry("cuCtxCreate_v3", || {
         if !params.is_null() && num_params > 0 {
             crate::entry::say_unsupported("cuCtxCreate_v3 with execution-affinity parameters");
             return Err(result::NOT_SUPPORTED);
@@ -372,7 +376,7 @@ pub unsafe extern "C" fn cuCtxCreate_v4(
     flags: c_uint,
     dev: CUdevice,
 ) -> CUresult {
-    entry(|| {
+    entry("cuCtxCreate_v4", || {
         if !params.is_null() {
             crate::entry::say_unsupported("cuCtxCreate_v4 with context parameters");
             return Err(result::NOT_SUPPORTED);
@@ -388,12 +392,12 @@ fn destroy(ctx: CUcontext) -> Cu<()> {
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuCtxDestroy(ctx: CUcontext) -> CUresult {
-    entry(|| destroy(ctx))
+    entry("cuCtxDestroy", || destroy(ctx))
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuCtxDestroy_v2(ctx: CUcontext) -> CUresult {
-    entry(|| destroy(ctx))
+    entry("cuCtxDestroy_v2", || destroy(ctx))
 }
 
 fn push(ctx: CUcontext) -> Cu<()> {
@@ -405,12 +409,12 @@ fn push(ctx: CUcontext) -> Cu<()> {
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuCtxPushCurrent(ctx: CUcontext) -> CUresult {
-    entry(|| push(ctx))
+    entry("cuCtxPushCurrent", || push(ctx))
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuCtxPushCurrent_v2(ctx: CUcontext) -> CUresult {
-    entry(|| push(ctx))
+    entry("cuCtxPushCurrent_v2", || push(ctx))
 }
 
 fn pop(pctx: *mut CUcontext) -> Cu<()> {
@@ -429,19 +433,19 @@ fn pop(pctx: *mut CUcontext) -> Cu<()> {
 /// `pctx` is NULL or valid for writing.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxPopCurrent(pctx: *mut CUcontext) -> CUresult {
-    entry(|| pop(pctx))
+    entry("cuCtxPopCurrent", || pop(pctx))
 }
 
 /// # Safety
 /// `pctx` is NULL or valid for writing.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxPopCurrent_v2(pctx: *mut CUcontext) -> CUresult {
-    entry(|| pop(pctx))
+    entry("cuCtxPopCurrent_v2", || pop(pctx))
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuCtxSetCurrent(ctx: CUcontext) -> CUresult {
-    entry(|| {
+    entry("cuCtxSetCurrent", || {
         let d = driver::get()?;
         if !ctx.is_null() {
             d.contexts.get(ctx)?;
@@ -455,7 +459,7 @@ pub extern "C" fn cuCtxSetCurrent(ctx: CUcontext) -> CUresult {
 /// `pctx` is NULL or valid for writing.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxGetCurrent(pctx: *mut CUcontext) -> CUresult {
-    entry(|| {
+    entry("cuCtxGetCurrent", || {
         driver::get()?;
         // SAFETY: the caller's contract.
         unsafe { out(pctx, current()) }
@@ -466,7 +470,7 @@ pub unsafe extern "C" fn cuCtxGetCurrent(pctx: *mut CUcontext) -> CUresult {
 /// `dev` is NULL or valid for writing.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxGetDevice(dev: *mut CUdevice) -> CUresult {
-    entry(|| {
+    entry("cuCtxGetDevice", || {
         let d = driver::get()?;
         d.contexts.resolve(std::ptr::null_mut())?;
         // SAFETY: the caller's contract.
@@ -478,7 +482,7 @@ pub unsafe extern "C" fn cuCtxGetDevice(dev: *mut CUdevice) -> CUresult {
 /// `dev` is NULL or valid for writing.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxGetDevice_v2(dev: *mut CUdevice, ctx: CUcontext) -> CUresult {
-    entry(|| {
+    entry("cuCtxGetDevice_v2", || {
         let d = driver::get()?;
         d.contexts.resolve(ctx)?;
         // SAFETY: the caller's contract.
@@ -490,7 +494,7 @@ pub unsafe extern "C" fn cuCtxGetDevice_v2(dev: *mut CUdevice, ctx: CUcontext) -
 /// `flags` is NULL or valid for writing.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxGetFlags(flags: *mut c_uint) -> CUresult {
-    entry(|| {
+    entry("cuCtxGetFlags", || {
         let d = driver::get()?;
         let ctx = d.contexts.resolve(std::ptr::null_mut())?;
         // SAFETY: the caller's contract.
@@ -500,7 +504,7 @@ pub unsafe extern "C" fn cuCtxGetFlags(flags: *mut c_uint) -> CUresult {
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuCtxSetFlags(flags: c_uint) -> CUresult {
-    entry(|| {
+    entry("cuCtxSetFlags", || {
         let d = driver::get()?;
         let ctx = d.contexts.resolve(std::ptr::null_mut())?;
         ctx.flags.store(flags, Ordering::Relaxed);
@@ -512,7 +516,7 @@ pub extern "C" fn cuCtxSetFlags(flags: c_uint) -> CUresult {
 /// `id` is NULL or valid for writing.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxGetId(ctx: CUcontext, id: *mut u64) -> CUresult {
-    entry(|| {
+    entry("cuCtxGetId", || {
         let d = driver::get()?;
         let ctx = d.contexts.resolve(ctx)?;
         // SAFETY: the caller's contract.
@@ -524,7 +528,7 @@ pub unsafe extern "C" fn cuCtxGetId(ctx: CUcontext, id: *mut u64) -> CUresult {
 /// `version` is NULL or valid for writing.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxGetApiVersion(ctx: CUcontext, version: *mut c_uint) -> CUresult {
-    entry(|| {
+    entry("cuCtxGetApiVersion", || {
         let d = driver::get()?;
         d.contexts.resolve(ctx)?;
         // SAFETY: the caller's contract.
@@ -534,12 +538,12 @@ pub unsafe extern "C" fn cuCtxGetApiVersion(ctx: CUcontext, version: *mut c_uint
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuCtxSynchronize() -> CUresult {
-    entry(|| driver::live()?.synchronize())
+    entry("cuCtxSynchronize", || driver::live()?.synchronize())
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuCtxSynchronize_v2(ctx: CUcontext) -> CUresult {
-    entry(|| {
+    entry("cuCtxSynchronize_v2", || {
         let d = driver::live()?;
         d.contexts.resolve(ctx)?;
         d.synchronize()
@@ -550,7 +554,7 @@ pub extern "C" fn cuCtxSynchronize_v2(ctx: CUcontext) -> CUresult {
 /// `value` is NULL or valid for writing.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxGetLimit(value: *mut usize, which: c_int) -> CUresult {
-    entry(|| {
+    entry("cuCtxGetLimit", || {
         let d = driver::get()?;
         let limits = d.contexts.limits.lock().unwrap_or_else(|p| p.into_inner());
         let v = usize::try_from(which)
@@ -566,7 +570,7 @@ pub unsafe extern "C" fn cuCtxGetLimit(value: *mut usize, which: c_int) -> CUres
 /// grows a kernel's stack as it needs).
 #[unsafe(no_mangle)]
 pub extern "C" fn cuCtxSetLimit(which: c_int, value: usize) -> CUresult {
-    entry(|| {
+    entry("cuCtxSetLimit", || {
         let d = driver::get()?;
         let mut limits = d.contexts.limits.lock().unwrap_or_else(|p| p.into_inner());
         let slot = usize::try_from(which)
@@ -582,7 +586,7 @@ pub extern "C" fn cuCtxSetLimit(which: c_int, value: usize) -> CUresult {
 /// `config` is NULL or valid for writing.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxGetCacheConfig(config: *mut c_int) -> CUresult {
-    entry(|| {
+    entry("cuCtxGetCacheConfig", || {
         let d = driver::get()?;
         // SAFETY: the caller's contract.
         unsafe { out(config, d.contexts.cache_config.load(Ordering::Relaxed)) }
@@ -592,7 +596,7 @@ pub unsafe extern "C" fn cuCtxGetCacheConfig(config: *mut c_int) -> CUresult {
 /// A preference, remembered and not applied.
 #[unsafe(no_mangle)]
 pub extern "C" fn cuCtxSetCacheConfig(config: c_int) -> CUresult {
-    entry(|| {
+    entry("cuCtxSetCacheConfig", || {
         let d = driver::get()?;
         d.contexts.cache_config.store(config, Ordering::Relaxed);
         Ok(())
@@ -606,7 +610,7 @@ pub unsafe extern "C" fn cuCtxGetStreamPriorityRange(
     least: *mut c_int,
     greatest: *mut c_int,
 ) -> CUresult {
-    entry(|| {
+    entry("cuCtxGetStreamPriorityRange", || {
         driver::get()?;
         // The broker gives streams the priority of the client's class; the program's own
         // priorities are accepted and not applied.

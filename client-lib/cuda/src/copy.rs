@@ -270,7 +270,7 @@ macro_rules! stream_forms {
         /// Pointers are the program's, valid for the sizes it passes (CUDA's contract).
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $legacy($($arg: $ty),*) -> CUresult {
-            entry(|| {
+            entry(stringify!($legacy), || {
                 let $d = driver::live()?;
                 let $s = $d.stream($stream, false)?;
                 // SAFETY: the program's pointers, valid for its sizes (CUDA's contract).
@@ -283,7 +283,7 @@ macro_rules! stream_forms {
         /// As the legacy-stream form.
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $per_thread($($arg: $ty),*) -> CUresult {
-            entry(|| {
+            entry(stringify!($per_thread), || {
                 let $d = driver::live()?;
                 let $s = $d.stream($stream, true)?;
                 // SAFETY: the program's pointers, valid for its sizes (CUDA's contract).

@@ -30,7 +30,7 @@ impl Driver {
 /// Callable from C.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuInit(flags: c_uint) -> CUresult {
-    entry(|| {
+    entry("cuInit", || {
         if flags != 0 {
             return Err(result::INVALID_VALUE);
         }
@@ -42,7 +42,7 @@ pub unsafe extern "C" fn cuInit(flags: c_uint) -> CUresult {
 /// `version` is NULL or valid for writing.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDriverGetVersion(version: *mut c_int) -> CUresult {
-    entry(|| {
+    entry("cuDriverGetVersion", || {
         // Before cuInit too, as CUDA allows; then it is the version this driver speaks.
         let v = driver::get().map_or(crate::types::CUDA_VERSION, |d| {
             if d.device.driver_version > 0 {
@@ -60,7 +60,7 @@ pub unsafe extern "C" fn cuDriverGetVersion(version: *mut c_int) -> CUresult {
 /// `device` is NULL or valid for writing.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDeviceGet(device: *mut CUdevice, ordinal: c_int) -> CUresult {
-    entry(|| {
+    entry("cuDeviceGet", || {
         driver::get()?;
         check(ordinal)?;
         // SAFETY: the caller's contract.
@@ -72,7 +72,7 @@ pub unsafe extern "C" fn cuDeviceGet(device: *mut CUdevice, ordinal: c_int) -> C
 /// `count` is NULL or valid for writing.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDeviceGetCount(count: *mut c_int) -> CUresult {
-    entry(|| {
+    entry("cuDeviceGetCount", || {
         driver::get()?;
         // SAFETY: the caller's contract.
         unsafe { out(count, 1) }
@@ -83,7 +83,7 @@ pub unsafe extern "C" fn cuDeviceGetCount(count: *mut c_int) -> CUresult {
 /// `name` is NULL or valid for writing `len` bytes.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDeviceGetName(name: *mut c_char, len: c_int, dev: CUdevice) -> CUresult {
-    entry(|| {
+    entry("cuDeviceGetName", || {
         let d = driver::get()?;
         check(dev)?;
         if name.is_null() || len <= 0 {
@@ -104,7 +104,7 @@ pub unsafe extern "C" fn cuDeviceGetName(name: *mut c_char, len: c_int, dev: CUd
 /// `bytes` is NULL or valid for writing.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CUresult {
-    entry(|| {
+    entry("cuDeviceTotalMem_v2", || {
         let d = driver::get()?;
         check(dev)?;
         // SAFETY: the caller's contract.
@@ -118,7 +118,7 @@ pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -
 /// `bytes` is NULL or valid for writing.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDeviceTotalMem(bytes: *mut c_uint, dev: CUdevice) -> CUresult {
-    entry(|| {
+    entry("cuDeviceTotalMem", || {
         let d = driver::get()?;
         check(dev)?;
         let total = d.device.total_memory.min(c_uint::MAX as u64) as c_uint;
@@ -135,7 +135,7 @@ pub unsafe extern "C" fn cuDeviceGetAttribute(
     attr: c_int,
     dev: CUdevice,
 ) -> CUresult {
-    entry(|| {
+    entry("cuDeviceGetAttribute", || {
         let d = driver::get()?;
         check(dev)?;
         let v = usize::try_from(attr)
@@ -150,7 +150,7 @@ pub unsafe extern "C" fn cuDeviceGetAttribute(
 /// `uuid` is NULL or valid for writing.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDeviceGetUuid(uuid: *mut CUuuid, dev: CUdevice) -> CUresult {
-    entry(|| {
+    entry("cuDeviceGetUuid", || {
         let d = driver::get()?;
         check(dev)?;
         // SAFETY: the caller's contract.
@@ -181,7 +181,7 @@ pub unsafe extern "C" fn cuDeviceComputeCapability(
     minor: *mut c_int,
     dev: CUdevice,
 ) -> CUresult {
-    entry(|| {
+    entry("cuDeviceComputeCapability", || {
         let d = driver::get()?;
         check(dev)?;
         let (ma, mi) = d.device.compute_capability;
@@ -197,7 +197,7 @@ pub unsafe extern "C" fn cuDeviceComputeCapability(
 /// `prop` is NULL or valid for writing.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDeviceGetProperties(prop: *mut CUdevprop, dev: CUdevice) -> CUresult {
-    entry(|| {
+    entry("cuDeviceGetProperties", || {
         let d = driver::get()?;
         check(dev)?;
         let a = |i| d.attribute(i).unwrap_or(0);
@@ -240,7 +240,7 @@ pub unsafe extern "C" fn cuDeviceGetPCIBusId(
     len: c_int,
     dev: CUdevice,
 ) -> CUresult {
-    entry(|| {
+    entry("cuDeviceGetPCIBusId", || {
         let d = driver::get()?;
         check(dev)?;
         if id.is_null() || len <= 0 {
@@ -261,7 +261,7 @@ pub unsafe extern "C" fn cuDeviceGetPCIBusId(
 /// `dev` is NULL or valid for writing; `id` is NULL or a NUL-terminated string.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDeviceGetByPCIBusId(dev: *mut CUdevice, id: *const c_char) -> CUresult {
-    entry(|| {
+    entry("cuDeviceGetByPCIBusId", || {
         let d = driver::get()?;
         if id.is_null() {
             return Err(result::INVALID_VALUE);
@@ -292,7 +292,7 @@ pub unsafe extern "C" fn cuDeviceCanAccessPeer(
     dev: CUdevice,
     peer: CUdevice,
 ) -> CUresult {
-    entry(|| {
+    entry("cuDeviceCanAccessPeer", || {
         driver::get()?;
         check(dev)?;
         check(peer)?;
@@ -310,7 +310,7 @@ pub unsafe extern "C" fn cuDeviceGetExecAffinitySupport(
     _kind: c_int,
     dev: CUdevice,
 ) -> CUresult {
-    entry(|| {
+    entry("cuDeviceGetExecAffinitySupport", || {
         driver::get()?;
         check(dev)?;
         // SAFETY: the caller's contract.

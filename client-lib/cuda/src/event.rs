@@ -43,7 +43,7 @@ impl Driver {
 /// `ph` is NULL or valid for writing.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuEventCreate(ph: *mut CUevent, flags: c_uint) -> CUresult {
-    entry(|| {
+    entry("cuEventCreate", || {
         let d = driver::live()?;
         if ph.is_null() {
             return Err(result::INVALID_VALUE);
@@ -79,12 +79,12 @@ fn destroy(h: CUevent) -> Cu<()> {
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuEventDestroy(h: CUevent) -> CUresult {
-    entry(|| destroy(h))
+    entry("cuEventDestroy", || destroy(h))
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuEventDestroy_v2(h: CUevent) -> CUresult {
-    entry(|| destroy(h))
+    entry("cuEventDestroy_v2", || destroy(h))
 }
 
 fn record(h: CUevent, s: CUstream, per_thread: bool) -> Cu<()> {
@@ -99,28 +99,28 @@ fn record(h: CUevent, s: CUstream, per_thread: bool) -> Cu<()> {
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuEventRecord(h: CUevent, s: CUstream) -> CUresult {
-    entry(|| record(h, s, false))
+    entry("cuEventRecord", || record(h, s, false))
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuEventRecord_ptsz(h: CUevent, s: CUstream) -> CUresult {
-    entry(|| record(h, s, true))
+    entry("cuEventRecord_ptsz", || record(h, s, true))
 }
 
 /// The flag (`CU_EVENT_RECORD_EXTERNAL`) only matters inside graph capture.
 #[unsafe(no_mangle)]
 pub extern "C" fn cuEventRecordWithFlags(h: CUevent, s: CUstream, _flags: c_uint) -> CUresult {
-    entry(|| record(h, s, false))
+    entry("cuEventRecordWithFlags", || record(h, s, false))
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuEventRecordWithFlags_ptsz(h: CUevent, s: CUstream, _flags: c_uint) -> CUresult {
-    entry(|| record(h, s, true))
+    entry("cuEventRecordWithFlags_ptsz", || record(h, s, true))
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuEventQuery(h: CUevent) -> CUresult {
-    entry(|| {
+    entry("cuEventQuery", || {
         let d = driver::live()?;
         let ev = handle::event_id(h).ok_or(result::INVALID_HANDLE)?;
         let (done, _) = d.transport.call(Command::EventQuery { event: ev })?;
@@ -135,7 +135,7 @@ pub extern "C" fn cuEventQuery(h: CUevent) -> CUresult {
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuEventSynchronize(h: CUevent) -> CUresult {
-    entry(|| {
+    entry("cuEventSynchronize", || {
         let d = driver::live()?;
         let ev = handle::event_id(h).ok_or(result::INVALID_HANDLE)?;
         let synced = d.transport.call(Command::EventSync { event: ev }).map(drop);
@@ -175,7 +175,7 @@ pub unsafe extern "C" fn cuEventElapsedTime(
     start: CUevent,
     end: CUevent,
 ) -> CUresult {
-    entry(|| elapsed(ms, start, end))
+    entry("cuEventElapsedTime", || elapsed(ms, start, end))
 }
 
 /// # Safety
@@ -186,5 +186,5 @@ pub unsafe extern "C" fn cuEventElapsedTime_v2(
     start: CUevent,
     end: CUevent,
 ) -> CUresult {
-    entry(|| elapsed(ms, start, end))
+    entry("cuEventElapsedTime_v2", || elapsed(ms, start, end))
 }

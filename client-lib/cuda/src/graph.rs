@@ -269,22 +269,26 @@ fn begin(h: CUstream, mode: c_int, per_thread: bool) -> Cu<()> {
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuStreamBeginCapture_v2(h: CUstream, mode: c_int) -> CUresult {
-    entry(|| begin(h, mode, false))
+    entry("cuStreamBeginCapture_v2", || begin(h, mode, false))
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuStreamBeginCapture_v2_ptsz(h: CUstream, mode: c_int) -> CUresult {
-    entry(|| begin(h, mode, true))
+    entry("cuStreamBeginCapture_v2_ptsz", || begin(h, mode, true))
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuStreamBeginCapture(h: CUstream) -> CUresult {
-    entry(|| begin(h, capture::MODE_GLOBAL, false))
+    entry("cuStreamBeginCapture", || {
+        begin(h, capture::MODE_GLOBAL, false)
+    })
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuStreamBeginCapture_ptsz(h: CUstream) -> CUresult {
-    entry(|| begin(h, capture::MODE_GLOBAL, true))
+    entry("cuStreamBeginCapture_ptsz", || {
+        begin(h, capture::MODE_GLOBAL, true)
+    })
 }
 
 fn end(h: CUstream, graph: *mut CUgraph, per_thread: bool) -> Cu<()> {
@@ -323,14 +327,14 @@ fn end(h: CUstream, graph: *mut CUgraph, per_thread: bool) -> Cu<()> {
 /// `graph` is NULL or valid for writing.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuStreamEndCapture(h: CUstream, graph: *mut CUgraph) -> CUresult {
-    entry(|| end(h, graph, false))
+    entry("cuStreamEndCapture", || end(h, graph, false))
 }
 
 /// # Safety
 /// `graph` is NULL or valid for writing.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuStreamEndCapture_ptsz(h: CUstream, graph: *mut CUgraph) -> CUresult {
-    entry(|| end(h, graph, true))
+    entry("cuStreamEndCapture_ptsz", || end(h, graph, true))
 }
 
 fn status_of(c: Option<&Arc<Capture>>) -> i32 {
@@ -353,14 +357,14 @@ fn is_capturing(h: CUstream, status: *mut c_int, per_thread: bool) -> Cu<()> {
 /// `status` is NULL or valid for writing.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuStreamIsCapturing(h: CUstream, status: *mut c_int) -> CUresult {
-    entry(|| is_capturing(h, status, false))
+    entry("cuStreamIsCapturing", || is_capturing(h, status, false))
 }
 
 /// # Safety
 /// `status` is NULL or valid for writing.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuStreamIsCapturing_ptsz(h: CUstream, status: *mut c_int) -> CUresult {
-    entry(|| is_capturing(h, status, true))
+    entry("cuStreamIsCapturing_ptsz", || is_capturing(h, status, true))
 }
 
 /// The capture's status, id and graph; no dependency nodes are reported (the recorded graph
@@ -415,7 +419,9 @@ pub unsafe extern "C" fn cuStreamGetCaptureInfo_v3(
     edges: *mut *const c_void,
     num_deps: *mut usize,
 ) -> CUresult {
-    entry(|| capture_info(h, false, status, id, graph, deps, edges, num_deps))
+    entry("cuStreamGetCaptureInfo_v3", || {
+        capture_info(h, false, status, id, graph, deps, edges, num_deps)
+    })
 }
 
 /// # Safety
@@ -430,7 +436,9 @@ pub unsafe extern "C" fn cuStreamGetCaptureInfo_v3_ptsz(
     edges: *mut *const c_void,
     num_deps: *mut usize,
 ) -> CUresult {
-    entry(|| capture_info(h, true, status, id, graph, deps, edges, num_deps))
+    entry("cuStreamGetCaptureInfo_v3_ptsz", || {
+        capture_info(h, true, status, id, graph, deps, edges, num_deps)
+    })
 }
 
 /// # Safety
@@ -444,7 +452,7 @@ pub unsafe extern "C" fn cuStreamGetCaptureInfo_v2(
     deps: *mut *const CUgraphNode,
     num_deps: *mut usize,
 ) -> CUresult {
-    entry(|| {
+    entry("cuStreamGetCaptureInfo_v2", || {
         capture_info(
             h,
             false,
@@ -469,7 +477,7 @@ pub unsafe extern "C" fn cuStreamGetCaptureInfo_v2_ptsz(
     deps: *mut *const CUgraphNode,
     num_deps: *mut usize,
 ) -> CUresult {
-    entry(|| {
+    entry("cuStreamGetCaptureInfo_v2_ptsz", || {
         capture_info(
             h,
             true,
@@ -487,7 +495,7 @@ pub unsafe extern "C" fn cuStreamGetCaptureInfo_v2_ptsz(
 /// `mode` is valid for reading and writing.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuThreadExchangeStreamCaptureMode(mode: *mut c_int) -> CUresult {
-    entry(|| {
+    entry("cuThreadExchangeStreamCaptureMode", || {
         driver::get()?;
         if mode.is_null() {
             return Err(result::INVALID_VALUE);
@@ -507,7 +515,7 @@ pub unsafe extern "C" fn cuThreadExchangeStreamCaptureMode(mode: *mut c_int) -> 
 /// `graph` is NULL or valid for writing.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuGraphCreate(graph: *mut CUgraph, flags: c_uint) -> CUresult {
-    entry(|| {
+    entry("cuGraphCreate", || {
         let d = driver::live()?;
         if flags != 0 {
             return Err(result::INVALID_VALUE);
@@ -519,7 +527,7 @@ pub unsafe extern "C" fn cuGraphCreate(graph: *mut CUgraph, flags: c_uint) -> CU
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuGraphDestroy(graph: CUgraph) -> CUresult {
-    entry(|| {
+    entry("cuGraphDestroy", || {
         let d = driver::live()?;
         if !lock(&d.graphs.graphs).remove(&(graph as usize)) {
             return Err(result::INVALID_VALUE);
@@ -538,7 +546,7 @@ pub unsafe extern "C" fn cuGraphGetNodes(
     nodes: *mut CUgraphNode,
     count: *mut usize,
 ) -> CUresult {
-    entry(|| {
+    entry("cuGraphGetNodes", || {
         let d = driver::live()?;
         let n = lock(&d.graph(graph)?.ops).len();
         if count.is_null() {
@@ -575,7 +583,7 @@ pub unsafe extern "C" fn cuGraphInstantiateWithFlags(
     graph: CUgraph,
     _flags: u64,
 ) -> CUresult {
-    entry(|| instantiate(exec, graph))
+    entry("cuGraphInstantiateWithFlags", || instantiate(exec, graph))
 }
 
 /// # Safety
@@ -586,7 +594,7 @@ pub unsafe extern "C" fn cuGraphInstantiateWithParams(
     graph: CUgraph,
     _params: *mut c_void,
 ) -> CUresult {
-    entry(|| instantiate(exec, graph))
+    entry("cuGraphInstantiateWithParams", || instantiate(exec, graph))
 }
 
 /// # Safety
@@ -597,12 +605,14 @@ pub unsafe extern "C" fn cuGraphInstantiateWithParams_ptsz(
     graph: CUgraph,
     _params: *mut c_void,
 ) -> CUresult {
-    entry(|| instantiate(exec, graph))
+    entry("cuGraphInstantiateWithParams_ptsz", || {
+        instantiate(exec, graph)
+    })
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuGraphExecDestroy(exec: CUgraphExec) -> CUresult {
-    entry(|| {
+    entry("cuGraphExecDestroy", || {
         let d = driver::live()?;
         if !lock(&d.graphs.execs).remove(&(exec as usize)) {
             return Err(result::INVALID_VALUE);
@@ -628,18 +638,18 @@ fn launch(exec: CUgraphExec, h: CUstream, per_thread: bool) -> Cu<()> {
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuGraphLaunch(exec: CUgraphExec, h: CUstream) -> CUresult {
-    entry(|| launch(exec, h, false))
+    entry("cuGraphLaunch", || launch(exec, h, false))
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuGraphLaunch_ptsz(exec: CUgraphExec, h: CUstream) -> CUresult {
-    entry(|| launch(exec, h, true))
+    entry("cuGraphLaunch_ptsz", || launch(exec, h, true))
 }
 
 /// Nothing to upload ahead: a replay sends its nodes when launched.
 #[unsafe(no_mangle)]
 pub extern "C" fn cuGraphUpload(exec: CUgraphExec, _h: CUstream) -> CUresult {
-    entry(|| {
+    entry("cuGraphUpload", || {
         let d = driver::live()?;
         lock(&d.graphs.execs)
             .contains(&(exec as usize))

@@ -276,7 +276,7 @@ pub unsafe extern "C" fn cuLaunchKernel(
     params: *mut *mut c_void,
     extra: *mut *mut c_void,
 ) -> CUresult {
-    entry(|| {
+    entry("cuLaunchKernel", || {
         launch_kernel(
             f,
             [gx, gy, gz],
@@ -307,7 +307,7 @@ pub unsafe extern "C" fn cuLaunchKernel_ptsz(
     params: *mut *mut c_void,
     extra: *mut *mut c_void,
 ) -> CUresult {
-    entry(|| {
+    entry("cuLaunchKernel_ptsz", || {
         launch_kernel(
             f,
             [gx, gy, gz],
@@ -337,7 +337,7 @@ pub unsafe extern "C" fn cuLaunchCooperativeKernel(
     stream: CUstream,
     params: *mut *mut c_void,
 ) -> CUresult {
-    entry(|| {
+    entry("cuLaunchCooperativeKernel", || {
         launch_kernel(
             f,
             [gx, gy, gz],
@@ -367,7 +367,7 @@ pub unsafe extern "C" fn cuLaunchCooperativeKernel_ptsz(
     stream: CUstream,
     params: *mut *mut c_void,
 ) -> CUresult {
-    entry(|| {
+    entry("cuLaunchCooperativeKernel_ptsz", || {
         launch_kernel(
             f,
             [gx, gy, gz],
@@ -417,7 +417,9 @@ pub unsafe extern "C" fn cuLaunchKernelEx(
     params: *mut *mut c_void,
     extra: *mut *mut c_void,
 ) -> CUresult {
-    entry(|| launch_ex(config, f, params, extra, false))
+    entry("cuLaunchKernelEx", || {
+        launch_ex(config, f, params, extra, false)
+    })
 }
 
 /// # Safety
@@ -429,7 +431,9 @@ pub unsafe extern "C" fn cuLaunchKernelEx_ptsz(
     params: *mut *mut c_void,
     extra: *mut *mut c_void,
 ) -> CUresult {
-    entry(|| launch_ex(config, f, params, extra, true))
+    entry("cuLaunchKernelEx_ptsz", || {
+        launch_ex(config, f, params, extra, true)
+    })
 }
 
 #[cfg(test)]

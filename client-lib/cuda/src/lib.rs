@@ -35,6 +35,7 @@ pub mod launch;
 pub mod memory;
 pub mod module;
 pub mod occupancy;
+pub mod profiler;
 pub mod status;
 pub mod stream;
 pub mod transport;

@@ -429,7 +429,7 @@ fn anonymous_private(at: usize, len: usize) -> bool {
 /// `dptr` is NULL or valid for writing.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytes: usize) -> CUresult {
-    entry(|| {
+    entry("cuMemAlloc_v2", || {
         let d = driver::live()?;
         let ptr = d.alloc(bytes as u64)?;
         // SAFETY: the caller's contract.
@@ -465,7 +465,7 @@ pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemFree_v2(ptr: CUdeviceptr) -> CUresult {
-    entry(|| {
+    entry("cuMemFree_v2", || {
         let d = driver::live()?;
         if ptr == 0 {
             return Ok(());
@@ -489,7 +489,7 @@ pub extern "C" fn cuMemFreeAsync_ptsz(ptr: CUdeviceptr, _stream: *mut c_void) ->
 /// `free` and `total` are NULL or valid for writing.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult {
-    entry(|| {
+    entry("cuMemGetInfo_v2", || {
         let d = driver::live()?;
         let (f, t) = d.transport.call(Command::MemInfo)?;
         // SAFETY: the caller's contract.
@@ -508,7 +508,7 @@ pub unsafe extern "C" fn cuMemGetAddressRange_v2(
     size: *mut usize,
     ptr: CUdeviceptr,
 ) -> CUresult {
-    entry(|| {
+    entry("cuMemGetAddressRange_v2", || {
         let d = driver::live()?;
         let (b, r) = d.memory.device_range(ptr, 0).ok_or(result::NOT_FOUND)?;
         // SAFETY: each is NULL (allowed) or writable, by the caller's contract.
@@ -532,7 +532,7 @@ pub unsafe extern "C" fn cuMemHostAlloc(
     bytes: usize,
     flags: c_uint,
 ) -> CUresult {
-    entry(|| {
+    entry("cuMemHostAlloc", || {
         let d = driver::live()?;
         if pp.is_null() {
             return Err(result::INVALID_VALUE);
@@ -555,7 +555,7 @@ pub unsafe extern "C" fn cuMemAllocHost_v2(pp: *mut *mut c_void, bytes: usize) -
 /// `p` is NULL or memory from `cuMemHostAlloc` the program no longer uses.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemFreeHost(p: *mut c_void) -> CUresult {
-    entry(|| {
+    entry("cuMemFreeHost", || {
         let d = driver::live()?;
         let addr = p as usize;
         match d.memory.host_region_at(addr) {
@@ -577,7 +577,7 @@ pub unsafe extern "C" fn cuMemHostRegister_v2(
     bytes: usize,
     flags: c_uint,
 ) -> CUresult {
-    entry(|| {
+    entry("cuMemHostRegister_v2", || {
         let d = driver::live()?;
         if p.is_null() || bytes == 0 {
             return Err(result::INVALID_VALUE);
@@ -610,7 +610,7 @@ pub unsafe extern "C" fn cuMemHostRegister(
 /// The pages stay shared (they hold the program's data); the broker lets go of them.
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemHostUnregister(p: *mut c_void) -> CUresult {
-    entry(|| {
+    entry("cuMemHostUnregister", || {
         let d = driver::live()?;
         let addr = p as usize / PAGE * PAGE;
         match d.memory.host_region_at(addr) {
@@ -629,7 +629,7 @@ pub unsafe extern "C" fn cuMemHostGetDevicePointer_v2(
     p: *mut c_void,
     flags: c_uint,
 ) -> CUresult {
-    entry(|| {
+    entry("cuMemHostGetDevicePointer_v2", || {
         let d = driver::live()?;
         if flags != 0 {
             return Err(result::INVALID_VALUE);
@@ -647,7 +647,7 @@ pub unsafe extern "C" fn cuMemHostGetDevicePointer_v2(
 /// `flags` is NULL or valid for writing.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemHostGetFlags(flags: *mut c_uint, p: *mut c_void) -> CUresult {
-    entry(|| {
+    entry("cuMemHostGetFlags", || {
         let d = driver::live()?;
         let (_, r) = d
             .memory
@@ -777,7 +777,7 @@ pub unsafe extern "C" fn cuPointerGetAttribute(
     attr: c_int,
     ptr: CUdeviceptr,
 ) -> CUresult {
-    entry(|| {
+    entry("cuPointerGetAttribute", || {
         let d = driver::get()?;
         if data.is_null() {
             return Err(result::INVALID_VALUE);
@@ -805,7 +805,7 @@ pub unsafe extern "C" fn cuPointerGetAttributes(
     data: *mut *mut c_void,
     ptr: CUdeviceptr,
 ) -> CUresult {
-    entry(|| {
+    entry("cuPointerGetAttributes", || {
         let d = driver::get()?;
         if attrs.is_null() || data.is_null() {
             return Err(result::INVALID_VALUE);
@@ -836,7 +836,7 @@ pub extern "C" fn cuPointerSetAttribute(
     attr: c_int,
     ptr: CUdeviceptr,
 ) -> CUresult {
-    entry(|| {
+    entry("cuPointerSetAttribute", || {
         let d = driver::live()?;
         d.memory.device_range(ptr, 0).ok_or(result::INVALID_VALUE)?;
         if attr == ptr_attr::SYNC_MEMOPS {

@@ -418,7 +418,7 @@ fn read_file(path: *const c_char) -> Cu<(ModuleFormat, Vec<u8>)> {
 /// `module` is NULL or valid for writing; `image` points to a module image.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuModuleLoadData(module: *mut CUmodule, image: *const c_void) -> CUresult {
-    entry(|| {
+    entry("cuModuleLoadData", || {
         let d = driver::live()?;
         // SAFETY: the caller's contract.
         let img = unsafe { d.load_image(image, false) }?;
@@ -458,7 +458,7 @@ pub unsafe extern "C" fn cuModuleLoadFatBinary(
 /// `module` is NULL or valid for writing; `path` is a NUL-terminated path.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuModuleLoad(module: *mut CUmodule, path: *const c_char) -> CUresult {
-    entry(|| {
+    entry("cuModuleLoad", || {
         let d = driver::live()?;
         let (format, bytes) = read_file(path)?;
         let img = d.add_image(format, Bytes::Owned(bytes));
@@ -469,7 +469,7 @@ pub unsafe extern "C" fn cuModuleLoad(module: *mut CUmodule, path: *const c_char
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuModuleUnload(module: CUmodule) -> CUresult {
-    entry(|| driver::live()?.unload(module))
+    entry("cuModuleUnload", || driver::live()?.unload(module))
 }
 
 /// # Safety
@@ -480,7 +480,7 @@ pub unsafe extern "C" fn cuModuleGetFunction(
     module: CUmodule,
     name: *const c_char,
 ) -> CUresult {
-    entry(|| {
+    entry("cuModuleGetFunction", || {
         let d = driver::live()?;
         let image = d.image(module)?;
         // SAFETY: the caller's contract.
@@ -502,7 +502,7 @@ pub unsafe extern "C" fn cuModuleGetGlobal_v2(
     module: CUmodule,
     name: *const c_char,
 ) -> CUresult {
-    entry(|| {
+    entry("cuModuleGetGlobal_v2", || {
         let d = driver::live()?;
         let image = d.image(module)?;
         // SAFETY: the caller's contract.
@@ -524,7 +524,7 @@ pub unsafe extern "C" fn cuModuleGetGlobal_v2(
 /// `mode` is NULL or valid for writing.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuModuleGetLoadingMode(mode: *mut c_int) -> CUresult {
-    entry(|| {
+    entry("cuModuleGetLoadingMode", || {
         driver::get()?;
         // SAFETY: the caller's contract.
         unsafe { out(mode, MODULE_LAZY_LOADING) }
@@ -550,7 +550,7 @@ pub unsafe extern "C" fn cuLibraryLoadData(
     lib_values: *mut *mut c_void,
     num_lib: c_uint,
 ) -> CUresult {
-    entry(|| {
+    entry("cuLibraryLoadData", || {
         let d = driver::live()?;
         let mut preserved = false;
         if !lib_options.is_null() && !lib_values.is_null() {
@@ -582,7 +582,7 @@ pub unsafe extern "C" fn cuLibraryLoadFromFile(
     _lib_values: *mut *mut c_void,
     _num_lib: c_uint,
 ) -> CUresult {
-    entry(|| {
+    entry("cuLibraryLoadFromFile", || {
         let d = driver::live()?;
         let (format, bytes) = read_file(path)?;
         let img = d.add_image(format, Bytes::Owned(bytes));
@@ -593,7 +593,7 @@ pub unsafe extern "C" fn cuLibraryLoadFromFile(
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuLibraryUnload(library: CUlibrary) -> CUresult {
-    entry(|| driver::live()?.unload(library))
+    entry("cuLibraryUnload", || driver::live()?.unload(library))
 }
 
 /// # Safety
@@ -604,7 +604,7 @@ pub unsafe extern "C" fn cuLibraryGetKernel(
     library: CUlibrary,
     name: *const c_char,
 ) -> CUresult {
-    entry(|| {
+    entry("cuLibraryGetKernel", || {
         let d = driver::live()?;
         let image = d.image(library)?;
         // SAFETY: the caller's contract.
@@ -618,7 +618,7 @@ pub unsafe extern "C" fn cuLibraryGetKernel(
 /// `module` is NULL or valid for writing.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuLibraryGetModule(module: *mut CUmodule, library: CUlibrary) -> CUresult {
-    entry(|| {
+    entry("cuLibraryGetModule", || {
         let d = driver::live()?;
         let image = d.image(library)?;
         // SAFETY: the caller's contract.
@@ -643,7 +643,7 @@ pub unsafe extern "C" fn cuLibraryGetGlobal(
 /// `func` is NULL or valid for writing.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuKernelGetFunction(func: *mut CUfunction, kernel: CUkernel) -> CUresult {
-    entry(|| {
+    entry("cuKernelGetFunction", || {
         let d = driver::live()?;
         let k = d.kernel(kernel)?;
         // SAFETY: the caller's contract.
@@ -655,7 +655,7 @@ pub unsafe extern "C" fn cuKernelGetFunction(func: *mut CUfunction, kernel: CUke
 /// `library` is NULL or valid for writing.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuKernelGetLibrary(library: *mut CUlibrary, kernel: CUkernel) -> CUresult {
-    entry(|| {
+    entry("cuKernelGetLibrary", || {
         let d = driver::live()?;
         let k = d.kernel(kernel)?;
         // SAFETY: the caller's contract.
@@ -682,14 +682,14 @@ fn get_name(name: *mut *const c_char, h: *mut c_void) -> Cu<()> {
 /// `name` is NULL or valid for writing.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuFuncGetName(name: *mut *const c_char, func: CUfunction) -> CUresult {
-    entry(|| get_name(name, func))
+    entry("cuFuncGetName", || get_name(name, func))
 }
 
 /// # Safety
 /// `name` is NULL or valid for writing.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuKernelGetName(name: *mut *const c_char, kernel: CUkernel) -> CUresult {
-    entry(|| get_name(name, kernel))
+    entry("cuKernelGetName", || get_name(name, kernel))
 }
 
 fn param_info(h: *mut c_void, index: usize, offset: *mut usize, size: *mut usize) -> Cu<()> {
@@ -717,7 +717,9 @@ pub unsafe extern "C" fn cuFuncGetParamInfo(
     offset: *mut usize,
     size: *mut usize,
 ) -> CUresult {
-    entry(|| param_info(func, index, offset, size))
+    entry("cuFuncGetParamInfo", || {
+        param_info(func, index, offset, size)
+    })
 }
 
 /// # Safety
@@ -729,7 +731,9 @@ pub unsafe extern "C" fn cuKernelGetParamInfo(
     offset: *mut usize,
     size: *mut usize,
 ) -> CUresult {
-    entry(|| param_info(kernel, index, offset, size))
+    entry("cuKernelGetParamInfo", || {
+        param_info(kernel, index, offset, size)
+    })
 }
 
 /// # Safety
@@ -740,7 +744,7 @@ pub unsafe extern "C" fn cuFuncGetAttribute(
     attr: c_int,
     func: CUfunction,
 ) -> CUresult {
-    entry(|| {
+    entry("cuFuncGetAttribute", || {
         let d = driver::live()?;
         let v = d.function_attribute(d.kernel(func)?, attr)?;
         // SAFETY: the caller's contract.
@@ -757,7 +761,7 @@ pub unsafe extern "C" fn cuKernelGetAttribute(
     kernel: CUkernel,
     dev: CUdevice,
 ) -> CUresult {
-    entry(|| {
+    entry("cuKernelGetAttribute", || {
         let d = driver::live()?;
         crate::device::check(dev)?;
         let v = d.function_attribute(d.kernel(kernel)?, attr)?;
@@ -768,7 +772,7 @@ pub unsafe extern "C" fn cuKernelGetAttribute(
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuFuncSetAttribute(func: CUfunction, attr: c_int, value: c_int) -> CUresult {
-    entry(|| {
+    entry("cuFuncSetAttribute", || {
         let d = driver::live()?;
         d.set_function_attribute(d.kernel(func)?, attr, value)
     })
@@ -781,7 +785,7 @@ pub extern "C" fn cuKernelSetAttribute(
     kernel: CUkernel,
     dev: CUdevice,
 ) -> CUresult {
-    entry(|| {
+    entry("cuKernelSetAttribute", || {
         let d = driver::live()?;
         crate::device::check(dev)?;
         d.set_function_attribute(d.kernel(kernel)?, attr, value)
@@ -791,7 +795,9 @@ pub extern "C" fn cuKernelSetAttribute(
 /// A cache preference: accepted, not applied (the broker's context keeps its own).
 #[unsafe(no_mangle)]
 pub extern "C" fn cuFuncSetCacheConfig(func: CUfunction, _config: c_int) -> CUresult {
-    entry(|| driver::live()?.kernel(func).map(drop))
+    entry("cuFuncSetCacheConfig", || {
+        driver::live()?.kernel(func).map(drop)
+    })
 }
 
 /// As `cuFuncSetCacheConfig`.
@@ -801,7 +807,7 @@ pub extern "C" fn cuKernelSetCacheConfig(
     _config: c_int,
     dev: CUdevice,
 ) -> CUresult {
-    entry(|| {
+    entry("cuKernelSetCacheConfig", || {
         crate::device::check(dev)?;
         driver::live()?.kernel(kernel).map(drop)
     })
@@ -811,7 +817,7 @@ pub extern "C" fn cuKernelSetCacheConfig(
 /// `state` is NULL or valid for writing.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuFuncIsLoaded(state: *mut c_int, func: CUfunction) -> CUresult {
-    entry(|| {
+    entry("cuFuncIsLoaded", || {
         let d = driver::live()?;
         let k = d.kernel(func)?;
         // CU_FUNCTION_LOADING_STATE_UNLOADED = 0, _LOADED = 1.
@@ -822,7 +828,7 @@ pub unsafe extern "C" fn cuFuncIsLoaded(state: *mut c_int, func: CUfunction) -> 
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuFuncLoad(func: CUfunction) -> CUresult {
-    entry(|| {
+    entry("cuFuncLoad", || {
         let d = driver::live()?;
         d.info(d.kernel(func)?).map(drop)
     })

@@ -88,7 +88,9 @@ pub unsafe extern "C" fn cuOccupancyMaxActiveBlocksPerMultiprocessor(
     block_size: c_int,
     smem: usize,
 ) -> CUresult {
-    entry(|| blocks(n, f, block_size, smem, 0))
+    entry("cuOccupancyMaxActiveBlocksPerMultiprocessor", || {
+        blocks(n, f, block_size, smem, 0)
+    })
 }
 
 /// # Safety
@@ -101,7 +103,10 @@ pub unsafe extern "C" fn cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
     smem: usize,
     flags: c_uint,
 ) -> CUresult {
-    entry(|| blocks(n, f, block_size, smem, flags))
+    entry(
+        "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags",
+        || blocks(n, f, block_size, smem, flags),
+    )
 }
 
 /// # Safety
@@ -113,7 +118,7 @@ pub unsafe extern "C" fn cuOccupancyAvailableDynamicSMemPerBlock(
     num_blocks: c_int,
     block_size: c_int,
 ) -> CUresult {
-    entry(|| {
+    entry("cuOccupancyAvailableDynamicSMemPerBlock", || {
         let d = driver::live()?;
         let (blocks, block) = (
             u32::try_from(num_blocks).map_err(|_| result::INVALID_VALUE)?,
@@ -141,7 +146,7 @@ pub unsafe extern "C" fn cuOccupancyMaxActiveClusters(
     f: CUfunction,
     config: *const CUlaunchConfig,
 ) -> CUresult {
-    entry(|| {
+    entry("cuOccupancyMaxActiveClusters", || {
         let d = driver::live()?;
         if config.is_null() {
             return Err(result::INVALID_VALUE);

@@ -13,15 +13,52 @@ use crate::types::{CUresult, result};
 /// A driver call's outcome before it crosses the ABI.
 pub type Cu<T> = Result<T, CUresult>;
 
-/// Runs an entry point's body: its error becomes the CUresult, and a panic never unwinds into
-/// the caller (it is reported once and answered with CUDA_ERROR_UNKNOWN).
-pub fn entry(body: impl FnOnce() -> Cu<()>) -> CUresult {
-    match catch_unwind(AssertUnwindSafe(body)) {
-        Ok(Ok(())) => result::SUCCESS,
+/// Runs entry point `name`'s body: its error becomes the CUresult, and a panic never unwinds
+/// into the caller (it is reported once and answered with CUDA_ERROR_UNKNOWN).
+#[inline]
+pub fn entry(name: &'static str, body: impl FnOnce() -> Cu<()>) -> CUresult {
+    let level = trace::level();
+    if level >= trace::CALLS {
+        crate::driver::say(name);
+    }
+    let code = match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(Ok(())) => return result::SUCCESS,
         Ok(Err(code)) => code,
         Err(_) => {
-            crate::driver::say_once("internal error (a panic) in a driver call");
+            crate::driver::say_once(&format!("internal error (a panic) in {name}"));
             result::UNKNOWN
+        }
+    };
+    if level >= trace::ERRORS && code != result::NOT_READY {
+        crate::driver::say(&format!(
+            "{name} -> {}",
+            self::name(code).unwrap_or("?\0").trim_end_matches('\0')
+        ));
+    }
+    code
+}
+
+/// `GPUSHARE_CUDA_TRACE`: 1 names every call that fails (but NOT_READY), 2 every call.
+pub mod trace {
+    use std::sync::atomic::{AtomicU8, Ordering};
+
+    pub const ERRORS: u8 = 1;
+    pub const CALLS: u8 = 2;
+    const UNREAD: u8 = u8::MAX;
+    static LEVEL: AtomicU8 = AtomicU8::new(UNREAD);
+
+    #[inline]
+    pub fn level() -> u8 {
+        match LEVEL.load(Ordering::Relaxed) {
+            UNREAD => {
+                let level = std::env::var(gpushare_conn::env::CUDA_TRACE_ENV)
+                    .ok()
+                    .and_then(|v| v.trim().parse().ok())
+                    .unwrap_or(0);
+                LEVEL.store(level, Ordering::Relaxed);
+                level
+            }
+            level => level,
         }
     }
 }
@@ -102,7 +139,7 @@ pub fn text(code: CUresult) -> Option<&'static str> {
 /// `out` is NULL or valid for writing a pointer.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuGetErrorString(error: CUresult, out: *mut *const c_char) -> CUresult {
-    entry(|| match text(error) {
+    entry("cuGetErrorString", || match text(error) {
         // SAFETY: the caller's contract.
         Some(s) => unsafe { self::out(out, s.as_ptr().cast()) },
         None => {
@@ -117,7 +154,7 @@ pub unsafe extern "C" fn cuGetErrorString(error: CUresult, out: *mut *const c_ch
 /// `out` is NULL or valid for writing a pointer.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuGetErrorName(error: CUresult, out: *mut *const c_char) -> CUresult {
-    entry(|| match name(error) {
+    entry("cuGetErrorName", || match name(error) {
         // SAFETY: the caller's contract.
         Some(s) => unsafe { self::out(out, s.as_ptr().cast()) },
         None => {
@@ -156,8 +193,11 @@ mod tests {
 
     #[test]
     fn a_panic_becomes_an_error_not_an_unwind() {
-        assert_eq!(entry(|| panic!("boom")), result::UNKNOWN);
-        assert_eq!(entry(|| Err(result::NOT_READY)), result::NOT_READY);
-        assert_eq!(entry(|| Ok(())), result::SUCCESS);
+        assert_eq!(entry("cuBoom", || panic!("boom")), result::UNKNOWN);
+        assert_eq!(
+            entry("cuQuery", || Err(result::NOT_READY)),
+            result::NOT_READY
+        );
+        assert_eq!(entry("cuFine", || Ok(())), result::SUCCESS);
     }
 }

@@ -139,7 +139,7 @@ fn create(ph: *mut CUstream, flags: c_uint, priority: c_int) -> Cu<()> {
 /// `ph` is NULL or valid for writing.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuStreamCreate(ph: *mut CUstream, flags: c_uint) -> CUresult {
-    entry(|| create(ph, flags, 0))
+    entry("cuStreamCreate", || create(ph, flags, 0))
 }
 
 /// # Safety
@@ -150,7 +150,7 @@ pub unsafe extern "C" fn cuStreamCreateWithPriority(
     flags: c_uint,
     priority: c_int,
 ) -> CUresult {
-    entry(|| create(ph, flags, priority))
+    entry("cuStreamCreateWithPriority", || create(ph, flags, priority))
 }
 
 fn destroy(h: CUstream) -> Cu<()> {
@@ -167,12 +167,12 @@ fn destroy(h: CUstream) -> Cu<()> {
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuStreamDestroy(h: CUstream) -> CUresult {
-    entry(|| destroy(h))
+    entry("cuStreamDestroy", || destroy(h))
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuStreamDestroy_v2(h: CUstream) -> CUresult {
-    entry(|| destroy(h))
+    entry("cuStreamDestroy_v2", || destroy(h))
 }
 
 fn synchronize(h: CUstream, per_thread: bool) -> Cu<()> {
@@ -184,12 +184,12 @@ fn synchronize(h: CUstream, per_thread: bool) -> Cu<()> {
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuStreamSynchronize(h: CUstream) -> CUresult {
-    entry(|| synchronize(h, false))
+    entry("cuStreamSynchronize", || synchronize(h, false))
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuStreamSynchronize_ptsz(h: CUstream) -> CUresult {
-    entry(|| synchronize(h, true))
+    entry("cuStreamSynchronize_ptsz", || synchronize(h, true))
 }
 
 fn query(h: CUstream, per_thread: bool) -> Cu<()> {
@@ -207,12 +207,12 @@ fn query(h: CUstream, per_thread: bool) -> Cu<()> {
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuStreamQuery(h: CUstream) -> CUresult {
-    entry(|| query(h, false))
+    entry("cuStreamQuery", || query(h, false))
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuStreamQuery_ptsz(h: CUstream) -> CUresult {
-    entry(|| query(h, true))
+    entry("cuStreamQuery_ptsz", || query(h, true))
 }
 
 fn wait_event(h: CUstream, event: CUevent, per_thread: bool) -> Cu<()> {
@@ -230,12 +230,12 @@ fn wait_event(h: CUstream, event: CUevent, per_thread: bool) -> Cu<()> {
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuStreamWaitEvent(h: CUstream, event: CUevent, _flags: c_uint) -> CUresult {
-    entry(|| wait_event(h, event, false))
+    entry("cuStreamWaitEvent", || wait_event(h, event, false))
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuStreamWaitEvent_ptsz(h: CUstream, event: CUevent, _flags: c_uint) -> CUresult {
-    entry(|| wait_event(h, event, true))
+    entry("cuStreamWaitEvent_ptsz", || wait_event(h, event, true))
 }
 
 fn get_flags(h: CUstream, flags: *mut c_uint, per_thread: bool) -> Cu<()> {
@@ -249,14 +249,14 @@ fn get_flags(h: CUstream, flags: *mut c_uint, per_thread: bool) -> Cu<()> {
 /// `flags` is NULL or valid for writing.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuStreamGetFlags(h: CUstream, flags: *mut c_uint) -> CUresult {
-    entry(|| get_flags(h, flags, false))
+    entry("cuStreamGetFlags", || get_flags(h, flags, false))
 }
 
 /// # Safety
 /// `flags` is NULL or valid for writing.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuStreamGetFlags_ptsz(h: CUstream, flags: *mut c_uint) -> CUresult {
-    entry(|| get_flags(h, flags, true))
+    entry("cuStreamGetFlags_ptsz", || get_flags(h, flags, true))
 }
 
 fn get_priority(h: CUstream, priority: *mut c_int, per_thread: bool) -> Cu<()> {
@@ -270,14 +270,16 @@ fn get_priority(h: CUstream, priority: *mut c_int, per_thread: bool) -> Cu<()> {
 /// `priority` is NULL or valid for writing.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuStreamGetPriority(h: CUstream, priority: *mut c_int) -> CUresult {
-    entry(|| get_priority(h, priority, false))
+    entry("cuStreamGetPriority", || get_priority(h, priority, false))
 }
 
 /// # Safety
 /// `priority` is NULL or valid for writing.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuStreamGetPriority_ptsz(h: CUstream, priority: *mut c_int) -> CUresult {
-    entry(|| get_priority(h, priority, true))
+    entry("cuStreamGetPriority_ptsz", || {
+        get_priority(h, priority, true)
+    })
 }
 
 fn get_id(h: CUstream, id_out: *mut u64, per_thread: bool) -> Cu<()> {
@@ -291,14 +293,14 @@ fn get_id(h: CUstream, id_out: *mut u64, per_thread: bool) -> Cu<()> {
 /// `id` is NULL or valid for writing.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuStreamGetId(h: CUstream, id: *mut u64) -> CUresult {
-    entry(|| get_id(h, id, false))
+    entry("cuStreamGetId", || get_id(h, id, false))
 }
 
 /// # Safety
 /// `id` is NULL or valid for writing.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuStreamGetId_ptsz(h: CUstream, id: *mut u64) -> CUresult {
-    entry(|| get_id(h, id, true))
+    entry("cuStreamGetId_ptsz", || get_id(h, id, true))
 }
 
 fn get_ctx(h: CUstream, pctx: *mut CUcontext, per_thread: bool) -> Cu<()> {
@@ -312,21 +314,21 @@ fn get_ctx(h: CUstream, pctx: *mut CUcontext, per_thread: bool) -> Cu<()> {
 /// `pctx` is NULL or valid for writing.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuStreamGetCtx(h: CUstream, pctx: *mut CUcontext) -> CUresult {
-    entry(|| get_ctx(h, pctx, false))
+    entry("cuStreamGetCtx", || get_ctx(h, pctx, false))
 }
 
 /// # Safety
 /// `pctx` is NULL or valid for writing.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuStreamGetCtx_ptsz(h: CUstream, pctx: *mut CUcontext) -> CUresult {
-    entry(|| get_ctx(h, pctx, true))
+    entry("cuStreamGetCtx_ptsz", || get_ctx(h, pctx, true))
 }
 
 /// # Safety
 /// `dev` is NULL or valid for writing.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuStreamGetDevice(h: CUstream, dev: *mut c_int) -> CUresult {
-    entry(|| {
+    entry("cuStreamGetDevice", || {
         let d = driver::get()?;
         d.stream(h, false)?;
         // SAFETY: the caller's contract.
@@ -338,7 +340,7 @@ pub unsafe extern "C" fn cuStreamGetDevice(h: CUstream, dev: *mut c_int) -> CUre
 /// `dev` is NULL or valid for writing.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuStreamGetDevice_ptsz(h: CUstream, dev: *mut c_int) -> CUresult {
-    entry(|| {
+    entry("cuStreamGetDevice_ptsz", || {
         let d = driver::get()?;
         d.stream(h, true)?;
         // SAFETY: the caller's contract.

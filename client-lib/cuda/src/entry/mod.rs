@@ -98,7 +98,7 @@ unsafe fn get_proc_address(
     flags: u64,
     status: *mut c_int,
 ) -> CUresult {
-    entry(|| {
+    entry("cuGetProcAddress", || {
         if symbol.is_null() || pfn.is_null() {
             return Err(result::INVALID_VALUE);
         }
@@ -111,6 +111,11 @@ unsafe fn get_proc_address(
             .filter(|&v| v > 0)
             .unwrap_or(u32::MAX);
         let found = lookup(name, version, per_thread);
+        if found.is_err() && crate::status::trace::level() >= crate::status::trace::ERRORS {
+            crate::driver::say(&format!(
+                "cuGetProcAddress: no {name} for version {version}"
+            ));
+        }
         // SAFETY: the caller's contract.
         unsafe {
             if !status.is_null() {

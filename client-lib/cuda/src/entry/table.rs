@@ -174,6 +174,8 @@ unsafe extern "C" {
     fn cuPointerGetAttribute();
     fn cuPointerGetAttributes();
     fn cuPointerSetAttribute();
+    fn cuProfilerStart();
+    fn cuProfilerStop();
     fn cuStreamBeginCapture();
     fn cuStreamBeginCapture_ptsz();
     fn cuStreamBeginCapture_v2();
@@ -551,6 +553,7 @@ super::stubs! {
     cuParamSetf,
     cuParamSeti,
     cuParamSetv,
+    cuProfilerInitialize,
     cuSignalExternalSemaphoresAsync,
     cuSignalExternalSemaphoresAsync_ptsz,
     cuStreamAddCallback,
@@ -647,7 +650,7 @@ super::stubs! {
 }
 
 /// Every form of every entry point, by name, then per-thread form, then version.
-pub(super) static ENTRIES: [Entry; 634] = [
+pub(super) static ENTRIES: [Entry; 637] = [
     Entry::new(
         "cuArray3DCreate",
         2000,
@@ -3367,6 +3370,24 @@ pub(super) static ENTRIES: [Entry; 634] = [
         cuPointerSetAttribute as *const c_void,
     ),
     Entry::new(
+        "cuProfilerInitialize",
+        4000,
+        false,
+        cuProfilerInitialize as *const c_void,
+    ),
+    Entry::new(
+        "cuProfilerStart",
+        4000,
+        false,
+        cuProfilerStart as *const c_void,
+    ),
+    Entry::new(
+        "cuProfilerStop",
+        4000,
+        false,
+        cuProfilerStop as *const c_void,
+    ),
+    Entry::new(
         "cuSignalExternalSemaphoresAsync",
         10000,
         false,
@@ -4119,9 +4140,9 @@ pub(super) static ENTRIES: [Entry; 634] = [
     ),
 ];
 
-/// Every exported symbol (635).
+/// Every exported symbol (638).
 #[cfg(test)]
-pub(super) static SYMBOLS: [&str; 635] = [
+pub(super) static SYMBOLS: [&str; 638] = [
     "cuArray3DCreate",
     "cuArray3DCreate_v2",
     "cuArray3DGetDescriptor",
@@ -4631,6 +4652,9 @@ pub(super) static SYMBOLS: [&str; 635] = [
     "cuPointerGetAttribute",
     "cuPointerGetAttributes",
     "cuPointerSetAttribute",
+    "cuProfilerInitialize",
+    "cuProfilerStart",
+    "cuProfilerStop",
     "cuSignalExternalSemaphoresAsync",
     "cuSignalExternalSemaphoresAsync_ptsz",
     "cuStreamAddCallback",
@@ -4759,9 +4783,9 @@ pub(super) static SYMBOLS: [&str; 635] = [
     "cuWaitExternalSemaphoresAsync_ptsz",
 ];
 
-/// The symbols src/ implements (201); the rest are stubs.
+/// The symbols src/ implements (203); the rest are stubs.
 #[cfg(test)]
-pub(super) static IMPLEMENTED: [&str; 201] = [
+pub(super) static IMPLEMENTED: [&str; 203] = [
     "cuCtxCreate",
     "cuCtxCreate_v2",
     "cuCtxCreate_v3",
@@ -4930,6 +4954,8 @@ pub(super) static IMPLEMENTED: [&str; 201] = [
     "cuPointerGetAttribute",
     "cuPointerGetAttributes",
     "cuPointerSetAttribute",
+    "cuProfilerStart",
+    "cuProfilerStop",
     "cuStreamBeginCapture",
     "cuStreamBeginCapture_ptsz",
     "cuStreamBeginCapture_v2",

@@ -22,7 +22,7 @@ fn load(module: *mut CUmodule, image: *const c_void) -> Cu<()> {
 
 /// Loads the fat binary a runtime wrapper points at.
 pub extern "C" fn module_from_wrapper(module: *mut CUmodule, wrapper: *const c_void) -> CUresult {
-    entry(|| load(module, wrapper))
+    entry("module_from_wrapper", || load(module, wrapper))
 }
 
 /// As `module_from_wrapper`, with arguments for linking that are not used.
@@ -33,7 +33,7 @@ pub extern "C" fn module_from_wrapper_ext(
     _b: *mut c_void,
     _c: u32,
 ) -> CUresult {
-    entry(|| load(module, wrapper))
+    entry("module_from_wrapper_ext", || load(module, wrapper))
 }
 
 /// As `module_from_wrapper_ext`, taking the fat binary itself, first.
@@ -44,12 +44,12 @@ pub extern "C" fn module_from_fatbin_ext(
     _b: *mut c_void,
     _c: u32,
 ) -> CUresult {
-    entry(|| load(module, fatbin))
+    entry("module_from_fatbin_ext", || load(module, fatbin))
 }
 
 /// The device's primary context, without making it active.
 pub extern "C" fn primary_context(pctx: *mut CUcontext, dev: CUdevice) -> CUresult {
-    entry(|| {
+    entry("primary_context", || {
         let d = driver::get()?;
         crate::device::check(dev)?;
         // SAFETY: the runtime passes a writable out-parameter.
@@ -69,7 +69,7 @@ pub extern "C" fn load_compilers() -> CUresult {
 
 /// The calling thread's current context, unchecked.
 pub extern "C" fn current_context(pctx: *mut CUcontext) -> CUresult {
-    entry(|| {
+    entry("current_context", || {
         driver::get()?;
         // SAFETY: the caller passes a writable out-parameter.
         unsafe { out(pctx, current()) }
@@ -120,7 +120,7 @@ pub extern "C" fn storage_put(
     value: *mut c_void,
     dtor: Option<StorageDtor>,
 ) -> CUresult {
-    entry(|| {
+    entry("storage_put", || {
         let c = context_or_current(ctx)?;
         driver::get()?
             .contexts
@@ -130,7 +130,7 @@ pub extern "C" fn storage_put(
 }
 
 pub extern "C" fn storage_delete(ctx: CUcontext, key: *mut c_void) -> CUresult {
-    entry(|| {
+    entry("storage_delete", || {
         let c = context_or_current(ctx)?;
         driver::get()?.contexts.storage_delete(c, key as usize);
         Ok(())
@@ -142,7 +142,7 @@ pub extern "C" fn storage_get(
     ctx: CUcontext,
     key: *mut c_void,
 ) -> CUresult {
-    entry(|| {
+    entry("storage_get", || {
         let c = context_or_current(ctx)?;
         let v = driver::get()?
             .contexts
@@ -161,7 +161,7 @@ pub extern "C" fn context_check(
     flags: *mut u32,
     _detail: *mut *const c_void,
 ) -> CUresult {
-    entry(|| {
+    entry("context_check", || {
         // SAFETY: the caller passes a writable out-parameter.
         unsafe { out(flags, 0) }
     })
@@ -180,7 +180,7 @@ pub extern "C" fn integrity_check(
     unix_seconds: u64,
     digest_out: *mut [u64; 2],
 ) -> CUresult {
-    entry(|| {
+    entry("integrity_check", || {
         let d = driver::get()?;
         let driver_version = match d.device.driver_version {
             v if v > 0 => v as u32,

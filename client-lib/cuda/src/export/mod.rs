@@ -69,7 +69,7 @@ pub fn table(id: &CUuuid) -> Option<*const c_void> {
 /// `out` is NULL or valid for writing; `id` is NULL or a valid UUID.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuGetExportTable(out: *mut *const c_void, id: *const CUuuid) -> CUresult {
-    entry(|| {
+    entry("cuGetExportTable", || {
         if out.is_null() || id.is_null() {
             return Err(result::INVALID_VALUE);
         }
