@@ -3,16 +3,17 @@
 # and benchmarks, stripped, into one folder (default .gpu/, ignored by git):
 #   gpushared gpushare gpushare-demo and the test helpers, libgpushare.so, the integration-test
 #   executables (named after their test files), gpu-test.sh to run them, gpushare-bench
-#   when it exists, and the governed-clients PyTorch check (libgpushare_interpose.so,
-#   gpu-pytorch-governed.sh, governed/*.py). Copy the folder to the GPU machine and run
-#   `./gpu-test.sh` (and `./gpu-pytorch-governed.sh`) inside it.
+#   when it exists, the governed-clients PyTorch check (libgpushare_interpose.so,
+#   gpu-pytorch-governed.sh, governed/*.py) and the consolidated-clients one (libcuda.so,
+#   gpu-pytorch-consolidated.sh, consolidated/*.py and its launch program). Copy the folder to
+#   the GPU machine and run `./gpu-test.sh` (and the PyTorch checks) inside it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-.gpu}
 mkdir -p "$out"
 
 cargo build --release --locked --workspace --quiet
-for bin in gpushared gpushare gpushare-demo gpushare-testclient gpushare-ioctl-child gpushare-telemetry-watch gpushare-bench libgpushare.so libgpushare_interpose.so; do
+for bin in gpushared gpushare gpushare-demo gpushare-testclient gpushare-ioctl-child gpushare-telemetry-watch gpushare-bench libgpushare.so libgpushare_interpose.so libcuda.so; do
     [[ -f target/release/$bin ]] && cp target/release/$bin "$out/"
 done
 
@@ -33,9 +34,11 @@ for line in sys.stdin:
             shutil.copy(m["executable"], out + "/test-" + name)
 ' "$out"
 
-cp scripts/gpu-test.sh scripts/gpu-pytorch-governed.sh "$out/"
-mkdir -p "$out/governed"
+cp scripts/gpu-test.sh scripts/gpu-pytorch-governed.sh scripts/gpu-pytorch-consolidated.sh "$out/"
+mkdir -p "$out/governed" "$out/consolidated"
 cp scripts/governed/*.py "$out/governed/"
-strip "$out"/* 2>/dev/null || true
+cp scripts/consolidated/*.py scripts/consolidated/launch.c "$out/consolidated/"
+cc -O2 -o "$out/consolidated/launch" scripts/consolidated/launch.c -ldl
+strip "$out"/* "$out/consolidated/launch" 2>/dev/null || true
 du -sh "$out"
 ls "$out"

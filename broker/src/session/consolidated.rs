@@ -20,6 +20,9 @@ pub(super) struct Legacy<D: Device> {
     markers: HashMap<StreamId, D::Event>,
     /// Stream 0's operations so far.
     epoch: u64,
+    /// Blocking streams with work stream 0 has not been ordered after (their slots say
+    /// `unordered`): kept apart so that stream 0's launches never walk every stream.
+    unordered: Vec<StreamId>,
 }
 
 impl<D: Device> Default for Legacy<D> {
@@ -27,6 +30,7 @@ impl<D: Device> Default for Legacy<D> {
         Legacy {
             markers: HashMap::new(),
             epoch: 0,
+            unordered: Vec::new(),
         }
     }
 }
@@ -252,17 +256,15 @@ impl<D: Device> SessionState<D> {
     pub(super) fn order_legacy(&mut self, stream: StreamId) -> Result<(), ErrorCode> {
         let device = self.device.clone();
         if stream == 0 {
-            let waiting: Vec<StreamId> = self
-                .streams
-                .iter()
-                .filter(|(id, s)| **id != 0 && s.blocking && s.unordered)
-                .map(|(id, _)| *id)
-                .collect();
-            for id in waiting {
-                self.mark_and_wait(&*device, id, 0)?;
-                if let Some(s) = self.streams.get_mut(&id) {
-                    s.unordered = false;
+            while let Some(&id) = self.legacy.unordered.last() {
+                // A stream destroyed since has nothing left to order.
+                if self.streams.get(&id).is_some_and(|s| s.unordered) {
+                    self.mark_and_wait(&*device, id, 0)?;
+                    if let Some(s) = self.streams.get_mut(&id) {
+                        s.unordered = false;
+                    }
                 }
+                self.legacy.unordered.pop();
             }
         } else if let Some(slot) = self.streams.get(&stream)
             && slot.blocking
@@ -283,8 +285,10 @@ impl<D: Device> SessionState<D> {
             self.legacy.epoch += 1;
         } else if let Some(s) = self.streams.get_mut(&stream)
             && s.blocking
+            && !s.unordered
         {
             s.unordered = true;
+            self.legacy.unordered.push(stream);
         }
     }
 

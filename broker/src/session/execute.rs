@@ -397,22 +397,39 @@ impl<D: Device> SessionState<D> {
             .map_err(|_| ErrorCode::Internal)?
             .function(launch.function)
             .ok_or(ErrorCode::InvalidHandle)?;
-        // Copy the parameters out of shared memory so the client cannot change them mid-launch.
+        // Copy the parameters out of shared memory so the client cannot change them
+        // mid-launch; into a buffer kept across launches, so a launch allocates nothing.
         let params_slice = self
             .region
             .arena_slice(launch.params_offset, launch.params_len as u64)
             .ok_or(ErrorCode::ArenaOutOfBounds)?;
-        let mut params = vec![0u8; params_slice.len()];
-        params_slice.read_into(&mut params);
-        let mut attributes = LaunchAttributes::default();
-        if with_attributes {
-            let header = LAUNCH_ATTRIBUTES_BYTES as usize;
-            attributes = LaunchAttributes::read_from_bytes(
-                params.get(..header).ok_or(ErrorCode::InvalidArgument)?,
-            )
-            .map_err(|_| ErrorCode::InvalidArgument)?;
-            params.drain(..header);
-        }
+        let mut block = std::mem::take(&mut self.launch_params);
+        block.resize(params_slice.len(), 0);
+        params_slice.read_into(&mut block);
+        let r = self.launch_block(stream, &launch, with_attributes, &function, &block);
+        self.launch_params = block;
+        r
+    }
+
+    /// Launches with the parameter block copied out of the arena.
+    fn launch_block(
+        &mut self,
+        stream: StreamId,
+        launch: &ModuleLaunch,
+        with_attributes: bool,
+        function: &D::Function,
+        block: &[u8],
+    ) -> Result<(u64, u64), ErrorCode> {
+        let (attributes, params) = if with_attributes {
+            let (header, params) = block
+                .split_at_checked(LAUNCH_ATTRIBUTES_BYTES as usize)
+                .ok_or(ErrorCode::InvalidArgument)?;
+            let attributes = LaunchAttributes::read_from_bytes(header)
+                .map_err(|_| ErrorCode::InvalidArgument)?;
+            (attributes, params)
+        } else {
+            (LaunchAttributes::default(), block)
+        };
         if !self.streams.contains_key(&stream) {
             return Err(ErrorCode::InvalidHandle);
         }
@@ -422,7 +439,7 @@ impl<D: Device> SessionState<D> {
         let sm_limit = turn.and_then(|t| t.sm_limit);
         let r = self.on_stream(stream, |d, s| {
             d.limit_sms(s, sm_limit)?;
-            d.launch_module(s, &function, &launch, &attributes, &params)
+            d.launch_module(s, function, launch, &attributes, params)
         });
         if let Some(turn) = turn {
             self.track_granted(stream, turn.request, r.is_ok());

@@ -131,6 +131,8 @@ pub struct SessionState<D: Device> {
     governed: governed::Governed,
     /// A consolidated client's stream-order markers and stream 0's work count.
     legacy: consolidated::Legacy<D>,
+    /// A launch's parameter block, copied out of the arena (kept to reuse its allocation).
+    launch_params: Vec<u8>,
 }
 
 /// What a session uses of its GPU besides the device: fault containment and the scheduler.
@@ -211,6 +213,7 @@ impl<D: Device> SessionState<D> {
             placed_charges: HashMap::new(),
             governed: governed::Governed::default(),
             legacy: consolidated::Legacy::default(),
+            launch_params: Vec::new(),
         })
     }
 

@@ -219,11 +219,11 @@ impl CudaFunction {
     ) -> DeviceResult<()> {
         stream.begin(dev)?;
         let mut size = params.len();
-        let mut buffer = params.to_vec();
-        // Packed parameters go through the `extra` array: pointer, size, end.
+        // Packed parameters go through the `extra` array: pointer, size, end. The driver only
+        // reads the buffer (and copies it), so the caller's slice serves as it is.
         let mut extra = [
             sys::CU_LAUNCH_PARAM_BUFFER_POINTER_AS_INT as usize as *mut c_void,
-            buffer.as_mut_ptr() as *mut c_void,
+            params.as_ptr() as *mut c_void,
             sys::CU_LAUNCH_PARAM_BUFFER_SIZE_AS_INT as usize as *mut c_void,
             &mut size as *mut usize as *mut c_void,
             ptr::null_mut(), // CU_LAUNCH_PARAM_END
