@@ -2,7 +2,7 @@
 
 use std::collections::HashSet;
 
-use gpushare_protocol::stats::{ClientStats, ProcessActivity};
+use gpushare_protocol::stats::{ClientMode, ClientStats, ProcessActivity};
 
 use super::exposition::{Exposition, borrow};
 
@@ -16,12 +16,11 @@ pub(super) fn render_clients(
     let labels: Vec<[(&str, String); 7]> = clients
         .iter()
         .map(|c| {
-            let kind = if c.governed {
-                "governed"
-            } else if observed.contains(&c.pid) {
-                "both"
-            } else {
-                "brokered"
+            let kind = match c.mode() {
+                ClientMode::Governed => "governed",
+                // A client that eBPF also sees using the GPU directly bypasses the broker.
+                _ if observed.contains(&c.pid) => "both",
+                mode => mode.as_str(),
             };
             [
                 ("client", c.client_id.to_string()),
@@ -35,7 +34,7 @@ pub(super) fn render_clients(
         })
         .collect();
     type Get = fn(&ClientStats) -> Option<f64>;
-    let families: [(&str, &str, &str, Get); 12] = [
+    let families: [(&str, &str, &str, Get); 15] = [
         (
             "gpushare_client_gpu_seconds_total",
             "counter",
@@ -97,6 +96,24 @@ pub(super) fn render_clients(
             |c| c.governed.then(|| c.throttled_ns as f64 / 1e9),
         ),
         (
+            "gpushare_client_queue_depth",
+            "gauge",
+            "Commands waiting in the client's submission ring when last looked at.",
+            |c| Some(f64::from(c.queue_depth)),
+        ),
+        (
+            "gpushare_client_latency_p50_seconds",
+            "gauge",
+            "Median time the broker took to serve one of the client's recent commands (absent before any).",
+            |c| c.latency_p50_ns.map(|ns| ns as f64 / 1e9),
+        ),
+        (
+            "gpushare_client_latency_p99_seconds",
+            "gauge",
+            "99th percentile of the time the broker took to serve one of the client's recent commands (absent before any).",
+            |c| c.latency_p99_ns.map(|ns| ns as f64 / 1e9),
+        ),
+        (
             "gpushare_client_errors_total",
             "counter",
             "Commands of the client that failed.",
@@ -133,5 +150,54 @@ pub(super) fn render_clients(
             labels.push(("direction", direction));
             out.sample(copied, &labels, bytes as f64);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::metrics::render;
+    use crate::metrics::testing::{parse, report, value};
+
+    #[test]
+    fn each_client_mode_has_its_kind_with_memory_kernels_gpu_time_and_latency() {
+        let mut r = report();
+        r.clients[0].consolidated = true;
+        r.clients[0].queue_depth = 3;
+        r.clients[0].latency_p50_ns = Some(40_000);
+        r.clients[0].latency_p99_ns = Some(2_500_000);
+        r.clients[1].governed = true;
+        let text = render(&r);
+        let scrape = parse(&text);
+        let consolidated = [("client", "7"), ("kind", "consolidated")];
+        for (name, want) in [
+            ("gpushare_client_memory_bytes", 3_145_728.0),
+            ("gpushare_client_kernels_total", 600.0),
+            ("gpushare_client_gpu_seconds_total", 1.5),
+            ("gpushare_client_queue_depth", 3.0),
+            ("gpushare_client_latency_p50_seconds", 0.00004),
+            ("gpushare_client_latency_p99_seconds", 0.0025),
+        ] {
+            assert_eq!(value(&scrape, name, &consolidated), want, "{name}");
+        }
+        let governed = [("client", "9"), ("kind", "governed")];
+        assert_eq!(
+            value(&scrape, "gpushare_client_memory_bytes", &governed),
+            3_145_728.0
+        );
+        // No latency yet: no sample, rather than a made-up zero.
+        assert!(
+            !text.contains("gpushare_client_latency_p99_seconds{client=\"9\""),
+            "{text}"
+        );
+        r.clients[0].consolidated = false;
+        let scrape = parse(&render(&r));
+        assert_eq!(
+            value(
+                &scrape,
+                "gpushare_client_kernels_total",
+                &[("client", "7"), ("kind", "library")]
+            ),
+            600.0
+        );
     }
 }

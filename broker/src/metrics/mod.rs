@@ -168,7 +168,7 @@ mod tests {
             ("user", "alice"),
             ("name", "trainer"),
             ("class", "high"),
-            ("kind", "brokered"),
+            ("kind", "library"),
             ("gpu", "0"),
         ];
         assert_eq!(
@@ -280,7 +280,7 @@ mod tests {
             text.contains(r#"name="say \"hi\"\\now\nnext""#),
             "escaped label in:\n{text}"
         );
-        assert_eq!(text.lines().filter(|l| l.contains("say")).count(), 14);
+        assert_eq!(text.lines().filter(|l| l.contains("say")).count(), 15);
         parse(&text);
     }
 }

@@ -105,6 +105,47 @@ pub struct ClientStats {
     pub consolidated: bool,
 }
 
+/// How a client runs its GPU work: the names `status`, `top` and the metrics show.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ClientMode {
+    /// A program written against gpushare's client library.
+    Library,
+    /// An unmodified program under `gpushare run --mode governed`: its own CUDA context,
+    /// with the broker's admission for its memory and launches.
+    Governed,
+    /// An unmodified program under `gpushare run`: gpushare's CUDA driver runs its work in
+    /// the broker's context.
+    Consolidated,
+}
+
+impl ClientMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ClientMode::Library => "library",
+            ClientMode::Governed => "governed",
+            ClientMode::Consolidated => "consolidated",
+        }
+    }
+}
+
+impl std::fmt::Display for ClientMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl ClientStats {
+    pub fn mode(&self) -> ClientMode {
+        if self.governed {
+            ClientMode::Governed
+        } else if self.consolidated {
+            ClientMode::Consolidated
+        } else {
+            ClientMode::Library
+        }
+    }
+}
+
 /// Whether the broker's eBPF telemetry runs, and if not, why.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TelemetryStatus {
