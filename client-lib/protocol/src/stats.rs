@@ -49,8 +49,8 @@ pub enum ProcessKind {
     Observed,
     /// A broker client that also uses the GPU directly: it bypasses the broker.
     Both,
-    /// A governed client (`gpushare run`): it uses the GPU directly, with the broker's
-    /// admission for its memory and launches.
+    /// A governed client (`gpushare run --mode governed`): it uses the GPU directly, with the
+    /// broker's admission for its memory and launches.
     Governed,
 }
 
@@ -92,8 +92,9 @@ pub struct ClientStats {
     pub latency_p50_ns: Option<u64>,
     #[serde(default)]
     pub latency_p99_ns: Option<u64>,
-    /// An unmodified program under `gpushare run` (the libcuda interposer): it runs on its own
-    /// CUDA context; `memory_used` is what it reserved, `kernels` the launches it reported.
+    /// An unmodified program under `gpushare run --mode governed` (the libcuda interposer): it
+    /// runs on its own CUDA context; `memory_used` is what it reserved, `kernels` the launches
+    /// it reported.
     #[serde(default)]
     pub governed: bool,
     /// Time a governed program waited for launch tokens (priority holds and rate limit).
