@@ -207,6 +207,17 @@ fn a_program_that_opens_libcuda_by_soname_runs_consolidated_and_shows_in_status(
     assert!(c.consolidated && !c.governed, "{c:?}");
     assert_eq!(c.name, "soname-app");
     assert!(c.bytes_htod > 0 && c.bytes_dtoh > 0, "{c:?}");
+    // Its copies ran on the broker's device, which times them (modelled on sim) and charges
+    // them at the end of each batch.
+    assert!(
+        wait_until(Duration::from_secs(10), || broker
+            .status()
+            .clients
+            .iter()
+            .any(|c| c.pid == pid && c.gpu_time_ns > 0)),
+        "no GPU time charged: {:?}",
+        broker.status().clients
+    );
 
     let status = Command::new(binary("gpushare"))
         .arg("--socket")
