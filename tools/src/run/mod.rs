@@ -68,10 +68,7 @@ fn governed(cmd: &mut Command, interposer: Option<PathBuf>) -> anyhow::Result<()
     };
     let loader = Inherited::read(None);
     loader.apply(cmd);
-    cmd.env(
-        "LD_PRELOAD",
-        search::prepend(&interposer, loader.preload.clone()),
-    );
+    cmd.env("LD_PRELOAD", search::prepend(&interposer, loader.preload));
     Ok(())
 }
 
@@ -104,9 +101,9 @@ fn consolidated(
     loader.apply(cmd);
     cmd.env(
         "LD_LIBRARY_PATH",
-        search::prepend(&driver_dir, loader.library_path.clone()),
+        search::prepend(&driver_dir, loader.library_path),
     )
-    .env("LD_AUDIT", search::append(loader.audit.clone(), &audit))
+    .env("LD_AUDIT", search::append(loader.audit, &audit))
     .env(env::CUDA_DRIVER_ENV, driver_dir.join(libs::DRIVER_SONAME));
     Ok(())
 }
