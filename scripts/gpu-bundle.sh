@@ -3,19 +3,26 @@
 # and benchmarks, stripped, into one folder (default .gpu/, ignored by git):
 #   gpushared gpushare gpushare-demo and the test helpers, libgpushare.so, the integration-test
 #   executables (named after their test files), gpu-test.sh to run them, gpushare-bench
-#   when it exists, the governed-clients PyTorch check (libgpushare_interpose.so,
-#   gpu-pytorch-governed.sh, governed/*.py) and the consolidated-clients one (libcuda.so,
-#   gpu-pytorch-consolidated.sh, consolidated/*.py and its launch program). Copy the folder to
-#   the GPU machine and run `./gpu-test.sh` (and the PyTorch checks) inside it.
+#   when it exists, the libraries of `gpushare run` (libgpushare_audit.so, and gpushare's
+#   CUDA driver as libcuda.so with cuda/libcuda.so.1 and cuda/libcuda.so linked to it, the
+#   layout `gpushare run` looks for beside itself), and the governed-clients PyTorch check
+#   (libgpushare_interpose.so, gpu-pytorch-governed.sh, governed/*.py) and the consolidated-
+#   clients one (gpu-pytorch-consolidated.sh, consolidated/*.py and its launch program). Copy
+#   the folder to the GPU machine and run `./gpu-test.sh` (and the PyTorch checks) inside it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-.gpu}
 mkdir -p "$out"
 
 cargo build --release --locked --workspace --quiet
-for bin in gpushared gpushare gpushare-demo gpushare-testclient gpushare-ioctl-child gpushare-telemetry-watch gpushare-bench libgpushare.so libgpushare_interpose.so libcuda.so; do
+for bin in gpushared gpushare gpushare-demo gpushare-testclient gpushare-ioctl-child gpushare-telemetry-watch gpushare-bench libgpushare.so libgpushare_interpose.so libgpushare_audit.so libcuda.so; do
     [[ -f target/release/$bin ]] && cp target/release/$bin "$out/"
 done
+# gpushare's CUDA driver where `gpushare run` finds it: a directory that holds only the driver
+# (it goes first on the program's LD_LIBRARY_PATH), under the names the loader looks for.
+mkdir -p "$out/cuda"
+ln -sfn ../libcuda.so "$out/cuda/libcuda.so.1"
+ln -sfn ../libcuda.so "$out/cuda/libcuda.so"
 
 # Integration-test executables: ask cargo where it put them.
 cargo test --release --locked -p gpushare-tests --no-run --message-format=json 2>/dev/null |
@@ -39,6 +46,7 @@ mkdir -p "$out/governed" "$out/consolidated"
 cp scripts/governed/*.py "$out/governed/"
 cp scripts/consolidated/*.py scripts/consolidated/launch.c "$out/consolidated/"
 cc -O2 -o "$out/consolidated/launch" scripts/consolidated/launch.c -ldl
+# strip(1) warns about the cuda/ directory and goes on.
 strip "$out"/* "$out/consolidated/launch" 2>/dev/null || true
 du -sh "$out"
 ls "$out"

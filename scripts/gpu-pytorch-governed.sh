@@ -61,7 +61,7 @@ stop_broker() {
 }
 
 governed() { # governed [gpushare run options] -- command...
-    "$dir/gpushare" --socket "$sock" run --interposer "$dir/libgpushare_interpose.so" "$@"
+    "$dir/gpushare" --socket "$sock" run --mode governed --interposer "$dir/libgpushare_interpose.so" "$@"
 }
 
 check() { # check NAME PYTHON_EXPRESSION_ON_r: prints and records a pass or failure

@@ -19,7 +19,8 @@
 #               with a stand-in group for `gpushare`. A C client built only from
 #               `pkg-config --cflags --libs gpushare` (sysroot = the scratch root) runs as
 #               an unprivileged group member and passes; a non-member is refused;
-#               `gpushare status` works; SIGHUP (`systemctl reload`) re-reads the edited
+#               `gpushare status` works; `gpushare run` gives a program the installed CUDA
+#               driver, which connects; SIGHUP (`systemctl reload`) re-reads the edited
 #               policy under a live client; SIGTERM removes the socket
 #  6. upgrade   reinstalling keeps the admin's edited policy file; an upgrade whose default
 #               policy changed keeps it too (--force-confold, the new default beside it as
@@ -122,8 +123,11 @@ has -rwxr-xr-x usr/bin/gpushare-demo
 has -rw-r--r-- "$libdir/libgpushare.so.$version"
 has lrwxrwxrwx "$libdir/libgpushare.so.0 -> libgpushare.so.$version"
 has lrwxrwxrwx "$libdir/libgpushare.so -> libgpushare.so.0"
-# Where `gpushare run` looks for it beside /usr/bin/gpushare.
+# Where `gpushare run` looks for them beside /usr/bin/gpushare.
 has -rw-r--r-- usr/lib/gpushare/libgpushare_interpose.so
+has -rw-r--r-- usr/lib/gpushare/libgpushare_audit.so
+has -rw-r--r-- usr/lib/gpushare/cuda/libcuda.so.1
+has lrwxrwxrwx "usr/lib/gpushare/cuda/libcuda.so -> libcuda.so.1"
 has -rw-r--r-- usr/include/gpushare.h
 has -rw-r--r-- "$libdir/pkgconfig/gpushare.pc"
 has -rw-r--r-- usr/lib/systemd/system/gpushared.service
@@ -407,6 +411,17 @@ if out=$(as_user "$group" "$root/usr/bin/gpushare" status 2>&1); then
     ok "gpushare status (as the member): $(head -n 1 <<<"$out")"
 else
     problem "gpushare status failed: $out"
+fi
+# `gpushare run` (consolidated) with the installed driver and audit library: a program that
+# opens libcuda.so.1, as the CUDA runtime does, gets gpushare's driver and connects.
+cc -Wall -o "$work/cuda_app" tests/c/consolidated_app.c -ldl ||
+    die "tests/c/consolidated_app.c does not build"
+out=$(as_user "$group" "$root/usr/bin/gpushare" run -- "$work/cuda_app" init libcuda.so.1 2>&1) || true
+if grep -qxF "driver $root/usr/lib/gpushare/cuda/libcuda.so.1" <<<"$out" &&
+    grep -qx 'cuInit 0 0' <<<"$out"; then
+    ok "gpushare run: the program got the installed CUDA driver, and its cuInit connected"
+else
+    problem "gpushare run with the installed driver: $out"
 fi
 
 # Reload: an admin edits the policy and runs `systemctl reload gpushared` (ExecReload sends

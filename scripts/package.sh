@@ -56,8 +56,9 @@ multiarch=$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || gcc -print-mul
 grep -q "usr/lib/$multiarch/libgpushare.so" broker/Cargo.toml ||
     die "the library paths in broker/Cargo.toml [package.metadata.deb] are not this machine's ($multiarch): change them there"
 
-log "release build (gpushared, gpushare, gpushare-demo, libgpushare.so, libgpushare_interpose.so, gpushare-gen)"
-cargo build --release --locked -p gpushare-broker -p gpushare-tools -p gpushare -p gpushare-interpose -p gpushare-gen >&2
+log "release build (gpushared, gpushare, gpushare-demo, libgpushare.so, libgpushare_interpose.so, libgpushare_audit.so, libcuda.so, gpushare-gen)"
+cargo build --release --locked -p gpushare-broker -p gpushare-tools -p gpushare -p gpushare-interpose \
+    -p gpushare-audit -p gpushare-cuda -p gpushare-gen >&2
 
 stage="$target_dir/release/gpushare-deb"
 log "man pages, completions, gpushare.pc and the stripped libraries in $stage"
@@ -69,9 +70,12 @@ gzip -9n "$stage"/man/man*/*.[18]
 sed -e "s|@LIBDIR@|/usr/lib/$multiarch|" -e "s|@VERSION@|$version|" \
     packaging/gpushare.pc.in >"$stage/gpushare.pc"
 # cargo-deb strips the executables (their debug info goes to the -dbgsym package) but not a
-# library another crate built (the client library, the interposer of `gpushare run`).
+# library another crate built (the client library; the interposer, the audit library and the
+# CUDA driver of `gpushare run`, the driver under its soname).
 strip --strip-unneeded -o "$stage/libgpushare.so" "$target_dir/release/libgpushare.so"
 strip --strip-unneeded -o "$stage/libgpushare_interpose.so" "$target_dir/release/libgpushare_interpose.so"
+strip --strip-unneeded -o "$stage/libgpushare_audit.so" "$target_dir/release/libgpushare_audit.so"
+strip --strip-unneeded -o "$stage/libcuda.so.1" "$target_dir/release/libcuda.so"
 
 log "cargo deb (SOURCE_DATE_EPOCH=$SOURCE_DATE_EPOCH)"
 out=$(cargo deb -p gpushare-broker --no-build --locked --output "$target_dir/debian/")

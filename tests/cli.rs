@@ -140,7 +140,7 @@ fn top_batch_prints_text_frames() {
         let rows: Vec<&str> = text.lines().filter(|l| l.contains(name)).collect();
         assert_eq!(rows.len(), 2, "{name} once per frame:\n{text}");
         for row in rows {
-            assert!(row.contains("brokered") && row.contains("normal"), "{row}");
+            assert!(row.contains("library") && row.contains("normal"), "{row}");
             // Queue depth, latencies and ioctls are not reported yet: they show "-".
             assert!(row.trim_end().ends_with('-'), "{row}");
         }
@@ -170,7 +170,7 @@ fn top_batch_json_prints_one_object_per_frame() {
         }
         let row = &f["rows"][0];
         assert_eq!(row["name"], "json-alpha");
-        assert_eq!(row["kind"], "brokered");
+        assert_eq!(row["kind"], "library");
         assert_eq!(row["pid"].as_u64(), Some(u64::from(std::process::id())));
         assert_eq!(row["memory_used"].as_u64(), Some(BUSY_BYTES));
         // The broker reports queue depth; ioctl rates need telemetry, which is off here.

@@ -122,6 +122,8 @@ fn governed_app(socket: &Path, run_args: &[&str], args: &[&str]) -> Command {
     cmd.arg("--socket")
         .arg(socket)
         .arg("run")
+        .arg("--mode")
+        .arg("governed")
         .arg("--interposer")
         .arg(interposer())
         .args(run_args)

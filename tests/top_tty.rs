@@ -253,7 +253,7 @@ impl Drop for Demo {
 fn row<'a>(screen: &'a str, name: &str) -> Option<&'a str> {
     screen
         .lines()
-        .find(|l| l.contains(name) && l.contains("brokered"))
+        .find(|l| l.contains(name) && l.contains("library"))
 }
 
 #[test]

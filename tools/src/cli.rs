@@ -59,9 +59,20 @@ pub enum Commands {
         #[arg(long, value_name = "TEXT")]
         reason: Option<String>,
     },
-    /// Run an unmodified CUDA program governed: its device memory counts against your quota
-    /// (past it the program gets CUDA's out-of-memory error) and its kernel launches follow the
-    /// broker's scheduling. Without a broker it runs normally, after one warning.
+    /// Run an unmodified CUDA program under the broker (consolidated unless --mode governed).
+    ///
+    /// Consolidated (the default): gpushare's CUDA driver stands in for libcuda in the program
+    /// and in every process it starts, and all their GPU work runs in gpushared's context,
+    /// scheduled kernel by kernel beside other clients' work, within your memory quota. What
+    /// that driver does not support fails with CUDA's error and one line on stderr naming the
+    /// call: managed memory, IPC handles, peer access, memory pools, CUDA arrays, external
+    /// memory and semaphores, graphics interop. Without a broker the program's cuInit fails,
+    /// saying why, unless --fallback direct.
+    ///
+    /// Governed (--mode governed): the program keeps its own CUDA context and driver; the
+    /// broker admits its memory (past the quota it gets CUDA's out-of-memory error) and its
+    /// launches follow the broker's scheduling. Without a broker it runs normally, after one
+    /// warning.
     Run(RunArgs),
     /// Print a shell completion script: `gpushare completions bash > /etc/bash_completion.d/gpushare`.
     Completions {
@@ -92,15 +103,24 @@ pub struct RunArgs {
     /// grants; if the policy grants less, the program warns once and runs as granted.
     #[arg(long, value_parser = parse_class)]
     pub class: Option<PriorityClass>,
-    /// Ask for a smaller fair-share weight than the policy grants (1 or more); a larger one is
-    /// refused with a warning.
+    /// Governed mode: ask for a smaller fair-share weight than the policy grants (1 or more);
+    /// a larger one is refused with a warning.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub weight: Option<u32>,
     /// The name shown in `gpushare status` and `top` (default: the program's name).
     #[arg(long)]
     pub name: Option<String>,
-    /// The interposer library to preload (default: next to this binary, then the install's
-    /// library directory).
+    /// How the program runs: consolidated (its GPU work in gpushared's context) or governed
+    /// (its own CUDA context, with the broker's admission for memory and launches).
+    #[arg(long, value_enum, default_value_t = RunMode::Consolidated)]
+    pub mode: RunMode,
+    /// Consolidated mode, when gpushared cannot be reached as the program starts: `fail` (the
+    /// program's cuInit fails, saying why) or `direct` (it runs on the GPU's own driver,
+    /// outside gpushare, after one line on stderr). [default: fail]
+    #[arg(long, value_enum)]
+    pub fallback: Option<Fallback>,
+    /// Governed mode: the interposer library to preload (default: next to this binary, then
+    /// the install's library directory).
     #[arg(long, value_name = "PATH", env = gpushare_conn::env::INTERPOSER_ENV)]
     pub interposer: Option<PathBuf>,
     /// The program to run and its arguments (after `--`).
@@ -111,6 +131,26 @@ pub struct RunArgs {
         value_name = "COMMAND"
     )]
     pub command: Vec<OsString>,
+}
+
+/// How `gpushare run` runs a program.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum RunMode {
+    /// gpushare's CUDA driver stands in for libcuda: the program's GPU work runs in
+    /// gpushared's context.
+    Consolidated,
+    /// The libcuda interposer: the program keeps its own CUDA context; the broker admits its
+    /// memory and launches.
+    Governed,
+}
+
+/// What a consolidated program does when gpushared cannot be reached as it starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Fallback {
+    /// Its cuInit fails, with a message that says why.
+    Fail,
+    /// It runs on the GPU's own driver, outside gpushare.
+    Direct,
 }
 
 /// A memory quota on the command line: `None` is unlimited.
@@ -150,6 +190,40 @@ mod tests {
     #[test]
     fn the_command_line_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn run_is_consolidated_by_default_and_takes_a_mode_and_a_fallback() {
+        let run = |args: &[&str]| match Cli::try_parse_from(args) {
+            Ok(Cli {
+                command: Commands::Run(r),
+                ..
+            }) => Ok((r.mode, r.fallback, r.command)),
+            Ok(other) => panic!("{other:?}"),
+            Err(e) => Err(e.kind()),
+        };
+        assert_eq!(
+            run(&["gpushare", "run", "python", "-c", "1"]),
+            Ok((
+                RunMode::Consolidated,
+                None,
+                vec!["python".into(), "-c".into(), "1".into()]
+            ))
+        );
+        assert_eq!(
+            run(&[
+                "gpushare", "run", "--mode", "governed", "--", "app", "--mode"
+            ]),
+            Ok((RunMode::Governed, None, vec!["app".into(), "--mode".into()]))
+        );
+        assert_eq!(
+            run(&["gpushare", "run", "--fallback", "direct", "app"]).map(|r| r.1),
+            Ok(Some(Fallback::Direct))
+        );
+        assert_eq!(
+            run(&["gpushare", "run", "--mode", "mps", "app"]),
+            Err(clap::error::ErrorKind::InvalidValue)
+        );
     }
 
     #[test]

@@ -80,7 +80,7 @@ pub fn clients(clients: &[ClientStats]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:>4} {:>7} {:<10} {:<16} {:<8} {:>3} {:<11} {:>3} {:>10} {:>10} {:>8} {:>10} {:>10} {:>6} {:>10}",
+        "{:>4} {:>7} {:<10} {:<16} {:<12} {:>3} {:<11} {:>3} {:>10} {:>10} {:>8} {:>10} {:>10} {:>6} {:>10}",
         "ID",
         "PID",
         "USER",
@@ -104,12 +104,12 @@ pub fn clients(clients: &[ClientStats]) -> String {
         let copied = ByteSize(c.bytes_htod + c.bytes_dtoh + c.bytes_dtod);
         let _ = writeln!(
             out,
-            "{:>4} {:>7} {:<10} {:<16} {:<8} {:>3} {:<11} {:>3} {:>10} {:>10} {:>8} {:>10} {:>10} {:>6} {:>10}",
+            "{:>4} {:>7} {:<10} {:<16} {:<12} {:>3} {:<11} {:>3} {:>10} {:>10} {:>8} {:>10} {:>10} {:>6} {:>10}",
             c.client_id,
             c.pid,
             truncate(&c.user, 10),
             truncate(&c.name, 16),
-            if c.governed { "governed" } else { "brokered" },
+            c.mode().as_str(),
             c.gpu,
             c.class.as_str(),
             c.weight,
@@ -151,7 +151,7 @@ pub const TOP_COLUMNS: [Column; 15] = [
     col("PID", 7, true),
     col("USER", 10, false),
     col("COMMAND", 16, false),
-    col("KIND", 8, false),
+    col("KIND", 12, false),
     col("CLASS", 11, false),
     col("GPU%", 6, true),
     col("MEMORY", 10, true),

@@ -12,6 +12,9 @@ pub const GPU_ENV: &str = "GPUSHARE_GPU";
 pub const WEIGHT_ENV: &str = "GPUSHARE_WEIGHT";
 /// Where the real libcuda is, for the governed interposer (default: `libcuda.so.1`).
 pub const REAL_LIBCUDA_ENV: &str = "GPUSHARE_REAL_LIBCUDA";
+/// gpushare's CUDA driver for consolidated clients (a `libcuda.so.1`): the audit library
+/// that `gpushare run` puts in `LD_AUDIT` sends every search for libcuda there.
+pub const CUDA_DRIVER_ENV: &str = "GPUSHARE_CUDA_DRIVER";
 /// `1`: the governed interposer tells on stderr how the program reaches it.
 pub const INTERPOSE_DEBUG_ENV: &str = "GPUSHARE_INTERPOSE_DEBUG";
 /// Where `gpushare run` finds the interposer when `--interposer` is not given.

@@ -129,9 +129,14 @@ fn connect() -> Cu<Driver> {
             Error::Connect { .. } | Error::Rejected(_) => result::NO_DEVICE,
             other => from_error(other),
         };
-        say(&format!(
-            "CUDA is not available to this program: {e} (gpushare's CUDA driver runs all GPU work through gpushared; start it, or run the program with `gpushare run --fallback direct`)"
-        ));
+        // Said once: a failed cuInit is remembered, and later calls fail without a word.
+        let fix = match &e {
+            Error::Connect { .. } => {
+                ". gpushare's CUDA driver runs all GPU work in gpushared; to use the GPU directly while gpushared is not running, start the program with `gpushare run --fallback direct`"
+            }
+            _ => "",
+        };
+        say(&format!("CUDA has no device for this program: {e}{fix}"));
         code
     })?;
     let welcome = session.welcome().clone();

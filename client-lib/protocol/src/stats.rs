@@ -49,8 +49,8 @@ pub enum ProcessKind {
     Observed,
     /// A broker client that also uses the GPU directly: it bypasses the broker.
     Both,
-    /// A governed client (`gpushare run`): it uses the GPU directly, with the broker's
-    /// admission for its memory and launches.
+    /// A governed client (`gpushare run --mode governed`): it uses the GPU directly, with the
+    /// broker's admission for its memory and launches.
     Governed,
 }
 
@@ -92,8 +92,9 @@ pub struct ClientStats {
     pub latency_p50_ns: Option<u64>,
     #[serde(default)]
     pub latency_p99_ns: Option<u64>,
-    /// An unmodified program under `gpushare run` (the libcuda interposer): it runs on its own
-    /// CUDA context; `memory_used` is what it reserved, `kernels` the launches it reported.
+    /// An unmodified program under `gpushare run --mode governed` (the libcuda interposer): it
+    /// runs on its own CUDA context; `memory_used` is what it reserved, `kernels` the launches
+    /// it reported.
     #[serde(default)]
     pub governed: bool,
     /// Time a governed program waited for launch tokens (priority holds and rate limit).
@@ -103,6 +104,47 @@ pub struct ClientStats {
     /// through gpushare's CUDA driver.
     #[serde(default)]
     pub consolidated: bool,
+}
+
+/// How a client runs its GPU work: the names `status`, `top` and the metrics show.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ClientMode {
+    /// A program written against gpushare's client library.
+    Library,
+    /// An unmodified program under `gpushare run --mode governed`: its own CUDA context,
+    /// with the broker's admission for its memory and launches.
+    Governed,
+    /// An unmodified program under `gpushare run`: gpushare's CUDA driver runs its work in
+    /// the broker's context.
+    Consolidated,
+}
+
+impl ClientMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ClientMode::Library => "library",
+            ClientMode::Governed => "governed",
+            ClientMode::Consolidated => "consolidated",
+        }
+    }
+}
+
+impl std::fmt::Display for ClientMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl ClientStats {
+    pub fn mode(&self) -> ClientMode {
+        if self.governed {
+            ClientMode::Governed
+        } else if self.consolidated {
+            ClientMode::Consolidated
+        } else {
+            ClientMode::Library
+        }
+    }
 }
 
 /// Whether the broker's eBPF telemetry runs, and if not, why.

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 use gpushare::{ClientStats, Monitor, StatusReport};
 use gpushare_protocol::control::DeviceInfo;
-use gpushare_protocol::stats::{ProcessActivity, TelemetryStatus};
+use gpushare_protocol::stats::{ClientMode, ProcessActivity, TelemetryStatus};
 use serde::Serialize;
 
 /// How a process uses the GPU.
@@ -18,7 +18,10 @@ use serde::Serialize;
 #[serde(rename_all = "lowercase")]
 pub enum Kind {
     /// Runs its work through the broker (links the client library).
-    Brokered,
+    Library,
+    /// An unmodified program under `gpushare run`: gpushare's CUDA driver runs its work in
+    /// the broker's context.
+    Consolidated,
     /// Touches `/dev/nvidia*` itself; only eBPF telemetry sees it.
     Observed,
     /// A broker client that also touches the device itself.
@@ -31,7 +34,8 @@ pub enum Kind {
 impl Kind {
     pub fn as_str(self) -> &'static str {
         match self {
-            Kind::Brokered => "brokered",
+            Kind::Library => "library",
+            Kind::Consolidated => "consolidated",
             Kind::Observed => "observed",
             Kind::Both => "both",
             Kind::Governed => "governed",
@@ -218,12 +222,11 @@ impl Deriver {
                 pid: c.pid,
                 user: c.user.clone(),
                 name: c.name.clone(),
-                kind: if c.governed {
-                    Kind::Governed
-                } else if process.is_some() {
-                    Kind::Both
-                } else {
-                    Kind::Brokered
+                kind: match c.mode() {
+                    ClientMode::Governed => Kind::Governed,
+                    _ if process.is_some() => Kind::Both,
+                    ClientMode::Library => Kind::Library,
+                    ClientMode::Consolidated => Kind::Consolidated,
                 },
                 gpu: Some(c.gpu),
                 class: Some(c.class.as_str().to_string()),
@@ -531,7 +534,7 @@ pub(crate) mod tests {
         assert_eq!(r.gpu_share, Some(0.5));
         assert_eq!(r.kernels_per_s, Some(1_000.0));
         assert_eq!(r.copy_bytes_per_s, Some(2_000_000.0));
-        assert_eq!(r.kind, Kind::Brokered);
+        assert_eq!(r.kind, Kind::Library);
         assert_eq!(r.queue_depth, None);
         assert_eq!(r.ioctls_per_s, None);
 

@@ -180,7 +180,8 @@ fn draw_table(f: &mut Frame, area: Rect, state: &State) {
             Kind::Observed => Style::new().fg(Color::Yellow),
             Kind::Both => Style::new().fg(Color::Magenta),
             Kind::Governed => Style::new().fg(Color::Cyan),
-            Kind::Brokered => Style::new(),
+            Kind::Consolidated => Style::new().fg(Color::Green),
+            Kind::Library => Style::new(),
         };
         TableRow::new(
             shown
@@ -322,13 +323,20 @@ const HELP: &[(&str, &str)] = &[
     ("+ / -", "refresh less / more often"),
     ("?", "show or hide this help"),
     ("", ""),
-    ("KIND", "brokered: runs its work through gpushared"),
-    ("", "observed: uses the GPU directly (seen by eBPF)"),
-    ("", "both: a broker client that also uses the GPU directly"),
+    (
+        "KIND",
+        "library: runs its work through gpushared (client library)",
+    ),
     (
         "",
-        "governed: a program under `gpushare run` (its own context)",
+        "consolidated: `gpushare run`, its work in gpushared's context",
     ),
+    (
+        "",
+        "governed: `gpushare run --mode governed` (its own context)",
+    ),
+    ("", "observed: uses the GPU directly (seen by eBPF)"),
+    ("", "both: a broker client that also uses the GPU directly"),
     ("GPU%", "share of the device's time over the last interval"),
     (
         "MEMORY/QUOTA",
@@ -439,7 +447,7 @@ mod tests {
         }
         let trainer = text.lines().find(|l| l.contains("trainer")).unwrap_or("");
         assert!(trainer.contains("4242"), "{trainer}");
-        assert!(trainer.contains("brokered"), "{trainer}");
+        assert!(trainer.contains("library"), "{trainer}");
         assert!(trainer.contains("60.0"), "{trainer}");
         assert!(trainer.contains("1.0 GiB"), "{trainer}");
         assert!(
@@ -458,7 +466,7 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("sort: GPU%▼"), "{text}");
-        assert!(!text.contains("KIND  brokered: runs"), "no help yet");
+        assert!(!text.contains("KIND  library: runs"), "no help yet");
     }
 
     #[test]
@@ -555,6 +563,37 @@ mod tests {
         );
         assert!(row.contains("900"), "launches/s: {row}");
         assert!(row.contains("25.0"), "throttled 250 ms of 1 s: {row}");
+    }
+
+    #[test]
+    fn a_consolidated_program_shows_its_kind_memory_kernels_and_gpu_share() {
+        let mut c = client(4, 6161, "infer.py");
+        c.consolidated = true;
+        c.memory_used = 300 << 20;
+        c.kernels = 1_000;
+        c.latency_p99_ns = Some(2_500_000);
+        let mut d = Deriver::default();
+        let mut s = State::new("/run/gpushare/gpushare.sock".into(), Duration::from_secs(1));
+        d.derive(&report(10_000, vec![c.clone()]), &Extras::default());
+        // One second later: 700 more kernels and 400 ms of measured GPU time.
+        c.kernels += 700;
+        c.gpu_time_ns += 400_000_000;
+        c.connected_ms += 1_000;
+        let extras = Extras::of(&report(11_000, vec![c.clone()]));
+        s.apply(
+            Ok(d.derive(&report(11_000, vec![c]), &extras)),
+            Instant::now(),
+        );
+        let text = screen(&s, 200, 40);
+        let row = text.lines().find(|l| l.contains("infer.py")).unwrap_or("");
+        assert!(
+            row.contains("6161") && row.contains("consolidated"),
+            "{row}"
+        );
+        assert!(row.contains("300.0 MiB"), "{row}");
+        assert!(row.contains("700"), "kernels/s: {row}");
+        assert!(row.contains("40.0"), "GPU share 400 ms of 1 s: {row}");
+        assert!(row.contains("2.5ms"), "p99 latency: {row}");
     }
 
     #[test]

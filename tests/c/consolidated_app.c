@@ -1,0 +1,145 @@
+/* An unmodified CUDA program for the `gpushare run` tests (tests/run.rs). It reaches the
+ * driver as the CUDA runtime does: `dlopen(LIB)` (LIB: "libcuda.so.1", or a path to a real
+ * libcuda) and `cuGetProcAddress_v2` for everything but cuInit; built with -DLINKED, it is
+ * linked against a libcuda instead (LIB is then ignored). Modes:
+ *   init LIB          prints "driver PATH" (the file cuInit came from), "cuInit A B" (two
+ *                     calls' results) and the loader's LD_LIBRARY_PATH and LD_AUDIT
+ *                     ("env NAME VALUE", "-" when unset)
+ *   hold LIB BYTES    allocates BYTES of device memory, copies a pattern there and back,
+ *                     prints "ready PID" once it came back intact, and frees and exits at end
+ *                     of input
+ *   spawn LIB BYTES CHILD_BYTES
+ *                     as hold, but first starts itself (fork and exec) in hold mode with
+ *                     CHILD_BYTES; both print their "ready PID"; exits with the child's
+ *                     status after both saw end of input */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef void *CUcontext;
+typedef unsigned long long CUdeviceptr;
+typedef CUresult (*init_t)(unsigned);
+typedef CUresult (*gpa_t)(const char *, void **, int, unsigned long long, int *);
+
+#ifdef LINKED
+CUresult cuInit(unsigned);
+CUresult cuGetProcAddress_v2(const char *, void **, int, unsigned long long, int *);
+#endif
+
+static init_t init;
+static gpa_t gpa;
+
+static void load(const char *lib) {
+#ifdef LINKED
+    (void)lib;
+    init = cuInit;
+    gpa = cuGetProcAddress_v2;
+#else
+    void *h = dlopen(lib, RTLD_NOW | RTLD_GLOBAL);
+    if (!h) { fprintf(stderr, "dlopen %s: %s\n", lib, dlerror()); exit(2); }
+    init = (init_t)dlsym(h, "cuInit");
+    gpa = (gpa_t)dlsym(h, "cuGetProcAddress_v2");
+    if (!init || !gpa) { fprintf(stderr, "%s lacks cuInit or cuGetProcAddress_v2\n", lib); exit(2); }
+#endif
+}
+
+static void *get(const char *name) {
+    void *f = NULL;
+    int status = -1;
+    if (gpa(name, &f, 12000, 0, &status) != 0 || !f) {
+        fprintf(stderr, "cuGetProcAddress(%s) failed\n", name);
+        exit(3);
+    }
+    return f;
+}
+
+#define CHECK(call) do { CUresult r_ = (call); if (r_ != 0) { fprintf(stderr, "%s: %d\n", #call, r_); exit(4); } } while (0)
+
+static void show_env(const char *name) {
+    const char *v = getenv(name);
+    printf("env %s %s\n", name, v ? v : "-");
+}
+
+static int init_only(void) {
+    Dl_info info;
+    const char *from = dladdr((void *)init, &info) && info.dli_fname ? info.dli_fname : "?";
+    printf("driver %s\n", from);
+    CUresult a = init(0);
+    CUresult b = init(0);
+    printf("cuInit %d %d\n", a, b);
+    show_env("LD_LIBRARY_PATH");
+    show_env("LD_AUDIT");
+    return 0;
+}
+
+static void wait_for_end_of_input(void) {
+    char line[64];
+    while (fgets(line, sizeof line, stdin)) {}
+}
+
+/* Allocates and copies a pattern there and back; returns the allocation. */
+static CUdeviceptr set_up(size_t bytes) {
+    CHECK(init(0));
+    CUdevice dev;
+    CUcontext ctx;
+    CHECK(((CUresult (*)(CUdevice *, int))get("cuDeviceGet"))(&dev, 0));
+    CHECK(((CUresult (*)(CUcontext *, CUdevice))get("cuDevicePrimaryCtxRetain"))(&ctx, dev));
+    CHECK(((CUresult (*)(CUcontext))get("cuCtxSetCurrent"))(ctx));
+    CUdeviceptr d = 0;
+    CHECK(((CUresult (*)(CUdeviceptr *, size_t))get("cuMemAlloc"))(&d, bytes));
+    size_t n = bytes < 4096 ? bytes : 4096;
+    unsigned char *out = malloc(n), *back = calloc(1, n);
+    if (!out || !back) exit(5);
+    for (size_t i = 0; i < n; i++) out[i] = (unsigned char)(i * 7 + 3);
+    CHECK(((CUresult (*)(CUdeviceptr, const void *, size_t))get("cuMemcpyHtoD"))(d, out, n));
+    CHECK(((CUresult (*)(void *, CUdeviceptr, size_t))get("cuMemcpyDtoH"))(back, d, n));
+    if (memcmp(out, back, n) != 0) { fprintf(stderr, "the copy came back different\n"); exit(6); }
+    free(out);
+    free(back);
+    return d;
+}
+
+static int hold(size_t bytes) {
+    CUdeviceptr d = set_up(bytes);
+    printf("ready %d\n", (int)getpid());
+    fflush(stdout);
+    wait_for_end_of_input();
+    CHECK(((CUresult (*)(CUdeviceptr))get("cuMemFree"))(d));
+    return 0;
+}
+
+static int spawn(const char *argv0, const char *lib, size_t bytes, const char *child_bytes) {
+    CUdeviceptr d = set_up(bytes);
+    fflush(stdout);
+    pid_t child = fork();
+    if (child < 0) { perror("fork"); return 7; }
+    if (child == 0) {
+        execl("/proc/self/exe", argv0, "hold", lib, child_bytes, (char *)NULL);
+        perror("exec");
+        _exit(8);
+    }
+    printf("ready %d\n", (int)getpid());
+    fflush(stdout);
+    wait_for_end_of_input();
+    CHECK(((CUresult (*)(CUdeviceptr))get("cuMemFree"))(d));
+    int status = 0;
+    if (waitpid(child, &status, 0) != child) return 9;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 10;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 3) { fprintf(stderr, "usage: %s init|hold|spawn LIB ...\n", argv[0]); return 2; }
+    load(argv[2]);
+    if (!strcmp(argv[1], "init")) return init_only();
+    if (!strcmp(argv[1], "hold") && argc == 4) return hold(strtoull(argv[3], NULL, 10));
+    if (!strcmp(argv[1], "spawn") && argc == 5)
+        return spawn(argv[0], argv[2], strtoull(argv[3], NULL, 10), argv[4]);
+    fprintf(stderr, "unknown mode %s\n", argv[1]);
+    return 2;
+}
