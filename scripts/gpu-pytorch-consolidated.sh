@@ -31,7 +31,7 @@ broker_pid=
 failed=0
 trap 'stop_broker; rm -rf "$work"' EXIT
 
-for f in gpushared gpushare libcuda.so consolidated/correct.py consolidated/speed.py; do
+for f in gpushared gpushare libcuda.so libgpushare_audit.so consolidated/correct.py consolidated/speed.py; do
     [[ -e $dir/$f ]] || { echo "missing $dir/$f: run scripts/gpu-bundle.sh and copy its folder" >&2; exit 2; }
 done
 launch=$dir/consolidated/launch
@@ -39,17 +39,20 @@ if [[ ! -x $launch ]]; then
     cc -O2 -o "$work/launch" "$dir/consolidated/launch.c" -ldl || exit 2
     launch=$work/launch
 fi
-# Other users' programs need the socket, the shadow folder and the scripts: all under $work.
+# Other users' programs need the socket, gpushare run and the scripts: all under $work.
 chmod 755 "$work"
 mkdir -p "$work/py"
 cp "$dir"/consolidated/*.py "$work/py/"
 chmod -R a+rX "$work/py"
 cd "$work/py"
 
-shadow=$work/shadow
-mkdir -p "$shadow"
-ln -s "$dir/libcuda.so" "$shadow/libcuda.so.1"
-ln -s "$dir/libcuda.so" "$shadow/libcuda.so"
+# `gpushare run` and the libraries it puts in front of a program, where every user can read
+# them: the driver in cuda/ (first on LD_LIBRARY_PATH) and the LD_AUDIT redirect.
+mkdir -p "$work/bin/cuda"
+cp "$dir/gpushare" "$dir/libcuda.so" "$dir/libgpushare_audit.so" "$work/bin/"
+ln -s ../libcuda.so "$work/bin/cuda/libcuda.so.1"
+ln -s ../libcuda.so "$work/bin/cuda/libcuda.so"
+chmod -R a+rX "$work/bin"
 
 start_broker() { # start_broker [POLICY-LINES...]
     printf '%s\n' 'scheduler = "fifo"' "$@" > "$work/policy.toml"
@@ -71,19 +74,18 @@ stop_broker() {
     fi
 }
 
-# run TAG MODE [as USER] CMD...: the program directly (MODE direct) or consolidated (the
-# driver found first by soname), as another Unix user if asked; its last stdout line, a JSON
-# object, goes tagged into results.jsonl and to stdout; its stderr to TAG.MODE.err.
+# run TAG MODE [as USER] CMD...: the program directly (MODE direct) or consolidated
+# (`gpushare run`, its default mode), as another Unix user if asked; its last stdout line, a
+# JSON object, goes tagged into results.jsonl and to stdout; its stderr to TAG.MODE.err.
 run() {
     local tag=$1 mode=$2 line rc
     shift 2
     local prefix=()
-    [[ $mode == consolidated ]] &&
-        prefix=(env "GPUSHARE_SOCKET=$sock" "LD_LIBRARY_PATH=$shadow${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}")
     if [[ $1 == as ]]; then
-        prefix+=(setpriv --reuid "$2" --regid "$2" --clear-groups env HOME=/tmp)
+        prefix=(setpriv --reuid "$2" --regid "$2" --clear-groups env HOME=/tmp)
         shift 2
     fi
+    [[ $mode == consolidated ]] && prefix+=("$work/bin/gpushare" --socket "$sock" run --)
     line=$(timeout "${STEP_TIMEOUT:-300}" "${prefix[@]}" "$@" 2>> "$logs/$tag.$mode.err" | tail -1)
     rc=${PIPESTATUS[0]}
     [[ $line == "{"* ]] || line='{"ok": false, "error": "no result"}'
@@ -110,15 +112,16 @@ PY
 
 check() { # check TAG EXPR-ON-r: the consolidated result r satisfies EXPR
     local tag=$1 expr=$2
-    if "$py" -c "
-import json,sys
-rows=[json.loads(l) for l in open(sys.argv[1])]
-r=[x['r'] for x in rows if x['tag']==sys.argv[2] and x['mode']=='consolidated'][-1]
-sys.exit(0 if ($expr) else 1)" "$logs/results.jsonl" "$tag"; then
-        echo "PASS $tag: $expr"
-    else
-        echo "FAIL $tag: $expr — $(grep "\"$tag\"" "$logs/results.jsonl" | tail -1)"; failed=1
-    fi
+    if "$py" - "$logs/results.jsonl" "$tag" "$expr" <<'PY'; then :; else failed=1; fi
+import json, sys
+path, tag, expr = sys.argv[1:4]
+rows = [json.loads(l) for l in open(path)]
+r = [x["r"] for x in rows if x["tag"] == tag and x["mode"] == "consolidated"][-1]
+good = eval(expr, {"r": r})
+clean = "" if r.get("ok") else f" (failed cleanly: {r.get('error', '')[:120]!r})"
+print(f"{'PASS' if good else 'FAIL'} {tag}: {expr}{clean}" + ("" if good else f" — {r}"))
+sys.exit(0 if good else 1)
+PY
 }
 
 echo "## correctness"

@@ -13,7 +13,7 @@ use std::process::{Child, ChildStdout, Command, Output, Stdio};
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use gpushare_tests::{Broker, binary, wait_until};
+use gpushare_tests::{Broker, BrokerOptions, binary, wait_until};
 
 const MIB: u64 = 1 << 20;
 /// What `cuInit` answers when there is no broker: CUDA_ERROR_NO_DEVICE.
@@ -247,6 +247,39 @@ fn a_program_that_opens_libcuda_by_soname_runs_consolidated_and_shows_in_status(
 }
 
 #[test]
+fn a_consolidated_program_gets_the_smaller_weight_it_asks_for_and_never_a_larger_one() {
+    let broker = Broker::start_with(BrokerOptions {
+        policy: Some("[defaults]\nweight = 4\n".into()),
+        ..BrokerOptions::default()
+    });
+    broker.dump_log_if_stuck(Duration::from_secs(120));
+    let b = built();
+    for (asked, granted) in [("2", 2), ("9", 4)] {
+        let mut cmd = run(
+            &broker.socket,
+            &["--weight", asked],
+            &b.app,
+            &["hold", "libcuda.so.1", &MIB.to_string()],
+        );
+        cmd.stderr(Stdio::piped());
+        let mut program = Running::start(cmd);
+        let pid = program.ready();
+        let c = wait_for_client(&broker, pid, MIB);
+        assert_eq!(c.weight, granted, "asked for {asked}: {c:?}");
+        let mut stderr = program.child.stderr.take().expect("stderr");
+        program.finish();
+        let mut err = String::new();
+        std::io::Read::read_to_string(&mut stderr, &mut err).expect("stderr");
+        let complaints = said(&err).len();
+        assert_eq!(
+            complaints,
+            usize::from(granted == 4),
+            "asked for {asked}: {err}"
+        );
+    }
+}
+
+#[test]
 fn a_path_to_the_real_libcuda_finds_gpushares_driver_whether_linked_or_opened() {
     let broker = started_broker();
     let b = built();
@@ -436,16 +469,10 @@ fn options_a_mode_cannot_honour_are_refused_and_the_program_is_not_started() {
     let b = built();
     let socket = b.dir.path().join("no-broker.sock");
     let marker = b.dir.path().join("started");
-    for (args, complaint) in [
-        (
-            &["--weight", "1"][..],
-            "--weight works in governed mode only",
-        ),
-        (
-            &["--mode", "governed", "--fallback", "direct"][..],
-            "--fallback is for consolidated mode",
-        ),
-    ] {
+    for (args, complaint) in [(
+        &["--mode", "governed", "--fallback", "direct"][..],
+        "--fallback is for consolidated mode",
+    )] {
         let output = run(
             &socket,
             args,

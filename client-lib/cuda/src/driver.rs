@@ -7,10 +7,10 @@ use std::sync::atomic::{AtomicI32, AtomicPtr, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use gpushare_conn::env::{CLASS_ENV, GPU_ENV, NAME_ENV};
+use gpushare_conn::env::{CLASS_ENV, GPU_ENV, NAME_ENV, WEIGHT_ENV};
 use gpushare_conn::{Error, Notices, Session, SessionOptions, process_name};
-use gpushare_protocol::PriorityClass;
 use gpushare_protocol::control::{DeviceInfo, Role};
+use gpushare_protocol::{Command, PriorityClass};
 
 use crate::status::{Cu, from_error};
 use crate::transport::Transport;
@@ -149,6 +149,7 @@ fn connect() -> Cu<Driver> {
             welcome.class, welcome.class
         ));
     }
+    ask_weight(&session, welcome.weight);
     Ok(Driver {
         transport: Transport::new(session),
         memory_quota: welcome.memory_quota,
@@ -162,6 +163,30 @@ fn connect() -> Cu<Driver> {
         device,
         sticky: AtomicI32::new(0),
     })
+}
+
+/// `GPUSHARE_WEIGHT` (`gpushare run --weight`): a fair-share weight below the granted one.
+fn ask_weight(session: &Session, granted: u32) {
+    let Ok(text) = std::env::var(WEIGHT_ENV) else {
+        return;
+    };
+    let weight = match text.trim().parse::<u32>() {
+        Ok(w) if w > 0 => w,
+        _ => {
+            say(&format!(
+                "{WEIGHT_ENV}={text:?} is not a weight (a whole number from 1): running with weight {granted}"
+            ));
+            return;
+        }
+    };
+    if weight == granted {
+        return;
+    }
+    if let Err(e) = session.call(Command::GovernedWeight { weight }, "ask for a weight") {
+        say(&format!(
+            "asked for weight {weight}, but {e}: running with weight {granted}"
+        ));
+    }
 }
 
 impl Driver {

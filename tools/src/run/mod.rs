@@ -41,10 +41,6 @@ pub fn exec(socket: &Path, args: RunArgs) -> anyhow::Error {
         RunMode::Governed if args.fallback.is_some() => Err(anyhow::anyhow!(
             "--fallback is for consolidated mode: a governed program always runs on its own driver, and without a broker it runs unmanaged after one warning"
         )),
-        // Refused rather than ignored: gpushare's CUDA driver does not ask for a weight yet.
-        RunMode::Consolidated if args.weight.is_some() => Err(anyhow::anyhow!(
-            "--weight works in governed mode only for now: leave it out (the program runs with the weight the policy grants), or add --mode governed"
-        )),
         RunMode::Governed => governed(&mut cmd, args.interposer),
         RunMode::Consolidated => consolidated(
             &mut cmd,
