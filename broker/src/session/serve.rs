@@ -13,8 +13,6 @@ use crate::device::Device;
 const MEASURE_RECHECK: Duration = Duration::from_millis(2);
 /// Within a long batch, device time is charged at least this often.
 const ACCOUNT_EVERY: Duration = Duration::from_millis(5);
-/// Submission slots consumed before they are handed back within a batch.
-const RELEASE_EVERY: u32 = 32;
 /// How long the data thread waits on a full completion ring before looking again.
 const CQ_FULL_RECHECK: Duration = Duration::from_millis(10);
 
@@ -46,16 +44,14 @@ impl<D: Device> SessionState<D> {
                     .queue_depth
                     .store(available as u64, Ordering::Relaxed);
                 let mut batch_started = Instant::now();
-                for n in 0..available {
+                for _ in 0..available {
                     if self.health.epoch() != self.epoch {
                         break; // stop touching the device: the next loop parks
                     }
                     let entry = self.rings.submissions.pop();
-                    // Slots go back in groups: each hand-back is a cache line the client's
-                    // core must fetch again.
-                    if n % RELEASE_EVERY == RELEASE_EVERY - 1 {
-                        self.rings.submissions.release();
-                    }
+                    // Each slot goes back at once: a client that outruns the broker waits for
+                    // one free slot, never for a group (it would sleep meanwhile).
+                    self.rings.submissions.release();
                     let started = Instant::now();
                     let completion = self.process(&entry);
                     let finished = Instant::now();
@@ -73,7 +69,6 @@ impl<D: Device> SessionState<D> {
                         batch_started = finished;
                     }
                 }
-                self.rings.submissions.release();
                 self.info.counters.queue_depth.store(0, Ordering::Relaxed);
                 self.publish_latency();
                 self.account(false);
