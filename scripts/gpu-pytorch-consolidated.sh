@@ -176,6 +176,40 @@ else
 fi
 
 echo
+echo "## GPU memory a PyTorch process costs (memory.used of the whole GPU, MiB)"
+start_broker
+gpu_mib() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0 | tr -d ' '; }
+holders=()
+hold() { # hold MODE NAME: speed.py hold in the background, until it says it is ready
+    local prefix=()
+    [[ $1 == consolidated ]] && prefix=("$work/bin/gpushare" --socket "$sock" run --)
+    "${prefix[@]}" "$py" speed.py hold --ready "$work/$2.ready" --seconds 60 \
+        > "$work/$2.json" 2>> "$logs/hold.err" &
+    holders+=($!)
+    for _ in $(seq 900); do [[ -e $work/$2.ready ]] && return 0; sleep 0.1; done
+    echo "FAIL memory: $2 never got ready"; failed=1; return 1
+}
+release() { kill "${holders[@]}" 2> /dev/null; wait "${holders[@]}" 2> /dev/null; holders=(); sleep 1; }
+m0=$(gpu_mib)
+hold direct direct && m_direct=$(gpu_mib)
+release
+m1=$(gpu_mib)
+hold consolidated first && m_first=$(gpu_mib)
+hold consolidated second && m_second=$(gpu_mib)
+release
+"$py" - "$work" "$m0" "${m_direct:-0}" "$m1" "${m_first:-0}" "${m_second:-0}" <<'PY' | tee -a "$logs/memory.txt"
+import json, sys
+work, m0, md, m1, mf, ms = sys.argv[1], *map(int, sys.argv[2:])
+res = {n: json.load(open(f"{work}/{n}.json"))["reserved"] / 2**20 for n in ("direct", "first", "second")}
+print("| | GPU memory used | of which PyTorch's allocations | the rest |")
+print("|---|---|---|---|")
+print(f"| gpushared alone (its context) | {m0} | – | – |")
+print(f"| + one PyTorch process, direct | +{md - m0} | {res['direct']:.0f} | {md - m0 - res['direct']:.0f} (its own context) |")
+print(f"| + one PyTorch process, consolidated | +{mf - m1} | {res['first']:.0f} | {mf - m1 - res['first']:.0f} |")
+print(f"| + a second one, consolidated | +{ms - mf} | {res['second']:.0f} | {ms - mf - res['second']:.0f} |")
+PY
+
+echo
 echo "## speed ($rounds rounds of ${secs}s, interleaved)"
 start_broker
 for r in $(seq "$rounds"); do

@@ -6,6 +6,9 @@ think: the same requests with --think-ms of idle time between them; p50/p99 ms.
 launch: tiny elementwise kernels launched asynchronously, synchronized at the end; kernels/s.
 first: seconds from process start (--t0-ns, the launcher's clock) to the first finished
 CUDA op, and from `import torch` to it.
+hold: initializes CUDA, runs a bf16 linear layer forward and backward (cuBLAS), prints the
+bytes PyTorch reserved, touches --ready and stays alive --seconds (for measuring what the
+process costs on the GPU from outside).
 """
 import argparse
 import json
@@ -91,18 +94,34 @@ def first(args):
             "from_import_s": (now - T_START) / 1e9}
 
 
+def hold(args):
+    x = torch.randn(64, 1024, device="cuda", requires_grad=True)
+    layer = torch.nn.Linear(1024, 1024).cuda()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        layer(x).float().sum().backward()
+    torch.cuda.synchronize()
+    print(json.dumps({"reserved": torch.cuda.memory_reserved()}), flush=True)
+    open(args.ready, "w").close()
+    time.sleep(args.seconds)
+    return None
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("what", choices=["train", "infer", "think", "launch", "first"])
+    ap.add_argument("what", choices=["train", "infer", "think", "launch", "first", "hold"])
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument("--warmup", type=float, default=1.5)
     ap.add_argument("--think-ms", type=float, default=0.0)
     ap.add_argument("--t0-ns", type=int, default=0)
+    ap.add_argument("--ready", default="/dev/null")
     args = ap.parse_args()
     if args.what == "think" and not args.think_ms:
         args.think_ms = 5.0
-    fn = {"train": train, "infer": infer, "think": infer, "launch": launch, "first": first}
-    print(json.dumps(fn[args.what](args)))
+    fn = {"train": train, "infer": infer, "think": infer, "launch": launch, "first": first,
+          "hold": hold}
+    r = fn[args.what](args)
+    if r is not None:
+        print(json.dumps(r))
 
 
 if __name__ == "__main__":
