@@ -140,6 +140,27 @@ pub(super) struct ClientState {
     pub(super) deadline_misses: u64,
 }
 
+impl ClientState {
+    /// A client that has queued nothing yet.
+    pub(super) fn new(spec: ClientSpec, arrival: u64, admitted: bool) -> ClientState {
+        ClientState {
+            spec,
+            arrival,
+            queue: VecDeque::new(),
+            inflight: Vec::new(),
+            granted: 0,
+            completed: 0,
+            gpu_ns: 0,
+            job_base_gpu_ns: 0,
+            admitted,
+            iter_open: false,
+            iter_start: None,
+            iter_latency: None,
+            deadline_misses: 0,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

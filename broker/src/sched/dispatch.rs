@@ -1,7 +1,7 @@
 //! The [`Dispatcher`]: clients come and go, launches are submitted, granted and completed.
 //! The gates a queue head must pass before a policy may pick it live in [`super::gates`].
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 
 use gpushare_protocol::PriorityClass;
 
@@ -156,24 +156,12 @@ impl Dispatcher {
         }
         let admitted = self.request_admission(spec.id, spec.job)?;
         self.index.insert(spec.id, self.clients.len());
-        self.clients.push(ClientState {
-            spec: ClientSpec {
-                weight: spec.weight.max(1),
-                ..spec
-            },
-            arrival: self.next_arrival,
-            queue: VecDeque::new(),
-            inflight: Vec::new(),
-            granted: 0,
-            completed: 0,
-            gpu_ns: 0,
-            job_base_gpu_ns: 0,
-            admitted,
-            iter_open: false,
-            iter_start: None,
-            iter_latency: None,
-            deadline_misses: 0,
-        });
+        let spec = ClientSpec {
+            weight: spec.weight.max(1),
+            ..spec
+        };
+        self.clients
+            .push(ClientState::new(spec, self.next_arrival, admitted));
         self.eligible.push(false);
         self.next_arrival += 1;
         self.refresh_context(self.last_now);

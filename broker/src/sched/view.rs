@@ -119,28 +119,16 @@ impl<'a> ClientView<'a> {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::VecDeque;
-
     use super::*;
     use crate::sched::simulate::kernel;
     use crate::sched::{Bound, JobProfile};
 
     fn state(id: ClientId, arrival: u64, weight: u32) -> ClientState {
-        ClientState {
-            spec: ClientSpec::new(id, PriorityClass::Normal, weight),
+        ClientState::new(
+            ClientSpec::new(id, PriorityClass::Normal, weight),
             arrival,
-            queue: VecDeque::new(),
-            inflight: Vec::new(),
-            granted: 0,
-            completed: 0,
-            gpu_ns: 0,
-            job_base_gpu_ns: 0,
-            admitted: true,
-            iter_open: false,
-            iter_start: None,
-            iter_latency: None,
-            deadline_misses: 0,
-        }
+            true,
+        )
     }
 
     fn request(id: u64) -> Request {
