@@ -64,6 +64,8 @@ fn host_range(buf: &crate::HostBuffer, range: &std::ops::Range<usize>) -> Result
 impl Client {
     /// A buffer of `len` bytes in the shared arena that the device copies to and from
     /// directly. Needs [`ConnectOptions::host_buffers`] set at connect.
+    ///
+    /// [`ConnectOptions::host_buffers`]: super::ConnectOptions::host_buffers
     pub fn host_buffer(&self, len: usize) -> Result<crate::HostBuffer> {
         let offset = lock(&self.inner.host_region).alloc(len).ok_or_else(|| {
             Error::InvalidArgument(format!(

@@ -39,6 +39,8 @@ pub struct ConnectOptions {
     /// Costs host memory: a copy of every byte uploaded from the host into a device buffer
     /// (the whole buffer, from its first upload) and of every module image, and one host
     /// copy more per upload. Buffers only the device wrote come back without their contents.
+    ///
+    /// [`Error::Rebuilt`]: crate::Error::Rebuilt
     pub rebuild: bool,
     /// With `rebuild`: how long to wait for gpushared to come back after it restarted.
     pub rebuild_timeout: Duration,

@@ -20,6 +20,8 @@
 //! NULL checks and C buffers), `session.rs` (connect, disconnect, session info, iterations and
 //! declarations), `memory.rs` (allocations and copies), `streams.rs` (streams and events),
 //! `kernels.rs` (built-in kernels, modules and their launches).
+//!
+//! [`ErrorCode`]: gpushare_protocol::ErrorCode
 
 mod codes;
 mod guard;

@@ -87,7 +87,7 @@ fn pitched_bytes(width_in_bytes: usize, height: usize) -> u64 {
         .saturating_mul(height as u64)
 }
 
-/// Reserves [`pitched_bytes`].
+/// Reserves `pitched_bytes`.
 ///
 /// # Safety
 /// As libcuda's `cuMemAllocPitch_v2`.

@@ -9,6 +9,8 @@ pub const MAX_LAUNCH_PARAMS: u32 = 32 * 1024;
 
 /// Launch attributes a [`Command::LaunchEx`] carries at the start of its parameter block, in
 /// the arena (the kernel's packed parameters follow it).
+///
+/// [`Command::LaunchEx`]: super::Command::LaunchEx
 #[repr(C)]
 #[derive(
     Debug,
@@ -36,10 +38,14 @@ pub const LAUNCH_COOPERATIVE: u32 = 1;
 /// finishes (it waits where its code says).
 pub const LAUNCH_PROGRAMMATIC_SERIALIZATION: u32 = 2;
 /// Bytes of [`LaunchAttributes`] before the parameters of a [`Command::LaunchEx`].
+///
+/// [`Command::LaunchEx`]: super::Command::LaunchEx
 pub const LAUNCH_ATTRIBUTES_BYTES: u32 = std::mem::size_of::<LaunchAttributes>() as u32;
 const _: () = assert!(LAUNCH_ATTRIBUTES_BYTES == 32);
 
 /// What an [`Command::Occupancy`] asks.
+///
+/// [`Command::Occupancy`]: super::Command::Occupancy
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OccupancyQuery {
     /// `cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags`.

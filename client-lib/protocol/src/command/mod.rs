@@ -1,4 +1,4 @@
-//! Typed commands and their encoding into [`SubmissionEntry`]s.
+//! Typed commands and their encoding into [`SubmissionEntry`](crate::ring::SubmissionEntry)s.
 //!
 //! Every command is one 64-byte submission entry: an opcode, a stream and six 64-bit
 //! argument words. [`Command::decode`] is the only way the broker turns untrusted entries into
@@ -41,6 +41,8 @@ pub enum Command {
     /// reset asks for the addresses its kernels' parameters hold). Result: `ptr`. Fails with
     /// [`ErrorCode::AddressUnavailable`] when any of the range is taken or the device cannot
     /// place memory there.
+    ///
+    /// [`ErrorCode::AddressUnavailable`]: crate::ErrorCode::AddressUnavailable
     AllocAt {
         bytes: u64,
         ptr: DevicePtr,
