@@ -1,5 +1,5 @@
 //! Gives `libgpushare.so` its ELF soname, `libgpushare.so.0`, the name programs linked
-//! against it record and the installed library is found by (packaging/, issue 9). The 0 is
+//! against it record and the installed library is found by (packaging/). The 0 is
 //! the C ABI's major version: bump it (here, in packaging/ and in the header's comment) when
 //! a change breaks programs built against an older `gpushare.h`.
 //!

@@ -306,8 +306,14 @@ fn header_codes_and_names_match_the_library() {
 
 #[test]
 fn header_declares_exactly_the_exported_functions() {
-    let source = std::fs::read_to_string(repo_root().join("client-lib/src/ffi.rs"))
-        .expect("read client-lib/src/ffi.rs");
+    let dir = repo_root().join("client-lib/src/ffi");
+    let mut source = String::new();
+    for entry in std::fs::read_dir(&dir).expect("read client-lib/src/ffi") {
+        let path = entry.expect("list client-lib/src/ffi").path();
+        if path.extension().is_some_and(|e| e == "rs") {
+            source += &std::fs::read_to_string(&path).expect("read an ffi source file");
+        }
+    }
     let exported: BTreeSet<&str> = source
         .split("#[unsafe(no_mangle)]")
         .skip(1)
@@ -316,7 +322,10 @@ fn header_declares_exactly_the_exported_functions() {
             after.split('(').next()
         })
         .collect();
-    assert!(exported.len() > 30, "found only {exported:?} in ffi.rs");
+    assert!(
+        exported.len() > 30,
+        "found only {exported:?} in client-lib/src/ffi"
+    );
     let header = header_text();
     // Every `gpushare_name(` in the header: the declarations (and comments that cite one).
     let declared: BTreeSet<&str> = header
@@ -331,7 +340,7 @@ fn header_declares_exactly_the_exported_functions() {
         .collect();
     assert_eq!(
         exported, declared,
-        "ffi.rs exports and gpushare.h declares different functions"
+        "client-lib/src/ffi exports and gpushare.h declares different functions"
     );
 }
 

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use gpushare_tests::{Broker, BrokerOptions, binary, wait_until};
 
-/// Every libcuda entry point the issue asks the interposer to govern.
+/// Every libcuda entry point the interposer governs.
 const GOVERNED: &[&str] = &[
     "cuInit",
     "cuGetProcAddress",
@@ -602,7 +602,7 @@ fn a_best_effort_governed_program_is_held_while_high_priority_work_is_in_flight(
     assert!(held_row.governed && held_row.class == gpushare::PriorityClass::BestEffort);
     // The program is held except in the gaps of the high-priority work (more of them when
     // the machine's CPUs are busy and the spinner's thread waits for one): its launches fall
-    // and its waits grow, by a wide margin on a quiet machine (~100x), and always some.
+    // and its waits grow, by a wide margin on a quiet machine, and always some.
     assert!(
         held_row.throttled_ns > 0 && held_row.throttled_ns > free_row.throttled_ns,
         "throttled {} ns beside busy high-priority work, {} ns beside idle",

@@ -23,7 +23,7 @@ pub struct Args {
     /// restarts after a GPU fault.
     #[arg(long, hide = true)]
     pub hold_cuda_driver: bool,
-    /// Do not start that helper (a restart after a GPU fault then takes about 0.1 s longer).
+    /// Do not start that helper (a restart after a GPU fault then takes longer).
     #[arg(long, env = "GPUSHARE_NO_CUDA_HOLDER", value_parser = clap::builder::FalseyValueParser::new())]
     pub no_cuda_holder: bool,
     /// Control socket path.

@@ -1,39 +1,33 @@
 //! A raw protocol client that can write anything into its shared region and control socket,
-//! for hostile-input tests. It speaks the handshake correctly and then misbehaves on purpose.
+//! for hostile-input tests. It connects with the connection core's handshake and then
+//! misbehaves on purpose.
 
-use std::io::{IoSlice, IoSliceMut};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::io::IoSlice;
+use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use gpushare_protocol::control::{self, BrokerMessage, ClientMessage, Hello, Role};
+use gpushare_conn::ControlSocket;
+use gpushare_protocol::control::{BrokerMessage, ClientMessage, Hello, Role};
 use gpushare_protocol::ring::{ShmLayout, SubmissionEntry};
+use gpushare_protocol::wake::Wakeup;
 use memmap2::{MmapOptions, MmapRaw};
-use nix::sys::socket::{
-    AddressFamily, ControlMessageOwned, MsgFlags, SockFlag, SockType, UnixAddr, connect, recvmsg,
-    sendmsg, socket,
-};
+use nix::sys::socket::{MsgFlags, UnixAddr, sendmsg};
 
 pub struct RawClient {
-    pub sock: OwnedFd,
+    pub sock: ControlSocket,
     pub map: MmapRaw,
     pub layout: ShmLayout,
-    pub submit_wake: OwnedFd,
-    pub complete_wake: OwnedFd,
+    pub submit_wake: Wakeup,
+    pub complete_wake: Wakeup,
 }
 
 impl RawClient {
+    /// Connects with the connection core's handshake; what follows is up to the test.
     pub fn connect(path: &Path) -> RawClient {
-        let sock = socket(
-            AddressFamily::Unix,
-            SockType::SeqPacket,
-            SockFlag::SOCK_CLOEXEC,
-            None,
-        )
-        .expect("socket");
-        connect(sock.as_raw_fd(), &UnixAddr::new(path).expect("addr")).expect("connect");
-        let hello = ClientMessage::Hello(Hello {
+        let sock = ControlSocket::connect(path).expect("connect");
+        let hello = Hello {
             protocol_version: gpushare_protocol::PROTOCOL_VERSION,
             role: Role::Client,
             client_name: "hostile".into(),
@@ -41,38 +35,13 @@ impl RawClient {
             sq_entries: 64,
             arena_size: 64 * 1024,
             gpu: None,
-        });
-        send_raw(&sock, &control::encode(&hello).expect("encode"));
-        let mut buf = vec![0u8; 1 << 16];
-        let mut cmsg = nix::cmsg_space!([RawFd; 3]);
-        let mut iov = [IoSliceMut::new(&mut buf)];
-        let msg = recvmsg::<UnixAddr>(
-            sock.as_raw_fd(),
-            &mut iov,
-            Some(&mut cmsg),
-            MsgFlags::empty(),
-        )
-        .expect("recv");
-        let mut fds = Vec::new();
-        for c in msg.cmsgs().expect("cmsgs") {
-            if let ControlMessageOwned::ScmRights(raw) = c {
-                // SAFETY: freshly received descriptors that nothing else owns.
-                fds.extend(
-                    raw.into_iter()
-                        .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }),
-                );
-            }
-        }
-        let n = msg.bytes;
-        let welcome = match control::decode::<BrokerMessage>(&buf[..n]).expect("decode") {
-            BrokerMessage::Welcome(w) => w,
-            other => panic!("expected Welcome, got {other:?}"),
         };
+        let (welcome, fds) = sock.handshake(hello).expect("welcomed");
         let layout = welcome.layout.expect("layout");
         let mut fds = fds.into_iter();
         let memfd = fds.next().expect("memfd");
-        let submit_wake = fds.next().expect("eventfd");
-        let complete_wake = fds.next().expect("eventfd");
+        let submit_wake = Wakeup::from_fd(fds.next().expect("eventfd"));
+        let complete_wake = Wakeup::from_fd(fds.next().expect("eventfd"));
         let map = MmapOptions::new()
             .len(layout.total_size())
             .map_raw(&memfd)
@@ -185,7 +154,7 @@ impl RawClient {
     /// Publishes entries up to `tail` and kicks the broker.
     pub fn publish(&self, tail: u32) {
         self.sq_tail().store(tail, Ordering::Release);
-        let _ = nix::unistd::write(&self.submit_wake, &1u64.to_ne_bytes());
+        self.submit_wake.signal();
     }
 
     /// Sends raw bytes on the control socket.
@@ -195,27 +164,26 @@ impl RawClient {
 
     /// Whether the broker still answers on the control socket (a Status request).
     pub fn status_ok(&self) -> bool {
-        send_raw(
-            &self.sock,
-            &control::encode(&ClientMessage::Status { request: 7 }).expect("encode"),
-        );
-        let mut buf = vec![0u8; 1 << 20];
+        if self
+            .sock
+            .send(&ClientMessage::Status { request: 7 }, &[])
+            .is_err()
+        {
+            return false;
+        }
         loop {
-            match nix::sys::socket::recv(self.sock.as_raw_fd(), &mut buf, MsgFlags::empty()) {
-                Ok(0) | Err(_) => return false,
-                Ok(n) => match control::decode::<BrokerMessage>(&buf[..n]) {
-                    Ok(BrokerMessage::Status { .. }) => return true,
-                    Ok(_) => continue,
-                    Err(_) => return false,
-                },
+            match self.sock.recv() {
+                Ok((BrokerMessage::Status { .. }, _)) => return true,
+                Ok(_) => continue,
+                Err(_) => return false,
             }
         }
     }
 }
 
-fn send_raw(sock: &OwnedFd, bytes: &[u8]) {
+fn send_raw(sock: &ControlSocket, bytes: &[u8]) {
     let _ = sendmsg::<UnixAddr>(
-        sock.as_raw_fd(),
+        sock.as_fd().as_raw_fd(),
         &[IoSlice::new(bytes)],
         &[],
         MsgFlags::MSG_NOSIGNAL,

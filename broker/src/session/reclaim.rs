@@ -18,13 +18,7 @@ impl<D: Device> SessionState<D> {
             // A reset came meanwhile: everything is already gone (and its addresses may be
             // someone else's now), so forget rather than free.
             self.park_if_resetting();
-            self.forget_legacy();
-            if let Ok(mut h) = self.info.hosts.lock() {
-                h.take_all();
-            }
-            self.streams.clear();
-            self.events.clear();
-            self.event_marks.clear();
+            self.forget_dead_context();
             self.allocations.clear();
             if let Ok(mut m) = self.modules.lock() {
                 m.clear();

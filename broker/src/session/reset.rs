@@ -197,6 +197,18 @@ impl<D: Device> SessionState<D> {
         }
     }
 
+    /// Forgets the streams, events and host regions of a context that no longer exists:
+    /// its handles are inert, so they are dropped rather than destroyed.
+    pub(super) fn forget_dead_context(&mut self) {
+        self.forget_legacy();
+        if let Ok(mut h) = self.info.hosts.lock() {
+            h.take_all();
+        }
+        self.streams.clear();
+        self.events.clear();
+        self.event_marks.clear();
+    }
+
     /// After a device reset: forgets every (now inert) handle, sets up a fresh default
     /// stream, and tells the client what it lost — or ends the session of the culprit.
     pub(super) fn after_reset(&mut self) -> Option<SessionEnd> {
@@ -230,15 +242,7 @@ impl<D: Device> SessionState<D> {
         self.lost.streams.extend(lost.streams.iter().copied());
         self.lost.events.extend(lost.events.iter().copied());
         self.lost.functions.extend(functions);
-        // The handles belong to a context that no longer exists: dropping them is inert.
-        self.forget_legacy();
-        // The context the host regions were registered with is gone.
-        if let Ok(mut h) = self.info.hosts.lock() {
-            h.take_all();
-        }
-        self.streams.clear();
-        self.events.clear();
-        self.event_marks.clear();
+        self.forget_dead_context();
         self.granted.clear();
         self.spare_events.clear();
         self.placed_charges.clear();

@@ -156,84 +156,76 @@ impl Session {
         wait: bool,
         mut make: impl FnMut(u64) -> Result<Command>,
     ) -> Result<u64> {
-        let spin_until = Instant::now() + self.spin;
-        loop {
+        self.spin_then_sleep(|| {
             self.check_alive()?;
-            {
-                let mut ring = lock(&self.ring);
-                self.reap(&mut ring);
-                let cq_room = ring.in_flight < self.layout().cq_entries;
-                let sq_room = match ring.rings.submissions.free_slots() {
-                    Ok(n) => n > 0,
-                    Err(e) => {
-                        drop(ring);
-                        self.mark_dead(Dead::Protocol(e.to_string()));
-                        continue;
-                    }
-                };
-                if cq_room && sq_room {
-                    let seq = ring.next_seq;
-                    let cmd = make(seq)?;
-                    let tag = tag_of(seq, op);
-                    let pushed = ring
-                        .rings
-                        .submissions
-                        .try_push(cmd.encode(tag))
-                        .unwrap_or(false);
-                    if pushed {
-                        ring.next_seq += 1;
-                        ring.rings.submissions.publish();
-                        ring.in_flight += 1;
-                        if wait {
-                            ring.wanted.insert(tag);
-                        }
-                        if ring.rings.submissions.consumer_needs_wakeup() {
-                            self.submit_wake.signal();
-                        }
-                        self.commands.fetch_add(1, Ordering::Relaxed);
-                        return Ok(tag);
-                    }
+            let mut ring = lock(&self.ring);
+            self.reap(&mut ring);
+            let cq_room = ring.in_flight < self.layout().cq_entries;
+            let sq_room = match ring.rings.submissions.free_slots() {
+                Ok(n) => n > 0,
+                Err(e) => {
+                    drop(ring);
+                    self.mark_dead(Dead::Protocol(e.to_string()));
+                    return Ok(None);
                 }
+            };
+            if !(cq_room && sq_room) {
+                // Full: wait for the broker to make progress.
+                return Ok(None);
             }
-            // Full: wait for the broker to make progress.
-            if Instant::now() < spin_until {
-                std::hint::spin_loop();
-            } else {
-                self.sleep_for_completion()?;
+            let seq = ring.next_seq;
+            let cmd = make(seq)?;
+            let tag = tag_of(seq, op);
+            let pushed = ring
+                .rings
+                .submissions
+                .try_push(cmd.encode(tag))
+                .unwrap_or(false);
+            if !pushed {
+                return Ok(None);
             }
-        }
+            ring.next_seq += 1;
+            ring.rings.submissions.publish();
+            ring.in_flight += 1;
+            if wait {
+                ring.wanted.insert(tag);
+            }
+            if ring.rings.submissions.consumer_needs_wakeup() {
+                self.submit_wake.signal();
+            }
+            self.commands.fetch_add(1, Ordering::Relaxed);
+            Ok(Some(tag))
+        })
     }
 
     /// Waits for the completion of `tag` (submitted with `wait`).
     pub fn wait(&self, tag: u64) -> Result<CompletionEntry> {
-        let spin_until = Instant::now() + self.spin;
-        loop {
-            {
-                let mut ring = lock(&self.ring);
-                self.reap(&mut ring);
-                if let Some(c) = ring.done.remove(&tag) {
-                    return Ok(c);
-                }
-            }
-            self.check_alive()?;
-            if Instant::now() < spin_until {
-                std::hint::spin_loop();
-            } else {
-                self.sleep_for_completion()?;
-            }
-        }
+        self.spin_then_sleep(|| {
+            let mut ring = lock(&self.ring);
+            self.reap(&mut ring);
+            Ok(ring.done.remove(&tag))
+        })
     }
 
     /// Waits until `done` says so, reading completions meanwhile (spin, then sleep).
     pub fn wait_until(&self, mut done: impl FnMut(&Session) -> bool) -> Result<()> {
-        let spin_until = Instant::now() + self.spin;
-        loop {
+        self.spin_then_sleep(|| {
             {
                 let mut ring = lock(&self.ring);
                 self.reap(&mut ring);
             }
-            if done(self) {
-                return Ok(());
+            Ok(done(self).then_some(()))
+        })
+    }
+
+    /// The one wait every caller here shares: tries `attempt` until it gives a value,
+    /// spinning for `spin` first, then sleeping until a completion, news on the control
+    /// socket, or a short timeout; a session that died meanwhile ends the wait.
+    fn spin_then_sleep<T>(&self, mut attempt: impl FnMut() -> Result<Option<T>>) -> Result<T> {
+        let spin_until = Instant::now() + self.spin;
+        loop {
+            if let Some(value) = attempt()? {
+                return Ok(value);
             }
             self.check_alive()?;
             if Instant::now() < spin_until {
@@ -332,22 +324,11 @@ impl Session {
 
     /// Waits until every submitted command has completed (not necessarily executed).
     pub fn drain_in_flight(&self) -> Result<()> {
-        let spin_until = Instant::now() + self.spin;
-        loop {
-            {
-                let mut ring = lock(&self.ring);
-                self.reap(&mut ring);
-                if ring.in_flight as usize == ring.wanted.len() + ring.done.len() {
-                    return Ok(());
-                }
-            }
-            self.check_alive()?;
-            if Instant::now() < spin_until {
-                std::hint::spin_loop();
-            } else {
-                self.sleep_for_completion()?;
-            }
-        }
+        self.spin_then_sleep(|| {
+            let mut ring = lock(&self.ring);
+            self.reap(&mut ring);
+            Ok((ring.in_flight as usize == ring.wanted.len() + ring.done.len()).then_some(()))
+        })
     }
 
     /// Waits for all of this session's work; reports the first error since the last sync.

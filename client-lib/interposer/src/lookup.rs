@@ -7,8 +7,8 @@
 //! of versions and default-stream variants exactly: libcuda answers `cuMemAlloc` with
 //! `cuMemAlloc_v2`, `cuLaunchKernel` under per-thread default streams with
 //! `cuLaunchKernel_ptsz`, `cuCtxCreate` at 12.5+ with `cuCtxCreate_v4`, and each of those
-//! addresses is also the one `dlsym` gives for the versioned name (checked on an H100 with
-//! driver 580), which is what [`crate::real`] records.
+//! addresses is also the one `dlsym` gives for the versioned name (docs/cli.md), which is
+//! what [`crate::real`] records.
 
 use std::ffi::{c_char, c_void};
 

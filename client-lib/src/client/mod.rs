@@ -4,123 +4,39 @@
 //! library's staging area). With [`ConnectOptions::rebuild`] it also records what it needs to
 //! make its device state again after a GPU reset ([`crate::rebuild`]) and does so by itself
 //! ([`recover`]).
+//!
+//! Where each part lives: this file (the session, commands over the ring, status and reset
+//! notices), `options.rs` ([`ConnectOptions`]), `conn.rs` (the session and its staging area),
+//! `host.rs` (host buffers in the arena), `modules.rs` (modules, functions and their launches),
+//! `recover.rs` (rebuilding after a reset).
 
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::Duration;
 
 use gpushare_conn::{Notices, op_name};
-use gpushare_protocol::control::{ModuleFormat, Welcome};
+use gpushare_protocol::control::Welcome;
 use gpushare_protocol::stats::StatusReport;
-use gpushare_protocol::{Command, DevicePtr, ErrorCode, EventId, Kernel, PriorityClass, StreamId};
+use gpushare_protocol::{Command, DevicePtr, ErrorCode, EventId, Kernel, StreamId};
 use nix::poll::PollTimeout;
 
 use crate::rebuild::{Registry, Waited};
 use crate::{Error, Result};
 
 mod conn;
+mod host;
+mod modules;
+mod options;
 mod recover;
 
-use conn::{Conn, HOST_BUFFER_ALIGN};
+use conn::Conn;
+use host::HostRegion;
+pub use options::ConnectOptions;
 
 pub use gpushare_conn::DeviceReset;
 
-/// How a client connects.
-#[derive(Debug, Clone)]
-pub struct ConnectOptions {
-    /// Broker socket; defaults to `$GPUSHARE_SOCKET` or `/run/gpushare/gpushare.sock`.
-    pub socket: PathBuf,
-    /// Name shown in `gpushare status`; defaults to the process name.
-    pub name: String,
-    /// Ask for a less important class than the policy grants (never more).
-    pub class: Option<PriorityClass>,
-    /// Submission ring entries (0 = broker default).
-    pub sq_entries: u32,
-    /// Data arena bytes (0 = broker default, or the default staging area plus
-    /// `host_buffers`).
-    pub arena_size: u64,
-    /// Bytes of the arena set aside for [`HostBuffer`](crate::HostBuffer)s: host memory the
-    /// device copies to and from directly (page-locked on a GPU), like CUDA's pinned memory.
-    /// The rest of the arena stages ordinary copies.
-    pub host_buffers: u64,
-    /// How long to spin for a completion before sleeping.
-    pub spin: Duration,
-    /// The GPU to run on (index); `None` lets the broker pick the least loaded.
-    pub gpu: Option<u32>,
-    /// Rebuild this client's device state by itself after a GPU reset caused by another
-    /// client (or a restart of gpushared after one): its buffers come back at the same device
-    /// addresses holding what was uploaded into them, its modules, functions, streams and
-    /// events come back too, and every handle keeps working. The call that meets the reset
-    /// fails once with [`Error::Rebuilt`] (the work submitted before the fault was lost and
-    /// is not run again: submit it again); the calls after it work. With several threads,
-    /// each thread whose work was lost hears it once: in the call it meets the rebuild
-    /// with, or in the first call that waits for that work.
-    ///
-    /// Costs host memory: a copy of every byte uploaded from the host into a device buffer
-    /// (the whole buffer, from its first upload) and of every module image, and one host
-    /// copy more per upload. Buffers only the device wrote come back without their contents.
-    pub rebuild: bool,
-    /// With `rebuild`: how long to wait for gpushared to come back after it restarted.
-    pub rebuild_timeout: Duration,
-}
-
-impl Default for ConnectOptions {
-    fn default() -> Self {
-        let name = std::fs::read_to_string("/proc/self/comm")
-            .map(|s| s.trim().to_string())
-            .unwrap_or_else(|_| "client".into());
-        ConnectOptions {
-            socket: gpushare_protocol::socket_path_from_env(),
-            name,
-            class: None,
-            sq_entries: 0,
-            arena_size: 0,
-            host_buffers: 0,
-            spin: Duration::from_micros(50),
-            gpu: None,
-            rebuild: false,
-            rebuild_timeout: Duration::from_secs(30),
-        }
-    }
-}
-
 /// What the broker granted this session.
 pub type SessionInfo = Welcome;
-
-/// First-fit allocator over the host-buffer part of the arena: offset → length of free runs.
-struct HostRegion {
-    free: std::collections::BTreeMap<usize, usize>,
-}
-
-impl HostRegion {
-    fn alloc(&mut self, len: usize) -> Option<usize> {
-        let len = len.max(1).div_ceil(HOST_BUFFER_ALIGN) * HOST_BUFFER_ALIGN;
-        let (&at, &run) = self.free.iter().find(|&(_, &run)| run >= len)?;
-        self.free.remove(&at);
-        if run > len {
-            self.free.insert(at + len, run - len);
-        }
-        Some(at)
-    }
-
-    fn release(&mut self, at: usize, len: usize) {
-        let mut start = at;
-        let mut len = len.max(1).div_ceil(HOST_BUFFER_ALIGN) * HOST_BUFFER_ALIGN;
-        if let Some((&prev, &plen)) = self.free.range(..at).next_back()
-            && prev + plen == at
-        {
-            self.free.remove(&prev);
-            start = prev;
-            len += plen;
-        }
-        if let Some(&next_len) = self.free.get(&(start + len)) {
-            self.free.remove(&(start + len));
-            len += next_len;
-        }
-        self.free.insert(start, len);
-    }
-}
 
 pub(crate) struct Inner {
     /// The session now; a rebuild after a restart of gpushared replaces it.
@@ -149,17 +65,6 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// The arena offset of `range` within host buffer `buf`, checked.
-fn host_range(buf: &crate::HostBuffer, range: &std::ops::Range<usize>) -> Result<u64> {
-    if range.start > range.end || range.end > buf.len() {
-        return Err(Error::InvalidArgument(format!(
-            "range {range:?} is outside a {}-byte host buffer",
-            buf.len()
-        )));
-    }
-    Ok((buf.offset() + range.start) as u64)
-}
-
 impl Client {
     /// Connects with default options (socket from `GPUSHARE_SOCKET` or the default path).
     pub fn connect() -> Result<Client> {
@@ -169,18 +74,14 @@ impl Client {
     pub fn connect_with(opts: ConnectOptions) -> Result<Client> {
         let notices = Arc::new(Notices::new(opts.rebuild));
         let conn = Conn::open(&opts, notices.clone())?;
-        let mut free = std::collections::BTreeMap::new();
-        let host_bytes = conn.arena_size() - conn.staging_size;
-        if host_bytes > 0 {
-            free.insert(conn.staging_size, host_bytes);
-        }
+        let host_region = HostRegion::new(conn.staging_size, conn.arena_size() - conn.staging_size);
         Ok(Client {
             inner: Arc::new(Inner {
                 conn: RwLock::new(Arc::new(conn)),
                 retired: Mutex::new(Vec::new()),
                 registry: opts.rebuild.then(|| Mutex::new(Registry::new())),
                 options: opts,
-                host_region: Mutex::new(HostRegion { free }),
+                host_region: Mutex::new(host_region),
                 notices,
                 failed: AtomicBool::new(false),
             }),
@@ -530,84 +431,7 @@ impl Client {
         })
     }
 
-    // ---- host buffers --------------------------------------------------------------
-
-    /// A buffer of `len` bytes in the shared arena that the device copies to and from
-    /// directly. Needs [`ConnectOptions::host_buffers`] set at connect.
-    pub fn host_buffer(&self, len: usize) -> Result<crate::HostBuffer> {
-        let offset = lock(&self.inner.host_region).alloc(len).ok_or_else(|| {
-            Error::InvalidArgument(format!(
-                "no room for a {len}-byte host buffer (ConnectOptions::host_buffers sets the space)"
-            ))
-        })?;
-        Ok(crate::HostBuffer::new(self.clone(), offset, len))
-    }
-
-    pub(crate) fn release_host_buffer(&self, offset: usize, len: usize) {
-        lock(&self.inner.host_region).release(offset, len);
-    }
-
-    /// The arena bytes of a host buffer (in the session now).
-    pub(crate) fn host_buffer_ptr(&self, offset: usize) -> *mut u8 {
-        self.conn().arena_ptr(offset)
-    }
-
-    /// Copies a whole host buffer to `dst` on `stream`, asynchronously (no staging copy).
-    pub fn copy_host_buffer_to_device(
-        &self,
-        stream: &crate::Stream,
-        src: &crate::HostBuffer,
-        dst: DevicePtr,
-    ) -> Result<()> {
-        self.copy_host_buffer_range_to_device(stream, src, 0..src.len(), dst)
-    }
-
-    /// Copies `range` of a host buffer to `dst` on `stream`, asynchronously.
-    pub fn copy_host_buffer_range_to_device(
-        &self,
-        stream: &crate::Stream,
-        src: &crate::HostBuffer,
-        range: std::ops::Range<usize>,
-        dst: DevicePtr,
-    ) -> Result<()> {
-        let arena_offset = host_range(src, &range)?;
-        self.submit_async(Command::CopyHtoD {
-            stream: stream.id(),
-            arena_offset,
-            dst,
-            len: range.len() as u64,
-        })
-    }
-
-    /// Copies `dst.len()` bytes from `src` into a host buffer on `stream`, asynchronously;
-    /// the data is there once the stream is synchronized.
-    pub fn copy_device_to_host_buffer(
-        &self,
-        stream: &crate::Stream,
-        src: DevicePtr,
-        dst: &crate::HostBuffer,
-    ) -> Result<()> {
-        self.copy_device_to_host_buffer_range(stream, src, dst, 0..dst.len())
-    }
-
-    /// Copies `range.len()` bytes from `src` into `range` of a host buffer, asynchronously.
-    pub fn copy_device_to_host_buffer_range(
-        &self,
-        stream: &crate::Stream,
-        src: DevicePtr,
-        dst: &crate::HostBuffer,
-        range: std::ops::Range<usize>,
-    ) -> Result<()> {
-        let arena_offset = host_range(dst, &range)?;
-        self.submit_async(Command::CopyDtoH {
-            stream: stream.id(),
-            src,
-            arena_offset,
-            len: range.len() as u64,
-        })
-    }
-
-    // ---- control-socket requests ---------------------------------------------------
+    // ---- status and reset notices --------------------------------------------------
 
     /// The oldest device reset not yet taken: what the GPU reset took from this client.
     /// Commands that fail with [`ErrorCode::DeviceReset`] mean one happened; reading the
@@ -628,100 +452,5 @@ impl Client {
     /// The broker's status report.
     pub fn status(&self) -> Result<StatusReport> {
         self.run(|c| c.status())
-    }
-
-    /// Loads a PTX, cubin or fatbin module (devices that support modules only; the sim device
-    /// answers `NotSupported`).
-    pub fn load_module(&self, format: ModuleFormat, image: &[u8]) -> Result<crate::Module> {
-        let id = self.load_module_raw(format, image)?;
-        Ok(crate::Module::from_raw(self.clone(), id))
-    }
-
-    /// Loads a module and returns its raw id, which nothing unloads automatically: the caller
-    /// unloads it (the C ABI's `gpushare_module_unload`) or the broker does when the session
-    /// ends. Prefer [`Client::load_module`] in Rust.
-    pub fn load_module_raw(&self, format: ModuleFormat, image: &[u8]) -> Result<u64> {
-        self.run(|c| {
-            let broker = c.load_module(format, image)?;
-            Ok(match &self.inner.registry {
-                Some(r) => lock(r).add_module(broker, format, image),
-                None => broker,
-            })
-        })
-    }
-
-    pub(crate) fn get_function(&self, module: u64, name: &str) -> Result<u64> {
-        self.run(|c| match &self.inner.registry {
-            Some(r) => {
-                let broker_module = lock(r).module(module);
-                let broker = c.get_function(broker_module, name)?;
-                Ok(lock(r).add_function(broker, module, name))
-            }
-            None => c.get_function(module, name),
-        })
-    }
-
-    /// Unloads a module. With rebuild on it is forgotten at once and never the call that
-    /// meets a reset (a module a restart took is gone already).
-    pub(crate) fn unload_module(&self, module: u64) -> Result<()> {
-        let Some(registry) = &self.inner.registry else {
-            return self.conn().unload_module(module);
-        };
-        let broker = {
-            let mut reg = lock(registry);
-            let broker = reg.module(module);
-            reg.remove_module(module);
-            broker
-        };
-        let conn = self.conn();
-        if conn.restarted().is_some() {
-            return Ok(());
-        }
-        match conn.unload_module(broker) {
-            Err(Error::BrokerRestarting(_)) => Ok(()),
-            other => other,
-        }
-    }
-
-    /// Launches a module function with packed parameters on `stream`.
-    pub fn launch_function(
-        &self,
-        stream: &crate::Stream,
-        function: &crate::Function,
-        grid: [u32; 3],
-        block: [u32; 3],
-        shared_mem_bytes: u32,
-        params: &[u8],
-    ) -> Result<()> {
-        self.launch_function_raw(
-            stream.id(),
-            function.id(),
-            grid,
-            block,
-            shared_mem_bytes,
-            params,
-        )
-    }
-
-    /// Launches a module function by its raw ids (what the C ABI holds) with packed
-    /// parameters on `stream`. Prefer [`Client::launch_function`] in Rust.
-    pub fn launch_function_raw(
-        &self,
-        stream: StreamId,
-        function: u64,
-        grid: [u32; 3],
-        block: [u32; 3],
-        shared_mem_bytes: u32,
-        params: &[u8],
-    ) -> Result<()> {
-        self.run(|c| match &self.inner.registry {
-            Some(r) => {
-                let reg = lock(r);
-                let (stream, function) = (reg.stream(stream), reg.function(function));
-                // Submitted with the record held, as in `user_command`.
-                c.launch_function(stream, function, (grid, block, shared_mem_bytes), params)
-            }
-            None => c.launch_function(stream, function, (grid, block, shared_mem_bytes), params),
-        })
     }
 }

@@ -350,7 +350,7 @@ pub fn run_group(
         if !status.success() {
             bail!("worker {} exited with {status}", r.label);
         }
-        let v = crate::last_json_line(&text, &format!("worker {}", r.label))?;
+        let v = crate::harness::last_json_line(&text, &format!("worker {}", r.label))?;
         out.insert(r.label.clone(), v);
     }
     Ok(Value::Object(out))

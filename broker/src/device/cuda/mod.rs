@@ -507,15 +507,6 @@ impl Device for CudaDevice {
         stream.done(self)
     }
 
-    fn create_event_flags(&self, flags: u32) -> DeviceResult<CudaEvent> {
-        const DISABLE_TIMING: u32 = 0x2;
-        if flags & DISABLE_TIMING != 0 {
-            self.create_marker()
-        } else {
-            self.create_event()
-        }
-    }
-
     fn memset_wide(
         &self,
         stream: &mut CudaStream,
