@@ -11,8 +11,8 @@ use gpushare_protocol::control::{self, BrokerMessage, ClientMessage, Hello, Role
 use gpushare_protocol::ring::{ShmLayout, SubmissionEntry};
 use memmap2::{MmapOptions, MmapRaw};
 use nix::sys::socket::{
-    AddressFamily, ControlMessageOwned, MsgFlags, SockFlag, SockType, UnixAddr, connect, recvmsg,
-    sendmsg, socket,
+    AddressFamily, ControlMessage, ControlMessageOwned, MsgFlags, SockFlag, SockType, UnixAddr,
+    connect, recvmsg, sendmsg, socket,
 };
 
 pub struct RawClient {
@@ -25,6 +25,12 @@ pub struct RawClient {
 
 impl RawClient {
     pub fn connect(path: &Path) -> RawClient {
+        RawClient::connect_as(path, Role::Client)
+    }
+
+    /// Connects in `role` (a consolidated client's role lets it make the requests and
+    /// commands a client-side CUDA driver makes).
+    pub fn connect_as(path: &Path, role: Role) -> RawClient {
         let sock = socket(
             AddressFamily::Unix,
             SockType::SeqPacket,
@@ -35,7 +41,7 @@ impl RawClient {
         connect(sock.as_raw_fd(), &UnixAddr::new(path).expect("addr")).expect("connect");
         let hello = ClientMessage::Hello(Hello {
             protocol_version: gpushare_protocol::PROTOCOL_VERSION,
-            role: Role::Client,
+            role,
             client_name: "hostile".into(),
             requested_class: None,
             sq_entries: 64,
@@ -191,6 +197,55 @@ impl RawClient {
     /// Sends raw bytes on the control socket.
     pub fn send_control(&self, bytes: &[u8]) {
         send_raw(&self.sock, bytes);
+    }
+
+    /// Sends a control request with `fds` attached and returns the broker's answer (device
+    /// reset notices skipped); `None` when the broker closed the connection or said nothing
+    /// for 10 s.
+    pub fn request(&self, msg: &ClientMessage, fds: &[RawFd]) -> Option<BrokerMessage> {
+        let bytes = control::encode(msg).expect("encode");
+        let rights = [ControlMessage::ScmRights(fds)];
+        let cmsgs: &[ControlMessage] = if fds.is_empty() { &[] } else { &rights };
+        sendmsg::<UnixAddr>(
+            self.sock.as_raw_fd(),
+            &[IoSlice::new(&bytes)],
+            cmsgs,
+            MsgFlags::MSG_NOSIGNAL,
+            None,
+        )
+        .ok()?;
+        let timeout = nix::sys::time::TimeVal::new(10, 0);
+        nix::sys::socket::setsockopt(
+            &self.sock,
+            nix::sys::socket::sockopt::ReceiveTimeout,
+            &timeout,
+        )
+        .expect("receive timeout");
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            match nix::sys::socket::recv(self.sock.as_raw_fd(), &mut buf, MsgFlags::empty()) {
+                Ok(0) | Err(_) => return None,
+                Ok(n) => match control::decode::<BrokerMessage>(&buf[..n]) {
+                    Ok(BrokerMessage::DeviceReset { .. }) => continue,
+                    Ok(reply) => return Some(reply),
+                    Err(_) => return None,
+                },
+            }
+        }
+    }
+
+    /// Submits one command and returns its completion (`None` if none came in 10 s).
+    pub fn submit_one(
+        &self,
+        cmd: gpushare_protocol::Command,
+    ) -> Option<gpushare_protocol::ring::CompletionEntry> {
+        let tag = self.sq_tail().load(Ordering::Relaxed) as u64 + 1;
+        self.submit_all(&[cmd.encode(tag)]).into_iter().next()
+    }
+
+    /// Writes `bytes` at `offset` of the arena.
+    pub fn write_arena(&self, offset: usize, bytes: &[u8]) {
+        self.scribble(self.layout.arena_offset() + offset, bytes);
     }
 
     /// Whether the broker still answers on the control socket (a Status request).
