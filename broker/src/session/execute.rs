@@ -180,6 +180,13 @@ impl<D: Device> SessionState<D> {
                 Ok((id as u64, 0))
             }
             Command::EventRecord { stream, event } => {
+                if !self.events.contains_key(&event) || !self.streams.contains_key(&stream) {
+                    return Err(ErrorCode::InvalidHandle);
+                }
+                // A record is an operation on its stream: in CUDA's legacy order like any.
+                if self.info.consolidated {
+                    self.order_legacy(stream)?;
+                }
                 let device = self.device.clone();
                 let e = self
                     .events
@@ -193,6 +200,9 @@ impl<D: Device> SessionState<D> {
                     .record_event(e, &mut slot.stream)
                     .map_err(|e| e.code())?;
                 self.event_marks.insert(event, (stream, slot.submitted));
+                if self.info.consolidated {
+                    self.note_legacy(stream);
+                }
                 Ok((0, 0))
             }
             Command::EventQuery { event } => {
