@@ -82,6 +82,9 @@ pub mod device_attr {
     pub const PCI_DOMAIN_ID: usize = 50;
     pub const COMPUTE_CAPABILITY_MAJOR: usize = 75;
     pub const COMPUTE_CAPABILITY_MINOR: usize = 76;
+    pub const MANAGED_MEMORY: usize = 83;
+    pub const CONCURRENT_MANAGED_ACCESS: usize = 89;
+    pub const IPC_EVENT_SUPPORTED: usize = 125;
     pub const MAX: usize = 150;
 }
 
