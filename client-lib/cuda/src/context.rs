@@ -107,7 +107,7 @@ impl Contexts {
         }
     }
 
-    fn create(&self, flags: u32) -> CUcontext {
+    pub(crate) fn create(&self, flags: u32) -> CUcontext {
         let ctx = Box::leak(Box::new(Context {
             id: self.next_id.fetch_add(1, Ordering::Relaxed),
             flags: AtomicU32::new(flags),

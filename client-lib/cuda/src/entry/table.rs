@@ -13,6 +13,8 @@ unsafe extern "C" {
     fn cuCtxCreate_v4();
     fn cuCtxDestroy();
     fn cuCtxDestroy_v2();
+    fn cuCtxDisablePeerAccess();
+    fn cuCtxEnablePeerAccess();
     fn cuCtxGetApiVersion();
     fn cuCtxGetCacheConfig();
     fn cuCtxGetCurrent();
@@ -234,8 +236,6 @@ super::stubs! {
     cuCoredumpSetAttributeGlobal,
     cuCtxAttach,
     cuCtxDetach,
-    cuCtxDisablePeerAccess,
-    cuCtxEnablePeerAccess,
     cuCtxFromGreenCtx,
     cuCtxGetDevResource,
     cuCtxGetExecAffinity,
@@ -4759,15 +4759,17 @@ pub(super) static SYMBOLS: [&str; 635] = [
     "cuWaitExternalSemaphoresAsync_ptsz",
 ];
 
-/// The symbols src/ implements (201); the rest are stubs.
+/// The symbols src/ implements (203); the rest are stubs.
 #[cfg(test)]
-pub(super) static IMPLEMENTED: [&str; 201] = [
+pub(super) static IMPLEMENTED: [&str; 203] = [
     "cuCtxCreate",
     "cuCtxCreate_v2",
     "cuCtxCreate_v3",
     "cuCtxCreate_v4",
     "cuCtxDestroy",
     "cuCtxDestroy_v2",
+    "cuCtxDisablePeerAccess",
+    "cuCtxEnablePeerAccess",
     "cuCtxGetApiVersion",
     "cuCtxGetCacheConfig",
     "cuCtxGetCurrent",
