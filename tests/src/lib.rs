@@ -411,6 +411,7 @@ pub fn wait_until(timeout: Duration, mut check: impl FnMut() -> bool) -> bool {
     check()
 }
 
+pub mod cuda_program;
 pub mod raw;
 
 /// A real account of this machine to run test processes as. Tests look accounts up; they
