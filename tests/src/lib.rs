@@ -412,6 +412,7 @@ pub fn wait_until(timeout: Duration, mut check: impl FnMut() -> bool) -> bool {
 }
 
 pub mod cuda_program;
+pub mod hostile;
 pub mod raw;
 
 /// A real account of this machine to run test processes as. Tests look accounts up; they
