@@ -251,6 +251,19 @@ void check_deferred_errors(void) {
     OK(cuEventRecord(e, NULL));
     EXPECT(cuEventSynchronize(e), CUDA_ERROR_INVALID_HANDLE);
     OK(cuEventSynchronize(e));
+    /* More streams than gpushared lets one program hold: made without waiting, refused
+     * there. A synchronizing call that fails for its own reason leaves that error pending. */
+    enum { MANY = 2000 };
+    CUstream *many = calloc(MANY, sizeof *many);
+    CHECK(many != NULL, "memory");
+    for (int i = 0; many && i < MANY; i++) OK(cuStreamCreate(&many[i], CU_STREAM_NON_BLOCKING));
+    EXPECT(cuStreamSynchronize(gone), CUDA_ERROR_INVALID_HANDLE);
+    EXPECT(cuCtxSynchronize(NULL), CUDA_ERROR_OUT_OF_MEMORY);
+    OK(cuCtxSynchronize(NULL));
+    for (int i = 0; many && i < MANY; i++) OK(cuStreamDestroy(many[i]));
+    free(many);
+    (void)cuCtxSynchronize(NULL); /* the refused streams' destruction fails there too */
+    OK(cuCtxSynchronize(NULL));
     /* The failed work did nothing. */
     OK(cuMemcpyDtoH(h, d, sizeof h));
     for (int i = 0; i < 256; i++)
