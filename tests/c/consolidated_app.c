@@ -129,6 +129,9 @@ static int load_driver(void) {
     /* Per-thread forms are other functions; where there is none, the plain one. */
     CHECK((void *)pt_cuMemsetD32Async != (void *)cuMemsetD32Async, "per-thread memset");
     CHECK((void *)pt_cuEventRecord != (void *)cuEventRecord, "per-thread event record");
+    CHECK(lookup("cuMemsetD32Async", CU_GET_PROC_ADDRESS_LEGACY_STREAM) ==
+              (void *)cuMemsetD32Async,
+          "the legacy-stream flag gives the plain form");
     CHECK(lookup("cuMemAlloc", CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) ==
               lookup("cuMemAlloc", 0),
           "cuMemAlloc has no per-thread form");
