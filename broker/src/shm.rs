@@ -129,9 +129,53 @@ pub enum HostRegionError {
     Map(nix::Error),
 }
 
+/// Room below the main thread's stack kept free: the stack grows down into it on demand, up
+/// to its limit (between these bounds), and the kernel will not grow it to within its guard
+/// gap (1 MiB unless configured otherwise) of another mapping, so a client's region placed
+/// there would crash gpushared at its next deep call.
+const STACK_ROOM_MIN: u64 = 8 << 20;
+const STACK_ROOM_MAX: u64 = 1 << 30;
+const STACK_GUARD: u64 = 4 << 20;
+
+/// The addresses a mapping must stay out of for the main thread's stack to grow, from
+/// /proc/self/maps and the stack's limit; `None` if they cannot be told.
+fn stack_zone() -> Option<std::ops::Range<u64>> {
+    static ZONE: std::sync::OnceLock<Option<std::ops::Range<u64>>> = std::sync::OnceLock::new();
+    ZONE.get_or_init(|| {
+        let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+        let range = maps.lines().find(|l| l.ends_with("[stack]"))?;
+        let (_, top) = range.split_whitespace().next()?.split_once('-')?;
+        let top = u64::from_str_radix(top, 16).ok()?;
+        let mut limit = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit writes one rlimit, which `limit` is.
+        let known = unsafe { libc::getrlimit(libc::RLIMIT_STACK, &mut limit) } == 0;
+        let room = if known && limit.rlim_cur != libc::RLIM_INFINITY {
+            limit.rlim_cur.clamp(STACK_ROOM_MIN, STACK_ROOM_MAX)
+        } else {
+            STACK_ROOM_MAX
+        };
+        Some(top.saturating_sub(room + STACK_GUARD)..top)
+    })
+    .clone()
+}
+
+/// Whether `[at, at + len)` reaches where the main thread's stack may grow (or cannot be told
+/// not to): such a hint is not honoured.
+fn near_stack(at: u64, len: u64) -> bool {
+    let end = at.saturating_add(len);
+    match stack_zone() {
+        Some(zone) => at < zone.end && end > zone.start,
+        None => true,
+    }
+}
+
 impl HostRegion {
-    /// Maps `len` bytes of a client's memfd, at `at` when that address is free here (device
-    /// code may then use the client's own pointer), else wherever the kernel puts it.
+    /// Maps `len` bytes of a client's memfd, at `at` when that address is free here and clear
+    /// of where the main thread's stack grows (device code may then use the client's own
+    /// pointer), else wherever the kernel puts it.
     pub fn map(fd: &OwnedFd, len: u64, at: u64) -> Result<HostRegion, HostRegionError> {
         use nix::sys::mman::{MapFlags, ProtFlags, mmap};
         let seals = fcntl(fd, FcntlArg::F_GET_SEALS).map_err(|_| HostRegionError::NotSealed)?;
@@ -156,6 +200,7 @@ impl HostRegion {
         // SAFETY: a new shared mapping of a sealed memfd, wherever the kernel puts it.
         let anywhere = || unsafe { mmap(None, size, prot, MapFlags::MAP_SHARED, fd, 0) };
         // No hint means anywhere: MAP_FIXED_NOREPLACE at 0 would map page zero where allowed.
+        let at = if near_stack(at, len) { 0 } else { at };
         let ptr = match std::num::NonZeroUsize::new(at as usize) {
             None => anywhere().map_err(HostRegionError::Map)?,
             Some(hint) => {
@@ -256,5 +301,46 @@ impl ArenaSlice<'_> {
         let n = src.len().min(self.len);
         // SAFETY: as for `read_into`, in the other direction.
         unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.as_ptr(), n) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sealed_memfd(len: u64) -> OwnedFd {
+        let fd = memfd_create("test", MFdFlags::MFD_ALLOW_SEALING).expect("memfd");
+        nix::unistd::ftruncate(&fd, len as i64).expect("size");
+        fcntl(fd.as_fd(), FcntlArg::F_ADD_SEALS(SealFlag::F_SEAL_SHRINK)).expect("seal");
+        fd
+    }
+
+    #[test]
+    fn a_region_never_lands_where_the_main_stack_grows() {
+        let zone = stack_zone().expect("this process's stack");
+        // Just below the stack as it is now, where nothing else is mapped.
+        let maps = std::fs::read_to_string("/proc/self/maps").expect("maps");
+        let stack = maps
+            .lines()
+            .find(|l| l.ends_with("[stack]"))
+            .expect("[stack]");
+        let (bottom, _) = stack.split_once('-').expect("a range");
+        let below = u64::from_str_radix(bottom, 16).expect("hex") - 2 * 4096;
+        assert!(near_stack(below, 8192), "just below the stack");
+        assert!(near_stack(zone.start, 4096));
+        assert!(!near_stack(zone.start - 8192, 8192), "below the zone");
+        let region = HostRegion::map(&sealed_memfd(8192), 8192, below).expect("mapped");
+        let at = region.whole().as_ptr() as u64;
+        assert!(!zone.contains(&at), "placed at {at:#x}, in {zone:x?}");
+    }
+
+    #[test]
+    fn a_free_address_far_from_the_stack_is_honoured() {
+        // Somewhere free: map and unmap to find it.
+        let probe = HostRegion::map(&sealed_memfd(8192), 8192, 0).expect("mapped");
+        let at = probe.whole().as_ptr() as u64;
+        drop(probe);
+        let region = HostRegion::map(&sealed_memfd(8192), 8192, at).expect("mapped");
+        assert_eq!(region.whole().as_ptr() as u64, at);
     }
 }

@@ -411,7 +411,9 @@ pub fn wait_until(timeout: Duration, mut check: impl FnMut() -> bool) -> bool {
     check()
 }
 
+pub mod cuda_program;
 pub mod faults;
+pub mod hostile;
 pub mod raw;
 
 /// A real account of this machine to run test processes as. Tests look accounts up; they

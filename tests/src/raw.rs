@@ -3,7 +3,7 @@
 //! misbehaves on purpose.
 
 use std::io::IoSlice;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::path::Path;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -26,10 +26,16 @@ pub struct RawClient {
 impl RawClient {
     /// Connects with the connection core's handshake; what follows is up to the test.
     pub fn connect(path: &Path) -> RawClient {
+        RawClient::connect_as(path, Role::Client)
+    }
+
+    /// Connects in `role` (a consolidated client's role lets it make the requests and
+    /// commands a client-side CUDA driver makes).
+    pub fn connect_as(path: &Path, role: Role) -> RawClient {
         let sock = ControlSocket::connect(path).expect("connect");
         let hello = Hello {
             protocol_version: gpushare_protocol::PROTOCOL_VERSION,
-            role: Role::Client,
+            role,
             client_name: "hostile".into(),
             requested_class: None,
             sq_entries: 64,
@@ -160,6 +166,41 @@ impl RawClient {
     /// Sends raw bytes on the control socket.
     pub fn send_control(&self, bytes: &[u8]) {
         send_raw(&self.sock, bytes);
+    }
+
+    /// Sends a control request with `fds` attached and returns the broker's answer (device
+    /// reset notices skipped); `None` when the broker closed the connection or said nothing
+    /// for 10 s.
+    pub fn request(&self, msg: &ClientMessage, fds: &[RawFd]) -> Option<BrokerMessage> {
+        self.sock.send(msg, fds).ok()?;
+        let timeout = nix::sys::time::TimeVal::new(10, 0);
+        nix::sys::socket::setsockopt(
+            &self.sock.as_fd(),
+            nix::sys::socket::sockopt::ReceiveTimeout,
+            &timeout,
+        )
+        .expect("receive timeout");
+        loop {
+            match self.sock.recv() {
+                Ok((BrokerMessage::DeviceReset { .. }, _)) => continue,
+                Ok((reply, _)) => return Some(reply),
+                Err(_) => return None,
+            }
+        }
+    }
+
+    /// Submits one command and returns its completion (`None` if none came in 10 s).
+    pub fn submit_one(
+        &self,
+        cmd: gpushare_protocol::Command,
+    ) -> Option<gpushare_protocol::ring::CompletionEntry> {
+        let tag = self.sq_tail().load(Ordering::Relaxed) as u64 + 1;
+        self.submit_all(&[cmd.encode(tag)]).into_iter().next()
+    }
+
+    /// Writes `bytes` at `offset` of the arena.
+    pub fn write_arena(&self, offset: usize, bytes: &[u8]) {
+        self.scribble(self.layout.arena_offset() + offset, bytes);
     }
 
     /// Whether the broker still answers on the control socket (a Status request).

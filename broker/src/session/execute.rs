@@ -116,15 +116,12 @@ impl<D: Device> SessionState<D> {
                 if self.streams.len() >= MAX_STREAMS {
                     return Err(ErrorCode::TooManyHandles);
                 }
+                let (id, next) = fresh_id(self.next_stream, |id| self.streams.contains_key(&id))?;
                 let stream = self
                     .device
                     .create_stream(self.info.grant().class)
                     .map_err(|e| e.code())?;
-                let id = self.next_stream;
-                self.next_stream = self
-                    .next_stream
-                    .checked_add(1)
-                    .ok_or(ErrorCode::TooManyHandles)?;
+                self.next_stream = next;
                 self.streams.insert(id, StreamSlot::new(stream));
                 counters
                     .streams
@@ -170,16 +167,20 @@ impl<D: Device> SessionState<D> {
                 if self.events.len() >= MAX_EVENTS {
                     return Err(ErrorCode::TooManyHandles);
                 }
+                let (id, next) = fresh_id(self.next_event, |id| self.events.contains_key(&id))?;
                 let event = self.device.create_event().map_err(|e| e.code())?;
-                let id = self.next_event;
-                self.next_event = self
-                    .next_event
-                    .checked_add(1)
-                    .ok_or(ErrorCode::TooManyHandles)?;
+                self.next_event = next;
                 self.events.insert(id, event);
                 Ok((id as u64, 0))
             }
             Command::EventRecord { stream, event } => {
+                if !self.events.contains_key(&event) || !self.streams.contains_key(&stream) {
+                    return Err(ErrorCode::InvalidHandle);
+                }
+                // A record is an operation on its stream: in CUDA's legacy order like any.
+                if self.info.consolidated {
+                    self.order_legacy(stream)?;
+                }
                 let device = self.device.clone();
                 let e = self
                     .events
@@ -193,6 +194,9 @@ impl<D: Device> SessionState<D> {
                     .record_event(e, &mut slot.stream)
                     .map_err(|e| e.code())?;
                 self.event_marks.insert(event, (stream, slot.submitted));
+                if self.info.consolidated {
+                    self.note_legacy(stream);
+                }
                 Ok((0, 0))
             }
             Command::EventQuery { event } => {
@@ -514,5 +518,37 @@ impl<D: Device> SessionState<D> {
                 if in_global { Ok(()) } else { Err(e) }
             }
         }
+    }
+}
+
+/// The first id from `next` on that is not `taken`, and the next one to try after it: a
+/// consolidated client names its own streams and events (`StreamCreateAs`), and a handle made
+/// the other way must not displace one (a displaced device stream would never be destroyed).
+/// Ends within as many steps as there are live handles.
+fn fresh_id(next: u32, taken: impl Fn(u32) -> bool) -> Result<(u32, u32), ErrorCode> {
+    let mut id = next;
+    while taken(id) {
+        id = id.checked_add(1).ok_or(ErrorCode::TooManyHandles)?;
+    }
+    Ok((id, id.checked_add(1).ok_or(ErrorCode::TooManyHandles)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fresh_ids_skip_the_ones_in_use() {
+        assert_eq!(fresh_id(1, |_| false), Ok((1, 2)));
+        assert_eq!(fresh_id(1, |id| id <= 3), Ok((4, 5)));
+        assert_eq!(fresh_id(1, |id| id == 2), Ok((1, 2)));
+        assert_eq!(
+            fresh_id(u32::MAX, |_| false),
+            Err(ErrorCode::TooManyHandles)
+        );
+        assert_eq!(
+            fresh_id(u32::MAX - 1, |id| id == u32::MAX - 1),
+            Err(ErrorCode::TooManyHandles)
+        );
     }
 }

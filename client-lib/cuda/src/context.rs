@@ -107,7 +107,7 @@ impl Contexts {
         }
     }
 
-    fn create(&self, flags: u32) -> CUcontext {
+    pub(crate) fn create(&self, flags: u32) -> CUcontext {
         let ctx = Box::leak(Box::new(Context {
             id: self.next_id.fetch_add(1, Ordering::Relaxed),
             flags: AtomicU32::new(flags),
@@ -202,9 +202,11 @@ fn set_current(ctx: CUcontext) {
 impl Driver {
     /// Waits for all of this client's work; reports the first error any of it met.
     pub fn synchronize(&self) -> Cu<()> {
-        let synced = self.transport.call(Command::ClientSync).map(drop);
-        let deferred = self.deferred();
-        let outcome = synced.and(deferred);
+        // A sync that fails on its own leaves the work's error for the next call.
+        let outcome = self
+            .transport
+            .call(Command::ClientSync)
+            .and_then(|_| self.deferred());
         if let Err(code) = outcome {
             self.notice_loss(code);
         }

@@ -16,11 +16,29 @@ pub fn check(dev: CUdevice) -> Cu<()> {
     }
 }
 
+/// The attributes of features this driver does not offer, whatever the GPU can do: programs
+/// ask them before using the feature, and a driver without it says 0.
+const NOT_OFFERED: [usize; 3] = [
+    device_attr::MANAGED_MEMORY,
+    device_attr::CONCURRENT_MANAGED_ACCESS,
+    device_attr::IPC_EVENT_SUPPORTED,
+];
+
+/// An attribute's value as programs of this driver see it: the GPU's `value`, or 0 for a
+/// feature not offered here.
+fn offered(attr: usize, value: i32) -> i32 {
+    if NOT_OFFERED.contains(&attr) {
+        0
+    } else {
+        value
+    }
+}
+
 impl Driver {
-    /// A device attribute, as the broker's GPU has it.
+    /// A device attribute, as the broker's GPU has it, less what this driver cannot offer.
     pub fn attribute(&self, attr: usize) -> Cu<i32> {
         match self.device.attributes.get(attr) {
-            Some(&v) if attr > 0 => Ok(v),
+            Some(&v) if attr > 0 => Ok(offered(attr, v)),
             _ => Err(result::INVALID_VALUE),
         }
     }
@@ -316,4 +334,19 @@ pub unsafe extern "C" fn cuDeviceGetExecAffinitySupport(
         // SAFETY: the caller's contract.
         unsafe { out(supported, 0) }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn features_this_driver_lacks_read_as_absent() {
+        // The GPU has managed memory and IPC events (an H100 says 1); programs here cannot.
+        assert_eq!(offered(device_attr::MANAGED_MEMORY, 1), 0);
+        assert_eq!(offered(device_attr::CONCURRENT_MANAGED_ACCESS, 1), 0);
+        assert_eq!(offered(device_attr::IPC_EVENT_SUPPORTED, 1), 0);
+        assert_eq!(offered(device_attr::MULTIPROCESSOR_COUNT, 132), 132);
+        assert_eq!(offered(device_attr::WARP_SIZE, 32), 32);
+    }
 }

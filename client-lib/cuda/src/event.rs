@@ -138,8 +138,10 @@ pub extern "C" fn cuEventSynchronize(h: CUevent) -> CUresult {
     entry("cuEventSynchronize", || {
         let d = driver::live()?;
         let ev = handle::event_id(h).ok_or(result::INVALID_HANDLE)?;
-        let synced = d.transport.call(Command::EventSync { event: ev }).map(drop);
-        let outcome = synced.and(d.deferred());
+        let outcome = d
+            .transport
+            .call(Command::EventSync { event: ev })
+            .and_then(|_| d.deferred());
         if let Err(code) = outcome {
             d.notice_loss(code);
         }

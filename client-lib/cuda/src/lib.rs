@@ -13,6 +13,7 @@
 //! - [`driver`]: connecting at `cuInit`, the process-wide state, fork.
 //! - [`transport`]: the session and the arena ring for launch parameters and staged copies.
 //! - [`device`], [`context`]: device queries and contexts (one device: the broker's GPU).
+//! - [`peer`]: peer access, which one device never has.
 //! - [`memory`], [`copy`]: allocations, pointer queries, page-locked host memory, copies.
 //! - [`stream`], [`event`]: streams (the default streams map to the client's) and events.
 //! - [`module`], [`image`], [`launch`], [`occupancy`]: modules loaded lazily, launches.
@@ -35,6 +36,7 @@ pub mod launch;
 pub mod memory;
 pub mod module;
 pub mod occupancy;
+pub mod peer;
 pub mod profiler;
 pub mod status;
 pub mod stream;

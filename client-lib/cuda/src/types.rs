@@ -47,6 +47,7 @@ pub mod result {
     pub const NOT_READY: CUresult = 600;
     pub const ILLEGAL_ADDRESS: CUresult = 700;
     pub const LAUNCH_OUT_OF_RESOURCES: CUresult = 701;
+    pub const PEER_ACCESS_NOT_ENABLED: CUresult = 705;
     pub const PRIMARY_CONTEXT_ACTIVE: CUresult = 708;
     pub const HOST_MEMORY_ALREADY_REGISTERED: CUresult = 712;
     pub const HOST_MEMORY_NOT_REGISTERED: CUresult = 713;
@@ -82,6 +83,9 @@ pub mod device_attr {
     pub const PCI_DOMAIN_ID: usize = 50;
     pub const COMPUTE_CAPABILITY_MAJOR: usize = 75;
     pub const COMPUTE_CAPABILITY_MINOR: usize = 76;
+    pub const MANAGED_MEMORY: usize = 83;
+    pub const CONCURRENT_MANAGED_ACCESS: usize = 89;
+    pub const IPC_EVENT_SUPPORTED: usize = 125;
     pub const MAX: usize = 150;
 }
 

@@ -58,8 +58,16 @@ pub fn unsupported(name: &str) -> CUresult {
 
 /// One line on stderr, once, naming a call (or a use of one) this driver does not support.
 pub fn say_unsupported(what: &str) {
+    say_refused(what, result::NOT_SUPPORTED);
+}
+
+/// As [`say_unsupported`], for a call that fails with `code`, the error a driver without the
+/// feature gives for it.
+pub fn say_refused(what: &str, code: CUresult) {
+    let name = crate::status::name(code).unwrap_or("an error\0");
+    let name = name.trim_end_matches('\0');
     crate::driver::say_once(&format!(
-        "{what} is not supported by gpushare's CUDA driver (CUDA_ERROR_NOT_SUPPORTED); see `gpushare run --help` for what consolidated programs can use"
+        "{what} is not supported by gpushare's CUDA driver ({name}); see `gpushare run --help` for what consolidated programs can use"
     ));
 }
 

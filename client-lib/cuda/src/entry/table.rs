@@ -13,6 +13,8 @@ unsafe extern "C" {
     fn cuCtxCreate_v4();
     fn cuCtxDestroy();
     fn cuCtxDestroy_v2();
+    fn cuCtxDisablePeerAccess();
+    fn cuCtxEnablePeerAccess();
     fn cuCtxGetApiVersion();
     fn cuCtxGetCacheConfig();
     fn cuCtxGetCurrent();
@@ -236,8 +238,6 @@ super::stubs! {
     cuCoredumpSetAttributeGlobal,
     cuCtxAttach,
     cuCtxDetach,
-    cuCtxDisablePeerAccess,
-    cuCtxEnablePeerAccess,
     cuCtxFromGreenCtx,
     cuCtxGetDevResource,
     cuCtxGetExecAffinity,
@@ -4783,15 +4783,17 @@ pub(super) static SYMBOLS: [&str; 638] = [
     "cuWaitExternalSemaphoresAsync_ptsz",
 ];
 
-/// The symbols src/ implements (203); the rest are stubs.
+/// The symbols src/ implements (205); the rest are stubs.
 #[cfg(test)]
-pub(super) static IMPLEMENTED: [&str; 203] = [
+pub(super) static IMPLEMENTED: [&str; 205] = [
     "cuCtxCreate",
     "cuCtxCreate_v2",
     "cuCtxCreate_v3",
     "cuCtxCreate_v4",
     "cuCtxDestroy",
     "cuCtxDestroy_v2",
+    "cuCtxDisablePeerAccess",
+    "cuCtxEnablePeerAccess",
     "cuCtxGetApiVersion",
     "cuCtxGetCacheConfig",
     "cuCtxGetCurrent",

@@ -1,0 +1,241 @@
+/* A stand-in for an unmodified CUDA program (tests/consolidated.rs): it loads the driver the
+ * way the CUDA runtime does — dlopen("libcuda.so.1") by soname, dlsym of cuGetProcAddress_v2
+ * only, every other entry point through cuGetProcAddress at CUDA 13.0 — and checks what a
+ * program relies on against gpushared.
+ *
+ *   cuda_standin all QUOTA        every section; the policy gives this user QUOTA bytes
+ *   cuda_standin user QUOTA SEED  holds memory with pattern SEED, prints `holding`, waits
+ *                                     for a line on stdin, then checks it and copies more
+ *   cuda_standin noinit           cuInit must fail (no gpushared at GPUSHARE_SOCKET)
+ *
+ * Prints `section NAME: ok` per section and `cuda standin: all checks passed` at the end;
+ * exits 1 on any failed check. $GPUSHARE_TEST_LIBCUDA names the library that must be loaded. */
+#define _GNU_SOURCE
+#include "cuda_standin.h"
+
+#include <dlfcn.h>
+#include <limits.h>
+#include <link.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define DEFINE(name, args) CUresult (*name) args;
+#define DEFINE_PT(name, args) CUresult (*pt_##name) args;
+ENTRY_POINTS(DEFINE)
+PER_THREAD_ENTRY_POINTS(DEFINE_PT)
+#undef DEFINE
+#undef DEFINE_PT
+
+int failures;
+CUdevice device;
+CUcontext primary;
+
+typedef CUresult (*GetProcAddress)(const char *, void **, int, unsigned long long, int *);
+static GetProcAddress get_proc_address;
+
+static const char *section_name;
+static int section_failures;
+
+void section_begin(const char *name) {
+    section_name = name;
+    section_failures = failures;
+}
+
+void section_end(void) {
+    printf("section %s: %s\n", section_name, failures == section_failures ? "ok" : "FAILED");
+    fflush(stdout);
+}
+
+const char *error_name(CUresult r) {
+    const char *name = NULL;
+    if (cuGetErrorName && cuGetErrorName(r, &name) == CUDA_SUCCESS && name) return name;
+    return "?";
+}
+
+unsigned char pattern_byte(size_t i, unsigned seed) {
+    return (unsigned char)((i * 2654435761u + seed * 40503u) >> 7);
+}
+
+void fill_pattern(unsigned char *p, size_t n, unsigned seed) {
+    for (size_t i = 0; i < n; i++) p[i] = pattern_byte(i, seed);
+}
+
+size_t pattern_mismatch(const unsigned char *p, size_t n, unsigned seed) {
+    for (size_t i = 0; i < n; i++)
+        if (p[i] != pattern_byte(i, seed)) return i;
+    return n;
+}
+
+/* cuGetProcAddress of `name`, as the runtime asks (CUDA 13.0); NULL after a failed check. */
+static void *lookup(const char *name, unsigned long long flags) {
+    void *fn = NULL;
+    int status = -1;
+    CUresult r = get_proc_address(name, &fn, 13000, flags, &status);
+    if (r != CUDA_SUCCESS || status != 0 || !fn) {
+        failures++;
+        printf("FAIL cuGetProcAddress(%s, 13000, %llu) gave %d, status %d, %p\n", name, flags, r,
+               status, fn);
+        return NULL;
+    }
+    return fn;
+}
+
+/* Function pointers from data pointers, without the cast ISO C leaves undefined. */
+#define RESOLVE(name, args)                                                                   \
+    {                                                                                         \
+        void *p_ = lookup(#name, 0);                                                          \
+        memcpy(&name, &p_, sizeof p_);                                                        \
+    }
+#define RESOLVE_PT(name, args)                                                                \
+    {                                                                                         \
+        void *p_ = lookup(#name, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM);              \
+        memcpy(&pt_##name, &p_, sizeof p_);                                                   \
+    }
+
+static int load_driver(void) {
+    section_begin("loading");
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!lib) {
+        printf("FAIL dlopen(libcuda.so.1): %s\n", dlerror());
+        return 0;
+    }
+    const char *want = getenv("GPUSHARE_TEST_LIBCUDA");
+    struct link_map *map = NULL;
+    char loaded[PATH_MAX], wanted[PATH_MAX];
+    CHECK(dlinfo(lib, RTLD_DI_LINKMAP, &map) == 0 && map, "dlinfo: %s", dlerror());
+    CHECK(want && map && realpath(map->l_name, loaded) && realpath(want, wanted) &&
+              !strcmp(loaded, wanted),
+          "loaded %s, not %s", map ? map->l_name : "?", want ? want : "(unset)");
+    void *sym = dlsym(lib, "cuGetProcAddress_v2");
+    if (!sym) {
+        printf("FAIL dlsym(cuGetProcAddress_v2): %s\n", dlerror());
+        return 0;
+    }
+    memcpy(&get_proc_address, &sym, sizeof sym);
+    ENTRY_POINTS(RESOLVE)
+    PER_THREAD_ENTRY_POINTS(RESOLVE_PT)
+    if (failures) return 0;
+
+    /* cuGetProcAddress finds itself; unknown names and too-old versions are NOT_FOUND. */
+    CHECK(lookup("cuGetProcAddress", 0) == sym, "cuGetProcAddress at 13000 is the _v2 form");
+    void *fn = &fn;
+    int status = -1;
+    EXPECT(get_proc_address("cuNoSuchEntryPoint", &fn, 13000, 0, &status), CUDA_ERROR_NOT_FOUND);
+    CHECK(fn == NULL && status == 1, "unknown symbol: %p, status %d", fn, status);
+    fn = &fn;
+    EXPECT(get_proc_address("cuStreamGetId", &fn, 11000, 0, &status), CUDA_ERROR_NOT_FOUND);
+    CHECK(fn == NULL && status == 2, "version not sufficient: %p, status %d", fn, status);
+    EXPECT(get_proc_address(NULL, &fn, 13000, 0, &status), CUDA_ERROR_INVALID_VALUE);
+    /* Per-thread forms are other functions; where there is none, the plain one. */
+    CHECK((void *)pt_cuMemsetD32Async != (void *)cuMemsetD32Async, "per-thread memset");
+    CHECK((void *)pt_cuEventRecord != (void *)cuEventRecord, "per-thread event record");
+    CHECK(lookup("cuMemsetD32Async", CU_GET_PROC_ADDRESS_LEGACY_STREAM) ==
+              (void *)cuMemsetD32Async,
+          "the legacy-stream flag gives the plain form");
+    CHECK(lookup("cuMemAlloc", CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) ==
+              lookup("cuMemAlloc", 0),
+          "cuMemAlloc has no per-thread form");
+
+    /* Before cuInit: the version answers, the rest is NOT_INITIALIZED. */
+    int version = 0, count = -1;
+    OK(cuDriverGetVersion(&version));
+    CHECK(version >= 12000, "driver version %d", version);
+    EXPECT(cuDeviceGetCount(&count), CUDA_ERROR_NOT_INITIALIZED);
+    section_end();
+    return failures == 0;
+}
+
+static int init(void) {
+    section_begin("init");
+    OK(cuInit(0));
+    int count = 0;
+    OK(cuDeviceGetCount(&count));
+    CHECK(count == 1, "%d devices", count);
+    OK(cuDeviceGet(&device, 0));
+    char name[256] = {0};
+    OK(cuDeviceGetName(name, sizeof name, device));
+    CHECK(name[0] != 0, "a device name");
+    /* What the runtime does: retain the primary context and make it current. */
+    OK(cuDevicePrimaryCtxRetain(&primary, device));
+    OK(cuCtxSetCurrent(primary));
+    CUcontext current = NULL;
+    OK(cuCtxGetCurrent(&current));
+    CHECK(current == primary && primary != NULL, "current %p, primary %p", (void *)current,
+          (void *)primary);
+    section_end();
+    return failures == 0;
+}
+
+/* Another user's program: holds half its quota with its own pattern while the test runs the
+ * other user's alongside, then checks nothing touched it. */
+static void run_as_user(size_t quota, unsigned seed) {
+    check_allocation(quota);
+    section_begin("holding");
+    size_t bytes = quota / 2, free_bytes = 0, total = 0;
+    unsigned char *host = malloc(bytes), *back = malloc(bytes);
+    CUdeviceptr d = 0;
+    CHECK(host && back, "host memory");
+    if (!host || !back) return;
+    fill_pattern(host, bytes, seed);
+    OK(cuMemAlloc(&d, bytes));
+    OK(cuMemcpyHtoD(d, host, bytes));
+    OK(cuMemGetInfo(&free_bytes, &total));
+    CHECK(total == quota && free_bytes == quota - bytes, "free %zu of %zu", free_bytes, total);
+    EXPECT(cuMemAlloc(&(CUdeviceptr){0}, bytes + 1), CUDA_ERROR_OUT_OF_MEMORY);
+    printf("holding %zu\n", bytes);
+    fflush(stdout);
+    char line[64];
+    CHECK(fgets(line, sizeof line, stdin) != NULL, "the go-ahead on stdin");
+    OK(cuMemcpyDtoH(back, d, bytes));
+    size_t at = pattern_mismatch(back, bytes, seed);
+    CHECK(at == bytes, "held memory changed at byte %zu", at);
+    OK(cuMemFree(d));
+    free(host);
+    free(back);
+    section_end();
+    check_copies(quota / 4);
+    check_memsets(quota / 4);
+}
+
+int main(int argc, char **argv) {
+    const char *mode = argc > 1 ? argv[1] : "";
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    if (!load_driver()) goto done;
+    if (!strcmp(mode, "noinit")) {
+        section_begin("noinit");
+        EXPECT(cuInit(0), CUDA_ERROR_NO_DEVICE);
+        EXPECT(cuInit(0), CUDA_ERROR_NO_DEVICE);
+        int count = -1;
+        EXPECT(cuDeviceGetCount(&count), CUDA_ERROR_NO_DEVICE);
+        section_end();
+        goto done;
+    }
+    if (!init()) goto done;
+    size_t quota = argc > 2 ? strtoull(argv[2], NULL, 0) : 0;
+    if (!strcmp(mode, "all") && quota) {
+        check_export_tables();
+        check_allocation(quota);
+        check_copies(17u << 20);
+        check_memsets(5u << 20);
+        check_streams();
+        check_events();
+        check_default_streams();
+        check_deferred_errors();
+        check_unsupported();
+    } else if (!strcmp(mode, "user") && quota && argc > 3) {
+        run_as_user(quota, (unsigned)strtoul(argv[3], NULL, 0));
+    } else {
+        printf("FAIL usage: %s all QUOTA | user QUOTA SEED | noinit\n", argv[0]);
+        failures++;
+    }
+    section_begin("finish");
+    OK(cuCtxSynchronize(NULL));
+    section_end();
+done:
+    if (failures) {
+        printf("consolidated app: %d checks failed\n", failures);
+        return 1;
+    }
+    printf("cuda standin: all checks passed\n");
+    return 0;
+}

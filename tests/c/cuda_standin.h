@@ -1,0 +1,177 @@
+/* The stand-in CUDA program of tests/consolidated.rs: the few driver types it needs (CI has no
+ * CUDA headers), the entry points it obtains through cuGetProcAddress, and its checks. */
+#ifndef CONSOLIDATED_APP_H
+#define CONSOLIDATED_APP_H
+
+#include <stddef.h>
+#include <stdio.h>
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef unsigned long long CUdeviceptr;
+typedef struct CUctx_st *CUcontext;
+typedef struct CUstream_st *CUstream;
+typedef struct CUevent_st *CUevent;
+typedef struct {
+    unsigned char bytes[16];
+} CUuuid;
+
+enum {
+    CUDA_SUCCESS = 0,
+    CUDA_ERROR_INVALID_VALUE = 1,
+    CUDA_ERROR_OUT_OF_MEMORY = 2,
+    CUDA_ERROR_NOT_INITIALIZED = 3,
+    CUDA_ERROR_NO_DEVICE = 100,
+    CUDA_ERROR_INVALID_CONTEXT = 201,
+    CUDA_ERROR_PEER_ACCESS_UNSUPPORTED = 217,
+    CUDA_ERROR_INVALID_HANDLE = 400,
+    CUDA_ERROR_NOT_FOUND = 500,
+    CUDA_ERROR_PEER_ACCESS_NOT_ENABLED = 705,
+    CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED = 712,
+    CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED = 713,
+    CUDA_ERROR_NOT_SUPPORTED = 801,
+};
+
+#define CU_STREAM_LEGACY ((CUstream)0x1)
+#define CU_STREAM_NON_BLOCKING 0x1
+#define CU_EVENT_DISABLE_TIMING 0x2
+#define CU_MEM_ATTACH_GLOBAL 0x1
+#define CU_GET_PROC_ADDRESS_LEGACY_STREAM 0x1
+#define CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM 0x2
+#define CU_POINTER_ATTRIBUTE_MEMORY_TYPE 2
+#define CU_MEMORYTYPE_HOST 1
+#define CU_MEMORYTYPE_DEVICE 2
+#define CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY 83
+#define CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS 89
+
+/* Every entry point the program uses, as CUDA 13 programs get them (version 13000). */
+#define ENTRY_POINTS(X)                                                                       \
+    X(cuInit, (unsigned))                                                                     \
+    X(cuDriverGetVersion, (int *))                                                            \
+    X(cuDeviceGet, (CUdevice *, int))                                                         \
+    X(cuDeviceGetCount, (int *))                                                              \
+    X(cuDeviceGetName, (char *, int, CUdevice))                                               \
+    X(cuDeviceGetAttribute, (int *, int, CUdevice))                                           \
+    X(cuDevicePrimaryCtxRetain, (CUcontext *, CUdevice))                                      \
+    X(cuCtxSetCurrent, (CUcontext))                                                           \
+    X(cuCtxGetCurrent, (CUcontext *))                                                         \
+    X(cuCtxCreate, (CUcontext *, void *, unsigned, CUdevice))                                 \
+    X(cuCtxDestroy, (CUcontext))                                                              \
+    X(cuCtxSynchronize, (CUcontext))                                                          \
+    X(cuCtxGetStreamPriorityRange, (int *, int *))                                            \
+    X(cuCtxEnablePeerAccess, (CUcontext, unsigned))                                           \
+    X(cuCtxDisablePeerAccess, (CUcontext))                                                    \
+    X(cuGetErrorName, (CUresult, const char **))                                              \
+    X(cuGetExportTable, (const void **, const CUuuid *))                                      \
+    X(cuMemAlloc, (CUdeviceptr *, size_t))                                                    \
+    X(cuMemFree, (CUdeviceptr))                                                               \
+    X(cuMemGetInfo, (size_t *, size_t *))                                                     \
+    X(cuMemAllocManaged, (CUdeviceptr *, size_t, unsigned))                                   \
+    X(cuIpcGetMemHandle, (void *, CUdeviceptr))                                               \
+    X(cuMemHostAlloc, (void **, size_t, unsigned))                                            \
+    X(cuMemFreeHost, (void *))                                                                \
+    X(cuMemHostRegister, (void *, size_t, unsigned))                                          \
+    X(cuMemHostUnregister, (void *))                                                          \
+    X(cuMemHostGetDevicePointer, (CUdeviceptr *, void *, unsigned))                           \
+    X(cuPointerGetAttribute, (void *, int, CUdeviceptr))                                      \
+    X(cuMemcpyHtoD, (CUdeviceptr, const void *, size_t))                                      \
+    X(cuMemcpyDtoH, (void *, CUdeviceptr, size_t))                                            \
+    X(cuMemcpyDtoD, (CUdeviceptr, CUdeviceptr, size_t))                                       \
+    X(cuMemcpyHtoDAsync, (CUdeviceptr, const void *, size_t, CUstream))                       \
+    X(cuMemcpyDtoHAsync, (void *, CUdeviceptr, size_t, CUstream))                             \
+    X(cuMemcpyDtoDAsync, (CUdeviceptr, CUdeviceptr, size_t, CUstream))                        \
+    X(cuMemcpy, (CUdeviceptr, CUdeviceptr, size_t))                                           \
+    X(cuMemcpyAsync, (CUdeviceptr, CUdeviceptr, size_t, CUstream))                            \
+    X(cuMemsetD8, (CUdeviceptr, unsigned char, size_t))                                       \
+    X(cuMemsetD16, (CUdeviceptr, unsigned short, size_t))                                     \
+    X(cuMemsetD32, (CUdeviceptr, unsigned, size_t))                                           \
+    X(cuMemsetD8Async, (CUdeviceptr, unsigned char, size_t, CUstream))                        \
+    X(cuMemsetD16Async, (CUdeviceptr, unsigned short, size_t, CUstream))                      \
+    X(cuMemsetD32Async, (CUdeviceptr, unsigned, size_t, CUstream))                            \
+    X(cuStreamCreate, (CUstream *, unsigned))                                                 \
+    X(cuStreamCreateWithPriority, (CUstream *, unsigned, int))                                \
+    X(cuStreamGetFlags, (CUstream, unsigned *))                                               \
+    X(cuStreamGetPriority, (CUstream, int *))                                                 \
+    X(cuStreamGetId, (CUstream, unsigned long long *))                                        \
+    X(cuStreamQuery, (CUstream))                                                              \
+    X(cuStreamSynchronize, (CUstream))                                                        \
+    X(cuStreamDestroy, (CUstream))                                                            \
+    X(cuStreamWaitEvent, (CUstream, CUevent, unsigned))                                       \
+    X(cuEventCreate, (CUevent *, unsigned))                                                   \
+    X(cuEventRecord, (CUevent, CUstream))                                                     \
+    X(cuEventQuery, (CUevent))                                                                \
+    X(cuEventSynchronize, (CUevent))                                                          \
+    X(cuEventElapsedTime, (float *, CUevent, CUevent))                                        \
+    X(cuEventDestroy, (CUevent))
+
+/* The per-thread-default-stream forms it uses (asked for with
+ * CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM), under a `pt_` prefix. */
+#define PER_THREAD_ENTRY_POINTS(X)                                                            \
+    X(cuMemsetD32Async, (CUdeviceptr, unsigned, size_t, CUstream))                            \
+    X(cuMemcpyDtoH, (void *, CUdeviceptr, size_t))                                            \
+    X(cuEventRecord, (CUevent, CUstream))                                                     \
+    X(cuStreamSynchronize, (CUstream))                                                        \
+    X(cuStreamGetId, (CUstream, unsigned long long *))
+
+#define DECLARE(name, args) extern CUresult (*name) args;
+#define DECLARE_PT(name, args) extern CUresult (*pt_##name) args;
+ENTRY_POINTS(DECLARE)
+PER_THREAD_ENTRY_POINTS(DECLARE_PT)
+#undef DECLARE
+#undef DECLARE_PT
+
+/* ---- checks ---------------------------------------------------------------------------- */
+
+extern int failures;
+const char *error_name(CUresult r);
+
+#define CHECK(cond, ...)                                                                      \
+    do {                                                                                      \
+        if (!(cond)) {                                                                        \
+            failures++;                                                                       \
+            printf("FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                            \
+            printf(__VA_ARGS__);                                                              \
+            printf("\n");                                                                     \
+            fflush(stdout);                                                                   \
+        }                                                                                     \
+    } while (0)
+
+/* A call that must give `want`. */
+#define EXPECT(call, want)                                                                    \
+    do {                                                                                      \
+        CUresult r_ = (call), w_ = (want);                                                    \
+        if (r_ != w_) {                                                                       \
+            failures++;                                                                       \
+            printf("FAIL %s:%d: %s gave %d (%s), want %d (%s)\n", __FILE__, __LINE__, #call,  \
+                   r_, error_name(r_), w_, error_name(w_));                                   \
+            fflush(stdout);                                                                   \
+        }                                                                                     \
+    } while (0)
+#define OK(call) EXPECT(call, CUDA_SUCCESS)
+
+/* Sections print `section NAME: ok` when none of their checks failed. */
+void section_begin(const char *name);
+void section_end(void);
+
+/* ---- the sections (cuda_standin_memory.c, cuda_standin_streams.c) ---------------------- */
+
+extern CUdevice device;
+extern CUcontext primary;
+
+void check_export_tables(void);
+void check_allocation(size_t quota);
+void check_copies(size_t bytes);
+void check_memsets(size_t bytes);
+void check_streams(void);
+void check_events(void);
+void check_default_streams(void);
+void check_deferred_errors(void);
+void check_unsupported(void);
+
+/* Test data: byte `i` of pattern `seed`. */
+unsigned char pattern_byte(size_t i, unsigned seed);
+void fill_pattern(unsigned char *p, size_t n, unsigned seed);
+/* The first index where `p` differs from pattern `seed`, or `n`. */
+size_t pattern_mismatch(const unsigned char *p, size_t n, unsigned seed);
+
+#endif

@@ -1,0 +1,277 @@
+/* The stand-in program's stream checks: streams, events, the default streams' order, and
+ * errors of work sent without waiting.
+ *
+ * Order is seen through event timings: on the sim device each operation takes modelled time
+ * on its stream, and an event records where its stream stands, so an event recorded after a
+ * wait is later by at least the work waited for. */
+#define _GNU_SOURCE
+#include "cuda_standin.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Bytes each ordering memset writes: long enough to show in an event timing. */
+#define ORDER_BYTES (32u << 20)
+
+static float elapsed(CUevent a, CUevent b) {
+    float ms = -1;
+    OK(cuEventSynchronize(b));
+    OK(cuEventElapsedTime(&ms, a, b));
+    return ms;
+}
+
+void check_streams(void) {
+    section_begin("streams");
+    int least = 1, greatest = 1;
+    OK(cuCtxGetStreamPriorityRange(&least, &greatest));
+    CHECK(greatest <= least, "priorities %d..%d", greatest, least);
+    CUstream a = NULL, b = NULL, bad = NULL;
+    OK(cuStreamCreateWithPriority(&a, CU_STREAM_NON_BLOCKING, greatest));
+    OK(cuStreamCreate(&b, 0));
+    EXPECT(cuStreamCreate(&bad, 0x10), CUDA_ERROR_INVALID_VALUE);
+    unsigned flags = 99;
+    int priority = 99;
+    OK(cuStreamGetFlags(a, &flags));
+    OK(cuStreamGetPriority(a, &priority));
+    CHECK(flags == CU_STREAM_NON_BLOCKING && priority == greatest, "flags %u priority %d", flags,
+          priority);
+    OK(cuStreamGetFlags(b, &flags));
+    OK(cuStreamGetPriority(b, &priority));
+    CHECK(flags == 0 && priority == 0, "flags %u priority %d", flags, priority);
+    unsigned long long ida = 0, idb = 0, idnull = 0;
+    OK(cuStreamGetId(a, &ida));
+    OK(cuStreamGetId(b, &idb));
+    OK(cuStreamGetId(NULL, &idnull));
+    CHECK(ida != idb && ida != idnull && idb != idnull, "ids %llu %llu %llu", ida, idb, idnull);
+
+    CUdeviceptr d = 0;
+    OK(cuMemAlloc(&d, 1 << 20));
+    OK(cuMemsetD8Async(d, 1, 1 << 20, a));
+    OK(cuMemsetD8Async(d, 2, 1 << 20, b));
+    OK(cuStreamSynchronize(a));
+    OK(cuStreamQuery(a));
+    OK(cuStreamSynchronize(b));
+    OK(cuStreamQuery(b));
+    OK(cuStreamQuery(NULL));
+
+    OK(cuStreamDestroy(a));
+    EXPECT(cuStreamDestroy(a), CUDA_ERROR_INVALID_HANDLE);
+    EXPECT(cuStreamQuery(a), CUDA_ERROR_INVALID_HANDLE);
+    EXPECT(cuStreamSynchronize(a), CUDA_ERROR_INVALID_HANDLE);
+    OK(cuStreamDestroy(b));
+    OK(cuMemFree(d));
+    section_end();
+}
+
+void check_events(void) {
+    section_begin("events");
+    CUevent e1 = NULL, e2 = NULL, untimed = NULL;
+    OK(cuEventCreate(&e1, 0));
+    OK(cuEventCreate(&e2, 0));
+    OK(cuEventCreate(&untimed, CU_EVENT_DISABLE_TIMING));
+    CUstream s = NULL, a = NULL, b = NULL, c = NULL;
+    OK(cuStreamCreate(&s, 0));
+    CUdeviceptr d = 0;
+    OK(cuMemAlloc(&d, ORDER_BYTES));
+
+    /* Record, query, synchronize, time. */
+    OK(cuEventRecord(e1, s));
+    OK(cuMemsetD8Async(d, 1, ORDER_BYTES, s));
+    OK(cuEventRecord(e2, s));
+    OK(cuEventRecord(untimed, s));
+    OK(cuEventSynchronize(e2));
+    OK(cuEventQuery(e2));
+    OK(cuEventQuery(untimed));
+    float ms = elapsed(e1, e2);
+    CHECK(ms > 0, "a memset between two events took %f ms", ms);
+    EXPECT(cuEventElapsedTime(&ms, e1, untimed), CUDA_ERROR_INVALID_HANDLE);
+
+    /* A stream waits for an event of another: what it records next is after that work. */
+    CUevent a0 = NULL, a1 = NULL, done = NULL, c0 = NULL, c1 = NULL;
+    OK(cuEventCreate(&a0, 0));
+    OK(cuEventCreate(&a1, 0));
+    OK(cuEventCreate(&done, 0));
+    OK(cuEventCreate(&c0, 0));
+    OK(cuEventCreate(&c1, 0));
+    OK(cuStreamCreate(&a, CU_STREAM_NON_BLOCKING));
+    OK(cuStreamCreate(&b, CU_STREAM_NON_BLOCKING));
+    OK(cuStreamCreate(&c, CU_STREAM_NON_BLOCKING));
+    OK(cuEventRecord(a0, a));
+    OK(cuEventRecord(c0, c));
+    OK(cuMemsetD8Async(d, 2, ORDER_BYTES, b));
+    OK(cuEventRecord(done, b));
+    OK(cuStreamWaitEvent(a, done, 0));
+    OK(cuEventRecord(a1, a));
+    OK(cuEventRecord(c1, c)); /* c waits for nothing */
+    float waited = elapsed(a0, a1), free_running = elapsed(c0, c1);
+    CHECK(waited > 0 && free_running * 2 < waited,
+          "the waiting stream moved %f ms, the other %f ms", waited, free_running);
+
+    OK(cuEventDestroy(e1));
+    EXPECT(cuEventDestroy(e1), CUDA_ERROR_INVALID_HANDLE);
+    CUevent all[] = {e2, untimed, a0, a1, done, c0, c1};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++) OK(cuEventDestroy(all[i]));
+    CUstream streams[] = {s, a, b, c};
+    for (size_t i = 0; i < sizeof streams / sizeof *streams; i++) OK(cuStreamDestroy(streams[i]));
+    OK(cuMemFree(d));
+    section_end();
+}
+
+/* How far a memset on `work` moves an event pair recorded on `watch` around it. */
+static float moved(CUstream watch, CUstream work, CUdeviceptr d) {
+    CUevent before = NULL, after = NULL;
+    OK(cuEventCreate(&before, 0));
+    OK(cuEventCreate(&after, 0));
+    OK(cuEventRecord(before, watch));
+    OK(cuMemsetD8Async(d, 3, ORDER_BYTES, work));
+    OK(cuEventRecord(after, watch));
+    float ms = elapsed(before, after);
+    OK(cuEventDestroy(before));
+    OK(cuEventDestroy(after));
+    return ms;
+}
+
+struct thread_result {
+    unsigned long long id;
+    int failures;
+};
+
+/* Another thread's per-thread default stream: its own, and its work lands. */
+static void *other_thread(void *arg) {
+    struct thread_result *r = arg;
+    int before = failures;
+    OK(cuCtxSetCurrent(primary));
+    OK(pt_cuStreamGetId(NULL, &r->id));
+    CUdeviceptr d = 0;
+    unsigned *h = calloc(1024, sizeof *h);
+    OK(cuMemAlloc(&d, 1024 * sizeof *h));
+    OK(pt_cuMemsetD32Async(d, 0x5a5a5a5a, 1024, NULL));
+    OK(pt_cuStreamSynchronize(NULL));
+    OK(pt_cuMemcpyDtoH(h, d, 1024 * sizeof *h));
+    for (int i = 0; h && i < 1024; i++)
+        if (h[i] != 0x5a5a5a5a) {
+            CHECK(0, "per-thread memset: element %d is %#x", i, h[i]);
+            break;
+        }
+    OK(cuMemFree(d));
+    free(h);
+    r->failures = failures - before;
+    return NULL;
+}
+
+void check_default_streams(void) {
+    section_begin("default streams");
+    CUdeviceptr d = 0;
+    OK(cuMemAlloc(&d, ORDER_BYTES));
+    CUstream blocking = NULL, non_blocking = NULL;
+    OK(cuStreamCreate(&blocking, 0));
+    OK(cuStreamCreate(&non_blocking, CU_STREAM_NON_BLOCKING));
+
+    /* The NULL (legacy) stream waits for blocking streams' work, and they for its; a
+     * non-blocking stream and the NULL stream do not wait for each other. */
+    float t;
+    t = moved(NULL, blocking, d);
+    CHECK(t > 0, "the NULL stream after a blocking stream's work: moved %f ms", t);
+    float nb = moved(NULL, non_blocking, d);
+    CHECK(nb * 2 < t, "the NULL stream after a non-blocking stream's work: moved %f ms", nb);
+    t = moved(blocking, NULL, d);
+    CHECK(t > 0, "a blocking stream after the NULL stream's work: moved %f ms", t);
+    nb = moved(non_blocking, NULL, d);
+    CHECK(nb * 2 < t, "a non-blocking stream after the NULL stream's work: moved %f ms", nb);
+    t = moved(CU_STREAM_LEGACY, blocking, d);
+    CHECK(t > 0, "CU_STREAM_LEGACY is the NULL stream: moved %f ms", t);
+
+    /* The per-thread default stream (_ptsz forms): a stream of this thread's own, in order
+     * with the legacy stream. */
+    unsigned long long legacy = 0, mine = 0, legacy_pt = 0;
+    OK(cuStreamGetId(NULL, &legacy));
+    OK(pt_cuStreamGetId(NULL, &mine));
+    OK(pt_cuStreamGetId(CU_STREAM_LEGACY, &legacy_pt));
+    CHECK(mine != legacy && legacy_pt == legacy, "per-thread %llu, legacy %llu / %llu", mine,
+          legacy, legacy_pt);
+    CUevent before = NULL, after = NULL;
+    OK(cuEventCreate(&before, 0));
+    OK(cuEventCreate(&after, 0));
+    OK(cuEventRecord(before, NULL));
+    OK(pt_cuMemsetD32Async(d, 4, ORDER_BYTES / 4, NULL));
+    OK(cuEventRecord(after, NULL));
+    t = elapsed(before, after);
+    CHECK(t > 0, "the legacy stream after the per-thread stream's work: moved %f ms", t);
+    OK(pt_cuEventRecord(before, NULL));
+    OK(cuMemsetD8Async(d, 5, ORDER_BYTES, NULL));
+    OK(pt_cuEventRecord(after, NULL));
+    t = elapsed(before, after);
+    CHECK(t > 0, "the per-thread stream after the legacy stream's work: moved %f ms", t);
+    OK(cuEventDestroy(before));
+    OK(cuEventDestroy(after));
+    pthread_t thread;
+    struct thread_result other = {0, 0};
+    CHECK(pthread_create(&thread, NULL, other_thread, &other) == 0, "a thread");
+    pthread_join(thread, NULL);
+    CHECK(other.failures == 0 && other.id != mine && other.id != legacy,
+          "another thread's stream %llu (mine %llu, legacy %llu)", other.id, mine, legacy);
+
+    /* cuCtxSynchronize waits for every stream of this program. */
+    OK(cuMemsetD8Async(d, 6, ORDER_BYTES, blocking));
+    OK(cuMemsetD8Async(d, 7, ORDER_BYTES, non_blocking));
+    OK(cuCtxSynchronize(NULL));
+    OK(cuStreamQuery(blocking));
+    OK(cuStreamQuery(non_blocking));
+    OK(cuStreamQuery(NULL));
+    OK(cuStreamDestroy(blocking));
+    OK(cuStreamDestroy(non_blocking));
+    OK(cuMemFree(d));
+    section_end();
+}
+
+void check_deferred_errors(void) {
+    section_begin("deferred errors");
+    CUdeviceptr d = 0;
+    unsigned h[256];
+    memset(h, 0xff, sizeof h);
+    OK(cuMemAlloc(&d, sizeof h));
+    OK(cuMemsetD32(d, 0, 256));
+    CUstream gone = NULL;
+    OK(cuStreamCreate(&gone, 0));
+    OK(cuStreamDestroy(gone));
+    /* Sent without waiting, the work cannot fail at once: it fails in gpushared, and the
+     * error comes with the next call that synchronizes — once. */
+    OK(cuMemsetD32Async(d, 7, 256, gone));
+    EXPECT(cuCtxSynchronize(NULL), CUDA_ERROR_INVALID_HANDLE);
+    OK(cuCtxSynchronize(NULL));
+    OK(cuMemcpyHtoDAsync(d, h, sizeof h, gone));
+    EXPECT(cuStreamSynchronize(NULL), CUDA_ERROR_INVALID_HANDLE);
+    OK(cuStreamSynchronize(NULL));
+    CUevent e = NULL, gone_event = NULL;
+    OK(cuEventCreate(&e, 0));
+    OK(cuEventCreate(&gone_event, 0));
+    OK(cuEventDestroy(gone_event));
+    OK(cuEventRecord(gone_event, NULL));
+    OK(cuEventRecord(e, NULL));
+    EXPECT(cuEventSynchronize(e), CUDA_ERROR_INVALID_HANDLE);
+    OK(cuEventSynchronize(e));
+    /* More streams than gpushared lets one program hold: made without waiting, refused
+     * there. A synchronizing call that fails for its own reason leaves that error pending. */
+    enum { MANY = 2000 };
+    CUstream *many = calloc(MANY, sizeof *many);
+    CHECK(many != NULL, "memory");
+    for (int i = 0; many && i < MANY; i++) OK(cuStreamCreate(&many[i], CU_STREAM_NON_BLOCKING));
+    EXPECT(cuStreamSynchronize(gone), CUDA_ERROR_INVALID_HANDLE);
+    EXPECT(cuCtxSynchronize(NULL), CUDA_ERROR_OUT_OF_MEMORY);
+    OK(cuCtxSynchronize(NULL));
+    for (int i = 0; many && i < MANY; i++) OK(cuStreamDestroy(many[i]));
+    free(many);
+    (void)cuCtxSynchronize(NULL); /* the refused streams' destruction fails there too */
+    OK(cuCtxSynchronize(NULL));
+    /* The failed work did nothing. */
+    OK(cuMemcpyDtoH(h, d, sizeof h));
+    for (int i = 0; i < 256; i++)
+        if (h[i] != 0) {
+            CHECK(0, "element %d is %#x after failed work", i, h[i]);
+            break;
+        }
+    OK(cuEventDestroy(e));
+    OK(cuMemFree(d));
+    section_end();
+}

@@ -1,0 +1,274 @@
+//! Consolidated clients: an unmodified CUDA program (the stand-in, `c/cuda_standin.c`)
+//! loads gpushare's `libcuda.so.1` as the CUDA runtime does and runs its CUDA work in
+//! gpushared's context: memory against its user's quota, copies, memsets, streams, events,
+//! the default streams' order, deferred errors, and what is not supported; several users'
+//! programs at once, each within its own quota.
+//!
+//! Needs `cc` and the workspace built (`cargo build --workspace`): `gpushared` and
+//! `libcuda.so`. The two-user test needs root (it runs the programs as `daemon` and `nobody`).
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use gpushare_protocol::Command;
+use gpushare_protocol::control::Role;
+use gpushare_tests::cuda_program::{CudaProgram, Running, assert_passed, run};
+use gpushare_tests::raw::RawClient;
+use gpushare_tests::{Broker, BrokerOptions, SystemUser, root_or_skip};
+
+/// Longest a stand-in run may take: far more than it needs, short of a hung test.
+const RUN_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// What the driver says on stderr for each unsupported call, once per process.
+const UNSUPPORTED: [&str; 3] = [
+    "cuMemAllocManaged",
+    "cuIpcGetMemHandle",
+    "cuCtxEnablePeerAccess",
+];
+
+fn broker_with_quota(uid: u32, quota: &str) -> Broker {
+    Broker::start_with(BrokerOptions {
+        policy: Some(format!(
+            "[[users]]\nuid = {uid}\nmemory_quota = \"{quota}\"\n"
+        )),
+        ..Default::default()
+    })
+}
+
+#[test]
+fn an_unmodified_program_runs_its_cuda_work_in_gpushared() {
+    let quota: u64 = 256 << 20;
+    let broker = broker_with_quota(nix::unistd::getuid().as_raw(), "256 MiB");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let program = CudaProgram::build(dir.path(), false);
+    let out = run(
+        program.command(&broker.socket, &["all", &quota.to_string()]),
+        RUN_TIMEOUT,
+    );
+    assert_passed(
+        &out,
+        &[
+            "loading",
+            "init",
+            "export tables",
+            "allocation",
+            "copies",
+            "memsets",
+            "streams",
+            "events",
+            "default streams",
+            "deferred errors",
+            "unsupported",
+            "finish",
+        ],
+        &broker.log_text(),
+    );
+    // One line per unsupported call, naming it, however often it is made; nothing else.
+    let lines: Vec<&str> = out.stderr.lines().collect();
+    for name in UNSUPPORTED {
+        let naming = lines.iter().filter(|l| l.contains(name)).count();
+        assert_eq!(naming, 1, "lines naming {name} in stderr:\n{}", out.stderr);
+    }
+    assert_eq!(
+        lines.len(),
+        UNSUPPORTED.len(),
+        "stderr holds only the unsupported calls' lines:\n{}",
+        out.stderr
+    );
+    // Its session ended with it.
+    assert!(
+        gpushare_tests::wait_until(Duration::from_secs(5), || broker
+            .status()
+            .clients
+            .is_empty()),
+        "the program's session ended with it"
+    );
+}
+
+#[test]
+fn without_gpushared_cuinit_fails_and_says_why_once() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let program = CudaProgram::build(dir.path(), false);
+    let out = run(
+        program.command(&dir.path().join("no-broker.sock"), &["noinit"]),
+        RUN_TIMEOUT,
+    );
+    assert_passed(&out, &["loading", "noinit"], "(no broker)");
+    let lines: Vec<&str> = out.stderr.lines().collect();
+    assert!(
+        lines.len() == 1 && lines[0].contains("gpushared"),
+        "one line on stderr that names gpushared:\n{}",
+        out.stderr
+    );
+}
+
+#[test]
+fn two_users_programs_run_at_once_each_within_its_own_quota() {
+    let test = "two_users_programs_run_at_once_each_within_its_own_quota";
+    if !root_or_skip(test) {
+        return;
+    }
+    let (Some(a), Some(b)) = (SystemUser::lookup("daemon"), SystemUser::lookup("nobody")) else {
+        let _ = std::io::Write::write_all(
+            &mut std::io::stderr(),
+            format!("SKIPPED {test}: no `daemon` or `nobody` account\n").as_bytes(),
+        );
+        return;
+    };
+    let quotas: [(&SystemUser, u64, &str); 2] =
+        [(&a, 96 << 20, "96 MiB"), (&b, 160 << 20, "160 MiB")];
+    let policy = quotas
+        .iter()
+        .map(|(u, _, q)| format!("[[users]]\nuid = {}\nmemory_quota = \"{q}\"\n", u.uid))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let broker = Broker::start_with(BrokerOptions {
+        policy: Some(policy),
+        ..Default::default()
+    });
+    broker.open_to_other_users();
+    // Where both users reach the program and the driver.
+    let dir = broker.dir.path().join("app");
+    std::fs::create_dir(&dir).expect("app dir");
+    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
+    let program = CudaProgram::build(&dir, true);
+
+    let mut running: Vec<(Running, &SystemUser, u64)> = quotas
+        .iter()
+        .enumerate()
+        .map(|(i, &(user, quota, _))| {
+            let mut cmd = program.command(
+                &broker.socket,
+                &["user", &quota.to_string(), &(i + 1).to_string()],
+            );
+            cmd.stdin(Stdio::piped()).current_dir("/");
+            user.apply(&mut cmd);
+            (Running::spawn(cmd), user, quota)
+        })
+        .collect();
+    // Both hold half their quota at the same time, each seen as its own user.
+    for (r, _, _) in &mut running {
+        r.wait_for_line("holding", RUN_TIMEOUT);
+    }
+    let status = broker.status();
+    for &(_, user, quota) in &running {
+        let mine: Vec<_> = status
+            .clients
+            .iter()
+            .filter(|c| c.uid == user.uid)
+            .collect();
+        assert!(
+            mine.len() == 1
+                && mine[0].consolidated
+                && mine[0].memory_quota == Some(quota)
+                && mine[0].memory_used == quota / 2,
+            "{}'s program as the broker sees it: {mine:?}",
+            user.name
+        );
+    }
+    for (r, _, _) in &mut running {
+        r.send_line("go");
+    }
+    for (r, user, _) in running {
+        let out = r.finish(RUN_TIMEOUT);
+        assert!(
+            out.stderr.is_empty(),
+            "{}'s program said on stderr:\n{}",
+            user.name,
+            out.stderr
+        );
+        assert_passed(
+            &out,
+            &[
+                "loading",
+                "init",
+                "allocation",
+                "holding",
+                "copies",
+                "memsets",
+                "finish",
+            ],
+            &broker.log_text(),
+        );
+    }
+}
+
+/// The legacy order as gpushared keeps it, spoken raw: event records are operations on their
+/// stream like any other. Times are the sim device's modelled ones, exact.
+#[test]
+fn event_records_keep_cuda_legacy_stream_order() {
+    let broker = Broker::start_with(BrokerOptions {
+        backend: Some("sim".into()),
+        ..Default::default()
+    });
+    let raw = RawClient::connect_as(&broker.socket, Role::Consolidated);
+    let ok = |cmd: Command| {
+        let c = raw.submit_one(cmd).expect("a completion");
+        assert_eq!(c.status, 0, "{cmd:?}");
+        c.result
+    };
+    let len = 32 << 20;
+    let dst = ok(Command::Alloc { bytes: len });
+    let (blocking, non_blocking, other_blocking) = (1, 2, 3);
+    for (stream, flags) in [(blocking, 0), (non_blocking, 1), (other_blocking, 0)] {
+        ok(Command::StreamCreateAs {
+            stream,
+            flags,
+            priority: 0,
+        });
+    }
+    for event in [1, 2, 3] {
+        ok(Command::EventCreateAs { event, flags: 0 });
+    }
+    // How far a memset on `work` moves events recorded on `watch` before and after it.
+    let moved = |watch, work, between: &dyn Fn()| {
+        ok(Command::EventRecord {
+            stream: watch,
+            event: 1,
+        });
+        ok(Command::Memset {
+            stream: work,
+            dst,
+            value: 1,
+            len,
+        });
+        between();
+        ok(Command::EventRecord {
+            stream: watch,
+            event: 2,
+        });
+        ok(Command::EventElapsed { start: 1, end: 2 })
+    };
+    let nothing = || {};
+    assert!(
+        moved(0, blocking, &nothing) > 0,
+        "stream 0 after a blocking stream"
+    );
+    assert_eq!(
+        moved(0, non_blocking, &nothing),
+        0,
+        "not after a non-blocking one"
+    );
+    assert!(
+        moved(blocking, 0, &nothing) > 0,
+        "a blocking stream after stream 0"
+    );
+    assert_eq!(
+        moved(non_blocking, 0, &nothing),
+        0,
+        "a non-blocking one is not"
+    );
+    // Through stream 0: a record there orders it after the blocking stream's work, and the
+    // other blocking stream after that record.
+    let record_on_0 = || {
+        ok(Command::EventRecord {
+            stream: 0,
+            event: 3,
+        });
+    };
+    assert!(
+        moved(other_blocking, blocking, &record_on_0) > 0,
+        "one blocking stream after another's work, through a record on stream 0"
+    );
+}
