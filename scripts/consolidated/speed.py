@@ -71,7 +71,7 @@ def infer(args):
 
     d = timed(args, step)
     return {"requests": len(d), "p50_ms": pct(d, 0.5) * 1e3, "p99_ms": pct(d, 0.99) * 1e3,
-            "mean_ms": sum(d) / len(d) * 1e3}
+            "mean_ms": sum(d) / len(d) * 1e3, "lat_us": [round(x * 1e6) for x in d]}
 
 
 def launch(args):

@@ -20,8 +20,10 @@ use crate::types::{CUresult, result};
 const SQ_ENTRIES: u32 = 4096;
 /// The arena: launch parameters and staged copies in flight.
 const ARENA_BYTES: u64 = 64 << 20;
-/// How long a waiting call spins before it sleeps.
-const SPIN: Duration = Duration::from_micros(50);
+/// How long a waiting call spins before it sleeps: long enough to see a short kernel finish
+/// after gpushared's data thread wakes up, so that a request after idle time costs one wake-up,
+/// not two. CUDA's own synchronization spins too.
+const SPIN: Duration = Duration::from_micros(250);
 
 /// Everything the driver knows of its session.
 pub struct Driver {

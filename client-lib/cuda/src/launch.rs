@@ -145,7 +145,8 @@ impl Driver {
         })
     }
 
-    /// Sends a launch whose `len` parameter bytes `fill` writes.
+    /// Sends a launch whose `len` parameter bytes `fill` writes: a plain launch when it has
+    /// no attributes, else one whose parameters follow its attributes.
     pub fn send_launch(
         &self,
         function: u64,
@@ -154,33 +155,44 @@ impl Driver {
         len: usize,
         fill: impl FnOnce(*mut u8),
     ) -> Cu<()> {
-        let header = LAUNCH_ATTRIBUTES_BYTES as usize;
+        let plain = shape.attributes == LaunchAttributes::default();
+        let header = if plain {
+            0
+        } else {
+            LAUNCH_ATTRIBUTES_BYTES as usize
+        };
         self.transport
             .send_with_payload(
                 header + len,
                 false,
                 |p| {
-                    // SAFETY: the payload has `header + len` bytes of room.
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(
-                            shape.attributes.as_bytes().as_ptr(),
-                            p.ptr,
-                            header,
-                        );
+                    if !plain {
+                        // SAFETY: the payload has `header + len` bytes of room.
+                        unsafe {
+                            std::ptr::copy_nonoverlapping(
+                                shape.attributes.as_bytes().as_ptr(),
+                                p.ptr,
+                                header,
+                            );
+                        }
                     }
                     // SAFETY: as above, after the header.
                     fill(unsafe { p.ptr.add(header) });
                 },
-                |offset| Command::LaunchEx {
-                    stream,
-                    launch: ModuleLaunch {
+                |offset| {
+                    let launch = ModuleLaunch {
                         function,
                         grid: shape.grid,
                         block: shape.block,
                         shared_mem_bytes: shape.shared_mem_bytes,
                         params_offset: offset,
                         params_len: (header + len) as u32,
-                    },
+                    };
+                    if plain {
+                        Command::LaunchModule { stream, launch }
+                    } else {
+                        Command::LaunchEx { stream, launch }
+                    }
                 },
                 |_| (),
             )
