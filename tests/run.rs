@@ -270,12 +270,46 @@ fn a_consolidated_program_gets_the_smaller_weight_it_asks_for_and_never_a_larger
         program.finish();
         let mut err = String::new();
         std::io::Read::read_to_string(&mut stderr, &mut err).expect("stderr");
-        let complaints = said(&err).len();
+        let complaints = said(&err).iter().filter(|l| l.contains("weight")).count();
         assert_eq!(
             complaints,
             usize::from(granted == 4),
             "asked for {asked}: {err}"
         );
+    }
+}
+
+#[test]
+fn on_two_gpus_a_program_runs_on_the_one_named_by_gpu_or_cuda_visible_devices_and_sees_only_it() {
+    let broker = Broker::start_with(BrokerOptions {
+        extra_args: vec!["--sim-gpus".into(), "2".into()],
+        ..BrokerOptions::default()
+    });
+    broker.dump_log_if_stuck(Duration::from_secs(120));
+    let b = built();
+    for (run_args, visible) in [(&["--gpu", "1"][..], None), (&[][..], Some("1"))] {
+        let mut cmd = run(
+            &broker.socket,
+            run_args,
+            &b.app,
+            &["hold", "libcuda.so.1", &MIB.to_string()],
+        );
+        if let Some(v) = visible {
+            cmd.env("CUDA_VISIBLE_DEVICES", v);
+        }
+        cmd.stderr(Stdio::piped());
+        let mut program = Running::start(cmd);
+        let pid = program.ready();
+        let c = wait_for_client(&broker, pid, MIB);
+        assert_eq!(c.gpu, 1, "{run_args:?} {visible:?}: {c:?}");
+        let mut stderr = program.child.stderr.take().expect("stderr");
+        program.finish();
+        let mut err = String::new();
+        std::io::Read::read_to_string(&mut stderr, &mut err).expect("stderr");
+        // Its question for a device 1 was refused with one line saying why.
+        let said = said(&err);
+        assert_eq!(said.len(), 1, "{err}");
+        assert!(said[0].contains("one GPU"), "{err}");
     }
 }
 

@@ -6,8 +6,9 @@
  *                     calls' results) and the loader's LD_LIBRARY_PATH and LD_AUDIT
  *                     ("env NAME VALUE", "-" when unset)
  *   hold LIB BYTES    allocates BYTES of device memory, copies a pattern there and back,
- *                     prints "ready PID" once it came back intact, and frees and exits at end
- *                     of input
+ *                     checks that there is no device 1 (gpushare gives a program one GPU),
+ *                     prints "ready PID" once all that held, and frees and exits at end of
+ *                     input
  *   spawn LIB BYTES CHILD_BYTES
  *                     as hold, but first starts itself (fork and exec) in hold mode with
  *                     CHILD_BYTES; both print their "ready PID"; exits with the child's
@@ -102,6 +103,11 @@ static CUdeviceptr set_up(size_t bytes) {
     if (memcmp(out, back, n) != 0) { fprintf(stderr, "the copy came back different\n"); exit(6); }
     free(out);
     free(back);
+    CUdevice other;
+    if (((CUresult (*)(CUdevice *, int))get("cuDeviceGet"))(&other, 1) == 0) {
+        fprintf(stderr, "a second device exists\n");
+        exit(7);
+    }
     return d;
 }
 

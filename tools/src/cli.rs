@@ -103,10 +103,14 @@ pub struct RunArgs {
     /// grants; if the policy grants less, the program warns once and runs as granted.
     #[arg(long, value_parser = parse_class)]
     pub class: Option<PriorityClass>,
-    /// Governed mode: ask for a smaller fair-share weight than the policy grants (1 or more);
-    /// a larger one is refused with a warning.
+    /// Ask for a smaller fair-share weight than the policy grants (1 or more); a larger one is
+    /// refused with a warning.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub weight: Option<u32>,
+    /// The GPU to run on, by gpushared's index (default: the program's `CUDA_VISIBLE_DEVICES`
+    /// when it names one index, else the least loaded GPU). The program sees it as device 0.
+    #[arg(long, value_name = "N")]
+    pub gpu: Option<u32>,
     /// The name shown in `gpushare status` and `top` (default: the program's name).
     #[arg(long)]
     pub name: Option<String>,

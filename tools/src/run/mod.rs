@@ -34,6 +34,9 @@ pub fn exec(socket: &Path, args: RunArgs) -> anyhow::Error {
     if let Some(weight) = args.weight {
         cmd.env(env::WEIGHT_ENV, weight.to_string());
     }
+    if let Some(gpu) = args.gpu {
+        cmd.env(env::GPU_ENV, gpu.to_string());
+    }
     if let Some(name) = &args.name {
         cmd.env(env::NAME_ENV, name);
     }
