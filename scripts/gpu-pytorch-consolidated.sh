@@ -188,10 +188,10 @@ echo "## GPU memory a PyTorch process costs (memory.used of the whole GPU, MiB)"
 start_broker
 gpu_mib() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0 | tr -d ' '; }
 holders=()
-hold() { # hold MODE NAME: speed.py hold in the background, until it says it is ready
+hold() { # hold MODE NAME [STREAMS]: speed.py hold in the background, until it says it is ready
     local prefix=()
     [[ $1 == consolidated ]] && prefix=("$work/bin/gpushare" --socket "$sock" run --)
-    "${prefix[@]}" "$py" speed.py hold --ready "$work/$2.ready" --seconds 60 \
+    "${prefix[@]}" "$py" speed.py hold --ready "$work/$2.ready" --seconds 60 --streams "${3:-0}" \
         > "$work/$2.json" 2>> "$logs/hold.err" &
     holders+=($!)
     for _ in $(seq 900); do [[ -e $work/$2.ready ]] && return 0; sleep 0.1; done
@@ -201,13 +201,17 @@ release() { kill "${holders[@]}" 2> /dev/null; wait "${holders[@]}" 2> /dev/null
 m0=$(gpu_mib)
 hold direct direct && m_direct=$(gpu_mib)
 release
+m_s0=$(gpu_mib)
+hold direct streams 256 && m_streams=$(gpu_mib)
+release
 m1=$(gpu_mib)
 hold consolidated first && m_first=$(gpu_mib)
 hold consolidated second && m_second=$(gpu_mib)
+"$work/bin/gpushare" --socket "$sock" status >> "$logs/memory.txt" 2>&1
 release
-"$py" - "$work" "$m0" "${m_direct:-0}" "$m1" "${m_first:-0}" "${m_second:-0}" <<'PY' | tee -a "$logs/memory.txt"
+"$py" - "$work" "$m0" "${m_direct:-0}" "$m1" "${m_first:-0}" "${m_second:-0}" "$m_s0" "${m_streams:-0}" <<'PY' | tee -a "$logs/memory.txt"
 import json, sys
-work, m0, md, m1, mf, ms = sys.argv[1], *map(int, sys.argv[2:])
+work, m0, md, m1, mf, ms, s0, s1 = sys.argv[1], *map(int, sys.argv[2:])
 res = {n: json.load(open(f"{work}/{n}.json"))["reserved"] / 2**20 for n in ("direct", "first", "second")}
 print("| | GPU memory used | of which PyTorch's allocations | the rest |")
 print("|---|---|---|---|")
@@ -215,6 +219,9 @@ print(f"| gpushared alone (its context) | {m0} | – | – |")
 print(f"| + one PyTorch process, direct | +{md - m0} | {res['direct']:.0f} | {md - m0 - res['direct']:.0f} (its own context) |")
 print(f"| + one PyTorch process, consolidated | +{mf - m1} | {res['first']:.0f} | {mf - m1 - res['first']:.0f} |")
 print(f"| + a second one, consolidated | +{ms - mf} | {res['second']:.0f} | {ms - mf - res['second']:.0f} |")
+extra = json.load(open(f"{work}/streams.json"))
+print(f"\nA direct process with {extra['streams']} more streams than the first: "
+      f"+{s1 - s0} MiB against +{md - m0} MiB ({(s1 - s0 - (md - m0)) / extra['streams'] * 1024:.0f} KiB a stream)")
 PY
 stop_broker
 fi

@@ -99,8 +99,11 @@ def hold(args):
     layer = torch.nn.Linear(1024, 1024).cuda()
     with torch.autocast("cuda", dtype=torch.bfloat16):
         layer(x).float().sum().backward()
+    # Streams of its own beyond PyTorch's pools, kept alive: what a stream costs on the GPU.
+    extra = [torch.cuda.Stream() for _ in range(args.streams)]
     torch.cuda.synchronize()
-    print(json.dumps({"reserved": torch.cuda.memory_reserved()}), flush=True)
+    print(json.dumps({"reserved": torch.cuda.memory_reserved(), "streams": len(extra)}),
+          flush=True)
     open(args.ready, "w").close()
     time.sleep(args.seconds)
     return None
@@ -114,6 +117,7 @@ def main():
     ap.add_argument("--think-ms", type=float, default=0.0)
     ap.add_argument("--t0-ns", type=int, default=0)
     ap.add_argument("--ready", default="/dev/null")
+    ap.add_argument("--streams", type=int, default=0)
     args = ap.parse_args()
     if args.what == "think" and not args.think_ms:
         args.think_ms = 5.0
