@@ -208,7 +208,7 @@ mod tests {
         assert_eq!(newest, crate::context::cuCtxGetDevice_v2 as *const c_void);
         assert_eq!(
             lookup("cuMemAlloc", 13000, false),
-            Ok(crate::memory::cuMemAlloc_v2 as *const c_void)
+            Ok(crate::memory::api::cuMemAlloc_v2 as *const c_void)
         );
         assert_eq!(
             lookup("cuLaunchKernel", 13000, true),
@@ -217,7 +217,7 @@ mod tests {
         );
         assert_eq!(
             lookup("cuMemAlloc", 13000, true),
-            Ok(crate::memory::cuMemAlloc_v2 as *const c_void),
+            Ok(crate::memory::api::cuMemAlloc_v2 as *const c_void),
             "no per-thread form: the plain one"
         );
         assert_eq!(
