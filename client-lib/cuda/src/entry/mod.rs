@@ -204,11 +204,14 @@ mod tests {
         let newest = lookup("cuCtxGetDevice", 13000, false).expect("found");
         let oldest = lookup("cuCtxGetDevice", 12080, false).expect("found");
         assert_ne!(newest, oldest, "CUDA 13 programs get cuCtxGetDevice_v2");
-        assert_eq!(oldest, crate::context::cuCtxGetDevice as *const c_void);
-        assert_eq!(newest, crate::context::cuCtxGetDevice_v2 as *const c_void);
+        assert_eq!(oldest, crate::context::api::cuCtxGetDevice as *const c_void);
+        assert_eq!(
+            newest,
+            crate::context::api::cuCtxGetDevice_v2 as *const c_void
+        );
         assert_eq!(
             lookup("cuMemAlloc", 13000, false),
-            Ok(crate::memory::cuMemAlloc_v2 as *const c_void)
+            Ok(crate::memory::api::cuMemAlloc_v2 as *const c_void)
         );
         assert_eq!(
             lookup("cuLaunchKernel", 13000, true),
@@ -217,7 +220,7 @@ mod tests {
         );
         assert_eq!(
             lookup("cuMemAlloc", 13000, true),
-            Ok(crate::memory::cuMemAlloc_v2 as *const c_void),
+            Ok(crate::memory::api::cuMemAlloc_v2 as *const c_void),
             "no per-thread form: the plain one"
         );
         assert_eq!(

@@ -1,246 +1,12 @@
-//! CUDA graphs by stream capture, recorded in the client and replayed: while a stream
-//! captures, its launches, device copies and memsets are recorded instead of sent (with the
-//! launches' arguments as they were at capture, as CUDA keeps them); launching the graph
-//! sends them again, in capture order, on the launch stream. Capture order is an order the
-//! graph's dependencies allow, so the results are the graph's; a replay costs one submission
-//! per node rather than one for the graph.
-//!
-//! Streams that join a capture through an event recorded in it record into the same graph.
-//! Graphs built node by node (`cuGraphAdd*Node`) are not supported.
+//! The graph entry points: stream capture, graphs, and their instantiation and launch.
 
-use std::cell::Cell;
-use std::collections::{HashMap, HashSet};
 use std::ffi::{c_int, c_uint, c_void};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 
-use gpushare_protocol::Command;
-
-use crate::driver::{self, Driver};
-use crate::launch::LaunchShape;
+use super::capture::{MODE, status_of};
+use super::{Exec, Graph, lock};
+use crate::driver;
 use crate::status::{Cu, entry, out};
 use crate::types::{CUgraph, CUgraphExec, CUgraphNode, CUresult, CUstream, capture, result};
-
-/// One recorded node.
-#[derive(Debug, Clone)]
-pub enum Op {
-    Launch {
-        function: u64,
-        shape: LaunchShape,
-        params: Vec<u8>,
-    },
-    /// A stream-ordered command (a copy or memset), sent again on the launch stream.
-    Command(Command),
-}
-
-struct Capture {
-    id: u64,
-    ops: Mutex<Vec<Op>>,
-    invalidated: AtomicBool,
-    /// The graph being built (what `cuStreamGetCaptureInfo` hands out), as an address.
-    graph: usize,
-}
-
-/// A captured graph.
-struct Graph {
-    ops: Mutex<Arc<Vec<Op>>>,
-}
-
-/// An instantiated graph.
-struct Exec {
-    ops: Arc<Vec<Op>>,
-}
-
-#[derive(Default)]
-pub struct Graphs {
-    /// Streams capturing now: launches look here only when it is not zero.
-    capturing: AtomicUsize,
-    captures: Mutex<HashMap<u32, Arc<Capture>>>,
-    /// Events recorded in a capture, for streams that wait on them to join it.
-    events: Mutex<HashMap<u32, Arc<Capture>>>,
-    graphs: Mutex<HashSet<usize>>,
-    execs: Mutex<HashSet<usize>>,
-    next_id: AtomicU64,
-}
-
-thread_local! {
-    static MODE: Cell<i32> = const { Cell::new(capture::MODE_GLOBAL) };
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-fn capture_of(d: &Driver, stream: u32) -> Option<Arc<Capture>> {
-    if d.graphs.capturing.load(Ordering::Acquire) == 0 {
-        return None;
-    }
-    lock(&d.graphs.captures).get(&stream).cloned()
-}
-
-/// Whether `stream` is capturing.
-#[inline]
-pub fn capturing(d: &Driver, stream: u32) -> bool {
-    d.graphs.capturing.load(Ordering::Acquire) != 0 && capture_of(d, stream).is_some()
-}
-
-/// Records the op `make` builds when `stream` is capturing (`Ok(true)`); `Ok(false)` when
-/// it is not and the caller sends it.
-#[inline]
-pub fn capture(d: &Driver, stream: u32, make: impl FnOnce() -> Op) -> Cu<bool> {
-    let Some(c) = capture_of(d, stream) else {
-        return Ok(false);
-    };
-    if c.invalidated.load(Ordering::Acquire) {
-        return Err(result::STREAM_CAPTURE_INVALIDATED);
-    }
-    lock(&c.ops).push(make());
-    Ok(true)
-}
-
-fn invalidate(d: &Driver, stream: u32) -> Cu<()> {
-    if let Some(c) = capture_of(d, stream) {
-        c.invalidated.store(true, Ordering::Release);
-        return Err(result::STREAM_CAPTURE_UNSUPPORTED);
-    }
-    Ok(())
-}
-
-/// Waiting for a capturing stream is not allowed (it invalidates the capture).
-pub fn refuse_while_capturing(d: &Driver, stream: u32) -> Cu<()> {
-    invalidate(d, stream)
-}
-
-/// Copies with pageable host memory cannot be captured (CUDA refuses them too).
-pub fn refuse_pageable_in_capture(d: &Driver, stream: u32) -> Cu<()> {
-    invalidate(d, stream)
-}
-
-/// An event recorded on a capturing stream marks a point of the capture (`Ok(true)`).
-pub fn record_in_capture(d: &Driver, stream: u32, event: u32) -> Cu<bool> {
-    let Some(c) = capture_of(d, stream) else {
-        return Ok(false);
-    };
-    lock(&d.graphs.events).insert(event, c);
-    Ok(true)
-}
-
-/// A stream waiting on an event of a capture joins the capture (`Ok(true)`). A capturing
-/// stream's wait on an event outside its capture is an external dependency, which replay
-/// orders by sending everything on one stream.
-pub fn wait_in_capture(d: &Driver, stream: u32, event: u32) -> Cu<bool> {
-    if d.graphs.capturing.load(Ordering::Acquire) == 0 {
-        return Ok(false);
-    }
-    let joined = lock(&d.graphs.events).get(&event).cloned();
-    if let Some(c) = joined {
-        if let std::collections::hash_map::Entry::Vacant(slot) =
-            lock(&d.graphs.captures).entry(stream)
-        {
-            slot.insert(c);
-            d.graphs.capturing.fetch_add(1, Ordering::AcqRel);
-        }
-        return Ok(true);
-    }
-    Ok(capture_of(d, stream).is_some())
-}
-
-impl Driver {
-    fn new_graph(&self, ops: Vec<Op>) -> CUgraph {
-        let g = Box::into_raw(Box::new(Graph {
-            ops: Mutex::new(Arc::new(ops)),
-        }));
-        lock(&self.graphs.graphs).insert(g as usize);
-        g.cast()
-    }
-
-    fn graph(&self, h: CUgraph) -> Cu<&Graph> {
-        if !lock(&self.graphs.graphs).contains(&(h as usize)) {
-            return Err(result::INVALID_VALUE);
-        }
-        // SAFETY: a live graph handle is a `Box<Graph>` not yet destroyed; destroying removes
-        // it from the set first.
-        Ok(unsafe { &*(h as *const Graph) })
-    }
-
-    /// Sends a graph's ops on `stream`.
-    fn replay(&self, ops: &[Op], stream: u32) -> Cu<()> {
-        for op in ops {
-            match op {
-                Op::Launch {
-                    function,
-                    shape,
-                    params,
-                } => self.send_launch(*function, shape, stream, params.len(), |dst| {
-                    // SAFETY: `dst` has room for the recorded arguments.
-                    unsafe { std::ptr::copy_nonoverlapping(params.as_ptr(), dst, params.len()) }
-                })?,
-                Op::Command(cmd) => self.transport.post(on_stream(*cmd, stream))?,
-            }
-        }
-        Ok(())
-    }
-}
-
-/// A recorded command, on another stream.
-fn on_stream(cmd: Command, s: u32) -> Command {
-    match cmd {
-        Command::CopyDtoD { src, dst, len, .. } => Command::CopyDtoD {
-            stream: s,
-            src,
-            dst,
-            len,
-        },
-        Command::Memset {
-            dst, value, len, ..
-        } => Command::Memset {
-            stream: s,
-            dst,
-            value,
-            len,
-        },
-        Command::MemsetWide {
-            dst,
-            value,
-            elem_bytes,
-            count,
-            ..
-        } => Command::MemsetWide {
-            stream: s,
-            dst,
-            value,
-            elem_bytes,
-            count,
-        },
-        Command::CopyHtoDHost {
-            region,
-            offset,
-            dst,
-            len,
-            ..
-        } => Command::CopyHtoDHost {
-            stream: s,
-            region,
-            offset,
-            dst,
-            len,
-        },
-        Command::CopyDtoHHost {
-            src,
-            region,
-            offset,
-            len,
-            ..
-        } => Command::CopyDtoHHost {
-            stream: s,
-            src,
-            region,
-            offset,
-            len,
-        },
-        other => other,
-    }
-}
 
 fn begin(h: CUstream, mode: c_int, per_thread: bool) -> Cu<()> {
     let d = driver::live()?;
@@ -249,22 +15,7 @@ fn begin(h: CUstream, mode: c_int, per_thread: bool) -> Cu<()> {
         // The legacy stream cannot be captured.
         return Err(result::STREAM_CAPTURE_UNSUPPORTED);
     }
-    if !(capture::MODE_GLOBAL..=capture::MODE_RELAXED).contains(&mode) {
-        return Err(result::INVALID_VALUE);
-    }
-    let mut captures = lock(&d.graphs.captures);
-    if captures.contains_key(&stream) {
-        return Err(result::ILLEGAL_STATE);
-    }
-    let c = Arc::new(Capture {
-        id: d.graphs.next_id.fetch_add(1, Ordering::Relaxed) + 1,
-        ops: Mutex::new(Vec::new()),
-        invalidated: AtomicBool::new(false),
-        graph: d.new_graph(Vec::new()) as usize,
-    });
-    captures.insert(stream, c);
-    d.graphs.capturing.fetch_add(1, Ordering::AcqRel);
-    Ok(())
+    d.graphs.begin(stream, mode)
 }
 
 #[unsafe(no_mangle)]
@@ -294,33 +45,17 @@ pub extern "C" fn cuStreamBeginCapture_ptsz(h: CUstream) -> CUresult {
 fn end(h: CUstream, graph: *mut CUgraph, per_thread: bool) -> Cu<()> {
     let d = driver::live()?;
     let stream = d.stream(h, per_thread)?;
-    let c = {
-        let mut captures = lock(&d.graphs.captures);
-        let c = captures.remove(&stream).ok_or(result::ILLEGAL_STATE)?;
-        // Every stream that joined this capture leaves it with its origin.
-        let joined: Vec<u32> = captures
-            .iter()
-            .filter(|(_, other)| Arc::ptr_eq(other, &c))
-            .map(|(&s, _)| s)
-            .collect();
-        for s in &joined {
-            captures.remove(s);
+    match d.graphs.end(stream) {
+        // SAFETY: the caller's contract.
+        Ok(g) => unsafe { out(graph, g) },
+        Err(code) => {
+            if code == result::STREAM_CAPTURE_INVALIDATED {
+                // SAFETY: NULL or writable, per the contract.
+                unsafe { out(graph, std::ptr::null_mut()) }.ok();
+            }
+            Err(code)
         }
-        d.graphs
-            .capturing
-            .fetch_sub(1 + joined.len(), Ordering::AcqRel);
-        c
-    };
-    lock(&d.graphs.events).retain(|_, other| !Arc::ptr_eq(other, &c));
-    if c.invalidated.load(Ordering::Acquire) {
-        // SAFETY: NULL or writable, per the contract.
-        unsafe { out(graph, std::ptr::null_mut()) }.ok();
-        return Err(result::STREAM_CAPTURE_INVALIDATED);
     }
-    let ops = std::mem::take(&mut *lock(&c.ops));
-    *lock(&d.graph(c.graph as CUgraph)?.ops) = Arc::new(ops);
-    // SAFETY: the caller's contract.
-    unsafe { out(graph, c.graph as CUgraph) }
 }
 
 /// # Safety
@@ -337,18 +72,10 @@ pub unsafe extern "C" fn cuStreamEndCapture_ptsz(h: CUstream, graph: *mut CUgrap
     entry("cuStreamEndCapture_ptsz", || end(h, graph, true))
 }
 
-fn status_of(c: Option<&Arc<Capture>>) -> i32 {
-    match c {
-        None => capture::STATUS_NONE,
-        Some(c) if c.invalidated.load(Ordering::Acquire) => capture::STATUS_INVALIDATED,
-        Some(_) => capture::STATUS_ACTIVE,
-    }
-}
-
 fn is_capturing(h: CUstream, status: *mut c_int, per_thread: bool) -> Cu<()> {
     let d = driver::live()?;
     let stream = d.stream(h, per_thread)?;
-    let c = capture_of(d, stream);
+    let c = d.graphs.capture_of(stream);
     // SAFETY: the caller's contract.
     unsafe { out(status, status_of(c.as_ref())) }
 }
@@ -382,7 +109,7 @@ fn capture_info(
 ) -> Cu<()> {
     let d = driver::live()?;
     let stream = d.stream(h, per_thread)?;
-    let c = capture_of(d, stream);
+    let c = d.graphs.capture_of(stream);
     // SAFETY: each is NULL (allowed except `status`) or writable, per the contract.
     unsafe {
         out(status, status_of(c.as_ref()))?;
@@ -521,7 +248,7 @@ pub unsafe extern "C" fn cuGraphCreate(graph: *mut CUgraph, flags: c_uint) -> CU
             return Err(result::INVALID_VALUE);
         }
         // SAFETY: the caller's contract.
-        unsafe { out(graph, d.new_graph(Vec::new())) }
+        unsafe { out(graph, d.graphs.new_graph(Vec::new())) }
     })
 }
 
@@ -548,7 +275,7 @@ pub unsafe extern "C" fn cuGraphGetNodes(
 ) -> CUresult {
     entry("cuGraphGetNodes", || {
         let d = driver::live()?;
-        let n = lock(&d.graph(graph)?.ops).len();
+        let n = lock(&d.graphs.graph(graph)?.ops).len();
         if count.is_null() {
             return Err(result::INVALID_VALUE);
         }
@@ -568,7 +295,7 @@ pub unsafe extern "C" fn cuGraphGetNodes(
 
 fn instantiate(exec: *mut CUgraphExec, graph: CUgraph) -> Cu<()> {
     let d = driver::live()?;
-    let ops = lock(&d.graph(graph)?.ops).clone();
+    let ops = lock(&d.graphs.graph(graph)?.ops).clone();
     let e = Box::into_raw(Box::new(Exec { ops }));
     lock(&d.graphs.execs).insert(e as usize);
     // SAFETY: the caller's contract.
@@ -661,4 +388,23 @@ pub extern "C" fn cuGraphUpload(exec: CUgraphExec, _h: CUstream) -> CUresult {
 #[unsafe(no_mangle)]
 pub extern "C" fn cuGraphUpload_ptsz(exec: CUgraphExec, h: CUstream) -> CUresult {
     cuGraphUpload(exec, h)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn before_cu_init_capture_calls_say_not_initialized() {
+        // Before cuInit, as the CUDA runtime may ask.
+        assert_eq!(
+            cuStreamBeginCapture(std::ptr::null_mut()),
+            result::NOT_INITIALIZED
+        );
+        let mut mode = capture::MODE_THREAD_LOCAL;
+        // SAFETY: a valid in-out parameter.
+        let got = unsafe { cuThreadExchangeStreamCaptureMode(&mut mode) };
+        assert_eq!(got, result::NOT_INITIALIZED);
+        assert_eq!(mode, capture::MODE_THREAD_LOCAL, "unchanged");
+    }
 }

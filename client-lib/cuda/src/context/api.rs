@@ -1,218 +1,14 @@
-//! Contexts. All of a process's contexts share its one session with the broker (whose context
-//! is the real one): the primary context, and any the program creates, differ only in their
-//! flags and their context-local storage. Each thread has its own stack of current contexts.
+//! The context entry points: the primary context, contexts the program creates, the
+//! thread's current context, and what a context remembers.
 
-use std::cell::RefCell;
-use std::collections::{HashMap, HashSet};
 use std::ffi::{c_int, c_uint, c_void};
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
-use gpushare_protocol::Command;
-
+use super::{STACK, current, set_current};
 use crate::device::check;
-use crate::driver::{self, Driver};
+use crate::driver;
 use crate::status::{Cu, entry, out};
-use crate::types::{CUcontext, CUdevice, CUresult, limit, result};
-
-/// One context, as the program holds it.
-pub struct Context {
-    pub id: u64,
-    pub flags: AtomicU32,
-}
-
-/// A destructor a library registered with a context-local value.
-pub type StorageDtor = extern "C" fn(CUcontext, *mut c_void, *mut c_void);
-
-/// Context-local values by (context, key), with their destructors.
-type Storage = HashMap<(usize, usize), (usize, Option<StorageDtor>)>;
-
-pub struct Contexts {
-    primary: &'static Context,
-    primary_retains: AtomicI32,
-    /// Contexts the program created and has not destroyed.
-    created: Mutex<HashSet<usize>>,
-    next_id: AtomicU64,
-    /// Context-local storage (an export table's service): (context, key) → value.
-    storage: Mutex<Storage>,
-    limits: Mutex<[u64; limit::COUNT]>,
-    cache_config: AtomicI32,
-}
-
-thread_local! {
-    static STACK: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
-}
-
-impl Default for Contexts {
-    fn default() -> Contexts {
-        Contexts::new()
-    }
-}
-
-impl Contexts {
-    pub fn new() -> Contexts {
-        let mut limits = [0u64; limit::COUNT];
-        limits[limit::STACK_SIZE] = 1024;
-        limits[limit::PRINTF_FIFO_SIZE] = 1 << 20;
-        limits[limit::MALLOC_HEAP_SIZE] = 8 << 20;
-        limits[limit::DEV_RUNTIME_SYNC_DEPTH] = 2;
-        limits[limit::DEV_RUNTIME_PENDING_LAUNCH_COUNT] = 2048;
-        limits[limit::MAX_L2_FETCH_GRANULARITY] = 32;
-        Contexts {
-            primary: Box::leak(Box::new(Context {
-                id: 1,
-                flags: AtomicU32::new(0),
-            })),
-            primary_retains: AtomicI32::new(0),
-            created: Mutex::new(HashSet::new()),
-            next_id: AtomicU64::new(2),
-            storage: Mutex::new(HashMap::new()),
-            limits: Mutex::new(limits),
-            cache_config: AtomicI32::new(0),
-        }
-    }
-
-    pub fn primary(&self) -> CUcontext {
-        self.primary as *const Context as CUcontext
-    }
-
-    /// The context a handle names (the primary one or one the program created).
-    pub fn get(&self, ctx: CUcontext) -> Cu<&Context> {
-        if ctx == self.primary() {
-            return Ok(self.primary);
-        }
-        let live = self
-            .created
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .contains(&(ctx as usize));
-        if !live {
-            return Err(result::INVALID_CONTEXT);
-        }
-        // SAFETY: a live created context is a leaked `Box<Context>` (destroyed ones are kept
-        // allocated, only forgotten, so a stale handle never dangles).
-        Ok(unsafe { &*(ctx as *const Context) })
-    }
-
-    /// The context a call means: `ctx`, or the thread's current one for NULL.
-    pub fn resolve(&self, ctx: CUcontext) -> Cu<&Context> {
-        if ctx.is_null() {
-            let current = current();
-            if current.is_null() {
-                return Err(result::INVALID_CONTEXT);
-            }
-            self.get(current)
-        } else {
-            self.get(ctx)
-        }
-    }
-
-    pub(crate) fn create(&self, flags: u32) -> CUcontext {
-        let ctx = Box::leak(Box::new(Context {
-            id: self.next_id.fetch_add(1, Ordering::Relaxed),
-            flags: AtomicU32::new(flags),
-        })) as *const Context as CUcontext;
-        self.created
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(ctx as usize);
-        ctx
-    }
-
-    fn destroy(&self, ctx: CUcontext) -> Cu<()> {
-        if ctx == self.primary() {
-            return Err(result::INVALID_CONTEXT);
-        }
-        if !self
-            .created
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&(ctx as usize))
-        {
-            return Err(result::INVALID_CONTEXT);
-        }
-        self.run_storage_dtors(ctx);
-        STACK.with(|s| s.borrow_mut().retain(|&c| c != ctx as usize));
-        Ok(())
-    }
-
-    /// Calls and forgets the destructors of a context's local storage.
-    fn run_storage_dtors(&self, ctx: CUcontext) {
-        let gone: Vec<(usize, usize, Option<StorageDtor>)> = {
-            let mut storage = self.storage.lock().unwrap_or_else(|p| p.into_inner());
-            let keys: Vec<(usize, usize)> = storage
-                .keys()
-                .filter(|k| k.0 == ctx as usize)
-                .copied()
-                .collect();
-            keys.into_iter()
-                .filter_map(|k| storage.remove(&k).map(|(v, d)| (k.1, v, d)))
-                .collect()
-        };
-        for (key, value, dtor) in gone {
-            if let Some(dtor) = dtor {
-                dtor(ctx, key as *mut c_void, value as *mut c_void);
-            }
-        }
-    }
-
-    pub fn storage_put(&self, ctx: CUcontext, key: usize, value: usize, dtor: Option<StorageDtor>) {
-        self.storage
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert((ctx as usize, key), (value, dtor));
-    }
-
-    pub fn storage_get(&self, ctx: CUcontext, key: usize) -> Option<usize> {
-        self.storage
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&(ctx as usize, key))
-            .map(|v| v.0)
-    }
-
-    pub fn storage_delete(&self, ctx: CUcontext, key: usize) -> bool {
-        self.storage
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&(ctx as usize, key))
-            .is_some()
-    }
-}
-
-/// The calling thread's current context (NULL for none).
-pub fn current() -> CUcontext {
-    STACK.with(|s| s.borrow().last().copied().unwrap_or(0)) as CUcontext
-}
-
-fn set_current(ctx: CUcontext) {
-    STACK.with(|s| {
-        let mut s = s.borrow_mut();
-        match (ctx.is_null(), s.last_mut()) {
-            (true, Some(_)) => {
-                s.pop();
-            }
-            (true, None) => {}
-            (false, Some(top)) => *top = ctx as usize,
-            (false, None) => s.push(ctx as usize),
-        }
-    });
-}
-
-impl Driver {
-    /// Waits for all of this client's work; reports the first error any of it met.
-    pub fn synchronize(&self) -> Cu<()> {
-        // A sync that fails on its own leaves the work's error for the next call.
-        let outcome = self
-            .transport
-            .call(Command::ClientSync)
-            .and_then(|_| self.deferred());
-        if let Err(code) = outcome {
-            self.notice_loss(code);
-        }
-        outcome
-    }
-}
+use crate::types::{CUcontext, CUdevice, CUresult, result};
 
 /// # Safety
 /// `pctx` is NULL or valid for writing.
@@ -557,12 +353,7 @@ pub extern "C" fn cuCtxSynchronize_v2(ctx: CUcontext) -> CUresult {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxGetLimit(value: *mut usize, which: c_int) -> CUresult {
     entry("cuCtxGetLimit", || {
-        let d = driver::get()?;
-        let limits = d.contexts.limits.lock().unwrap_or_else(|p| p.into_inner());
-        let v = usize::try_from(which)
-            .ok()
-            .and_then(|i| limits.get(i).copied())
-            .ok_or(result::INVALID_VALUE)?;
+        let v = driver::get()?.contexts.limit(which)?;
         // SAFETY: the caller's contract.
         unsafe { out(value, v as usize) }
     })
@@ -573,14 +364,7 @@ pub unsafe extern "C" fn cuCtxGetLimit(value: *mut usize, which: c_int) -> CUres
 #[unsafe(no_mangle)]
 pub extern "C" fn cuCtxSetLimit(which: c_int, value: usize) -> CUresult {
     entry("cuCtxSetLimit", || {
-        let d = driver::get()?;
-        let mut limits = d.contexts.limits.lock().unwrap_or_else(|p| p.into_inner());
-        let slot = usize::try_from(which)
-            .ok()
-            .and_then(|i| limits.get_mut(i))
-            .ok_or(result::INVALID_VALUE)?;
-        *slot = value as u64;
-        Ok(())
+        driver::get()?.contexts.set_limit(which, value as u64)
     })
 }
 
@@ -634,52 +418,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_current_context_is_per_thread_and_stacks() {
-        let contexts = Contexts::new();
-        let p = contexts.primary();
-        assert!(current().is_null());
-        set_current(p);
-        assert_eq!(current(), p);
-        let other = contexts.create(0);
-        STACK.with(|s| s.borrow_mut().push(other as usize));
-        assert_eq!(current(), other);
-        std::thread::spawn(|| assert!(current().is_null(), "a new thread has none"))
-            .join()
-            .expect("thread");
-        assert!(contexts.destroy(other).is_ok());
-        assert_eq!(current(), p, "destroying pops it");
-        assert_eq!(contexts.get(other).err(), Some(result::INVALID_CONTEXT));
-        assert!(
-            contexts.destroy(p).is_err(),
-            "the primary context is not destroyed"
-        );
-        set_current(std::ptr::null_mut());
-        assert!(current().is_null());
-    }
-
-    extern "C" fn count_dtor(_ctx: CUcontext, _key: *mut c_void, value: *mut c_void) {
-        // SAFETY: the test passes a pointer to an AtomicI32.
-        unsafe { &*(value as *const AtomicI32) }.fetch_add(1, Ordering::Relaxed);
-    }
-
-    #[test]
-    fn context_local_storage_is_per_context_and_ends_with_it() {
-        let contexts = Contexts::new();
-        let a = contexts.create(0);
-        let b = contexts.create(0);
-        let calls = Box::leak(Box::new(AtomicI32::new(0)));
-        contexts.storage_put(a, 7, calls as *const AtomicI32 as usize, Some(count_dtor));
-        contexts.storage_put(b, 7, 99, None);
-        assert_eq!(
-            contexts.storage_get(a, 7),
-            Some(calls as *const AtomicI32 as usize)
-        );
-        assert_eq!(contexts.storage_get(b, 7), Some(99));
-        assert_eq!(contexts.storage_get(a, 8), None);
-        contexts.destroy(a).expect("destroy");
-        assert_eq!(calls.load(Ordering::Relaxed), 1, "the destructor ran once");
-        assert_eq!(contexts.storage_get(a, 7), None);
-        assert!(contexts.storage_delete(b, 7));
-        assert!(!contexts.storage_delete(b, 7));
+    fn before_cu_init_context_calls_say_not_initialized() {
+        let mut ctx: CUcontext = std::ptr::null_mut();
+        // SAFETY: valid out-parameters.
+        unsafe {
+            assert_eq!(
+                cuDevicePrimaryCtxRetain(&mut ctx, 0),
+                result::NOT_INITIALIZED
+            );
+            assert_eq!(cuCtxCreate_v2(&mut ctx, 0, 0), result::NOT_INITIALIZED);
+            assert_eq!(cuCtxGetCurrent(&mut ctx), result::NOT_INITIALIZED);
+        }
+        assert!(ctx.is_null(), "nothing written");
+        assert_eq!(cuCtxSynchronize(), result::NOT_INITIALIZED);
+        assert!(current().is_null(), "no context was made current");
     }
 }

@@ -1,0 +1,280 @@
+//! Page-locked host memory: a sealed memfd mapped here and in the broker, which registers
+//! it with the device. `cuMemHostAlloc` maps a new one; `cuMemHostRegister` moves the
+//! program's own pages into one, contents and address kept.
+
+use std::ffi::c_void;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+
+use gpushare_protocol::control::{BrokerMessage, ClientMessage, HostRegionGrant};
+
+use super::{HostRegion, PAGE};
+use crate::driver::{Driver, say_once};
+use crate::status::{Cu, from_error};
+use crate::types::result;
+
+impl Driver {
+    /// Shares page-locked host memory with the broker: a new mapping of `len` bytes, or (with
+    /// `existing`) the program's own pages at that address, moved into a shared mapping with
+    /// their contents.
+    pub(super) fn share_host(&self, len: usize, existing: Option<usize>, flags: u32) -> Cu<usize> {
+        let len = len.max(1).div_ceil(PAGE) * PAGE;
+        let fd = memfd(len)?;
+        let addr = match existing {
+            Some(at) => remap_shared(at, len, &fd)?,
+            None => map_shared(len, &fd)?,
+        };
+        let grant = self.share_fd(&fd, len, addr);
+        match grant {
+            Ok(g) => {
+                self.memory
+                    .host
+                    .write()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(
+                        addr,
+                        HostRegion {
+                            len,
+                            region: g.region,
+                            device_ptr: g.device_ptr,
+                            flags,
+                            registered: existing.is_some(),
+                        },
+                    );
+                Ok(addr)
+            }
+            Err(code) => {
+                if existing.is_none() {
+                    // SAFETY: the mapping made above, not handed out.
+                    unsafe { libc::munmap(addr as *mut c_void, len) };
+                }
+                Err(code)
+            }
+        }
+    }
+
+    fn share_fd(&self, fd: &OwnedFd, len: usize, at: usize) -> Cu<HostRegionGrant> {
+        let s = &self.transport.session;
+        let reply = s
+            .request(
+                |request| ClientMessage::ShareHostMemory {
+                    request,
+                    bytes: len as u64,
+                    at: at as u64,
+                },
+                &[fd.as_raw_fd()],
+            )
+            .map_err(|e| from_error(&e))?;
+        match reply {
+            BrokerMessage::HostShared { result: Ok(g), .. } => Ok(g),
+            BrokerMessage::HostShared { result: Err(w), .. } => {
+                Err(crate::status::from_code(w.code))
+            }
+            _ => Err(result::UNKNOWN),
+        }
+    }
+
+    pub(super) fn unshare_host(&self, addr: usize) -> Cu<HostRegion> {
+        let r = self
+            .memory
+            .host
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&addr)
+            .ok_or(result::INVALID_VALUE)?;
+        // The broker must be done with copies from it before it goes.
+        self.synchronize()?;
+        let reply = self.transport.session.request(
+            |request| ClientMessage::UnshareHostMemory {
+                request,
+                region: r.region,
+            },
+            &[],
+        );
+        match reply {
+            Ok(BrokerMessage::HostUnshared { result: Ok(()), .. }) => Ok(r),
+            Ok(BrokerMessage::HostUnshared { result: Err(w), .. }) => {
+                Err(crate::status::from_code(w.code))
+            }
+            Ok(_) => Err(result::UNKNOWN),
+            Err(e) => Err(from_error(&e)),
+        }
+    }
+}
+
+fn memfd(len: usize) -> Cu<OwnedFd> {
+    use nix::fcntl::{FcntlArg, SealFlag, fcntl};
+    use nix::sys::memfd::{MFdFlags, memfd_create};
+    let fd = memfd_create(
+        "gpushare-pinned",
+        MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING,
+    )
+    .map_err(|_| result::OUT_OF_MEMORY)?;
+    nix::unistd::ftruncate(&fd, len as i64).map_err(|_| result::OUT_OF_MEMORY)?;
+    // The broker maps it too: it must never shrink under that mapping.
+    fcntl(
+        fd.as_fd(),
+        FcntlArg::F_ADD_SEALS(
+            SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW | SealFlag::F_SEAL_SEAL,
+        ),
+    )
+    .map_err(|_| result::OPERATING_SYSTEM)?;
+    Ok(fd)
+}
+
+fn map_shared(len: usize, fd: &OwnedFd) -> Cu<usize> {
+    // SAFETY: a new shared mapping of the memfd, wherever the kernel puts it.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd.as_raw_fd(),
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(result::OUT_OF_MEMORY);
+    }
+    Ok(p as usize)
+}
+
+/// Moves the program's pages at `[at, at + len)` into the memfd, contents and address kept.
+fn remap_shared(at: usize, len: usize, fd: &OwnedFd) -> Cu<usize> {
+    if !at.is_multiple_of(PAGE) || !anonymous_private(at, len) {
+        say_once(
+            "cuMemHostRegister supports page-aligned ranges of the program's own anonymous memory only",
+        );
+        return Err(result::NOT_SUPPORTED);
+    }
+    let tmp = map_shared(len, fd)?;
+    // SAFETY: `at..at+len` is readable anonymous memory of this process (checked above);
+    // `tmp` is the fresh mapping of the memfd, `len` long.
+    unsafe { std::ptr::copy_nonoverlapping(at as *const u8, tmp as *mut u8, len) };
+    // SAFETY: MAP_FIXED replaces the program's anonymous pages at `at` with the shared pages
+    // that now hold their contents.
+    let p = unsafe {
+        libc::mmap(
+            at as *mut c_void,
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_FIXED,
+            fd.as_raw_fd(),
+            0,
+        )
+    };
+    // SAFETY: the temporary mapping made above.
+    unsafe { libc::munmap(tmp as *mut c_void, len) };
+    if p == libc::MAP_FAILED {
+        return Err(result::OUT_OF_MEMORY);
+    }
+    Ok(at)
+}
+
+/// Whether `[at, at + len)` lies in private, anonymous, writable mappings (the heap, or
+/// anonymous memory), by /proc/self/maps.
+fn anonymous_private(at: usize, len: usize) -> bool {
+    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
+        return false;
+    };
+    let end = at + len;
+    let mut covered = at;
+    for line in maps.lines() {
+        let mut f = line.split_whitespace();
+        let (Some(range), Some(perms)) = (f.next(), f.next()) else {
+            continue;
+        };
+        let path = f.nth(3).unwrap_or("");
+        let Some((lo, hi)) = range.split_once('-') else {
+            continue;
+        };
+        let (Ok(lo), Ok(hi)) = (usize::from_str_radix(lo, 16), usize::from_str_radix(hi, 16))
+        else {
+            continue;
+        };
+        if hi <= covered || lo > covered {
+            continue;
+        }
+        let anonymous = path.is_empty() || path == "[heap]";
+        if !anonymous || !perms.starts_with("rw") || perms.as_bytes().get(3) != Some(&b'p') {
+            return false;
+        }
+        covered = hi;
+        if covered >= end {
+            return true;
+        }
+    }
+    false
+}
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_anonymous_private_memory_can_be_registered() {
+        let v = vec![0u8; 3 * PAGE];
+        let page = (v.as_ptr() as usize).div_ceil(PAGE) * PAGE;
+        assert!(anonymous_private(page, PAGE), "the heap");
+        let text = anonymous_private as *const () as usize / PAGE * PAGE;
+        assert!(!anonymous_private(text, PAGE), "code is file-backed");
+    }
+
+    #[test]
+    fn the_shared_file_never_changes_size_under_the_brokers_mapping() {
+        let fd = memfd(2 * PAGE).expect("memfd");
+        assert!(nix::unistd::ftruncate(&fd, PAGE as i64).is_err(), "sealed");
+        assert!(
+            nix::unistd::ftruncate(&fd, 4 * PAGE as i64).is_err(),
+            "sealed"
+        );
+    }
+
+    #[test]
+    fn registering_moves_pages_into_the_shared_file_keeping_contents_and_address() {
+        let len = 2 * PAGE;
+        // SAFETY: a fresh private anonymous mapping: program memory as cuMemHostRegister sees it.
+        let at = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(at, libc::MAP_FAILED);
+        let at = at as usize;
+        for i in 0..len {
+            // SAFETY: inside the mapping above.
+            unsafe { (at as *mut u8).add(i).write_volatile(i as u8) };
+        }
+        let fd = memfd(len).expect("memfd");
+        assert_eq!(remap_shared(at, len, &fd), Ok(at), "same address");
+        // SAFETY: the remapped range, `len` long.
+        let kept = (0..len).all(|i| unsafe { (at as *const u8).add(i).read_volatile() } == i as u8);
+        assert!(kept, "same contents");
+        // What the broker writes through its own mapping of the file shows at the address.
+        let other = map_shared(len, &fd).expect("map");
+        // SAFETY: the second mapping, `len` long.
+        unsafe { (other as *mut u8).add(PAGE).write_volatile(0xab) };
+        // SAFETY: inside the remapped range.
+        assert_eq!(unsafe { (at as *const u8).add(PAGE).read_volatile() }, 0xab);
+        // SAFETY: both mappings made here, no longer used.
+        unsafe {
+            libc::munmap(other as *mut c_void, len);
+            libc::munmap(at as *mut c_void, len);
+        }
+    }
+
+    #[test]
+    fn registering_part_of_a_page_is_refused() {
+        let v = vec![0u8; 3 * PAGE];
+        let page = (v.as_ptr() as usize).div_ceil(PAGE) * PAGE;
+        let fd = memfd(PAGE).expect("memfd");
+        assert_eq!(
+            remap_shared(page + 8, PAGE, &fd),
+            Err(result::NOT_SUPPORTED)
+        );
+    }
+}
