@@ -59,7 +59,8 @@ pub unsafe extern "C" fn cuModuleLoadFatBinary(
 pub unsafe extern "C" fn cuModuleLoad(module: *mut CUmodule, path: *const c_char) -> CUresult {
     entry("cuModuleLoad", || {
         let d = driver::live()?;
-        let (format, bytes) = read_file(path)?;
+        // SAFETY: a NUL-terminated path, by the caller's contract.
+        let (format, bytes) = unsafe { read_file(path) }?;
         let img = d.modules.add_image(format, Bytes::Owned(bytes));
         // SAFETY: the caller's contract.
         unsafe { out(module, img as *const Image as CUmodule) }
@@ -183,7 +184,8 @@ pub unsafe extern "C" fn cuLibraryLoadFromFile(
 ) -> CUresult {
     entry("cuLibraryLoadFromFile", || {
         let d = driver::live()?;
-        let (format, bytes) = read_file(path)?;
+        // SAFETY: a NUL-terminated path, by the caller's contract.
+        let (format, bytes) = unsafe { read_file(path) }?;
         let img = d.modules.add_image(format, Bytes::Owned(bytes));
         // SAFETY: the caller's contract.
         unsafe { out(library, img as *const Image as CUlibrary) }

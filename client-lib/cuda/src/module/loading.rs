@@ -151,8 +151,12 @@ pub(super) unsafe fn name_arg<'a>(name: *const c_char) -> Cu<&'a CStr> {
     Ok(unsafe { CStr::from_ptr(name) })
 }
 
-pub(super) fn read_file(path: *const c_char) -> Cu<(ModuleFormat, Vec<u8>)> {
-    // SAFETY: a NUL-terminated path, by CUDA's contract.
+/// A module file's format and bytes (PTX with its NUL).
+///
+/// # Safety
+/// `path` is NULL or NUL-terminated.
+pub(super) unsafe fn read_file(path: *const c_char) -> Cu<(ModuleFormat, Vec<u8>)> {
+    // SAFETY: the caller's contract.
     let path = unsafe { name_arg(path) }?;
     let path = std::path::Path::new(
         <std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(path.to_bytes()),
@@ -189,7 +193,8 @@ mod tests {
     #[test]
     fn a_ptx_file_is_read_as_a_string_with_its_nul() {
         let f = TempFile::new("gpushare-cuda-ptx", b".version 8.0\n.target sm_90\n");
-        let (format, bytes) = read_file(f.0.as_ptr()).expect("read");
+        // SAFETY: a NUL-terminated path.
+        let (format, bytes) = unsafe { read_file(f.0.as_ptr()) }.expect("read");
         assert_eq!(format, ModuleFormat::Ptx);
         assert_eq!(
             bytes.last(),
@@ -202,14 +207,16 @@ mod tests {
     #[test]
     fn files_that_are_no_image_are_refused() {
         let f = TempFile::new("gpushare-cuda-junk", b"ab");
-        assert_eq!(read_file(f.0.as_ptr()).err(), Some(result::INVALID_IMAGE));
-        assert_eq!(
-            read_file(c"/nonexistent/gpushare/module.ptx".as_ptr()).err(),
-            Some(result::FILE_NOT_FOUND)
-        );
-        assert_eq!(
-            read_file(std::ptr::null()).err(),
-            Some(result::INVALID_VALUE)
-        );
+        // SAFETY: NUL-terminated paths, and NULL.
+        let (junk, missing, null) = unsafe {
+            (
+                read_file(f.0.as_ptr()).err(),
+                read_file(c"/nonexistent/gpushare/module.ptx".as_ptr()).err(),
+                read_file(std::ptr::null()).err(),
+            )
+        };
+        assert_eq!(junk, Some(result::INVALID_IMAGE));
+        assert_eq!(missing, Some(result::FILE_NOT_FOUND));
+        assert_eq!(null, Some(result::INVALID_VALUE));
     }
 }
