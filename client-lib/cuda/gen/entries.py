@@ -183,6 +183,8 @@ def main():
         w(f'    "{s}",')
     w("];")
     open(OUT, "w").write("\n".join(out) + "\n")
+    # Formatted as cargo fmt would, so a rerun without changes leaves no diff.
+    subprocess.run(["rustfmt", "--edition", "2024", OUT, ERRORS], check=True)
     print(f"{OUT}: {len(table)} forms, {len(symbols)} symbols, {len(done)} implemented, {len(stubs)} stubs")
 
 
