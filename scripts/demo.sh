@@ -12,6 +12,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
 
-echo "[demo] building gpushared and the tools (release)"
-cargo build --release --locked -p gpushare-broker -p gpushare-tools --quiet
+echo "[demo] building gpushared, the tools and the client library (release)"
+cargo build --release --locked -p gpushare-broker -p gpushare-tools -p gpushare --quiet
 exec target/release/gpushare-demo tour "$@"

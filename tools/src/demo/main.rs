@@ -45,7 +45,8 @@ struct Args {
     /// Vector length; GEMMs are about sqrt(size) on a side.
     #[arg(long, default_value_t = 65536)]
     size: usize,
-    /// Interactive: milliseconds of think time between requests.
+    /// Interactive: mean milliseconds of think time between requests (exponentially
+    /// distributed, as requests to a server arrive).
     #[arg(long, default_value_t = 2)]
     think_ms: u64,
     /// Trainer: microseconds each of its kernels runs.

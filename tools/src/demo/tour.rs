@@ -278,7 +278,7 @@ pub fn run(args: &TourArgs) -> anyhow::Result<()> {
     let broker = Broker::start(args, dir.path())?;
     let report = broker.status()?;
     say(&format!(
-        "broker up: backend {}, {} ({} SMs, {}), policy {}",
+        "broker up: backend {}, device {}: {} SMs, {}; policy {}",
         report.backend,
         report.device.name,
         report.device.sm_count,
@@ -423,9 +423,11 @@ fn top_frame(broker: &Broker) -> anyhow::Result<()> {
     }
     say("gpushare top -b -n 1, while they run:");
     let mut frame = String::new();
-    for line in text.lines() {
-        frame.push_str("    ");
-        frame.push_str(line);
+    for line in text.trim_end().lines() {
+        if !line.is_empty() {
+            frame.push_str("    ");
+            frame.push_str(line);
+        }
         frame.push('\n');
     }
     print(&frame);
