@@ -27,7 +27,7 @@ function binary_name(line,    name) {
 function note_skip(what) {
     skipped++
     # Most skip messages start with the binary's name already.
-    if (index(what, current) != 1) what = current ": " what
+    if (index(what, current ":") != 1 && index(what, current " ") != 1) what = current ": " what
     skips = skips (skips == "" ? "" : "; ") what
 }
 
