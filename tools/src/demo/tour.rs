@@ -27,12 +27,19 @@ pub struct TourArgs {
     /// The broker binary (default: gpushared next to this program).
     #[arg(long, value_name = "PATH")]
     gpushared: Option<PathBuf>,
-    /// Seconds each case runs.
-    #[arg(long, default_value_t = 1.5)]
-    seconds: f64,
+    /// Seconds each case runs (0.2 to 60).
+    #[arg(long, default_value = "1.5", value_parser = parse_seconds)]
+    seconds: Duration,
     /// Run the broker without eBPF telemetry.
     #[arg(long)]
     no_telemetry: bool,
+}
+
+fn parse_seconds(s: &str) -> Result<Duration, String> {
+    match s.parse::<f64>() {
+        Ok(v) if (0.2..=60.0).contains(&v) => Ok(Duration::from_secs_f64(v)),
+        _ => Err(format!("`{s}` is not a number of seconds from 0.2 to 60")),
+    }
 }
 
 /// The memory quota the tour's policy gives this user.
@@ -296,7 +303,7 @@ pub fn run(args: &TourArgs) -> anyhow::Result<()> {
         ));
     }
     say(&telemetry_line(&report));
-    let phase = Duration::from_secs_f64(args.seconds.clamp(0.2, 60.0));
+    let phase = args.seconds;
     let mut cases = Vec::new();
 
     say("case 1: the interactive client alone");
@@ -477,4 +484,17 @@ fn say(line: &str) {
 fn print(text: &str) {
     let _ = gpushare_tools::output::print(text);
     let _ = std::io::stdout().flush();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_case_lasts_a_sane_number_of_seconds() {
+        assert_eq!(parse_seconds("1.5"), Ok(Duration::from_millis(1500)));
+        for bad in ["NaN", "inf", "-1", "0", "61", "soon"] {
+            assert!(parse_seconds(bad).is_err(), "{bad}");
+        }
+    }
 }
