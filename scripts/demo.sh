@@ -1,55 +1,17 @@
 #!/usr/bin/env bash
-# The main job: builds gpushare, starts the broker (on the GPU when there is one, else on the
-# sim device) and three demo clients of different priority classes that check their own
-# results, shows the broker's status while they run, then stops everything.
+# The main job: builds gpushare and runs its tour, `gpushare-demo tour` (tools/src/demo/tour.rs).
+# A private broker, on the GPU when there is one and otherwise on the sim device in real time,
+# serves an interactive client alone, then beside a best-effort trainer under FIFO, then under
+# the priority policy; a table gives the interactive client's latency (p50, p99) and the
+# trainer's throughput in each case. It also shows a quota refusal, a `gpushare top -b` frame
+# with every client in it, and whether eBPF telemetry is on (and why not). Every result the
+# clients compute is checked; the broker is stopped with SIGTERM and must exit cleanly.
+#
+#   scripts/demo.sh                  # arguments go to the tour: --backend sim, --seconds 3, …
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
 
-echo "[demo] building (release)"
-cargo build --release --locked --workspace --quiet
-bin=target/release
-work=$(mktemp -d)
-socket="$work/gpushare.sock"
-cat >"$work/policy.toml" <<POLICY
-# Demo policy: this user may use every class; each demo client asks for its own.
-[[users]]
-uid = $(id -u)
-class = "high"
-memory_quota = "2 GiB"
-POLICY
-
-"$bin/gpushared" --socket "$socket" --backend auto --config "$work/policy.toml" \
-    --socket-mode 600 --sim-realtime 2>"$work/gpushared.log" &
-broker=$!
-cleanup() {
-    kill -TERM "$broker" 2>/dev/null || true
-    wait "$broker" 2>/dev/null || true
-    rm -rf "$work"
-}
-trap cleanup EXIT
-for _ in $(seq 100); do [[ -S $socket ]] && break; sleep 0.05; done
-[[ -S $socket ]] || { cat "$work/gpushared.log"; echo "[demo] broker did not start" >&2; exit 1; }
-export GPUSHARE_SOCKET=$socket
-grep -m1 "gpushared ready" "$work/gpushared.log" | sed 's/\x1b\[[0-9;]*m//g' || true
-
-echo "[demo] starting 3 clients: interactive (high), batch (normal), trainer (best-effort)"
-"$bin/gpushare-demo" --name interactive --class high --workload vecadd --iterations 40 --size 65536 >"$work/hp.out" &
-a=$!
-"$bin/gpushare-demo" --name batch --class normal --workload mixed --iterations 30 >"$work/n.out" &
-b=$!
-"$bin/gpushare-demo" --name trainer --class best-effort --workload gemm --iterations 20 >"$work/be.out" &
-c=$!
-sleep 1
-echo
-"$bin/gpushare" status
-echo
-status=0
-for pid in $a $b $c; do wait "$pid" || status=1; done
-echo "[demo] summaries:"
-cat "$work/hp.out" "$work/n.out" "$work/be.out"
-kill -TERM "$broker"
-wait "$broker" || true
-if [[ -e $socket ]]; then echo "[demo] broker left its socket behind" >&2; status=1; fi
-if ((status == 0)); then echo "[demo] all clients verified their results; broker stopped cleanly"; else echo "[demo] FAILED" >&2; fi
-exit $status
+echo "[demo] building gpushared, the tools and the client library (release)"
+cargo build --release --locked -p gpushare-broker -p gpushare-tools -p gpushare --quiet
+exec target/release/gpushare-demo tour "$@"

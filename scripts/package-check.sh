@@ -137,6 +137,7 @@ has -rw-r--r-- usr/share/man/man1/gpushare.1.gz
 has -rw-r--r-- usr/share/bash-completion/completions/gpushare
 has -rw-r--r-- usr/share/zsh/vendor-completions/_gpushare
 has -rw-r--r-- usr/share/fish/vendor_completions.d/gpushare.fish
+has -rw-r--r-- usr/share/gpushare/grafana/gpushare.json
 uncompressed=$(grep -E '^-.* \./usr/share/man/' <<<"$contents" | grep -v '\.gz$' || true)
 [[ -z $uncompressed ]] && ok "every man page is gzipped" || problem "uncompressed man pages: $uncompressed"
 
@@ -190,6 +191,8 @@ grep -q '^gpushare:' "$root/etc/group" &&
     problem "postinst did not enable gpushared.service"
 cmp -s "$root/etc/gpushare/gpushare.toml" packaging/gpushare.toml &&
     ok "/etc/gpushare/gpushare.toml is packaging/gpushare.toml" || problem "installed policy file differs"
+cmp -s "$root/usr/share/gpushare/grafana/gpushare.json" packaging/grafana/gpushare.json &&
+    ok "the Grafana dashboard is packaging/grafana/gpushare.json" || problem "installed dashboard differs"
 cmp -s "$root/usr/lib/systemd/system/gpushared.service" packaging/gpushared.service &&
     ok "the installed unit is packaging/gpushared.service" || problem "installed unit differs"
 soname=$(readelf -d "$root/$libdir/libgpushare.so.$version" | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')

@@ -13,8 +13,15 @@ step "cargo clippy (all targets, warnings are errors)"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 step "cargo build (binaries the integration tests start)"
 cargo build --workspace --locked
-# Before the tests, so that cargo test's summary stays the last thing printed.
 step "cargo fuzz (the wire decoders, 20 s a target: scripts/fuzz.sh)"
 ./scripts/fuzz.sh 20
 step "cargo test"
-cargo test --workspace --locked -- --test-threads 2
+# Every test binary runs even after a failure (--no-fail-fast), so that the summary covers
+# them all; it is the last line printed.
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+status=0
+cargo test --workspace --locked --no-fail-fast -- --test-threads 2 2>&1 | tee "$log" || status=$?
+step "summary"
+awk -f scripts/test-summary.awk "$log"
+exit "$status"

@@ -49,10 +49,26 @@ fn main() -> std::process::ExitCode {
     match real_main() {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("gpushared: {e:#}");
+            eprintln!("gpushared: {}", sentence(&e));
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+/// The error and its causes, each said once: an error whose message already holds its cause
+/// (`cannot read policy file …: No such file or directory`) does not repeat it.
+fn sentence(e: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in e.chain() {
+        let part = cause.to_string();
+        if !text.contains(&part) {
+            if !text.is_empty() {
+                text.push_str(": ");
+            }
+            text.push_str(&part);
+        }
+    }
+    text
 }
 
 fn real_main() -> anyhow::Result<()> {
@@ -325,5 +341,26 @@ async fn shutdown_signal() -> String {
     tokio::select! {
         _ = term.recv() => "SIGTERM".into(),
         _ = int.recv() => "SIGINT".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_cause_is_said_once() {
+        let io = std::io::Error::from(std::io::ErrorKind::NotFound);
+        let read = gpushare_broker::policy::PolicyError::Read {
+            path: "/etc/x.toml".into(),
+            source: io,
+        };
+        let e = anyhow::Error::new(read).context("starting");
+        let text = sentence(&e);
+        assert_eq!(text.matches("not found").count(), 1, "{text}");
+        assert!(
+            text.starts_with("starting: cannot read policy file /etc/x.toml"),
+            "{text}"
+        );
     }
 }

@@ -1,49 +1,63 @@
 //! `gpushare`: see and manage the gpushare broker.
 
-use std::path::Path;
 use std::process::ExitCode;
 
-use clap::{CommandFactory, Parser};
+use clap::parser::ValueSource;
+use clap::{CommandFactory, FromArgMatches};
 use gpushare::{Monitor, StatusReport};
 use gpushare_tools::cli::{Cli, Commands, Quota};
+use gpushare_tools::output::print;
+use gpushare_tools::socket::BrokerSocket;
 
 mod format;
 mod run;
 mod top;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    match run(cli) {
+    let matches = Cli::command().get_matches();
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
+    let socket = BrokerSocket {
+        path: cli.socket.clone(),
+        given: matches.value_source("socket") == Some(ValueSource::CommandLine),
+    };
+    match run(cli, &socket) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             // The broker's refusals are sentences already; print them without the code prefix.
             match e.downcast_ref::<gpushare::Error>() {
                 Some(gpushare::Error::Request(w)) => eprintln!("gpushare: {}", w.message),
-                _ => eprintln!("gpushare: {e:#}"),
+                Some(other) => eprintln!("gpushare: {}", socket.describe(other)),
+                None => eprintln!("gpushare: {e:#}"),
             }
             ExitCode::FAILURE
         }
     }
 }
 
-fn run(cli: Cli) -> anyhow::Result<()> {
+fn run(cli: Cli, socket: &BrokerSocket) -> anyhow::Result<()> {
     match cli.command {
         Commands::Status { json } => {
-            let report = fetch_status(&cli.socket)?;
+            let report = fetch_status(socket)?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&report)?);
+                print(&format!("{}\n", serde_json::to_string_pretty(&report)?))?;
             } else {
-                print!("{}", format::status(&report));
+                print(&format::status(&report))?;
             }
         }
         Commands::Clients { json } => {
-            let report = fetch_status(&cli.socket)?;
+            let report = fetch_status(socket)?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&report.clients)?);
+                print(&format!(
+                    "{}\n",
+                    serde_json::to_string_pretty(&report.clients)?
+                ))?;
             } else if report.clients.is_empty() {
-                println!("no clients");
+                print("no clients\n")?;
             } else {
-                print!("{}", format::clients(&report.clients));
+                print(&format::clients(&report.clients))?;
             }
         }
         Commands::Top(args) => {
@@ -52,9 +66,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 anyhow::bail!("-n counts batch frames: add -b (or --json)");
             }
             if batch {
-                top::batch::run(cli.socket, args.delay, args.iterations, args.json)?;
+                top::batch::run(socket.clone(), args.delay, args.iterations, args.json)?;
             } else {
-                top::interactive(cli.socket, args.delay)?;
+                top::interactive(socket.clone(), args.delay)?;
             }
         }
         Commands::Set {
@@ -63,7 +77,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             weight,
             memory_quota,
         } => {
-            let mut monitor = Monitor::connect(&cli.socket)?;
+            let mut monitor = connect(socket)?;
             monitor.admin_set(client, class, weight, memory_quota.map(|q| q.0))?;
             let mut changed = Vec::new();
             if let Some(c) = class {
@@ -78,27 +92,27 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     None => "memory quota unlimited".into(),
                 });
             }
-            println!("client {client}: {}", changed.join(", "));
+            print(&format!("client {client}: {}\n", changed.join(", ")))?;
         }
         Commands::Evict { client, reason } => {
             let reason = reason.unwrap_or_else(|| "evicted by an administrator".into());
-            Monitor::connect(&cli.socket)?.admin_evict(client, &reason)?;
-            println!("client {client} evicted");
+            connect(socket)?.admin_evict(client, &reason)?;
+            print(&format!("client {client} evicted\n"))?;
         }
         Commands::Run(args) => return Err(run::exec(&cli.socket, args)),
         Commands::Completions { shell } => {
-            clap_complete::generate(
-                shell,
-                &mut Cli::command(),
-                "gpushare",
-                &mut std::io::stdout(),
-            );
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "gpushare", &mut script);
+            print(&String::from_utf8_lossy(&script))?;
         }
     }
     Ok(())
 }
 
-fn fetch_status(socket: &Path) -> anyhow::Result<StatusReport> {
-    let mut monitor = Monitor::connect(socket)?;
-    Ok(monitor.status()?)
+fn connect(socket: &BrokerSocket) -> anyhow::Result<Monitor> {
+    socket.monitor().map_err(anyhow::Error::msg)
+}
+
+fn fetch_status(socket: &BrokerSocket) -> anyhow::Result<StatusReport> {
+    Ok(connect(socket)?.status()?)
 }

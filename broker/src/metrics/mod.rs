@@ -146,7 +146,13 @@ pub fn render_with_telemetry(
 
     render_clients(&mut out, &report.clients, processes);
     if let Some(t) = telemetry {
-        render_telemetry(&mut out, t, &report.clients, processes);
+        render_telemetry(
+            &mut out,
+            t,
+            &report.outside_load,
+            &report.clients,
+            processes,
+        );
     }
     out.text
 }

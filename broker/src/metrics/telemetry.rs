@@ -2,14 +2,16 @@
 
 use std::collections::HashSet;
 
-use gpushare_protocol::stats::{ClientStats, ProcessActivity, TelemetryStatus};
+use gpushare_protocol::stats::{ClientStats, OutsideLoad, ProcessActivity, TelemetryStatus};
 
 use super::exposition::{Exposition, borrow};
 
-/// Series from eBPF telemetry: whether it runs, and each process's driver calls.
+/// Series from eBPF telemetry: whether it runs, the load outside the broker, and each
+/// process's driver calls.
 pub(super) fn render_telemetry(
     out: &mut Exposition,
     telemetry: &TelemetryStatus,
+    outside: &OutsideLoad,
     clients: &[ClientStats],
     processes: &[ProcessActivity],
 ) {
@@ -22,6 +24,16 @@ pub(super) fn render_telemetry(
         "gpushare_telemetry_enabled",
         &[],
         if telemetry.enabled { 1.0 } else { 0.0 },
+    );
+    out.family(
+        "gpushare_outside_processes",
+        "gauge",
+        "Processes eBPF sees using the GPU directly, outside the broker (observed, or clients that also bypass it).",
+    );
+    out.sample(
+        "gpushare_outside_processes",
+        &[],
+        f64::from(outside.processes),
     );
     let brokered: HashSet<i32> = clients.iter().map(|c| c.pid).collect();
     let governed: HashSet<i32> = clients
@@ -63,7 +75,7 @@ pub(super) fn render_telemetry(
                 (|p: &ProcessActivity| p.launches as f64) as Get,
             ),
             (
-                "gpushare_process_allocs_total",
+                "gpushare_process_allocations_total",
                 "counter",
                 "Device allocations through libcuda (uprobes).",
                 |p| p.allocs as f64,
@@ -158,6 +170,8 @@ mod tests {
             client_id: None,
         };
         let processes = [process(100, "trainer"), process(300, "python3")];
+        let mut r = r;
+        r.outside_load.processes = 1;
         let text = render_with_telemetry(&r, Some(&telemetry), &processes);
         let scrape = parse(&text);
         assert_eq!(
@@ -169,6 +183,7 @@ mod tests {
             600.0
         );
         assert_eq!(value(&scrape, "gpushare_telemetry_enabled", &[]), 1.0);
+        assert_eq!(value(&scrape, "gpushare_outside_processes", &[]), 1.0);
         let py = [
             ("pid", "300"),
             ("comm", "python3"),
@@ -187,6 +202,10 @@ mod tests {
             0.002
         );
         assert_eq!(value(&scrape, "gpushare_process_launches_total", &py), 12.0);
+        assert_eq!(
+            value(&scrape, "gpushare_process_allocations_total", &py),
+            3.0
+        );
         assert_eq!(value(&scrape, "gpushare_process_gpu_fds", &py), 4.0);
         assert_eq!(
             value(

@@ -21,6 +21,10 @@ pub enum BindError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error(
+        "the socket's directory {0} does not exist: create it, or give --socket a path in an existing directory"
+    )]
+    NoDirectory(PathBuf),
     #[error("cannot remove stale socket {path}: {source}")]
     RemoveStale {
         path: PathBuf,
@@ -62,7 +66,14 @@ pub fn bind(config: &BrokerConfig) -> Result<UnixSeqpacketListener, BindError> {
     let path = &config.socket;
     if let Some(dir) = path.parent()
         && !dir.as_os_str().is_empty()
+        && !dir.is_dir()
     {
+        // The default directory is the broker's own (systemd's RuntimeDirectory makes it
+        // too). Any other is the user's choice, and a typo in it must not become a directory
+        // nobody looks in.
+        if Path::new(gpushare_protocol::DEFAULT_SOCKET_PATH).parent() != Some(dir) {
+            return Err(BindError::NoDirectory(dir.into()));
+        }
         std::fs::create_dir_all(dir).map_err(|source| BindError::Directory {
             path: dir.into(),
             source,
@@ -176,12 +187,18 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn the_socket_directory_is_created() {
+    async fn a_socket_in_a_missing_directory_is_refused_not_created() {
         let dir = tempfile::tempdir().expect("temp dir");
-        let path = dir.path().join("run/gpushare/gpushare.sock");
+        let missing = dir.path().join("run/gpushare");
+        let path = missing.join("gpushare.sock");
 
-        let _listener = bind(&config_at(path.clone())).expect("binds in a new directory");
-        assert!(socket_is_live(&path));
+        match bind(&config_at(path.clone())) {
+            Err(e @ BindError::NoDirectory(_)) => {
+                assert!(e.to_string().contains(&*missing.to_string_lossy()), "{e}")
+            }
+            other => panic!("expected NoDirectory, got {:?}", other.map(|_| ())),
+        }
+        assert!(!dir.path().join("run").exists(), "nothing was created");
     }
 
     #[tokio::test]

@@ -35,7 +35,13 @@ impl<D: Device> Broker<D> {
     ) {
         let Admission { grant, gpu } = admission;
         let device = self.devices[gpu].clone();
-        let id = self.registry.next_id();
+        // A monitor (`gpushare status`, `top`) holds no session: it takes no client id, so the
+        // ids users see count clients only.
+        let id = if hello.role == Role::Monitor {
+            0
+        } else {
+            self.registry.next_id()
+        };
         let user = identity
             .user
             .clone()

@@ -1,9 +1,9 @@
 //! `gpushare top -b`: frames as plain text or as one JSON object per line, for scripts.
 
-use std::io::{self, Write};
-use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use gpushare_tools::output::{self, Printed};
+use gpushare_tools::socket::BrokerSocket;
 use serde::Serialize;
 
 use super::collect::{Collector, Frame};
@@ -24,14 +24,13 @@ struct JsonFrame<'a> {
 /// Prints `iterations` frames (forever when `None`) `interval` apart. Fails only when no frame
 /// could be taken at all, so a script learns that the broker was never there.
 pub fn run(
-    socket: PathBuf,
+    socket: BrokerSocket,
     interval: Duration,
     iterations: Option<u64>,
     json: bool,
 ) -> anyhow::Result<()> {
     let mut collector = Collector::new(socket.clone());
-    let mut state = State::new(socket.display().to_string(), interval);
-    let mut out = io::stdout().lock();
+    let mut state = State::new(socket.path.display().to_string(), interval);
     let mut last_error = None;
     let mut connected_once = false;
     let mut n = 0u64;
@@ -62,9 +61,8 @@ pub fn run(
             }
         };
         // A reader that went away (`| head`) ends the run quietly, as it does for `top -b`.
-        match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
-            Err(e) if e.kind() == io::ErrorKind::BrokenPipe => return Ok(()),
-            other => other?,
+        if output::print(&text)? == Printed::ReaderGone {
+            return Ok(());
         }
     }
     match (connected_once, last_error) {

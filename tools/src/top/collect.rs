@@ -6,11 +6,11 @@
 //! time gets its average since it connected, as `top` does on its first frame.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 
 use gpushare::{ClientStats, Monitor, StatusReport};
 use gpushare_protocol::control::DeviceInfo;
 use gpushare_protocol::stats::{ClientMode, ProcessActivity, TelemetryStatus};
+use gpushare_tools::socket::BrokerSocket;
 use serde::Serialize;
 
 /// How a process uses the GPU.
@@ -364,11 +364,12 @@ fn device_loads(report: &StatusReport, rows: &[Row]) -> Vec<DeviceLoad> {
         .map(|d| DeviceLoad {
             index: d.index,
             name: d.name.clone(),
+            // A fold from +0.0: `sum()` of no shares is -0.0, which prints as `-0.0%`.
             utilisation: rows
                 .iter()
                 .filter(|r| r.gpu == Some(d.index))
                 .filter_map(|r| r.gpu_share)
-                .sum(),
+                .fold(0.0, |total, share| total + share),
             memory_used: report
                 .clients
                 .iter()
@@ -382,13 +383,13 @@ fn device_loads(report: &StatusReport, rows: &[Row]) -> Vec<DeviceLoad> {
 
 /// A connection to the broker that comes back after the broker restarts.
 pub struct Collector {
-    socket: PathBuf,
+    socket: BrokerSocket,
     monitor: Option<Monitor>,
     deriver: Deriver,
 }
 
 impl Collector {
-    pub fn new(socket: PathBuf) -> Collector {
+    pub fn new(socket: BrokerSocket) -> Collector {
         Collector {
             socket,
             monitor: None,
@@ -402,8 +403,7 @@ impl Collector {
             Some(m) => m,
             None => {
                 self.deriver.reset();
-                self.monitor
-                    .insert(Monitor::connect(&self.socket).map_err(|e| e.to_string())?)
+                self.monitor.insert(self.socket.monitor()?)
             }
         };
         match monitor.status() {
@@ -413,7 +413,7 @@ impl Collector {
             }
             Err(e) => {
                 self.monitor = None;
-                Err(e.to_string())
+                Err(self.socket.describe(&e))
             }
         }
     }
@@ -549,6 +549,18 @@ pub(crate) mod tests {
         assert_eq!(r.copy_bytes_per_s, Some(0.0));
         assert!((f2.devices[0].utilisation - 0.2).abs() < 1e-9);
         assert_eq!(f2.devices[0].memory_used, 256 << 20);
+    }
+
+    #[test]
+    fn an_idle_device_is_at_zero_not_minus_zero() {
+        let f = Deriver::default().derive(&report(1_000, Vec::new()), &Extras::default());
+        let util = f.devices[0].utilisation;
+        assert!(util == 0.0 && util.is_sign_positive(), "{util}");
+        assert!(
+            crate::format::device_line(&f.devices[0]).contains("util 0.0%"),
+            "{}",
+            crate::format::device_line(&f.devices[0])
+        );
     }
 
     #[test]

@@ -12,12 +12,12 @@ pub mod state;
 mod terminal;
 
 use std::io::IsTerminal;
-use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use gpushare_tools::socket::BrokerSocket;
 use ratatui::crossterm::event;
 
 use collect::{Collector, Frame};
@@ -28,7 +28,7 @@ use state::State;
 const INPUT_POLL: Duration = Duration::from_millis(50);
 
 /// The interactive screen, until the user quits or a signal arrives.
-pub fn interactive(socket: PathBuf, interval: Duration) -> anyhow::Result<()> {
+pub fn interactive(socket: BrokerSocket, interval: Duration) -> anyhow::Result<()> {
     if !std::io::stdout().is_terminal() || !std::io::stdin().is_terminal() {
         anyhow::bail!(
             "gpushare top needs a terminal; for scripts use `gpushare top -b` (plain text) or `gpushare top -b --json`"
@@ -37,7 +37,7 @@ pub fn interactive(socket: PathBuf, interval: Duration) -> anyhow::Result<()> {
     let stop = terminal::stop_signals().context("cannot install signal handlers")?;
     let (samples, interval_tx) = spawn_collector(socket.clone(), interval);
     let mut guard = terminal::enter().context("cannot set up the terminal")?;
-    let mut state = State::new(socket.display().to_string(), interval);
+    let mut state = State::new(socket.path.display().to_string(), interval);
     let mut dirty = true;
     // A hung-up terminal (its window closed, its session killed) makes the input reader
     // spin on end-of-file inside crossterm, where this loop never regains control: a watchdog
@@ -103,7 +103,7 @@ fn terminal_hung_up() -> bool {
 /// Polls the broker on its own thread, so a slow or hung broker never freezes the keys.
 /// Returns the samples and a sender for interval changes (each one also polls at once).
 fn spawn_collector(
-    socket: PathBuf,
+    socket: BrokerSocket,
     mut interval: Duration,
 ) -> (
     mpsc::Receiver<Result<Frame, String>>,

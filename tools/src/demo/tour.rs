@@ -1,0 +1,500 @@
+//! `gpushare-demo tour`: what gpushare buys, measured live. A private broker (on the GPU when
+//! there is one, else on the sim device in real time) serves an interactive client alone, then
+//! beside a best-effort trainer under FIFO, then under the priority policy (switched with a
+//! policy reload, as an administrator would); one table gives the interactive latency and the
+//! trainer's throughput in each case. During the last case a client is refused past its memory
+//! quota and `gpushare top -b` shows every client. Every result the clients compute is checked,
+//! and the broker must stop cleanly.
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use bytesize::ByteSize;
+use gpushare::{
+    Client, ConnectOptions, DeviceBuffer, ErrorCode, Monitor, PriorityClass, StatusReport,
+};
+
+use super::work::{Summary, ms};
+
+#[derive(Debug, clap::Args)]
+pub struct TourArgs {
+    /// The device: auto (the GPU when one is usable, else the sim device), cuda or sim.
+    #[arg(long, default_value = "auto")]
+    backend: String,
+    /// The broker binary (default: gpushared next to this program).
+    #[arg(long, value_name = "PATH")]
+    gpushared: Option<PathBuf>,
+    /// Seconds each case runs (0.2 to 60).
+    #[arg(long, default_value = "1.5", value_parser = parse_seconds)]
+    seconds: Duration,
+    /// Run the broker without eBPF telemetry.
+    #[arg(long)]
+    no_telemetry: bool,
+}
+
+fn parse_seconds(s: &str) -> Result<Duration, String> {
+    match s.parse::<f64>() {
+        Ok(v) if (0.2..=60.0).contains(&v) => Ok(Duration::from_secs_f64(v)),
+        _ => Err(format!("`{s}` is not a number of seconds from 0.2 to 60")),
+    }
+}
+
+/// The memory quota the tour's policy gives this user.
+const QUOTA: u64 = 256 << 20;
+
+/// A binary installed or built next to this one.
+fn sibling(name: &str) -> anyhow::Result<PathBuf> {
+    let me = std::env::current_exe().context("cannot find this program's path")?;
+    let path = me.with_file_name(name);
+    if !path.is_file() {
+        bail!(
+            "{} not found next to {}: build the workspace (cargo build --release)",
+            path.display(),
+            me.display()
+        );
+    }
+    Ok(path)
+}
+
+fn policy(scheduler: &str) -> String {
+    format!(
+        "# gpushare-demo tour: this user may use every class; each client asks for its own.\n\
+         scheduler = \"{scheduler}\"\n\
+         [[users]]\n\
+         uid = {}\n\
+         class = \"high\"\n\
+         memory_quota = {QUOTA}\n",
+        nix::unistd::getuid()
+    )
+}
+
+/// The tour's broker: killed, if it is still running, when dropped.
+struct Broker {
+    child: Child,
+    socket: PathBuf,
+    log: PathBuf,
+    policy: PathBuf,
+}
+
+impl Broker {
+    fn start(args: &TourArgs, dir: &Path) -> anyhow::Result<Broker> {
+        let bin = match &args.gpushared {
+            Some(p) => p.clone(),
+            None => sibling("gpushared")?,
+        };
+        let socket = dir.join("gpushare.sock");
+        let log = dir.join("gpushared.log");
+        let policy_path = dir.join("policy.toml");
+        std::fs::write(&policy_path, policy("fifo")).context("cannot write the policy file")?;
+        let mut cmd = Command::new(&bin);
+        cmd.arg("--socket")
+            .arg(&socket)
+            .args(["--backend", &args.backend, "--socket-mode", "600"])
+            .arg("--config")
+            .arg(&policy_path)
+            .arg("--sim-realtime")
+            .args(["--log", "info"])
+            .env_remove("RUST_LOG")
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).context("cannot create the broker log")?);
+        if args.no_telemetry {
+            cmd.arg("--no-telemetry");
+        }
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("cannot start {}", bin.display()))?;
+        let mut broker = Broker {
+            child,
+            socket,
+            log,
+            policy: policy_path,
+        };
+        let started = Instant::now();
+        while Monitor::connect(&broker.socket).is_err() {
+            if let Some(status) = broker.child.try_wait()? {
+                bail!(
+                    "gpushared exited ({status}) before it was ready:\n{}",
+                    broker.log_text()
+                );
+            }
+            if started.elapsed() > Duration::from_secs(60) {
+                bail!("gpushared was not ready in 60 s:\n{}", broker.log_text());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(broker)
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn status(&self) -> anyhow::Result<StatusReport> {
+        Ok(Monitor::connect(&self.socket)?.status()?)
+    }
+
+    /// Waits until `done` holds for the broker's status.
+    fn wait_for(&self, what: &str, done: impl Fn(&StatusReport) -> bool) -> anyhow::Result<()> {
+        let started = Instant::now();
+        loop {
+            if done(&self.status()?) {
+                return Ok(());
+            }
+            if started.elapsed() > Duration::from_secs(30) {
+                bail!("gave up waiting for {what}");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Switches the scheduling policy as an administrator would: edit, then reload (SIGHUP).
+    fn switch_to(&self, scheduler: &str) -> anyhow::Result<()> {
+        std::fs::write(&self.policy, policy(scheduler)).context("cannot rewrite the policy")?;
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGHUP,
+        )
+        .context("cannot signal gpushared")?;
+        self.wait_for(&format!("the {scheduler} policy"), |s| {
+            s.policy == scheduler
+        })
+    }
+
+    /// SIGTERM, then the exit status; the socket must be gone.
+    fn stop(mut self) -> anyhow::Result<()> {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .context("cannot signal gpushared")?;
+        let status = self.child.wait()?;
+        if !status.success() {
+            bail!("gpushared exited with {status}:\n{}", self.log_text());
+        }
+        if self.socket.exists() {
+            bail!("gpushared left its socket behind");
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// A demo client process that works until its standard input closes.
+struct Worker {
+    name: &'static str,
+    child: Child,
+}
+
+impl Worker {
+    fn start(broker: &Broker, name: &'static str, extra: &[&str]) -> anyhow::Result<Worker> {
+        let child = Command::new(sibling("gpushare-demo")?)
+            .args(["--name", name, "--until-eof", "--json"])
+            .args(extra)
+            .env("GPUSHARE_SOCKET", &broker.socket)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("cannot start the {name} client"))?;
+        let worker = Worker { name, child };
+        broker.wait_for(&format!("the {name} client to connect"), |s| {
+            s.clients.iter().any(|c| c.name == name)
+        })?;
+        Ok(worker)
+    }
+
+    /// Ends its work and reads its summary; fails unless every result was right.
+    fn finish(mut self) -> anyhow::Result<Summary> {
+        drop(self.child.stdin.take());
+        let out = self.child.wait_with_output()?;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        if !out.status.success() {
+            bail!("the {} client failed ({}): {stderr}", self.name, out.status);
+        }
+        let summary: Summary = serde_json::from_slice(&out.stdout).with_context(|| {
+            format!(
+                "the {} client's summary: {}",
+                self.name,
+                String::from_utf8_lossy(&out.stdout)
+            )
+        })?;
+        if summary.mismatches != 0 || summary.iterations == 0 {
+            bail!(
+                "the {} client got {} wrong results in {} iterations",
+                self.name,
+                summary.mismatches,
+                summary.iterations
+            );
+        }
+        Ok(summary)
+    }
+}
+
+fn interactive(broker: &Broker) -> anyhow::Result<Worker> {
+    Worker::start(
+        broker,
+        "interactive",
+        &[
+            "--class",
+            "high",
+            "--workload",
+            "interactive",
+            "--size",
+            "16384",
+        ],
+    )
+}
+
+fn trainer(broker: &Broker) -> anyhow::Result<Worker> {
+    Worker::start(
+        broker,
+        "trainer",
+        &[
+            "--class",
+            "best-effort",
+            "--workload",
+            "trainer",
+            "--size",
+            "4096",
+        ],
+    )
+}
+
+/// One row of the table.
+struct Case {
+    what: &'static str,
+    interactive: Summary,
+    trainer: Option<Summary>,
+}
+
+pub fn run(args: &TourArgs) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir().context("cannot make a temporary directory")?;
+    let broker = Broker::start(args, dir.path())?;
+    let report = broker.status()?;
+    say(&format!(
+        "broker up: backend {}, device {}: {} SMs, {}; policy {}",
+        report.backend,
+        report.device.name,
+        report.device.sm_count,
+        ByteSize(report.device.total_memory),
+        report.policy
+    ));
+    // `backend auto: no usable GPU (why); using the sim device`
+    if let Some(why) = broker.log_text().lines().find_map(|l| {
+        l.split_once("no usable GPU ")
+            .map(|(_, why)| why.to_string())
+    }) {
+        let why = why.split("; using the sim device").next().unwrap_or(&why);
+        say(&format!(
+            "no usable GPU {why}: the sim device stands in, taking each command's modelled time on the wall clock"
+        ));
+    }
+    say(&telemetry_line(&report));
+    let phase = args.seconds;
+    let mut cases = Vec::new();
+
+    say("case 1: the interactive client alone");
+    let alone = interactive(&broker)?;
+    std::thread::sleep(phase);
+    cases.push(Case {
+        what: "alone",
+        interactive: alone.finish()?,
+        trainer: None,
+    });
+
+    say("case 2: beside a best-effort trainer, policy fifo");
+    cases.push(beside_trainer(
+        &broker,
+        phase,
+        "beside a trainer, fifo",
+        |_| Ok(()),
+    )?);
+
+    say("case 3: the same, after switching the policy to priority (edit + SIGHUP)");
+    broker.switch_to("priority")?;
+    cases.push(beside_trainer(
+        &broker,
+        phase,
+        "beside a trainer, priority",
+        |broker| {
+            let _notebook = quota_refusal(broker)?;
+            top_frame(broker)
+        },
+    )?);
+
+    print_table(&cases);
+    if report.backend == "sim" {
+        say(
+            "the sim device runs one command at a time, each to its end: a policy can only pick \
+             which waiting kernel starts next, and this host's CPU load moves the figures. \
+             docs/benchmarks.md has the priority policy on an H100.",
+        );
+    }
+    let requests: u64 = cases.iter().map(|c| c.interactive.requests).sum();
+    let steps: u64 = cases
+        .iter()
+        .filter_map(|c| c.trainer.as_ref())
+        .map(|t| t.steps)
+        .sum();
+    broker.stop()?;
+    say(&format!(
+        "all {requests} requests and {steps} training steps verified; broker stopped cleanly"
+    ));
+    Ok(())
+}
+
+/// A trainer, then the interactive client beside it, for `phase`; `during` runs while both do.
+fn beside_trainer(
+    broker: &Broker,
+    phase: Duration,
+    what: &'static str,
+    during: impl FnOnce(&Broker) -> anyhow::Result<()>,
+) -> anyhow::Result<Case> {
+    let trainer = trainer(broker)?;
+    let interactive = interactive(broker)?;
+    let started = Instant::now();
+    // Halfway, so that `top`'s rates cover a stretch of both at work.
+    std::thread::sleep(phase / 2);
+    during(broker)?;
+    std::thread::sleep(phase.saturating_sub(started.elapsed()));
+    let interactive = interactive.finish()?;
+    let trainer = trainer.finish()?;
+    Ok(Case {
+        what,
+        interactive,
+        trainer: Some(trainer),
+    })
+}
+
+/// A client that asks for more than its quota is refused and keeps what it holds; it stays
+/// connected while the buffer returned lives, so that `top` shows it.
+fn quota_refusal(broker: &Broker) -> anyhow::Result<DeviceBuffer<u8>> {
+    let notebook = Client::connect_with(ConnectOptions {
+        socket: broker.socket.clone(),
+        name: "notebook".into(),
+        class: Some(PriorityClass::Normal),
+        ..Default::default()
+    })?;
+    let held = notebook.alloc::<u8>(64 << 20)?;
+    let err = match notebook.alloc::<u8>(QUOTA as usize) {
+        Ok(_) => bail!("an allocation past the memory quota was not refused"),
+        Err(e) => e,
+    };
+    if err.code() != Some(ErrorCode::OutOfQuota) {
+        bail!("an allocation past the quota failed, but not for the quota: {err}");
+    }
+    say(&format!(
+        "quota: notebook holds {} of its {} quota and asks for {} more: refused ({err}); it keeps what it holds",
+        ByteSize(64 << 20),
+        ByteSize(QUOTA),
+        ByteSize(QUOTA)
+    ));
+    Ok(held)
+}
+
+/// `gpushare top -b -n 1` while the clients run; every one of them must be in it.
+fn top_frame(broker: &Broker) -> anyhow::Result<()> {
+    let out = Command::new(sibling("gpushare")?)
+        .arg("--socket")
+        .arg(&broker.socket)
+        .args(["top", "-b", "-n", "1"])
+        .output()
+        .context("cannot run gpushare top")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        bail!(
+            "gpushare top -b failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    for name in ["interactive", "trainer", "notebook"] {
+        if !text
+            .lines()
+            .any(|l| l.split_whitespace().nth(2) == Some(name))
+        {
+            bail!("the top frame has no row for {name}:\n{text}");
+        }
+    }
+    say("gpushare top -b -n 1, while they run:");
+    let mut frame = String::new();
+    for line in text.trim_end().lines() {
+        if !line.is_empty() {
+            frame.push_str("    ");
+            frame.push_str(line);
+        }
+        frame.push('\n');
+    }
+    print(&frame);
+    Ok(())
+}
+
+fn telemetry_line(report: &StatusReport) -> String {
+    let t = &report.telemetry;
+    match (t.enabled, &t.reason) {
+        (true, _) if t.uprobes => {
+            "telemetry: eBPF on (NVIDIA ioctls and libcuda calls of every process)".into()
+        }
+        (true, _) => "telemetry: eBPF on (NVIDIA ioctls of every process)".into(),
+        (false, Some(why)) => format!("telemetry: off — {why}"),
+        (false, None) => "telemetry: off".into(),
+    }
+}
+
+fn print_table(cases: &[Case]) {
+    let mut t = String::from("\n");
+    t.push_str(&format!(
+        "    {:<28} {:>16} {:>16} {:>16}\n",
+        "interactive client", "latency p50", "latency p99", "trainer steps/s"
+    ));
+    for c in cases {
+        let steps = c
+            .trainer
+            .as_ref()
+            .and_then(|t| t.steps_per_s)
+            .map_or_else(|| "-".into(), |s| format!("{s:.1}"));
+        t.push_str(&format!(
+            "    {:<28} {:>16} {:>16} {:>16}\n",
+            c.what,
+            ms(c.interactive.latency_p50_ms),
+            ms(c.interactive.latency_p99_ms),
+            steps
+        ));
+    }
+    print(&format!("{t}\n"));
+}
+
+fn say(line: &str) {
+    print(&format!("[tour] {line}\n"));
+}
+
+/// Output that ends quietly when the reader goes away.
+fn print(text: &str) {
+    let _ = gpushare_tools::output::print(text);
+    let _ = std::io::stdout().flush();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_case_lasts_a_sane_number_of_seconds() {
+        assert_eq!(parse_seconds("1.5"), Ok(Duration::from_millis(1500)));
+        for bad in ["NaN", "inf", "-1", "0", "61", "soon"] {
+            assert!(parse_seconds(bad).is_err(), "{bad}");
+        }
+    }
+}
