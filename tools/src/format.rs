@@ -5,7 +5,7 @@ use std::fmt::Write;
 use std::time::Duration;
 
 use bytesize::ByteSize;
-use gpushare::{ClientStats, StatusReport};
+use gpushare::{ClientStats, StatusReport, UserStats};
 
 use crate::top::collect::{Frame, Row};
 
@@ -71,6 +71,38 @@ pub fn status(r: &StatusReport) -> String {
     let _ = writeln!(out, "clients: {}", r.clients.len());
     if !r.clients.is_empty() {
         out.push_str(&clients(&r.clients));
+    }
+    if !r.users.is_empty() {
+        out.push_str(&users(&r.users));
+    }
+    out
+}
+
+/// Each user's sessions together, as the per-user quota counts them.
+pub fn users(users: &[UserStats]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "users (the quota holds for all of a user's sessions together):"
+    );
+    let _ = writeln!(
+        out,
+        "{:<10} {:>7} {:>8} {:>10} {:>10}",
+        "USER", "UID", "SESSIONS", "MEMORY", "QUOTA"
+    );
+    for u in users {
+        let quota = u
+            .memory_quota
+            .map_or("unlimited".to_string(), |q| ByteSize(q).to_string());
+        let _ = writeln!(
+            out,
+            "{:<10} {:>7} {:>8} {:>10} {:>10}",
+            truncate(&u.user, 10),
+            u.uid,
+            u.sessions,
+            ByteSize(u.memory_used).to_string(),
+            quota
+        );
     }
     out
 }

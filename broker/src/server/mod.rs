@@ -20,6 +20,7 @@ use tokio::task::JoinSet;
 use tokio_seqpacket::UnixSeqpacketListener;
 use tracing::{info, warn};
 
+use crate::accounts::Accounts;
 use crate::config::BrokerConfig;
 use crate::device::Device;
 use crate::dispatch::GpuDispatch;
@@ -83,6 +84,8 @@ pub struct Broker<D: Device> {
     config: BrokerConfig,
     policy: RwLock<Policy>,
     registry: Registry,
+    /// Each user's sessions together: the memory quota they share.
+    accounts: Accounts,
     started: Instant,
     telemetry: Option<Arc<Telemetry>>,
     telemetry_status: TelemetryStatus,
@@ -131,6 +134,7 @@ impl<D: Device> Broker<D> {
             config,
             policy: RwLock::new(policy),
             registry: Registry::default(),
+            accounts: Accounts::default(),
             started: Instant::now(),
             telemetry,
             telemetry_status,

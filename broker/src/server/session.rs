@@ -66,8 +66,18 @@ impl<D: Device> Broker<D> {
             return;
         }
 
+        // The user's account: one memory quota over all of their sessions.
+        let seat = self.accounts.join(identity.uid, &user, grant.memory_quota);
+        let account = seat.account().clone();
         let started = match self.start_session(
-            id, pid, &identity, user, name, grant, &hello, &device, gpu as u32,
+            id,
+            pid,
+            &identity,
+            (user, name),
+            (grant, account),
+            &hello,
+            &device,
+            gpu as u32,
         ) {
             Ok(s) => s,
             Err(e) => {
@@ -144,6 +154,8 @@ impl<D: Device> Broker<D> {
             }
             SessionEnd::Evicted(why) => info!(client = id, %why, "client evicted"),
         }
+        // The data thread has given everything back: the account may go with the seat.
+        drop(seat);
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -152,9 +164,8 @@ impl<D: Device> Broker<D> {
         id: u64,
         pid: i32,
         identity: &Identity,
-        user: String,
-        name: String,
-        grant: crate::policy::Grant,
+        (user, name): (String, String),
+        (grant, account): (crate::policy::Grant, Arc<crate::accounts::UserAccount>),
         hello: &Hello,
         device: &Arc<D>,
         gpu: u32,
@@ -181,7 +192,7 @@ impl<D: Device> Broker<D> {
             governed: hello.role == Role::Governed,
             consolidated: hello.role == Role::Consolidated,
         };
-        let info = Arc::new(SessionInfo::new(peer, grant, submit_wake));
+        let info = Arc::new(SessionInfo::new(peer, grant, account, submit_wake));
         if let (_, Some(until)) = self.carried_for(pid) {
             info!(
                 client = id,

@@ -134,6 +134,7 @@ impl<D: Device> Broker<D> {
             telemetry: self.telemetry_status.clone(),
             processes,
             outside_load,
+            users: self.accounts.snapshot(),
         }
     }
 }

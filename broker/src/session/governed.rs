@@ -2,7 +2,7 @@
 //! interposer asks the broker before it allocates and launches on the program's own CUDA
 //! context. Nothing runs on the broker's device for them.
 //!
-//! Memory: `GovernedReserve` counts bytes against the client's quota exactly like a brokered
+//! Memory: `GovernedReserve` counts bytes against the user's quota exactly like a brokered
 //! allocation (past the quota it fails with `OutOfQuota` and changes nothing), and
 //! `GovernedRelease` gives them back, never more than the client holds.
 //!
@@ -97,22 +97,17 @@ impl<D: Device> SessionState<D> {
 
     pub(super) fn governed_reserve(&mut self, bytes: u64) -> Result<(u64, u64), ErrorCode> {
         self.require_governed()?;
-        let c = &self.info.counters;
-        let used = c.memory_used.load(Ordering::Relaxed);
-        let now = used.checked_add(bytes).ok_or(ErrorCode::InvalidArgument)?;
-        if let Some(quota) = self.info.grant().memory_quota
-            && now > quota
-        {
-            return Err(ErrorCode::OutOfQuota);
-        }
-        self.governed.reserved = self
+        let reserved = self
             .governed
             .reserved
             .checked_add(bytes)
             .ok_or(ErrorCode::InvalidArgument)?;
-        c.memory_used.store(now, Ordering::Relaxed);
-        c.memory_peak.fetch_max(now, Ordering::Relaxed);
-        c.allocations.fetch_add(1, Ordering::Relaxed);
+        self.info.charge_memory(bytes)?;
+        self.governed.reserved = reserved;
+        self.info
+            .counters
+            .allocations
+            .fetch_add(1, Ordering::Relaxed);
         Ok((0, 0))
     }
 
@@ -121,10 +116,7 @@ impl<D: Device> SessionState<D> {
         self.require_governed()?;
         let released = bytes.min(self.governed.reserved);
         self.governed.reserved -= released;
-        self.info
-            .counters
-            .memory_used
-            .fetch_sub(released, Ordering::Relaxed);
+        self.info.release_memory(released);
         Ok((released, 0))
     }
 

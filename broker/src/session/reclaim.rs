@@ -49,9 +49,8 @@ impl<D: Device> SessionState<D> {
             self.device.unregister_host(shared.region.whole());
         }
         self.device.unregister_arena(self.region.arena());
-        let c = &self.info.counters;
-        c.memory_used.store(0, Ordering::Relaxed);
-        c.streams.store(0, Ordering::Relaxed);
+        self.info.set_memory_used(0);
+        self.info.counters.streams.store(0, Ordering::Relaxed);
         tracing::info!(
             streams,
             allocations,

@@ -27,7 +27,7 @@ use crate::ring::{
 };
 use crate::stats::{
     ClientStats, IoctlStats, OutsideLoad, ProcessActivity, ProcessKind, StatusReport,
-    TelemetryStatus,
+    TelemetryStatus, UserStats,
 };
 
 /// A fuzz target's body: takes the fuzzer's bytes, panics on a broken property.
@@ -472,6 +472,13 @@ fn status_report() -> StatusReport {
             ioctls_per_s: 10.5,
             launches_per_s: 2.0,
         },
+        users: vec![UserStats {
+            uid: 1000,
+            user: "alice".into(),
+            sessions: 1,
+            memory_used: 3 << 20,
+            memory_quota: Some(8 << 30),
+        }],
     }
 }
 
