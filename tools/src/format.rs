@@ -78,30 +78,29 @@ pub fn status(r: &StatusReport) -> String {
     out
 }
 
-/// Each user's sessions together, as the per-user quota counts them.
+/// Each user's sessions together, against the per-user quota and bounds.
 pub fn users(users: &[UserStats]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "users (the quota holds for all of a user's sessions together):"
+        "users (quota and bounds hold for all of a user's sessions together):"
     );
     let _ = writeln!(
         out,
-        "{:<10} {:>7} {:>8} {:>10} {:>10}",
-        "USER", "UID", "SESSIONS", "MEMORY", "QUOTA"
+        "{:<10} {:>7} {:>9} {:>10} {:>10} {:>21}",
+        "USER", "UID", "SESSIONS", "MEMORY", "QUOTA", "PINNED"
     );
+    let size = |v: Option<u64>| v.map_or("unlimited".to_string(), |b| ByteSize(b).to_string());
     for u in users {
-        let quota = u
-            .memory_quota
-            .map_or("unlimited".to_string(), |q| ByteSize(q).to_string());
         let _ = writeln!(
             out,
-            "{:<10} {:>7} {:>8} {:>10} {:>10}",
+            "{:<10} {:>7} {:>9} {:>10} {:>10} {:>21}",
             truncate(&u.user, 10),
             u.uid,
-            u.sessions,
+            format!("{}/{}", u.sessions, u.max_sessions),
             ByteSize(u.memory_used).to_string(),
-            quota
+            size(u.memory_quota),
+            format!("{}/{}", ByteSize(u.pinned_bytes), size(u.max_pinned_bytes)),
         );
     }
     out

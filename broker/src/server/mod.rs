@@ -85,7 +85,7 @@ pub struct Broker<D: Device> {
     policy: RwLock<Policy>,
     registry: Registry,
     /// Each user's sessions together: the memory quota they share.
-    accounts: Accounts,
+    accounts: Arc<Accounts>,
     started: Instant,
     telemetry: Option<Arc<Telemetry>>,
     telemetry_status: TelemetryStatus,
@@ -134,7 +134,7 @@ impl<D: Device> Broker<D> {
             config,
             policy: RwLock::new(policy),
             registry: Registry::default(),
-            accounts: Accounts::default(),
+            accounts: Arc::default(),
             started: Instant::now(),
             telemetry,
             telemetry_status,

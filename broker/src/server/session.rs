@@ -33,7 +33,12 @@ impl<D: Device> Broker<D> {
         admission: Admission,
         mut stop: watch::Receiver<Option<Stop>>,
     ) {
-        let Admission { grant, gpu } = admission;
+        let Admission {
+            grant,
+            gpu,
+            seat,
+            layout,
+        } = admission;
         let device = self.devices[gpu].clone();
         let id = self.registry.next_id();
         let user = identity
@@ -66,8 +71,10 @@ impl<D: Device> Broker<D> {
             return;
         }
 
-        // The user's account: one memory quota over all of their sessions.
-        let seat = self.accounts.join(identity.uid, &user, grant.memory_quota);
+        let Some(seat) = seat else {
+            reject(&sock, ErrorCode::Internal, "a session without an account").await;
+            return;
+        };
         let account = seat.account().clone();
         let started = match self.start_session(
             id,
@@ -75,7 +82,7 @@ impl<D: Device> Broker<D> {
             &identity,
             (user, name),
             (grant, account),
-            &hello,
+            (&hello, layout),
             &device,
             gpu as u32,
         ) {
@@ -166,11 +173,10 @@ impl<D: Device> Broker<D> {
         identity: &Identity,
         (user, name): (String, String),
         (grant, account): (crate::policy::Grant, Arc<crate::accounts::UserAccount>),
-        hello: &Hello,
+        (hello, layout): (&Hello, gpushare_protocol::ring::ShmLayout),
         device: &Arc<D>,
         gpu: u32,
     ) -> std::io::Result<StartedSession<D>> {
-        let layout = self.config.layout_for(hello.sq_entries, hello.arena_size);
         let region = Arc::new(
             SharedRegion::create(&format!("gpushare-client-{id}"), layout)
                 .map_err(std::io::Error::other)?,
@@ -300,7 +306,12 @@ mod tests {
             hello,
             identity(1000, &[]),
             me,
-            Admission { grant, gpu },
+            Admission {
+                grant,
+                gpu,
+                seat: Some(broker.accounts.seat_for_tests(1000, "alice")),
+                layout: broker.config.layout_for(0, 0),
+            },
             stop,
         );
         (session, client, stop_tx)

@@ -75,7 +75,7 @@ pub(super) fn register(
     let wake = Wakeup::new().expect("eventfd");
     // Counted in its user's account as a session is; these sessions never end, so the seat
     // is never given up.
-    let seat = broker.accounts.join(1000, "alice", None);
+    let seat = broker.accounts.seat_for_tests(1000, "alice");
     let account = seat.account().clone();
     std::mem::forget(seat);
     let info = Arc::new(SessionInfo::new(peer, Grant::default(), account, wake));

@@ -148,11 +148,12 @@ impl SessionInfo {
 
     /// Counts `bytes` of device memory to this session, if its user's quota has room for
     /// them beside all of the user's sessions (else `OutOfQuota`, and nothing changes).
-    /// Only the session's data thread calls it.
+    /// Only the session's data thread changes the session's figure.
     pub fn charge_memory(&self, bytes: u64) -> Result<(), ErrorCode> {
         self.account.charge(bytes)?;
         let c = &self.counters;
-        let now = c.memory_used.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        let now = c.memory_used.load(Ordering::Relaxed).saturating_add(bytes);
+        c.memory_used.store(now, Ordering::Relaxed);
         c.memory_peak.fetch_max(now, Ordering::Relaxed);
         Ok(())
     }
@@ -162,7 +163,7 @@ impl SessionInfo {
         let c = &self.counters;
         let held = c.memory_used.load(Ordering::Relaxed);
         let bytes = bytes.min(held);
-        c.memory_used.fetch_sub(bytes, Ordering::Relaxed);
+        c.memory_used.store(held - bytes, Ordering::Relaxed);
         self.account.release(bytes);
     }
 
@@ -304,8 +305,8 @@ mod tests {
             consolidated: false,
         };
         let wake = Wakeup::new().expect("an eventfd for the test");
-        let accounts = crate::accounts::Accounts::default();
-        let account = accounts.join(1000, "alice", None).account().clone();
+        let accounts = Arc::new(crate::accounts::Accounts::default());
+        let account = accounts.seat_for_tests(1000, "alice").account().clone();
         SessionInfo::new(peer, Grant::default(), account, wake)
     }
 

@@ -47,6 +47,7 @@ impl<D: Device> SessionState<D> {
             .unwrap_or_default();
         for shared in hosts {
             self.device.unregister_host(shared.region.whole());
+            self.info.account().unpin(shared.region.len() as u64);
         }
         self.device.unregister_arena(self.region.arena());
         self.info.set_memory_used(0);

@@ -478,6 +478,9 @@ fn status_report() -> StatusReport {
             sessions: 1,
             memory_used: 3 << 20,
             memory_quota: Some(8 << 30),
+            pinned_bytes: 17 << 20,
+            max_sessions: 64,
+            max_pinned_bytes: Some(2 << 30),
         }],
     }
 }

@@ -41,6 +41,13 @@ pub struct UserStats {
     pub memory_used: u64,
     /// The user's memory quota, for all of their sessions together (`None`: unlimited).
     pub memory_quota: Option<u64>,
+    /// Host memory gpushared holds locked for the user: each session's shared region, and
+    /// host memory consolidated programs share.
+    pub pinned_bytes: u64,
+    /// The policy's bounds for the user: sessions open at once, and pinned host memory
+    /// (`None`: unlimited).
+    pub max_sessions: u32,
+    pub max_pinned_bytes: Option<u64>,
 }
 
 /// How busy processes that bypass the broker keep the GPU, from eBPF.
