@@ -17,7 +17,9 @@ use super::{Broker, Stop};
 use crate::device::Device;
 use crate::policy::Identity;
 use crate::registry::Registry;
-use crate::session::{GpuServices, ModuleTable, Peer, SessionEnd, SessionInfo, SessionState};
+use crate::session::{
+    GpuServices, ModuleTable, Pacing, Peer, SessionEnd, SessionInfo, SessionState,
+};
 use crate::shm::SharedRegion;
 use gpushare_protocol::wake::Wakeup;
 
@@ -209,12 +211,11 @@ impl<D: Device> Broker<D> {
         let modules: Arc<Mutex<ModuleTable<D>>> = Arc::default();
         let (ready_tx, ready) = oneshot::channel();
         let (ended_tx, ended) = oneshot::channel();
-        let (device, thread_info, thread_modules, spin) = (
-            device.clone(),
-            info.clone(),
-            modules.clone(),
-            self.config.spin,
-        );
+        let (device, thread_info, thread_modules) = (device.clone(), info.clone(), modules.clone());
+        let pacing = Pacing {
+            spin: self.config.spin,
+            stall_limit: self.config.stall_limit,
+        };
         let health = self.health[gpu as usize].clone();
         let dispatch = self.dispatch[gpu as usize].clone();
         std::thread::Builder::new()
@@ -228,7 +229,7 @@ impl<D: Device> Broker<D> {
                     region,
                     complete_wake,
                     thread_modules,
-                    spin,
+                    pacing,
                     GpuServices { health, dispatch },
                 ) {
                     Ok(state) => {
