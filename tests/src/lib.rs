@@ -413,6 +413,7 @@ pub fn wait_until(timeout: Duration, mut check: impl FnMut() -> bool) -> bool {
 
 pub mod cuda_program;
 pub mod faults;
+pub mod governed;
 pub mod hostile;
 pub mod raw;
 

@@ -331,6 +331,7 @@ impl<D: Device> SessionState<D> {
             Command::GovernedTokens { launched, blocks } => self.governed_tokens(launched, blocks),
             Command::GovernedIdle { launched, blocks } => self.governed_idle(launched, blocks),
             Command::GovernedWeight { weight } => self.governed_weight(weight),
+            Command::GovernedHeld { bytes } => self.governed_held(bytes),
         }
     }
 

@@ -4,7 +4,9 @@
 //!
 //! Memory: `GovernedReserve` counts bytes against the user's quota exactly like a brokered
 //! allocation (past the quota it fails with `OutOfQuota` and changes nothing), and
-//! `GovernedRelease` gives them back, never more than the client holds.
+//! `GovernedRelease` gives them back, never more than the client holds. A program that
+//! connected again (after a restart of gpushared) counts what it already holds with
+//! `GovernedHeld`, whatever the quota.
 //!
 //! Launches: the interposer launches from a local budget of tokens and asks for more
 //! (`GovernedTokens`) when it runs out or they expire, so a launch costs no round trip. Under
@@ -108,6 +110,18 @@ impl<D: Device> SessionState<D> {
             .counters
             .allocations
             .fetch_add(1, Ordering::Relaxed);
+        Ok((0, 0))
+    }
+
+    /// A program that connected again counts what it already holds, whatever the quota.
+    pub(super) fn governed_held(&mut self, bytes: u64) -> Result<(u64, u64), ErrorCode> {
+        self.require_governed()?;
+        self.governed.reserved = self
+            .governed
+            .reserved
+            .checked_add(bytes)
+            .ok_or(ErrorCode::InvalidArgument)?;
+        self.info.hold_memory(bytes);
         Ok((0, 0))
     }
 

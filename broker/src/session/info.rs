@@ -158,6 +158,16 @@ impl SessionInfo {
         Ok(())
     }
 
+    /// Counts `bytes` the session already holds, whatever the quota (a governed program that
+    /// connected again).
+    pub fn hold_memory(&self, bytes: u64) {
+        self.account.charge_held(bytes);
+        let c = &self.counters;
+        let now = c.memory_used.load(Ordering::Relaxed).saturating_add(bytes);
+        c.memory_used.store(now, Ordering::Relaxed);
+        c.memory_peak.fetch_max(now, Ordering::Relaxed);
+    }
+
     /// Gives back `bytes` this session held.
     pub fn release_memory(&self, bytes: u64) {
         let c = &self.counters;

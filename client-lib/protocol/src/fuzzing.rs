@@ -501,6 +501,7 @@ fn client_variant(m: &ClientMessage) -> &'static str {
         ClientMessage::GetGlobal { .. } => "get_global",
         ClientMessage::ShareHostMemory { .. } => "share_host_memory",
         ClientMessage::UnshareHostMemory { .. } => "unshare_host_memory",
+        ClientMessage::Ping { .. } => "ping",
     }
 }
 
@@ -522,6 +523,7 @@ fn broker_variant(m: &BrokerMessage) -> &'static str {
         BrokerMessage::Global { .. } => "global",
         BrokerMessage::HostShared { .. } => "host_shared",
         BrokerMessage::HostUnshared { .. } => "host_unshared",
+        BrokerMessage::Pong { .. } => "pong",
     }
 }
 
@@ -606,6 +608,7 @@ pub fn client_messages() -> Vec<ClientMessage> {
             request: 12,
             region: 3,
         },
+        ClientMessage::Ping { request: 13 },
     ]);
     out
 }
@@ -723,6 +726,7 @@ pub fn broker_messages() -> Vec<BrokerMessage> {
             request: 10,
             result: Ok(()),
         },
+        BrokerMessage::Pong { request: 11 },
     ]
 }
 
@@ -838,6 +842,7 @@ fn command_variant(c: &Command) -> &'static str {
         Command::GovernedTokens { .. } => "governed_tokens",
         Command::GovernedIdle { .. } => "governed_idle",
         Command::GovernedWeight { .. } => "governed_weight",
+        Command::GovernedHeld { .. } => "governed_held",
         Command::StreamCreateAs { .. } => "stream_create_as",
         Command::EventCreateAs { .. } => "event_create_as",
         Command::StreamWaitEvent { .. } => "stream_wait_event",
@@ -995,6 +1000,7 @@ pub fn commands() -> Vec<Command> {
             blocks: 96,
         },
         Command::GovernedWeight { weight: 2 },
+        Command::GovernedHeld { bytes: 1 << 20 },
         Command::StreamCreateAs {
             stream: 1 << 20,
             flags: 1,
@@ -1302,18 +1308,18 @@ mod tests {
         let mut names: Vec<&str> = commands().iter().map(command_variant).collect();
         names.sort();
         names.dedup();
-        assert_eq!(names.len(), 48, "one seed per command and kernel");
+        assert_eq!(names.len(), 49, "one seed per command and kernel");
         for c in commands() {
             assert_eq!(Command::decode(&c.encode(1)), Ok(c));
         }
         let mut names: Vec<&str> = client_messages().iter().map(client_variant).collect();
         names.sort();
         names.dedup();
-        assert_eq!(names.len(), 13, "every client message");
+        assert_eq!(names.len(), 14, "every client message");
         let mut names: Vec<&str> = broker_messages().iter().map(broker_variant).collect();
         names.sort();
         names.dedup();
-        assert_eq!(names.len(), 15, "every broker message");
+        assert_eq!(names.len(), 16, "every broker message");
         let total = seeds().len();
         assert!(total < 200, "{total} seeds: keep the corpus small");
     }
