@@ -8,7 +8,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use gpushare::{Client, ConnectOptions, ErrorCode};
-use gpushare_tests::{Broker, BrokerOptions, SystemUser, root_or_skip, wait_until};
+use gpushare_tests::{Broker, BrokerOptions, SystemUser, other_users, wait_until};
 
 /// A line of `/proc/PID/status` (`Threads:`, `VmRSS:`), as a number (kB for sizes).
 fn proc_status(pid: i32, field: &str) -> u64 {
@@ -111,7 +111,7 @@ fn sessions_past_the_users_bound_are_refused_and_the_broker_stays_bounded() {
     );
     assert!(mine.pinned_bytes >= 64 * (16 << 20), "{mine:?}");
     // Another user is not held back by this one's sessions.
-    if let Some(daemon) = SystemUser::lookup("daemon").filter(|_| root_or_skip("other user")) {
+    if let Some((daemon, _)) = other_users("sessions_past_the_users_bound: another user") {
         let line = probe_as(&broker, &daemon);
         assert!(line.starts_with("connected"), "{line}");
     }

@@ -10,7 +10,7 @@ use gpushare::{ErrorCode, PriorityClass};
 use gpushare_conn::{Notices, Session, SessionOptions};
 use gpushare_protocol::Command;
 use gpushare_protocol::control::Role;
-use gpushare_tests::{Broker, BrokerOptions, SystemUser, root_or_skip, wait_until};
+use gpushare_tests::{Broker, BrokerOptions, other_users, wait_until};
 
 fn my_uid() -> u32 {
     nix::unistd::getuid().as_raw()
@@ -213,7 +213,7 @@ fn one_users_sessions_share_one_quota_and_another_users_is_untouched() {
 
     // Another user has the whole of their own quota.
     let mut other = None;
-    if let Some(daemon) = SystemUser::lookup("daemon").filter(|_| root_or_skip("third user")) {
+    if let Some((daemon, _)) = other_users("one_users_sessions_share_one_quota: another user") {
         let mut child = broker
             .command_as(&daemon, "gpushare-testclient")
             .args(["hold", &(4 * MIB).to_string()])
