@@ -26,6 +26,28 @@ fn signal(broker: &Broker, sig: Signal) {
     kill(Pid::from_raw(broker.pid()), sig).expect("signal the broker");
 }
 
+/// Stops the broker (SIGSTOP) and waits until every thread of it has stopped: the signal is
+/// delivered asynchronously, and a thread running on another CPU could still answer.
+fn stop(broker: &Broker) {
+    signal(broker, Signal::SIGSTOP);
+    let all_stopped = || {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{}/task", broker.pid())) else {
+            return false;
+        };
+        tasks.filter_map(Result::ok).all(|t| {
+            let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+            // "tid (comm) STATE …": the state follows the last ')'.
+            stat.rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().next())
+                == Some("T")
+        })
+    };
+    assert!(
+        wait_until(Duration::from_secs(10), all_stopped),
+        "the broker did not stop"
+    );
+}
+
 /// A broker on `socket` (so that another can take its place there).
 fn broker_on(socket: &Path, extra: &[&str]) -> Broker {
     let broker = Broker::start_with(BrokerOptions {
@@ -62,7 +84,7 @@ fn a_stopped_broker_fails_waiting_calls_and_new_connections_with_a_clear_error()
     broker.dump_log_if_stuck(Duration::from_secs(120));
     let waiting = client(&broker, "waiting", SECOND).expect("connect");
     let buf = waiting.alloc::<f32>(1024).expect("alloc");
-    signal(&broker, Signal::SIGSTOP);
+    stop(&broker);
     // A call waiting for a completion: no completion, and no answer to the ping either.
     let err = buf.to_vec().expect_err("a stopped broker answers nothing");
     assert_unresponsive(&err);
@@ -156,7 +178,7 @@ fn a_consolidated_programs_calls_fail_when_its_broker_stops_and_say_why() {
     cmd.stdin(Stdio::piped()).env("GPUSHARE_TIMEOUT", "1");
     let mut running = Running::spawn(cmd);
     running.wait_for_line("ready", Duration::from_secs(30));
-    signal(&broker, Signal::SIGSTOP);
+    stop(&broker);
     running.send_line("go");
     let out = running.finish(Duration::from_secs(60));
     signal(&broker, Signal::SIGCONT);
@@ -352,7 +374,7 @@ fn a_stopped_broker_makes_a_governed_program_wait_then_fail_and_it_carries_on_af
         ],
     );
     assert_eq!(program.step("launch"), "launch 0 1");
-    signal(&broker, Signal::SIGSTOP);
+    stop(&broker);
     // The reservation gets no answer: the broker is lost after the timeout, and not back
     // (every new session's hello times out too) within the reconnect bound. The launch after
     // it has no valid tokens either.
