@@ -128,6 +128,19 @@ impl Broker {
             log,
         };
         broker.wait_ready(Duration::from_secs(30))?;
+        // Telemetry starts beside serving: a test that asked for it gets it started (or
+        // knows why not) first.
+        if wants_telemetry
+            && !wait_until(Duration::from_secs(30), || {
+                broker.log_contains("telemetry on: eBPF sees")
+                    || broker.log_contains("telemetry off:")
+            })
+        {
+            return Err(format!(
+                "gpushared's telemetry neither started nor said why in 30 s; log:\n{}",
+                broker.log_text()
+            ));
+        }
         Ok(broker)
     }
 
