@@ -3,7 +3,8 @@
 //! one user cannot reach another's buffers nor change or evict another's clients, and what
 //! `gpushare status` shows a non-admin.
 //!
-//! Needs root (to run processes as those users); says `SKIPPED … not root` otherwise.
+//! Needs root (to run processes as those users); says `SKIPPED … not root` otherwise, and
+//! fails instead in CI (`CI` or `GPUSHARE_REQUIRE_ROOT` set).
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
@@ -12,21 +13,11 @@ use std::process::{Child, ChildStdin, Output, Stdio};
 use std::time::Duration;
 
 use gpushare::{ErrorCode, PriorityClass};
-use gpushare_tests::{Broker, BrokerOptions, SystemUser, root_or_skip, wait_until};
+use gpushare_tests::{Broker, BrokerOptions, SystemUser, other_users, wait_until};
 
 /// The two accounts: A owns things, B tries to reach them.
 fn users(test: &str) -> Option<(SystemUser, SystemUser)> {
-    if !root_or_skip(test) {
-        return None;
-    }
-    match (SystemUser::lookup("daemon"), SystemUser::lookup("nobody")) {
-        (Some(a), Some(b)) => Some((a, b)),
-        _ => {
-            let _ = std::io::stderr()
-                .write_all(format!("SKIPPED {test}: no `daemon` or `nobody` account\n").as_bytes());
-            None
-        }
-    }
+    other_users(test)
 }
 
 /// Runs the test client as `user` to completion.

@@ -14,7 +14,7 @@ use gpushare_protocol::Command;
 use gpushare_protocol::control::Role;
 use gpushare_tests::cuda_program::{CudaProgram, Running, assert_passed, run};
 use gpushare_tests::raw::RawClient;
-use gpushare_tests::{Broker, BrokerOptions, SystemUser, root_or_skip};
+use gpushare_tests::{Broker, BrokerOptions, SystemUser, other_users};
 
 /// Longest a stand-in run may take: far more than it needs, short of a hung test.
 const RUN_TIMEOUT: Duration = Duration::from_secs(120);
@@ -105,14 +105,7 @@ fn without_gpushared_cuinit_fails_and_says_why_once() {
 #[test]
 fn two_users_programs_run_at_once_each_within_its_own_quota() {
     let test = "two_users_programs_run_at_once_each_within_its_own_quota";
-    if !root_or_skip(test) {
-        return;
-    }
-    let (Some(a), Some(b)) = (SystemUser::lookup("daemon"), SystemUser::lookup("nobody")) else {
-        let _ = std::io::Write::write_all(
-            &mut std::io::stderr(),
-            format!("SKIPPED {test}: no `daemon` or `nobody` account\n").as_bytes(),
-        );
+    let Some((a, b)) = other_users(test) else {
         return;
     };
     let quotas: [(&SystemUser, u64, &str); 2] =

@@ -4,7 +4,8 @@
 //! device addresses; its `cuGetProcAddress` answers like the real driver's, versions and
 //! per-thread variants included). `c/governed_app.c` is an unmodified program that opens it
 //! with `dlopen` and finds its functions with `dlsym` and `cuGetProcAddress`, as the CUDA
-//! runtime does. Both are compiled here with the system C compiler.
+//! runtime does. Both are compiled with the system C compiler (`tests/src/governed.rs`).
+//! Losing the broker: `broker_away.rs`.
 //!
 //! The scheduling tests run the program as a best-effort training loop (several threads,
 //! each entry-point variant) on a `--sim-realtime` broker beside a brokered client that keeps
@@ -12,11 +13,11 @@
 //! nothing holds it.
 
 use std::io::{BufRead, BufReader, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
-use std::sync::OnceLock;
 use std::time::Duration;
 
+use gpushare_tests::governed::{governed_app, interposer};
 use gpushare_tests::{Broker, BrokerOptions, binary, wait_until};
 
 /// Every libcuda entry point the interposer governs.
@@ -57,85 +58,6 @@ const GOVERNED: &[&str] = &[
 
 const MIB: u64 = 1 << 20;
 
-struct Built {
-    _dir: tempfile::TempDir,
-    standin: PathBuf,
-    app: PathBuf,
-}
-
-/// The stand-in driver and the program, compiled once per test process.
-fn built() -> &'static Built {
-    static BUILT: OnceLock<Built> = OnceLock::new();
-    BUILT.get_or_init(|| {
-        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("c");
-        let dir = tempfile::tempdir().expect("temp dir");
-        let cc = std::env::var_os("CC").unwrap_or_else(|| "cc".into());
-        let standin = dir.path().join("libcuda-standin.so");
-        let app = dir.path().join("governed_app");
-        // -Bsymbolic: the driver's own references to its functions stay its own, as in the
-        // real libcuda (the interposer's exports must not capture them).
-        let builds: [(Vec<&str>, PathBuf, &Path); 2] = [
-            (
-                vec!["-shared", "-fPIC", "-Wl,-Bsymbolic"],
-                src.join("standin_libcuda.c"),
-                &standin,
-            ),
-            (vec!["-ldl", "-pthread"], src.join("governed_app.c"), &app),
-        ];
-        for (flags, source, out) in builds {
-            let output = Command::new(&cc)
-                .arg("-Wall")
-                .arg("-o")
-                .arg(out)
-                .arg(&source)
-                .args(flags)
-                .output()
-                .unwrap_or_else(|e| {
-                    panic!(
-                        "cannot run the C compiler `{}` ({e}): these tests need one (install gcc or clang, or set CC)",
-                        cc.to_string_lossy()
-                    )
-                });
-            assert!(
-                output.status.success(),
-                "compiling {}: {}",
-                source.display(),
-                String::from_utf8_lossy(&output.stderr)
-            );
-        }
-        Built {
-            _dir: dir,
-            standin,
-            app,
-        }
-    })
-}
-
-fn interposer() -> PathBuf {
-    binary("libgpushare_interpose.so")
-}
-
-/// The program under `gpushare run` against `socket`, with `args` after the driver's path.
-fn governed_app(socket: &Path, run_args: &[&str], args: &[&str]) -> Command {
-    let b = built();
-    let mut cmd = Command::new(binary("gpushare"));
-    cmd.arg("--socket")
-        .arg(socket)
-        .arg("run")
-        .arg("--mode")
-        .arg("governed")
-        .arg("--interposer")
-        .arg(interposer())
-        .args(run_args)
-        .arg("--")
-        .arg(&b.app)
-        .arg(&b.standin)
-        .args(args)
-        .env("GPUSHARE_REAL_LIBCUDA", &b.standin)
-        .env_remove("LD_PRELOAD");
-    cmd
-}
-
 fn text(output: &Output) -> (String, String) {
     (
         String::from_utf8_lossy(&output.stdout).into_owned(),
@@ -165,9 +87,14 @@ fn the_interposer_exports_every_governed_entry_point() {
 
 #[test]
 fn lookups_hand_out_the_wrapper_for_governed_functions_and_the_driver_for_others() {
-    let output = governed_app(Path::new("/nonexistent/gpushare.sock"), &[], &["symbols"])
-        .output()
-        .expect("run the program");
+    // No broker, and the program runs without one: the wrappers pass calls through.
+    let output = governed_app(
+        Path::new("/nonexistent/gpushare.sock"),
+        &["--fallback", "direct"],
+        &["symbols"],
+    )
+    .output()
+    .expect("run the program");
     let (out, err) = text(&output);
     assert!(output.status.success(), "{out}{err}");
     let lines: Vec<&str> = out.lines().collect();
@@ -309,10 +236,10 @@ fn a_governed_program_shows_in_status_with_its_memory_launches_and_grant() {
 }
 
 #[test]
-fn without_a_broker_the_program_runs_unmanaged_after_one_warning() {
+fn without_a_broker_the_program_runs_unmanaged_only_with_fallback_direct() {
     let output = governed_app(
         Path::new("/nonexistent/gpushare.sock"),
-        &[],
+        &["--fallback", "direct"],
         &["quota", &MIB.to_string()],
     )
     .output()
@@ -331,8 +258,39 @@ fn without_a_broker_the_program_runs_unmanaged_after_one_warning() {
     assert_eq!(
         warnings,
         [
-            "gpushare: broker not running at /nonexistent/gpushare.sock (No such file or directory (os error 2)); this program runs unmanaged"
+            "gpushare: broker not running at /nonexistent/gpushare.sock (No such file or directory (os error 2)); this program runs unmanaged (--fallback direct)"
         ],
+        "{err}"
+    );
+
+    // Without the fallback it never runs unmanaged: cuInit fails (CUDA_ERROR_NO_DEVICE), and
+    // so do its allocations and launches, without reaching the driver.
+    let mut child = governed_app(
+        Path::new("/nonexistent/gpushare.sock"),
+        &[],
+        &["steps", &MIB.to_string()],
+    )
+    .stdin(Stdio::piped())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .expect("run the program");
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin
+            .write_all(format!("alloc {MIB}\nlaunch\n").as_bytes())
+            .expect("steps");
+    }
+    let output = child.wait_with_output().expect("wait");
+    let (out, err) = text(&output);
+    assert!(output.status.success(), "{out}{err}");
+    assert_eq!(
+        out.lines().collect::<Vec<_>>(),
+        ["ready 100", "alloc 802 0", "launch 802 0"],
+        "{err}"
+    );
+    assert!(
+        err.contains("CUDA has no device for this governed program")
+            && err.contains("--fallback direct"),
         "{err}"
     );
 }

@@ -3,7 +3,9 @@
 //! bounded and everything is released at the end.
 //!
 //! It also reports (never asserts: CI machines are noisy) a latency histogram of the client
-//! library's calls, measured in each client around each call, merged over all clients.
+//! library's calls, measured in each client around each call, merged over all clients, and
+//! beside the counts a command's latency (an allocation's round trip) p50/p99/max and the
+//! broker's own service-time percentiles.
 
 use std::time::{Duration, Instant};
 
@@ -83,6 +85,22 @@ fn report(hists: &[Histogram<u64>]) -> String {
         out.push_str(&format!("  {name}: {what}\n"));
     }
     out
+}
+
+/// The broker's own figures for its clients' commands (its time to serve one, from status):
+/// the median of their medians and the largest of their 99th percentiles.
+fn served(clients: &[gpushare::ClientStats]) -> String {
+    let mut p50: Vec<u64> = clients.iter().filter_map(|c| c.latency_p50_ns).collect();
+    let p99 = clients.iter().filter_map(|c| c.latency_p99_ns).max();
+    p50.sort_unstable();
+    match (p50.get(p50.len() / 2), p99) {
+        (Some(m), Some(p)) => format!(
+            "p50 {} µs (median client), p99 {} µs (worst client)",
+            us(*m),
+            us(p)
+        ),
+        _ => "not reported".into(),
+    }
 }
 
 fn rss_kib(pid: i32) -> u64 {
@@ -183,6 +201,7 @@ fn sixty_four_clients_lose_no_completion_and_leave_nothing_behind() {
                 .filter(|c| c.latency_p99_ns.is_some())
                 .count()
                 >= 32;
+        let served = served(&status.clients);
         let mut total = (0, 0);
         let mut merged = histograms();
         for w in workers {
@@ -192,8 +211,9 @@ fn sixty_four_clients_lose_no_completion_and_leave_nothing_behind() {
                 into.add(from).expect("same bounds");
             }
         }
-        (total.0, total.1, saw_latency, merged)
+        (total.0, total.1, (saw_latency, served), merged)
     });
+    let (saw_latency, served) = saw_latency;
     assert_eq!(mismatches, 0);
     assert!(commands > 64 * 20, "only {commands} commands in 4 s");
     assert!(
@@ -210,7 +230,15 @@ fn sixty_four_clients_lose_no_completion_and_leave_nothing_behind() {
         rss_after < rss_before + 128 * 1024,
         "broker RSS grew from {rss_before} KiB to {rss_after} KiB"
     );
-    eprintln!("64 clients: {commands} commands, broker RSS {rss_before} → {rss_after} KiB");
+    // A command's latency: an allocation is one command and its completion, nothing else.
+    let alloc = &hists[0];
+    eprintln!(
+        "64 clients: {commands} commands, completions = commands for every client, {mismatches} wrong results; command latency (an allocation's round trip, client side) p50 {} µs, p99 {} µs, max {} µs over {} commands; broker's service time mid-run {served}; broker RSS {rss_before} → {rss_after} KiB",
+        us(alloc.value_at_quantile(0.5)),
+        us(alloc.value_at_quantile(0.99)),
+        us(alloc.max()),
+        alloc.len()
+    );
     eprintln!(
         "latency of client-library calls, 64 clients × 4 s, merged:\n{}",
         report(&hists)

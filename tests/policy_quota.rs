@@ -1,7 +1,16 @@
-//! The policy file: classes, weights and memory quotas by user, enforced by the broker.
+//! The policy file: classes, weights and memory quotas by user, enforced by the broker; a
+//! user's quota holds for all of their sessions together.
+
+use std::io::{BufRead, BufReader};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
 
 use gpushare::{ErrorCode, PriorityClass};
-use gpushare_tests::{Broker, BrokerOptions};
+use gpushare_conn::{Notices, Session, SessionOptions};
+use gpushare_protocol::Command;
+use gpushare_protocol::control::Role;
+use gpushare_tests::{Broker, BrokerOptions, other_users, wait_until};
 
 fn my_uid() -> u32 {
     nix::unistd::getuid().as_raw()
@@ -154,4 +163,118 @@ fn sighup_reloads_the_policy_without_dropping_clients() {
         .find(|c| c.name == "before")
         .expect("still listed");
     assert_eq!(old.class, PriorityClass::Normal);
+}
+
+/// A governed or consolidated session of this process, as the interposer and the CUDA driver
+/// open theirs.
+fn session_as(broker: &Broker, role: Role) -> Session {
+    let opts = SessionOptions {
+        socket: broker.socket.clone(),
+        name: format!("{role:?}"),
+        ..SessionOptions::new(role)
+    };
+    Session::open(&opts, Arc::new(Notices::new(false))).expect("open a session")
+}
+
+#[test]
+fn one_users_sessions_share_one_quota_and_another_users_is_untouched() {
+    const MIB: u64 = 1 << 20;
+    let broker = broker_with("[defaults]\nmemory_quota = \"4 MiB\"\n".into());
+    // One user, three kinds of session: the library, a governed program's reservations, a
+    // consolidated program's allocations.
+    let library = broker.client_named("library");
+    let governed = session_as(&broker, Role::Governed);
+    let consolidated = session_as(&broker, Role::Consolidated);
+    for quota in [
+        library.session().memory_quota,
+        governed.welcome().memory_quota,
+        consolidated.welcome().memory_quota,
+    ] {
+        assert_eq!(quota, Some(4 * MIB));
+    }
+    let held = library.alloc_raw(3 * MIB / 2).expect("within the quota");
+    governed
+        .submit_wait(Command::GovernedReserve { bytes: 3 * MIB / 2 })
+        .expect("the governed program's reservation, within the quota");
+    // A consolidated program sees what is left of its user's quota.
+    let (free, total) = consolidated
+        .submit_wait(Command::MemInfo)
+        .expect("cuMemGetInfo");
+    assert_eq!((free, total), (MIB, 4 * MIB));
+    let past = consolidated
+        .submit_wait(Command::Alloc { bytes: MIB + 1 })
+        .expect_err("past what the user's other sessions left");
+    assert_eq!(past.code(), Some(ErrorCode::OutOfQuota), "{past}");
+    consolidated
+        .submit_wait(Command::Alloc { bytes: MIB })
+        .expect("the rest of the quota");
+    let err = library.alloc_raw(1).expect_err("the user's quota is spent");
+    assert_eq!(err.code(), Some(ErrorCode::OutOfQuota), "{err}");
+
+    // Another user has the whole of their own quota.
+    let mut other = None;
+    if let Some((daemon, _)) = other_users("one_users_sessions_share_one_quota: another user") {
+        let mut child = broker
+            .command_as(&daemon, "gpushare-testclient")
+            .args(["hold", &(4 * MIB).to_string()])
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn the other user's client");
+        let mut line = String::new();
+        let stdout = child.stdout.take().expect("stdout");
+        BufReader::new(stdout).read_line(&mut line).expect("read");
+        assert_eq!(line.trim(), "ready", "the other user's 4 MiB");
+        other = Some((child, daemon.uid));
+    }
+
+    let status = broker.status();
+    let me = nix::unistd::getuid().as_raw();
+    let mine = status
+        .users
+        .iter()
+        .find(|u| u.uid == me)
+        .expect("this user's totals");
+    assert_eq!(
+        (mine.sessions, mine.memory_used, mine.memory_quota),
+        (3, 4 * MIB, Some(4 * MIB)),
+        "{:?}",
+        status.users
+    );
+    let per_client: u64 = status
+        .clients
+        .iter()
+        .filter(|c| c.uid == me)
+        .map(|c| c.memory_used)
+        .sum();
+    assert_eq!(per_client, 4 * MIB, "the clients' own figures add up");
+    if let Some((_, uid)) = &other {
+        let theirs = status.users.iter().find(|u| u.uid == *uid);
+        assert_eq!(
+            theirs.map(|u| (u.sessions, u.memory_used)),
+            Some((1, 4 * MIB)),
+            "{:?}",
+            status.users
+        );
+    }
+    // What one session gives back, another of the same user may take.
+    governed
+        .submit_wait(Command::GovernedRelease { bytes: 3 * MIB / 2 })
+        .expect("release");
+    let again = library.alloc_raw(MIB).expect("room again");
+    library.free_raw(again).expect("free");
+    library.free_raw(held).expect("free");
+    drop((library, governed, consolidated));
+    assert!(
+        wait_until(Duration::from_secs(5), || broker
+            .status()
+            .users
+            .iter()
+            .all(|u| u.uid != me)),
+        "a user without sessions leaves the totals: {:?}",
+        broker.status().users
+    );
+    if let Some((mut child, _)) = other {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
 }

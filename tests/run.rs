@@ -499,21 +499,30 @@ fn a_program_run_directly_from_a_consolidated_one_drops_the_inherited_driver() {
 }
 
 #[test]
-fn fallback_in_governed_mode_is_refused_and_the_program_is_not_started() {
+fn fallback_in_governed_mode_is_handed_to_the_interposer() {
     let b = built();
     let socket = b.dir.path().join("no-broker.sock");
-    let marker = b.dir.path().join("started");
-    let args = ["--mode", "governed", "--fallback", "direct"];
-    let output = run(
-        &socket,
-        &args,
-        Path::new("touch"),
-        &[&marker.to_string_lossy()],
-    )
-    .output()
-    .expect("run");
-    let (_, err) = text(&output);
-    assert!(!output.status.success(), "{err}");
-    assert!(err.contains("--fallback is for consolidated mode"), "{err}");
-    assert!(!marker.exists(), "the program was started");
+    for (fallback, seen) in [
+        (Some("direct"), "direct"),
+        (Some("fail"), "fail"),
+        (None, ""),
+    ] {
+        let mut args = vec!["--mode", "governed"];
+        if let Some(f) = fallback {
+            args.extend(["--fallback", f]);
+        }
+        let output = run(
+            &socket,
+            &args,
+            Path::new("sh"),
+            &["-c", "echo \"fallback=$GPUSHARE_FALLBACK\""],
+        )
+        .env("GPUSHARE_INTERPOSER", binary("libgpushare_interpose.so"))
+        .env_remove("GPUSHARE_FALLBACK")
+        .output()
+        .expect("run");
+        let (out, err) = text(&output);
+        assert!(output.status.success(), "{err}");
+        assert_eq!(out.trim(), format!("fallback={seen}"), "{fallback:?}");
+    }
 }

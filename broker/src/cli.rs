@@ -86,6 +86,10 @@ pub struct Args {
     /// the context is recreated and the client that queued it evicted.
     #[arg(long, value_name = "SECONDS", default_value_t = 10.0, value_parser = parse_seconds)]
     pub kernel_timeout: f64,
+    /// A client that leaves its completion ring full (does not read what it submitted) for
+    /// this many seconds is evicted. Meanwhile it holds nothing in the scheduler.
+    #[arg(long, value_name = "SECONDS", default_value_t = 30.0, value_parser = parse_seconds)]
+    pub stalled_client_timeout: f64,
     /// After a fault that cannot be pinned on one client, the clients whose work was in
     /// flight run one at a time for this many seconds, so that a second fault names the
     /// culprit.

@@ -24,12 +24,14 @@
 //! - [`cli`]: `gpushared`'s command line (also read by the man page generator); [`config`]:
 //!   the settings that are not policy.
 //! - [`policy`]: the policy file (classes, weights, quotas by user and group).
+//! - [`accounts`]: each user's sessions together: the memory quota they share.
 //! - [`registry`]: the live sessions, for status.
 //! - [`metrics`]: the status report as Prometheus text, and the `/metrics` endpoint.
 //! - [`telemetry`]: eBPF view of every process that uses the GPU (ioctls, libcuda calls).
 //!
 //! `docs/design.md` maps every crate of the workspace the same way.
 
+pub mod accounts;
 pub mod cli;
 pub mod config;
 pub mod device;

@@ -94,6 +94,7 @@ fn real_main() -> anyhow::Result<()> {
         socket_mode: args.socket_mode,
         socket_group: args.socket_group.clone(),
         spin: Duration::from_micros(args.spin_us),
+        stall_limit: Duration::from_secs_f64(args.stalled_client_timeout),
         arena_size: args.arena_size.as_u64(),
         metrics_listen: args.metrics_listen,
         max_arena_size: args.max_arena_size.as_u64(),
@@ -126,22 +127,23 @@ fn real_main() -> anyhow::Result<()> {
         Gpus::All => "all GPUs".to_string(),
         Gpus::One(n) => format!("GPU {n}"),
     };
+    let telemetry = TelemetryPlan::from_args(&args);
     match args.backend {
-        Backend::Sim => run(sims(), config, policy, start_telemetry(&args)),
+        Backend::Sim => run(sims(), config, policy, telemetry),
         Backend::Cuda => {
             let gpus = open_gpus(args.gpu, args.allow_fault_injection, args.no_cuda_holder)
                 .with_context(|| format!("cannot use {which} with --backend cuda"))?;
-            run(gpus, config, policy, start_telemetry(&args))
+            run(gpus, config, policy, telemetry)
         }
         Backend::Auto => match open_gpus(args.gpu, args.allow_fault_injection, args.no_cuda_holder)
         {
             Ok(gpus) => {
                 info!("backend auto: serving {which} through CUDA");
-                run(gpus, config, policy, start_telemetry(&args))
+                run(gpus, config, policy, telemetry)
             }
             Err(e) => {
                 info!("backend auto: no usable GPU ({e}); using the sim device");
-                run(sims(), config, policy, start_telemetry(&args))
+                run(sims(), config, policy, telemetry)
             }
         },
     }
@@ -161,29 +163,52 @@ fn load_policy(path: Option<&std::path::Path>) -> anyhow::Result<(Policy, Option
     }
 }
 
-/// Starts eBPF telemetry, or says once, clearly, why it is off.
-fn start_telemetry(args: &Args) -> (Option<Arc<Telemetry>>, TelemetryStatus) {
-    let opts = TelemetryOptions {
-        dev_prefix: args.telemetry_dev_prefix.clone(),
-        uprobes: !args.no_uprobes,
-        libcuda: args.libcuda.clone(),
-    };
-    if args.no_telemetry {
-        return (None, opts.off("disabled with --no-telemetry"));
+/// Whether and how to start eBPF telemetry.
+struct TelemetryPlan {
+    opts: TelemetryOptions,
+    off: bool,
+}
+
+impl TelemetryPlan {
+    fn from_args(args: &Args) -> TelemetryPlan {
+        TelemetryPlan {
+            opts: TelemetryOptions {
+                dev_prefix: args.telemetry_dev_prefix.clone(),
+                uprobes: !args.no_uprobes,
+                libcuda: args.libcuda.clone(),
+            },
+            off: args.no_telemetry,
+        }
     }
-    match Telemetry::start(&opts) {
+
+    /// What status says until telemetry has started (or said why not).
+    fn pending(&self) -> TelemetryStatus {
+        if self.off {
+            self.opts.off("disabled with --no-telemetry")
+        } else {
+            self.opts.off("starting")
+        }
+    }
+}
+
+/// Starts eBPF telemetry for `broker`, or says once, clearly, why it is off (after status
+/// says so too).
+fn start_telemetry<D: Device>(plan: &TelemetryPlan, broker: &Broker<D>) {
+    let started = std::time::Instant::now();
+    match Telemetry::start(&plan.opts) {
         Ok(t) => {
             let status = t.status();
+            broker.set_telemetry(Some(Arc::new(t)), status.clone());
             info!(
                 dev_prefix = %status.dev_prefix,
                 uprobes = status.uprobes,
+                took_ms = started.elapsed().as_millis() as u64,
                 "telemetry on: eBPF sees every process that uses the GPU"
             );
-            (Some(Arc::new(t)), status)
         }
         Err(reason) => {
+            broker.set_telemetry(None, plan.opts.off(reason.clone()));
             warn!("telemetry off: {reason}");
-            (None, opts.off(reason))
         }
     }
 }
@@ -192,7 +217,7 @@ fn run<D: Device>(
     devices: Vec<Arc<D>>,
     config: BrokerConfig,
     policy: Policy,
-    telemetry: (Option<Arc<Telemetry>>, TelemetryStatus),
+    telemetry: TelemetryPlan,
 ) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -228,9 +253,21 @@ fn run<D: Device>(
             None => None,
         };
         let policy_path = config.policy_path.clone();
-        let broker = Broker::new(devices, config, policy, telemetry.0, telemetry.1);
+        let broker = Broker::new(devices, config, policy, None, telemetry.pending());
         if let Some(text) = std::env::var_os(CARRY_ENV) {
             broker.carry_over(Carry::from_env(&text.to_string_lossy()));
+        }
+        // Telemetry starts beside serving, not before: loading and attaching the eBPF
+        // programs (and the libcuda uprobes) takes a tenth of a second to seconds, and
+        // clients, after a restart above all, should not wait for it.
+        if !telemetry.off {
+            let b = broker.clone();
+            let started = std::thread::Builder::new()
+                .name("gpushared-telemetry-start".into())
+                .spawn(move || start_telemetry(&telemetry, &b));
+            if let Err(e) = started {
+                warn!(error = %e, "telemetry off: cannot start the thread that loads it");
+            }
         }
         tokio::spawn(reload_on_sighup(broker.clone(), policy_path));
         tokio::spawn(broker.clone().watch_telemetry());

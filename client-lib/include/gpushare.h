@@ -67,6 +67,7 @@ extern "C" {
 #define GPUSHARE_E_IO 104          /* I/O error on the connection */
 #define GPUSHARE_E_NULL 105        /* a required pointer argument was NULL */
 #define GPUSHARE_E_REBUILD_FAILED 106 /* rebuilding after a GPU reset failed; connect again */
+#define GPUSHARE_E_BROKER_UNRESPONSIVE 107 /* no answer within GPUSHARE_TIMEOUT; connect again */
 
 /* ---- constants --------------------------------------------------------------------- */
 

@@ -7,6 +7,9 @@
  *   cuda_standin user QUOTA SEED  holds memory with pattern SEED, prints `holding`, waits
  *                                     for a line on stdin, then checks it and copies more
  *   cuda_standin noinit           cuInit must fail (no gpushared at GPUSHARE_SOCKET)
+ *   cuda_standin away             holds memory, prints `ready`, waits for a line on stdin
+ *                                     (the test stops gpushared meanwhile), then copies back
+ *                                     and synchronizes twice, printing each result's name
  *
  * Prints `section NAME: ok` per section and `cuda standin: all checks passed` at the end;
  * exits 1 on any failed check. $GPUSHARE_TEST_LIBCUDA names the library that must be loaded. */
@@ -197,6 +200,22 @@ static void run_as_user(size_t quota, unsigned seed) {
     check_memsets(quota / 4);
 }
 
+/* The broker goes away while the program holds memory: what its next calls return. */
+static void run_away(void) {
+    unsigned char host[4096] = {1};
+    CUdeviceptr d = 0;
+    OK(cuMemAlloc(&d, sizeof host));
+    OK(cuMemcpyHtoD(d, host, sizeof host));
+    printf("ready\n");
+    fflush(stdout);
+    char line[64];
+    CHECK(fgets(line, sizeof line, stdin) != NULL, "the go-ahead on stdin");
+    CUresult copy = cuMemcpyDtoH(host, d, sizeof host);
+    CUresult sync = cuCtxSynchronize(NULL);
+    CUresult again = cuCtxSynchronize(NULL);
+    printf("after copy=%s sync=%s again=%s\n", error_name(copy), error_name(sync), error_name(again));
+}
+
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "";
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -211,6 +230,10 @@ int main(int argc, char **argv) {
         goto done;
     }
     if (!init()) goto done;
+    if (!strcmp(mode, "away")) {
+        run_away();
+        goto done;
+    }
     size_t quota = argc > 2 ? strtoull(argv[2], NULL, 0) : 0;
     if (!strcmp(mode, "all") && quota) {
         check_export_tables();
@@ -225,7 +248,7 @@ int main(int argc, char **argv) {
     } else if (!strcmp(mode, "user") && quota && argc > 3) {
         run_as_user(quota, (unsigned)strtoul(argv[3], NULL, 0));
     } else {
-        printf("FAIL usage: %s all QUOTA | user QUOTA SEED | noinit\n", argv[0]);
+        printf("FAIL usage: %s all QUOTA | user QUOTA SEED | noinit | away\n", argv[0]);
         failures++;
     }
     section_begin("finish");

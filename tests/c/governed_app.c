@@ -18,7 +18,12 @@
  *                 "ptsz" (cuLaunchKernel_ptsz), "ex" (cuLaunchKernelEx), "mixed" (one thread
  *                 each, round robin). Then synchronizes the context (reporting every launch),
  *                 prints "launched N" (all threads' launches) and exits at a line or the end
- *                 of stdin. */
+ *                 of stdin.
+ *   steps SIZE    initialises, allocates SIZE bytes ("ready CODE"), then runs one step per
+ *                 line of stdin, printing its result and how often the driver was called for
+ *                 it: "launch" (a launch and a synchronization: "launch CODE CALLS"),
+ *                 "alloc BYTES" ("alloc CODE CALLS"), "free" (the last of those allocations:
+ *                 "free CODE"); exits at the end of stdin. */
 #include <dlfcn.h>
 #include <pthread.h>
 #include <time.h>
@@ -232,6 +237,39 @@ static int loop(double ms, int threads, const char *how, unsigned blocks) {
     return failed ? 7 : 0;
 }
 
+static int steps(size_t size) {
+    CUresult (*init)(unsigned) = get("cuInit", 12000, 0);
+    CUresult (*alloc)(CUdeviceptr *, size_t) = get("cuMemAlloc", 12000, 0);
+    CUresult (*free_)(CUdeviceptr) = get("cuMemFree", 12000, 0);
+    launch_t launch = get("cuLaunchKernel", 12000, 0);
+    sync_t sync = get("cuStreamSynchronize", 12000, 0);
+    calls_t calls = (calls_t)dlsym(lib, "standin_calls");
+    CUresult r = init(0);
+    CUdeviceptr held = 0, extra[64];
+    int n = 0;
+    if (r == 0) r = alloc(&held, size);
+    printf("ready %d\n", r);
+    fflush(stdout);
+    char line[128];
+    while (fgets(line, sizeof line, stdin)) {
+        if (!strncmp(line, "launch", 6)) {
+            r = launch(NULL, 4, 1, 1, 128, 1, 1, 0, NULL, NULL, NULL);
+            if (r == 0) r = sync(NULL);
+            printf("launch %d %lu\n", r, calls("cuLaunchKernel"));
+        } else if (!strncmp(line, "alloc ", 6) && n < 64) {
+            r = alloc(&extra[n], strtoull(line + 6, NULL, 0));
+            if (r == 0) n++;
+            printf("alloc %d %lu\n", r, calls("cuMemAlloc_v2"));
+        } else if (!strncmp(line, "free", 4) && n > 0) {
+            printf("free %d\n", free_(extra[--n]));
+        } else {
+            printf("what %s", line);
+        }
+        fflush(stdout);
+    }
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc < 3) return 2;
     lib = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
@@ -239,6 +277,7 @@ int main(int argc, char **argv) {
     gpa = (gpa_v2_t)dlsym(lib, "cuGetProcAddress_v2");
     if (!gpa) return 2;
     if (!strcmp(argv[2], "symbols")) return symbols();
+    if (!strcmp(argv[2], "steps") && argc > 3) return steps(strtoull(argv[3], NULL, 0));
     if (!strcmp(argv[2], "quota") && argc > 3) return quota(strtoull(argv[3], NULL, 0));
     if (!strcmp(argv[2], "hold") && argc > 4) return hold(atoi(argv[3]), strtoull(argv[4], NULL, 0));
     if (!strcmp(argv[2], "internal")) {

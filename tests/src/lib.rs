@@ -128,6 +128,19 @@ impl Broker {
             log,
         };
         broker.wait_ready(Duration::from_secs(30))?;
+        // Telemetry starts beside serving: a test that asked for it gets it started (or
+        // knows why not) first.
+        if wants_telemetry
+            && !wait_until(Duration::from_secs(30), || {
+                broker.log_contains("telemetry on: eBPF sees")
+                    || broker.log_contains("telemetry off:")
+            })
+        {
+            return Err(format!(
+                "gpushared's telemetry neither started nor said why in 30 s; log:\n{}",
+                broker.log_text()
+            ));
+        }
         Ok(broker)
     }
 
@@ -413,6 +426,7 @@ pub fn wait_until(timeout: Duration, mut check: impl FnMut() -> bool) -> bool {
 
 pub mod cuda_program;
 pub mod faults;
+pub mod governed;
 pub mod hostile;
 pub mod raw;
 
@@ -466,18 +480,51 @@ impl SystemUser {
     }
 }
 
-/// Whether this process runs as root; if not, says loudly (straight to stderr, which the test
-/// harness does not capture) that `test` is skipped.
+/// Whether tests that need root must run: in CI (`CI` set, as CI services set it, and CI runs
+/// the suite as root) or where `GPUSHARE_REQUIRE_ROOT` is set. There a test that cannot run
+/// fails instead of saying SKIPPED, as `GPUSHARE_REQUIRE_GPU` and `GPUSHARE_REQUIRE_BPF` do
+/// for the GPU and eBPF tests.
+pub fn root_required() -> bool {
+    std::env::var_os("GPUSHARE_REQUIRE_ROOT").is_some() || std::env::var_os("CI").is_some()
+}
+
+/// Says loudly (straight to stderr, which the test harness does not capture) that `test` is
+/// skipped and why, or fails it where tests needing root must run ([`root_required`]).
+pub fn skip_or_fail(test: &str, why: &str) {
+    if root_required() {
+        panic!(
+            "{test} cannot run ({why}), and GPUSHARE_REQUIRE_ROOT or CI says it must: run the suite as root, on a machine with the `daemon` and `nobody` accounts"
+        );
+    }
+    let _ = std::io::Write::write_all(
+        &mut std::io::stderr(),
+        format!("SKIPPED {test}: {why}\n").as_bytes(),
+    );
+}
+
+/// Whether this process runs as root; if not, `test` is skipped ([`skip_or_fail`]).
 pub fn root_or_skip(test: &str) -> bool {
     if nix::unistd::geteuid().is_root() {
         return true;
     }
-    let _ = std::io::Write::write_all(
-        &mut std::io::stderr(),
-        format!("SKIPPED {test}: not root (needs root to run processes as other users)\n")
-            .as_bytes(),
+    skip_or_fail(
+        test,
+        "not root (needs root to run processes as other users)",
     );
     false
+}
+
+/// Two real accounts of this machine to run test processes as (`daemon` and `nobody`), when
+/// this process is root; otherwise `test` is skipped ([`skip_or_fail`]). As root, a missing
+/// account fails the test: it could run, and must.
+pub fn other_users(test: &str) -> Option<(SystemUser, SystemUser)> {
+    if !root_or_skip(test) {
+        return None;
+    }
+    match (SystemUser::lookup("daemon"), SystemUser::lookup("nobody")) {
+        (Some(a), Some(b)) => Some((a, b)),
+        _ => panic!("{test} runs as root but this machine has no `daemon` or `nobody` account"),
+    }
 }
 
 /// `y[i] = a * x[i] + y[i]` for `i < n`, hand-written PTX so the test needs no compiler.

@@ -71,8 +71,9 @@ pub enum Commands {
     ///
     /// Governed (--mode governed): the program keeps its own CUDA context and driver; the
     /// broker admits its memory (past the quota it gets CUDA's out-of-memory error) and its
-    /// launches follow the broker's scheduling. Without a broker it runs normally, after one
-    /// warning.
+    /// launches follow the broker's scheduling. Without a broker its cuInit fails, unless
+    /// --fallback direct; if it loses the broker, its launches and allocations wait for it to
+    /// come back (GPUSHARE_RECONNECT_TIMEOUT seconds, 30 by default), then fail.
     Run(RunArgs),
     /// Print a shell completion script: `gpushare completions bash > /etc/bash_completion.d/gpushare`.
     Completions {
@@ -118,9 +119,10 @@ pub struct RunArgs {
     /// (its own CUDA context, with the broker's admission for memory and launches).
     #[arg(long, value_enum, default_value_t = RunMode::Consolidated)]
     pub mode: RunMode,
-    /// Consolidated mode, when gpushared cannot be reached as the program starts: `fail` (the
-    /// program's cuInit fails, saying why) or `direct` (it runs on the GPU's own driver,
-    /// outside gpushare, after one line on stderr). [default: fail]
+    /// When gpushared cannot be reached as the program starts: `fail` (the program's cuInit
+    /// fails, saying why) or `direct` (it runs on the GPU's own driver, outside gpushare,
+    /// after one line on stderr). In governed mode `direct` also lets a program that loses
+    /// the broker run on unmanaged. [default: fail]
     #[arg(long, value_enum)]
     pub fallback: Option<Fallback>,
     /// Governed mode: the interposer library to preload (default: next to this binary, then

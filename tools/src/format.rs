@@ -5,7 +5,7 @@ use std::fmt::Write;
 use std::time::Duration;
 
 use bytesize::ByteSize;
-use gpushare::{ClientStats, StatusReport};
+use gpushare::{ClientStats, StatusReport, UserStats};
 
 use crate::top::collect::{Frame, Row};
 
@@ -71,6 +71,37 @@ pub fn status(r: &StatusReport) -> String {
     let _ = writeln!(out, "clients: {}", r.clients.len());
     if !r.clients.is_empty() {
         out.push_str(&clients(&r.clients));
+    }
+    if !r.users.is_empty() {
+        out.push_str(&users(&r.users));
+    }
+    out
+}
+
+/// Each user's sessions together, against the per-user quota and bounds.
+pub fn users(users: &[UserStats]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "users (quota and bounds hold for all of a user's sessions together):"
+    );
+    let _ = writeln!(
+        out,
+        "{:<10} {:>7} {:>9} {:>10} {:>10} {:>21}",
+        "USER", "UID", "SESSIONS", "MEMORY", "QUOTA", "PINNED"
+    );
+    let size = |v: Option<u64>| v.map_or("unlimited".to_string(), |b| ByteSize(b).to_string());
+    for u in users {
+        let _ = writeln!(
+            out,
+            "{:<10} {:>7} {:>9} {:>10} {:>10} {:>21}",
+            truncate(&u.user, 10),
+            u.uid,
+            format!("{}/{}", u.sessions, u.max_sessions),
+            ByteSize(u.memory_used).to_string(),
+            size(u.memory_quota),
+            format!("{}/{}", ByteSize(u.pinned_bytes), size(u.max_pinned_bytes)),
+        );
     }
     out
 }

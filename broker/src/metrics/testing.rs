@@ -77,6 +77,7 @@ pub fn report() -> StatusReport {
         },
         processes: Vec::new(),
         outside_load: Default::default(),
+        users: Vec::new(),
     }
 }
 

@@ -158,6 +158,26 @@ impl<D: Device> Broker<D> {
             .map_err(|_| wire(ErrorCode::Internal, "host table poisoned"))?
             .room_for(bytes)
             .map_err(|c| wire(c, "too much shared host memory for one client"))?;
+        // Counted against the user's bound before anything is locked; given back if the
+        // sharing fails.
+        info.account()
+            .pin(bytes)
+            .map_err(|why| wire(ErrorCode::TooManyHandles, why))?;
+        let shared = Self::map_and_register(device, info, fd, bytes, at).await;
+        if shared.is_err() {
+            info.account().unpin(bytes);
+        }
+        shared
+    }
+
+    /// Maps the client's memfd, registers it with the device and adds it to the session.
+    async fn map_and_register(
+        device: &Arc<D>,
+        info: &SessionInfo,
+        fd: OwnedFd,
+        bytes: u64,
+        at: u64,
+    ) -> Result<HostRegionGrant, WireError> {
         let region = Arc::new(
             HostRegion::map(&fd, bytes, at)
                 .map_err(|e| wire(ErrorCode::InvalidArgument, e.to_string()))?,
@@ -194,6 +214,7 @@ impl<D: Device> Broker<D> {
             .remove(region)
             .ok_or_else(|| wire(ErrorCode::InvalidHandle, format!("no host region {region}")))?;
         device.unregister_host(shared.region.whole());
+        info.account().unpin(shared.region.len() as u64);
         Ok(())
     }
 }

@@ -120,6 +120,7 @@ impl<D: Device> Broker<D> {
             }
             let reply = match (msg, modules) {
                 (ClientMessage::Goodbye, _) => return None,
+                (ClientMessage::Ping { request }, _) => BrokerMessage::Pong { request },
                 (ClientMessage::Status { request }, _) => BrokerMessage::Status {
                     request,
                     report: Box::new(self.status()),

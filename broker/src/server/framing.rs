@@ -3,6 +3,8 @@
 
 use std::os::fd::{BorrowedFd, OwnedFd};
 
+use nix::sys::socket::MsgFlags;
+
 use gpushare_protocol::control::{self, BrokerMessage, ClientMessage, MAX_CONTROL_MESSAGE};
 use gpushare_protocol::error::WireError;
 use gpushare_protocol::{ErrorCode, PROTOCOL_VERSION};
@@ -30,7 +32,17 @@ pub(super) enum RecvError {
 pub(super) async fn recv(
     sock: &UnixSeqpacket,
 ) -> Result<Option<(ClientMessage, Vec<OwnedFd>)>, RecvError> {
-    let mut buf = vec![0u8; MAX_CONTROL_MESSAGE];
+    // Wait for a message without holding a buffer (an idle connection then costs no memory),
+    // then take one of its size: the kernel says it when asked with MSG_TRUNC.
+    sock.peek(&mut []).await?;
+    let peeked = nix::sys::socket::recv(
+        sock.as_raw_fd(),
+        &mut [],
+        MsgFlags::MSG_PEEK | MsgFlags::MSG_TRUNC | MsgFlags::MSG_DONTWAIT,
+    );
+    // A message longer than the limit does not fit, and shows as truncated.
+    let size = peeked.map_or(MAX_CONTROL_MESSAGE, |n| n.clamp(1, MAX_CONTROL_MESSAGE));
+    let mut buf = vec![0u8; size];
     let mut cmsg = [0u8; CMSG_SPACE];
     let (info, ancillary) = sock.recv_with_ancillary(&mut buf, &mut cmsg).await?;
     // Taken before any check, so that a refused message's descriptors are closed.

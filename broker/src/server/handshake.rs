@@ -14,8 +14,11 @@ use tracing::{Instrument, info_span, warn};
 
 use super::framing::{RecvError, recv, reject};
 use super::{Broker, Stop};
+use crate::accounts::{Joining, Seat};
 use crate::device::Device;
 use crate::policy::{Grant, Identity};
+use gpushare_protocol::control::Role;
+use gpushare_protocol::ring::ShmLayout;
 
 /// How long a new connection has to say hello.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
@@ -25,6 +28,10 @@ pub(super) struct Admission {
     pub(super) grant: Grant,
     /// Index of the GPU it runs on.
     pub(super) gpu: usize,
+    /// Its place in its user's account (none for a monitor, which holds nothing).
+    pub(super) seat: Option<Seat>,
+    /// Its shared region's shape.
+    pub(super) layout: ShmLayout,
 }
 
 impl<D: Device> Broker<D> {
@@ -86,15 +93,41 @@ impl<D: Device> Broker<D> {
             );
             return Err((ErrorCode::PermissionDenied, msg));
         }
-        let granted = self
+        let (granted, bounds) = self
             .policy
             .read()
-            .map(|p| p.grant_for(identity))
+            .map(|p| (p.grant_for(identity), p.bounds_for(identity)))
             .unwrap_or_default();
         let grant = with_requested_class(granted, hello.requested_class);
         let gpu = choose_gpu(hello.gpu, self.devices.len(), || self.least_loaded())
             .map_err(|msg| (ErrorCode::InvalidArgument, msg))?;
-        Ok(Admission { grant, gpu })
+        let layout = self.config.layout_for(hello.sq_entries, hello.arena_size);
+        let seat = if hello.role == Role::Monitor {
+            None
+        } else {
+            let user = identity
+                .user
+                .clone()
+                .unwrap_or_else(|| identity.uid.to_string());
+            let joining = Joining {
+                uid: identity.uid,
+                user: &user,
+                quota: grant.memory_quota,
+                bounds,
+                region_bytes: layout.total_size() as u64,
+            };
+            let seat = self
+                .accounts
+                .join(joining)
+                .map_err(|why| (ErrorCode::TooManyHandles, why))?;
+            Some(seat)
+        };
+        Ok(Admission {
+            grant,
+            gpu,
+            seat,
+            layout,
+        })
     }
 
     /// The device with the least memory held by clients, then the fewest clients.

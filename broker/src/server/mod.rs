@@ -10,7 +10,7 @@
 //! - `status`: the telemetry sample and the status report.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 use gpushare_protocol::control::ShutdownKind;
@@ -20,6 +20,7 @@ use tokio::task::JoinSet;
 use tokio_seqpacket::UnixSeqpacketListener;
 use tracing::{info, warn};
 
+use crate::accounts::Accounts;
 use crate::config::BrokerConfig;
 use crate::device::Device;
 use crate::dispatch::GpuDispatch;
@@ -83,9 +84,12 @@ pub struct Broker<D: Device> {
     config: BrokerConfig,
     policy: RwLock<Policy>,
     registry: Registry,
+    /// Each user's sessions together: the memory quota they share.
+    accounts: Arc<Accounts>,
     started: Instant,
-    telemetry: Option<Arc<Telemetry>>,
-    telemetry_status: TelemetryStatus,
+    /// Set once telemetry has started (it starts beside serving).
+    telemetry: OnceLock<Arc<Telemetry>>,
+    telemetry_status: Mutex<TelemetryStatus>,
     /// The latest eBPF view of GPU processes and the outside-load rates derived from it.
     observed: Mutex<status::Observed>,
     /// Module images by content, shared between sessions.
@@ -131,12 +135,24 @@ impl<D: Device> Broker<D> {
             config,
             policy: RwLock::new(policy),
             registry: Registry::default(),
+            accounts: Arc::default(),
             started: Instant::now(),
-            telemetry,
-            telemetry_status,
+            telemetry: telemetry.map(OnceLock::from).unwrap_or_default(),
+            telemetry_status: Mutex::new(telemetry_status),
             observed: Mutex::new(status::Observed::default()),
             images: images::ImageCache::default(),
         })
+    }
+
+    /// Telemetry has started (`Some`), or says why it is off.
+    pub fn set_telemetry(&self, telemetry: Option<Arc<Telemetry>>, status: TelemetryStatus) {
+        if let Some(t) = telemetry {
+            let _ = self.telemetry.set(t);
+        }
+        *self
+            .telemetry_status
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = status;
     }
 
     /// Replaces the policy for sessions that start from now on; connected clients keep what

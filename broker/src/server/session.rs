@@ -17,7 +17,9 @@ use super::{Broker, Stop};
 use crate::device::Device;
 use crate::policy::Identity;
 use crate::registry::Registry;
-use crate::session::{GpuServices, ModuleTable, Peer, SessionEnd, SessionInfo, SessionState};
+use crate::session::{
+    GpuServices, ModuleTable, Pacing, Peer, SessionEnd, SessionInfo, SessionState,
+};
 use crate::shm::SharedRegion;
 use gpushare_protocol::wake::Wakeup;
 
@@ -33,7 +35,12 @@ impl<D: Device> Broker<D> {
         admission: Admission,
         mut stop: watch::Receiver<Option<Stop>>,
     ) {
-        let Admission { grant, gpu } = admission;
+        let Admission {
+            grant,
+            gpu,
+            seat,
+            layout,
+        } = admission;
         let device = self.devices[gpu].clone();
         // A monitor (`gpushare status`, `top`) holds no session: it takes no client id, so the
         // ids users see count clients only.
@@ -72,8 +79,20 @@ impl<D: Device> Broker<D> {
             return;
         }
 
+        let Some(seat) = seat else {
+            reject(&sock, ErrorCode::Internal, "a session without an account").await;
+            return;
+        };
+        let account = seat.account().clone();
         let started = match self.start_session(
-            id, pid, &identity, user, name, grant, &hello, &device, gpu as u32,
+            id,
+            pid,
+            &identity,
+            (user, name),
+            (grant, account),
+            (&hello, layout),
+            &device,
+            gpu as u32,
         ) {
             Ok(s) => s,
             Err(e) => {
@@ -150,6 +169,8 @@ impl<D: Device> Broker<D> {
             }
             SessionEnd::Evicted(why) => info!(client = id, %why, "client evicted"),
         }
+        // The data thread has given everything back: the account may go with the seat.
+        drop(seat);
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -158,14 +179,12 @@ impl<D: Device> Broker<D> {
         id: u64,
         pid: i32,
         identity: &Identity,
-        user: String,
-        name: String,
-        grant: crate::policy::Grant,
-        hello: &Hello,
+        (user, name): (String, String),
+        (grant, account): (crate::policy::Grant, Arc<crate::accounts::UserAccount>),
+        (hello, layout): (&Hello, gpushare_protocol::ring::ShmLayout),
         device: &Arc<D>,
         gpu: u32,
     ) -> std::io::Result<StartedSession<D>> {
-        let layout = self.config.layout_for(hello.sq_entries, hello.arena_size);
         let region = Arc::new(
             SharedRegion::create(&format!("gpushare-client-{id}"), layout)
                 .map_err(std::io::Error::other)?,
@@ -187,7 +206,7 @@ impl<D: Device> Broker<D> {
             governed: hello.role == Role::Governed,
             consolidated: hello.role == Role::Consolidated,
         };
-        let info = Arc::new(SessionInfo::new(peer, grant, submit_wake));
+        let info = Arc::new(SessionInfo::new(peer, grant, account, submit_wake));
         if let (_, Some(until)) = self.carried_for(pid) {
             info!(
                 client = id,
@@ -198,12 +217,11 @@ impl<D: Device> Broker<D> {
         let modules: Arc<Mutex<ModuleTable<D>>> = Arc::default();
         let (ready_tx, ready) = oneshot::channel();
         let (ended_tx, ended) = oneshot::channel();
-        let (device, thread_info, thread_modules, spin) = (
-            device.clone(),
-            info.clone(),
-            modules.clone(),
-            self.config.spin,
-        );
+        let (device, thread_info, thread_modules) = (device.clone(), info.clone(), modules.clone());
+        let pacing = Pacing {
+            spin: self.config.spin,
+            stall_limit: self.config.stall_limit,
+        };
         let health = self.health[gpu as usize].clone();
         let dispatch = self.dispatch[gpu as usize].clone();
         std::thread::Builder::new()
@@ -217,7 +235,7 @@ impl<D: Device> Broker<D> {
                     region,
                     complete_wake,
                     thread_modules,
-                    spin,
+                    pacing,
                     GpuServices { health, dispatch },
                 ) {
                     Ok(state) => {
@@ -295,7 +313,12 @@ mod tests {
             hello,
             identity(1000, &[]),
             me,
-            Admission { grant, gpu },
+            Admission {
+                grant,
+                gpu,
+                seat: Some(broker.accounts.seat_for_tests(1000, "alice")),
+                layout: broker.config.layout_for(0, 0),
+            },
             stop,
         );
         (session, client, stop_tx)

@@ -83,14 +83,14 @@ impl<D: Device> Broker<D> {
     /// Samples telemetry every second until the broker stops: caches the processes for
     /// status and derives the outside-load rates the scheduler uses.
     pub async fn watch_telemetry(self: Arc<Self>) {
-        let Some(telemetry) = self.telemetry.clone() else {
-            return;
-        };
         let me = std::process::id() as i32;
         let mut tick = tokio::time::interval(TELEMETRY_SAMPLE);
         loop {
             tick.tick().await;
-            let t = telemetry.clone();
+            // (Until telemetry has started, or for good if it is off.)
+            let Some(t) = self.telemetry.get().cloned() else {
+                continue;
+            };
             let Ok(mut processes) = tokio::task::spawn_blocking(move || {
                 let _ = t.take_exited();
                 t.snapshot()
@@ -131,9 +131,14 @@ impl<D: Device> Broker<D> {
             policy: self.dispatch[0].policy_name().into(),
             memory_used: clients.iter().map(|c| c.memory_used).sum(),
             clients,
-            telemetry: self.telemetry_status.clone(),
+            telemetry: self
+                .telemetry_status
+                .lock()
+                .map(|s| s.clone())
+                .unwrap_or_else(|e| e.into_inner().clone()),
             processes,
             outside_load,
+            users: self.accounts.snapshot(),
         }
     }
 }

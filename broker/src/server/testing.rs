@@ -73,7 +73,12 @@ pub(super) fn register(
         consolidated: false,
     };
     let wake = Wakeup::new().expect("eventfd");
-    let info = Arc::new(SessionInfo::new(peer, Grant::default(), wake));
+    // Counted in its user's account as a session is; these sessions never end, so the seat
+    // is never given up.
+    let seat = broker.accounts.seat_for_tests(1000, "alice");
+    let account = seat.account().clone();
+    std::mem::forget(seat);
+    let info = Arc::new(SessionInfo::new(peer, Grant::default(), account, wake));
     broker.registry.insert(info.clone());
     info
 }

@@ -156,9 +156,10 @@ impl<D: Device> SessionState<D> {
                     .fetch_add(len, Ordering::Relaxed);
                 Ok(r)
             }),
+            // What is left of the user's quota, beside all of their sessions.
             Command::MemInfo => match self.info.grant().memory_quota {
                 Some(quota) => {
-                    let used = self.info.counters.memory_used.load(Ordering::Relaxed);
+                    let used = self.info.account().memory_used();
                     Ok((quota.saturating_sub(used), quota))
                 }
                 None => self.device.memory_info().map_err(|e| e.code()),

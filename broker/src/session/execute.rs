@@ -49,7 +49,7 @@ impl<D: Device> SessionState<D> {
                 self.device.free(ptr).map_err(|e| e.code())?;
                 self.allocations.remove(ptr);
                 let charged = self.placed_charges.remove(&ptr).unwrap_or(size);
-                counters.memory_used.fetch_sub(charged, Ordering::Relaxed);
+                self.info.release_memory(charged);
                 Ok((0, 0))
             }
             Command::CopyHtoD {
@@ -331,6 +331,7 @@ impl<D: Device> SessionState<D> {
             Command::GovernedTokens { launched, blocks } => self.governed_tokens(launched, blocks),
             Command::GovernedIdle { launched, blocks } => self.governed_idle(launched, blocks),
             Command::GovernedWeight { weight } => self.governed_weight(weight),
+            Command::GovernedHeld { bytes } => self.governed_held(bytes),
         }
     }
 
@@ -342,13 +343,33 @@ impl<D: Device> SessionState<D> {
         if self.allocations.len() >= MAX_ALLOCATIONS {
             return Err(ErrorCode::TooManyHandles);
         }
-        let counters = &self.info.counters;
-        let used = counters.memory_used.load(Ordering::Relaxed);
-        if let Some(quota) = self.info.grant().memory_quota
-            && used.saturating_add(bytes) > quota
-        {
-            return Err(ErrorCode::OutOfQuota);
+        // Charged first, so that another session of the same user cannot take the room
+        // meanwhile; given back if the device refuses.
+        self.info.charge_memory(bytes)?;
+        let placed = self.alloc_on_device(bytes, at);
+        if placed.is_err() {
+            self.info.release_memory(bytes);
         }
+        let (ptr, charge) = placed?;
+        self.allocations.insert(ptr, bytes);
+        if charge > bytes {
+            self.placed_charges.insert(ptr, charge);
+        }
+        self.info
+            .counters
+            .allocations
+            .fetch_add(1, Ordering::Relaxed);
+        Ok((ptr, 0))
+    }
+
+    /// Allocates `bytes` on the device, anywhere or at exactly `at`, with `bytes` already
+    /// charged; returns the pointer and what it cost (more than `bytes` for placed memory,
+    /// the extra charged here).
+    fn alloc_on_device(
+        &mut self,
+        bytes: u64,
+        at: Option<DevicePtr>,
+    ) -> Result<(DevicePtr, u64), ErrorCode> {
         let mut charge = bytes;
         let ptr = match at {
             None => self.device.alloc(bytes).map_err(|e| e.code())?,
@@ -365,26 +386,18 @@ impl<D: Device> SessionState<D> {
                 })?;
                 // Placed memory costs whole granules on a GPU: the quota counts what it took.
                 if took > bytes {
-                    if let Some(quota) = self.info.grant().memory_quota
-                        && used.saturating_add(took) > quota
-                    {
+                    if let Err(code) = self.info.charge_memory(took - bytes) {
                         let _ = self.device.free(ptr);
-                        return Err(ErrorCode::OutOfQuota);
+                        return Err(code);
                     }
                     charge = took;
-                    self.placed_charges.insert(ptr, took);
                 }
                 // Memory lost at this address in a reset is there again.
                 self.lost.forget_buffers_in(ptr, end);
                 ptr
             }
         };
-        self.allocations.insert(ptr, bytes);
-        let now = used + charge;
-        counters.memory_used.store(now, Ordering::Relaxed);
-        counters.memory_peak.fetch_max(now, Ordering::Relaxed);
-        counters.allocations.fetch_add(1, Ordering::Relaxed);
-        Ok((ptr, 0))
+        Ok((ptr, charge))
     }
 
     /// Launches a module function; `with_attributes`: the parameter block starts with the

@@ -2,9 +2,11 @@
 //! interposer asks the broker before it allocates and launches on the program's own CUDA
 //! context. Nothing runs on the broker's device for them.
 //!
-//! Memory: `GovernedReserve` counts bytes against the client's quota exactly like a brokered
+//! Memory: `GovernedReserve` counts bytes against the user's quota exactly like a brokered
 //! allocation (past the quota it fails with `OutOfQuota` and changes nothing), and
-//! `GovernedRelease` gives them back, never more than the client holds.
+//! `GovernedRelease` gives them back, never more than the client holds. A program that
+//! connected again (after a restart of gpushared) counts what it already holds with
+//! `GovernedHeld`, whatever the quota.
 //!
 //! Launches: the interposer launches from a local budget of tokens and asks for more
 //! (`GovernedTokens`) when it runs out or they expire, so a launch costs no round trip. Under
@@ -97,22 +99,29 @@ impl<D: Device> SessionState<D> {
 
     pub(super) fn governed_reserve(&mut self, bytes: u64) -> Result<(u64, u64), ErrorCode> {
         self.require_governed()?;
-        let c = &self.info.counters;
-        let used = c.memory_used.load(Ordering::Relaxed);
-        let now = used.checked_add(bytes).ok_or(ErrorCode::InvalidArgument)?;
-        if let Some(quota) = self.info.grant().memory_quota
-            && now > quota
-        {
-            return Err(ErrorCode::OutOfQuota);
-        }
+        let reserved = self
+            .governed
+            .reserved
+            .checked_add(bytes)
+            .ok_or(ErrorCode::InvalidArgument)?;
+        self.info.charge_memory(bytes)?;
+        self.governed.reserved = reserved;
+        self.info
+            .counters
+            .allocations
+            .fetch_add(1, Ordering::Relaxed);
+        Ok((0, 0))
+    }
+
+    /// A program that connected again counts what it already holds, whatever the quota.
+    pub(super) fn governed_held(&mut self, bytes: u64) -> Result<(u64, u64), ErrorCode> {
+        self.require_governed()?;
         self.governed.reserved = self
             .governed
             .reserved
             .checked_add(bytes)
             .ok_or(ErrorCode::InvalidArgument)?;
-        c.memory_used.store(now, Ordering::Relaxed);
-        c.memory_peak.fetch_max(now, Ordering::Relaxed);
-        c.allocations.fetch_add(1, Ordering::Relaxed);
+        self.info.hold_memory(bytes);
         Ok((0, 0))
     }
 
@@ -121,10 +130,7 @@ impl<D: Device> SessionState<D> {
         self.require_governed()?;
         let released = bytes.min(self.governed.reserved);
         self.governed.reserved -= released;
-        self.info
-            .counters
-            .memory_used
-            .fetch_sub(released, Ordering::Relaxed);
+        self.info.release_memory(released);
         Ok((released, 0))
     }
 

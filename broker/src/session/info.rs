@@ -1,14 +1,15 @@
 //! What the rest of the broker knows about a session: who it is, what it is granted, its
 //! usage counters, and the flags and notices other tasks use to reach its data thread.
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use gpushare_protocol::PriorityClass;
 use gpushare_protocol::control::BrokerMessage;
 use gpushare_protocol::stats::ClientStats;
+use gpushare_protocol::{ErrorCode, PriorityClass};
 
+use crate::accounts::UserAccount;
 use crate::fault::FaultWatch;
 use crate::policy::Grant;
 use gpushare_protocol::wake::Wakeup;
@@ -53,8 +54,11 @@ pub struct SessionInfo {
     /// Host memory the client shares for DMA (`ShareHostMemory`); the control task adds, the
     /// data thread copies.
     pub hosts: Mutex<super::hosts::HostRegions>,
-    /// What the client is granted now (an admin may change it while it runs).
+    /// What the client is granted now (an admin may change it while it runs); its memory
+    /// quota is its user's, in `account`.
     grant: LiveGrant,
+    /// The account of the client's user: the memory quota all of their sessions share.
+    account: Arc<UserAccount>,
     pub connected_at: Instant,
     pub counters: Counters,
     stop: AtomicBool,
@@ -82,7 +86,12 @@ pub struct Peer {
 }
 
 impl SessionInfo {
-    pub fn new(peer: Peer, grant: Grant, submit_wake: Wakeup) -> SessionInfo {
+    pub fn new(
+        peer: Peer,
+        grant: Grant,
+        account: Arc<UserAccount>,
+        submit_wake: Wakeup,
+    ) -> SessionInfo {
         let Peer {
             id,
             pid,
@@ -104,6 +113,7 @@ impl SessionInfo {
             consolidated,
             hosts: Mutex::new(super::hosts::HostRegions::default()),
             grant: LiveGrant::new(grant),
+            account,
             connected_at: Instant::now(),
             counters: Counters::default(),
             stop: AtomicBool::new(false),
@@ -116,13 +126,66 @@ impl SessionInfo {
     }
 
     pub fn grant(&self) -> Grant {
-        self.grant.get()
+        let (class, weight) = self.grant.get();
+        Grant {
+            class,
+            weight,
+            memory_quota: self.account.quota(),
+        }
     }
 
-    /// Changes the live grant: allocations check the new quota from now on, and streams
-    /// created from now on get the new class's priority.
+    /// Changes the live grant: allocations of every session of the client's user check the
+    /// new quota from now on, and streams created from now on get the new class's priority.
     pub fn set_grant(&self, grant: Grant) {
-        self.grant.set(grant);
+        self.grant.set(grant.class, grant.weight);
+        self.account.set_quota(grant.memory_quota);
+    }
+
+    /// The account of the client's user.
+    pub fn account(&self) -> &Arc<UserAccount> {
+        &self.account
+    }
+
+    /// Counts `bytes` of device memory to this session, if its user's quota has room for
+    /// them beside all of the user's sessions (else `OutOfQuota`, and nothing changes).
+    /// Only the session's data thread changes the session's figure.
+    pub fn charge_memory(&self, bytes: u64) -> Result<(), ErrorCode> {
+        self.account.charge(bytes)?;
+        let c = &self.counters;
+        let now = c.memory_used.load(Ordering::Relaxed).saturating_add(bytes);
+        c.memory_used.store(now, Ordering::Relaxed);
+        c.memory_peak.fetch_max(now, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Counts `bytes` the session already holds, whatever the quota (a governed program that
+    /// connected again).
+    pub fn hold_memory(&self, bytes: u64) {
+        self.account.charge_held(bytes);
+        let c = &self.counters;
+        let now = c.memory_used.load(Ordering::Relaxed).saturating_add(bytes);
+        c.memory_used.store(now, Ordering::Relaxed);
+        c.memory_peak.fetch_max(now, Ordering::Relaxed);
+    }
+
+    /// Gives back `bytes` this session held.
+    pub fn release_memory(&self, bytes: u64) {
+        let c = &self.counters;
+        let held = c.memory_used.load(Ordering::Relaxed);
+        let bytes = bytes.min(held);
+        c.memory_used.store(held - bytes, Ordering::Relaxed);
+        self.account.release(bytes);
+    }
+
+    /// The session now holds `bytes` (a reset took the rest, or it ended).
+    pub fn set_memory_used(&self, bytes: u64) {
+        let held = self.counters.memory_used.load(Ordering::Relaxed);
+        if bytes < held {
+            self.release_memory(held - bytes);
+        } else {
+            self.account.charge_held(bytes - held);
+            self.counters.memory_used.store(bytes, Ordering::Relaxed);
+        }
     }
 
     /// Removes the client: its data thread stops and the client is told `reason`.
@@ -199,13 +262,11 @@ impl SessionInfo {
     }
 }
 
-/// A grant that an admin may change while the client runs: read on every allocation, so
+/// The class and weight an admin may change while the client runs: read on every launch, so
 /// kept in atomics rather than behind a lock.
 struct LiveGrant {
     class: AtomicU8,
     weight: AtomicU32,
-    /// `u64::MAX` means unlimited.
-    quota: AtomicU64,
 }
 
 impl LiveGrant {
@@ -213,34 +274,28 @@ impl LiveGrant {
         let l = LiveGrant {
             class: AtomicU8::new(0),
             weight: AtomicU32::new(0),
-            quota: AtomicU64::new(0),
         };
-        l.set(g);
+        l.set(g.class, g.weight);
         l
     }
 
-    fn set(&self, g: Grant) {
-        let class = match g.class {
+    fn set(&self, class: PriorityClass, weight: u32) {
+        let class = match class {
             PriorityClass::High => 0,
             PriorityClass::Normal => 1,
             PriorityClass::BestEffort => 2,
         };
         self.class.store(class, Ordering::Relaxed);
-        self.weight.store(g.weight, Ordering::Relaxed);
-        self.quota
-            .store(g.memory_quota.unwrap_or(u64::MAX), Ordering::Relaxed);
+        self.weight.store(weight, Ordering::Relaxed);
     }
 
-    fn get(&self) -> Grant {
-        Grant {
-            class: match self.class.load(Ordering::Relaxed) {
-                0 => PriorityClass::High,
-                1 => PriorityClass::Normal,
-                _ => PriorityClass::BestEffort,
-            },
-            weight: self.weight.load(Ordering::Relaxed),
-            memory_quota: Some(self.quota.load(Ordering::Relaxed)).filter(|&q| q != u64::MAX),
-        }
+    fn get(&self) -> (PriorityClass, u32) {
+        let class = match self.class.load(Ordering::Relaxed) {
+            0 => PriorityClass::High,
+            1 => PriorityClass::Normal,
+            _ => PriorityClass::BestEffort,
+        };
+        (class, self.weight.load(Ordering::Relaxed))
     }
 }
 
@@ -260,7 +315,9 @@ mod tests {
             consolidated: false,
         };
         let wake = Wakeup::new().expect("an eventfd for the test");
-        SessionInfo::new(peer, Grant::default(), wake)
+        let accounts = Arc::new(crate::accounts::Accounts::default());
+        let account = accounts.seat_for_tests(1000, "alice").account().clone();
+        SessionInfo::new(peer, Grant::default(), account, wake)
     }
 
     #[test]
@@ -270,7 +327,7 @@ mod tests {
             PriorityClass::Normal,
             PriorityClass::BestEffort,
         ];
-        let live = LiveGrant::new(Grant::default());
+        let info = info();
         for class in classes {
             for weight in [1, 3, u32::MAX] {
                 for memory_quota in [None, Some(0), Some(1 << 30)] {
@@ -279,12 +336,30 @@ mod tests {
                         weight,
                         memory_quota,
                     };
-                    assert_eq!(LiveGrant::new(g).get(), g);
-                    live.set(g);
-                    assert_eq!(live.get(), g);
+                    info.set_grant(g);
+                    assert_eq!(info.grant(), g);
                 }
             }
         }
+    }
+
+    #[test]
+    fn memory_counts_for_the_session_and_its_user() {
+        let info = info();
+        info.set_grant(Grant {
+            memory_quota: Some(100),
+            ..Grant::default()
+        });
+        info.charge_memory(70).expect("within the quota");
+        assert_eq!(info.charge_memory(31), Err(ErrorCode::OutOfQuota));
+        assert_eq!(info.account().memory_used(), 70);
+        info.release_memory(100);
+        assert_eq!(info.counters.memory_used.load(Ordering::Relaxed), 0);
+        assert_eq!(info.account().memory_used(), 0, "never more than it held");
+        info.charge_memory(50).expect("room again");
+        info.set_memory_used(20);
+        assert_eq!(info.account().memory_used(), 20);
+        assert_eq!(info.counters.memory_peak.load(Ordering::Relaxed), 70);
     }
 
     #[test]

@@ -96,7 +96,7 @@ pub struct SessionState<D: Device> {
     rings: BrokerRings,
     complete_wake: Wakeup,
     modules: Arc<Mutex<ModuleTable<D>>>,
-    spin: Duration,
+    pacing: Pacing,
     /// Base pointer → size of every live allocation.
     allocations: Allocations,
     streams: HashMap<StreamId, StreamSlot<D::Stream>>,
@@ -135,6 +135,16 @@ pub struct SessionState<D: Device> {
     launch_params: Vec<u8>,
 }
 
+/// How a data thread waits for its client.
+#[derive(Debug, Clone, Copy)]
+pub struct Pacing {
+    /// How long it spins on an empty submission ring before sleeping.
+    pub spin: Duration,
+    /// How long a client may leave its completion ring full (not reading) before it is
+    /// evicted.
+    pub stall_limit: Duration,
+}
+
 /// What a session uses of its GPU besides the device: fault containment and the scheduler.
 pub struct GpuServices {
     pub health: Arc<DeviceHealth>,
@@ -160,7 +170,7 @@ impl<D: Device> SessionState<D> {
         region: Arc<SharedRegion>,
         complete_wake: Wakeup,
         modules: Arc<Mutex<ModuleTable<D>>>,
-        spin: Duration,
+        pacing: Pacing,
         gpu: GpuServices,
     ) -> Result<SessionState<D>, DeviceError> {
         let GpuServices { health, dispatch } = gpu;
@@ -191,7 +201,7 @@ impl<D: Device> SessionState<D> {
             rings,
             complete_wake,
             modules,
-            spin,
+            pacing,
             allocations: Allocations::default(),
             streams,
             next_stream: 1,

@@ -47,11 +47,11 @@ impl<D: Device> SessionState<D> {
             .unwrap_or_default();
         for shared in hosts {
             self.device.unregister_host(shared.region.whole());
+            self.info.account().unpin(shared.region.len() as u64);
         }
         self.device.unregister_arena(self.region.arena());
-        let c = &self.info.counters;
-        c.memory_used.store(0, Ordering::Relaxed);
-        c.streams.store(0, Ordering::Relaxed);
+        self.info.set_memory_used(0);
+        self.info.counters.streams.store(0, Ordering::Relaxed);
         tracing::info!(
             streams,
             allocations,

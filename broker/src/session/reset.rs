@@ -252,8 +252,7 @@ impl<D: Device> SessionState<D> {
             .add_client(self.info.id, grant.class, grant.weight, self.info.governed);
         let c = &self.info.counters;
         // A governed client's memory is in its own context, which the reset did not touch.
-        c.memory_used
-            .store(self.governed.reserved(), Ordering::Relaxed);
+        self.info.set_memory_used(self.governed.reserved());
         self.governed.forget_lease();
         self.info.fault_watch.busy_since.store(0, Ordering::Release);
 

@@ -13,8 +13,17 @@ use crate::device::Device;
 const MEASURE_RECHECK: Duration = Duration::from_millis(2);
 /// Within a long batch, device time is charged at least this often.
 const ACCOUNT_EVERY: Duration = Duration::from_millis(5);
-/// How long the data thread waits on a full completion ring before looking again.
+/// How long the data thread waits on a full completion ring before looking again (and
+/// reporting the client's finished kernels to the scheduler).
 const CQ_FULL_RECHECK: Duration = Duration::from_millis(10);
+
+/// Why a client that left its completion ring full was evicted.
+fn stalled(limit: Duration) -> String {
+    format!(
+        "stopped reading its completions for {} s (its completion ring stayed full); a client must read what it submits",
+        limit.as_secs_f64()
+    )
+}
 
 impl<D: Device> SessionState<D> {
     /// Runs the client's commands until the session ends: stopped, evicted, culprit of a
@@ -75,7 +84,7 @@ impl<D: Device> SessionState<D> {
                 idle_since = Instant::now();
                 continue;
             }
-            if idle_since.elapsed() < self.spin {
+            if idle_since.elapsed() < self.pacing.spin {
                 std::hint::spin_loop();
                 continue;
             }
@@ -126,17 +135,34 @@ impl<D: Device> SessionState<D> {
     }
 
     /// Publishes one completion, waiting (bounded, interruptible) while the ring is full.
+    ///
+    /// A full ring means the client is not reading its completions: only it waits, and it
+    /// holds nothing in the scheduler meanwhile (its kernels that finished are reported
+    /// done, and an open governed lease expires as usual), so that nobody waits on it. If it
+    /// leaves the ring full for the stall limit it is evicted, and told why.
     fn complete(&mut self, entry: CompletionEntry) -> Result<(), SessionEnd> {
+        let mut full_since = None;
         loop {
             match self.rings.completions.try_push(entry) {
                 Ok(true) => break,
                 Ok(false) => {
-                    // The client is not reading its completions: only it waits.
+                    let since = *full_since.get_or_insert_with(Instant::now);
+                    self.reap_granted();
+                    self.expire_lease();
+                    if since.elapsed() >= self.pacing.stall_limit {
+                        let reason = stalled(self.pacing.stall_limit);
+                        tracing::warn!(%reason, "evicting a client that does not read");
+                        self.info.evict(reason.clone());
+                        return Err(SessionEnd::Evicted(reason));
+                    }
                     self.rings.completions.wait_for_room();
                     self.park_if_resetting();
                     let still_full = matches!(self.rings.completions.free_slots(), Ok(0));
                     if still_full && !self.info.stopping() {
-                        self.info.submit_wake().wait(Some(CQ_FULL_RECHECK));
+                        let wait = self
+                            .lease_left()
+                            .map_or(CQ_FULL_RECHECK, |left| left.min(CQ_FULL_RECHECK));
+                        self.info.submit_wake().wait(Some(wait));
                     }
                     self.rings.completions.finish_wait_for_room();
                     if self.info.stopping() {

@@ -21,3 +21,71 @@ pub const INTERPOSE_DEBUG_ENV: &str = "GPUSHARE_INTERPOSE_DEBUG";
 pub const INTERPOSER_ENV: &str = "GPUSHARE_INTERPOSER";
 /// The consolidated CUDA driver's diagnostics: 1 names every failing call, 2 every call.
 pub const CUDA_TRACE_ENV: &str = "GPUSHARE_CUDA_TRACE";
+/// Seconds a call waits for gpushared without a sign of life (an answer, a completion, a
+/// reply to a ping) before it fails: a stopped or wedged broker is reported, never waited on
+/// forever. [`DEFAULT_TIMEOUT`] when unset.
+pub const TIMEOUT_ENV: &str = "GPUSHARE_TIMEOUT";
+/// `direct`: a governed program that cannot reach gpushared runs unmanaged, outside gpushare
+/// (`gpushare run --fallback direct`). Anything else, or unset: it never does; its `cuInit`
+/// fails without a broker, and while a broker it had is away its launches and allocations
+/// wait for it (up to [`RECONNECT_ENV`]) and then fail.
+pub const FALLBACK_ENV: &str = "GPUSHARE_FALLBACK";
+/// Seconds a governed program waits for gpushared to come back after losing it (a restart, a
+/// crash, no answer) before its calls fail. [`DEFAULT_TIMEOUT`] when unset; `0` fails at once.
+pub const RECONNECT_ENV: &str = "GPUSHARE_RECONNECT_TIMEOUT";
+
+/// How long a call waits for gpushared unless [`TIMEOUT_ENV`] says otherwise.
+pub const DEFAULT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// A number of seconds from the environment variable `name` (fractions allowed), or
+/// `default` when it is unset or not a number.
+pub fn seconds(name: &str, default: std::time::Duration) -> std::time::Duration {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s >= 0.0)
+        .and_then(|s| std::time::Duration::try_from_secs_f64(s).ok())
+        .unwrap_or(default)
+}
+
+/// How long a call waits for gpushared without a sign of life: [`TIMEOUT_ENV`], else
+/// [`DEFAULT_TIMEOUT`]. Never zero (a call could not even be answered).
+pub fn broker_timeout() -> std::time::Duration {
+    seconds(TIMEOUT_ENV, DEFAULT_TIMEOUT).max(std::time::Duration::from_millis(10))
+}
+
+/// Whether a governed program may run unmanaged when gpushared cannot be reached.
+pub fn fallback_direct() -> bool {
+    std::env::var(FALLBACK_ENV).is_ok_and(|v| v.trim() == "direct")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn seconds_read_fractions_and_fall_back_on_nonsense() {
+        let name = "GPUSHARE_TEST_SECONDS_ONLY_HERE";
+        let default = Duration::from_secs(7);
+        for (value, want) in [
+            (None, default),
+            (Some("2.5"), Duration::from_millis(2500)),
+            (Some(" 0 "), Duration::ZERO),
+            (Some("-1"), default),
+            (Some("soon"), default),
+            (Some("inf"), default),
+        ] {
+            // SAFETY: no other test reads this variable.
+            unsafe {
+                match value {
+                    Some(v) => std::env::set_var(name, v),
+                    None => std::env::remove_var(name),
+                }
+            }
+            assert_eq!(seconds(name, default), want, "{value:?}");
+        }
+        // SAFETY: as above.
+        unsafe { std::env::remove_var(name) };
+    }
+}

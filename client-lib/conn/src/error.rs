@@ -31,6 +31,13 @@ pub enum Error {
     Evicted(String),
     #[error("the connection to gpushared was lost (the broker exited or closed it)")]
     BrokerGone,
+    /// gpushared gave no sign of life for the timeout (`GPUSHARE_TIMEOUT`): no answer, no
+    /// completion, no reply to a ping. The session is over; connect again.
+    #[error(
+        "gpushared did not answer for {:.1} s (it may be stopped or wedged); this session is over, connect again (GPUSHARE_TIMEOUT sets how long a call waits)",
+        *.waited_ms as f64 / 1000.0
+    )]
+    BrokerUnresponsive { waited_ms: u64 },
     #[error("gpushare protocol error: {0}")]
     Protocol(String),
     #[error("{0}")]
@@ -95,6 +102,7 @@ impl Error {
                 | Error::BrokerRestarting(_)
                 | Error::Evicted(_)
                 | Error::BrokerGone
+                | Error::BrokerUnresponsive { .. }
                 | Error::Protocol(_)
                 | Error::RebuildFailed(_)
         )

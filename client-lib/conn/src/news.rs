@@ -85,6 +85,7 @@ impl Session {
             }
             Ok(_) => {}
             Err(Error::BrokerGone) => self.mark_dead(Dead::Gone),
+            Err(e @ Error::BrokerUnresponsive { .. }) => self.mark_dead(Dead::from_error(&e)),
             Err(e) => self.mark_dead(Dead::Protocol(e.to_string())),
         }
     }
@@ -148,10 +149,23 @@ impl Session {
             Ok((msg, _)) => Ok(msg),
             Err(e) => {
                 if e.is_fatal() {
-                    self.mark_dead(Dead::Gone);
+                    self.mark_dead(Dead::from_error(&e));
                 }
                 Err(e)
             }
+        }
+    }
+
+    /// Asks the broker whether it is there: fails (and the session is over) when it does not
+    /// answer within the socket's timeout. A request of another thread under way answers the
+    /// same question, with its own timeout: then nothing is asked.
+    pub fn probe(&self) -> Result<()> {
+        if self.requests.try_lock().is_err() {
+            return Ok(());
+        }
+        match self.request(|request| ClientMessage::Ping { request }, &[])? {
+            BrokerMessage::Pong { .. } => Ok(()),
+            other => Err(Error::Protocol(format!("expected Pong, got {other:?}"))),
         }
     }
 

@@ -85,6 +85,7 @@ pub fn op_name(op: u16) -> &'static str {
         opcode::GOVERNED_TOKENS => "ask for launch tokens",
         opcode::GOVERNED_IDLE => "report idle",
         opcode::GOVERNED_WEIGHT => "ask for a weight",
+        opcode::GOVERNED_HELD => "register memory held",
         _ => "launch built-in kernel",
     }
 }
@@ -220,9 +221,14 @@ impl Session {
 
     /// The one wait every caller here shares: tries `attempt` until it gives a value,
     /// spinning for `spin` first, then sleeping until a completion, news on the control
-    /// socket, or a short timeout; a session that died meanwhile ends the wait.
+    /// socket, or a short timeout; a session that died meanwhile ends the wait. A wait that
+    /// sees no completion for a while asks the broker whether it is there, and ends with
+    /// `BrokerUnresponsive` if it does not answer: a long sync on a busy GPU goes on, a
+    /// stopped broker is reported.
     fn spin_then_sleep<T>(&self, mut attempt: impl FnMut() -> Result<Option<T>>) -> Result<T> {
         let spin_until = Instant::now() + self.spin;
+        let mut quiet_since = Instant::now();
+        let mut seen = self.completions.load(Ordering::Relaxed);
         loop {
             if let Some(value) = attempt()? {
                 return Ok(value);
@@ -230,8 +236,16 @@ impl Session {
             self.check_alive()?;
             if Instant::now() < spin_until {
                 std::hint::spin_loop();
-            } else {
-                self.sleep_for_completion()?;
+                continue;
+            }
+            self.sleep_for_completion()?;
+            let now_seen = self.completions.load(Ordering::Relaxed);
+            if now_seen != seen {
+                seen = now_seen;
+                quiet_since = Instant::now();
+            } else if quiet_since.elapsed() >= self.probe_after {
+                self.probe()?;
+                quiet_since = Instant::now();
             }
         }
     }

@@ -36,6 +36,10 @@ pub struct SessionOptions {
     pub gpu: Option<u32>,
     /// How long to spin for a completion before sleeping.
     pub spin: Duration,
+    /// How long any call waits for gpushared without a sign of life before the session is
+    /// declared dead (`GPUSHARE_TIMEOUT`, 30 s by default): a stopped or wedged broker is
+    /// reported, never waited on forever.
+    pub timeout: Duration,
 }
 
 impl SessionOptions {
@@ -50,6 +54,7 @@ impl SessionOptions {
             arena_size: 0,
             gpu: None,
             spin: Duration::from_micros(50),
+            timeout: crate::env::broker_timeout(),
         }
     }
 
@@ -79,6 +84,8 @@ pub(crate) enum Dead {
     Shutdown(ShutdownKind, String),
     Evicted(String),
     Gone,
+    /// No sign of life for this many milliseconds.
+    Unresponsive(u64),
     Protocol(String),
 }
 
@@ -88,7 +95,17 @@ impl Dead {
             Dead::Shutdown(kind, r) => Error::shutdown(*kind, r.clone()),
             Dead::Evicted(r) => Error::Evicted(r.clone()),
             Dead::Gone => Error::BrokerGone,
+            Dead::Unresponsive(ms) => Error::BrokerUnresponsive { waited_ms: *ms },
             Dead::Protocol(r) => Error::Protocol(r.clone()),
+        }
+    }
+
+    /// Why a session is over after a fatal error met on its socket.
+    pub(crate) fn from_error(e: &Error) -> Dead {
+        match e {
+            Error::BrokerUnresponsive { waited_ms } => Dead::Unresponsive(*waited_ms),
+            Error::Protocol(why) => Dead::Protocol(why.clone()),
+            _ => Dead::Gone,
         }
     }
 }
@@ -108,6 +125,9 @@ pub struct Session {
     pub(crate) is_dead: AtomicBool,
     pub(crate) dead: Mutex<Option<Dead>>,
     pub(crate) spin: Duration,
+    /// How long a wait goes without a sign of life before the broker is asked whether it is
+    /// there (and the session is over if it does not answer in the socket's timeout).
+    pub(crate) probe_after: Duration,
     pub(crate) commands: AtomicU64,
     /// Completions read from the ring; with `commands`, shows none was lost or doubled.
     pub(crate) completions: AtomicU64,
@@ -126,7 +146,7 @@ impl Session {
     /// the device-reset notices of this session (a client may share one across the sessions
     /// it has over time).
     pub fn open(opts: &SessionOptions, notices: Arc<Notices>) -> Result<Session> {
-        let socket = ControlSocket::connect(&opts.socket)?;
+        let socket = ControlSocket::connect_within(&opts.socket, opts.timeout)?;
         let (welcome, fds) = socket.handshake(opts.hello())?;
         let layout = welcome
             .layout
@@ -166,6 +186,7 @@ impl Session {
             is_dead: AtomicBool::new(false),
             dead: Mutex::new(None),
             spin: opts.spin,
+            probe_after: opts.timeout.min(PROBE_AFTER),
             commands: AtomicU64::new(0),
             completions: AtomicU64::new(0),
             notices,
@@ -326,6 +347,10 @@ impl Session {
         }
     }
 }
+
+/// A wait this long without a completion asks the broker whether it is there (a ping, which
+/// its control plane answers whatever the data thread does).
+const PROBE_AFTER: Duration = Duration::from_secs(1);
 
 /// Longest pause between two attempts to reach a restarting gpushared. An attempt while it is
 /// away costs a failed connect(), so trying often is cheap and shortens the wait.

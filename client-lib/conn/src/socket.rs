@@ -3,21 +3,35 @@
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use gpushare_protocol::control::{BrokerMessage, ClientMessage, Hello, Welcome};
 use gpushare_protocol::socket::{self, SocketError};
 use nix::errno::Errno;
-use nix::sys::socket::{AddressFamily, SockFlag, SockType, UnixAddr, connect};
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::sys::socket::{AddressFamily, SockFlag, SockType, UnixAddr, connect, setsockopt, sockopt};
+use nix::sys::time::TimeVal;
 
 use crate::error::{Error, Result};
 
-/// A connected control socket.
+/// A connected control socket. Every blocking step on it (connecting, sending, waiting for
+/// a message) gives up after its timeout, with [`Error::BrokerUnresponsive`].
 pub struct ControlSocket {
     fd: OwnedFd,
+    timeout: Duration,
 }
 
 impl ControlSocket {
+    /// Connects, waiting at most the broker timeout (`GPUSHARE_TIMEOUT`) for each step.
     pub fn connect(path: &Path) -> Result<ControlSocket> {
+        ControlSocket::connect_within(path, crate::env::broker_timeout())
+    }
+
+    /// Connects; `timeout` bounds the connect itself (a stopped broker's backlog may be full)
+    /// and every later send and wait for a message.
+    pub fn connect_within(path: &Path, timeout: Duration) -> Result<ControlSocket> {
+        // (A zero timeout would mean none at all to the kernel.)
+        let timeout = timeout.max(Duration::from_millis(1));
         let err = |cause: std::io::Error| Error::Connect {
             path: path.to_path_buf(),
             cause,
@@ -29,9 +43,24 @@ impl ControlSocket {
             None,
         )
         .map_err(|e| err(e.into()))?;
+        let limit = TimeVal::new(
+            timeout.as_secs().min(i64::MAX as u64) as i64,
+            i64::from(timeout.subsec_micros()),
+        );
+        setsockopt(&fd, sockopt::SendTimeout, &limit).map_err(|e| err(e.into()))?;
         let addr = UnixAddr::new(path).map_err(|e| err(e.into()))?;
-        connect(fd.as_raw_fd(), &addr).map_err(|e| err(e.into()))?;
-        Ok(ControlSocket { fd })
+        match connect(fd.as_raw_fd(), &addr) {
+            Ok(()) => Ok(ControlSocket { fd, timeout }),
+            Err(Errno::EAGAIN) => Err(Error::BrokerUnresponsive {
+                waited_ms: timeout.as_millis() as u64,
+            }),
+            Err(e) => Err(err(e.into())),
+        }
+    }
+
+    /// How long a send or a wait for a message may take.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
     }
 
     pub fn as_fd(&self) -> BorrowedFd<'_> {
@@ -39,12 +68,29 @@ impl ControlSocket {
     }
 
     pub fn send(&self, msg: &ClientMessage, fds: &[RawFd]) -> Result<()> {
-        socket::send(self.fd.as_fd(), msg, fds).map_err(from_socket)
+        socket::send(self.fd.as_fd(), msg, fds).map_err(|e| self.error_of(e))
     }
 
-    /// Receives one message (blocking) with any descriptors attached.
+    /// Receives one message with any descriptors attached, waiting at most the timeout for
+    /// one to come.
     pub fn recv(&self) -> Result<(BrokerMessage, Vec<OwnedFd>)> {
-        socket::recv(self.fd.as_fd()).map_err(from_socket)
+        let started = Instant::now();
+        loop {
+            let left = self.timeout.saturating_sub(started.elapsed());
+            let wait = PollTimeout::try_from(left).unwrap_or(PollTimeout::MAX);
+            let mut fds = [PollFd::new(self.fd.as_fd(), PollFlags::POLLIN)];
+            match poll(&mut fds, wait) {
+                Ok(0) => {
+                    return Err(Error::BrokerUnresponsive {
+                        waited_ms: started.elapsed().as_millis() as u64,
+                    });
+                }
+                Ok(_) => break,
+                Err(Errno::EINTR) => continue,
+                Err(e) => return Err(Error::Io(e.into())),
+            }
+        }
+        socket::recv(self.fd.as_fd()).map_err(|e| self.error_of(e))
     }
 
     /// Says hello and reads the broker's answer: the welcome and the descriptors that came
@@ -60,16 +106,21 @@ impl ControlSocket {
     }
 }
 
-/// A failed send or receive as clients report it: a peer that went away is `BrokerGone`.
-fn from_socket(e: SocketError) -> Error {
-    let gone = |e: &std::io::Error| {
-        e.raw_os_error()
-            .is_some_and(|n| n == Errno::EPIPE as i32 || n == Errno::ECONNRESET as i32)
-    };
-    match e {
-        SocketError::Closed => Error::BrokerGone,
-        SocketError::Io(e) if gone(&e) => Error::BrokerGone,
-        SocketError::Io(e) => Error::Io(e),
-        other => Error::Protocol(other.to_string()),
+impl ControlSocket {
+    /// A failed send or receive as clients report it: a peer that went away is `BrokerGone`,
+    /// a send that timed out (the broker reads nothing) `BrokerUnresponsive`.
+    fn error_of(&self, e: SocketError) -> Error {
+        let is = |e: &std::io::Error, errno: Errno| e.raw_os_error() == Some(errno as i32);
+        match e {
+            SocketError::Closed => Error::BrokerGone,
+            SocketError::Io(e) if is(&e, Errno::EPIPE) || is(&e, Errno::ECONNRESET) => {
+                Error::BrokerGone
+            }
+            SocketError::Io(e) if is(&e, Errno::EAGAIN) => Error::BrokerUnresponsive {
+                waited_ms: self.timeout.as_millis() as u64,
+            },
+            SocketError::Io(e) => Error::Io(e),
+            other => Error::Protocol(other.to_string()),
+        }
     }
 }

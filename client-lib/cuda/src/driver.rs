@@ -219,9 +219,13 @@ impl Driver {
                 "another client's fault reset the GPU: this program's GPU memory, modules and streams are gone; restart it",
             );
         } else if code == result::DEVICE_UNAVAILABLE {
+            let why = match self.transport.session.check_alive() {
+                Err(e) => e.to_string(),
+                Ok(()) => "the connection to gpushared is gone".into(),
+            };
             self.fail_for_good(
                 code,
-                "the connection to gpushared is gone: this program's GPU work cannot go on",
+                &format!("{why}: this program's GPU work cannot go on"),
             );
         }
     }

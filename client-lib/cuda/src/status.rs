@@ -113,6 +113,7 @@ pub fn from_error(e: &Error) -> CUresult {
         | Error::BrokerRestarting(_)
         | Error::Evicted(_)
         | Error::BrokerGone
+        | Error::BrokerUnresponsive { .. }
         | Error::Protocol(_)
         | Error::Io(_) => result::DEVICE_UNAVAILABLE,
     }

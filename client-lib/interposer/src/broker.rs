@@ -59,6 +59,7 @@ impl Connection {
             arena_size: 0,
             gpu: who.gpu,
             spin: SPIN,
+            timeout: gpushare_conn::env::broker_timeout(),
         };
         // The caller names the socket itself: only the cause, not the library's hints.
         let session = Session::open(&opts, Arc::new(Notices::new(false))).map_err(|e| match e {

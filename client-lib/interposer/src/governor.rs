@@ -1,36 +1,21 @@
-//! The program's standing with the broker: governed (connected) or unmanaged, its memory
-//! reservations and its local budget of launch tokens.
-//!
-//! The connection is made once, at the program's first `cuInit` (or first governed call). If
-//! the broker cannot be reached, one warning line goes to stderr and every call passes
-//! straight through from then on; the same happens, with its own line, if the broker goes
-//! away while the program runs. A forked child is unmanaged (CUDA does not work across fork,
-//! and the ring belongs to the parent).
+//! The program's admission by the broker: its memory reservations and its local budget of
+//! launch tokens. Its standing with the broker (connected, away, unmanaged) is `standing`'s.
 //!
 //! A launch takes a token from an atomic counter; only when the budget is spent or has expired
 //! does one thread ask the broker for more (`GovernedTokens`), while others wait on the same
 //! lock. A synchronization ends the lease of a gated grant (`GovernedIdle`) and drops what is
 //! left of its budget, so the program's next burst of work asks again.
 
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU8, AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, Once};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 
 use gpushare_protocol::command::GOVERNED_LEASE;
-use gpushare_protocol::{Command, ErrorCode, PriorityClass};
+use gpushare_protocol::{Command, ErrorCode};
 
-use crate::broker::{CallError, Connection, Introduction};
 use crate::debug;
+use crate::exports::{CUDA_ERROR_SYSTEM_NOT_READY, CUresult};
+use crate::standing::{self, Asked};
 
-use gpushare_conn::env::{CLASS_ENV, GPU_ENV, NAME_ENV, WEIGHT_ENV};
-
-const UNKNOWN: u8 = 0;
-const GOVERNED: u8 = 1;
-const UNMANAGED: u8 = 2;
-
-static STATE: AtomicU8 = AtomicU8::new(UNKNOWN);
-static CONNECT: Once = Once::new();
-static CONNECTION: Mutex<Option<Connection>> = Mutex::new(None);
+pub use crate::standing::governed;
 
 /// Launch tokens left; may go negative while a refill is under way.
 static TOKENS: AtomicI64 = AtomicI64::new(0);
@@ -42,9 +27,9 @@ static BLOCKS: AtomicU64 = AtomicU64::new(0);
 /// The last grant holds a place in the scheduler until the program synchronizes.
 static LEASE: AtomicBool = AtomicBool::new(false);
 /// What the program asked of the broker, for the diagnostics' summary ([`summary`]).
-static CLIENT_ID: AtomicU64 = AtomicU64::new(0);
 static RESERVATIONS: AtomicU64 = AtomicU64::new(0);
 static REFUSALS: AtomicU64 = AtomicU64::new(0);
+static FAILED: AtomicU64 = AtomicU64::new(0);
 static TOKEN_REQUESTS: AtomicU64 = AtomicU64::new(0);
 static TOKEN_WAIT_NS: AtomicU64 = AtomicU64::new(0);
 static LAUNCHES_REPORTED: AtomicU64 = AtomicU64::new(0);
@@ -55,152 +40,73 @@ pub enum Admission {
     Reserved,
     /// Past the quota: the program gets CUDA_ERROR_OUT_OF_MEMORY.
     Refused,
-    /// No broker: the call passes through uncounted.
+    /// No broker, and the program runs without one: the call passes through uncounted.
     Unmanaged,
+    /// No broker, and the program may not run without one: the call fails with this.
+    Failed(CUresult),
 }
 
-/// Connects on the first call; whether the program is governed now.
-pub fn governed() -> bool {
-    match STATE.load(Ordering::Acquire) {
-        GOVERNED => true,
-        UNMANAGED => false,
-        _ => {
-            CONNECT.call_once(connect);
-            STATE.load(Ordering::Acquire) == GOVERNED
-        }
+/// The broker that granted the tokens left is gone: they are void.
+pub(crate) fn forget_tokens() {
+    TOKENS.store(0, Ordering::Release);
+    LEASE.store(false, Ordering::Release);
+}
+
+/// Whether CUDA is there for the program: `CUDA_SUCCESS`, or the error its `cuInit` (and
+/// context creation) must return because there is no broker and no fallback.
+pub fn init() -> CUresult {
+    if standing::refused() {
+        crate::exports::CUDA_ERROR_NO_DEVICE
+    } else {
+        crate::exports::CUDA_SUCCESS
     }
 }
 
-fn socket_path() -> PathBuf {
-    gpushare_protocol::socket_path_from_env()
-}
-
-fn connect() {
-    let path = socket_path();
-    let name = std::env::var(NAME_ENV)
-        .ok()
-        .filter(|n| !n.is_empty())
-        .unwrap_or_else(|| {
-            std::fs::read_to_string("/proc/self/comm")
-                .map(|s| s.trim().to_string())
-                .unwrap_or_else(|_| "governed".into())
-        });
-    let class = std::env::var(CLASS_ENV)
-        .ok()
-        .and_then(|c| c.parse::<PriorityClass>().ok());
-    let gpu = std::env::var(GPU_ENV).ok().and_then(|g| g.parse().ok());
-    let who = Introduction {
-        name: &name,
-        class,
-        gpu,
-    };
-    match Connection::connect(&path, &who) {
-        Ok((mut connection, welcome)) => {
-            CLIENT_ID.store(welcome.client_id, Ordering::Relaxed);
-            debug::say(format_args!(
-                "pid {} connected to the broker at {} as client {} (class {}, weight {}, counted on the broker's GPU {}: {})",
-                std::process::id(),
-                path.display(),
-                welcome.client_id,
-                welcome.class,
-                welcome.weight,
-                welcome.device.index,
-                welcome.device.name,
-            ));
-            if let Some(asked) = class
-                && asked != welcome.class
-            {
-                eprintln!("{}", downgraded(asked, welcome.class));
-            }
-            if let Some(weight) = std::env::var(WEIGHT_ENV).ok().and_then(|w| w.parse().ok())
-                && let Err(e) = connection.call(Command::GovernedWeight { weight })
-            {
-                eprintln!(
-                    "gpushare: weight {weight} refused ({e:?}): the policy grants this program weight {}, and a program may only ask for less",
-                    welcome.weight
-                );
-            }
-            *lock() = Some(connection);
-            // SAFETY: registers a plain function as the fork child handler; it only stores an
-            // atomic, which is async-signal-safe.
-            unsafe { libc::pthread_atfork(None, None, Some(forked_child)) };
-            STATE.store(GOVERNED, Ordering::Release);
-        }
-        Err(why) => {
-            eprintln!(
-                "gpushare: broker not running at {} ({why}); this program runs unmanaged",
-                path.display()
-            );
-            STATE.store(UNMANAGED, Ordering::Release);
-        }
+/// A call that cannot be admitted: no broker now, or an answer that is not one.
+fn failed(what: &str, why: &str) -> CUresult {
+    if FAILED.fetch_add(1, Ordering::Relaxed) == 0 {
+        eprintln!("gpushare: {what} failed: {why}");
     }
-}
-
-/// The warning for a program that asked for a more important class than the policy grants (a
-/// program may only ask for a less important one).
-fn downgraded(asked: PriorityClass, granted: PriorityClass) -> String {
-    format!(
-        "gpushare: asked for class {asked}, but the broker's policy grants this user at most {granted}; this program runs as {granted} (an administrator can raise the grant in the policy file)"
-    )
-}
-
-extern "C" fn forked_child() {
-    STATE.store(UNMANAGED, Ordering::Release);
-}
-
-fn lock() -> MutexGuard<'static, Option<Connection>> {
-    CONNECTION.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// The broker went away: say so once and run unmanaged from now on.
-fn lose(connection: &mut Option<Connection>, why: &str) {
-    if connection.take().is_some() {
-        STATE.store(UNMANAGED, Ordering::Release);
-        eprintln!(
-            "gpushare: lost the broker at {} ({why}); this program runs unmanaged from now on",
-            socket_path().display()
-        );
-    }
+    CUDA_ERROR_SYSTEM_NOT_READY
 }
 
 /// Asks the broker to count `bytes` against the quota before the program allocates them.
 pub fn reserve(bytes: u64) -> Admission {
-    if bytes == 0 || !governed() {
+    if standing::unmanaged() {
         return Admission::Unmanaged;
     }
-    let mut guard = lock();
-    let Some(connection) = guard.as_mut() else {
-        return Admission::Unmanaged;
-    };
+    if !governed() {
+        return Admission::Failed(CUDA_ERROR_SYSTEM_NOT_READY);
+    }
+    if bytes == 0 {
+        return Admission::Reserved;
+    }
     RESERVATIONS.fetch_add(1, Ordering::Relaxed);
-    match connection.call(Command::GovernedReserve { bytes }) {
-        Ok(_) => Admission::Reserved,
-        Err(CallError::Refused(ErrorCode::OutOfQuota)) => {
+    match standing::link().call(Command::GovernedReserve { bytes }) {
+        Asked::Answered(..) => Admission::Reserved,
+        Asked::Refused(ErrorCode::OutOfQuota) => {
             REFUSALS.fetch_add(1, Ordering::Relaxed);
             Admission::Refused
         }
-        Err(CallError::Refused(code)) => {
-            lose(&mut guard, &format!("a reservation failed: {code}"));
-            Admission::Unmanaged
-        }
-        Err(CallError::Lost(why)) => {
-            lose(&mut guard, &why);
-            Admission::Unmanaged
-        }
+        Asked::Refused(code) => Admission::Failed(failed(
+            "a memory reservation",
+            &format!("the broker answered {code}"),
+        )),
+        Asked::Unmanaged => Admission::Unmanaged,
+        Asked::Unavailable => Admission::Failed(failed(
+            "a memory reservation",
+            "the broker is away (see above)",
+        )),
     }
 }
 
-/// Gives back `bytes` the program freed (or failed to allocate after reserving).
+/// Gives back `bytes` the program freed (or failed to allocate after reserving). While the
+/// broker is away nothing is sent: the program's next session counts what it holds then.
 pub fn release(bytes: u64) {
-    if bytes == 0 || STATE.load(Ordering::Acquire) != GOVERNED {
+    if bytes == 0 || !standing::governed_now() {
         return;
     }
-    let mut guard = lock();
-    if let Some(connection) = guard.as_mut()
-        && let Err(CallError::Lost(why)) = connection.post(Command::GovernedRelease { bytes })
-    {
-        lose(&mut guard, &why);
-    }
+    standing::link().post(Command::GovernedRelease { bytes });
 }
 
 fn now_ns() -> u64 {
@@ -216,38 +122,39 @@ fn now_ns() -> u64 {
 }
 
 /// Admits one kernel launch of `blocks` thread blocks: at once from the local budget, or after
-/// the broker grants more. Unmanaged programs launch freely.
-pub fn admit_launch(blocks: u64) {
+/// the broker grants more. Unmanaged programs launch freely; a governed program without a
+/// broker does not launch at all (the launch fails with the error given).
+pub fn admit_launch(blocks: u64) -> Result<(), CUresult> {
+    if standing::unmanaged() {
+        return Ok(());
+    }
     if !governed() {
-        return;
+        return Err(CUDA_ERROR_SYSTEM_NOT_READY);
     }
     LAUNCHED.fetch_add(1, Ordering::Relaxed);
     BLOCKS.fetch_add(blocks, Ordering::Relaxed);
     if TOKENS.fetch_sub(1, Ordering::AcqRel) > 0 && now_ns() < VALID_UNTIL.load(Ordering::Acquire) {
-        return;
+        return Ok(());
     }
-    refill();
+    refill()
 }
 
-fn refill() {
-    let mut guard = lock();
+fn refill() -> Result<(), CUresult> {
+    let mut link = standing::link();
     // Another thread may have refilled while this one waited for the lock.
     if TOKENS.fetch_sub(1, Ordering::AcqRel) > 0 && now_ns() < VALID_UNTIL.load(Ordering::Acquire) {
-        return;
+        return Ok(());
     }
-    let Some(connection) = guard.as_mut() else {
-        return;
-    };
     let launched = LAUNCHED.swap(0, Ordering::Relaxed);
     let blocks = BLOCKS.swap(0, Ordering::Relaxed);
     LAUNCHES_REPORTED.fetch_add(launched, Ordering::Relaxed);
     TOKEN_REQUESTS.fetch_add(1, Ordering::Relaxed);
     let asked = now_ns();
-    let answer = connection.call(Command::GovernedTokens { launched, blocks });
+    let answer = link.call(Command::GovernedTokens { launched, blocks });
     let waited = now_ns().saturating_sub(asked);
     TOKEN_WAIT_NS.fetch_add(waited, Ordering::Relaxed);
     match answer {
-        Ok((tokens, answer)) => {
+        Asked::Answered(tokens, answer) => {
             let valid_us = answer & 0xffff_ffff;
             debug::first_tokens(tokens, valid_us, answer & GOVERNED_LEASE != 0, waited);
             VALID_UNTIL.store(
@@ -260,18 +167,24 @@ fn refill() {
                 i64::try_from(tokens).unwrap_or(i64::MAX) - 1,
                 Ordering::Release,
             );
+            Ok(())
         }
-        Err(CallError::Refused(code)) => {
-            lose(&mut guard, &format!("launch tokens refused: {code}"))
+        Asked::Unmanaged => Ok(()),
+        Asked::Refused(code) => Err(failed(
+            "a kernel launch",
+            &format!("the broker refused launch tokens: {code}"),
+        )),
+        Asked::Unavailable => {
+            TOKENS.store(0, Ordering::Release);
+            Err(failed("a kernel launch", "the broker is away (see above)"))
         }
-        Err(CallError::Lost(why)) => lose(&mut guard, &why),
     }
 }
 
 /// The program synchronized: its work so far is done. Reports the launches made since the
 /// last report and ends the lease of a gated grant, dropping what is left of its budget.
 pub fn synchronized() {
-    if STATE.load(Ordering::Acquire) != GOVERNED {
+    if !standing::governed_now() {
         return;
     }
     let lease = LEASE.swap(false, Ordering::AcqRel);
@@ -280,52 +193,39 @@ pub fn synchronized() {
     } else if LAUNCHED.load(Ordering::Relaxed) == 0 {
         return;
     }
-    // A thread waiting for tokens holds the lock; its request reports and ends the lease.
-    let Ok(mut guard) = CONNECTION.try_lock() else {
+    // A thread waiting for tokens holds the link; its request reports and ends the lease.
+    let Some(mut link) = standing::try_link() else {
         return;
     };
     let launched = LAUNCHED.swap(0, Ordering::Relaxed);
     let blocks = BLOCKS.swap(0, Ordering::Relaxed);
     LAUNCHES_REPORTED.fetch_add(launched, Ordering::Relaxed);
-    if let Some(connection) = guard.as_mut()
-        && let Err(CallError::Lost(why)) =
-            connection.post(Command::GovernedIdle { launched, blocks })
-    {
-        lose(&mut guard, &why);
-    }
+    link.post(Command::GovernedIdle { launched, blocks });
 }
 
 /// The program's standing and what it asked of the broker, in one line (for the diagnostics).
 pub fn summary() -> String {
-    let state = match STATE.load(Ordering::Acquire) {
-        GOVERNED => format!("governed as client {}", CLIENT_ID.load(Ordering::Relaxed)),
-        UNMANAGED if CLIENT_ID.load(Ordering::Relaxed) != 0 => format!(
-            "unmanaged (was client {} until the broker was lost, or this is a forked child)",
-            CLIENT_ID.load(Ordering::Relaxed)
+    let client = standing::CLIENT_ID.load(Ordering::Relaxed);
+    let state = match standing::current() {
+        "governed" => format!(
+            "governed as client {client} (connected again {} times)",
+            standing::RECONNECTS.load(Ordering::Relaxed)
         ),
-        UNMANAGED => "unmanaged (no broker)".into(),
+        "unmanaged" if standing::was_connected() => format!(
+            "unmanaged (was client {client} until the broker was lost with --fallback direct, or this is a forked child)"
+        ),
+        "unmanaged" => "unmanaged (no broker, --fallback direct)".into(),
+        "refused" => "refused (no broker, and no --fallback direct)".into(),
         _ => "never initialised CUDA through the interposer".into(),
     };
     format!(
-        "{state}; reservations {} ({} refused); launch token requests {} (waited {:.3} ms in all); launches reported {} (+{} not yet)",
+        "{state}; reservations {} ({} refused); launch token requests {} (waited {:.3} ms in all); launches reported {} (+{} not yet); calls failed without a broker {}",
         RESERVATIONS.load(Ordering::Relaxed),
         REFUSALS.load(Ordering::Relaxed),
         TOKEN_REQUESTS.load(Ordering::Relaxed),
         TOKEN_WAIT_NS.load(Ordering::Relaxed) as f64 / 1e6,
         LAUNCHES_REPORTED.load(Ordering::Relaxed),
         LAUNCHED.load(Ordering::Relaxed),
+        FAILED.load(Ordering::Relaxed),
     )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_downgrade_warning_names_both_classes() {
-        assert_eq!(
-            downgraded(PriorityClass::High, PriorityClass::Normal),
-            "gpushare: asked for class high, but the broker's policy grants this user at most normal; this program runs as normal (an administrator can raise the grant in the policy file)"
-        );
-    }
 }

@@ -18,7 +18,9 @@
 //! runtime), or with `dlopen` + `dlsym`: [`lookup`] handles the last two. The real driver is
 //! `$GPUSHARE_REAL_LIBCUDA` or `libcuda.so.1` ([`real`]).
 //!
-//! Without a broker the program runs normally, after one warning line on stderr.
+//! Without a broker its `cuInit` fails, and when it loses the broker its launches and
+//! allocations wait for it to come back and then fail ([`standing`]); it runs without one
+//! only when started to (`gpushare run --fallback direct`).
 //! `GPUSHARE_INTERPOSE_DEBUG=1` makes it tell how the program reaches it ([`debug`]).
 
 mod broker;
@@ -28,3 +30,4 @@ mod governor;
 mod lookup;
 mod real;
 mod sizes;
+mod standing;

@@ -3,7 +3,7 @@
 //! on one lock; the launch path never touches it.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 
 const SHARDS: usize = 64;
 
@@ -35,7 +35,6 @@ impl Sizes {
     }
 
     /// Bytes recorded over all entries.
-    #[cfg(test)]
     pub fn total(&self) -> u64 {
         (0..SHARDS)
             .map(|i| {
@@ -47,6 +46,23 @@ impl Sizes {
             })
             .sum()
     }
+}
+
+/// What live allocations reserved, by device address.
+pub fn pointers() -> &'static Sizes {
+    static S: OnceLock<Sizes> = OnceLock::new();
+    S.get_or_init(Sizes::new)
+}
+
+/// What live VMM allocations reserved, by handle.
+pub fn handles() -> &'static Sizes {
+    static S: OnceLock<Sizes> = OnceLock::new();
+    S.get_or_init(Sizes::new)
+}
+
+/// Device memory the program holds now, as its allocations reserved it.
+pub fn held() -> u64 {
+    pointers().total().saturating_add(handles().total())
 }
 
 #[cfg(test)]

@@ -153,6 +153,12 @@ pub enum ClientMessage {
         request: u64,
         region: u32,
     },
+    /// Is the broker there? Answered with `Pong` by the control plane, whatever the data
+    /// thread is doing: a client waiting long for a completion asks, to tell a busy broker
+    /// from a stopped one.
+    Ping {
+        request: u64,
+    },
 }
 
 /// A module image's content hash (BLAKE3), by which the broker deduplicates images.
@@ -287,6 +293,10 @@ pub enum BrokerMessage {
         gpu: u32,
         reason: String,
         lost: LostState,
+    },
+    /// The answer to `Ping`.
+    Pong {
+        request: u64,
     },
 }
 

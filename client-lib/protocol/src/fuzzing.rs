@@ -27,7 +27,7 @@ use crate::ring::{
 };
 use crate::stats::{
     ClientStats, IoctlStats, OutsideLoad, ProcessActivity, ProcessKind, StatusReport,
-    TelemetryStatus,
+    TelemetryStatus, UserStats,
 };
 
 /// A fuzz target's body: takes the fuzzer's bytes, panics on a broken property.
@@ -472,6 +472,16 @@ fn status_report() -> StatusReport {
             ioctls_per_s: 10.5,
             launches_per_s: 2.0,
         },
+        users: vec![UserStats {
+            uid: 1000,
+            user: "alice".into(),
+            sessions: 1,
+            memory_used: 3 << 20,
+            memory_quota: Some(8 << 30),
+            pinned_bytes: 17 << 20,
+            max_sessions: 64,
+            max_pinned_bytes: Some(2 << 30),
+        }],
     }
 }
 
@@ -491,6 +501,7 @@ fn client_variant(m: &ClientMessage) -> &'static str {
         ClientMessage::GetGlobal { .. } => "get_global",
         ClientMessage::ShareHostMemory { .. } => "share_host_memory",
         ClientMessage::UnshareHostMemory { .. } => "unshare_host_memory",
+        ClientMessage::Ping { .. } => "ping",
     }
 }
 
@@ -512,6 +523,7 @@ fn broker_variant(m: &BrokerMessage) -> &'static str {
         BrokerMessage::Global { .. } => "global",
         BrokerMessage::HostShared { .. } => "host_shared",
         BrokerMessage::HostUnshared { .. } => "host_unshared",
+        BrokerMessage::Pong { .. } => "pong",
     }
 }
 
@@ -596,6 +608,7 @@ pub fn client_messages() -> Vec<ClientMessage> {
             request: 12,
             region: 3,
         },
+        ClientMessage::Ping { request: 13 },
     ]);
     out
 }
@@ -713,6 +726,7 @@ pub fn broker_messages() -> Vec<BrokerMessage> {
             request: 10,
             result: Ok(()),
         },
+        BrokerMessage::Pong { request: 11 },
     ]
 }
 
@@ -828,6 +842,7 @@ fn command_variant(c: &Command) -> &'static str {
         Command::GovernedTokens { .. } => "governed_tokens",
         Command::GovernedIdle { .. } => "governed_idle",
         Command::GovernedWeight { .. } => "governed_weight",
+        Command::GovernedHeld { .. } => "governed_held",
         Command::StreamCreateAs { .. } => "stream_create_as",
         Command::EventCreateAs { .. } => "event_create_as",
         Command::StreamWaitEvent { .. } => "stream_wait_event",
@@ -985,6 +1000,7 @@ pub fn commands() -> Vec<Command> {
             blocks: 96,
         },
         Command::GovernedWeight { weight: 2 },
+        Command::GovernedHeld { bytes: 1 << 20 },
         Command::StreamCreateAs {
             stream: 1 << 20,
             flags: 1,
@@ -1292,18 +1308,18 @@ mod tests {
         let mut names: Vec<&str> = commands().iter().map(command_variant).collect();
         names.sort();
         names.dedup();
-        assert_eq!(names.len(), 48, "one seed per command and kernel");
+        assert_eq!(names.len(), 49, "one seed per command and kernel");
         for c in commands() {
             assert_eq!(Command::decode(&c.encode(1)), Ok(c));
         }
         let mut names: Vec<&str> = client_messages().iter().map(client_variant).collect();
         names.sort();
         names.dedup();
-        assert_eq!(names.len(), 13, "every client message");
+        assert_eq!(names.len(), 14, "every client message");
         let mut names: Vec<&str> = broker_messages().iter().map(broker_variant).collect();
         names.sort();
         names.dedup();
-        assert_eq!(names.len(), 15, "every broker message");
+        assert_eq!(names.len(), 16, "every broker message");
         let total = seeds().len();
         assert!(total < 200, "{total} seeds: keep the corpus small");
     }

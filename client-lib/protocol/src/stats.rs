@@ -25,6 +25,29 @@ pub struct StatusReport {
     pub processes: Vec<ProcessActivity>,
     /// GPU activity of processes outside the broker: what the scheduler counts as outside load.
     pub outside_load: OutsideLoad,
+    /// Each user's sessions together: what the per-user quota counts.
+    #[serde(default)]
+    pub users: Vec<UserStats>,
+}
+
+/// One user's sessions together (library, governed and consolidated alike).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UserStats {
+    pub uid: u32,
+    pub user: String,
+    /// Sessions open now.
+    pub sessions: u32,
+    /// Device memory held by all of them: what the quota counts.
+    pub memory_used: u64,
+    /// The user's memory quota, for all of their sessions together (`None`: unlimited).
+    pub memory_quota: Option<u64>,
+    /// Host memory gpushared holds locked for the user: each session's shared region, and
+    /// host memory consolidated programs share.
+    pub pinned_bytes: u64,
+    /// The policy's bounds for the user: sessions open at once, and pinned host memory
+    /// (`None`: unlimited).
+    pub max_sessions: u32,
+    pub max_pinned_bytes: Option<u64>,
 }
 
 /// How busy processes that bypass the broker keep the GPU, from eBPF.

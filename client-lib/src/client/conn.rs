@@ -33,6 +33,7 @@ fn session_options(opts: &ConnectOptions) -> SessionOptions {
         arena_size,
         gpu: opts.gpu,
         spin: opts.spin,
+        timeout: opts.timeout,
     }
 }
 

@@ -44,6 +44,13 @@ pub struct ConnectOptions {
     pub rebuild: bool,
     /// With `rebuild`: how long to wait for gpushared to come back after it restarted.
     pub rebuild_timeout: Duration,
+    /// How long any call waits for gpushared without a sign of life (an answer, a
+    /// completion, a reply to a ping) before it fails with
+    /// [`Error::BrokerUnresponsive`](crate::Error::BrokerUnresponsive) and the session is
+    /// over: a stopped or wedged broker is reported, never waited on forever. A long
+    /// synchronization on a busy GPU is not cut short (the broker answers meanwhile).
+    /// `$GPUSHARE_TIMEOUT` seconds, or 30 s.
+    pub timeout: Duration,
 }
 
 impl Default for ConnectOptions {
@@ -62,6 +69,7 @@ impl Default for ConnectOptions {
             gpu: None,
             rebuild: false,
             rebuild_timeout: Duration::from_secs(30),
+            timeout: gpushare_conn::env::broker_timeout(),
         }
     }
 }

@@ -54,6 +54,9 @@ pub const GPUSHARE_E_NULL: c_int = 105;
 /// Rebuilding the client's device state after a GPU reset failed (other than for an
 /// address); the client is unusable: disconnect, connect again and upload again.
 pub const GPUSHARE_E_REBUILD_FAILED: c_int = 106;
+/// The broker gave no sign of life for the timeout (`GPUSHARE_TIMEOUT`, 30 s by default): it
+/// may be stopped or wedged. The session is over; connect again.
+pub const GPUSHARE_E_BROKER_UNRESPONSIVE: c_int = 107;
 
 /// `gpushare_connect_with_flags` flag: record what the client uploads and loads, and rebuild
 /// its device state by itself after a GPU reset (same handles, same device addresses).
@@ -87,6 +90,7 @@ pub(super) fn status_of(err: &Error) -> c_int {
         Error::BrokerShutdown(_) | Error::BrokerRestarting(_) => GPUSHARE_E_SHUTTING_DOWN,
         Error::Evicted(_) => GPUSHARE_E_EVICTED,
         Error::BrokerGone => GPUSHARE_E_BROKER_GONE,
+        Error::BrokerUnresponsive { .. } => GPUSHARE_E_BROKER_UNRESPONSIVE,
         Error::Protocol(_) => GPUSHARE_E_PROTOCOL,
         Error::InvalidArgument(_) => GPUSHARE_E_INVALID_ARGUMENT,
         Error::Io(_) => GPUSHARE_E_IO,
@@ -123,6 +127,7 @@ fn name_of(code: c_int) -> &'static CStr {
         GPUSHARE_E_ADDRESS_UNAVAILABLE => c"GPUSHARE_E_ADDRESS_UNAVAILABLE",
         GPUSHARE_E_NOT_FOUND => c"GPUSHARE_E_NOT_FOUND",
         GPUSHARE_E_REBUILD_FAILED => c"GPUSHARE_E_REBUILD_FAILED",
+        GPUSHARE_E_BROKER_UNRESPONSIVE => c"GPUSHARE_E_BROKER_UNRESPONSIVE",
         GPUSHARE_E_CONNECT => c"GPUSHARE_E_CONNECT",
         GPUSHARE_E_BROKER_GONE => c"GPUSHARE_E_BROKER_GONE",
         GPUSHARE_E_EVICTED => c"GPUSHARE_E_EVICTED",
@@ -179,6 +184,10 @@ mod tests {
             (GPUSHARE_E_IO, c"GPUSHARE_E_IO"),
             (GPUSHARE_E_NULL, c"GPUSHARE_E_NULL"),
             (GPUSHARE_E_REBUILD_FAILED, c"GPUSHARE_E_REBUILD_FAILED"),
+            (
+                GPUSHARE_E_BROKER_UNRESPONSIVE,
+                c"GPUSHARE_E_BROKER_UNRESPONSIVE",
+            ),
         ] {
             assert_eq!(name_of(code), name);
         }

@@ -41,10 +41,15 @@ pub fn exec(socket: &Path, args: RunArgs) -> anyhow::Error {
         cmd.env(env::NAME_ENV, name);
     }
     let prepared = match args.mode {
-        RunMode::Governed if args.fallback.is_some() => Err(anyhow::anyhow!(
-            "--fallback is for consolidated mode: a governed program always runs on its own driver, and without a broker it runs unmanaged after one warning"
-        )),
-        RunMode::Governed => governed(&mut cmd, args.interposer),
+        RunMode::Governed => {
+            // The interposer decides, as the program starts and whenever it loses the broker.
+            match args.fallback {
+                Some(Fallback::Direct) => cmd.env(env::FALLBACK_ENV, "direct"),
+                Some(Fallback::Fail) => cmd.env(env::FALLBACK_ENV, "fail"),
+                None => &mut cmd,
+            };
+            governed(&mut cmd, args.interposer)
+        }
         RunMode::Consolidated => consolidated(
             &mut cmd,
             socket,

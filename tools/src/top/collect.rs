@@ -493,6 +493,7 @@ pub(crate) mod tests {
             },
             processes: Vec::new(),
             outside_load: Default::default(),
+            users: Vec::new(),
         }
     }
 

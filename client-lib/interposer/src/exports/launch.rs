@@ -47,7 +47,9 @@ macro_rules! launch_kernel {
             let Some(real) = real!($name: Launch) else {
                 return CUDA_ERROR_NOT_INITIALIZED;
             };
-            governor::admit_launch(blocks(grid_x, grid_y, grid_z));
+            if let Err(code) = governor::admit_launch(blocks(grid_x, grid_y, grid_z)) {
+                return code;
+            }
             // SAFETY: forwarded as received.
             unsafe {
                 real(
@@ -102,7 +104,9 @@ macro_rules! launch_cooperative {
             let Some(real) = real!($name: Launch) else {
                 return CUDA_ERROR_NOT_INITIALIZED;
             };
-            governor::admit_launch(blocks(grid_x, grid_y, grid_z));
+            if let Err(code) = governor::admit_launch(blocks(grid_x, grid_y, grid_z)) {
+                return code;
+            }
             // SAFETY: forwarded as received.
             unsafe {
                 real(
@@ -156,7 +160,9 @@ macro_rules! launch_kernel_ex {
                 let c = unsafe { &*config };
                 blocks(c.grid_dim_x, c.grid_dim_y, c.grid_dim_z)
             };
-            governor::admit_launch(grid);
+            if let Err(code) = governor::admit_launch(grid) {
+                return code;
+            }
             // SAFETY: forwarded as received.
             unsafe { real(config, f, kernel_params, extra) }
         }
@@ -176,7 +182,9 @@ macro_rules! graph_launch {
             let Some(real) = real!($name: unsafe extern "C" fn(Ptr, Ptr) -> CUresult) else {
                 return CUDA_ERROR_NOT_INITIALIZED;
             };
-            governor::admit_launch(1);
+            if let Err(code) = governor::admit_launch(1) {
+                return code;
+            }
             // SAFETY: forwarded as received.
             unsafe { real(exec, h_stream) }
         }

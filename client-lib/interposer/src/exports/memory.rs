@@ -4,25 +4,13 @@
 #![allow(non_snake_case)]
 
 use std::ffi::{c_uint, c_void};
-use std::sync::OnceLock;
 
 use super::{
     CUDA_ERROR_NOT_INITIALIZED, CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS, CUdeviceptr, CUresult, Ptr,
 };
 use crate::governor::{self, Admission};
 use crate::real::real;
-use crate::sizes::Sizes;
-
-/// What live allocations reserved, by device address; VMM handles apart.
-fn pointers() -> &'static Sizes {
-    static S: OnceLock<Sizes> = OnceLock::new();
-    S.get_or_init(Sizes::new)
-}
-
-fn handles() -> &'static Sizes {
-    static S: OnceLock<Sizes> = OnceLock::new();
-    S.get_or_init(Sizes::new)
-}
+use crate::sizes::{Sizes, handles, pointers};
 
 /// Reserves `bytes`, runs the real allocation, and records it under the key it produced (or
 /// gives the reservation back when it failed).
@@ -34,6 +22,7 @@ fn allocate(
 ) -> CUresult {
     match governor::reserve(bytes) {
         Admission::Refused => return CUDA_ERROR_OUT_OF_MEMORY,
+        Admission::Failed(code) => return code,
         Admission::Unmanaged => return call(),
         Admission::Reserved => {}
     }

@@ -34,7 +34,10 @@ pub(crate) type Ptr = *mut c_void;
 pub const CUDA_SUCCESS: CUresult = 0;
 pub const CUDA_ERROR_OUT_OF_MEMORY: CUresult = 2;
 pub const CUDA_ERROR_NOT_INITIALIZED: CUresult = 3;
+pub const CUDA_ERROR_NO_DEVICE: CUresult = 100;
 pub const CUDA_ERROR_NOT_FOUND: CUresult = 500;
+/// No broker for a governed program that may not run without one.
+pub const CUDA_ERROR_SYSTEM_NOT_READY: CUresult = 802;
 
 // ---- initialisation and lookup ---------------------------------------------------------
 
@@ -48,7 +51,7 @@ pub unsafe extern "C" fn cuInit(flags: c_uint) -> CUresult {
     // SAFETY: forwarded as received.
     let r = unsafe { f(flags) };
     if r == CUDA_SUCCESS {
-        governor::governed();
+        return governor::init();
     }
     r
 }
@@ -169,7 +172,7 @@ synchronize_one!(cuCtxSynchronize_v2);
 /// Runs a context creation and, when it worked, makes sure the program is registered.
 fn context(r: CUresult) -> CUresult {
     if r == CUDA_SUCCESS {
-        governor::governed();
+        return governor::init();
     }
     r
 }

@@ -174,6 +174,7 @@ impl Command {
             GOVERNED_WEIGHT => Command::GovernedWeight {
                 weight: u32::try_from(a[0]).map_err(|_| ErrorCode::InvalidArgument)?,
             },
+            GOVERNED_HELD => Command::GovernedHeld { bytes: a[0] },
             KERNEL_FILL_F32 => launch(Kernel::FillF32 {
                 dst: a[0],
                 n: a[1],

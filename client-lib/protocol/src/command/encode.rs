@@ -80,6 +80,7 @@ impl Command {
             Command::GovernedWeight { weight } => {
                 (GOVERNED_WEIGHT, 0, [weight as u64, 0, 0, 0, 0, 0])
             }
+            Command::GovernedHeld { bytes } => (GOVERNED_HELD, 0, [bytes, 0, 0, 0, 0, 0]),
             Command::LaunchModule { stream, launch } => {
                 (LAUNCH_MODULE, stream, launch_words(&launch))
             }

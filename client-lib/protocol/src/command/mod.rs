@@ -169,6 +169,12 @@ pub enum Command {
     GovernedWeight {
         weight: u32,
     },
+    /// A governed program that connected again (its broker restarted, or it lost it) counts
+    /// the `bytes` of device memory it already holds: counted whatever the quota (they are
+    /// allocated; only new reservations are refused past it).
+    GovernedHeld {
+        bytes: u64,
+    },
     /// Creates a stream under an id the client chose (so that it need not wait for the
     /// answer); an id in use fails with `InvalidHandle`. `flags`: 1 = does not synchronize
     /// with stream 0 (CUDA's non-blocking streams); `priority` is the program's hint.

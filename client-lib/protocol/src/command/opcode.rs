@@ -40,6 +40,7 @@ pub const GOVERNED_RELEASE: u16 = 0x31;
 pub const GOVERNED_TOKENS: u16 = 0x32;
 pub const GOVERNED_IDLE: u16 = 0x33;
 pub const GOVERNED_WEIGHT: u16 = 0x34;
+pub const GOVERNED_HELD: u16 = 0x35;
 pub const KERNEL_FILL_F32: u16 = 0x40;
 pub const KERNEL_AXPY_F32: u16 = 0x41;
 pub const KERNEL_VEC_ADD_F32: u16 = 0x42;

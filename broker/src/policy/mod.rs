@@ -6,6 +6,8 @@
 //! weight = 1
 //! memory_quota = "unlimited"  # or "8 GiB", or a number of bytes
 //! allow = true                # false: only users/groups with `allow = true` may connect
+//! max_sessions = 64           # sessions one user may have open at once
+//! max_pinned_memory = "2 GiB" # host memory one user's sessions may make gpushared lock
 //!
 //! [[users]]
 //! name = "alice"              # or uid = 1000
@@ -36,12 +38,21 @@
 //! A top-level `admin_group = "gpushare-admin"` names the group whose members (besides root)
 //! may change and evict live clients.
 //!
+//! The bounds (`max_sessions`, `max_pinned_memory`) hold for all of a user's sessions
+//! together, as the memory quota does; past them a new session (or page-locked host memory a
+//! consolidated program shares) is refused with a sentence naming the bound. Each session's
+//! shared region (rings and arena; page-locked on CUDA) and the host memory consolidated
+//! programs share for DMA count as pinned memory.
+//!
 //! A user entry wins over group entries; among groups the first in file order that the user
 //! belongs to wins; fields an entry leaves out come from `[defaults]`. `allow` follows the
 //! same rule: with `[defaults] allow = false`, a `[[users]]` entry for alice that does not say
 //! `allow = true` refuses her even when a group she is in is allowed. Root is always allowed.
 
 use std::path::Path;
+
+mod identity;
+pub use identity::Identity;
 
 use gpushare_protocol::PriorityClass;
 use serde::Deserialize;
@@ -61,6 +72,28 @@ impl Default for Grant {
             class: PriorityClass::Normal,
             weight: 1,
             memory_quota: None,
+        }
+    }
+}
+
+/// Sessions one user may have open at once, unless the policy says otherwise.
+pub const DEFAULT_MAX_SESSIONS: u32 = 64;
+/// Host memory one user's sessions may make gpushared lock, unless the policy says otherwise.
+pub const DEFAULT_MAX_PINNED: u64 = 2 << 30;
+
+/// What one user may hold at once, over all of their sessions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bounds {
+    pub max_sessions: u32,
+    /// `None` means unlimited.
+    pub max_pinned: Option<u64>,
+}
+
+impl Default for Bounds {
+    fn default() -> Self {
+        Bounds {
+            max_sessions: DEFAULT_MAX_SESSIONS,
+            max_pinned: Some(DEFAULT_MAX_PINNED),
         }
     }
 }
@@ -96,6 +129,8 @@ struct Fields {
     weight: Option<u32>,
     memory_quota: Option<Quota>,
     allow: Option<bool>,
+    max_sessions: Option<u32>,
+    max_pinned_memory: Option<Quota>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -107,6 +142,8 @@ struct UserEntry {
     weight: Option<u32>,
     memory_quota: Option<Quota>,
     allow: Option<bool>,
+    max_sessions: Option<u32>,
+    max_pinned_memory: Option<Quota>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -118,6 +155,8 @@ struct GroupEntry {
     weight: Option<u32>,
     memory_quota: Option<Quota>,
     allow: Option<bool>,
+    max_sessions: Option<u32>,
+    max_pinned_memory: Option<Quota>,
 }
 
 /// `[priority]`: the priority policy's tunables.
@@ -167,41 +206,6 @@ pub enum PolicyError {
     Parse { path: String, message: String },
 }
 
-/// Who is asking, as the kernel told us.
-#[derive(Debug, Clone)]
-pub struct Identity {
-    pub uid: u32,
-    pub user: Option<String>,
-    /// Every group the user is in (primary included).
-    pub gids: Vec<u32>,
-    pub group_names: Vec<String>,
-}
-
-impl Identity {
-    /// Looks up name and groups for a uid/gid from the system's user database.
-    pub fn lookup(uid: u32, gid: u32) -> Identity {
-        let user = nix::unistd::User::from_uid(uid.into()).ok().flatten();
-        let mut gids = vec![gid];
-        if let Some(u) = &user
-            && let Ok(name) = std::ffi::CString::new(u.name.clone())
-            && let Ok(groups) = nix::unistd::getgrouplist(&name, gid.into())
-        {
-            gids = groups.into_iter().map(|g| g.as_raw()).collect();
-        }
-        let group_names = gids
-            .iter()
-            .filter_map(|g| nix::unistd::Group::from_gid((*g).into()).ok().flatten())
-            .map(|g| g.name)
-            .collect();
-        Identity {
-            uid,
-            user: user.map(|u| u.name),
-            gids,
-            group_names,
-        }
-    }
-}
-
 impl Policy {
     pub fn parse(text: &str, path: &str) -> Result<Policy, PolicyError> {
         let file: PolicyFile = toml::from_str(text).map_err(|e| PolicyError::Parse {
@@ -223,6 +227,16 @@ impl Policy {
                     message: "each [[groups]] entry needs exactly one of `name` or `gid`".into(),
                 });
             }
+        }
+        let zero_sessions = file.defaults.max_sessions == Some(0)
+            || file.users.iter().any(|u| u.max_sessions == Some(0))
+            || file.groups.iter().any(|g| g.max_sessions == Some(0));
+        if zero_sessions {
+            return Err(PolicyError::Parse {
+                path: path.into(),
+                message: "max_sessions must be at least 1 (refuse a user with `allow = false`)"
+                    .into(),
+            });
         }
         if let Some(kind) = &file.scheduler {
             kind.parse::<crate::sched::PolicyKind>()
@@ -302,6 +316,24 @@ impl Policy {
         apply(self.defaults, &self.entry_for(who))
     }
 
+    /// What `who` may hold at once over all of their sessions: their entry's bounds, else
+    /// `[defaults]`', else [`Bounds::default`].
+    pub fn bounds_for(&self, who: &Identity) -> Bounds {
+        let entry = self.entry_for(who);
+        let defaults = &self.file.defaults;
+        let base = Bounds::default();
+        Bounds {
+            max_sessions: entry
+                .max_sessions
+                .or(defaults.max_sessions)
+                .unwrap_or(base.max_sessions),
+            max_pinned: match entry.max_pinned_memory.or(defaults.max_pinned_memory) {
+                Some(Quota(q)) => q,
+                None => base.max_pinned,
+            },
+        }
+    }
+
     /// Whether the policy lets `who` connect at all: root always; anyone else by `allow` of
     /// their user entry, else of their first group entry, else of `[defaults]` (true when
     /// nothing says).
@@ -344,6 +376,8 @@ impl Policy {
                 weight: u.weight,
                 memory_quota: u.memory_quota,
                 allow: u.allow,
+                max_sessions: u.max_sessions,
+                max_pinned_memory: u.max_pinned_memory,
             };
         }
         let group_match = self.file.groups.iter().find(|g| {
@@ -356,6 +390,8 @@ impl Policy {
                 weight: g.weight,
                 memory_quota: g.memory_quota,
                 allow: g.allow,
+                max_sessions: g.max_sessions,
+                max_pinned_memory: g.max_pinned_memory,
             },
             None => Fields::default(),
         }
@@ -374,222 +410,4 @@ fn apply(base: Grant, f: &Fields) -> Grant {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn who(uid: u32, user: &str, groups: &[(u32, &str)]) -> Identity {
-        Identity {
-            uid,
-            user: Some(user.into()),
-            gids: groups.iter().map(|g| g.0).collect(),
-            group_names: groups.iter().map(|g| g.1.to_string()).collect(),
-        }
-    }
-
-    const FILE: &str = r#"
-        [defaults]
-        class = "normal"
-        weight = 2
-        memory_quota = "1 GiB"
-
-        [[users]]
-        name = "alice"
-        class = "high"
-        memory_quota = "unlimited"
-
-        [[users]]
-        uid = 1234
-        weight = 9
-
-        [[groups]]
-        name = "students"
-        class = "best-effort"
-        memory_quota = 1048576
-
-        [[groups]]
-        gid = 50
-        class = "high"
-    "#;
-
-    #[test]
-    fn users_beat_groups_and_defaults_fill_in() {
-        let p = Policy::parse(FILE, "test").expect("valid");
-        let alice = p.grant_for(&who(1000, "alice", &[(100, "students")]));
-        assert_eq!(
-            alice,
-            Grant {
-                class: PriorityClass::High,
-                weight: 2,
-                memory_quota: None
-            }
-        );
-        let by_uid = p.grant_for(&who(1234, "bob", &[]));
-        assert_eq!(
-            by_uid,
-            Grant {
-                class: PriorityClass::Normal,
-                weight: 9,
-                memory_quota: Some(1 << 30)
-            }
-        );
-        let student = p.grant_for(&who(1001, "carol", &[(50, "staff"), (100, "students")]));
-        assert_eq!(
-            student.class,
-            PriorityClass::BestEffort,
-            "first group in file order wins"
-        );
-        assert_eq!(student.memory_quota, Some(1 << 20));
-        let staff = p.grant_for(&who(1002, "dave", &[(50, "staff")]));
-        assert_eq!(staff.class, PriorityClass::High);
-        let nobody = p.grant_for(&who(1003, "erin", &[]));
-        assert_eq!(
-            nobody,
-            Grant {
-                class: PriorityClass::Normal,
-                weight: 2,
-                memory_quota: Some(1 << 30)
-            }
-        );
-    }
-
-    #[test]
-    fn priority_tunables_come_from_the_file_and_bad_ones_are_refused() {
-        let p = Policy::parse(
-            "scheduler = \"priority\"\n[priority]\nlower_sm_share = 0.5\nlower_depth = 1\n",
-            "t.toml",
-        )
-        .expect("valid policy");
-        let cfg = p.priority_config();
-        assert_eq!(cfg.lower_sm_share, Some(0.5));
-        assert_eq!(cfg.lower_depth_beside_high, Some(1));
-        let none = Policy::parse("", "t.toml").expect("empty policy is valid");
-        assert_eq!(
-            none.priority_config(),
-            crate::sched::PriorityConfig::default()
-        );
-        for bad in [
-            "lower_sm_share = 0.0",
-            "lower_sm_share = 1.5",
-            "lower_depth = 0",
-        ] {
-            let e = Policy::parse(&format!("[priority]\n{bad}\n"), "t.toml")
-                .expect_err("out-of-range tunable");
-            assert!(e.to_string().contains("[priority]"), "{e}");
-        }
-    }
-
-    #[test]
-    fn mistakes_are_reported_with_the_path() {
-        let err = Policy::parse("[defaults]\nclass = \"urgent\"\n", "/etc/x.toml")
-            .expect_err("bad class");
-        assert!(err.to_string().contains("/etc/x.toml"), "{err}");
-        let err =
-            Policy::parse("[defaults]\nmemory_quota = \"lots\"\n", "p").expect_err("bad size");
-        assert!(err.to_string().contains("lots"), "{err}");
-        assert!(
-            Policy::parse("[[users]]\nclass = \"high\"\n", "p").is_err(),
-            "no name nor uid"
-        );
-        assert!(
-            Policy::parse("[defaults]\ncolour = 1\n", "p").is_err(),
-            "unknown key"
-        );
-        assert!(Policy::parse("", "p").is_ok(), "empty file = defaults");
-        let p = Policy::parse("admin_group = \"ops\"\n", "p").expect("valid");
-        assert!(p.is_admin(&who(0, "root", &[])));
-        assert!(p.is_admin(&who(1000, "alice", &[(10, "ops")])));
-        assert!(!p.is_admin(&who(1001, "bob", &[(11, "users")])));
-        assert!(!Policy::default().is_admin(&who(1000, "alice", &[(10, "ops")])));
-    }
-
-    #[test]
-    fn allow_refuses_users_and_groups_like_any_other_field() {
-        // Everyone allowed unless the file says otherwise.
-        assert!(Policy::default().allows(&who(1000, "alice", &[])));
-        assert!(
-            Policy::parse(FILE, "p")
-                .expect("valid")
-                .allows(&who(1000, "alice", &[]))
-        );
-
-        let deny_one = Policy::parse(
-            "[[users]]\nname = \"mallory\"\nallow = false\n",
-            "/etc/gpushare/gpushare.toml",
-        )
-        .expect("valid");
-        assert!(deny_one.allows(&who(1000, "alice", &[])));
-        assert!(!deny_one.allows(&who(1001, "mallory", &[])));
-        assert_eq!(deny_one.refusal(&who(1000, "alice", &[])), None);
-        assert_eq!(
-            deny_one.refusal(&who(1001, "mallory", &[])).as_deref(),
-            Some(
-                "the policy file /etc/gpushare/gpushare.toml does not allow user `mallory` (uid 1001) to use gpushare; ask the administrator"
-            )
-        );
-
-        let closed = Policy::parse(
-            r#"
-            [defaults]
-            allow = false
-
-            [[users]]
-            uid = 1002
-            class = "high"
-
-            [[users]]
-            name = "bob"
-            allow = true
-
-            [[groups]]
-            name = "gpu"
-            allow = true
-
-            [[groups]]
-            gid = 60
-            allow = false
-            "#,
-            "p",
-        )
-        .expect("valid");
-        assert!(!closed.allows(&who(1000, "alice", &[])), "defaults refuse");
-        assert!(closed.allows(&who(1001, "bob", &[])), "user entry allows");
-        assert!(
-            closed.allows(&who(1003, "carol", &[(50, "gpu")])),
-            "group allows"
-        );
-        assert!(
-            closed.allows(&who(1003, "carol", &[(50, "gpu"), (60, "banned")])),
-            "first group in file order wins"
-        );
-        assert!(!closed.allows(&who(1004, "dave", &[(60, "banned")])));
-        assert!(
-            !closed.allows(&who(1002, "erin", &[(50, "gpu")])),
-            "a user entry without allow takes the default, not the group's"
-        );
-        assert!(
-            closed.allows(&who(0, "root", &[])),
-            "root is always allowed"
-        );
-        let nameless = Identity {
-            uid: 4242,
-            user: None,
-            gids: vec![],
-            group_names: vec![],
-        };
-        assert_eq!(
-            closed.refusal(&nameless).as_deref(),
-            Some(
-                "the policy file p does not allow uid 4242 to use gpushare; ask the administrator"
-            )
-        );
-        // Allow does not change what the allowed are granted.
-        assert_eq!(
-            closed.grant_for(&who(1002, "erin", &[])).class,
-            PriorityClass::High
-        );
-        assert!(
-            Policy::parse("[defaults]\nallow = \"no\"\n", "p").is_err(),
-            "allow is a boolean"
-        );
-    }
-}
+mod tests;

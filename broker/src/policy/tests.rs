@@ -1,0 +1,266 @@
+//! The policy file's unit tests: who gets what, and the mistakes it refuses.
+
+use super::*;
+
+fn who(uid: u32, user: &str, groups: &[(u32, &str)]) -> Identity {
+    Identity {
+        uid,
+        user: Some(user.into()),
+        gids: groups.iter().map(|g| g.0).collect(),
+        group_names: groups.iter().map(|g| g.1.to_string()).collect(),
+    }
+}
+
+const FILE: &str = r#"
+    [defaults]
+    class = "normal"
+    weight = 2
+    memory_quota = "1 GiB"
+
+    [[users]]
+    name = "alice"
+    class = "high"
+    memory_quota = "unlimited"
+
+    [[users]]
+    uid = 1234
+    weight = 9
+
+    [[groups]]
+    name = "students"
+    class = "best-effort"
+    memory_quota = 1048576
+
+    [[groups]]
+    gid = 50
+    class = "high"
+"#;
+
+#[test]
+fn users_beat_groups_and_defaults_fill_in() {
+    let p = Policy::parse(FILE, "test").expect("valid");
+    let alice = p.grant_for(&who(1000, "alice", &[(100, "students")]));
+    assert_eq!(
+        alice,
+        Grant {
+            class: PriorityClass::High,
+            weight: 2,
+            memory_quota: None
+        }
+    );
+    let by_uid = p.grant_for(&who(1234, "bob", &[]));
+    assert_eq!(
+        by_uid,
+        Grant {
+            class: PriorityClass::Normal,
+            weight: 9,
+            memory_quota: Some(1 << 30)
+        }
+    );
+    let student = p.grant_for(&who(1001, "carol", &[(50, "staff"), (100, "students")]));
+    assert_eq!(
+        student.class,
+        PriorityClass::BestEffort,
+        "first group in file order wins"
+    );
+    assert_eq!(student.memory_quota, Some(1 << 20));
+    let staff = p.grant_for(&who(1002, "dave", &[(50, "staff")]));
+    assert_eq!(staff.class, PriorityClass::High);
+    let nobody = p.grant_for(&who(1003, "erin", &[]));
+    assert_eq!(
+        nobody,
+        Grant {
+            class: PriorityClass::Normal,
+            weight: 2,
+            memory_quota: Some(1 << 30)
+        }
+    );
+}
+
+#[test]
+fn priority_tunables_come_from_the_file_and_bad_ones_are_refused() {
+    let p = Policy::parse(
+        "scheduler = \"priority\"\n[priority]\nlower_sm_share = 0.5\nlower_depth = 1\n",
+        "t.toml",
+    )
+    .expect("valid policy");
+    let cfg = p.priority_config();
+    assert_eq!(cfg.lower_sm_share, Some(0.5));
+    assert_eq!(cfg.lower_depth_beside_high, Some(1));
+    let none = Policy::parse("", "t.toml").expect("empty policy is valid");
+    assert_eq!(
+        none.priority_config(),
+        crate::sched::PriorityConfig::default()
+    );
+    for bad in [
+        "lower_sm_share = 0.0",
+        "lower_sm_share = 1.5",
+        "lower_depth = 0",
+    ] {
+        let e = Policy::parse(&format!("[priority]\n{bad}\n"), "t.toml")
+            .expect_err("out-of-range tunable");
+        assert!(e.to_string().contains("[priority]"), "{e}");
+    }
+}
+
+#[test]
+fn mistakes_are_reported_with_the_path() {
+    let err =
+        Policy::parse("[defaults]\nclass = \"urgent\"\n", "/etc/x.toml").expect_err("bad class");
+    assert!(err.to_string().contains("/etc/x.toml"), "{err}");
+    let err = Policy::parse("[defaults]\nmemory_quota = \"lots\"\n", "p").expect_err("bad size");
+    assert!(err.to_string().contains("lots"), "{err}");
+    assert!(
+        Policy::parse("[[users]]\nclass = \"high\"\n", "p").is_err(),
+        "no name nor uid"
+    );
+    assert!(
+        Policy::parse("[defaults]\ncolour = 1\n", "p").is_err(),
+        "unknown key"
+    );
+    assert!(Policy::parse("", "p").is_ok(), "empty file = defaults");
+    let p = Policy::parse("admin_group = \"ops\"\n", "p").expect("valid");
+    assert!(p.is_admin(&who(0, "root", &[])));
+    assert!(p.is_admin(&who(1000, "alice", &[(10, "ops")])));
+    assert!(!p.is_admin(&who(1001, "bob", &[(11, "users")])));
+    assert!(!Policy::default().is_admin(&who(1000, "alice", &[(10, "ops")])));
+}
+
+#[test]
+fn allow_refuses_users_and_groups_like_any_other_field() {
+    // Everyone allowed unless the file says otherwise.
+    assert!(Policy::default().allows(&who(1000, "alice", &[])));
+    assert!(
+        Policy::parse(FILE, "p")
+            .expect("valid")
+            .allows(&who(1000, "alice", &[]))
+    );
+
+    let deny_one = Policy::parse(
+        "[[users]]\nname = \"mallory\"\nallow = false\n",
+        "/etc/gpushare/gpushare.toml",
+    )
+    .expect("valid");
+    assert!(deny_one.allows(&who(1000, "alice", &[])));
+    assert!(!deny_one.allows(&who(1001, "mallory", &[])));
+    assert_eq!(deny_one.refusal(&who(1000, "alice", &[])), None);
+    assert_eq!(
+        deny_one.refusal(&who(1001, "mallory", &[])).as_deref(),
+        Some(
+            "the policy file /etc/gpushare/gpushare.toml does not allow user `mallory` (uid 1001) to use gpushare; ask the administrator"
+        )
+    );
+
+    let closed = Policy::parse(
+        r#"
+        [defaults]
+        allow = false
+
+        [[users]]
+        uid = 1002
+        class = "high"
+
+        [[users]]
+        name = "bob"
+        allow = true
+
+        [[groups]]
+        name = "gpu"
+        allow = true
+
+        [[groups]]
+        gid = 60
+        allow = false
+        "#,
+        "p",
+    )
+    .expect("valid");
+    assert!(!closed.allows(&who(1000, "alice", &[])), "defaults refuse");
+    assert!(closed.allows(&who(1001, "bob", &[])), "user entry allows");
+    assert!(
+        closed.allows(&who(1003, "carol", &[(50, "gpu")])),
+        "group allows"
+    );
+    assert!(
+        closed.allows(&who(1003, "carol", &[(50, "gpu"), (60, "banned")])),
+        "first group in file order wins"
+    );
+    assert!(!closed.allows(&who(1004, "dave", &[(60, "banned")])));
+    assert!(
+        !closed.allows(&who(1002, "erin", &[(50, "gpu")])),
+        "a user entry without allow takes the default, not the group's"
+    );
+    assert!(
+        closed.allows(&who(0, "root", &[])),
+        "root is always allowed"
+    );
+    let nameless = Identity {
+        uid: 4242,
+        user: None,
+        gids: vec![],
+        group_names: vec![],
+    };
+    assert_eq!(
+        closed.refusal(&nameless).as_deref(),
+        Some("the policy file p does not allow uid 4242 to use gpushare; ask the administrator")
+    );
+    // Allow does not change what the allowed are granted.
+    assert_eq!(
+        closed.grant_for(&who(1002, "erin", &[])).class,
+        PriorityClass::High
+    );
+    assert!(
+        Policy::parse("[defaults]\nallow = \"no\"\n", "p").is_err(),
+        "allow is a boolean"
+    );
+}
+
+#[test]
+fn bounds_come_from_the_users_entry_then_the_defaults_then_the_built_in_ones() {
+    let none = Policy::parse("", "p").expect("empty policy");
+    assert_eq!(
+        none.bounds_for(&who(1000, "alice", &[])),
+        Bounds {
+            max_sessions: 64,
+            max_pinned: Some(2 << 30)
+        }
+    );
+    let p = Policy::parse(
+        r#"
+        [defaults]
+        max_sessions = 8
+
+        [[users]]
+        name = "alice"
+        max_pinned_memory = "unlimited"
+
+        [[groups]]
+        name = "students"
+        max_sessions = 2
+        max_pinned_memory = "256 MiB"
+        "#,
+        "p",
+    )
+    .expect("valid");
+    assert_eq!(
+        p.bounds_for(&who(1000, "alice", &[(100, "students")])),
+        Bounds {
+            max_sessions: 8,
+            max_pinned: None
+        },
+        "the user entry wins; what it leaves out comes from [defaults]"
+    );
+    assert_eq!(
+        p.bounds_for(&who(1001, "bob", &[(100, "students")])),
+        Bounds {
+            max_sessions: 2,
+            max_pinned: Some(256 << 20)
+        }
+    );
+    assert_eq!(
+        p.bounds_for(&who(1002, "carol", &[])).max_pinned,
+        Some(2 << 30)
+    );
+    let e = Policy::parse("[[users]]\nuid = 5\nmax_sessions = 0\n", "p").expect_err("zero");
+    assert!(e.to_string().contains("max_sessions"), "{e}");
+}
