@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use gpushare_tests::faults::{Scripted, restart_broker, verified_fill};
-use gpushare_tests::{Broker, BrokerOptions};
+use gpushare_tests::{Broker, BrokerOptions, test_backend};
 
 #[test]
 fn after_a_restart_the_culprit_process_is_refused_and_the_others_come_back() {
@@ -71,7 +71,8 @@ fn across_a_restart_suspects_run_on_probation_and_a_second_fault_names_the_culpr
     );
 }
 
-/// Ten faults in a row on the restart path, each by a fresh culprit process, with telemetry
+/// Ten faults in a row on the restart path (the sim device with `--sim-restart-on-fault`;
+/// CUDA's own on a GPU), each by a fresh culprit process, with telemetry
 /// on where this machine allows it (root and eBPF) and off: every time, the victim's session
 /// ends with the typed error, it reconnects and gets a correct result, and the culprit is
 /// refused. Reports each fault's time from the culprit's fault to the victim's next correct
@@ -80,7 +81,7 @@ fn across_a_restart_suspects_run_on_probation_and_a_second_fault_names_the_culpr
 fn ten_faults_in_a_row_each_bring_the_others_back() {
     for telemetry in [false, true] {
         let broker = Broker::start_with(BrokerOptions {
-            backend: Some("sim".into()),
+            backend: Some(test_backend()),
             extra_args: [
                 "--allow-fault-injection",
                 "--sim-restart-on-fault",
@@ -140,5 +141,23 @@ fn ten_faults_in_a_row_each_bring_the_others_back() {
             ms(&took[9]),
             took.iter().map(ms).collect::<Vec<_>>()
         );
+        // Where the time of the last fault went, from the broker's own log.
+        let log = broker.log_text();
+        let last = log.rfind("restarting gpushared").unwrap_or(0);
+        let start = log[..last].rfind("GPU fault").unwrap_or(last);
+        for line in log[start..].lines().filter(|l| {
+            [
+                "GPU fault",
+                "restarting",
+                "context",
+                "ready",
+                "telemetry",
+                "client",
+            ]
+            .iter()
+            .any(|k| l.contains(k))
+        }) {
+            println!("  {line}");
+        }
     }
 }

@@ -50,6 +50,11 @@ pub struct Args {
     /// Microseconds a client's data thread spins on an empty ring before sleeping.
     #[arg(long, default_value_t = 50)]
     pub spin_us: u64,
+    /// Microseconds the data thread of a high-priority client spins on an empty ring before
+    /// sleeping: a request that arrives within it finds the broker awake (it costs a core
+    /// while such a client is active).
+    #[arg(long, default_value_t = 10_000)]
+    pub high_spin_us: u64,
     /// Default data arena per client (e.g. "16 MiB").
     #[arg(long, default_value = "16 MiB")]
     pub arena_size: bytesize::ByteSize,

@@ -20,6 +20,8 @@ pub struct BrokerConfig {
     pub max_arena_size: u64,
     /// How long a data thread spins on an empty ring before sleeping.
     pub spin: Duration,
+    /// The same for a high-priority client's data thread.
+    pub high_spin: Duration,
     /// How long a client may leave its completion ring full before it is evicted.
     pub stall_limit: Duration,
     /// Path of the policy file in use, for status.
@@ -41,6 +43,7 @@ impl Default for BrokerConfig {
             arena_size: 16 << 20,
             max_arena_size: 512 << 20,
             spin: Duration::from_micros(50),
+            high_spin: Duration::from_millis(10),
             stall_limit: Duration::from_secs(30),
             policy_path: None,
             metrics_listen: None,

@@ -94,6 +94,7 @@ fn real_main() -> anyhow::Result<()> {
         socket_mode: args.socket_mode,
         socket_group: args.socket_group.clone(),
         spin: Duration::from_micros(args.spin_us),
+        high_spin: Duration::from_micros(args.high_spin_us),
         stall_limit: Duration::from_secs_f64(args.stalled_client_timeout),
         arena_size: args.arena_size.as_u64(),
         metrics_listen: args.metrics_listen,

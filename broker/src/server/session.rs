@@ -220,6 +220,7 @@ impl<D: Device> Broker<D> {
         let (device, thread_info, thread_modules) = (device.clone(), info.clone(), modules.clone());
         let pacing = Pacing {
             spin: self.config.spin,
+            high_spin: self.config.high_spin,
             stall_limit: self.config.stall_limit,
         };
         let health = self.health[gpu as usize].clone();

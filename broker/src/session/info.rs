@@ -125,6 +125,11 @@ impl SessionInfo {
         }
     }
 
+    /// The live class alone (cheap: no lock).
+    pub fn class(&self) -> PriorityClass {
+        self.grant.get().0
+    }
+
     pub fn grant(&self) -> Grant {
         let (class, weight) = self.grant.get();
         Grant {

@@ -140,6 +140,9 @@ pub struct SessionState<D: Device> {
 pub struct Pacing {
     /// How long it spins on an empty submission ring before sleeping.
     pub spin: Duration,
+    /// The same for a client of the high class, whose next request should find its data
+    /// thread awake.
+    pub high_spin: Duration,
     /// How long a client may leave its completion ring full (not reading) before it is
     /// evicted.
     pub stall_limit: Duration,

@@ -84,12 +84,22 @@ impl<D: Device> SessionState<D> {
                 idle_since = Instant::now();
                 continue;
             }
-            if idle_since.elapsed() < self.pacing.spin {
+            if idle_since.elapsed() < self.spin() {
                 std::hint::spin_loop();
                 continue;
             }
             self.sleep();
             idle_since = Instant::now();
+        }
+    }
+
+    /// How long to spin on an empty ring: longer for a high-priority client (its class can
+    /// change live).
+    fn spin(&self) -> std::time::Duration {
+        if self.info.class() == gpushare_protocol::PriorityClass::High {
+            self.pacing.high_spin
+        } else {
+            self.pacing.spin
         }
     }
 

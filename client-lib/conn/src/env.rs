@@ -34,6 +34,10 @@ pub const FALLBACK_ENV: &str = "GPUSHARE_FALLBACK";
 /// crash, no answer) before its calls fail. [`DEFAULT_TIMEOUT`] when unset; `0` fails at once.
 pub const RECONNECT_ENV: &str = "GPUSHARE_RECONNECT_TIMEOUT";
 
+/// Microseconds a wait for a completion spins before it sleeps, whatever the client or its
+/// class would choose (for measurements).
+pub const SPIN_ENV: &str = "GPUSHARE_SPIN_US";
+
 /// How long a call waits for gpushared unless [`TIMEOUT_ENV`] says otherwise.
 pub const DEFAULT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
@@ -52,6 +56,14 @@ pub fn seconds(name: &str, default: std::time::Duration) -> std::time::Duration 
 /// [`DEFAULT_TIMEOUT`]. Never zero (a call could not even be answered).
 pub fn broker_timeout() -> std::time::Duration {
     seconds(TIMEOUT_ENV, DEFAULT_TIMEOUT).max(std::time::Duration::from_millis(10))
+}
+
+/// How long a wait for a completion spins: [`SPIN_ENV`] if set, else `default`.
+pub fn spin(default: std::time::Duration) -> std::time::Duration {
+    std::env::var(SPIN_ENV)
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map_or(default, std::time::Duration::from_micros)
 }
 
 /// Whether a governed program may run unmanaged when gpushared cannot be reached.

@@ -71,6 +71,20 @@ impl SessionOptions {
     }
 }
 
+/// How long a high-priority client's wait for a completion spins at least: it waits for its
+/// own request (as a program on its own CUDA context spins in `cuStreamSynchronize`), and a
+/// sleep adds a wake-up to every request it makes.
+pub const HIGH_SPIN: Duration = Duration::from_millis(5);
+
+/// How long a session of `class` spins for a completion, asked to spin `asked`.
+pub fn spin_for(asked: Duration, class: PriorityClass) -> Duration {
+    if class == PriorityClass::High {
+        asked.max(HIGH_SPIN)
+    } else {
+        asked
+    }
+}
+
 /// This process's name as `gpushare status` shows it.
 pub fn process_name() -> String {
     std::fs::read_to_string("/proc/self/comm")
@@ -174,6 +188,7 @@ impl Session {
         }
         // SAFETY: as above.
         let rings = unsafe { ClientRings::attach(base, &layout) };
+        let spin = crate::env::spin(spin_for(opts.spin, welcome.class));
         Ok(Session {
             socket,
             requests: Mutex::new(1),
@@ -185,7 +200,7 @@ impl Session {
             welcome,
             is_dead: AtomicBool::new(false),
             dead: Mutex::new(None),
-            spin: opts.spin,
+            spin,
             probe_after: opts.timeout.min(PROBE_AFTER),
             commands: AtomicU64::new(0),
             completions: AtomicU64::new(0),
@@ -359,5 +374,21 @@ const RECONNECT_PAUSE: Duration = Duration::from_millis(10);
 impl Drop for Session {
     fn drop(&mut self) {
         let _ = self.socket.send(&ClientMessage::Goodbye, &[]);
+    }
+}
+
+#[cfg(test)]
+mod spin_tests {
+    use super::*;
+
+    #[test]
+    fn a_high_priority_session_spins_longer_and_others_as_asked() {
+        let asked = Duration::from_micros(50);
+        assert_eq!(spin_for(asked, PriorityClass::High), HIGH_SPIN);
+        assert_eq!(spin_for(asked, PriorityClass::Normal), asked);
+        assert_eq!(spin_for(asked, PriorityClass::BestEffort), asked);
+        // Asking for more than the floor keeps what was asked.
+        let long = HIGH_SPIN * 2;
+        assert_eq!(spin_for(long, PriorityClass::High), long);
     }
 }
