@@ -181,6 +181,10 @@ pub trait Device: Send + Sync + 'static {
         self.create_event()
     }
     fn record_event(&self, event: &mut Self::Event, stream: &mut Self::Stream) -> DeviceResult<()>;
+    /// Records an event that marks where the stream's next work starts (for timing it).
+    fn record_start(&self, event: &mut Self::Event, stream: &mut Self::Stream) -> DeviceResult<()> {
+        self.record_event(event, stream)
+    }
     fn event_done(&self, event: &Self::Event) -> DeviceResult<bool>;
     fn sync_event(&self, event: &Self::Event) -> DeviceResult<()>;
     fn elapsed_ns(&self, start: &Self::Event, end: &Self::Event) -> DeviceResult<u64>;

@@ -427,7 +427,8 @@ impl Dispatcher {
     }
 
     /// A granted request finished. `measured_ns` (device time from events) feeds the profile
-    /// table and the fair-share accounting; without it the estimate is charged.
+    /// table, and is charged to the client's fair share when the kernel ran alone; a kernel
+    /// that shared the GPU is charged its estimate (its span includes others' work).
     pub fn complete(
         &mut self,
         client: ClientId,
@@ -447,7 +448,9 @@ impl Dispatcher {
         let f = self.clients[i].inflight.remove(pos);
         self.inflight_total -= 1;
         self.release_partition(&f);
-        let charged = measured_ns.unwrap_or(f.profile.est_ns);
+        let charged = measured_ns
+            .filter(|_| !f.overlapped)
+            .unwrap_or(f.profile.est_ns);
         let c = &mut self.clients[i];
         c.gpu_ns = c.gpu_ns.saturating_add(charged);
         c.completed += 1;

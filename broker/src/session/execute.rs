@@ -299,12 +299,13 @@ impl<D: Device> SessionState<D> {
                 }
                 let turn = self.acquire(|d| d.builtin_profile(&kernel));
                 let sm_limit = turn.and_then(|t| t.sm_limit);
+                let start = turn.and_then(|_| self.start_granted(stream));
                 let r = self.on_stream(stream, |d, s| {
                     d.limit_sms(s, sm_limit)?;
                     d.launch(s, &kernel)
                 });
                 if let Some(turn) = turn {
-                    self.track_granted(stream, turn.request, r.is_ok());
+                    self.track_granted(stream, turn.request, start, r.is_ok());
                 }
                 let r = r?;
                 self.info.counters.kernels.fetch_add(1, Ordering::Relaxed);
@@ -454,12 +455,13 @@ impl<D: Device> SessionState<D> {
         let id = self.info.id;
         let turn = self.acquire(|d| d.module_profile(id, launch.function, blocks));
         let sm_limit = turn.and_then(|t| t.sm_limit);
+        let start = turn.and_then(|_| self.start_granted(stream));
         let r = self.on_stream(stream, |d, s| {
             d.limit_sms(s, sm_limit)?;
             d.launch_module(s, function, launch, &attributes, params)
         });
         if let Some(turn) = turn {
-            self.track_granted(stream, turn.request, r.is_ok());
+            self.track_granted(stream, turn.request, start, r.is_ok());
         }
         let r = r?;
         self.info.counters.kernels.fetch_add(1, Ordering::Relaxed);

@@ -56,7 +56,7 @@ pub const MAX_EVENTS: usize = 16384;
 pub const MAX_ALLOCATIONS: usize = 1 << 20;
 
 /// One of the client's streams, and what the session tracks of the work on it.
-struct StreamSlot<S> {
+struct StreamSlot<S, E> {
     stream: S,
     /// Got work since the last [`SessionState::account`].
     touched: bool,
@@ -72,10 +72,13 @@ struct StreamSlot<S> {
     unordered: bool,
     /// Stream 0's work up to which this stream is ordered after.
     legacy_seen: u64,
+    /// The event after the last granted kernel on this stream seen finished: where the next
+    /// one, launched behind it, started (its duration is measured from there).
+    last_end: Option<E>,
 }
 
-impl<S> StreamSlot<S> {
-    fn new(stream: S) -> StreamSlot<S> {
+impl<S, E> StreamSlot<S, E> {
+    fn new(stream: S) -> StreamSlot<S, E> {
         StreamSlot {
             stream,
             touched: false,
@@ -84,6 +87,7 @@ impl<S> StreamSlot<S> {
             blocking: false,
             unordered: false,
             legacy_seen: 0,
+            last_end: None,
         }
     }
 }
@@ -99,7 +103,7 @@ pub struct SessionState<D: Device> {
     pacing: Pacing,
     /// Base pointer → size of every live allocation.
     allocations: Allocations,
-    streams: HashMap<StreamId, StreamSlot<D::Stream>>,
+    streams: HashMap<StreamId, StreamSlot<D::Stream, D::Event>>,
     next_stream: StreamId,
     events: HashMap<EventId, D::Event>,
     /// Where each event was last recorded: the stream, and its operations submitted then.
@@ -121,8 +125,8 @@ pub struct SessionState<D: Device> {
     dispatch: Arc<GpuDispatch>,
     /// The job profile the client declared (kept when its deadline changes).
     declared_job: Option<crate::sched::JobProfile>,
-    /// Granted kernels not yet seen finished, oldest first, with the event after each.
-    granted: std::collections::VecDeque<(crate::sched::RequestId, D::Event)>,
+    /// Granted kernels not yet seen finished, oldest first, with the events that time them.
+    granted: std::collections::VecDeque<turns::Granted<D::Event>>,
     spare_events: Vec<D::Event>,
     /// Placed allocations (`AllocAt`) that were charged more than their size: the device
     /// memory they took (whole granules on a GPU).

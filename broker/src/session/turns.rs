@@ -1,5 +1,10 @@
 //! Kernels and the GPU's scheduler: a launch waits for its turn, and the scheduler hears when
-//! each granted kernel has finished (an event recorded after it says so).
+//! each granted kernel has finished and how long it ran on the device (timed with events), so
+//! that its profiles and fair shares rest on measurements, not estimates.
+//!
+//! A kernel is timed from an event recorded just before it, or, when it was launched right
+//! behind the previous granted kernel of its stream while that one still ran (back-to-back
+//! work, the common case), from the event after that one: one event per kernel, not two.
 
 use gpushare_protocol::StreamId;
 
@@ -7,6 +12,19 @@ use super::SessionState;
 use crate::device::Device;
 use crate::dispatch::{GpuDispatch, Turn, Waiting};
 use crate::sched::{KernelProfile, RequestId};
+
+/// A granted kernel not yet seen finished.
+pub(super) struct Granted<E> {
+    request: RequestId,
+    stream: StreamId,
+    /// Recorded just before the kernel; `None`: it started when the previous granted kernel
+    /// of its stream ended.
+    start: Option<E>,
+    end: E,
+    /// The stream's operation count after the kernel (nothing else came between two granted
+    /// kernels when the next one is launched at the count after this).
+    submitted: u64,
+}
 
 impl<D: Device> SessionState<D> {
     /// Waits for the scheduler to grant a kernel of this profile (not at all under FIFO).
@@ -41,16 +59,51 @@ impl<D: Device> SessionState<D> {
         )
     }
 
-    /// After a granted launch: an event marks when the kernel is done.
-    pub(super) fn track_granted(&mut self, stream: StreamId, request: RequestId, launched: bool) {
+    /// Before a granted kernel is launched on `stream`: an event that marks where it starts,
+    /// unless it will start where the stream's previous granted kernel ends (that one is
+    /// still running and nothing was queued between them).
+    pub(super) fn start_granted(&mut self, stream: StreamId) -> Option<D::Event> {
+        let slot = self.streams.get_mut(&stream)?;
+        let behind = self
+            .granted
+            .iter()
+            .rev()
+            .find(|g| g.stream == stream)
+            .is_some_and(|g| {
+                g.submitted == slot.submitted && matches!(self.device.event_done(&g.end), Ok(false))
+            });
+        if behind {
+            return None;
+        }
+        let mut event = match self.spare_events.pop() {
+            Some(e) => e,
+            None => self.device.create_event().ok()?,
+        };
+        match self.device.record_start(&mut event, &mut slot.stream) {
+            Ok(()) => Some(event),
+            Err(_) => {
+                self.spare_events.push(event);
+                None
+            }
+        }
+    }
+
+    /// After a granted launch: an event marks when the kernel is done, and times it.
+    pub(super) fn track_granted(
+        &mut self,
+        stream: StreamId,
+        request: RequestId,
+        start: Option<D::Event>,
+        launched: bool,
+    ) {
         let event = match self.spare_events.pop() {
             Some(e) => Ok(e),
-            None => self.device.create_marker(),
+            None => self.device.create_event(),
         };
         let recorded = match (launched, event, self.streams.get_mut(&stream)) {
             (true, Ok(mut e), Some(slot)) => {
                 match self.device.record_event(&mut e, &mut slot.stream) {
-                    Ok(()) => Ok(e),
+                    Ok(()) => Ok((e, slot.submitted)),
                     Err(_) => Err(Some(e)),
                 }
             }
@@ -58,26 +111,49 @@ impl<D: Device> SessionState<D> {
             (_, Err(_), _) => Err(None),
         };
         match recorded {
-            Ok(e) => self.granted.push_back((request, e)),
+            Ok((end, submitted)) => self.granted.push_back(Granted {
+                request,
+                stream,
+                start,
+                end,
+                submitted,
+            }),
             Err(spare) => {
-                self.spare_events.extend(spare);
+                self.spare_events.extend(spare.into_iter().chain(start));
                 self.dispatch.complete(self.info.id, request, None);
             }
         }
     }
 
-    /// Reports granted kernels that have finished to the scheduler.
+    /// Reports granted kernels that have finished to the scheduler, each with the device
+    /// time it took.
     pub(super) fn reap_granted(&mut self) {
-        while let Some((request, event)) = self.granted.front() {
+        while let Some(g) = self.granted.front() {
             // An error (a fault) ends the wait too: the guardian deals with the fault.
-            if matches!(self.device.event_done(event), Ok(false)) {
+            if matches!(self.device.event_done(&g.end), Ok(false)) {
                 break;
             }
-            let request = *request;
-            if let Some((_, e)) = self.granted.pop_front() {
-                self.spare_events.push(e);
-            }
-            self.dispatch.complete(self.info.id, request, None);
+            let Some(g) = self.granted.pop_front() else {
+                break;
+            };
+            let measured = self.time_granted(g);
+            let request = measured.0;
+            self.dispatch.complete(self.info.id, request, measured.1);
         }
+    }
+
+    /// How long a finished granted kernel ran; keeps its end event as where the stream's
+    /// next granted kernel starts.
+    fn time_granted(&mut self, g: Granted<D::Event>) -> (RequestId, Option<u64>) {
+        let Some(slot) = self.streams.get_mut(&g.stream) else {
+            self.spare_events.extend(g.start.into_iter().chain([g.end]));
+            return (g.request, None);
+        };
+        let from = g.start.as_ref().or(slot.last_end.as_ref());
+        let measured = from.and_then(|s| self.device.elapsed_ns(s, &g.end).ok());
+        let previous = slot.last_end.replace(g.end);
+        self.spare_events
+            .extend(g.start.into_iter().chain(previous));
+        (g.request, measured)
     }
 }

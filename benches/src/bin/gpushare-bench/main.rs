@@ -120,6 +120,10 @@ struct Cli {
     /// client (`[priority] lower_sm_share`), one gpushare setup each; 1 is no partition.
     #[arg(long, value_delimiter = ',', default_values_t = [1.0f64])]
     sm_shares: Vec<f64>,
+    /// colocate: how many kernels each best-effort client may have on the GPU beside a busy
+    /// high-priority client (`[priority] lower_depth`; the policy's default otherwise).
+    #[arg(long)]
+    lower_depth: Option<u32>,
 }
 
 #[derive(Debug, Subcommand)]

@@ -166,11 +166,16 @@ fn colocate_rounds(cli: &Cli, me: &Path, broker_bin: &Path) -> Result<Value> {
     // Every worker runs as this user: the policy grants it `high`, and the best-effort
     // workers ask for less. One policy per SM share.
     let broker_args = |share: f64| {
-        let partition = if share < 1.0 {
-            format!("[priority]\nlower_sm_share = {share}\n")
-        } else {
-            String::new()
-        };
+        let mut partition = String::new();
+        if share < 1.0 {
+            partition += &format!("lower_sm_share = {share}\n");
+        }
+        if let Some(depth) = cli.lower_depth {
+            partition += &format!("lower_depth = {depth}\n");
+        }
+        if !partition.is_empty() {
+            partition.insert_str(0, "[priority]\n");
+        }
         broker_args_with_policy(
             cli,
             policy_dir.path(),

@@ -357,6 +357,13 @@ impl Device for SimDevice {
         Ok(())
     }
 
+    fn record_start(&self, event: &mut SimEvent, stream: &mut SimStream) -> DeviceResult<()> {
+        // The device runs one thing at a time: what is queued next starts when the stream's
+        // work is done and the device is free.
+        event.time_ns = Some(stream.ready_ns.max(self.state().busy_until_ns));
+        Ok(())
+    }
+
     fn event_done(&self, _event: &SimEvent) -> DeviceResult<bool> {
         Ok(true)
     }
