@@ -89,101 +89,12 @@ cleanup() {
     [[ -n $mps_on || -d $work/mps ]] && stop_mps
     stop_broker
     kill_leftovers
-    rm -rf "$work/bin" "$work/py" "$work/cells" "$work/mps" "$sock"
-    [[ $logs == "$work"/* ]] || rmdir "$work" 2> /dev/null
-}
-trap cleanup EXIT
-trap 'echo "interrupted" >&2; exit 130' INT TERM
-
-# ---- what can run here -------------------------------------------------------------------
-for f in hp.py be.py common.py record.py summarize.py; do
-    [[ -e $dir/colocate/$f ]] || { echo "missing $dir/colocate/$f: run scripts/gpu-bundle.sh and copy its folder" >&2; exit 2; }
-done
-if [[ $device == cpu ]]; then
-    "$py" -c 'import torch' || { echo "$py cannot import torch (set PYTHON)" >&2; exit 2; }
-else
-    "$py" -c 'import torch; assert torch.cuda.is_available()' ||
-        { echo "$py cannot use the GPU through torch (set PYTHON, or COLO_DEVICE=cpu)" >&2; exit 2; }
-fi
-if [[ $users == two ]]; then
-    [[ $(id -u) == 0 ]] || { echo "USERS=two needs root (to run the HP program as $hp_user)" >&2; exit 2; }
-    id "$hp_user" > /dev/null 2>&1 || useradd -M -s /usr/sbin/nologin "$hp_user" ||
-        { echo "cannot create user $hp_user" >&2; exit 2; }
-elif [[ $users != same ]]; then
-    echo "USERS must be same or two" >&2; exit 2
-fi
-
-# The programs, gpushare run and its libraries where another user can read them.
-mkdir -p "$work/py" "$work/bin/cuda" "$work/cells"
-cp "$dir"/colocate/*.py "$work/py/"
-have_broker=1
-missing_bin=
-for f in gpushared gpushare libcuda.so libgpushare_audit.so libgpushare_interpose.so; do
-    if [[ -e $bin/$f ]]; then
-        [[ $f == gpushared ]] || cp "$bin/$f" "$work/bin/"
+    if [[ $logs == "$work"/* ]]; then
+        rm -rf "$work/bin" "$work/py" "$work/cells" "$work/mps" "$work/policy.toml" "$sock"
     else
-        have_broker=; missing_bin+=" $f"
+        rm -rf "$work"
     fi
-done
-ln -s ../libcuda.so "$work/bin/cuda/libcuda.so.1"
-ln -s ../libcuda.so "$work/bin/cuda/libcuda.so"
-chmod -R a+rX "$work/py" "$work/bin"
-chmod 755 "$work/cells"
-
-as_hp=()
-if [[ $users == two ]]; then
-    as_hp=(setpriv --reuid "$hp_user" --regid "$hp_user" --init-groups env HOME=/tmp)
-    (cd / && "${as_hp[@]}" "$py" -c 'import torch' 2>&1) ||
-        { echo "$hp_user cannot run $py with torch (PYTHON must be readable by every user)" >&2; exit 2; }
-fi
-
-skip_reason() { # skip_reason SETUP: prints why SETUP cannot run here (nothing if it can)
-    case $1 in
-        alone | plain) ;;
-        mps)
-            if [[ $device == cpu ]]; then echo "MPS needs a GPU (COLO_DEVICE=cpu)"
-            elif ! command -v nvidia-cuda-mps-control > /dev/null; then echo "nvidia-cuda-mps-control not found"
-            fi ;;
-        governed | cons | cons-lowsm)
-            if [[ -z $have_broker ]]; then echo "missing in $bin:$missing_bin (set BIN, or run from the bundle)"
-            elif [[ $1 == cons-lowsm ]] && ! grep -qa lower_sm_share "$bin/gpushared"; then
-                echo "this gpushared's priority policy has no lower_sm_share setting"
-            fi ;;
-        *) echo "unknown setup" ;;
-    esac
 }
-
-# ---- the cells ---------------------------------------------------------------------------
-cells=() # "SETUP PAIR TRAINERS HP_ON" for one round
-run_setups=()
-for s in $setups; do
-    why=$(skip_reason "$s")
-    if [[ -n $why ]]; then echo "SKIP setup $s: $why"; continue; fi
-    run_setups+=("$s")
-done
-for s in "${run_setups[@]}"; do
-    for p in $pairs; do
-        [[ $p == mlp || $p == bert ]] || { echo "unknown pair $p (mlp or bert)" >&2; exit 2; }
-        if [[ $s == alone ]]; then
-            cells+=("alone $p 0 1" "alone $p 1 0")
-        else
-            for n in $trainer_counts; do cells+=("$s $p $n 1"); done
-        fi
-    done
-done
-total=$((${#cells[@]} * rounds))
-[[ $total -gt 0 ]] || { echo "nothing to run" >&2; exit 2; }
-per_cell=$([[ $device == cpu ]] && echo 14 || echo 10)
-est=$(awk -v n="$total" -v s="$secs" -v o="$per_cell" 'BEGIN { printf "%.1f", n * (s + o) / 60 }')
-echo "## colocate: run $run_id; $total cells ($rounds rounds x ${#cells[@]}) of ${secs}s windows; estimate ~${est} min (~$((per_cell + ${secs%.*}))s a cell)"
-echo "setups: ${run_setups[*]}; pairs: $pairs; trainers: $trainer_counts; users: $users; think ${think} ms; device $device"
-if [[ $device != cpu ]]; then
-    nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader 2> /dev/null | sed 's/^/gpu: /'
-    pgrep -x nvidia-cuda-mps-control > /dev/null && echo "warning: an MPS control daemon is already running on this machine"
-fi
-"$py" -c 'import torch; print("torch", torch.__version__)'
-echo "logs and results: $logs (results: $results)"
-
 # ---- brokers and MPS ---------------------------------------------------------------------
 start_broker() { # start_broker SETUP LOG
     local policy=$work/policy.toml
@@ -196,6 +107,7 @@ start_broker() { # start_broker SETUP LOG
         echo '[defaults]'
         echo 'class = "high"' # granted to all; each program asks for its class with --class
     } > "$policy"
+    cp "$policy" "${2%.broker.log}.policy.toml"
     # shellcheck disable=SC2086 # BROKER_ARGS is a list of words
     "$bin/gpushared" --socket "$sock" --socket-mode 0666 --backend "$backend" --config "$policy" \
         --log "warn,gpushare_broker::device::cuda::partition=info" $broker_args > "$2" 2>&1 &
@@ -251,6 +163,107 @@ stop_mps() { # stop_mps [LOG_PREFIX]
     unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
     mps_on=
 }
+
+trap cleanup EXIT
+on_signal() { # stop the cell's programs first, then show what was measured so far
+    echo "interrupted" >&2
+    kill_leftovers
+    [[ -s $results ]] && "$py" "$dir/colocate/summarize.py" "$results"
+    exit 130
+}
+trap on_signal INT TERM
+
+# ---- what can run here -------------------------------------------------------------------
+for f in hp.py be.py common.py record.py summarize.py; do
+    [[ -e $dir/colocate/$f ]] || { echo "missing $dir/colocate/$f: run scripts/gpu-bundle.sh and copy its folder" >&2; exit 2; }
+done
+if [[ $device == cpu ]]; then
+    "$py" -c 'import torch' || { echo "$py cannot import torch (set PYTHON)" >&2; exit 2; }
+else
+    "$py" -c 'import torch; assert torch.cuda.is_available()' ||
+        { echo "$py cannot use the GPU through torch (set PYTHON, or COLO_DEVICE=cpu)" >&2; exit 2; }
+fi
+if [[ $users == two ]]; then
+    [[ $(id -u) == 0 ]] || { echo "USERS=two needs root (to run the HP program as $hp_user)" >&2; exit 2; }
+    id "$hp_user" > /dev/null 2>&1 || useradd -M -s /usr/sbin/nologin "$hp_user" ||
+        { echo "cannot create user $hp_user" >&2; exit 2; }
+elif [[ $users != same ]]; then
+    echo "USERS must be same or two" >&2; exit 2
+fi
+
+# The programs, gpushare run and its libraries where another user can read them.
+mkdir -p "$work/py" "$work/bin/cuda" "$work/cells"
+cp "$dir"/colocate/*.py "$work/py/"
+have_broker=1
+missing_bin=
+for f in gpushared gpushare libcuda.so libgpushare_audit.so libgpushare_interpose.so; do
+    if [[ -e $bin/$f ]]; then
+        [[ $f == gpushared ]] || cp "$bin/$f" "$work/bin/"
+    else
+        have_broker=; missing_bin+=" $f"
+    fi
+done
+ln -s ../libcuda.so "$work/bin/cuda/libcuda.so.1"
+ln -s ../libcuda.so "$work/bin/cuda/libcuda.so"
+chmod -R a+rX "$work/py" "$work/bin"
+chmod 755 "$work/cells"
+
+as_hp=()
+if [[ $users == two ]]; then
+    as_hp=(setpriv --reuid "$hp_user" --regid "$hp_user" --init-groups env HOME=/tmp)
+    (cd / && "${as_hp[@]}" "$py" -c 'import torch' 2>&1) ||
+        { echo "$hp_user cannot run $py with torch (PYTHON must be readable by every user)" >&2; exit 2; }
+fi
+
+skip_reason() { # skip_reason SETUP: prints why SETUP cannot run here (nothing if it can)
+    case $1 in
+        alone | plain) ;;
+        mps)
+            command -v nvidia-cuda-mps-control > /dev/null || echo "nvidia-cuda-mps-control not found" ;;
+        governed | cons | cons-lowsm)
+            if [[ -z $have_broker ]]; then echo "missing in $bin:$missing_bin (set BIN, or run from the bundle)"
+            elif [[ $1 == cons-lowsm ]] && ! grep -qa lower_sm_share "$bin/gpushared"; then
+                echo "this gpushared's priority policy has no lower_sm_share setting"
+            fi ;;
+        *) echo "unknown setup" ;;
+    esac
+}
+
+# ---- the cells ---------------------------------------------------------------------------
+cells=() # "SETUP PAIR TRAINERS HP_ON" for one round
+run_setups=()
+for s in $setups; do
+    why=$(skip_reason "$s")
+    if [[ -n $why ]]; then echo "SKIP setup $s: $why"; continue; fi
+    run_setups+=("$s")
+done
+for s in "${run_setups[@]}"; do
+    for p in $pairs; do
+        [[ $p == mlp || $p == bert ]] || { echo "unknown pair $p (mlp or bert)" >&2; exit 2; }
+        if [[ $s == alone ]]; then
+            cells+=("alone $p 0 1" "alone $p 1 0")
+        else
+            for n in $trainer_counts; do cells+=("$s $p $n 1"); done
+        fi
+    done
+done
+total=$((${#cells[@]} * rounds))
+[[ $total -gt 0 ]] || { echo "nothing to run" >&2; exit 2; }
+# Estimate: start-up, warm-up and teardown around each window (a guess: ~9 s on an H100 box);
+# under MPS with two users the HP program waits out STRAGGLER_S instead of a window.
+per_cell=$([[ $device == cpu ]] && echo 14 || echo 9)
+blocked=0
+[[ $users == two ]] && for c in "${cells[@]}"; do [[ $c == mps* ]] && blocked=$((blocked + rounds)); done
+est=$(awk -v n="$total" -v s="$secs" -v o="$per_cell" -v b="$blocked" -v w="$straggler" \
+    'BEGIN { printf "%.1f", (n * (s + o) + b * (w - s)) / 60 }')
+echo "## colocate: run $run_id; $total cells ($rounds rounds x ${#cells[@]}) of ${secs}s windows; estimate ~${est} min (~$((per_cell + ${secs%.*}))s a cell)"
+echo "setups: ${run_setups[*]}; pairs: $pairs; trainers: $trainer_counts; users: $users; think ${think} ms; device $device"
+if [[ $device != cpu ]]; then
+    nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader 2> /dev/null | sed 's/^/gpu: /'
+    pgrep -x nvidia-cuda-mps-control > /dev/null && echo "warning: an MPS control daemon is already running on this machine"
+fi
+"$py" -c 'import torch; print("torch", torch.__version__)'
+echo "logs and results: $logs (results: $results)"
 
 # ---- one cell ----------------------------------------------------------------------------
 # launch NAME HP? SETUP CLASS PROGRAM ARGS...: one program of the cell, in the background.
@@ -319,9 +332,15 @@ run_cell() { # run_cell ROUND SETUP PAIR TRAINERS HP_ON
             awk -v t="$(now)" 'BEGIN { printf "%.6f\n", t + 0.3 }' > "$cell/go.tmp"
             chmod 644 "$cell/go.tmp"
             mv "$cell/go.tmp" "$cell/go"
-            local deadline
+            local deadline mid status_taken=
             deadline=$(awk -v t="$(now)" -v s="$secs" -v e="$exit_timeout" -v g="$grace" 'BEGIN { printf "%.3f", t + 0.3 + s + g + e }')
+            mid=$(awk -v t="$(now)" -v s="$secs" 'BEGIN { printf "%.3f", t + 0.3 + s / 2 }')
             while :; do
+                # Mid-window, the broker's view of the cell's clients (their classes, modes).
+                if [[ -n $broker_pid && -z $status_taken ]] && awk -v d="$mid" -v b="$(now)" 'BEGIN { exit !(b > d) }'; then
+                    timeout 5 "$work/bin/gpushare" --socket "$sock" status --json > "$cell/status.json" 2>> "$logs/$id.broker.log"
+                    status_taken=1
+                fi
                 local alive=0
                 for i in "${pids[@]}"; do kill -0 "$i" 2> /dev/null && alive=1; done
                 [[ $alive == 0 ]] && break
@@ -355,7 +374,7 @@ run_cell() { # run_cell ROUND SETUP PAIR TRAINERS HP_ON
     [[ $setup == mps ]] && stop_mps "$logs/$id"
     if [[ -n $broker_pid ]]; then
         stop_broker
-        if [[ $setup == cons-lowsm ]]; then
+        if [[ $setup == cons-lowsm && $status != failed:* ]]; then
             if grep -q "SM partition made" "$logs/$id.broker.log"; then
                 partition="made: $(grep "SM partition made" "$logs/$id.broker.log" | head -1 | grep -o 'sms=[0-9]*')"
             elif grep -q "no SM partitions" "$logs/$id.broker.log"; then

@@ -11,6 +11,7 @@ from the window's start to the last of them; the program goes on training --grac
 past the window so that the high-priority program's last requests still have company.
 """
 import argparse
+import itertools
 import time
 
 import torch
@@ -78,12 +79,16 @@ def main():
     ap.add_argument("--model", choices=["mlp", "transformer"], required=True)
     ap.add_argument("--batch", type=int, default=0, help="default 512 for mlp, 16 for transformer")
     ap.add_argument("--warmup-iters", type=int, default=5)
+    ap.add_argument("--warmup-s", type=float, default=1.0, help="and at least this long")
     ap.add_argument("--grace", type=float, default=0.3)
     add_common_args(ap)
     args = ap.parse_args()
     batch = args.batch or (512 if args.model == "mlp" else 16)
     step = build(args.model, batch)
-    for _ in range(args.warmup_iters):
+    warm_until = time.time() + args.warmup_s
+    for i in itertools.count():
+        if i >= args.warmup_iters and time.time() >= warm_until:
+            break
         step()
 
     start = wait_for_go(args)

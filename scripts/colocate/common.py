@@ -70,7 +70,14 @@ def percentile(xs, q):
 
 
 def write_result(args, result):
-    result.update(name=args.name, device=DEVICE, pid=os.getpid())
+    result.update(name=args.name, device=DEVICE, pid=os.getpid(), uid=os.getuid())
+    # What `gpushare run` put in front of the program, if anything (a check of the harness).
+    result["run_under"] = {
+        "governed": "interpose" in os.environ.get("LD_PRELOAD", ""),
+        "consolidated": bool(os.environ.get("GPUSHARE_CUDA_DRIVER")),
+        "class": os.environ.get("GPUSHARE_CLASS"),
+        "mps": bool(os.environ.get("CUDA_MPS_PIPE_DIRECTORY")),
+    }
     if not CPU:
         result["gpu"] = torch.cuda.get_device_name(0)
         result["max_allocated_mib"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)

@@ -10,6 +10,7 @@ the result (one JSON line in --out) has p50/p99/mean/max latency in ms and every
 µs (lat_us, for pooling across rounds).
 """
 import argparse
+import itertools
 import time
 
 import torch
@@ -42,6 +43,7 @@ def main():
     ap.add_argument("--think-ms", type=float, default=2.0)
     ap.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
     ap.add_argument("--warmup-iters", type=int, default=50)
+    ap.add_argument("--warmup-s", type=float, default=1.0, help="and at least this long")
     add_common_args(ap)
     args = ap.parse_args()
     batch = args.batch or (8 if args.model == "mlp" else 4)
@@ -53,7 +55,10 @@ def main():
         sync()
         return y
 
-    for _ in range(args.warmup_iters):
+    warm_until = time.time() + args.warmup_s
+    for i in itertools.count():
+        if i >= args.warmup_iters and time.time() >= warm_until:
+            break
         request()
         time.sleep(args.think_ms / 1e3)
 

@@ -36,13 +36,48 @@ def main():
                 r = json.loads(f.readline())
         except (OSError, ValueError):
             missing.append(name)
-            if prefix:
-                errors[name] = tail(f"{prefix}.{name}.err", 2)
+            text = tail(f"{prefix}.{name}.err", 2) if prefix else ""
+            if text:
+                errors[name] = text
             continue
         if name == "hp":
             rec["hp"] = r
         else:
             rec["be"].append(r)
+    # The broker's view mid-window (gpushare status --json), when there was a broker.
+    try:
+        with open(os.path.join(cell, "status.json")) as f:
+            st = json.load(f)
+        rec["broker_clients"] = [
+            {k: c.get(k) for k in ("name", "class", "governed", "kernels", "throttled_ns")}
+            for c in st.get("clients", [])]
+    except (OSError, ValueError):
+        pass
+    # Each program ran the way its setup says (what `gpushare run` or MPS put in its
+    # environment), and the broker saw the classes asked for.
+    warnings = []
+    setup = rec.get("setup")
+    for r in ([rec["hp"]] if rec["hp"] else []) + rec["be"]:
+        u = r.get("run_under", {})
+        want_class = "high" if r.get("role") == "hp" else "best-effort"
+        expect = {
+            "governed": u.get("governed") and u.get("class") == want_class,
+            "cons": u.get("consolidated") and u.get("class") == want_class,
+            "cons-lowsm": u.get("consolidated") and u.get("class") == want_class,
+            "mps": u.get("mps") and not u.get("governed") and not u.get("consolidated"),
+        }.get(setup, not (u.get("governed") or u.get("consolidated") or u.get("mps")))
+        if not expect:
+            warnings.append(f"{r.get('name')} ran as {u} under setup {setup}")
+    for c in rec.get("broker_clients", []):
+        want_class = "high" if c.get("name") == "hp" else "best-effort"
+        if c.get("class") != want_class:
+            warnings.append(f"broker: {c.get('name')} in class {c.get('class')}, not {want_class}")
+    # (On the CPU, COLO_DEVICE=cpu, programs need not open a session at all.)
+    if "broker_clients" in rec and rec.get("device") != "cpu" and len(rec["broker_clients"]) != len(names):
+        warnings.append(f"broker saw {len(rec['broker_clients'])} clients mid-window, "
+                        f"not {len(names)}")
+    if warnings:
+        rec["warnings"] = warnings
     if missing and status == "ok":
         status = "missing: " + " ".join(missing)
     rec["status"] = status
@@ -61,8 +96,10 @@ def main():
     if rec.get("partition"):
         parts.append(f"partition: {rec['partition']}")
     line = status + (": " + ", ".join(parts) if parts else "")
+    if warnings:
+        line += " — WARNING: " + "; ".join(warnings)
     if errors:
-        line += " — " + "; ".join(f"{k}: {v}" for k, v in errors.items() if v)
+        line += " — " + "; ".join(f"{k}: {v}" for k, v in errors.items())
     print(line)
 
 

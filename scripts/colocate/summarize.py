@@ -105,6 +105,8 @@ def main(paths):
                 notes[status] += 1
             else:
                 ok += 1
+            if r.get("warnings"):
+                notes["warnings (see jsonl)"] += 1
             if r.get("partition"):
                 notes[f"partition: {r['partition']}"] += 1
             hp = r.get("hp")
@@ -136,7 +138,7 @@ def main(paths):
     runs = sorted({r.get("run") for r in rows})
     gpus = sorted({(r.get("hp") or (r.get("be") or [{}])[0]).get("gpu", r.get("device", "?"))
                    for r in rows if r.get("hp") or r.get("be")})
-    print(f"\nmedians across rounds; runs: {', '.join(map(str, runs))}; device: {', '.join(gpus)}")
+    print(f"\nmedians across rounds; runs: {', '.join(map(str, runs))}; device: {', '.join(gpus) or '?'}")
     print("HP pairs: mlp = MLP inference (6 x Linear 2048, batch 8) beside MLP trainers "
           "(batch 512); bert = one BERT-base encoder layer (seq 128) beside transformer "
           "trainers (4 layers, d 512, seq 256, batch 16). BE / one alone: the trainers' "
