@@ -5,13 +5,15 @@ harness) rebuilt into one markdown table: per users mode, pair and trainer count
 the medians across rounds of HP p50 and p99 (ms), of HP p99 as a ratio to HP alone and of BE
 iterations/s (summed over the trainers) as a fraction of one BE trainer alone. A ratio is
 taken against the alone cell of the same run and round, then medianed; where a run has no
-alone cell for that round, against the median of every alone cell of that pair (marked *).
+alone cell for that round, against the median of every alone cell of that pair on the same
+GPU model (marked *).
 """
 import json
 import statistics
 import sys
 from collections import defaultdict
 
+PAIRS = ["mlp", "bert"]
 SETUPS = ["alone", "plain", "mps", "governed", "cons", "cons-lowsm"]
 
 
@@ -44,6 +46,11 @@ def fmt(v, spec=".3f"):
     return "–" if v is None else format(v, spec)
 
 
+def gpu(r):
+    first = r.get("hp") or (r.get("be") or [{}])[0]
+    return first.get("gpu", r.get("device"))
+
+
 def be_sum(r):
     return sum(b.get("it_per_s") or 0.0 for b in r["be"]) if r.get("be") else None
 
@@ -62,16 +69,16 @@ def main(paths):
         key = (r.get("run"), r.get("round"), r.get("pair"))
         if r.get("hp_on") and r.get("hp") and r["hp"].get("p99_ms") is not None:
             hp_alone[key] = r["hp"]["p99_ms"]
-            hp_alone_all[r["pair"]].append(r["hp"]["p99_ms"])
+            hp_alone_all[(r["pair"], gpu(r))].append(r["hp"]["p99_ms"])
         elif not r.get("hp_on") and r.get("be"):
             be_alone[key] = be_sum(r)
-            be_alone_all[r["pair"]].append(be_alone[key])
+            be_alone_all[(r["pair"], gpu(r))].append(be_alone[key])
 
     def baseline(table, table_all, r):
         key = (r.get("run"), r.get("round"), r.get("pair"))
         if key in table:
             return table[key], False
-        m = med(table_all.get(r.get("pair"), []))
+        m = med(table_all.get((r.get("pair"), gpu(r)), []))
         return m, m is not None
 
     groups = defaultdict(list)
@@ -90,7 +97,8 @@ def main(paths):
 
     def order(k):
         users, pair, trainers, setup = k
-        return (users != "same", str(pair), -1 if trainers == "–" else trainers,
+        return (users != "same", PAIRS.index(pair) if pair in PAIRS else 9, str(pair),
+                -1 if trainers == "–" else trainers,
                 SETUPS.index(setup) if setup in SETUPS else 99, str(setup))
 
     for key in sorted(groups, key=order):
@@ -136,16 +144,15 @@ def main(paths):
             f"| {ok}/{len(cells)} | {note} |")
     print("\n".join(out))
     runs = sorted({r.get("run") for r in rows})
-    gpus = sorted({(r.get("hp") or (r.get("be") or [{}])[0]).get("gpu", r.get("device", "?"))
-                   for r in rows if r.get("hp") or r.get("be")})
+    gpus = sorted({str(gpu(r)) for r in rows if r.get("hp") or r.get("be")})
     print(f"\nmedians across rounds; runs: {', '.join(map(str, runs))}; device: {', '.join(gpus) or '?'}")
     print("HP pairs: mlp = MLP inference (6 x Linear 2048, batch 8) beside MLP trainers "
           "(batch 512); bert = one BERT-base encoder layer (seq 128) beside transformer "
           "trainers (4 layers, d 512, seq 256, batch 16). BE / one alone: the trainers' "
           "summed it/s over one trainer's alone.")
     if any("*" in line for line in out[2:]):
-        print("* against the median of every alone cell of that pair (no alone cell in that "
-              "run and round)")
+        print("* against the median of every alone cell of that pair on the same GPU model (no "
+              "alone cell in that run and round)")
     return 0
 
 
