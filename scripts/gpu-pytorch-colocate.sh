@@ -90,7 +90,7 @@ cleanup() {
     stop_broker
     kill_leftovers
     if [[ $logs == "$work"/* ]]; then
-        rm -rf "$work/bin" "$work/py" "$work/cells" "$work/mps" "$work/policy.toml" "$sock"
+        rm -rf "${work:?}/bin" "$work/py" "$work/cells" "$work/mps" "$work/policy.toml" "$sock"
     else
         rm -rf "$work"
     fi
@@ -294,7 +294,7 @@ run_cell() { # run_cell ROUND SETUP PAIR TRAINERS HP_ON
     chmod 777 "$cell"
     pids=()
     names=()
-    local t0 status=ok partition= i
+    local t0 status=ok partition="" i
     t0=$(now)
     case $setup in
         governed | cons | cons-lowsm)
