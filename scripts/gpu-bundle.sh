@@ -7,7 +7,8 @@
 #   CUDA driver as libcuda.so with cuda/libcuda.so.1 and cuda/libcuda.so linked to it, the
 #   layout `gpushare run` looks for beside itself), and the governed-clients PyTorch check
 #   (libgpushare_interpose.so, gpu-pytorch-governed.sh, governed/*.py) and the consolidated-
-#   clients one (gpu-pytorch-consolidated.sh, consolidated/*.py and its launch program). Copy
+#   clients one (gpu-pytorch-consolidated.sh, consolidated/*.py and its launch program), and the
+#   colocation benchmark (gpu-pytorch-colocate.sh, colocate/*.py). Copy
 #   the folder to the GPU machine and run `./gpu-test.sh` (and the PyTorch checks) inside it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -41,9 +42,11 @@ for line in sys.stdin:
             shutil.copy(m["executable"], out + "/test-" + name)
 ' "$out"
 
-cp scripts/gpu-test.sh scripts/gpu-pytorch-governed.sh scripts/gpu-pytorch-consolidated.sh "$out/"
-mkdir -p "$out/governed" "$out/consolidated"
+cp scripts/gpu-test.sh scripts/gpu-pytorch-governed.sh scripts/gpu-pytorch-consolidated.sh \
+    scripts/gpu-pytorch-colocate.sh "$out/"
+mkdir -p "$out/governed" "$out/consolidated" "$out/colocate"
 cp scripts/governed/*.py "$out/governed/"
+cp scripts/colocate/*.py "$out/colocate/"
 cp scripts/consolidated/*.py scripts/consolidated/launch.c "$out/consolidated/"
 cc -O2 -o "$out/consolidated/launch" scripts/consolidated/launch.c -ldl
 # strip(1) warns about the cuda/ directory and goes on.
