@@ -82,6 +82,9 @@ struct UprobeState {
     attached: HashMap<u32, uprobes::ProcessLinks>,
     /// This process: never probed (its own CUDA calls would pay for every hit).
     me: u32,
+    /// Its executable: processes running it (its CUDA driver holder) are gpushared's own
+    /// and never probed either.
+    my_exe: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for Telemetry {
@@ -139,6 +142,7 @@ impl Telemetry {
                     probes,
                     attached: HashMap::new(),
                     me: std::process::id(),
+                    my_exe: std::fs::read_link("/proc/self/exe").ok(),
                 })
             }),
         })
@@ -229,6 +233,11 @@ fn follow_processes(ebpf: &mut Ebpf, state: &mut UprobeState, live: &[ProcessAct
         let Some(nz) = std::num::NonZeroU32::new(pid) else {
             continue;
         };
+        let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok();
+        if exe.is_some() && exe == state.my_exe {
+            state.attached.insert(pid, Vec::new());
+            continue;
+        }
         let links = uprobes::attach_to(ebpf, &mut state.probes, nz);
         state.attached.insert(pid, links);
     }

@@ -103,6 +103,10 @@ fn from_ldconfig(listing: &str) -> Option<PathBuf> {
 #[derive(Debug)]
 pub struct Probes {
     pub library: PathBuf,
+    /// (program, symbol, file offset) for every symbol of [`PROBES`] the library exports:
+    /// resolved once, so that attaching to a process parses nothing (attaching by name reads
+    /// the driver's whole symbol table again for each probe in each process).
+    pub offsets: Vec<(&'static str, &'static str, u64)>,
     /// (program, symbol) pairs that attached in the first process tried; empty until then.
     pub symbols: Vec<(&'static str, &'static str)>,
 }
@@ -110,17 +114,84 @@ pub struct Probes {
 /// Links of the probes attached to one process.
 pub type ProcessLinks = Vec<(&'static str, UProbeLinkId)>;
 
-/// Loads the uprobe programs without attaching them anywhere.
+/// Loads the uprobe programs without attaching them anywhere, and finds where in `library`
+/// each symbol they count lives.
 pub fn load(ebpf: &mut Ebpf, library: &Path) -> Result<Probes, String> {
     for &(program, _) in PROBES {
         probe(ebpf, program)?
             .load()
             .map_err(|e| format!("the kernel refused program {program}: {}", error_chain(&e)))?;
     }
+    let wanted: Vec<&'static str> = PROBES.iter().flat_map(|(_, s)| s.iter().copied()).collect();
+    let found = symbol_offsets(library, &wanted)?;
+    let offsets = PROBES
+        .iter()
+        .flat_map(|&(program, symbols)| {
+            symbols
+                .iter()
+                .filter_map(|&s| found.get(s).map(|&off| (program, s, off)))
+                .collect::<Vec<_>>()
+        })
+        .collect::<Vec<_>>();
+    if offsets.is_empty() {
+        return Err(format!(
+            "{} exports none of the functions the probes count",
+            library.display()
+        ));
+    }
     Ok(Probes {
         library: library.to_path_buf(),
+        offsets,
         symbols: Vec::new(),
     })
+}
+
+/// The file offsets of the `wanted` symbols that `library` defines (dynamic symbols first),
+/// as the kernel's uprobes take them.
+pub fn symbol_offsets(
+    library: &Path,
+    wanted: &[&'static str],
+) -> Result<std::collections::HashMap<&'static str, u64>, String> {
+    use object::{Object as _, ObjectSection as _, ObjectSymbol as _};
+    let file = std::fs::File::open(library)
+        .map_err(|e| format!("cannot open {}: {e}", library.display()))?;
+    // SAFETY: a read-only private mapping of the driver's library; a file changed under us
+    // (a driver update) could give wrong offsets, never unsafety in this process's memory
+    // beyond the parse reading odd bytes, which the parser checks.
+    let map = unsafe { memmap2::Mmap::map(&file) }
+        .map_err(|e| format!("cannot map {}: {e}", library.display()))?;
+    let obj = object::File::parse(&*map)
+        .map_err(|e| format!("cannot read {} as ELF: {e}", library.display()))?;
+    let translate = matches!(
+        obj.kind(),
+        object::ObjectKind::Dynamic | object::ObjectKind::Executable
+    );
+    let mut found = std::collections::HashMap::new();
+    for sym in obj.dynamic_symbols().chain(obj.symbols()) {
+        let Ok(name) = sym.name() else { continue };
+        let Some(&want) = wanted.iter().find(|w| **w == name) else {
+            continue;
+        };
+        if found.contains_key(want) || sym.address() == 0 {
+            continue;
+        }
+        let offset = if translate {
+            let Some(section) = sym
+                .section_index()
+                .and_then(|i| obj.section_by_index(i).ok())
+            else {
+                continue;
+            };
+            let Some((file_offset, _)) = section.file_range() else {
+                continue;
+            };
+            sym.address() - section.address() + file_offset
+        } else {
+            sym.address()
+        };
+        found.insert(want, offset);
+    }
+    Ok(found)
 }
 
 fn probe<'a>(ebpf: &'a mut Ebpf, program: &str) -> Result<&'a mut UProbe, String> {
@@ -134,25 +205,23 @@ fn probe<'a>(ebpf: &'a mut Ebpf, program: &str) -> Result<&'a mut UProbe, String
 pub fn attach_to(ebpf: &mut Ebpf, probes: &mut Probes, pid: NonZeroU32) -> ProcessLinks {
     let mut links = Vec::new();
     let first = probes.symbols.is_empty();
-    for &(program, symbols) in PROBES {
+    for &(program, symbol, offset) in &probes.offsets {
         let Ok(p) = probe(ebpf, program) else {
             continue;
         };
-        for &symbol in symbols {
-            match p.attach(symbol, &probes.library, UProbeScope::OneProcess(pid)) {
-                Ok(link) => {
-                    links.push((program, link));
-                    if first {
-                        probes.symbols.push((program, symbol));
-                    }
+        match p.attach(offset, &probes.library, UProbeScope::OneProcess(pid)) {
+            Ok(link) => {
+                links.push((program, link));
+                if first {
+                    probes.symbols.push((program, symbol));
                 }
-                Err(e) => debug!(
-                    pid,
-                    "telemetry: no uprobe on {symbol} in {}: {}",
-                    probes.library.display(),
-                    error_chain(&e)
-                ),
             }
+            Err(e) => debug!(
+                pid,
+                "telemetry: no uprobe on {symbol} in {}: {}",
+                probes.library.display(),
+                error_chain(&e)
+            ),
         }
     }
     links
@@ -170,6 +239,27 @@ pub fn detach(ebpf: &mut Ebpf, links: ProcessLinks) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn finds_the_file_offsets_of_exported_functions() {
+        // The C library this test links, found where the process mapped it.
+        let maps = std::fs::read_to_string("/proc/self/maps").expect("maps");
+        let libc = maps
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(5))
+            .find(|p| p.contains("/libc.so"))
+            .expect("libc mapped");
+        let size = std::fs::metadata(libc).expect("libc").len();
+        let found = symbol_offsets(Path::new(libc), &["malloc", "free", "gpushare_no_such_fn"])
+            .expect("libc parses");
+        for name in ["malloc", "free"] {
+            let off = found[name];
+            assert!(off > 0 && off < size, "{name} at {off} in {size} bytes");
+        }
+        assert_ne!(found["malloc"], found["free"]);
+        assert!(!found.contains_key("gpushare_no_such_fn"));
+        assert!(symbol_offsets(Path::new("/nonexistent/libcuda.so.1"), &["malloc"]).is_err());
+    }
 
     #[test]
     fn reads_libcuda_from_ldconfig_output() {
