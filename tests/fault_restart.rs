@@ -149,6 +149,8 @@ fn ten_faults_in_a_row_each_bring_the_others_back() {
             [
                 "GPU fault",
                 "restarting",
+                "re-executing",
+                "gpushared starting",
                 "context",
                 "ready",
                 "telemetry",

@@ -311,6 +311,7 @@ fn restart(reason: &str, carry: &Carry) -> ! {
     use std::os::unix::process::CommandExt;
     tracing::error!(%reason, "restarting gpushared");
     let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    tracing::debug!("re-executing gpushared");
     // Marks them close-on-exec rather than closing them now: the runtime's threads still use
     // theirs until exec replaces the process. (CLOSE_RANGE_CLOEXEC, Linux 5.11.)
     const CLOSE_RANGE_CLOEXEC: u32 = 1 << 2;
