@@ -42,7 +42,7 @@ for line in sys.stdin:
             shutil.copy(m["executable"], out + "/test-" + name)
 ' "$out"
 
-cp scripts/gpu-test.sh scripts/gpu-pytorch-governed.sh scripts/gpu-pytorch-consolidated.sh \
+cp scripts/gpu-test.sh scripts/gpu-pytorch-governed.sh scripts/gpu-pytorch-consolidated.sh scripts/gpu-pytorch-fair.sh \
     scripts/gpu-pytorch-colocate.sh "$out/"
 mkdir -p "$out/governed" "$out/consolidated" "$out/colocate"
 cp scripts/governed/*.py "$out/governed/"

@@ -25,7 +25,8 @@
 #
 # Other settings: ROUNDS (2), USERS (same | two: the HP program runs as the Unix user HP_USER,
 # default gpucolo, created if missing; needs root), HP_BATCH_MLP (8), HP_DTYPE (float32),
-# BROKER_ARGS (--no-telemetry), READY_TIMEOUT (120 s for a cell's programs to get ready),
+# BROKER_ARGS (--no-telemetry), SCHEDULER (priority: the broker setups' policy),
+# READY_TIMEOUT (120 s for a cell's programs to get ready),
 # STRAGGLER_S (30: a program still not ready this long after the others were is given up on;
 # under MPS with two users that is the expected "blocked" result), EXIT_TIMEOUT (60),
 # LOGS (default $work/logs, kept), PYTHON (python3), COLO_DEVICE=cpu (tiny models on the CPU,
@@ -54,6 +55,7 @@ hp_batch_bert=${HP_BATCH_BERT:-4}
 hp_dtype=${HP_DTYPE:-float32}
 lowsm_share=${LOWSM_SHARE:-0.5}
 broker_args=${BROKER_ARGS:---no-telemetry}
+scheduler=${SCHEDULER:-priority}
 ready_timeout=${READY_TIMEOUT:-120}
 straggler=${STRAGGLER_S:-30}
 exit_timeout=${EXIT_TIMEOUT:-60}
@@ -99,7 +101,7 @@ cleanup() {
 start_broker() { # start_broker SETUP LOG
     local policy=$work/policy.toml
     {
-        echo 'scheduler = "priority"'
+        echo "scheduler = \"$scheduler\""
         if [[ $1 == cons-lowsm ]]; then
             echo '[priority]'
             echo "lower_sm_share = $lowsm_share"
