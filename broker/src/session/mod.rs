@@ -11,7 +11,8 @@
 //! - `allocations`: its live device memory, and the range check every pointer meets.
 //! - `serve`: the ring loop: drain, complete, charge device time, sleep.
 //! - `execute`: one command, decoded, checked and run.
-//! - `turns`: a kernel waiting for the scheduler's turn, and granted kernels reported done.
+//! - `turns`: a kernel waiting for the scheduler's turn, and granted kernels reported done,
+//!   each with the device time it took.
 //! - `reset`: what a device reset took, and what the client is told of it.
 //! - `reclaim`: releasing everything when the session ends.
 //! - `governed`: admission for governed clients (their own CUDA context).
