@@ -63,6 +63,9 @@ fn policy(scheduler: &str) -> String {
     format!(
         "# gpushare-demo tour: this user may use every class; each client asks for its own.\n\
          scheduler = \"{scheduler}\"\n\
+         # Beside the interactive client the trainer keeps one kernel on the device, not two.\n\
+         [priority]\n\
+         lower_depth = 1\n\
          [[users]]\n\
          uid = {}\n\
          class = \"high\"\n\
@@ -269,6 +272,11 @@ fn trainer(broker: &Broker) -> anyhow::Result<Worker> {
             "trainer",
             "--size",
             "4096",
+            // A training step queues many kernels before it waits, as PyTorch's does.
+            "--kernels-per-step",
+            "16",
+            "--kernel-us",
+            "1000",
         ],
     )
 }
@@ -338,9 +346,10 @@ pub fn run(args: &TourArgs) -> anyhow::Result<()> {
     print_table(&cases);
     if report.backend == "sim" {
         say(
-            "the sim device runs one command at a time, each to its end: a policy can only pick \
-             which waiting kernel starts next, and this host's CPU load moves the figures. \
-             docs/benchmarks.md has the priority policy on an H100.",
+            "the sim device runs one kernel at a time: under priority the trainer's queued \
+             kernels wait while the interactive client has work, but a kernel already running \
+             is not stopped, and this host's CPU load moves the figures. docs/benchmarks.md \
+             has the priority policy on an H100.",
         );
     }
     let requests: u64 = cases.iter().map(|c| c.interactive.requests).sum();

@@ -3,8 +3,10 @@
 //! It runs the built-in kernels for real on the CPU and charges each command modelled device
 //! time from [`cost::CostModel`]. One command runs at a time, in the order commands arrive; a
 //! command starts at `max(its stream's ready time, the device's busy-until time)`. Modelled
-//! time advances only with work, so results are deterministic. With `realtime` the sim also
-//! takes that long on the wall clock (for demos and `gpushare top`).
+//! time advances only with work, so results are deterministic. With `realtime` modelled time
+//! is the wall clock (for demos, `gpushare top` and scheduling tests): a command is accepted at
+//! once and runs from `max(…, now)` for its modelled time, as queued GPU work does, and
+//! synchronizations, events and stream queries wait for that end on the wall clock.
 
 mod attributes;
 pub mod cost;
@@ -64,6 +66,8 @@ pub struct SimDevice {
     options: SimOptions,
     state: Mutex<SimState>,
     interrupted: AtomicBool,
+    /// Where modelled time starts on the wall clock (`realtime` only).
+    origin: Instant,
 }
 
 pub struct SimStream {
@@ -117,6 +121,49 @@ impl SimDevice {
                 epoch: 0,
             }),
             interrupted: AtomicBool::new(false),
+            origin: Instant::now(),
+        }
+    }
+
+    /// Modelled time now: the wall clock with `realtime`, otherwise 0 (time then advances
+    /// only with work).
+    fn now_ns(&self) -> u64 {
+        if self.options.realtime {
+            self.origin.elapsed().as_nanos() as u64
+        } else {
+            0
+        }
+    }
+
+    /// Whether modelled time `t` has come: always without `realtime`, where work is done
+    /// when it is accepted.
+    fn reached(&self, t: u64) -> bool {
+        !self.options.realtime || self.now_ns() >= t
+    }
+
+    /// Waits until modelled time `t` has come on the wall clock (`realtime` only); a reset
+    /// cuts the wait short.
+    fn wait_for(&self, t: u64) -> DeviceResult<()> {
+        if !self.options.realtime {
+            return Ok(());
+        }
+        loop {
+            let now = self.now_ns();
+            if now >= t {
+                return Ok(());
+            }
+            if self.interrupted.load(Ordering::Acquire) {
+                return Err(DeviceError::Cancelled);
+            }
+            // Sleep most of it, spin the rest: good to a few µs without burning a core.
+            let left = Duration::from_nanos(t - now);
+            if left > Duration::from_micros(200) {
+                std::thread::sleep(
+                    (left - Duration::from_micros(100)).min(Duration::from_millis(5)),
+                );
+            } else {
+                std::hint::spin_loop();
+            }
         }
     }
 
@@ -135,26 +182,14 @@ impl SimDevice {
         cost_ns: u64,
         body: impl FnOnce(&mut SimMemory) -> DeviceResult<T>,
     ) -> DeviceResult<T> {
-        let wall_start = Instant::now();
         let mut st = self.state();
         Self::check_healthy(&st)?;
         let out = body(&mut st.memory)?;
-        let start = stream.ready_ns.max(st.busy_until_ns);
+        let start = stream.ready_ns.max(st.busy_until_ns).max(self.now_ns());
         let end = start.saturating_add(cost_ns);
         st.busy_until_ns = end;
         stream.ready_ns = end;
         stream.busy_ns = stream.busy_ns.saturating_add(cost_ns);
-        if self.options.realtime {
-            let target = wall_start + Duration::from_nanos(cost_ns);
-            // Sleep most of it, spin the rest: good to a few µs without burning a core.
-            while let Some(left) = target.checked_duration_since(Instant::now()) {
-                if left > Duration::from_micros(200) {
-                    std::thread::sleep(left - Duration::from_micros(100));
-                } else {
-                    std::hint::spin_loop();
-                }
-            }
-        }
         Ok(out)
     }
 
@@ -305,7 +340,8 @@ impl Device for SimDevice {
     }
 
     fn sync_stream(&self, stream: &mut SimStream) -> DeviceResult<()> {
-        // Work ran when it was accepted; only an injected hang is ever pending.
+        // Work ran when it was accepted (in realtime it ends at its modelled time); only an
+        // injected hang never finishes.
         if stream.hung {
             // It never finishes: only a reset ends the wait.
             while !self.interrupted.load(Ordering::Acquire) {
@@ -313,13 +349,15 @@ impl Device for SimDevice {
             }
             return Err(DeviceError::Cancelled);
         }
+        self.wait_for(stream.ready_ns)?;
         Self::check_healthy(&self.state())
     }
 
     fn stream_busy(&self, stream: &SimStream) -> bool {
         // Work runs when it is accepted, so only a hung stream, or the one whose kernel
         // faulted (its work never finished), has any pending.
-        (stream.hung || stream.faulted) && stream.epoch == self.state().epoch
+        ((stream.hung || stream.faulted) && stream.epoch == self.state().epoch)
+            || !self.reached(stream.ready_ns)
     }
 
     fn fault(&self) -> Option<String> {
@@ -360,16 +398,21 @@ impl Device for SimDevice {
     fn record_start(&self, event: &mut SimEvent, stream: &mut SimStream) -> DeviceResult<()> {
         // The device runs one thing at a time: what is queued next starts when the stream's
         // work is done and the device is free.
-        event.time_ns = Some(stream.ready_ns.max(self.state().busy_until_ns));
+        event.time_ns = Some(
+            stream
+                .ready_ns
+                .max(self.state().busy_until_ns)
+                .max(self.now_ns()),
+        );
         Ok(())
     }
 
-    fn event_done(&self, _event: &SimEvent) -> DeviceResult<bool> {
-        Ok(true)
+    fn event_done(&self, event: &SimEvent) -> DeviceResult<bool> {
+        Ok(event.time_ns.is_none_or(|t| self.reached(t)))
     }
 
-    fn sync_event(&self, _event: &SimEvent) -> DeviceResult<()> {
-        Ok(())
+    fn sync_event(&self, event: &SimEvent) -> DeviceResult<()> {
+        self.wait_for(event.time_ns.unwrap_or(0))
     }
 
     fn elapsed_ns(&self, start: &SimEvent, end: &SimEvent) -> DeviceResult<u64> {
@@ -404,7 +447,7 @@ impl Device for SimDevice {
 
     fn stream_done(&self, stream: &SimStream) -> DeviceResult<bool> {
         Self::check_healthy(&self.state())?;
-        Ok(!stream.hung)
+        Ok(!stream.hung && self.reached(stream.ready_ns))
     }
 
     fn memset_wide(
