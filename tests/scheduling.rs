@@ -303,10 +303,14 @@ fn srtf_runs_the_shortest_declared_job_and_switches_only_at_iteration_ends() {
     assert_eq!(ran, 20);
     // (At least the five iterations it ran before the short job came.)
     assert!(long_iterations >= 5, "the long job ran before");
-    // At most the long job's iteration in progress when the short one arrived (4 ms), plus
-    // one more if the short one was between iterations at a boundary.
+    // Without SRTF the two would share the GPU about evenly (the long job getting about as
+    // much as the short one's 80 ms). With it the long job runs only its iteration in progress
+    // when the short one arrives (4 ms), plus one more whenever the short job has nothing
+    // queued at a boundary: on an idle machine that is 4-8 ms, and on a loaded one, where the
+    // short job's thread is descheduled between iterations now and then, a few more (16 ms
+    // seen with a second copy of the suite beside). Half the short job's time is the bound.
     assert!(
-        during <= 8_000_000,
+        during < 40_000_000,
         "the long job got {during} ns while the shorter job was waiting"
     );
     // Declarations are checked.
