@@ -153,6 +153,18 @@ pub struct Pacing {
     pub stall_limit: Duration,
 }
 
+/// What a client is told when serving it panicked (a bug in gpushared).
+fn internal_error(payload: &(dyn std::any::Any + Send)) -> String {
+    let what = payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "no message".into());
+    format!(
+        "gpushared hit an internal error while serving this client ({what}); the session was ended and everything it held released"
+    )
+}
+
 /// What a session uses of its GPU besides the device: fault containment and the scheduler.
 pub struct GpuServices {
     pub health: Arc<DeviceHealth>,
@@ -242,11 +254,41 @@ impl<D: Device> SessionState<D> {
         let grant = self.info.grant();
         self.dispatch
             .add_client(self.info.id, grant.class, grant.weight, self.info.governed);
-        let end = self.serve();
+        // A bug that panics while serving one client ends that client's session, told why,
+        // and still releases what it held: otherwise its kernels would stay in flight in the
+        // scheduler, holding every other client back, and its memory would never be freed.
+        let end = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.serve())) {
+            Ok(end) => end,
+            Err(payload) => {
+                let reason = internal_error(payload.as_ref());
+                tracing::error!(%reason, "ending a session after an internal error");
+                self.info.evict(reason.clone());
+                SessionEnd::Evicted(reason)
+            }
+        };
         self.dispatch.remove_client(self.info.id);
         self.granted.clear();
         self.reclaim();
         self.health.unregister(self.info.id);
         end
+    }
+}
+
+#[cfg(test)]
+mod panic_tests {
+    use super::internal_error;
+
+    #[test]
+    fn a_panic_becomes_a_sentence_for_the_client() {
+        let caught = std::panic::catch_unwind(|| panic!("index out of bounds")).unwrap_err();
+        let said = internal_error(caught.as_ref());
+        assert!(
+            said.contains("internal error") && said.contains("index out of bounds"),
+            "{said}"
+        );
+        let formatted = std::panic::catch_unwind(|| panic!("{} of {}", 3, 4)).unwrap_err();
+        assert!(internal_error(formatted.as_ref()).contains("3 of 4"));
+        let other = std::panic::catch_unwind(|| std::panic::panic_any(7u8)).unwrap_err();
+        assert!(internal_error(other.as_ref()).contains("no message"));
     }
 }
