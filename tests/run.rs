@@ -59,27 +59,8 @@ fn built() -> &'static Built {
             (&program, vec!["-ldl"], &app),
             (&program, vec!["-DLINKED", &real_arg, "-ldl"], &linked),
         ];
-        let cc = std::env::var_os("CC").unwrap_or_else(|| "cc".into());
         for (source, flags, out) in builds {
-            let output = Command::new(&cc)
-                .arg("-Wall")
-                .arg("-o")
-                .arg(out)
-                .arg(source)
-                .args(flags)
-                .output()
-                .unwrap_or_else(|e| {
-                    panic!(
-                        "cannot run the C compiler `{}` ({e}): these tests need one (install gcc or clang, or set CC)",
-                        cc.to_string_lossy()
-                    )
-                });
-            assert!(
-                output.status.success(),
-                "compiling {}: {}",
-                source.display(),
-                String::from_utf8_lossy(&output.stderr)
-            );
+            gpushare_tests::cc::compile(source, &flags, out);
         }
         Built { dir, app, linked }
     })

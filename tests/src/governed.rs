@@ -23,7 +23,6 @@ pub fn built() -> &'static Built {
     BUILT.get_or_init(|| {
         let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("c");
         let dir = tempfile::tempdir().expect("temp dir");
-        let cc = std::env::var_os("CC").unwrap_or_else(|| "cc".into());
         let standin = dir.path().join("libcuda-standin.so");
         let app = dir.path().join("governed_app");
         // -Bsymbolic: the driver's own references to its functions stay its own, as in the
@@ -37,25 +36,7 @@ pub fn built() -> &'static Built {
             (vec!["-ldl", "-pthread"], src.join("governed_app.c"), &app),
         ];
         for (flags, source, out) in builds {
-            let output = Command::new(&cc)
-                .arg("-Wall")
-                .arg("-o")
-                .arg(out)
-                .arg(&source)
-                .args(flags)
-                .output()
-                .unwrap_or_else(|e| {
-                    panic!(
-                        "cannot run the C compiler `{}` ({e}): these tests need one (install gcc or clang, or set CC)",
-                        cc.to_string_lossy()
-                    )
-                });
-            assert!(
-                output.status.success(),
-                "compiling {}: {}",
-                source.display(),
-                String::from_utf8_lossy(&output.stderr)
-            );
+            crate::cc::compile(&source, &flags, out);
         }
         Built {
             _dir: dir,

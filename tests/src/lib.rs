@@ -424,6 +424,7 @@ pub fn wait_until(timeout: Duration, mut check: impl FnMut() -> bool) -> bool {
     check()
 }
 
+pub mod cc;
 pub mod cuda_program;
 pub mod faults;
 pub mod governed;
