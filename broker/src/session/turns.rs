@@ -63,21 +63,22 @@ impl<D: Device> SessionState<D> {
     /// unless it will start where the stream's previous granted kernel ends (that one is
     /// still running and nothing was queued between them).
     pub(super) fn start_granted(&mut self, stream: StreamId) -> Option<D::Event> {
-        let slot = self.streams.get_mut(&stream)?;
+        let submitted = self.streams.get(&stream)?.submitted;
         let behind = self
             .granted
             .iter()
             .rev()
             .find(|g| g.stream == stream)
             .is_some_and(|g| {
-                g.submitted == slot.submitted && matches!(self.device.event_done(&g.end), Ok(false))
+                g.submitted == submitted && matches!(self.device.event_done(&g.end), Ok(false))
             });
         if behind {
             return None;
         }
-        let mut event = match self.spare_events.pop() {
-            Some(e) => e,
-            None => self.device.create_event().ok()?,
+        let mut event = self.spare_event().ok()?;
+        let Some(slot) = self.streams.get_mut(&stream) else {
+            self.spare_events.push(event);
+            return None;
         };
         match self.device.record_start(&mut event, &mut slot.stream) {
             Ok(()) => Some(event),
@@ -96,10 +97,7 @@ impl<D: Device> SessionState<D> {
         start: Option<D::Event>,
         launched: bool,
     ) {
-        let event = match self.spare_events.pop() {
-            Some(e) => Ok(e),
-            None => self.device.create_event(),
-        };
+        let event = self.spare_event();
         let recorded = match (launched, event, self.streams.get_mut(&stream)) {
             (true, Ok(mut e), Some(slot)) => {
                 match self.device.record_event(&mut e, &mut slot.stream) {
@@ -136,24 +134,32 @@ impl<D: Device> SessionState<D> {
             let Some(g) = self.granted.pop_front() else {
                 break;
             };
+            let request = g.request;
             let measured = self.time_granted(g);
-            let request = measured.0;
-            self.dispatch.complete(self.info.id, request, measured.1);
+            self.dispatch.complete(self.info.id, request, measured);
         }
     }
 
     /// How long a finished granted kernel ran; keeps its end event as where the stream's
     /// next granted kernel starts.
-    fn time_granted(&mut self, g: Granted<D::Event>) -> (RequestId, Option<u64>) {
+    fn time_granted(&mut self, g: Granted<D::Event>) -> Option<u64> {
         let Some(slot) = self.streams.get_mut(&g.stream) else {
             self.spare_events.extend(g.start.into_iter().chain([g.end]));
-            return (g.request, None);
+            return None;
         };
         let from = g.start.as_ref().or(slot.last_end.as_ref());
         let measured = from.and_then(|s| self.device.elapsed_ns(s, &g.end).ok());
         let previous = slot.last_end.replace(g.end);
         self.spare_events
             .extend(g.start.into_iter().chain(previous));
-        (g.request, measured)
+        measured
+    }
+
+    /// A timing event from the spares, or a new one.
+    fn spare_event(&mut self) -> crate::device::DeviceResult<D::Event> {
+        match self.spare_events.pop() {
+            Some(e) => Ok(e),
+            None => self.device.create_event(),
+        }
     }
 }
