@@ -1,4 +1,5 @@
-//! The policy file (`/etc/gpushare/gpushare.toml`): who gets which class, weight and quota.
+//! The policy file (`/etc/gpushare/gpushare.toml`): who gets which class, weight, quota and
+//! trust domain.
 //!
 //! ```toml
 //! [defaults]
@@ -8,12 +9,14 @@
 //! allow = true                # false: only users/groups with `allow = true` may connect
 //! max_sessions = 64           # sessions one user may have open at once
 //! max_pinned_memory = "2 GiB" # host memory one user's sessions may make gpushared lock
+//! trust_domain = "default"    # who shares a GPU context (and so memory); "default" if unset
 //!
 //! [[users]]
 //! name = "alice"              # or uid = 1000
 //! class = "high"
 //! weight = 4
 //! memory_quota = "20 GiB"
+//! trust_domain = "alice"      # alone: no one else's kernels can touch her memory
 //!
 //! [[users]]
 //! name = "mallory"
@@ -23,7 +26,14 @@
 //! name = "students"           # or gid = 2000
 //! class = "best-effort"
 //! memory_quota = "4 GiB"
+//! trust_domain = "students"   # 1-32 of a-z, 0-9, `_`, `-`; starts with a letter or digit
 //! ```
+//!
+//! A trust domain is a set of users who trust each other's programs: each domain gets its own
+//! GPU context, so kernels of one domain cannot read or write another's memory, and a GPU fault
+//! in one domain leaves the others running. The cost: contexts of different domains time-slice
+//! on the GPU instead of running side by side, and each costs its context's memory. Put users
+//! whose work must overlap on the GPU in one domain; one scheduler spans all domains.
 //!
 //! A top-level `scheduler = "priority"` picks the scheduling policy (fifo, priority, fair,
 //! srtf, pack or job-fifo; fifo by default); a SIGHUP switches it for running clients too.
@@ -47,12 +57,16 @@
 //! A user entry wins over group entries; among groups the first in file order that the user
 //! belongs to wins; fields an entry leaves out come from `[defaults]`. `allow` follows the
 //! same rule: with `[defaults] allow = false`, a `[[users]]` entry for alice that does not say
-//! `allow = true` refuses her even when a group she is in is allowed. Root is always allowed.
+//! `allow = true` refuses her even when a group she is in is allowed. Root is always allowed,
+//! and otherwise placed like anyone else (a user entry for root may give it a trust domain).
 
+use std::collections::BTreeSet;
 use std::path::Path;
 
 mod identity;
+mod trust_domain;
 pub use identity::Identity;
+pub use trust_domain::{TrustDomain, TrustDomainError};
 
 use gpushare_protocol::PriorityClass;
 use serde::Deserialize;
@@ -131,6 +145,7 @@ struct Fields {
     allow: Option<bool>,
     max_sessions: Option<u32>,
     max_pinned_memory: Option<Quota>,
+    trust_domain: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -144,6 +159,7 @@ struct UserEntry {
     allow: Option<bool>,
     max_sessions: Option<u32>,
     max_pinned_memory: Option<Quota>,
+    trust_domain: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -157,6 +173,7 @@ struct GroupEntry {
     allow: Option<bool>,
     max_sessions: Option<u32>,
     max_pinned_memory: Option<Quota>,
+    trust_domain: Option<String>,
 }
 
 /// `[priority]`: the priority policy's tunables.
@@ -228,6 +245,7 @@ impl Policy {
                 });
             }
         }
+        check_trust_domains(&file, path)?;
         let zero_sessions = file.defaults.max_sessions == Some(0)
             || file.users.iter().any(|u| u.max_sessions == Some(0))
             || file.groups.iter().any(|g| g.max_sessions == Some(0));
@@ -334,6 +352,32 @@ impl Policy {
         }
     }
 
+    /// The trust domain `who` works in: their entry's `trust_domain`, else `[defaults]`', else
+    /// [`TrustDomain::default`]. Root follows the same rule.
+    pub fn trust_domain(&self, who: &Identity) -> TrustDomain {
+        match self
+            .entry_for(who)
+            .trust_domain
+            .or_else(|| self.file.defaults.trust_domain.clone())
+        {
+            Some(name) => TrustDomain(name),
+            None => TrustDomain::default(),
+        }
+    }
+
+    /// Every trust domain the file names, and the default one, sorted: the domains the broker
+    /// may need a GPU context for.
+    pub fn trust_domains(&self) -> Vec<TrustDomain> {
+        let file = &self.file;
+        let named = std::iter::once(&file.defaults.trust_domain)
+            .chain(file.users.iter().map(|u| &u.trust_domain))
+            .chain(file.groups.iter().map(|g| &g.trust_domain))
+            .flatten()
+            .map(|name| TrustDomain(name.clone()));
+        let all: BTreeSet<TrustDomain> = named.chain([TrustDomain::default()]).collect();
+        all.into_iter().collect()
+    }
+
     /// Whether the policy lets `who` connect at all: root always; anyone else by `allow` of
     /// their user entry, else of their first group entry, else of `[defaults]` (true when
     /// nothing says).
@@ -378,6 +422,7 @@ impl Policy {
                 allow: u.allow,
                 max_sessions: u.max_sessions,
                 max_pinned_memory: u.max_pinned_memory,
+                trust_domain: u.trust_domain.clone(),
             };
         }
         let group_match = self.file.groups.iter().find(|g| {
@@ -392,10 +437,43 @@ impl Policy {
                 allow: g.allow,
                 max_sessions: g.max_sessions,
                 max_pinned_memory: g.max_pinned_memory,
+                trust_domain: g.trust_domain.clone(),
             },
             None => Fields::default(),
         }
     }
+}
+
+/// Refuses a `trust_domain` that breaks the naming rule, naming the entry it is in.
+fn check_trust_domains(file: &PolicyFile, path: &str) -> Result<(), PolicyError> {
+    let users = file.users.iter().map(|u| {
+        let who = match (&u.name, u.uid) {
+            (Some(name), _) => format!("`{name}`"),
+            (None, uid) => format!("uid {}", uid.unwrap_or_default()),
+        };
+        (format!("[[users]] entry {who}"), &u.trust_domain)
+    });
+    let groups = file.groups.iter().map(|g| {
+        let who = match (&g.name, g.gid) {
+            (Some(name), _) => format!("`{name}`"),
+            (None, gid) => format!("gid {}", gid.unwrap_or_default()),
+        };
+        (format!("[[groups]] entry {who}"), &g.trust_domain)
+    });
+    let entries = std::iter::once(("[defaults]".to_string(), &file.defaults.trust_domain))
+        .chain(users)
+        .chain(groups);
+    for (entry, name) in entries {
+        if let Some(name) = name
+            && let Err(e) = TrustDomain::new(name)
+        {
+            return Err(PolicyError::Parse {
+                path: path.into(),
+                message: format!("{entry}: trust_domain {e}"),
+            });
+        }
+    }
+    Ok(())
 }
 
 fn apply(base: Grant, f: &Fields) -> Grant {

@@ -264,3 +264,179 @@ fn bounds_come_from_the_users_entry_then_the_defaults_then_the_built_in_ones() {
     let e = Policy::parse("[[users]]\nuid = 5\nmax_sessions = 0\n", "p").expect_err("zero");
     assert!(e.to_string().contains("max_sessions"), "{e}");
 }
+
+#[test]
+fn everyone_is_in_the_default_domain_when_the_file_says_nothing() {
+    for p in [
+        Policy::default(),
+        Policy::parse("", "p").expect("empty policy"),
+        Policy::parse(FILE, "p").expect("valid"),
+    ] {
+        assert_eq!(
+            p.trust_domain(&who(1000, "alice", &[(100, "students")])),
+            TrustDomain::default()
+        );
+        assert_eq!(p.trust_domain(&who(0, "root", &[])).as_str(), "default");
+        assert_eq!(p.trust_domains(), vec![TrustDomain::default()]);
+    }
+    assert_eq!(TrustDomain::default().to_string(), TrustDomain::DEFAULT);
+}
+
+const DOMAINS: &str = r#"
+    [defaults]
+    trust_domain = "shared"
+
+    [[users]]
+    name = "alice"
+    trust_domain = "alice"
+
+    [[users]]
+    name = "bob"
+    class = "high"
+
+    [[users]]
+    uid = 0
+    trust_domain = "ops"
+
+    [[groups]]
+    name = "students"
+    trust_domain = "teaching"
+
+    [[groups]]
+    gid = 50
+    trust_domain = "ops"
+
+    [[groups]]
+    name = "lab"
+    class = "best-effort"
+"#;
+
+#[test]
+fn trust_domains_follow_the_same_precedence_as_every_other_field() {
+    let p = Policy::parse(DOMAINS, "p").expect("valid");
+    let domain = |w: &Identity| p.trust_domain(w).to_string();
+    assert_eq!(
+        domain(&who(1000, "alice", &[(100, "students")])),
+        "alice",
+        "user beats group"
+    );
+    assert_eq!(
+        domain(&who(1001, "bob", &[(100, "students")])),
+        "shared",
+        "a user entry without the field takes [defaults], not the group's"
+    );
+    assert_eq!(
+        domain(&who(1002, "carol", &[(100, "students")])),
+        "teaching"
+    );
+    assert_eq!(
+        domain(&who(1003, "dave", &[(50, "staff"), (100, "students")])),
+        "teaching",
+        "first group in file order wins"
+    );
+    assert_eq!(domain(&who(1004, "erin", &[(50, "staff")])), "ops");
+    assert_eq!(
+        domain(&who(1005, "frank", &[(60, "lab"), (50, "staff")])),
+        "ops",
+        "file order, not the user's group order"
+    );
+    assert_eq!(
+        domain(&who(1006, "grace", &[(70, "lab")])),
+        "shared",
+        "a group entry without the field takes [defaults]"
+    );
+    assert_eq!(domain(&who(1007, "heidi", &[])), "shared");
+    assert_eq!(
+        domain(&who(0, "root", &[])),
+        "ops",
+        "root's user entry places it"
+    );
+    // The domain comes from the same entry as the grant, and changes nothing in it.
+    assert_eq!(
+        p.grant_for(&who(1006, "grace", &[(70, "lab")])).class,
+        PriorityClass::BestEffort
+    );
+    assert_eq!(
+        p.grant_for(&who(1005, "frank", &[(60, "lab"), (50, "staff")]))
+            .class,
+        PriorityClass::Normal,
+        "frank's entry is gid 50's, which names no class"
+    );
+}
+
+#[test]
+fn root_without_an_entry_is_placed_by_the_defaults() {
+    let p = Policy::parse("[defaults]\ntrust_domain = \"shared\"\n", "p").expect("valid");
+    assert_eq!(
+        p.trust_domain(&who(0, "root", &[(0, "root")])).as_str(),
+        "shared"
+    );
+}
+
+#[test]
+fn the_domains_list_names_each_domain_once_sorted_with_the_default() {
+    let p = Policy::parse(DOMAINS, "p").expect("valid");
+    let names: Vec<String> = p.trust_domains().iter().map(|d| d.to_string()).collect();
+    assert_eq!(names, ["alice", "default", "ops", "shared", "teaching"]);
+    let only_default =
+        Policy::parse("[[users]]\nuid = 7\ntrust_domain = \"default\"\n", "p").expect("valid");
+    assert_eq!(only_default.trust_domains(), vec![TrustDomain::default()]);
+}
+
+#[test]
+fn bad_trust_domain_names_are_refused_naming_the_entry_and_the_rule() {
+    for good in ["a", "0", "gpu-team_2", &"x".repeat(32)] {
+        let text = format!("[defaults]\ntrust_domain = \"{good}\"\n");
+        let p = Policy::parse(&text, "p").unwrap_or_else(|e| panic!("{good}: {e}"));
+        assert_eq!(p.trust_domain(&who(1000, "alice", &[])).as_str(), good);
+    }
+    let cases = [
+        (
+            "[defaults]\ntrust_domain = \"\"\n",
+            "[defaults]",
+            "is empty",
+        ),
+        (
+            "[[users]]\nname = \"alice\"\ntrust_domain = \"GPU\"\n",
+            "[[users]] entry `alice`",
+            "`GPU` has 'G'",
+        ),
+        (
+            "[[users]]\nuid = 1000\ntrust_domain = \"a b\"\n",
+            "[[users]] entry uid 1000",
+            "has ' '",
+        ),
+        (
+            "[[groups]]\nname = \"lab\"\ntrust_domain = \"-lab\"\n",
+            "[[groups]] entry `lab`",
+            "does not start with a letter or digit",
+        ),
+        (
+            "[[groups]]\ngid = 50\ntrust_domain = \"é\"\n",
+            "[[groups]] entry gid 50",
+            "has 'é'",
+        ),
+        (
+            &format!("[defaults]\ntrust_domain = \"{}\"\n", "x".repeat(33)),
+            "[defaults]",
+            "longer than 32 characters",
+        ),
+    ];
+    for (text, entry, why) in cases {
+        let e = Policy::parse(text, "/etc/gpushare/gpushare.toml").expect_err(text);
+        let e = e.to_string();
+        assert!(e.contains("/etc/gpushare/gpushare.toml"), "{e}");
+        assert!(e.contains(&format!("{entry}: trust_domain ")), "{e}");
+        assert!(e.contains(why), "{e}");
+        assert!(
+            e.contains(
+                "1 to 32 characters of a-z, 0-9, `_` and `-`, starting with a letter or digit"
+            ),
+            "the rule: {e}"
+        );
+    }
+    assert!(
+        Policy::parse("[defaults]\ntrust_domain = 3\n", "p").is_err(),
+        "a name is a string"
+    );
+}
