@@ -1,8 +1,9 @@
 //! `gpushare-demo tour`: what gpushare buys, measured live. A private broker (on the GPU when
 //! there is one, else on the sim device in real time) serves an interactive client alone, then
 //! beside a best-effort trainer under FIFO, then under the priority policy (switched with a
-//! policy reload, as an administrator would); one table gives the interactive latency and the
-//! trainer's throughput in each case. During the last case a client is refused past its memory
+//! policy reload, as an administrator would; on a GPU that policy also runs the trainer on an SM
+//! partition, [`policy`] says why); one table gives the interactive latency and the trainer's
+//! throughput in each case. During the last case a client is refused past its memory
 //! quota and `gpushare top -b` shows every client. Every result the clients compute is checked,
 //! and the broker must stop cleanly.
 
@@ -19,6 +20,9 @@ use gpushare::{
 
 use super::work::{Summary, ms};
 
+mod policy;
+use policy::{DEFAULT_LOWER_SM_SHARE, Priority, QUOTA, partition_note};
+
 #[derive(Debug, clap::Args)]
 pub struct TourArgs {
     /// The device: auto (the GPU when one is usable, else the sim device), cuda or sim.
@@ -30,6 +34,11 @@ pub struct TourArgs {
     /// Seconds each case runs (0.2 to 60).
     #[arg(long, default_value = "1.5", value_parser = parse_seconds)]
     seconds: Duration,
+    /// On a GPU, the share of the SMs the trainer runs on under priority (`[priority]
+    /// lower_sm_share`, a hardware partition; above 0, at most 1). The sim device has no
+    /// partitions and leaves it out.
+    #[arg(long, default_value_t = DEFAULT_LOWER_SM_SHARE, value_parser = parse_share)]
+    lower_sm_share: f64,
     /// Run the broker without eBPF telemetry.
     #[arg(long)]
     no_telemetry: bool,
@@ -42,8 +51,14 @@ fn parse_seconds(s: &str) -> Result<Duration, String> {
     }
 }
 
-/// The memory quota the tour's policy gives this user.
-const QUOTA: u64 = 256 << 20;
+fn parse_share(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v > 0.0 && v <= 1.0 => Ok(v),
+        _ => Err(format!(
+            "`{s}` is not a share of the SMs (above 0, at most 1)"
+        )),
+    }
+}
 
 /// A binary installed or built next to this one.
 fn sibling(name: &str) -> anyhow::Result<PathBuf> {
@@ -59,19 +74,9 @@ fn sibling(name: &str) -> anyhow::Result<PathBuf> {
     Ok(path)
 }
 
-fn policy(scheduler: &str) -> String {
-    format!(
-        "# gpushare-demo tour: this user may use every class; each client asks for its own.\n\
-         scheduler = \"{scheduler}\"\n\
-         # Beside the interactive client the trainer keeps one kernel on the device, not two.\n\
-         [priority]\n\
-         lower_depth = 1\n\
-         [[users]]\n\
-         uid = {}\n\
-         class = \"high\"\n\
-         memory_quota = {QUOTA}\n",
-        nix::unistd::getuid()
-    )
+/// The tour's policy file for this user.
+fn policy(scheduler: &str, priority: Priority) -> String {
+    policy::policy(scheduler, priority, nix::unistd::getuid().as_raw())
 }
 
 /// The tour's broker: killed, if it is still running, when dropped.
@@ -91,7 +96,8 @@ impl Broker {
         let socket = dir.join("gpushare.sock");
         let log = dir.join("gpushared.log");
         let policy_path = dir.join("policy.toml");
-        std::fs::write(&policy_path, policy("fifo")).context("cannot write the policy file")?;
+        std::fs::write(&policy_path, policy("fifo", Priority::PLAIN))
+            .context("cannot write the policy file")?;
         let mut cmd = Command::new(&bin);
         cmd.arg("--socket")
             .arg(&socket)
@@ -156,8 +162,9 @@ impl Broker {
     }
 
     /// Switches the scheduling policy as an administrator would: edit, then reload (SIGHUP).
-    fn switch_to(&self, scheduler: &str) -> anyhow::Result<()> {
-        std::fs::write(&self.policy, policy(scheduler)).context("cannot rewrite the policy")?;
+    fn switch_to(&self, scheduler: &str, priority: Priority) -> anyhow::Result<()> {
+        std::fs::write(&self.policy, policy(scheduler, priority))
+            .context("cannot rewrite the policy")?;
         nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(self.child.id() as i32),
             nix::sys::signal::Signal::SIGHUP,
@@ -331,8 +338,16 @@ pub fn run(args: &TourArgs) -> anyhow::Result<()> {
         |_| Ok(()),
     )?);
 
-    say("case 3: the same, after switching the policy to priority (edit + SIGHUP)");
-    broker.switch_to("priority")?;
+    let priority = Priority::for_backend(&report.backend, args.lower_sm_share);
+    let partitions = if priority.lower_sm_share.is_some() {
+        ""
+    } else {
+        "; no lower_sm_share, the sim device has no SM partitions"
+    };
+    say(&format!(
+        "case 3: the same, after switching the policy to priority (edit + SIGHUP): {priority}{partitions}"
+    ));
+    broker.switch_to("priority", priority)?;
     cases.push(beside_trainer(
         &broker,
         phase,
@@ -344,6 +359,9 @@ pub fn run(args: &TourArgs) -> anyhow::Result<()> {
     )?);
 
     print_table(&cases);
+    if priority.lower_sm_share.is_some() {
+        say(&partition_note(&broker.log_text(), report.device.sm_count));
+    }
     if report.backend == "sim" {
         say(
             "the sim device runs one kernel at a time: under priority the trainer's queued \
@@ -504,6 +522,15 @@ mod tests {
         assert_eq!(parse_seconds("1.5"), Ok(Duration::from_millis(1500)));
         for bad in ["NaN", "inf", "-1", "0", "61", "soon"] {
             assert!(parse_seconds(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_trainer_s_share_of_the_sms_is_a_fraction_of_them() {
+        assert_eq!(parse_share("0.5"), Ok(0.5));
+        assert_eq!(parse_share("1"), Ok(1.0));
+        for bad in ["NaN", "inf", "-0.5", "0", "1.5", "half"] {
+            assert!(parse_share(bad).is_err(), "{bad}");
         }
     }
 }
