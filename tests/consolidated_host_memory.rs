@@ -64,10 +64,10 @@ fn unshare(raw: &RawClient, region: u32) -> Result<(), WireError> {
     }
 }
 
-/// The broker's mappings: (start, end, what), from /proc.
-fn mappings(broker: &Broker) -> Vec<(u64, u64, String)> {
-    std::fs::read_to_string(format!("/proc/{}/maps", broker.pid()))
-        .expect("the broker's maps")
+/// A process's mappings: (start, end, what), from /proc.
+fn mappings(pid: i32) -> Vec<(u64, u64, String)> {
+    std::fs::read_to_string(format!("/proc/{pid}/maps"))
+        .expect("the process's maps")
         .lines()
         .filter_map(|l| {
             let mut f = l.split_whitespace();
@@ -160,16 +160,21 @@ fn hostile_host_memory_is_refused_or_kept_apart_from_the_brokers_own() {
     let null = std::fs::File::open("/dev/null").expect("/dev/null");
     fail(4096, &[null.as_raw_fd()], "/dev/null");
 
-    // Placed where it asks only where the broker has nothing: never over the broker's own
-    // mappings (code, heap, stack, other clients' regions), nor where its stack grows.
-    let before = mappings(&broker);
+    // Placed where it asks only where the process that holds the GPU context (a device
+    // worker; gpushared itself with --in-process-device) has nothing: never over its own
+    // mappings (code, heap, stack, other clients' regions), nor where its stack grows. The
+    // broker maps it too, by the same rule, and keeps every mapping it had.
+    let holder = broker.device_holder();
+    let before = mappings(holder);
+    let broker_before = mappings(broker.pid());
     let stack = before
         .iter()
         .find(|m| m.2 == "[stack]")
         .map(|m| m.0)
-        .expect("the broker's stack");
+        .expect("the device holder's stack");
     let mut hints: Vec<u64> = before
         .iter()
+        .chain(&broker_before)
         .filter(|m| m.2.starts_with('/') || m.2.starts_with('[') || m.2.contains("gpushare-client"))
         .map(|m| m.0)
         .collect();
@@ -184,29 +189,31 @@ fn hostile_host_memory_is_refused_or_kept_apart_from_the_brokers_own() {
         let fd = sealed(2 * page);
         match share(&raw, 2 * page as u64, at, &[fd.as_raw_fd()]) {
             Ok(grant) => {
-                // The sim reaches a region at the broker's mapping of it.
+                // The sim reaches a region at the device holder's mapping of it.
                 let placed = grant.device_ptr;
                 assert!(
                     !before
                         .iter()
                         .any(|m| placed < m.1 && placed + 2 * page as u64 > m.0),
-                    "placed at {placed:#x} over a mapping the broker had (asked {at:#x})"
+                    "placed at {placed:#x} over a mapping the device holder had (asked {at:#x})"
                 );
                 assert!(
                     placed + 2 * page as u64 <= stack.saturating_sub(8 << 20) || placed > stack,
-                    "placed at {placed:#x}, where the broker's stack (at {stack:#x}) grows"
+                    "placed at {placed:#x}, where the device holder's stack (at {stack:#x}) grows"
                 );
                 regions.push(grant.region);
             }
             Err(e) => assert_eq!(e.code, ErrorCode::InvalidArgument, "{at:#x}: {e:?}"),
         }
     }
-    let after = mappings(&broker);
-    for (lo, _, what) in before.iter().filter(|m| !m.2.is_empty()) {
-        assert!(
-            after.iter().any(|m| m.0 == *lo && &m.2 == what),
-            "the broker's mapping of {what} at {lo:#x} is gone"
-        );
+    for (pid, before) in [(holder, &before), (broker.pid(), &broker_before)] {
+        let after = mappings(pid);
+        for (lo, _, what) in before.iter().filter(|m| !m.2.is_empty()) {
+            assert!(
+                after.iter().any(|m| m.0 == *lo && &m.2 == what),
+                "process {pid}'s mapping of {what} at {lo:#x} is gone"
+            );
+        }
     }
     assert!(!regions.is_empty(), "some regions were shared");
 
@@ -275,17 +282,26 @@ fn hostile_host_memory_is_refused_or_kept_apart_from_the_brokers_own() {
     drop(raw);
     drop((pipe_r, pipe_w));
     let hostile_mapped = || {
-        mappings(&broker)
-            .iter()
-            .any(|m| m.2.contains("gpushare-hostile"))
+        std::iter::once(broker.pid())
+            .chain(broker.worker_pids())
+            .any(|pid| {
+                mappings(pid)
+                    .iter()
+                    .any(|m| m.2.contains("gpushare-hostile"))
+            })
     };
     assert!(
         wait_until(5 * SECOND, || !hostile_mapped()),
-        "the hostile client's regions are unmapped"
+        "the hostile client's regions are unmapped, by the broker and its device workers"
     );
     assert!(
         wait_until(5 * SECOND, || broker.fd_count() <= fds_before),
-        "the broker holds {} descriptors, {fds_before} before the hostile client",
-        broker.fd_count()
+        "the broker holds {} descriptors, {fds_before} before the hostile client: {:?}",
+        broker.fd_count(),
+        std::fs::read_dir(format!("/proc/{}/fd", broker.pid()))
+            .map(|d| d
+                .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+                .collect::<Vec<_>>())
+            .unwrap_or_default()
     );
 }

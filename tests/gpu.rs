@@ -232,11 +232,15 @@ fn best_effort_work_on_an_sm_partition_stays_correct_and_in_order() {
     check("on the whole GPU after work on the partition", 3.0);
 }
 
-/// gpushared on a GPU starts one helper that keeps the CUDA driver initialised (so a restart
-/// after a fault is quicker), and the helper goes when gpushared does.
+/// gpushared holding the context itself (`--in-process-device`) starts one helper that keeps
+/// the CUDA driver initialised (so a restart after a fault is quicker), and the helper goes
+/// when gpushared does.
 #[test]
 fn the_cuda_driver_holder_lives_exactly_as_long_as_gpushared() {
-    let Some(mut broker) = gpu_broker() else {
+    let Some(mut broker) = gpu_broker_with(BrokerOptions {
+        extra_args: vec!["--in-process-device".into()],
+        ..Default::default()
+    }) else {
         return;
     };
     let mut holders = Vec::new();

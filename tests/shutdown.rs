@@ -139,3 +139,48 @@ fn after_a_broker_restart_the_client_gets_a_typed_error_and_can_reconnect() {
         .expect("launch");
     assert_eq!(buf.to_vec().expect("read"), vec![9.0; 64]);
 }
+
+/// gpushared's device workers (the one serving each GPU and its spare) end with gpushared,
+/// however it ends: stopped with SIGTERM, or killed outright.
+#[test]
+fn device_workers_never_outlive_gpushared() {
+    let gone = |pid: i32| {
+        !std::path::Path::new(&format!("/proc/{pid}")).exists()
+            || std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+                s.rsplit_once(')')
+                    .is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
+            })
+    };
+    for kill in [false, true] {
+        let mut broker = Broker::start();
+        let mut workers = Vec::new();
+        assert!(
+            gpushare_tests::wait_until(Duration::from_secs(10), || {
+                workers = broker.worker_pids();
+                workers.len() == 2
+            }),
+            "a worker and its spare: {workers:?}"
+        );
+        verified(&broker);
+        if kill {
+            broker.child.kill().expect("SIGKILL");
+            let _ = broker.child.wait();
+        } else {
+            assert!(broker.terminate(Duration::from_secs(10)).is_some());
+        }
+        for &w in &workers {
+            assert!(
+                gpushare_tests::wait_until(Duration::from_secs(5), || gone(w)),
+                "worker {w} outlived gpushared (killed: {kill})"
+            );
+        }
+    }
+}
+
+/// A client's work is served (through the device worker).
+fn verified(broker: &Broker) {
+    let client = broker.client();
+    let buf = client.alloc::<f32>(256).expect("alloc");
+    buf.copy_from_host(&[2.5; 256]).expect("upload");
+    assert_eq!(buf.to_vec().expect("download"), vec![2.5; 256]);
+}

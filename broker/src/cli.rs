@@ -23,6 +23,19 @@ pub struct Args {
     /// restarts after a GPU fault.
     #[arg(long, hide = true)]
     pub hold_cuda_driver: bool,
+    /// Internal: run as a device worker (the process that holds one GPU context for
+    /// gpushared).
+    #[arg(long = "device-worker", hide = true)]
+    pub device_worker: bool,
+    /// Hold the GPU context in gpushared's own process instead of a device worker per GPU.
+    /// A GPU fault then restarts gpushared and ends every session (with workers, only the
+    /// faulting client's session ends). For comparisons and as a fallback.
+    #[arg(long)]
+    pub in_process_device: bool,
+    /// Do not keep a spare device worker per GPU with its context made ahead of a fault
+    /// (saves a context's GPU memory; recovery after a fault then waits for a new one).
+    #[arg(long)]
+    pub no_spare_worker: bool,
     /// Do not start that helper (a restart after a GPU fault then takes longer).
     #[arg(long, env = "GPUSHARE_NO_CUDA_HOLDER", value_parser = clap::builder::FalseyValueParser::new())]
     pub no_cuda_holder: bool,
@@ -67,8 +80,9 @@ pub struct Args {
     /// Sim device: also take the modelled time on the wall clock.
     #[arg(long)]
     pub sim_realtime: bool,
-    /// Sim device: after a fault, behave like the CUDA driver (no recovery in place, so
-    /// gpushared restarts), to test that path without a GPU.
+    /// Sim device: after a fault, behave like the CUDA driver in gpushared's own process (no
+    /// recovery in place, so gpushared restarts), to test that path without a GPU. Implies
+    /// --in-process-device.
     #[arg(long)]
     pub sim_restart_on_fault: bool,
     /// Don't load the eBPF telemetry programs.

@@ -50,10 +50,6 @@ impl Default for FaultConfig {
     }
 }
 
-/// How long a context reset may take before the broker gives up on it and restarts itself.
-/// (The driver waits for running kernels before it tears a context down, so a kernel that
-/// never ends also never lets the reset finish; only the end of the process stops it.)
-const RESET_DEADLINE: Duration = Duration::from_secs(1);
 /// How long the guardian waits for every session to park before resetting anyway.
 const PARK_TIMEOUT: Duration = Duration::from_secs(2);
 /// How often the watchdog looks for hangs.
@@ -141,7 +137,7 @@ impl Carry {
 }
 
 /// Set when a GPU cannot be recovered in place: the broker must restart (see
-/// [`RESET_DEADLINE`]). Shared by every GPU's health.
+/// [`Device::reset_deadline`]). Shared by every GPU's health.
 #[derive(Default)]
 pub struct Stuck {
     reason: Mutex<Option<String>>,
@@ -478,15 +474,19 @@ impl DeviceHealth {
                 tracing::warn!(?missing, "sessions did not stop in time; resetting anyway");
             }
         }
+        // The driver waits for running kernels before it tears a context down, so a kernel
+        // that never ends can keep a reset in place waiting forever; only the end of the
+        // process holding the context stops it.
         let reset_done = Arc::new(AtomicBool::new(false));
         {
             let (done, stuck, what) = (reset_done.clone(), self.stuck.clone(), what.to_string());
+            let deadline = device.reset_deadline();
             let _ = std::thread::Builder::new()
                 .name(format!("gpushare-reset-{gpu}"))
                 .spawn(move || {
-                    std::thread::sleep(RESET_DEADLINE);
+                    std::thread::sleep(deadline);
                     if !done.load(Ordering::Acquire) {
-                        tracing::error!(gpu, "the context reset has not finished in {RESET_DEADLINE:?} (a kernel that never ends keeps it waiting); restarting gpushared");
+                        tracing::error!(gpu, "the context reset has not finished in {deadline:?} (a kernel that never ends keeps it waiting); restarting gpushared");
                         stuck.set(format!("GPU {gpu} hung ({what}) and the driver cannot stop the kernel in place; gpushared restarts, reconnect"));
                     }
                 });

@@ -10,6 +10,7 @@ use gpushare_broker::cli::{Args, Backend, Gpus};
 use gpushare_broker::config::BrokerConfig;
 use gpushare_broker::device::Device;
 use gpushare_broker::device::cuda::CudaDevice;
+use gpushare_broker::device::remote::{RemoteDevice, WorkerBackend, WorkerSpec};
 use gpushare_broker::device::sim::{SimDevice, SimOptions};
 use gpushare_broker::fault::{CARRY_ENV, Carry, FaultConfig};
 use gpushare_broker::policy::Policy;
@@ -76,6 +77,9 @@ fn real_main() -> anyhow::Result<()> {
     if args.hold_cuda_driver {
         gpushare_broker::device::cuda::run_holder();
     }
+    if args.device_worker {
+        gpushare_broker::device::remote::worker::run();
+    }
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .or_else(|_| tracing_subscriber::EnvFilter::try_new(&args.log))
         .context("bad --log filter")?;
@@ -129,6 +133,30 @@ fn real_main() -> anyhow::Result<()> {
         Gpus::One(n) => format!("GPU {n}"),
     };
     let telemetry = TelemetryPlan::from_args(&args);
+    // The sim's restart-on-fault mode exists to test the restart of gpushared itself, which
+    // only a device held in gpushared's own process needs.
+    if !(args.in_process_device || args.sim_restart_on_fault) {
+        let workers = Workers::from_args(&args);
+        return match args.backend {
+            Backend::Sim => run(workers.sims()?, config, policy, telemetry),
+            Backend::Cuda => {
+                let gpus = workers
+                    .gpus()
+                    .with_context(|| format!("cannot use {which} with --backend cuda"))?;
+                run(gpus, config, policy, telemetry)
+            }
+            Backend::Auto => match workers.gpus() {
+                Ok(gpus) => {
+                    info!("backend auto: serving {which} through CUDA");
+                    run(gpus, config, policy, telemetry)
+                }
+                Err(e) => {
+                    info!("backend auto: no usable GPU ({e}); using the sim device");
+                    run(workers.sims()?, config, policy, telemetry)
+                }
+            },
+        };
+    }
     match args.backend {
         Backend::Sim => run(sims(), config, policy, telemetry),
         Backend::Cuda => {
@@ -147,6 +175,105 @@ fn real_main() -> anyhow::Result<()> {
                 run(sims(), config, policy, telemetry)
             }
         },
+    }
+}
+
+/// How gpushared starts its device workers (one per GPU, each with a spare).
+struct Workers {
+    gpu: Gpus,
+    sim_gpus: u32,
+    sim_memory: u64,
+    sim_realtime: bool,
+    fault_injection: bool,
+    spare: bool,
+    log: String,
+}
+
+impl Workers {
+    fn from_args(args: &Args) -> Workers {
+        Workers {
+            gpu: args.gpu,
+            sim_gpus: args.sim_gpus,
+            sim_memory: args.sim_memory.as_u64(),
+            sim_realtime: args.sim_realtime,
+            fault_injection: args.allow_fault_injection,
+            spare: !args.no_spare_worker,
+            log: args.log.clone(),
+        }
+    }
+
+    fn spec(&self, backend: WorkerBackend, label: String) -> WorkerSpec {
+        WorkerSpec {
+            backend,
+            fault_injection: self.fault_injection,
+            log: self.log.clone(),
+            label,
+        }
+    }
+
+    /// Starts every worker at once and waits for all (each opens its device in parallel).
+    fn open(&self, specs: Vec<WorkerSpec>) -> anyhow::Result<Vec<Arc<RemoteDevice>>> {
+        let exe = PathBuf::from("/proc/self/exe");
+        std::thread::scope(|scope| {
+            let starting: Vec<_> = specs
+                .into_iter()
+                .map(|spec| {
+                    let (exe, spare) = (exe.clone(), self.spare);
+                    scope.spawn(move || {
+                        let label = spec.label.clone();
+                        RemoteDevice::open(exe, spec, spare)
+                            .with_context(|| format!("cannot open {label}"))
+                    })
+                })
+                .collect();
+            starting
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .map_err(|_| anyhow::anyhow!("a device worker's starter panicked"))?
+                        .map(Arc::new)
+                })
+                .collect()
+        })
+    }
+
+    /// A worker per GPU served (CUDA); this process initialises the driver but holds no
+    /// context.
+    fn gpus(&self) -> anyhow::Result<Vec<Arc<RemoteDevice>>> {
+        let count = gpushare_broker::device::cuda::device_count()?;
+        let ordinals: Vec<i32> = match self.gpu {
+            Gpus::All => (0..count).collect(),
+            Gpus::One(n) if n < count => vec![n],
+            Gpus::One(n) => {
+                return Err(gpushare_broker::device::cuda::ProbeError::NoSuchGpu {
+                    asked: n,
+                    count,
+                }
+                .into());
+            }
+        };
+        self.open(
+            ordinals
+                .into_iter()
+                .map(|ordinal| self.spec(WorkerBackend::Cuda { ordinal }, format!("GPU {ordinal}")))
+                .collect(),
+        )
+    }
+
+    /// A worker per sim GPU.
+    fn sims(&self) -> anyhow::Result<Vec<Arc<RemoteDevice>>> {
+        self.open(
+            (0..self.sim_gpus)
+                .map(|index| {
+                    let backend = WorkerBackend::Sim {
+                        index,
+                        memory: self.sim_memory,
+                        realtime: self.sim_realtime,
+                    };
+                    self.spec(backend, format!("GPU {index} (sim)"))
+                })
+                .collect(),
+        )
     }
 }
 

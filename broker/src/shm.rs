@@ -16,6 +16,15 @@ pub struct SharedRegion {
     map: MmapRaw,
     memfd: OwnedFd,
     layout: ShmLayout,
+    id: u64,
+}
+
+/// Names every region mapped here (client regions and host regions alike), so that a device
+/// in another process can be told which of the regions it was given a copy names.
+static REGION_IDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+fn next_region_id() -> u64 {
+    REGION_IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -50,11 +59,26 @@ impl SharedRegion {
             .len(size)
             .map_raw(&memfd)
             .map_err(ShmError::Map)?;
-        Ok(SharedRegion { map, memfd, layout })
+        Ok(SharedRegion {
+            map,
+            memfd,
+            layout,
+            id: next_region_id(),
+        })
     }
 
     pub fn memfd(&self) -> impl AsFd + '_ {
         self.memfd.as_fd()
+    }
+
+    /// This region's id among the regions mapped here.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Bytes of the whole mapping (rings and arena).
+    pub fn size(&self) -> u64 {
+        self.layout.total_size() as u64
     }
 
     fn base(&self) -> NonNull<u8> {
@@ -75,11 +99,14 @@ impl SharedRegion {
     /// A checked view of `len` arena bytes at `offset`, or `None` if it leaves the arena.
     pub fn arena_slice(&self, offset: u64, len: u64) -> Option<ArenaSlice<'_>> {
         let range = self.layout.arena_range(offset, len)?;
+        let at = self.layout.arena_offset() + range.start;
         // SAFETY: the range lies inside the arena, which lies inside the mapping.
-        let ptr = unsafe { self.base().add(self.layout.arena_offset() + range.start) };
+        let ptr = unsafe { self.base().add(at) };
         Some(ArenaSlice {
             ptr,
             len: range.len(),
+            region: self.id,
+            offset: at as u64,
             _region: std::marker::PhantomData,
         })
     }
@@ -91,6 +118,8 @@ impl SharedRegion {
         ArenaSlice {
             ptr,
             len: self.layout.arena_size as usize,
+            region: self.id,
+            offset: self.layout.arena_offset() as u64,
             _region: std::marker::PhantomData,
         }
     }
@@ -102,6 +131,9 @@ impl SharedRegion {
 pub struct ArenaSlice<'a> {
     ptr: NonNull<u8>,
     len: usize,
+    /// The region it lies in ([`SharedRegion::id`], [`HostRegion::id`]), and where.
+    region: u64,
+    offset: u64,
     _region: std::marker::PhantomData<&'a ()>,
 }
 
@@ -110,6 +142,7 @@ pub struct ArenaSlice<'a> {
 pub struct HostRegion {
     ptr: NonNull<u8>,
     len: usize,
+    id: u64,
 }
 
 // SAFETY: a plain shared mapping, read and written only through `ArenaSlice` copies.
@@ -230,11 +263,17 @@ impl HostRegion {
         Ok(HostRegion {
             ptr: ptr.cast(),
             len: len as usize,
+            id: next_region_id(),
         })
     }
 
     pub fn len(&self) -> usize {
         self.len
+    }
+
+    /// This region's id among the regions mapped here.
+    pub fn id(&self) -> u64 {
+        self.id
     }
 
     pub fn is_empty(&self) -> bool {
@@ -246,6 +285,8 @@ impl HostRegion {
         ArenaSlice {
             ptr: self.ptr,
             len: self.len,
+            region: self.id,
+            offset: 0,
             _region: std::marker::PhantomData,
         }
     }
@@ -261,6 +302,8 @@ impl HostRegion {
         Some(ArenaSlice {
             ptr,
             len: len as usize,
+            region: self.id,
+            offset,
             _region: std::marker::PhantomData,
         })
     }
@@ -285,6 +328,11 @@ impl ArenaSlice<'_> {
 
     pub fn as_ptr(&self) -> *mut u8 {
         self.ptr.as_ptr()
+    }
+
+    /// The region it lies in, and its offset there.
+    pub fn place(&self) -> (u64, u64) {
+        (self.region, self.offset)
     }
 
     /// Copies the arena bytes out into `dst` (which must have the same length).

@@ -276,17 +276,62 @@ impl Broker {
             .unwrap_or(0)
     }
 
-    /// How many clients' shared regions (`memfd:gpushare-client-N`) the broker has mapped.
+    /// How many clients' shared regions (`memfd:gpushare-client-N`) are mapped, by the broker
+    /// or by any of its device workers (a region mapped by both counts once).
     pub fn mapped_client_regions(&self) -> usize {
-        let maps =
-            std::fs::read_to_string(format!("/proc/{}/maps", self.pid())).unwrap_or_default();
-        maps.lines()
-            .filter_map(|l| {
-                l.split_whitespace()
-                    .find(|f| f.contains("memfd:gpushare-client-"))
+        std::iter::once(self.pid())
+            .chain(self.worker_pids())
+            .flat_map(|pid| {
+                let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
+                maps.lines()
+                    .filter_map(|l| {
+                        l.split_whitespace()
+                            .find(|f| f.contains("memfd:gpushare-client-"))
+                            .map(str::to_string)
+                    })
+                    .collect::<Vec<_>>()
             })
             .collect::<std::collections::HashSet<_>>()
             .len()
+    }
+
+    /// The broker's device workers (`gpushared --device-worker`, the serving ones and the
+    /// spares): its children running that flag.
+    pub fn worker_pids(&self) -> Vec<i32> {
+        let me = self.pid();
+        let Ok(dir) = std::fs::read_dir("/proc") else {
+            return Vec::new();
+        };
+        let mut pids: Vec<i32> = dir
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+            .filter(|pid| {
+                let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+                // The parent pid is the second field after the command's closing parenthesis.
+                let parent = stat
+                    .rsplit_once(')')
+                    .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+                    .and_then(|p| p.parse::<i32>().ok());
+                let cmdline =
+                    std::fs::read_to_string(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+                parent == Some(me) && cmdline.split('\0').any(|a| a == "--device-worker")
+            })
+            .collect();
+        pids.sort_unstable();
+        pids
+    }
+
+    /// The process that holds the GPU context its clients' work runs in: the device worker
+    /// that has a client's region mapped (the serving one; a spare has none), else the broker
+    /// itself (`--in-process-device`).
+    pub fn device_holder(&self) -> i32 {
+        self.worker_pids()
+            .into_iter()
+            .find(|pid| {
+                std::fs::read_to_string(format!("/proc/{pid}/maps"))
+                    .unwrap_or_default()
+                    .contains("memfd:gpushare-client-")
+            })
+            .unwrap_or_else(|| self.pid())
     }
 
     /// Lets every user reach the socket (the private directory is 0700): from then on the

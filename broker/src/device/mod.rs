@@ -2,7 +2,11 @@
 //! model (`sim`); sessions are generic over it.
 
 pub mod cuda;
+pub mod remote;
 pub mod sim;
+
+use std::os::fd::BorrowedFd;
+use std::time::Duration;
 
 use gpushare_protocol::command::{LaunchAttributes, ModuleLaunch, OccupancyQuery};
 use gpushare_protocol::control::{DeviceInfo, ModuleFormat};
@@ -52,7 +56,7 @@ pub type DeviceResult<T> = Result<T, DeviceError>;
 
 /// What a client-side driver needs to know of a function: its parameters' (offset, size)
 /// in the packed buffer, and its `CUfunction_attribute` values by number.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct FunctionShape {
     pub params: Vec<(u32, u32)>,
     pub attributes: Vec<i32>,
@@ -104,6 +108,20 @@ pub trait Device: Send + Sync + 'static {
         })
     }
     fn free(&self, ptr: DevicePtr) -> DeviceResult<()>;
+
+    /// Client memory that copies may name ([`ArenaSlice::place`]): a session's shared region,
+    /// or host memory a client shares. A backend in another process maps it too, at `at`
+    /// where it can (device code then reaches host memory by the client's own pointer; 0:
+    /// anywhere); one in this process needs nothing.
+    fn share_memory(&self, region: u64, fd: BorrowedFd<'_>, len: u64, at: u64) -> DeviceResult<()> {
+        let _ = (region, fd, len, at);
+        Ok(())
+    }
+    /// The region is gone: nothing names it any more.
+    fn unshare_memory(&self, _region: u64) {}
+    /// How long the device should stay awake for the calling thread's next request after one
+    /// (a backend in another process spins that long before sleeping).
+    fn spin_hint(&self, _spin: Duration) {}
 
     /// Makes a client's arena usable for direct DMA (a no-op where that means nothing).
     fn register_arena(&self, arena: ArenaSlice<'_>) -> DeviceResult<()>;
@@ -210,6 +228,11 @@ pub trait Device: Send + Sync + 'static {
     /// broker restarts itself after a fault.
     fn resets_in_place(&self) -> bool {
         true
+    }
+    /// How long [`Device::reset`] may take before the broker takes the device for stuck and
+    /// restarts (a kernel that never ends can keep a reset in place waiting forever).
+    fn reset_deadline(&self) -> Duration {
+        Duration::from_secs(1)
     }
 
     fn load_module(&self, format: ModuleFormat, image: &[u8]) -> DeviceResult<Self::Module>;

@@ -184,11 +184,19 @@ impl<D: Device> Broker<D> {
         );
         let device = device.clone();
         let registered = region.clone();
-        let device_ptr =
-            tokio::task::spawn_blocking(move || device.register_host(registered.whole()))
-                .await
-                .map_err(|e| wire(ErrorCode::Internal, e.to_string()))?
-                .map_err(|e| wire(e.code(), e.to_string()))?;
+        let device_ptr = tokio::task::spawn_blocking(move || {
+            use std::os::fd::AsFd;
+            let id = registered.id();
+            device.share_memory(id, fd.as_fd(), bytes, at)?;
+            let mapped = device.register_host(registered.whole());
+            if mapped.is_err() {
+                device.unshare_memory(id);
+            }
+            mapped
+        })
+        .await
+        .map_err(|e| wire(ErrorCode::Internal, e.to_string()))?
+        .map_err(|e| wire(e.code(), e.to_string()))?;
         let id = info
             .hosts
             .lock()
@@ -214,6 +222,7 @@ impl<D: Device> Broker<D> {
             .remove(region)
             .ok_or_else(|| wire(ErrorCode::InvalidHandle, format!("no host region {region}")))?;
         device.unregister_host(shared.region.whole());
+        device.unshare_memory(shared.region.id());
         info.account().unpin(shared.region.len() as u64);
         Ok(())
     }

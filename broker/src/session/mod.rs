@@ -199,15 +199,24 @@ impl<D: Device> SessionState<D> {
         // SAFETY: one init per region; `region` is kept alive in `self` for as long as the
         // rings exist (fields drop after `reclaim` in `run`).
         let rings = unsafe { region.init_rings() };
+        {
+            use std::os::fd::AsFd;
+            let memfd = region.memfd();
+            device.share_memory(region.id(), memfd.as_fd(), region.size(), 0)?;
+        }
         // A consolidated client's arena stays pageable: what it stages there is read (or
         // written) before the command completes, and its page-locked memory comes apart.
-        if !info.consolidated {
-            device.register_arena(region.arena())?;
+        if !info.consolidated
+            && let Err(e) = device.register_arena(region.arena())
+        {
+            device.unshare_memory(region.id());
+            return Err(e);
         }
         let default_stream = match device.create_stream(info.grant().class) {
             Ok(s) => s,
             Err(e) => {
                 device.unregister_arena(region.arena());
+                device.unshare_memory(region.id());
                 return Err(e);
             }
         };

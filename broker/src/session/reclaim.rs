@@ -47,9 +47,11 @@ impl<D: Device> SessionState<D> {
             .unwrap_or_default();
         for shared in hosts {
             self.device.unregister_host(shared.region.whole());
+            self.device.unshare_memory(shared.region.id());
             self.info.account().unpin(shared.region.len() as u64);
         }
         self.device.unregister_arena(self.region.arena());
+        self.device.unshare_memory(self.region.id());
         self.info.set_memory_used(0);
         self.info.counters.streams.store(0, Ordering::Relaxed);
         tracing::info!(

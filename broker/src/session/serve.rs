@@ -30,6 +30,9 @@ impl<D: Device> SessionState<D> {
     /// fault, or a client that broke the ring protocol.
     pub(super) fn serve(&mut self) -> SessionEnd {
         let mut idle_since = Instant::now();
+        // The device stays awake for this thread's next request as long as this thread does
+        // for its client's.
+        let mut spin_told = None;
         loop {
             if self.health.epoch() != self.epoch
                 && let Some(end) = self.after_reset()
@@ -84,7 +87,12 @@ impl<D: Device> SessionState<D> {
                 idle_since = Instant::now();
                 continue;
             }
-            if idle_since.elapsed() < self.spin() {
+            let spin = self.spin();
+            if spin_told != Some(spin) {
+                self.device.spin_hint(spin);
+                spin_told = Some(spin);
+            }
+            if idle_since.elapsed() < spin {
                 std::hint::spin_loop();
                 continue;
             }

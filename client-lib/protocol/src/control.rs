@@ -343,6 +343,18 @@ pub fn encode<T: Serialize>(msg: &T) -> Result<Vec<u8>, CodecError> {
     Ok(bincode::serde::encode_to_vec(msg, config())?)
 }
 
+/// Encodes a message into `buf` (no allocation); returns the bytes written. For messages on
+/// a hot path, such as gpushared's requests to its device workers.
+pub fn encode_into<T: Serialize>(msg: &T, buf: &mut [u8]) -> Result<usize, CodecError> {
+    Ok(bincode::serde::encode_into_slice(msg, buf, config())?)
+}
+
+/// Decodes a message at the start of `bytes`; returns it and the bytes it took (what
+/// follows is the caller's: a request's payload, say).
+pub fn decode_prefix<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<(T, usize), CodecError> {
+    Ok(bincode::serde::decode_from_slice(bytes, config())?)
+}
+
 /// Decodes one whole control message; trailing garbage is an error.
 pub fn decode<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, CodecError> {
     let (msg, used) = bincode::serde::decode_from_slice(bytes, config())?;

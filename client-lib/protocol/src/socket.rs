@@ -26,6 +26,20 @@ pub enum SocketError {
 
 /// Sends `msg`, with `fds` attached, retrying on interruption.
 pub fn send(socket: BorrowedFd<'_>, msg: &ClientMessage, fds: &[RawFd]) -> Result<(), SocketError> {
+    send_message(socket, msg, fds)
+}
+
+/// Receives one message (blocking), with any descriptors attached, retrying on interruption.
+pub fn recv(socket: BorrowedFd<'_>) -> Result<(BrokerMessage, Vec<OwnedFd>), SocketError> {
+    recv_message(socket)
+}
+
+/// Sends any message of this framing (gpushared also speaks it to its device workers).
+pub fn send_message<T: serde::Serialize>(
+    socket: BorrowedFd<'_>,
+    msg: &T,
+    fds: &[RawFd],
+) -> Result<(), SocketError> {
     let bytes = control::encode(msg).map_err(|e| SocketError::Encode(e.to_string()))?;
     let iov = [IoSlice::new(&bytes)];
     let rights = [ControlMessage::ScmRights(fds)];
@@ -45,8 +59,10 @@ pub fn send(socket: BorrowedFd<'_>, msg: &ClientMessage, fds: &[RawFd]) -> Resul
     }
 }
 
-/// Receives one message (blocking), with any descriptors attached, retrying on interruption.
-pub fn recv(socket: BorrowedFd<'_>) -> Result<(BrokerMessage, Vec<OwnedFd>), SocketError> {
+/// Receives any message of this framing.
+pub fn recv_message<T: serde::de::DeserializeOwned>(
+    socket: BorrowedFd<'_>,
+) -> Result<(T, Vec<OwnedFd>), SocketError> {
     let mut buf = vec![0u8; MAX_CONTROL_MESSAGE];
     let mut cmsg_space = nix::cmsg_space!([RawFd; 8]);
     let (bytes, fds, truncated) = loop {

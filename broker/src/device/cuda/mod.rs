@@ -101,6 +101,21 @@ pub enum ProbeError {
     Driver(#[from] DeviceError),
 }
 
+/// Initialises the CUDA driver in this process (no context, no GPU memory) and counts the
+/// GPUs: what gpushared needs to start a device worker per GPU. The initialised driver also
+/// makes each worker's `cuInit` quick.
+pub fn device_count() -> Result<i32, ProbeError> {
+    // SAFETY: only probes whether the library can be loaded.
+    if !unsafe { sys::is_culib_present() } {
+        return Err(ProbeError::NoDriver);
+    }
+    cu::init().map_err(|e| driver("cuInit", e))?;
+    match cu::device::get_count().map_err(|e| driver("cuDeviceGetCount", e))? {
+        0 => Err(ProbeError::NoDevice),
+        n => Ok(n),
+    }
+}
+
 impl CudaDevice {
     /// Opens every GPU of the machine.
     pub fn open_all() -> Result<Vec<CudaDevice>, ProbeError> {

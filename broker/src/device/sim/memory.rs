@@ -42,8 +42,9 @@ fn take_addresses(span: u64) -> Option<u64> {
         .ok()
 }
 
-/// Makes sure fresh allocations start at or above `end` (memory placed there on request).
-fn skip_addresses_below(end: u64) {
+/// Makes sure fresh allocations start at or above `end` (memory placed there on request, or
+/// handed out by a device worker this one replaces).
+pub fn skip_addresses_below(end: u64) {
     next_address();
     let end = end
         .div_ceil(ALIGN)

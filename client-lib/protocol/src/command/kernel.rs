@@ -4,7 +4,7 @@
 use crate::{DevicePtr, ErrorCode};
 
 /// A built-in kernel with its arguments. All vectors are `f32`, `n` counts elements.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum Kernel {
     /// `dst[i] = value` for `i < n`.
     FillF32 { dst: DevicePtr, n: u64, value: f32 },

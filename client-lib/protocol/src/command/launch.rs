@@ -19,6 +19,8 @@ pub const MAX_LAUNCH_PARAMS: u32 = 32 * 1024;
     Default,
     PartialEq,
     Eq,
+    serde::Serialize,
+    serde::Deserialize,
     zerocopy::FromBytes,
     zerocopy::IntoBytes,
     zerocopy::Immutable,
@@ -46,7 +48,7 @@ const _: () = assert!(LAUNCH_ATTRIBUTES_BYTES == 32);
 /// What an [`Command::Occupancy`] asks.
 ///
 /// [`Command::Occupancy`]: super::Command::Occupancy
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum OccupancyQuery {
     /// `cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags`.
     BlocksPerSm,
@@ -76,7 +78,7 @@ impl OccupancyQuery {
 }
 
 /// A launch of a function from a module the client loaded.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ModuleLaunch {
     pub function: u64,
     pub grid: [u32; 3],

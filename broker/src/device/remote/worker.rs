@@ -1,0 +1,595 @@
+//! The device worker process (`gpushared --device-worker`): it opens one device (a GPU
+//! through CUDA, or the sim device), holds its context, and runs the device calls gpushared
+//! sends it, one thread per channel. It holds nothing else: when its context is lost to a
+//! fault, gpushared kills it and a spare takes its place, while the sessions, the sockets and
+//! the telemetry live on in gpushared.
+
+use std::collections::HashMap;
+use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use gpushare_protocol::control::{decode_prefix, encode_into};
+use gpushare_protocol::socket::{recv_message, send_message};
+
+use super::channel::{Next, WorkerEnd};
+use super::process::WORKER_FD_ENV;
+use super::wire::{
+    Answer, Envelope, FromWorker, Handle, Payload, Reply, Request, Span, ToWorker, WireError,
+    WorkerBackend, WorkerSpec,
+};
+use crate::device::cuda::CudaDevice;
+use crate::device::sim::{SimDevice, SimOptions};
+use crate::device::{Device, DeviceError, DeviceResult, Occupancy};
+use crate::shm::{ArenaSlice, HostRegion};
+
+/// How long a channel thread waits for a region or blob that the control socket is still
+/// bringing (gpushared sends it, and waits for its acknowledgement, first; this is a bound).
+const ARRIVAL_WAIT: Duration = Duration::from_secs(5);
+
+/// Runs the worker; never returns.
+pub fn run() -> ! {
+    let code = match start() {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("gpushared device worker: {e}");
+            1
+        }
+    };
+    std::process::exit(code)
+}
+
+fn start() -> Result<(), String> {
+    let raw: i32 = std::env::var(WORKER_FD_ENV)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| format!("{WORKER_FD_ENV} does not name a descriptor"))?;
+    // SAFETY: gpushared passed us this descriptor, open across exec, and nothing else here
+    // owns it.
+    let control = unsafe { OwnedFd::from_raw_fd(raw) };
+    let spec = match recv_message::<ToWorker>(control.as_fd()) {
+        Ok((ToWorker::Start(spec), _)) => spec,
+        Ok((other, _)) => return Err(format!("expected a start message, got {other:?}")),
+        Err(e) => return Err(format!("no start message: {e}")),
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .or_else(|_| tracing_subscriber::EnvFilter::try_new(&spec.log))
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+    let span = tracing::info_span!("worker", device = %spec.label);
+    let _entered = span.enter();
+    match spec.backend {
+        WorkerBackend::Cuda { ordinal } => match CudaDevice::open(ordinal) {
+            Ok(device) => {
+                if spec.fault_injection
+                    && let Err(e) = device.prepare_fault_injection()
+                {
+                    tracing::warn!(error = %e, "cannot load the fault-injection kernels");
+                }
+                serve(device, control, &spec)
+            }
+            Err(e) => {
+                let reason = e.to_string();
+                let _ = send_message(
+                    control.as_fd(),
+                    &FromWorker::Failed {
+                        reason: reason.clone(),
+                    },
+                    &[],
+                );
+                Err(reason)
+            }
+        },
+        WorkerBackend::Sim {
+            index,
+            memory,
+            realtime,
+        } => serve(
+            SimDevice::new(SimOptions {
+                index,
+                memory,
+                realtime,
+                ..SimOptions::default()
+            }),
+            control,
+            &spec,
+        ),
+    }
+}
+
+/// A stream slot: taken out when the stream is destroyed.
+type StreamSlot<S> = Arc<Mutex<Option<S>>>;
+
+/// Everything the worker made for gpushared, by handle.
+struct Worker<D: Device> {
+    device: D,
+    next: AtomicU64,
+    streams: Mutex<HashMap<Handle, StreamSlot<D::Stream>>>,
+    events: Mutex<HashMap<Handle, Arc<Mutex<D::Event>>>>,
+    modules: Mutex<HashMap<Handle, Arc<D::Module>>>,
+    functions: Mutex<HashMap<Handle, Arc<D::Function>>>,
+    /// Client memory gpushared shares with us, by region id; and payloads too big for a
+    /// channel, by blob id.
+    regions: Mutex<HashMap<u64, Arc<HostRegion>>>,
+    blobs: Mutex<HashMap<u64, Arc<HostRegion>>>,
+    arrived: Condvar,
+    stop: AtomicBool,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn serve<D: Device>(device: D, control: OwnedFd, spec: &WorkerSpec) -> Result<(), String> {
+    let ready = FromWorker::Ready {
+        info: device.info().clone(),
+        backend: device.backend().to_string(),
+        sm_partitions: device.sm_partitions(),
+    };
+    send_message(control.as_fd(), &ready, &[]).map_err(|e| e.to_string())?;
+    tracing::debug!(label = %spec.label, "device worker ready");
+    let worker = Arc::new(Worker {
+        device,
+        next: AtomicU64::new(1),
+        streams: Mutex::default(),
+        events: Mutex::default(),
+        modules: Mutex::default(),
+        functions: Mutex::default(),
+        regions: Mutex::default(),
+        blobs: Mutex::default(),
+        arrived: Condvar::new(),
+        stop: AtomicBool::new(false),
+    });
+    loop {
+        let (msg, mut fds) = match recv_message::<ToWorker>(control.as_fd()) {
+            Ok(m) => m,
+            // gpushared is gone (or said something we cannot read): nothing left to serve.
+            Err(_) => {
+                worker.stop.store(true, Ordering::Release);
+                return Ok(());
+            }
+        };
+        let answer = match worker.control(msg, fds.pop()) {
+            Ok(()) => FromWorker::Ack,
+            Err(reason) => FromWorker::Refused { reason },
+        };
+        if send_message(control.as_fd(), &answer, &[]).is_err() {
+            worker.stop.store(true, Ordering::Release);
+            return Ok(());
+        }
+    }
+}
+
+impl<D: Device> Worker<D> {
+    /// One control message.
+    fn control(self: &Arc<Self>, msg: ToWorker, fd: Option<OwnedFd>) -> Result<(), String> {
+        let need_fd =
+            |fd: Option<OwnedFd>| fd.ok_or_else(|| "no descriptor came with it".to_string());
+        match msg {
+            ToWorker::Start(_) => Err("already started".into()),
+            ToWorker::OpenChannel { id } => {
+                let end = WorkerEnd::open(&need_fd(fd)?).map_err(|e| e.to_string())?;
+                let worker = self.clone();
+                std::thread::Builder::new()
+                    .name(format!("gpushare-worker-{id}"))
+                    .spawn(move || worker.serve_channel(end))
+                    .map(drop)
+                    .map_err(|e| format!("cannot start the channel's thread: {e}"))
+            }
+            ToWorker::ShareMemory { region, len, at } => {
+                let mapped = HostRegion::map(&need_fd(fd)?, len, at).map_err(|e| e.to_string())?;
+                lock(&self.regions).insert(region, Arc::new(mapped));
+                self.arrived.notify_all();
+                Ok(())
+            }
+            ToWorker::UnshareMemory { region } => {
+                lock(&self.regions).remove(&region);
+                Ok(())
+            }
+            ToWorker::Blob { id, len } => {
+                let mapped = HostRegion::map(&need_fd(fd)?, len, 0).map_err(|e| e.to_string())?;
+                lock(&self.blobs).insert(id, Arc::new(mapped));
+                self.arrived.notify_all();
+                Ok(())
+            }
+            ToWorker::AddressFloor { end } => {
+                crate::device::sim::memory::skip_addresses_below(end);
+                Ok(())
+            }
+        }
+    }
+
+    /// Serves one channel until gpushared closes it.
+    fn serve_channel(&self, mut end: WorkerEnd) {
+        let stop = || self.stop.load(Ordering::Acquire);
+        while let Next::Request = end.next(&stop) {
+            let (request, reply) = end.areas();
+            let answer = match decode_prefix::<Envelope>(request) {
+                Ok((envelope, used)) => self.answer(envelope, &request[used..]),
+                Err(e) => failed(DeviceError::InvalidArgument(format!(
+                    "a request that does not decode: {e}"
+                ))),
+            };
+            let len = encode_into(&answer, reply).unwrap_or_else(|e| {
+                let fallback = failed(DeviceError::Failed(format!(
+                    "an answer that does not fit its channel: {e}"
+                )));
+                encode_into(&fallback, reply).unwrap_or(0)
+            });
+            end.answer(len);
+        }
+    }
+
+    fn answer(&self, envelope: Envelope, rest: &[u8]) -> Answer {
+        let blob;
+        let payload: &[u8] = match envelope.payload {
+            Payload::None => &[],
+            Payload::Inline(n) => match rest.get(..n as usize) {
+                Some(p) => p,
+                None => {
+                    return failed(DeviceError::InvalidArgument(
+                        "a payload longer than its request".into(),
+                    ));
+                }
+            },
+            Payload::Blob(id) => {
+                blob = match self.take_blob(id) {
+                    Ok(b) => b,
+                    Err(e) => return failed(e),
+                };
+                let whole = blob.whole();
+                let mut bytes = vec![0u8; whole.len()];
+                whole.read_into(&mut bytes);
+                return self.run(envelope.request, &bytes);
+            }
+        };
+        self.run(envelope.request, payload)
+    }
+
+    fn take_blob(&self, id: u64) -> DeviceResult<Arc<HostRegion>> {
+        let blobs = lock(&self.blobs);
+        let (mut blobs, _) = self
+            .arrived
+            .wait_timeout_while(blobs, ARRIVAL_WAIT, |b| !b.contains_key(&id))
+            .unwrap_or_else(|e| e.into_inner());
+        blobs
+            .remove(&id)
+            .ok_or_else(|| DeviceError::InvalidArgument(format!("payload {id} never came")))
+    }
+
+    fn region(&self, id: u64) -> DeviceResult<Arc<HostRegion>> {
+        let regions = lock(&self.regions);
+        let (regions, _) = self
+            .arrived
+            .wait_timeout_while(regions, ARRIVAL_WAIT, |r| !r.contains_key(&id))
+            .unwrap_or_else(|e| e.into_inner());
+        regions
+            .get(&id)
+            .cloned()
+            .ok_or_else(|| DeviceError::InvalidArgument(format!("memory region {id} unknown")))
+    }
+
+    fn slice<'r>(&self, region: &'r HostRegion, span: Span) -> DeviceResult<ArenaSlice<'r>> {
+        region
+            .slice(span.offset, span.len)
+            .ok_or_else(|| DeviceError::InvalidArgument("a copy outside its region".into()))
+    }
+
+    fn handle(&self) -> Handle {
+        self.next.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn stream(&self, id: Handle) -> DeviceResult<StreamSlot<D::Stream>> {
+        lock(&self.streams)
+            .get(&id)
+            .cloned()
+            .ok_or_else(|| DeviceError::InvalidArgument(format!("no stream {id}")))
+    }
+
+    fn event(&self, id: Handle) -> DeviceResult<Arc<Mutex<D::Event>>> {
+        lock(&self.events)
+            .get(&id)
+            .cloned()
+            .ok_or_else(|| DeviceError::InvalidArgument(format!("no event {id}")))
+    }
+
+    fn module(&self, id: Handle) -> DeviceResult<Arc<D::Module>> {
+        lock(&self.modules)
+            .get(&id)
+            .cloned()
+            .ok_or_else(|| DeviceError::InvalidArgument(format!("no module {id}")))
+    }
+
+    fn function(&self, id: Handle) -> DeviceResult<Arc<D::Function>> {
+        lock(&self.functions)
+            .get(&id)
+            .cloned()
+            .ok_or_else(|| DeviceError::InvalidArgument(format!("no function {id}")))
+    }
+
+    /// Runs `f` on a live stream; with `news`, the answer also says what the stream's device
+    /// time measurements found.
+    fn on_stream(
+        &self,
+        id: Handle,
+        news: bool,
+        f: impl FnOnce(&mut D::Stream) -> DeviceResult<Reply>,
+    ) -> Answer {
+        let slot = match self.stream(id) {
+            Ok(s) => s,
+            Err(e) => return failed(e),
+        };
+        let mut guard = lock(&slot);
+        let Some(stream) = guard.as_mut() else {
+            return failed(DeviceError::InvalidArgument(format!(
+                "stream {id} destroyed"
+            )));
+        };
+        let reply = f(stream).unwrap_or_else(|e| Reply::Failed(WireError::from(&e)));
+        let news = news.then(|| {
+            let busy = self.device.take_busy_ns(stream);
+            (busy, self.device.measuring(stream))
+        });
+        Answer { reply, news }
+    }
+
+    /// Runs one request.
+    fn run(&self, request: Request, payload: &[u8]) -> Answer {
+        let dev = &self.device;
+        let done = |r: DeviceResult<()>| r.map(|()| Reply::Done);
+        let value = |r: DeviceResult<u64>| r.map(Reply::Value);
+        let result: DeviceResult<Reply> = match request {
+            Request::Alloc { bytes } => value(dev.alloc(bytes)),
+            Request::AllocAt { ptr, bytes } => value(dev.alloc_at(ptr, bytes)),
+            Request::Free { ptr } => done(dev.free(ptr)),
+            Request::RegisterArena { span } => self
+                .region(span.region)
+                .and_then(|r| done(dev.register_arena(self.slice(&r, span)?))),
+            Request::UnregisterArena { span } => self.region(span.region).and_then(|r| {
+                dev.unregister_arena(self.slice(&r, span)?);
+                Ok(Reply::Done)
+            }),
+            Request::RegisterHost { span } => self
+                .region(span.region)
+                .and_then(|r| value(dev.register_host(self.slice(&r, span)?))),
+            Request::UnregisterHost { span } => self.region(span.region).and_then(|r| {
+                dev.unregister_host(self.slice(&r, span)?);
+                Ok(Reply::Done)
+            }),
+            Request::CreateStream { class } => dev.create_stream(class).map(|s| {
+                let id = self.handle();
+                lock(&self.streams).insert(id, Arc::new(Mutex::new(Some(s))));
+                Reply::Value(id)
+            }),
+            Request::DestroyStream { stream } => {
+                let slot = lock(&self.streams).remove(&stream);
+                if let Some(s) = slot.and_then(|slot| lock(&slot).take()) {
+                    dev.destroy_stream(s);
+                }
+                Ok(Reply::Done)
+            }
+            Request::CopyHtoD {
+                stream,
+                src,
+                dst,
+                staged,
+            } => {
+                return match self.region(src.region) {
+                    Ok(r) => self.on_stream(stream, false, |s| {
+                        let src = self.slice(&r, src)?;
+                        done(if staged {
+                            dev.copy_htod_staged(s, src, dst)
+                        } else {
+                            dev.copy_htod(s, src, dst)
+                        })
+                    }),
+                    Err(e) => failed(e),
+                };
+            }
+            Request::CopyDtoH {
+                stream,
+                src,
+                dst,
+                staged,
+            } => {
+                return match self.region(dst.region) {
+                    Ok(r) => self.on_stream(stream, false, |s| {
+                        let dst = self.slice(&r, dst)?;
+                        done(if staged {
+                            dev.copy_dtoh_staged(s, src, dst)
+                        } else {
+                            dev.copy_dtoh(s, src, dst)
+                        })
+                    }),
+                    Err(e) => failed(e),
+                };
+            }
+            Request::CopyDtoD {
+                stream,
+                src,
+                dst,
+                len,
+            } => return self.on_stream(stream, false, |s| done(dev.copy_dtod(s, src, dst, len))),
+            Request::Memset {
+                stream,
+                dst,
+                value,
+                elem_bytes,
+                count,
+            } => {
+                return self.on_stream(stream, false, |s| {
+                    done(if elem_bytes == 1 {
+                        dev.memset(s, dst, value as u8, count)
+                    } else {
+                        dev.memset_wide(s, dst, value, elem_bytes, count)
+                    })
+                });
+            }
+            Request::Launch { stream, kernel } => {
+                return self.on_stream(stream, false, |s| done(dev.launch(s, &kernel)));
+            }
+            Request::LimitSms { stream, sms } => {
+                return self.on_stream(stream, false, |s| done(dev.limit_sms(s, sms)));
+            }
+            Request::LaunchModule {
+                stream,
+                function,
+                launch,
+                attributes,
+            } => {
+                return match self.function(function) {
+                    Ok(f) => self.on_stream(stream, false, |s| {
+                        done(dev.launch_module(s, &f, &launch, &attributes, payload))
+                    }),
+                    Err(e) => failed(e),
+                };
+            }
+            Request::SyncStream { stream } => {
+                return self.on_stream(stream, true, |s| done(dev.sync_stream(s)));
+            }
+            Request::EndBatch { stream, idle } => {
+                return self.on_stream(stream, true, |s| {
+                    dev.end_batch(s, idle);
+                    Ok(Reply::Done)
+                });
+            }
+            Request::StreamBusy { stream } => {
+                return self.on_stream(stream, false, |s| Ok(Reply::Flag(dev.stream_busy(s))));
+            }
+            Request::StreamDone { stream } => {
+                return self.on_stream(stream, true, |s| dev.stream_done(s).map(Reply::Flag));
+            }
+            Request::StreamWaitEvent { stream, event } => {
+                return match self.event(event) {
+                    Ok(e) => {
+                        self.on_stream(stream, false, |s| done(dev.stream_wait_event(s, &lock(&e))))
+                    }
+                    Err(e) => failed(e),
+                };
+            }
+            Request::CreateEvent { marker, flags } => {
+                let made = match (flags, marker) {
+                    (Some(flags), _) => dev.create_event_flags(flags),
+                    (None, true) => dev.create_marker(),
+                    (None, false) => dev.create_event(),
+                };
+                made.map(|e| {
+                    let id = self.handle();
+                    lock(&self.events).insert(id, Arc::new(Mutex::new(e)));
+                    Reply::Value(id)
+                })
+            }
+            Request::DestroyEvent { event } => {
+                lock(&self.events).remove(&event);
+                Ok(Reply::Done)
+            }
+            Request::RecordEvent {
+                event,
+                stream,
+                start,
+            } => {
+                return match self.event(event) {
+                    Ok(e) => self.on_stream(stream, false, |s| {
+                        let mut e = lock(&e);
+                        done(if start {
+                            dev.record_start(&mut e, s)
+                        } else {
+                            dev.record_event(&mut e, s)
+                        })
+                    }),
+                    Err(e) => failed(e),
+                };
+            }
+            Request::EventDone { event } => self
+                .event(event)
+                .and_then(|e| dev.event_done(&lock(&e)).map(Reply::Flag)),
+            Request::SyncEvent { event } => self
+                .event(event)
+                .and_then(|e| done(dev.sync_event(&lock(&e)))),
+            Request::ElapsedNs { start, end } => self.event(start).and_then(|s| {
+                let e = self.event(end)?;
+                if Arc::ptr_eq(&s, &e) {
+                    return value(dev.elapsed_ns(&lock(&s), &lock(&s)));
+                }
+                let (s, e) = (lock(&s), lock(&e));
+                value(dev.elapsed_ns(&s, &e))
+            }),
+            Request::Fault => Ok(Reply::Fault(dev.fault())),
+            Request::LoadModule { format } => dev.load_module(format, payload).map(|m| {
+                let id = self.handle();
+                lock(&self.modules).insert(id, Arc::new(m));
+                Reply::Value(id)
+            }),
+            Request::DropModule { module } => {
+                lock(&self.modules).remove(&module);
+                Ok(Reply::Done)
+            }
+            Request::GetFunction { module } => self.module(module).and_then(|m| {
+                let name = name(payload)?;
+                dev.get_function(&m, name).map(|f| {
+                    let id = self.handle();
+                    lock(&self.functions).insert(id, Arc::new(f));
+                    Reply::Value(id)
+                })
+            }),
+            Request::DropFunction { function } => {
+                lock(&self.functions).remove(&function);
+                Ok(Reply::Done)
+            }
+            Request::MemoryInfo => dev.memory_info().map(|(f, t)| Reply::Pair(f, t)),
+            Request::FunctionShape { function } => self
+                .function(function)
+                .and_then(|f| dev.function_shape(&f).map(Reply::Shape)),
+            Request::SetFunctionAttribute {
+                function,
+                attribute,
+                value,
+            } => self
+                .function(function)
+                .and_then(|f| done(dev.set_function_attribute(&f, attribute, value))),
+            Request::Occupancy {
+                function,
+                query,
+                block_size,
+                dynamic_smem,
+                flags,
+                cluster,
+            } => self.function(function).and_then(|f| {
+                value(dev.occupancy(
+                    &f,
+                    &Occupancy {
+                        query,
+                        block_size,
+                        dynamic_smem,
+                        flags,
+                        cluster,
+                    },
+                ))
+            }),
+            Request::ModuleGlobal { module } => self.module(module).and_then(|m| {
+                let name = name(payload)?;
+                dev.module_global(&m, name).map(|(a, b)| Reply::Pair(a, b))
+            }),
+        };
+        Answer {
+            reply: result.unwrap_or_else(|e| Reply::Failed(WireError::from(&e))),
+            news: None,
+        }
+    }
+}
+
+fn failed(e: DeviceError) -> Answer {
+    Answer {
+        reply: Reply::Failed(WireError::from(&e)),
+        news: None,
+    }
+}
+
+fn name(payload: &[u8]) -> DeviceResult<&str> {
+    std::str::from_utf8(payload)
+        .map_err(|_| DeviceError::InvalidArgument("a name that is not UTF-8".into()))
+}
