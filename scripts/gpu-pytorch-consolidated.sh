@@ -18,7 +18,8 @@
 # results.jsonl go to $LOGS (default a temporary folder); prints markdown tables. Exit status:
 # non-zero if a check failed. GPUSHARE_CUDA_TRACE=1 names every failing driver call;
 # STEP_TIMEOUT (default 300) bounds each program in seconds; SECTIONS (default "correctness
-# memory speed") and BENCHES (default "train infer think launch first driver") pick parts.
+# memory speed") and BENCHES (default "train infer think launch first driver") pick parts;
+# BROKER_ARGS adds arguments to gpushared (e.g. --in-process-device).
 set -uo pipefail
 dir=$(cd "$(dirname "$0")" && pwd)
 rounds=${1:-3}
@@ -57,8 +58,9 @@ chmod -R a+rX "$work/bin"
 
 start_broker() { # start_broker [POLICY-LINES...]
     printf '%s\n' 'scheduler = "fifo"' "$@" > "$work/policy.toml"
+    # shellcheck disable=SC2086 # BROKER_ARGS is a list of words
     "$dir/gpushared" --socket "$sock" --socket-mode 0666 --backend "${BACKEND:-cuda}" --config "$work/policy.toml" \
-        --no-telemetry --log warn 2>> "$logs/broker.log" &
+        --no-telemetry --log warn ${BROKER_ARGS:-} 2>> "$logs/broker.log" &
     broker_pid=$!
     for _ in $(seq 100); do
         "$dir/gpushare" --socket "$sock" status > /dev/null 2>&1 && return 0

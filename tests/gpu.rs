@@ -264,3 +264,54 @@ fn the_cuda_driver_holder_lives_exactly_as_long_as_gpushared() {
         "the holder {holder} outlived gpushared"
     );
 }
+
+/// Within one GPU context a client's module kernel can read memory another client allocated
+/// (the broker cannot check the raw pointers a kernel follows: the README says so). Trust
+/// domains are the fix: a client of another domain runs in another context, so the same read
+/// faults, only its own session ends, and the owner's data stays its own.
+#[test]
+fn a_kernel_of_one_trust_domain_cannot_read_another_domains_memory() {
+    let test = "a_kernel_of_one_trust_domain_cannot_read_another_domains_memory";
+    let Some((a, b)) = gpushare_tests::other_users(test) else {
+        return;
+    };
+    let policy = format!("[[users]]\nuid = {}\ntrust_domain = \"lab\"\n", b.uid);
+    let Some(broker) = gpu_broker_with(BrokerOptions {
+        policy: Some(policy),
+        ..Default::default()
+    }) else {
+        return;
+    };
+    let owner = broker.client_named("owner");
+    // The secret sits past the start of a large allocation, where nothing of the reader's
+    // own is likely to be mapped in another context.
+    let n = 16 << 20;
+    let secret = owner.alloc::<f32>(n).expect("alloc");
+    secret.copy_from_host(&vec![3.0; n]).expect("upload");
+    let at = secret.ptr() + (n as u64 - 1024) * 4;
+    let expected = 3.0 * 1024.0;
+
+    // Same domain (user a, like root, in the default one): the read succeeds.
+    let mut same = gpushare_tests::faults::Scripted::start_as(&broker, &a);
+    assert!(same.run("connect").starts_with("connected"));
+    let said = same.run(&format!("read-at {at:#x} 1024"));
+    assert_eq!(said, format!("read {expected}"), "within one context");
+
+    // Another domain (user b, in `lab`): the same read faults in lab's own context.
+    let mut other = gpushare_tests::faults::Scripted::start_as(&broker, &b);
+    assert!(other.run("connect").starts_with("connected"));
+    let said = other.run(&format!("read-at {at:#x} 1024"));
+    assert!(
+        said.starts_with("error") && !said.contains(&expected.to_string()),
+        "across domains: {said}"
+    );
+    let fatal = other.run("wait-fatal");
+    assert!(fatal.contains("faulted the GPU"), "{fatal}");
+    // The owner's domain was not touched: its data and its session are as they were.
+    assert_eq!(secret.to_vec().expect("intact")[n - 1], 3.0);
+    assert!(
+        owner.take_device_reset().is_none(),
+        "the default domain was not reset"
+    );
+    assert_eq!(same.run("fill"), "ok");
+}

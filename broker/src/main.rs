@@ -14,7 +14,7 @@ use gpushare_broker::device::remote::{RemoteDevice, WorkerBackend, WorkerSpec};
 use gpushare_broker::device::sim::{SimDevice, SimOptions};
 use gpushare_broker::fault::{CARRY_ENV, Carry, FaultConfig};
 use gpushare_broker::policy::Policy;
-use gpushare_broker::server::{self, Broker, Stop};
+use gpushare_broker::server::{self, Broker, DomainMaker, Stop};
 use gpushare_broker::telemetry::{Telemetry, TelemetryOptions, TelemetryStatus};
 use tracing::{info, warn};
 
@@ -137,48 +137,51 @@ fn real_main() -> anyhow::Result<()> {
     // only a device held in gpushared's own process needs.
     if !(args.in_process_device || args.sim_restart_on_fault) {
         let workers = Workers::from_args(&args);
-        return match args.backend {
-            Backend::Sim => run(workers.sims()?, config, policy, telemetry),
-            Backend::Cuda => {
-                let gpus = workers
+        let (devices, cuda) = match args.backend {
+            Backend::Sim => (workers.sims()?, false),
+            Backend::Cuda => (
+                workers
                     .gpus()
-                    .with_context(|| format!("cannot use {which} with --backend cuda"))?;
-                run(gpus, config, policy, telemetry)
-            }
+                    .with_context(|| format!("cannot use {which} with --backend cuda"))?,
+                true,
+            ),
             Backend::Auto => match workers.gpus() {
                 Ok(gpus) => {
                     info!("backend auto: serving {which} through CUDA");
-                    run(gpus, config, policy, telemetry)
+                    (gpus, true)
                 }
                 Err(e) => {
                     info!("backend auto: no usable GPU ({e}); using the sim device");
-                    run(workers.sims()?, config, policy, telemetry)
+                    (workers.sims()?, false)
                 }
             },
         };
+        let maker = workers.domain_maker(cuda, &devices);
+        return run(devices, Some(maker), config, policy, telemetry);
     }
     match args.backend {
-        Backend::Sim => run(sims(), config, policy, telemetry),
+        Backend::Sim => run(sims(), None, config, policy, telemetry),
         Backend::Cuda => {
             let gpus = open_gpus(args.gpu, args.allow_fault_injection, args.no_cuda_holder)
                 .with_context(|| format!("cannot use {which} with --backend cuda"))?;
-            run(gpus, config, policy, telemetry)
+            run(gpus, None, config, policy, telemetry)
         }
         Backend::Auto => match open_gpus(args.gpu, args.allow_fault_injection, args.no_cuda_holder)
         {
             Ok(gpus) => {
                 info!("backend auto: serving {which} through CUDA");
-                run(gpus, config, policy, telemetry)
+                run(gpus, None, config, policy, telemetry)
             }
             Err(e) => {
                 info!("backend auto: no usable GPU ({e}); using the sim device");
-                run(sims(), config, policy, telemetry)
+                run(sims(), None, config, policy, telemetry)
             }
         },
     }
 }
 
 /// How gpushared starts its device workers (one per GPU, each with a spare).
+#[derive(Clone)]
 struct Workers {
     gpu: Gpus,
     sim_gpus: u32,
@@ -258,6 +261,32 @@ impl Workers {
                 .map(|ordinal| self.spec(WorkerBackend::Cuda { ordinal }, format!("GPU {ordinal}")))
                 .collect(),
         )
+    }
+
+    /// Makes a trust domain's device on a GPU: a worker of its own, like the GPU's first.
+    fn domain_maker(&self, cuda: bool, first: &[Arc<RemoteDevice>]) -> DomainMaker<RemoteDevice> {
+        let workers = self.clone();
+        let ordinals: Vec<u32> = first.iter().map(|d| d.info().index).collect();
+        Box::new(move |gpu, domain| {
+            let index = ordinals.get(gpu as usize).copied().unwrap_or(gpu);
+            let backend = if cuda {
+                WorkerBackend::Cuda {
+                    ordinal: index as i32,
+                }
+            } else {
+                WorkerBackend::Sim {
+                    index,
+                    memory: workers.sim_memory,
+                    realtime: workers.sim_realtime,
+                }
+            };
+            let label = format!("GPU {index}, trust domain {domain}");
+            workers
+                .open(vec![workers.spec(backend, label)])
+                .map_err(|e| format!("{e:#}"))?
+                .pop()
+                .ok_or_else(|| "no device worker".to_string())
+        })
     }
 
     /// A worker per sim GPU.
@@ -343,6 +372,7 @@ fn start_telemetry<D: Device>(plan: &TelemetryPlan, broker: &Broker<D>) {
 
 fn run<D: Device>(
     devices: Vec<Arc<D>>,
+    domains: Option<DomainMaker<D>>,
     config: BrokerConfig,
     policy: Policy,
     telemetry: TelemetryPlan,
@@ -382,6 +412,9 @@ fn run<D: Device>(
         };
         let policy_path = config.policy_path.clone();
         let broker = Broker::new(devices, config, policy, None, telemetry.pending());
+        if let Some(maker) = domains {
+            broker.set_domain_maker(maker);
+        }
         if let Some(text) = std::env::var_os(CARRY_ENV) {
             broker.carry_over(Carry::from_env(&text.to_string_lossy()));
         }

@@ -72,10 +72,18 @@ pub struct Scripted {
 
 impl Scripted {
     pub fn start(broker: &Broker) -> Scripted {
+        Scripted::spawn(broker.command("gpushare-testclient"))
+    }
+
+    /// The same, running as another Unix user.
+    pub fn start_as(broker: &Broker, user: &crate::SystemUser) -> Scripted {
+        Scripted::spawn(broker.command_as(user, "gpushare-testclient"))
+    }
+
+    fn spawn(mut command: std::process::Command) -> Scripted {
         use std::io::BufRead;
         use std::process::Stdio;
-        let mut child = broker
-            .command("gpushare-testclient")
+        let mut child = command
             .arg("script")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())

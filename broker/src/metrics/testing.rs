@@ -51,6 +51,7 @@ pub fn client(id: u64, pid: i32, name: &str) -> ClientStats {
         governed: false,
         throttled_ns: 0,
         consolidated: false,
+        trust_domain: "default".into(),
     }
 }
 

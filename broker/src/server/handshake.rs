@@ -16,7 +16,7 @@ use super::framing::{RecvError, recv, reject};
 use super::{Broker, Stop};
 use crate::accounts::{Joining, Seat};
 use crate::device::Device;
-use crate::policy::{Grant, Identity};
+use crate::policy::{Grant, Identity, TrustDomain};
 use gpushare_protocol::control::Role;
 use gpushare_protocol::ring::ShmLayout;
 
@@ -32,6 +32,8 @@ pub(super) struct Admission {
     pub(super) seat: Option<Seat>,
     /// Its shared region's shape.
     pub(super) layout: ShmLayout,
+    /// Whose GPU context it shares.
+    pub(super) domain: TrustDomain,
 }
 
 impl<D: Device> Broker<D> {
@@ -93,10 +95,16 @@ impl<D: Device> Broker<D> {
             );
             return Err((ErrorCode::PermissionDenied, msg));
         }
-        let (granted, bounds) = self
+        let (granted, bounds, domain) = self
             .policy
             .read()
-            .map(|p| (p.grant_for(identity), p.bounds_for(identity)))
+            .map(|p| {
+                (
+                    p.grant_for(identity),
+                    p.bounds_for(identity),
+                    p.trust_domain(identity),
+                )
+            })
             .unwrap_or_default();
         let grant = with_requested_class(granted, hello.requested_class);
         let gpu = choose_gpu(hello.gpu, self.devices.len(), || self.least_loaded())
@@ -127,6 +135,7 @@ impl<D: Device> Broker<D> {
             gpu,
             seat,
             layout,
+            domain,
         })
     }
 

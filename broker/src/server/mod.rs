@@ -9,7 +9,6 @@
 //! - `framing`: one control message and its descriptors on the socket;
 //! - `status`: the telemetry sample and the status report.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
@@ -32,6 +31,7 @@ use crate::telemetry::Telemetry;
 mod admin;
 mod consolidated;
 mod control;
+mod domains;
 mod framing;
 mod handshake;
 mod images;
@@ -41,6 +41,7 @@ mod status;
 #[cfg(test)]
 mod testing;
 
+pub use domains::DomainMaker;
 pub use listen::{BindError, bind};
 
 /// Why the broker stops serving, as every client is told.
@@ -94,6 +95,8 @@ pub struct Broker<D: Device> {
     observed: Mutex<status::Observed>,
     /// Module images by content, shared between sessions.
     images: images::ImageCache,
+    /// Trust domains other than the default: their devices, per GPU.
+    domains: domains::Domains<D>,
 }
 
 impl<D: Device> Broker<D> {
@@ -107,6 +110,7 @@ impl<D: Device> Broker<D> {
         telemetry_status: TelemetryStatus,
     ) -> Arc<Broker<D>> {
         assert!(!devices.is_empty(), "a broker needs at least one device");
+        let gpus = devices.len();
         let dispatch = devices
             .iter()
             .map(|d| {
@@ -141,6 +145,7 @@ impl<D: Device> Broker<D> {
             telemetry_status: Mutex::new(telemetry_status),
             observed: Mutex::new(status::Observed::default()),
             images: images::ImageCache::default(),
+            domains: domains::Domains::new(gpus),
         })
     }
 
@@ -214,8 +219,9 @@ impl<D: Device> Broker<D> {
     ) {
         let (stop_tx, stop_rx) = watch::channel(None::<Stop>);
         let mut tasks = JoinSet::new();
-        // One guardian per GPU watches for faults and hangs (see `fault`).
-        let guardians_stop = Arc::new(AtomicBool::new(false));
+        // One guardian per GPU (and per trust domain's device, as each is made) watches for
+        // faults and hangs (see `fault`).
+        let guardians_stop = self.domains.guardians_stop.clone();
         for (gpu, (health, device)) in self.health.iter().zip(&self.devices).enumerate() {
             let (health, device, stop) = (health.clone(), device.clone(), guardians_stop.clone());
             if let Err(e) = std::thread::Builder::new()
@@ -258,7 +264,7 @@ impl<D: Device> Broker<D> {
         if drained.is_err() {
             warn!("some sessions did not finish within {grace:?}; exiting anyway");
         }
-        guardians_stop.store(true, Ordering::Release);
+        self.stop_domain_guardians();
         if let Err(e) = std::fs::remove_file(&self.config.socket) {
             warn!(socket = %self.config.socket.display(), error = %e, "cannot remove socket file");
         }

@@ -40,8 +40,25 @@ impl<D: Device> Broker<D> {
             gpu,
             seat,
             layout,
+            domain,
         } = admission;
-        let device = self.devices[gpu].clone();
+        // A monitor holds nothing on a device: the default domain's answers its questions.
+        let served = if hello.role == Role::Monitor {
+            self.domain_device(gpu, &crate::policy::TrustDomain::default())
+        } else {
+            let (broker, wanted) = (self.clone(), domain.clone());
+            tokio::task::spawn_blocking(move || broker.domain_device(gpu, &wanted))
+                .await
+                .unwrap_or_else(|e| Err(format!("cannot open the trust domain's device: {e}")))
+        };
+        let (device, health) = match served {
+            Ok(d) => (d.device, d.health),
+            Err(why) => {
+                warn!(%domain, %why, "cannot serve a client's trust domain");
+                reject(&sock, ErrorCode::DeviceError, &why).await;
+                return;
+            }
+        };
         // A monitor (`gpushare status`, `top`) holds no session: it takes no client id, so the
         // ids users see count clients only.
         let id = if hello.role == Role::Monitor {
@@ -91,7 +108,7 @@ impl<D: Device> Broker<D> {
             (user, name),
             (grant, account),
             (&hello, layout),
-            &device,
+            (&device, &health, domain),
             gpu as u32,
         ) {
             Ok(s) => s,
@@ -182,7 +199,11 @@ impl<D: Device> Broker<D> {
         (user, name): (String, String),
         (grant, account): (crate::policy::Grant, Arc<crate::accounts::UserAccount>),
         (hello, layout): (&Hello, gpushare_protocol::ring::ShmLayout),
-        device: &Arc<D>,
+        (device, health, domain): (
+            &Arc<D>,
+            &Arc<crate::fault::DeviceHealth>,
+            crate::policy::TrustDomain,
+        ),
         gpu: u32,
     ) -> std::io::Result<StartedSession<D>> {
         let region = Arc::new(
@@ -205,6 +226,7 @@ impl<D: Device> Broker<D> {
             gpu,
             governed: hello.role == Role::Governed,
             consolidated: hello.role == Role::Consolidated,
+            trust_domain: domain.to_string(),
         };
         let info = Arc::new(SessionInfo::new(peer, grant, account, submit_wake));
         if let (_, Some(until)) = self.carried_for(pid) {
@@ -212,7 +234,7 @@ impl<D: Device> Broker<D> {
                 client = id,
                 pid, "suspect of the fault before the restart: on probation"
             );
-            self.health[gpu as usize].set_probation(id, until);
+            health.set_probation(id, until);
         }
         let modules: Arc<Mutex<ModuleTable<D>>> = Arc::default();
         let (ready_tx, ready) = oneshot::channel();
@@ -223,7 +245,7 @@ impl<D: Device> Broker<D> {
             high_spin: self.config.high_spin,
             stall_limit: self.config.stall_limit,
         };
-        let health = self.health[gpu as usize].clone();
+        let health = health.clone();
         let dispatch = self.dispatch[gpu as usize].clone();
         std::thread::Builder::new()
             .name(format!("gpushare-client-{id}"))
@@ -319,6 +341,7 @@ mod tests {
                 gpu,
                 seat: Some(broker.accounts.seat_for_tests(1000, "alice")),
                 layout: broker.config.layout_for(0, 0),
+                domain: crate::policy::TrustDomain::default(),
             },
             stop,
         );

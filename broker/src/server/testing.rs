@@ -71,6 +71,7 @@ pub(super) fn register(
         gpu,
         governed,
         consolidated: false,
+        trust_domain: "default".into(),
     };
     let wake = Wakeup::new().expect("eventfd");
     // Counted in its user's account as a session is; these sessions never end, so the seat

@@ -51,6 +51,8 @@ pub struct SessionInfo {
     /// An unmodified program under `gpushare run` whose CUDA driver is gpushare's: its work
     /// runs here like a client's, with CUDA's stream semantics.
     pub consolidated: bool,
+    /// The trust domain whose GPU context it shares.
+    pub trust_domain: String,
     /// Host memory the client shares for DMA (`ShareHostMemory`); the control task adds, the
     /// data thread copies.
     pub hosts: Mutex<super::hosts::HostRegions>,
@@ -83,6 +85,8 @@ pub struct Peer {
     pub gpu: u32,
     pub governed: bool,
     pub consolidated: bool,
+    /// The trust domain whose GPU context it shares.
+    pub trust_domain: String,
 }
 
 impl SessionInfo {
@@ -101,6 +105,7 @@ impl SessionInfo {
             gpu,
             governed,
             consolidated,
+            trust_domain,
         } = peer;
         SessionInfo {
             id,
@@ -111,6 +116,7 @@ impl SessionInfo {
             gpu,
             governed,
             consolidated,
+            trust_domain,
             hosts: Mutex::new(super::hosts::HostRegions::default()),
             grant: LiveGrant::new(grant),
             account,
@@ -263,6 +269,7 @@ impl SessionInfo {
             governed: self.governed,
             consolidated: self.consolidated,
             throttled_ns: get(&c.throttled_ns),
+            trust_domain: self.trust_domain.clone(),
         }
     }
 }
@@ -318,6 +325,7 @@ mod tests {
             gpu: 0,
             governed: false,
             consolidated: false,
+            trust_domain: "default".into(),
         };
         let wake = Wakeup::new().expect("an eventfd for the test");
         let accounts = Arc::new(crate::accounts::Accounts::default());

@@ -438,6 +438,7 @@ fn status_report() -> StatusReport {
             governed: true,
             throttled_ns: 1_500_000,
             consolidated: false,
+            trust_domain: "default".into(),
         }],
         telemetry: TelemetryStatus {
             enabled: false,

@@ -127,6 +127,10 @@ pub struct ClientStats {
     /// through gpushare's CUDA driver.
     #[serde(default)]
     pub consolidated: bool,
+    /// The trust domain whose GPU context its work shares (the policy's `trust_domain`);
+    /// empty for a client that holds its own context.
+    #[serde(default)]
+    pub trust_domain: String,
 }
 
 /// How a client runs its GPU work: the names `status`, `top` and the metrics show.

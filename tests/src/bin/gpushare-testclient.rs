@@ -527,7 +527,8 @@ fn connect_probe(class: Option<PriorityClass>) {
 /// Runs commands read from stdin, one per line, printing one result line each (for tests
 /// that drive a client process step by step, across broker restarts):
 /// `connect`, `reconnect` (until the broker answers), `hang`, `illegal`, `fill`,
-/// `wait-fatal` (until the session ends).
+/// `read-at PTR N` (a module kernel reads N floats at device address PTR), `wait-fatal`
+/// (until the session ends).
 fn script() {
     use std::io::BufRead;
     let say = |line: String| {
@@ -597,6 +598,7 @@ fn script() {
                     Err(e) => format!("error {e}"),
                 }
             }
+            (cmd, Some(c)) if cmd.starts_with("read-at ") => read_at(c, cmd),
             ("wait-fatal", Some(c)) => {
                 let deadline = std::time::Instant::now() + Duration::from_secs(20);
                 loop {
@@ -612,5 +614,44 @@ fn script() {
             (other, _) => format!("error unknown command {other}"),
         };
         say(result);
+    }
+}
+
+/// `read-at PTR N`: a module kernel (`scale_add`, y = x + y) reads `n` floats at `ptr`, an
+/// address this client never allocated, into a buffer of its own; says their sum, or the
+/// error. (Within one GPU context nothing stops a kernel doing this; across trust domains the
+/// hardware does.)
+fn read_at(c: &Client, cmd: &str) -> String {
+    let mut words = cmd.split_whitespace().skip(1);
+    let ptr = parse_ptr(words.next().map(str::to_string));
+    let n: u32 = words.next().and_then(|s| s.parse().ok()).unwrap_or(1024);
+    let run = || -> gpushare::Result<f64> {
+        let module = c.load_module(
+            gpushare::ModuleFormat::Ptx,
+            gpushare_tests::SCALE_ADD_PTX.as_bytes(),
+        )?;
+        let f = module.function("scale_add")?;
+        let y = c.alloc::<f32>(n as usize)?;
+        y.copy_from_host(&vec![0.0; n as usize])?;
+        let mut params = Vec::new();
+        params.extend_from_slice(&y.ptr().to_le_bytes());
+        params.extend_from_slice(&ptr.to_le_bytes());
+        params.extend_from_slice(&1.0f32.to_le_bytes());
+        params.extend_from_slice(&n.to_le_bytes());
+        let stream = c.default_stream();
+        c.launch_function(
+            &stream,
+            &f,
+            [n.div_ceil(256), 1, 1],
+            [256, 1, 1],
+            0,
+            &params,
+        )?;
+        c.synchronize()?;
+        Ok(y.to_vec()?.iter().map(|&v| v as f64).sum())
+    };
+    match run() {
+        Ok(sum) => format!("read {sum}"),
+        Err(e) => format!("error {e}"),
     }
 }

@@ -471,6 +471,7 @@ pub(crate) mod tests {
             governed: false,
             throttled_ns: 0,
             consolidated: false,
+            trust_domain: "default".into(),
         }
     }
 
