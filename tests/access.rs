@@ -496,6 +496,8 @@ fn a_non_admin_sees_who_uses_the_gpu_but_no_pointers_or_contents() {
         "throttled_ns",
         // Programs under the consolidated driver: a flag.
         "consolidated",
+        // The policy's name for whose GPU context a client shares: no memory of anyone's.
+        "trust_domain",
     ];
     for field in &shown {
         assert!(

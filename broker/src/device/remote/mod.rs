@@ -46,6 +46,9 @@ use crate::shm::ArenaSlice;
 const READY_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long a promotion may wait for the spare to finish opening its device.
 const SPARE_WAIT: Duration = Duration::from_secs(20);
+/// A busy stream's batch is ended in the worker at most this often (the CUDA device closes a
+/// measured span once it is 2 ms old).
+const SPAN_CHECK: Duration = Duration::from_millis(2);
 /// How long the guardian's fault check may wait for a worker's answer before taking its
 /// silence for a fault.
 const FAULT_CHECK_TIMEOUT: Duration = Duration::from_secs(2);
@@ -86,6 +89,10 @@ struct Shared {
     /// Where the highest allocation ever handed out ends: a successor allocates above it.
     high_water: AtomicU64,
     next_blob: AtomicU64,
+    /// Failures of posted work, by (generation, stream), until the stream's next
+    /// synchronization reports them.
+    deferred: Mutex<HashMap<(u64, Handle), DeviceError>>,
+    any_deferred: AtomicBool,
 }
 
 /// One region shared with the worker.
@@ -101,6 +108,15 @@ struct Caller {
     generation: u64,
     end: CallerEnd,
     worker: Arc<Active>,
+    /// The stream whose work the outstanding posted request is, if any.
+    posted_for: Option<Handle>,
+}
+
+/// Whether a request waits for its answer (with an optional bound) or is posted.
+#[derive(Clone, Copy)]
+enum Send_ {
+    Wait(Option<Duration>),
+    Post(Option<Handle>),
 }
 
 thread_local! {
@@ -151,6 +167,8 @@ impl RemoteDevice {
             regions: Mutex::default(),
             high_water: AtomicU64::new(0),
             next_blob: AtomicU64::new(1),
+            deferred: Mutex::default(),
+            any_deferred: AtomicBool::new(false),
         });
         if spare {
             start_spare(&shared);
@@ -182,6 +200,36 @@ impl RemoteDevice {
         payload: &[u8],
         deadline: Option<Duration>,
     ) -> DeviceResult<Answer> {
+        match self.send(request, payload, Send_::Wait(deadline))? {
+            Some(answer) => Ok(answer),
+            None => Err(DeviceError::Failed(
+                "no answer from the device worker".into(),
+            )),
+        }
+    }
+
+    /// Posts work for `stream` without waiting for its answer: the channel's next request
+    /// collects it, and a failure is kept for the stream's next synchronization (as CUDA
+    /// reports asynchronous errors), so the worker runs it while this thread goes on.
+    fn post_work(&self, stream: Handle, request: Request, payload: &[u8]) -> DeviceResult<()> {
+        self.send(request, payload, Send_::Post(Some(stream)))
+            .map(drop)
+    }
+
+    /// Posts a release whose answer nobody needs (an event, module or function of
+    /// `generation`; nothing to do if that worker is gone).
+    fn post_release(&self, generation: u64, request: Request) {
+        let active = self.active();
+        if active.generation != generation || active.process.gone().is_some() {
+            return; // released with its worker
+        }
+        // On a thread that is ending this may find no channel table left: nothing is lost, the
+        // worker frees everything when it goes.
+        let _ = self.send(request, &[], Send_::Post(None));
+    }
+
+    /// Sends a request on this thread's channel: waits for its answer, or posts it.
+    fn send(&self, request: Request, payload: &[u8], how: Send_) -> DeviceResult<Option<Answer>> {
         let shared = &self.shared;
         if shared.interrupted.load(Ordering::Acquire) {
             return Err(DeviceError::Cancelled);
@@ -201,55 +249,80 @@ impl RemoteDevice {
             request,
             payload: envelope_payload,
         };
-        CALLERS.with(|callers| {
-            let mut callers = callers.borrow_mut();
+        let sent = CALLERS.try_with(|callers| {
+            let Ok(mut callers) = callers.try_borrow_mut() else {
+                return Err(DeviceError::Failed(
+                    "a device call from within another (a bug)".into(),
+                ));
+            };
             let caller = self.caller(&mut callers, &active)?;
-            // A release posted earlier: its answer is collected (and ignored) first.
-            if caller.end.outstanding() {
-                self.wait(caller, None)?;
-            }
+            self.collect(caller)?;
             let area = caller.end.request_area();
             let used = encode_into(&envelope, area)
                 .map_err(|e| DeviceError::Failed(format!("a request too big to send: {e}")))?;
-            if let Payload::Inline(n) = envelope.payload {
-                let dst = area
-                    .get_mut(used..used + n as usize)
-                    .ok_or_else(|| DeviceError::Failed("a payload too big to send".into()))?;
-                dst.copy_from_slice(payload);
-                caller.end.post(used + n as usize);
-            } else {
-                caller.end.post(used);
+            let len = match envelope.payload {
+                Payload::Inline(n) => {
+                    let dst = area
+                        .get_mut(used..used + n as usize)
+                        .ok_or_else(|| DeviceError::Failed("a payload too big to send".into()))?;
+                    dst.copy_from_slice(payload);
+                    used + n as usize
+                }
+                _ => used,
+            };
+            caller.end.post(len);
+            match how {
+                Send_::Post(stream) => {
+                    caller.posted_for = stream;
+                    Ok(None)
+                }
+                Send_::Wait(deadline) => {
+                    let bytes = self.wait(caller, deadline)?;
+                    decode::<Answer>(&bytes).map(Some).map_err(|e| {
+                        DeviceError::Failed(format!("an answer that does not decode: {e}"))
+                    })
+                }
             }
-            let bytes = self.wait(caller, deadline)?;
-            decode::<Answer>(&bytes)
-                .map_err(|e| DeviceError::Failed(format!("an answer that does not decode: {e}")))
-        })
+        });
+        sent.unwrap_or_else(|_| Err(DeviceError::Failed("the thread is ending".into())))
     }
 
-    /// Posts a request whose answer nobody waits for (a release): the channel's next request
-    /// collects it.
-    fn post(&self, generation: u64, request: Request) {
-        let active = self.active();
-        if active.generation != generation || active.process.gone().is_some() {
-            return; // released with its worker
+    /// Collects the answer of the channel's posted request, if one is outstanding; a failure
+    /// of posted work is kept for its stream's next synchronization.
+    fn collect(&self, caller: &mut Caller) -> DeviceResult<()> {
+        if !caller.end.outstanding() {
+            return Ok(());
         }
-        let envelope = Envelope {
-            request,
-            payload: Payload::None,
-        };
-        let _ = CALLERS.try_with(|callers| -> DeviceResult<()> {
-            let Ok(mut callers) = callers.try_borrow_mut() else {
-                return Ok(());
-            };
-            let caller = self.caller(&mut callers, &active)?;
-            if caller.end.outstanding() {
-                self.wait(caller, None)?;
-            }
-            let used = encode_into(&envelope, caller.end.request_area())
-                .map_err(|e| DeviceError::Failed(e.to_string()))?;
-            caller.end.post(used);
-            Ok(())
-        });
+        let bytes = self.wait(caller, None)?;
+        if let (
+            Some(stream),
+            Ok(Answer {
+                reply: Reply::Failed(e),
+                ..
+            }),
+        ) = (caller.posted_for.take(), decode::<Answer>(&bytes))
+        {
+            let shared = &self.shared;
+            lock(&shared.deferred)
+                .entry((caller.generation, stream))
+                .or_insert_with(|| e.into());
+            shared.any_deferred.store(true, Ordering::Release);
+        }
+        Ok(())
+    }
+
+    /// The failure of work posted earlier for `stream`, once.
+    fn take_deferred(&self, stream: &RemoteStream) -> Option<DeviceError> {
+        let shared = &self.shared;
+        if !shared.any_deferred.load(Ordering::Acquire) {
+            return None;
+        }
+        let mut deferred = lock(&shared.deferred);
+        let e = deferred.remove(&(stream.generation, stream.id));
+        if deferred.is_empty() {
+            shared.any_deferred.store(false, Ordering::Release);
+        }
+        e
     }
 
     /// Waits for the answer to the channel's posted request (a copy of its bytes).
@@ -305,6 +378,7 @@ impl RemoteDevice {
             generation: active.generation,
             end,
             worker: active.clone(),
+            posted_for: None,
         });
         let last = callers.len() - 1;
         Ok(&mut callers[last])
@@ -381,24 +455,28 @@ impl RemoteDevice {
         }
     }
 
-    /// A stream request: checks the stream is live, marks it busy with work (`work`).
-    fn on_stream(
-        &self,
-        stream: &mut RemoteStream,
-        work: bool,
-        request: Request,
-        payload: &[u8],
-    ) -> DeviceResult<()> {
+    /// A stream request that waits for its answer: checks the stream is live and learns what
+    /// the answer says of its device time.
+    fn on_stream(&self, stream: &mut RemoteStream, request: Request) -> DeviceResult<()> {
         self.live(stream.generation)?;
-        if work {
-            stream.dirty = true;
-        }
-        let answer = self.call(request, payload)?;
+        let answer = self.call(request, &[])?;
         stream.learn(answer.news);
         match answer.reply {
             Reply::Done => Ok(()),
             other => Err(unexpected(other)),
         }
+    }
+
+    /// Work queued on a stream: posted, not waited for (see [`RemoteDevice::post_work`]).
+    fn queue(
+        &self,
+        stream: &mut RemoteStream,
+        request: Request,
+        payload: &[u8],
+    ) -> DeviceResult<()> {
+        self.live(stream.generation)?;
+        stream.dirty = true;
+        self.post_work(stream.id, request, payload)
     }
 
     fn span(&self, slice: ArenaSlice<'_>) -> Span {
@@ -491,7 +569,8 @@ pub struct RemoteStream {
     measuring: bool,
     /// Work was queued since the client last went idle (a measured span may be open).
     dirty: bool,
-    destroyed: bool,
+    /// When the worker last ended a batch of it.
+    ended: Option<Instant>,
 }
 
 impl RemoteStream {
@@ -513,7 +592,7 @@ pub struct RemoteEvent {
 impl Drop for RemoteEvent {
     fn drop(&mut self) {
         self.device
-            .post(self.generation, Request::DestroyEvent { event: self.id });
+            .post_release(self.generation, Request::DestroyEvent { event: self.id });
     }
 }
 
@@ -527,7 +606,7 @@ pub struct RemoteModule {
 impl Drop for RemoteModule {
     fn drop(&mut self) {
         self.device
-            .post(self.generation, Request::DropModule { module: self.id });
+            .post_release(self.generation, Request::DropModule { module: self.id });
     }
 }
 
@@ -541,7 +620,7 @@ pub struct RemoteFunction {
 impl Drop for RemoteFunction {
     fn drop(&mut self) {
         self.device
-            .post(self.generation, Request::DropFunction { function: self.id });
+            .post_release(self.generation, Request::DropFunction { function: self.id });
     }
 }
 
@@ -656,12 +735,12 @@ impl Device for RemoteDevice {
             busy_ns: 0,
             measuring: false,
             dirty: false,
-            destroyed: false,
+            ended: None,
         })
     }
 
-    fn destroy_stream(&self, mut stream: RemoteStream) {
-        stream.destroyed = true;
+    fn destroy_stream(&self, stream: RemoteStream) {
+        let _ = self.take_deferred(&stream);
         if self.live(stream.generation).is_ok() {
             let _ = self.done(Request::DestroyStream { stream: stream.id }, &[]);
         }
@@ -679,7 +758,7 @@ impl Device for RemoteDevice {
             dst,
             staged: false,
         };
-        self.on_stream(stream, true, request, &[])
+        self.queue(stream, request, &[])
     }
 
     fn copy_dtoh(
@@ -694,7 +773,7 @@ impl Device for RemoteDevice {
             dst: self.span(dst),
             staged: false,
         };
-        self.on_stream(stream, true, request, &[])
+        self.queue(stream, request, &[])
     }
 
     fn copy_dtod(
@@ -710,7 +789,7 @@ impl Device for RemoteDevice {
             dst,
             len,
         };
-        self.on_stream(stream, true, request, &[])
+        self.queue(stream, request, &[])
     }
 
     fn memset(
@@ -727,7 +806,7 @@ impl Device for RemoteDevice {
             elem_bytes: 1,
             count: len,
         };
-        self.on_stream(stream, true, request, &[])
+        self.queue(stream, request, &[])
     }
 
     fn launch(&self, stream: &mut RemoteStream, kernel: &Kernel) -> DeviceResult<()> {
@@ -735,7 +814,7 @@ impl Device for RemoteDevice {
             stream: stream.id,
             kernel: *kernel,
         };
-        self.on_stream(stream, true, request, &[])
+        self.queue(stream, request, &[])
     }
 
     fn sm_partitions(&self) -> bool {
@@ -747,7 +826,7 @@ impl Device for RemoteDevice {
             stream: stream.id,
             sms,
         };
-        self.on_stream(stream, false, request, &[])
+        self.queue(stream, request, &[])
     }
 
     fn launch_module(
@@ -765,24 +844,37 @@ impl Device for RemoteDevice {
             launch: *launch,
             attributes: *attributes,
         };
-        self.on_stream(stream, true, request, params)
+        self.queue(stream, request, params)
     }
 
     fn sync_stream(&self, stream: &mut RemoteStream) -> DeviceResult<()> {
         let request = Request::SyncStream { stream: stream.id };
-        self.on_stream(stream, false, request, &[])
+        let synced = self.on_stream(stream, request);
+        // Work posted earlier that failed reports here, after the rest has finished.
+        match self.take_deferred(stream) {
+            Some(e) => Err(e),
+            None => synced,
+        }
     }
 
     fn end_batch(&self, stream: &mut RemoteStream, idle: bool) {
         if self.live(stream.generation).is_err() || !(stream.dirty || stream.measuring) {
             return;
         }
+        // A busy client's measured span closes only once it is old enough (the device's own
+        // rule): asking the worker more often than that would only cost a round trip.
+        if !idle && stream.ended.is_some_and(|at| at.elapsed() < SPAN_CHECK) {
+            return;
+        }
         let request = Request::EndBatch {
             stream: stream.id,
             idle,
         };
-        if self.on_stream(stream, false, request, &[]).is_ok() && idle {
-            stream.dirty = false;
+        if self.on_stream(stream, request).is_ok() {
+            stream.ended = Some(Instant::now());
+            if idle {
+                stream.dirty = false;
+            }
         }
     }
 
@@ -837,7 +929,7 @@ impl Device for RemoteDevice {
             stream: stream.id,
             start: false,
         };
-        self.on_stream(stream, false, request, &[])
+        self.queue(stream, request, &[])
     }
 
     fn record_start(&self, event: &mut RemoteEvent, stream: &mut RemoteStream) -> DeviceResult<()> {
@@ -847,7 +939,7 @@ impl Device for RemoteDevice {
             stream: stream.id,
             start: true,
         };
-        self.on_stream(stream, false, request, &[])
+        self.queue(stream, request, &[])
     }
 
     fn event_done(&self, event: &RemoteEvent) -> DeviceResult<bool> {
@@ -985,11 +1077,14 @@ impl Device for RemoteDevice {
             stream: stream.id,
             event: event.id,
         };
-        self.on_stream(stream, true, request, &[])
+        self.queue(stream, request, &[])
     }
 
     fn stream_done(&self, stream: &RemoteStream) -> DeviceResult<bool> {
         self.live(stream.generation)?;
+        if let Some(e) = self.take_deferred(stream) {
+            return Err(e);
+        }
         // Device time learnt here waits for the next end of batch to be told (the stream is
         // not ours to change).
         self.flag(Request::StreamDone { stream: stream.id })
@@ -1011,7 +1106,7 @@ impl Device for RemoteDevice {
             elem_bytes,
             count,
         };
-        self.on_stream(stream, true, request, &[])
+        self.queue(stream, request, &[])
     }
 
     fn copy_htod_staged(
@@ -1026,7 +1121,8 @@ impl Device for RemoteDevice {
             dst,
             staged: true,
         };
-        self.on_stream(stream, true, request, &[])
+        stream.dirty = true;
+        self.on_stream(stream, request)
     }
 
     fn copy_dtoh_staged(
@@ -1041,7 +1137,8 @@ impl Device for RemoteDevice {
             dst: self.span(dst),
             staged: true,
         };
-        self.on_stream(stream, true, request, &[])
+        stream.dirty = true;
+        self.on_stream(stream, request)
     }
 
     fn register_host(&self, region: ArenaSlice<'_>) -> DeviceResult<u64> {

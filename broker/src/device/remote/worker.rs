@@ -41,6 +41,9 @@ pub fn run() -> ! {
 }
 
 fn start() -> Result<(), String> {
+    // Started as /proc/self/exe, it would be called `exe` in ps and top.
+    // SAFETY: PR_SET_NAME reads a NUL-terminated string of at most 16 bytes, which this is.
+    unsafe { libc::prctl(libc::PR_SET_NAME, c"gpushare-worker".as_ptr()) };
     let raw: i32 = std::env::var(WORKER_FD_ENV)
         .ok()
         .and_then(|v| v.parse().ok())
