@@ -312,7 +312,9 @@ fn ten_faults_in_a_row_cost_only_the_culprit() {
             let mut culprit = Scripted::start(&broker);
             assert!(culprit.run("connect").starts_with("connected"), "fault {i}");
             let faulted = Instant::now();
+            let wall = std::time::SystemTime::now();
             assert!(culprit.run("illegal").starts_with("error"), "fault {i}");
+            let answered = faulted.elapsed();
             let deadline = faulted + Duration::from_secs(60);
             // What the victim held is gone, and it is told so with the typed error.
             loop {
@@ -322,6 +324,7 @@ fn ten_faults_in_a_row_cost_only_the_culprit() {
                     Ok(_) => assert!(Instant::now() < deadline, "fault {i}: no reset"),
                 }
             }
+            let told = faulted.elapsed();
             loop {
                 match verified_fill(&victim, i as f32) {
                     Ok(()) => break,
@@ -332,6 +335,17 @@ fn ten_faults_in_a_row_cost_only_the_culprit() {
                 }
             }
             took.push(faulted.elapsed());
+            // Where the time went (the broker's log has the same wall clock).
+            let at = wall
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_secs_f64();
+            println!(
+                "  fault {i} at {at:.6}: the culprit's sync failed after {:.1} ms, the victim was told after {:.1} ms, served again after {:.1} ms",
+                answered.as_secs_f64() * 1e3,
+                told.as_secs_f64() * 1e3,
+                took[i].as_secs_f64() * 1e3
+            );
             drop(held);
             let fatal = culprit.run("wait-fatal");
             assert!(
@@ -356,10 +370,19 @@ fn ten_faults_in_a_row_cost_only_the_culprit() {
         // Where the time of the last fault went, from the broker's own log.
         let log = broker.log_text();
         let start = log.rfind("GPU fault").unwrap_or(0);
+        let start = log[..start].rfind('\n').map_or(0, |n| n + 1);
         for line in log[start..].lines().filter(|l| {
-            ["GPU fault", "took over", "recreated", "evicted"]
-                .iter()
-                .any(|k| l.contains(k))
+            [
+                "GPU fault",
+                "took over",
+                "recreated",
+                "evicted",
+                "spare",
+                "warmed",
+                "faulted",
+            ]
+            .iter()
+            .any(|k| l.contains(k))
         }) {
             println!("  {line}");
         }

@@ -120,7 +120,8 @@ pub trait Device: Send + Sync + 'static {
     /// The region is gone: nothing names it any more.
     fn unshare_memory(&self, _region: u64) {}
     /// How long the device should stay awake for the calling thread's next request after one
-    /// (a backend in another process spins that long before sleeping).
+    /// (a backend in another process spins that long before sleeping). Said again when the
+    /// thread wakes up: a request is likely to follow, and the device should be awake for it.
     fn spin_hint(&self, _spin: Duration) {}
 
     /// Makes a client's arena usable for direct DMA (a no-op where that means nothing).

@@ -97,6 +97,9 @@ impl<D: Device> SessionState<D> {
                 continue;
             }
             self.sleep();
+            // Awake again, most likely for a request: wake the device up beside this thread
+            // rather than after it.
+            self.device.spin_hint(spin);
             idle_since = Instant::now();
         }
     }

@@ -186,6 +186,15 @@ impl CallerEnd {
         );
     }
 
+    /// Wakes the worker's thread if it sleeps, so that it spins for the next request again
+    /// (the caller just woke up itself, and a request is likely to follow).
+    pub fn nudge(&self) {
+        let h = self.mapped.header();
+        if h.worker.worker_sleeps.load(Ordering::Relaxed) != 0 {
+            futex_wake(&h.caller.req_seq);
+        }
+    }
+
     /// Whether a posted request's answer is still to be collected.
     pub fn outstanding(&self) -> bool {
         self.outstanding
@@ -297,10 +306,11 @@ impl WorkerEnd {
     }
 
     /// Waits for the next request: spins for the caller's spin time, then sleeps until woken
-    /// (or, now and then, to see whether `stop` says the worker is ending).
+    /// (or, now and then, to see whether `stop` says the worker is ending); spins again after
+    /// each wake-up.
     pub fn next(&mut self, stop: &dyn Fn() -> bool) -> Next {
         let h = self.mapped.header();
-        let started = Instant::now();
+        let mut started = Instant::now();
         let spin = Duration::from_nanos(h.caller.spin_ns.load(Ordering::Relaxed));
         loop {
             let seq = h.caller.req_seq.load(Ordering::Acquire);
@@ -323,6 +333,8 @@ impl WorkerEnd {
                 futex_wait(&h.caller.req_seq, now, Duration::from_millis(100));
             }
             h.worker.worker_sleeps.store(0, Ordering::Relaxed);
+            // Woken (by a request, a nudge or the timeout): spin again before sleeping.
+            started = Instant::now();
         }
     }
 

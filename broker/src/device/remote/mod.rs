@@ -703,6 +703,7 @@ impl Device for RemoteDevice {
             if let Ok(callers) = callers.try_borrow() {
                 for c in callers.iter().filter(|c| c.device == id) {
                     c.end.set_spin(spin);
+                    c.end.nudge();
                 }
             }
         });

@@ -127,7 +127,56 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Runs a little of everything a client's first requests need (a stream, memory, a built-in
+/// kernel, cuBLAS), so that a spare taking over after a fault answers its first clients as
+/// fast as a worker that has served for a while. It gives everything back, leaving no
+/// memory held (rebuilding clients want their old addresses free).
+fn warm_up<D: Device>(device: &D) {
+    let started = std::time::Instant::now();
+    let warmed = (|| -> DeviceResult<()> {
+        let mut stream = device.create_stream(gpushare_protocol::PriorityClass::Normal)?;
+        let ran = device.alloc(1 << 20).and_then(|buf| {
+            let ran = (|| {
+                device.launch(
+                    &mut stream,
+                    &gpushare_protocol::Kernel::FillF32 {
+                        dst: buf,
+                        n: 1 << 16,
+                        value: 0.0,
+                    },
+                )?;
+                // Zeros in bf16 too; the product lands in the buffer's second half.
+                device.launch(
+                    &mut stream,
+                    &gpushare_protocol::Kernel::GemmBf16 {
+                        a: buf,
+                        b: buf,
+                        c: buf + (512 << 10),
+                        m: 64,
+                        n: 64,
+                        k: 64,
+                        alpha: 1.0,
+                        beta: 0.0,
+                    },
+                )?;
+                device.sync_stream(&mut stream)
+            })();
+            let _ = device.free(buf);
+            ran
+        });
+        device.destroy_stream(stream);
+        ran
+    })();
+    match warmed {
+        Ok(()) => tracing::debug!(took = ?started.elapsed(), "device warmed up"),
+        Err(e) => {
+            tracing::debug!(error = %e, took = ?started.elapsed(), "device warm-up cut short")
+        }
+    }
+}
+
 fn serve<D: Device>(device: D, control: OwnedFd, spec: &WorkerSpec) -> Result<(), String> {
+    warm_up(&device);
     let ready = FromWorker::Ready {
         info: device.info().clone(),
         backend: device.backend().to_string(),
