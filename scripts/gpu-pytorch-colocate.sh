@@ -19,6 +19,8 @@
 #               high, BE --class best-effort
 #   cons        the same, consolidated (`gpushare run`'s default mode)
 #   cons-lowsm  consolidated with `[priority] lower_sm_share = LOWSM_SHARE` (0.5)
+#   cons-domain consolidated, the HP program's user in a trust domain of its own (a GPU context
+#               of its own, so its memory is out of the trainers' reach); needs USERS=two
 # Cells: for each round, for each setup, pair and trainer count (TRAINERS, "1 4"; 0 = HP
 # alone in that setup), one cell. Every program warms up, then says it is ready; the window
 # (SECS, 5) starts only when all of a cell's programs are ready, so start-up never counts.
@@ -108,6 +110,12 @@ start_broker() { # start_broker SETUP LOG
         fi
         echo '[defaults]'
         echo 'class = "high"' # granted to all; each program asks for its class with --class
+        if [[ $1 == cons-domain ]]; then
+            echo '[[users]]'
+            echo "name = \"$hp_user\""
+            echo 'class = "high"'
+            echo 'trust_domain = "hp"'
+        fi
     } > "$policy"
     cp "$policy" "${2%.broker.log}.policy.toml"
     # shellcheck disable=SC2086 # BROKER_ARGS is a list of words
@@ -222,10 +230,12 @@ skip_reason() { # skip_reason SETUP: prints why SETUP cannot run here (nothing i
         alone | plain) ;;
         mps)
             command -v nvidia-cuda-mps-control > /dev/null || echo "nvidia-cuda-mps-control not found" ;;
-        governed | cons | cons-lowsm)
+        governed | cons | cons-lowsm | cons-domain)
             if [[ -z $have_broker ]]; then echo "missing in $bin:$missing_bin (set BIN, or run from the bundle)"
             elif [[ $1 == cons-lowsm ]] && ! grep -qa lower_sm_share "$bin/gpushared"; then
                 echo "this gpushared's priority policy has no lower_sm_share setting"
+            elif [[ $1 == cons-domain && $users != two ]]; then
+                echo "a trust domain of the HP program's own needs USERS=two"
             fi ;;
         *) echo "unknown setup" ;;
     esac
@@ -277,7 +287,7 @@ launch() {
     case $setup in
         governed) prefix+=("$work/bin/gpushare" --socket "$sock" run --mode governed
                            --interposer "$work/bin/libgpushare_interpose.so" --class "$class" --name "$name" --) ;;
-        cons | cons-lowsm) prefix+=("$work/bin/gpushare" --socket "$sock" run --class "$class" --name "$name" --) ;;
+        cons | cons-lowsm | cons-domain) prefix+=("$work/bin/gpushare" --socket "$sock" run --class "$class" --name "$name" --) ;;
     esac
     (cd "$work" && exec timeout -k 5 "$step_timeout" "${prefix[@]}" "$py" "$@" \
         --ready "$cell/$name.ready" --go "$cell/go" --out "$cell/$name.json" --seconds "$secs" \
@@ -299,7 +309,7 @@ run_cell() { # run_cell ROUND SETUP PAIR TRAINERS HP_ON
     local t0 status=ok partition="" i
     t0=$(now)
     case $setup in
-        governed | cons | cons-lowsm)
+        governed | cons | cons-lowsm | cons-domain)
             start_broker "$setup" "$logs/$id.broker.log" ||
                 status="failed: gpushared did not start: $(tail -1 "$logs/$id.broker.log" 2> /dev/null)" ;;
         mps) start_mps "$logs/$id" || status="failed: nvidia-cuda-mps-control -d failed" ;;

@@ -211,6 +211,7 @@ impl Workers {
             fault_injection: self.fault_injection,
             log: self.log.clone(),
             label,
+            builtins: None,
         }
     }
 

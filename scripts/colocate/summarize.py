@@ -14,7 +14,7 @@ import sys
 from collections import defaultdict
 
 PAIRS = ["mlp", "bert"]
-SETUPS = ["alone", "plain", "mps", "governed", "cons", "cons-lowsm"]
+SETUPS = ["alone", "plain", "mps", "governed", "cons", "cons-lowsm", "cons-domain"]
 
 
 def load(paths):

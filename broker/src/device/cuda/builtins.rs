@@ -65,8 +65,25 @@ pub fn hand_over() -> Option<i32> {
     Some(std::os::fd::IntoRawFd::into_raw_fd(file))
 }
 
-/// The PTX the previous image compiled for `cc`, if it handed one over.
+/// The compiled kernels of this process: (compute capability, PTX), once compiled or adopted.
+pub fn compiled() -> Option<((u32, u32), String)> {
+    COMPILED.lock().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
+/// Takes kernels another process compiled for `cc` (a device worker gets the first worker's,
+/// so that a spare need not compile them again).
+pub fn adopt(cc: (u32, u32), ptx: String) {
+    *COMPILED.lock().unwrap_or_else(|e| e.into_inner()) = Some((cc, ptx));
+}
+
+/// The PTX this process was given for `cc` ([`adopt`]), or the previous image compiled and
+/// handed over.
 fn handed_over(cc: (u32, u32)) -> Option<String> {
+    if let Some((have, ptx)) = compiled()
+        && have == cc
+    {
+        return Some(ptx);
+    }
     static HANDED: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
     let text = HANDED.get_or_init(|| {
         use std::io::{Read, Seek};

@@ -43,6 +43,8 @@ use self::builtins::Builtins;
 pub use self::builtins::PREBUILT_PTX as BUILTIN_PTX;
 /// Hands the compiled built-in kernels to the next image of a restarting gpushared.
 pub use self::builtins::{HANDOVER_ENV as BUILTINS_HANDOVER_ENV, hand_over as hand_over_builtins};
+/// The built-in kernels this process compiled, and adopting another process's.
+pub use self::builtins::{adopt as adopt_builtins, compiled as compiled_builtins};
 use self::error::driver;
 pub use self::event::CudaEvent;
 use self::gemm::Gemm;

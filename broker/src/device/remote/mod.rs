@@ -55,6 +55,8 @@ const FAULT_CHECK_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Names each remote device, for the thread-local channel table.
 static DEVICE_IDS: AtomicU64 = AtomicU64::new(1);
+/// The built-in kernels a worker of this gpushared compiled: the others take them.
+static COMPILED: Mutex<Option<wire::BuiltinKernels>> = Mutex::new(None);
 
 /// A device in a worker process.
 pub struct RemoteDevice {
@@ -132,15 +134,31 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl RemoteDevice {
     /// Starts a worker for `spec` from gpushared's executable `exe` and waits until its device
     /// is open; then starts its spare beside it (when `spare`).
-    pub fn open(exe: PathBuf, spec: WorkerSpec, spare: bool) -> Result<RemoteDevice, WorkerError> {
+    pub fn open(
+        exe: PathBuf,
+        mut spec: WorkerSpec,
+        spare: bool,
+    ) -> Result<RemoteDevice, WorkerError> {
         let started = Instant::now();
+        if spec.builtins.is_none() {
+            spec.builtins = lock(&COMPILED).clone();
+        }
         let process = WorkerProcess::spawn(&exe, &spec)?;
         let (info, backend, sm_partitions) = match process.ready(READY_TIMEOUT)? {
             FromWorker::Ready {
                 info,
                 backend,
                 sm_partitions,
-            } => (info, backend, sm_partitions),
+                builtins,
+            } => {
+                // Every worker after this one (its spares, its successors, other domains')
+                // takes the kernels it compiled.
+                if let Some(k) = builtins {
+                    *lock(&COMPILED) = Some(k.clone());
+                    spec.builtins = Some(k);
+                }
+                (info, backend, sm_partitions)
+            }
             other => {
                 return Err(WorkerError::Socket(format!(
                     "expected the worker to be ready, it said {other:?}"

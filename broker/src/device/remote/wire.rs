@@ -279,6 +279,13 @@ pub enum WorkerBackend {
     },
 }
 
+/// The built-in kernels compiled for a compute capability (PTX), passed from worker to worker.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BuiltinKernels {
+    pub cc: (u32, u32),
+    pub ptx: String,
+}
+
 /// How a worker is to start.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WorkerSpec {
@@ -289,6 +296,8 @@ pub struct WorkerSpec {
     pub log: String,
     /// Shown in the worker's log lines: which GPU, which trust domain, which generation.
     pub label: String,
+    /// Kernels an earlier worker compiled, so that this one need not.
+    pub builtins: Option<BuiltinKernels>,
 }
 
 /// gpushared → worker, on the control socket.
@@ -327,6 +336,8 @@ pub enum FromWorker {
         info: DeviceInfo,
         backend: String,
         sm_partitions: bool,
+        /// The built-in kernels it compiled (CUDA), for the workers after it.
+        builtins: Option<BuiltinKernels>,
     },
     /// The device could not be opened.
     Failed {

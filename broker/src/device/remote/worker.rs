@@ -65,6 +65,9 @@ fn start() -> Result<(), String> {
         .try_init();
     let span = tracing::info_span!("worker", device = %spec.label);
     let _entered = span.enter();
+    if let Some(k) = &spec.builtins {
+        crate::device::cuda::adopt_builtins(k.cc, k.ptx.clone());
+    }
     match spec.backend {
         WorkerBackend::Cuda { ordinal } => match CudaDevice::open(ordinal) {
             Ok(device) => {
@@ -176,11 +179,12 @@ fn warm_up<D: Device>(device: &D) {
 }
 
 fn serve<D: Device>(device: D, control: OwnedFd, spec: &WorkerSpec) -> Result<(), String> {
-    warm_up(&device);
     let ready = FromWorker::Ready {
         info: device.info().clone(),
         backend: device.backend().to_string(),
         sm_partitions: device.sm_partitions(),
+        builtins: crate::device::cuda::compiled_builtins()
+            .map(|(cc, ptx)| super::wire::BuiltinKernels { cc, ptx }),
     };
     send_message(control.as_fd(), &ready, &[]).map_err(|e| e.to_string())?;
     tracing::debug!(label = %spec.label, "device worker ready");
@@ -196,6 +200,14 @@ fn serve<D: Device>(device: D, control: OwnedFd, spec: &WorkerSpec) -> Result<()
         arrived: Condvar::new(),
         stop: AtomicBool::new(false),
     });
+    // Beside serving, not before: a spare is ready to take over as soon as its context is
+    // made, and warms up while it waits.
+    {
+        let worker = worker.clone();
+        let _ = std::thread::Builder::new()
+            .name("gpushare-warm-up".into())
+            .spawn(move || warm_up(&worker.device));
+    }
     loop {
         let (msg, mut fds) = match recv_message::<ToWorker>(control.as_fd()) {
             Ok(m) => m,
