@@ -1,5 +1,6 @@
-//! GPU faults where the device cannot recover in place (CUDA's path; the sim device with
-//! `--sim-restart-on-fault`): gpushared restarts itself, the culprit's process is refused by
+//! GPU faults where gpushared holds the device in its own process (`--in-process-device`) and
+//! the driver cannot recover it in place (CUDA; the sim device with `--sim-restart-on-fault`):
+//! gpushared restarts itself, the culprit's process is refused by
 //! the next image, the others come back, and suspects run on probation there.
 
 use std::time::{Duration, Instant};
@@ -84,6 +85,7 @@ fn ten_faults_in_a_row_each_bring_the_others_back() {
             backend: Some(test_backend()),
             extra_args: [
                 "--allow-fault-injection",
+                "--in-process-device",
                 "--sim-restart-on-fault",
                 "--fault-probation",
                 "60",

@@ -7,7 +7,6 @@ use std::time::{Duration, Instant};
 use gpushare::{DeviceBuffer, Error, Kernel, Stream};
 use gpushare_tests::Broker;
 use gpushare_tests::faults::{Scripted, broker, rebuilding_client, restart_broker};
-use gpushare_tests::test_backend;
 
 /// Several threads share one rebuilding client, each working on its own stream, when another
 /// client faults the GPU: a call that meets the reset fails with `Rebuilt` (never the raw
@@ -81,9 +80,6 @@ fn work_lost_before_another_threads_rebuild_is_reported_to_the_thread_that_waits
 
 #[test]
 fn every_thread_of_a_rebuilding_client_that_meets_a_restart_gets_rebuilt() {
-    if test_backend() != "sim" {
-        return; // the test above restarts already
-    }
     let broker = restart_broker();
     threads_of_a_rebuilding_client_meet_a_fault(&broker, Duration::from_secs(10));
     assert!(broker.log_contains("restarting gpushared"));

@@ -21,8 +21,15 @@ pub fn broker(extra: &[&str]) -> Broker {
     broker
 }
 
+/// A broker that holds the device in its own process and so restarts after a fault (the
+/// sim device behaves like the CUDA driver there).
 pub fn restart_broker() -> Broker {
-    broker(&["--sim-restart-on-fault", "--fault-probation", "60"])
+    broker(&[
+        "--in-process-device",
+        "--sim-restart-on-fault",
+        "--fault-probation",
+        "60",
+    ])
 }
 
 /// A client of `broker` that rebuilds its device state by itself after a reset.

@@ -538,7 +538,7 @@ fn start_spare(shared: &Arc<Shared>) {
                 other => Err(WorkerError::Socket(format!("expected ready, got {other:?}"))),
             });
             match &made {
-                Ok(p) => tracing::debug!(device = %spec.label, pid = p.pid, took = ?started.elapsed(), "spare device worker ready"),
+                Ok(p) => tracing::info!(device = %spec.label, pid = p.pid, took = ?started.elapsed(), "spare device worker ready"),
                 Err(e) => tracing::warn!(device = %spec.label, error = %e, "cannot start a spare device worker"),
             }
             if let Some(shared) = weak.upgrade() {
