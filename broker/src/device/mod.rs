@@ -63,7 +63,7 @@ pub struct FunctionShape {
 }
 
 /// An occupancy question about a function.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Occupancy {
     pub query: OccupancyQuery,
     pub block_size: u32,

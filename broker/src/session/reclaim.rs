@@ -39,17 +39,7 @@ impl<D: Device> SessionState<D> {
                 tracing::warn!(ptr = format_args!("{ptr:#x}"), error = %e, "could not free allocation of departed client");
             }
         }
-        let hosts = self
-            .info
-            .hosts
-            .lock()
-            .map(|mut h| h.take_all())
-            .unwrap_or_default();
-        for shared in hosts {
-            self.device.unregister_host(shared.region.whole());
-            self.device.unshare_memory(shared.region.id());
-            self.info.account().unpin(shared.region.len() as u64);
-        }
+        self.release_hosts(true);
         self.device.unregister_arena(self.region.arena());
         self.device.unshare_memory(self.region.id());
         self.info.set_memory_used(0);
@@ -60,5 +50,23 @@ impl<D: Device> SessionState<D> {
             bytes,
             "released everything the client held"
         );
+    }
+
+    /// Gives back the host memory the client shared: unregistered from the device when its
+    /// context still lives (`live`), no longer shared with it, and unpinned in the account.
+    pub(super) fn release_hosts(&mut self, live: bool) {
+        let hosts = self
+            .info
+            .hosts
+            .lock()
+            .map(|mut h| h.take_all())
+            .unwrap_or_default();
+        for shared in hosts {
+            if live {
+                self.device.unregister_host(shared.region.whole());
+            }
+            self.device.unshare_memory(shared.region.id());
+            self.info.account().unpin(shared.region.len() as u64);
+        }
     }
 }

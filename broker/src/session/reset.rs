@@ -201,16 +201,7 @@ impl<D: Device> SessionState<D> {
     /// its handles are inert, so they are dropped rather than destroyed.
     pub(super) fn forget_dead_context(&mut self) {
         self.forget_legacy();
-        let hosts = self
-            .info
-            .hosts
-            .lock()
-            .map(|mut h| h.take_all())
-            .unwrap_or_default();
-        for shared in hosts {
-            self.device.unshare_memory(shared.region.id());
-            self.info.account().unpin(shared.region.len() as u64);
-        }
+        self.release_hosts(false);
         self.streams.clear();
         self.events.clear();
         self.event_marks.clear();

@@ -3,12 +3,12 @@
 //! same binary, so nothing here is versioned; lengths are still checked, and a message that
 //! does not decode is an error, never a panic.
 
-use gpushare_protocol::command::{LaunchAttributes, ModuleLaunch, OccupancyQuery};
+use gpushare_protocol::command::{LaunchAttributes, ModuleLaunch};
 use gpushare_protocol::control::{DeviceInfo, ModuleFormat};
 use gpushare_protocol::{DevicePtr, Kernel, PriorityClass};
 use serde::{Deserialize, Serialize};
 
-use crate::device::{DeviceError, FunctionShape};
+use crate::device::{DeviceError, FunctionShape, Occupancy};
 
 /// A worker's stream, event, module or function.
 pub type Handle = u64;
@@ -168,11 +168,7 @@ pub enum Request {
     },
     Occupancy {
         function: Handle,
-        query: OccupancyQuery,
-        block_size: u32,
-        dynamic_smem: u64,
-        flags: u32,
-        cluster: [u32; 3],
+        question: Occupancy,
     },
     /// The name is the payload.
     ModuleGlobal {

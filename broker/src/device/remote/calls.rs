@@ -1,0 +1,371 @@
+//! The calling side of the channels: each thread of gpushared that calls a device gets a channel
+//! to that device's worker, opened on first use; a request either waits for its answer or is
+//! posted (work queued on a stream, a release), its answer collected by the channel's next
+//! request and a failure kept for the stream's next synchronization.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use gpushare_protocol::control::{decode, encode_into};
+
+use super::channel::{CallerEnd, Gave, REQUEST_AREA};
+use super::handles::RemoteStream;
+use super::wire::{Answer, Envelope, Handle, Payload, Reply, Request, ToWorker};
+use super::{Active, RemoteDevice, lock};
+use crate::device::{DeviceError, DeviceResult};
+
+/// One thread's channel to one device's worker.
+pub(super) struct Caller {
+    device: u64,
+    generation: u64,
+    pub(super) end: CallerEnd,
+    worker: Arc<Active>,
+    /// The stream whose work the outstanding posted request is, if any.
+    posted_for: Option<Handle>,
+}
+
+/// Whether a request waits for its answer (with an optional bound) or is posted.
+#[derive(Clone, Copy)]
+enum Send_ {
+    Wait(Option<Duration>),
+    Post(Option<Handle>),
+}
+
+thread_local! {
+    static CALLERS: RefCell<Vec<Caller>> = const { RefCell::new(Vec::new()) };
+    /// The spin each device's channel of this thread should have (kept across new channels).
+    static SPINS: RefCell<HashMap<u64, Duration>> = RefCell::new(HashMap::new());
+}
+
+/// Sets this thread's channel spin for device `id` (now, and for a channel opened later), and
+/// nudges the worker's thread awake.
+pub(super) fn spin_hint(id: u64, spin: Duration) {
+    SPINS.with(|s| s.borrow_mut().insert(id, spin));
+    let _ = CALLERS.try_with(|callers| {
+        if let Ok(callers) = callers.try_borrow() {
+            for c in callers.iter().filter(|c| c.device == id) {
+                c.end.set_spin(spin);
+                c.end.nudge();
+            }
+        }
+    });
+}
+
+impl RemoteDevice {
+    /// Sends a request on this thread's channel and waits for its answer.
+    pub(super) fn call(&self, request: Request, payload: &[u8]) -> DeviceResult<Answer> {
+        self.call_within(request, payload, None)
+    }
+
+    pub(super) fn call_within(
+        &self,
+        request: Request,
+        payload: &[u8],
+        deadline: Option<Duration>,
+    ) -> DeviceResult<Answer> {
+        match self.send(request, payload, Send_::Wait(deadline))? {
+            Some(answer) => Ok(answer),
+            None => Err(DeviceError::Failed(
+                "no answer from the device worker".into(),
+            )),
+        }
+    }
+
+    /// Posts work for `stream` without waiting for its answer: the channel's next request
+    /// collects it, and a failure is kept for the stream's next synchronization (as CUDA
+    /// reports asynchronous errors), so the worker runs it while this thread goes on.
+    pub(super) fn post_work(
+        &self,
+        stream: Handle,
+        request: Request,
+        payload: &[u8],
+    ) -> DeviceResult<()> {
+        self.send(request, payload, Send_::Post(Some(stream)))
+            .map(drop)
+    }
+
+    /// Posts a release whose answer nobody needs (an event, module or function of
+    /// `generation`; nothing to do if that worker is gone).
+    pub(super) fn post_release(&self, generation: u64, request: Request) {
+        let active = self.active();
+        if active.generation != generation || active.process.gone().is_some() {
+            return; // released with its worker
+        }
+        // On a thread that is ending this may find no channel table left: nothing is lost, the
+        // worker frees everything when it goes.
+        let _ = self.send(request, &[], Send_::Post(None));
+    }
+
+    /// Sends a request on this thread's channel: waits for its answer, or posts it.
+    fn send(&self, request: Request, payload: &[u8], how: Send_) -> DeviceResult<Option<Answer>> {
+        let shared = &self.shared;
+        if shared.interrupted.load(Ordering::Acquire) {
+            return Err(DeviceError::Cancelled);
+        }
+        let active = self.active();
+        if let Some(why) = active.process.gone() {
+            return Err(self.worker_lost(&why));
+        }
+        let envelope_payload = if payload.len() > REQUEST_AREA / 2 {
+            Payload::Blob(self.send_blob(&active, payload)?)
+        } else if payload.is_empty() {
+            Payload::None
+        } else {
+            Payload::Inline(payload.len() as u32)
+        };
+        let envelope = Envelope {
+            request,
+            payload: envelope_payload,
+        };
+        let sent = CALLERS.try_with(|callers| {
+            let Ok(mut callers) = callers.try_borrow_mut() else {
+                return Err(DeviceError::Failed(
+                    "a device call from within another (a bug)".into(),
+                ));
+            };
+            let caller = self.caller(&mut callers, &active)?;
+            self.collect(caller)?;
+            let area = caller.end.request_area();
+            let used = encode_into(&envelope, area)
+                .map_err(|e| DeviceError::Failed(format!("a request too big to send: {e}")))?;
+            let len = match envelope.payload {
+                Payload::Inline(n) => {
+                    let dst = area
+                        .get_mut(used..used + n as usize)
+                        .ok_or_else(|| DeviceError::Failed("a payload too big to send".into()))?;
+                    dst.copy_from_slice(payload);
+                    used + n as usize
+                }
+                _ => used,
+            };
+            caller.end.post(len);
+            match how {
+                Send_::Post(stream) => {
+                    caller.posted_for = stream;
+                    Ok(None)
+                }
+                Send_::Wait(deadline) => {
+                    let bytes = self.wait(caller, deadline)?;
+                    decode::<Answer>(&bytes).map(Some).map_err(|e| {
+                        DeviceError::Failed(format!("an answer that does not decode: {e}"))
+                    })
+                }
+            }
+        });
+        sent.unwrap_or_else(|_| Err(DeviceError::Failed("the thread is ending".into())))
+    }
+
+    /// Collects the answer of the channel's posted request, if one is outstanding; a failure
+    /// of posted work is kept for its stream's next synchronization.
+    fn collect(&self, caller: &mut Caller) -> DeviceResult<()> {
+        if !caller.end.outstanding() {
+            return Ok(());
+        }
+        let bytes = self.wait(caller, None)?;
+        let (Some(stream), Ok(answer)) = (caller.posted_for.take(), decode::<Answer>(&bytes))
+        else {
+            return Ok(());
+        };
+        let shared = &self.shared;
+        let key = (caller.generation, stream);
+        if let Reply::Failed(e) = answer.reply {
+            lock(&shared.deferred)
+                .entry(key)
+                .or_insert_with(|| e.into());
+            shared.any_deferred.store(true, Ordering::Release);
+        }
+        // What it says of the stream's device time waits for the stream's next account.
+        if let Some((busy, measuring)) = answer.news {
+            let mut news = lock(&shared.news);
+            let entry = news.entry(key).or_insert((0, false));
+            entry.0 += busy;
+            entry.1 = measuring;
+            shared.any_news.store(true, Ordering::Release);
+        }
+        Ok(())
+    }
+
+    /// Adds what posted work's answers said of `stream`'s device time to what it knows.
+    pub(super) fn take_news(&self, stream: &mut RemoteStream) {
+        let shared = &self.shared;
+        if !shared.any_news.load(Ordering::Acquire) {
+            return;
+        }
+        let mut news = lock(&shared.news);
+        if let Some((busy, measuring)) = news.remove(&(stream.generation, stream.id)) {
+            stream.busy_ns += busy;
+            stream.measuring = measuring;
+        }
+        if news.is_empty() {
+            shared.any_news.store(false, Ordering::Release);
+        }
+    }
+
+    /// The failure of work posted earlier for `stream`, once.
+    pub(super) fn take_deferred(&self, stream: &RemoteStream) -> Option<DeviceError> {
+        let shared = &self.shared;
+        if !shared.any_deferred.load(Ordering::Acquire) {
+            return None;
+        }
+        let mut deferred = lock(&shared.deferred);
+        let e = deferred.remove(&(stream.generation, stream.id));
+        if deferred.is_empty() {
+            shared.any_deferred.store(false, Ordering::Release);
+        }
+        e
+    }
+
+    /// Waits for the answer to the channel's posted request (a copy of its bytes).
+    fn wait(&self, caller: &mut Caller, deadline: Option<Duration>) -> DeviceResult<Vec<u8>> {
+        let shared = &self.shared;
+        let worker = caller.worker.clone();
+        let started = Instant::now();
+        let give_up = || -> Option<String> {
+            if shared.interrupted.load(Ordering::Acquire) {
+                return Some(String::new());
+            }
+            if let Some(why) = worker.process.gone() {
+                return Some(why);
+            }
+            deadline
+                .filter(|d| started.elapsed() >= *d)
+                .map(|d| format!("the device worker did not answer within {d:?}"))
+        };
+        match caller.end.wait(&give_up) {
+            Ok(bytes) => Ok(bytes.to_vec()),
+            Err(Gave::Up(why)) if why.is_empty() => Err(DeviceError::Cancelled),
+            Err(Gave::Up(why)) => Err(self.worker_lost(&why)),
+        }
+    }
+
+    /// This thread's channel to `active`, opened on first use; channels to replaced workers
+    /// are dropped.
+    fn caller<'c>(
+        &self,
+        callers: &'c mut Vec<Caller>,
+        active: &Arc<Active>,
+    ) -> DeviceResult<&'c mut Caller> {
+        let id = self.shared.id;
+        callers.retain(|c| c.device != id || c.generation == active.generation);
+        if let Some(i) = callers.iter().position(|c| c.device == id) {
+            return Ok(&mut callers[i]);
+        }
+        let mut end = CallerEnd::create().map_err(|e| {
+            DeviceError::Failed(format!("cannot make a channel to the device worker: {e}"))
+        })?;
+        if let Some(spin) = SPINS.with(|s| s.borrow().get(&id).copied()) {
+            end.set_spin(spin);
+        }
+        let channel = active.channels.fetch_add(1, Ordering::Relaxed);
+        let fd = end.fd().map(|f| f.as_raw_fd()).unwrap_or(-1);
+        active
+            .process
+            .request(&ToWorker::OpenChannel { id: channel }, &[fd])
+            .map_err(|e| self.worker_lost(&e.to_string()))?;
+        end.handed_over();
+        callers.push(Caller {
+            device: id,
+            generation: active.generation,
+            end,
+            worker: active.clone(),
+            posted_for: None,
+        });
+        let last = callers.len() - 1;
+        Ok(&mut callers[last])
+    }
+
+    /// Sends a payload too big for a channel as a memfd of its own.
+    fn send_blob(&self, active: &Active, payload: &[u8]) -> DeviceResult<u64> {
+        use nix::fcntl::{FcntlArg, SealFlag, fcntl};
+        use nix::sys::memfd::{MFdFlags, memfd_create};
+        let fail = |what: &str, e: &dyn std::fmt::Display| {
+            DeviceError::Failed(format!(
+                "cannot hand a large payload to the device worker: {what}: {e}"
+            ))
+        };
+        let fd = memfd_create(
+            "gpushare-worker-blob",
+            MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING,
+        )
+        .map_err(|e| fail("memfd", &e))?;
+        let mut file = std::fs::File::from(fd);
+        std::io::Write::write_all(&mut file, payload).map_err(|e| fail("write", &e))?;
+        // The worker maps it in whole pages; it reads only `payload.len()` bytes of them.
+        let len = (payload.len() as u64).div_ceil(4096) * 4096;
+        file.set_len(len).map_err(|e| fail("size", &e))?;
+        fcntl(
+            &file,
+            FcntlArg::F_ADD_SEALS(SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW),
+        )
+        .map_err(|e| fail("seal", &e))?;
+        let id = self.shared.next_blob.fetch_add(1, Ordering::Relaxed);
+        active
+            .process
+            .request(&ToWorker::Blob { id, len }, &[file.as_raw_fd()])
+            .map_err(|e| self.worker_lost(&e.to_string()))?;
+        Ok(id)
+    }
+
+    /// The reply of a request that answers with nothing.
+    pub(super) fn done(&self, request: Request, payload: &[u8]) -> DeviceResult<()> {
+        match self.call(request, payload)?.reply {
+            Reply::Done => Ok(()),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    pub(super) fn value(&self, request: Request, payload: &[u8]) -> DeviceResult<u64> {
+        match self.call(request, payload)?.reply {
+            Reply::Value(v) => Ok(v),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    pub(super) fn flag(&self, request: Request) -> DeviceResult<(bool, Option<(u64, bool)>)> {
+        let answer = self.call(request, &[])?;
+        match answer.reply {
+            Reply::Flag(f) => Ok((f, answer.news)),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// A stream request that waits for its answer: checks the stream is live and learns what
+    /// the answer says of its device time.
+    pub(super) fn on_stream(
+        &self,
+        stream: &mut RemoteStream,
+        request: Request,
+    ) -> DeviceResult<()> {
+        self.live(stream.generation)?;
+        let answer = self.call(request, &[])?;
+        stream.learn(answer.news);
+        match answer.reply {
+            Reply::Done => Ok(()),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Work queued on a stream: posted, not waited for (see [`RemoteDevice::post_work`]).
+    pub(super) fn queue(
+        &self,
+        stream: &mut RemoteStream,
+        request: Request,
+        payload: &[u8],
+    ) -> DeviceResult<()> {
+        self.live(stream.generation)?;
+        stream.dirty = true;
+        self.post_work(stream.id, request, payload)
+    }
+}
+
+/// An answer of the wrong kind (a bug on one side).
+pub(super) fn unexpected(reply: Reply) -> DeviceError {
+    match reply {
+        Reply::Failed(e) => e.into(),
+        other => DeviceError::Failed(format!("the device worker answered {other:?}")),
+    }
+}
