@@ -341,6 +341,7 @@ impl RemoteDevice {
         request: Request,
     ) -> DeviceResult<()> {
         self.live(stream.generation)?;
+        self.flush_start(stream);
         let answer = self.call(request, &[])?;
         stream.learn(answer.news);
         match answer.reply {
@@ -353,12 +354,34 @@ impl RemoteDevice {
     pub(super) fn queue(
         &self,
         stream: &mut RemoteStream,
-        request: Request,
+        mut request: Request,
         payload: &[u8],
     ) -> DeviceResult<()> {
         self.live(stream.generation)?;
         stream.dirty = true;
+        match &mut request {
+            // A kernel takes the start marker recorded for it along.
+            Request::Launch { start, .. } | Request::LaunchModule { start, .. } => {
+                *start = stream.pending_start.take();
+            }
+            // Where the stream's kernels run changes nothing of where the next one starts.
+            Request::LimitSms { .. } => {}
+            _ => self.flush_start(stream),
+        }
         self.post_work(stream.id, request, payload)
+    }
+
+    /// Records a start marker no kernel took along (something else came first).
+    pub(super) fn flush_start(&self, stream: &mut RemoteStream) {
+        if let Some(event) = stream.pending_start.take() {
+            let request = Request::RecordEvent {
+                event,
+                stream: stream.id,
+                start: true,
+            };
+            // Its event may be gone by now: nothing to record then, and nothing to report.
+            let _ = self.send(request, &[], Send_::Post(None));
+        }
     }
 }
 

@@ -123,6 +123,7 @@ impl Device for RemoteDevice {
             measuring: false,
             dirty: false,
             ended: None,
+            pending_start: None,
         })
     }
 
@@ -201,6 +202,7 @@ impl Device for RemoteDevice {
         let request = Request::Launch {
             stream: stream.id,
             kernel: *kernel,
+            start: None,
         };
         self.queue(stream, request, &[])
     }
@@ -231,6 +233,7 @@ impl Device for RemoteDevice {
             function: function.0.id,
             launch: *launch,
             attributes: *attributes,
+            start: None,
         };
         self.queue(stream, request, params)
     }
@@ -324,12 +327,12 @@ impl Device for RemoteDevice {
 
     fn record_start(&self, event: &mut RemoteEvent, stream: &mut RemoteStream) -> DeviceResult<()> {
         self.live(event.0.generation)?;
-        let request = Request::RecordEvent {
-            event: event.0.id,
-            stream: stream.id,
-            start: true,
-        };
-        self.queue(stream, request, &[])
+        self.live(stream.generation)?;
+        // Kept for the kernel it marks: recorded in a separate request, the worker could be
+        // descheduled between it and the launch, and the span would count that as device time.
+        self.flush_start(stream);
+        stream.pending_start = Some(event.0.id);
+        Ok(())
     }
 
     fn event_done(&self, event: &RemoteEvent) -> DeviceResult<bool> {

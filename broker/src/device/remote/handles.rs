@@ -18,6 +18,9 @@ pub struct RemoteStream {
     pub(super) dirty: bool,
     /// When the worker last ended a batch of it.
     pub(super) ended: Option<Instant>,
+    /// An event that marks where the stream's next kernel starts: recorded with the kernel,
+    /// in one step in the worker (or before anything else queued on the stream first).
+    pub(super) pending_start: Option<Handle>,
 }
 
 impl RemoteStream {

@@ -81,9 +81,12 @@ pub enum Request {
         elem_bytes: u8,
         count: u64,
     },
+    /// `start`: an event marking where the kernel starts, recorded just before it (in one
+    /// step, so that nothing can come between them).
     Launch {
         stream: Handle,
         kernel: Kernel,
+        start: Option<Handle>,
     },
     LimitSms {
         stream: Handle,
@@ -95,6 +98,7 @@ pub enum Request {
         function: Handle,
         launch: ModuleLaunch,
         attributes: LaunchAttributes,
+        start: Option<Handle>,
     },
     SyncStream {
         stream: Handle,
@@ -387,6 +391,7 @@ mod tests {
                     params_len: 64,
                 },
                 attributes: LaunchAttributes::default(),
+                start: Some(4),
             },
             payload: Payload::Inline(64),
         };

@@ -32,6 +32,23 @@ impl<D: Device> Worker<D> {
         Answer { reply, news }
     }
 
+    /// The event a launch's start is marked with, if it has one.
+    fn start_event(&self, start: Option<Handle>) -> DeviceResult<Option<Arc<Mutex<D::Event>>>> {
+        start.map(|e| self.event(e)).transpose()
+    }
+
+    /// Marks where the stream's next work starts, just before it is queued.
+    fn mark_start(
+        &self,
+        start: Option<&Arc<Mutex<D::Event>>>,
+        stream: &mut D::Stream,
+    ) -> DeviceResult<()> {
+        match start {
+            Some(e) => self.device.record_start(&mut lock(e), stream),
+            None => Ok(()),
+        }
+    }
+
     /// Runs one request.
     pub(super) fn run(&self, request: Request, payload: &[u8]) -> Answer {
         let dev = &self.device;
@@ -124,8 +141,18 @@ impl<D: Device> Worker<D> {
                     })
                 });
             }
-            Request::Launch { stream, kernel } => {
-                return self.on_stream(stream, |s| done(dev.launch(s, &kernel)));
+            Request::Launch {
+                stream,
+                kernel,
+                start,
+            } => {
+                return match self.start_event(start) {
+                    Ok(start) => self.on_stream(stream, |s| {
+                        self.mark_start(start.as_ref(), s)?;
+                        done(dev.launch(s, &kernel))
+                    }),
+                    Err(e) => failed(e),
+                };
             }
             Request::LimitSms { stream, sms } => {
                 return self.on_stream(stream, |s| done(dev.limit_sms(s, sms)));
@@ -135,9 +162,14 @@ impl<D: Device> Worker<D> {
                 function,
                 launch,
                 attributes,
+                start,
             } => {
-                return match self.function(function) {
-                    Ok(f) => self.on_stream(stream, |s| {
+                return match self
+                    .function(function)
+                    .and_then(|f| Ok((f, self.start_event(start)?)))
+                {
+                    Ok((f, start)) => self.on_stream(stream, |s| {
+                        self.mark_start(start.as_ref(), s)?;
                         done(dev.launch_module(s, &f, &launch, &attributes, payload))
                     }),
                     Err(e) => failed(e),
