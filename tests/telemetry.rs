@@ -367,7 +367,7 @@ fn seeds_descriptors_opened_before_it_started() {
 /// The same through `gpushared` and `gpushare status --json`, once the broker has the
 /// `--telemetry-dev-prefix` flag and the report has `processes`.
 #[test]
-fn broker_reports_the_childs_ioctls_in_status() {
+fn broker_reports_the_childs_ioctls_in_status_and_keeps_them_through_a_gpu_fault() {
     let standin = StandIn::new();
     if !nix::unistd::geteuid().is_root() {
         skip("not running as root (eBPF needs CAP_BPF and CAP_PERFMON)");
@@ -378,6 +378,7 @@ fn broker_reports_the_childs_ioctls_in_status() {
             "--telemetry-dev-prefix".into(),
             standin.prefix(),
             "--no-uprobes".into(),
+            "--allow-fault-injection".into(),
         ],
         ..Default::default()
     };
@@ -439,6 +440,23 @@ fn broker_reports_the_childs_ioctls_in_status() {
         count_in(&last) == Some(23)
     });
     assert!(reported, "pid {pid} with 23 RM_CONTROL not in: {last:#}");
+
+    // A client's GPU fault replaces the device worker; gpushared, and its eBPF maps with the
+    // counts in them, go on.
+    let culprit = broker.client_named("culprit");
+    gpushare_tests::faults::fault(&culprit, false);
+    let _ = culprit.synchronize();
+    assert!(
+        broker.wait_for_log("device context recreated", Duration::from_secs(10)),
+        "no recovery:\n{}",
+        broker.log_text()
+    );
+    last = status(&broker);
+    assert_eq!(
+        count_in(&last),
+        Some(23),
+        "the counts went with the fault: {last:#}"
+    );
 
     child.finish();
     let gone = wait_until(Duration::from_secs(10), || {
