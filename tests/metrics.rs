@@ -23,8 +23,13 @@ fn scrape(addr: &str, request: &str) -> String {
     out
 }
 
-/// Where the broker serves its metrics, from its log.
+/// Where the broker serves its metrics, from its log (said just after it takes clients, so
+/// it may come a moment after the socket answers).
 fn metrics_address(broker: &Broker) -> String {
+    broker.wait_for_log(
+        "metrics endpoint listening",
+        std::time::Duration::from_secs(10),
+    );
     let line = broker
         .log_text()
         .lines()

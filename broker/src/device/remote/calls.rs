@@ -1,10 +1,10 @@
 //! The calling side of the channels: each thread of gpushared that calls a device gets a channel
 //! to that device's worker, opened on first use; a request either waits for its answer or is
-//! posted (work queued on a stream, a release), its answer collected by the channel's next
-//! request and a failure kept for the stream's next synchronization.
+//! posted (work queued on a stream, a release), its answer collected later and a failure kept
+//! for the stream's next synchronization.
 
 use std::cell::RefCell;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use gpushare_protocol::control::{decode, encode_into};
 
-use super::channel::{CallerEnd, Gave, REQUEST_AREA};
+use super::channel::{CallerEnd, Gave, MAX_REQUEST};
 use super::handles::RemoteStream;
 use super::wire::{Answer, Envelope, Handle, Payload, Reply, Request, ToWorker};
 use super::{Active, RemoteDevice, lock};
@@ -24,9 +24,18 @@ pub(super) struct Caller {
     generation: u64,
     pub(super) end: CallerEnd,
     worker: Arc<Active>,
-    /// The stream whose work the outstanding posted request is, if any.
-    posted_for: Option<Handle>,
+    /// One entry per request whose answer has not been read, oldest first: posted ones (with
+    /// the stream whose work it is, if any) and, last, a waited one (`None`).
+    posted: VecDeque<Option<Option<Handle>>>,
 }
+
+/// Requests posted and not yet answered on one channel, at most: the answers (and the
+/// failures and device time they report) stay close behind.
+const MAX_POSTED: usize = 256;
+/// Room for an encoded envelope (its variable parts travel as payload).
+const ENVELOPE_ROOM: usize = 4096;
+/// Payloads up to this size travel in the request ring; bigger ones as a blob.
+const INLINE_PAYLOAD: usize = MAX_REQUEST - ENVELOPE_ROOM;
 
 /// Whether a request waits for its answer (with an optional bound) or is posted.
 #[derive(Clone, Copy)]
@@ -100,7 +109,8 @@ impl RemoteDevice {
         let _ = self.send(request, &[], Send_::Post(None));
     }
 
-    /// Sends a request on this thread's channel: waits for its answer, or posts it.
+    /// Sends a request on this thread's channel: waits for its answer (behind the answers to
+    /// what was posted before it), or posts it.
     fn send(&self, request: Request, payload: &[u8], how: Send_) -> DeviceResult<Option<Answer>> {
         let shared = &self.shared;
         if shared.interrupted.load(Ordering::Acquire) {
@@ -110,7 +120,8 @@ impl RemoteDevice {
         if let Some(why) = active.process.gone() {
             return Err(self.worker_lost(&why));
         }
-        let envelope_payload = if payload.len() > REQUEST_AREA / 2 {
+        let inline = payload.len() <= INLINE_PAYLOAD;
+        let envelope_payload = if !inline {
             Payload::Blob(self.send_blob(&active, payload)?)
         } else if payload.is_empty() {
             Payload::None
@@ -128,28 +139,43 @@ impl RemoteDevice {
                 ));
             };
             let caller = self.caller(&mut callers, &active)?;
-            self.collect(caller)?;
-            let area = caller.end.request_area();
-            let used = encode_into(&envelope, area)
-                .map_err(|e| DeviceError::Failed(format!("a request too big to send: {e}")))?;
-            let len = match envelope.payload {
-                Payload::Inline(n) => {
-                    let dst = area
-                        .get_mut(used..used + n as usize)
-                        .ok_or_else(|| DeviceError::Failed("a payload too big to send".into()))?;
-                    dst.copy_from_slice(payload);
-                    used + n as usize
-                }
-                _ => used,
-            };
-            caller.end.post(len);
+            // Posted work's answers: what has come, and enough to keep them bounded.
+            self.collect(caller, false)?;
+            while caller.end.outstanding() >= MAX_POSTED {
+                self.collect_one(caller, None)?;
+            }
+            let room = ENVELOPE_ROOM + if inline { payload.len() } else { 0 };
+            let give_up = self.give_up(caller, None);
+            caller
+                .end
+                .send(
+                    room,
+                    |area| {
+                        let used = encode_into(&envelope, area).map_err(|e| e.to_string())?;
+                        if inline && !payload.is_empty() {
+                            area.get_mut(used..used + payload.len())
+                                .ok_or("a payload too big to send")?
+                                .copy_from_slice(payload);
+                            return Ok(used + payload.len());
+                        }
+                        Ok(used)
+                    },
+                    &give_up,
+                )
+                .map_err(|g| self.gave(g))?;
             match how {
                 Send_::Post(stream) => {
-                    caller.posted_for = stream;
+                    caller.posted.push_back(Some(stream));
                     Ok(None)
                 }
                 Send_::Wait(deadline) => {
-                    let bytes = self.wait(caller, deadline)?;
+                    caller.posted.push_back(None);
+                    // The answers to what was posted before come first.
+                    while caller.posted.len() > 1 {
+                        self.collect_one(caller, None)?;
+                    }
+                    let bytes = self.next_answer(caller, deadline)?;
+                    caller.posted.pop_front();
                     decode::<Answer>(&bytes).map(Some).map_err(|e| {
                         DeviceError::Failed(format!("an answer that does not decode: {e}"))
                     })
@@ -159,26 +185,53 @@ impl RemoteDevice {
         sent.unwrap_or_else(|_| Err(DeviceError::Failed("the thread is ending".into())))
     }
 
-    /// Collects the answer of the channel's posted request, if one is outstanding; a failure
-    /// of posted work is kept for its stream's next synchronization.
-    fn collect(&self, caller: &mut Caller) -> DeviceResult<()> {
-        if !caller.end.outstanding() {
-            return Ok(());
+    /// Collects the answers to posted work that have come (all of them, waiting, when
+    /// `wait`); a failure is kept for its stream's next synchronization.
+    fn collect(&self, caller: &mut Caller, wait: bool) -> DeviceResult<()> {
+        while matches!(caller.posted.front(), Some(Some(_))) {
+            let got = if wait {
+                self.next_answer(caller, None).map(Some)?
+            } else {
+                let give_up = self.give_up(caller, None);
+                caller
+                    .end
+                    .answer(false, &give_up)
+                    .map_err(|g| self.gave(g))?
+            };
+            let Some(bytes) = got else {
+                return Ok(());
+            };
+            let Some(Some(stream)) = caller.posted.pop_front() else {
+                return Ok(());
+            };
+            self.note_posted(caller.generation, stream, &bytes);
         }
-        let bytes = self.wait(caller, None)?;
-        let (Some(stream), Ok(answer)) = (caller.posted_for.take(), decode::<Answer>(&bytes))
-        else {
-            return Ok(());
+        Ok(())
+    }
+
+    /// Waits for the oldest outstanding answer, of posted work.
+    fn collect_one(&self, caller: &mut Caller, deadline: Option<Duration>) -> DeviceResult<()> {
+        let bytes = self.next_answer(caller, deadline)?;
+        if let Some(Some(stream)) = caller.posted.pop_front() {
+            self.note_posted(caller.generation, stream, &bytes);
+        }
+        Ok(())
+    }
+
+    /// Keeps what a posted request's answer says of its stream: its failure, for the next
+    /// synchronization; its device time, for the next account.
+    fn note_posted(&self, generation: u64, stream: Option<Handle>, bytes: &[u8]) {
+        let (Some(stream), Ok(answer)) = (stream, decode::<Answer>(bytes)) else {
+            return;
         };
         let shared = &self.shared;
-        let key = (caller.generation, stream);
+        let key = (generation, stream);
         if let Reply::Failed(e) = answer.reply {
             lock(&shared.deferred)
                 .entry(key)
                 .or_insert_with(|| e.into());
             shared.any_deferred.store(true, Ordering::Release);
         }
-        // What it says of the stream's device time waits for the stream's next account.
         if let Some((busy, measuring)) = answer.news {
             let mut news = lock(&shared.news);
             let entry = news.entry(key).or_insert((0, false));
@@ -186,7 +239,6 @@ impl RemoteDevice {
             entry.1 = measuring;
             shared.any_news.store(true, Ordering::Release);
         }
-        Ok(())
     }
 
     /// Adds what posted work's answers said of `stream`'s device time to what it knows.
@@ -219,13 +271,41 @@ impl RemoteDevice {
         e
     }
 
-    /// Waits for the answer to the channel's posted request (a copy of its bytes).
-    fn wait(&self, caller: &mut Caller, deadline: Option<Duration>) -> DeviceResult<Vec<u8>> {
-        let shared = &self.shared;
+    /// Waits for the channel's next answer (a copy of its bytes).
+    fn next_answer(
+        &self,
+        caller: &mut Caller,
+        deadline: Option<Duration>,
+    ) -> DeviceResult<Vec<u8>> {
+        let give_up = self.give_up(caller, deadline);
+        match caller.end.answer(true, &give_up) {
+            Ok(Some(bytes)) => Ok(bytes),
+            Ok(None) => Err(DeviceError::Failed(
+                "no answer from the device worker".into(),
+            )),
+            Err(g) => Err(self.gave(g)),
+        }
+    }
+
+    /// Why to stop waiting on `caller`'s channel: a reset under way, or done meanwhile (its
+    /// worker replaced; both said as an empty reason, which is `Cancelled`), its worker gone,
+    /// or `deadline` passed.
+    fn give_up(
+        &self,
+        caller: &Caller,
+        deadline: Option<Duration>,
+    ) -> impl Fn() -> Option<String> + use<> {
+        let shared = self.shared.clone();
         let worker = caller.worker.clone();
         let started = Instant::now();
-        let give_up = || -> Option<String> {
-            if shared.interrupted.load(Ordering::Acquire) {
+        move || {
+            let replaced = || {
+                shared
+                    .active
+                    .read()
+                    .map_or(true, |a| a.generation != worker.generation)
+            };
+            if shared.interrupted.load(Ordering::Acquire) || replaced() {
                 return Some(String::new());
             }
             if let Some(why) = worker.process.gone() {
@@ -234,11 +314,15 @@ impl RemoteDevice {
             deadline
                 .filter(|d| started.elapsed() >= *d)
                 .map(|d| format!("the device worker did not answer within {d:?}"))
-        };
-        match caller.end.wait(&give_up) {
-            Ok(bytes) => Ok(bytes.to_vec()),
-            Err(Gave::Up(why)) if why.is_empty() => Err(DeviceError::Cancelled),
-            Err(Gave::Up(why)) => Err(self.worker_lost(&why)),
+        }
+    }
+
+    /// The error for a wait that ended without its answer.
+    fn gave(&self, gave: Gave) -> DeviceError {
+        match gave {
+            Gave::Up(why) if why.is_empty() => DeviceError::Cancelled,
+            Gave::Up(why) => self.worker_lost(&why),
+            Gave::Broken(why) => self.worker_lost(&format!("its channel broke: {why}")),
         }
     }
 
@@ -272,7 +356,7 @@ impl RemoteDevice {
             generation: active.generation,
             end,
             worker: active.clone(),
-            posted_for: None,
+            posted: VecDeque::new(),
         });
         let last = callers.len() - 1;
         Ok(&mut callers[last])

@@ -1,19 +1,23 @@
 //! One calling thread's channel to a device worker: a memfd both processes map, holding a page
-//! of sequence words and sleep flags, a request area and a reply area.
+//! of positions and sleep flags, a ring of requests and a ring of answers.
 //!
 //! ```text
-//!  0      caller's line: req_seq, req_len, caller_sleeps, closed, spin_ns
-//!  64     worker's line: rep_seq, rep_len, worker_sleeps
-//!  4096   request area (REQUEST_AREA bytes): the encoded envelope, then its inline payload
-//!  +      reply area (REPLY_AREA bytes): the encoded answer
+//!  0      caller's line: tail (request bytes written), answers_read, req_seq, caller_sleeps,
+//!         closed, spin_ns
+//!  64     worker's line: head (request bytes done), answers_written, rep_seq, worker_sleeps
+//!  4096   request ring (REQUEST_RING bytes)
+//!  +      answer ring (ANSWER_RING bytes)
 //! ```
 //!
-//! One request at a time: the caller writes it and bumps `req_seq`; the worker answers and
-//! sets `rep_seq` to the same number. Each side spins a while, then sleeps on a futex in the
-//! shared page; the other side makes the wake-up system call only when the sleeper said it
-//! sleeps, so a busy channel takes no system call and an idle one no CPU. The caller may post a
-//! request without waiting for its answer (a release that nobody waits for); the next request
-//! first collects that answer.
+//! A message in either ring is `[len: u32][0: u32][len bytes]`, padded to 8 bytes; one that
+//! would not fit before the ring's end leaves a wrap marker (`len = u32::MAX`) and starts at
+//! its beginning. Positions are free-running byte counts. Every request gets one answer, in
+//! order, so the caller can post many requests (work queued on a stream) without waiting, and
+//! the worker runs them back to back; a request whose answer is needed waits for it behind
+//! the others. Each side spins a while, then sleeps on a futex in the shared page; the other
+//! side makes the wake-up system call only when the sleeper said it sleeps, so a busy channel
+//! takes no system call and an idle one no CPU. Both processes are gpushared's own, but
+//! lengths are still checked: a bad one ends the channel, never reads out of bounds.
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
@@ -24,11 +28,18 @@ use nix::sys::memfd::{MFdFlags, memfd_create};
 
 /// The header page.
 const HEADER: usize = 4096;
-/// Bytes of encoded request and inline payload one request may carry (more goes as a blob).
-pub const REQUEST_AREA: usize = 2 << 20;
-/// Bytes of encoded answer.
-pub const REPLY_AREA: usize = 1 << 20;
-const CHANNEL_BYTES: usize = HEADER + REQUEST_AREA + REPLY_AREA;
+/// Bytes of the request ring.
+pub const REQUEST_RING: usize = 2 << 20;
+/// Bytes of the answer ring.
+const ANSWER_RING: usize = 1 << 20;
+const CHANNEL_BYTES: usize = HEADER + REQUEST_RING + ANSWER_RING;
+/// Largest request: an encoded envelope and its inline payload (bigger payloads go as blobs).
+pub const MAX_REQUEST: usize = REQUEST_RING / 8;
+/// Largest answer the worker may write.
+pub const MAX_ANSWER: usize = 64 << 10;
+/// A message's header: its length and a reserved word.
+const MSG_HEADER: usize = 8;
+const WRAP: u32 = u32::MAX;
 
 /// How long a caller spins for an answer before yielding, and yields before sleeping (the
 /// same shape as a wait on the GPU: short work answers within microseconds).
@@ -41,8 +52,9 @@ pub const DEFAULT_WORKER_SPIN: Duration = Duration::from_micros(50);
 
 #[repr(C, align(64))]
 struct CallerLine {
+    tail: AtomicU64,
+    answers_read: AtomicU64,
     req_seq: AtomicU32,
-    req_len: AtomicU32,
     caller_sleeps: AtomicU32,
     closed: AtomicU32,
     spin_ns: AtomicU64,
@@ -50,8 +62,9 @@ struct CallerLine {
 
 #[repr(C, align(64))]
 struct WorkerLine {
+    head: AtomicU64,
+    answers_written: AtomicU64,
     rep_seq: AtomicU32,
-    rep_len: AtomicU32,
     worker_sleeps: AtomicU32,
 }
 
@@ -62,12 +75,15 @@ struct Header {
 }
 
 const _: () = assert!(std::mem::size_of::<Header>() <= HEADER);
+const _: () = assert!(REQUEST_RING.is_power_of_two() && ANSWER_RING.is_power_of_two());
 
-/// Why a caller stopped waiting for an answer.
+/// Why a side stopped waiting.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Gave {
     /// The reason the caller's `give_up` returned.
     Up(String),
+    /// The other side broke the ring's rules (a length out of bounds).
+    Broken(String),
 }
 
 /// A mapped channel (either end).
@@ -76,7 +92,7 @@ struct Mapped {
 }
 
 // SAFETY: the mapping is plain shared memory; every access goes through atomics in the header
-// or through one side's own area while the sequence words say it owns it.
+// or through the ring bytes the positions give one side to own.
 unsafe impl Send for Mapped {}
 
 impl Mapped {
@@ -91,16 +107,79 @@ impl Mapped {
         unsafe { &*(self.map.as_ptr() as *const Header) }
     }
 
-    /// `len` bytes of the area at `offset`.
+    /// `len` bytes at `offset` of the mapping.
     ///
     /// # Safety
-    /// The caller owns that area now (the protocol's turn), so nobody writes it meanwhile.
+    /// `offset + len` is inside the mapping, and the ring protocol gives the calling side these
+    /// bytes now (nobody else writes them meanwhile).
     // Shared memory: whose turn it is, not a Rust borrow, says who may write it.
     #[allow(clippy::mut_from_ref)]
-    unsafe fn area(&self, offset: usize, len: usize) -> &mut [u8] {
-        // SAFETY: inside the mapping (offsets are constants, lengths are the area sizes); the
-        // caller's promise covers aliasing.
+    unsafe fn bytes(&self, offset: usize, len: usize) -> &mut [u8] {
+        debug_assert!(offset + len <= CHANNEL_BYTES);
+        // SAFETY: the caller's promise.
         unsafe { std::slice::from_raw_parts_mut(self.map.as_mut_ptr().add(offset), len) }
+    }
+
+    fn read_u32(&self, offset: usize) -> u32 {
+        // SAFETY: 4 bytes inside the mapping (ring offsets are 8-aligned and leave 8 bytes).
+        let b = unsafe { self.bytes(offset, 4) };
+        u32::from_le_bytes([b[0], b[1], b[2], b[3]])
+    }
+
+    fn write_header(&self, offset: usize, len: u32) {
+        // SAFETY: as for read_u32; the writer owns these bytes now.
+        let b = unsafe { self.bytes(offset, MSG_HEADER) };
+        b[..4].copy_from_slice(&len.to_le_bytes());
+        b[4..].fill(0);
+    }
+}
+
+fn padded(len: usize) -> u64 {
+    (MSG_HEADER + len).next_multiple_of(8) as u64
+}
+
+/// One ring as its writer sees it: where the next message goes, given how far the reader is.
+/// Returns the byte position to write the message at (after any wrap marker), or `None` when
+/// there is no room yet.
+fn place(tail: u64, read: u64, cap: usize, len: usize) -> Option<(u64, bool)> {
+    let need = padded(len);
+    let pos = (tail % cap as u64) as usize;
+    let to_end = (cap - pos) as u64;
+    let (at, wraps) = if to_end < need {
+        (tail + to_end, true)
+    } else {
+        (tail, false)
+    };
+    let used = at + need - read;
+    (used <= cap as u64).then_some((at, wraps))
+}
+
+/// The next message of a ring from `read` up to `written`: (its start position, length), or
+/// `None` when there is none; positions past wrap markers are skipped.
+fn take(
+    mapped: &Mapped,
+    base: usize,
+    cap: usize,
+    mut read: u64,
+    written: u64,
+) -> Result<Option<(u64, usize)>, Gave> {
+    loop {
+        if read >= written {
+            return Ok(None);
+        }
+        let pos = (read % cap as u64) as usize;
+        let len = mapped.read_u32(base + pos);
+        if len == WRAP {
+            read += (cap - pos) as u64;
+            continue;
+        }
+        let len = len as usize;
+        if pos + MSG_HEADER + len > cap || read + padded(len) > written {
+            return Err(Gave::Broken(format!(
+                "a message of {len} bytes at {pos} leaves its ring"
+            )));
+        }
+        return Ok(Some((read, len)));
     }
 }
 
@@ -140,14 +219,54 @@ fn futex_wake(word: &AtomicU32) {
     }
 }
 
+/// Waits in the caller's rhythm (spin, yield, sleep on `word` while it holds `seen`) until
+/// `ready`, asking `give_up` now and then.
+fn caller_wait(
+    h: &Header,
+    word: &AtomicU32,
+    mut ready: impl FnMut() -> bool,
+    give_up: &dyn Fn() -> Option<String>,
+) -> Result<(), Gave> {
+    let started = Instant::now();
+    let mut checked = started;
+    loop {
+        if ready() {
+            return Ok(());
+        }
+        let waited = started.elapsed();
+        if waited < CALLER_SPIN {
+            std::hint::spin_loop();
+            continue;
+        }
+        if checked.elapsed() >= NAP || waited >= CALLER_YIELD {
+            checked = Instant::now();
+            if let Some(why) = give_up() {
+                return Err(Gave::Up(why));
+            }
+        }
+        if waited < CALLER_YIELD {
+            std::thread::yield_now();
+            continue;
+        }
+        let seen = word.load(Ordering::Acquire);
+        h.caller.caller_sleeps.store(1, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
+        if !ready() {
+            futex_wait(word, seen, NAP);
+        }
+        h.caller.caller_sleeps.store(0, Ordering::Relaxed);
+    }
+}
+
 /// The caller's end (in gpushared).
 pub struct CallerEnd {
     mapped: Mapped,
     /// Until the worker has its own copy (then the mapping is all this side needs).
     memfd: Option<OwnedFd>,
-    seq: u32,
-    /// A posted request whose answer has not been collected.
-    outstanding: bool,
+    tail: u64,
+    answers_read: u64,
+    /// Requests sent whose answers have not been read.
+    outstanding: usize,
 }
 
 impl CallerEnd {
@@ -163,8 +282,9 @@ impl CallerEnd {
         Ok(CallerEnd {
             mapped,
             memfd: Some(memfd),
-            seq: 0,
-            outstanding: false,
+            tail: 0,
+            answers_read: 0,
+            outstanding: 0,
         })
     }
 
@@ -195,72 +315,112 @@ impl CallerEnd {
         }
     }
 
-    /// Whether a posted request's answer is still to be collected.
-    pub fn outstanding(&self) -> bool {
+    /// Requests sent whose answers have not been read.
+    pub fn outstanding(&self) -> usize {
         self.outstanding
     }
 
-    /// The request area, to encode the next request into. Only between requests.
-    pub fn request_area(&mut self) -> &mut [u8] {
-        debug_assert!(!self.outstanding);
-        // SAFETY: no request is outstanding, so the worker does not read the area now.
-        unsafe { self.mapped.area(HEADER, REQUEST_AREA) }
-    }
-
-    /// Publishes the `len` bytes written to the request area and wakes the worker if it
-    /// sleeps.
-    pub fn post(&mut self, len: usize) {
+    /// Sends one request of at most `max` bytes: waits for room, lets `write` fill it (it
+    /// returns the bytes it used), publishes it and wakes the worker if it sleeps.
+    pub fn send(
+        &mut self,
+        max: usize,
+        write: impl FnOnce(&mut [u8]) -> Result<usize, String>,
+        give_up: &dyn Fn() -> Option<String>,
+    ) -> Result<(), Gave> {
+        if max > MAX_REQUEST {
+            return Err(Gave::Broken(format!(
+                "a request of {max} bytes (at most {MAX_REQUEST})"
+            )));
+        }
         let h = self.mapped.header();
-        self.seq = self.seq.wrapping_add(1);
-        h.caller.req_len.store(len as u32, Ordering::Relaxed);
-        h.caller.req_seq.store(self.seq, Ordering::Release);
-        self.outstanding = true;
-        // Pairs with the worker's fence between saying it sleeps and looking at req_seq.
+        let mut placed = None;
+        let tail = self.tail;
+        caller_wait(
+            h,
+            &h.worker.rep_seq,
+            || {
+                let read = h.worker.head.load(Ordering::Acquire);
+                placed = place(tail, read, REQUEST_RING, max);
+                placed.is_some()
+            },
+            give_up,
+        )?;
+        let Some((at, wraps)) = placed else {
+            return Err(Gave::Broken("no room".into()));
+        };
+        if wraps {
+            self.mapped
+                .write_header(HEADER + (tail % REQUEST_RING as u64) as usize, WRAP);
+        }
+        let pos = HEADER + (at % REQUEST_RING as u64) as usize;
+        // SAFETY: `place` found `max` bytes (and the header) free at `pos`, inside the ring;
+        // the worker reads nothing past `tail`, which is not published yet.
+        let area = unsafe { self.mapped.bytes(pos + MSG_HEADER, max) };
+        let used = write(area).map_err(Gave::Broken)?.min(max);
+        self.mapped.write_header(pos, used as u32);
+        self.tail = at + padded(used);
+        self.outstanding += 1;
+        h.caller.tail.store(self.tail, Ordering::Release);
+        h.caller.req_seq.fetch_add(1, Ordering::Release);
+        // Pairs with the worker's fence between saying it sleeps and looking at the tail.
         fence(Ordering::SeqCst);
         if h.worker.worker_sleeps.load(Ordering::Relaxed) != 0 {
             futex_wake(&h.caller.req_seq);
         }
+        Ok(())
     }
 
-    /// Waits for the answer to the posted request and returns it. `give_up` is asked now and
-    /// then while waiting and ends the wait when it says why (the worker died, the device is
-    /// being reset); the request then stays outstanding forever (the channel is dead).
-    pub fn wait(&mut self, give_up: &dyn Fn() -> Option<String>) -> Result<&[u8], Gave> {
+    /// The next answer (a copy), in the order the requests were sent: waits for it when
+    /// `wait`, else `None` when it has not come yet.
+    pub fn answer(
+        &mut self,
+        wait: bool,
+        give_up: &dyn Fn() -> Option<String>,
+    ) -> Result<Option<Vec<u8>>, Gave> {
         let h = self.mapped.header();
-        let started = Instant::now();
-        let mut checked = started;
-        loop {
-            if h.worker.rep_seq.load(Ordering::Acquire) == self.seq {
-                break;
+        let base = HEADER + REQUEST_RING;
+        let read = self.answers_read;
+        let mut found = None;
+        let mut broken = None;
+        let mut look = || match take(
+            &self.mapped,
+            base,
+            ANSWER_RING,
+            read,
+            h.worker.answers_written.load(Ordering::Acquire),
+        ) {
+            Ok(Some(m)) => {
+                found = Some(m);
+                true
             }
-            let waited = started.elapsed();
-            if waited < CALLER_SPIN {
-                std::hint::spin_loop();
-                continue;
+            Ok(None) => false,
+            Err(e) => {
+                broken = Some(e);
+                true
             }
-            if checked.elapsed() >= NAP || waited >= CALLER_YIELD {
-                checked = Instant::now();
-                if let Some(why) = give_up() {
-                    return Err(Gave::Up(why));
-                }
-            }
-            if waited < CALLER_YIELD {
-                std::thread::yield_now();
-                continue;
-            }
-            h.caller.caller_sleeps.store(1, Ordering::Relaxed);
-            fence(Ordering::SeqCst);
-            let seen = h.worker.rep_seq.load(Ordering::Acquire);
-            if seen != self.seq {
-                futex_wait(&h.worker.rep_seq, seen, NAP);
-            }
-            h.caller.caller_sleeps.store(0, Ordering::Relaxed);
+        };
+        if wait {
+            caller_wait(h, &h.worker.rep_seq, look, give_up)?;
+        } else {
+            look();
         }
-        self.outstanding = false;
-        let len = (h.worker.rep_len.load(Ordering::Relaxed) as usize).min(REPLY_AREA);
-        // SAFETY: the worker answered (rep_seq == seq, acquired), so it no longer writes the
-        // reply area until the next request.
-        Ok(unsafe { self.mapped.area(HEADER + REQUEST_AREA, len) })
+        if let Some(e) = broken {
+            return Err(e);
+        }
+        let Some((at, len)) = found else {
+            return Ok(None);
+        };
+        let pos = base + (at % ANSWER_RING as u64) as usize + MSG_HEADER;
+        // SAFETY: the worker published this answer (answers_written acquired) and writes
+        // nothing there until answers_read passes it.
+        let bytes = unsafe { self.mapped.bytes(pos, len) }.to_vec();
+        self.answers_read = at + padded(len);
+        self.outstanding = self.outstanding.saturating_sub(1);
+        h.caller
+            .answers_read
+            .store(self.answers_read, Ordering::Release);
+        Ok(Some(bytes))
     }
 }
 
@@ -268,6 +428,7 @@ impl Drop for CallerEnd {
     fn drop(&mut self) {
         let h = self.mapped.header();
         h.caller.closed.store(1, Ordering::Release);
+        h.caller.req_seq.fetch_add(1, Ordering::Release);
         futex_wake(&h.caller.req_seq);
     }
 }
@@ -282,9 +443,12 @@ pub enum Next {
 /// The worker's end.
 pub struct WorkerEnd {
     mapped: Mapped,
-    seen: u32,
-    /// Bytes of the request being served.
-    len: usize,
+    /// The request being served: its start position and length.
+    current: Option<(u64, usize)>,
+    head: u64,
+    answers_written: u64,
+    /// Where the answer being made goes (after any wrap marker).
+    answer_at: u64,
 }
 
 impl WorkerEnd {
@@ -297,27 +461,38 @@ impl WorkerEnd {
             )));
         }
         let mapped = Mapped::new(fd.as_fd())?;
-        let seen = mapped.header().caller.req_seq.load(Ordering::Acquire);
+        let h = mapped.header();
+        let head = h.worker.head.load(Ordering::Acquire);
+        let answers_written = h.worker.answers_written.load(Ordering::Acquire);
         Ok(WorkerEnd {
             mapped,
-            seen,
-            len: 0,
+            current: None,
+            head,
+            answers_written,
+            answer_at: 0,
         })
     }
 
     /// Waits for the next request: spins for the caller's spin time, then sleeps until woken
     /// (or, now and then, to see whether `stop` says the worker is ending); spins again after
-    /// each wake-up.
+    /// each wake-up. A request that breaks the ring's rules ends the channel.
     pub fn next(&mut self, stop: &dyn Fn() -> bool) -> Next {
         let h = self.mapped.header();
         let mut started = Instant::now();
         let spin = Duration::from_nanos(h.caller.spin_ns.load(Ordering::Relaxed));
         loop {
             let seq = h.caller.req_seq.load(Ordering::Acquire);
-            if seq != self.seen {
-                self.seen = seq;
-                self.len = (h.caller.req_len.load(Ordering::Relaxed) as usize).min(REQUEST_AREA);
-                return Next::Request;
+            let tail = h.caller.tail.load(Ordering::Acquire);
+            match take(&self.mapped, HEADER, REQUEST_RING, self.head, tail) {
+                Ok(Some(m)) => {
+                    self.current = Some(m);
+                    return Next::Request;
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(error = ?e, "ending a broken channel");
+                    return Next::Closed;
+                }
             }
             if h.caller.closed.load(Ordering::Acquire) != 0 || stop() {
                 return Next::Closed;
@@ -328,9 +503,10 @@ impl WorkerEnd {
             }
             h.worker.worker_sleeps.store(1, Ordering::Relaxed);
             fence(Ordering::SeqCst);
-            let now = h.caller.req_seq.load(Ordering::Acquire);
-            if now == self.seen && h.caller.closed.load(Ordering::Acquire) == 0 {
-                futex_wait(&h.caller.req_seq, now, Duration::from_millis(100));
+            if h.caller.tail.load(Ordering::Acquire) == self.head
+                && h.caller.closed.load(Ordering::Acquire) == 0
+            {
+                futex_wait(&h.caller.req_seq, seq, Duration::from_millis(100));
             }
             h.worker.worker_sleeps.store(0, Ordering::Relaxed);
             // Woken (by a request, a nudge or the timeout): spin again before sleeping.
@@ -338,24 +514,63 @@ impl WorkerEnd {
         }
     }
 
-    /// The request being served, and the reply area to encode its answer into (only between
-    /// `next` and `answer`).
-    pub fn areas(&mut self) -> (&[u8], &mut [u8]) {
-        // SAFETY: the caller published this request (req_seq acquired in `next`) and touches
-        // neither area until `answer` publishes the reply; the two areas do not overlap.
+    /// The request being served, and room for its answer (at most [`MAX_ANSWER`] bytes),
+    /// waiting until the caller has read enough answers to make that room (`None` if the
+    /// channel closes meanwhile). Only between `next` and `answer`.
+    pub fn areas(&mut self) -> Option<(&[u8], &mut [u8])> {
+        let (at, len) = self.current?;
+        let h = self.mapped.header();
+        let placed = loop {
+            let read = h.caller.answers_read.load(Ordering::Acquire);
+            if let Some(p) = place(self.answers_written, read, ANSWER_RING, MAX_ANSWER) {
+                break p;
+            }
+            if h.caller.closed.load(Ordering::Acquire) != 0 {
+                return None;
+            }
+            std::thread::yield_now();
+        };
+        let (answer_at, wraps) = placed;
+        let base = HEADER + REQUEST_RING;
+        if wraps {
+            self.mapped.write_header(
+                base + (self.answers_written % ANSWER_RING as u64) as usize,
+                WRAP,
+            );
+        }
+        self.answer_at = answer_at;
+        let req = HEADER + (at % REQUEST_RING as u64) as usize + MSG_HEADER;
+        let ans = base + (answer_at % ANSWER_RING as u64) as usize + MSG_HEADER;
+        // SAFETY: the request was published by the caller (tail acquired) and stays untouched
+        // until `head` passes it; the answer's room was found free (answers_read acquired) and
+        // the caller reads nothing past answers_written. The two rings do not overlap.
         unsafe {
-            (
-                &*self.mapped.area(HEADER, self.len),
-                self.mapped.area(HEADER + REQUEST_AREA, REPLY_AREA),
-            )
+            Some((
+                &*self.mapped.bytes(req, len),
+                self.mapped.bytes(ans, MAX_ANSWER),
+            ))
         }
     }
 
-    /// Publishes the `len` bytes written to the reply area.
+    /// Publishes the `len` bytes written as the request's answer, and lets the request go.
     pub fn answer(&mut self, len: usize) {
+        let Some((at, req_len)) = self.current.take() else {
+            return;
+        };
         let h = self.mapped.header();
-        h.worker.rep_len.store(len as u32, Ordering::Relaxed);
-        h.worker.rep_seq.store(self.seen, Ordering::Release);
+        let base = HEADER + REQUEST_RING;
+        let len = len.min(MAX_ANSWER);
+        self.mapped.write_header(
+            base + (self.answer_at % ANSWER_RING as u64) as usize,
+            len as u32,
+        );
+        self.answers_written = self.answer_at + padded(len);
+        self.head = at + padded(req_len);
+        h.worker.head.store(self.head, Ordering::Release);
+        h.worker
+            .answers_written
+            .store(self.answers_written, Ordering::Release);
+        h.worker.rep_seq.fetch_add(1, Ordering::Release);
         fence(Ordering::SeqCst);
         if h.caller.caller_sleeps.load(Ordering::Relaxed) != 0 {
             futex_wake(&h.worker.rep_seq);
@@ -378,43 +593,116 @@ mod tests {
         (caller, worker)
     }
 
-    #[test]
-    fn requests_and_answers_alternate_across_threads() {
-        let (mut caller, mut worker) = pair();
-        let server = std::thread::spawn(move || {
-            let mut served = 0u32;
-            loop {
-                if let Next::Closed = worker.next(&|| false) {
-                    return served;
+    /// A worker that answers each request with its bytes reversed, until the channel closes;
+    /// returns how many it served.
+    fn echo(mut worker: WorkerEnd) -> std::thread::JoinHandle<usize> {
+        std::thread::spawn(move || {
+            let mut served = 0;
+            while let Next::Request = worker.next(&|| false) {
+                let Some((request, answer)) = worker.areas() else {
+                    break;
+                };
+                let n = request.len().min(answer.len());
+                for (i, b) in request.iter().rev().take(n).enumerate() {
+                    answer[i] = *b;
                 }
-                let (request, reply) = worker.areas();
-                reply[0] = request[0].wrapping_mul(2);
-                worker.answer(1);
+                worker.answer(n);
                 served += 1;
             }
-        });
+            served
+        })
+    }
+
+    fn send(caller: &mut CallerEnd, bytes: &[u8]) {
+        caller
+            .send(
+                bytes.len(),
+                |area| {
+                    area[..bytes.len()].copy_from_slice(bytes);
+                    Ok(bytes.len())
+                },
+                &|| None,
+            )
+            .expect("sent");
+    }
+
+    #[test]
+    fn posted_requests_are_answered_in_order_across_the_rings_wrap() {
+        let (mut caller, worker) = pair();
+        let server = echo(worker);
         caller.set_spin(Duration::from_micros(10));
-        for i in 0..200u32 {
-            caller.request_area()[0] = i as u8;
-            caller.post(1);
-            if i % 3 == 0 {
-                // Now and then the worker goes to sleep between requests.
-                std::thread::sleep(Duration::from_millis(1));
+        let mut expect = std::collections::VecDeque::new();
+        // Enough bytes to go round the request ring several times, in odd sizes.
+        for i in 0..6000u32 {
+            let len = 1 + (i as usize * 37) % 3000;
+            let msg: Vec<u8> = (0..len).map(|j| (i as usize + j) as u8).collect();
+            send(&mut caller, &msg);
+            expect.push_back(msg.into_iter().rev().collect::<Vec<u8>>());
+            if i % 7 == 0 {
+                // Now and then the caller collects what has come, and once in a while waits.
+                while let Some(a) = caller.answer(i % 700 == 0, &|| None).expect("answer") {
+                    assert_eq!(Some(a), expect.pop_front());
+                    if expect.is_empty() {
+                        break;
+                    }
+                }
             }
-            let answer = caller.wait(&|| None).expect("answered");
-            assert_eq!(answer, [(i as u8).wrapping_mul(2)]);
         }
+        while let Some(want) = expect.pop_front() {
+            let got = caller.answer(true, &|| None).expect("answer");
+            assert_eq!(got, Some(want));
+        }
+        assert_eq!(caller.outstanding(), 0);
         drop(caller);
-        assert_eq!(server.join().expect("server"), 200);
+        assert_eq!(server.join().expect("server"), 6000);
     }
 
     #[test]
     fn a_caller_gives_up_when_told_why() {
         let (mut caller, _worker) = pair();
-        caller.request_area()[0] = 1;
-        caller.post(1);
-        let gave = caller.wait(&|| Some("the worker died".into()));
+        send(&mut caller, &[1]);
+        let gave = caller.answer(true, &|| Some("the worker died".into()));
         assert_eq!(gave, Err(Gave::Up("the worker died".into())));
-        assert!(caller.outstanding());
+        assert_eq!(caller.outstanding(), 1);
+    }
+
+    #[test]
+    fn a_full_request_ring_waits_for_the_worker() {
+        let (mut caller, worker) = pair();
+        // Nobody serves yet: the ring takes what fits, then the next send waits (and gives up
+        // when told to).
+        let big = vec![7u8; MAX_REQUEST];
+        let mut sent = 0;
+        loop {
+            let r = caller.send(
+                big.len(),
+                |area| {
+                    area.copy_from_slice(&big);
+                    Ok(big.len())
+                },
+                &|| Some("full".into()),
+            );
+            match r {
+                Ok(()) => sent += 1,
+                Err(Gave::Up(_)) => break,
+                Err(e) => panic!("{e:?}"),
+            }
+        }
+        assert!(sent >= 6, "{sent} requests of {MAX_REQUEST} bytes fit");
+        let server = echo(worker);
+        for _ in 0..sent {
+            let got = caller.answer(true, &|| None).expect("answer");
+            assert_eq!(got.map(|a| a.len()), Some(MAX_ANSWER));
+        }
+        drop(caller);
+        let _ = server.join();
+    }
+
+    #[test]
+    fn lengths_that_leave_the_ring_are_refused() {
+        assert!(place(0, 0, 64, 100).is_none(), "larger than the ring");
+        assert_eq!(place(0, 0, 64, 8), Some((0, false)));
+        assert_eq!(place(56, 40, 64, 8), Some((64, true)), "wraps to the start");
+        assert!(place(56, 0, 64, 8).is_none(), "the reader is behind");
     }
 }

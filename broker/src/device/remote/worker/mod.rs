@@ -274,7 +274,9 @@ impl<D: Device> Worker<D> {
     fn serve_channel(&self, mut end: WorkerEnd) {
         let stop = || self.stop.load(Ordering::Acquire);
         while let Next::Request = end.next(&stop) {
-            let (request, reply) = end.areas();
+            let Some((request, reply)) = end.areas() else {
+                return; // gpushared closed the channel
+            };
             let answer = match decode_prefix::<Envelope>(request) {
                 Ok((envelope, used)) => self.answer(envelope, &request[used..]),
                 Err(e) => failed(DeviceError::InvalidArgument(format!(
