@@ -137,7 +137,10 @@ impl Dispatcher {
             // The share may grow at the period's end.
             consider(self.deadline.next_period_at());
         }
-        if let Some(t) = self.policy.next_wakeup() {
+        // A policy's timer that has come was there for the last poll to act on; a poll now
+        // could change nothing more (the simulator stepped 1 ns at a time for ever on one:
+        // SRTF's grace after an iteration, with nobody else waiting).
+        if let Some(t) = self.policy.next_wakeup().filter(|&t| t > self.last_now) {
             consider(t);
         }
         at.map(|t| t.max(self.last_now + 1))
