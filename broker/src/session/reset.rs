@@ -124,18 +124,22 @@ impl<D: Device> SessionState<D> {
                 }
             }
             ErrorCode::DeviceError | ErrorCode::LaunchFailed => {
-                // A sticky error poisons everyone's context: get it reset now.
-                if let Some(what) = self.device.fault() {
-                    self.health.report_fault(self.info.id, self.epoch, what);
-                    // The command was lost to the fault, like everything else the reset
-                    // takes: say so once the guardian has taken over.
-                    if self
-                        .health
-                        .wait_for_recovery_start(self.epoch, Duration::from_secs(2))
-                    {
-                        self.told_lost(&cmd);
-                        return Err(ErrorCode::DeviceReset);
-                    }
+                // A reset already under way took the command: a device replaced in place
+                // (a new worker) no longer shows the fault, so the epoch is what tells.
+                let lost = self.health.epoch() != self.epoch
+                    || match self.device.fault() {
+                        // A sticky error poisons everyone's context: get it reset now.
+                        Some(what) => {
+                            self.health.report_fault(self.info.id, self.epoch, what);
+                            self.health
+                                .wait_for_recovery_start(self.epoch, Duration::from_secs(2))
+                        }
+                        None => self.health.epoch() != self.epoch,
+                    };
+                if lost {
+                    // Lost to the fault, like everything else the reset takes: say so.
+                    self.told_lost(&cmd);
+                    return Err(ErrorCode::DeviceReset);
                 }
                 Err(code)
             }
