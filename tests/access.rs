@@ -167,7 +167,13 @@ fn socket_permissions_decide_who_may_connect() {
     // Root (the test itself) still connects, and the refusals left nothing behind.
     let me = broker.client_named("root");
     me.nop().expect("root connects");
-    assert_eq!(broker.status().clients.len(), 1);
+    // The probe's session ends once the broker reads its hang-up: poll for it.
+    assert!(
+        wait_until(Duration::from_secs(10), || broker.status().clients.len()
+            == 1),
+        "{:?}",
+        broker.status().clients
+    );
 }
 
 #[test]
