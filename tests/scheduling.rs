@@ -322,3 +322,52 @@ fn srtf_runs_the_shortest_declared_job_and_switches_only_at_iteration_ends() {
         .declare_deadline(Duration::from_millis(33), Duration::from_millis(20))
         .expect("a sensible deadline");
 }
+
+/// A consolidated program's kernels (a module's functions, through gpushare's own libcuda) go
+/// through the scheduler one by one as a library client's do: under FAIR, two such programs
+/// share the GPU by weight, with their kernels' device time measured, and `gpushare set`
+/// changes a program's weight while it runs.
+#[test]
+fn fair_shares_hold_for_consolidated_programs_and_follow_a_live_weight_change() {
+    use gpushare_tests::cuda_program::{CudaProgram, Running};
+    let broker = broker("fair");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let program = CudaProgram::build(dir.path(), false);
+    let start = |name: &str| {
+        let mut cmd = program.command(&broker.socket, &["spin", "100000", "1000"]);
+        cmd.env("GPUSHARE_NAME", name);
+        let mut running = Running::spawn(cmd);
+        running.wait_for_line("ready", Duration::from_secs(30));
+        running
+    };
+    let names = ["cons-a", "cons-b"];
+    let programs: Vec<Running> = names.iter().map(|n| start(n)).collect();
+    let id_of = |name: &str| {
+        broker
+            .status()
+            .clients
+            .iter()
+            .find(|c| c.name == name && c.consolidated)
+            .map(|c| c.client_id)
+            .unwrap_or_else(|| panic!("{name} is a consolidated client"))
+    };
+    let shares = |label: &str, want: f64| {
+        let got = gpu_time_over(&broker, &names, &names, Duration::from_millis(1200));
+        let share = got[0] as f64 / (got[0] + got[1]).max(1) as f64;
+        println!(
+            "FAIR, consolidated programs, {label}: cons-a's share {share:.3} (goal {want:.3}); GPU time {:.0} ms",
+            (got[0] + got[1]) as f64 / 1e6
+        );
+        assert!(
+            (share - want).abs() <= 0.05 * want,
+            "{label}: cons-a's share {share:.3}, want {want:.3}"
+        );
+    };
+    shares("weights 1:1", 0.5);
+    let mut admin = Monitor::connect(&broker.socket).expect("monitor");
+    admin
+        .admin_set(id_of("cons-a"), None, Some(3), None)
+        .expect("set cons-a's weight to 3");
+    shares("cons-a's weight set to 3 while it runs", 0.75);
+    drop(programs);
+}

@@ -10,6 +10,9 @@
  *   cuda_standin away             holds memory, prints `ready`, waits for a line on stdin
  *                                     (the test stops gpushared meanwhile), then copies back
  *                                     and synchronizes twice, printing each result's name
+ *   cuda_standin spin COUNT US    launches COUNT kernels of a sim module that each occupy the
+ *                                     device for US microseconds (tests/scheduling.rs), prints
+ *                                     `ready` after the first, synchronizes, prints `spun`
  *
  * Prints `section NAME: ok` per section and `cuda standin: all checks passed` at the end;
  * exits 1 on any failed check. $GPUSHARE_TEST_LIBCUDA names the library that must be loaded. */
@@ -216,6 +219,35 @@ static void run_away(void) {
     printf("after copy=%s sync=%s again=%s\n", error_name(copy), error_name(sync), error_name(again));
 }
 
+/* A module's kernels, one by one, as a program's would go: on the sim device (gpushare's own
+ * module format; a real GPU would want PTX) each occupies it for `micros`. */
+static void run_spin(unsigned long count, unsigned long long micros) {
+    static const char image[] = "gpushare-sim-module 1\nkernel spin\n";
+    CUmodule module = NULL;
+    CUfunction spin = NULL;
+    CUstream stream = NULL;
+    OK(cuModuleLoadData(&module, image));
+    OK(cuModuleGetFunction(&spin, module, "spin"));
+    OK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+    if (failures) return;
+    void *args[] = {&micros};
+    for (unsigned long i = 0; i < count; i++) {
+        CUresult r = cuLaunchKernel(spin, 1, 1, 1, 32, 1, 1, 0, stream, args, NULL);
+        if (r != CUDA_SUCCESS) {
+            CHECK(0, "launch %lu gave %s", i, error_name(r));
+            return;
+        }
+        if (i == 0) {
+            printf("ready\n");
+            fflush(stdout);
+        }
+    }
+    OK(cuStreamSynchronize(stream));
+    OK(cuStreamDestroy(stream));
+    OK(cuModuleUnload(module));
+    printf("spun %lu\n", count);
+}
+
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "";
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -247,8 +279,11 @@ int main(int argc, char **argv) {
         check_unsupported();
     } else if (!strcmp(mode, "user") && quota && argc > 3) {
         run_as_user(quota, (unsigned)strtoul(argv[3], NULL, 0));
+    } else if (!strcmp(mode, "spin") && argc > 3) {
+        run_spin(strtoul(argv[2], NULL, 0), strtoull(argv[3], NULL, 0));
     } else {
-        printf("FAIL usage: %s all QUOTA | user QUOTA SEED | noinit | away\n", argv[0]);
+        printf("FAIL usage: %s all QUOTA | user QUOTA SEED | spin COUNT US | noinit | away\n",
+               argv[0]);
         failures++;
     }
     section_begin("finish");

@@ -12,6 +12,8 @@ typedef unsigned long long CUdeviceptr;
 typedef struct CUctx_st *CUcontext;
 typedef struct CUstream_st *CUstream;
 typedef struct CUevent_st *CUevent;
+typedef struct CUmod_st *CUmodule;
+typedef struct CUfunc_st *CUfunction;
 typedef struct {
     unsigned char bytes[16];
 } CUuuid;
@@ -102,7 +104,12 @@ enum {
     X(cuEventQuery, (CUevent))                                                                \
     X(cuEventSynchronize, (CUevent))                                                          \
     X(cuEventElapsedTime, (float *, CUevent, CUevent))                                        \
-    X(cuEventDestroy, (CUevent))
+    X(cuEventDestroy, (CUevent))                                                              \
+    X(cuModuleLoadData, (CUmodule *, const void *))                                           \
+    X(cuModuleGetFunction, (CUfunction *, CUmodule, const char *))                            \
+    X(cuModuleUnload, (CUmodule))                                                             \
+    X(cuLaunchKernel, (CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, \
+                       unsigned, CUstream, void **, void **))
 
 /* The per-thread-default-stream forms it uses (asked for with
  * CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM), under a `pt_` prefix. */

@@ -12,6 +12,7 @@ mod attributes;
 pub mod cost;
 pub mod kernels;
 pub mod memory;
+pub mod modules;
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,7 +24,7 @@ use gpushare_protocol::{DevicePtr, Kernel, PriorityClass};
 
 use self::cost::CostModel;
 use self::memory::SimMemory;
-use super::{Device, DeviceError, DeviceResult};
+use super::{Device, DeviceError, DeviceResult, FunctionShape};
 use crate::shm::ArenaSlice;
 
 /// How the sim device is set up.
@@ -85,8 +86,7 @@ pub struct SimEvent {
     time_ns: Option<u64>,
 }
 
-/// Modules cannot exist on the sim device; the type is uninhabited.
-pub enum SimModule {}
+pub use self::modules::{SimFunction, SimModule};
 
 /// A stable UUID per sim device ("gpushare-sim" and the index).
 fn sim_uuid(index: u32) -> [u8; 16] {
@@ -210,7 +210,7 @@ impl Device for SimDevice {
     type Stream = SimStream;
     type Event = SimEvent;
     type Module = SimModule;
-    type Function = SimModule;
+    type Function = SimFunction;
 
     fn backend(&self) -> &'static str {
         "sim"
@@ -330,13 +330,14 @@ impl Device for SimDevice {
 
     fn launch_module(
         &self,
-        _stream: &mut SimStream,
-        function: &SimModule,
+        stream: &mut SimStream,
+        function: &SimFunction,
         _launch: &ModuleLaunch,
         _attributes: &LaunchAttributes,
-        _params: &[u8],
+        params: &[u8],
     ) -> DeviceResult<()> {
-        match *function {}
+        let cost = function.micros(params)?.saturating_mul(1_000);
+        self.run_on(stream, cost, |_| Ok(()))
     }
 
     fn sync_stream(&self, stream: &mut SimStream) -> DeviceResult<()> {
@@ -424,17 +425,23 @@ impl Device for SimDevice {
         }
     }
 
-    fn load_module(&self, format: ModuleFormat, _image: &[u8]) -> DeviceResult<SimModule> {
-        Err(DeviceError::NotSupported {
-            backend: "sim",
-            what: format!(
-                "loading {format:?} modules (the sim device runs only the built-in kernels; use --backend cuda on a GPU machine)"
-            ),
+    fn load_module(&self, format: ModuleFormat, image: &[u8]) -> DeviceResult<SimModule> {
+        SimModule::parse(image).unwrap_or_else(|| {
+            Err(DeviceError::NotSupported {
+                backend: "sim",
+                what: format!(
+                    "loading {format:?} modules (the sim device runs only the built-in kernels and its own test modules; use --backend cuda on a GPU machine)"
+                ),
+            })
         })
     }
 
-    fn get_function(&self, module: &SimModule, _name: &str) -> DeviceResult<SimModule> {
-        match *module {}
+    fn get_function(&self, module: &SimModule, name: &str) -> DeviceResult<SimFunction> {
+        module.function(name)
+    }
+
+    fn function_shape(&self, function: &SimFunction) -> DeviceResult<FunctionShape> {
+        Ok(function.shape())
     }
 
     fn stream_wait_event(&self, stream: &mut SimStream, event: &SimEvent) -> DeviceResult<()> {
@@ -547,12 +554,37 @@ mod tests {
     }
 
     #[test]
-    fn modules_are_refused_with_not_supported() {
+    fn real_modules_are_refused_and_sim_modules_run_for_their_time() {
         let dev = SimDevice::new(SimOptions::default());
         let err = dev
             .load_module(ModuleFormat::Ptx, b".version 8.0")
-            .err()
-            .expect("refused");
+            .expect_err("refused");
         assert_eq!(err.code(), gpushare_protocol::ErrorCode::NotSupported);
+        let module = dev
+            .load_module(ModuleFormat::Ptx, b"gpushare-sim-module 1\nkernel spin\n\0")
+            .expect("a sim module loads");
+        let spin = dev.get_function(&module, "spin").expect("spin");
+        let mut s = dev.create_stream(PriorityClass::Normal).expect("stream");
+        let launch = ModuleLaunch {
+            function: 1,
+            grid: [1, 1, 1],
+            block: [32, 1, 1],
+            shared_mem_bytes: 0,
+            params_offset: 0,
+            params_len: 8,
+        };
+        dev.launch_module(
+            &mut s,
+            &spin,
+            &launch,
+            &LaunchAttributes::default(),
+            &250u64.to_le_bytes(),
+        )
+        .expect("launch");
+        assert_eq!(dev.take_busy_ns(&mut s), 250_000, "250 µs of modelled time");
+        assert_eq!(
+            dev.function_shape(&spin).expect("shape").params,
+            vec![(0, 8)]
+        );
     }
 }
