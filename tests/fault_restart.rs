@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use gpushare_tests::faults::{Scripted, restart_broker, verified_fill};
+use gpushare_tests::faults::{Scripted, report_fault_times, restart_broker, verified_fill};
 use gpushare_tests::{Broker, BrokerOptions, test_backend};
 
 #[test]
@@ -133,35 +133,20 @@ fn ten_faults_in_a_row_each_bring_the_others_back() {
             let refused = culprit.run("reconnect");
             assert!(refused.contains("evicted"), "fault {i}: {refused}");
         }
-        took.sort();
-        let ms = |d: &Duration| format!("{:.0}", d.as_secs_f64() * 1e3);
-        println!(
-            "ten faults, telemetry {} ({:?}): fault -> victim's next correct result, ms: median {}, max {}, all {:?}",
-            if on.enabled { "on" } else { "off" },
-            on.reason,
-            ms(&took[4]),
-            ms(&took[9]),
-            took.iter().map(ms).collect::<Vec<_>>()
-        );
         // Where the time of the last fault went, from the broker's own log.
         let log = broker.log_text();
         let last = log.rfind("restarting gpushared").unwrap_or(0);
-        let start = log[..last].rfind("GPU fault").unwrap_or(last);
-        for line in log[start..].lines().filter(|l| {
-            [
-                "GPU fault",
-                "restarting",
-                "re-executing",
-                "gpushared starting",
-                "context",
-                "ready",
-                "telemetry",
-                "client",
-            ]
-            .iter()
-            .any(|k| l.contains(k))
-        }) {
-            println!("  {line}");
-        }
+        let from = log[..last].rfind("GPU fault").unwrap_or(last);
+        let keys = [
+            "GPU fault",
+            "restarting",
+            "re-executing",
+            "gpushared starting",
+            "context",
+            "ready",
+            "telemetry",
+            "client",
+        ];
+        report_fault_times("ten faults", &on, &mut took, &log, from, &keys);
     }
 }

@@ -15,7 +15,9 @@
 use std::time::{Duration, Instant};
 
 use gpushare::{Client, ErrorCode, Kernel};
-use gpushare_tests::faults::{Scripted, broker, fault, fill_after_reset, verified_fill};
+use gpushare_tests::faults::{
+    Scripted, broker, fault, fill_after_reset, report_fault_times, verified_fill,
+};
 use gpushare_tests::{Broker, BrokerOptions, test_backend};
 
 /// Waits until the victim's lost buffer fails with `DeviceReset`, then until it works again;
@@ -360,35 +362,20 @@ fn ten_faults_in_a_row_cost_only_the_culprit() {
         assert_eq!(victim.session().client_id, session, "the same session");
         victim.nop().expect("the victim's session lives on");
         assert!(!broker.log_text().contains("restarting gpushared"));
-        took.sort();
-        let ms = |d: &Duration| format!("{:.0}", d.as_secs_f64() * 1e3);
-        println!(
-            "ten faults ({}), telemetry {} ({:?}): fault -> victim's next correct result, ms: median {}, max {}, all {:?}",
-            test_backend(),
-            if on.enabled { "on" } else { "off" },
-            on.reason,
-            ms(&took[4]),
-            ms(&took[9]),
-            took.iter().map(ms).collect::<Vec<_>>()
-        );
         // Where the time of the last fault went, from the broker's own log.
         let log = broker.log_text();
-        let start = log.rfind("GPU fault").unwrap_or(0);
-        let start = log[..start].rfind('\n').map_or(0, |n| n + 1);
-        for line in log[start..].lines().filter(|l| {
-            [
-                "GPU fault",
-                "took over",
-                "recreated",
-                "evicted",
-                "spare",
-                "warmed",
-                "faulted",
-            ]
-            .iter()
-            .any(|k| l.contains(k))
-        }) {
-            println!("  {line}");
-        }
+        let last = log.rfind("GPU fault").unwrap_or(0);
+        let from = log[..last].rfind('\n').map_or(0, |n| n + 1);
+        let keys = [
+            "GPU fault",
+            "took over",
+            "recreated",
+            "evicted",
+            "spare",
+            "warmed",
+            "faulted",
+        ];
+        let what = format!("ten faults ({})", test_backend());
+        report_fault_times(&what, &on, &mut took, &log, from, &keys);
     }
 }

@@ -122,3 +122,32 @@ impl Drop for Scripted {
         let _ = self.child.wait();
     }
 }
+
+/// Prints ten faults' times (fault -> the victim's next correct result), sorted, and the lines
+/// of the broker's log from `from` on that name one of `keys`: where the last fault's time went.
+pub fn report_fault_times(
+    what: &str,
+    telemetry: &gpushare_protocol::stats::TelemetryStatus,
+    took: &mut [Duration],
+    log: &str,
+    from: usize,
+    keys: &[&str],
+) {
+    took.sort();
+    let ms = |d: &Duration| format!("{:.0}", d.as_secs_f64() * 1e3);
+    let at = |q: f64| took.get((took.len().saturating_sub(1) as f64 * q) as usize);
+    println!(
+        "{what}, telemetry {} ({:?}): fault -> victim's next correct result, ms: median {}, max {}, all {:?}",
+        if telemetry.enabled { "on" } else { "off" },
+        telemetry.reason,
+        at(0.5).map(ms).unwrap_or_default(),
+        at(1.0).map(ms).unwrap_or_default(),
+        took.iter().map(ms).collect::<Vec<_>>()
+    );
+    for line in log[from.min(log.len())..]
+        .lines()
+        .filter(|l| keys.iter().any(|k| l.contains(k)))
+    {
+        println!("  {line}");
+    }
+}
