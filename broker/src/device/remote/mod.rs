@@ -188,11 +188,11 @@ impl RemoteDevice {
     }
 
     pub(super) fn active(&self) -> Arc<Active> {
-        self.shared
-            .active
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.active_now().clone()
+    }
+
+    fn active_now(&self) -> std::sync::RwLockReadGuard<'_, Arc<Active>> {
+        self.shared.active.read().unwrap_or_else(|e| e.into_inner())
     }
 
     pub(super) fn worker_lost(&self, why: &str) -> DeviceError {
@@ -204,7 +204,8 @@ impl RemoteDevice {
 
     /// A live handle of the worker serving now, or the error for one from before a reset.
     pub(super) fn live(&self, generation: u64) -> DeviceResult<()> {
-        if generation == self.active().generation {
+        // Read under the lock: every queued call asks, and needs no reference of its own.
+        if generation == self.active_now().generation {
             Ok(())
         } else {
             Err(DeviceError::Cancelled)
