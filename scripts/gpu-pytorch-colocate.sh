@@ -21,6 +21,9 @@
 #   cons-lowsm  consolidated with `[priority] lower_sm_share = LOWSM_SHARE` (0.5)
 #   cons-domain consolidated, the HP program's user in a trust domain of its own (a GPU context
 #               of its own, so its memory is out of the trainers' reach); needs USERS=two
+#   cons-domain-beside  the same with `[priority] beside_other_contexts = true`: trainers'
+#               kernels may be granted beside HP work in flight although the GPU switches
+#               contexts for them (the rule it lifts holds them for a gap instead)
 # Cells: for each round, for each setup, pair and trainer count (TRAINERS, "1 4"; 0 = HP
 # alone in that setup), one cell. Every program warms up, then says it is ready; the window
 # (SECS, 5) starts only when all of a cell's programs are ready, so start-up never counts.
@@ -107,10 +110,13 @@ start_broker() { # start_broker SETUP LOG
         if [[ $1 == cons-lowsm ]]; then
             echo '[priority]'
             echo "lower_sm_share = $lowsm_share"
+        elif [[ $1 == cons-domain-beside ]]; then
+            echo '[priority]'
+            echo 'beside_other_contexts = true'
         fi
         echo '[defaults]'
         echo 'class = "high"' # granted to all; each program asks for its class with --class
-        if [[ $1 == cons-domain ]]; then
+        if [[ $1 == cons-domain* ]]; then
             echo '[[users]]'
             echo "name = \"$hp_user\""
             echo 'class = "high"'
@@ -230,11 +236,11 @@ skip_reason() { # skip_reason SETUP: prints why SETUP cannot run here (nothing i
         alone | plain) ;;
         mps)
             command -v nvidia-cuda-mps-control > /dev/null || echo "nvidia-cuda-mps-control not found" ;;
-        governed | cons | cons-lowsm | cons-domain)
+        governed | cons | cons-lowsm | cons-domain | cons-domain-beside)
             if [[ -z $have_broker ]]; then echo "missing in $bin:$missing_bin (set BIN, or run from the bundle)"
             elif [[ $1 == cons-lowsm ]] && ! grep -qa lower_sm_share "$bin/gpushared"; then
                 echo "this gpushared's priority policy has no lower_sm_share setting"
-            elif [[ $1 == cons-domain && $users != two ]]; then
+            elif [[ $1 == cons-domain* && $users != two ]]; then
                 echo "a trust domain of the HP program's own needs USERS=two"
             fi ;;
         *) echo "unknown setup" ;;
@@ -287,7 +293,7 @@ launch() {
     case $setup in
         governed) prefix+=("$work/bin/gpushare" --socket "$sock" run --mode governed
                            --interposer "$work/bin/libgpushare_interpose.so" --class "$class" --name "$name" --) ;;
-        cons | cons-lowsm | cons-domain) prefix+=("$work/bin/gpushare" --socket "$sock" run --class "$class" --name "$name" --) ;;
+        cons | cons-lowsm | cons-domain | cons-domain-beside) prefix+=("$work/bin/gpushare" --socket "$sock" run --class "$class" --name "$name" --) ;;
     esac
     (cd "$work" && exec timeout -k 5 "$step_timeout" "${prefix[@]}" "$py" "$@" \
         --ready "$cell/$name.ready" --go "$cell/go" --out "$cell/$name.json" --seconds "$secs" \
@@ -309,7 +315,7 @@ run_cell() { # run_cell ROUND SETUP PAIR TRAINERS HP_ON
     local t0 status=ok partition="" i
     t0=$(now)
     case $setup in
-        governed | cons | cons-lowsm | cons-domain)
+        governed | cons | cons-lowsm | cons-domain | cons-domain-beside)
             start_broker "$setup" "$logs/$id.broker.log" ||
                 status="failed: gpushared did not start: $(tail -1 "$logs/$id.broker.log" 2> /dev/null)" ;;
         mps) start_mps "$logs/$id" || status="failed: nvidia-cuda-mps-control -d failed" ;;

@@ -61,6 +61,8 @@ struct State {
     grants: Vec<Grant>,
     /// Governed clients (their programs' own CUDA contexts, which no SM partition holds).
     governed: std::collections::HashSet<ClientId>,
+    /// The scheduler's tag of each trust domain's GPU context (the default domain's is 0).
+    contexts: HashMap<String, u64>,
 }
 
 pub struct GpuDispatch {
@@ -107,6 +109,7 @@ impl GpuDispatch {
                 granted: HashMap::new(),
                 grants: Vec::new(),
                 governed: std::collections::HashSet::new(),
+                contexts: HashMap::new(),
             }),
             granted_cv: Condvar::new(),
             gated: AtomicBool::new(kind != PolicyKind::Fifo),
@@ -166,13 +169,29 @@ impl GpuDispatch {
         tracing::info!(policy = kind.as_str(), "scheduling policy switched");
     }
 
-    /// Registers a client; `governed`: a program in its own CUDA context (the interposer).
-    pub fn add_client(&self, id: ClientId, class: PriorityClass, weight: u32, governed: bool) {
+    /// Registers a client; `governed`: a program in its own CUDA context (the interposer),
+    /// else its kernels run in the context of its trust domain.
+    pub fn add_client(
+        &self,
+        id: ClientId,
+        class: PriorityClass,
+        weight: u32,
+        governed: bool,
+        trust_domain: &str,
+    ) {
         let mut st = self.lock();
-        match st
-            .dispatcher
-            .add_client(ClientSpec::new(id, class, weight.max(1)))
-        {
+        let context = if governed {
+            GOVERNED_CONTEXT | id
+        } else if trust_domain == crate::policy::TrustDomain::DEFAULT {
+            0
+        } else {
+            let next = st.contexts.len() as u64 + 1;
+            *st.contexts.entry(trust_domain.to_owned()).or_insert(next)
+        };
+        match st.dispatcher.add_client(ClientSpec {
+            context,
+            ..ClientSpec::new(id, class, weight.max(1))
+        }) {
             Ok(()) => {
                 self.clients.fetch_add(1, Ordering::Relaxed);
                 if governed && st.governed.insert(id) {
@@ -307,10 +326,12 @@ impl GpuDispatch {
     ) -> Result<(), SchedError> {
         let (id, class, weight) = spec;
         let mut st = self.lock();
+        let context = st.dispatcher.spec(id).map_or(0, |s| s.context);
         let _ = st.dispatcher.remove_client(id);
         let mut spec = ClientSpec::new(id, class, weight.max(1));
         spec.job = job;
         spec.deadline = deadline;
+        spec.context = context;
         let r = st.dispatcher.add_client(spec);
         self.pump(&mut st);
         r
@@ -340,6 +361,10 @@ impl GpuDispatch {
 
 /// Whether high-priority kernels go straight to their stream: under the priority policy with
 /// the lower classes on a hardware SM partition.
+/// Marks a governed client's context tag (its program's own context) apart from the trust
+/// domains' tags.
+const GOVERNED_CONTEXT: u64 = 1 << 63;
+
 fn high_free(kind: PolicyKind, priority: PriorityConfig, sm_partitions: bool) -> bool {
     kind == PolicyKind::Priority
         && sm_partitions
@@ -363,8 +388,8 @@ mod tests {
             },
             CostModel::H100_LIKE,
         );
-        d.add_client(1, PriorityClass::High, 1, false);
-        d.add_client(2, PriorityClass::BestEffort, 1, false);
+        d.add_client(1, PriorityClass::High, 1, false, "default");
+        d.add_client(2, PriorityClass::BestEffort, 1, false, "default");
         d
     }
 
@@ -377,7 +402,7 @@ mod tests {
         assert!(dispatch(true, None).schedules(PriorityClass::High));
         assert!(dispatch(false, Some(0.25)).schedules(PriorityClass::High));
         // A governed program is in its own context, which no partition holds.
-        d.add_client(3, PriorityClass::BestEffort, 1, true);
+        d.add_client(3, PriorityClass::BestEffort, 1, true, "default");
         assert!(d.schedules(PriorityClass::High));
         d.remove_client(3);
         assert!(!d.schedules(PriorityClass::High));
@@ -386,5 +411,26 @@ mod tests {
         assert!(d.schedules(PriorityClass::High));
         d.set_policy(PolicyKind::Fair, PriorityConfig::default());
         assert!(d.schedules(PriorityClass::High));
+    }
+
+    #[test]
+    fn clients_share_a_context_tag_exactly_when_they_share_a_gpu_context() {
+        let d = dispatch(false, None);
+        d.add_client(3, PriorityClass::BestEffort, 1, false, "lab");
+        d.add_client(4, PriorityClass::BestEffort, 1, false, "lab");
+        d.add_client(5, PriorityClass::BestEffort, 1, false, "other");
+        d.add_client(6, PriorityClass::BestEffort, 1, true, "default");
+        d.add_client(7, PriorityClass::BestEffort, 1, true, "default");
+        let context = |id| d.lock().dispatcher.spec(id).map(|s| s.context);
+        assert_eq!(context(1), Some(0));
+        assert_eq!(context(1), context(2));
+        assert_eq!(context(3), context(4));
+        let distinct: std::collections::HashSet<_> =
+            [1, 3, 5, 6, 7].into_iter().map(context).collect();
+        assert_eq!(distinct.len(), 5, "{distinct:?}");
+        // A deadline re-registers the client; it stays in its context.
+        d.set_deadline((3, PriorityClass::BestEffort, 1), None, None)
+            .expect("client is registered");
+        assert_eq!(context(3), context(4));
     }
 }

@@ -65,6 +65,7 @@ def main():
             "cons": u.get("consolidated") and u.get("class") == want_class,
             "cons-lowsm": u.get("consolidated") and u.get("class") == want_class,
             "cons-domain": u.get("consolidated") and u.get("class") == want_class,
+            "cons-domain-beside": u.get("consolidated") and u.get("class") == want_class,
             "mps": u.get("mps") and not u.get("governed") and not u.get("consolidated"),
         }.get(setup, not (u.get("governed") or u.get("consolidated") or u.get("mps")))
         if not expect:

@@ -14,7 +14,8 @@ import sys
 from collections import defaultdict
 
 PAIRS = ["mlp", "bert"]
-SETUPS = ["alone", "plain", "mps", "governed", "cons", "cons-lowsm", "cons-domain"]
+SETUPS = ["alone", "plain", "mps", "governed", "cons", "cons-lowsm", "cons-domain",
+          "cons-domain-beside"]
 
 
 def load(paths):

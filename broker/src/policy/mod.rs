@@ -43,6 +43,8 @@
 //! [priority]
 //! lower_sm_share = 0.5   # lower classes run on this share of the SMs (a hardware partition)
 //! lower_depth = 2        # kernels each lower-priority client may have on the GPU
+//! beside_other_contexts = false  # true: lower kernels of another GPU context (another trust
+//!                                # domain, a governed program) may be granted beside high work
 //! ```
 //!
 //! A top-level `admin_group = "gpushare-admin"` names the group whose members (besides root)
@@ -182,6 +184,7 @@ struct GroupEntry {
 struct PriorityFields {
     lower_sm_share: Option<f64>,
     lower_depth: Option<u32>,
+    beside_other_contexts: Option<bool>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -303,6 +306,9 @@ impl Policy {
         crate::sched::PriorityConfig {
             lower_sm_share: p.lower_sm_share.or(base.lower_sm_share),
             lower_depth_beside_high: p.lower_depth.or(base.lower_depth_beside_high),
+            beside_other_contexts: p
+                .beside_other_contexts
+                .unwrap_or(base.beside_other_contexts),
             ..base
         }
     }

@@ -80,13 +80,14 @@ fn users_beat_groups_and_defaults_fill_in() {
 #[test]
 fn priority_tunables_come_from_the_file_and_bad_ones_are_refused() {
     let p = Policy::parse(
-        "scheduler = \"priority\"\n[priority]\nlower_sm_share = 0.5\nlower_depth = 1\n",
+        "scheduler = \"priority\"\n[priority]\nlower_sm_share = 0.5\nlower_depth = 1\nbeside_other_contexts = true\n",
         "t.toml",
     )
     .expect("valid policy");
     let cfg = p.priority_config();
     assert_eq!(cfg.lower_sm_share, Some(0.5));
     assert_eq!(cfg.lower_depth_beside_high, Some(1));
+    assert!(cfg.beside_other_contexts);
     let none = Policy::parse("", "t.toml").expect("empty policy is valid");
     assert_eq!(
         none.priority_config(),

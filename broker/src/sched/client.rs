@@ -41,6 +41,9 @@ pub struct ClientSpec {
     pub weight: u32,
     pub job: Option<JobProfile>,
     pub deadline: Option<DeadlineSpec>,
+    /// The GPU context its kernels run in (0: gpushared's default one). The GPU time-slices
+    /// between contexts, so kernels of different contexts never run side by side.
+    pub context: u64,
 }
 
 impl ClientSpec {
@@ -51,6 +54,7 @@ impl ClientSpec {
             weight,
             job: None,
             deadline: None,
+            context: 0,
         }
     }
 }

@@ -545,6 +545,11 @@ impl Dispatcher {
         })
     }
 
+    /// The client as registered.
+    pub fn spec(&self, id: ClientId) -> Option<ClientSpec> {
+        self.index.get(&id).map(|&i| self.clients[i].spec)
+    }
+
     /// Clients registered, in arrival order.
     pub fn clients(&self) -> impl Iterator<Item = ClientId> + '_ {
         self.clients.iter().map(|c| c.spec.id)

@@ -537,6 +537,8 @@ fn scripts() -> impl Strategy<Value = (Vec<ClientScript>, Option<(u64, f64)>)> {
                                 period_ns: p * MS,
                                 deadline_ns: d * MS,
                             }),
+                            // Two GPU contexts (two trust domains), alternating.
+                            context: id % 2,
                         };
                         ClientScript {
                             spec,

@@ -66,6 +66,11 @@ impl<'a> ClientView<'a> {
         self.state.spec.class
     }
 
+    /// The GPU context its kernels run in ([`ClientSpec::context`]).
+    pub fn context(&self) -> u64 {
+        self.state.spec.context
+    }
+
     pub fn weight(&self) -> u32 {
         self.state.spec.weight.max(1)
     }

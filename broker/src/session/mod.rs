@@ -261,8 +261,13 @@ impl<D: Device> SessionState<D> {
     pub fn run(mut self) -> SessionEnd {
         self.health.register(self.info.clone());
         let grant = self.info.grant();
-        self.dispatch
-            .add_client(self.info.id, grant.class, grant.weight, self.info.governed);
+        self.dispatch.add_client(
+            self.info.id,
+            grant.class,
+            grant.weight,
+            self.info.governed,
+            &self.info.trust_domain,
+        );
         // A bug that panics while serving one client ends that client's session, told why,
         // and still releases what it held: otherwise its kernels would stay in flight in the
         // scheduler, holding every other client back, and its memory would never be freed.

@@ -250,8 +250,13 @@ impl<D: Device> SessionState<D> {
         self.placed_charges.clear();
         let grant = self.info.grant();
         self.dispatch.remove_client(self.info.id);
-        self.dispatch
-            .add_client(self.info.id, grant.class, grant.weight, self.info.governed);
+        self.dispatch.add_client(
+            self.info.id,
+            grant.class,
+            grant.weight,
+            self.info.governed,
+            &self.info.trust_domain,
+        );
         let c = &self.info.counters;
         // A governed client's memory is in its own context, which the reset did not touch.
         self.info.set_memory_used(self.governed.reserved());

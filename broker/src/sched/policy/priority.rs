@@ -19,6 +19,12 @@
 //!   (`GpuDispatch::schedules`), unless a governed program, which no partition holds, is
 //!   connected.
 //!
+//! - same context: it runs in a GPU context that high-priority work in flight runs in. The GPU
+//!   time-slices between contexts (trust domains, governed programs), so a kernel of another
+//!   context granted "beside" would not run beside it at all: the GPU would switch to it and
+//!   the high-priority request would wait for the switch back. `beside_other_contexts`
+//!   lifts this rule.
+//!
 //! A lower-priority kernel that can never pass (longer than the budget, say) waits for a gap
 //! in the high-priority work, as in Orion: that is the price the class pays.
 //!
@@ -53,6 +59,9 @@ pub struct PriorityConfig {
     /// connected (`None`: all of them). The device enforces it with a hardware partition
     /// (a CUDA green context), so their blocks never occupy the rest.
     pub lower_sm_share: Option<f64>,
+    /// Grant lower kernels beside high-priority work that runs in another GPU context too
+    /// (the GPU then switches contexts in the middle of a high-priority request).
+    pub beside_other_contexts: bool,
 }
 
 impl Default for PriorityConfig {
@@ -64,6 +73,7 @@ impl Default for PriorityConfig {
             unknown_collides: false,
             lower_depth_beside_high: Some(2),
             lower_sm_share: None,
+            beside_other_contexts: false,
         }
     }
 }
@@ -91,6 +101,9 @@ struct InFlight {
     high_latency_ns: u64,
     lower_outstanding_ns: u64,
     sms: u64,
+    /// The contexts high-priority work in flight runs in (few: one per trust domain or
+    /// governed program).
+    high_contexts: Vec<u64>,
 }
 
 fn bound_index(b: Bound) -> usize {
@@ -144,6 +157,9 @@ impl Policy for Priority {
             }
             if high && !c.inflight().is_empty() {
                 f.high = true;
+                if !f.high_contexts.contains(&c.context()) {
+                    f.high_contexts.push(c.context());
+                }
                 let l = c
                     .iteration_latency_ns()
                     .unwrap_or(self.cfg.default_high_latency_ns);
@@ -173,6 +189,7 @@ impl Policy for Priority {
                 let Some(h) = c.head() else { return false };
                 let p = h.profile;
                 f.lower_outstanding_ns.saturating_add(p.est_ns) <= budget
+                    && (self.cfg.beside_other_contexts || f.high_contexts.contains(&c.context()))
                     && (partitioned || u64::from(p.sm_need) <= threshold)
                     && !BOUNDS
                         .iter()
@@ -263,6 +280,45 @@ mod tests {
             .expect("request is in flight");
         let g: Vec<_> = d.poll(500 * US).iter().map(|g| g.client).collect();
         assert_eq!(g, vec![2, 3, 4]);
+    }
+
+    #[test]
+    fn lower_kernels_of_another_gpu_context_wait_for_a_gap_in_high_work() {
+        let granted = |beside_other_contexts: bool| {
+            let mut cfg = cfg();
+            cfg.max_inflight_per_client = 4;
+            cfg.priority.beside_other_contexts = beside_other_contexts;
+            let mut d = Dispatcher::with_config(PolicyKind::Priority, H100, cfg);
+            // High in the default context; best-effort 2 in another trust domain's, 3 beside
+            // the high client.
+            for (id, class, context) in [
+                (1, PriorityClass::High, 0),
+                (2, PriorityClass::BestEffort, 7),
+                (3, PriorityClass::BestEffort, 0),
+            ] {
+                d.add_client(ClientSpec {
+                    context,
+                    ..ClientSpec::new(id, class, 1)
+                })
+                .expect("client registers");
+            }
+            let h = d
+                .submit(1, kernel(1, 500, 66, Bound::Compute), 0)
+                .expect("client is registered");
+            assert_eq!(d.poll(0).len(), 1);
+            // Both small and memory-bound: within the budget, no collision, room on the SMs.
+            d.submit(2, kernel(2, 5, 8, Bound::Memory), 1)
+                .expect("client is registered");
+            d.submit(3, kernel(3, 5, 8, Bound::Memory), 1)
+                .expect("client is registered");
+            let beside: Vec<_> = d.poll(1).iter().map(|g| g.client).collect();
+            d.complete(1, h, Some(500 * US), 500 * US)
+                .expect("request is in flight");
+            let after: Vec<_> = d.poll(500 * US).iter().map(|g| g.client).collect();
+            (beside, after)
+        };
+        assert_eq!(granted(false), (vec![3], vec![2]));
+        assert_eq!(granted(true), (vec![2, 3], vec![]));
     }
 
     #[test]
