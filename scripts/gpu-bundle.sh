@@ -15,9 +15,10 @@ cd "$(dirname "$0")/.."
 out=${1:-.gpu}
 mkdir -p "$out"
 
+target=${CARGO_TARGET_DIR:-target}
 cargo build --release --locked --workspace --quiet
 for bin in gpushared gpushare gpushare-demo gpushare-testclient gpushare-ioctl-child gpushare-telemetry-watch gpushare-bench libgpushare.so libgpushare_interpose.so libgpushare_audit.so libcuda.so; do
-    [[ -f target/release/$bin ]] && cp target/release/$bin "$out/"
+    [[ -f $target/release/$bin ]] && cp "$target/release/$bin" "$out/"
 done
 # gpushare's CUDA driver where `gpushare run` finds it: a directory that holds only the driver
 # (it goes first on the program's LD_LIBRARY_PATH), under the names the loader looks for.
