@@ -74,12 +74,21 @@ impl WorkerProcess {
         // control socket closes, which gpushared's end does when gpushared ends however it
         // ends. (PR_SET_PDEATHSIG would not do: it fires when the *thread* that started the
         // worker exits.)
-        // SAFETY: between fork and exec only an async-signal-safe call (fcntl).
+        // SAFETY: between fork and exec only async-signal-safe calls (fcntl, personality).
         unsafe {
             command.pre_exec(move || {
                 // The worker keeps its end of the socket across exec (it is close-on-exec here).
                 if libc::fcntl(their_fd, libc::F_SETFD, 0) != 0 {
                     return Err(std::io::Error::last_os_error());
+                }
+                // Device addresses are carved from the worker's own address space, and a
+                // consolidated client must find them free in its own. With the bottom-up
+                // layout the worker's mappings grow up from a third of the address space,
+                // tens of TiB below where programs' libraries and mmaps go (top-down from the
+                // stack), so the two cannot meet (docs/consolidated.md).
+                let current = libc::personality(0xffff_ffff);
+                if current != -1 {
+                    libc::personality((current | libc::ADDR_COMPAT_LAYOUT) as libc::c_ulong);
                 }
                 Ok(())
             })
