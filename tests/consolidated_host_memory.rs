@@ -12,7 +12,7 @@ use gpushare_protocol::control::{BrokerMessage, ClientMessage, HostRegionGrant};
 use gpushare_protocol::error::WireError;
 use gpushare_tests::hostile::{Bystander, consolidated, sim_broker, status_of};
 use gpushare_tests::raw::RawClient;
-use gpushare_tests::{Broker, wait_until};
+use gpushare_tests::{Broker, mappings, wait_until};
 
 const SECOND: Duration = Duration::from_secs(1);
 
@@ -62,24 +62,6 @@ fn unshare(raw: &RawClient, region: u32) -> Result<(), WireError> {
         Some(BrokerMessage::HostUnshared { result, .. }) => result,
         other => panic!("UnshareHostMemory({region}) answered {other:?}"),
     }
-}
-
-/// A process's mappings: (start, end, what), from /proc.
-fn mappings(pid: i32) -> Vec<(u64, u64, String)> {
-    std::fs::read_to_string(format!("/proc/{pid}/maps"))
-        .expect("the process's maps")
-        .lines()
-        .filter_map(|l| {
-            let mut f = l.split_whitespace();
-            let (lo, hi) = f.next()?.split_once('-')?;
-            let what = f.nth(4).unwrap_or("").to_string();
-            Some((
-                u64::from_str_radix(lo, 16).ok()?,
-                u64::from_str_radix(hi, 16).ok()?,
-                what,
-            ))
-        })
-        .collect()
 }
 
 /// Another consolidated client's page-locked memory works: shared, copied to the device and

@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use gpushare::{ErrorCode, Kernel, ModuleFormat, PriorityClass};
 use gpushare_tests::{
-    BrokerOptions, SCALE_ADD_PTX, gpu_broker, gpu_broker_with, host_gemm, pattern,
+    BrokerOptions, SCALE_ADD_PTX, WORKER_MAPPINGS_BELOW, gpu_broker, gpu_broker_with, host_gemm,
+    mappings, pattern,
 };
 
 #[test]
@@ -314,4 +315,27 @@ fn a_kernel_of_one_trust_domain_cannot_read_another_domains_memory() {
         "the default domain was not reset"
     );
     assert_eq!(same.run("fill"), "ok");
+}
+
+/// Device addresses come from the device worker's address space, which maps bottom-up (see
+/// tests/worker_layout.rs): they must lie below where programs map their libraries and
+/// mmaps, so that a consolidated program finds each one free in its own address space.
+#[test]
+fn device_addresses_lie_below_where_programs_map() {
+    let Some(broker) = gpu_broker() else { return };
+    let client = broker.client();
+    let buffers: Vec<_> = [20usize << 20, 2 << 20, 256 << 20, 20 << 20]
+        .into_iter()
+        .map(|bytes| client.alloc::<u8>(bytes).expect("alloc"))
+        .collect();
+    let ours = mappings(std::process::id() as i32);
+    for b in &buffers {
+        let (lo, hi) = (b.ptr(), b.ptr() + b.byte_len());
+        assert!(
+            hi <= WORKER_MAPPINGS_BELOW,
+            "device buffer at {lo:#x}..{hi:#x} is where programs map their own memory"
+        );
+        let clash = ours.iter().find(|(s, e, _)| *s < hi && lo < *e);
+        assert!(clash.is_none(), "{lo:#x}..{hi:#x} meets {clash:#x?}");
+    }
 }

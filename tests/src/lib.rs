@@ -457,6 +457,30 @@ pub fn gpu_broker_with(opts: BrokerOptions) -> Option<Broker> {
     }
 }
 
+/// A process's mappings: (start, end, what), from /proc.
+pub fn mappings(pid: i32) -> Vec<(u64, u64, String)> {
+    std::fs::read_to_string(format!("/proc/{pid}/maps"))
+        .expect("the process's maps")
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let (lo, hi) = f.next()?.split_once('-')?;
+            let what = f.nth(4).unwrap_or("").to_string();
+            Some((
+                u64::from_str_radix(lo, 16).ok()?,
+                u64::from_str_radix(hi, 16).ok()?,
+                what,
+            ))
+        })
+        .collect()
+}
+
+/// Below this address a device worker maps everything it maps itself (it runs in the
+/// bottom-up layout, from a third of the address space up), and above it programs in the
+/// usual top-down layout map their libraries and mmaps (from below the stack down), and
+/// their executable and heap (from two thirds of the address space).
+pub const WORKER_MAPPINGS_BELOW: u64 = 0x5000_0000_0000;
+
 /// Polls `check` every 5 ms until it holds or `timeout` passes.
 pub fn wait_until(timeout: Duration, mut check: impl FnMut() -> bool) -> bool {
     let start = Instant::now();

@@ -7,8 +7,10 @@ use gpushare_protocol::DevicePtr;
 
 use crate::device::{DeviceError, DeviceResult};
 
-/// Where sim device addresses start; well away from 0 so a null pointer is never valid.
-const BASE_ADDRESS: u64 = 0x7000_0000_0000;
+/// Where sim device addresses start: well away from 0 so a null pointer is never valid, and
+/// below where programs map their libraries and mmaps (top-down from the stack), as a CUDA
+/// device worker's addresses are (it maps bottom-up).
+const BASE_ADDRESS: u64 = 0x4000_0000_0000;
 /// Allocation granularity (like cudaMalloc's 256-byte alignment).
 const ALIGN: u64 = 256;
 /// Where a restarting gpushared tells its next image to start handing out addresses (see

@@ -1,0 +1,71 @@
+//! Device workers map bottom-up, far below where programs map their libraries, so the device
+//! addresses a worker's context hands out (carved from the worker's own address space) and
+//! the client memory it maps at the client's own address do not meet a consolidated client's
+//! mappings (docs/consolidated.md, "Memory").
+
+use std::time::Duration;
+
+use gpushare_tests::{Broker, WORKER_MAPPINGS_BELOW, mappings, wait_until};
+
+/// `personality(2)`'s flag for the bottom-up ("legacy") mmap layout.
+const ADDR_COMPAT_LAYOUT: u32 = 0x0200000;
+
+/// Whether the mmap layout decides where this mapping goes: all but the stack and the
+/// kernel's pages near it, and the executable with its heap.
+fn placed_by_mmap_layout(what: &str, exe: &str) -> bool {
+    let fixed = [
+        "[stack]",
+        "[vvar]",
+        "[vvar_vclock]",
+        "[vdso]",
+        "[vsyscall]",
+        "[heap]",
+    ];
+    !fixed.contains(&what) && what != exe
+}
+
+#[test]
+fn device_workers_map_bottom_up_below_programs_mappings() {
+    let broker = Broker::start();
+    // The serving worker and its spare.
+    assert!(
+        wait_until(Duration::from_secs(20), || broker.worker_pids().len() >= 2),
+        "workers: {:?}",
+        broker.worker_pids()
+    );
+    // Something allocated, so the worker has mapped memory for it.
+    let client = broker.client();
+    let buf = client.alloc::<u8>(8 << 20).expect("alloc");
+    buf.copy_from_host(&vec![7u8; 8 << 20]).expect("up");
+    for pid in broker.worker_pids() {
+        let personality = std::fs::read_to_string(format!("/proc/{pid}/personality"))
+            .expect("the worker's personality");
+        let flags = u32::from_str_radix(personality.trim(), 16).expect("hex flags");
+        assert_ne!(
+            flags & ADDR_COMPAT_LAYOUT,
+            0,
+            "worker {pid} runs in the top-down layout (personality {personality})"
+        );
+        let exe = std::fs::read_link(format!("/proc/{pid}/exe"))
+            .expect("the worker's executable")
+            .display()
+            .to_string();
+        let maps = mappings(pid);
+        let own: Vec<_> = maps
+            .iter()
+            .filter(|(_, _, what)| placed_by_mmap_layout(what, &exe))
+            .collect();
+        assert!(
+            own.iter().any(|(_, _, what)| what.contains("libc")),
+            "worker {pid} maps no libc?\n{maps:#x?}"
+        );
+        let high: Vec<_> = own
+            .iter()
+            .filter(|(_, hi, _)| *hi > WORKER_MAPPINGS_BELOW)
+            .collect();
+        assert!(
+            high.is_empty(),
+            "worker {pid} mapped where programs map their libraries: {high:#x?}"
+        );
+    }
+}
