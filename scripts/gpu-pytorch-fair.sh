@@ -9,6 +9,7 @@
 # Runs from the folder scripts/gpu-bundle.sh makes (gpushared, gpushare, libcuda.so,
 # libgpushare_audit.so, colocate/*.py), as root (the second user, USER2, default gpucolo, is
 # created if missing). Settings: SECS (60), MODEL (transformer | mlp), PYTHON (python3),
+# QUANTUM_US (0: the policy's `[fair] quantum_us`, turns of one kernel when 0),
 # LOGS (default $work/logs). Exit status: non-zero if the run failed or the ratio missed.
 set -uo pipefail
 dir=$(cd "$(dirname "$0")" && pwd)
@@ -43,6 +44,8 @@ chmod -R a+rX "$work/py" "$work/bin"
 sock=$work/gpushare.sock
 cat > "$work/policy.toml" << EOF
 scheduler = "fair"
+[fair]
+quantum_us = ${QUANTUM_US:-0}
 [defaults]
 class = "normal"
 [[users]]

@@ -25,7 +25,7 @@ use crate::device::sim::cost::CostModel;
 use crate::sched::{
     ClientId, ClientSchedStats, ClientSpec, DeadlineSpec, DeviceShape, Dispatcher, Grant,
     JobProfile, KernelKey, KernelProfile, PolicyKind, PriorityConfig, RequestId, SchedConfig,
-    SchedError, builtin_profile,
+    SchedError, Tunables, builtin_profile,
 };
 
 /// How long a waiting data thread with work of its own on the GPU sleeps before looking at
@@ -89,7 +89,7 @@ impl GpuDispatch {
     /// from the roofline `cost` model until measured ones replace them.
     pub fn new(
         kind: PolicyKind,
-        priority: PriorityConfig,
+        tunables: Tunables,
         device: DeviceShape,
         cost: CostModel,
     ) -> GpuDispatch {
@@ -102,7 +102,8 @@ impl GpuDispatch {
                         // A client's asynchronous launches queue on its stream as they would
                         // without a scheduler; the policies' own limits still apply.
                         max_inflight_per_client: MAX_INFLIGHT_PER_CLIENT,
-                        priority,
+                        priority: tunables.priority,
+                        fair: tunables.fair,
                         ..SchedConfig::default()
                     },
                 ),
@@ -113,7 +114,7 @@ impl GpuDispatch {
             }),
             granted_cv: Condvar::new(),
             gated: AtomicBool::new(kind != PolicyKind::Fifo),
-            high_free: AtomicBool::new(high_free(kind, priority, device.sm_partitions)),
+            high_free: AtomicBool::new(high_free(kind, tunables.priority, device.sm_partitions)),
             sm_partitions: device.sm_partitions,
             governed: AtomicUsize::new(0),
             clients: AtomicUsize::new(0),
@@ -152,17 +153,17 @@ impl GpuDispatch {
     }
 
     /// Switches the policy at run time; queued work stays queued.
-    pub fn set_policy(&self, kind: PolicyKind, priority: PriorityConfig) {
+    pub fn set_policy(&self, kind: PolicyKind, tunables: Tunables) {
         let mut st = self.lock();
-        if st.dispatcher.policy_kind() == kind && st.dispatcher.config().priority == priority {
+        if st.dispatcher.policy_kind() == kind && st.dispatcher.tunables() == tunables {
             return;
         }
-        st.dispatcher.set_priority_config(priority);
+        st.dispatcher.set_tunables(tunables);
         st.dispatcher.set_policy(kind);
         self.gated
             .store(kind != PolicyKind::Fifo, Ordering::Relaxed);
         self.high_free.store(
-            high_free(kind, priority, self.sm_partitions),
+            high_free(kind, tunables.priority, self.sm_partitions),
             Ordering::Relaxed,
         );
         self.pump(&mut st);
@@ -378,9 +379,12 @@ mod tests {
     fn dispatch(sm_partitions: bool, share: Option<f64>) -> GpuDispatch {
         let d = GpuDispatch::new(
             PolicyKind::Priority,
-            PriorityConfig {
-                lower_sm_share: share,
-                ..PriorityConfig::default()
+            Tunables {
+                priority: PriorityConfig {
+                    lower_sm_share: share,
+                    ..PriorityConfig::default()
+                },
+                ..Tunables::default()
             },
             DeviceShape {
                 sms: 132,
@@ -407,9 +411,9 @@ mod tests {
         d.remove_client(3);
         assert!(!d.schedules(PriorityClass::High));
         // Switching the policy live follows.
-        d.set_policy(PolicyKind::Priority, PriorityConfig::default());
+        d.set_policy(PolicyKind::Priority, Tunables::default());
         assert!(d.schedules(PriorityClass::High));
-        d.set_policy(PolicyKind::Fair, PriorityConfig::default());
+        d.set_policy(PolicyKind::Fair, Tunables::default());
         assert!(d.schedules(PriorityClass::High));
     }
 

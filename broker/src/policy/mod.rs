@@ -45,6 +45,10 @@
 //! lower_depth = 2        # kernels each lower-priority client may have on the GPU
 //! beside_other_contexts = false  # true: lower kernels of another GPU context (another trust
 //!                                # domain, a governed program) may be granted beside high work
+//!
+//! [fair]
+//! quantum_us = 0         # > 0: a client's turn queues kernels back to back for this much GPU
+//!                        # time ahead of the next client (0: one kernel at a time)
 //! ```
 //!
 //! A top-level `admin_group = "gpushare-admin"` names the group whose members (besides root)
@@ -178,6 +182,13 @@ struct GroupEntry {
     trust_domain: Option<String>,
 }
 
+/// `[fair]`: the fair policy's tunables.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FairFields {
+    quantum_us: Option<u64>,
+}
+
 /// `[priority]`: the priority policy's tunables.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -198,6 +209,8 @@ struct PolicyFile {
     scheduler: Option<String>,
     #[serde(default)]
     priority: PriorityFields,
+    #[serde(default)]
+    fair: FairFields,
     #[serde(default)]
     defaults: Fields,
     #[serde(default)]
@@ -310,6 +323,27 @@ impl Policy {
                 .beside_other_contexts
                 .unwrap_or(base.beside_other_contexts),
             ..base
+        }
+    }
+
+    /// The fair policy's tunables: the file's `[fair]` over the defaults.
+    pub fn fair_config(&self) -> crate::sched::FairConfig {
+        let base = crate::sched::FairConfig::default();
+        crate::sched::FairConfig {
+            quantum_ns: self
+                .file
+                .fair
+                .quantum_us
+                .map_or(base.quantum_ns, |us| us.saturating_mul(1_000)),
+            ..base
+        }
+    }
+
+    /// Every policy's tunables the file sets.
+    pub fn tunables(&self) -> crate::sched::Tunables {
+        crate::sched::Tunables {
+            priority: self.priority_config(),
+            fair: self.fair_config(),
         }
     }
 

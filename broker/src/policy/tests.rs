@@ -105,6 +105,20 @@ fn priority_tunables_come_from_the_file_and_bad_ones_are_refused() {
 }
 
 #[test]
+fn the_fair_quantum_comes_from_the_file() {
+    let p = Policy::parse(
+        "scheduler = \"fair\"\n[fair]\nquantum_us = 1500\n",
+        "t.toml",
+    )
+    .expect("valid policy");
+    assert_eq!(p.fair_config().quantum_ns, 1_500_000);
+    assert_eq!(p.tunables().fair, p.fair_config());
+    let none = Policy::parse("", "t.toml").expect("empty policy is valid");
+    assert_eq!(none.fair_config(), crate::sched::FairConfig::default());
+    Policy::parse("[fair]\nquantum = 3\n", "t.toml").expect_err("unknown key");
+}
+
+#[test]
 fn mistakes_are_reported_with_the_path() {
     let err =
         Policy::parse("[defaults]\nclass = \"urgent\"\n", "/etc/x.toml").expect_err("bad class");

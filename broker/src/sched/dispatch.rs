@@ -10,8 +10,8 @@ use super::gates::Context;
 use super::{
     Admit, ClientId, ClientSchedStats, ClientSpec, DeadlineController, DeviceShape, Grant,
     Inflight, IterationReport, JobProfile, KernelProfile, MemoryAdmission, Pick, Policy,
-    PolicyKind, PriorityConfig, ProfileTable, RateController, Request, RequestId, SchedConfig,
-    SchedError, SharePacer, View, build_policy,
+    PolicyKind, ProfileTable, RateController, Request, RequestId, SchedConfig, SchedError,
+    SharePacer, Tunables, View, build_policy,
 };
 
 /// A [`View`] of a dispatcher, borrowing only the fields it needs (so the policy, another
@@ -125,8 +125,16 @@ impl Dispatcher {
     }
 
     /// The priority policy's tunables from now on (takes effect at the next `set_policy`).
-    pub fn set_priority_config(&mut self, priority: PriorityConfig) {
-        self.cfg.priority = priority;
+    pub fn set_tunables(&mut self, t: Tunables) {
+        self.cfg.priority = t.priority;
+        self.cfg.fair = t.fair;
+    }
+
+    pub fn tunables(&self) -> Tunables {
+        Tunables {
+            priority: self.cfg.priority,
+            fair: self.cfg.fair,
+        }
     }
 
     /// Switches policy at run time; queues, in-flight records and accounting are kept.

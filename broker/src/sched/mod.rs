@@ -78,6 +78,13 @@ pub struct DeviceShape {
     pub sm_partitions: bool,
 }
 
+/// What the policy file tunes of the policies (the rest of [`SchedConfig`] is gpushared's).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Tunables {
+    pub priority: PriorityConfig,
+    pub fair: FairConfig,
+}
+
 /// Tunables. `Default` gives the values the module docs describe.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SchedConfig {

@@ -116,7 +116,7 @@ impl<D: Device> Broker<D> {
             .map(|d| {
                 Arc::new(GpuDispatch::new(
                     policy.scheduler(),
-                    policy.priority_config(),
+                    policy.tunables(),
                     crate::sched::DeviceShape {
                         sms: d.info().sm_count.max(1),
                         sm_partitions: d.sm_partitions(),
@@ -164,7 +164,7 @@ impl<D: Device> Broker<D> {
     /// they were granted.
     pub fn set_policy(&self, policy: Policy) {
         for d in &self.dispatch {
-            d.set_policy(policy.scheduler(), policy.priority_config());
+            d.set_policy(policy.scheduler(), policy.tunables());
         }
         match self.policy.write() {
             Ok(mut p) => *p = policy,

@@ -8,6 +8,14 @@
 //! it is owed at most `lag_ns` of GPU time and cannot monopolise the device to "catch up".
 //! Measured times of overlapping kernels would double-count the GPU, so by default one
 //! request is in flight at a time (`max_concurrent`).
+//!
+//! With a `quantum_ns`, the client whose turn it is (the least virtual time when the GPU
+//! drained) may queue more kernels behind its first, up to `max_run` in flight, while its
+//! virtual time stays within a quantum of the next backlogged client's; nobody else is granted
+//! until its kernels drain. Kernels queued on one stream run one after another, so their
+//! measured times still do not overlap, and the GPU no longer idles for a round trip between
+//! every two kernels of a program made of many short ones (a PyTorch training step). Shares
+//! then hold to within about a quantum of GPU time.
 
 use std::collections::HashMap;
 
@@ -20,6 +28,11 @@ pub struct FairConfig {
     pub max_concurrent: u32,
     /// Most GPU time a newly backlogged client may be owed.
     pub lag_ns: u64,
+    /// GPU time a client's turn may run ahead of the next backlogged client (0: turns of one
+    /// kernel, `max_concurrent` in flight over all clients).
+    pub quantum_ns: u64,
+    /// Kernels of one client in flight during its turn (with a quantum).
+    pub max_run: u32,
 }
 
 impl Default for FairConfig {
@@ -27,6 +40,8 @@ impl Default for FairConfig {
         FairConfig {
             max_concurrent: 1,
             lag_ns: 20_000_000,
+            quantum_ns: 0,
+            max_run: 32,
         }
     }
 }
@@ -48,6 +63,27 @@ impl Fair {
     fn vt(&self, id: ClientId) -> f64 {
         self.vtime.get(&id).copied().unwrap_or(0.0)
     }
+
+    /// While a client's kernels are in flight: another of its kernels, if its turn lasts.
+    fn continue_turn(&self, view: &View<'_>) -> Pick {
+        let mut running = view.clients().filter(|c| !c.inflight().is_empty());
+        let (Some(owner), None) = (running.next(), running.next()) else {
+            return Pick::Hold; // several in flight (a policy switch): let them drain
+        };
+        if !owner.eligible() || owner.inflight().len() >= self.cfg.max_run.max(1) as usize {
+            return Pick::Hold;
+        }
+        let next = view
+            .clients()
+            .filter(|c| c.id() != owner.id() && c.backlogged())
+            .map(|c| self.vt(c.id()))
+            .min_by(f64::total_cmp);
+        let ahead = self.cfg.quantum_ns as f64 / f64::from(owner.weight());
+        match next {
+            Some(v) if self.vt(owner.id()) > v + ahead => Pick::Hold,
+            _ => Pick::Grant(owner.id()),
+        }
+    }
 }
 
 impl Policy for Fair {
@@ -56,6 +92,9 @@ impl Policy for Fair {
     }
 
     fn pick(&mut self, view: &View<'_>, _now: u64) -> Pick {
+        if self.cfg.quantum_ns > 0 && view.inflight_total() > 0 {
+            return self.continue_turn(view);
+        }
         if view.inflight_total() >= self.cfg.max_concurrent.max(1) as usize {
             return Pick::Hold;
         }
@@ -112,13 +151,18 @@ impl Policy for Fair {
 mod tests {
     use gpushare_protocol::PriorityClass;
 
+    use super::FairConfig;
     use crate::sched::simulate::{ClientScript, SimConfig, Simulation, kernel};
-    use crate::sched::{Bound, ClientSpec, PolicyKind};
+    use crate::sched::{Bound, ClientSpec, DeviceShape, Dispatcher, PolicyKind, SchedConfig};
 
     const MS: u64 = 1_000_000;
 
     /// Closed-loop clients of `weights`, kernels of different lengths, all on the whole GPU.
     fn shares(weights: &[u32], horizon: u64) -> Vec<f64> {
+        shares_with(weights, horizon, FairConfig::default())
+    }
+
+    fn shares_with(weights: &[u32], horizon: u64, fair: FairConfig) -> Vec<f64> {
         let scripts = weights
             .iter()
             .enumerate()
@@ -130,6 +174,11 @@ mod tests {
             .collect();
         let cfg = SimConfig {
             horizon_ns: horizon,
+            sched: SchedConfig {
+                fair,
+                max_inflight_per_client: 8,
+                ..SchedConfig::default()
+            },
             ..SimConfig::default()
         };
         let r = Simulation::new(cfg, PolicyKind::Fair, scripts).run();
@@ -151,6 +200,59 @@ mod tests {
                 assert!((s / want - 1.0).abs() < 0.05, "weight {w}: {s} vs {want}");
             }
         }
+    }
+
+    #[test]
+    fn turns_of_a_quantum_keep_the_weighted_shares() {
+        let fair = FairConfig {
+            quantum_ns: MS,
+            ..FairConfig::default()
+        };
+        for weights in [vec![1, 2, 3, 4], vec![5, 1]] {
+            let got = shares_with(&weights, 1_000 * MS, fair);
+            let sum: u32 = weights.iter().sum();
+            println!("fair, 1 ms turns: weights {weights:?} → GPU shares {got:.4?}");
+            for (w, s) in weights.iter().zip(&got) {
+                let want = f64::from(*w) / f64::from(sum);
+                assert!((s / want - 1.0).abs() < 0.05, "weight {w}: {s} vs {want}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_turn_queues_a_clients_kernels_back_to_back_until_its_quantum_is_spent() {
+        let granted = |quantum_ns| {
+            let cfg = SchedConfig {
+                max_inflight_per_client: 64,
+                fair: FairConfig {
+                    quantum_ns,
+                    ..FairConfig::default()
+                },
+                ..SchedConfig::default()
+            };
+            let h100 = DeviceShape {
+                sms: 132,
+                sm_partitions: false,
+            };
+            let mut d = Dispatcher::with_config(PolicyKind::Fair, h100, cfg);
+            for id in [1, 2] {
+                d.add_client(ClientSpec::new(id, PriorityClass::Normal, 1))
+                    .expect("client registers");
+                for _ in 0..20 {
+                    d.submit(id, kernel(id, 100, 132, Bound::Compute), 0)
+                        .expect("client is registered");
+                }
+            }
+            let first: Vec<_> = d.poll(0).iter().map(|g| g.client).collect();
+            first
+        };
+        // One kernel at a time without a quantum.
+        assert_eq!(granted(0), vec![1]);
+        // 100 µs kernels, a 1 ms quantum: client 1's turn is ten or so kernels ahead of
+        // client 2 (whose virtual time is 0), and client 2 waits for them.
+        let turn = granted(MS);
+        assert!(turn.iter().all(|&c| c == 1), "{turn:?}");
+        assert!((10..=12).contains(&turn.len()), "{turn:?}");
     }
 
     #[test]
