@@ -256,10 +256,8 @@ impl<D: Device> SessionState<D> {
         })
     }
 
-    /// Drains the submission ring until asked to stop or the client breaks the protocol;
-    /// then releases everything the client held.
-    pub fn run(mut self) -> SessionEnd {
-        self.health.register(self.info.clone());
+    /// Registers the client with its GPU's scheduler, as granted now and in its GPU context.
+    fn register_with_scheduler(&self) {
         let grant = self.info.grant();
         self.dispatch.add_client(
             self.info.id,
@@ -268,6 +266,13 @@ impl<D: Device> SessionState<D> {
             self.info.governed,
             &self.info.trust_domain,
         );
+    }
+
+    /// Drains the submission ring until asked to stop or the client breaks the protocol;
+    /// then releases everything the client held.
+    pub fn run(mut self) -> SessionEnd {
+        self.health.register(self.info.clone());
+        self.register_with_scheduler();
         // A bug that panics while serving one client ends that client's session, told why,
         // and still releases what it held: otherwise its kernels would stay in flight in the
         // scheduler, holding every other client back, and its memory would never be freed.

@@ -248,15 +248,8 @@ impl<D: Device> SessionState<D> {
         self.granted.clear();
         self.spare_events.clear();
         self.placed_charges.clear();
-        let grant = self.info.grant();
         self.dispatch.remove_client(self.info.id);
-        self.dispatch.add_client(
-            self.info.id,
-            grant.class,
-            grant.weight,
-            self.info.governed,
-            &self.info.trust_domain,
-        );
+        self.register_with_scheduler();
         let c = &self.info.counters;
         // A governed client's memory is in its own context, which the reset did not touch.
         self.info.set_memory_used(self.governed.reserved());
