@@ -65,6 +65,8 @@ fn start() -> Result<(), String> {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // Colours only on a terminal: a log file or the journal gets plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .try_init();
     let span = tracing::info_span!("worker", device = %spec.label);
     let _entered = span.enter();
