@@ -2,7 +2,7 @@
 
 summarize.py FILE.jsonl... : one or more colocate.jsonl files (from one or several runs of the
 harness) rebuilt into one markdown table: per users mode, pair and trainer count, per setup,
-the medians across rounds of HP p50 and p99 (ms), of HP p99 as a ratio to HP alone and of BE
+the medians across rounds of HP p50 and p99 (ms), of HP p50 and p99 as ratios to HP alone and of BE
 iterations/s (summed over the trainers) as a fraction of one BE trainer alone. A ratio is
 taken against the alone cell of the same run and round, then medianed; where a run has no
 alone cell for that round, against the median of every alone cell of that pair on the same
@@ -62,8 +62,8 @@ def main(paths):
         print("no results")
         return 1
     # Baselines: the HP alone and one BE trainer alone, per (run, round, pair).
-    hp_alone, be_alone = {}, {}
-    hp_alone_all, be_alone_all = defaultdict(list), defaultdict(list)
+    hp_alone, hp50_alone, be_alone = {}, {}, {}
+    hp_alone_all, hp50_alone_all, be_alone_all = defaultdict(list), defaultdict(list), defaultdict(list)
     for r in rows:
         if r.get("setup") != "alone" or r.get("status") != "ok":
             continue
@@ -71,6 +71,8 @@ def main(paths):
         if r.get("hp_on") and r.get("hp") and r["hp"].get("p99_ms") is not None:
             hp_alone[key] = r["hp"]["p99_ms"]
             hp_alone_all[(r["pair"], gpu(r))].append(r["hp"]["p99_ms"])
+            hp50_alone[key] = r["hp"]["p50_ms"]
+            hp50_alone_all[(r["pair"], gpu(r))].append(r["hp"]["p50_ms"])
         elif not r.get("hp_on") and r.get("be"):
             be_alone[key] = be_sum(r)
             be_alone_all[(r["pair"], gpu(r))].append(be_alone[key])
@@ -93,8 +95,9 @@ def main(paths):
 
     out = []
     out.append("| users | pair | BE trainers | setup | HP p50 ms | HP p99 ms | HP p99 pooled ms "
-               "| HP p99 / alone | BE it/s (sum) | BE / one alone | cells ok | notes |")
-    out.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
+               "| HP p50 / alone | HP p99 / alone | BE it/s (sum) | BE / one alone | cells ok "
+               "| notes |")
+    out.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 
     def order(k):
         users, pair, trainers, setup = k
@@ -105,7 +108,7 @@ def main(paths):
     for key in sorted(groups, key=order):
         users, pair, trainers, setup = key
         cells = groups[key]
-        p50s, p99s, ratios, fracs, sums, lats = [], [], [], [], [], []
+        p50s, p99s, ratios, ratios50, fracs, sums, lats = [], [], [], [], [], [], []
         notes, fallback = defaultdict(int), False
         ok = 0
         for r in cells:
@@ -127,6 +130,10 @@ def main(paths):
                 if base:
                     ratios.append(hp["p99_ms"] / base)
                     fallback |= fb
+                base, fb = baseline(hp50_alone, hp50_alone_all, r)
+                if base:
+                    ratios50.append(hp["p50_ms"] / base)
+                    fallback |= fb
             s = be_sum(r)
             if s is not None:
                 sums.append(s)
@@ -135,12 +142,13 @@ def main(paths):
                     fracs.append(s / base)
                     fallback |= fb
         star = "*" if fallback else ""
-        ratio, frac = med(ratios), med(fracs)
+        ratio, ratio50, frac = med(ratios), med(ratios50), med(fracs)
         note = "; ".join(f"{k}" + (f" (×{v})" if v > 1 else "") for k, v in notes.items())
         pooled = pct(lats, 0.99) / 1e3 if lats else None
         out.append(
             f"| {users} | {pair} | {trainers} | {setup} | {fmt(med(p50s))} | {fmt(med(p99s))} "
-            f"| {fmt(pooled)} | {fmt(ratio, '.2f')}{star if ratio is not None else ''} "
+            f"| {fmt(pooled)} | {fmt(ratio50, '.2f')}{star if ratio50 is not None else ''} "
+            f"| {fmt(ratio, '.2f')}{star if ratio is not None else ''} "
             f"| {fmt(med(sums), '.2f')} | {fmt(frac, '.2f')}{star if frac is not None else ''} "
             f"| {ok}/{len(cells)} | {note} |")
     print("\n".join(out))
