@@ -11,12 +11,8 @@ use gpushare::{Client, Kernel, Monitor};
 use gpushare_tests::{Broker, BrokerOptions};
 
 fn broker(scheduler: &str) -> Broker {
-    broker_with_policy(&format!("scheduler = \"{scheduler}\"\n"))
-}
-
-fn broker_with_policy(policy: &str) -> Broker {
     Broker::start_with(BrokerOptions {
-        policy: Some(policy.to_string()),
+        policy: Some(format!("scheduler = \"{scheduler}\"\n")),
         // Kernels take their modelled time on the wall clock too, so the GPU, not the two
         // CPUs of a CI machine, is what the clients compete for.
         extra_args: vec!["--sim-realtime".into()],
@@ -333,18 +329,8 @@ fn srtf_runs_the_shortest_declared_job_and_switches_only_at_iteration_ends() {
 /// changes a program's weight while it runs.
 #[test]
 fn fair_shares_hold_for_consolidated_programs_and_follow_a_live_weight_change() {
-    fair_shares_for_consolidated_programs("scheduler = \"fair\"\n");
-}
-
-/// The same with turns of several kernels (5 ms of GPU time ahead of the other program).
-#[test]
-fn fair_shares_hold_for_consolidated_programs_in_turns_of_a_quantum() {
-    fair_shares_for_consolidated_programs("scheduler = \"fair\"\n[fair]\nquantum_us = 5000\n");
-}
-
-fn fair_shares_for_consolidated_programs(policy: &str) {
     use gpushare_tests::cuda_program::{CudaProgram, Running};
-    let broker = broker_with_policy(policy);
+    let broker = broker("fair");
     let dir = tempfile::tempdir().expect("temp dir");
     let program = CudaProgram::build(dir.path(), false);
     let start = |name: &str| {

@@ -15,12 +15,18 @@
 //! until its kernels drain. Kernels queued on one stream run one after another, so their
 //! measured times still do not overlap, and the GPU no longer idles for a round trip between
 //! every two kernels of a program made of many short ones (a PyTorch training step). Shares
-//! then hold to within about a quantum of GPU time.
+//! then hold to within about a quantum of GPU time. In turns a client's own kernels no longer
+//! wait in gpushared's queue, so a client whose data thread is briefly off the CPU looks idle
+//! between two of them; one back within `IDLE_GRACE_NS` keeps what it is owed instead of being
+//! held to the lag bound like a client back from real idleness.
 
 use std::collections::HashMap;
 
 use super::{Pick, Policy};
 use crate::sched::{ClientId, Inflight, View};
+
+/// With turns: a client idle for less than this is not "newly backlogged" (see the docs).
+const IDLE_GRACE_NS: u64 = 50_000_000;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FairConfig {
@@ -50,6 +56,8 @@ impl Default for FairConfig {
 pub struct Fair {
     cfg: FairConfig,
     vtime: HashMap<ClientId, f64>,
+    /// With turns: when each idle client's last request completed.
+    idle_since: HashMap<ClientId, u64>,
 }
 
 impl Fair {
@@ -57,6 +65,7 @@ impl Fair {
         Fair {
             cfg,
             vtime: HashMap::new(),
+            idle_since: HashMap::new(),
         }
     }
 
@@ -107,10 +116,15 @@ impl Policy for Fair {
             .map_or(Pick::Hold, |c| Pick::Grant(c.id()))
     }
 
-    fn on_submit(&mut self, view: &View<'_>, client: ClientId, _now: u64) {
+    fn on_submit(&mut self, view: &View<'_>, client: ClientId, now: u64) {
         let Some(c) = view.client(client) else { return };
         if c.queued() != 1 || !c.inflight().is_empty() {
             return; // was backlogged already
+        }
+        if let Some(since) = self.idle_since.remove(&client)
+            && now.saturating_sub(since) < IDLE_GRACE_NS
+        {
+            return; // a hiccup between two kernels of a turn, not idleness
         }
         let vmin = view
             .clients()
@@ -135,15 +149,20 @@ impl Policy for Fair {
         client: ClientId,
         request: &Inflight,
         gpu_ns: u64,
-        _now: u64,
+        now: u64,
     ) {
-        let w = view.client(client).map_or(1, |c| c.weight());
+        let c = view.client(client);
+        let w = c.map_or(1, |c| c.weight());
         let correction = gpu_ns as f64 - request.profile.est_ns as f64;
         *self.vtime.entry(client).or_insert(0.0) += correction / f64::from(w);
+        if self.cfg.quantum_ns > 0 && c.is_some_and(|c| !c.backlogged()) {
+            self.idle_since.insert(client, now);
+        }
     }
 
     fn on_remove(&mut self, client: ClientId) {
         self.vtime.remove(&client);
+        self.idle_since.remove(&client);
     }
 }
 
@@ -253,6 +272,58 @@ mod tests {
         let turn = granted(MS);
         assert!(turn.iter().all(|&c| c == 1), "{turn:?}");
         assert!((10..=12).contains(&turn.len()), "{turn:?}");
+    }
+
+    #[test]
+    fn in_turns_a_client_back_within_the_idle_grace_keeps_what_it_is_owed() {
+        // Client 1 runs a 1 ms kernel and goes idle; client 2 then runs alone, 1 ms kernels
+        // back to back, for `alone_ms`; then both queue plenty. Returns how many kernels
+        // client 1 is granted in a row before client 2's next.
+        let first_turn = |alone_ms: u64| {
+            let cfg = SchedConfig {
+                max_inflight_per_client: 64,
+                fair: FairConfig {
+                    quantum_ns: MS,
+                    max_run: 64,
+                    ..FairConfig::default()
+                },
+                ..SchedConfig::default()
+            };
+            let h100 = DeviceShape {
+                sms: 132,
+                sm_partitions: false,
+            };
+            let mut d = Dispatcher::with_config(PolicyKind::Fair, h100, cfg);
+            for id in [1, 2] {
+                d.add_client(ClientSpec::new(id, PriorityClass::Normal, 1))
+                    .expect("client registers");
+            }
+            let k = |id| kernel(id, 1000, 132, Bound::Compute);
+            let r = d.submit(1, k(1), 0).expect("client is registered");
+            assert_eq!(d.poll(0).len(), 1);
+            d.complete(1, r, Some(MS), MS)
+                .expect("request is in flight");
+            let mut t = MS;
+            for _ in 0..alone_ms {
+                let r = d.submit(2, k(2), t).expect("client is registered");
+                assert_eq!(d.poll(t).len(), 1);
+                t += MS;
+                d.complete(2, r, Some(MS), t).expect("request is in flight");
+            }
+            for id in [2, 1] {
+                for _ in 0..60 {
+                    d.submit(id, k(id), t).expect("client is registered");
+                }
+            }
+            let turn: Vec<_> = d.poll(t).iter().map(|g| g.client).collect();
+            assert!(turn.iter().all(|&c| c == 1), "{turn:?}");
+            turn.len()
+        };
+        // Idle 30 ms (within the grace): owed 29 ms, more than the 20 ms lag bound, and all
+        // of it is granted, plus a quantum (its virtual time 1 ms against client 2's 30).
+        assert_eq!(first_turn(30), 31);
+        // Idle 60 ms: really idle, so held to the lag bound: owed 20 ms, plus a quantum.
+        assert_eq!(first_turn(60), 22);
     }
 
     #[test]
