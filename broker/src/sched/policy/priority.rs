@@ -101,9 +101,32 @@ struct InFlight {
     high_latency_ns: u64,
     lower_outstanding_ns: u64,
     sms: u64,
-    /// The contexts high-priority work in flight runs in (few: one per trust domain or
-    /// governed program).
-    high_contexts: Vec<u64>,
+    /// The contexts high-priority work in flight runs in.
+    high_contexts: Contexts,
+}
+
+/// A few GPU contexts, without allocating on the scheduling path: high-priority work is in
+/// one or two (a trust domain, a governed program). Past `N`, a context not kept is treated
+/// as another one (its lower kernels wait for a gap: the safe side).
+#[derive(Default)]
+struct Contexts {
+    kept: [u64; Contexts::N],
+    len: usize,
+}
+
+impl Contexts {
+    const N: usize = 4;
+
+    fn insert(&mut self, context: u64) {
+        if !self.contains(context) && self.len < Self::N {
+            self.kept[self.len] = context;
+            self.len += 1;
+        }
+    }
+
+    fn contains(&self, context: u64) -> bool {
+        self.kept[..self.len].contains(&context)
+    }
 }
 
 fn bound_index(b: Bound) -> usize {
@@ -157,9 +180,7 @@ impl Policy for Priority {
             }
             if high && !c.inflight().is_empty() {
                 f.high = true;
-                if !f.high_contexts.contains(&c.context()) {
-                    f.high_contexts.push(c.context());
-                }
+                f.high_contexts.insert(c.context());
                 let l = c
                     .iteration_latency_ns()
                     .unwrap_or(self.cfg.default_high_latency_ns);
@@ -189,7 +210,7 @@ impl Policy for Priority {
                 let Some(h) = c.head() else { return false };
                 let p = h.profile;
                 f.lower_outstanding_ns.saturating_add(p.est_ns) <= budget
-                    && (self.cfg.beside_other_contexts || f.high_contexts.contains(&c.context()))
+                    && (self.cfg.beside_other_contexts || f.high_contexts.contains(c.context()))
                     && (partitioned || u64::from(p.sm_need) <= threshold)
                     && !BOUNDS
                         .iter()
@@ -280,6 +301,16 @@ mod tests {
             .expect("request is in flight");
         let g: Vec<_> = d.poll(500 * US).iter().map(|g| g.client).collect();
         assert_eq!(g, vec![2, 3, 4]);
+    }
+
+    #[test]
+    fn a_few_contexts_are_kept_and_the_rest_count_as_others() {
+        let mut c = super::Contexts::default();
+        for context in [7, 7, 0, 1, 2, 3, 4] {
+            c.insert(context);
+        }
+        assert!([7, 0, 1, 2].iter().all(|&x| c.contains(x)));
+        assert!(!c.contains(3) && !c.contains(4), "past four, the safe side");
     }
 
     #[test]
