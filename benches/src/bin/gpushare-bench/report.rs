@@ -355,7 +355,7 @@ pub fn median_of(values: &[Value]) -> Value {
         ),
         Value::Number(_) => {
             let mut xs: Vec<f64> = values.iter().filter_map(Value::as_f64).collect();
-            serde_json::json!(crate::workload::percentile(&mut xs, 50.0))
+            serde_json::json!(crate::workload::median(&mut xs))
         }
         other => other.clone(),
     }
@@ -367,6 +367,17 @@ mod tests {
 
     use super::*;
     use crate::table::tables;
+
+    #[test]
+    fn the_median_of_two_rounds_is_their_mean() {
+        let rounds = [
+            json!({ "p99_ms": 1.0, "n": 3 }),
+            json!({ "p99_ms": 0.5, "n": 5 }),
+        ];
+        assert_eq!(median_of(&rounds), json!({ "p99_ms": 0.75, "n": 4.0 }));
+        let three = [json!(3.0), json!(1.0), json!(2.0)];
+        assert_eq!(median_of(&three), json!(2.0));
+    }
 
     /// A results document with every scenario, a failed trace policy whose message holds a
     /// `|`, and a failed colocate setup.

@@ -295,6 +295,21 @@ pub fn percentile(samples: &mut [f64], p: f64) -> f64 {
     samples[idx.min(samples.len() - 1)]
 }
 
+/// The median: the middle sample, or the mean of the two middle ones (so two rounds give
+/// their mean, not the larger).
+pub fn median(samples: &mut [f64]) -> f64 {
+    if samples.is_empty() {
+        return f64::NAN;
+    }
+    samples.sort_by(|a, b| a.total_cmp(b));
+    let mid = samples.len() / 2;
+    if samples.len() % 2 == 1 {
+        samples[mid]
+    } else {
+        (samples[mid - 1] + samples[mid]) / 2.0
+    }
+}
+
 pub fn mean(samples: &[f64]) -> f64 {
     samples.iter().sum::<f64>() / samples.len().max(1) as f64
 }
