@@ -238,25 +238,33 @@ mod tests {
         }
     }
 
+    /// A fair dispatcher with clients 1 and 2, weight 1, and deep client queues.
+    fn two_clients(fair: FairConfig) -> Dispatcher {
+        let cfg = SchedConfig {
+            max_inflight_per_client: 64,
+            fair,
+            ..SchedConfig::default()
+        };
+        let h100 = DeviceShape {
+            sms: 132,
+            sm_partitions: false,
+        };
+        let mut d = Dispatcher::with_config(PolicyKind::Fair, h100, cfg);
+        for id in [1, 2] {
+            d.add_client(ClientSpec::new(id, PriorityClass::Normal, 1))
+                .expect("client registers");
+        }
+        d
+    }
+
     #[test]
     fn a_turn_queues_a_clients_kernels_back_to_back_until_its_quantum_is_spent() {
         let granted = |quantum_ns| {
-            let cfg = SchedConfig {
-                max_inflight_per_client: 64,
-                fair: FairConfig {
-                    quantum_ns,
-                    ..FairConfig::default()
-                },
-                ..SchedConfig::default()
-            };
-            let h100 = DeviceShape {
-                sms: 132,
-                sm_partitions: false,
-            };
-            let mut d = Dispatcher::with_config(PolicyKind::Fair, h100, cfg);
+            let mut d = two_clients(FairConfig {
+                quantum_ns,
+                ..FairConfig::default()
+            });
             for id in [1, 2] {
-                d.add_client(ClientSpec::new(id, PriorityClass::Normal, 1))
-                    .expect("client registers");
                 for _ in 0..20 {
                     d.submit(id, kernel(id, 100, 132, Bound::Compute), 0)
                         .expect("client is registered");
@@ -280,24 +288,11 @@ mod tests {
         // back to back, for `alone_ms`; then both queue plenty. Returns how many kernels
         // client 1 is granted in a row before client 2's next.
         let first_turn = |alone_ms: u64| {
-            let cfg = SchedConfig {
-                max_inflight_per_client: 64,
-                fair: FairConfig {
-                    quantum_ns: MS,
-                    max_run: 64,
-                    ..FairConfig::default()
-                },
-                ..SchedConfig::default()
-            };
-            let h100 = DeviceShape {
-                sms: 132,
-                sm_partitions: false,
-            };
-            let mut d = Dispatcher::with_config(PolicyKind::Fair, h100, cfg);
-            for id in [1, 2] {
-                d.add_client(ClientSpec::new(id, PriorityClass::Normal, 1))
-                    .expect("client registers");
-            }
+            let mut d = two_clients(FairConfig {
+                quantum_ns: MS,
+                max_run: 64,
+                ..FairConfig::default()
+            });
             let k = |id| kernel(id, 1000, 132, Bound::Compute);
             let r = d.submit(1, k(1), 0).expect("client is registered");
             assert_eq!(d.poll(0).len(), 1);
