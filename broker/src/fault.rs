@@ -333,7 +333,7 @@ impl DeviceHealth {
     }
 
     /// The guardian: watches for faults and hangs on `device` until `stop` is set.
-    pub fn guard<D: Device>(self: Arc<Self>, device: Arc<D>, gpu: u32, stop: Arc<AtomicBool>) {
+    pub fn guard(self: Arc<Self>, device: Arc<Device>, gpu: u32, stop: Arc<AtomicBool>) {
         while !stop.load(Ordering::Acquire) && self.stuck.reason().is_none() {
             let fault = {
                 let st = self.lock();
@@ -361,7 +361,7 @@ impl DeviceHealth {
                 }),
             };
             if let Some((what, hung)) = cause {
-                self.recover(&*device, gpu, &what, hung);
+                self.recover(&device, gpu, &what, hung);
             }
         }
     }
@@ -414,7 +414,7 @@ impl DeviceHealth {
     }
 
     /// Stops every session, recreates the context, evicts the culprit, releases the rest.
-    fn recover<D: Device>(&self, device: &D, gpu: u32, what: &str, hung: Option<u64>) {
+    fn recover(&self, device: &Device, gpu: u32, what: &str, hung: Option<u64>) {
         let started = Instant::now();
         // Who had work in flight when it happened?
         let (suspects, sessions, holder, pids) = {

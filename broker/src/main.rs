@@ -10,7 +10,7 @@ use gpushare_broker::cli::{Args, Backend, Gpus};
 use gpushare_broker::config::BrokerConfig;
 use gpushare_broker::device::Device;
 use gpushare_broker::device::cuda::CudaDevice;
-use gpushare_broker::device::remote::{RemoteDevice, WorkerBackend, WorkerSpec};
+use gpushare_broker::device::remote::{Remote, WorkerBackend, WorkerSpec};
 use gpushare_broker::device::sim::{SimDevice, SimOptions};
 use gpushare_broker::fault::{CARRY_ENV, Carry, FaultConfig};
 use gpushare_broker::policy::Policy;
@@ -26,7 +26,7 @@ fn open_gpus(
     which: Gpus,
     fault_injection: bool,
     no_holder: bool,
-) -> Result<Vec<Arc<CudaDevice>>, gpushare_broker::device::cuda::ProbeError> {
+) -> Result<Vec<Arc<Device>>, gpushare_broker::device::cuda::ProbeError> {
     let devices = match which {
         Gpus::All => CudaDevice::open_all()?,
         Gpus::One(n) => vec![CudaDevice::open(n)?],
@@ -43,7 +43,10 @@ fn open_gpus(
     if !no_holder {
         gpushare_broker::device::cuda::keep_driver_warm();
     }
-    Ok(devices.into_iter().map(Arc::new).collect())
+    Ok(devices
+        .into_iter()
+        .map(|d| Arc::new(Device::local(d)))
+        .collect())
 }
 
 fn main() -> std::process::ExitCode {
@@ -117,16 +120,16 @@ fn real_main() -> anyhow::Result<()> {
         tracing::warn!("fault injection is on: any client may fault the GPU on purpose");
     }
 
-    let sims = || -> Vec<Arc<SimDevice>> {
+    let sims = || -> Vec<Arc<Device>> {
         (0..args.sim_gpus)
             .map(|index| {
-                Arc::new(SimDevice::new(SimOptions {
+                Arc::new(Device::local(SimDevice::new(SimOptions {
                     index,
                     memory: args.sim_memory.as_u64(),
                     realtime: args.sim_realtime,
                     restart_on_fault: args.sim_restart_on_fault,
                     ..SimOptions::default()
-                }))
+                })))
             })
             .collect()
     };
@@ -218,7 +221,7 @@ impl Workers {
     }
 
     /// Starts every worker at once and waits for all (each opens its device in parallel).
-    fn open(&self, specs: Vec<WorkerSpec>) -> anyhow::Result<Vec<Arc<RemoteDevice>>> {
+    fn open(&self, specs: Vec<WorkerSpec>) -> anyhow::Result<Vec<Arc<Device>>> {
         let exe = PathBuf::from("/proc/self/exe");
         std::thread::scope(|scope| {
             let starting: Vec<_> = specs
@@ -227,7 +230,8 @@ impl Workers {
                     let (exe, spare) = (exe.clone(), self.spare);
                     scope.spawn(move || {
                         let label = spec.label.clone();
-                        RemoteDevice::open(exe, spec, spare)
+                        Remote::open(exe, spec, spare)
+                            .map(Device::remote)
                             .with_context(|| format!("cannot open {label}"))
                     })
                 })
@@ -245,7 +249,7 @@ impl Workers {
 
     /// A worker per GPU served (CUDA); this process initialises the driver but holds no
     /// context.
-    fn gpus(&self) -> anyhow::Result<Vec<Arc<RemoteDevice>>> {
+    fn gpus(&self) -> anyhow::Result<Vec<Arc<Device>>> {
         let count = gpushare_broker::device::cuda::device_count()?;
         let ordinals: Vec<i32> = match self.gpu {
             Gpus::All => (0..count).collect(),
@@ -267,7 +271,7 @@ impl Workers {
     }
 
     /// Makes a trust domain's device on a GPU: a worker of its own, like the GPU's first.
-    fn domain_maker(&self, cuda: bool, first: &[Arc<RemoteDevice>]) -> DomainMaker<RemoteDevice> {
+    fn domain_maker(&self, cuda: bool, first: &[Arc<Device>]) -> DomainMaker {
         let workers = self.clone();
         let ordinals: Vec<u32> = first.iter().map(|d| d.info().index).collect();
         Box::new(move |gpu, domain| {
@@ -293,7 +297,7 @@ impl Workers {
     }
 
     /// A worker per sim GPU.
-    fn sims(&self) -> anyhow::Result<Vec<Arc<RemoteDevice>>> {
+    fn sims(&self) -> anyhow::Result<Vec<Arc<Device>>> {
         self.open(
             (0..self.sim_gpus)
                 .map(|index| {
@@ -353,7 +357,7 @@ impl TelemetryPlan {
 
 /// Starts eBPF telemetry for `broker`, or says once, clearly, why it is off (after status
 /// says so too).
-fn start_telemetry<D: Device>(plan: &TelemetryPlan, broker: &Broker<D>) {
+fn start_telemetry(plan: &TelemetryPlan, broker: &Broker) {
     let started = std::time::Instant::now();
     match Telemetry::start(&plan.opts) {
         Ok(t) => {
@@ -373,9 +377,9 @@ fn start_telemetry<D: Device>(plan: &TelemetryPlan, broker: &Broker<D>) {
     }
 }
 
-fn run<D: Device>(
-    devices: Vec<Arc<D>>,
-    domains: Option<DomainMaker<D>>,
+fn run(
+    devices: Vec<Arc<Device>>,
+    domains: Option<DomainMaker>,
     config: BrokerConfig,
     policy: Policy,
     telemetry: TelemetryPlan,
@@ -507,7 +511,7 @@ fn restart(reason: &str, carry: &Carry) -> ! {
 }
 
 /// `systemctl reload`: SIGHUP re-reads the policy file; a broken file keeps the old policy.
-async fn reload_on_sighup<D: Device>(broker: Arc<Broker<D>>, path: Option<PathBuf>) {
+async fn reload_on_sighup(broker: Arc<Broker>, path: Option<PathBuf>) {
     use tokio::signal::unix::{SignalKind, signal};
     let Ok(mut hup) = signal(SignalKind::hangup()) else {
         warn!("cannot install the SIGHUP handler; policy reload is unavailable");

@@ -125,6 +125,15 @@ impl SharedRegion {
     }
 }
 
+/// Client memory as a device call names it: a region shared with the device (by its id), and
+/// where in it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Span {
+    pub region: u64,
+    pub offset: u64,
+    pub len: u64,
+}
+
 /// Bytes of memory a client shares (its arena, or a host region of its own). The client may
 /// change them at any time, so they are never handed out as `&[u8]`: only copied in and out.
 #[derive(Clone, Copy)]
@@ -330,9 +339,13 @@ impl ArenaSlice<'_> {
         self.ptr.as_ptr()
     }
 
-    /// The region it lies in, and its offset there.
-    pub fn place(&self) -> (u64, u64) {
-        (self.region, self.offset)
+    /// The region it lies in, and where: what a device call names.
+    pub fn span(&self) -> Span {
+        Span {
+            region: self.region,
+            offset: self.offset,
+            len: self.len as u64,
+        }
     }
 
     /// Copies the arena bytes out into `dst` (which must have the same length).

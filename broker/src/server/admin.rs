@@ -5,11 +5,10 @@ use gpushare_protocol::{ErrorCode, PriorityClass};
 use tracing::{info, warn};
 
 use super::Broker;
-use crate::device::Device;
 use crate::policy::{Grant, Identity};
 use crate::session::SessionInfo;
 
-impl<D: Device> Broker<D> {
+impl Broker {
     /// Applies an admin action to client `id` if `who` may administer clients.
     fn admin(
         &self,

@@ -13,7 +13,7 @@ use gpushare_protocol::error::WireError;
 
 use super::Broker;
 use super::control::SessionScope;
-use crate::device::Device;
+use crate::device::{Call, Device, Reply};
 use crate::session::SessionInfo;
 use crate::shm::HostRegion;
 
@@ -21,13 +21,13 @@ fn wire(code: ErrorCode, message: impl Into<String>) -> WireError {
     WireError::new(code, message)
 }
 
-impl<D: Device> Broker<D> {
+impl Broker {
     /// Answers one of the consolidated requests (`None` for any other message).
     pub(super) async fn consolidated_request(
         &self,
         msg: &ClientMessage,
         fds: Vec<OwnedFd>,
-        scope: SessionScope<'_, D>,
+        scope: SessionScope<'_>,
         session: Option<&SessionInfo>,
     ) -> Option<BrokerMessage> {
         Some(match msg {
@@ -69,7 +69,7 @@ impl<D: Device> Broker<D> {
 
     async fn load_cached(
         &self,
-        (modules, device): SessionScope<'_, D>,
+        (modules, device): SessionScope<'_>,
         format: ModuleFormat,
         hash: &ImageHash,
     ) -> Result<u64, WireError> {
@@ -91,7 +91,7 @@ impl<D: Device> Broker<D> {
     }
 
     async fn function_info(
-        scope: SessionScope<'_, D>,
+        scope: SessionScope<'_>,
         module: u64,
         name: String,
     ) -> Result<FunctionDetails, WireError> {
@@ -103,10 +103,13 @@ impl<D: Device> Broker<D> {
             .function(id)
             .ok_or_else(|| wire(ErrorCode::Internal, "function gone"))?;
         let device = scope.1.clone();
-        let shape = tokio::task::spawn_blocking(move || device.function_shape(&f))
-            .await
-            .map_err(|e| wire(ErrorCode::Internal, e.to_string()))?
-            .map_err(|e| wire(e.code(), e.to_string()))?;
+        let shape = tokio::task::spawn_blocking(move || {
+            let function = device.id(&*f)?;
+            device.call(Call::FunctionShape { function }, &[])?.shape()
+        })
+        .await
+        .map_err(|e| wire(ErrorCode::Internal, e.to_string()))?
+        .map_err(|e| wire(e.code(), e.to_string()))?;
         Ok(FunctionDetails {
             id,
             params: shape.params,
@@ -115,7 +118,7 @@ impl<D: Device> Broker<D> {
     }
 
     async fn global(
-        (modules, device): SessionScope<'_, D>,
+        (modules, device): SessionScope<'_>,
         module: u64,
         name: String,
     ) -> Result<(u64, u64), WireError> {
@@ -125,13 +128,18 @@ impl<D: Device> Broker<D> {
             .module(module)
             .ok_or_else(|| wire(ErrorCode::InvalidHandle, format!("no module {module}")))?;
         let device = device.clone();
-        let (ptr, size) = tokio::task::spawn_blocking(move || device.module_global(&m, &name))
-            .await
-            .map_err(|e| wire(ErrorCode::Internal, e.to_string()))?
-            .map_err(|e| match e.code() {
-                ErrorCode::DeviceError => wire(ErrorCode::NotFound, e.to_string()),
-                code => wire(code, e.to_string()),
-            })?;
+        let (ptr, size) = tokio::task::spawn_blocking(move || {
+            let module = device.id(&*m)?;
+            device
+                .call(Call::ModuleGlobal { module }, name.as_bytes())?
+                .pair()
+        })
+        .await
+        .map_err(|e| wire(ErrorCode::Internal, e.to_string()))?
+        .map_err(|e| match e.code() {
+            ErrorCode::DeviceError => wire(ErrorCode::NotFound, e.to_string()),
+            code => wire(code, e.to_string()),
+        })?;
         modules
             .lock()
             .map_err(|_| wire(ErrorCode::Internal, "module table poisoned"))?
@@ -140,7 +148,7 @@ impl<D: Device> Broker<D> {
     }
 
     async fn share_host(
-        (_, device): SessionScope<'_, D>,
+        (_, device): SessionScope<'_>,
         session: Option<&SessionInfo>,
         fds: Vec<OwnedFd>,
         bytes: u64,
@@ -172,14 +180,15 @@ impl<D: Device> Broker<D> {
 
     /// Maps the client's memfd, registers it with the device and adds it to the session.
     async fn map_and_register(
-        device: &Arc<D>,
+        device: &Arc<Device>,
         info: &SessionInfo,
         fd: OwnedFd,
         bytes: u64,
         at: u64,
     ) -> Result<HostRegionGrant, WireError> {
         let region = Arc::new(
-            HostRegion::map(&fd, bytes, at)
+            // Anywhere here: the device maps it where the client has it.
+            HostRegion::map(&fd, bytes, 0)
                 .map_err(|e| wire(ErrorCode::InvalidArgument, e.to_string()))?,
         );
         let device = device.clone();
@@ -188,7 +197,10 @@ impl<D: Device> Broker<D> {
             use std::os::fd::AsFd;
             let id = registered.id();
             device.share_memory(id, fd.as_fd(), bytes, at)?;
-            let mapped = device.register_host(registered.whole());
+            let span = registered.whole().span();
+            let mapped = device
+                .call(Call::RegisterHost { span }, &[])
+                .and_then(Reply::value);
             if mapped.is_err() {
                 device.unshare_memory(id);
             }
@@ -210,7 +222,7 @@ impl<D: Device> Broker<D> {
     }
 
     fn unshare_host(
-        (_, device): SessionScope<'_, D>,
+        (_, device): SessionScope<'_>,
         session: Option<&SessionInfo>,
         region: u32,
     ) -> Result<(), WireError> {
@@ -221,7 +233,8 @@ impl<D: Device> Broker<D> {
             .map_err(|_| wire(ErrorCode::Internal, "host table poisoned"))?
             .remove(region)
             .ok_or_else(|| wire(ErrorCode::InvalidHandle, format!("no host region {region}")))?;
-        device.unregister_host(shared.region.whole());
+        let span = shared.region.whole().span();
+        let _ = device.call(Call::UnregisterHost { span }, &[]);
         device.unshare_memory(shared.region.id());
         info.account().unpin(shared.region.len() as u64);
         Ok(())

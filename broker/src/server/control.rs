@@ -21,16 +21,16 @@ use crate::policy::Identity;
 use crate::session::{ModuleTable, SessionEnd, SessionInfo};
 
 /// A client session's module table and the device it runs on.
-pub(super) type SessionScope<'a, D> = (&'a Arc<Mutex<ModuleTable<D>>>, &'a Arc<D>);
+pub(super) type SessionScope<'a> = (&'a Arc<Mutex<ModuleTable>>, &'a Arc<Device>);
 
-impl<D: Device> Broker<D> {
+impl Broker {
     /// Serves control requests until the client leaves, the broker stops, or the session's
     /// data thread ends on its own.
     pub(super) async fn control_loop(
         &self,
         sock: &UnixSeqpacket,
         // A client session's module table and the device it runs on; `None` for monitors.
-        modules: Option<SessionScope<'_, D>>,
+        modules: Option<SessionScope<'_>>,
         // The client session, for notices its data thread posts; `None` for monitors.
         session: Option<&SessionInfo>,
         who: &Identity,
@@ -216,8 +216,8 @@ impl<D: Device> Broker<D> {
     }
 
     pub(super) async fn load_module(
-        modules: &Arc<Mutex<ModuleTable<D>>>,
-        device: &Arc<D>,
+        modules: &Arc<Mutex<ModuleTable>>,
+        device: &Arc<Device>,
         images: &super::images::ImageCache,
         format: ModuleFormat,
         image_len: u64,
@@ -277,8 +277,8 @@ impl<D: Device> Broker<D> {
     }
 
     pub(super) async fn get_function(
-        modules: &Arc<Mutex<ModuleTable<D>>>,
-        device: &Arc<D>,
+        modules: &Arc<Mutex<ModuleTable>>,
+        device: &Arc<Device>,
         module: u64,
         name: String,
     ) -> Result<u64, WireError> {
@@ -315,7 +315,6 @@ mod tests {
     use tokio::sync::watch;
 
     use super::*;
-    use crate::device::sim::SimDevice;
     use crate::server::testing::{
         closed, hear, hello, identity, pair, register, say, sim_broker, within,
     };
@@ -323,7 +322,7 @@ mod tests {
     /// Runs a monitor's control loop (as `who`) while a client says what `talk` says, then
     /// leaves; returns how the loop ended.
     async fn monitor_loop(
-        broker: &Broker<SimDevice>,
+        broker: &Broker,
         who: &Identity,
         talk: impl AsyncFnOnce(&UnixSeqpacket),
     ) -> Option<SessionEnd> {
@@ -562,16 +561,8 @@ mod tests {
         let device = broker.devices[0].clone();
         let modules = Arc::default();
         let images = crate::server::images::ImageCache::default();
-        let load = |len, fds| {
-            Broker::<SimDevice>::load_module(
-                &modules,
-                &device,
-                &images,
-                ModuleFormat::Ptx,
-                len,
-                fds,
-            )
-        };
+        let load =
+            |len, fds| Broker::load_module(&modules, &device, &images, ModuleFormat::Ptx, len, fds);
         let image = |bytes: &[u8]| {
             let mut f = tempfile::tempfile().expect("temp file");
             f.write_all(bytes).expect("write");
@@ -600,8 +591,8 @@ mod tests {
     async fn unknown_modules_are_invalid_handles() {
         let broker = sim_broker(1);
         let device = broker.devices[0].clone();
-        let modules: Arc<Mutex<ModuleTable<SimDevice>>> = Arc::default();
-        let got = Broker::<SimDevice>::get_function(&modules, &device, 7, "f".into()).await;
+        let modules: Arc<Mutex<ModuleTable>> = Arc::default();
+        let got = Broker::get_function(&modules, &device, 7, "f".into()).await;
         assert_eq!(
             got,
             Err(WireError::new(ErrorCode::InvalidHandle, "no module 7"))

@@ -15,16 +15,16 @@ use crate::fault::DeviceHealth;
 use crate::policy::TrustDomain;
 
 /// Makes the device of a trust domain on a GPU (index).
-pub type DomainMaker<D> =
-    Box<dyn Fn(u32, &TrustDomain) -> Result<Arc<D>, String> + Send + Sync + 'static>;
+pub type DomainMaker =
+    Box<dyn Fn(u32, &TrustDomain) -> Result<Arc<Device>, String> + Send + Sync + 'static>;
 
 /// One domain's device on one GPU, and its fault containment.
-pub(super) struct DomainDevice<D> {
-    pub(super) device: Arc<D>,
+pub(super) struct DomainDevice {
+    pub(super) device: Arc<Device>,
     pub(super) health: Arc<DeviceHealth>,
 }
 
-impl<D> Clone for DomainDevice<D> {
+impl Clone for DomainDevice {
     fn clone(&self) -> Self {
         DomainDevice {
             device: self.device.clone(),
@@ -34,15 +34,15 @@ impl<D> Clone for DomainDevice<D> {
 }
 
 /// The domains other than the default, per GPU, and how to make one.
-pub(super) struct Domains<D> {
-    maker: OnceLock<DomainMaker<D>>,
-    by_gpu: Vec<Mutex<HashMap<TrustDomain, DomainDevice<D>>>>,
+pub(super) struct Domains {
+    maker: OnceLock<DomainMaker>,
+    by_gpu: Vec<Mutex<HashMap<TrustDomain, DomainDevice>>>,
     /// Set when the broker stops: the guardians of domains' devices end with it.
     pub(super) guardians_stop: Arc<AtomicBool>,
 }
 
-impl<D> Domains<D> {
-    pub(super) fn new(gpus: usize) -> Domains<D> {
+impl Domains {
+    pub(super) fn new(gpus: usize) -> Domains {
         Domains {
             maker: OnceLock::new(),
             by_gpu: (0..gpus).map(|_| Mutex::default()).collect(),
@@ -51,12 +51,12 @@ impl<D> Domains<D> {
     }
 }
 
-impl<D: Device> Broker<D> {
+impl Broker {
     /// Lets clients of trust domains other than the default have devices of their own (made
     /// by `maker`). Without it, such clients are refused: the devices are in gpushared's own
     /// process, where a second context would neither keep memory apart nor survive another
     /// domain's fault.
-    pub fn set_domain_maker(&self, maker: DomainMaker<D>) {
+    pub fn set_domain_maker(&self, maker: DomainMaker) {
         let _ = self.domains.maker.set(maker);
     }
 
@@ -66,7 +66,7 @@ impl<D: Device> Broker<D> {
         &self,
         gpu: usize,
         domain: &TrustDomain,
-    ) -> Result<DomainDevice<D>, String> {
+    ) -> Result<DomainDevice, String> {
         if *domain == TrustDomain::default() {
             return Ok(DomainDevice {
                 device: self.devices[gpu].clone(),

@@ -15,7 +15,6 @@ use tracing::{Instrument, info_span, warn};
 use super::framing::{RecvError, recv, reject};
 use super::{Broker, Stop};
 use crate::accounts::{Joining, Seat};
-use crate::device::Device;
 use crate::policy::{Grant, Identity, TrustDomain};
 use gpushare_protocol::control::Role;
 use gpushare_protocol::ring::ShmLayout;
@@ -36,7 +35,7 @@ pub(super) struct Admission {
     pub(super) domain: TrustDomain,
 }
 
-impl<D: Device> Broker<D> {
+impl Broker {
     /// Serves one accepted connection from its hello to its end.
     pub(super) async fn connection(
         self: Arc<Self>,
@@ -214,14 +213,13 @@ mod tests {
     use gpushare_protocol::error::WireError;
 
     use super::*;
-    use crate::device::sim::SimDevice;
     use crate::fault::Carry;
     use crate::server::testing::{closed, hear, hello, pair, register, say, sim_broker, within};
 
     /// Runs `connection` for the broker's end of a pair while a client says `first`; returns
     /// what the client heard first. A welcomed client then says goodbye; either way the broker
     /// closes the connection.
-    async fn first_reply(broker: &Arc<Broker<SimDevice>>, first: &ClientMessage) -> BrokerMessage {
+    async fn first_reply(broker: &Arc<Broker>, first: &ClientMessage) -> BrokerMessage {
         let (server, client) = pair();
         let (_stop_tx, stop) = watch::channel(None::<Stop>);
         let client_side = async {

@@ -71,9 +71,9 @@ impl Stop {
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 /// The broker: one device, many sessions.
-pub struct Broker<D: Device> {
+pub struct Broker {
     /// One per GPU served, by index (never empty).
-    devices: Vec<Arc<D>>,
+    devices: Vec<Arc<Device>>,
     /// Fault containment per GPU (same index as `devices`).
     health: Vec<Arc<DeviceHealth>>,
     /// Set when a GPU cannot be recovered in place and the broker must restart.
@@ -96,19 +96,19 @@ pub struct Broker<D: Device> {
     /// Module images by content, shared between sessions.
     images: images::ImageCache,
     /// Trust domains other than the default: their devices, per GPU.
-    domains: domains::Domains<D>,
+    domains: domains::Domains,
 }
 
-impl<D: Device> Broker<D> {
+impl Broker {
     /// A broker for `devices` (one per GPU, by index; at least one), with eBPF telemetry
     /// when it could be started (`telemetry_status` says why not otherwise).
     pub fn new(
-        devices: Vec<Arc<D>>,
+        devices: Vec<Arc<Device>>,
         config: BrokerConfig,
         policy: Policy,
         telemetry: Option<Arc<Telemetry>>,
         telemetry_status: TelemetryStatus,
-    ) -> Arc<Broker<D>> {
+    ) -> Arc<Broker> {
         assert!(!devices.is_empty(), "a broker needs at least one device");
         let gpus = devices.len();
         let dispatch = devices

@@ -23,7 +23,7 @@ use crate::session::{
 use crate::shm::SharedRegion;
 use gpushare_protocol::wake::Wakeup;
 
-impl<D: Device> Broker<D> {
+impl Broker {
     /// Runs an admitted connection: a client's shared region and data thread, the Welcome,
     /// then its control loop until it ends.
     pub(super) async fn session(
@@ -200,12 +200,12 @@ impl<D: Device> Broker<D> {
         (grant, account): (crate::policy::Grant, Arc<crate::accounts::UserAccount>),
         (hello, layout): (&Hello, gpushare_protocol::ring::ShmLayout),
         (device, health, domain): (
-            &Arc<D>,
+            &Arc<Device>,
             &Arc<crate::fault::DeviceHealth>,
             crate::policy::TrustDomain,
         ),
         gpu: u32,
-    ) -> std::io::Result<StartedSession<D>> {
+    ) -> std::io::Result<StartedSession> {
         let region = Arc::new(
             SharedRegion::create(&format!("gpushare-client-{id}"), layout)
                 .map_err(std::io::Error::other)?,
@@ -236,7 +236,7 @@ impl<D: Device> Broker<D> {
             );
             health.set_probation(id, until);
         }
-        let modules: Arc<Mutex<ModuleTable<D>>> = Arc::default();
+        let modules: Arc<Mutex<ModuleTable>> = Arc::default();
         let (ready_tx, ready) = oneshot::channel();
         let (ended_tx, ended) = oneshot::channel();
         let (device, thread_info, thread_modules) = (device.clone(), info.clone(), modules.clone());
@@ -295,9 +295,9 @@ impl Drop for SessionGuard<'_> {
     }
 }
 
-struct StartedSession<D: Device> {
+struct StartedSession {
     info: Arc<SessionInfo>,
-    modules: Arc<Mutex<ModuleTable<D>>>,
+    modules: Arc<Mutex<ModuleTable>>,
     fds: Vec<OwnedFd>,
     ready: oneshot::Receiver<Result<(), crate::device::DeviceError>>,
     ended: oneshot::Receiver<SessionEnd>,
@@ -310,7 +310,6 @@ mod tests {
     use gpushare_protocol::control::{ClientMessage, ShutdownKind};
 
     use super::*;
-    use crate::device::sim::SimDevice;
     use crate::policy::Grant;
     use crate::server::testing::{
         hear, hear_with_fds, hello, identity, pair, register, say, sim_broker, within,
@@ -319,7 +318,7 @@ mod tests {
     /// Starts `hello`'s session on GPU `gpu` with `grant`, for a client speaking on the
     /// returned socket; the returned stop sender ends it as a broker shutdown would.
     fn start(
-        broker: &Arc<Broker<SimDevice>>,
+        broker: &Arc<Broker>,
         hello: Hello,
         grant: Grant,
         gpu: usize,

@@ -11,7 +11,6 @@ use gpushare_protocol::stats::{
 };
 
 use super::Broker;
-use crate::device::Device;
 
 /// How often telemetry maps are read (this also sweeps exited processes from them).
 const TELEMETRY_SAMPLE: Duration = Duration::from_secs(1);
@@ -87,7 +86,7 @@ fn join_clients(clients: &mut [ClientStats], processes: &mut [ProcessActivity]) 
     }
 }
 
-impl<D: Device> Broker<D> {
+impl Broker {
     /// Samples telemetry every second until the broker stops: caches the processes for
     /// status and derives the outside-load rates the scheduler uses.
     pub async fn watch_telemetry(self: Arc<Self>) {

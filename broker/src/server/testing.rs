@@ -14,6 +14,7 @@ use tokio_seqpacket::ancillary::OwnedAncillaryMessage;
 
 use super::Broker;
 use crate::config::BrokerConfig;
+use crate::device::Device;
 use crate::device::sim::{SimDevice, SimOptions};
 use crate::policy::{Grant, Identity, Policy};
 use crate::session::{Peer, SessionInfo};
@@ -21,7 +22,7 @@ use gpushare_protocol::wake::Wakeup;
 
 /// A broker serving `gpus` sim devices, with the default policy and telemetry off. Its
 /// socket path names nothing, so that no test removes a real broker's socket.
-pub(super) fn sim_broker(gpus: u32) -> Arc<Broker<SimDevice>> {
+pub(super) fn sim_broker(gpus: u32) -> Arc<Broker> {
     sim_broker_with(
         gpus,
         BrokerConfig {
@@ -32,13 +33,13 @@ pub(super) fn sim_broker(gpus: u32) -> Arc<Broker<SimDevice>> {
 }
 
 /// A broker serving `gpus` sim devices with `config`.
-pub(super) fn sim_broker_with(gpus: u32, config: BrokerConfig) -> Arc<Broker<SimDevice>> {
+pub(super) fn sim_broker_with(gpus: u32, config: BrokerConfig) -> Arc<Broker> {
     let devices = (0..gpus)
         .map(|index| {
-            Arc::new(SimDevice::new(SimOptions {
+            Arc::new(Device::local(SimDevice::new(SimOptions {
                 index,
                 ..SimOptions::default()
-            }))
+            })))
         })
         .collect();
     Broker::new(
@@ -56,12 +57,7 @@ pub(super) fn sim_broker_with(gpus: u32, config: BrokerConfig) -> Arc<Broker<Sim
 }
 
 /// Registers a session of process `pid` on `gpu`, as a connected client's would be.
-pub(super) fn register(
-    broker: &Broker<SimDevice>,
-    pid: i32,
-    gpu: u32,
-    governed: bool,
-) -> Arc<SessionInfo> {
+pub(super) fn register(broker: &Broker, pid: i32, gpu: u32, governed: bool) -> Arc<SessionInfo> {
     let peer = Peer {
         id: broker.registry.next_id(),
         pid,

@@ -9,15 +9,16 @@ use std::sync::atomic::Ordering;
 use gpushare_protocol::{Command, ErrorCode, StreamId};
 
 use super::{MAX_EVENTS, MAX_STREAMS, SessionState, StreamSlot};
-use crate::device::{Device, Occupancy};
+use crate::device::{Call, Device, Event, EventKind, Function, Occupancy, Reply};
 
 /// `CU_STREAM_NON_BLOCKING`.
 const NON_BLOCKING: u32 = 0x1;
 
 /// CUDA's legacy order between stream 0 and the blocking streams: a marker event per stream,
 /// and how much work stream 0 has been given.
-pub(super) struct Legacy<D: Device> {
-    markers: HashMap<StreamId, D::Event>,
+#[derive(Default)]
+pub(super) struct Legacy {
+    markers: HashMap<StreamId, Event>,
     /// Stream 0's operations so far.
     epoch: u64,
     /// Blocking streams with work stream 0 has not been ordered after (their slots say
@@ -25,17 +26,7 @@ pub(super) struct Legacy<D: Device> {
     unordered: Vec<StreamId>,
 }
 
-impl<D: Device> Default for Legacy<D> {
-    fn default() -> Self {
-        Legacy {
-            markers: HashMap::new(),
-            epoch: 0,
-            unordered: Vec::new(),
-        }
-    }
-}
-
-impl<D: Device> SessionState<D> {
+impl SessionState {
     /// Runs a command only consolidated clients send; `None` for any other command.
     pub(super) fn execute_consolidated(
         &mut self,
@@ -48,15 +39,7 @@ impl<D: Device> SessionState<D> {
                 priority: _,
             } => self.create_stream_as(stream, flags),
             Command::EventCreateAs { event, flags } => self.create_event_as(event, flags),
-            Command::StreamWaitEvent { stream, event } => match self.events.remove(&event) {
-                None => Err(ErrorCode::InvalidHandle),
-                Some(e) => {
-                    // Out of the table while the stream takes it (on_stream borrows the session).
-                    let r = self.on_stream(stream, |d, s| d.stream_wait_event(s, &e));
-                    self.events.insert(event, e);
-                    r
-                }
-            },
+            Command::StreamWaitEvent { stream, event } => self.wait_event(stream, event),
             Command::StreamQuery { stream } => {
                 let device = self.device.clone();
                 match self.streams.get_mut(&stream) {
@@ -84,7 +67,14 @@ impl<D: Device> SessionState<D> {
                 .and_then(|len| self.check_device(dst, len))
                 .and_then(|()| {
                     self.on_stream(stream, |d, s| {
-                        d.memset_wide(s, dst, value, elem_bytes, count)
+                        let memset = |stream| Call::Memset {
+                            stream,
+                            dst,
+                            value,
+                            elem_bytes,
+                            count,
+                        };
+                        d.queue(s, memset, &[])
                     })
                 }),
             Command::CopyHtoDStaged {
@@ -93,11 +83,18 @@ impl<D: Device> SessionState<D> {
                 dst,
                 len,
             } => self.check_device(dst, len).and_then(|()| {
-                let region = self.region.clone();
-                let src = region
+                let src = self
+                    .region
                     .arena_slice(arena_offset, len)
-                    .ok_or(ErrorCode::ArenaOutOfBounds)?;
-                let r = self.on_stream(stream, |d, s| d.copy_htod_staged(s, src, dst))?;
+                    .ok_or(ErrorCode::ArenaOutOfBounds)?
+                    .span();
+                let copy = |stream| Call::CopyHtoD {
+                    stream,
+                    src,
+                    dst,
+                    staged: true,
+                };
+                let r = self.on_stream(stream, |d, s| d.on_stream_now(s, copy, &[]))?;
                 self.info
                     .counters
                     .bytes_htod
@@ -110,11 +107,18 @@ impl<D: Device> SessionState<D> {
                 arena_offset,
                 len,
             } => self.check_device(src, len).and_then(|()| {
-                let region = self.region.clone();
-                let dst = region
+                let dst = self
+                    .region
                     .arena_slice(arena_offset, len)
-                    .ok_or(ErrorCode::ArenaOutOfBounds)?;
-                let r = self.on_stream(stream, |d, s| d.copy_dtoh_staged(s, src, dst))?;
+                    .ok_or(ErrorCode::ArenaOutOfBounds)?
+                    .span();
+                let copy = |stream| Call::CopyDtoH {
+                    stream,
+                    src,
+                    dst,
+                    staged: true,
+                };
+                let r = self.on_stream(stream, |d, s| d.on_stream_now(s, copy, &[]))?;
                 if let Some(slot) = self.streams.get_mut(&stream) {
                     slot.unsynced = false;
                 }
@@ -132,8 +136,17 @@ impl<D: Device> SessionState<D> {
                 len,
             } => self.check_device(dst, len).and_then(|()| {
                 let host = self.host(region)?;
-                let src = host.slice(offset, len).ok_or(ErrorCode::ArenaOutOfBounds)?;
-                let r = self.on_stream(stream, |d, s| d.copy_htod(s, src, dst))?;
+                let src = host
+                    .slice(offset, len)
+                    .ok_or(ErrorCode::ArenaOutOfBounds)?
+                    .span();
+                let copy = |stream| Call::CopyHtoD {
+                    stream,
+                    src,
+                    dst,
+                    staged: false,
+                };
+                let r = self.on_stream(stream, |d, s| d.queue(s, copy, &[]))?;
                 self.info
                     .counters
                     .bytes_htod
@@ -148,8 +161,17 @@ impl<D: Device> SessionState<D> {
                 len,
             } => self.check_device(src, len).and_then(|()| {
                 let host = self.host(region)?;
-                let dst = host.slice(offset, len).ok_or(ErrorCode::ArenaOutOfBounds)?;
-                let r = self.on_stream(stream, |d, s| d.copy_dtoh(s, src, dst))?;
+                let dst = host
+                    .slice(offset, len)
+                    .ok_or(ErrorCode::ArenaOutOfBounds)?
+                    .span();
+                let copy = |stream| Call::CopyDtoH {
+                    stream,
+                    src,
+                    dst,
+                    staged: false,
+                };
+                let r = self.on_stream(stream, |d, s| d.queue(s, copy, &[]))?;
                 self.info
                     .counters
                     .bytes_dtoh
@@ -162,15 +184,25 @@ impl<D: Device> SessionState<D> {
                     let used = self.info.account().memory_used();
                     Ok((quota.saturating_sub(used), quota))
                 }
-                None => self.device.memory_info().map_err(|e| e.code()),
+                None => self
+                    .device
+                    .call(Call::MemoryInfo, &[])
+                    .and_then(Reply::pair)
+                    .map_err(|e| e.code()),
             },
             Command::FunctionSetAttribute {
                 function,
                 attribute,
                 value,
-            } => self.function(function).and_then(|f| {
+            } => self.function(function).and_then(|function| {
+                let call = Call::SetFunctionAttribute {
+                    function,
+                    attribute,
+                    value,
+                };
                 self.device
-                    .set_function_attribute(&f, attribute, value)
+                    .call(call, &[])
+                    .and_then(Reply::done)
                     .map(|()| (0, 0))
                     .map_err(|e| e.code())
             }),
@@ -181,8 +213,8 @@ impl<D: Device> SessionState<D> {
                 dynamic_smem,
                 flags,
                 cluster,
-            } => self.function(function).and_then(|f| {
-                let q = Occupancy {
+            } => self.function(function).and_then(|function| {
+                let question = Occupancy {
                     query,
                     block_size,
                     dynamic_smem,
@@ -190,7 +222,8 @@ impl<D: Device> SessionState<D> {
                     cluster,
                 };
                 self.device
-                    .occupancy(&f, &q)
+                    .call(Call::Occupancy { function, question }, &[])
+                    .and_then(Reply::value)
                     .map(|n| (n, 0))
                     .map_err(|e| e.code())
             }),
@@ -228,7 +261,7 @@ impl<D: Device> SessionState<D> {
         }
         let event = self
             .device
-            .create_event_flags(flags)
+            .create_event(EventKind::Flags(flags))
             .map_err(|e| e.code())?;
         self.events.insert(id, event);
         Ok((0, 0))
@@ -243,12 +276,24 @@ impl<D: Device> SessionState<D> {
             .ok_or(ErrorCode::InvalidHandle)
     }
 
-    fn function(&self, id: u64) -> Result<std::sync::Arc<D::Function>, ErrorCode> {
-        self.modules
+    /// A function's number on the device, for a call that names it.
+    fn function(&self, id: u64) -> Result<u64, ErrorCode> {
+        let f: std::sync::Arc<Function> = self
+            .modules
             .lock()
             .map_err(|_| ErrorCode::Internal)?
             .function(id)
-            .ok_or(ErrorCode::InvalidHandle)
+            .ok_or(ErrorCode::InvalidHandle)?;
+        self.device.id(&*f).map_err(|e| e.code())
+    }
+
+    /// `cuStreamWaitEvent`: work queued on `stream` after this waits for the event's work.
+    fn wait_event(&mut self, stream: StreamId, event: u32) -> Result<(u64, u64), ErrorCode> {
+        let e = self.events.get(&event).ok_or(ErrorCode::InvalidHandle)?;
+        let event = self.device.id(e).map_err(|e| e.code())?;
+        self.on_stream(stream, |d, s| {
+            d.queue(s, |stream| Call::StreamWaitEvent { stream, event }, &[])
+        })
     }
 
     /// Before an operation on `stream` of a consolidated client: CUDA's legacy order. Work
@@ -260,7 +305,7 @@ impl<D: Device> SessionState<D> {
             while let Some(&id) = self.legacy.unordered.last() {
                 // A stream destroyed since has nothing left to order.
                 if self.streams.get(&id).is_some_and(|s| s.unordered) {
-                    self.mark_and_wait(&*device, id, 0)?;
+                    self.mark_and_wait(&device, id, 0)?;
                     if let Some(s) = self.streams.get_mut(&id) {
                         s.unordered = false;
                     }
@@ -271,7 +316,7 @@ impl<D: Device> SessionState<D> {
             && slot.blocking
             && slot.legacy_seen < self.legacy.epoch
         {
-            self.mark_and_wait(&*device, 0, stream)?;
+            self.mark_and_wait(&device, 0, stream)?;
             let epoch = self.legacy.epoch;
             if let Some(s) = self.streams.get_mut(&stream) {
                 s.legacy_seen = epoch;
@@ -294,15 +339,20 @@ impl<D: Device> SessionState<D> {
     }
 
     /// Records `from`'s marker at the end of `from`, and makes `to` wait for it.
-    fn mark_and_wait(&mut self, device: &D, from: StreamId, to: StreamId) -> Result<(), ErrorCode> {
+    fn mark_and_wait(
+        &mut self,
+        device: &Device,
+        from: StreamId,
+        to: StreamId,
+    ) -> Result<(), ErrorCode> {
         if let std::collections::hash_map::Entry::Vacant(v) = self.legacy.markers.entry(from) {
-            v.insert(device.create_marker().map_err(|e| e.code())?);
+            v.insert(
+                device
+                    .create_event(EventKind::Marker)
+                    .map_err(|e| e.code())?,
+            );
         }
-        let marker = self
-            .legacy
-            .markers
-            .get_mut(&from)
-            .ok_or(ErrorCode::Internal)?;
+        let marker = self.legacy.markers.get(&from).ok_or(ErrorCode::Internal)?;
         let source = self
             .streams
             .get_mut(&from)
@@ -310,9 +360,14 @@ impl<D: Device> SessionState<D> {
         device
             .record_event(marker, &mut source.stream)
             .map_err(|e| e.code())?;
+        let event = device.id(marker).map_err(|e| e.code())?;
         let target = self.streams.get_mut(&to).ok_or(ErrorCode::InvalidHandle)?;
         device
-            .stream_wait_event(&mut target.stream, marker)
+            .queue(
+                &mut target.stream,
+                |stream| Call::StreamWaitEvent { stream, event },
+                &[],
+            )
             .map_err(|e| e.code())
     }
 

@@ -11,9 +11,9 @@ use gpushare_protocol::{Command, DevicePtr, ErrorCode, StreamId};
 use zerocopy::FromBytes;
 
 use super::{MAX_ALLOCATIONS, MAX_EVENTS, MAX_STREAMS, SessionState, StreamSlot};
-use crate::device::{Device, DeviceError};
+use crate::device::{Call, Device, DeviceError, EventKind, Function, Reply, Stream};
 
-impl<D: Device> SessionState<D> {
+impl SessionState {
     /// Decodes, validates and executes one entry; never panics on any input.
     pub(super) fn process(&mut self, entry: &SubmissionEntry) -> CompletionEntry {
         self.info.counters.commands.fetch_add(1, Ordering::Relaxed);
@@ -46,7 +46,10 @@ impl<D: Device> SessionState<D> {
                     .allocations
                     .size_of(ptr)
                     .ok_or(ErrorCode::InvalidPointer)?;
-                self.device.free(ptr).map_err(|e| e.code())?;
+                self.device
+                    .call(Call::Free { ptr }, &[])
+                    .and_then(Reply::done)
+                    .map_err(|e| e.code())?;
                 self.allocations.remove(ptr);
                 let charged = self.placed_charges.remove(&ptr).unwrap_or(size);
                 self.info.release_memory(charged);
@@ -59,11 +62,18 @@ impl<D: Device> SessionState<D> {
                 len,
             } => {
                 self.check_device(dst, len)?;
-                let region = self.region.clone();
-                let src = region
+                let src = self
+                    .region
                     .arena_slice(arena_offset, len)
-                    .ok_or(ErrorCode::ArenaOutOfBounds)?;
-                let r = self.on_stream(stream, |d, s| d.copy_htod(s, src, dst))?;
+                    .ok_or(ErrorCode::ArenaOutOfBounds)?
+                    .span();
+                let copy = |stream| Call::CopyHtoD {
+                    stream,
+                    src,
+                    dst,
+                    staged: false,
+                };
+                let r = self.on_stream(stream, |d, s| d.queue(s, copy, &[]))?;
                 self.info
                     .counters
                     .bytes_htod
@@ -77,11 +87,18 @@ impl<D: Device> SessionState<D> {
                 len,
             } => {
                 self.check_device(src, len)?;
-                let region = self.region.clone();
-                let dst = region
+                let dst = self
+                    .region
                     .arena_slice(arena_offset, len)
-                    .ok_or(ErrorCode::ArenaOutOfBounds)?;
-                let r = self.on_stream(stream, |d, s| d.copy_dtoh(s, src, dst))?;
+                    .ok_or(ErrorCode::ArenaOutOfBounds)?
+                    .span();
+                let copy = |stream| Call::CopyDtoH {
+                    stream,
+                    src,
+                    dst,
+                    staged: false,
+                };
+                let r = self.on_stream(stream, |d, s| d.queue(s, copy, &[]))?;
                 self.info
                     .counters
                     .bytes_dtoh
@@ -96,7 +113,13 @@ impl<D: Device> SessionState<D> {
             } => {
                 self.check_device(src, len)?;
                 self.check_device(dst, len)?;
-                let r = self.on_stream(stream, |d, s| d.copy_dtod(s, src, dst, len))?;
+                let copy = |stream| Call::CopyDtoD {
+                    stream,
+                    src,
+                    dst,
+                    len,
+                };
+                let r = self.on_stream(stream, |d, s| d.queue(s, copy, &[]))?;
                 self.info
                     .counters
                     .bytes_dtod
@@ -110,7 +133,14 @@ impl<D: Device> SessionState<D> {
                 len,
             } => {
                 self.check_device(dst, len)?;
-                self.on_stream(stream, |d, s| d.memset(s, dst, value, len))
+                let memset = |stream| Call::Memset {
+                    stream,
+                    dst,
+                    value: value as u32,
+                    elem_bytes: 1,
+                    count: len,
+                };
+                self.on_stream(stream, |d, s| d.queue(s, memset, &[]))
             }
             Command::StreamCreate => {
                 if self.streams.len() >= MAX_STREAMS {
@@ -168,7 +198,10 @@ impl<D: Device> SessionState<D> {
                     return Err(ErrorCode::TooManyHandles);
                 }
                 let (id, next) = fresh_id(self.next_event, |id| self.events.contains_key(&id))?;
-                let event = self.device.create_event().map_err(|e| e.code())?;
+                let event = self
+                    .device
+                    .create_event(EventKind::Timing)
+                    .map_err(|e| e.code())?;
                 self.next_event = next;
                 self.events.insert(id, event);
                 Ok((id as u64, 0))
@@ -182,10 +215,7 @@ impl<D: Device> SessionState<D> {
                     self.order_legacy(stream)?;
                 }
                 let device = self.device.clone();
-                let e = self
-                    .events
-                    .get_mut(&event)
-                    .ok_or(ErrorCode::InvalidHandle)?;
+                let e = self.events.get(&event).ok_or(ErrorCode::InvalidHandle)?;
                 let slot = self
                     .streams
                     .get_mut(&stream)
@@ -301,8 +331,20 @@ impl<D: Device> SessionState<D> {
                 let sm_limit = turn.and_then(|t| t.sm_limit);
                 let start = turn.and_then(|_| self.start_granted(stream));
                 let r = self.on_stream(stream, |d, s| {
-                    d.limit_sms(s, sm_limit)?;
-                    d.launch(s, &kernel)
+                    d.queue(
+                        s,
+                        |stream| Call::LimitSms {
+                            stream,
+                            sms: sm_limit,
+                        },
+                        &[],
+                    )?;
+                    let launch = |stream| Call::Launch {
+                        stream,
+                        kernel,
+                        start: None,
+                    };
+                    d.queue(s, launch, &[])
                 });
                 if let Some(turn) = turn {
                     self.track_granted(stream, turn.request, start, r.is_ok());
@@ -388,7 +430,7 @@ impl<D: Device> SessionState<D> {
                 // Placed memory costs whole granules on a GPU: the quota counts what it took.
                 if took > bytes {
                     if let Err(code) = self.info.charge_memory(took - bytes) {
-                        let _ = self.device.free(ptr);
+                        let _ = self.device.call(Call::Free { ptr }, &[]);
                         return Err(code);
                     }
                     charge = took;
@@ -435,7 +477,7 @@ impl<D: Device> SessionState<D> {
         stream: StreamId,
         launch: &ModuleLaunch,
         with_attributes: bool,
-        function: &D::Function,
+        function: &Function,
         block: &[u8],
     ) -> Result<(u64, u64), ErrorCode> {
         let (attributes, params) = if with_attributes {
@@ -457,8 +499,23 @@ impl<D: Device> SessionState<D> {
         let sm_limit = turn.and_then(|t| t.sm_limit);
         let start = turn.and_then(|_| self.start_granted(stream));
         let r = self.on_stream(stream, |d, s| {
-            d.limit_sms(s, sm_limit)?;
-            d.launch_module(s, function, launch, &attributes, params)
+            let function = d.id(function)?;
+            d.queue(
+                s,
+                |stream| Call::LimitSms {
+                    stream,
+                    sms: sm_limit,
+                },
+                &[],
+            )?;
+            let launch = |stream| Call::LaunchModule {
+                stream,
+                function,
+                launch: *launch,
+                attributes,
+                start: None,
+            };
+            d.queue(s, launch, params)
         });
         if let Some(turn) = turn {
             self.track_granted(stream, turn.request, start, r.is_ok());
@@ -472,7 +529,7 @@ impl<D: Device> SessionState<D> {
     pub(super) fn on_stream(
         &mut self,
         stream: StreamId,
-        op: impl FnOnce(&D, &mut D::Stream) -> Result<(), DeviceError>,
+        op: impl FnOnce(&Device, &mut Stream) -> Result<(), DeviceError>,
     ) -> Result<(u64, u64), ErrorCode> {
         let device = self.device.clone();
         if !self.streams.contains_key(&stream) {

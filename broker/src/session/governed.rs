@@ -29,7 +29,6 @@ use gpushare_protocol::command::GOVERNED_LEASE;
 use gpushare_protocol::{ErrorCode, PriorityClass};
 
 use super::SessionState;
-use crate::device::Device;
 use crate::sched::RequestId;
 
 /// Tokens granted when launches are not gated, and how long they stay valid.
@@ -88,7 +87,7 @@ fn coarse_blocks(n: u64) -> u32 {
     u32::try_from(rounded).unwrap_or(u32::MAX)
 }
 
-impl<D: Device> SessionState<D> {
+impl SessionState {
     fn require_governed(&self) -> Result<(), ErrorCode> {
         if self.info.governed {
             Ok(())

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use gpushare_protocol::ring::BrokerRings;
 use gpushare_protocol::{DevicePtr, EventId, StreamId};
 
-use crate::device::{Device, DeviceError};
+use crate::device::{Call, Device, DeviceError, DeviceResult, Event, Stream};
 use crate::dispatch::GpuDispatch;
 use crate::fault::{DeviceHealth, Verdict};
 use crate::shm::SharedRegion;
@@ -57,8 +57,8 @@ pub const MAX_EVENTS: usize = 16384;
 pub const MAX_ALLOCATIONS: usize = 1 << 20;
 
 /// One of the client's streams, and what the session tracks of the work on it.
-struct StreamSlot<S, E> {
-    stream: S,
+struct StreamSlot {
+    stream: Stream,
     /// Got work since the last [`SessionState::account`].
     touched: bool,
     /// Got work since it was last synchronized (for telling whether the session has work in
@@ -75,11 +75,11 @@ struct StreamSlot<S, E> {
     legacy_seen: u64,
     /// The event after the last granted kernel on this stream seen finished: where the next
     /// one, launched behind it, started (its duration is measured from there).
-    last_end: Option<E>,
+    last_end: Option<Event>,
 }
 
-impl<S, E> StreamSlot<S, E> {
-    fn new(stream: S) -> StreamSlot<S, E> {
+impl StreamSlot {
+    fn new(stream: Stream) -> StreamSlot {
         StreamSlot {
             stream,
             touched: false,
@@ -94,19 +94,19 @@ impl<S, E> StreamSlot<S, E> {
 }
 
 /// The data thread's state for one client.
-pub struct SessionState<D: Device> {
-    device: Arc<D>,
+pub struct SessionState {
+    device: Arc<Device>,
     info: Arc<SessionInfo>,
     region: Arc<SharedRegion>,
     rings: BrokerRings,
     complete_wake: Wakeup,
-    modules: Arc<Mutex<ModuleTable<D>>>,
+    modules: Arc<Mutex<ModuleTable>>,
     pacing: Pacing,
     /// Base pointer → size of every live allocation.
     allocations: Allocations,
-    streams: HashMap<StreamId, StreamSlot<D::Stream, D::Event>>,
+    streams: HashMap<StreamId, StreamSlot>,
     next_stream: StreamId,
-    events: HashMap<EventId, D::Event>,
+    events: HashMap<EventId, Event>,
     /// Where each event was last recorded: the stream, and its operations submitted then.
     event_marks: HashMap<EventId, (StreamId, u64)>,
     next_event: EventId,
@@ -127,17 +127,22 @@ pub struct SessionState<D: Device> {
     /// The job profile the client declared (kept when its deadline changes).
     declared_job: Option<crate::sched::JobProfile>,
     /// Granted kernels not yet seen finished, oldest first, with the events that time them.
-    granted: std::collections::VecDeque<turns::Granted<D::Event>>,
-    spare_events: Vec<D::Event>,
+    granted: std::collections::VecDeque<turns::Granted>,
+    spare_events: Vec<Event>,
     /// Placed allocations (`AllocAt`) that were charged more than their size: the device
     /// memory they took (whole granules on a GPU).
     placed_charges: HashMap<DevicePtr, u64>,
     /// A governed client's admission state (memory reserved, its launch lease).
     governed: governed::Governed,
     /// A consolidated client's stream-order markers and stream 0's work count.
-    legacy: consolidated::Legacy<D>,
+    legacy: consolidated::Legacy,
     /// A launch's parameter block, copied out of the arena (kept to reuse its allocation).
     launch_params: Vec<u8>,
+}
+
+fn register_arena(device: &Device, region: &SharedRegion) -> DeviceResult<()> {
+    let span = region.arena().span();
+    device.call(Call::RegisterArena { span }, &[])?.done()
 }
 
 /// How a data thread waits for its client.
@@ -179,20 +184,20 @@ pub enum SessionEnd {
     ProtocolViolation(String),
 }
 
-impl<D: Device> SessionState<D> {
+impl SessionState {
     /// Sets up the session's rings and default stream.
     ///
     /// # Errors
     /// When the device cannot create the default stream or register the arena.
     pub fn new(
-        device: Arc<D>,
+        device: Arc<Device>,
         info: Arc<SessionInfo>,
         region: Arc<SharedRegion>,
         complete_wake: Wakeup,
-        modules: Arc<Mutex<ModuleTable<D>>>,
+        modules: Arc<Mutex<ModuleTable>>,
         pacing: Pacing,
         gpu: GpuServices,
-    ) -> Result<SessionState<D>, DeviceError> {
+    ) -> Result<SessionState, DeviceError> {
         let GpuServices { health, dispatch } = gpu;
         // A suspect carried over a restart starts on probation.
         let probation_until = health.probation_until(info.id);
@@ -207,7 +212,7 @@ impl<D: Device> SessionState<D> {
         // A consolidated client's arena stays pageable: what it stages there is read (or
         // written) before the command completes, and its page-locked memory comes apart.
         if !info.consolidated
-            && let Err(e) = device.register_arena(region.arena())
+            && let Err(e) = register_arena(&device, &region)
         {
             device.unshare_memory(region.id());
             return Err(e);
@@ -215,7 +220,8 @@ impl<D: Device> SessionState<D> {
         let default_stream = match device.create_stream(info.grant().class) {
             Ok(s) => s,
             Err(e) => {
-                device.unregister_arena(region.arena());
+                let span = region.arena().span();
+                let _ = device.call(Call::UnregisterArena { span }, &[]);
                 device.unshare_memory(region.id());
                 return Err(e);
             }
@@ -254,6 +260,15 @@ impl<D: Device> SessionState<D> {
             legacy: consolidated::Legacy::default(),
             launch_params: Vec::new(),
         })
+    }
+
+    /// Makes the client's arena usable for direct DMA (not a consolidated client's: what it
+    /// stages there is read or written before the command completes).
+    fn register_arena(&self) -> DeviceResult<()> {
+        if self.info.consolidated {
+            return Ok(());
+        }
+        register_arena(&self.device, &self.region)
     }
 
     /// Registers the client with its GPU's scheduler, as granted now and in its GPU context.

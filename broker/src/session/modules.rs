@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use gpushare_protocol::ErrorCode;
 
-use crate::device::Device;
+use crate::device::{Function, Module};
 
 /// Most modules one client may hold.
 pub const MAX_MODULES: usize = 256;
@@ -14,8 +14,9 @@ pub const MAX_MODULES: usize = 256;
 pub const MAX_FUNCTIONS: usize = 65536;
 
 /// Modules and functions a client loaded; shared with the control task that loads them.
-pub struct ModuleTable<D: Device> {
-    handles: Handles<D::Module, D::Function>,
+#[derive(Default)]
+pub struct ModuleTable {
+    handles: Handles<Module, Function>,
     /// Module globals the client looked up (base → (size, module)): copies may name them.
     globals: BTreeMap<u64, (u64, u64)>,
     /// Each module's image, kept while loaded: the broker shares image bytes between
@@ -23,25 +24,15 @@ pub struct ModuleTable<D: Device> {
     images: HashMap<u64, Arc<[u8]>>,
 }
 
-impl<D: Device> Default for ModuleTable<D> {
-    fn default() -> Self {
-        ModuleTable {
-            handles: Handles::default(),
-            globals: BTreeMap::new(),
-            images: HashMap::new(),
-        }
-    }
-}
-
-impl<D: Device> ModuleTable<D> {
-    pub fn insert_module(&mut self, module: D::Module) -> Result<u64, ErrorCode> {
+impl ModuleTable {
+    pub fn insert_module(&mut self, module: Module) -> Result<u64, ErrorCode> {
         self.handles.insert_module(module)
     }
 
     /// Adds a module loaded from `image`, which is kept with it.
     pub fn insert_module_from(
         &mut self,
-        module: D::Module,
+        module: Module,
         image: Arc<[u8]>,
     ) -> Result<u64, ErrorCode> {
         let id = self.handles.insert_module(module)?;
@@ -65,15 +56,15 @@ impl<D: Device> ModuleTable<D> {
             .is_some_and(|(&base, &(size, _))| end <= base.saturating_add(size))
     }
 
-    pub fn module(&self, id: u64) -> Option<Arc<D::Module>> {
+    pub fn module(&self, id: u64) -> Option<Arc<Module>> {
         self.handles.module(id)
     }
 
-    pub fn insert_function(&mut self, module: u64, f: D::Function) -> Result<u64, ErrorCode> {
+    pub fn insert_function(&mut self, module: u64, f: Function) -> Result<u64, ErrorCode> {
         self.handles.insert_function(module, f)
     }
 
-    pub fn function(&self, id: u64) -> Option<Arc<D::Function>> {
+    pub fn function(&self, id: u64) -> Option<Arc<Function>> {
         self.handles.function(id)
     }
 

@@ -3,9 +3,9 @@
 use std::sync::atomic::Ordering;
 
 use super::SessionState;
-use crate::device::Device;
+use crate::device::{Call, Reply};
 
-impl<D: Device> SessionState<D> {
+impl SessionState {
     /// Releases everything the client held: waits for its streams, then frees.
     pub(super) fn reclaim(&mut self) {
         let streams = self.streams.len();
@@ -35,12 +35,17 @@ impl<D: Device> SessionState<D> {
             m.clear();
         }
         for (ptr, _) in self.allocations.take() {
-            if let Err(e) = self.device.free(ptr) {
+            if let Err(e) = self
+                .device
+                .call(Call::Free { ptr }, &[])
+                .and_then(Reply::done)
+            {
                 tracing::warn!(ptr = format_args!("{ptr:#x}"), error = %e, "could not free allocation of departed client");
             }
         }
         self.release_hosts(true);
-        self.device.unregister_arena(self.region.arena());
+        let span = self.region.arena().span();
+        let _ = self.device.call(Call::UnregisterArena { span }, &[]);
         self.device.unshare_memory(self.region.id());
         self.info.set_memory_used(0);
         self.info.counters.streams.store(0, Ordering::Relaxed);
@@ -63,7 +68,8 @@ impl<D: Device> SessionState<D> {
             .unwrap_or_default();
         for shared in hosts {
             if live {
-                self.device.unregister_host(shared.region.whole());
+                let span = shared.region.whole().span();
+                let _ = self.device.call(Call::UnregisterHost { span }, &[]);
             }
             self.device.unshare_memory(shared.region.id());
             self.info.account().unpin(shared.region.len() as u64);

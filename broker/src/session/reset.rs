@@ -11,7 +11,6 @@ use gpushare_protocol::control::{BrokerMessage, LostState};
 use gpushare_protocol::{Command, DevicePtr, ErrorCode, EventId, StreamId};
 
 use super::{SessionEnd, SessionState, StreamSlot};
-use crate::device::Device;
 use crate::fault::Verdict;
 
 /// Handles a session lost in device resets.
@@ -106,7 +105,7 @@ impl Lost {
     }
 }
 
-impl<D: Device> SessionState<D> {
+impl SessionState {
     /// What a failed command tells the client when a reset is behind the failure: a command
     /// naming something a reset took fails with `DeviceReset` (or, releasing it, succeeds),
     /// and a sticky device error gets the context reset and is reported the same way.
@@ -260,8 +259,7 @@ impl<D: Device> SessionState<D> {
             return Some(SessionEnd::Evicted(reason));
         }
         let rebuilt = self
-            .device
-            .register_arena(self.region.arena())
+            .register_arena()
             .and_then(|()| self.device.create_stream(self.info.grant().class));
         match rebuilt {
             Ok(stream) => {

@@ -7,7 +7,6 @@ use std::time::{Duration, Instant};
 use gpushare_protocol::ring::CompletionEntry;
 
 use super::{SessionEnd, SessionState};
-use crate::device::Device;
 
 /// How soon an idle data thread looks again at device-time measurements still in flight.
 const MEASURE_RECHECK: Duration = Duration::from_millis(2);
@@ -25,7 +24,7 @@ fn stalled(limit: Duration) -> String {
     )
 }
 
-impl<D: Device> SessionState<D> {
+impl SessionState {
     /// Runs the client's commands until the session ends: stopped, evicted, culprit of a
     /// fault, or a client that broke the ring protocol.
     pub(super) fn serve(&mut self) -> SessionEnd {

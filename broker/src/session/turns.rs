@@ -9,24 +9,24 @@
 use gpushare_protocol::StreamId;
 
 use super::SessionState;
-use crate::device::Device;
+use crate::device::{Event, EventKind};
 use crate::dispatch::{GpuDispatch, Turn, Waiting};
 use crate::sched::{KernelProfile, RequestId};
 
 /// A granted kernel not yet seen finished.
-pub(super) struct Granted<E> {
+pub(super) struct Granted {
     request: RequestId,
     stream: StreamId,
     /// Recorded just before the kernel; `None`: it started when the previous granted kernel
     /// of its stream ended.
-    start: Option<E>,
-    end: E,
+    start: Option<Event>,
+    end: Event,
     /// The stream's operation count after the kernel (nothing else came between two granted
     /// kernels when the next one is launched at the count after this).
     submitted: u64,
 }
 
-impl<D: Device> SessionState<D> {
+impl SessionState {
     /// Waits for the scheduler to grant a kernel of this profile (not at all under FIFO).
     pub(super) fn acquire(
         &mut self,
@@ -62,7 +62,7 @@ impl<D: Device> SessionState<D> {
     /// Before a granted kernel is launched on `stream`: an event that marks where it starts,
     /// unless it will start where the stream's previous granted kernel ends (that one is
     /// still running and nothing was queued between them).
-    pub(super) fn start_granted(&mut self, stream: StreamId) -> Option<D::Event> {
+    pub(super) fn start_granted(&mut self, stream: StreamId) -> Option<Event> {
         let submitted = self.streams.get(&stream)?.submitted;
         let behind = self
             .granted
@@ -75,12 +75,12 @@ impl<D: Device> SessionState<D> {
         if behind {
             return None;
         }
-        let mut event = self.spare_event().ok()?;
+        let event = self.spare_event().ok()?;
         let Some(slot) = self.streams.get_mut(&stream) else {
             self.spare_events.push(event);
             return None;
         };
-        match self.device.record_start(&mut event, &mut slot.stream) {
+        match self.device.record_start(&event, &mut slot.stream) {
             Ok(()) => Some(event),
             Err(_) => {
                 self.spare_events.push(event);
@@ -94,17 +94,15 @@ impl<D: Device> SessionState<D> {
         &mut self,
         stream: StreamId,
         request: RequestId,
-        start: Option<D::Event>,
+        start: Option<Event>,
         launched: bool,
     ) {
         let event = self.spare_event();
         let recorded = match (launched, event, self.streams.get_mut(&stream)) {
-            (true, Ok(mut e), Some(slot)) => {
-                match self.device.record_event(&mut e, &mut slot.stream) {
-                    Ok(()) => Ok((e, slot.submitted)),
-                    Err(_) => Err(Some(e)),
-                }
-            }
+            (true, Ok(e), Some(slot)) => match self.device.record_event(&e, &mut slot.stream) {
+                Ok(()) => Ok((e, slot.submitted)),
+                Err(_) => Err(Some(e)),
+            },
             (_, Ok(e), _) => Err(Some(e)),
             (_, Err(_), _) => Err(None),
         };
@@ -142,7 +140,7 @@ impl<D: Device> SessionState<D> {
 
     /// How long a finished granted kernel ran; keeps its end event as where the stream's
     /// next granted kernel starts.
-    fn time_granted(&mut self, g: Granted<D::Event>) -> Option<u64> {
+    fn time_granted(&mut self, g: Granted) -> Option<u64> {
         let Some(slot) = self.streams.get_mut(&g.stream) else {
             self.spare_events.extend(g.start.into_iter().chain([g.end]));
             return None;
@@ -156,10 +154,10 @@ impl<D: Device> SessionState<D> {
     }
 
     /// A timing event from the spares, or a new one.
-    fn spare_event(&mut self) -> crate::device::DeviceResult<D::Event> {
+    fn spare_event(&mut self) -> crate::device::DeviceResult<Event> {
         match self.spare_events.pop() {
             Some(e) => Ok(e),
-            None => self.device.create_event(),
+            None => self.device.create_event(EventKind::Timing),
         }
     }
 }

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
 use gpushare::{Client, ConnectOptions};
-use gpushare_broker::device::Device;
+use gpushare_broker::device::Backend;
 use gpushare_broker::device::cuda::{CudaDevice, CudaStream};
 use gpushare_protocol::{Kernel, PriorityClass};
 use rand::rngs::StdRng;

@@ -6,7 +6,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, anyhow};
 use cudarc::driver::result as cu;
 use cudarc::driver::sys;
-use gpushare_broker::device::Device;
+use gpushare_broker::device::Backend;
 use gpushare_broker::device::cuda::{BUILTIN_PTX, CudaDevice, CudaStream};
 use gpushare_protocol::{Kernel, PriorityClass};
 use serde_json::{Value, json};

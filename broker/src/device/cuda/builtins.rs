@@ -329,11 +329,11 @@ impl Builtins {
                 )
             }
             Kernel::GemmBf16 { .. } => Err(DeviceError::NotSupported {
-                backend: "cuda",
+                backend: "cuda".into(),
                 what: "bf16 GEMM has no built-in kernel; it needs cuBLAS".into(),
             }),
             Kernel::Fault { .. } => Err(DeviceError::NotSupported {
-                backend: "cuda",
+                backend: "cuda".into(),
                 what: "fault injection is not a built-in kernel".into(),
             }),
             Kernel::Spin { micros, blocks } => {

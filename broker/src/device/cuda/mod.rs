@@ -6,7 +6,7 @@
 //! `cuMemHostRegister` so host↔device copies are asynchronous DMA straight from shared memory.
 //! Device time per stream is measured with CUDA events bracketing spans of continuous work.
 //!
-//! This file opens the device and maps [`Device`] onto the files that do the work: `context`
+//! This file opens the device and maps [`Backend`] onto the files that do the work: `context`
 //! (binding, interruptible waits), `memory` and `placed` (allocations, page-locked arenas),
 //! `copy`, `stream` and `timing` (client streams and their device time), `event`, `module`
 //! (client modules and launches), `builtins` and `gemm` (built-in kernels, cuBLAS),
@@ -58,7 +58,7 @@ pub use self::module::{CudaFunction, CudaModule, ModuleRef};
 use self::partition::Partitions;
 use self::placed::PlacedMemory;
 pub use self::stream::CudaStream;
-use super::{Device, DeviceError, DeviceResult, FunctionShape, Occupancy};
+use super::{Backend, DeviceError, DeviceResult, FunctionShape, Occupancy};
 use crate::shm::ArenaSlice;
 
 /// FP32 lanes per SM on recent NVIDIA GPUs (Ampere and later), for the peak-rate estimate.
@@ -78,7 +78,7 @@ pub struct CudaDevice {
     priorities: (i32, i32),
     /// Client arenas that copies can DMA from.
     pinned: PinnedArenas,
-    /// Allocations placed at an address a client asked for ([`Device::alloc_at`]).
+    /// Allocations placed at an address a client asked for ([`Backend::alloc_at`]).
     placed: Mutex<PlacedMemory>,
     /// SM partitions for clients the scheduler keeps off part of the GPU.
     partitions: Partitions,
@@ -298,7 +298,7 @@ impl Drop for CudaDevice {
     }
 }
 
-impl Device for CudaDevice {
+impl Backend for CudaDevice {
     type Stream = CudaStream;
     type Event = CudaEvent;
     type Module = Arc<ModuleRef>;
@@ -416,7 +416,7 @@ impl Device for CudaDevice {
                 gemm::run(stream, Gemm::Bf16, (a, b, c), (m, n, k), alpha, beta)
             }
             Kernel::GemmBf16 { .. } => Err(DeviceError::NotSupported {
-                backend: "cuda",
+                backend: "cuda".into(),
                 what: "bf16 GEMM needs cuBLAS (libcublas.so), which was not found".into(),
             }),
             Kernel::Fault { hang } => self.inject_fault(stream, hang),

@@ -133,7 +133,7 @@ impl Partitions {
     fn make(&self, size: u32) -> DeviceResult<CUgreenCtx> {
         let Some(whole) = self.whole else {
             return Err(crate::device::DeviceError::NotSupported {
-                backend: "cuda",
+                backend: "cuda".into(),
                 what: "SM partitions (green contexts)".into(),
             });
         };

@@ -1,7 +1,6 @@
 //! The calling side of the channels: each thread of gpushared that calls a device gets a channel
-//! to that device's worker, opened on first use; a request either waits for its answer or is
-//! posted (work queued on a stream, a release), its answer collected later and a failure kept
-//! for the stream's next synchronization.
+//! to that device's worker, opened on first use; a call either waits for its answer or is
+//! posted (work queued on a stream, a release), its answer collected later into the ledger.
 
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
@@ -13,9 +12,9 @@ use std::time::{Duration, Instant};
 use gpushare_protocol::control::{decode, encode_into};
 
 use super::channel::{CallerEnd, Gave, MAX_REQUEST};
-use super::handles::RemoteStream;
-use super::wire::{Answer, Envelope, Handle, Payload, Reply, Request, ToWorker};
-use super::{Active, RemoteDevice, lock};
+use super::wire::{Envelope, Payload, ToWorker};
+use super::{Active, Remote};
+use crate::device::call::{Answer, Call, Handle};
 use crate::device::{DeviceError, DeviceResult};
 
 /// One thread's channel to one device's worker.
@@ -64,19 +63,16 @@ pub(super) fn spin_hint(id: u64, spin: Duration) {
     });
 }
 
-impl RemoteDevice {
-    /// Sends a request on this thread's channel and waits for its answer.
-    pub(super) fn call(&self, request: Request, payload: &[u8]) -> DeviceResult<Answer> {
-        self.call_within(request, payload, None)
-    }
-
+impl Remote {
+    /// Sends a call on this thread's channel and waits for its answer (giving up after
+    /// `deadline`, if set).
     pub(super) fn call_within(
         &self,
-        request: Request,
+        call: Call,
         payload: &[u8],
         deadline: Option<Duration>,
     ) -> DeviceResult<Answer> {
-        match self.send(request, payload, Send_::Wait(deadline))? {
+        match self.send(call, payload, Send_::Wait(deadline))? {
             Some(answer) => Ok(answer),
             None => Err(DeviceError::Failed(
                 "no answer from the device worker".into(),
@@ -84,34 +80,27 @@ impl RemoteDevice {
         }
     }
 
-    /// Posts work for `stream` without waiting for its answer: the channel's next request
-    /// collects it, and a failure is kept for the stream's next synchronization (as CUDA
-    /// reports asynchronous errors), so the worker runs it while this thread goes on.
-    pub(super) fn post_work(
+    /// Posts a call without waiting for its answer: the channel's next call collects it into
+    /// the ledger (a failure of work on `stream` is kept for its next synchronization, as CUDA
+    /// reports asynchronous errors), so the worker runs it while this thread goes on. A
+    /// release (`stream` none) of a worker that is gone has nothing to do.
+    pub(super) fn post_call(
         &self,
-        stream: Handle,
-        request: Request,
+        stream: Option<Handle>,
+        call: Call,
         payload: &[u8],
     ) -> DeviceResult<()> {
-        self.send(request, payload, Send_::Post(Some(stream)))
-            .map(drop)
-    }
-
-    /// Posts a release whose answer nobody needs (an event, module or function of
-    /// `generation`; nothing to do if that worker is gone).
-    pub(super) fn post_release(&self, generation: u64, request: Request) {
-        let active = self.active();
-        if active.generation != generation || active.process.gone().is_some() {
-            return; // released with its worker
+        if stream.is_none() && self.active().process.gone().is_some() {
+            return Ok(()); // released with its worker
         }
         // On a thread that is ending this may find no channel table left: nothing is lost, the
         // worker frees everything when it goes.
-        let _ = self.send(request, &[], Send_::Post(None));
+        self.send(call, payload, Send_::Post(stream)).map(drop)
     }
 
     /// Sends a request on this thread's channel: waits for its answer (behind the answers to
     /// what was posted before it), or posts it.
-    fn send(&self, request: Request, payload: &[u8], how: Send_) -> DeviceResult<Option<Answer>> {
+    fn send(&self, call: Call, payload: &[u8], how: Send_) -> DeviceResult<Option<Answer>> {
         let shared = &self.shared;
         if shared.interrupted.load(Ordering::Acquire) {
             return Err(DeviceError::Cancelled);
@@ -129,7 +118,7 @@ impl RemoteDevice {
             Payload::Inline(payload.len() as u32)
         };
         let envelope = Envelope {
-            request,
+            call,
             payload: envelope_payload,
         };
         let sent = CALLERS.try_with(|callers| {
@@ -218,57 +207,14 @@ impl RemoteDevice {
         Ok(())
     }
 
-    /// Keeps what a posted request's answer says of its stream: its failure, for the next
-    /// synchronization; its device time, for the next account.
+    /// Keeps what a posted call's answer says of its stream in the ledger.
     fn note_posted(&self, generation: u64, stream: Option<Handle>, bytes: &[u8]) {
-        let (Some(stream), Ok(answer)) = (stream, decode::<Answer>(bytes)) else {
-            return;
-        };
-        let shared = &self.shared;
-        let key = (generation, stream);
-        if let Reply::Failed(e) = answer.reply {
-            lock(&shared.deferred)
-                .entry(key)
-                .or_insert_with(|| e.into());
-            shared.any_deferred.store(true, Ordering::Release);
+        if stream.is_none() {
+            return; // a release: nobody asks
         }
-        if let Some((busy, measuring)) = answer.news {
-            let mut news = lock(&shared.news);
-            let entry = news.entry(key).or_insert((0, false));
-            entry.0 += busy;
-            entry.1 = measuring;
-            shared.any_news.store(true, Ordering::Release);
+        if let Ok(answer) = decode::<Answer>(bytes) {
+            self.shared.ledger.note(generation, stream, answer);
         }
-    }
-
-    /// Adds what posted work's answers said of `stream`'s device time to what it knows.
-    pub(super) fn take_news(&self, stream: &mut RemoteStream) {
-        let shared = &self.shared;
-        if !shared.any_news.load(Ordering::Acquire) {
-            return;
-        }
-        let mut news = lock(&shared.news);
-        if let Some((busy, measuring)) = news.remove(&(stream.generation, stream.id)) {
-            stream.busy_ns += busy;
-            stream.measuring = measuring;
-        }
-        if news.is_empty() {
-            shared.any_news.store(false, Ordering::Release);
-        }
-    }
-
-    /// The failure of work posted earlier for `stream`, once.
-    pub(super) fn take_deferred(&self, stream: &RemoteStream) -> Option<DeviceError> {
-        let shared = &self.shared;
-        if !shared.any_deferred.load(Ordering::Acquire) {
-            return None;
-        }
-        let mut deferred = lock(&shared.deferred);
-        let e = deferred.remove(&(stream.generation, stream.id));
-        if deferred.is_empty() {
-            shared.any_deferred.store(false, Ordering::Release);
-        }
-        e
     }
 
     /// Waits for the channel's next answer (a copy of its bytes).
@@ -392,87 +338,5 @@ impl RemoteDevice {
             .request(&ToWorker::Blob { id, len }, &[file.as_raw_fd()])
             .map_err(|e| self.worker_lost(&e.to_string()))?;
         Ok(id)
-    }
-
-    /// The reply of a request that answers with nothing.
-    pub(super) fn done(&self, request: Request, payload: &[u8]) -> DeviceResult<()> {
-        match self.call(request, payload)?.reply {
-            Reply::Done => Ok(()),
-            other => Err(unexpected(other)),
-        }
-    }
-
-    pub(super) fn value(&self, request: Request, payload: &[u8]) -> DeviceResult<u64> {
-        match self.call(request, payload)?.reply {
-            Reply::Value(v) => Ok(v),
-            other => Err(unexpected(other)),
-        }
-    }
-
-    pub(super) fn flag(&self, request: Request) -> DeviceResult<(bool, Option<(u64, bool)>)> {
-        let answer = self.call(request, &[])?;
-        match answer.reply {
-            Reply::Flag(f) => Ok((f, answer.news)),
-            other => Err(unexpected(other)),
-        }
-    }
-
-    /// A stream request that waits for its answer: checks the stream is live and learns what
-    /// the answer says of its device time.
-    pub(super) fn on_stream(
-        &self,
-        stream: &mut RemoteStream,
-        request: Request,
-    ) -> DeviceResult<()> {
-        self.live(stream.generation)?;
-        self.flush_start(stream);
-        let answer = self.call(request, &[])?;
-        stream.learn(answer.news);
-        match answer.reply {
-            Reply::Done => Ok(()),
-            other => Err(unexpected(other)),
-        }
-    }
-
-    /// Work queued on a stream: posted, not waited for (see [`RemoteDevice::post_work`]).
-    pub(super) fn queue(
-        &self,
-        stream: &mut RemoteStream,
-        mut request: Request,
-        payload: &[u8],
-    ) -> DeviceResult<()> {
-        self.live(stream.generation)?;
-        stream.dirty = true;
-        match &mut request {
-            // A kernel takes the start marker recorded for it along.
-            Request::Launch { start, .. } | Request::LaunchModule { start, .. } => {
-                *start = stream.pending_start.take();
-            }
-            // Where the stream's kernels run changes nothing of where the next one starts.
-            Request::LimitSms { .. } => {}
-            _ => self.flush_start(stream),
-        }
-        self.post_work(stream.id, request, payload)
-    }
-
-    /// Records a start marker no kernel took along (something else came first).
-    pub(super) fn flush_start(&self, stream: &mut RemoteStream) {
-        if let Some(event) = stream.pending_start.take() {
-            let request = Request::RecordEvent {
-                event,
-                stream: stream.id,
-                start: true,
-            };
-            // Its event may be gone by now: nothing to record then, and nothing to report.
-            let _ = self.send(request, &[], Send_::Post(None));
-        }
-    }
-}
-
-/// An answer of the wrong kind (a bug on one side).
-pub(super) fn unexpected(reply: Reply) -> DeviceError {
-    match reply {
-        Reply::Failed(e) => e.into(),
-        other => DeviceError::Failed(format!("the device worker answered {other:?}")),
     }
 }

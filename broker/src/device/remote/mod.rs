@@ -10,27 +10,23 @@
 //! place as far as the sessions can tell: they lose their device state, are told so, and go
 //! on, and only the culprit is evicted.
 //!
-//! - `wire`: the requests, answers and control messages;
+//! - `wire`: a call as it travels, and the control messages;
 //! - `channel`: one calling thread's channel (the shared memory);
-//! - `calls`: a thread's channels, requests that wait and requests that are posted;
-//! - `handles`: streams, events, modules and functions as gpushared holds them;
-//! - `device`: [`Device`] for [`RemoteDevice`];
+//! - `calls`: a thread's channels, calls that wait and calls that are posted;
 //! - `spare`: the spare worker, and its promotion after a fault;
 //! - `process`: starting, asking and killing a worker;
-//! - `worker`: the worker process itself;
-//! - here: [`RemoteDevice`] and what its parts share.
+//! - `worker`: the worker process itself (an executor behind its channels);
+//! - here: [`Remote`], the [`Link`] to a worker, and what its parts share.
 
 mod calls;
 mod channel;
-mod device;
-mod handles;
 pub mod process;
 mod spare;
 pub mod wire;
 pub mod worker;
 
 use std::collections::HashMap;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
@@ -38,22 +34,20 @@ use std::time::{Duration, Instant};
 
 use gpushare_protocol::control::DeviceInfo;
 
-pub use self::handles::{RemoteEvent, RemoteFunction, RemoteModule, RemoteStream};
 use self::process::{WorkerError, WorkerProcess};
 use self::spare::start_spare;
-use self::wire::{FromWorker, Handle, Span};
+use self::wire::{FromWorker, ToWorker};
 pub use self::wire::{WorkerBackend, WorkerSpec};
+use super::call::{Answer, Call, Handle};
+use super::front::Device;
+use super::link::{Ledger, Link};
 use super::{DeviceError, DeviceResult};
-use crate::shm::ArenaSlice;
 
 /// How long a worker may take to open its device (the first CUDA start on a machine can be
 /// slow).
 pub(super) const READY_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long a promotion may wait for the spare to finish opening its device.
 pub(super) const SPARE_WAIT: Duration = Duration::from_secs(20);
-/// A busy stream's batch is ended in the worker at most this often (the CUDA device closes a
-/// measured span once it is 2 ms old).
-pub(super) const SPAN_CHECK: Duration = Duration::from_millis(2);
 /// How long the guardian's fault check may wait for a worker's answer before taking its
 /// silence for a fault.
 pub(super) const FAULT_CHECK_TIMEOUT: Duration = Duration::from_secs(2);
@@ -63,8 +57,8 @@ static DEVICE_IDS: AtomicU64 = AtomicU64::new(1);
 /// The built-in kernels a worker of this gpushared compiled: the others take them.
 static COMPILED: Mutex<Option<wire::BuiltinKernels>> = Mutex::new(None);
 
-/// A device in a worker process.
-pub struct RemoteDevice {
+/// A device in a worker process: the link to it.
+pub struct Remote {
     pub(super) shared: Arc<Shared>,
 }
 
@@ -96,14 +90,7 @@ pub(super) struct Shared {
     /// Where the highest allocation ever handed out ends: a successor allocates above it.
     pub(super) high_water: AtomicU64,
     pub(super) next_blob: AtomicU64,
-    /// Failures of posted work, by (generation, stream), until the stream's next
-    /// synchronization reports them.
-    pub(super) deferred: Mutex<HashMap<(u64, Handle), DeviceError>>,
-    pub(super) any_deferred: AtomicBool,
-    /// What answers to posted work said of streams' device time (measured since, pending
-    /// still), by (generation, stream), until the stream's next account takes it.
-    pub(super) news: Mutex<HashMap<(u64, Handle), (u64, bool)>>,
-    pub(super) any_news: AtomicBool,
+    pub(super) ledger: Ledger,
 }
 
 /// One region shared with the worker.
@@ -117,14 +104,10 @@ pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-impl RemoteDevice {
+impl Remote {
     /// Starts a worker for `spec` from gpushared's executable `exe` and waits until its device
     /// is open; then starts its spare beside it (when `spare`).
-    pub fn open(
-        exe: PathBuf,
-        mut spec: WorkerSpec,
-        spare: bool,
-    ) -> Result<RemoteDevice, WorkerError> {
+    pub fn open(exe: PathBuf, mut spec: WorkerSpec, spare: bool) -> Result<Remote, WorkerError> {
         let started = Instant::now();
         if spec.builtins.is_none() {
             spec.builtins = lock(&COMPILED).clone();
@@ -171,15 +154,12 @@ impl RemoteDevice {
             regions: Mutex::default(),
             high_water: AtomicU64::new(0),
             next_blob: AtomicU64::new(1),
-            deferred: Mutex::default(),
-            any_deferred: AtomicBool::new(false),
-            news: Mutex::default(),
-            any_news: AtomicBool::new(false),
+            ledger: Ledger::default(),
         });
         if spare {
             start_spare(&shared);
         }
-        Ok(RemoteDevice { shared })
+        Ok(Remote { shared })
     }
 
     /// The pid of the worker serving now (for tests and logs).
@@ -201,25 +181,6 @@ impl RemoteDevice {
             self.shared.spec.label
         ))
     }
-
-    /// A live handle of the worker serving now, or the error for one from before a reset.
-    pub(super) fn live(&self, generation: u64) -> DeviceResult<()> {
-        // Read under the lock: every queued call asks, and needs no reference of its own.
-        if generation == self.active_now().generation {
-            Ok(())
-        } else {
-            Err(DeviceError::Cancelled)
-        }
-    }
-
-    pub(super) fn span(&self, slice: ArenaSlice<'_>) -> Span {
-        let (region, offset) = slice.place();
-        Span {
-            region,
-            offset,
-            len: slice.len() as u64,
-        }
-    }
 }
 
 impl Drop for Shared {
@@ -228,5 +189,120 @@ impl Drop for Shared {
         if let Some(Ok(p)) = lock(&self.spare).take() {
             p.kill();
         }
+    }
+}
+
+impl Link for Remote {
+    fn backend(&self) -> &'static str {
+        self.shared.backend
+    }
+
+    fn info(&self) -> &DeviceInfo {
+        &self.shared.info
+    }
+
+    fn sm_partitions(&self) -> bool {
+        self.shared.sm_partitions
+    }
+
+    fn generation(&self) -> u64 {
+        self.active_now().generation
+    }
+
+    fn ledger(&self) -> &Ledger {
+        &self.shared.ledger
+    }
+
+    fn call(&self, call: Call, payload: &[u8], deadline: Option<Duration>) -> DeviceResult<Answer> {
+        self.call_within(call, payload, deadline)
+    }
+
+    fn post(&self, stream: Option<Handle>, call: Call, payload: &[u8]) -> DeviceResult<()> {
+        self.post_call(stream, call, payload)
+    }
+
+    fn share_memory(&self, region: u64, fd: BorrowedFd<'_>, len: u64, at: u64) -> DeviceResult<()> {
+        let fd = fd.try_clone_to_owned().map_err(|e| {
+            DeviceError::Failed(format!("cannot share memory with the device worker: {e}"))
+        })?;
+        // Under the lock, so that a promotion in progress hands every region on.
+        let mut regions = lock(&self.shared.regions);
+        let active = self.active();
+        let sent = active.process.request(
+            &ToWorker::ShareMemory { region, len, at },
+            &[fd.as_raw_fd()],
+        );
+        regions.insert(region, Shared_ { fd, len, at });
+        match sent {
+            Ok(()) => Ok(()),
+            Err(WorkerError::Refused(why)) => {
+                regions.remove(&region);
+                Err(DeviceError::Failed(format!(
+                    "the device worker cannot map client memory: {why}"
+                )))
+            }
+            // A worker that is gone: its successor gets the region.
+            Err(e) => {
+                tracing::debug!(error = %e, "sharing memory with a device worker that is gone");
+                Ok(())
+            }
+        }
+    }
+
+    fn unshare_memory(&self, region: u64) {
+        let mut regions = lock(&self.shared.regions);
+        if regions.remove(&region).is_some() {
+            let _ = self
+                .active()
+                .process
+                .request(&ToWorker::UnshareMemory { region }, &[]);
+        }
+    }
+
+    fn spin_hint(&self, spin: Duration) {
+        calls::spin_hint(self.shared.id, spin);
+    }
+
+    fn note_allocated(&self, end: u64) {
+        self.shared.high_water.fetch_max(end, Ordering::AcqRel);
+    }
+
+    fn interrupt(&self) {
+        self.shared.interrupted.store(true, Ordering::Release);
+    }
+
+    fn fault(&self) -> Option<String> {
+        let active = self.active();
+        if let Some(why) = active.process.gone() {
+            return Some(self.worker_lost(&why).to_string());
+        }
+        match self.call_within(Call::Fault, &[], Some(FAULT_CHECK_TIMEOUT)) {
+            Ok(answer) => match answer.reply.ok() {
+                Ok(super::call::Reply::Fault(f)) => f,
+                Ok(_) | Err(DeviceError::Cancelled) => None,
+                Err(e) => Some(e.to_string()),
+            },
+            Err(DeviceError::Cancelled) => None,
+            Err(e) => Some(e.to_string()),
+        }
+    }
+
+    fn reset(&self) -> DeviceResult<()> {
+        self.promote_spare()
+    }
+
+    fn resets_in_place(&self) -> bool {
+        true
+    }
+
+    fn reset_deadline(&self) -> Duration {
+        SPARE_WAIT + READY_TIMEOUT
+    }
+}
+
+impl Device {
+    /// A device served by a worker process.
+    pub fn remote(remote: Remote) -> Device {
+        Device::new(Arc::new(remote))
     }
 }

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use super::process::{WorkerError, WorkerProcess};
 use super::wire::{FromWorker, ToWorker};
-use super::{Active, READY_TIMEOUT, RemoteDevice, SPARE_WAIT, Shared, lock};
+use super::{Active, READY_TIMEOUT, Remote, SPARE_WAIT, Shared, lock};
 use crate::device::{DeviceError, DeviceResult};
 
 /// Starts the next spare in the background.
@@ -64,7 +64,7 @@ impl Shared {
     }
 }
 
-impl RemoteDevice {
+impl Remote {
     /// Replaces the worker serving now, whose context is lost (or that hangs), with the spare:
     /// kills it, hands the spare every region the clients share, and starts the next spare.
     pub(super) fn promote_spare(&self) -> DeviceResult<()> {

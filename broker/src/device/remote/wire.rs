@@ -1,25 +1,13 @@
-//! What gpushared and its device workers say to each other: a request on a calling thread's
-//! channel and its reply, and the messages of the worker's control socket. Both ends are the
+//! What gpushared and its device workers say to each other besides the calls themselves
+//! ([`crate::device::call`]): how a call travels on a calling thread's channel, and the
+//! messages of the worker's control socket. Both ends are the
 //! same binary, so nothing here is versioned; lengths are still checked, and a message that
 //! does not decode is an error, never a panic.
 
-use gpushare_protocol::command::{LaunchAttributes, ModuleLaunch};
-use gpushare_protocol::control::{DeviceInfo, ModuleFormat};
-use gpushare_protocol::{DevicePtr, Kernel, PriorityClass};
+use gpushare_protocol::control::DeviceInfo;
 use serde::{Deserialize, Serialize};
 
-use crate::device::{DeviceError, FunctionShape, Occupancy};
-
-/// A worker's stream, event, module or function.
-pub type Handle = u64;
-
-/// Client memory a copy names: a region shared with the worker (by its id), and where in it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Span {
-    pub region: u64,
-    pub offset: u64,
-    pub len: u64,
-}
+use crate::device::call::Call;
 
 /// Where a request's variable-length bytes are (launch parameters, a module image, a name).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -31,209 +19,11 @@ pub enum Payload {
     Blob(u64),
 }
 
-/// One device call.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub enum Request {
-    Alloc {
-        bytes: u64,
-    },
-    AllocAt {
-        ptr: DevicePtr,
-        bytes: u64,
-    },
-    Free {
-        ptr: DevicePtr,
-    },
-    RegisterArena {
-        span: Span,
-    },
-    UnregisterArena {
-        span: Span,
-    },
-    CreateStream {
-        class: PriorityClass,
-    },
-    DestroyStream {
-        stream: Handle,
-    },
-    CopyHtoD {
-        stream: Handle,
-        src: Span,
-        dst: DevicePtr,
-        staged: bool,
-    },
-    CopyDtoH {
-        stream: Handle,
-        src: DevicePtr,
-        dst: Span,
-        staged: bool,
-    },
-    CopyDtoD {
-        stream: Handle,
-        src: DevicePtr,
-        dst: DevicePtr,
-        len: u64,
-    },
-    Memset {
-        stream: Handle,
-        dst: DevicePtr,
-        value: u32,
-        elem_bytes: u8,
-        count: u64,
-    },
-    /// `start`: an event marking where the kernel starts, recorded just before it (in one
-    /// step, so that nothing can come between them).
-    Launch {
-        stream: Handle,
-        kernel: Kernel,
-        start: Option<Handle>,
-    },
-    LimitSms {
-        stream: Handle,
-        sms: Option<u32>,
-    },
-    /// The packed parameters are the payload.
-    LaunchModule {
-        stream: Handle,
-        function: Handle,
-        launch: ModuleLaunch,
-        attributes: LaunchAttributes,
-        start: Option<Handle>,
-    },
-    SyncStream {
-        stream: Handle,
-    },
-    EndBatch {
-        stream: Handle,
-        idle: bool,
-    },
-    StreamBusy {
-        stream: Handle,
-    },
-    StreamDone {
-        stream: Handle,
-    },
-    StreamWaitEvent {
-        stream: Handle,
-        event: Handle,
-    },
-    /// `None`: a timing event; `Some(flags)`: `cuEventCreate`'s flags.
-    CreateEvent {
-        marker: bool,
-        flags: Option<u32>,
-    },
-    DestroyEvent {
-        event: Handle,
-    },
-    RecordEvent {
-        event: Handle,
-        stream: Handle,
-        start: bool,
-    },
-    EventDone {
-        event: Handle,
-    },
-    SyncEvent {
-        event: Handle,
-    },
-    ElapsedNs {
-        start: Handle,
-        end: Handle,
-    },
-    Fault,
-    /// The image is the payload.
-    LoadModule {
-        format: ModuleFormat,
-    },
-    DropModule {
-        module: Handle,
-    },
-    /// The name is the payload.
-    GetFunction {
-        module: Handle,
-    },
-    DropFunction {
-        function: Handle,
-    },
-    RegisterHost {
-        span: Span,
-    },
-    UnregisterHost {
-        span: Span,
-    },
-    MemoryInfo,
-    FunctionShape {
-        function: Handle,
-    },
-    SetFunctionAttribute {
-        function: Handle,
-        attribute: u32,
-        value: i32,
-    },
-    Occupancy {
-        function: Handle,
-        question: Occupancy,
-    },
-    /// The name is the payload.
-    ModuleGlobal {
-        module: Handle,
-    },
-}
-
-/// What a request comes with on the channel.
+/// A call as it travels on a channel, with where its payload is.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Envelope {
-    pub request: Request,
+    pub call: Call,
     pub payload: Payload,
-}
-
-/// A device error as it travels (the device's own type names its backend statically).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub enum WireError {
-    OutOfMemory,
-    NotSupported { backend: String, what: String },
-    InvalidArgument(String),
-    NotReady,
-    Failed(String),
-    Fault(String),
-    Cancelled,
-    AddressUnavailable(String),
-}
-
-impl From<&DeviceError> for WireError {
-    fn from(e: &DeviceError) -> WireError {
-        match e {
-            DeviceError::OutOfMemory => WireError::OutOfMemory,
-            DeviceError::NotSupported { backend, what } => WireError::NotSupported {
-                backend: (*backend).to_string(),
-                what: what.clone(),
-            },
-            DeviceError::InvalidArgument(w) => WireError::InvalidArgument(w.clone()),
-            DeviceError::NotReady => WireError::NotReady,
-            DeviceError::Failed(w) => WireError::Failed(w.clone()),
-            DeviceError::Fault(w) => WireError::Fault(w.clone()),
-            DeviceError::Cancelled => WireError::Cancelled,
-            DeviceError::AddressUnavailable(w) => WireError::AddressUnavailable(w.clone()),
-        }
-    }
-}
-
-impl From<WireError> for DeviceError {
-    fn from(e: WireError) -> DeviceError {
-        match e {
-            WireError::OutOfMemory => DeviceError::OutOfMemory,
-            WireError::NotSupported { backend, what } => DeviceError::NotSupported {
-                backend: static_backend(&backend),
-                what,
-            },
-            WireError::InvalidArgument(w) => DeviceError::InvalidArgument(w),
-            WireError::NotReady => DeviceError::NotReady,
-            WireError::Failed(w) => DeviceError::Failed(w),
-            WireError::Fault(w) => DeviceError::Fault(w),
-            WireError::Cancelled => DeviceError::Cancelled,
-            WireError::AddressUnavailable(w) => DeviceError::AddressUnavailable(w),
-        }
-    }
 }
 
 /// The backend names a worker can have.
@@ -243,27 +33,6 @@ pub fn static_backend(name: &str) -> &'static str {
         "sim" => "sim",
         _ => "remote",
     }
-}
-
-/// What a request got.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Reply {
-    Done,
-    /// A pointer, a handle, bytes taken, nanoseconds, a count.
-    Value(u64),
-    Pair(u64, u64),
-    Flag(bool),
-    Shape(FunctionShape),
-    Fault(Option<String>),
-    Failed(WireError),
-}
-
-/// A reply, and what a stream request learnt of the stream's device time.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Answer {
-    pub reply: Reply,
-    /// (device time measured since last told, whether measurements are still pending).
-    pub news: Option<(u64, bool)>,
 }
 
 /// Which device a worker opens.
@@ -352,34 +121,13 @@ pub enum FromWorker {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gpushare_protocol::command::{LaunchAttributes, ModuleLaunch};
     use gpushare_protocol::control::{decode, encode};
 
     #[test]
-    fn every_device_error_survives_the_trip() {
-        let errors = [
-            DeviceError::OutOfMemory,
-            DeviceError::NotSupported {
-                backend: "sim",
-                what: "modules".into(),
-            },
-            DeviceError::InvalidArgument("x".into()),
-            DeviceError::NotReady,
-            DeviceError::Failed("f".into()),
-            DeviceError::Fault("illegal address".into()),
-            DeviceError::Cancelled,
-            DeviceError::AddressUnavailable("0x1000".into()),
-        ];
-        for e in errors {
-            let wire = WireError::from(&e);
-            let back: WireError = decode(&encode(&wire).expect("encodes")).expect("decodes");
-            assert_eq!(DeviceError::from(back), e);
-        }
-    }
-
-    #[test]
-    fn a_launch_request_is_small() {
+    fn a_launch_call_is_small() {
         let env = Envelope {
-            request: Request::LaunchModule {
+            call: Call::LaunchModule {
                 stream: 3,
                 function: 9,
                 launch: ModuleLaunch {
@@ -398,9 +146,6 @@ mod tests {
         let bytes = encode(&env).expect("encodes");
         assert!(bytes.len() < 96, "{} bytes", bytes.len());
         let back: Envelope = decode(&bytes).expect("decodes");
-        assert!(matches!(
-            back.request,
-            Request::LaunchModule { stream: 3, .. }
-        ));
+        assert!(matches!(back.call, Call::LaunchModule { stream: 3, .. }));
     }
 }

@@ -24,7 +24,7 @@ use gpushare_protocol::{DevicePtr, Kernel, PriorityClass};
 
 use self::cost::CostModel;
 use self::memory::SimMemory;
-use super::{Device, DeviceError, DeviceResult, FunctionShape};
+use super::{Backend, DeviceError, DeviceResult, FunctionShape};
 use crate::shm::ArenaSlice;
 
 /// How the sim device is set up.
@@ -206,7 +206,7 @@ impl SimDevice {
     }
 }
 
-impl Device for SimDevice {
+impl Backend for SimDevice {
     type Stream = SimStream;
     type Event = SimEvent;
     type Module = SimModule;
@@ -428,7 +428,7 @@ impl Device for SimDevice {
     fn load_module(&self, format: ModuleFormat, image: &[u8]) -> DeviceResult<SimModule> {
         SimModule::parse(image).unwrap_or_else(|| {
             Err(DeviceError::NotSupported {
-                backend: "sim",
+                backend: "sim".into(),
                 what: format!(
                     "loading {format:?} modules (the sim device runs only the built-in kernels and its own test modules; use --backend cuda on a GPU machine)"
                 ),

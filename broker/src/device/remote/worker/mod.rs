@@ -1,35 +1,23 @@
 //! The device worker process (`gpushared --device-worker`): it opens one device (a GPU
 //! through CUDA, or the sim device), holds its context, and runs the device calls gpushared
-//! sends it, one thread per channel. It holds nothing else: when its context is lost to a
+//! sends it on its [`Executor`], one thread per channel. It holds nothing else: when its context is lost to a
 //! fault, gpushared kills it and a spare takes its place, while the sessions, the sockets and
 //! the telemetry live on in gpushared.
 
-use std::collections::HashMap;
 use std::os::fd::{AsFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
-use std::time::Duration;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use gpushare_protocol::control::{decode_prefix, encode_into};
 use gpushare_protocol::socket::{recv_message, send_message};
 
-mod execute;
-
-use self::execute::failed;
-
 use super::channel::{Next, WorkerEnd};
 use super::process::WORKER_FD_ENV;
-use super::wire::{
-    Answer, Envelope, FromWorker, Handle, Payload, Span, ToWorker, WorkerBackend, WorkerSpec,
-};
+use super::wire::{Envelope, FromWorker, Payload, ToWorker, WorkerBackend, WorkerSpec};
+use crate::device::call::Answer;
 use crate::device::cuda::CudaDevice;
 use crate::device::sim::{SimDevice, SimOptions};
-use crate::device::{Device, DeviceError, DeviceResult};
-use crate::shm::{ArenaSlice, HostRegion};
-
-/// How long a channel thread waits for a region or blob that the control socket is still
-/// bringing (gpushared sends it, and waits for its acknowledgement, first; this is a bound).
-const ARRIVAL_WAIT: Duration = Duration::from_secs(5);
+use crate::device::{Backend, DeviceError, DeviceResult, Executor};
 
 /// Runs the worker; never returns.
 pub fn run() -> ! {
@@ -112,34 +100,17 @@ fn start() -> Result<(), String> {
     }
 }
 
-/// A stream slot: taken out when the stream is destroyed.
-type StreamSlot<S> = Arc<Mutex<Option<S>>>;
-
-/// Everything the worker made for gpushared, by handle.
-struct Worker<D: Device> {
-    device: D,
-    next: AtomicU64,
-    streams: Mutex<HashMap<Handle, StreamSlot<D::Stream>>>,
-    events: Mutex<HashMap<Handle, Arc<Mutex<D::Event>>>>,
-    modules: Mutex<HashMap<Handle, Arc<D::Module>>>,
-    functions: Mutex<HashMap<Handle, Arc<D::Function>>>,
-    /// Client memory gpushared shares with us, by region id; and payloads too big for a
-    /// channel, by blob id.
-    regions: Mutex<HashMap<u64, Arc<HostRegion>>>,
-    blobs: Mutex<HashMap<u64, Arc<HostRegion>>>,
-    arrived: Condvar,
+/// The worker: its executor, and whether gpushared is gone.
+struct Worker<B: Backend> {
+    executor: Executor<B>,
     stop: AtomicBool,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Runs a little of everything a client's first requests need (a stream, memory, a built-in
 /// kernel, cuBLAS), so that a spare taking over after a fault answers its first clients as
 /// fast as a worker that has served for a while. It gives everything back, leaving no
 /// memory held (rebuilding clients want their old addresses free).
-fn warm_up<D: Device>(device: &D) {
+fn warm_up<B: Backend>(device: &B) {
     let started = std::time::Instant::now();
     let warmed = (|| -> DeviceResult<()> {
         let mut stream = device.create_stream(gpushare_protocol::PriorityClass::Normal)?;
@@ -183,7 +154,7 @@ fn warm_up<D: Device>(device: &D) {
     }
 }
 
-fn serve<D: Device>(device: D, control: OwnedFd, spec: &WorkerSpec) -> Result<(), String> {
+fn serve<B: Backend>(device: B, control: OwnedFd, spec: &WorkerSpec) -> Result<(), String> {
     let ready = FromWorker::Ready {
         info: device.info().clone(),
         backend: device.backend().to_string(),
@@ -194,15 +165,7 @@ fn serve<D: Device>(device: D, control: OwnedFd, spec: &WorkerSpec) -> Result<()
     send_message(control.as_fd(), &ready, &[]).map_err(|e| e.to_string())?;
     tracing::debug!(label = %spec.label, "device worker ready");
     let worker = Arc::new(Worker {
-        device,
-        next: AtomicU64::new(1),
-        streams: Mutex::default(),
-        events: Mutex::default(),
-        modules: Mutex::default(),
-        functions: Mutex::default(),
-        regions: Mutex::default(),
-        blobs: Mutex::default(),
-        arrived: Condvar::new(),
+        executor: Executor::new(device),
         stop: AtomicBool::new(false),
     });
     // Beside serving, not before: a spare is ready to take over as soon as its context is
@@ -211,7 +174,7 @@ fn serve<D: Device>(device: D, control: OwnedFd, spec: &WorkerSpec) -> Result<()
         let worker = worker.clone();
         let _ = std::thread::Builder::new()
             .name("gpushare-warm-up".into())
-            .spawn(move || warm_up(&worker.device));
+            .spawn(move || warm_up(worker.executor.backend()));
     }
     loop {
         let (msg, mut fds) = match recv_message::<ToWorker>(control.as_fd()) {
@@ -233,7 +196,7 @@ fn serve<D: Device>(device: D, control: OwnedFd, spec: &WorkerSpec) -> Result<()
     }
 }
 
-impl<D: Device> Worker<D> {
+impl<B: Backend> Worker<B> {
     /// One control message.
     fn control(self: &Arc<Self>, msg: ToWorker, fd: Option<OwnedFd>) -> Result<(), String> {
         let need_fd =
@@ -250,21 +213,13 @@ impl<D: Device> Worker<D> {
                     .map_err(|e| format!("cannot start the channel's thread: {e}"))
             }
             ToWorker::ShareMemory { region, len, at } => {
-                let mapped = HostRegion::map(&need_fd(fd)?, len, at).map_err(|e| e.to_string())?;
-                lock(&self.regions).insert(region, Arc::new(mapped));
-                self.arrived.notify_all();
-                Ok(())
+                self.executor.share_region(region, &need_fd(fd)?, len, at)
             }
             ToWorker::UnshareMemory { region } => {
-                lock(&self.regions).remove(&region);
+                self.executor.unshare_region(region);
                 Ok(())
             }
-            ToWorker::Blob { id, len } => {
-                let mapped = HostRegion::map(&need_fd(fd)?, len, 0).map_err(|e| e.to_string())?;
-                lock(&self.blobs).insert(id, Arc::new(mapped));
-                self.arrived.notify_all();
-                Ok(())
-            }
+            ToWorker::Blob { id, len } => self.executor.add_blob(id, &need_fd(fd)?, len),
             ToWorker::AddressFloor { end } => {
                 crate::device::sim::memory::skip_addresses_below(end);
                 Ok(())
@@ -281,12 +236,12 @@ impl<D: Device> Worker<D> {
             };
             let answer = match decode_prefix::<Envelope>(request) {
                 Ok((envelope, used)) => self.answer(envelope, &request[used..]),
-                Err(e) => failed(DeviceError::InvalidArgument(format!(
-                    "a request that does not decode: {e}"
+                Err(e) => Answer::failed(DeviceError::InvalidArgument(format!(
+                    "a call that does not decode: {e}"
                 ))),
             };
             let len = encode_into(&answer, reply).unwrap_or_else(|e| {
-                let fallback = failed(DeviceError::Failed(format!(
+                let fallback = Answer::failed(DeviceError::Failed(format!(
                     "an answer that does not fit its channel: {e}"
                 )));
                 encode_into(&fallback, reply).unwrap_or(0)
@@ -296,89 +251,18 @@ impl<D: Device> Worker<D> {
     }
 
     fn answer(&self, envelope: Envelope, rest: &[u8]) -> Answer {
-        let blob;
-        let payload: &[u8] = match envelope.payload {
-            Payload::None => &[],
+        match envelope.payload {
+            Payload::None => self.executor.run(envelope.call, &[]),
             Payload::Inline(n) => match rest.get(..n as usize) {
-                Some(p) => p,
-                None => {
-                    return failed(DeviceError::InvalidArgument(
-                        "a payload longer than its request".into(),
-                    ));
-                }
+                Some(p) => self.executor.run(envelope.call, p),
+                None => Answer::failed(DeviceError::InvalidArgument(
+                    "a payload longer than its call".into(),
+                )),
             },
-            Payload::Blob(id) => {
-                blob = match self.take_blob(id) {
-                    Ok(b) => b,
-                    Err(e) => return failed(e),
-                };
-                let whole = blob.whole();
-                let mut bytes = vec![0u8; whole.len()];
-                whole.read_into(&mut bytes);
-                return self.run(envelope.request, &bytes);
-            }
-        };
-        self.run(envelope.request, payload)
-    }
-
-    fn take_blob(&self, id: u64) -> DeviceResult<Arc<HostRegion>> {
-        let blobs = lock(&self.blobs);
-        let (mut blobs, _) = self
-            .arrived
-            .wait_timeout_while(blobs, ARRIVAL_WAIT, |b| !b.contains_key(&id))
-            .unwrap_or_else(|e| e.into_inner());
-        blobs
-            .remove(&id)
-            .ok_or_else(|| DeviceError::InvalidArgument(format!("payload {id} never came")))
-    }
-
-    fn region(&self, id: u64) -> DeviceResult<Arc<HostRegion>> {
-        let regions = lock(&self.regions);
-        let (regions, _) = self
-            .arrived
-            .wait_timeout_while(regions, ARRIVAL_WAIT, |r| !r.contains_key(&id))
-            .unwrap_or_else(|e| e.into_inner());
-        regions
-            .get(&id)
-            .cloned()
-            .ok_or_else(|| DeviceError::InvalidArgument(format!("memory region {id} unknown")))
-    }
-
-    fn slice<'r>(&self, region: &'r HostRegion, span: Span) -> DeviceResult<ArenaSlice<'r>> {
-        region
-            .slice(span.offset, span.len)
-            .ok_or_else(|| DeviceError::InvalidArgument("a copy outside its region".into()))
-    }
-
-    fn handle(&self) -> Handle {
-        self.next.fetch_add(1, Ordering::Relaxed)
-    }
-
-    fn stream(&self, id: Handle) -> DeviceResult<StreamSlot<D::Stream>> {
-        lock(&self.streams)
-            .get(&id)
-            .cloned()
-            .ok_or_else(|| DeviceError::InvalidArgument(format!("no stream {id}")))
-    }
-
-    fn event(&self, id: Handle) -> DeviceResult<Arc<Mutex<D::Event>>> {
-        lock(&self.events)
-            .get(&id)
-            .cloned()
-            .ok_or_else(|| DeviceError::InvalidArgument(format!("no event {id}")))
-    }
-
-    fn module(&self, id: Handle) -> DeviceResult<Arc<D::Module>> {
-        lock(&self.modules)
-            .get(&id)
-            .cloned()
-            .ok_or_else(|| DeviceError::InvalidArgument(format!("no module {id}")))
-    }
-
-    fn function(&self, id: Handle) -> DeviceResult<Arc<D::Function>> {
-        lock(&self.functions)
-            .get(&id)
-            .cloned()
-            .ok_or_else(|| DeviceError::InvalidArgument(format!("no function {id}")))
+            Payload::Blob(id) => match self.executor.take_blob(id) {
+                Ok(bytes) => self.executor.run(envelope.call, &bytes),
+                Err(e) => Answer::failed(e),
+            },
+        }
     }
 }

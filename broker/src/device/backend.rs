@@ -1,0 +1,235 @@
+//! [`Backend`]: one GPU as a backend drives it, an operation a method. The cuda and sim
+//! backends implement it; [`super::executor::Executor`] is its only caller, running each
+//! [`super::call::Call`] against it, in a device worker or in gpushared's own process.
+
+use std::time::Duration;
+
+use gpushare_protocol::command::{LaunchAttributes, ModuleLaunch};
+use gpushare_protocol::control::{DeviceInfo, ModuleFormat};
+use gpushare_protocol::{DevicePtr, Kernel, PriorityClass};
+
+use super::{DeviceError, DeviceResult, FunctionShape, Occupancy};
+use crate::shm::ArenaSlice;
+
+/// What a backend that cannot run client modules says about them.
+fn no_modules<T>(backend: &'static str, what: &str) -> DeviceResult<T> {
+    Err(DeviceError::NotSupported {
+        backend: backend.into(),
+        what: what.into(),
+    })
+}
+
+/// One GPU as the broker drives it. Pointers and ranges passed in have already been checked
+/// against the calling client's allocations by its session.
+pub trait Backend: Send + Sync + 'static {
+    type Stream: Send;
+    type Event: Send;
+    type Module: Send + Sync;
+    type Function: Send + Sync;
+
+    /// `"sim"` or `"cuda"`.
+    fn backend(&self) -> &'static str;
+    fn info(&self) -> &DeviceInfo;
+
+    fn alloc(&self, bytes: u64) -> DeviceResult<DevicePtr>;
+    /// Allocates `bytes` at exactly `ptr`, for a client rebuilding its state after a reset
+    /// (its kernels' parameters hold the old addresses). Fails with
+    /// [`DeviceError::AddressUnavailable`] when any of the range is in use or the device
+    /// cannot place memory there; never at another address. Freed by [`Backend::free`].
+    /// Returns the device memory it took (more than `bytes` where memory is placed in
+    /// larger units: the caller charges that).
+    fn alloc_at(&self, ptr: DevicePtr, bytes: u64) -> DeviceResult<u64> {
+        let _ = (ptr, bytes);
+        Err(DeviceError::NotSupported {
+            backend: self.backend().into(),
+            what: "allocating at a given address".into(),
+        })
+    }
+    fn free(&self, ptr: DevicePtr) -> DeviceResult<()>;
+
+    /// Makes a client's arena usable for direct DMA (a no-op where that means nothing).
+    fn register_arena(&self, arena: ArenaSlice<'_>) -> DeviceResult<()>;
+    fn unregister_arena(&self, arena: ArenaSlice<'_>);
+
+    fn create_stream(&self, class: PriorityClass) -> DeviceResult<Self::Stream>;
+    /// Waits for the stream's work, then releases it.
+    fn destroy_stream(&self, stream: Self::Stream);
+
+    fn copy_htod(
+        &self,
+        stream: &mut Self::Stream,
+        src: ArenaSlice<'_>,
+        dst: DevicePtr,
+    ) -> DeviceResult<()>;
+    fn copy_dtoh(
+        &self,
+        stream: &mut Self::Stream,
+        src: DevicePtr,
+        dst: ArenaSlice<'_>,
+    ) -> DeviceResult<()>;
+    fn copy_dtod(
+        &self,
+        stream: &mut Self::Stream,
+        src: DevicePtr,
+        dst: DevicePtr,
+        len: u64,
+    ) -> DeviceResult<()>;
+    fn memset(
+        &self,
+        stream: &mut Self::Stream,
+        dst: DevicePtr,
+        value: u8,
+        len: u64,
+    ) -> DeviceResult<()>;
+    fn launch(&self, stream: &mut Self::Stream, kernel: &Kernel) -> DeviceResult<()>;
+    /// Whether [`Backend::limit_sms`] partitions SMs (without, the scheduler paces partitioned
+    /// clients instead).
+    fn sm_partitions(&self) -> bool {
+        false
+    }
+    /// Runs the stream's next kernels on at most `sms` SMs (`None`: on the whole device), in
+    /// order with everything queued on it before. A device without SM partitions ignores it.
+    fn limit_sms(&self, _stream: &mut Self::Stream, _sms: Option<u32>) -> DeviceResult<()> {
+        Ok(())
+    }
+    /// Launches a module function with its packed parameters (`params`, without the
+    /// attributes) and the launch's attributes (clusters, cooperative, programmatic launch).
+    fn launch_module(
+        &self,
+        stream: &mut Self::Stream,
+        function: &Self::Function,
+        launch: &ModuleLaunch,
+        attributes: &LaunchAttributes,
+        params: &[u8],
+    ) -> DeviceResult<()>;
+    /// Waits for all work on the stream; reports the first error it met.
+    fn sync_stream(&self, stream: &mut Self::Stream) -> DeviceResult<()>;
+    /// The session finished a batch of commands that queued work on this stream; `idle`
+    /// says the client has gone quiet. A point where the backend may close a measurement.
+    fn end_batch(&self, _stream: &mut Self::Stream, _idle: bool) {}
+    /// Device time of this stream's work measured since the last call (modelled on `sim`,
+    /// from CUDA events on `cuda`), in ns. Work still running is counted by a later call.
+    fn take_busy_ns(&self, stream: &mut Self::Stream) -> u64;
+    /// Whether measurements of finished work are still to be read (the session then wakes
+    /// up to read them rather than sleeping indefinitely).
+    fn measuring(&self, _stream: &Self::Stream) -> bool {
+        false
+    }
+
+    fn create_event(&self) -> DeviceResult<Self::Event>;
+    /// An event only for knowing when work is done (cheaper to record on a GPU; it cannot
+    /// time anything).
+    fn create_marker(&self) -> DeviceResult<Self::Event> {
+        self.create_event()
+    }
+    fn record_event(&self, event: &mut Self::Event, stream: &mut Self::Stream) -> DeviceResult<()>;
+    /// Records an event that marks where the stream's next work starts (for timing it).
+    fn record_start(&self, event: &mut Self::Event, stream: &mut Self::Stream) -> DeviceResult<()> {
+        self.record_event(event, stream)
+    }
+    fn event_done(&self, event: &Self::Event) -> DeviceResult<bool>;
+    fn sync_event(&self, event: &Self::Event) -> DeviceResult<()>;
+    fn elapsed_ns(&self, start: &Self::Event, end: &Self::Event) -> DeviceResult<u64>;
+
+    /// Whether work queued on the stream has not finished yet (for the hang watchdog and for
+    /// telling which clients had work in flight at a fault).
+    fn stream_busy(&self, _stream: &Self::Stream) -> bool {
+        false
+    }
+    /// Cuts short every wait on the device (they fail with [`DeviceError::Cancelled`]) until
+    /// [`Backend::reset`] finishes: the first step of recovering from a fault.
+    fn interrupt(&self) {}
+    /// Whether the context is poisoned by a sticky error (an illegal address …), and which.
+    /// Cheap: the guardian asks every few milliseconds.
+    fn fault(&self) -> Option<String> {
+        None
+    }
+    /// Recreates the device context after a fault or a hang. Every allocation, stream, event
+    /// and module made before is gone; their handles become inert (dropping them is safe and
+    /// touches nothing).
+    fn reset(&self) -> DeviceResult<()>;
+    /// Whether [`Backend::reset`] can recover the device within this process; when not, the
+    /// broker restarts itself after a fault.
+    fn resets_in_place(&self) -> bool {
+        true
+    }
+    /// How long [`Backend::reset`] may take before the broker takes the device for stuck and
+    /// restarts (a kernel that never ends can keep a reset in place waiting forever).
+    fn reset_deadline(&self) -> Duration {
+        Duration::from_secs(1)
+    }
+
+    fn load_module(&self, format: ModuleFormat, image: &[u8]) -> DeviceResult<Self::Module>;
+    fn get_function(&self, module: &Self::Module, name: &str) -> DeviceResult<Self::Function>;
+
+    // ---- what consolidated clients (a client-side CUDA driver) need besides -----------
+
+    /// Work queued on `stream` after this waits until `event`'s recorded work is done.
+    fn stream_wait_event(&self, stream: &mut Self::Stream, event: &Self::Event)
+    -> DeviceResult<()>;
+    /// Whether all work queued on the stream has finished.
+    fn stream_done(&self, stream: &Self::Stream) -> DeviceResult<bool>;
+    /// An event with `cuEventCreate`'s flags (timing disabled makes a marker).
+    fn create_event_flags(&self, flags: u32) -> DeviceResult<Self::Event> {
+        const DISABLE_TIMING: u32 = 0x2;
+        if flags & DISABLE_TIMING != 0 {
+            self.create_marker()
+        } else {
+            self.create_event()
+        }
+    }
+    /// Sets `count` elements of `elem_bytes` (2 or 4) at `dst` to `value`.
+    fn memset_wide(
+        &self,
+        stream: &mut Self::Stream,
+        dst: DevicePtr,
+        value: u32,
+        elem_bytes: u8,
+        count: u64,
+    ) -> DeviceResult<()>;
+    /// Copies arena bytes to the device, ordered on the stream; the device is done reading
+    /// `src` when this returns (the client reuses it).
+    fn copy_htod_staged(
+        &self,
+        stream: &mut Self::Stream,
+        src: ArenaSlice<'_>,
+        dst: DevicePtr,
+    ) -> DeviceResult<()>;
+    /// Copies device bytes into the arena after the stream's earlier work; they are there
+    /// when this returns.
+    fn copy_dtoh_staged(
+        &self,
+        stream: &mut Self::Stream,
+        src: DevicePtr,
+        dst: ArenaSlice<'_>,
+    ) -> DeviceResult<()>;
+    /// Page-locks a client's shared host region for DMA; returns where device code reaches
+    /// it. Copies to and from it through `copy_htod`/`copy_dtoh` are then DMA.
+    fn register_host(&self, region: ArenaSlice<'_>) -> DeviceResult<u64>;
+    fn unregister_host(&self, region: ArenaSlice<'_>);
+    /// Free and total device memory.
+    fn memory_info(&self) -> DeviceResult<(u64, u64)>;
+    /// A function's parameter layout and attributes.
+    fn function_shape(&self, function: &Self::Function) -> DeviceResult<FunctionShape> {
+        let _ = function;
+        no_modules(self.backend(), "describing functions")
+    }
+    fn set_function_attribute(
+        &self,
+        function: &Self::Function,
+        attribute: u32,
+        value: i32,
+    ) -> DeviceResult<()> {
+        let _ = (function, attribute, value);
+        no_modules(self.backend(), "setting function attributes")
+    }
+    fn occupancy(&self, function: &Self::Function, question: &Occupancy) -> DeviceResult<u64> {
+        let _ = (function, question);
+        no_modules(self.backend(), "occupancy queries")
+    }
+    /// A module's global variable: its device address and size.
+    fn module_global(&self, module: &Self::Module, name: &str) -> DeviceResult<(u64, u64)> {
+        let _ = (module, name);
+        no_modules(self.backend(), "module globals")
+    }
+}

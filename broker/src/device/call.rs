@@ -1,0 +1,575 @@
+//! Every device operation, declared once: a [`Call`] with its arguments, the [`Reply`] it
+//! gets, and the one `match` that runs it on a backend ([`Executor::run`]). The session makes
+//! calls, the link carries them (in this process, or to a device worker, serialised whole
+//! without knowing them one by one), and the executor at the other end runs them. A new
+//! operation is a variant here, an arm below, and a [`Backend`] method.
+
+use std::sync::Arc;
+
+use gpushare_protocol::command::{LaunchAttributes, ModuleLaunch};
+use gpushare_protocol::control::ModuleFormat;
+use gpushare_protocol::{DevicePtr, Kernel, PriorityClass};
+use serde::{Deserialize, Serialize};
+
+use super::backend::Backend;
+use super::executor::{Executor, lock};
+use super::{DeviceError, DeviceResult, FunctionShape, Occupancy};
+pub use crate::shm::Span;
+
+/// A stream, event, module or function the executor made, by its number there.
+pub type Handle = u64;
+
+/// Which kind of event to make.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum EventKind {
+    /// One that can time work.
+    Timing,
+    /// One only for knowing when work is done (cheaper to record on a GPU).
+    Marker,
+    /// As `cuEventCreate` makes it with these flags.
+    Flags(u32),
+}
+
+/// One device operation. Variable-length parts (launch parameters, a module image, a name)
+/// travel beside it as its payload.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum Call {
+    Alloc {
+        bytes: u64,
+    },
+    /// At exactly `ptr`, or not at all; the reply is the memory it took.
+    AllocAt {
+        ptr: DevicePtr,
+        bytes: u64,
+    },
+    Free {
+        ptr: DevicePtr,
+    },
+    RegisterArena {
+        span: Span,
+    },
+    UnregisterArena {
+        span: Span,
+    },
+    /// The reply is where device code reaches the region.
+    RegisterHost {
+        span: Span,
+    },
+    UnregisterHost {
+        span: Span,
+    },
+    CreateStream {
+        class: PriorityClass,
+    },
+    DestroyStream {
+        stream: Handle,
+    },
+    /// `staged`: the device has read `src` when the call returns (the client reuses it).
+    CopyHtoD {
+        stream: Handle,
+        src: Span,
+        dst: DevicePtr,
+        staged: bool,
+    },
+    /// `staged`: the bytes are in `dst` when the call returns.
+    CopyDtoH {
+        stream: Handle,
+        src: DevicePtr,
+        dst: Span,
+        staged: bool,
+    },
+    CopyDtoD {
+        stream: Handle,
+        src: DevicePtr,
+        dst: DevicePtr,
+        len: u64,
+    },
+    /// `count` elements of `elem_bytes` (1, 2 or 4) set to `value`.
+    Memset {
+        stream: Handle,
+        dst: DevicePtr,
+        value: u32,
+        elem_bytes: u8,
+        count: u64,
+    },
+    /// `start`: an event marking where the kernel starts, recorded just before it (in one
+    /// step, so that nothing can come between them).
+    Launch {
+        stream: Handle,
+        kernel: Kernel,
+        start: Option<Handle>,
+    },
+    LimitSms {
+        stream: Handle,
+        sms: Option<u32>,
+    },
+    /// The packed parameters are the payload.
+    LaunchModule {
+        stream: Handle,
+        function: Handle,
+        launch: ModuleLaunch,
+        attributes: LaunchAttributes,
+        start: Option<Handle>,
+    },
+    SyncStream {
+        stream: Handle,
+    },
+    EndBatch {
+        stream: Handle,
+        idle: bool,
+    },
+    StreamBusy {
+        stream: Handle,
+    },
+    StreamDone {
+        stream: Handle,
+    },
+    StreamWaitEvent {
+        stream: Handle,
+        event: Handle,
+    },
+    CreateEvent {
+        kind: EventKind,
+    },
+    DestroyEvent {
+        event: Handle,
+    },
+    /// `start`: marks where the stream's next work starts (for timing it).
+    RecordEvent {
+        event: Handle,
+        stream: Handle,
+        start: bool,
+    },
+    EventDone {
+        event: Handle,
+    },
+    SyncEvent {
+        event: Handle,
+    },
+    ElapsedNs {
+        start: Handle,
+        end: Handle,
+    },
+    /// Whether the context is poisoned, and by what.
+    Fault,
+    /// The image is the payload.
+    LoadModule {
+        format: ModuleFormat,
+    },
+    DropModule {
+        module: Handle,
+    },
+    /// The name is the payload.
+    GetFunction {
+        module: Handle,
+    },
+    DropFunction {
+        function: Handle,
+    },
+    MemoryInfo,
+    FunctionShape {
+        function: Handle,
+    },
+    SetFunctionAttribute {
+        function: Handle,
+        attribute: u32,
+        value: i32,
+    },
+    Occupancy {
+        function: Handle,
+        question: Occupancy,
+    },
+    /// The name is the payload.
+    ModuleGlobal {
+        module: Handle,
+    },
+}
+
+impl Call {
+    /// The start marker a kernel takes along, for the calls that launch one.
+    pub fn start_marker(&mut self) -> Option<&mut Option<Handle>> {
+        match self {
+            Call::Launch { start, .. } | Call::LaunchModule { start, .. } => Some(start),
+            _ => None,
+        }
+    }
+
+    /// Whether queuing this on a stream leaves where the stream's next kernel starts as it
+    /// was (a start marker waiting for that kernel can go on waiting).
+    pub fn keeps_start(&self) -> bool {
+        matches!(self, Call::LimitSms { .. })
+    }
+}
+
+/// What a call got.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Reply {
+    Done,
+    /// A pointer, a handle, bytes taken, nanoseconds, a count.
+    Value(u64),
+    Pair(u64, u64),
+    Flag(bool),
+    Shape(FunctionShape),
+    Fault(Option<String>),
+    Failed(DeviceError),
+}
+
+impl Reply {
+    /// A failure as the error it is.
+    pub fn ok(self) -> DeviceResult<Reply> {
+        match self {
+            Reply::Failed(e) => Err(e),
+            other => Ok(other),
+        }
+    }
+
+    pub fn done(self) -> DeviceResult<()> {
+        match self.ok()? {
+            Reply::Done => Ok(()),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    pub fn value(self) -> DeviceResult<u64> {
+        match self.ok()? {
+            Reply::Value(v) => Ok(v),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    pub fn pair(self) -> DeviceResult<(u64, u64)> {
+        match self.ok()? {
+            Reply::Pair(a, b) => Ok((a, b)),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    pub fn flag(self) -> DeviceResult<bool> {
+        match self.ok()? {
+            Reply::Flag(f) => Ok(f),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    pub fn shape(self) -> DeviceResult<FunctionShape> {
+        match self.ok()? {
+            Reply::Shape(s) => Ok(s),
+            other => Err(unexpected(other)),
+        }
+    }
+}
+
+/// A reply of the wrong kind (a bug on one side).
+fn unexpected(reply: Reply) -> DeviceError {
+    DeviceError::Failed(format!("the device answered {reply:?}"))
+}
+
+/// A reply, and what a stream call learnt of the stream's device time.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Answer {
+    pub reply: Reply,
+    /// (device time measured since last told, whether measurements are still pending).
+    pub news: Option<(u64, bool)>,
+}
+
+impl Answer {
+    pub fn failed(e: DeviceError) -> Answer {
+        Answer {
+            reply: Reply::Failed(e),
+            news: None,
+        }
+    }
+}
+
+impl<B: Backend> Executor<B> {
+    /// Runs one call: the handles and regions it names looked up, the backend called, the
+    /// answer made.
+    pub fn run(&self, call: Call, payload: &[u8]) -> Answer {
+        let dev = self.backend();
+        let done = |r: DeviceResult<()>| r.map(|()| Reply::Done);
+        let value = |r: DeviceResult<u64>| r.map(Reply::Value);
+        let result: DeviceResult<Reply> = match call {
+            Call::Alloc { bytes } => value(dev.alloc(bytes)),
+            Call::AllocAt { ptr, bytes } => value(dev.alloc_at(ptr, bytes)),
+            Call::Free { ptr } => done(dev.free(ptr)),
+            Call::RegisterArena { span } => self.with_span(span, |s| done(dev.register_arena(s))),
+            Call::UnregisterArena { span } => self.with_span(span, |s| {
+                dev.unregister_arena(s);
+                Ok(Reply::Done)
+            }),
+            Call::RegisterHost { span } => self.with_span(span, |s| value(dev.register_host(s))),
+            Call::UnregisterHost { span } => self.with_span(span, |s| {
+                dev.unregister_host(s);
+                Ok(Reply::Done)
+            }),
+            Call::CreateStream { class } => dev
+                .create_stream(class)
+                .map(|s| Reply::Value(self.add_stream(s))),
+            Call::DestroyStream { stream } => {
+                if let Some(s) = self.remove_stream(stream) {
+                    dev.destroy_stream(s);
+                }
+                Ok(Reply::Done)
+            }
+            Call::CopyHtoD {
+                stream,
+                src,
+                dst,
+                staged,
+            } => {
+                return self.on_stream_with(stream, Some(src), |s, src| {
+                    let src = src.ok_or_else(no_span)?;
+                    done(if staged {
+                        dev.copy_htod_staged(s, src, dst)
+                    } else {
+                        dev.copy_htod(s, src, dst)
+                    })
+                });
+            }
+            Call::CopyDtoH {
+                stream,
+                src,
+                dst,
+                staged,
+            } => {
+                return self.on_stream_with(stream, Some(dst), |s, dst| {
+                    let dst = dst.ok_or_else(no_span)?;
+                    done(if staged {
+                        dev.copy_dtoh_staged(s, src, dst)
+                    } else {
+                        dev.copy_dtoh(s, src, dst)
+                    })
+                });
+            }
+            Call::CopyDtoD {
+                stream,
+                src,
+                dst,
+                len,
+            } => return self.on_stream(stream, |s| done(dev.copy_dtod(s, src, dst, len))),
+            Call::Memset {
+                stream,
+                dst,
+                value,
+                elem_bytes,
+                count,
+            } => {
+                return self.on_stream(stream, |s| {
+                    done(if elem_bytes == 1 {
+                        dev.memset(s, dst, value as u8, count)
+                    } else {
+                        dev.memset_wide(s, dst, value, elem_bytes, count)
+                    })
+                });
+            }
+            Call::Launch {
+                stream,
+                kernel,
+                start,
+            } => {
+                return match self.start_event(start) {
+                    Ok(start) => self.on_stream(stream, |s| {
+                        self.mark_start(start.as_ref(), s)?;
+                        done(dev.launch(s, &kernel))
+                    }),
+                    Err(e) => Answer::failed(e),
+                };
+            }
+            Call::LimitSms { stream, sms } => {
+                return self.on_stream(stream, |s| done(dev.limit_sms(s, sms)));
+            }
+            Call::LaunchModule {
+                stream,
+                function,
+                launch,
+                attributes,
+                start,
+            } => {
+                return match self
+                    .function(function)
+                    .and_then(|f| Ok((f, self.start_event(start)?)))
+                {
+                    Ok((f, start)) => self.on_stream(stream, |s| {
+                        self.mark_start(start.as_ref(), s)?;
+                        done(dev.launch_module(s, &f, &launch, &attributes, payload))
+                    }),
+                    Err(e) => Answer::failed(e),
+                };
+            }
+            Call::SyncStream { stream } => {
+                return self.on_stream(stream, |s| done(dev.sync_stream(s)));
+            }
+            Call::EndBatch { stream, idle } => {
+                return self.on_stream(stream, |s| {
+                    dev.end_batch(s, idle);
+                    Ok(Reply::Done)
+                });
+            }
+            Call::StreamBusy { stream } => {
+                return self.on_stream(stream, |s| Ok(Reply::Flag(dev.stream_busy(s))));
+            }
+            Call::StreamDone { stream } => {
+                return self.on_stream(stream, |s| dev.stream_done(s).map(Reply::Flag));
+            }
+            Call::StreamWaitEvent { stream, event } => {
+                return match self.event(event) {
+                    Ok(e) => self.on_stream(stream, |s| done(dev.stream_wait_event(s, &lock(&e)))),
+                    Err(e) => Answer::failed(e),
+                };
+            }
+            Call::CreateEvent { kind } => {
+                let made = match kind {
+                    EventKind::Timing => dev.create_event(),
+                    EventKind::Marker => dev.create_marker(),
+                    EventKind::Flags(flags) => dev.create_event_flags(flags),
+                };
+                made.map(|e| Reply::Value(self.add_event(e)))
+            }
+            Call::DestroyEvent { event } => {
+                self.remove_event(event);
+                Ok(Reply::Done)
+            }
+            Call::RecordEvent {
+                event,
+                stream,
+                start,
+            } => {
+                return match self.event(event) {
+                    Ok(e) => self.on_stream(stream, |s| {
+                        let mut e = lock(&e);
+                        done(if start {
+                            dev.record_start(&mut e, s)
+                        } else {
+                            dev.record_event(&mut e, s)
+                        })
+                    }),
+                    Err(e) => Answer::failed(e),
+                };
+            }
+            Call::EventDone { event } => self
+                .event(event)
+                .and_then(|e| dev.event_done(&lock(&e)).map(Reply::Flag)),
+            Call::SyncEvent { event } => self
+                .event(event)
+                .and_then(|e| done(dev.sync_event(&lock(&e)))),
+            Call::ElapsedNs { start, end } => self.event(start).and_then(|s| {
+                let e = self.event(end)?;
+                if Arc::ptr_eq(&s, &e) {
+                    return value(dev.elapsed_ns(&lock(&s), &lock(&s)));
+                }
+                let (s, e) = (lock(&s), lock(&e));
+                value(dev.elapsed_ns(&s, &e))
+            }),
+            Call::Fault => Ok(Reply::Fault(dev.fault())),
+            Call::LoadModule { format } => dev
+                .load_module(format, payload)
+                .map(|m| Reply::Value(self.add_module(m))),
+            Call::DropModule { module } => {
+                self.remove_module(module);
+                Ok(Reply::Done)
+            }
+            Call::GetFunction { module } => self.module(module).and_then(|m| {
+                dev.get_function(&m, name(payload)?)
+                    .map(|f| Reply::Value(self.add_function(f)))
+            }),
+            Call::DropFunction { function } => {
+                self.remove_function(function);
+                Ok(Reply::Done)
+            }
+            Call::MemoryInfo => dev.memory_info().map(|(f, t)| Reply::Pair(f, t)),
+            Call::FunctionShape { function } => self
+                .function(function)
+                .and_then(|f| dev.function_shape(&f).map(Reply::Shape)),
+            Call::SetFunctionAttribute {
+                function,
+                attribute,
+                value,
+            } => self
+                .function(function)
+                .and_then(|f| done(dev.set_function_attribute(&f, attribute, value))),
+            Call::Occupancy { function, question } => self
+                .function(function)
+                .and_then(|f| value(dev.occupancy(&f, &question))),
+            Call::ModuleGlobal { module } => self.module(module).and_then(|m| {
+                dev.module_global(&m, name(payload)?)
+                    .map(|(a, b)| Reply::Pair(a, b))
+            }),
+        };
+        Answer {
+            reply: result.unwrap_or_else(Reply::Failed),
+            news: None,
+        }
+    }
+}
+
+fn no_span() -> DeviceError {
+    DeviceError::InvalidArgument("a copy without its client memory".into())
+}
+
+fn name(payload: &[u8]) -> DeviceResult<&str> {
+    std::str::from_utf8(payload)
+        .map_err(|_| DeviceError::InvalidArgument("a name that is not UTF-8".into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpushare_protocol::control::{decode, encode};
+
+    #[test]
+    fn every_device_error_survives_the_trip() {
+        let errors = [
+            DeviceError::OutOfMemory,
+            DeviceError::NotSupported {
+                backend: "sim".into(),
+                what: "modules".into(),
+            },
+            DeviceError::InvalidArgument("x".into()),
+            DeviceError::NotReady,
+            DeviceError::Failed("f".into()),
+            DeviceError::Fault("illegal address".into()),
+            DeviceError::Cancelled,
+            DeviceError::AddressUnavailable("0x1000".into()),
+        ];
+        for e in errors {
+            let answer = Answer::failed(e.clone());
+            let back: Answer = decode(&encode(&answer).expect("encodes")).expect("decodes");
+            assert_eq!(back.reply.ok(), Err(e));
+        }
+    }
+
+    #[test]
+    fn a_reply_of_the_wrong_kind_is_an_error_not_a_value() {
+        assert_eq!(Reply::Value(7).value(), Ok(7));
+        assert!(Reply::Done.value().is_err());
+        assert_eq!(
+            Reply::Failed(DeviceError::NotReady).done(),
+            Err(DeviceError::NotReady)
+        );
+    }
+
+    #[test]
+    fn only_launches_take_a_start_marker() {
+        let mut launch = Call::Launch {
+            stream: 1,
+            kernel: Kernel::FillF32 {
+                dst: 0,
+                n: 1,
+                value: 0.0,
+            },
+            start: None,
+        };
+        *launch.start_marker().expect("a launch") = Some(4);
+        assert!(matches!(launch, Call::Launch { start: Some(4), .. }));
+        let mut sync = Call::SyncStream { stream: 1 };
+        assert!(sync.start_marker().is_none());
+        assert!(
+            Call::LimitSms {
+                stream: 1,
+                sms: None
+            }
+            .keeps_start()
+        );
+        assert!(!sync.keeps_start());
+    }
+}

@@ -1,0 +1,279 @@
+//! [`Executor`]: a backend with the tables a caller's handles are looked up in (streams,
+//! events, modules, functions) and the client memory shared with it (regions, and payloads
+//! too big for a channel). It runs [`super::call::Call`]s ([`Executor::run`] is in `call.rs`)
+//! for a device worker, and for gpushared itself with `--in-process-device`: both run this.
+
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use super::backend::Backend;
+use super::call::{Answer, Handle, Reply, Span};
+use super::{DeviceError, DeviceResult};
+use crate::shm::{ArenaSlice, HostRegion};
+
+/// How long a call waits for a region or payload that is still on its way (in a worker, the
+/// control socket brings them, and gpushared waits for their acknowledgement first; this is
+/// a bound).
+const ARRIVAL_WAIT: Duration = Duration::from_secs(5);
+
+/// A stream slot: taken out when the stream is destroyed.
+type StreamSlot<S> = Arc<Mutex<Option<S>>>;
+
+pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A backend, and everything it made for its callers, by handle.
+pub struct Executor<B: Backend> {
+    backend: B,
+    next: AtomicU64,
+    streams: Mutex<HashMap<Handle, StreamSlot<B::Stream>>>,
+    events: Mutex<HashMap<Handle, Arc<Mutex<B::Event>>>>,
+    modules: Mutex<HashMap<Handle, Arc<B::Module>>>,
+    functions: Mutex<HashMap<Handle, Arc<B::Function>>>,
+    /// Client memory shared with it, by region id; and payloads too big for a channel, by
+    /// blob id.
+    regions: Mutex<HashMap<u64, Arc<HostRegion>>>,
+    blobs: Mutex<HashMap<u64, Arc<HostRegion>>>,
+    arrived: Condvar,
+}
+
+impl<B: Backend> Executor<B> {
+    pub fn new(backend: B) -> Executor<B> {
+        Executor {
+            backend,
+            next: AtomicU64::new(1),
+            streams: Mutex::default(),
+            events: Mutex::default(),
+            modules: Mutex::default(),
+            functions: Mutex::default(),
+            regions: Mutex::default(),
+            blobs: Mutex::default(),
+            arrived: Condvar::new(),
+        }
+    }
+
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    /// Maps client memory that calls may name by `region` (at `at` where it can: device code
+    /// then reaches host memory by the client's own pointer; 0: anywhere).
+    pub fn share_region(&self, region: u64, fd: &OwnedFd, len: u64, at: u64) -> Result<(), String> {
+        let mapped = HostRegion::map(fd, len, at).map_err(|e| e.to_string())?;
+        lock(&self.regions).insert(region, Arc::new(mapped));
+        self.arrived.notify_all();
+        Ok(())
+    }
+
+    /// The region is gone: nothing names it any more.
+    pub fn unshare_region(&self, region: u64) {
+        lock(&self.regions).remove(&region);
+    }
+
+    /// A payload too big for a channel, for the call that names it.
+    pub fn add_blob(&self, id: u64, fd: &OwnedFd, len: u64) -> Result<(), String> {
+        let mapped = HostRegion::map(fd, len, 0).map_err(|e| e.to_string())?;
+        lock(&self.blobs).insert(id, Arc::new(mapped));
+        self.arrived.notify_all();
+        Ok(())
+    }
+
+    /// The bytes of payload `id` (waiting a while for them to arrive).
+    pub fn take_blob(&self, id: u64) -> DeviceResult<Vec<u8>> {
+        let blobs = lock(&self.blobs);
+        let (mut blobs, _) = self
+            .arrived
+            .wait_timeout_while(blobs, ARRIVAL_WAIT, |b| !b.contains_key(&id))
+            .unwrap_or_else(|e| e.into_inner());
+        let blob = blobs
+            .remove(&id)
+            .ok_or_else(|| DeviceError::InvalidArgument(format!("payload {id} never came")))?;
+        drop(blobs);
+        let whole = blob.whole();
+        let mut bytes = vec![0u8; whole.len()];
+        whole.read_into(&mut bytes);
+        Ok(bytes)
+    }
+
+    /// Drops every handle (the backend's context is gone, and they with it).
+    pub fn forget_handles(&self) {
+        lock(&self.streams).clear();
+        lock(&self.events).clear();
+        lock(&self.functions).clear();
+        lock(&self.modules).clear();
+    }
+
+    fn handle(&self) -> Handle {
+        self.next.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Runs `f` on a live stream; the answer also says what the stream's device time
+    /// measurements found since the last answer.
+    pub(super) fn on_stream(
+        &self,
+        id: Handle,
+        f: impl FnOnce(&mut B::Stream) -> DeviceResult<Reply>,
+    ) -> Answer {
+        self.on_stream_with(id, None, |s, _| f(s))
+    }
+
+    /// [`Executor::on_stream`] for a call that also names client memory.
+    pub(super) fn on_stream_with(
+        &self,
+        id: Handle,
+        span: Option<Span>,
+        f: impl FnOnce(&mut B::Stream, Option<ArenaSlice<'_>>) -> DeviceResult<Reply>,
+    ) -> Answer {
+        // The region first: it may still be on its way, and the stream stays free meanwhile.
+        let region = match span.map(|s| self.region(s.region)).transpose() {
+            Ok(r) => r,
+            Err(e) => return Answer::failed(e),
+        };
+        let slot = match self.stream(id) {
+            Ok(s) => s,
+            Err(e) => return Answer::failed(e),
+        };
+        let mut guard = lock(&slot);
+        let Some(stream) = guard.as_mut() else {
+            return Answer::failed(DeviceError::InvalidArgument(format!(
+                "stream {id} destroyed"
+            )));
+        };
+        let slice = match (&region, span) {
+            (Some(r), Some(span)) => match slice(r, span) {
+                Ok(s) => Some(s),
+                Err(e) => return Answer::failed(e),
+            },
+            _ => None,
+        };
+        let reply = f(stream, slice).unwrap_or_else(Reply::Failed);
+        let busy = self.backend.take_busy_ns(stream);
+        let measuring = self.backend.measuring(stream);
+        Answer {
+            reply,
+            news: Some((busy, measuring)),
+        }
+    }
+
+    /// Runs `f` on the client memory `span` names.
+    pub(super) fn with_span<T>(
+        &self,
+        span: Span,
+        f: impl FnOnce(ArenaSlice<'_>) -> DeviceResult<T>,
+    ) -> DeviceResult<T> {
+        let region = self.region(span.region)?;
+        f(slice(&region, span)?)
+    }
+
+    /// The event a launch's start is marked with, if it has one.
+    pub(super) fn start_event(
+        &self,
+        start: Option<Handle>,
+    ) -> DeviceResult<Option<Arc<Mutex<B::Event>>>> {
+        start.map(|e| self.event(e)).transpose()
+    }
+
+    /// Marks where the stream's next work starts, just before it is queued.
+    pub(super) fn mark_start(
+        &self,
+        start: Option<&Arc<Mutex<B::Event>>>,
+        stream: &mut B::Stream,
+    ) -> DeviceResult<()> {
+        match start {
+            Some(e) => self.backend.record_start(&mut lock(e), stream),
+            None => Ok(()),
+        }
+    }
+
+    fn region(&self, id: u64) -> DeviceResult<Arc<HostRegion>> {
+        let regions = lock(&self.regions);
+        let (regions, _) = self
+            .arrived
+            .wait_timeout_while(regions, ARRIVAL_WAIT, |r| !r.contains_key(&id))
+            .unwrap_or_else(|e| e.into_inner());
+        regions
+            .get(&id)
+            .cloned()
+            .ok_or_else(|| DeviceError::InvalidArgument(format!("memory region {id} unknown")))
+    }
+
+    pub(super) fn add_stream(&self, stream: B::Stream) -> Handle {
+        let id = self.handle();
+        lock(&self.streams).insert(id, Arc::new(Mutex::new(Some(stream))));
+        id
+    }
+
+    /// Takes a stream out of the table (and out of the calls still holding its slot).
+    pub(super) fn remove_stream(&self, id: Handle) -> Option<B::Stream> {
+        let slot = lock(&self.streams).remove(&id)?;
+        lock(&slot).take()
+    }
+
+    fn stream(&self, id: Handle) -> DeviceResult<StreamSlot<B::Stream>> {
+        lock(&self.streams)
+            .get(&id)
+            .cloned()
+            .ok_or_else(|| DeviceError::InvalidArgument(format!("no stream {id}")))
+    }
+
+    pub(super) fn add_event(&self, event: B::Event) -> Handle {
+        let id = self.handle();
+        lock(&self.events).insert(id, Arc::new(Mutex::new(event)));
+        id
+    }
+
+    pub(super) fn remove_event(&self, id: Handle) {
+        lock(&self.events).remove(&id);
+    }
+
+    pub(super) fn event(&self, id: Handle) -> DeviceResult<Arc<Mutex<B::Event>>> {
+        lock(&self.events)
+            .get(&id)
+            .cloned()
+            .ok_or_else(|| DeviceError::InvalidArgument(format!("no event {id}")))
+    }
+
+    pub(super) fn add_module(&self, module: B::Module) -> Handle {
+        let id = self.handle();
+        lock(&self.modules).insert(id, Arc::new(module));
+        id
+    }
+
+    pub(super) fn remove_module(&self, id: Handle) {
+        lock(&self.modules).remove(&id);
+    }
+
+    pub(super) fn module(&self, id: Handle) -> DeviceResult<Arc<B::Module>> {
+        lock(&self.modules)
+            .get(&id)
+            .cloned()
+            .ok_or_else(|| DeviceError::InvalidArgument(format!("no module {id}")))
+    }
+
+    pub(super) fn add_function(&self, function: B::Function) -> Handle {
+        let id = self.handle();
+        lock(&self.functions).insert(id, Arc::new(function));
+        id
+    }
+
+    pub(super) fn remove_function(&self, id: Handle) {
+        lock(&self.functions).remove(&id);
+    }
+
+    pub(super) fn function(&self, id: Handle) -> DeviceResult<Arc<B::Function>> {
+        lock(&self.functions)
+            .get(&id)
+            .cloned()
+            .ok_or_else(|| DeviceError::InvalidArgument(format!("no function {id}")))
+    }
+}
+
+fn slice(region: &HostRegion, span: Span) -> DeviceResult<ArenaSlice<'_>> {
+    region
+        .slice(span.offset, span.len)
+        .ok_or_else(|| DeviceError::InvalidArgument("a copy outside its region".into()))
+}

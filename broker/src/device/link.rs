@@ -1,0 +1,155 @@
+//! [`Link`]: where a device's calls run — an executor in this process ([`super::local`]) or
+//! one in a device worker ([`super::remote`]) — and the [`Ledger`] of what posted work's
+//! answers said, which both keep the same way.
+
+use std::collections::HashMap;
+use std::os::fd::BorrowedFd;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use gpushare_protocol::control::DeviceInfo;
+
+use super::call::{Answer, Call, Handle, Reply};
+use super::{DeviceError, DeviceResult};
+
+/// Where a device's calls run. It carries [`Call`]s without knowing them one by one.
+pub trait Link: Send + Sync + 'static {
+    /// `"sim"` or `"cuda"`.
+    fn backend(&self) -> &'static str;
+    fn info(&self) -> &DeviceInfo;
+    /// Whether the device partitions SMs (without, the scheduler paces partitioned clients).
+    fn sm_partitions(&self) -> bool;
+    /// Which context serves now: a reset makes a new one, and every handle of an older one is
+    /// inert.
+    fn generation(&self) -> u64;
+    /// What posted work's answers said.
+    fn ledger(&self) -> &Ledger;
+
+    /// Runs `call` and waits for its answer (giving up after `deadline`, if set).
+    fn call(&self, call: Call, payload: &[u8], deadline: Option<Duration>) -> DeviceResult<Answer>;
+    /// Runs `call` without waiting for its answer: work queued on `stream`, or a release
+    /// (`None`). Its answer goes to the ledger; a failure already known may come back here.
+    fn post(&self, stream: Option<Handle>, call: Call, payload: &[u8]) -> DeviceResult<()>;
+
+    /// Client memory that calls may name by `region` ([`super::call::Span`]), mapped at `at`
+    /// where it can (0: anywhere).
+    fn share_memory(&self, region: u64, fd: BorrowedFd<'_>, len: u64, at: u64) -> DeviceResult<()>;
+    /// The region is gone: nothing names it any more.
+    fn unshare_memory(&self, region: u64);
+    /// How long the device should stay awake for the calling thread's next call after one.
+    /// Said again when the thread wakes up: a call is likely to follow.
+    fn spin_hint(&self, _spin: Duration) {}
+    /// Allocations reach up to `end` (a successor context allocates above, so that clients
+    /// rebuilding their state find their old addresses free).
+    fn note_allocated(&self, _end: u64) {}
+
+    /// Cuts short every wait on the device (they fail with [`DeviceError::Cancelled`]) until
+    /// [`Link::reset`] finishes: the first step of recovering from a fault.
+    fn interrupt(&self);
+    /// Whether the context is poisoned by a sticky error (an illegal address …), and which.
+    /// Cheap: the guardian asks every few milliseconds.
+    fn fault(&self) -> Option<String>;
+    /// Replaces the context after a fault or a hang. Every allocation, stream, event and
+    /// module made before is gone; their handles become inert.
+    fn reset(&self) -> DeviceResult<()>;
+    /// Whether [`Link::reset`] can recover the device within this process; when not, the
+    /// broker restarts itself after a fault.
+    fn resets_in_place(&self) -> bool;
+    /// How long [`Link::reset`] may take before the broker takes the device for stuck.
+    fn reset_deadline(&self) -> Duration;
+}
+
+/// What answers to posted work said, by (generation, stream), until the stream's next
+/// synchronization or account takes it.
+#[derive(Default)]
+pub struct Ledger {
+    /// Failures of posted work, for the stream's next synchronization.
+    deferred: Mutex<HashMap<(u64, Handle), DeviceError>>,
+    any_deferred: AtomicBool,
+    /// Device time measured since, and whether measurements are pending still.
+    news: Mutex<HashMap<(u64, Handle), (u64, bool)>>,
+    any_news: AtomicBool,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Ledger {
+    /// Keeps what a posted call's answer says of its stream: its failure, for the next
+    /// synchronization; its device time, for the next account.
+    pub fn note(&self, generation: u64, stream: Option<Handle>, answer: Answer) {
+        let Some(stream) = stream else {
+            return;
+        };
+        let key = (generation, stream);
+        if let Reply::Failed(e) = answer.reply {
+            lock(&self.deferred).entry(key).or_insert(e);
+            self.any_deferred.store(true, Ordering::Release);
+        }
+        if let Some((busy, measuring)) = answer.news {
+            let mut news = lock(&self.news);
+            let entry = news.entry(key).or_insert((0, false));
+            entry.0 += busy;
+            entry.1 = measuring;
+            self.any_news.store(true, Ordering::Release);
+        }
+    }
+
+    /// What posted work said of the stream's device time since last asked.
+    pub fn take_news(&self, generation: u64, stream: Handle) -> Option<(u64, bool)> {
+        if !self.any_news.load(Ordering::Acquire) {
+            return None;
+        }
+        let mut news = lock(&self.news);
+        let got = news.remove(&(generation, stream));
+        if news.is_empty() {
+            self.any_news.store(false, Ordering::Release);
+        }
+        got
+    }
+
+    /// The failure of work posted earlier on the stream, once.
+    pub fn take_deferred(&self, generation: u64, stream: Handle) -> Option<DeviceError> {
+        if !self.any_deferred.load(Ordering::Acquire) {
+            return None;
+        }
+        let mut deferred = lock(&self.deferred);
+        let e = deferred.remove(&(generation, stream));
+        if deferred.is_empty() {
+            self.any_deferred.store(false, Ordering::Release);
+        }
+        e
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_posted_failure_is_told_once_to_its_own_stream() {
+        let ledger = Ledger::default();
+        ledger.note(0, Some(3), Answer::failed(DeviceError::NotReady));
+        ledger.note(0, Some(3), Answer::failed(DeviceError::OutOfMemory));
+        assert_eq!(ledger.take_deferred(0, 4), None);
+        assert_eq!(ledger.take_deferred(1, 3), None, "another generation's");
+        assert_eq!(ledger.take_deferred(0, 3), Some(DeviceError::NotReady));
+        assert_eq!(ledger.take_deferred(0, 3), None);
+    }
+
+    #[test]
+    fn device_time_adds_up_until_taken() {
+        let ledger = Ledger::default();
+        let news = |busy, measuring| Answer {
+            reply: Reply::Done,
+            news: Some((busy, measuring)),
+        };
+        ledger.note(0, Some(1), news(5, true));
+        ledger.note(0, Some(1), news(7, false));
+        ledger.note(0, None, news(100, true));
+        assert_eq!(ledger.take_news(0, 1), Some((12, false)));
+        assert_eq!(ledger.take_news(0, 1), None);
+    }
+}
