@@ -16,7 +16,35 @@ use bytesize::ByteSize;
 use gpushare_protocol::ErrorCode;
 use gpushare_protocol::stats::UserStats;
 
-use crate::policy::Bounds;
+use crate::access::Bounds;
+
+/// Why a user's account refuses more: each a sentence for the user.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    #[error(
+        "{who} has {open} sessions open, the most the policy's max_sessions allows: end one, or ask the administrator"
+    )]
+    TooManySessions { who: String, open: u32 },
+    #[error(
+        "{who} holds {} of page-locked host memory in gpushared (each session's rings and arena, and host memory consolidated programs share); {} more would pass the policy's max_pinned_memory of {}: end a session, or ask the administrator",
+        ByteSize(*.held),
+        ByteSize(*.asked),
+        ByteSize(*.max)
+    )]
+    PinnedMemory {
+        who: String,
+        held: u64,
+        asked: u64,
+        max: u64,
+    },
+}
+
+impl Refusal {
+    /// What the client is refused with.
+    pub fn code(&self) -> ErrorCode {
+        ErrorCode::TooManyHandles
+    }
+}
 
 /// One user's account.
 #[derive(Debug)]
@@ -71,21 +99,18 @@ impl UserAccount {
 
     /// Counts `bytes` more of locked host memory if the user stays within the policy's
     /// `max_pinned_memory`; else says why not, and nothing changes.
-    pub fn pin(&self, bytes: u64) -> Result<(), String> {
+    pub fn pin(&self, bytes: u64) -> Result<(), Refusal> {
         let max = self.max_pinned.load(Ordering::Relaxed);
         self.pinned
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
                 held.checked_add(bytes).filter(|&now| now <= max)
             })
             .map(drop)
-            .map_err(|held| {
-                format!(
-                    "{} holds {} of page-locked host memory in gpushared (each session's rings and arena, and host memory consolidated programs share); {} more would pass the policy's max_pinned_memory of {}: end a session, or ask the administrator",
-                    self.who(),
-                    ByteSize(held),
-                    ByteSize(bytes),
-                    ByteSize(max)
-                )
+            .map_err(|held| Refusal::PinnedMemory {
+                who: self.who(),
+                held,
+                asked: bytes,
+                max,
             })
     }
 
@@ -217,7 +242,7 @@ impl Accounts {
 
     /// Counts a new session of a user in, with the quota and bounds the policy gives the
     /// user now; or says why not (too many sessions, too much pinned memory).
-    pub fn join(self: &Arc<Self>, joining: Joining<'_>) -> Result<Seat, String> {
+    pub fn join(self: &Arc<Self>, joining: Joining<'_>) -> Result<Seat, Refusal> {
         let mut users = self.lock();
         let account = users
             .entry(joining.uid)
@@ -232,11 +257,10 @@ impl Accounts {
         account.set_quota(joining.quota);
         account.set_bounds(joining.bounds);
         let refused = if account.sessions() >= joining.bounds.max_sessions {
-            Err(format!(
-                "{} has {} sessions open, the most the policy's max_sessions allows: end one, or ask the administrator",
-                account.who(),
-                account.sessions()
-            ))
+            Err(Refusal::TooManySessions {
+                who: account.who(),
+                open: account.sessions(),
+            })
         } else {
             account.pin(joining.region_bytes)
         };
@@ -411,13 +435,13 @@ mod tests {
             .join(joining(5, "dave", None))
             .expect_err("a fourth session");
         assert_eq!(
-            refused,
+            refused.to_string(),
             "user `dave` (uid 5) has 3 sessions open, the most the policy's max_sessions allows: end one, or ask the administrator"
         );
         let account = seats[0].account().clone();
         assert_eq!((account.sessions(), account.pinned()), (3, 300));
         account.pin(700).expect("up to max_pinned_memory");
-        let why = account.pin(1).expect_err("one byte past it");
+        let why = account.pin(1).expect_err("one byte past it").to_string();
         assert!(why.contains("max_pinned_memory of 1000 B"), "{why}");
         account.unpin(700);
         drop(seats);
@@ -425,7 +449,10 @@ mod tests {
             region_bytes: 1001,
             ..joining(5, "dave", None)
         };
-        let why = accounts.join(big).expect_err("a region past the bound");
+        let why = accounts
+            .join(big)
+            .expect_err("a region past the bound")
+            .to_string();
         assert!(why.starts_with("user `dave` (uid 5) holds 0 B"), "{why}");
         assert!(accounts.get(5).is_none(), "a refused join leaves nothing");
         let other = accounts.join(joining(6, "erin", None));

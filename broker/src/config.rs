@@ -29,7 +29,7 @@ pub struct BrokerConfig {
     /// Where to serve Prometheus metrics, if anywhere.
     pub metrics_listen: Option<std::net::SocketAddr>,
     /// GPU fault containment: hang timeout, probation, fault injection.
-    pub faults: crate::fault::FaultConfig,
+    pub faults: crate::gpu::health::FaultConfig,
 }
 
 impl Default for BrokerConfig {
@@ -47,7 +47,7 @@ impl Default for BrokerConfig {
             stall_limit: Duration::from_secs(30),
             policy_path: None,
             metrics_listen: None,
-            faults: crate::fault::FaultConfig::default(),
+            faults: crate::gpu::health::FaultConfig::default(),
         }
     }
 }

@@ -6,15 +6,17 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
+use gpushare_broker::access::Policy;
 use gpushare_broker::cli::{Args, Backend, Gpus};
 use gpushare_broker::config::BrokerConfig;
 use gpushare_broker::device::Device;
 use gpushare_broker::device::cuda::CudaDevice;
-use gpushare_broker::device::remote::{Remote, WorkerBackend, WorkerSpec};
 use gpushare_broker::device::sim::{SimDevice, SimOptions};
-use gpushare_broker::fault::{CARRY_ENV, Carry, FaultConfig};
-use gpushare_broker::policy::Policy;
-use gpushare_broker::server::{self, Broker, DomainMaker, Stop};
+use gpushare_broker::gpu::DomainMaker;
+use gpushare_broker::gpu::health::FaultConfig;
+use gpushare_broker::gpu::restart::{CARRY_ENV, Carry};
+use gpushare_broker::gpu::workers::Workers;
+use gpushare_broker::server::{self, Broker, Stop};
 use gpushare_broker::telemetry::{Telemetry, TelemetryOptions, TelemetryStatus};
 use tracing::{info, warn};
 
@@ -182,134 +184,6 @@ fn real_main() -> anyhow::Result<()> {
                 run(sims(), None, config, policy, telemetry)
             }
         },
-    }
-}
-
-/// How gpushared starts its device workers (one per GPU, each with a spare).
-#[derive(Clone)]
-struct Workers {
-    gpu: Gpus,
-    sim_gpus: u32,
-    sim_memory: u64,
-    sim_realtime: bool,
-    fault_injection: bool,
-    spare: bool,
-    log: String,
-}
-
-impl Workers {
-    fn from_args(args: &Args) -> Workers {
-        Workers {
-            gpu: args.gpu,
-            sim_gpus: args.sim_gpus,
-            sim_memory: args.sim_memory.as_u64(),
-            sim_realtime: args.sim_realtime,
-            fault_injection: args.allow_fault_injection,
-            spare: !args.no_spare_worker,
-            log: args.log.clone(),
-        }
-    }
-
-    fn spec(&self, backend: WorkerBackend, label: String) -> WorkerSpec {
-        WorkerSpec {
-            backend,
-            fault_injection: self.fault_injection,
-            log: self.log.clone(),
-            label,
-            builtins: None,
-        }
-    }
-
-    /// Starts every worker at once and waits for all (each opens its device in parallel).
-    fn open(&self, specs: Vec<WorkerSpec>) -> anyhow::Result<Vec<Arc<Device>>> {
-        let exe = PathBuf::from("/proc/self/exe");
-        std::thread::scope(|scope| {
-            let starting: Vec<_> = specs
-                .into_iter()
-                .map(|spec| {
-                    let (exe, spare) = (exe.clone(), self.spare);
-                    scope.spawn(move || {
-                        let label = spec.label.clone();
-                        Remote::open(exe, spec, spare)
-                            .map(Device::remote)
-                            .with_context(|| format!("cannot open {label}"))
-                    })
-                })
-                .collect();
-            starting
-                .into_iter()
-                .map(|h| {
-                    h.join()
-                        .map_err(|_| anyhow::anyhow!("a device worker's starter panicked"))?
-                        .map(Arc::new)
-                })
-                .collect()
-        })
-    }
-
-    /// A worker per GPU served (CUDA); this process initialises the driver but holds no
-    /// context.
-    fn gpus(&self) -> anyhow::Result<Vec<Arc<Device>>> {
-        let count = gpushare_broker::device::cuda::device_count()?;
-        let ordinals: Vec<i32> = match self.gpu {
-            Gpus::All => (0..count).collect(),
-            Gpus::One(n) if n < count => vec![n],
-            Gpus::One(n) => {
-                return Err(gpushare_broker::device::cuda::ProbeError::NoSuchGpu {
-                    asked: n,
-                    count,
-                }
-                .into());
-            }
-        };
-        self.open(
-            ordinals
-                .into_iter()
-                .map(|ordinal| self.spec(WorkerBackend::Cuda { ordinal }, format!("GPU {ordinal}")))
-                .collect(),
-        )
-    }
-
-    /// Makes a trust domain's device on a GPU: a worker of its own, like the GPU's first.
-    fn domain_maker(&self, cuda: bool, first: &[Arc<Device>]) -> DomainMaker {
-        let workers = self.clone();
-        let ordinals: Vec<u32> = first.iter().map(|d| d.info().index).collect();
-        Box::new(move |gpu, domain| {
-            let index = ordinals.get(gpu as usize).copied().unwrap_or(gpu);
-            let backend = if cuda {
-                WorkerBackend::Cuda {
-                    ordinal: index as i32,
-                }
-            } else {
-                WorkerBackend::Sim {
-                    index,
-                    memory: workers.sim_memory,
-                    realtime: workers.sim_realtime,
-                }
-            };
-            let label = format!("GPU {index}, trust domain {domain}");
-            workers
-                .open(vec![workers.spec(backend, label)])
-                .map_err(|e| format!("{e:#}"))?
-                .pop()
-                .ok_or_else(|| "no device worker".to_string())
-        })
-    }
-
-    /// A worker per sim GPU.
-    fn sims(&self) -> anyhow::Result<Vec<Arc<Device>>> {
-        self.open(
-            (0..self.sim_gpus)
-                .map(|index| {
-                    let backend = WorkerBackend::Sim {
-                        index,
-                        memory: self.sim_memory,
-                        realtime: self.sim_realtime,
-                    };
-                    self.spec(backend, format!("GPU {index} (sim)"))
-                })
-                .collect(),
-        )
     }
 }
 
@@ -557,7 +431,7 @@ mod tests {
     #[test]
     fn each_cause_is_said_once() {
         let io = std::io::Error::from(std::io::ErrorKind::NotFound);
-        let read = gpushare_broker::policy::PolicyError::Read {
+        let read = gpushare_broker::access::PolicyError::Read {
             path: "/etc/x.toml".into(),
             source: io,
         };

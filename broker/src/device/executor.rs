@@ -10,8 +10,9 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use super::backend::Backend;
-use super::call::{Answer, Handle, Reply, Span};
+use super::reply::{Answer, Handle, Reply};
 use super::{DeviceError, DeviceResult};
+use crate::shm::Span;
 use crate::shm::{ArenaSlice, HostRegion};
 
 /// How long a call waits for a region or payload that is still on its way (in a worker, the
@@ -62,8 +63,9 @@ impl<B: Backend> Executor<B> {
 
     /// Maps client memory that calls may name by `region` (at `at` where it can: device code
     /// then reaches host memory by the client's own pointer; 0: anywhere).
-    pub fn share_region(&self, region: u64, fd: &OwnedFd, len: u64, at: u64) -> Result<(), String> {
-        let mapped = HostRegion::map(fd, len, at).map_err(|e| e.to_string())?;
+    pub fn share_region(&self, region: u64, fd: &OwnedFd, len: u64, at: u64) -> DeviceResult<()> {
+        let mapped = HostRegion::map(fd, len, at)
+            .map_err(|e| DeviceError::Failed(format!("cannot map client memory: {e}")))?;
         lock(&self.regions).insert(region, Arc::new(mapped));
         self.arrived.notify_all();
         Ok(())
@@ -75,8 +77,9 @@ impl<B: Backend> Executor<B> {
     }
 
     /// A payload too big for a channel, for the call that names it.
-    pub fn add_blob(&self, id: u64, fd: &OwnedFd, len: u64) -> Result<(), String> {
-        let mapped = HostRegion::map(fd, len, 0).map_err(|e| e.to_string())?;
+    pub fn add_blob(&self, id: u64, fd: &OwnedFd, len: u64) -> DeviceResult<()> {
+        let mapped = HostRegion::map(fd, len, 0)
+            .map_err(|e| DeviceError::Failed(format!("cannot map a call's payload: {e}")))?;
         lock(&self.blobs).insert(id, Arc::new(mapped));
         self.arrived.notify_all();
         Ok(())

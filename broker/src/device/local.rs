@@ -90,9 +90,7 @@ impl<B: Backend> Link for Local<B> {
         let fd = fd.try_clone_to_owned().map_err(|e| {
             DeviceError::Failed(format!("cannot share client memory with the device: {e}"))
         })?;
-        self.executor
-            .share_region(region, &fd, len, at)
-            .map_err(|why| DeviceError::Failed(format!("cannot map client memory: {why}")))
+        self.executor.share_region(region, &fd, len, at)
     }
 
     fn unshare_memory(&self, region: u64) {

@@ -6,7 +6,8 @@
 //! handles up and runs it on a [`Backend`]: a real GPU through CUDA ([`cuda`]) or the CPU
 //! model ([`sim`]).
 //!
-//! - `call`: every operation, declared once, and the one `match` that runs it;
+//! - `call`: every operation, declared once, and the one `match` that runs it; `reply`: what
+//!   a call gets back;
 //! - `backend`: the [`Backend`] trait, an operation a method;
 //! - `executor`: a backend with its handle tables and the client memory shared with it;
 //! - `link`: where calls run, and the ledger of posted work's answers;
@@ -22,6 +23,7 @@ mod handles;
 pub mod link;
 pub mod local;
 pub mod remote;
+pub mod reply;
 pub mod sim;
 
 use std::borrow::Cow;

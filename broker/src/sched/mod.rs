@@ -33,7 +33,7 @@
 //! Policies ([`policy`]) pick among the candidates, one grant per `pick`.
 //!
 //! Where each part lives: `client.rs` (what a client declared, queued and was granted),
-//! `dispatch.rs` (the [`Dispatcher`]: clients, submit, grant, complete, stats), `gates.rs` (the
+//! `dispatcher.rs` (the [`Dispatcher`]: clients, submit, grant, complete, stats), `gates.rs` (the
 //! gates above and `next_wakeup`), `view.rs` (the [`View`] a policy picks from), `policy/`
 //! (the policies), and the controllers `admission.rs`, `rate.rs`, `deadline.rs`, `profile.rs`.
 //! `tests.rs` holds the dispatcher's contract; `simulate.rs` is the tests' discrete-event
@@ -42,7 +42,7 @@
 pub mod admission;
 mod client;
 pub mod deadline;
-mod dispatch;
+mod dispatcher;
 mod gates;
 pub mod policy;
 pub mod profile;
@@ -57,11 +57,11 @@ pub use self::client::{
     Request,
 };
 pub use self::deadline::{DeadlineConfig, DeadlineController, SharePacer};
-pub use self::dispatch::Dispatcher;
+pub use self::dispatcher::Dispatcher;
 pub use self::policy::{
     FairConfig, FifoConfig, Pick, Policy, PolicyKind, PriorityConfig, build_policy,
 };
-pub use self::profile::{Bound, KernelKey, KernelProfile, ProfileTable, builtin_profile};
+pub use self::profile::{Bound, KernelKey, KernelProfile, ProfileTable};
 pub use self::rate::{RateConfig, RateController};
 pub use self::view::{ClientView, View};
 

@@ -2,8 +2,9 @@
 //!
 //! Orion (EuroSys'24) schedules best-effort kernels around high-priority ones from per-kernel
 //! profiles: duration, compute- vs memory-bound, SM needs. Orion profiles offline; here a
-//! profile is declared (by the client, or for built-in kernels by the sim cost model's
-//! roofline) or learned online from measured durations, an EWMA per [`KernelKey`]. A declared
+//! profile is declared by the client or learned online from the device's own measurements,
+//! an EWMA per [`KernelKey`], from a neutral prior (the table's default duration; for a
+//! built-in kernel, the bound its arithmetic intensity gives on any current GPU). A declared
 //! profile always wins over a learned one. Durations are learned from runs that had the GPU to
 //! themselves when there are any, so that `est_ns` stays the kernel's solo time and the rate
 //! controller can read slowdown as `est / measured`.
@@ -11,8 +12,6 @@
 use std::collections::HashMap;
 
 use gpushare_protocol::Kernel;
-
-use crate::device::sim::cost::{self, CostModel};
 
 /// What identifies "the same kernel" for learning: the function and its grid size.
 ///
@@ -108,26 +107,36 @@ pub fn builtin_function_id(kernel: &Kernel) -> u64 {
     BUILTIN_FUNCTION_BASE | (hash >> 1)
 }
 
-/// The profile of a built-in kernel from the sim's roofline cost model: its modelled time,
-/// the side of the roofline it sits on, and its grid's SM need on `model`'s device.
-pub fn builtin_profile(model: &CostModel, kernel: &Kernel) -> KernelProfile {
-    let (flops, bytes, blocks) = cost::work(kernel);
-    let peak = if matches!(kernel, Kernel::GemmBf16 { .. }) {
-        model.bf16_flops
-    } else {
-        model.fp32_flops
-    };
-    // Spin does no work but holds its SMs: it competes for SMs, not bandwidth.
-    let bound = if let Kernel::Spin { .. } = kernel {
-        Bound::Compute
-    } else {
-        Bound::from_intensity(flops, bytes, peak / model.memory_bw)
-    };
-    let key = KernelKey {
+/// The lowest ridge points (peak FLOP/s ÷ memory bytes/s) among current data-centre GPUs, for
+/// FP32 (A100: 19.5 TFLOP/s over 2.0 TB/s) and dense bf16 tensor-core work (V100's fp16:
+/// 125 TFLOP/s over 0.9 TB/s): a kernel below is memory-bound on every one of them. The
+/// prior for a built-in kernel's bound, whatever the device.
+pub const PRIOR_RIDGE_FP32: f64 = 10.0;
+pub const PRIOR_RIDGE_BF16: f64 = 140.0;
+
+/// The key of a built-in kernel: its function id and grid.
+pub fn builtin_key(kernel: &Kernel) -> KernelKey {
+    KernelKey {
         function: builtin_function_id(kernel),
-        blocks: u32::try_from(blocks).unwrap_or(u32::MAX),
-    };
-    KernelProfile::new(key, model.kernel_ns(kernel), bound, model.sm_count)
+        blocks: u32::try_from(kernel.work().blocks).unwrap_or(u32::MAX),
+    }
+}
+
+/// The side of the roofline a built-in kernel sits on, from its arithmetic intensity against
+/// the prior ridge points.
+pub fn builtin_bound(kernel: &Kernel) -> Bound {
+    match kernel {
+        // Spin does no work but holds its SMs: it competes for SMs, not bandwidth.
+        Kernel::Spin { .. } => Bound::Compute,
+        Kernel::GemmBf16 { .. } => {
+            let w = kernel.work();
+            Bound::from_intensity(w.flops, w.bytes, PRIOR_RIDGE_BF16)
+        }
+        _ => {
+            let w = kernel.work();
+            Bound::from_intensity(w.flops, w.bytes, PRIOR_RIDGE_FP32)
+        }
+    }
 }
 
 /// Most distinct kernels remembered; a client inventing keys cannot grow the broker past it.
@@ -226,6 +235,23 @@ impl ProfileTable {
             .then(|| KernelProfile::new(key, e.learned_ns.round() as u64, e.hint, self.sms))
     }
 
+    /// The profile of a built-in kernel: what its device measured of it (or the default
+    /// estimate until then), with its prior bound; a spin takes the time it asks for.
+    pub fn builtin(&mut self, kernel: &Kernel) -> KernelProfile {
+        let key = builtin_key(kernel);
+        if let Kernel::Spin { micros, .. } = *kernel {
+            return KernelProfile::new(key, micros.saturating_mul(1_000), Bound::Compute, self.sms);
+        }
+        if !self
+            .entries
+            .get(&key)
+            .is_some_and(|e| e.hint != Bound::Unknown)
+        {
+            self.hint(key, builtin_bound(kernel));
+        }
+        self.profile(key)
+    }
+
     /// The profile to submit `key` with: known, or the default estimate with an unknown bound
     /// (or the hinted one).
     pub fn profile(&self, key: KernelKey) -> KernelProfile {
@@ -245,7 +271,8 @@ impl ProfileTable {
 mod tests {
     use super::*;
 
-    const M: CostModel = CostModel::H100_LIKE;
+    /// An H100's FP32 ridge point (60 TFLOP/s over 3.35 TB/s).
+    const RIDGE: f64 = 60e12 / 3.35e12;
 
     fn key(f: u64) -> KernelKey {
         KernelKey {
@@ -280,7 +307,7 @@ mod tests {
 
     #[test]
     fn classifies_by_intensity() {
-        let ridge = M.fp32_flops / M.memory_bw;
+        let ridge = RIDGE;
         assert_eq!(Bound::from_intensity(1e9, 1e6, ridge), Bound::Compute);
         assert_eq!(Bound::from_intensity(1e6, 1e9, ridge), Bound::Memory);
         assert_eq!(Bound::from_intensity(0.0, 0.0, ridge), Bound::Unknown);
@@ -294,7 +321,7 @@ mod tests {
     }
 
     #[test]
-    fn builtin_profiles_follow_the_cost_model() {
+    fn builtin_kernels_start_from_a_neutral_prior_and_learn_what_the_device_measures() {
         let gemm = Kernel::GemmF32 {
             a: 0,
             b: 0,
@@ -305,24 +332,44 @@ mod tests {
             alpha: 1.0,
             beta: 0.0,
         };
-        let p = builtin_profile(&M, &gemm);
-        assert_eq!(p.bound, Bound::Compute);
-        assert_eq!(p.sm_need, 132);
-        assert_eq!(p.est_ns, M.kernel_ns(&gemm));
+        let mut t = ProfileTable::new(132, 0.5, 10_000);
+        let p = t.builtin(&gemm);
+        assert_eq!(
+            (p.est_ns, p.bound, p.sm_need),
+            (10_000, Bound::Compute, 132)
+        );
+        t.observe(p.key, 2_500_000, true);
+        assert_eq!(
+            t.builtin(&gemm).est_ns,
+            2_500_000,
+            "what the device measured"
+        );
+        assert_eq!(t.builtin(&gemm).bound, Bound::Compute);
         let add = Kernel::VecAddF32 {
             a: 0,
             b: 0,
             c: 0,
             n: 1 << 20,
         };
-        let p = builtin_profile(&M, &add);
-        assert_eq!(p.bound, Bound::Memory);
-        assert_eq!(p.key.blocks, 4096);
+        let p = t.builtin(&add);
+        assert_eq!((p.bound, p.key.blocks), (Bound::Memory, 4096));
+        // A small bf16 product sits below every GPU's ridge: memory-bound.
+        let small = Kernel::GemmBf16 {
+            a: 0,
+            b: 0,
+            c: 0,
+            m: 64,
+            n: 64,
+            k: 64,
+            alpha: 1.0,
+            beta: 0.0,
+        };
+        assert_eq!(t.builtin(&small).bound, Bound::Memory);
         let spin = Kernel::Spin {
             micros: 10,
             blocks: 8,
         };
-        let p = builtin_profile(&M, &spin);
+        let p = t.builtin(&spin);
         assert_eq!((p.est_ns, p.sm_need, p.bound), (10_000, 8, Bound::Compute));
         assert_ne!(builtin_function_id(&gemm), builtin_function_id(&add));
     }

@@ -5,7 +5,7 @@ use gpushare_protocol::{ErrorCode, PriorityClass};
 use tracing::{info, warn};
 
 use super::Broker;
-use crate::policy::{Grant, Identity};
+use crate::access::{Grant, Identity};
 use crate::session::SessionInfo;
 
 impl Broker {
@@ -50,7 +50,7 @@ impl Broker {
         self.admin(who, client, |info| {
             let g = changed_grant(info.grant(), class, weight, memory_quota);
             info.set_grant(g);
-            if let Some(d) = self.dispatch.get(info.gpu as usize) {
+            if let Some(d) = self.gpus.get(info.gpu as usize).map(|g| &g.scheduler) {
                 d.update_client(info.id, g.class, g.weight);
             }
             info!(client, class = %g.class, weight = g.weight, quota = ?g.memory_quota, by = who.uid, "admin changed a client's grant");
@@ -87,7 +87,7 @@ fn changed_grant(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::Policy;
+    use crate::access::Policy;
     use crate::server::testing::{identity, register, sim_broker};
 
     fn denied(msg: &str) -> Result<(), WireError> {

@@ -16,8 +16,8 @@ use tracing::debug;
 
 use super::framing::{recv, send};
 use super::{Broker, Stop};
+use crate::access::Identity;
 use crate::device::Device;
-use crate::policy::Identity;
 use crate::session::{ModuleTable, SessionEnd, SessionInfo};
 
 /// A client session's module table and the device it runs on.
@@ -558,7 +558,7 @@ mod tests {
     #[tokio::test]
     async fn a_module_image_is_checked_before_the_device_sees_it() {
         let broker = sim_broker(1);
-        let device = broker.devices[0].clone();
+        let device = broker.gpus[0].device().clone();
         let modules = Arc::default();
         let images = crate::server::images::ImageCache::default();
         let load =
@@ -590,7 +590,7 @@ mod tests {
     #[tokio::test]
     async fn unknown_modules_are_invalid_handles() {
         let broker = sim_broker(1);
-        let device = broker.devices[0].clone();
+        let device = broker.gpus[0].device().clone();
         let modules: Arc<Mutex<ModuleTable>> = Arc::default();
         let got = Broker::get_function(&modules, &device, 7, "f".into()).await;
         assert_eq!(

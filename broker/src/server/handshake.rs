@@ -14,8 +14,8 @@ use tracing::{Instrument, info_span, warn};
 
 use super::framing::{RecvError, recv, reject};
 use super::{Broker, Stop};
+use crate::access::{Grant, Identity, TrustDomain};
 use crate::accounts::{Joining, Seat};
-use crate::policy::{Grant, Identity, TrustDomain};
 use gpushare_protocol::control::Role;
 use gpushare_protocol::ring::ShmLayout;
 
@@ -106,8 +106,8 @@ impl Broker {
             })
             .unwrap_or_default();
         let grant = with_requested_class(granted, hello.requested_class);
-        let gpu = choose_gpu(hello.gpu, self.devices.len(), || self.least_loaded())
-            .map_err(|msg| (ErrorCode::InvalidArgument, msg))?;
+        let gpu = choose_gpu(hello.gpu, self.gpus.len(), || self.least_loaded())
+            .map_err(|e| (ErrorCode::InvalidArgument, e.to_string()))?;
         let layout = self.config.layout_for(hello.sq_entries, hello.arena_size);
         let seat = if hello.role == Role::Monitor {
             None
@@ -126,7 +126,7 @@ impl Broker {
             let seat = self
                 .accounts
                 .join(joining)
-                .map_err(|why| (ErrorCode::TooManyHandles, why))?;
+                .map_err(|why| (why.code(), why.to_string()))?;
             Some(seat)
         };
         Ok(Admission {
@@ -145,9 +145,7 @@ impl Broker {
             let on = clients.iter().filter(|c| c.gpu as usize == gpu);
             (on.clone().map(|c| c.memory_used).sum::<u64>(), on.count())
         };
-        (0..self.devices.len())
-            .min_by_key(|&g| load(g))
-            .unwrap_or(0)
+        (0..self.gpus.len()).min_by_key(|&g| load(g)).unwrap_or(0)
     }
 }
 
@@ -187,21 +185,24 @@ fn with_requested_class(mut granted: Grant, asked: Option<PriorityClass>) -> Gra
     granted
 }
 
-/// The GPU a client asked for, or the least loaded one when it did not say; an index past the
-/// broker's `count` GPUs is refused with a sentence for the client.
+/// A GPU index past the broker's GPUs.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("GPU {asked} does not exist; this broker serves GPU{} 0..={}", if *.count > 1 { "s" } else { "" }, .count.saturating_sub(1))]
+struct NoSuchGpu {
+    asked: u32,
+    count: usize,
+}
+
+/// The GPU a client asked for, or the least loaded one when it did not say.
 fn choose_gpu(
     asked: Option<u32>,
     count: usize,
     least_loaded: impl FnOnce() -> usize,
-) -> Result<usize, String> {
+) -> Result<usize, NoSuchGpu> {
     match asked {
         None => Ok(least_loaded()),
         Some(g) if (g as usize) < count => Ok(g as usize),
-        Some(g) => Err(format!(
-            "GPU {g} does not exist; this broker serves GPU{} 0..={}",
-            if count > 1 { "s" } else { "" },
-            count - 1
-        )),
+        Some(g) => Err(NoSuchGpu { asked: g, count }),
     }
 }
 
@@ -213,7 +214,7 @@ mod tests {
     use gpushare_protocol::error::WireError;
 
     use super::*;
-    use crate::fault::Carry;
+    use crate::gpu::restart::Carry;
     use crate::server::testing::{closed, hear, hello, pair, register, say, sim_broker, within};
 
     /// Runs `connection` for the broker's end of a pair while a client says `first`; returns
@@ -375,11 +376,11 @@ mod tests {
         assert_eq!(choose_gpu(None, 4, || 2), Ok(2));
         assert_eq!(choose_gpu(Some(3), 4, || 0), Ok(3));
         assert_eq!(
-            choose_gpu(Some(4), 4, || 0),
+            choose_gpu(Some(4), 4, || 0).map_err(|e| e.to_string()),
             Err("GPU 4 does not exist; this broker serves GPUs 0..=3".into())
         );
         assert_eq!(
-            choose_gpu(Some(1), 1, || 0),
+            choose_gpu(Some(1), 1, || 0).map_err(|e| e.to_string()),
             Err("GPU 1 does not exist; this broker serves GPU 0..=0".into())
         );
     }

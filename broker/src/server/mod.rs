@@ -9,6 +9,7 @@
 //! - `framing`: one control message and its descriptors on the socket;
 //! - `status`: the telemetry sample and the status report.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
@@ -19,29 +20,28 @@ use tokio::task::JoinSet;
 use tokio_seqpacket::UnixSeqpacketListener;
 use tracing::{info, warn};
 
+use crate::access::Policy;
 use crate::accounts::Accounts;
 use crate::config::BrokerConfig;
 use crate::device::Device;
-use crate::dispatch::GpuDispatch;
-use crate::fault::{Carry, DeviceHealth, Stuck};
-use crate::policy::Policy;
+use crate::gpu::restart::{Carry, Stuck};
+use crate::gpu::scheduler::GpuScheduler;
+use crate::gpu::{ContextError, DomainMaker, Gpu};
 use crate::registry::Registry;
 use crate::telemetry::Telemetry;
 
 mod admin;
-mod consolidated;
+mod connection;
 mod control;
-mod domains;
+mod driver;
 mod framing;
 mod handshake;
 mod images;
 mod listen;
-mod session;
 mod status;
 #[cfg(test)]
 mod testing;
 
-pub use domains::DomainMaker;
 pub use listen::{BindError, bind};
 
 /// Why the broker stops serving, as every client is told.
@@ -72,14 +72,15 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 /// The broker: one device, many sessions.
 pub struct Broker {
-    /// One per GPU served, by index (never empty).
-    devices: Vec<Arc<Device>>,
-    /// Fault containment per GPU (same index as `devices`).
-    health: Vec<Arc<DeviceHealth>>,
+    /// The GPUs served, by index (never empty).
+    gpus: Vec<Gpu>,
     /// Set when a GPU cannot be recovered in place and the broker must restart.
     stuck: Arc<Stuck>,
-    /// The scheduler per GPU (same index as `devices`).
-    dispatch: Vec<Arc<GpuDispatch>>,
+    /// Set when the broker stops: every guardian ends with it.
+    guardians_stop: Arc<AtomicBool>,
+    /// Makes the contexts of trust domains other than the default (device workers); without
+    /// it, such clients are refused.
+    domain_maker: OnceLock<DomainMaker>,
     /// What the previous image knew about a fault (culprit, suspects), and since when.
     carried: Mutex<Option<(Carry, Instant)>>,
     config: BrokerConfig,
@@ -95,8 +96,6 @@ pub struct Broker {
     observed: Mutex<status::Observed>,
     /// Module images by content, shared between sessions.
     images: images::ImageCache,
-    /// Trust domains other than the default: their devices, per GPU.
-    domains: domains::Domains,
 }
 
 impl Broker {
@@ -110,31 +109,35 @@ impl Broker {
         telemetry_status: TelemetryStatus,
     ) -> Arc<Broker> {
         assert!(!devices.is_empty(), "a broker needs at least one device");
-        let gpus = devices.len();
-        let dispatch = devices
-            .iter()
-            .map(|d| {
-                Arc::new(GpuDispatch::new(
+        let stuck = Arc::new(Stuck::default());
+        let guardians_stop = Arc::new(AtomicBool::new(false));
+        let gpus = devices
+            .into_iter()
+            .enumerate()
+            .map(|(index, device)| {
+                let scheduler = GpuScheduler::new(
                     policy.scheduler(),
                     policy.tunables(),
                     crate::sched::DeviceShape {
-                        sms: d.info().sm_count.max(1),
-                        sm_partitions: d.sm_partitions(),
+                        sms: device.info().sm_count.max(1),
+                        sm_partitions: device.sm_partitions(),
                     },
-                    crate::device::sim::cost::CostModel::H100_LIKE,
-                ))
+                );
+                Gpu::new(
+                    index as u32,
+                    device,
+                    scheduler,
+                    config.faults,
+                    stuck.clone(),
+                    guardians_stop.clone(),
+                )
             })
             .collect();
-        let stuck = Arc::new(Stuck::default());
-        let health = devices
-            .iter()
-            .map(|_| DeviceHealth::new(config.faults, stuck.clone()))
-            .collect();
         Arc::new(Broker {
-            devices,
-            health,
+            gpus,
             stuck,
-            dispatch,
+            guardians_stop,
+            domain_maker: OnceLock::new(),
             carried: Mutex::new(None),
             config,
             policy: RwLock::new(policy),
@@ -145,7 +148,6 @@ impl Broker {
             telemetry_status: Mutex::new(telemetry_status),
             observed: Mutex::new(status::Observed::default()),
             images: images::ImageCache::default(),
-            domains: domains::Domains::new(gpus),
         })
     }
 
@@ -163,8 +165,9 @@ impl Broker {
     /// Replaces the policy for sessions that start from now on; connected clients keep what
     /// they were granted.
     pub fn set_policy(&self, policy: Policy) {
-        for d in &self.dispatch {
-            d.set_policy(policy.scheduler(), policy.tunables());
+        for gpu in &self.gpus {
+            gpu.scheduler
+                .set_policy(policy.scheduler(), policy.tunables());
         }
         match self.policy.write() {
             Ok(mut p) => *p = policy,
@@ -200,6 +203,24 @@ impl Broker {
         )
     }
 
+    /// Lets clients of trust domains other than the default have contexts of their own (made
+    /// by `maker`). Without it, such clients are refused.
+    pub fn set_domain_maker(&self, maker: DomainMaker) {
+        let _ = self.domain_maker.set(maker);
+    }
+
+    /// The context serving `domain` on `gpu`, made on first use. Blocking.
+    fn context(
+        &self,
+        gpu: usize,
+        domain: &crate::access::TrustDomain,
+    ) -> Result<crate::gpu::Context, ContextError> {
+        self.gpus
+            .get(gpu)
+            .ok_or(ContextError::NoGpu(gpu))?
+            .context(domain, self.domain_maker.get())
+    }
+
     /// Resolves when a GPU cannot be recovered in place: serve's caller should then stop
     /// and restart the broker ([`Stuck::reason`] says why).
     pub fn stuck(&self) -> Arc<Stuck> {
@@ -219,17 +240,10 @@ impl Broker {
     ) {
         let (stop_tx, stop_rx) = watch::channel(None::<Stop>);
         let mut tasks = JoinSet::new();
-        // One guardian per GPU (and per trust domain's device, as each is made) watches for
-        // faults and hangs (see `fault`).
-        let guardians_stop = self.domains.guardians_stop.clone();
-        for (gpu, (health, device)) in self.health.iter().zip(&self.devices).enumerate() {
-            let (health, device, stop) = (health.clone(), device.clone(), guardians_stop.clone());
-            if let Err(e) = std::thread::Builder::new()
-                .name(format!("gpushare-guard-{gpu}"))
-                .spawn(move || health.guard(device, gpu as u32, stop))
-            {
-                warn!(gpu, error = %e, "cannot start the fault guardian; GPU faults will not be contained");
-            }
+        // One guardian per GPU context (a trust domain's starts as it is made) watches for
+        // faults and hangs (see `gpu::guardian`).
+        for gpu in &self.gpus {
+            gpu.start_guardian();
         }
         tokio::pin!(shutdown);
         let stopping = loop {
@@ -264,7 +278,7 @@ impl Broker {
         if drained.is_err() {
             warn!("some sessions did not finish within {grace:?}; exiting anyway");
         }
-        self.stop_domain_guardians();
+        self.guardians_stop.store(true, Ordering::Release);
         if let Err(e) = std::fs::remove_file(&self.config.socket) {
             warn!(socket = %self.config.socket.display(), error = %e, "cannot remove socket file");
         }

@@ -132,11 +132,15 @@ impl Broker {
         StatusReport {
             broker_version: env!("CARGO_PKG_VERSION").into(),
             protocol_version: PROTOCOL_VERSION,
-            backend: self.devices[0].backend().into(),
-            device: self.devices[0].info().clone(),
-            devices: self.devices.iter().map(|d| d.info().clone()).collect(),
+            backend: self.gpus[0].device().backend().into(),
+            device: self.gpus[0].device().info().clone(),
+            devices: self
+                .gpus
+                .iter()
+                .map(|g| g.device().info().clone())
+                .collect(),
             uptime_ms: self.started.elapsed().as_millis() as u64,
-            policy: self.dispatch[0].policy_name().into(),
+            policy: self.gpus[0].scheduler.policy_name().into(),
             memory_used: clients.iter().map(|c| c.memory_used).sum(),
             clients,
             telemetry: self

@@ -13,10 +13,10 @@ use tokio_seqpacket::UnixSeqpacket;
 use tokio_seqpacket::ancillary::OwnedAncillaryMessage;
 
 use super::Broker;
+use crate::access::{Grant, Identity, Policy};
 use crate::config::BrokerConfig;
 use crate::device::Device;
 use crate::device::sim::{SimDevice, SimOptions};
-use crate::policy::{Grant, Identity, Policy};
 use crate::session::{Peer, SessionInfo};
 use gpushare_protocol::wake::Wakeup;
 

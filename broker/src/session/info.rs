@@ -9,9 +9,9 @@ use gpushare_protocol::control::BrokerMessage;
 use gpushare_protocol::stats::ClientStats;
 use gpushare_protocol::{ErrorCode, PriorityClass};
 
+use crate::access::Grant;
 use crate::accounts::UserAccount;
-use crate::fault::FaultWatch;
-use crate::policy::Grant;
+use crate::gpu::health::{FaultWatch, Member};
 use gpushare_protocol::wake::Wakeup;
 
 /// Usage counters, updated by the data thread and read by status queries.
@@ -87,6 +87,24 @@ pub struct Peer {
     pub consolidated: bool,
     /// The trust domain whose GPU context it shares.
     pub trust_domain: String,
+}
+
+impl Member for SessionInfo {
+    fn id(&self) -> u64 {
+        self.id
+    }
+
+    fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    fn watch(&self) -> &FaultWatch {
+        &self.fault_watch
+    }
+
+    fn wake(&self) {
+        self.submit_wake.signal();
+    }
 }
 
 impl SessionInfo {

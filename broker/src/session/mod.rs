@@ -26,25 +26,25 @@ use gpushare_protocol::ring::BrokerRings;
 use gpushare_protocol::{DevicePtr, EventId, StreamId};
 
 use crate::device::{Call, Device, DeviceError, DeviceResult, Event, Stream};
-use crate::dispatch::GpuDispatch;
-use crate::fault::{DeviceHealth, Verdict};
+use crate::gpu::health::{DeviceHealth, Verdict};
+use crate::gpu::scheduler::GpuScheduler;
 use crate::shm::SharedRegion;
 use gpushare_protocol::wake::Wakeup;
 
 mod allocations;
-mod consolidated;
 mod execute;
 mod governed;
 pub mod hosts;
 mod info;
-mod modules;
+mod legacy;
+mod module_table;
 mod reclaim;
 mod reset;
 mod serve;
 mod turns;
 
 pub use info::{Counters, Peer, SessionInfo};
-pub use modules::{MAX_FUNCTIONS, MAX_MODULES, ModuleTable};
+pub use module_table::{MAX_FUNCTIONS, MAX_MODULES, ModuleTable};
 
 use allocations::Allocations;
 use reset::Lost;
@@ -123,7 +123,7 @@ pub struct SessionState {
     holding_turn: bool,
     /// Handles lost in device resets: commands naming them fail with `DeviceReset`.
     lost: Lost,
-    dispatch: Arc<GpuDispatch>,
+    dispatch: Arc<GpuScheduler>,
     /// The job profile the client declared (kept when its deadline changes).
     declared_job: Option<crate::sched::JobProfile>,
     /// Granted kernels not yet seen finished, oldest first, with the events that time them.
@@ -135,7 +135,7 @@ pub struct SessionState {
     /// A governed client's admission state (memory reserved, its launch lease).
     governed: governed::Governed,
     /// A consolidated client's stream-order markers and stream 0's work count.
-    legacy: consolidated::Legacy,
+    legacy: legacy::Legacy,
     /// A launch's parameter block, copied out of the arena (kept to reuse its allocation).
     launch_params: Vec<u8>,
 }
@@ -173,7 +173,7 @@ fn internal_error(payload: &(dyn std::any::Any + Send)) -> String {
 /// What a session uses of its GPU besides the device: fault containment and the scheduler.
 pub struct GpuServices {
     pub health: Arc<DeviceHealth>,
-    pub dispatch: Arc<GpuDispatch>,
+    pub dispatch: Arc<GpuScheduler>,
 }
 
 /// Why a session's data thread ended.
@@ -257,7 +257,7 @@ impl SessionState {
             spare_events: Vec::new(),
             placed_charges: HashMap::new(),
             governed: governed::Governed::default(),
-            legacy: consolidated::Legacy::default(),
+            legacy: legacy::Legacy::default(),
             launch_params: Vec::new(),
         })
     }

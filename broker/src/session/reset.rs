@@ -11,7 +11,7 @@ use gpushare_protocol::control::{BrokerMessage, LostState};
 use gpushare_protocol::{Command, DevicePtr, ErrorCode, EventId, StreamId};
 
 use super::{SessionEnd, SessionState, StreamSlot};
-use crate::fault::Verdict;
+use crate::gpu::health::Verdict;
 
 /// Handles a session lost in device resets.
 #[derive(Default)]

@@ -10,7 +10,7 @@ use gpushare_protocol::StreamId;
 
 use super::SessionState;
 use crate::device::{Event, EventKind};
-use crate::dispatch::{GpuDispatch, Turn, Waiting};
+use crate::gpu::scheduler::{GpuScheduler, Turn, Waiting};
 use crate::sched::{KernelProfile, RequestId};
 
 /// A granted kernel not yet seen finished.
@@ -30,7 +30,7 @@ impl SessionState {
     /// Waits for the scheduler to grant a kernel of this profile (not at all under FIFO).
     pub(super) fn acquire(
         &mut self,
-        profile: impl FnOnce(&GpuDispatch) -> KernelProfile,
+        profile: impl FnOnce(&GpuScheduler) -> KernelProfile,
     ) -> Option<Turn> {
         if !self.dispatch.schedules(self.info.grant().class) {
             return None;

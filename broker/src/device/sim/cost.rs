@@ -13,15 +13,13 @@
 //! spin(µs)  = exactly the requested time
 //! ```
 //!
-//! The sim runs one command at a time: a command starts when both its stream and the device
-//! are free. This is deterministic, which is what the scheduler tests need.
+//! A kernel's FLOPs, bytes and blocks are the kernel's own ([`Kernel::work`]); the peaks are
+//! the sim's alone: nothing outside the sim device reads this model (the scheduler learns
+//! what each device measures). The sim runs one command at a time: a command starts when
+//! both its stream and the device are free. This is deterministic, which is what the
+//! scheduler tests need.
 
 use gpushare_protocol::Kernel;
-
-/// Threads per block the built-in kernels use for element-wise work.
-pub const BLOCK_THREADS: u64 = 256;
-/// Output tile edge of the built-in GEMM (one block per tile).
-pub const GEMM_TILE: u64 = 16;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct CostModel {
@@ -61,8 +59,9 @@ impl CostModel {
         if let Kernel::Spin { micros, .. } = *kernel {
             return micros.saturating_mul(1_000);
         }
-        let (flops, bytes, blocks) = work(kernel);
-        let occ = self.occupancy(blocks);
+        let work = kernel.work();
+        let (flops, bytes) = (work.flops, work.bytes);
+        let occ = self.occupancy(work.blocks);
         let peak = if matches!(kernel, Kernel::GemmBf16 { .. }) {
             self.bf16_flops
         } else {
@@ -88,42 +87,6 @@ impl CostModel {
 
 fn secs_to_ns(s: f64) -> u64 {
     (s * 1e9).round().min(u64::MAX as f64) as u64
-}
-
-fn blocks_for(n: u64) -> u64 {
-    n.div_ceil(BLOCK_THREADS).max(1)
-}
-
-/// (FLOPs, bytes moved, thread blocks) of a built-in kernel.
-pub fn work(kernel: &Kernel) -> (f64, f64, u64) {
-    match *kernel {
-        Kernel::FillF32 { n, .. } => (0.0, 4.0 * n as f64, blocks_for(n)),
-        Kernel::AxpyF32 { n, .. } => (2.0 * n as f64, 12.0 * n as f64, blocks_for(n)),
-        Kernel::VecAddF32 { n, .. } => (n as f64, 12.0 * n as f64, blocks_for(n)),
-        Kernel::ReduceSumF32 { n, .. } => (n as f64, 4.0 * n as f64, blocks_for(n)),
-        Kernel::GemmF32 { m, n, k, beta, .. } => {
-            let (m, n, k) = (m as f64, n as f64, k as f64);
-            let c_passes = if beta == 0.0 { 1.0 } else { 2.0 };
-            let blocks = (m as u64).div_ceil(GEMM_TILE) * (n as u64).div_ceil(GEMM_TILE);
-            (
-                2.0 * m * n * k,
-                4.0 * (m * k + k * n + c_passes * m * n),
-                blocks.max(1),
-            )
-        }
-        Kernel::GemmBf16 { m, n, k, beta, .. } => {
-            let (mf, nf, kf) = (m as f64, n as f64, k as f64);
-            let c_passes = if beta == 0.0 { 1.0 } else { 2.0 };
-            let blocks = (m as u64).div_ceil(GEMM_TILE) * (n as u64).div_ceil(GEMM_TILE);
-            (
-                2.0 * mf * nf * kf,
-                2.0 * (mf * kf + kf * nf) + 4.0 * c_passes * mf * nf,
-                blocks.max(1),
-            )
-        }
-        Kernel::Spin { blocks, .. } => (0.0, 0.0, blocks as u64),
-        Kernel::Fault { .. } => (0.0, 0.0, 1),
-    }
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@ mod attributes;
 pub mod cost;
 pub mod kernels;
 pub mod memory;
-pub mod modules;
+pub mod module;
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -86,7 +86,7 @@ pub struct SimEvent {
     time_ns: Option<u64>,
 }
 
-pub use self::modules::{SimFunction, SimModule};
+pub use self::module::{SimFunction, SimModule};
 
 /// A stable UUID per sim device ("gpushare-sim" and the index).
 fn sim_uuid(index: u32) -> [u8; 16] {

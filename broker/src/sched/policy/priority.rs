@@ -16,7 +16,7 @@
 //!   (a CUDA green context) while a high-priority client is connected, and the rest stay free
 //!   for it whatever they queue. On a device that cannot, the setting changes nothing.
 //!   On such a device the high-priority kernels then skip the scheduler altogether
-//!   (`GpuDispatch::schedules`), unless a governed program, which no partition holds, is
+//!   (`GpuScheduler::schedules`), unless a governed program, which no partition holds, is
 //!   connected.
 //!
 //! - same context: it runs in a GPU context that high-priority work in flight runs in. The GPU

@@ -1,7 +1,27 @@
-//! The built-in kernels every device runs, and the device ranges each one touches (which the
-//! broker checks against the caller's allocations before a launch).
+//! The built-in kernels every device runs, the device ranges each one touches (which the
+//! broker checks against the caller's allocations before a launch), and the work each does
+//! (what a device's cost model, or a scheduler's prior, starts from).
 
 use crate::{DevicePtr, ErrorCode};
+
+/// Threads per block the built-in kernels use for element-wise work.
+pub const BLOCK_THREADS: u64 = 256;
+/// Output tile edge of the built-in GEMMs (one block per tile).
+pub const GEMM_TILE: u64 = 16;
+
+/// What a built-in kernel does, whatever runs it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Work {
+    pub flops: f64,
+    /// Bytes it moves to and from device memory.
+    pub bytes: f64,
+    /// Thread blocks in its grid.
+    pub blocks: u64,
+}
+
+fn blocks_for(n: u64) -> u64 {
+    n.div_ceil(BLOCK_THREADS).max(1)
+}
 
 /// A built-in kernel with its arguments. All vectors are `f32`, `n` counts elements.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -140,6 +160,43 @@ impl Kernel {
             }
             Kernel::Spin { .. } | Kernel::Fault { .. } => vec![],
         })
+    }
+
+    /// The FLOPs it computes, the bytes it moves and its grid's blocks.
+    pub fn work(&self) -> Work {
+        let (flops, bytes, blocks) = match *self {
+            Kernel::FillF32 { n, .. } => (0.0, 4.0 * n as f64, blocks_for(n)),
+            Kernel::AxpyF32 { n, .. } => (2.0 * n as f64, 12.0 * n as f64, blocks_for(n)),
+            Kernel::VecAddF32 { n, .. } => (n as f64, 12.0 * n as f64, blocks_for(n)),
+            Kernel::ReduceSumF32 { n, .. } => (n as f64, 4.0 * n as f64, blocks_for(n)),
+            Kernel::GemmF32 { m, n, k, beta, .. } => {
+                let (mf, nf, kf) = (m as f64, n as f64, k as f64);
+                let c_passes = if beta == 0.0 { 1.0 } else { 2.0 };
+                let blocks = (m as u64).div_ceil(GEMM_TILE) * (n as u64).div_ceil(GEMM_TILE);
+                (
+                    2.0 * mf * nf * kf,
+                    4.0 * (mf * kf + kf * nf + c_passes * mf * nf),
+                    blocks.max(1),
+                )
+            }
+            Kernel::GemmBf16 { m, n, k, beta, .. } => {
+                let (mf, nf, kf) = (m as f64, n as f64, k as f64);
+                let c_passes = if beta == 0.0 { 1.0 } else { 2.0 };
+                let blocks = (m as u64).div_ceil(GEMM_TILE) * (n as u64).div_ceil(GEMM_TILE);
+                (
+                    2.0 * mf * nf * kf,
+                    2.0 * (mf * kf + kf * nf) + 4.0 * c_passes * mf * nf,
+                    blocks.max(1),
+                )
+            }
+            Kernel::Spin { blocks, .. } => (0.0, 0.0, blocks as u64),
+            Kernel::Fault { .. } => (0.0, 0.0, 1),
+        };
+        Work {
+            flops,
+            bytes,
+            blocks,
+        }
     }
 
     /// A short name for logs and statistics.

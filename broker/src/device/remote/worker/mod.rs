@@ -212,14 +212,18 @@ impl<B: Backend> Worker<B> {
                     .map(drop)
                     .map_err(|e| format!("cannot start the channel's thread: {e}"))
             }
-            ToWorker::ShareMemory { region, len, at } => {
-                self.executor.share_region(region, &need_fd(fd)?, len, at)
-            }
+            ToWorker::ShareMemory { region, len, at } => self
+                .executor
+                .share_region(region, &need_fd(fd)?, len, at)
+                .map_err(|e| e.to_string()),
             ToWorker::UnshareMemory { region } => {
                 self.executor.unshare_region(region);
                 Ok(())
             }
-            ToWorker::Blob { id, len } => self.executor.add_blob(id, &need_fd(fd)?, len),
+            ToWorker::Blob { id, len } => self
+                .executor
+                .add_blob(id, &need_fd(fd)?, len)
+                .map_err(|e| e.to_string()),
             ToWorker::AddressFloor { end } => {
                 crate::device::sim::memory::skip_addresses_below(end);
                 Ok(())

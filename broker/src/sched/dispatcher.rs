@@ -120,6 +120,10 @@ impl Dispatcher {
     }
 
     /// The kernel profiles, to build what `submit` takes ([`ProfileTable::profile`]).
+    pub fn profiles_mut(&mut self) -> &mut ProfileTable {
+        &mut self.profiles
+    }
+
     pub fn profiles(&self) -> &ProfileTable {
         &self.profiles
     }

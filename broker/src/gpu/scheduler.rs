@@ -2,11 +2,11 @@
 //! sessions' data threads waiting for their kernels' turn.
 //!
 //! Each client's submission ring is its software queue. Before a kernel launch the client's
-//! data thread hands the kernel's profile to [`GpuDispatch::acquire`], which queues it with
+//! data thread hands the kernel's profile to [`GpuScheduler::acquire`], which queues it with
 //! the dispatcher and waits until the policy grants it. The decision takes the lock for
 //! microseconds and never across a GPU call: the launch happens after the lock is released.
 //! The thread then records an event after the kernel and, when the event has completed,
-//! reports the request done ([`GpuDispatch::complete`]), which may grant others.
+//! reports the request done ([`GpuScheduler::complete`]), which may grant others.
 //!
 //! Under FIFO nothing is gated: launches go straight to the stream, at no cost. Nor are
 //! high-priority kernels under the priority policy when the lower classes run on a hardware
@@ -21,11 +21,10 @@ use std::time::{Duration, Instant};
 
 use gpushare_protocol::{Kernel, PriorityClass};
 
-use crate::device::sim::cost::CostModel;
 use crate::sched::{
     ClientId, ClientSchedStats, ClientSpec, DeadlineSpec, DeviceShape, Dispatcher, Grant,
     JobProfile, KernelKey, KernelProfile, PolicyKind, PriorityConfig, RequestId, SchedConfig,
-    SchedError, Tunables, builtin_profile,
+    SchedError, Tunables,
 };
 
 /// How long a waiting data thread with work of its own on the GPU sleeps before looking at
@@ -38,7 +37,7 @@ const IDLE_WAIT_SLICE: Duration = Duration::from_micros(500);
 /// Granted kernels one client may have on the GPU at once.
 const MAX_INFLIGHT_PER_CLIENT: u32 = 64;
 
-/// What [`GpuDispatch::acquire`] asks of the waiting session.
+/// What [`GpuScheduler::acquire`] asks of the waiting session.
 pub enum Waiting {
     /// Report your finished kernels.
     Reap,
@@ -65,7 +64,7 @@ struct State {
     contexts: HashMap<String, u64>,
 }
 
-pub struct GpuDispatch {
+pub struct GpuScheduler {
     state: Mutex<State>,
     granted_cv: Condvar,
     /// False under FIFO: launches are not gated at all.
@@ -81,19 +80,13 @@ pub struct GpuDispatch {
     /// to order it against).
     clients: AtomicUsize,
     origin: Instant,
-    cost: CostModel,
 }
 
-impl GpuDispatch {
-    /// A dispatcher for a GPU of this shape. Kernel profiles of the built-in kernels come
-    /// from the roofline `cost` model until measured ones replace them.
-    pub fn new(
-        kind: PolicyKind,
-        tunables: Tunables,
-        device: DeviceShape,
-        cost: CostModel,
-    ) -> GpuDispatch {
-        GpuDispatch {
+impl GpuScheduler {
+    /// A dispatcher for a GPU of this shape. Kernel profiles start from a neutral prior and
+    /// learn what the GPU measures.
+    pub fn new(kind: PolicyKind, tunables: Tunables, device: DeviceShape) -> GpuScheduler {
+        GpuScheduler {
             state: Mutex::new(State {
                 dispatcher: Dispatcher::with_config(
                     kind,
@@ -119,7 +112,6 @@ impl GpuDispatch {
             governed: AtomicUsize::new(0),
             clients: AtomicUsize::new(0),
             origin: Instant::now(),
-            cost,
         }
     }
 
@@ -140,7 +132,7 @@ impl GpuDispatch {
 
     /// Whether a kernel of a client of this class waits for the policy (see [`gated`]).
     ///
-    /// [`gated`]: GpuDispatch::gated
+    /// [`gated`]: GpuScheduler::gated
     pub fn schedules(&self, class: PriorityClass) -> bool {
         self.gated()
             && !(class == PriorityClass::High
@@ -183,7 +175,7 @@ impl GpuDispatch {
         let mut st = self.lock();
         let context = if governed {
             GOVERNED_CONTEXT | id
-        } else if trust_domain == crate::policy::TrustDomain::DEFAULT {
+        } else if trust_domain == crate::access::TrustDomain::DEFAULT {
             0
         } else {
             let next = st.contexts.len() as u64 + 1;
@@ -221,9 +213,9 @@ impl GpuDispatch {
         self.pump(&mut st);
     }
 
-    /// The profile of a built-in kernel (modelled until measured).
+    /// The profile of a built-in kernel (a neutral prior until measured).
     pub fn builtin_profile(&self, kernel: &Kernel) -> KernelProfile {
-        builtin_profile(&self.cost, kernel)
+        self.lock().dispatcher.profiles_mut().builtin(kernel)
     }
 
     /// The profile of a module function launched with `blocks` blocks (learned, or a
@@ -376,8 +368,8 @@ fn high_free(kind: PolicyKind, priority: PriorityConfig, sm_partitions: bool) ->
 mod tests {
     use super::*;
 
-    fn dispatch(sm_partitions: bool, share: Option<f64>) -> GpuDispatch {
-        let d = GpuDispatch::new(
+    fn dispatch(sm_partitions: bool, share: Option<f64>) -> GpuScheduler {
+        let d = GpuScheduler::new(
             PolicyKind::Priority,
             Tunables {
                 priority: PriorityConfig {
@@ -390,7 +382,6 @@ mod tests {
                 sms: 132,
                 sm_partitions,
             },
-            CostModel::H100_LIKE,
         );
         d.add_client(1, PriorityClass::High, 1, false, "default");
         d.add_client(2, PriorityClass::BestEffort, 1, false, "default");

@@ -14,8 +14,9 @@ use tracing::{info, info_span, warn};
 use super::framing::{reject, send};
 use super::handshake::Admission;
 use super::{Broker, Stop};
+use crate::access::Identity;
 use crate::device::Device;
-use crate::policy::Identity;
+use crate::gpu::ContextError;
 use crate::registry::Registry;
 use crate::session::{
     GpuServices, ModuleTable, Pacing, Peer, SessionEnd, SessionInfo, SessionState,
@@ -44,18 +45,24 @@ impl Broker {
         } = admission;
         // A monitor holds nothing on a device: the default domain's answers its questions.
         let served = if hello.role == Role::Monitor {
-            self.domain_device(gpu, &crate::policy::TrustDomain::default())
+            self.context(gpu, &crate::access::TrustDomain::default())
         } else {
             let (broker, wanted) = (self.clone(), domain.clone());
-            tokio::task::spawn_blocking(move || broker.domain_device(gpu, &wanted))
+            tokio::task::spawn_blocking(move || broker.context(gpu, &wanted))
                 .await
-                .unwrap_or_else(|e| Err(format!("cannot open the trust domain's device: {e}")))
+                .unwrap_or_else(|e| {
+                    Err(ContextError::Open {
+                        gpu: gpu as u32,
+                        domain: domain.clone(),
+                        why: e.to_string(),
+                    })
+                })
         };
         let (device, health) = match served {
             Ok(d) => (d.device, d.health),
             Err(why) => {
                 warn!(%domain, %why, "cannot serve a client's trust domain");
-                reject(&sock, ErrorCode::DeviceError, &why).await;
+                reject(&sock, why.code(), &why.to_string()).await;
                 return;
             }
         };
@@ -197,12 +204,12 @@ impl Broker {
         pid: i32,
         identity: &Identity,
         (user, name): (String, String),
-        (grant, account): (crate::policy::Grant, Arc<crate::accounts::UserAccount>),
+        (grant, account): (crate::access::Grant, Arc<crate::accounts::UserAccount>),
         (hello, layout): (&Hello, gpushare_protocol::ring::ShmLayout),
         (device, health, domain): (
             &Arc<Device>,
-            &Arc<crate::fault::DeviceHealth>,
-            crate::policy::TrustDomain,
+            &Arc<crate::gpu::health::DeviceHealth>,
+            crate::access::TrustDomain,
         ),
         gpu: u32,
     ) -> std::io::Result<StartedSession> {
@@ -246,7 +253,9 @@ impl Broker {
             stall_limit: self.config.stall_limit,
         };
         let health = health.clone();
-        let dispatch = self.dispatch[gpu as usize].clone();
+        let Some(dispatch) = self.gpus.get(gpu as usize).map(|g| g.scheduler.clone()) else {
+            return Err(std::io::Error::other(format!("no GPU {gpu}")));
+        };
         std::thread::Builder::new()
             .name(format!("gpushare-client-{id}"))
             .spawn(move || {
@@ -310,7 +319,7 @@ mod tests {
     use gpushare_protocol::control::{ClientMessage, ShutdownKind};
 
     use super::*;
-    use crate::policy::Grant;
+    use crate::access::Grant;
     use crate::server::testing::{
         hear, hear_with_fds, hello, identity, pair, register, say, sim_broker, within,
     };
@@ -340,7 +349,7 @@ mod tests {
                 gpu,
                 seat: Some(broker.accounts.seat_for_tests(1000, "alice")),
                 layout: broker.config.layout_for(0, 0),
-                domain: crate::policy::TrustDomain::default(),
+                domain: crate::access::TrustDomain::default(),
             },
             stop,
         );

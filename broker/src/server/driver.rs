@@ -170,7 +170,7 @@ impl Broker {
         // sharing fails.
         info.account()
             .pin(bytes)
-            .map_err(|why| wire(ErrorCode::TooManyHandles, why))?;
+            .map_err(|why| wire(why.code(), why.to_string()))?;
         let shared = Self::map_and_register(device, info, fd, bytes, at).await;
         if shared.is_err() {
             info.account().unpin(bytes);

@@ -1,0 +1,239 @@
+//! GPU fault containment: one client's faulting or never-ending kernel must not take the
+//! broker, or the other clients' sessions, down with it.
+//!
+//! All clients of a GPU context share it, and an illegal address (or any other sticky error)
+//! poisons it for everyone. The only way out is a new context, which loses every client's
+//! device state. So, per context, a guardian thread:
+//!
+//! 1. notices the fault: a session reports a sticky error ([`DeviceHealth::report_fault`]), or
+//!    the watchdog sees a session whose queued work has made no progress for
+//!    `--kernel-timeout`;
+//! 2. names the suspects: the sessions that had work in flight at that moment (one suspect is
+//!    the culprit; several go on probation, below);
+//! 3. stops everyone: interrupts every wait on the device, wakes every session, and waits
+//!    until each has parked ([`DeviceHealth::park`]);
+//! 4. replaces the context ([`Device::reset`]: a spare worker takes over);
+//! 5. evicts the culprit and lets the others go on: each drops its (now inert) handles, gets a
+//!    fresh default stream, and tells its client exactly what it lost.
+//!
+//! Probation: when several clients had work in flight, none is evicted; instead their work
+//! runs one client at a time for `--fault-probation`, so that a second fault has exactly one
+//! suspect, who is then evicted.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use super::health::{DeviceHealth, Member, Verdict};
+use super::restart::Carry;
+use crate::device::Device;
+
+/// How long the guardian waits for every session to park before resetting anyway.
+const PARK_TIMEOUT: Duration = Duration::from_secs(2);
+/// How often the watchdog looks for hangs.
+const WATCH_TICK: Duration = Duration::from_millis(20);
+
+impl DeviceHealth {
+    /// The guardian: watches for faults and hangs on `device` until `stop` is set.
+    pub fn guard(self: Arc<Self>, device: Arc<Device>, gpu: u32, stop: Arc<AtomicBool>) {
+        while !stop.load(Ordering::Acquire) && self.stuck.reason().is_none() {
+            let fault = {
+                let st = self.lock();
+                let (mut st, _) = self
+                    .changed
+                    .wait_timeout_while(st, WATCH_TICK, |s| s.fault.is_none())
+                    .unwrap_or_else(|e| e.into_inner());
+                // A report from before the last reset was about what that reset dealt with
+                // (one can slip in while the guardian starts a recovery).
+                st.fault
+                    .take()
+                    .filter(|&(_, epoch, _)| epoch == self.epoch())
+                    .map(|(reporter, _, what)| (reporter, what))
+            };
+            let cause = match fault.or_else(|| device.fault().map(|what| (0, what))) {
+                Some((_, what)) => Some((what, None)),
+                None => self.find_hang().map(|(id, stuck)| {
+                    (
+                        format!(
+                            "work queued by client {id} made no progress for {:.1} s (--kernel-timeout)",
+                            stuck.as_secs_f64()
+                        ),
+                        Some(id),
+                    )
+                }),
+            };
+            if let Some((what, hung)) = cause {
+                self.recover(&device, gpu, &what, hung);
+            }
+        }
+    }
+
+    /// A session whose queued work has not progressed for the kernel timeout.
+    fn find_hang(&self) -> Option<(u64, Duration)> {
+        let now = self.now_ns();
+        let limit = self.config.kernel_timeout.as_nanos() as u64;
+        let st = self.lock();
+        // Work queued behind a hung kernel (streams can share a hardware queue) stalls too:
+        // the culprit is the client whose stalled work is oldest.
+        st.sessions
+            .values()
+            .filter_map(|s| {
+                let busy = s.watch().busy_since.load(Ordering::Acquire);
+                let progress = s.watch().progress.load(Ordering::Acquire);
+                let since = busy.max(progress);
+                (busy != 0 && now.saturating_sub(since) > limit).then_some((busy, s.id(), since))
+            })
+            .min()
+            .map(|(_, id, since)| (id, Duration::from_nanos(now.saturating_sub(since))))
+    }
+
+    /// Asks for a restart (only a new process gets a working GPU back), telling the next
+    /// image whom to refuse and whom to put on probation.
+    fn restart_after(
+        &self,
+        gpu: u32,
+        what: &str,
+        culprit: Option<u64>,
+        suspects: &[u64],
+        pids: &HashMap<u64, i32>,
+    ) {
+        let pid = |id: &u64| pids.get(id).copied();
+        self.stuck.set_carry(Carry {
+            evicted: culprit.iter().filter_map(pid).collect(),
+            probation: if culprit.is_none() {
+                suspects.iter().filter_map(pid).collect()
+            } else {
+                Vec::new()
+            },
+            seconds: self.config.probation.as_secs().max(1),
+        });
+        let cause = culprit.map_or("cause not attributable".to_string(), |c| {
+            format!("caused by client {c}")
+        });
+        self.stuck.set(format!(
+            "GPU {gpu} faulted ({what}; {cause}) and the driver cannot recover it in place; gpushared restarts, reconnect"
+        ));
+    }
+
+    /// Stops every session, recreates the context, evicts the culprit, releases the rest.
+    fn recover(&self, device: &Device, gpu: u32, what: &str, hung: Option<u64>) {
+        let started = Instant::now();
+        // Who had work in flight when it happened?
+        let (suspects, sessions, holder, pids) = {
+            let st = self.lock();
+            let busy: Vec<u64> = st
+                .sessions
+                .values()
+                .filter(|s| s.watch().busy_since.load(Ordering::Acquire) != 0)
+                .map(|s| s.id())
+                .collect();
+            let sessions: Vec<Arc<dyn Member>> = st.sessions.values().cloned().collect();
+            let pids: HashMap<u64, i32> = st.sessions.values().map(|s| (s.id(), s.pid())).collect();
+            (busy, sessions, st.serial_holder, pids)
+        };
+        let culprit = match (hung, holder, suspects.as_slice()) {
+            (Some(id), _, _) => Some(id),
+            // On probation only the turn holder's work runs among the suspects.
+            (None, Some(h), _) if suspects.contains(&h) => Some(h),
+            (None, _, [one]) => Some(*one),
+            _ => None,
+        };
+        tracing::error!(gpu, fault = what, ?culprit, ?suspects, "GPU fault");
+        // Stop everyone: waits are cut short, and sessions park at their next step.
+        self.resetting.store(true, Ordering::Release);
+        device.interrupt();
+        self.epoch.fetch_add(1, Ordering::AcqRel);
+        self.changed.notify_all();
+        let give_up = |why: &str| {
+            tracing::error!(gpu, "{why}; restarting gpushared");
+            self.restart_after(gpu, what, culprit, &suspects, &pids);
+        };
+        if !device.resets_in_place() {
+            // Nothing to save in this process: restart at once (every client is told why).
+            give_up("the driver cannot recover this GPU in place");
+            return;
+        }
+        tracing::error!(gpu, "resetting the device context");
+        for s in &sessions {
+            s.wake();
+        }
+        // Wait until every session has parked (each stops touching the device).
+        {
+            let st = self.lock();
+            let (st, timeout) = self
+                .changed
+                .wait_timeout_while(st, PARK_TIMEOUT, |s| {
+                    s.sessions.keys().any(|id| !s.parked.contains(id))
+                })
+                .unwrap_or_else(|e| e.into_inner());
+            if timeout.timed_out() {
+                let missing: Vec<u64> = st
+                    .sessions
+                    .keys()
+                    .filter(|id| !st.parked.contains(id))
+                    .copied()
+                    .collect();
+                tracing::warn!(?missing, "sessions did not stop in time; resetting anyway");
+            }
+        }
+        // The driver waits for running kernels before it tears a context down, so a kernel
+        // that never ends can keep a reset in place waiting forever; only the end of the
+        // process holding the context stops it.
+        let reset_done = Arc::new(AtomicBool::new(false));
+        {
+            let (done, stuck, what) = (reset_done.clone(), self.stuck.clone(), what.to_string());
+            let deadline = device.reset_deadline();
+            let _ = std::thread::Builder::new()
+                .name(format!("gpushare-reset-{gpu}"))
+                .spawn(move || {
+                    std::thread::sleep(deadline);
+                    if !done.load(Ordering::Acquire) {
+                        tracing::error!(gpu, "the context reset has not finished in {deadline:?} (a kernel that never ends keeps it waiting); restarting gpushared");
+                        stuck.set(format!("GPU {gpu} hung ({what}) and the driver cannot stop the kernel in place; gpushared restarts, reconnect"));
+                    }
+                });
+        }
+        let reset = device.reset();
+        reset_done.store(true, Ordering::Release);
+        if let Err(e) = reset {
+            give_up(&format!(
+                "the device context cannot be recreated in this process ({e})"
+            ));
+            return; // sessions stay parked until the restart
+        }
+
+        let mut st = self.lock();
+        let lost = format!("the GPU was reset after a fault ({what})");
+        for s in &sessions {
+            let verdict = if Some(s.id()) == culprit {
+                Verdict::Culprit(format!("your work faulted the GPU and was stopped: {what}"))
+            } else {
+                Verdict::Lost(lost.clone())
+            };
+            st.verdicts.insert(s.id(), verdict);
+            s.watch().busy_since.store(0, Ordering::Release);
+        }
+        st.serial_holder = None;
+        st.turn_queue.clear();
+        if culprit.is_none() && suspects.len() > 1 {
+            let until = Instant::now() + self.config.probation;
+            for id in &suspects {
+                st.probation.insert(*id, until);
+            }
+            tracing::warn!(gpu, ?suspects, probation = ?self.config.probation, "fault not attributable: suspects run one at a time");
+        } else if let Some(c) = culprit {
+            st.probation.remove(&c);
+        }
+        // Fault noticed → context recreated and sessions released.
+        let recovery = started.elapsed();
+        tracing::warn!(
+            gpu,
+            recovery_ms = recovery.as_secs_f64() * 1e3,
+            "device context recreated; clients resume"
+        );
+        self.resetting.store(false, Ordering::Release);
+        drop(st);
+        self.changed.notify_all();
+    }
+}

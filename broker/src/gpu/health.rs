@@ -1,0 +1,266 @@
+//! One GPU context's health, shared by its sessions and its guardian: who is on it (each
+//! session a [`Member`]), the reset epoch, a fault reported and not yet handled, sessions
+//! parked for a reset and the verdict each gets, and the suspects on probation, whose work
+//! runs one at a time. The guardian that acts on it is `guardian`.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use super::restart::Stuck;
+
+/// Fault-containment settings (`gpushared --kernel-timeout`, `--fault-probation`,
+/// `--allow-fault-injection`).
+#[derive(Debug, Clone, Copy)]
+pub struct FaultConfig {
+    /// Queued work that makes no progress for this long counts as a hang.
+    pub kernel_timeout: Duration,
+    /// How long suspects of an unattributed fault run one at a time.
+    pub probation: Duration,
+    /// Whether clients may launch the fault-injection kernel (for testing containment).
+    pub allow_injection: bool,
+}
+
+impl Default for FaultConfig {
+    fn default() -> Self {
+        FaultConfig {
+            kernel_timeout: Duration::from_secs(10),
+            probation: Duration::from_secs(60),
+            allow_injection: false,
+        }
+    }
+}
+
+/// What a session learns when a reset it took part in is over.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Its work caused the fault: it is evicted with this reason.
+    Culprit(String),
+    /// It lost its device state through no fault of its own.
+    Lost(String),
+}
+
+#[derive(Default)]
+pub(super) struct HealthState {
+    /// Sessions on this GPU, for waking and counting them.
+    pub(super) sessions: HashMap<u64, Arc<dyn Member>>,
+    /// A fault reported and not yet handled: (reporter, the reset epoch it reported in, what).
+    pub(super) fault: Option<(u64, u64, String)>,
+    pub(super) parked: HashSet<u64>,
+    pub(super) verdicts: HashMap<u64, Verdict>,
+    /// Suspects of an unattributed fault, and when their probation ends.
+    pub(super) probation: HashMap<u64, Instant>,
+    /// The suspect whose work runs now (others on probation wait for it).
+    pub(super) serial_holder: Option<u64>,
+    /// Suspects waiting for the turn, in order: a release hands it to the first, so a busy
+    /// suspect that takes the turn again at once cannot starve the others.
+    pub(super) turn_queue: VecDeque<u64>,
+}
+
+/// What the guardian sees of a session on its GPU context.
+pub trait Member: Send + Sync {
+    fn id(&self) -> u64;
+    fn pid(&self) -> i32;
+    /// Its in-flight stamps.
+    fn watch(&self) -> &FaultWatch;
+    /// Wakes its data thread (so that it parks for a reset).
+    fn wake(&self);
+}
+
+/// One GPU's health, shared by its sessions and its guardian.
+pub struct DeviceHealth {
+    pub config: FaultConfig,
+    pub(super) stuck: Arc<Stuck>,
+    /// Bumped when a reset starts; a session that sees it move parks, then rebuilds.
+    pub(super) epoch: AtomicU64,
+    pub(super) resetting: AtomicBool,
+    /// Time origin for the sessions' busy/progress stamps.
+    origin: Instant,
+    state: Mutex<HealthState>,
+    pub(super) changed: Condvar,
+}
+
+impl DeviceHealth {
+    pub fn new(config: FaultConfig, stuck: Arc<Stuck>) -> Arc<DeviceHealth> {
+        Arc::new(DeviceHealth {
+            config,
+            stuck,
+            epoch: AtomicU64::new(0),
+            resetting: AtomicBool::new(false),
+            origin: Instant::now(),
+            state: Mutex::default(),
+            changed: Condvar::new(),
+        })
+    }
+
+    pub(super) fn lock(&self) -> MutexGuard<'_, HealthState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::Acquire)
+    }
+
+    /// Nanoseconds since this GPU's guardian started, never 0 (0 means "not busy").
+    pub fn now_ns(&self) -> u64 {
+        (self.origin.elapsed().as_nanos() as u64).max(1)
+    }
+
+    pub fn register(&self, info: Arc<dyn Member>) {
+        self.lock().sessions.insert(info.id(), info);
+        self.changed.notify_all();
+    }
+
+    /// The session's data thread has ended: it no longer takes part in resets.
+    pub fn unregister(&self, id: u64) {
+        let mut st = self.lock();
+        st.sessions.remove(&id);
+        st.parked.remove(&id);
+        st.probation.remove(&id);
+        st.turn_queue.retain(|&w| w != id);
+        if st.serial_holder == Some(id) {
+            st.serial_holder = st.turn_queue.pop_front();
+        }
+        drop(st);
+        self.changed.notify_all();
+    }
+
+    /// A session met a sticky device error: the context must be recreated. `epoch` is the
+    /// reset epoch the session was in when it met the error: if a reset has come since, that
+    /// reset already dealt with it, and a late report must not reset the device again.
+    pub fn report_fault(&self, reporter: u64, epoch: u64, what: String) {
+        let mut st = self.lock();
+        if st.fault.is_none() && !self.resetting.load(Ordering::Acquire) && self.epoch() == epoch {
+            st.fault = Some((reporter, epoch, what));
+        }
+        drop(st);
+        self.changed.notify_all();
+    }
+
+    /// Waits until a recovery has started after `epoch` (true), or `timeout` passes.
+    pub fn wait_for_recovery_start(&self, epoch: u64, timeout: Duration) -> bool {
+        let st = self.lock();
+        let (_st, waited) = self
+            .changed
+            .wait_timeout_while(st, timeout, |_| self.epoch() == epoch)
+            .unwrap_or_else(|e| e.into_inner());
+        !waited.timed_out()
+    }
+
+    /// Waits (called by a session that saw the epoch move) until the reset is over; returns
+    /// what happened to this session.
+    pub fn park(&self, id: u64) -> Verdict {
+        let mut st = self.lock();
+        st.parked.insert(id);
+        self.changed.notify_all();
+        while self.resetting.load(Ordering::Acquire) {
+            st = self
+                .changed
+                .wait_timeout(st, Duration::from_millis(50))
+                .map(|(g, _)| g)
+                .unwrap_or_else(|e| e.into_inner().0);
+        }
+        st.parked.remove(&id);
+        st.verdicts
+            .remove(&id)
+            .unwrap_or_else(|| Verdict::Lost("the GPU was reset after a fault".into()))
+    }
+
+    /// Waits until no other suspect's work runs, then takes the turn. Gives up (returning
+    /// false) when a reset starts.
+    pub fn acquire_turn(&self, id: u64) -> bool {
+        let mut st = self.lock();
+        loop {
+            if self.resetting.load(Ordering::Acquire) {
+                st.turn_queue.retain(|&w| w != id);
+                return false;
+            }
+            match st.serial_holder {
+                Some(h) if h == id => return true,
+                // Free, and nobody waited longer.
+                None if st.turn_queue.front().is_none_or(|&w| w == id) => {
+                    st.turn_queue.retain(|&w| w != id);
+                    st.serial_holder = Some(id);
+                    return true;
+                }
+                _ => {
+                    if !st.turn_queue.contains(&id) {
+                        st.turn_queue.push_back(id);
+                    }
+                    st = self
+                        .changed
+                        .wait_timeout(st, Duration::from_millis(10))
+                        .map(|(g, _)| g)
+                        .unwrap_or_else(|e| e.into_inner().0);
+                }
+            }
+        }
+    }
+
+    /// Puts a session on probation until `until` (a suspect carried over a restart).
+    pub fn set_probation(&self, id: u64, until: Instant) {
+        self.lock().probation.insert(id, until);
+    }
+
+    /// Until when the session is a suspect on probation, if it is.
+    pub fn probation_until(&self, id: u64) -> Option<Instant> {
+        self.lock().probation.get(&id).copied()
+    }
+
+    /// Ends the turn; the suspect that has waited longest gets it.
+    pub fn release_turn(&self, id: u64) {
+        let mut st = self.lock();
+        if st.serial_holder == Some(id) {
+            st.serial_holder = st.turn_queue.pop_front();
+            drop(st);
+            self.changed.notify_all();
+        }
+    }
+}
+
+/// A session's in-flight stamps, read by the watchdog.
+#[derive(Default)]
+pub struct FaultWatch {
+    /// When the session's oldest unfinished device work was queued ([`DeviceHealth::now_ns`]);
+    /// 0 when it has none.
+    pub busy_since: AtomicU64,
+    /// When its work was last seen making progress.
+    pub progress: AtomicU64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// On probation, a busy suspect that gives the turn up and asks again at once does not
+    /// get it back before a suspect that was already waiting.
+    #[test]
+    fn the_probation_turn_goes_to_the_suspect_that_waited_longest() {
+        let health = DeviceHealth::new(FaultConfig::default(), Arc::new(Stuck::default()));
+        assert!(health.acquire_turn(1));
+        let waiter = {
+            let health = health.clone();
+            std::thread::spawn(move || {
+                assert!(health.acquire_turn(2));
+                let got = Instant::now();
+                std::thread::sleep(Duration::from_millis(50));
+                health.release_turn(2);
+                got
+            })
+        };
+        // Let suspect 2 queue up, then 1 releases and asks again straight away.
+        while health.lock().turn_queue.is_empty() {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        health.release_turn(1);
+        assert!(health.acquire_turn(1));
+        let back = Instant::now();
+        let got = waiter.join().expect("waiter");
+        assert!(
+            got < back,
+            "suspect 1 took the turn back before suspect 2 had it"
+        );
+        health.release_turn(1);
+    }
+}
