@@ -7,7 +7,7 @@
 //! - [`session`]: one client's tables, accounting and ring-draining data thread: `info`
 //!   (what status sees), `module_table`, `allocations` and `hosts` (its tables; `hosts` is
 //!   the page-locked host memory it shares), `serve` (the ring loop), `execute` (one
-//!   command), `legacy` (CUDA's legacy stream order and what else a client-side CUDA driver
+//!   command), `launch` (kernel launches), `legacy` (CUDA's legacy stream order and what else a client-side CUDA driver
 //!   asks), `turns` (scheduler turns), `reset` (what a GPU reset took), `reclaim` (the
 //!   release at its end), `governed` (admission for governed clients).
 //! - [`gpu`]: one GPU's home: its `scheduler`, its contexts (one per trust domain) with their

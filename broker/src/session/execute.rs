@@ -5,13 +5,11 @@
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use gpushare_protocol::command::{LAUNCH_ATTRIBUTES_BYTES, LaunchAttributes, ModuleLaunch};
 use gpushare_protocol::ring::{CompletionEntry, SubmissionEntry};
 use gpushare_protocol::{Command, DevicePtr, ErrorCode, StreamId};
-use zerocopy::FromBytes;
 
 use super::{MAX_ALLOCATIONS, MAX_EVENTS, MAX_STREAMS, SessionState, StreamSlot};
-use crate::device::{Call, Device, DeviceError, EventKind, Function, Reply, Stream};
+use crate::device::{Call, Device, DeviceError, EventKind, Reply, Stream};
 
 impl SessionState {
     /// Decodes, validates and executes one entry; never panics on any input.
@@ -318,41 +316,7 @@ impl SessionState {
                 kernel: gpushare_protocol::Kernel::Fault { .. },
                 ..
             } if !self.health.config.allow_injection => Err(ErrorCode::NotSupported),
-            Command::Launch { stream, kernel } => {
-                for operand in kernel.operands()? {
-                    if operand.bytes > 0 {
-                        self.check_device(operand.ptr, operand.bytes)?;
-                    }
-                }
-                if !self.streams.contains_key(&stream) {
-                    return Err(ErrorCode::InvalidHandle);
-                }
-                let turn = self.acquire(|d| d.builtin_profile(&kernel));
-                let sm_limit = turn.and_then(|t| t.sm_limit);
-                let start = turn.and_then(|_| self.start_granted(stream));
-                let r = self.on_stream(stream, |d, s| {
-                    d.queue(
-                        s,
-                        |stream| Call::LimitSms {
-                            stream,
-                            sms: sm_limit,
-                        },
-                        &[],
-                    )?;
-                    let launch = |stream| Call::Launch {
-                        stream,
-                        kernel,
-                        start: None,
-                    };
-                    d.queue(s, launch, &[])
-                });
-                if let Some(turn) = turn {
-                    self.track_granted(stream, turn.request, start, r.is_ok());
-                }
-                let r = r?;
-                self.info.counters.kernels.fetch_add(1, Ordering::Relaxed);
-                Ok(r)
-            }
+            Command::Launch { stream, kernel } => self.launch(stream, kernel),
             Command::LaunchModule { stream, launch } => self.launch_module(stream, launch, false),
             Command::LaunchEx { stream, launch } => self.launch_module(stream, launch, true),
             Command::StreamCreateAs { .. }
@@ -441,88 +405,6 @@ impl SessionState {
             }
         };
         Ok((ptr, charge))
-    }
-
-    /// Launches a module function; `with_attributes`: the parameter block starts with the
-    /// launch's [`LaunchAttributes`] (`LaunchEx`).
-    fn launch_module(
-        &mut self,
-        stream: StreamId,
-        launch: ModuleLaunch,
-        with_attributes: bool,
-    ) -> Result<(u64, u64), ErrorCode> {
-        let function = self
-            .modules
-            .lock()
-            .map_err(|_| ErrorCode::Internal)?
-            .function(launch.function)
-            .ok_or(ErrorCode::InvalidHandle)?;
-        // Copy the parameters out of shared memory so the client cannot change them
-        // mid-launch; into a buffer kept across launches, so a launch allocates nothing.
-        let params_slice = self
-            .region
-            .arena_slice(launch.params_offset, launch.params_len as u64)
-            .ok_or(ErrorCode::ArenaOutOfBounds)?;
-        let mut block = std::mem::take(&mut self.launch_params);
-        block.resize(params_slice.len(), 0);
-        params_slice.read_into(&mut block);
-        let r = self.launch_block(stream, &launch, with_attributes, &function, &block);
-        self.launch_params = block;
-        r
-    }
-
-    /// Launches with the parameter block copied out of the arena.
-    fn launch_block(
-        &mut self,
-        stream: StreamId,
-        launch: &ModuleLaunch,
-        with_attributes: bool,
-        function: &Function,
-        block: &[u8],
-    ) -> Result<(u64, u64), ErrorCode> {
-        let (attributes, params) = if with_attributes {
-            let (header, params) = block
-                .split_at_checked(LAUNCH_ATTRIBUTES_BYTES as usize)
-                .ok_or(ErrorCode::InvalidArgument)?;
-            let attributes = LaunchAttributes::read_from_bytes(header)
-                .map_err(|_| ErrorCode::InvalidArgument)?;
-            (attributes, params)
-        } else {
-            (LaunchAttributes::default(), block)
-        };
-        if !self.streams.contains_key(&stream) {
-            return Err(ErrorCode::InvalidHandle);
-        }
-        let blocks = launch.grid.iter().fold(1u32, |a, &g| a.saturating_mul(g));
-        let id = self.info.id;
-        let turn = self.acquire(|d| d.module_profile(id, launch.function, blocks));
-        let sm_limit = turn.and_then(|t| t.sm_limit);
-        let start = turn.and_then(|_| self.start_granted(stream));
-        let r = self.on_stream(stream, |d, s| {
-            let function = d.id(function)?;
-            d.queue(
-                s,
-                |stream| Call::LimitSms {
-                    stream,
-                    sms: sm_limit,
-                },
-                &[],
-            )?;
-            let launch = |stream| Call::LaunchModule {
-                stream,
-                function,
-                launch: *launch,
-                attributes,
-                start: None,
-            };
-            d.queue(s, launch, params)
-        });
-        if let Some(turn) = turn {
-            self.track_granted(stream, turn.request, start, r.is_ok());
-        }
-        let r = r?;
-        self.info.counters.kernels.fetch_add(1, Ordering::Relaxed);
-        Ok(r)
     }
 
     /// Runs a stream-ordered device operation; its device time is charged at batch end.

@@ -10,7 +10,7 @@
 //! - `modules`: the modules and functions it loaded ([`ModuleTable`]).
 //! - `allocations`: its live device memory, and the range check every pointer meets.
 //! - `serve`: the ring loop: drain, complete, charge device time, sleep.
-//! - `execute`: one command, decoded, checked and run.
+//! - `execute`: one command, decoded, checked and run; `launch`: kernel launches.
 //! - `turns`: a kernel waiting for the scheduler's turn, and granted kernels reported done,
 //!   each with the device time it took.
 //! - `reset`: what a device reset took, and what the client is told of it.
@@ -36,6 +36,7 @@ mod execute;
 mod governed;
 pub mod hosts;
 mod info;
+mod launch;
 mod legacy;
 mod module_table;
 mod reclaim;
