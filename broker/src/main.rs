@@ -14,7 +14,7 @@ use gpushare_broker::device::cuda::CudaDevice;
 use gpushare_broker::device::sim::{SimDevice, SimOptions};
 use gpushare_broker::gpu::DomainMaker;
 use gpushare_broker::gpu::health::FaultConfig;
-use gpushare_broker::gpu::restart::{CARRY_ENV, Carry};
+use gpushare_broker::gpu::restart::{CARRY_ENV, Carry, Handover, MEMORY_HANDOVER_ENV};
 use gpushare_broker::gpu::workers::Workers;
 use gpushare_broker::server::{self, Broker, Stop};
 use gpushare_broker::telemetry::{Telemetry, TelemetryOptions, TelemetryStatus};
@@ -28,7 +28,7 @@ fn open_gpus(
     which: Gpus,
     fault_injection: bool,
     no_holder: bool,
-) -> Result<Vec<Arc<Device>>, gpushare_broker::device::cuda::ProbeError> {
+) -> anyhow::Result<Vec<Arc<Device>>> {
     let devices = match which {
         Gpus::All => CudaDevice::open_all()?,
         Gpus::One(n) => vec![CudaDevice::open(n)?],
@@ -45,10 +45,17 @@ fn open_gpus(
     if !no_holder {
         gpushare_broker::device::cuda::keep_driver_warm();
     }
-    Ok(devices
+    let handover = Handover::inherited();
+    devices
         .into_iter()
-        .map(|d| Arc::new(Device::local(d)))
-        .collect())
+        .enumerate()
+        .map(|(i, d)| {
+            let handed = handover.get(i).copied().flatten();
+            Device::local(d, handed.map(|h| (h.space.base, h.floor)))
+                .map(Arc::new)
+                .with_context(|| format!("cannot reserve GPU {i}'s address range"))
+        })
+        .collect()
 }
 
 fn main() -> std::process::ExitCode {
@@ -122,16 +129,21 @@ fn real_main() -> anyhow::Result<()> {
         tracing::warn!("fault injection is on: any client may fault the GPU on purpose");
     }
 
-    let sims = || -> Vec<Arc<Device>> {
+    let sims = || -> anyhow::Result<Vec<Arc<Device>>> {
+        let handover = Handover::inherited();
         (0..args.sim_gpus)
             .map(|index| {
-                Arc::new(Device::local(SimDevice::new(SimOptions {
+                let sim = SimDevice::new(SimOptions {
                     index,
                     memory: args.sim_memory.as_u64(),
                     realtime: args.sim_realtime,
                     restart_on_fault: args.sim_restart_on_fault,
                     ..SimOptions::default()
-                })))
+                });
+                let handed = handover.get(index as usize).copied().flatten();
+                Device::local(sim, handed.map(|h| (h.space.base, h.floor)))
+                    .map(Arc::new)
+                    .with_context(|| format!("cannot reserve sim GPU {index}'s address range"))
             })
             .collect()
     };
@@ -167,7 +179,7 @@ fn real_main() -> anyhow::Result<()> {
         return run(devices, Some(maker), config, policy, telemetry);
     }
     match args.backend {
-        Backend::Sim => run(sims(), None, config, policy, telemetry),
+        Backend::Sim => run(sims()?, None, config, policy, telemetry),
         Backend::Cuda => {
             let gpus = open_gpus(args.gpu, args.allow_fault_injection, args.no_cuda_holder)
                 .with_context(|| format!("cannot use {which} with --backend cuda"))?;
@@ -181,7 +193,7 @@ fn real_main() -> anyhow::Result<()> {
             }
             Err(e) => {
                 info!("backend auto: no usable GPU ({e}); using the sim device");
-                run(sims(), None, config, policy, telemetry)
+                run(sims()?, None, config, policy, telemetry)
             }
         },
     }
@@ -337,9 +349,9 @@ fn run(
                 reason = stuck.wait() => Stop::restarting(reason),
             }
         };
-        broker.serve(listener, stop).await;
+        broker.clone().serve(listener, stop).await;
         if let Some(reason) = stuck.reason() {
-            restart(&reason, &stuck.carry());
+            restart(&reason, &stuck.carry(), &broker.memory_handover());
         }
         Ok(())
     })
@@ -348,7 +360,7 @@ fn run(
 /// Starts gpushared again in this process (same pid, same arguments), for a GPU that could
 /// not be recovered in place. Every descriptor but stdin/out/err is closed first: the GPU's
 /// device files must go with the old image so the driver tears the stuck context down.
-fn restart(reason: &str, carry: &Carry) -> ! {
+fn restart(reason: &str, carry: &Carry, memory: &[Option<Handover>]) -> ! {
     use std::os::unix::process::CommandExt;
     tracing::error!(%reason, "restarting gpushared");
     let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
@@ -369,6 +381,8 @@ fn restart(reason: &str, carry: &Carry) -> ! {
         );
     }
     next.env(CARRY_ENV, carry.to_env());
+    // Clients rebuilding their state place their memory again where it was.
+    next.env(MEMORY_HANDOVER_ENV, Handover::to_env(memory));
     // The CUDA driver holder goes on to the next image, so its cuInit is quick.
     if let Some(fd) = gpushare_broker::device::cuda::hand_over_holder() {
         next.env(gpushare_broker::device::cuda::HOLDER_ENV, fd);

@@ -58,6 +58,9 @@ extern "C" {
                                           * (with GPUSHARE_CONNECT_REBUILD: state rebuilt, submit again) */
 #define GPUSHARE_E_ADDRESS_UNAVAILABLE 19 /* a rebuild could not get a buffer's device address back */
 #define GPUSHARE_E_NOT_FOUND 20           /* the broker does not know the named module, kernel or global */
+#define GPUSHARE_E_WORK_LOST 21           /* another program's GPU fault stopped work on the GPU: it may
+                                          * have run in part and was not run again; memory and handles
+                                          * are intact, the session goes on */
 
 /* Library error codes. */
 #define GPUSHARE_E_CONNECT 100     /* cannot reach the broker's socket */

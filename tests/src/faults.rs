@@ -55,10 +55,13 @@ pub fn verified_fill(client: &Client, value: f32) -> gpushare::Result<()> {
 }
 
 /// Like [`verified_fill`], for a client that may not have noticed a reset yet: its first
-/// attempt may fail with `DeviceReset` (its cached handles were lost), never more.
+/// attempt may fail with `DeviceReset` (its cached handles were lost) or `WorkLost` (work it
+/// had on the GPU was stopped), never more.
 pub fn fill_after_reset(client: &Client, value: f32) -> gpushare::Result<()> {
     match verified_fill(client, value) {
-        Err(e) if e.code() == Some(ErrorCode::DeviceReset) => verified_fill(client, value),
+        Err(e) if matches!(e.code(), Some(ErrorCode::DeviceReset | ErrorCode::WorkLost)) => {
+            verified_fill(client, value)
+        }
         other => other,
     }
 }

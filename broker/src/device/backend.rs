@@ -2,6 +2,7 @@
 //! backends implement it; [`super::executor::Executor`] is its only caller, running each
 //! [`super::call::Call`] against it, in a device worker or in gpushared's own process.
 
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::time::Duration;
 
 use gpushare_protocol::command::{LaunchAttributes, ModuleLaunch};
@@ -31,21 +32,50 @@ pub trait Backend: Send + Sync + 'static {
     fn backend(&self) -> &'static str;
     fn info(&self) -> &DeviceInfo;
 
+    /// Plain device memory of this context (gpushared's own warm-up and benchmarks; clients'
+    /// memory is chunks, below).
     fn alloc(&self, bytes: u64) -> DeviceResult<DevicePtr>;
-    /// Allocates `bytes` at exactly `ptr`, for a client rebuilding its state after a reset
-    /// (its kernels' parameters hold the old addresses). Fails with
-    /// [`DeviceError::AddressUnavailable`] when any of the range is in use or the device
-    /// cannot place memory there; never at another address. Freed by [`Backend::free`].
-    /// Returns the device memory it took (more than `bytes` where memory is placed in
-    /// larger units: the caller charges that).
-    fn alloc_at(&self, ptr: DevicePtr, bytes: u64) -> DeviceResult<u64> {
-        let _ = (ptr, bytes);
+    fn free(&self, ptr: DevicePtr) -> DeviceResult<()>;
+
+    // ---- memory that outlives the context: chunks -------------------------------------
+    //
+    // Clients' device memory is physical memory with a shareable handle (a descriptor),
+    // made in one context and mapped, at the same address, into every context that serves the
+    // same clients (a device worker and its spare): a fault that poisons one context leaves
+    // it intact. Addresses come from a range reserved at the same place in each.
+
+    /// The size and alignment chunks come in.
+    fn granularity(&self) -> DeviceResult<u64> {
         Err(DeviceError::NotSupported {
             backend: self.backend().into(),
-            what: "allocating at a given address".into(),
+            what: "memory that outlives its context".into(),
         })
     }
-    fn free(&self, ptr: DevicePtr) -> DeviceResult<()>;
+    /// Reserves `size` bytes of device address space at `hint` (0: where the device likes),
+    /// for chunks to be mapped into; returns where. Fails with
+    /// [`DeviceError::AddressUnavailable`] when `hint` is not free.
+    fn reserve(&self, hint: u64, size: u64) -> DeviceResult<u64> {
+        let _ = (hint, size);
+        self.granularity().map(|_| 0)
+    }
+    /// Makes `size` bytes of physical memory, maps them at `at` (inside the reservation)
+    /// and returns a descriptor that another context can map the same memory by.
+    fn create_chunk(&self, at: u64, size: u64) -> DeviceResult<OwnedFd> {
+        let _ = (at, size);
+        self.granularity()
+            .and_then(|_| Err(DeviceError::Failed("no chunks".into())))
+    }
+    /// Maps memory another context made (`fd` from [`Backend::create_chunk`]) at `at`.
+    fn import_chunk(&self, at: u64, size: u64, fd: BorrowedFd<'_>) -> DeviceResult<()> {
+        let _ = (at, size, fd);
+        self.granularity().map(drop)
+    }
+    /// Unmaps the chunk at `at` from this context (the memory lives on while another context
+    /// or a descriptor holds it).
+    fn release_chunk(&self, at: u64, size: u64) -> DeviceResult<()> {
+        let _ = (at, size);
+        self.granularity().map(drop)
+    }
 
     /// Makes a client's arena usable for direct DMA (a no-op where that means nothing).
     fn register_arena(&self, arena: ArenaSlice<'_>) -> DeviceResult<()>;

@@ -32,17 +32,6 @@ pub enum EventKind {
 /// travel beside it as its payload.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum Call {
-    Alloc {
-        bytes: u64,
-    },
-    /// At exactly `ptr`, or not at all; the reply is the memory it took.
-    AllocAt {
-        ptr: DevicePtr,
-        bytes: u64,
-    },
-    Free {
-        ptr: DevicePtr,
-    },
     RegisterArena {
         span: Span,
     },
@@ -56,7 +45,10 @@ pub enum Call {
     UnregisterHost {
         span: Span,
     },
+    /// Streams, events, modules and functions are named by their caller: after a fault the
+    /// same names are made again in the context that takes over.
     CreateStream {
+        id: Handle,
         class: PriorityClass,
     },
     DestroyStream {
@@ -127,6 +119,7 @@ pub enum Call {
         event: Handle,
     },
     CreateEvent {
+        id: Handle,
         kind: EventKind,
     },
     DestroyEvent {
@@ -152,6 +145,7 @@ pub enum Call {
     Fault,
     /// The image is the payload.
     LoadModule {
+        id: Handle,
         format: ModuleFormat,
     },
     DropModule {
@@ -159,6 +153,7 @@ pub enum Call {
     },
     /// The name is the payload.
     GetFunction {
+        id: Handle,
         module: Handle,
     },
     DropFunction {
@@ -207,9 +202,6 @@ impl<B: Backend> Executor<B> {
         let done = |r: DeviceResult<()>| r.map(|()| Reply::Done);
         let value = |r: DeviceResult<u64>| r.map(Reply::Value);
         let result: DeviceResult<Reply> = match call {
-            Call::Alloc { bytes } => value(dev.alloc(bytes)),
-            Call::AllocAt { ptr, bytes } => value(dev.alloc_at(ptr, bytes)),
-            Call::Free { ptr } => done(dev.free(ptr)),
             Call::RegisterArena { span } => self.with_span(span, |s| done(dev.register_arena(s))),
             Call::UnregisterArena { span } => self.with_span(span, |s| {
                 dev.unregister_arena(s);
@@ -220,9 +212,10 @@ impl<B: Backend> Executor<B> {
                 dev.unregister_host(s);
                 Ok(Reply::Done)
             }),
-            Call::CreateStream { class } => dev
+            Call::CreateStream { id, class } => dev
                 .create_stream(class)
-                .map(|s| Reply::Value(self.add_stream(s))),
+                .and_then(|s| self.add_stream(id, s))
+                .map(|()| Reply::Done),
             Call::DestroyStream { stream } => {
                 if let Some(s) = self.remove_stream(stream) {
                     dev.destroy_stream(s);
@@ -335,13 +328,14 @@ impl<B: Backend> Executor<B> {
                     Err(e) => Answer::failed(e),
                 };
             }
-            Call::CreateEvent { kind } => {
+            Call::CreateEvent { id, kind } => {
                 let made = match kind {
                     EventKind::Timing => dev.create_event(),
                     EventKind::Marker => dev.create_marker(),
                     EventKind::Flags(flags) => dev.create_event_flags(flags),
                 };
-                made.map(|e| Reply::Value(self.add_event(e)))
+                made.and_then(|e| self.add_event(id, e))
+                    .map(|()| Reply::Done)
             }
             Call::DestroyEvent { event } => {
                 self.remove_event(event);
@@ -379,16 +373,17 @@ impl<B: Backend> Executor<B> {
                 value(dev.elapsed_ns(&s, &e))
             }),
             Call::Fault => Ok(Reply::Fault(dev.fault())),
-            Call::LoadModule { format } => dev
+            Call::LoadModule { id, format } => dev
                 .load_module(format, payload)
-                .map(|m| Reply::Value(self.add_module(m))),
+                .and_then(|m| self.add_module(id, m))
+                .map(|()| Reply::Done),
             Call::DropModule { module } => {
                 self.remove_module(module);
                 Ok(Reply::Done)
             }
-            Call::GetFunction { module } => self.module(module).and_then(|m| {
-                dev.get_function(&m, name(payload)?)
-                    .map(|f| Reply::Value(self.add_function(f)))
+            Call::GetFunction { id, module } => self.module(module).and_then(|m| {
+                let f = dev.get_function(&m, name(payload)?)?;
+                self.add_function(id, f).map(|()| Reply::Done)
             }),
             Call::DropFunction { function } => {
                 self.remove_function(function);

@@ -4,8 +4,7 @@
 //! for a device worker, and for gpushared itself with `--in-process-device`: both run this.
 
 use std::collections::HashMap;
-use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
@@ -30,7 +29,6 @@ pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// A backend, and everything it made for its callers, by handle.
 pub struct Executor<B: Backend> {
     backend: B,
-    next: AtomicU64,
     streams: Mutex<HashMap<Handle, StreamSlot<B::Stream>>>,
     events: Mutex<HashMap<Handle, Arc<Mutex<B::Event>>>>,
     modules: Mutex<HashMap<Handle, Arc<B::Module>>>,
@@ -46,7 +44,6 @@ impl<B: Backend> Executor<B> {
     pub fn new(backend: B) -> Executor<B> {
         Executor {
             backend,
-            next: AtomicU64::new(1),
             streams: Mutex::default(),
             events: Mutex::default(),
             modules: Mutex::default(),
@@ -102,16 +99,25 @@ impl<B: Backend> Executor<B> {
         Ok(bytes)
     }
 
+    /// Makes a chunk at `at` (see [`Backend::create_chunk`]).
+    pub fn create_chunk(&self, at: u64, size: u64) -> DeviceResult<OwnedFd> {
+        self.backend.create_chunk(at, size)
+    }
+
+    pub fn import_chunk(&self, at: u64, size: u64, fd: BorrowedFd<'_>) -> DeviceResult<()> {
+        self.backend.import_chunk(at, size, fd)
+    }
+
+    pub fn release_chunk(&self, at: u64, size: u64) -> DeviceResult<()> {
+        self.backend.release_chunk(at, size)
+    }
+
     /// Drops every handle (the backend's context is gone, and they with it).
     pub fn forget_handles(&self) {
         lock(&self.streams).clear();
         lock(&self.events).clear();
         lock(&self.functions).clear();
         lock(&self.modules).clear();
-    }
-
-    fn handle(&self) -> Handle {
-        self.next.fetch_add(1, Ordering::Relaxed)
     }
 
     /// Runs `f` on a live stream; the answer also says what the stream's device time
@@ -204,10 +210,8 @@ impl<B: Backend> Executor<B> {
             .ok_or_else(|| DeviceError::InvalidArgument(format!("memory region {id} unknown")))
     }
 
-    pub(super) fn add_stream(&self, stream: B::Stream) -> Handle {
-        let id = self.handle();
-        lock(&self.streams).insert(id, Arc::new(Mutex::new(Some(stream))));
-        id
+    pub(super) fn add_stream(&self, id: Handle, stream: B::Stream) -> DeviceResult<()> {
+        insert(&self.streams, id, Arc::new(Mutex::new(Some(stream))))
     }
 
     /// Takes a stream out of the table (and out of the calls still holding its slot).
@@ -223,10 +227,8 @@ impl<B: Backend> Executor<B> {
             .ok_or_else(|| DeviceError::InvalidArgument(format!("no stream {id}")))
     }
 
-    pub(super) fn add_event(&self, event: B::Event) -> Handle {
-        let id = self.handle();
-        lock(&self.events).insert(id, Arc::new(Mutex::new(event)));
-        id
+    pub(super) fn add_event(&self, id: Handle, event: B::Event) -> DeviceResult<()> {
+        insert(&self.events, id, Arc::new(Mutex::new(event)))
     }
 
     pub(super) fn remove_event(&self, id: Handle) {
@@ -240,10 +242,8 @@ impl<B: Backend> Executor<B> {
             .ok_or_else(|| DeviceError::InvalidArgument(format!("no event {id}")))
     }
 
-    pub(super) fn add_module(&self, module: B::Module) -> Handle {
-        let id = self.handle();
-        lock(&self.modules).insert(id, Arc::new(module));
-        id
+    pub(super) fn add_module(&self, id: Handle, module: B::Module) -> DeviceResult<()> {
+        insert(&self.modules, id, Arc::new(module))
     }
 
     pub(super) fn remove_module(&self, id: Handle) {
@@ -257,10 +257,8 @@ impl<B: Backend> Executor<B> {
             .ok_or_else(|| DeviceError::InvalidArgument(format!("no module {id}")))
     }
 
-    pub(super) fn add_function(&self, function: B::Function) -> Handle {
-        let id = self.handle();
-        lock(&self.functions).insert(id, Arc::new(function));
-        id
+    pub(super) fn add_function(&self, id: Handle, function: B::Function) -> DeviceResult<()> {
+        insert(&self.functions, id, Arc::new(function))
     }
 
     pub(super) fn remove_function(&self, id: Handle) {
@@ -272,6 +270,19 @@ impl<B: Backend> Executor<B> {
             .get(&id)
             .cloned()
             .ok_or_else(|| DeviceError::InvalidArgument(format!("no function {id}")))
+    }
+}
+
+/// Adds `value` as `id`, which must be new.
+fn insert<T>(table: &Mutex<HashMap<Handle, T>>, id: Handle, value: T) -> DeviceResult<()> {
+    match lock(table).entry(id) {
+        std::collections::hash_map::Entry::Occupied(_) => Err(DeviceError::InvalidArgument(
+            format!("handle {id} is in use"),
+        )),
+        std::collections::hash_map::Entry::Vacant(v) => {
+            v.insert(value);
+            Ok(())
+        }
     }
 }
 

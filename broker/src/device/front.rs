@@ -7,28 +7,66 @@
 
 use std::os::fd::BorrowedFd;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use gpushare_protocol::control::{DeviceInfo, ModuleFormat};
 use gpushare_protocol::{DevicePtr, PriorityClass};
 
 use super::call::{Call, EventKind, Handle, Reply};
-use super::handles::{Event, Function, Held, Module, Named, Stream};
-use super::link::Link;
+use super::handles::{Event, Function, Held, Module, Named, Owner, Recipe, Stream};
+use super::link::{Link, Memory};
+use super::pool::Pool;
 use super::{DeviceError, DeviceResult};
 
 /// A busy stream's batch is ended at most this often (the CUDA backend closes a measured span
 /// once it is 2 ms old: asking more often would only cost a round trip).
 const SPAN_CHECK: Duration = Duration::from_millis(2);
 
-/// One GPU context, through its link.
+/// One GPU context, through its link, and its clients' memory.
 pub struct Device {
     link: Arc<dyn Link>,
+    pool: Pool,
+    /// What handles share: the link, every live handle's recipe, and the epoch handles are
+    /// valid in (it ends only when a reset cannot make them again).
+    owner: Arc<Owner>,
+    /// The next handle name.
+    next: AtomicU64,
 }
 
 impl Device {
-    pub fn new(link: Arc<dyn Link>) -> Device {
-        Device { link }
+    /// A device; fresh memory goes at or above `floor` (where an earlier image's ended).
+    pub fn new(link: Arc<dyn Link>, floor: u64) -> Device {
+        let pool = Pool::new(link.space(), floor);
+        let owner = Arc::new(Owner {
+            link: link.clone(),
+            recipes: Arc::default(),
+            epoch: Arc::new(AtomicU64::new(0)),
+        });
+        Device {
+            link,
+            pool,
+            owner,
+            next: AtomicU64::new(1),
+        }
+    }
+
+    fn epoch(&self) -> u64 {
+        self.owner.epoch.load(Ordering::Acquire)
+    }
+
+    fn name(&self) -> Handle {
+        self.next.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Where fresh memory goes from now on (for a restarting gpushared's next image).
+    pub fn high_water(&self) -> u64 {
+        self.pool.high_water()
+    }
+
+    /// Where clients' memory lives.
+    pub fn space(&self) -> super::link::Space {
+        self.link.space()
     }
 
     pub fn link(&self) -> &Arc<dyn Link> {
@@ -48,9 +86,9 @@ impl Device {
         self.link.sm_partitions()
     }
 
-    /// Checks that a handle's context still serves.
-    fn live(&self, generation: u64) -> DeviceResult<()> {
-        if generation == self.link.generation() {
+    /// Checks that a handle is of the epoch serving now.
+    fn live(&self, epoch: u64) -> DeviceResult<()> {
+        if epoch == self.epoch() {
             Ok(())
         } else {
             Err(DeviceError::Cancelled)
@@ -60,7 +98,7 @@ impl Device {
     /// The executor's number for a live handle (`Cancelled` for one from before a reset).
     pub fn id(&self, handle: &impl Named) -> DeviceResult<Handle> {
         let held = handle.held();
-        self.live(held.generation)?;
+        self.live(held.epoch)?;
         Ok(held.id)
     }
 
@@ -74,18 +112,18 @@ impl Device {
         self.link.call(call, &[], Some(deadline))?.reply.ok()
     }
 
+    /// Device memory that outlives the context (see `pool`).
     pub fn alloc(&self, bytes: u64) -> DeviceResult<DevicePtr> {
-        let ptr = self.call(Call::Alloc { bytes }, &[])?.value()?;
-        self.link.note_allocated(ptr.saturating_add(bytes));
-        Ok(ptr)
+        self.pool.alloc(&*self.link, bytes)
     }
 
     /// Allocates at exactly `ptr`; returns the memory it took.
     pub fn alloc_at(&self, ptr: DevicePtr, bytes: u64) -> DeviceResult<u64> {
-        let taken = self.call(Call::AllocAt { ptr, bytes }, &[])?.value()?;
-        self.link
-            .note_allocated(ptr.saturating_add(bytes.max(taken)));
-        Ok(taken)
+        self.pool.alloc_at(&*self.link, ptr, bytes)
+    }
+
+    pub fn free(&self, ptr: DevicePtr) -> DeviceResult<()> {
+        self.pool.free(&*self.link, ptr)
     }
 
     pub fn share_memory(
@@ -109,16 +147,18 @@ impl Device {
     // ---- streams ---------------------------------------------------------------------
 
     pub fn create_stream(&self, class: PriorityClass) -> DeviceResult<Stream> {
-        let generation = self.link.generation();
-        let id = self.call(Call::CreateStream { class }, &[])?.value()?;
-        Ok(Stream::new(generation, id))
+        let (epoch, id) = (self.epoch(), self.name());
+        self.call(Call::CreateStream { id, class }, &[])?.done()?;
+        self.owner.recipes.add(id, Recipe::Stream { class });
+        Ok(Stream::new(epoch, id))
     }
 
     /// Waits for the stream's work, then releases it.
     pub fn destroy_stream(&self, mut stream: Stream) {
         let _ = self.take_deferred(&stream);
         self.take_news(&mut stream);
-        if self.live(stream.generation).is_ok() {
+        self.owner.recipes.remove(stream.id);
+        if self.live(stream.epoch).is_ok() {
             let _ = self.call(Call::DestroyStream { stream: stream.id }, &[]);
         }
     }
@@ -130,7 +170,7 @@ impl Device {
         call: impl FnOnce(Handle) -> Call,
         payload: &[u8],
     ) -> DeviceResult<()> {
-        self.live(stream.generation)?;
+        self.live(stream.epoch)?;
         stream.dirty = true;
         let mut call = call(stream.id);
         let keeps_start = call.keeps_start();
@@ -151,7 +191,7 @@ impl Device {
         call: impl FnOnce(Handle) -> Call,
         payload: &[u8],
     ) -> DeviceResult<Reply> {
-        self.live(stream.generation)?;
+        self.live(stream.epoch)?;
         self.flush_start(stream);
         let answer = self.link.call(call(stream.id), payload, None)?;
         stream.learn(answer.news);
@@ -185,7 +225,7 @@ impl Device {
     /// the client has gone quiet. A point where the backend may close a measurement.
     pub fn end_batch(&self, stream: &mut Stream, idle: bool) {
         self.take_news(stream);
-        if self.live(stream.generation).is_err() || !(stream.dirty || stream.measuring) {
+        if self.live(stream.epoch).is_err() || !(stream.dirty || stream.measuring) {
             return;
         }
         if !idle && stream.ended.is_some_and(|at| at.elapsed() < SPAN_CHECK) {
@@ -207,6 +247,15 @@ impl Device {
         std::mem::take(&mut stream.busy_ns)
     }
 
+    /// Forgets what was known of the stream's work in a context that is gone (its object
+    /// was made again, idle, in the new one).
+    pub fn forget_work(&self, stream: &mut Stream) {
+        stream.pending_start = None;
+        stream.measuring = false;
+        stream.dirty = false;
+        stream.ended = None;
+    }
+
     /// Whether measurements of finished work are still to be read.
     pub fn measuring(&self, stream: &Stream) -> bool {
         stream.measuring
@@ -215,7 +264,7 @@ impl Device {
     /// Whether work queued on the stream has not finished yet (an error counts as busy, as
     /// on the device itself: the work's fate is unknown).
     pub fn stream_busy(&self, stream: &Stream) -> bool {
-        if self.live(stream.generation).is_err() {
+        if self.live(stream.epoch).is_err() {
             return false;
         }
         self.call(Call::StreamBusy { stream: stream.id }, &[])
@@ -226,7 +275,7 @@ impl Device {
     /// Whether all work queued on the stream has finished (a failure of posted work reports
     /// here).
     pub fn stream_done(&self, stream: &Stream) -> DeviceResult<bool> {
-        self.live(stream.generation)?;
+        self.live(stream.epoch)?;
         if let Some(e) = self.take_deferred(stream) {
             return Err(e);
         }
@@ -236,14 +285,17 @@ impl Device {
     }
 
     fn take_news(&self, stream: &mut Stream) {
-        let news = self.link.ledger().take_news(stream.generation, stream.id);
+        let news = self
+            .link
+            .ledger()
+            .take_news(self.link.generation(), stream.id);
         stream.learn(news);
     }
 
     fn take_deferred(&self, stream: &Stream) -> Option<DeviceError> {
         self.link
             .ledger()
-            .take_deferred(stream.generation, stream.id)
+            .take_deferred(self.link.generation(), stream.id)
     }
 
     /// Records a start marker no kernel took along (something else came first).
@@ -262,9 +314,10 @@ impl Device {
     // ---- events ----------------------------------------------------------------------
 
     pub fn create_event(&self, kind: EventKind) -> DeviceResult<Event> {
-        let generation = self.link.generation();
-        let id = self.call(Call::CreateEvent { kind }, &[])?.value()?;
-        Ok(Event(Held::new(&self.link, generation, id, |event| {
+        let (epoch, id) = (self.epoch(), self.name());
+        self.call(Call::CreateEvent { id, kind }, &[])?.done()?;
+        self.owner.recipes.add(id, Recipe::Event { kind });
+        Ok(Event(Held::new(&self.owner, epoch, id, |event| {
             Call::DestroyEvent { event }
         })))
     }
@@ -288,7 +341,7 @@ impl Device {
     /// and the launch, and the span would count that as device time.
     pub fn record_start(&self, event: &Event, stream: &mut Stream) -> DeviceResult<()> {
         let event = self.id(event)?;
-        self.live(stream.generation)?;
+        self.live(stream.epoch)?;
         self.flush_start(stream);
         stream.pending_start = Some(event);
         Ok(())
@@ -311,26 +364,49 @@ impl Device {
 
     // ---- modules ---------------------------------------------------------------------
 
-    pub fn load_module(&self, format: ModuleFormat, image: &[u8]) -> DeviceResult<Module> {
-        let generation = self.link.generation();
-        let id = self.call(Call::LoadModule { format }, image)?.value()?;
-        Ok(Module(Held::new(&self.link, generation, id, |module| {
+    /// Loads a module; its image is kept for as long as the module lives, to load it again
+    /// in the context that takes over after a fault.
+    pub fn load_module(&self, format: ModuleFormat, image: Arc<[u8]>) -> DeviceResult<Module> {
+        let (epoch, id) = (self.epoch(), self.name());
+        self.call(Call::LoadModule { id, format }, &image)?.done()?;
+        self.owner.recipes.add(id, Recipe::Module { format, image });
+        Ok(Module(Held::new(&self.owner, epoch, id, |module| {
             Call::DropModule { module }
         })))
     }
 
     pub fn get_function(&self, module: &Module, name: &str) -> DeviceResult<Function> {
-        let generation = module.0.generation;
-        let module = self.id(module)?;
-        let id = self
-            .call(Call::GetFunction { module }, name.as_bytes())?
-            .value()?;
-        Ok(Function(Held::new(
-            &self.link,
-            generation,
-            id,
-            |function| Call::DropFunction { function },
-        )))
+        let epoch = module.0.epoch;
+        let (module, id) = (self.id(module)?, self.name());
+        self.call(Call::GetFunction { id, module }, name.as_bytes())?
+            .done()?;
+        let recipe = Recipe::Function {
+            module,
+            name: name.to_string(),
+            attributes: Vec::new(),
+        };
+        self.owner.recipes.add(id, recipe);
+        Ok(Function(Held::new(&self.owner, epoch, id, |function| {
+            Call::DropFunction { function }
+        })))
+    }
+
+    /// `cuFuncSetAttribute`, kept to set again after a fault.
+    pub fn set_function_attribute(
+        &self,
+        function: &Function,
+        attribute: u32,
+        value: i32,
+    ) -> DeviceResult<()> {
+        let id = self.id(function)?;
+        let call = Call::SetFunctionAttribute {
+            function: id,
+            attribute,
+            value,
+        };
+        self.call(call, &[])?.done()?;
+        self.owner.recipes.note_attribute(id, attribute, value);
+        Ok(())
     }
 
     // ---- faults ----------------------------------------------------------------------
@@ -343,8 +419,76 @@ impl Device {
         self.link.fault()
     }
 
-    pub fn reset(&self) -> DeviceResult<()> {
-        self.link.reset()
+    /// Replaces the context after a fault: the link's spare takes over, and every live
+    /// handle is made again there under its own name, so that callers' handles and memory
+    /// stay as they were (`Memory::Kept`). Where memory or a handle cannot be kept, every
+    /// handle's epoch ends: callers learn their state is gone (`Memory::Lost`).
+    pub fn reset(&self) -> DeviceResult<Memory> {
+        let memory = self.link.reset()?;
+        let started = Instant::now();
+        let remade = match memory {
+            Memory::Kept => self.remake(),
+            Memory::Lost => Err(DeviceError::Failed(
+                "the memory went with the context".into(),
+            )),
+        };
+        match remade {
+            Ok(n) => {
+                tracing::info!(handles = n, took = ?started.elapsed(), "every stream, event, module and function made again in the new context");
+                Ok(Memory::Kept)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "clients' device state could not be kept across the reset");
+                self.owner.epoch.fetch_add(1, Ordering::AcqRel);
+                self.pool.forget();
+                Ok(Memory::Lost)
+            }
+        }
+    }
+
+    /// Makes every live handle again, in the order they were made; returns how many.
+    fn remake(&self) -> DeviceResult<usize> {
+        let all = self.owner.recipes.all();
+        for (id, recipe) in &all {
+            let id = *id;
+            match recipe {
+                Recipe::Stream { class } => self
+                    .call(Call::CreateStream { id, class: *class }, &[])?
+                    .done()?,
+                Recipe::Event { kind } => self
+                    .call(Call::CreateEvent { id, kind: *kind }, &[])?
+                    .done()?,
+                Recipe::Module { format, image } => self
+                    .call(
+                        Call::LoadModule {
+                            id,
+                            format: *format,
+                        },
+                        image,
+                    )?
+                    .done()?,
+                Recipe::Function {
+                    module,
+                    name,
+                    attributes,
+                } => {
+                    let get = Call::GetFunction {
+                        id,
+                        module: *module,
+                    };
+                    self.call(get, name.as_bytes())?.done()?;
+                    for &(attribute, value) in attributes {
+                        let set = Call::SetFunctionAttribute {
+                            function: id,
+                            attribute,
+                            value,
+                        };
+                        self.call(set, &[])?.done()?;
+                    }
+                }
+            }
+        }
+        Ok(all.len())
     }
 
     pub fn resets_in_place(&self) -> bool {

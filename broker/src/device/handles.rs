@@ -1,16 +1,72 @@
 //! What callers hold of the executor's objects: streams (with what is known of their device
-//! time), and events, modules and functions, each released there when dropped. Every handle
-//! names the context generation it was made in; after a reset it is inert.
+//! time), and events, modules and functions, each released there when dropped. A handle keeps
+//! its name across a fault (the front makes it again, by its recipe, in the context that
+//! takes over); only when that cannot be done does its epoch end, and it is inert.
 
-use std::sync::Arc;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use super::call::{Call, Handle};
+use gpushare_protocol::PriorityClass;
+use gpushare_protocol::control::ModuleFormat;
+
+use super::call::{Call, EventKind, Handle};
 use super::link::Link;
+
+/// How a handle's object is made again in a new context.
+#[derive(Debug, Clone)]
+pub enum Recipe {
+    Stream {
+        class: PriorityClass,
+    },
+    Event {
+        kind: EventKind,
+    },
+    Module {
+        format: ModuleFormat,
+        image: Arc<[u8]>,
+    },
+    Function {
+        module: Handle,
+        name: String,
+        /// Attributes set on it, in order.
+        attributes: Vec<(u32, i32)>,
+    },
+}
+
+/// Every live handle's recipe, by name: names grow, so a function comes after its module.
+#[derive(Default)]
+pub struct Recipes(Mutex<BTreeMap<Handle, Recipe>>);
+
+impl Recipes {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<Handle, Recipe>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn add(&self, id: Handle, recipe: Recipe) {
+        self.lock().insert(id, recipe);
+    }
+
+    pub fn remove(&self, id: Handle) {
+        self.lock().remove(&id);
+    }
+
+    /// An attribute set on function `id`, to set again.
+    pub fn note_attribute(&self, id: Handle, attribute: u32, value: i32) {
+        if let Some(Recipe::Function { attributes, .. }) = self.lock().get_mut(&id) {
+            attributes.retain(|&(a, _)| a != attribute);
+            attributes.push((attribute, value));
+        }
+    }
+
+    pub fn all(&self) -> Vec<(Handle, Recipe)> {
+        self.lock().iter().map(|(&id, r)| (id, r.clone())).collect()
+    }
+}
 
 /// A stream, with what the caller knows of its device time.
 pub struct Stream {
-    pub(super) generation: u64,
+    pub(super) epoch: u64,
     pub(super) id: Handle,
     /// Device time answers reported and nobody took yet.
     pub(super) busy_ns: u64,
@@ -26,9 +82,9 @@ pub struct Stream {
 }
 
 impl Stream {
-    pub(super) fn new(generation: u64, id: Handle) -> Stream {
+    pub(super) fn new(epoch: u64, id: Handle) -> Stream {
         Stream {
-            generation,
+            epoch,
             id,
             busy_ns: 0,
             measuring: false,
@@ -46,26 +102,33 @@ impl Stream {
     }
 }
 
-/// An object of the executor's that is released there when dropped (after a reset its
-/// context is gone, and so is the object: nothing to do).
+/// What a held handle needs to let go of its object.
+pub struct Owner {
+    pub(super) link: Arc<dyn Link>,
+    pub(super) recipes: Arc<Recipes>,
+    pub(super) epoch: Arc<std::sync::atomic::AtomicU64>,
+}
+
+/// An object of the executor's that is released there when dropped (after its epoch ended,
+/// its context is gone, and so is the object: nothing to do).
 pub struct Held {
-    pub(super) generation: u64,
+    pub(super) epoch: u64,
     pub(super) id: Handle,
-    link: Arc<dyn Link>,
+    owner: Arc<Owner>,
     release: fn(Handle) -> Call,
 }
 
 impl Held {
     pub(super) fn new(
-        link: &Arc<dyn Link>,
-        generation: u64,
+        owner: &Arc<Owner>,
+        epoch: u64,
         id: Handle,
         release: fn(Handle) -> Call,
     ) -> Held {
         Held {
-            generation,
+            epoch,
             id,
-            link: link.clone(),
+            owner: owner.clone(),
             release,
         }
     }
@@ -73,9 +136,11 @@ impl Held {
 
 impl Drop for Held {
     fn drop(&mut self) {
-        if self.link.generation() == self.generation {
+        let owner = &self.owner;
+        owner.recipes.remove(self.id);
+        if owner.epoch.load(std::sync::atomic::Ordering::Acquire) == self.epoch {
             // Nobody needs the answer; a failure leaves only a handle its context drops.
-            let _ = self.link.post(None, (self.release)(self.id), &[]);
+            let _ = owner.link.post(None, (self.release)(self.id), &[]);
         }
     }
 }

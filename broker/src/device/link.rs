@@ -13,6 +13,24 @@ use gpushare_protocol::control::DeviceInfo;
 use super::call::{Answer, Call, Handle, Reply};
 use super::{DeviceError, DeviceResult};
 
+/// The device addresses clients' memory lives at: a range reserved at the same place in every
+/// context that serves the device, and the granule its chunks come in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Space {
+    pub base: u64,
+    pub size: u64,
+    pub granularity: u64,
+}
+
+impl Space {
+    /// The address space to reserve for a device of `memory` bytes: four times its memory,
+    /// for the unmapped granule after each chunk and for fragmentation (address space costs
+    /// nothing until mapped).
+    pub fn size_for(memory: u64) -> u64 {
+        memory.max(1 << 30).saturating_mul(4)
+    }
+}
+
 /// Where a device's calls run. It carries [`Call`]s without knowing them one by one.
 pub trait Link: Send + Sync + 'static {
     /// `"sim"` or `"cuda"`.
@@ -40,9 +58,14 @@ pub trait Link: Send + Sync + 'static {
     /// How long the device should stay awake for the calling thread's next call after one.
     /// Said again when the thread wakes up: a call is likely to follow.
     fn spin_hint(&self, _spin: Duration) {}
-    /// Allocations reach up to `end` (a successor context allocates above, so that clients
-    /// rebuilding their state find their old addresses free).
-    fn note_allocated(&self, _end: u64) {}
+    /// Where clients' memory lives ([`Link::create_chunk`]).
+    fn space(&self) -> Space;
+    /// Makes `size` bytes of physical memory at `at` (inside [`Link::space`]) in the context
+    /// serving now and in the one ready to take over; the link keeps its descriptor, so the
+    /// memory lives as long as the link does, whatever its contexts do.
+    fn create_chunk(&self, at: u64, size: u64) -> DeviceResult<()>;
+    /// Lets go of the chunk at `at` everywhere.
+    fn release_chunk(&self, at: u64, size: u64);
 
     /// Cuts short every wait on the device (they fail with [`DeviceError::Cancelled`]) until
     /// [`Link::reset`] finishes: the first step of recovering from a fault.
@@ -50,14 +73,22 @@ pub trait Link: Send + Sync + 'static {
     /// Whether the context is poisoned by a sticky error (an illegal address …), and which.
     /// Cheap: the guardian asks every few milliseconds.
     fn fault(&self) -> Option<String>;
-    /// Replaces the context after a fault or a hang. Every allocation, stream, event and
-    /// module made before is gone; their handles become inert.
-    fn reset(&self) -> DeviceResult<()>;
+    /// Replaces the context after a fault or a hang. Every stream, event and module made
+    /// before is gone (the caller makes them again); the chunks are kept (`Kept`), or lost
+    /// with the context where they could not be (`Lost`).
+    fn reset(&self) -> DeviceResult<Memory>;
     /// Whether [`Link::reset`] can recover the device within this process; when not, the
     /// broker restarts itself after a fault.
     fn resets_in_place(&self) -> bool;
     /// How long [`Link::reset`] may take before the broker takes the device for stuck.
     fn reset_deadline(&self) -> Duration;
+}
+
+/// What a reset did with clients' memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Memory {
+    Kept,
+    Lost,
 }
 
 /// What answers to posted work said, by (generation, stream), until the stream's next

@@ -2,18 +2,19 @@
 //! (`--in-process-device`): the link runs each call on its executor at once, on the calling
 //! thread. The same executor serves a device worker; only the carrying differs.
 
-use std::os::fd::BorrowedFd;
-use std::sync::Arc;
+use std::collections::BTreeMap;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use gpushare_protocol::control::DeviceInfo;
 
 use super::backend::Backend;
 use super::call::{Answer, Call, Handle};
-use super::executor::Executor;
+use super::executor::{Executor, lock};
 use super::front::Device;
-use super::link::{Ledger, Link};
+use super::link::{Ledger, Link, Memory, Space};
 use super::{DeviceError, DeviceResult};
 
 /// A backend in this process.
@@ -21,15 +22,28 @@ pub struct Local<B: Backend> {
     executor: Executor<B>,
     ledger: Ledger,
     generation: AtomicU64,
+    space: Space,
+    /// Clients' memory: every chunk's descriptor, to map it again after a reset.
+    chunks: Mutex<BTreeMap<u64, (u64, OwnedFd)>>,
 }
 
 impl<B: Backend> Local<B> {
-    pub fn new(backend: B) -> Local<B> {
-        Local {
+    /// Reserves the device's address space (at `hint`, where an earlier image had it).
+    pub fn new(backend: B, hint: u64) -> DeviceResult<Local<B>> {
+        let granularity = backend.granularity()?;
+        let size = Space::size_for(backend.info().total_memory);
+        let base = backend.reserve(hint, size)?;
+        Ok(Local {
             executor: Executor::new(backend),
             ledger: Ledger::default(),
             generation: AtomicU64::new(0),
-        }
+            space: Space {
+                base,
+                size,
+                granularity,
+            },
+            chunks: Mutex::default(),
+        })
     }
 
     pub fn backend(&self) -> &B {
@@ -38,9 +52,20 @@ impl<B: Backend> Local<B> {
 }
 
 impl Device {
-    /// A device served by `backend` in this process.
-    pub fn local<B: Backend>(backend: B) -> Device {
-        Device::new(Arc::new(Local::new(backend)))
+    /// A device served by `backend` in this process. `handover`: where an earlier image of
+    /// gpushared had its address space (the base, and where fresh memory went from).
+    pub fn local<B: Backend>(backend: B, handover: Option<(u64, u64)>) -> DeviceResult<Device> {
+        let (hint, floor) = handover.unwrap_or((0, 0));
+        let local = match Local::new(backend, hint) {
+            Ok(l) => l,
+            Err(DeviceError::AddressUnavailable(_)) if hint != 0 => {
+                return Err(DeviceError::Failed(format!(
+                    "the address range the previous gpushared used ({hint:#x}) is taken"
+                )));
+            }
+            Err(e) => return Err(e),
+        };
+        Ok(Device::new(Arc::new(local), floor))
     }
 }
 
@@ -97,6 +122,21 @@ impl<B: Backend> Link for Local<B> {
         self.executor.unshare_region(region);
     }
 
+    fn space(&self) -> Space {
+        self.space
+    }
+
+    fn create_chunk(&self, at: u64, size: u64) -> DeviceResult<()> {
+        let fd = self.executor.create_chunk(at, size)?;
+        lock(&self.chunks).insert(at, (size, fd));
+        Ok(())
+    }
+
+    fn release_chunk(&self, at: u64, size: u64) {
+        let _ = self.executor.release_chunk(at, size);
+        lock(&self.chunks).remove(&at);
+    }
+
     fn interrupt(&self) {
         self.executor.backend().interrupt();
     }
@@ -105,12 +145,19 @@ impl<B: Backend> Link for Local<B> {
         self.executor.backend().fault()
     }
 
-    fn reset(&self) -> DeviceResult<()> {
+    fn reset(&self) -> DeviceResult<Memory> {
         self.executor.backend().reset()?;
-        // Whatever was made before belongs to the context that went.
+        // Whatever was made before belongs to the context that went; the memory does not.
         self.executor.forget_handles();
         self.generation.fetch_add(1, Ordering::AcqRel);
-        Ok(())
+        let chunks = lock(&self.chunks);
+        for (&at, (size, fd)) in chunks.iter() {
+            if let Err(e) = self.executor.import_chunk(at, *size, fd.as_fd()) {
+                tracing::warn!(at = format_args!("{at:#x}"), error = %e, "a chunk cannot be mapped again after the reset");
+                return Ok(Memory::Lost);
+            }
+        }
+        Ok(Memory::Kept)
     }
 
     fn resets_in_place(&self) -> bool {

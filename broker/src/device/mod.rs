@@ -12,6 +12,7 @@
 //! - `executor`: a backend with its handle tables and the client memory shared with it;
 //! - `link`: where calls run, and the ledger of posted work's answers;
 //! - `front`: [`Device`], what callers use; `handles`: the handles they hold;
+//! - `pool`: clients' memory, carved out of chunks that outlive a context;
 //! - `local`, `remote`: the two links.
 
 pub mod backend;
@@ -22,6 +23,7 @@ mod front;
 mod handles;
 pub mod link;
 pub mod local;
+mod pool;
 pub mod remote;
 pub mod reply;
 pub mod sim;
@@ -36,7 +38,7 @@ pub use self::call::{Call, EventKind, Handle, Reply, Span};
 pub use self::executor::Executor;
 pub use self::front::Device;
 pub use self::handles::{Event, Function, Module, Stream};
-pub use self::link::Link;
+pub use self::link::{Link, Memory, Space};
 
 /// What a device can fail with; it crosses the process boundary as itself.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, serde::Serialize, serde::Deserialize)]
@@ -60,7 +62,7 @@ pub enum DeviceError {
     /// The wait was cut short because the device is being reset.
     #[error("interrupted by a device reset")]
     Cancelled,
-    /// Memory cannot be placed at the address asked for ([`Backend::alloc_at`]).
+    /// Memory cannot be placed at the address asked for.
     #[error("cannot allocate at the address asked for: {0}")]
     AddressUnavailable(String),
 }

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use super::health::{DeviceHealth, Member, Verdict};
 use super::restart::Carry;
-use crate::device::Device;
+use crate::device::{Device, Memory};
 
 /// How long the guardian waits for every session to park before resetting anyway.
 const PARK_TIMEOUT: Duration = Duration::from_secs(2);
@@ -196,18 +196,24 @@ impl DeviceHealth {
         }
         let reset = device.reset();
         reset_done.store(true, Ordering::Release);
-        if let Err(e) = reset {
-            give_up(&format!(
-                "the device context cannot be recreated in this process ({e})"
-            ));
-            return; // sessions stay parked until the restart
-        }
+        let memory = match reset {
+            Ok(m) => m,
+            Err(e) => {
+                give_up(&format!(
+                    "the device context cannot be recreated in this process ({e})"
+                ));
+                return; // sessions stay parked until the restart
+            }
+        };
 
         let mut st = self.lock();
+        st.kept = memory == Memory::Kept;
         let lost = format!("the GPU was reset after a fault ({what})");
         for s in &sessions {
             let verdict = if Some(s.id()) == culprit {
                 Verdict::Culprit(format!("your work faulted the GPU and was stopped: {what}"))
+            } else if st.kept {
+                Verdict::Survived(what.to_string())
             } else {
                 Verdict::Lost(lost.clone())
             };
@@ -230,6 +236,7 @@ impl DeviceHealth {
         tracing::warn!(
             gpu,
             recovery_ms = recovery.as_secs_f64() * 1e3,
+            kept = st.kept,
             "device context recreated; clients resume"
         );
         self.resetting.store(false, Ordering::Release);

@@ -39,6 +39,9 @@ pub enum Verdict {
     Culprit(String),
     /// It lost its device state through no fault of its own.
     Lost(String),
+    /// Its memory and handles were kept; only work on the GPU at the fault (named here) may
+    /// be lost.
+    Survived(String),
 }
 
 #[derive(Default)]
@@ -56,6 +59,8 @@ pub(super) struct HealthState {
     /// Suspects waiting for the turn, in order: a release hands it to the first, so a busy
     /// suspect that takes the turn again at once cannot starve the others.
     pub(super) turn_queue: VecDeque<u64>,
+    /// Whether the last reset kept clients' memory and handles.
+    pub(super) kept: bool,
 }
 
 /// What the guardian sees of a session on its GPU context.
@@ -162,9 +167,13 @@ impl DeviceHealth {
                 .unwrap_or_else(|e| e.into_inner().0);
         }
         st.parked.remove(&id);
-        st.verdicts
-            .remove(&id)
-            .unwrap_or_else(|| Verdict::Lost("the GPU was reset after a fault".into()))
+        st.verdicts.remove(&id).unwrap_or_else(|| {
+            if st.kept {
+                Verdict::Survived("a GPU fault".into())
+            } else {
+                Verdict::Lost("the GPU was reset after a fault".into())
+            }
+        })
     }
 
     /// Waits until no other suspect's work runs, then takes the turn. Gives up (returning

@@ -3,6 +3,8 @@
 
 use std::sync::Mutex;
 
+use crate::device::Space;
+
 /// What a restart carries over to the next image, by client process id: whose work faulted
 /// (refused for a while, so one program cannot restart the broker again and again) and who
 /// was a suspect (on probation: its work runs alone, so a second fault names it).
@@ -101,5 +103,84 @@ impl Stuck {
             }
             self.notify.notified().await;
         }
+    }
+}
+
+/// The environment variable a restarting gpushared tells its next image where each GPU's
+/// clients' memory lived in: clients rebuilding their state place it again at the same
+/// addresses, and fresh memory must not take them first.
+pub const MEMORY_HANDOVER_ENV: &str = "GPUSHARE_MEMORY_HANDOVER";
+
+/// Where one GPU's clients' memory lived: its address range, and where fresh memory went from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Handover {
+    pub space: Space,
+    pub floor: u64,
+}
+
+impl Handover {
+    /// `base:size:granularity:floor` per GPU, `;` between GPUs (an empty entry: none).
+    pub fn to_env(all: &[Option<Handover>]) -> String {
+        all.iter()
+            .map(|h| {
+                h.map_or(String::new(), |h| {
+                    format!(
+                        "{}:{}:{}:{}",
+                        h.space.base, h.space.size, h.space.granularity, h.floor
+                    )
+                })
+            })
+            .collect::<Vec<_>>()
+            .join(";")
+    }
+
+    /// Reads [`Handover::to_env`]'s format; anything malformed is no handover.
+    pub fn from_env(text: &str) -> Vec<Option<Handover>> {
+        text.split(';')
+            .map(|part| {
+                let n: Vec<u64> = part
+                    .split(':')
+                    .map(|v| v.trim().parse().ok())
+                    .collect::<Option<_>>()?;
+                match n[..] {
+                    [base, size, granularity, floor] => Some(Handover {
+                        space: Space {
+                            base,
+                            size,
+                            granularity,
+                        },
+                        floor,
+                    }),
+                    _ => None,
+                }
+            })
+            .collect()
+    }
+
+    /// What this process's earlier image handed over, by GPU index.
+    pub fn inherited() -> Vec<Option<Handover>> {
+        std::env::var(MEMORY_HANDOVER_ENV)
+            .map(|t| Handover::from_env(&t))
+            .unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_handover_survives_the_environment() {
+        let one = Handover {
+            space: Space {
+                base: 0x7000_0000_0000,
+                size: 1 << 40,
+                granularity: 2 << 20,
+            },
+            floor: 0x7000_0040_0000,
+        };
+        let text = Handover::to_env(&[Some(one), None]);
+        assert_eq!(Handover::from_env(&text), vec![Some(one), None]);
+        assert_eq!(Handover::from_env("1:2:x:4"), vec![None]);
     }
 }

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use anyhow::Context as _;
 
 use super::DomainMaker;
+use super::restart::Handover;
 use crate::cli::{Args, Gpus};
 use crate::device::Device;
 use crate::device::remote::{Remote, WorkerBackend, WorkerSpec};
@@ -21,6 +22,8 @@ pub struct Workers {
     fault_injection: bool,
     spare: bool,
     log: String,
+    /// Where an earlier image of gpushared had each GPU's clients' memory.
+    handover: Vec<Option<Handover>>,
 }
 
 impl Workers {
@@ -33,7 +36,19 @@ impl Workers {
             fault_injection: args.allow_fault_injection,
             spare: !args.no_spare_worker,
             log: args.log.clone(),
+            handover: Handover::inherited(),
         }
+    }
+
+    /// GPU `index`'s spec, where its clients' memory was before a restart.
+    fn gpu_spec(&self, index: usize, backend: WorkerBackend, label: String) -> WorkerSpec {
+        let mut spec = self.spec(backend, label);
+        spec.space = self.handed(index).map(|h| h.space);
+        spec
+    }
+
+    fn handed(&self, index: usize) -> Option<Handover> {
+        self.handover.get(index).copied().flatten()
     }
 
     fn spec(&self, backend: WorkerBackend, label: String) -> WorkerSpec {
@@ -43,6 +58,7 @@ impl Workers {
             log: self.log.clone(),
             label,
             builtins: None,
+            space: None,
         }
     }
 
@@ -54,10 +70,17 @@ impl Workers {
                 .into_iter()
                 .map(|spec| {
                     let (exe, spare) = (exe.clone(), self.spare);
+                    // Fresh memory goes above what the image before handed out.
+                    let floor = self
+                        .handover
+                        .iter()
+                        .flatten()
+                        .find(|h| Some(h.space) == spec.space)
+                        .map_or(0, |h| h.floor);
                     scope.spawn(move || {
                         let label = spec.label.clone();
                         Remote::open(exe, spec, spare)
-                            .map(Device::remote)
+                            .map(|r| Device::remote(r, floor))
                             .with_context(|| format!("cannot open {label}"))
                     })
                 })
@@ -87,7 +110,11 @@ impl Workers {
         self.open(
             ordinals
                 .into_iter()
-                .map(|ordinal| self.spec(WorkerBackend::Cuda { ordinal }, format!("GPU {ordinal}")))
+                .enumerate()
+                .map(|(i, ordinal)| {
+                    let label = format!("GPU {ordinal}");
+                    self.gpu_spec(i, WorkerBackend::Cuda { ordinal }, label)
+                })
                 .collect(),
         )
     }
@@ -128,7 +155,7 @@ impl Workers {
                         memory: self.sim_memory,
                         realtime: self.sim_realtime,
                     };
-                    self.spec(backend, format!("GPU {index} (sim)"))
+                    self.gpu_spec(index as usize, backend, format!("GPU {index} (sim)"))
                 })
                 .collect(),
         )

@@ -263,7 +263,7 @@ impl Broker {
         let (device, held) = (device.clone(), image.clone());
         let module = tokio::task::spawn_blocking(move || {
             device
-                .load_module(format, &held)
+                .load_module(format, held)
                 .map_err(|e| WireError::new(e.code(), e.to_string()))
         })
         .await

@@ -79,7 +79,7 @@ impl Broker {
             .ok_or_else(|| wire(ErrorCode::NotFound, "no such image here; send it"))?;
         let device = device.clone();
         let held = image.clone();
-        let loaded = tokio::task::spawn_blocking(move || device.load_module(format, &held))
+        let loaded = tokio::task::spawn_blocking(move || device.load_module(format, held))
             .await
             .map_err(|e| wire(ErrorCode::Internal, e.to_string()))?
             .map_err(|e| wire(e.code(), e.to_string()))?;

@@ -221,6 +221,19 @@ impl Broker {
             .context(domain, self.domain_maker.get())
     }
 
+    /// Where each GPU's clients' memory lives, for a restarting gpushared's next image.
+    pub fn memory_handover(&self) -> Vec<Option<crate::gpu::restart::Handover>> {
+        self.gpus
+            .iter()
+            .map(|g| {
+                Some(crate::gpu::restart::Handover {
+                    space: g.device().space(),
+                    floor: g.device().high_water(),
+                })
+            })
+            .collect()
+    }
+
     /// Resolves when a GPU cannot be recovered in place: serve's caller should then stop
     /// and restart the broker ([`Stuck::reason`] says why).
     pub fn stuck(&self) -> Arc<Stuck> {

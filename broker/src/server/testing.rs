@@ -36,10 +36,11 @@ pub(super) fn sim_broker(gpus: u32) -> Arc<Broker> {
 pub(super) fn sim_broker_with(gpus: u32, config: BrokerConfig) -> Arc<Broker> {
     let devices = (0..gpus)
         .map(|index| {
-            Arc::new(Device::local(SimDevice::new(SimOptions {
+            let sim = SimDevice::new(SimOptions {
                 index,
                 ..SimOptions::default()
-            })))
+            });
+            Arc::new(Device::local(sim, None).expect("a sim device"))
         })
         .collect();
     Broker::new(

@@ -9,7 +9,7 @@ use gpushare_protocol::ring::{CompletionEntry, SubmissionEntry};
 use gpushare_protocol::{Command, DevicePtr, ErrorCode, StreamId};
 
 use super::{MAX_ALLOCATIONS, MAX_EVENTS, MAX_STREAMS, SessionState, StreamSlot};
-use crate::device::{Call, Device, DeviceError, EventKind, Reply, Stream};
+use crate::device::{Call, Device, DeviceError, EventKind, Stream};
 
 impl SessionState {
     /// Decodes, validates and executes one entry; never panics on any input.
@@ -44,10 +44,7 @@ impl SessionState {
                     .allocations
                     .size_of(ptr)
                     .ok_or(ErrorCode::InvalidPointer)?;
-                self.device
-                    .call(Call::Free { ptr }, &[])
-                    .and_then(Reply::done)
-                    .map_err(|e| e.code())?;
+                self.device.free(ptr).map_err(|e| e.code())?;
                 self.allocations.remove(ptr);
                 let charged = self.placed_charges.remove(&ptr).unwrap_or(size);
                 self.info.release_memory(charged);
@@ -180,6 +177,9 @@ impl SessionState {
                 if self.lost.take_unsynced(stream) && stream == 0 {
                     return Err(ErrorCode::DeviceReset);
                 }
+                if self.lost.take_work(stream) {
+                    return Err(ErrorCode::WorkLost);
+                }
                 let device = self.device.clone();
                 let slot = self
                     .streams
@@ -228,6 +228,9 @@ impl SessionState {
                 Ok((0, 0))
             }
             Command::EventQuery { event } => {
+                if self.lost.take_work_event(event) {
+                    return Err(ErrorCode::WorkLost);
+                }
                 let e = self.events.get(&event).ok_or(ErrorCode::InvalidHandle)?;
                 let done = self.device.event_done(e).map_err(|e| e.code())?;
                 if done {
@@ -236,6 +239,9 @@ impl SessionState {
                 Ok((done as u64, 0))
             }
             Command::EventSync { event } => {
+                if self.lost.take_work_event(event) {
+                    return Err(ErrorCode::WorkLost);
+                }
                 let e = self.events.get(&event).ok_or(ErrorCode::InvalidHandle)?;
                 self.device.sync_event(e).map_err(|e| e.code())?;
                 self.settle_marked(event);
@@ -256,6 +262,9 @@ impl SessionState {
             Command::ClientSync => {
                 if self.lost.take_any_unsynced() {
                     return Err(ErrorCode::DeviceReset);
+                }
+                if self.lost.take_any_work() {
+                    return Err(ErrorCode::WorkLost);
                 }
                 let device = self.device.clone();
                 let mut first_error = None;
@@ -394,7 +403,7 @@ impl SessionState {
                 // Placed memory costs whole granules on a GPU: the quota counts what it took.
                 if took > bytes {
                     if let Err(code) = self.info.charge_memory(took - bytes) {
-                        let _ = self.device.call(Call::Free { ptr }, &[]);
+                        let _ = self.device.free(ptr);
                         return Err(code);
                     }
                     charge = took;

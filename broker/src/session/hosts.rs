@@ -56,6 +56,14 @@ impl HostRegions {
     }
 
     /// Every region, for releasing them when the session ends.
+    /// Every region as device calls name it, and where device code reaches it.
+    pub fn spans(&self) -> Vec<(crate::shm::Span, u64)> {
+        self.by_id
+            .values()
+            .map(|s| (s.region.whole().span(), s.device_ptr))
+            .collect()
+    }
+
     pub fn take_all(&mut self) -> Vec<Shared> {
         self.bytes = 0;
         self.by_id.drain().map(|(_, s)| s).collect()

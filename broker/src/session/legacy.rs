@@ -40,6 +40,9 @@ impl SessionState {
             } => self.create_stream_as(stream, flags),
             Command::EventCreateAs { event, flags } => self.create_event_as(event, flags),
             Command::StreamWaitEvent { stream, event } => self.wait_event(stream, event),
+            Command::StreamQuery { stream } if self.lost.take_work(stream) => {
+                Err(ErrorCode::WorkLost)
+            }
             Command::StreamQuery { stream } => {
                 let device = self.device.clone();
                 match self.streams.get_mut(&stream) {

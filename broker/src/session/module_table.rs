@@ -68,6 +68,11 @@ impl ModuleTable {
         self.handles.function(id)
     }
 
+    /// Whether the client looked up any module global (its address is the context's).
+    pub fn has_globals(&self) -> bool {
+        !self.globals.is_empty()
+    }
+
     /// Unloads a module and forgets its functions and globals.
     pub fn remove_module(&mut self, id: u64) -> bool {
         self.globals.retain(|_, &mut (_, m)| m != id);

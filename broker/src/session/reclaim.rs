@@ -3,7 +3,7 @@
 use std::sync::atomic::Ordering;
 
 use super::SessionState;
-use crate::device::{Call, Reply};
+use crate::device::Call;
 
 impl SessionState {
     /// Releases everything the client held: waits for its streams, then frees.
@@ -35,11 +35,7 @@ impl SessionState {
             m.clear();
         }
         for (ptr, _) in self.allocations.take() {
-            if let Err(e) = self
-                .device
-                .call(Call::Free { ptr }, &[])
-                .and_then(Reply::done)
-            {
+            if let Err(e) = self.device.free(ptr) {
                 tracing::warn!(ptr = format_args!("{ptr:#x}"), error = %e, "could not free allocation of departed client");
             }
         }

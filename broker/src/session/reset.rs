@@ -23,6 +23,10 @@ pub(super) struct Lost {
     /// Streams with work not yet synchronized when a reset took it: the next sync that
     /// covers one fails with `DeviceReset` (once), rather than saying work ran that never did.
     unsynced: BTreeSet<StreamId>,
+    /// The same after a reset that kept the client's state: only the work is lost, and the
+    /// next sync that covers it fails with `WorkLost` (once). Events recorded after it too.
+    work: BTreeSet<StreamId>,
+    work_events: HashSet<EventId>,
 }
 
 impl Lost {
@@ -96,6 +100,24 @@ impl Lost {
         let any = !self.unsynced.is_empty();
         self.unsynced.clear();
         any
+    }
+
+    /// Whether a reset took work of `stream` that no sync has reported yet (its state kept).
+    pub(super) fn take_work(&mut self, stream: StreamId) -> bool {
+        self.work.remove(&stream)
+    }
+
+    /// Whether a reset took work of any stream that no sync has reported yet.
+    pub(super) fn take_any_work(&mut self) -> bool {
+        let any = !self.work.is_empty();
+        self.work.clear();
+        self.work_events.clear();
+        any
+    }
+
+    /// Whether event `event` was recorded after work a reset took, not reported yet.
+    pub(super) fn take_work_event(&mut self, event: EventId) -> bool {
+        self.work_events.remove(&event)
     }
 
     /// Memory lost in `[start, end)` is there again (a client placing it anew).
@@ -219,6 +241,108 @@ impl SessionState {
         };
         self.epoch = self.health.epoch();
         self.holding_turn = false;
+        self.granted.clear();
+        self.dispatch.remove_client(self.info.id);
+        self.register_with_scheduler();
+        self.governed.forget_lease();
+        self.info.fault_watch.busy_since.store(0, Ordering::Release);
+        match verdict {
+            // Its memory and handles live on in the new context: the session's end releases
+            // them as ever.
+            Verdict::Culprit(reason) => Some(SessionEnd::Evicted(reason)),
+            Verdict::Survived(what) => match self.survive() {
+                Ok(()) => {
+                    self.probation_until = self.health.probation_until(self.info.id);
+                    None
+                }
+                Err(why) => {
+                    tracing::warn!(%why, "device reset: this client's state cannot be kept");
+                    self.release_live_state();
+                    self.lose_state(format!(
+                        "the GPU was reset after a fault ({what}), and this program's state could not be kept: {why}"
+                    ))
+                }
+            },
+            Verdict::Lost(reason) => self.lose_state(reason),
+        }
+    }
+
+    /// After a reset that kept every client's memory and handles: the work that was on the
+    /// GPU may have run in part, so each stream with work not yet synchronized reports it
+    /// lost at its next synchronization (as do events recorded on it); nothing else changes.
+    /// Fails where the client's state cannot be kept (a module global it looked up moved).
+    fn survive(&mut self) -> Result<(), String> {
+        if self.modules.lock().map(|m| m.has_globals()).unwrap_or(true) {
+            return Err(
+                "it looked up a module global, whose address the new context changes".into(),
+            );
+        }
+        // What the old context had registered, the new one registers again.
+        self.register_arena().map_err(|e| e.to_string())?;
+        self.register_hosts_again()?;
+        let lost: Vec<StreamId> = self
+            .streams
+            .iter()
+            .filter(|(_, slot)| slot.unsynced)
+            .map(|(&id, _)| id)
+            .collect();
+        for (&event, &(stream, _)) in &self.event_marks {
+            if lost.contains(&stream) {
+                self.lost.work_events.insert(event);
+            }
+        }
+        for slot in self.streams.values_mut() {
+            slot.unsynced = false;
+            self.device.forget_work(&mut slot.stream);
+        }
+        if !lost.is_empty() {
+            tracing::info!(
+                streams = lost.len(),
+                "device reset: the work on the GPU was lost; memory and handles kept"
+            );
+        }
+        self.lost.work.extend(lost);
+        Ok(())
+    }
+
+    /// Registers the client's shared host memory with the new context, where device code
+    /// must still reach it by the same pointer.
+    fn register_hosts_again(&mut self) -> Result<(), String> {
+        let hosts: Vec<(crate::shm::Span, u64)> = self
+            .info
+            .hosts
+            .lock()
+            .map(|h| h.spans())
+            .map_err(|_| "its host memory table is poisoned".to_string())?;
+        for (span, device_ptr) in hosts {
+            let got = self
+                .device
+                .call(crate::device::Call::RegisterHost { span }, &[])
+                .and_then(crate::device::Reply::value)
+                .map_err(|e| format!("its host memory cannot be registered again: {e}"))?;
+            if got != device_ptr {
+                return Err(format!(
+                    "its host memory is at {got:#x} on the device now, not {device_ptr:#x}"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Gives back memory and handles that outlived the reset but that the client is told it
+    /// lost.
+    fn release_live_state(&mut self) {
+        for (_, slot) in self.streams.drain() {
+            self.device.destroy_stream(slot.stream);
+        }
+        for (ptr, _) in self.allocations.iter().collect::<Vec<_>>() {
+            let _ = self.device.free(ptr);
+        }
+    }
+
+    /// Forgets every (now inert) handle, sets up a fresh default stream, and tells the client
+    /// what it lost.
+    fn lose_state(&mut self, reason: String) -> Option<SessionEnd> {
         let mut lost = LostState {
             buffers: self.allocations.iter().collect(),
             streams: self.streams.keys().copied().filter(|&s| s != 0).collect(),
@@ -244,20 +368,11 @@ impl SessionState {
         self.lost.events.extend(lost.events.iter().copied());
         self.lost.functions.extend(functions);
         self.forget_dead_context();
-        self.granted.clear();
         self.spare_events.clear();
         self.placed_charges.clear();
-        self.dispatch.remove_client(self.info.id);
-        self.register_with_scheduler();
         let c = &self.info.counters;
         // A governed client's memory is in its own context, which the reset did not touch.
         self.info.set_memory_used(self.governed.reserved());
-        self.governed.forget_lease();
-        self.info.fault_watch.busy_since.store(0, Ordering::Release);
-
-        if let Verdict::Culprit(reason) = verdict {
-            return Some(SessionEnd::Evicted(reason));
-        }
         let rebuilt = self
             .register_arena()
             .and_then(|()| self.device.create_stream(self.info.grant().class));
@@ -273,9 +388,6 @@ impl SessionState {
             }
         }
         self.probation_until = self.health.probation_until(self.info.id);
-        let Verdict::Lost(reason) = verdict else {
-            return None;
-        };
         tracing::info!(
             buffers = lost.buffers.len(),
             streams = lost.streams.len(),

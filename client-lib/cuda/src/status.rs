@@ -91,7 +91,10 @@ pub fn from_code(code: ErrorCode) -> CUresult {
         ErrorCode::ShuttingDown => result::DEVICE_UNAVAILABLE,
         ErrorCode::VersionMismatch => result::SYSTEM_DRIVER_MISMATCH,
         ErrorCode::PermissionDenied => result::NOT_PERMITTED,
-        ErrorCode::LaunchFailed | ErrorCode::DeviceReset => result::LAUNCH_FAILED,
+        // Not sticky: a program that catches it goes on (its state is intact after WorkLost).
+        ErrorCode::LaunchFailed | ErrorCode::DeviceReset | ErrorCode::WorkLost => {
+            result::LAUNCH_FAILED
+        }
         ErrorCode::DeviceError => result::ILLEGAL_ADDRESS,
         ErrorCode::NotFound => result::NOT_FOUND,
         ErrorCode::InvalidCommand

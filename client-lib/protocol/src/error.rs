@@ -53,10 +53,14 @@ pub enum ErrorCode {
     AddressUnavailable = 19,
     #[error("not found (no such symbol in the module, or no such cached image)")]
     NotFound = 20,
+    #[error(
+        "a GPU fault in another program stopped this work while it was on the GPU; it may have run in part, so it was not run again. Device memory, streams, events and modules are intact"
+    )]
+    WorkLost = 21,
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 20] = [
+    pub const ALL: [ErrorCode; 21] = [
         ErrorCode::InvalidCommand,
         ErrorCode::InvalidArgument,
         ErrorCode::InvalidHandle,
@@ -77,6 +81,7 @@ impl ErrorCode {
         ErrorCode::DeviceReset,
         ErrorCode::AddressUnavailable,
         ErrorCode::NotFound,
+        ErrorCode::WorkLost,
     ];
 
     pub fn as_u32(self) -> u32 {

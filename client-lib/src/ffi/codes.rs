@@ -39,6 +39,9 @@ pub const GPUSHARE_E_DEVICE_RESET: c_int = wire(ErrorCode::DeviceReset);
 pub const GPUSHARE_E_ADDRESS_UNAVAILABLE: c_int = wire(ErrorCode::AddressUnavailable);
 /// The broker does not know the named thing (a cached module image, a kernel, a global).
 pub const GPUSHARE_E_NOT_FOUND: c_int = wire(ErrorCode::NotFound);
+/// A GPU fault in another program stopped work this client had on the GPU: it may have run in
+/// part and was not run again; device memory and handles are intact, the session goes on.
+pub const GPUSHARE_E_WORK_LOST: c_int = wire(ErrorCode::WorkLost);
 /// The broker's socket could not be reached.
 pub const GPUSHARE_E_CONNECT: c_int = 100;
 /// The connection to the broker was lost; the session is over.
@@ -126,6 +129,7 @@ fn name_of(code: c_int) -> &'static CStr {
         GPUSHARE_E_DEVICE_RESET => c"GPUSHARE_E_DEVICE_RESET",
         GPUSHARE_E_ADDRESS_UNAVAILABLE => c"GPUSHARE_E_ADDRESS_UNAVAILABLE",
         GPUSHARE_E_NOT_FOUND => c"GPUSHARE_E_NOT_FOUND",
+        GPUSHARE_E_WORK_LOST => c"GPUSHARE_E_WORK_LOST",
         GPUSHARE_E_REBUILD_FAILED => c"GPUSHARE_E_REBUILD_FAILED",
         GPUSHARE_E_BROKER_UNRESPONSIVE => c"GPUSHARE_E_BROKER_UNRESPONSIVE",
         GPUSHARE_E_CONNECT => c"GPUSHARE_E_CONNECT",

@@ -1,6 +1,5 @@
 //! Device memory: plain allocations, and the client arenas page-locked so that copies are
-//! DMA straight from shared memory. (Allocations at an address a client chose are in
-//! `placed.rs`.)
+//! DMA straight from shared memory. (Clients' memory is in `chunks.rs`.)
 
 use std::collections::BTreeMap;
 use std::ffi::c_void;
@@ -11,7 +10,6 @@ use cudarc::driver::sys;
 use gpushare_protocol::DevicePtr;
 
 use super::error::{self, driver};
-use super::placed::PlacedMemory;
 use crate::device::{DeviceError, DeviceResult};
 use crate::shm::ArenaSlice;
 
@@ -22,12 +20,8 @@ pub(super) fn alloc(bytes: u64) -> DeviceResult<DevicePtr> {
     unsafe { cu::malloc_sync(n) }.map_err(|e| driver("cuMemAlloc", e))
 }
 
-/// Frees an allocation, placed or plain; the caller has bound the context.
-pub(super) fn free(placed: &Mutex<PlacedMemory>, ptr: DevicePtr) -> DeviceResult<()> {
-    let placed = placed.lock().unwrap_or_else(|e| e.into_inner()).free(ptr);
-    if let Some(freed) = placed {
-        return freed;
-    }
+/// Frees a plain allocation; the caller has bound the context.
+pub(super) fn free(ptr: DevicePtr) -> DeviceResult<()> {
     // SAFETY: the session only frees pointers this device returned for that client.
     unsafe { cu::free_sync(ptr) }.map_err(|e| driver("cuMemFree", e))
 }

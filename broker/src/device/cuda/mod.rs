@@ -7,13 +7,14 @@
 //! Device time per stream is measured with CUDA events bracketing spans of continuous work.
 //!
 //! This file opens the device and maps [`Backend`] onto the files that do the work: `context`
-//! (binding, interruptible waits), `memory` and `placed` (allocations, page-locked arenas),
-//! `copy`, `stream` and `timing` (client streams and their device time), `event`, `module`
+//! (binding, interruptible waits), `memory` (allocations, page-locked arenas), `chunks`
+//! (clients' memory, which outlives the context), `copy`, `stream` and `timing` (client streams and their device time), `event`, `module`
 //! (client modules and launches), `builtins` and `gemm` (built-in kernels, cuBLAS),
 //! `partition` (SM partitions), `injection` (fault kernels), `holder` (restart helper) and
 //! `error` (driver statuses as device errors).
 
 mod builtins;
+mod chunks;
 mod context;
 mod copy;
 mod error;
@@ -24,10 +25,10 @@ mod injection;
 mod memory;
 mod module;
 mod partition;
-mod placed;
 mod stream;
 mod timing;
 
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -45,6 +46,7 @@ pub use self::builtins::PREBUILT_PTX as BUILTIN_PTX;
 pub use self::builtins::{HANDOVER_ENV as BUILTINS_HANDOVER_ENV, hand_over as hand_over_builtins};
 /// The built-in kernels this process compiled, and adopting another process's.
 pub use self::builtins::{adopt as adopt_builtins, compiled as compiled_builtins};
+use self::chunks::Chunks;
 use self::error::driver;
 pub use self::event::CudaEvent;
 use self::gemm::Gemm;
@@ -56,7 +58,6 @@ use self::injection::FaultKernels;
 use self::memory::PinnedArenas;
 pub use self::module::{CudaFunction, CudaModule, ModuleRef};
 use self::partition::Partitions;
-use self::placed::PlacedMemory;
 pub use self::stream::CudaStream;
 use super::{Backend, DeviceError, DeviceResult, FunctionShape, Occupancy};
 use crate::shm::ArenaSlice;
@@ -78,8 +79,8 @@ pub struct CudaDevice {
     priorities: (i32, i32),
     /// Client arenas that copies can DMA from.
     pinned: PinnedArenas,
-    /// Allocations placed at an address a client asked for ([`Backend::alloc_at`]).
-    placed: Mutex<PlacedMemory>,
+    /// Clients' memory: chunks that outlive this context.
+    chunks: Chunks,
     /// SM partitions for clients the scheduler keeps off part of the GPU.
     partitions: Partitions,
 }
@@ -224,7 +225,7 @@ impl CudaDevice {
             faults: Mutex::new(None),
             priorities,
             pinned: PinnedArenas::default(),
-            placed: Mutex::new(PlacedMemory::default()),
+            chunks: Chunks::default(),
             partitions: Partitions::probe(device, sm_count),
         })
     }
@@ -317,17 +318,34 @@ impl Backend for CudaDevice {
         memory::alloc(bytes)
     }
 
-    fn alloc_at(&self, ptr: DevicePtr, bytes: u64) -> DeviceResult<u64> {
-        self.bind()?;
-        self.placed
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .alloc_at(self.ordinal, ptr, bytes)
-    }
-
     fn free(&self, ptr: DevicePtr) -> DeviceResult<()> {
         self.bind()?;
-        memory::free(&self.placed, ptr)
+        memory::free(ptr)
+    }
+
+    fn granularity(&self) -> DeviceResult<u64> {
+        self.bind()?;
+        chunks::granularity(self.ordinal)
+    }
+
+    fn reserve(&self, hint: u64, size: u64) -> DeviceResult<u64> {
+        self.bind()?;
+        self.chunks.reserve(hint, size)
+    }
+
+    fn create_chunk(&self, at: u64, size: u64) -> DeviceResult<OwnedFd> {
+        self.bind()?;
+        self.chunks.create(self.ordinal, at, size)
+    }
+
+    fn import_chunk(&self, at: u64, size: u64, fd: BorrowedFd<'_>) -> DeviceResult<()> {
+        self.bind()?;
+        self.chunks.import(self.ordinal, at, size, fd)
+    }
+
+    fn release_chunk(&self, at: u64, _size: u64) -> DeviceResult<()> {
+        self.bind()?;
+        self.chunks.release(at)
     }
 
     fn register_arena(&self, arena: ArenaSlice<'_>) -> DeviceResult<()> {

@@ -25,7 +25,7 @@ mod spare;
 pub mod wire;
 pub mod worker;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -40,7 +40,7 @@ use self::wire::{FromWorker, ToWorker};
 pub use self::wire::{WorkerBackend, WorkerSpec};
 use super::call::{Answer, Call, Handle};
 use super::front::Device;
-use super::link::{Ledger, Link};
+use super::link::{Ledger, Link, Memory, Space};
 use super::{DeviceError, DeviceResult};
 
 /// How long a worker may take to open its device (the first CUDA start on a machine can be
@@ -87,8 +87,11 @@ pub(super) struct Shared {
     pub(super) interrupted: AtomicBool,
     /// Client memory shared with the worker (a successor gets it too), by region id.
     pub(super) regions: Mutex<HashMap<u64, Shared_>>,
-    /// Where the highest allocation ever handed out ends: a successor allocates above it.
-    pub(super) high_water: AtomicU64,
+    /// Where clients' memory lives, the same in every worker of this device.
+    pub(super) space: Space,
+    /// Clients' memory: each chunk's size and descriptor, by address. The active worker and
+    /// the spare map every one; gpushared's descriptor keeps it alive whatever they do.
+    pub(super) chunks: Mutex<BTreeMap<u64, (u64, OwnedFd)>>,
     pub(super) next_blob: AtomicU64,
     pub(super) ledger: Ledger,
 }
@@ -113,12 +116,13 @@ impl Remote {
             spec.builtins = lock(&COMPILED).clone();
         }
         let process = WorkerProcess::spawn(&exe, &spec)?;
-        let (info, backend, sm_partitions) = match process.ready(READY_TIMEOUT)? {
+        let (info, backend, sm_partitions, space) = match process.ready(READY_TIMEOUT)? {
             FromWorker::Ready {
                 info,
                 backend,
                 sm_partitions,
                 builtins,
+                space,
             } => {
                 // Every worker after this one (its spares, its successors, other domains')
                 // takes the kernels it compiled.
@@ -126,7 +130,9 @@ impl Remote {
                     *lock(&COMPILED) = Some(k.clone());
                     spec.builtins = Some(k);
                 }
-                (info, backend, sm_partitions)
+                // Its spares and successors reserve the same addresses for clients' memory.
+                spec.space = Some(space);
+                (info, backend, sm_partitions, space)
             }
             other => {
                 return Err(WorkerError::Socket(format!(
@@ -152,7 +158,8 @@ impl Remote {
             spare_ready: Condvar::new(),
             interrupted: AtomicBool::new(false),
             regions: Mutex::default(),
-            high_water: AtomicU64::new(0),
+            space,
+            chunks: Mutex::default(),
             next_blob: AtomicU64::new(1),
             ledger: Ledger::default(),
         });
@@ -263,8 +270,43 @@ impl Link for Remote {
         calls::spin_hint(self.shared.id, spin);
     }
 
-    fn note_allocated(&self, end: u64) {
-        self.shared.high_water.fetch_max(end, Ordering::AcqRel);
+    fn space(&self) -> Space {
+        self.shared.space
+    }
+
+    fn create_chunk(&self, at: u64, size: u64) -> DeviceResult<()> {
+        let shared = &self.shared;
+        // Under the lock, so that a spare that gets ready meanwhile maps it too.
+        let mut chunks = lock(&shared.chunks);
+        let active = self.active();
+        let fd = active
+            .process
+            .request_fd(&ToWorker::CreateChunk { at, size }, &[])
+            .map_err(|e| match e {
+                WorkerError::Refused(why) if why.contains("out of memory") => {
+                    DeviceError::OutOfMemory
+                }
+                WorkerError::Refused(why) => {
+                    DeviceError::Failed(format!("cannot make device memory: {why}"))
+                }
+                other => self.worker_lost(&other.to_string()),
+            })?;
+        spare::import_into_spare(shared, at, size, &fd);
+        chunks.insert(at, (size, fd));
+        Ok(())
+    }
+
+    fn release_chunk(&self, at: u64, size: u64) {
+        let shared = &self.shared;
+        let mut chunks = lock(&shared.chunks);
+        if chunks.remove(&at).is_none() {
+            return;
+        }
+        let _ = self
+            .active()
+            .process
+            .request(&ToWorker::ReleaseChunk { at, size }, &[]);
+        spare::release_in_spare(shared, at, size);
     }
 
     fn interrupt(&self) {
@@ -287,7 +329,7 @@ impl Link for Remote {
         }
     }
 
-    fn reset(&self) -> DeviceResult<()> {
+    fn reset(&self) -> DeviceResult<Memory> {
         self.promote_spare()
     }
 
@@ -301,8 +343,8 @@ impl Link for Remote {
 }
 
 impl Device {
-    /// A device served by a worker process.
-    pub fn remote(remote: Remote) -> Device {
-        Device::new(Arc::new(remote))
+    /// A device served by a worker process; fresh memory goes at or above `floor`.
+    pub fn remote(remote: Remote, floor: u64) -> Device {
+        Device::new(Arc::new(remote), floor)
     }
 }

@@ -172,12 +172,31 @@ impl WorkerProcess {
         }
     }
 
+    /// Sends a control message with descriptors and waits for an answer that brings one.
+    pub fn request_fd(&self, msg: &ToWorker, fds: &[RawFd]) -> Result<OwnedFd, WorkerError> {
+        let control = self.control.lock().unwrap_or_else(|e| e.into_inner());
+        send_message(control.as_fd(), msg, fds).map_err(|e| self.socket_error(e))?;
+        match self.receive_with_fds(&control, CONTROL_TIMEOUT)? {
+            (FromWorker::Refused { reason }, _) => Err(WorkerError::Refused(reason)),
+            (_, mut fds) if !fds.is_empty() => Ok(fds.remove(0)),
+            (other, _) => Err(WorkerError::Socket(format!("unexpected answer {other:?}"))),
+        }
+    }
+
     fn send(&self, msg: &ToWorker, fds: &[RawFd]) -> Result<(), WorkerError> {
         let control = self.control.lock().unwrap_or_else(|e| e.into_inner());
         send_message(control.as_fd(), msg, fds).map_err(|e| self.socket_error(e))
     }
 
     fn receive(&self, control: &OwnedFd, timeout: Duration) -> Result<FromWorker, WorkerError> {
+        self.receive_with_fds(control, timeout).map(|(msg, _)| msg)
+    }
+
+    fn receive_with_fds(
+        &self,
+        control: &OwnedFd,
+        timeout: Duration,
+    ) -> Result<(FromWorker, Vec<OwnedFd>), WorkerError> {
         let started = std::time::Instant::now();
         loop {
             let left = timeout.saturating_sub(started.elapsed());
@@ -194,9 +213,8 @@ impl WorkerProcess {
                     }
                 }
                 Ok(_) => {
-                    let (msg, _fds) = recv_message::<FromWorker>(control.as_fd())
-                        .map_err(|e| self.socket_error(e))?;
-                    return Ok(msg);
+                    return recv_message::<FromWorker>(control.as_fd())
+                        .map_err(|e| self.socket_error(e));
                 }
                 Err(e) => return Err(WorkerError::Socket(e.to_string())),
             }

@@ -1,15 +1,18 @@
 //! The spare: a worker whose context is made before it is needed, started beside the one
-//! serving and after every promotion, and the promotion itself (what a reset of a remote
+//! serving and after every promotion, with every chunk of clients' memory mapped at the
+//! addresses the serving worker has it; and the promotion itself (what a reset of a remote
 //! device is).
 
-use std::os::fd::{AsFd, AsRawFd};
+use std::collections::BTreeMap;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use super::process::{WorkerError, WorkerProcess};
-use super::wire::{FromWorker, ToWorker};
+use super::wire::{FromWorker, ToWorker, WorkerSpec};
 use super::{Active, READY_TIMEOUT, Remote, SPARE_WAIT, Shared, lock};
+use crate::device::link::Memory;
 use crate::device::{DeviceError, DeviceResult};
 
 /// Starts the next spare in the background.
@@ -20,21 +23,80 @@ pub(super) fn start_spare(shared: &Arc<Shared>) {
         .name("gpushare-spare".into())
         .spawn(move || {
             let started = Instant::now();
-            let made = WorkerProcess::spawn(&exe, &spec).and_then(|p| match p.ready(READY_TIMEOUT)? {
-                FromWorker::Ready { .. } => Ok(p),
-                other => Err(WorkerError::Socket(format!("expected ready, got {other:?}"))),
+            let made = WorkerProcess::spawn(&exe, &spec).and_then(|p| ready(p, &spec));
+            let Some(shared) = weak.upgrade() else {
+                return;
+            };
+            // Under the chunks' lock: a chunk made from now on is mapped into it as it is made.
+            let chunks = lock(&shared.chunks);
+            let made = made.and_then(|p| {
+                map_every_chunk(&p, &chunks)?;
+                Ok(p)
             });
             match &made {
-                Ok(p) => tracing::info!(device = %spec.label, pid = p.pid, took = ?started.elapsed(), "spare device worker ready"),
+                Ok(p) => tracing::info!(device = %spec.label, pid = p.pid, chunks = chunks.len(), took = ?started.elapsed(), "spare device worker ready"),
                 Err(e) => tracing::warn!(device = %spec.label, error = %e, "cannot start a spare device worker"),
             }
-            if let Some(shared) = weak.upgrade() {
-                *lock(&shared.spare) = Some(made);
-                shared.spare_ready.notify_all();
-            }
+            *lock(&shared.spare) = Some(made);
+            drop(chunks);
+            shared.spare_ready.notify_all();
         });
     if let Err(e) = spawned {
         tracing::warn!(error = %e, "cannot start the thread that makes a spare device worker");
+    }
+}
+
+/// Waits for a worker to be ready, at the same address range as the device's others.
+fn ready(p: WorkerProcess, spec: &WorkerSpec) -> Result<WorkerProcess, WorkerError> {
+    match p.ready(READY_TIMEOUT)? {
+        FromWorker::Ready { space, .. } if Some(space) == spec.space => Ok(p),
+        FromWorker::Ready { space, .. } => Err(WorkerError::DeviceFailed(format!(
+            "it reserved clients' memory at {:#x}, not at {:#x}",
+            space.base,
+            spec.space.map_or(0, |s| s.base)
+        ))),
+        other => Err(WorkerError::Socket(format!(
+            "expected ready, got {other:?}"
+        ))),
+    }
+}
+
+/// Maps every chunk of clients' memory into a worker that is to serve.
+fn map_every_chunk(
+    p: &WorkerProcess,
+    chunks: &BTreeMap<u64, (u64, OwnedFd)>,
+) -> Result<(), WorkerError> {
+    for (&at, (size, fd)) in chunks {
+        p.request(
+            &ToWorker::ImportChunk { at, size: *size },
+            &[fd.as_fd().as_raw_fd()],
+        )?;
+    }
+    Ok(())
+}
+
+/// Maps a chunk just made into the spare, if one is ready (one that cannot is replaced).
+pub(super) fn import_into_spare(shared: &Arc<Shared>, at: u64, size: u64, fd: &OwnedFd) {
+    let mut slot = lock(&shared.spare);
+    if let Some(Ok(p)) = slot.as_ref()
+        && let Err(e) = p.request(
+            &ToWorker::ImportChunk { at, size },
+            &[fd.as_fd().as_raw_fd()],
+        )
+    {
+        tracing::warn!(error = %e, "the spare device worker cannot map clients' memory; starting another");
+        if let Some(Ok(p)) = slot.take() {
+            p.kill();
+        }
+        drop(slot);
+        start_spare(shared);
+    }
+}
+
+/// Unmaps a chunk from the spare, if one is ready.
+pub(super) fn release_in_spare(shared: &Shared, at: u64, size: u64) {
+    if let Some(Ok(p)) = lock(&shared.spare).as_ref() {
+        let _ = p.request(&ToWorker::ReleaseChunk { at, size }, &[]);
     }
 }
 
@@ -54,20 +116,17 @@ impl Shared {
                 None => tracing::warn!("the spare device worker is not ready; starting another"),
             }
         }
-        let p = WorkerProcess::spawn(&self.exe, &self.spec)?;
-        match p.ready(READY_TIMEOUT)? {
-            FromWorker::Ready { .. } => Ok(p),
-            other => Err(WorkerError::Socket(format!(
-                "expected ready, got {other:?}"
-            ))),
-        }
+        let p = ready(WorkerProcess::spawn(&self.exe, &self.spec)?, &self.spec)?;
+        map_every_chunk(&p, &lock(&self.chunks))?;
+        Ok(p)
     }
 }
 
 impl Remote {
     /// Replaces the worker serving now, whose context is lost (or that hangs), with the spare:
-    /// kills it, hands the spare every region the clients share, and starts the next spare.
-    pub(super) fn promote_spare(&self) -> DeviceResult<()> {
+    /// kills it, hands the spare every region the clients share (it maps their device memory
+    /// already), and starts the next spare.
+    pub(super) fn promote_spare(&self) -> DeviceResult<Memory> {
         let shared = &self.shared;
         let old = self.active();
         let started = Instant::now();
@@ -89,10 +148,6 @@ impl Remote {
                 tracing::warn!(region, error = %e, "the new device worker cannot map a client's memory");
             }
         }
-        let floor = shared.high_water.load(Ordering::Acquire);
-        if floor > 0 {
-            let _ = process.request(&ToWorker::AddressFloor { end: floor }, &[]);
-        }
         let pid = process.pid;
         *shared.active.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(Active {
             generation: old.generation + 1,
@@ -105,6 +160,6 @@ impl Remote {
         if shared.use_spare {
             start_spare(shared);
         }
-        Ok(())
+        Ok(Memory::Kept)
     }
 }

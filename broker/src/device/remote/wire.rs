@@ -8,6 +8,7 @@ use gpushare_protocol::control::DeviceInfo;
 use serde::{Deserialize, Serialize};
 
 use crate::device::call::Call;
+use crate::device::link::Space;
 
 /// Where a request's variable-length bytes are (launch parameters, a module image, a name).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -67,6 +68,9 @@ pub struct WorkerSpec {
     pub label: String,
     /// Kernels an earlier worker compiled, so that this one need not.
     pub builtins: Option<BuiltinKernels>,
+    /// Where clients' memory lives: the address range the worker this one may replace has
+    /// reserved (`None`: the first worker of a device reserves where its driver likes).
+    pub space: Option<Space>,
 }
 
 /// gpushared → worker, on the control socket.
@@ -91,10 +95,19 @@ pub enum ToWorker {
         id: u64,
         len: u64,
     },
-    /// Allocate above this address (a replaced worker's allocations ended there, and clients
-    /// rebuilding their state want their old addresses free).
-    AddressFloor {
-        end: u64,
+    /// Make a chunk of clients' memory at `at` (the reply carries its descriptor).
+    CreateChunk {
+        at: u64,
+        size: u64,
+    },
+    /// Map a chunk another worker made; its descriptor comes with it.
+    ImportChunk {
+        at: u64,
+        size: u64,
+    },
+    ReleaseChunk {
+        at: u64,
+        size: u64,
     },
 }
 
@@ -107,7 +120,11 @@ pub enum FromWorker {
         sm_partitions: bool,
         /// The built-in kernels it compiled (CUDA), for the workers after it.
         builtins: Option<BuiltinKernels>,
+        /// The address range it reserved for clients' memory.
+        space: Space,
     },
+    /// A chunk was made; its descriptor comes with it.
+    Chunk,
     /// The device could not be opened.
     Failed {
         reason: String,

@@ -1,7 +1,13 @@
-//! The sim device's memory: zero-initialised host buffers at made-up device addresses.
+//! The sim device's memory: zero-initialised host buffers at made-up device addresses. A
+//! chunk (memory that outlives the device: see [`crate::device::Backend::create_chunk`]) is a
+//! memfd mapped shared, so that a successor device mapping the same memfd sees every byte.
 
 use std::collections::BTreeMap;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
+
+use nix::sys::memfd::{MFdFlags, memfd_create};
+use nix::sys::mman::{MapFlags, ProtFlags};
 
 use gpushare_protocol::DevicePtr;
 
@@ -37,7 +43,7 @@ pub fn next_address() -> u64 {
 }
 
 /// Takes `span` bytes of fresh address space.
-fn take_addresses(span: u64) -> Option<u64> {
+pub fn take_addresses(span: u64) -> Option<u64> {
     next_address();
     NEXT_ADDRESS
         .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_add(span))
@@ -55,10 +61,12 @@ pub fn skip_addresses_below(end: u64) {
     NEXT_ADDRESS.fetch_max(end, Ordering::AcqRel);
 }
 
-/// A zeroed heap buffer whose allocation failure is reported, not aborted on.
+/// A zeroed buffer whose allocation failure is reported, not aborted on: heap memory, or a
+/// chunk's memfd mapped shared.
 struct Buffer {
     ptr: std::ptr::NonNull<u8>,
     len: usize,
+    mapped: bool,
 }
 
 // SAFETY: the buffer is plain owned memory; access goes through `&`/`&mut` methods.
@@ -70,6 +78,7 @@ impl Buffer {
             return Some(Buffer {
                 ptr: std::ptr::NonNull::dangling(),
                 len: 0,
+                mapped: false,
             });
         }
         let layout = std::alloc::Layout::from_size_align(len, 64).ok()?;
@@ -78,6 +87,31 @@ impl Buffer {
         Some(Buffer {
             ptr: std::ptr::NonNull::new(ptr)?,
             len,
+            mapped: false,
+        })
+    }
+
+    /// `len` bytes of `fd` (a memfd at least that long), mapped shared.
+    fn mapped(fd: BorrowedFd<'_>, len: usize) -> DeviceResult<Buffer> {
+        let size = std::num::NonZeroUsize::new(len)
+            .ok_or_else(|| DeviceError::InvalidArgument("an empty chunk".into()))?;
+        // SAFETY: a fresh shared mapping of a descriptor we were given; nothing else in this
+        // process points into it until it is returned.
+        let ptr = unsafe {
+            nix::sys::mman::mmap(
+                None,
+                size,
+                ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
+                MapFlags::MAP_SHARED,
+                fd,
+                0,
+            )
+        }
+        .map_err(|e| DeviceError::Failed(format!("cannot map a chunk: {e}")))?;
+        Ok(Buffer {
+            ptr: ptr.cast(),
+            len,
+            mapped: true,
         })
     }
     fn bytes(&self) -> &[u8] {
@@ -92,6 +126,11 @@ impl Buffer {
 
 impl Drop for Buffer {
     fn drop(&mut self) {
+        if self.mapped {
+            // SAFETY: our own mapping, unmapped once; no slice into it outlives `self`.
+            let _ = unsafe { nix::sys::mman::munmap(self.ptr.cast(), self.len) };
+            return;
+        }
         if self.len > 0
             && let Ok(layout) = std::alloc::Layout::from_size_align(self.len, 64)
         {
@@ -164,6 +203,48 @@ impl SimMemory {
         self.used += size;
         skip_addresses_below(end);
         Ok(())
+    }
+
+    /// Makes a chunk of `size` bytes at `at` (a memfd, mapped here); returns the memfd.
+    pub fn create_chunk(&mut self, at: u64, size: u64) -> DeviceResult<OwnedFd> {
+        if self.used.saturating_add(size) > self.capacity {
+            return Err(DeviceError::OutOfMemory);
+        }
+        let fd = memfd_create("gpushare-sim-chunk", MFdFlags::MFD_CLOEXEC)
+            .map_err(|e| DeviceError::Failed(format!("cannot make a chunk: {e}")))?;
+        let len = libc::off_t::try_from(size).map_err(|_| DeviceError::OutOfMemory)?;
+        // Sized, not written: its pages are zero until touched.
+        nix::unistd::ftruncate(&fd, len).map_err(|_| DeviceError::OutOfMemory)?;
+        self.import_chunk(at, size, fd.as_fd())?;
+        Ok(fd)
+    }
+
+    /// Maps a chunk another device made (its memfd) at `at`.
+    pub fn import_chunk(&mut self, at: u64, size: u64, fd: BorrowedFd<'_>) -> DeviceResult<()> {
+        let end = at
+            .checked_add(size)
+            .filter(|_| at != 0)
+            .ok_or_else(|| DeviceError::AddressUnavailable(format!("{size} bytes at {at:#x}")))?;
+        if let Some((&base, buf)) = self.buffers.range(..end).next_back()
+            && base + (buf.len as u64).max(1) > at
+        {
+            return Err(DeviceError::AddressUnavailable(format!(
+                "{size} bytes at {at:#x} overlap the memory at {base:#x}"
+            )));
+        }
+        let len = usize::try_from(size).map_err(|_| DeviceError::OutOfMemory)?;
+        let buffer = Buffer::mapped(fd, len)?;
+        self.buffers.insert(at, buffer);
+        self.used += size;
+        Ok(())
+    }
+
+    /// Unmaps the chunk at `at`.
+    pub fn release_chunk(&mut self, at: u64) -> DeviceResult<()> {
+        match self.buffers.get(&at) {
+            Some(b) if b.mapped => self.free(at),
+            _ => Err(DeviceError::InvalidArgument(format!("no chunk at {at:#x}"))),
+        }
     }
 
     pub fn free(&mut self, ptr: DevicePtr) -> DeviceResult<()> {
@@ -266,6 +347,34 @@ mod tests {
         let c = m.alloc(10).expect("fits");
         assert_ne!(c, a, "addresses are not reused");
         assert_eq!(m.used(), 1010);
+    }
+
+    #[test]
+    fn a_chunk_is_shared_with_whoever_maps_its_memfd() {
+        let at = 0x7000_0000_0000;
+        let mut first = SimMemory::new(8 << 20);
+        let fd = first.create_chunk(at, 2 << 20).expect("made");
+        first.write(at + 100, &[1, 2, 3]).expect("in bounds");
+        assert!(first.create_chunk(at + 4096, 4096).is_err(), "overlaps");
+        // Another device (a spare worker) maps the same memory at the same address.
+        let mut second = SimMemory::new(8 << 20);
+        second
+            .import_chunk(at, 2 << 20, fd.as_fd())
+            .expect("mapped");
+        let mut out = [0u8; 3];
+        second.read(at + 100, &mut out).expect("in bounds");
+        assert_eq!(out, [1, 2, 3]);
+        second.write(at, &[9]).expect("writable");
+        drop(first);
+        let mut back = [0u8; 1];
+        second.read(at, &mut back).expect("still there");
+        assert_eq!(back, [9]);
+        second.release_chunk(at).expect("released");
+        assert_eq!(second.used(), 0);
+        assert!(
+            SimMemory::new(1 << 20).create_chunk(at, 2 << 20).is_err(),
+            "past capacity"
+        );
     }
 
     #[test]

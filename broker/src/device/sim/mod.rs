@@ -14,6 +14,7 @@ pub mod kernels;
 pub mod memory;
 pub mod module;
 
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -26,6 +27,9 @@ use self::cost::CostModel;
 use self::memory::SimMemory;
 use super::{Backend, DeviceError, DeviceResult, FunctionShape};
 use crate::shm::ArenaSlice;
+
+/// The sim's chunks come in 2 MiB granules, as an H100's physical allocations do.
+const CHUNK_GRANULARITY: u64 = 2 << 20;
 
 /// How the sim device is set up.
 #[derive(Debug, Clone, Copy)]
@@ -226,16 +230,43 @@ impl Backend for SimDevice {
         st.memory.alloc(bytes)
     }
 
-    fn alloc_at(&self, ptr: DevicePtr, bytes: u64) -> DeviceResult<u64> {
-        let mut st = self.state();
-        Self::check_healthy(&st)?;
-        st.memory.alloc_at(ptr, bytes).map(|()| bytes)
-    }
-
     fn free(&self, ptr: DevicePtr) -> DeviceResult<()> {
         let mut st = self.state();
         Self::check_healthy(&st)?;
         st.memory.free(ptr)
+    }
+
+    fn granularity(&self) -> DeviceResult<u64> {
+        Ok(CHUNK_GRANULARITY)
+    }
+
+    fn reserve(&self, hint: u64, size: u64) -> DeviceResult<u64> {
+        if hint == 0 {
+            let span = size.div_ceil(CHUNK_GRANULARITY) * CHUNK_GRANULARITY;
+            // Granule-aligned, like a GPU's reservation.
+            let base =
+                memory::take_addresses(span + CHUNK_GRANULARITY).ok_or(DeviceError::OutOfMemory)?;
+            return Ok(base.div_ceil(CHUNK_GRANULARITY) * CHUNK_GRANULARITY);
+        }
+        // Addresses are this process's own: the range asked for is taken from now on.
+        memory::skip_addresses_below(hint.saturating_add(size));
+        Ok(hint)
+    }
+
+    fn create_chunk(&self, at: u64, size: u64) -> DeviceResult<OwnedFd> {
+        let mut st = self.state();
+        Self::check_healthy(&st)?;
+        st.memory.create_chunk(at, size)
+    }
+
+    fn import_chunk(&self, at: u64, size: u64, fd: BorrowedFd<'_>) -> DeviceResult<()> {
+        let mut st = self.state();
+        Self::check_healthy(&st)?;
+        st.memory.import_chunk(at, size, fd)
+    }
+
+    fn release_chunk(&self, at: u64, _size: u64) -> DeviceResult<()> {
+        self.state().memory.release_chunk(at)
     }
 
     fn register_arena(&self, _arena: ArenaSlice<'_>) -> DeviceResult<()> {

@@ -4,7 +4,7 @@
 //! fault, gpushared kills it and a spare takes its place, while the sessions, the sockets and
 //! the telemetry live on in gpushared.
 
-use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -16,6 +16,7 @@ use super::process::WORKER_FD_ENV;
 use super::wire::{Envelope, FromWorker, Payload, ToWorker, WorkerBackend, WorkerSpec};
 use crate::device::call::Answer;
 use crate::device::cuda::CudaDevice;
+use crate::device::link::Space;
 use crate::device::sim::{SimDevice, SimOptions};
 use crate::device::{Backend, DeviceError, DeviceResult, Executor};
 
@@ -154,8 +155,39 @@ fn warm_up<B: Backend>(device: &B) {
     }
 }
 
+/// Reserves the address range clients' memory lives at: where the worker this one may
+/// replace has it, or (the first) where the driver likes.
+fn reserve<B: Backend>(device: &B, spec: &WorkerSpec) -> DeviceResult<Space> {
+    let granularity = device.granularity()?;
+    let (hint, size) = match spec.space {
+        Some(s) => (s.base, s.size),
+        None => (0, Space::size_for(device.info().total_memory)),
+    };
+    let base = device.reserve(hint, size)?;
+    Ok(Space {
+        base,
+        size,
+        granularity,
+    })
+}
+
 fn serve<B: Backend>(device: B, control: OwnedFd, spec: &WorkerSpec) -> Result<(), String> {
+    let space = match reserve(&device, spec) {
+        Ok(s) => s,
+        Err(e) => {
+            let reason = format!("cannot reserve the address range for clients' memory: {e}");
+            let _ = send_message(
+                control.as_fd(),
+                &FromWorker::Failed {
+                    reason: reason.clone(),
+                },
+                &[],
+            );
+            return Err(reason);
+        }
+    };
     let ready = FromWorker::Ready {
+        space,
         info: device.info().clone(),
         backend: device.backend().to_string(),
         sm_partitions: device.sm_partitions(),
@@ -185,11 +217,13 @@ fn serve<B: Backend>(device: B, control: OwnedFd, spec: &WorkerSpec) -> Result<(
                 return Ok(());
             }
         };
-        let answer = match worker.control(msg, fds.pop()) {
-            Ok(()) => FromWorker::Ack,
-            Err(reason) => FromWorker::Refused { reason },
+        let (answer, fd) = match worker.control(msg, fds.pop()) {
+            Ok(Some(fd)) => (FromWorker::Chunk, Some(fd)),
+            Ok(None) => (FromWorker::Ack, None),
+            Err(reason) => (FromWorker::Refused { reason }, None),
         };
-        if send_message(control.as_fd(), &answer, &[]).is_err() {
+        let raw: Vec<_> = fd.iter().map(|f| f.as_raw_fd()).collect();
+        if send_message(control.as_fd(), &answer, &raw).is_err() {
             worker.stop.store(true, Ordering::Release);
             return Ok(());
         }
@@ -197,8 +231,12 @@ fn serve<B: Backend>(device: B, control: OwnedFd, spec: &WorkerSpec) -> Result<(
 }
 
 impl<B: Backend> Worker<B> {
-    /// One control message.
-    fn control(self: &Arc<Self>, msg: ToWorker, fd: Option<OwnedFd>) -> Result<(), String> {
+    /// One control message; a chunk made answers with its descriptor.
+    fn control(
+        self: &Arc<Self>,
+        msg: ToWorker,
+        fd: Option<OwnedFd>,
+    ) -> Result<Option<OwnedFd>, String> {
         let need_fd =
             |fd: Option<OwnedFd>| fd.ok_or_else(|| "no descriptor came with it".to_string());
         match msg {
@@ -209,25 +247,38 @@ impl<B: Backend> Worker<B> {
                 std::thread::Builder::new()
                     .name(format!("gpushare-worker-{id}"))
                     .spawn(move || worker.serve_channel(end))
-                    .map(drop)
+                    .map(|_| None)
                     .map_err(|e| format!("cannot start the channel's thread: {e}"))
             }
             ToWorker::ShareMemory { region, len, at } => self
                 .executor
                 .share_region(region, &need_fd(fd)?, len, at)
+                .map(|()| None)
                 .map_err(|e| e.to_string()),
             ToWorker::UnshareMemory { region } => {
                 self.executor.unshare_region(region);
-                Ok(())
+                Ok(None)
             }
             ToWorker::Blob { id, len } => self
                 .executor
                 .add_blob(id, &need_fd(fd)?, len)
+                .map(|()| None)
                 .map_err(|e| e.to_string()),
-            ToWorker::AddressFloor { end } => {
-                crate::device::sim::memory::skip_addresses_below(end);
-                Ok(())
-            }
+            ToWorker::CreateChunk { at, size } => self
+                .executor
+                .create_chunk(at, size)
+                .map(Some)
+                .map_err(|e| e.to_string()),
+            ToWorker::ImportChunk { at, size } => self
+                .executor
+                .import_chunk(at, size, need_fd(fd)?.as_fd())
+                .map(|()| None)
+                .map_err(|e| e.to_string()),
+            ToWorker::ReleaseChunk { at, size } => self
+                .executor
+                .release_chunk(at, size)
+                .map(|()| None)
+                .map_err(|e| e.to_string()),
         }
     }
 
