@@ -6,9 +6,12 @@
 //! - [`ring`]: submit, reap and wait (spin, then sleep on the eventfd); errors of commands
 //!   nobody waited for, reported at the next synchronization.
 //! - [`news`]: requests on the control socket, and what the broker says unasked.
+//! - [`arena`]: the arena as a ring of payloads (launch parameters, staged copies) that come
+//!   free once the broker has consumed them, or once the caller waited for the device.
 //! - [`error`]: what can go wrong, for all of them.
 //! - [`env`]: the environment a launcher hands to the programs it starts.
 
+pub mod arena;
 pub mod env;
 pub mod error;
 pub mod news;
@@ -16,6 +19,7 @@ pub mod ring;
 pub mod session;
 pub mod socket;
 
+pub use arena::{Held, Payload, Payloads};
 pub use error::{Error, RebuildError, Result};
 pub use news::{DeviceReset, Notices};
 pub use ring::{command_name, op_name};

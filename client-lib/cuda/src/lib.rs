@@ -11,7 +11,8 @@
 //! - [`entry`]: every driver entry point (generated table), `cuGetProcAddress`, and the
 //!   stub that reports an unsupported call.
 //! - [`driver`]: connecting at `cuInit`, the process-wide state, fork.
-//! - [`transport`]: the session and the arena ring for launch parameters and staged copies.
+//! - [`transport`]: the session, and the connection core's payload ring in its arena for
+//!   launch parameters and staged copies.
 //! - [`device`], [`context`]: device queries and contexts (one device: the broker's GPU).
 //! - [`peer`]: peer access, which one device never has.
 //! - [`memory`], [`copy`]: allocations, pointer queries, page-locked host memory, copies.
