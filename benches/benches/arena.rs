@@ -8,7 +8,7 @@
 //! - `launch_builtin_async`: the same with a built-in kernel (nothing in the arena), for scale.
 //! - `launch_params_sync`: one launch with parameters and a stream sync, again and again: the
 //!   median of each pair's latency.
-//! - `copy_{htod,dtoh}_{64k,4m}`: pageable copies staged through the arena, GB/s.
+//! - `copy_{htod,dtoh}_{64k,4m,64m}`: pageable copies staged through the arena, GB/s.
 //!
 //! Build the broker first: `cargo build --release -p gpushare-broker`, then
 //! `cargo bench -p gpushare-benches --bench arena`.
@@ -25,7 +25,12 @@ const ASYNC_LAUNCHES: usize = 20_000;
 /// Launch + sync pairs timed one by one.
 const SYNC_LAUNCHES: usize = 2_000;
 /// Staged copies: (label, bytes, repetitions).
-const COPIES: [(&str, usize, usize); 2] = [("64k", 64 << 10, 2_000), ("4m", 4 << 20, 100)];
+const COPIES: [(&str, usize, usize); 3] = [
+    ("64k", 64 << 10, 2_000),
+    ("4m", 4 << 20, 100),
+    // Four times the default staging area: the pieces go round it.
+    ("64m", 64 << 20, 8),
+];
 
 fn main() -> Result<()> {
     let broker = gpushare_benches::start_sim_broker();
