@@ -457,3 +457,39 @@ fn module_launches_with_parameters_go_without_waiting_and_leave_host_buffers_alo
         "host buffers are not staging"
     );
 }
+
+#[test]
+fn launches_and_staged_copies_from_two_threads_share_a_small_staging_area() {
+    if gpushare_tests::test_backend() != "sim" {
+        return;
+    }
+    let broker = Broker::start();
+    let opts = gpushare::ConnectOptions {
+        arena_size: 32 << 10,
+        ..broker.options("two-threads")
+    };
+    let client = gpushare::Client::connect_with(opts).expect("connect");
+    let module = client
+        .load_module(ModuleFormat::Ptx, SIM_MODULE)
+        .expect("sim module");
+    let spin = module.function("spin").expect("function");
+    let data: Vec<u8> = (0..200_003u32).map(|i| (i * 13 % 249) as u8).collect();
+    let dev = client.alloc::<u8>(data.len()).expect("alloc");
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let stream = client.create_stream().expect("stream");
+            let mut params = vec![0u8; 3000];
+            params[..8].copy_from_slice(&0u64.to_le_bytes());
+            for _ in 0..2000 {
+                client
+                    .launch_function(&stream, &spin, [1, 1, 1], [1, 1, 1], 0, &params)
+                    .expect("launch");
+            }
+            stream.synchronize().expect("launches ran");
+        });
+        for _ in 0..20 {
+            dev.copy_from_host(&data).expect("upload");
+            assert_eq!(dev.to_vec().expect("download"), data);
+        }
+    });
+}

@@ -8,7 +8,8 @@
 //! the caller has waited for the device.
 
 use std::collections::VecDeque;
-use std::sync::Mutex;
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::Duration;
 
 use gpushare_protocol::Command;
 
@@ -21,6 +22,9 @@ const ALIGN: usize = 64;
 /// Marks a reserved block that is not free at any completion yet (not submitted, its answer
 /// still being read, or held for DMA).
 const PENDING: u64 = u64::MAX;
+/// How long a caller waiting for a block its owner holds sleeps before it looks again (it is
+/// woken as soon as a held block comes free).
+const HELD_RECHECK: Duration = Duration::from_millis(1);
 
 /// A block of the arena in use: `[start, end)`, free once command `seq` has completed.
 #[derive(Debug, Clone, Copy)]
@@ -143,9 +147,11 @@ pub struct Payload {
 #[derive(Debug)]
 pub struct Payloads {
     ring: Mutex<PayloadRing>,
+    /// Signalled when a block whose owner held it comes free.
+    freed: Condvar,
 }
 
-fn lock(m: &Mutex<PayloadRing>) -> std::sync::MutexGuard<'_, PayloadRing> {
+fn lock(m: &Mutex<PayloadRing>) -> MutexGuard<'_, PayloadRing> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
@@ -153,6 +159,7 @@ impl Payloads {
     pub fn new(capacity: usize) -> Payloads {
         Payloads {
             ring: Mutex::new(PayloadRing::new(capacity)),
+            freed: Condvar::new(),
         }
     }
 
@@ -178,16 +185,30 @@ impl Payloads {
         ))
     }
 
-    /// Waits (without the lock) until the oldest block in use may have come free: its
-    /// command has completed, or (a block its owner holds) a moment has passed.
-    fn wait_for_oldest(session: &Session, oldest: Option<u64>) -> Result<()> {
-        match oldest {
+    /// The ring is full: waits until its oldest block may have come free, its command
+    /// completed (waiting without the lock) or, for a block its owner holds, its owner let it
+    /// go.
+    fn wait_for_oldest(&self, session: &Session, ring: MutexGuard<'_, PayloadRing>) -> Result<()> {
+        match ring.oldest() {
             Some(PENDING) | None => {
-                std::thread::yield_now();
+                let _ = self.freed.wait_timeout(ring, HELD_RECHECK);
                 Ok(())
             }
-            Some(seq) => session.wait_until(|s| s.reaped_seq() >= seq),
+            Some(seq) => {
+                drop(ring);
+                session.wait_until(|s| s.reaped_seq() >= seq)
+            }
         }
+    }
+
+    /// The blocks at `starts`, held by their owner, are free from the next release on.
+    fn finish(&self, starts: impl IntoIterator<Item = usize>) {
+        let mut ring = lock(&self.ring);
+        for start in starts {
+            ring.finish(start);
+        }
+        drop(ring);
+        self.freed.notify_all();
     }
 
     /// Sends a command that carries `len` bytes of arena payload, which `fill` writes; waits
@@ -212,11 +233,9 @@ impl Payloads {
             if len > ring.capacity() {
                 return Err(Self::too_large(len, ring.capacity()));
             }
-            // Full: wait (without the lock) for the oldest payload's command to complete, or
-            // for a caller still reading its answer to let its block go.
-            let oldest = ring.oldest();
-            drop(ring);
-            Self::wait_for_oldest(session, oldest)?;
+            // Full: wait for the oldest payload's command to complete, or for a caller still
+            // reading its answer to let its block go.
+            self.wait_for_oldest(session, ring)?;
         };
         let payload = Payload {
             offset: offset as u64,
@@ -245,7 +264,7 @@ impl Payloads {
         }
         let answer = session.finish(tag, command_name(&cmd));
         let out = answer.map(|c| ((c.result, c.result2), read(payload)));
-        lock(&self.ring).finish(offset);
+        self.finish([offset]);
         out
     }
 
@@ -285,9 +304,7 @@ impl Held<'_> {
             if !self.starts.is_empty() {
                 return Ok(None);
             }
-            let oldest = ring.oldest();
-            drop(ring);
-            Payloads::wait_for_oldest(self.session, oldest)?;
+            self.payloads.wait_for_oldest(self.session, ring)?;
         };
         self.starts.push(offset);
         Ok(Some(Payload {
@@ -304,12 +321,8 @@ impl Held<'_> {
 
     /// The device is done with every payload held here: they come free.
     pub fn clear(&mut self) {
-        if self.starts.is_empty() {
-            return;
-        }
-        let mut ring = lock(&self.payloads.ring);
-        for start in self.starts.drain(..) {
-            ring.finish(start);
+        if !self.starts.is_empty() {
+            self.payloads.finish(self.starts.drain(..));
         }
     }
 }
