@@ -16,6 +16,7 @@ use gpushare_protocol::Command;
 use crate::error::{Error, Result};
 use crate::ring::command_name;
 use crate::session::Session;
+use crate::state::lock;
 
 /// Payloads start on cache lines.
 const ALIGN: usize = 64;
@@ -149,10 +150,6 @@ pub struct Payloads {
     ring: Mutex<PayloadRing>,
     /// Signalled when a block whose owner held it comes free.
     freed: Condvar,
-}
-
-fn lock(m: &Mutex<PayloadRing>) -> MutexGuard<'_, PayloadRing> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Payloads {
