@@ -21,6 +21,7 @@
 //! - [`graph`]: stream capture recorded in the client and replayed.
 //! - [`export`]: the export tables the runtime and libraries ask for (`cuGetExportTable`).
 //! - [`status`]: CUresult from the broker's errors; `cuGetErrorString`.
+//! - [`log`]: the driver's lines on stderr.
 
 pub mod context;
 pub mod copy;
@@ -34,6 +35,7 @@ pub mod graph;
 pub mod handle;
 pub mod image;
 pub mod launch;
+pub mod log;
 pub mod memory;
 pub mod module;
 pub mod occupancy;
