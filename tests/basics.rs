@@ -394,3 +394,102 @@ fn status_reports_command_latency_percentiles() {
     assert!(p50 > 0 && p99 >= p50, "p50 {p50} ns, p99 {p99} ns");
     assert_eq!(c.queue_depth, 0, "nothing waits once the client is quiet");
 }
+
+/// A sim module whose one function occupies the device for its `u64` parameter's µs.
+const SIM_MODULE: &[u8] = b"gpushare-sim-module 1\nkernel spin\n\0";
+
+#[test]
+fn module_launches_with_parameters_go_without_waiting_and_leave_host_buffers_alone() {
+    if gpushare_tests::test_backend() != "sim" {
+        return; // the sim module is the sim's own (tests/gpu.rs launches PTX)
+    }
+    let broker = Broker::start();
+    // 32 KiB of staging before 64 KiB of host buffers: the launches below go round the
+    // staging area many times.
+    let opts = gpushare::ConnectOptions {
+        arena_size: 96 << 10,
+        host_buffers: 64 << 10,
+        ..broker.options("params")
+    };
+    let client = gpushare::Client::connect_with(opts).expect("connect");
+    let mut host = client.host_buffer(64 << 10).expect("host buffer");
+    for (i, b) in host.as_mut_slice().iter_mut().enumerate() {
+        *b = (i % 253) as u8;
+    }
+    let stream = client.create_stream().expect("stream");
+    let module = client
+        .load_module(ModuleFormat::Ptx, SIM_MODULE)
+        .expect("sim module");
+    let spin = module.function("spin").expect("function");
+    // One parameter word, padded to a KiB.
+    let mut params = vec![0u8; 1024];
+    params[..8].copy_from_slice(&1u64.to_le_bytes());
+    for _ in 0..500 {
+        client
+            .launch_function(&stream, &spin, [1, 1, 1], [1, 1, 1], 0, &params)
+            .expect("launch");
+    }
+    stream.synchronize().expect("every launch ran");
+    assert_eq!(client.completions_received(), client.commands_submitted());
+
+    // A launch the broker refuses (the function takes 8 bytes) returns at once; its error
+    // comes with the next synchronization, once.
+    client
+        .launch_function(&stream, &spin, [1, 1, 1], [1, 1, 1], 0, &[0u8; 4])
+        .expect("posted without waiting");
+    let err = stream.synchronize().expect_err("reported at sync");
+    assert_eq!(err.code(), Some(ErrorCode::InvalidArgument), "{err}");
+    stream.synchronize().expect("reported once");
+
+    // Staged copies share the staging area with launches, and host buffers stay as written.
+    let data: Vec<u8> = (0..300_007u32).map(|i| (i * 7 % 251) as u8).collect();
+    let dev = client.alloc::<u8>(data.len()).expect("alloc");
+    client
+        .launch_function(&stream, &spin, [1, 1, 1], [1, 1, 1], 0, &params)
+        .expect("launch");
+    dev.copy_from_host(&data).expect("upload");
+    assert_eq!(dev.to_vec().expect("download"), data);
+    assert!(
+        host.as_slice()
+            .iter()
+            .enumerate()
+            .all(|(i, &b)| b == (i % 253) as u8),
+        "host buffers are not staging"
+    );
+}
+
+#[test]
+fn launches_and_staged_copies_from_two_threads_share_a_small_staging_area() {
+    if gpushare_tests::test_backend() != "sim" {
+        return;
+    }
+    let broker = Broker::start();
+    let opts = gpushare::ConnectOptions {
+        arena_size: 32 << 10,
+        ..broker.options("two-threads")
+    };
+    let client = gpushare::Client::connect_with(opts).expect("connect");
+    let module = client
+        .load_module(ModuleFormat::Ptx, SIM_MODULE)
+        .expect("sim module");
+    let spin = module.function("spin").expect("function");
+    let data: Vec<u8> = (0..200_003u32).map(|i| (i * 13 % 249) as u8).collect();
+    let dev = client.alloc::<u8>(data.len()).expect("alloc");
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let stream = client.create_stream().expect("stream");
+            let mut params = vec![0u8; 3000];
+            params[..8].copy_from_slice(&0u64.to_le_bytes());
+            for _ in 0..2000 {
+                client
+                    .launch_function(&stream, &spin, [1, 1, 1], [1, 1, 1], 0, &params)
+                    .expect("launch");
+            }
+            stream.synchronize().expect("launches ran");
+        });
+        for _ in 0..20 {
+            dev.copy_from_host(&data).expect("upload");
+            assert_eq!(dev.to_vec().expect("download"), data);
+        }
+    });
+}

@@ -291,8 +291,9 @@ int gpushare_module_function(const gpushare_client *client, uint64_t module,
 
 /* Launches a module function on stream with grid[3] x block[3] threads, shared_mem bytes of
  * dynamic shared memory and params_len bytes of packed kernel parameters (asynchronous;
- * returns once the broker has taken the parameters). params may be NULL only when
- * params_len is 0. */
+ * returns once the parameters are copied into the shared arena, without waiting for the
+ * broker: an error the launch meets comes with the next synchronization). params may be
+ * NULL only when params_len is 0. */
 int gpushare_launch(const gpushare_client *client, uint32_t stream, uint64_t fn,
                     const uint32_t grid[3], const uint32_t block[3], uint32_t shared_mem,
                     const void *params, size_t params_len);

@@ -117,11 +117,16 @@ impl Registry {
             return;
         }
         if let Some(stream) = cmd.stream() {
-            self.unsynced
-                .entry(stream)
-                .or_default()
-                .insert(std::thread::current().id());
+            self.submitted_async_on(stream);
         }
+    }
+
+    /// Work was submitted to `stream` (a library id) without waiting.
+    pub fn submitted_async_on(&mut self, stream: StreamId) {
+        self.unsynced
+            .entry(stream)
+            .or_default()
+            .insert(std::thread::current().id());
     }
 
     /// A call returned having waited for `waited`'s work: it is no longer in flight. Returns

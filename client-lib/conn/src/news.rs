@@ -2,66 +2,17 @@
 //! messages the broker sends unasked (shutdown, eviction, device-reset notices).
 
 use std::os::fd::AsRawFd;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use gpushare_protocol::control::{BrokerMessage, ClientMessage, LostState, ModuleFormat};
+use gpushare_protocol::control::{BrokerMessage, ClientMessage, ModuleFormat};
 use gpushare_protocol::stats::StatusReport;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 
 use crate::error::{Error, Result};
-use crate::session::{Dead, Session, lock};
-
-/// The GPU was reset after a fault (another client's, or a hang): everything this client
-/// held on the device is gone. The session goes on: new allocations work at once, and
-/// commands naming lost handles fail with `DeviceReset`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DeviceReset {
-    pub gpu: u32,
-    pub reason: String,
-    pub lost: LostState,
-}
-
-/// Device-reset notices, shared by the sessions a client has over time.
-pub struct Notices {
-    /// Resets the broker told of and nobody has taken yet.
-    pub resets: Mutex<Vec<DeviceReset>>,
-    pub count: AtomicU64,
-    /// With `track`: resets whose losses are not made again yet.
-    pub unrebuilt: Mutex<Vec<DeviceReset>>,
-    pub pending: AtomicBool,
-    pub track: bool,
-}
-
-impl Notices {
-    /// `track`: also keep the resets not yet made good (a client that rebuilds its state).
-    pub fn new(track: bool) -> Notices {
-        Notices {
-            resets: Mutex::new(Vec::new()),
-            count: AtomicU64::new(0),
-            unrebuilt: Mutex::new(Vec::new()),
-            pending: AtomicBool::new(false),
-            track,
-        }
-    }
-
-    /// The oldest reset not yet taken.
-    pub fn take(&self) -> Option<DeviceReset> {
-        let mut resets = lock(&self.resets);
-        (!resets.is_empty()).then(|| resets.remove(0))
-    }
-
-    fn note(&self, reset: DeviceReset) {
-        if self.track {
-            lock(&self.unrebuilt).push(reset.clone());
-            self.pending.store(true, Ordering::Release);
-        }
-        lock(&self.resets).push(reset);
-        // Counted last: a thread that sees the new count also sees `pending`.
-        self.count.fetch_add(1, Ordering::AcqRel);
-    }
-}
+use crate::notices::DeviceReset;
+use crate::session::Session;
+use crate::state::{Dead, lock};
 
 impl Session {
     /// Reads a message the broker sent without being asked (shutdown, eviction, reset

@@ -1,59 +1,17 @@
 //! The rings as a client drives them: submit, reap, wait (spin, then sleep on the eventfd),
 //! and errors of commands nobody waited for, reported at the next synchronization.
 
-use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use gpushare_protocol::command::opcode;
-use gpushare_protocol::ring::{ClientRings, CompletionEntry};
+use gpushare_protocol::ring::CompletionEntry;
 use gpushare_protocol::{Command, ErrorCode, StreamId};
 use nix::poll::PollTimeout;
 
 use crate::error::{Error, Result};
-use crate::session::{Dead, Session, lock};
-
-/// A submission's tag: its sequence number (submission order, from 1) and the low byte of
-/// its opcode, so that an error nobody waited for can say what failed.
-pub(crate) fn tag_of(seq: u64, op: u16) -> u64 {
-    seq << 8 | (op as u64 & 0xff)
-}
-
-/// The sequence number in a tag.
-pub fn seq_of(tag: u64) -> u64 {
-    tag >> 8
-}
-
-pub(crate) struct RingState {
-    pub rings: ClientRings,
-    next_seq: u64,
-    /// Submitted and not yet reaped; never more than the completion ring holds.
-    in_flight: u32,
-    /// Tags somebody waits for, and their completions once reaped.
-    wanted: HashSet<u64>,
-    done: HashMap<u64, CompletionEntry>,
-    /// First error of a command nobody waited for, reported at the next synchronization.
-    pub async_error: Option<(u16, u32)>,
-    sleepers: u32,
-    /// The sequence number of the last completion reaped. The broker completes commands in
-    /// the order they were submitted, so every earlier one has been reaped too.
-    reaped_seq: u64,
-}
-
-impl RingState {
-    pub fn new(rings: ClientRings) -> RingState {
-        RingState {
-            rings,
-            next_seq: 1,
-            in_flight: 0,
-            wanted: HashSet::new(),
-            done: HashMap::new(),
-            async_error: None,
-            sleepers: 0,
-            reaped_seq: 0,
-        }
-    }
-}
+use crate::session::Session;
+use crate::state::{Dead, RingState, lock, seq_of, tag_of};
 
 /// A short name of what a command does, for error messages.
 pub fn op_name(op: u16) -> &'static str {

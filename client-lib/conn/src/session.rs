@@ -4,7 +4,7 @@ use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use gpushare_protocol::control::{ClientMessage, Hello, Role, ShutdownKind, WELCOME_FDS, Welcome};
@@ -14,9 +14,9 @@ use gpushare_protocol::{ErrorCode, PROTOCOL_VERSION, PriorityClass};
 use memmap2::{MmapOptions, MmapRaw};
 
 use crate::error::{Error, Result};
-use crate::news::Notices;
-use crate::ring::RingState;
+use crate::notices::Notices;
 use crate::socket::ControlSocket;
+use crate::state::{Dead, RingState, lock};
 
 /// How a session is asked for.
 #[derive(Debug, Clone)]
@@ -92,38 +92,6 @@ pub fn process_name() -> String {
         .unwrap_or_else(|_| "client".into())
 }
 
-/// Why the session is over.
-#[derive(Debug, Clone)]
-pub(crate) enum Dead {
-    Shutdown(ShutdownKind, String),
-    Evicted(String),
-    Gone,
-    /// No sign of life for this many milliseconds.
-    Unresponsive(u64),
-    Protocol(String),
-}
-
-impl Dead {
-    fn error(&self) -> Error {
-        match self {
-            Dead::Shutdown(kind, r) => Error::shutdown(*kind, r.clone()),
-            Dead::Evicted(r) => Error::Evicted(r.clone()),
-            Dead::Gone => Error::BrokerGone,
-            Dead::Unresponsive(ms) => Error::BrokerUnresponsive { waited_ms: *ms },
-            Dead::Protocol(r) => Error::Protocol(r.clone()),
-        }
-    }
-
-    /// Why a session is over after a fatal error met on its socket.
-    pub(crate) fn from_error(e: &Error) -> Dead {
-        match e {
-            Error::BrokerUnresponsive { waited_ms } => Dead::Unresponsive(*waited_ms),
-            Error::Protocol(why) => Dead::Protocol(why.clone()),
-            _ => Dead::Gone,
-        }
-    }
-}
-
 /// One session with gpushared: its control socket, rings and arena. Every method takes
 /// `&self`: threads share a session, and no lock is held while waiting for the broker.
 pub struct Session {
@@ -149,10 +117,6 @@ pub struct Session {
     /// Bumped whenever the broker says handles were lost (a notice or a `DeviceReset`
     /// status), so that a client's cached handles are made again.
     pub(crate) handles_lost: AtomicU64,
-}
-
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Session {

@@ -12,11 +12,6 @@ use crate::memory::HostPlace;
 use crate::status::{Cu, entry};
 use crate::types::{CUcontext, CUdeviceptr, CUresult, CUstream, result};
 
-/// Largest piece of a staged copy: several pieces fit the arena at once.
-fn piece(d: &Driver) -> usize {
-    (d.transport.payload_capacity() / 4).max(4096)
-}
-
 /// Where an address of a unified-addressing copy lies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Side {
@@ -79,7 +74,7 @@ impl Driver {
             }
             HostPlace::Pageable => {
                 crate::graph::refuse_pageable_in_capture(self, stream)?;
-                let step = piece(self);
+                let step = self.transport.piece();
                 let mut done = 0;
                 while done < len {
                     let n = step.min(len - done);
@@ -144,7 +139,7 @@ impl Driver {
             }
             HostPlace::Pageable => {
                 crate::graph::refuse_pageable_in_capture(self, stream)?;
-                let step = piece(self);
+                let step = self.transport.piece();
                 let mut done = 0;
                 while done < len {
                     let n = step.min(len - done);

@@ -12,7 +12,7 @@ pub fn check(dev: CUdevice) -> Cu<()> {
     if dev == 0 {
         Ok(())
     } else {
-        crate::driver::say_once(
+        crate::log::say_once(
             "this program sees one GPU through gpushare (device 0, the one gpushared assigned it; `gpushare run --gpu N` picks another): programs that use several GPUs at once are not supported consolidated",
         );
         Err(result::INVALID_DEVICE)

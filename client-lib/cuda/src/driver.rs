@@ -1,7 +1,6 @@
 //! The process-wide driver: connected at `cuInit`, kept for the process's life, forgotten in
 //! a forked child (which must `cuInit` again and becomes a client of its own).
 
-use std::collections::HashSet;
 use std::ptr;
 use std::sync::atomic::{AtomicI32, AtomicPtr, Ordering};
 use std::sync::{Arc, Mutex};
@@ -12,6 +11,7 @@ use gpushare_conn::{Error, Notices, Session, SessionOptions, process_name};
 use gpushare_protocol::control::{DeviceInfo, Role};
 use gpushare_protocol::{Command, PriorityClass};
 
+use crate::log::say;
 use crate::status::{Cu, from_error};
 use crate::transport::Transport;
 use crate::types::{CUresult, result};
@@ -235,26 +235,6 @@ extern "C" fn forked_child() {
     // The parent's session belongs to the parent: leak it here, never say goodbye on it.
     DRIVER.store(ptr::null_mut(), Ordering::Release);
     INIT_FAILED.store(0, Ordering::Relaxed);
-}
-
-/// One line on stderr.
-pub fn say(line: &str) {
-    let _ = std::io::Write::write_all(
-        &mut std::io::stderr(),
-        format!("gpushare: {line}\n").as_bytes(),
-    );
-}
-
-/// One line on stderr, once per distinct line.
-pub fn say_once(line: &str) {
-    static SAID: Mutex<Option<HashSet<String>>> = Mutex::new(None);
-    let mut said = SAID.lock().unwrap_or_else(|p| p.into_inner());
-    if said
-        .get_or_insert_with(HashSet::new)
-        .insert(line.to_string())
-    {
-        say(line);
-    }
 }
 
 #[cfg(test)]

@@ -11,7 +11,8 @@
 //! - [`entry`]: every driver entry point (generated table), `cuGetProcAddress`, and the
 //!   stub that reports an unsupported call.
 //! - [`driver`]: connecting at `cuInit`, the process-wide state, fork.
-//! - [`transport`]: the session and the arena ring for launch parameters and staged copies.
+//! - [`transport`]: the session, and the connection core's payload ring in its arena for
+//!   launch parameters and staged copies.
 //! - [`device`], [`context`]: device queries and contexts (one device: the broker's GPU).
 //! - [`peer`]: peer access, which one device never has.
 //! - [`memory`], [`copy`]: allocations, pointer queries, page-locked host memory, copies.
@@ -20,6 +21,7 @@
 //! - [`graph`]: stream capture recorded in the client and replayed.
 //! - [`export`]: the export tables the runtime and libraries ask for (`cuGetExportTable`).
 //! - [`status`]: CUresult from the broker's errors; `cuGetErrorString`.
+//! - [`log`]: the driver's lines on stderr.
 
 pub mod context;
 pub mod copy;
@@ -33,6 +35,7 @@ pub mod graph;
 pub mod handle;
 pub mod image;
 pub mod launch;
+pub mod log;
 pub mod memory;
 pub mod module;
 pub mod occupancy;

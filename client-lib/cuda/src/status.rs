@@ -19,18 +19,18 @@ pub type Cu<T> = Result<T, CUresult>;
 pub fn entry(name: &'static str, body: impl FnOnce() -> Cu<()>) -> CUresult {
     let level = trace::level();
     if level >= trace::CALLS {
-        crate::driver::say(name);
+        crate::log::say(name);
     }
     let code = match catch_unwind(AssertUnwindSafe(body)) {
         Ok(Ok(())) => return result::SUCCESS,
         Ok(Err(code)) => code,
         Err(_) => {
-            crate::driver::say_once(&format!("internal error (a panic) in {name}"));
+            crate::log::say_once(&format!("internal error (a panic) in {name}"));
             result::UNKNOWN
         }
     };
     if level >= trace::ERRORS && code != result::NOT_READY {
-        crate::driver::say(&format!(
+        crate::log::say(&format!(
             "{name} -> {}",
             self::name(code).unwrap_or("?\0").trim_end_matches('\0')
         ));

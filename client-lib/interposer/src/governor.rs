@@ -11,8 +11,8 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use gpushare_protocol::command::GOVERNED_LEASE;
 use gpushare_protocol::{Command, ErrorCode};
 
+use crate::abi::{CUDA_ERROR_NO_DEVICE, CUDA_ERROR_SYSTEM_NOT_READY, CUDA_SUCCESS, CUresult};
 use crate::debug;
-use crate::exports::{CUDA_ERROR_SYSTEM_NOT_READY, CUresult};
 use crate::standing::{self, Asked};
 
 pub use crate::standing::governed;
@@ -56,9 +56,9 @@ pub(crate) fn forget_tokens() {
 /// context creation) must return because there is no broker and no fallback.
 pub fn init() -> CUresult {
     if standing::refused() {
-        crate::exports::CUDA_ERROR_NO_DEVICE
+        CUDA_ERROR_NO_DEVICE
     } else {
-        crate::exports::CUDA_SUCCESS
+        CUDA_SUCCESS
     }
 }
 

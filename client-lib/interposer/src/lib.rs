@@ -23,6 +23,7 @@
 //! only when started to (`gpushare run --fallback direct`).
 //! `GPUSHARE_INTERPOSE_DEBUG=1` makes it tell how the program reaches it ([`debug`]).
 
+mod abi;
 mod broker;
 mod debug;
 pub mod exports;

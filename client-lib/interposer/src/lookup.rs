@@ -12,8 +12,8 @@
 
 use std::ffi::{c_char, c_void};
 
+use crate::abi::CUDA_SUCCESS;
 use crate::debug::{self, Lookup};
-use crate::exports::CUDA_SUCCESS;
 use crate::real;
 
 /// After a successful real lookup (`how`), puts the wrapper in `*pfn` if the real function is

@@ -1,10 +1,11 @@
 //! A client library session: the connection core's [`Session`] plus what the library keeps
-//! in its arena (the staging area for host copies, host buffers after it).
+//! in its arena: the connection core's payload ring at its start (launch parameters and
+//! copies staged through it), host buffers after it.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use gpushare_conn::{Notices, Session, SessionOptions};
+use gpushare_conn::{Held, Notices, Payload, Payloads, Session, SessionOptions};
 use gpushare_protocol::command::ModuleLaunch;
 use gpushare_protocol::control::Role;
 use gpushare_protocol::{Command, DevicePtr, EventId, StreamId};
@@ -37,15 +38,17 @@ fn session_options(opts: &ConnectOptions) -> SessionOptions {
     }
 }
 
-/// Staging state for host copies through the arena.
+/// What staged copies share: one at a time, they wait for the device through one event.
 struct Staging {
-    /// The staging events, and the `handles_lost` count they were made at.
-    events: Option<([EventId; 2], u64)>,
+    /// The staging event, and the `handles_lost` count it was made at.
+    event: Option<(EventId, u64)>,
 }
 
 /// One session with gpushared, as the library uses it.
 pub(crate) struct Conn {
     session: Session,
+    /// The payload ring over the first `staging_size` bytes of the arena.
+    payloads: Payloads,
     staging: Mutex<Staging>,
     /// Bytes at the start of the arena used for staged copies and launch parameters.
     pub staging_size: usize,
@@ -87,7 +90,8 @@ impl Conn {
         }
         Ok(Conn {
             session,
-            staging: Mutex::new(Staging { events: None }),
+            payloads: Payloads::new(staging_size),
+            staging: Mutex::new(Staging { event: None }),
             staging_size,
         })
     }
@@ -107,118 +111,111 @@ impl Conn {
         r
     }
 
-    fn staging_events(&self, staging: &mut Staging) -> Result<[EventId; 2]> {
+    fn staging_event(&self, staging: &mut Staging) -> Result<EventId> {
         let lost = self.handles_lost();
-        if let Some((e, made)) = staging.events
+        if let Some((e, made)) = staging.event
             && made == lost
         {
             return Ok(e);
         }
-        // First use, or a device reset took the old ones.
-        let a = self.call(Command::EventCreate, "create event")?.result as EventId;
-        let b = self.call(Command::EventCreate, "create event")?.result as EventId;
-        staging.events = Some(([a, b], lost));
-        Ok([a, b])
+        // First use, or a device reset took the old one.
+        let e = self.call(Command::EventCreate, "create event")?.result as EventId;
+        staging.event = Some((e, lost));
+        Ok(e)
     }
 
-    /// Copies host bytes to device memory through the arena (double-buffered), and waits
-    /// until the data is on the device.
+    /// Waits until the device is done with what `stream` was given so far (the DMA of the
+    /// payloads held for it): an event recorded after it, synchronized.
+    fn settle(&self, staging: &mut Staging, stream: StreamId) -> Result<()> {
+        let event = self.staging_event(staging)?;
+        self.submit(Command::EventRecord { stream, event }, false)?;
+        let synced = self.call(Command::EventSync { event }, "synchronize event");
+        self.abandon_on_error(synced).map(drop)
+    }
+
+    /// Room for `len` bytes of a copy's payload; when the ring is full of this copy's own
+    /// earlier pieces, waits for the device to be done with them (`done` then sees them,
+    /// before they come free).
+    fn reserve_piece(
+        &self,
+        staging: &mut Staging,
+        held: &mut Held<'_>,
+        stream: StreamId,
+        len: usize,
+        mut done: impl FnMut() -> Result<()>,
+    ) -> Result<Payload> {
+        loop {
+            if let Some(p) = held.reserve(len)? {
+                return Ok(p);
+            }
+            self.settle(staging, stream)?;
+            done()?;
+            held.clear();
+        }
+    }
+
+    /// Copies host bytes to device memory through the arena, piece by piece (the device
+    /// reads each piece by DMA), and waits until the data is on the device.
     pub fn copy_to_device(&self, stream: StreamId, dst: DevicePtr, src: &[u8]) -> Result<()> {
         let mut staging = lock(&self.staging);
-        let events = self.staging_events(&mut staging)?;
-        let half = self.staging_size / 2;
-        for (i, chunk) in src.chunks(half).enumerate() {
-            let slot = i % 2;
-            if i >= 2 {
-                let synced = self.call(
-                    Command::EventSync {
-                        event: events[slot],
-                    },
-                    "synchronize event",
-                );
-                self.abandon_on_error(synced)?;
-            }
-            // SAFETY: `slot * half + chunk.len()` is within the arena; nothing else writes this
-            // half while we hold the staging lock, and the copy that last read it is done.
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    chunk.as_ptr(),
-                    self.arena_ptr(slot * half),
-                    chunk.len(),
-                )
-            };
+        let mut held = self.payloads.held(&self.session);
+        let piece = self.payloads.piece();
+        for (i, chunk) in src.chunks(piece).enumerate() {
+            let p = self.reserve_piece(&mut staging, &mut held, stream, chunk.len(), || Ok(()))?;
+            // SAFETY: `p` is `chunk.len()` bytes of the arena reserved for this copy; the
+            // device reads them only after the command below.
+            unsafe { std::ptr::copy_nonoverlapping(chunk.as_ptr(), p.ptr, chunk.len()) };
             let cmd = Command::CopyHtoD {
                 stream,
-                arena_offset: (slot * half) as u64,
-                dst: dst.wrapping_add((i * half) as u64),
+                arena_offset: p.offset,
+                dst: dst.wrapping_add((i * piece) as u64),
                 len: chunk.len() as u64,
             };
             self.submit(cmd, false)?;
-            self.submit(
-                Command::EventRecord {
-                    stream,
-                    event: events[slot],
-                },
-                false,
-            )?;
         }
-        self.sync_stream(stream)
+        // The payloads stay held until the device has read them.
+        let synced = self.sync_stream(stream);
+        drop(held);
+        synced
     }
 
-    /// Copies device memory to host bytes through the arena (double-buffered).
+    /// Copies device memory to host bytes through the arena, piece by piece (the device
+    /// writes each piece by DMA), reading them out once the device is done.
     pub fn copy_to_host(&self, stream: StreamId, dst: &mut [u8], src: DevicePtr) -> Result<()> {
         let mut staging = lock(&self.staging);
-        let events = self.staging_events(&mut staging)?;
-        let half = self.staging_size / 2;
-        let chunks: Vec<(usize, usize)> = (0..dst.len())
-            .step_by(half.max(1))
-            .map(|o| (o, half.min(dst.len() - o)))
-            .collect();
-        let issue = |i: usize| -> Result<()> {
-            let (off, len) = chunks[i];
-            let slot = i % 2;
+        let mut held = self.payloads.held(&self.session);
+        let piece = self.payloads.piece();
+        // Pieces copied into the arena and not read out yet: (payload, offset in `dst`).
+        let mut waiting: Vec<(Payload, usize)> = Vec::new();
+        let read_out = |waiting: &mut Vec<(Payload, usize)>, dst: &mut [u8]| -> Result<()> {
+            self.take_async_error()?;
+            for (p, at) in waiting.drain(..) {
+                // SAFETY: the device wrote these `p.len` arena bytes (its event was
+                // synchronized) and nothing else uses them until they come free; `at + p.len`
+                // is inside `dst`.
+                unsafe { std::ptr::copy_nonoverlapping(p.ptr, dst[at..].as_mut_ptr(), p.len) };
+            }
+            Ok(())
+        };
+        let mut at = 0;
+        while at < dst.len() {
+            let len = piece.min(dst.len() - at);
+            let p = self.reserve_piece(&mut staging, &mut held, stream, len, || {
+                read_out(&mut waiting, dst)
+            })?;
             let cmd = Command::CopyDtoH {
                 stream,
-                src: src.wrapping_add(off as u64),
-                arena_offset: (slot * half) as u64,
+                src: src.wrapping_add(at as u64),
+                arena_offset: p.offset,
                 len: len as u64,
             };
             self.submit(cmd, false)?;
-            self.submit(
-                Command::EventRecord {
-                    stream,
-                    event: events[slot],
-                },
-                false,
-            )?;
-            Ok(())
-        };
-        if !chunks.is_empty() {
-            issue(0)?;
+            waiting.push((p, at));
+            at += len;
         }
-        for i in 0..chunks.len() {
-            if i + 1 < chunks.len() {
-                issue(i + 1)?;
-            }
-            let slot = i % 2;
-            let synced = self.call(
-                Command::EventSync {
-                    event: events[slot],
-                },
-                "synchronize event",
-            );
-            self.abandon_on_error(synced)?;
-            self.take_async_error()?;
-            let (off, len) = chunks[i];
-            // SAFETY: the copy into this half is complete (event synchronized) and no later
-            // copy targets it until we issue chunk i + 2, after this read.
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    self.arena_ptr(slot * half),
-                    dst[off..].as_mut_ptr(),
-                    len,
-                )
-            };
+        if !waiting.is_empty() {
+            self.settle(&mut staging, stream)?;
+            read_out(&mut waiting, dst)?;
         }
         Ok(())
     }
@@ -230,7 +227,7 @@ impl Conn {
         (grid, block, shared_mem_bytes): ([u32; 3], [u32; 3], u32),
         params: &[u8],
     ) -> Result<()> {
-        let mut launch = ModuleLaunch {
+        let launch = ModuleLaunch {
             function,
             grid,
             block,
@@ -239,20 +236,34 @@ impl Conn {
             params_len: u32::try_from(params.len())
                 .map_err(|_| Error::InvalidArgument("parameters too large".into()))?,
         };
-        let cmd = |launch| Command::LaunchModule { stream, launch };
         if params.is_empty() {
-            return self.submit(cmd(launch), false).map(drop);
+            return self
+                .submit(Command::LaunchModule { stream, launch }, false)
+                .map(drop);
         }
         if params.len() > self.staging_size {
             return Err(Error::InvalidArgument(
                 "parameters larger than the arena".into(),
             ));
         }
-        // The broker copies the parameters when it accepts the launch; hold the arena until then.
-        let _staging = lock(&self.staging);
-        launch.params_offset = 0;
-        // SAFETY: `params.len()` fits in the arena (checked above); we hold the staging lock.
-        unsafe { std::ptr::copy_nonoverlapping(params.as_ptr(), self.arena_ptr(0), params.len()) };
-        self.call(cmd(launch), "launch module function").map(|_| ())
+        // Posted without waiting: the broker copies the parameters out when it runs the
+        // launch, and their room comes free once its completion has been read.
+        self.payloads
+            .send(
+                &self.session,
+                params.len(),
+                false,
+                // SAFETY: `p` is `params.len()` bytes of the arena reserved for this launch.
+                |p| unsafe { std::ptr::copy_nonoverlapping(params.as_ptr(), p.ptr, params.len()) },
+                |params_offset| Command::LaunchModule {
+                    stream,
+                    launch: ModuleLaunch {
+                        params_offset,
+                        ..launch
+                    },
+                },
+                |_| (),
+            )
+            .map(drop)
     }
 }

@@ -1,13 +1,14 @@
 //! The client: a session with the broker, its rings and its arena.
 //!
-//! A [`Client`] holds one session ([`conn::Conn`]: the connection core's session plus the
-//! library's staging area). With [`ConnectOptions::rebuild`] it also records what it needs to
-//! make its device state again after a GPU reset ([`crate::rebuild`]) and does so by itself
-//! ([`recover`]).
+//! A [`Client`] holds one session ([`conn::Conn`]: the connection core's session, with its
+//! payload ring over the arena's staging area). With [`ConnectOptions::rebuild`] it also
+//! records what it needs to make its device state again after a GPU reset
+//! ([`crate::rebuild`]) and does so by itself ([`recover`]).
 //!
 //! Where each part lives: this file (the session, commands over the ring, status and reset
-//! notices), `options.rs` ([`ConnectOptions`]), `conn.rs` (the session and its staging area),
-//! `host.rs` (host buffers in the arena), `modules.rs` (modules, functions and their launches),
+//! notices), `options.rs` ([`ConnectOptions`]), `conn.rs` (the session, its launches with
+//! parameters and its staged copies), `host.rs` (host buffers in the arena), `modules.rs`
+//! (modules, functions and their launches),
 //! `recover.rs` (rebuilding after a reset).
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -388,8 +389,8 @@ impl Client {
         self.check_waited(Waited::Stream(stream), outcome)
     }
 
-    /// Copies host bytes to device memory through the arena (double-buffered), and waits
-    /// until the data is on the device.
+    /// Copies host bytes to device memory staged through the arena (in pieces, several in
+    /// flight), and waits until the data is on the device.
     pub fn copy_to_device_raw(&self, stream: StreamId, dst: DevicePtr, src: &[u8]) -> Result<()> {
         // The shadow is written first: a rebuild that another thread runs while this copy is
         // on its way must already restore these bytes.
@@ -399,7 +400,8 @@ impl Client {
         self.run(|c| c.copy_to_device(self.broker_stream(stream), dst, src))
     }
 
-    /// Copies device memory to host bytes through the arena (double-buffered).
+    /// Copies device memory to host bytes staged through the arena (in pieces, several in
+    /// flight).
     pub fn copy_to_host_raw(&self, stream: StreamId, dst: &mut [u8], src: DevicePtr) -> Result<()> {
         let outcome = self.run(|c| c.copy_to_host(self.broker_stream(stream), dst, src));
         self.check_waited(Waited::Stream(stream), outcome)

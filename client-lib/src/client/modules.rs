@@ -61,7 +61,9 @@ impl Client {
         }
     }
 
-    /// Launches a module function with packed parameters on `stream`.
+    /// Launches a module function with packed parameters on `stream`, without waiting (the
+    /// parameters are copied into the arena first): an error the launch meets comes with the
+    /// next synchronization, as for every launch.
     pub fn launch_function(
         &self,
         stream: &crate::Stream,
@@ -94,7 +96,9 @@ impl Client {
     ) -> Result<()> {
         self.run(|c| match &self.inner.registry {
             Some(r) => {
-                let reg = lock(r);
+                let mut reg = lock(r);
+                // Work not waited for, like any asynchronous command (`user_command`).
+                reg.submitted_async_on(stream);
                 let (stream, function) = (reg.stream(stream), reg.function(function));
                 // Submitted with the record held, as in `user_command`.
                 c.launch_function(stream, function, (grid, block, shared_mem_bytes), params)

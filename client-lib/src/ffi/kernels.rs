@@ -263,7 +263,8 @@ pub unsafe extern "C" fn gpushare_module_function(
 }
 
 /// Launches a module function on `stream` with `params_len` bytes of packed parameters
-/// (asynchronous; returns once the broker has taken the parameters).
+/// (asynchronous; returns once the parameters are copied into the shared arena, without
+/// waiting for the broker: an error the launch meets comes with the next synchronization).
 ///
 /// # Safety
 /// `client` is NULL or a live handle; `grid` and `block` are NULL or point to three

@@ -66,7 +66,7 @@ pub fn say_unsupported(what: &str) {
 pub fn say_refused(what: &str, code: CUresult) {
     let name = crate::status::name(code).unwrap_or("an error\0");
     let name = name.trim_end_matches('\0');
-    crate::driver::say_once(&format!(
+    crate::log::say_once(&format!(
         "{what} is not supported by gpushare's CUDA driver ({name}); see `gpushare run --help` for what consolidated programs can use"
     ));
 }
@@ -120,7 +120,7 @@ unsafe fn get_proc_address(
             .unwrap_or(u32::MAX);
         let found = lookup(name, version, per_thread);
         if found.is_err() && crate::status::trace::level() >= crate::status::trace::ERRORS {
-            crate::driver::say(&format!(
+            crate::log::say(&format!(
                 "cuGetProcAddress: no {name} for version {version}"
             ));
         }

@@ -6,9 +6,7 @@ use std::ffi::c_void;
 use crate::context::{StorageDtor, current};
 use crate::driver;
 use crate::status::{Cu, entry, out};
-use crate::types::{CUcontext, CUdevice, CUmodule, CUresult, device_attr, result};
-
-use super::integrity::{DeviceFacts, Facts, digest};
+use crate::types::{CUcontext, CUdevice, CUmodule, CUresult, result};
 
 // ---- the CUDA runtime's interface ------------------------------------------------------
 
@@ -172,42 +170,7 @@ pub extern "C" fn flag_off() -> u32 {
     0
 }
 
-// ---- the integrity check -------------------------------------------------------------
-
-/// The digest of this process, thread, driver and device that the runtime checks.
-pub extern "C" fn integrity_check(
-    version: u32,
-    unix_seconds: u64,
-    digest_out: *mut [u64; 2],
-) -> CUresult {
-    entry("integrity_check", || {
-        let d = driver::get()?;
-        let driver_version = match d.device.driver_version {
-            v if v > 0 => v as u32,
-            _ => crate::types::CUDA_VERSION as u32,
-        };
-        let facts = Facts {
-            driver_version,
-            version,
-            process: std::process::id(),
-            // SAFETY: pthread_self has no preconditions.
-            thread: unsafe { libc::pthread_self() } as u32,
-            cudart_table: super::tables::CUDART.ptr() as usize,
-            integrity_table: super::tables::INTEGRITY.ptr() as usize,
-            check_fn: integrity_check as *const () as usize,
-            unix_seconds,
-        };
-        let attr = |a| d.attribute(a).unwrap_or(0);
-        let device = DeviceFacts {
-            uuid: d.device.uuid,
-            pci_domain: attr(device_attr::PCI_DOMAIN_ID),
-            pci_bus: attr(device_attr::PCI_BUS_ID),
-            pci_device: attr(device_attr::PCI_DEVICE_ID),
-        };
-        // SAFETY: the caller passes a writable out-parameter.
-        unsafe { out(digest_out, digest(&facts, &[device])) }
-    })
-}
+// ---- the integrity table's flag (its check is in `tables.rs`) ------------------------
 
 /// Sets a flag the driver keeps; nothing here depends on it.
 pub extern "C" fn integrity_flag(_on: bool) -> CUresult {

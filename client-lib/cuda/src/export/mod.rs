@@ -84,7 +84,7 @@ pub unsafe extern "C" fn cuGetExportTable(out: *mut *const c_void, id: *const CU
 
 /// A slot whose use was never seen: says so once and refuses.
 pub fn unknown_slot(table: &str, slot: usize) -> CUresult {
-    crate::driver::say_once(&format!(
+    crate::log::say_once(&format!(
         "the CUDA runtime or a library called driver export table {table} slot {slot}, which gpushare's CUDA driver does not implement (CUDA_ERROR_NOT_SUPPORTED)"
     ));
     result::NOT_SUPPORTED

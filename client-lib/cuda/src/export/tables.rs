@@ -1,11 +1,15 @@
 //! The export tables this driver hands out, slot by slot. A table with a size header holds its
 //! size in bytes first, as the driver's do; context-local storage's table has none and ends
-//! with a NULL.
+//! with a NULL. The one slot whose answer covers the tables' own addresses, the integrity
+//! check, is here too: the slots of `cudart.rs` never name the tables.
 
 use std::ffi::c_void;
 
+use super::integrity::{DeviceFacts, Facts, digest};
 use super::{Known, Slot, Table, cudart, unknown_slot, uuid};
-use crate::types::CUresult;
+use crate::driver;
+use crate::status::{entry, out};
+use crate::types::{CUDA_VERSION, CUresult, device_attr};
 
 /// The tables' names in the "not implemented" message (by the `T` of `stub`).
 const NAMES: [&str; 10] = [
@@ -89,7 +93,7 @@ pub static CONTEXT_CHECKS: Table<15> = Table([
 
 pub static INTEGRITY: Table<3> = Table([
     size(3),
-    f(cudart::integrity_check as *const c_void),
+    f(integrity_check as *const c_void),
     f(cudart::integrity_flag as *const c_void),
 ]);
 
@@ -250,3 +254,40 @@ pub static ALL: [Known; 10] = [
     }),
     (uuid("da9151d33ae6cc41a5c04f26d533e328"), || NVRTC.ptr()),
 ];
+
+// ---- the integrity check -------------------------------------------------------------
+
+/// The digest of this process, thread, driver and device that the runtime checks.
+pub extern "C" fn integrity_check(
+    version: u32,
+    unix_seconds: u64,
+    digest_out: *mut [u64; 2],
+) -> CUresult {
+    entry("integrity_check", || {
+        let d = driver::get()?;
+        let driver_version = match d.device.driver_version {
+            v if v > 0 => v as u32,
+            _ => CUDA_VERSION as u32,
+        };
+        let facts = Facts {
+            driver_version,
+            version,
+            process: std::process::id(),
+            // SAFETY: pthread_self has no preconditions.
+            thread: unsafe { libc::pthread_self() } as u32,
+            cudart_table: CUDART.ptr() as usize,
+            integrity_table: INTEGRITY.ptr() as usize,
+            check_fn: integrity_check as *const () as usize,
+            unix_seconds,
+        };
+        let attr = |a| d.attribute(a).unwrap_or(0);
+        let device = DeviceFacts {
+            uuid: d.device.uuid,
+            pci_domain: attr(device_attr::PCI_DOMAIN_ID),
+            pci_bus: attr(device_attr::PCI_BUS_ID),
+            pci_device: attr(device_attr::PCI_DEVICE_ID),
+        };
+        // SAFETY: the caller passes a writable out-parameter.
+        unsafe { out(digest_out, digest(&facts, &[device])) }
+    })
+}

@@ -6,7 +6,8 @@ use gpushare_protocol::Command;
 
 use super::PAGE;
 use super::attributes::{Pointee, pointee, write_attribute};
-use crate::driver::{self, say_once};
+use crate::driver;
+use crate::log::say_once;
 use crate::status::{entry, out};
 use crate::types::{CUdeviceptr, CUresult, host_mem, ptr_attr, result};
 

@@ -6,7 +6,8 @@ use std::ffi::c_void;
 use gpushare_protocol::Command;
 
 use super::{DeviceKind, PAGE};
-use crate::driver::{Driver, say_once};
+use crate::driver::Driver;
+use crate::log::say_once;
 use crate::status::Cu;
 use crate::types::result;
 

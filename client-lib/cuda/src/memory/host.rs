@@ -8,7 +8,8 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use gpushare_protocol::control::{BrokerMessage, ClientMessage, HostRegionGrant};
 
 use super::{HostRegion, PAGE};
-use crate::driver::{Driver, say_once};
+use crate::driver::Driver;
+use crate::log::say_once;
 use crate::status::{Cu, from_error};
 use crate::types::result;
 

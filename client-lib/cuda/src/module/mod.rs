@@ -94,7 +94,7 @@ fn module_error(w: &gpushare_protocol::error::WireError) -> CUresult {
         ErrorCode::NotFound => result::NOT_FOUND,
         ErrorCode::InvalidArgument => result::INVALID_IMAGE,
         ErrorCode::NotSupported => {
-            crate::driver::say_once(&format!("gpushared cannot load kernels: {}", w.message));
+            crate::log::say_once(&format!("gpushared cannot load kernels: {}", w.message));
             result::NOT_SUPPORTED
         }
         other => from_code(other),

@@ -5,7 +5,7 @@
 
 use std::ffi::c_uint;
 
-use super::{CUDA_ERROR_NOT_INITIALIZED, CUresult, Ptr};
+use crate::abi::{CUDA_ERROR_NOT_INITIALIZED, CUresult, Ptr};
 use crate::governor;
 use crate::real::real;
 

@@ -5,7 +5,7 @@
 
 use std::ffi::{c_uint, c_void};
 
-use super::{
+use crate::abi::{
     CUDA_ERROR_NOT_INITIALIZED, CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS, CUdeviceptr, CUresult, Ptr,
 };
 use crate::governor::{self, Admission};

@@ -6,17 +6,19 @@
 //! fails or when they are freed; launches take a token; synchronizations report the work done.
 //! Context creation connects to the broker (as `cuInit` does) and is otherwise passed through.
 //!
-//! Types follow `cuda.h` on 64-bit Linux: `CUresult` is an `int`, `CUdeviceptr` and VMM
-//! handles are `unsigned long long`, every `CU*` object is an opaque pointer.
+//! The types and codes they speak are in [`crate::abi`].
 //!
-//! Where each part lives: this file (the types, initialisation and lookup, synchronization,
-//! contexts), `memory.rs` (allocations and frees, and what each reserved), `launch.rs`
-//! (kernel and graph launches).
+//! Where each part lives: this file (initialisation and lookup, synchronization, contexts),
+//! `memory.rs` (allocations and frees, and what each reserved), `launch.rs` (kernel and graph
+//! launches).
 
 #![allow(non_snake_case)]
 
-use std::ffi::{c_char, c_int, c_uint, c_void};
+use std::ffi::{c_char, c_int, c_uint};
 
+use crate::abi::{
+    CUDA_ERROR_NOT_FOUND, CUDA_ERROR_NOT_INITIALIZED, CUDA_SUCCESS, CUdevice, CUresult, Ptr,
+};
 use crate::governor;
 use crate::real::real;
 
@@ -25,19 +27,6 @@ mod memory;
 
 pub use self::launch::*;
 pub use self::memory::*;
-
-pub type CUresult = c_int;
-pub type CUdeviceptr = u64;
-pub type CUdevice = c_int;
-pub(crate) type Ptr = *mut c_void;
-
-pub const CUDA_SUCCESS: CUresult = 0;
-pub const CUDA_ERROR_OUT_OF_MEMORY: CUresult = 2;
-pub const CUDA_ERROR_NOT_INITIALIZED: CUresult = 3;
-pub const CUDA_ERROR_NO_DEVICE: CUresult = 100;
-pub const CUDA_ERROR_NOT_FOUND: CUresult = 500;
-/// No broker for a governed program that may not run without one.
-pub const CUDA_ERROR_SYSTEM_NOT_READY: CUresult = 802;
 
 // ---- initialisation and lookup ---------------------------------------------------------
 
