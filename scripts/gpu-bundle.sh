@@ -7,8 +7,9 @@
 #   CUDA driver as libcuda.so with cuda/libcuda.so.1 and cuda/libcuda.so linked to it, the
 #   layout `gpushare run` looks for beside itself), and the governed-clients PyTorch check
 #   (libgpushare_interpose.so, gpu-pytorch-governed.sh, governed/*.py) and the consolidated-
-#   clients one (gpu-pytorch-consolidated.sh, consolidated/*.py and its launch program), and the
-#   colocation benchmark (gpu-pytorch-colocate.sh, colocate/*.py). Copy
+#   clients one (gpu-pytorch-consolidated.sh, consolidated/*.py and its launch program), the
+#   colocation benchmark (gpu-pytorch-colocate.sh, colocate/*.py), and GPU faults beside
+#   PyTorch programs (gpu-pytorch-faults.sh, faults/*.py). Copy
 #   the folder to the GPU machine and run `./gpu-test.sh` (and the PyTorch checks) inside it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -44,8 +45,9 @@ for line in sys.stdin:
 ' "$out"
 
 cp scripts/gpu-test.sh scripts/gpu-pytorch-governed.sh scripts/gpu-pytorch-consolidated.sh scripts/gpu-pytorch-fair.sh \
-    scripts/gpu-pytorch-colocate.sh "$out/"
-mkdir -p "$out/governed" "$out/consolidated" "$out/colocate"
+    scripts/gpu-pytorch-colocate.sh scripts/gpu-pytorch-faults.sh "$out/"
+mkdir -p "$out/governed" "$out/consolidated" "$out/colocate" "$out/faults"
+cp scripts/faults/*.py "$out/faults/"
 cp scripts/governed/*.py "$out/governed/"
 cp scripts/colocate/*.py "$out/colocate/"
 cp scripts/consolidated/*.py scripts/consolidated/launch.c "$out/consolidated/"

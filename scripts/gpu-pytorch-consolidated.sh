@@ -255,6 +255,9 @@ goals = [  # (tag, field, what, higher is better, goal as consolidated / direct)
     ("speed-driver", "launches_s", "empty kernels/s (driver API)", True, 0.9),
     ("speed-driver", "rtt_p50_us", "launch + sync round trip p50 (us)", False, None),
     ("speed-driver", "rtt_p99_us", "launch + sync round trip p99 (us)", False, None),
+    ("speed-driver", "alloc_512b_us", "cuMemAlloc of 512 B, 1000 kept live, median (us)", False, None),
+    ("speed-driver", "alloc_2mib_us", "cuMemAlloc of 2 MiB (then freed), median (us)", False, None),
+    ("speed-driver", "alloc_64mib_us", "cuMemAlloc of 64 MiB (then freed), median (us)", False, None),
     ("speed-first", "from_start_s", "start to first CUDA op, PyTorch (s)", False, 1.5),
     ("speed-driver", "first_op_s", "start to first CUDA op, driver API (s)", False, 1.5),
 ]

@@ -352,3 +352,60 @@ fn ten_faults_in_a_row_cost_only_the_culprit() {
         report_fault_times(&what, &on, &mut took, &log, from, &keys);
     }
 }
+
+/// One user's fault storm is bounded: past the policy's `[faults]` limit (here two faults) the
+/// user's new sessions are refused for a while, with a sentence naming the limit, while other
+/// users' work goes on. (Root is never refused: the test's culprit is another Unix user.)
+#[test]
+fn a_users_fault_storm_is_refused_for_a_while_and_the_others_go_on() {
+    let test = "a_users_fault_storm_is_refused_for_a_while_and_the_others_go_on";
+    let Some((mallory, _)) = gpushare_tests::other_users(test) else {
+        return;
+    };
+    let broker = Broker::start_with(BrokerOptions {
+        backend: Some(test_backend()),
+        policy: Some("[faults]\nmax_faults = 2\nwindow_s = 600\nrefuse_s = 600\n".into()),
+        extra_args: vec!["--allow-fault-injection".into()],
+        ..Default::default()
+    });
+    broker.dump_log_if_stuck(Duration::from_secs(120));
+    let victim = broker.client_named("victim");
+    let held = victim.alloc::<f32>(256).expect("alloc");
+    held.copy_from_host(&[2.5; 256]).expect("upload");
+    for fault in 0..2 {
+        let holder = broker.device_holder();
+        // A spare is ready before each fault (the first, and one after each recovery).
+        assert!(gpushare_tests::wait_until(
+            Duration::from_secs(30),
+            || broker
+                .log_text()
+                .matches("spare device worker ready")
+                .count()
+                > fault
+        ));
+        let mut culprit = Scripted::start_as(&broker, &mallory);
+        assert!(
+            culprit.run("connect").starts_with("connected"),
+            "fault {fault}: still welcome"
+        );
+        assert!(culprit.run("illegal").starts_with("error"), "fault {fault}");
+        assert!(
+            culprit.run("wait-fatal").contains("evicted"),
+            "fault {fault}"
+        );
+        wait_for_takeover(&broker, holder);
+    }
+    let mut refused = Scripted::start_as(&broker, &mallory);
+    let said = refused.run("connect");
+    assert!(
+        said.starts_with("refused PermissionDenied")
+            && said.contains("faulted the GPU 2 times")
+            && said.contains("[faults]"),
+        "{said}"
+    );
+    assert!(broker.log_contains("new sessions refused for a while"));
+    // The victim never noticed, and other users are welcome.
+    assert_eq!(held.to_vec().expect("the victim's memory"), vec![2.5; 256]);
+    verified_fill(&victim, 1.0).expect("the victim works");
+    verified_fill(&broker.client(), 2.0).expect("a new client of another user works");
+}

@@ -11,12 +11,13 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
 
 use bytesize::ByteSize;
 use gpushare_protocol::ErrorCode;
 use gpushare_protocol::stats::UserStats;
 
-use crate::access::Bounds;
+use crate::access::{Bounds, FaultLimit};
 
 /// Why a user's account refuses more: each a sentence for the user.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -25,6 +26,15 @@ pub enum Refusal {
         "{who} has {open} sessions open, the most the policy's max_sessions allows: end one, or ask the administrator"
     )]
     TooManySessions { who: String, open: u32 },
+    #[error(
+        "{who}'s programs faulted the GPU {faults} times lately, past the policy's [faults] limit: new sessions are refused for {} s more",
+        .left.as_secs() + 1
+    )]
+    FaultStorm {
+        who: String,
+        faults: usize,
+        left: std::time::Duration,
+    },
     #[error(
         "{who} holds {} of page-locked host memory in gpushared (each session's rings and arena, and host memory consolidated programs share); {} more would pass the policy's max_pinned_memory of {}: end a session, or ask the administrator",
         ByteSize(*.held),
@@ -42,7 +52,12 @@ pub enum Refusal {
 impl Refusal {
     /// What the client is refused with.
     pub fn code(&self) -> ErrorCode {
-        ErrorCode::TooManyHandles
+        match self {
+            Refusal::FaultStorm { .. } => ErrorCode::PermissionDenied,
+            Refusal::TooManySessions { .. } | Refusal::PinnedMemory { .. } => {
+                ErrorCode::TooManyHandles
+            }
+        }
     }
 }
 
@@ -64,6 +79,27 @@ pub struct UserAccount {
     max_sessions: AtomicU32,
     /// `u64::MAX` means unlimited.
     max_pinned: AtomicU64,
+    /// When the user's programs faulted the GPU lately, and until when new sessions are
+    /// refused for it.
+    faults: Mutex<Faults>,
+}
+
+/// A user's recent GPU faults.
+#[derive(Debug, Default)]
+struct Faults {
+    limit: FaultLimit,
+    at: std::collections::VecDeque<Instant>,
+    refused_until: Option<Instant>,
+}
+
+impl Faults {
+    fn forget_old(&mut self, now: Instant) {
+        let window = self.limit.window;
+        self.at.retain(|&t| now.duration_since(t) < window);
+        if self.refused_until.is_some_and(|u| u <= now) {
+            self.refused_until = None;
+        }
+    }
 }
 
 impl UserAccount {
@@ -77,12 +113,54 @@ impl UserAccount {
             pinned: AtomicU64::new(0),
             max_sessions: AtomicU32::new(u32::MAX),
             max_pinned: AtomicU64::new(u64::MAX),
+            faults: Mutex::default(),
         }
     }
 
     /// Names the user in refusals: user `alice` (uid 1000).
     fn who(&self) -> String {
         format!("user `{}` (uid {})", self.user, self.uid)
+    }
+
+    /// One of the user's programs faulted the GPU (it was evicted as the culprit): past the
+    /// policy's `[faults]` limit the user's new sessions are refused for a while. Returns how
+    /// long, if so.
+    pub fn note_fault(&self) -> Option<std::time::Duration> {
+        // Root is always allowed (the administrator's own tests fault on purpose).
+        if self.uid == 0 {
+            return None;
+        }
+        let now = Instant::now();
+        let mut f = self.faults.lock().unwrap_or_else(|e| e.into_inner());
+        f.forget_old(now);
+        f.at.push_back(now);
+        let limit = f.limit;
+        if limit.max_faults == 0 || (f.at.len() as u32) < limit.max_faults {
+            return None;
+        }
+        f.refused_until = Some(now + limit.refuse);
+        tracing::warn!(user = %self.who(), faults = f.at.len(), refused = ?limit.refuse, "a user's programs keep faulting the GPU: new sessions refused for a while");
+        Some(limit.refuse)
+    }
+
+    /// How long the user's new sessions are still refused for faulting the GPU, and the
+    /// faults that did it.
+    fn refused_for_faults(&self) -> Option<(usize, std::time::Duration)> {
+        let now = Instant::now();
+        let mut f = self.faults.lock().unwrap_or_else(|e| e.into_inner());
+        f.forget_old(now);
+        f.refused_until.map(|u| (f.at.len(), u - now))
+    }
+
+    /// Whether the account remembers faults (it must outlive its sessions then).
+    fn remembers_faults(&self) -> bool {
+        let mut f = self.faults.lock().unwrap_or_else(|e| e.into_inner());
+        f.forget_old(Instant::now());
+        !f.at.is_empty() || f.refused_until.is_some()
+    }
+
+    fn set_fault_limit(&self, limit: FaultLimit) {
+        self.faults.lock().unwrap_or_else(|e| e.into_inner()).limit = limit;
     }
 
     fn set_bounds(&self, bounds: Bounds) {
@@ -233,6 +311,8 @@ pub struct Joining<'a> {
     pub bounds: Bounds,
     /// The session's shared region, locked in host memory.
     pub region_bytes: u64,
+    /// How often the user's programs may fault the GPU.
+    pub faults: FaultLimit,
 }
 
 impl Accounts {
@@ -256,7 +336,14 @@ impl Accounts {
             .clone();
         account.set_quota(joining.quota);
         account.set_bounds(joining.bounds);
-        let refused = if account.sessions() >= joining.bounds.max_sessions {
+        account.set_fault_limit(joining.faults);
+        let refused = if let Some((faults, left)) = account.refused_for_faults() {
+            Err(Refusal::FaultStorm {
+                who: account.who(),
+                faults,
+                left,
+            })
+        } else if account.sessions() >= joining.bounds.max_sessions {
             Err(Refusal::TooManySessions {
                 who: account.who(),
                 open: account.sessions(),
@@ -303,6 +390,7 @@ impl Accounts {
                 max_pinned: None,
             },
             region_bytes: 0,
+            faults: FaultLimit::default(),
         };
         match self.join(joining) {
             Ok(seat) => seat,
@@ -313,10 +401,9 @@ impl Accounts {
 
 /// Drops an account nobody uses any more: no session, no memory, nothing pinned.
 fn forget_if_idle(users: &mut BTreeMap<u32, Arc<UserAccount>>, uid: u32) {
-    if users
-        .get(&uid)
-        .is_some_and(|a| a.sessions() == 0 && a.memory_used() == 0 && a.pinned() == 0)
-    {
+    if users.get(&uid).is_some_and(|a| {
+        a.sessions() == 0 && a.memory_used() == 0 && a.pinned() == 0 && !a.remembers_faults()
+    }) {
         users.remove(&uid);
     }
 }
@@ -335,6 +422,7 @@ mod tests {
                 max_pinned: Some(1000),
             },
             region_bytes: 100,
+            faults: FaultLimit::default(),
         }
     }
 
@@ -419,6 +507,54 @@ mod tests {
         accounts.tidy(7);
         assert!(accounts.get(7).is_none());
         assert!(accounts.snapshot().is_empty());
+    }
+
+    #[test]
+    fn a_user_whose_programs_keep_faulting_is_refused_for_a_while() {
+        let accounts = Arc::new(Accounts::default());
+        let limit = FaultLimit {
+            max_faults: 2,
+            window: std::time::Duration::from_secs(60),
+            refuse: std::time::Duration::from_secs(30),
+        };
+        let with_limit = |uid, user| Joining {
+            faults: limit,
+            ..joining(uid, user, None)
+        };
+        let root = accounts.join(with_limit(0, "root")).expect("joins");
+        for _ in 0..3 {
+            assert_eq!(root.account().note_fault(), None, "root is never refused");
+        }
+        let seat = accounts.join(with_limit(9, "mallory")).expect("joins");
+        let account = seat.account().clone();
+        assert_eq!(account.note_fault(), None, "one fault is not a storm");
+        drop(seat);
+        assert!(accounts.get(9).is_some(), "the fault is remembered");
+        let seat = accounts.join(with_limit(9, "mallory")).expect("joins");
+        let refused = seat.account().note_fault().expect("the second fault");
+        assert_eq!(refused, limit.refuse);
+        drop(seat);
+        let e = accounts
+            .join(with_limit(9, "mallory"))
+            .expect_err("refused meanwhile");
+        assert_eq!(e.code(), ErrorCode::PermissionDenied);
+        assert!(e.to_string().contains("faulted the GPU 2 times"), "{e}");
+        assert!(
+            accounts.join(with_limit(10, "alice")).is_ok(),
+            "others are not"
+        );
+        let off = FaultLimit {
+            max_faults: 0,
+            ..limit
+        };
+        let seat = accounts
+            .join(Joining {
+                faults: off,
+                ..joining(11, "bob", None)
+            })
+            .expect("joins");
+        assert_eq!(seat.account().note_fault(), None);
+        assert_eq!(seat.account().note_fault(), None, "never, when off");
     }
 
     #[test]

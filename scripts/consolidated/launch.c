@@ -2,7 +2,10 @@
  * the CUDA runtime does (dlopen by soname), then measures
  *   first_op_s   main() to the first finished op (cuInit, context, alloc, memset, sync);
  *   launches_s   empty kernels launched asynchronously on one stream, then synchronized;
- *   rtt_p50/p99  one empty kernel launched and waited for, after --think-us of idle time.
+ *   rtt_p50/p99  one empty kernel launched and waited for, after --think-us of idle time;
+ *   alloc_*_us   the median time of a cuMemAlloc: 1000 of 512 bytes kept live together (most
+ *                carved out of memory already there), and an alloc + free of 2 MiB and of
+ *                64 MiB, 100 times each.
  * Prints one JSON object. Build: cc -O2 -o launch launch.c -ldl */
 #include <dlfcn.h>
 #include <stdint.h>
@@ -50,6 +53,7 @@ int main(int argc, char **argv) {
     CUresult (*cuCtxSetCurrent)(CUcontext) = sym(lib, "cuCtxSetCurrent");
     CUresult (*cuCtxSynchronize)(void) = sym(lib, "cuCtxSynchronize");
     CUresult (*cuMemAlloc)(CUdeviceptr *, size_t) = sym(lib, "cuMemAlloc_v2");
+    CUresult (*cuMemFree)(CUdeviceptr) = sym(lib, "cuMemFree_v2");
     CUresult (*cuMemsetD8)(CUdeviceptr, unsigned char, size_t) = sym(lib, "cuMemsetD8_v2");
     CUresult (*cuModuleLoadData)(CUmodule *, const void *) = sym(lib, "cuModuleLoadData");
     CUresult (*cuModuleGetFunction)(CUfunction *, CUmodule, const char *) = sym(lib, "cuModuleGetFunction");
@@ -93,7 +97,33 @@ int main(int argc, char **argv) {
         rtt[i] = now() - a;
     }
     qsort(rtt, rtts, sizeof *rtt, cmp);
-    printf("{\"first_op_s\": %.6f, \"launches_s\": %.0f, \"rtt_p50_us\": %.2f, \"rtt_p99_us\": %.2f}\n",
-           first, best, rtt[rtts / 2] * 1e6, rtt[(int)(rtts * 0.99)] * 1e6);
+
+    enum { SMALL = 1000, BIG = 100 };
+    static CUdeviceptr live[SMALL];
+    double took[SMALL], alloc_us[3];
+    for (int i = 0; i < SMALL; i++) {
+        double a = now();
+        CHECK(cuMemAlloc(&live[i], 512));
+        took[i] = now() - a;
+    }
+    for (int i = 0; i < SMALL; i++) CHECK(cuMemFree(live[i]));
+    qsort(took, SMALL, sizeof *took, cmp);
+    alloc_us[0] = took[SMALL / 2] * 1e6;
+    size_t sizes[2] = {2u << 20, 64u << 20};
+    for (int k = 0; k < 2; k++) {
+        for (int i = 0; i < BIG; i++) {
+            CUdeviceptr p;
+            double a = now();
+            CHECK(cuMemAlloc(&p, sizes[k]));
+            took[i] = now() - a;
+            CHECK(cuMemFree(p));
+        }
+        qsort(took, BIG, sizeof *took, cmp);
+        alloc_us[k + 1] = took[BIG / 2] * 1e6;
+    }
+    printf("{\"first_op_s\": %.6f, \"launches_s\": %.0f, \"rtt_p50_us\": %.2f, \"rtt_p99_us\": %.2f, "
+           "\"alloc_512b_us\": %.2f, \"alloc_2mib_us\": %.2f, \"alloc_64mib_us\": %.2f}\n",
+           first, best, rtt[rtts / 2] * 1e6, rtt[(int)(rtts * 0.99)] * 1e6, alloc_us[0], alloc_us[1],
+           alloc_us[2]);
     return 0;
 }

@@ -54,6 +54,18 @@
 //! A top-level `admin_group = "gpushare-admin"` names the group whose members (besides root)
 //! may change and evict live clients.
 //!
+//! A user whose programs keep faulting the GPU is refused new sessions for a while, so one
+//! user's fault storm cannot keep the others' GPU resetting:
+//!
+//! ```toml
+//! [faults]
+//! max_faults = 3         # faults (the culprit's, each evicted) ...
+//! window_s = 600         # ... within this many seconds ...
+//! refuse_s = 600         # ... refuse the user's new sessions this long (max_faults = 0: never)
+//! ```
+//!
+//! Root is never refused for its faults.
+//!
 //! The bounds (`max_sessions`, `max_pinned_memory`) hold for all of a user's sessions
 //! together, as the memory quota does; past them a new session (or page-locked host memory a
 //! consolidated program shares) is refused with a sentence naming the bound. Each session's
@@ -182,6 +194,34 @@ struct GroupEntry {
     trust_domain: Option<String>,
 }
 
+/// `[faults]`: how often a user's programs may fault the GPU.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FaultFields {
+    max_faults: Option<u32>,
+    window_s: Option<u64>,
+    refuse_s: Option<u64>,
+}
+
+/// A user whose programs fault the GPU `max_faults` times within `window` is refused new
+/// sessions for `refuse` (`max_faults` 0: never).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FaultLimit {
+    pub max_faults: u32,
+    pub window: std::time::Duration,
+    pub refuse: std::time::Duration,
+}
+
+impl Default for FaultLimit {
+    fn default() -> Self {
+        FaultLimit {
+            max_faults: 3,
+            window: std::time::Duration::from_secs(600),
+            refuse: std::time::Duration::from_secs(600),
+        }
+    }
+}
+
 /// `[fair]`: the fair policy's tunables.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -211,6 +251,8 @@ struct PolicyFile {
     priority: PriorityFields,
     #[serde(default)]
     fair: FairFields,
+    #[serde(default)]
+    faults: FaultFields,
     #[serde(default)]
     defaults: Fields,
     #[serde(default)]
@@ -389,6 +431,21 @@ impl Policy {
                 Some(Quota(q)) => q,
                 None => base.max_pinned,
             },
+        }
+    }
+
+    /// How often a user's programs may fault the GPU before new sessions are refused.
+    pub fn fault_limit(&self) -> FaultLimit {
+        let f = &self.file.faults;
+        let base = FaultLimit::default();
+        FaultLimit {
+            max_faults: f.max_faults.unwrap_or(base.max_faults),
+            window: f
+                .window_s
+                .map_or(base.window, std::time::Duration::from_secs),
+            refuse: f
+                .refuse_s
+                .map_or(base.refuse, std::time::Duration::from_secs),
         }
     }
 

@@ -348,6 +348,105 @@ impl Pool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::device::sim::{SimDevice, SimOptions};
+    use crate::device::{Call, Device, Memory, Reply};
+
+    fn device() -> Device {
+        let sim = SimDevice::new(SimOptions {
+            memory: 64 << 20,
+            ..SimOptions::default()
+        });
+        Device::local(sim, None).expect("a sim device")
+    }
+
+    /// Device memory in use, as the device itself counts it.
+    fn used(d: &Device) -> u64 {
+        let (free, total) = d
+            .call(Call::MemoryInfo, &[])
+            .and_then(Reply::pair)
+            .expect("memory info");
+        total - free
+    }
+
+    #[test]
+    fn small_allocations_share_a_granule_and_large_ones_get_their_own() {
+        let d = device();
+        let g = d.space().granularity;
+        let a = d.alloc(512).expect("small");
+        let b = d.alloc(512).expect("small");
+        assert_eq!(used(&d), g, "two small allocations cost one granule");
+        assert!(b >= a + 512 + GAP, "apart: {a:#x} {b:#x}");
+        let big = d.alloc(3 << 20).expect("large");
+        assert_eq!(used(&d), g + (4 << 20), "rounded up to whole granules");
+        d.free(big).expect("free");
+        assert_eq!(used(&d), g, "a large allocation's chunk goes at once");
+        d.free(a).expect("free");
+        d.free(b).expect("free");
+        assert_eq!(used(&d), g, "one empty shared chunk is kept");
+        assert!(d.free(a).is_err(), "double free");
+        // Out of memory is the typed error, and nothing is left behind.
+        assert_eq!(d.alloc(1 << 30), Err(DeviceError::OutOfMemory));
+        assert_eq!(used(&d), g);
+    }
+
+    #[test]
+    fn placed_memory_goes_where_asked_or_says_why_not() {
+        let d = device();
+        let a = d.alloc(1000).expect("small");
+        d.free(a).expect("free");
+        // Back where it was, in its shared granule; a neighbour beside it.
+        assert_eq!(d.alloc_at(a, 1000), Ok(1000));
+        assert_eq!(d.alloc_at(a + 1024, 64), Ok(64));
+        assert!(matches!(
+            d.alloc_at(a + 512, 8),
+            Err(DeviceError::AddressUnavailable(_))
+        ));
+        assert!(matches!(
+            d.alloc_at(0x10, 8),
+            Err(DeviceError::AddressUnavailable(_))
+        ));
+    }
+
+    #[test]
+    fn memory_outlives_a_reset_of_its_context() {
+        let d = device();
+        let p = d.alloc(4096).expect("alloc");
+        let mut s = d
+            .create_stream(gpushare_protocol::PriorityClass::Normal)
+            .expect("stream");
+        let fill = gpushare_protocol::Kernel::FillF32 {
+            dst: p,
+            n: 1024,
+            value: 6.5,
+        };
+        d.queue(
+            &mut s,
+            |stream| Call::Launch {
+                stream,
+                kernel: fill,
+                start: None,
+            },
+            &[],
+        )
+        .expect("fill");
+        d.sync_stream(&mut s).expect("sync");
+        assert_eq!(d.reset(), Ok(Memory::Kept));
+        // The same stream handle, the same memory, the same bytes.
+        let sum = gpushare_protocol::Kernel::ReduceSumF32 { x: p, out: p, n: 4 };
+        d.queue(
+            &mut s,
+            |stream| Call::Launch {
+                stream,
+                kernel: sum,
+                start: None,
+            },
+            &[],
+        )
+        .expect("the stream lives on");
+        d.sync_stream(&mut s).expect("sync");
+        d.destroy_stream(s);
+        d.free(p).expect("free");
+    }
 
     #[test]
     fn free_ranges_merge_and_fit_aligned() {

@@ -94,7 +94,7 @@ impl Broker {
             );
             return Err((ErrorCode::PermissionDenied, msg));
         }
-        let (granted, bounds, domain) = self
+        let (granted, bounds, domain, fault_limit) = self
             .policy
             .read()
             .map(|p| {
@@ -102,6 +102,7 @@ impl Broker {
                     p.grant_for(identity),
                     p.bounds_for(identity),
                     p.trust_domain(identity),
+                    p.fault_limit(),
                 )
             })
             .unwrap_or_default();
@@ -122,6 +123,7 @@ impl Broker {
                 quota: grant.memory_quota,
                 bounds,
                 region_bytes: layout.total_size() as u64,
+                faults: fault_limit,
             };
             let seat = self
                 .accounts

@@ -222,6 +222,7 @@ impl SessionState {
                     .record_event(e, &mut slot.stream)
                     .map_err(|e| e.code())?;
                 self.event_marks.insert(event, (stream, slot.submitted));
+                self.lost.note_record(event, stream);
                 if self.info.consolidated {
                     self.note_legacy(stream);
                 }

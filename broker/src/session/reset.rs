@@ -3,7 +3,7 @@
 //! with a bad handle or a claim that lost work ran. Also the in-flight bookkeeping that tells
 //! the fault watchdog whether this session had work on the GPU when a fault came.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -26,7 +26,8 @@ pub(super) struct Lost {
     /// The same after a reset that kept the client's state: only the work is lost, and the
     /// next sync that covers it fails with `WorkLost` (once). Events recorded after it too.
     work: BTreeSet<StreamId>,
-    work_events: HashSet<EventId>,
+    /// Events recorded after lost work, and the stream whose work it was.
+    work_events: HashMap<EventId, StreamId>,
 }
 
 impl Lost {
@@ -103,8 +104,21 @@ impl Lost {
     }
 
     /// Whether a reset took work of `stream` that no sync has reported yet (its state kept).
+    /// Once said, an event recorded after it need not say it again.
     pub(super) fn take_work(&mut self, stream: StreamId) -> bool {
-        self.work.remove(&stream)
+        let taken = self.work.remove(&stream);
+        if taken {
+            self.work_events.retain(|_, s| *s != stream);
+        }
+        taken
+    }
+
+    /// An event recorded on `stream`: if the stream's lost work is not reported yet, a sync
+    /// on the event covers it and reports it.
+    pub(super) fn note_record(&mut self, event: EventId, stream: StreamId) {
+        if self.work.contains(&stream) {
+            self.work_events.insert(event, stream);
+        }
     }
 
     /// Whether a reset took work of any stream that no sync has reported yet.
@@ -115,9 +129,16 @@ impl Lost {
         any
     }
 
-    /// Whether event `event` was recorded after work a reset took, not reported yet.
+    /// Whether event `event` was recorded after work a reset took, not reported yet (its
+    /// stream's sync need not say it again then).
     pub(super) fn take_work_event(&mut self, event: EventId) -> bool {
-        self.work_events.remove(&event)
+        match self.work_events.remove(&event) {
+            Some(stream) => {
+                self.take_work(stream);
+                true
+            }
+            None => false,
+        }
     }
 
     /// Memory lost in `[start, end)` is there again (a client placing it anew).
@@ -158,9 +179,15 @@ impl SessionState {
                         None => self.health.epoch() != self.epoch,
                     };
                 if lost {
-                    // Lost to the fault, like everything else the reset takes: say so.
+                    // Lost to the fault, like everything else the reset takes: say so, once
+                    // the reset says whether the client's state was kept (then only the work
+                    // was lost).
                     self.told_lost(&cmd);
-                    return Err(ErrorCode::DeviceReset);
+                    self.park_if_resetting();
+                    return Err(match self.verdict {
+                        Some(Verdict::Survived(_)) => ErrorCode::WorkLost,
+                        _ => ErrorCode::DeviceReset,
+                    });
                 }
                 Err(code)
             }
@@ -249,7 +276,10 @@ impl SessionState {
         match verdict {
             // Its memory and handles live on in the new context: the session's end releases
             // them as ever.
-            Verdict::Culprit(reason) => Some(SessionEnd::Evicted(reason)),
+            Verdict::Culprit(reason) => {
+                self.info.account().note_fault();
+                Some(SessionEnd::Evicted(reason))
+            }
             Verdict::Survived(what) => match self.survive() {
                 Ok(()) => {
                     self.probation_until = self.health.probation_until(self.info.id);
@@ -288,7 +318,7 @@ impl SessionState {
             .collect();
         for (&event, &(stream, _)) in &self.event_marks {
             if lost.contains(&stream) {
-                self.lost.work_events.insert(event);
+                self.lost.work_events.insert(event, stream);
             }
         }
         for slot in self.streams.values_mut() {

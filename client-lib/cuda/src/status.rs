@@ -104,9 +104,19 @@ pub fn from_code(code: ErrorCode) -> CUresult {
     }
 }
 
+/// What a program is told when another program's GPU fault stopped its work.
+const WORK_LOST: &str = "a GPU fault in another program stopped this program's work that was on the GPU (it may have run in part, so it was not run again): this call reports CUDA_ERROR_LAUNCH_FAILED once; its GPU memory, streams and modules are intact and later calls work";
+
 /// What a connection error means to a CUDA program.
 pub fn from_error(e: &Error) -> CUresult {
     match e {
+        Error::Command {
+            code: ErrorCode::WorkLost,
+            ..
+        } => {
+            crate::log::say(WORK_LOST);
+            result::LAUNCH_FAILED
+        }
         Error::Command { code, .. } => from_code(*code),
         Error::Request(w) | Error::Rejected(w) => from_code(w.code),
         Error::InvalidArgument(_) => result::INVALID_VALUE,
