@@ -11,7 +11,9 @@
 #     The victims check every answer bit for bit against the same request before the faults.
 #   held memory: the inference loop holding 1, 10 and 100 GiB (HOLD_GIB) through three
 #     illegal-address faults each: the time to its next correct result, and whether what it
-#     held is intact; nvidia-smi's memory use and gpushared's own memory beside.
+#     held is intact; nvidia-smi's memory use and gpushared's own memory beside. Then again
+#     with the spare mapping clients' memory only when it takes over, for TAKEOVER_GIB (100;
+#     empty skips it).
 #
 # Usage: ./gpu-pytorch-faults.sh (FAULTS=10, PAUSE=1.5 s between faults). Logs go to $LOGS
 # (default a temporary folder); prints markdown tables (faults/report.py). Exit status:
@@ -45,12 +47,12 @@ chmod -R a+rX "$work/py" "$work/bin"
 chmod 777 "$work/out"
 cd "$work/py"
 
-start_broker() {
+start_broker() { # start_broker [GPUSHARED-ARGS...]
     # One trust domain for everyone; the culprit's user is never refused for its faults here
     # (the storm is the point).
     printf '%s\n' 'scheduler = "fifo"' '[faults]' 'max_faults = 0' > "$work/policy.toml"
     "$dir/gpushared" --socket "$sock" --socket-mode 0666 --backend cuda --config "$work/policy.toml" \
-        --no-telemetry --log info 2>> "$logs/broker.log" &
+        --no-telemetry --log info "$@" 2>> "$logs/broker.log" &
     broker_pid=$!
     for _ in $(seq 300); do
         "$dir/gpushare" --socket "$sock" status > /dev/null 2>&1 && return 0
@@ -87,7 +89,8 @@ wait_ready() {
 
 # fault KIND FILE: one culprit program; its line goes to FILE.
 fault() {
-    timeout 120 as gsculprit "$py" culprit.py "$1" >> "$2" 2>> "$logs/culprit.err"
+    timeout 120 setpriv --reuid gsculprit --regid gsculprit --clear-groups env HOME=/tmp \
+        "$work/bin/gpushare" --socket "$sock" run -- "$py" culprit.py "$1" >> "$2" 2>> "$logs/culprit.err"
     sleep "$pause"
 }
 
@@ -102,10 +105,10 @@ memory() { # memory WHEN: the GPU's memory use and gpushared's, into memory.txt
 
 start_broker
 echo "## storm: $faults device-side asserts, then $faults illegal addresses"
-seconds=$(awk -v n="$faults" -v p="$pause" 'BEGIN { print int(2 * n * (p + 2) + 30) }')
-as gsinfer "$py" victims.py infer --seconds "$seconds" --think-ms 2 --out "$work/out/infer.jsonl" 2> "$logs/infer.err" &
+stop=$work/out/stop
+as gsinfer "$py" victims.py infer --stop "$stop" --think-ms 2 --out "$work/out/infer.jsonl" 2> "$logs/infer.err" &
 infer_pid=$!
-as gstrain "$py" victims.py train --seconds "$seconds" --out "$work/out/train.jsonl" 2> "$logs/train.err" &
+as gstrain "$py" victims.py train --stop "$stop" --out "$work/out/train.jsonl" 2> "$logs/train.err" &
 train_pid=$!
 wait_ready "$work/out/infer.jsonl" && wait_ready "$work/out/train.jsonl" || exit 1
 sleep 3
@@ -115,25 +118,40 @@ for kind in assert illegal; do
         fault "$kind" "$work/out/faults.jsonl"
     done
 done
+sleep 2
+touch "$stop"
 wait "$infer_pid" "$train_pid"
+rm -f "$stop"
 cp "$work/out/infer.jsonl" "$work/out/train.jsonl" "$work/out/faults.jsonl" "$logs/"
 
-for gib in $hold; do
-    echo "## held memory: $gib GiB"
-    as gsinfer "$py" victims.py infer --seconds $((3 * 5 + 15)) --think-ms 2 --hold-gib "$gib" \
-        --out "$work/out/hold-$gib.jsonl" 2> "$logs/hold-$gib.err" &
-    pid=$!
-    wait_ready "$work/out/hold-$gib.jsonl" || exit 1
-    sleep 2
-    memory "holding $gib GiB"
-    for _ in 1 2 3; do
-        fault illegal "$work/out/faults-hold-$gib.jsonl"
+held() { # held LABEL SIZES: the held-memory phase with the broker running now
+    for gib in $2; do
+        echo "## held memory: $gib GiB ($1)"
+        local name=hold-$gib$1
+        as gsinfer "$py" victims.py infer --stop "$stop" --think-ms 2 --hold-gib "$gib" \
+            --out "$work/out/$name.jsonl" 2> "$logs/$name.err" &
+        local pid=$!
+        wait_ready "$work/out/$name.jsonl" || exit 1
+        sleep 2
+        memory "holding $gib GiB ($1)"
+        for _ in 1 2 3; do
+            fault illegal "$work/out/faults-$name.jsonl"
+        done
+        memory "holding $gib GiB ($1), after three faults"
+        sleep 2
+        touch "$stop"
+        wait "$pid"
+        rm -f "$stop"
+        cp "$work/out/$name.jsonl" "$work/out/faults-$name.jsonl" "$logs/"
     done
-    memory "holding $gib GiB, after three faults"
-    wait "$pid"
-    cp "$work/out/hold-$gib.jsonl" "$work/out/faults-hold-$gib.jsonl" "$logs/"
-done
+}
+held "" "$hold"
 stop_broker
+if [[ -n ${TAKEOVER_GIB-100} ]]; then
+    start_broker --spare-maps-at-takeover
+    held "-at-takeover" "${TAKEOVER_GIB-100}"
+    stop_broker
+fi
 
 "$py" "$dir/faults/report.py" "$logs"
 "$py" - "$logs" <<'PY'

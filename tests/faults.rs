@@ -409,3 +409,47 @@ fn a_users_fault_storm_is_refused_for_a_while_and_the_others_go_on() {
     verified_fill(&victim, 1.0).expect("the victim works");
     verified_fill(&broker.client(), 2.0).expect("a new client of another user works");
 }
+
+/// A client's modules and functions live on across a fault without being loaded again at
+/// takeover: the spare made them as they were made (and, with `--spare-maps-at-takeover`,
+/// the new worker makes them at takeover). The sim's own module format stands in for a GPU
+/// image (tests/gpu.rs runs PTX).
+#[test]
+fn a_clients_modules_live_on_across_a_fault() {
+    if test_backend() != "sim" {
+        return;
+    }
+    const SIM_MODULE: &[u8] = b"gpushare-sim-module 1\nkernel spin\n\0";
+    for args in [&[][..], &["--spare-maps-at-takeover"][..]] {
+        let broker = broker(args);
+        let victim = broker.client_named("victim");
+        let stream = victim.create_stream().expect("stream");
+        let module = victim
+            .load_module(gpushare::ModuleFormat::Ptx, SIM_MODULE)
+            .expect("sim module");
+        let spin = module.function("spin").expect("function");
+        let run = || {
+            victim
+                .launch_function(&stream, &spin, [1, 1, 1], [1, 1, 1], 0, &5u64.to_le_bytes())
+                .and_then(|()| stream.synchronize())
+        };
+        run().expect("the module runs");
+        assert!(gpushare_tests::wait_until(Duration::from_secs(30), || {
+            broker.log_text().contains("spare device worker ready")
+        }));
+        let holder = broker.device_holder();
+        let mut culprit = Scripted::start(&broker);
+        assert!(culprit.run("connect").starts_with("connected"));
+        assert!(culprit.run("illegal").starts_with("error"));
+        wait_for_takeover(&broker, holder);
+        run().expect("the same function runs in the new worker");
+        assert!(
+            victim.take_device_reset().is_none(),
+            "{args:?}: nothing lost"
+        );
+        let log = broker.log_text();
+        assert!(!log.contains("cannot make"), "{args:?}:\n{log}");
+        let ahead = format!("modules_made_ahead={}", args.is_empty());
+        assert!(log.contains(&ahead), "{args:?}: {ahead}\n{log}");
+    }
+}

@@ -36,6 +36,10 @@ pub struct Args {
     /// (saves a context's GPU memory; recovery after a fault then waits for a new one).
     #[arg(long)]
     pub no_spare_worker: bool,
+    /// Map clients' memory into the spare device worker only when it takes over after a
+    /// fault, not as it is made (for measuring the two; the default maps it ahead).
+    #[arg(long, hide = true)]
+    pub spare_maps_at_takeover: bool,
     /// Do not start that helper (a restart after a GPU fault then takes longer).
     #[arg(long, env = "GPUSHARE_NO_CUDA_HOLDER", value_parser = clap::builder::FalseyValueParser::new())]
     pub no_cuda_holder: bool,

@@ -77,18 +77,23 @@ def main():
     lost = [r.get("error", "") for r in infer if not r["ok"]]
     if lost:
         print(f"what the inference loop caught ({len(lost)}): {sorted(set(e[:160] for e in lost))}")
-    held = sorted(
-        (float(n[len("hold-"):-len(".jsonl")]), n) for n in os.listdir(logs)
-        if n.startswith("hold-") and n.endswith(".jsonl"))
+    def key(name):
+        stem = name[len("hold-"):-len(".jsonl")]
+        gib, _, how = stem.partition("-")
+        return (how, float(gib), name)
+
+    held = sorted(key(n) for n in os.listdir(logs)
+                  if n.startswith("hold-") and n.endswith(".jsonl"))
     if held:
         print()
-        print("| memory held by the inference program | faults | fault → next correct result, ms (median / max) | failed requests | memory intact after |")
-        print("|---|---|---|---|---|")
-        for gib, name in held:
+        print("| memory held by the inference program | the spare maps it | faults | fault → next correct result, ms (median / max) | failed requests | memory intact after |")
+        print("|---|---|---|---|---|---|")
+        for how, gib, name in held:
             reqs = requests(os.path.join(logs, name))
             fs = rows(os.path.join(logs, f"faults-{name}"))
             s = summary(os.path.join(logs, name))
-            print(f"| {gib:g} GiB | {len(fs)} | {fmt(next_correct_ms(reqs, fs))} | "
+            when = "at takeover" if how else "ahead"
+            print(f"| {gib:g} GiB | {when} | {len(fs)} | {fmt(next_correct_ms(reqs, fs))} | "
                   f"{sum(not r['ok'] for r in reqs)} | {s.get('held_intact')} |")
 
 

@@ -5,11 +5,13 @@ programs fault the GPU. Each writes one JSON line per request or step to --out:
 and a last line {"done": true, ...} with totals. Deterministic inputs, so a request's answer
 is compared bit for bit with the answer to the same request before any fault.
 
-  python3 victims.py infer --seconds 60 --think-ms 2 --out infer.jsonl [--hold-gib 10]
-  python3 victims.py train --seconds 60 --out train.jsonl
+  python3 victims.py infer --stop FILE --think-ms 2 --out infer.jsonl [--hold-gib 10]
+  python3 victims.py train --stop FILE --out train.jsonl
+Each runs until FILE exists (or --seconds pass).
 """
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -26,6 +28,11 @@ def mlp(width, layers, d_in, d_out):
     return nn.Sequential(*mods)
 
 
+def checksum(t):
+    """Row sums in float32, then their sum in float64: no copy of a large tensor."""
+    return t.view(-1, 1 << 20).sum(dim=1).double().sum().item()
+
+
 def emit(out, row):
     out.write(json.dumps(row) + "\n")
     out.flush()
@@ -38,16 +45,19 @@ def infer(args, out):
     held = None
     if args.hold_gib:
         # Memory held through the faults, with a pattern checked at the end.
-        n = int(args.hold_gib * (1 << 30)) // 4
-        held = torch.arange(n, device="cuda", dtype=torch.float32).remainder_(1009.0)
-        held_sum = held.sum(dtype=torch.float64).item()
+        n = int(args.hold_gib * (1 << 30)) // 4 // (1 << 20) * (1 << 20)
+        held = torch.empty(n, device="cuda", dtype=torch.float32)
+        for row in held.view(-1, 1 << 20):  # a pattern, without a second copy of it
+            row.copy_(torch.arange(1 << 20, device="cuda", dtype=torch.float32))
+        held.view(-1, 1 << 20).mul_(torch.arange(n >> 20, device="cuda").remainder(7).add(1)[:, None])
+        held_sum = checksum(held)
     with torch.no_grad():
         want = [model(x).cpu() for x in inputs]
     emit(out, {"ready": True, "t": time.time()})
     end = time.time() + args.seconds
     n = ok = correct = errors = 0
     i = 0
-    while time.time() < end:
+    while time.time() < end and not os.path.exists(args.stop):
         x = inputs[i % 4]
         start = time.perf_counter()
         row = {}
@@ -70,7 +80,7 @@ def infer(args, out):
     summary = {"done": True, "requests": n, "ok": ok, "correct": correct, "errors": errors}
     if held is not None:
         summary["held_gib"] = args.hold_gib
-        summary["held_intact"] = held.sum(dtype=torch.float64).item() == held_sum
+        summary["held_intact"] = checksum(held) == held_sum
     emit(out, summary)
 
 
@@ -85,7 +95,7 @@ def train(args, out):
     end = time.time() + args.seconds
     n = ok = errors = 0
     first = last = None
-    while time.time() < end:
+    while time.time() < end and not os.path.exists(args.stop):
         start = time.perf_counter()
         try:
             opt.zero_grad(set_to_none=True)
@@ -113,7 +123,8 @@ def train(args, out):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("what", choices=["infer", "train"])
-    ap.add_argument("--seconds", type=float, default=60)
+    ap.add_argument("--seconds", type=float, default=900)
+    ap.add_argument("--stop", default="/nonexistent")
     ap.add_argument("--think-ms", type=float, default=2.0)
     ap.add_argument("--hold-gib", type=float, default=0)
     ap.add_argument("--out", required=True)

@@ -368,7 +368,9 @@ impl Device {
     /// in the context that takes over after a fault.
     pub fn load_module(&self, format: ModuleFormat, image: Arc<[u8]>) -> DeviceResult<Module> {
         let (epoch, id) = (self.epoch(), self.name());
-        self.call(Call::LoadModule { id, format }, &image)?.done()?;
+        let call = Call::LoadModule { id, format };
+        self.call(call.clone(), &image)?.done()?;
+        self.link.mirror(id, &call, &image);
         self.owner.recipes.add(id, Recipe::Module { format, image });
         Ok(Module(Held::new(&self.owner, epoch, id, |module| {
             Call::DropModule { module }
@@ -378,8 +380,9 @@ impl Device {
     pub fn get_function(&self, module: &Module, name: &str) -> DeviceResult<Function> {
         let epoch = module.0.epoch;
         let (module, id) = (self.id(module)?, self.name());
-        self.call(Call::GetFunction { id, module }, name.as_bytes())?
-            .done()?;
+        let call = Call::GetFunction { id, module };
+        self.call(call.clone(), name.as_bytes())?.done()?;
+        self.link.mirror(id, &call, &Arc::from(name.as_bytes()));
         let recipe = Recipe::Function {
             module,
             name: name.to_string(),
@@ -404,7 +407,8 @@ impl Device {
             attribute,
             value,
         };
-        self.call(call, &[])?.done()?;
+        self.call(call.clone(), &[])?.done()?;
+        self.link.mirror(id, &call, &Arc::from(&[][..]));
         self.owner.recipes.note_attribute(id, attribute, value);
         Ok(())
     }
@@ -426,6 +430,7 @@ impl Device {
     pub fn reset(&self) -> DeviceResult<Memory> {
         let memory = self.link.reset()?;
         let started = Instant::now();
+        let mirrored = self.link.mirrors();
         let remade = match memory {
             Memory::Kept => self.remake(),
             Memory::Lost => Err(DeviceError::Failed(
@@ -434,7 +439,7 @@ impl Device {
         };
         match remade {
             Ok(n) => {
-                tracing::info!(handles = n, took = ?started.elapsed(), "every stream, event, module and function made again in the new context");
+                tracing::info!(handles = n, modules_made_ahead = mirrored, took = ?started.elapsed(), "every stream, event, module and function made again in the new context");
                 Ok(Memory::Kept)
             }
             Err(e) => {
@@ -446,9 +451,19 @@ impl Device {
         }
     }
 
-    /// Makes every live handle again, in the order they were made; returns how many.
+    /// Makes every live handle again, in the order they were made (modules and functions
+    /// only where the new context does not hold them already); returns how many.
     fn remake(&self) -> DeviceResult<usize> {
-        let all = self.owner.recipes.all();
+        let mirrored = self.link.mirrors();
+        let all: Vec<_> = self
+            .owner
+            .recipes
+            .all()
+            .into_iter()
+            .filter(|(_, r)| {
+                !(mirrored && matches!(r, Recipe::Module { .. } | Recipe::Function { .. }))
+            })
+            .collect();
         for (id, recipe) in &all {
             let id = *id;
             match recipe {

@@ -139,8 +139,10 @@ impl Drop for Held {
         let owner = &self.owner;
         owner.recipes.remove(self.id);
         if owner.epoch.load(std::sync::atomic::Ordering::Acquire) == self.epoch {
+            let release = (self.release)(self.id);
+            owner.link.forget_mirror(self.id, &release);
             // Nobody needs the answer; a failure leaves only a handle its context drops.
-            let _ = owner.link.post(None, (self.release)(self.id), &[]);
+            let _ = owner.link.post(None, release, &[]);
         }
     }
 }

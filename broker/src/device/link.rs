@@ -4,8 +4,8 @@
 
 use std::collections::HashMap;
 use std::os::fd::BorrowedFd;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use gpushare_protocol::control::DeviceInfo;
@@ -66,6 +66,16 @@ pub trait Link: Send + Sync + 'static {
     fn create_chunk(&self, at: u64, size: u64) -> DeviceResult<()>;
     /// Lets go of the chunk at `at` everywhere.
     fn release_chunk(&self, at: u64, size: u64);
+    /// Runs `call` (a module or function being made, or an attribute set on one: `owner`)
+    /// in the context ready to take over too, ahead of a fault, so that taking over costs no
+    /// module load. `payload` is the call's (an image, a name).
+    fn mirror(&self, _owner: Handle, _call: &Call, _payload: &Arc<[u8]>) {}
+    /// `owner` is released (by `release`): so is whatever was mirrored for it.
+    fn forget_mirror(&self, _owner: Handle, _release: &Call) {}
+    /// Whether the context that takes over after a reset holds what was mirrored already.
+    fn mirrors(&self) -> bool {
+        false
+    }
 
     /// Cuts short every wait on the device (they fail with [`DeviceError::Cancelled`]) until
     /// [`Link::reset`] finishes: the first step of recovering from a fault.

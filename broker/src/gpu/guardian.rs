@@ -120,7 +120,7 @@ impl DeviceHealth {
     fn recover(&self, device: &Device, gpu: u32, what: &str, hung: Option<u64>) {
         let started = Instant::now();
         // Who had work in flight when it happened?
-        let (suspects, sessions, holder, pids) = {
+        let (suspects, sessions, holder, pids, uids) = {
             let st = self.lock();
             let busy: Vec<u64> = st
                 .sessions
@@ -130,7 +130,8 @@ impl DeviceHealth {
                 .collect();
             let sessions: Vec<Arc<dyn Member>> = st.sessions.values().cloned().collect();
             let pids: HashMap<u64, i32> = st.sessions.values().map(|s| (s.id(), s.pid())).collect();
-            (busy, sessions, st.serial_holder, pids)
+            let uids: HashMap<u64, u32> = st.sessions.values().map(|s| (s.id(), s.uid())).collect();
+            (busy, sessions, st.serial_holder, pids, uids)
         };
         let culprit = match (hung, holder, suspects.as_slice()) {
             (Some(id), _, _) => Some(id),
@@ -226,6 +227,9 @@ impl DeviceHealth {
             let until = Instant::now() + self.config.probation;
             for id in &suspects {
                 st.probation.insert(*id, until);
+                if let Some(&uid) = uids.get(id) {
+                    st.probation_users.insert(uid, until);
+                }
             }
             tracing::warn!(gpu, ?suspects, probation = ?self.config.probation, "fault not attributable: suspects run one at a time");
         } else if let Some(c) = culprit {

@@ -54,6 +54,10 @@ pub(super) struct HealthState {
     pub(super) verdicts: HashMap<u64, Verdict>,
     /// Suspects of an unattributed fault, and when their probation ends.
     pub(super) probation: HashMap<u64, Instant>,
+    /// The suspects' users, and when their probation ends: a program of theirs that starts
+    /// meanwhile is a suspect too (a program that faults and exits, then another of the
+    /// same user, is then named by its second fault).
+    pub(super) probation_users: HashMap<u32, Instant>,
     /// The suspect whose work runs now (others on probation wait for it).
     pub(super) serial_holder: Option<u64>,
     /// Suspects waiting for the turn, in order: a release hands it to the first, so a busy
@@ -67,6 +71,7 @@ pub(super) struct HealthState {
 pub trait Member: Send + Sync {
     fn id(&self) -> u64;
     fn pid(&self) -> i32;
+    fn uid(&self) -> u32;
     /// Its in-flight stamps.
     fn watch(&self) -> &FaultWatch;
     /// Wakes its data thread (so that it parks for a reset).
@@ -215,6 +220,18 @@ impl DeviceHealth {
     /// Until when the session is a suspect on probation, if it is.
     pub fn probation_until(&self, id: u64) -> Option<Instant> {
         self.lock().probation.get(&id).copied()
+    }
+
+    /// Until when a new session of user `uid` is on probation (its user's), if it is.
+    pub fn probation_for(&self, id: u64, uid: u32) -> Option<Instant> {
+        let mut st = self.lock();
+        let now = Instant::now();
+        st.probation_users.retain(|_, &mut until| until > now);
+        if let Some(&until) = st.probation_users.get(&uid) {
+            let until = st.probation.get(&id).map_or(until, |&u| u.max(until));
+            st.probation.insert(id, until);
+        }
+        st.probation.get(&id).copied()
     }
 
     /// Ends the turn; the suspect that has waited longest gets it.

@@ -21,6 +21,8 @@ pub struct Workers {
     sim_realtime: bool,
     fault_injection: bool,
     spare: bool,
+    /// The spare maps clients' memory as it is made (else when it takes over).
+    map_ahead: bool,
     log: String,
     /// Where an earlier image of gpushared had each GPU's clients' memory.
     handover: Vec<Option<Handover>>,
@@ -35,6 +37,7 @@ impl Workers {
             sim_realtime: args.sim_realtime,
             fault_injection: args.allow_fault_injection,
             spare: !args.no_spare_worker,
+            map_ahead: !args.spare_maps_at_takeover,
             log: args.log.clone(),
             handover: Handover::inherited(),
         }
@@ -69,7 +72,7 @@ impl Workers {
             let starting: Vec<_> = specs
                 .into_iter()
                 .map(|spec| {
-                    let (exe, spare) = (exe.clone(), self.spare);
+                    let (exe, spare, ahead) = (exe.clone(), self.spare, self.map_ahead);
                     // Fresh memory goes above what the image before handed out.
                     let floor = self
                         .handover
@@ -79,7 +82,7 @@ impl Workers {
                         .map_or(0, |h| h.floor);
                     scope.spawn(move || {
                         let label = spec.label.clone();
-                        Remote::open(exe, spec, spare)
+                        Remote::open(exe, spec, spare, ahead)
                             .map(|r| Device::remote(r, floor))
                             .with_context(|| format!("cannot open {label}"))
                     })

@@ -128,10 +128,11 @@ impl Broker {
             .module(module)
             .ok_or_else(|| wire(ErrorCode::InvalidHandle, format!("no module {module}")))?;
         let device = device.clone();
+        let asked = name.clone();
         let (ptr, size) = tokio::task::spawn_blocking(move || {
             let module = device.id(&*m)?;
             device
-                .call(Call::ModuleGlobal { module }, name.as_bytes())?
+                .call(Call::ModuleGlobal { module }, asked.as_bytes())?
                 .pair()
         })
         .await
@@ -143,7 +144,7 @@ impl Broker {
         modules
             .lock()
             .map_err(|_| wire(ErrorCode::Internal, "module table poisoned"))?
-            .add_global(module, ptr, size);
+            .add_global(module, ptr, size, name);
         Ok((ptr, size))
     }
 

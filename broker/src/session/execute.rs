@@ -56,7 +56,7 @@ impl SessionState {
                 dst,
                 len,
             } => {
-                self.check_device(dst, len)?;
+                self.check_write(dst, len)?;
                 let src = self
                     .region
                     .arena_slice(arena_offset, len)
@@ -107,7 +107,7 @@ impl SessionState {
                 len,
             } => {
                 self.check_device(src, len)?;
-                self.check_device(dst, len)?;
+                self.check_write(dst, len)?;
                 let copy = |stream| Call::CopyDtoD {
                     stream,
                     src,
@@ -127,7 +127,7 @@ impl SessionState {
                 value,
                 len,
             } => {
-                self.check_device(dst, len)?;
+                self.check_write(dst, len)?;
                 let memset = |stream| Call::Memset {
                     stream,
                     dst,
@@ -466,6 +466,23 @@ impl SessionState {
             self.note_legacy(stream);
         }
         r
+    }
+
+    /// [`SessionState::check_device`] for a range a command writes: a write into a module
+    /// global is noted (see `reset`).
+    pub(super) fn check_write(&self, ptr: DevicePtr, len: u64) -> Result<(), ErrorCode> {
+        match self.allocations.check_range(ptr, len) {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                let mut modules = self.modules.lock().map_err(|_| ErrorCode::Internal)?;
+                if modules.in_global(ptr, len) {
+                    modules.note_write(ptr, len);
+                    Ok(())
+                } else {
+                    Err(e)
+                }
+            }
+        }
     }
 
     /// Checks that `[ptr, ptr + len)` is the client's: in one of its allocations, or in a

@@ -98,6 +98,10 @@ impl Member for SessionInfo {
         self.pid
     }
 
+    fn uid(&self) -> u32 {
+        self.uid
+    }
+
     fn watch(&self) -> &FaultWatch {
         &self.fault_watch
     }

@@ -67,7 +67,7 @@ impl SessionState {
             } => count
                 .checked_mul(elem_bytes as u64)
                 .ok_or(ErrorCode::InvalidArgument)
-                .and_then(|len| self.check_device(dst, len))
+                .and_then(|len| self.check_write(dst, len))
                 .and_then(|()| {
                     self.on_stream(stream, |d, s| {
                         let memset = |stream| Call::Memset {
@@ -85,7 +85,7 @@ impl SessionState {
                 arena_offset,
                 dst,
                 len,
-            } => self.check_device(dst, len).and_then(|()| {
+            } => self.check_write(dst, len).and_then(|()| {
                 let src = self
                     .region
                     .arena_slice(arena_offset, len)
@@ -137,7 +137,7 @@ impl SessionState {
                 offset,
                 dst,
                 len,
-            } => self.check_device(dst, len).and_then(|()| {
+            } => self.check_write(dst, len).and_then(|()| {
                 let host = self.host(region)?;
                 let src = host
                     .slice(offset, len)

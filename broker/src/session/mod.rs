@@ -201,7 +201,7 @@ impl SessionState {
     ) -> Result<SessionState, DeviceError> {
         let GpuServices { health, dispatch } = gpu;
         // A suspect carried over a restart starts on probation.
-        let probation_until = health.probation_until(info.id);
+        let probation_until = health.probation_for(info.id, info.uid);
         // SAFETY: one init per region; `region` is kept alive in `self` for as long as the
         // rings exist (fields drop after `reclaim` in `run`).
         let rings = unsafe { region.init_rings() };

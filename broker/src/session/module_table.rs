@@ -17,8 +17,12 @@ pub const MAX_FUNCTIONS: usize = 65536;
 #[derive(Default)]
 pub struct ModuleTable {
     handles: Handles<Module, Function>,
-    /// Module globals the client looked up (base → (size, module)): copies may name them.
-    globals: BTreeMap<u64, (u64, u64)>,
+    /// Module globals the client looked up (base → (size, module, name)): copies may name
+    /// them.
+    globals: BTreeMap<u64, (u64, u64, String)>,
+    /// Whether a copy or memset wrote into a global: its contents are then the client's, and
+    /// a module loaded again starts from its image's.
+    globals_written: bool,
     /// Each module's image, kept while loaded: the broker shares image bytes between
     /// sessions by their hash for as long as one of them holds it.
     images: HashMap<u64, Arc<[u8]>>,
@@ -41,8 +45,8 @@ impl ModuleTable {
     }
 
     /// Records a global of module `module` that the client may copy to and from.
-    pub fn add_global(&mut self, module: u64, ptr: u64, size: u64) {
-        self.globals.insert(ptr, (size, module));
+    pub fn add_global(&mut self, module: u64, ptr: u64, size: u64, name: String) {
+        self.globals.insert(ptr, (size, module, name));
     }
 
     /// Whether `[ptr, ptr + len)` lies inside one global the client looked up.
@@ -53,7 +57,7 @@ impl ModuleTable {
         self.globals
             .range(..=ptr)
             .next_back()
-            .is_some_and(|(&base, &(size, _))| end <= base.saturating_add(size))
+            .is_some_and(|(&base, &(size, _, _))| end <= base.saturating_add(size))
     }
 
     pub fn module(&self, id: u64) -> Option<Arc<Module>> {
@@ -68,14 +72,29 @@ impl ModuleTable {
         self.handles.function(id)
     }
 
-    /// Whether the client looked up any module global (its address is the context's).
-    pub fn has_globals(&self) -> bool {
-        !self.globals.is_empty()
+    /// A command writes `[ptr, ptr + len)`: note whether that is in a global.
+    pub fn note_write(&mut self, ptr: u64, len: u64) {
+        if !self.globals_written && self.in_global(ptr, len) {
+            self.globals_written = true;
+        }
+    }
+
+    /// Whether a copy or memset wrote into a global the client looked up.
+    pub fn globals_written(&self) -> bool {
+        self.globals_written
+    }
+
+    /// Every global the client looked up: (its address, size, module, name).
+    pub fn globals(&self) -> Vec<(u64, u64, u64, String)> {
+        self.globals
+            .iter()
+            .map(|(&base, (size, module, name))| (base, *size, *module, name.clone()))
+            .collect()
     }
 
     /// Unloads a module and forgets its functions and globals.
     pub fn remove_module(&mut self, id: u64) -> bool {
-        self.globals.retain(|_, &mut (_, m)| m != id);
+        self.globals.retain(|_, (_, m, _)| *m != id);
         self.images.remove(&id);
         self.handles.remove_module(id)
     }

@@ -302,11 +302,7 @@ impl SessionState {
     /// lost at its next synchronization (as do events recorded on it); nothing else changes.
     /// Fails where the client's state cannot be kept (a module global it looked up moved).
     fn survive(&mut self) -> Result<(), String> {
-        if self.modules.lock().map(|m| m.has_globals()).unwrap_or(true) {
-            return Err(
-                "it looked up a module global, whose address the new context changes".into(),
-            );
-        }
+        self.globals_kept()?;
         // What the old context had registered, the new one registers again.
         self.register_arena().map_err(|e| e.to_string())?;
         self.register_hosts_again()?;
@@ -332,6 +328,43 @@ impl SessionState {
             );
         }
         self.lost.work.extend(lost);
+        Ok(())
+    }
+
+    /// Whether the module globals the client looked up are where they were in the new
+    /// context (the module was loaded again there): their addresses are in its hands. Their
+    /// contents start again from the image, so a client that wrote into one loses its state.
+    fn globals_kept(&self) -> Result<(), String> {
+        let modules = self
+            .modules
+            .lock()
+            .map_err(|_| "its module table is poisoned".to_string())?;
+        let globals = modules.globals();
+        if globals.is_empty() {
+            return Ok(());
+        }
+        if modules.globals_written() {
+            return Err("it wrote into a module global, which the new context has afresh".into());
+        }
+        for (base, size, module, name) in globals {
+            let m = modules
+                .module(module)
+                .ok_or_else(|| format!("the module of global `{name}` is gone"))?;
+            let id = self.device.id(&*m).map_err(|e| e.to_string())?;
+            let (now, now_size) = self
+                .device
+                .call(
+                    crate::device::Call::ModuleGlobal { module: id },
+                    name.as_bytes(),
+                )
+                .and_then(crate::device::Reply::pair)
+                .map_err(|e| format!("global `{name}`: {e}"))?;
+            if (now, now_size) != (base, size) {
+                return Err(format!(
+                    "module global `{name}` is at {now:#x} in the new context, not {base:#x}"
+                ));
+            }
+        }
         Ok(())
     }
 

@@ -310,28 +310,12 @@ impl Remote {
 
     /// Sends a payload too big for a channel as a memfd of its own.
     fn send_blob(&self, active: &Active, payload: &[u8]) -> DeviceResult<u64> {
-        use nix::fcntl::{FcntlArg, SealFlag, fcntl};
-        use nix::sys::memfd::{MFdFlags, memfd_create};
-        let fail = |what: &str, e: &dyn std::fmt::Display| {
+        let file = payload_memfd(payload).map_err(|e| {
             DeviceError::Failed(format!(
-                "cannot hand a large payload to the device worker: {what}: {e}"
+                "cannot hand a large payload to the device worker: {e}"
             ))
-        };
-        let fd = memfd_create(
-            "gpushare-worker-blob",
-            MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING,
-        )
-        .map_err(|e| fail("memfd", &e))?;
-        let mut file = std::fs::File::from(fd);
-        std::io::Write::write_all(&mut file, payload).map_err(|e| fail("write", &e))?;
-        // The worker maps it in whole pages; it reads only `payload.len()` bytes of them.
+        })?;
         let len = (payload.len() as u64).div_ceil(4096) * 4096;
-        file.set_len(len).map_err(|e| fail("size", &e))?;
-        fcntl(
-            &file,
-            FcntlArg::F_ADD_SEALS(SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW),
-        )
-        .map_err(|e| fail("seal", &e))?;
         let id = self.shared.next_blob.fetch_add(1, Ordering::Relaxed);
         active
             .process
@@ -339,4 +323,26 @@ impl Remote {
             .map_err(|e| self.worker_lost(&e.to_string()))?;
         Ok(id)
     }
+}
+
+/// `payload` in a sealed memfd of whole pages (the worker maps it; it reads only
+/// `payload.len()` bytes of them).
+pub(super) fn payload_memfd(payload: &[u8]) -> Result<std::os::fd::OwnedFd, String> {
+    use nix::fcntl::{FcntlArg, SealFlag, fcntl};
+    use nix::sys::memfd::{MFdFlags, memfd_create};
+    let fd = memfd_create(
+        "gpushare-worker-blob",
+        MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING,
+    )
+    .map_err(|e| format!("memfd: {e}"))?;
+    let mut file = std::fs::File::from(fd);
+    std::io::Write::write_all(&mut file, payload).map_err(|e| format!("write: {e}"))?;
+    let len = (payload.len() as u64).div_ceil(4096) * 4096;
+    file.set_len(len).map_err(|e| format!("size: {e}"))?;
+    fcntl(
+        &file,
+        FcntlArg::F_ADD_SEALS(SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW),
+    )
+    .map_err(|e| format!("seal: {e}"))?;
+    Ok(file.into())
 }

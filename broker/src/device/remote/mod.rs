@@ -80,6 +80,8 @@ pub(super) struct Shared {
     pub(super) info: DeviceInfo,
     pub(super) sm_partitions: bool,
     pub(super) use_spare: bool,
+    /// The spare maps every chunk as it is made (else only when it takes over).
+    pub(super) map_ahead: bool,
     pub(super) active: RwLock<Arc<Active>>,
     pub(super) spare: Mutex<SpareSlot>,
     pub(super) spare_ready: Condvar,
@@ -92,9 +94,21 @@ pub(super) struct Shared {
     /// Clients' memory: each chunk's size and descriptor, by address. The active worker and
     /// the spare map every one; gpushared's descriptor keeps it alive whatever they do.
     pub(super) chunks: Mutex<BTreeMap<u64, (u64, OwnedFd)>>,
+    /// What the spare makes ahead of a fault besides (modules, functions, their attributes),
+    /// in order: (owner, the call, its payload).
+    pub(super) mirrored: Mutex<Mirrored>,
+    pub(super) next_mirror: AtomicU64,
+    /// Whether the spare made every mirrored call (one that could not still maps memory:
+    /// the sessions' modules are loaded again at takeover instead).
+    pub(super) spare_mirrors: AtomicBool,
+    /// Whether the worker serving now holds every mirrored object.
+    pub(super) active_mirrors: AtomicBool,
     pub(super) next_blob: AtomicU64,
     pub(super) ledger: Ledger,
 }
+
+/// What a spare makes ahead of a fault, in order: (owner, the call, its payload).
+pub(super) type Mirrored = BTreeMap<u64, (Handle, Call, Arc<[u8]>)>;
 
 /// One region shared with the worker.
 pub(super) struct Shared_ {
@@ -109,8 +123,14 @@ pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 impl Remote {
     /// Starts a worker for `spec` from gpushared's executable `exe` and waits until its device
-    /// is open; then starts its spare beside it (when `spare`).
-    pub fn open(exe: PathBuf, mut spec: WorkerSpec, spare: bool) -> Result<Remote, WorkerError> {
+    /// is open; then starts its spare beside it (when `spare`), which maps clients' memory as
+    /// it is made (`map_ahead`) or when it takes over.
+    pub fn open(
+        exe: PathBuf,
+        mut spec: WorkerSpec,
+        spare: bool,
+        map_ahead: bool,
+    ) -> Result<Remote, WorkerError> {
         let started = Instant::now();
         if spec.builtins.is_none() {
             spec.builtins = lock(&COMPILED).clone();
@@ -149,6 +169,7 @@ impl Remote {
             info,
             sm_partitions,
             use_spare: spare,
+            map_ahead,
             active: RwLock::new(Arc::new(Active {
                 generation: 0,
                 process,
@@ -160,6 +181,10 @@ impl Remote {
             regions: Mutex::default(),
             space,
             chunks: Mutex::default(),
+            mirrored: Mutex::default(),
+            next_mirror: AtomicU64::new(1),
+            spare_mirrors: AtomicBool::new(false),
+            active_mirrors: AtomicBool::new(true),
             next_blob: AtomicU64::new(1),
             ledger: Ledger::default(),
         });
@@ -294,6 +319,34 @@ impl Link for Remote {
         spare::import_into_spare(shared, at, size, &fd);
         chunks.insert(at, (size, fd));
         Ok(())
+    }
+
+    fn mirror(&self, owner: Handle, call: &Call, payload: &Arc<[u8]>) {
+        if !(self.shared.use_spare && self.shared.map_ahead) {
+            return;
+        }
+        let shared = &self.shared;
+        let mut mirrored = lock(&shared.mirrored);
+        let seq = shared.next_mirror.fetch_add(1, Ordering::Relaxed);
+        mirrored.insert(seq, (owner, call.clone(), payload.clone()));
+        spare::mirror_into_spare(shared, call, payload);
+    }
+
+    fn forget_mirror(&self, owner: Handle, release: &Call) {
+        if !(self.shared.use_spare && self.shared.map_ahead) {
+            return;
+        }
+        let shared = &self.shared;
+        let mut mirrored = lock(&shared.mirrored);
+        let before = mirrored.len();
+        mirrored.retain(|_, (o, _, _)| *o != owner);
+        if mirrored.len() != before {
+            spare::mirror_into_spare(shared, release, &Arc::from(&[][..]));
+        }
+    }
+
+    fn mirrors(&self) -> bool {
+        self.shared.active_mirrors.load(Ordering::Acquire)
     }
 
     fn release_chunk(&self, at: u64, size: u64) {

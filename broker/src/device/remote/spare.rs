@@ -9,9 +9,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
+use super::calls;
 use super::process::{WorkerError, WorkerProcess};
 use super::wire::{FromWorker, ToWorker, WorkerSpec};
-use super::{Active, READY_TIMEOUT, Remote, SPARE_WAIT, Shared, lock};
+use super::{Active, Mirrored, READY_TIMEOUT, Remote, SPARE_WAIT, Shared, lock};
+use crate::device::call::Call;
 use crate::device::link::Memory;
 use crate::device::{DeviceError, DeviceResult};
 
@@ -27,10 +29,19 @@ pub(super) fn start_spare(shared: &Arc<Shared>) {
             let Some(shared) = weak.upgrade() else {
                 return;
             };
-            // Under the chunks' lock: a chunk made from now on is mapped into it as it is made.
+            // Under the chunks' and mirrors' locks: what is made from now on is mapped into it
+            // (made in it) as it is made.
             let chunks = lock(&shared.chunks);
+            let mirrored = lock(&shared.mirrored);
             let made = made.and_then(|p| {
-                map_every_chunk(&p, &chunks)?;
+                if shared.map_ahead {
+                    map_every_chunk(&p, &chunks)?;
+                    let made = make_every_mirror(&p, &mirrored);
+                    if let Err(e) = &made {
+                        tracing::warn!(error = %e, "the spare device worker cannot make the sessions' modules ahead of a fault; they are loaded again at takeover");
+                    }
+                    shared.spare_mirrors.store(made.is_ok(), Ordering::Release);
+                }
                 Ok(p)
             });
             match &made {
@@ -38,6 +49,7 @@ pub(super) fn start_spare(shared: &Arc<Shared>) {
                 Err(e) => tracing::warn!(device = %spec.label, error = %e, "cannot start a spare device worker"),
             }
             *lock(&shared.spare) = Some(made);
+            drop(mirrored);
             drop(chunks);
             shared.spare_ready.notify_all();
         });
@@ -75,8 +87,46 @@ fn map_every_chunk(
     Ok(())
 }
 
+/// Runs `call` in `p` (with its payload in a memfd).
+fn send_mirror(p: &WorkerProcess, call: &Call, payload: &[u8]) -> Result<(), WorkerError> {
+    let msg = ToWorker::Mirror {
+        call: call.clone(),
+        len: payload.len() as u64,
+    };
+    if payload.is_empty() {
+        return p.request(&msg, &[]);
+    }
+    let fd = calls::payload_memfd(payload)
+        .map_err(|e| WorkerError::Socket(format!("cannot hand over a payload: {e}")))?;
+    p.request(&msg, &[fd.as_raw_fd()])
+}
+
+/// Makes every mirrored module, function and attribute in a worker that is to serve.
+fn make_every_mirror(p: &WorkerProcess, mirrored: &Mirrored) -> Result<(), WorkerError> {
+    for (_, call, payload) in mirrored.values() {
+        send_mirror(p, call, payload)?;
+    }
+    Ok(())
+}
+
+/// Runs a mirrored call in the spare, if one is ready (one that cannot does without: the
+/// sessions' modules are then loaded again at takeover).
+pub(super) fn mirror_into_spare(shared: &Arc<Shared>, call: &Call, payload: &[u8]) {
+    let slot = lock(&shared.spare);
+    if let Some(Ok(p)) = slot.as_ref()
+        && shared.spare_mirrors.load(Ordering::Acquire)
+        && let Err(e) = send_mirror(p, call, payload)
+    {
+        tracing::warn!(error = %e, "the spare device worker cannot make a module ahead of a fault; it is loaded again at takeover");
+        shared.spare_mirrors.store(false, Ordering::Release);
+    }
+}
+
 /// Maps a chunk just made into the spare, if one is ready (one that cannot is replaced).
 pub(super) fn import_into_spare(shared: &Arc<Shared>, at: u64, size: u64, fd: &OwnedFd) {
+    if !shared.map_ahead {
+        return;
+    }
     let mut slot = lock(&shared.spare);
     if let Some(Ok(p)) = slot.as_ref()
         && let Err(e) = p.request(
@@ -95,6 +145,9 @@ pub(super) fn import_into_spare(shared: &Arc<Shared>, at: u64, size: u64, fd: &O
 
 /// Unmaps a chunk from the spare, if one is ready.
 pub(super) fn release_in_spare(shared: &Shared, at: u64, size: u64) {
+    if !shared.map_ahead {
+        return;
+    }
     if let Some(Ok(p)) = lock(&shared.spare).as_ref() {
         let _ = p.request(&ToWorker::ReleaseChunk { at, size }, &[]);
     }
@@ -110,7 +163,21 @@ impl Shared {
                 .wait_timeout_while(slot, SPARE_WAIT, |s| s.is_none())
                 .unwrap_or_else(|e| e.into_inner());
             match slot.take() {
-                Some(Ok(p)) if p.alive() => return Ok(p),
+                Some(Ok(p)) if p.alive() => {
+                    drop(slot);
+                    self.active_mirrors.store(
+                        self.spare_mirrors.load(Ordering::Acquire),
+                        Ordering::Release,
+                    );
+                    if !self.map_ahead {
+                        // Mapped now, at takeover: the time it takes is part of the recovery.
+                        let started = std::time::Instant::now();
+                        let chunks = lock(&self.chunks);
+                        map_every_chunk(&p, &chunks)?;
+                        tracing::info!(chunks = chunks.len(), took = ?started.elapsed(), "clients' memory mapped into the worker taking over");
+                    }
+                    return Ok(p);
+                }
                 Some(Ok(_)) => tracing::warn!("the spare device worker died; starting another"),
                 Some(Err(e)) => tracing::warn!(error = %e, "no spare device worker; starting one"),
                 None => tracing::warn!("the spare device worker is not ready; starting another"),
@@ -118,6 +185,8 @@ impl Shared {
         }
         let p = ready(WorkerProcess::spawn(&self.exe, &self.spec)?, &self.spec)?;
         map_every_chunk(&p, &lock(&self.chunks))?;
+        let made = self.map_ahead && make_every_mirror(&p, &lock(&self.mirrored)).is_ok();
+        self.active_mirrors.store(made, Ordering::Release);
         Ok(p)
     }
 }

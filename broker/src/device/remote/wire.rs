@@ -109,6 +109,12 @@ pub enum ToWorker {
         at: u64,
         size: u64,
     },
+    /// Run `call` here too (a spare making a module, a function or an attribute ahead of a
+    /// fault); a memfd of `len` bytes, its payload, comes with it when `len` is not 0.
+    Mirror {
+        call: Call,
+        len: u64,
+    },
 }
 
 /// Worker → gpushared, on the control socket.

@@ -107,6 +107,18 @@ struct Worker<B: Backend> {
     stop: AtomicBool,
 }
 
+/// The first `len` bytes of a payload memfd (whole pages long: see
+/// `calls::payload_memfd`).
+fn read_payload(fd: &OwnedFd, len: u64) -> Result<Vec<u8>, String> {
+    let pages = len.div_ceil(4096) * 4096;
+    let region = crate::shm::HostRegion::map(fd, pages, 0).map_err(|e| e.to_string())?;
+    let whole = region.whole();
+    let mut bytes = vec![0u8; whole.len()];
+    whole.read_into(&mut bytes);
+    bytes.truncate(len as usize);
+    Ok(bytes)
+}
+
 /// Runs a little of everything a client's first requests need (a stream, memory, a built-in
 /// kernel, cuBLAS), so that a spare taking over after a fault answers its first clients as
 /// fast as a worker that has served for a while. It gives everything back, leaving no
@@ -274,6 +286,16 @@ impl<B: Backend> Worker<B> {
                 .import_chunk(at, size, need_fd(fd)?.as_fd())
                 .map(|()| None)
                 .map_err(|e| e.to_string()),
+            ToWorker::Mirror { call, len } => {
+                let payload = match fd {
+                    Some(fd) if len > 0 => read_payload(&fd, len)?,
+                    _ => Vec::new(),
+                };
+                match self.executor.run(call, &payload).reply.ok() {
+                    Ok(_) => Ok(None),
+                    Err(e) => Err(e.to_string()),
+                }
+            }
             ToWorker::ReleaseChunk { at, size } => self
                 .executor
                 .release_chunk(at, size)
@@ -318,6 +340,20 @@ impl<B: Backend> Worker<B> {
                 Ok(bytes) => self.executor.run(envelope.call, &bytes),
                 Err(e) => Answer::failed(e),
             },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_payload_of_any_length_comes_back_whole() {
+        for len in [1usize, 4095, 4096, 844_568] {
+            let bytes: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+            let fd = super::super::calls::payload_memfd(&bytes).expect("memfd");
+            assert_eq!(read_payload(&fd, len as u64).expect("read"), bytes, "{len}");
         }
     }
 }
