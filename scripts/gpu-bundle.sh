@@ -9,7 +9,8 @@
 #   (libgpushare_interpose.so, gpu-pytorch-governed.sh, governed/*.py) and the consolidated-
 #   clients one (gpu-pytorch-consolidated.sh, consolidated/*.py and its launch program), the
 #   colocation benchmark (gpu-pytorch-colocate.sh, colocate/*.py), and GPU faults beside
-#   PyTorch programs (gpu-pytorch-faults.sh, faults/*.py). Copy
+#   PyTorch programs (gpu-pytorch-faults.sh, faults/*.py), and the probe of where module
+#   globals land in a worker that takes over (module_globals). Copy
 #   the folder to the GPU machine and run `./gpu-test.sh` (and the PyTorch checks) inside it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -52,6 +53,7 @@ cp scripts/governed/*.py "$out/governed/"
 cp scripts/colocate/*.py "$out/colocate/"
 cp scripts/consolidated/*.py scripts/consolidated/launch.c "$out/consolidated/"
 cc -O2 -o "$out/consolidated/launch" scripts/consolidated/launch.c -ldl
+cc -O2 -o "$out/module_globals" scripts/probes/module_globals.c -ldl
 # strip(1) warns about the cuda/ directory and goes on.
 strip "$out"/* "$out/consolidated/launch" 2>/dev/null || true
 du -sh "$out"

@@ -112,14 +112,15 @@ impl Device {
         self.link.call(call, &[], Some(deadline))?.reply.ok()
     }
 
-    /// Device memory that outlives the context (see `pool`).
-    pub fn alloc(&self, bytes: u64) -> DeviceResult<DevicePtr> {
-        self.pool.alloc(&*self.link, bytes)
+    /// Device memory that outlives the context (see `pool`), for user `owner`: what another
+    /// user freed is never handed to it with their bytes in it.
+    pub fn alloc(&self, bytes: u64, owner: u32) -> DeviceResult<DevicePtr> {
+        self.pool.alloc(&*self.link, bytes, owner)
     }
 
-    /// Allocates at exactly `ptr`; returns the memory it took.
-    pub fn alloc_at(&self, ptr: DevicePtr, bytes: u64) -> DeviceResult<u64> {
-        self.pool.alloc_at(&*self.link, ptr, bytes)
+    /// Allocates at exactly `ptr` for user `owner`; returns the memory it took.
+    pub fn alloc_at(&self, ptr: DevicePtr, bytes: u64, owner: u32) -> DeviceResult<u64> {
+        self.pool.alloc_at(&*self.link, ptr, bytes, owner)
     }
 
     pub fn free(&self, ptr: DevicePtr) -> DeviceResult<()> {

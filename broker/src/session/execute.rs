@@ -389,7 +389,10 @@ impl SessionState {
     ) -> Result<(DevicePtr, u64), ErrorCode> {
         let mut charge = bytes;
         let ptr = match at {
-            None => self.device.alloc(bytes).map_err(|e| e.code())?,
+            None => self
+                .device
+                .alloc(bytes, self.info.uid)
+                .map_err(|e| e.code())?,
             Some(ptr) => {
                 let end = ptr
                     .checked_add(bytes)
@@ -397,7 +400,7 @@ impl SessionState {
                 if self.allocations.overlaps(ptr, end) {
                     return Err(ErrorCode::AddressUnavailable);
                 }
-                let took = self.device.alloc_at(ptr, bytes).map_err(|e| {
+                let took = self.device.alloc_at(ptr, bytes, self.info.uid).map_err(|e| {
                     tracing::debug!(ptr = format_args!("{ptr:#x}"), bytes, error = %e, "cannot allocate at the address asked for");
                     e.code()
                 })?;

@@ -1,14 +1,19 @@
 //! [`Pool`]: clients' device memory, carved out of chunks the link holds (memory that outlives
 //! a context). Addresses come from the device's reserved [`Space`]; an allocation past
 //! [`SMALL_MAX`] gets a chunk of its own (rounded up to the granule), smaller ones share
-//! chunks of one granule, so a 512-byte allocation does not cost 2 MiB. At most one empty
-//! shared chunk is kept for the next small allocation; the rest go back at once.
+//! chunks of one granule with the same user's, so a 512-byte allocation does not cost 2 MiB
+//! and bytes one user freed are never handed to another (a fresh chunk comes zeroed from the
+//! driver). A user's empty shared chunk is kept while the user has other memory here, for
+//! their next small allocation; otherwise it goes back at once.
+
+mod ranges;
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
 use gpushare_protocol::DevicePtr;
 
+use self::ranges::Ranges;
 use super::link::{Link, Space};
 use super::{DeviceError, DeviceResult};
 
@@ -20,78 +25,11 @@ const ALIGN: u64 = 256;
 /// end meets no other allocation, and is refused.
 const GAP: u64 = ALIGN;
 
-/// Free ranges, start → length, kept merged.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-struct Ranges(BTreeMap<u64, u64>);
-
-impl Ranges {
-    fn with(start: u64, len: u64) -> Ranges {
-        let mut r = Ranges::default();
-        if len > 0 {
-            r.0.insert(start, len);
-        }
-        r
-    }
-
-    /// Takes `len` bytes aligned to `align` at or above `floor` (first fit).
-    fn take(&mut self, len: u64, align: u64, floor: u64) -> Option<u64> {
-        let (start, at) = self.0.iter().find_map(|(&s, &l)| {
-            let at = s.max(floor).checked_next_multiple_of(align)?;
-            (at.checked_add(len)? <= s + l).then_some((s, at))
-        })?;
-        self.take_exactly(start, at, len);
-        Some(at)
-    }
-
-    /// Takes `[at, at + len)`, which must lie inside the free range starting at `start`.
-    fn take_exactly(&mut self, start: u64, at: u64, len: u64) {
-        let Some(l) = self.0.remove(&start) else {
-            return;
-        };
-        if at > start {
-            self.0.insert(start, at - start);
-        }
-        let end = start + l;
-        if at + len < end {
-            self.0.insert(at + len, end - at - len);
-        }
-    }
-
-    /// Takes `[at, at + len)` if all of it is free.
-    fn take_at(&mut self, at: u64, len: u64) -> bool {
-        let Some((&start, &l)) = self.0.range(..=at).next_back() else {
-            return false;
-        };
-        let fits = at.checked_add(len).is_some_and(|end| end <= start + l);
-        if fits {
-            self.take_exactly(start, at, len);
-        }
-        fits
-    }
-
-    fn give(&mut self, mut at: u64, mut len: u64) {
-        if let Some((&s, &l)) = self.0.range(..at).next_back()
-            && s + l == at
-        {
-            self.0.remove(&s);
-            at = s;
-            len += l;
-        }
-        if let Some(&l) = self.0.get(&(at + len)) {
-            self.0.remove(&(at + len));
-            len += l;
-        }
-        self.0.insert(at, len);
-    }
-
-    fn bytes(&self) -> u64 {
-        self.0.values().sum()
-    }
-}
-
-/// One chunk: all one allocation's, or shared by small ones (its free blocks).
+/// One chunk: all one allocation's, or shared by one user's small ones (its free blocks).
 #[derive(Debug)]
 struct Chunk {
+    /// The user whose memory it holds.
+    owner: u32,
     size: u64,
     /// The address space it holds: its size, and a granule after a fresh chunk that nothing
     /// maps (a copy running past its end meets no other allocation).
@@ -150,24 +88,25 @@ impl Pool {
     }
 
     /// `bytes` of device memory at an address of the pool's choosing.
-    pub fn alloc(&self, link: &dyn Link, bytes: u64) -> DeviceResult<DevicePtr> {
+    pub fn alloc(&self, link: &dyn Link, bytes: u64, owner: u32) -> DeviceResult<DevicePtr> {
         let mut st = self.lock();
         let ptr = if bytes > SMALL_MAX {
             let size = self.round(bytes).ok_or(DeviceError::OutOfMemory)?;
-            let at = self.new_chunk(&mut st, link, size, false)?;
+            let at = self.new_chunk(&mut st, link, size, false, owner)?;
             st.allocations.insert(at, (at, bytes));
             at
         } else {
             let len = bytes.max(1).next_multiple_of(ALIGN) + GAP;
             let found = st.chunks.iter_mut().find_map(|(&at, c)| {
-                let free = c.shared.as_mut()?;
+                let mine = c.owner == owner;
+                let free = c.shared.as_mut().filter(|_| mine)?;
                 free.take(len, ALIGN, 0).map(|p| (at, p))
             });
             let (chunk, ptr) = match found {
                 Some(f) => f,
                 None => {
                     let size = self.round(SMALL_MAX).ok_or(DeviceError::OutOfMemory)?;
-                    let at = self.new_chunk(&mut st, link, size, true)?;
+                    let at = self.new_chunk(&mut st, link, size, true, owner)?;
                     let free = st
                         .chunks
                         .get_mut(&at)
@@ -187,7 +126,13 @@ impl Pool {
     /// `AddressUnavailable`. A small allocation goes into the shared chunk of its granule (made
     /// if need be), as it was made; a large one takes whole granules. Returns the memory it
     /// took.
-    pub fn alloc_at(&self, link: &dyn Link, ptr: DevicePtr, bytes: u64) -> DeviceResult<u64> {
+    pub fn alloc_at(
+        &self,
+        link: &dyn Link,
+        ptr: DevicePtr,
+        bytes: u64,
+        owner: u32,
+    ) -> DeviceResult<u64> {
         let g = self.granule();
         let unavailable = |why: &str| {
             DeviceError::AddressUnavailable(format!("{bytes} bytes at {ptr:#x}: {why}"))
@@ -202,7 +147,7 @@ impl Pool {
             .ok_or_else(|| unavailable("not a valid device range"))?;
         let mut st = self.lock();
         if bytes <= SMALL_MAX && hi - lo == g {
-            return self.place_small(&mut st, link, ptr, bytes, lo);
+            return self.place_small(&mut st, link, (ptr, bytes), lo, owner);
         }
         if !st.free.take_at(lo, hi - lo) {
             return Err(unavailable(
@@ -216,6 +161,7 @@ impl Pool {
         st.chunks.insert(
             lo,
             Chunk {
+                owner,
                 size: hi - lo,
                 span: hi - lo,
                 shared: None,
@@ -230,11 +176,16 @@ impl Pool {
         &self,
         st: &mut State,
         link: &dyn Link,
-        ptr: DevicePtr,
-        bytes: u64,
+        (ptr, bytes): (DevicePtr, u64),
         lo: u64,
+        owner: u32,
     ) -> DeviceResult<u64> {
         let g = self.granule();
+        if st.chunks.get(&lo).is_some_and(|c| c.owner != owner) {
+            return Err(DeviceError::AddressUnavailable(format!(
+                "{bytes} bytes at {ptr:#x}: another user's memory is there"
+            )));
+        }
         if !st.chunks.contains_key(&lo) {
             if !st.free.take_at(lo, g) {
                 return Err(DeviceError::AddressUnavailable(format!(
@@ -248,6 +199,7 @@ impl Pool {
             st.chunks.insert(
                 lo,
                 Chunk {
+                    owner,
                     size: g,
                     span: g,
                     shared: Some(Ranges::with(lo, g)),
@@ -275,6 +227,7 @@ impl Pool {
         link: &dyn Link,
         size: u64,
         shared: bool,
+        owner: u32,
     ) -> DeviceResult<u64> {
         let (floor, g) = (st.floor, self.granule());
         let span = size.checked_add(g).ok_or(DeviceError::OutOfMemory)?;
@@ -290,6 +243,7 @@ impl Pool {
         st.chunks.insert(
             at,
             Chunk {
+                owner,
                 size,
                 span,
                 shared: shared.then(|| Ranges::with(at, size)),
@@ -307,25 +261,41 @@ impl Pool {
         let Some(c) = st.chunks.get_mut(&chunk) else {
             return Ok(());
         };
-        let (size, span) = (c.size, c.span);
+        let (size, span, owner) = (c.size, c.span, c.owner);
         let release = match c.shared.as_mut() {
             None => true,
             Some(free) => {
                 free.give(ptr, len);
-                let empty = free.bytes() == size;
-                // One empty shared chunk stays for the next small allocation.
-                empty
-                    && st.chunks.iter().any(|(&a, o)| {
-                        a != chunk && o.shared.as_ref().is_some_and(|f| f.bytes() == o.size)
-                    })
+                free.bytes() == size && !keep_empty(&st, chunk, owner)
             }
         };
+        let mut gone = Vec::new();
         if release {
             st.chunks.remove(&chunk);
             st.free.give(chunk, span);
-            drop(st);
-            link.release_chunk(chunk, size);
+            gone.push((chunk, size));
         }
+        // The user's last memory went: so does an empty chunk kept for them.
+        let owners = |c: &u64, st: &State| st.chunks.get(c).is_some_and(|o| o.owner == owner);
+        if !st.allocations.values().any(|(c, _)| owners(c, &st)) {
+            let empty: Vec<(u64, u64, u64)> = st
+                .chunks
+                .iter()
+                .filter(|(_, o)| o.owner == owner)
+                .map(|(&a, o)| (a, o.size, o.span))
+                .collect();
+            for (a, size, span) in empty {
+                st.chunks.remove(&a);
+                st.free.give(a, span);
+                gone.push((a, size));
+            }
+        }
+        // Under the lock: a chunk made meanwhile at the address just given back must not
+        // meet the old one still mapped there.
+        for (a, size) in gone {
+            link.release_chunk(a, size);
+        }
+        drop(st);
         Ok(())
     }
 
@@ -345,122 +315,19 @@ impl Pool {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::device::sim::{SimDevice, SimOptions};
-    use crate::device::{Call, Device, Memory, Reply};
-
-    fn device() -> Device {
-        let sim = SimDevice::new(SimOptions {
-            memory: 64 << 20,
-            ..SimOptions::default()
-        });
-        Device::local(sim, None).expect("a sim device")
-    }
-
-    /// Device memory in use, as the device itself counts it.
-    fn used(d: &Device) -> u64 {
-        let (free, total) = d
-            .call(Call::MemoryInfo, &[])
-            .and_then(Reply::pair)
-            .expect("memory info");
-        total - free
-    }
-
-    #[test]
-    fn small_allocations_share_a_granule_and_large_ones_get_their_own() {
-        let d = device();
-        let g = d.space().granularity;
-        let a = d.alloc(512).expect("small");
-        let b = d.alloc(512).expect("small");
-        assert_eq!(used(&d), g, "two small allocations cost one granule");
-        assert!(b >= a + 512 + GAP, "apart: {a:#x} {b:#x}");
-        let big = d.alloc(3 << 20).expect("large");
-        assert_eq!(used(&d), g + (4 << 20), "rounded up to whole granules");
-        d.free(big).expect("free");
-        assert_eq!(used(&d), g, "a large allocation's chunk goes at once");
-        d.free(a).expect("free");
-        d.free(b).expect("free");
-        assert_eq!(used(&d), g, "one empty shared chunk is kept");
-        assert!(d.free(a).is_err(), "double free");
-        // Out of memory is the typed error, and nothing is left behind.
-        assert_eq!(d.alloc(1 << 30), Err(DeviceError::OutOfMemory));
-        assert_eq!(used(&d), g);
-    }
-
-    #[test]
-    fn placed_memory_goes_where_asked_or_says_why_not() {
-        let d = device();
-        let a = d.alloc(1000).expect("small");
-        d.free(a).expect("free");
-        // Back where it was, in its shared granule; a neighbour beside it.
-        assert_eq!(d.alloc_at(a, 1000), Ok(1000));
-        assert_eq!(d.alloc_at(a + 1024, 64), Ok(64));
-        assert!(matches!(
-            d.alloc_at(a + 512, 8),
-            Err(DeviceError::AddressUnavailable(_))
-        ));
-        assert!(matches!(
-            d.alloc_at(0x10, 8),
-            Err(DeviceError::AddressUnavailable(_))
-        ));
-    }
-
-    #[test]
-    fn memory_outlives_a_reset_of_its_context() {
-        let d = device();
-        let p = d.alloc(4096).expect("alloc");
-        let mut s = d
-            .create_stream(gpushare_protocol::PriorityClass::Normal)
-            .expect("stream");
-        let fill = gpushare_protocol::Kernel::FillF32 {
-            dst: p,
-            n: 1024,
-            value: 6.5,
-        };
-        d.queue(
-            &mut s,
-            |stream| Call::Launch {
-                stream,
-                kernel: fill,
-                start: None,
-            },
-            &[],
-        )
-        .expect("fill");
-        d.sync_stream(&mut s).expect("sync");
-        assert_eq!(d.reset(), Ok(Memory::Kept));
-        // The same stream handle, the same memory, the same bytes.
-        let sum = gpushare_protocol::Kernel::ReduceSumF32 { x: p, out: p, n: 4 };
-        d.queue(
-            &mut s,
-            |stream| Call::Launch {
-                stream,
-                kernel: sum,
-                start: None,
-            },
-            &[],
-        )
-        .expect("the stream lives on");
-        d.sync_stream(&mut s).expect("sync");
-        d.destroy_stream(s);
-        d.free(p).expect("free");
-    }
-
-    #[test]
-    fn free_ranges_merge_and_fit_aligned() {
-        let mut r = Ranges::with(0, 100);
-        assert_eq!(r.take(10, 8, 0), Some(0));
-        assert_eq!(r.take(10, 8, 0), Some(16), "aligned past the first");
-        assert_eq!(r.take(10, 1, 50), Some(50), "at or above the floor");
-        assert!(r.take_at(70, 10));
-        assert!(!r.take_at(75, 10), "taken already");
-        r.give(0, 10);
-        r.give(16, 10);
-        r.give(50, 10);
-        r.give(70, 10);
-        assert_eq!(r, Ranges::with(0, 100), "all merged back");
-        assert_eq!(r.take(101, 1, 0), None);
-    }
+/// Whether `owner`'s shared chunk at `chunk`, empty now, stays for their next small
+/// allocation: while they have other memory here, and no other empty chunk.
+fn keep_empty(st: &State, chunk: u64, owner: u32) -> bool {
+    let owners = |c: &u64| st.chunks.get(c).is_some_and(|o| o.owner == owner);
+    let other_memory = st
+        .allocations
+        .values()
+        .any(|(c, _)| *c != chunk && owners(c));
+    let other_empty = st.chunks.iter().any(|(&a, o)| {
+        a != chunk && o.owner == owner && o.shared.as_ref().is_some_and(|f| f.bytes() == o.size)
+    });
+    other_memory && !other_empty
 }
+
+#[cfg(test)]
+mod tests;
