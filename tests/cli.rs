@@ -122,6 +122,39 @@ fn status_and_clients_show_a_live_client() {
 }
 
 #[test]
+fn names_chosen_to_attack_a_terminal_or_a_log_are_shown_escaped() {
+    let broker = Broker::start();
+    // Retitles and clears the terminal, forges a log line, reverses what follows.
+    let hostile = "\x1b]0;owned\x07\x1b[2J\nINFO forged\u{202e}x";
+    let _c = busy_client(&broker, hostile);
+    for args in [
+        &["status"][..],
+        &["clients"],
+        &["status", "--json"],
+        &["top", "-b", "-n", "1"],
+    ] {
+        let text = success(gpushare(&broker, args));
+        assert!(
+            !text.contains(['\x1b', '\x07', '\u{202e}']),
+            "{args:?} passed a control character through:\n{text:?}"
+        );
+        assert!(
+            !text.lines().any(|l| l.starts_with("INFO forged")),
+            "{args:?} printed a line the name made:\n{text}"
+        );
+        assert!(text.contains("\\x1b]0;owned"), "{args:?}:\n{text}");
+    }
+    assert!(broker.wait_for_log("client connected", Duration::from_secs(5)));
+    let log = broker.log_text();
+    assert!(
+        !log.lines().any(|l| l.starts_with("INFO forged")),
+        "a forged log line:\n{log}"
+    );
+    assert!(!log.contains('\u{202e}'), "{log}");
+    assert!(log.contains("\\x1b]0;owned\\x07"), "{log}");
+}
+
+#[test]
 fn top_batch_prints_text_frames() {
     let broker = Broker::start();
     let _a = busy_client(&broker, "top-alpha");

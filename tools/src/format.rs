@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use bytesize::ByteSize;
 use gpushare::{ClientStats, StatusReport, UserStats};
+use gpushare_protocol::text::printable;
 
 use crate::top::collect::{Frame, Row};
 
@@ -323,9 +324,12 @@ fn table_line(cells: &[String]) -> String {
     line
 }
 
+/// `s` escaped ([`printable`]: a name is the broker's to show, but anyone can choose it) and
+/// cut to `n` characters.
 pub fn truncate(s: &str, n: usize) -> String {
+    let s = printable(s);
     if s.chars().count() <= n {
-        s.to_string()
+        s.into_owned()
     } else {
         s.chars().take(n.saturating_sub(1)).chain(['…']).collect()
     }

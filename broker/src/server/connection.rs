@@ -6,6 +6,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::{Arc, Mutex};
 
 use gpushare_protocol::control::{BrokerMessage, Hello, Role, Welcome};
+use gpushare_protocol::text::printable;
 use gpushare_protocol::{ErrorCode, PROTOCOL_VERSION};
 use tokio::sync::{oneshot, watch};
 use tokio_seqpacket::UnixSeqpacket;
@@ -77,7 +78,9 @@ impl Broker {
             .user
             .clone()
             .unwrap_or_else(|| identity.uid.to_string());
+        // Shown in terminals, logs and labels: escaped once here.
         let name: String = hello.client_name.chars().take(64).collect();
+        let name = printable(&name).into_owned();
         let welcome = |layout| Welcome {
             protocol_version: PROTOCOL_VERSION,
             broker_version: env!("CARGO_PKG_VERSION").into(),

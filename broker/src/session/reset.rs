@@ -8,6 +8,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use gpushare_protocol::control::{BrokerMessage, LostState};
+use gpushare_protocol::text::Printable;
 use gpushare_protocol::{Command, DevicePtr, ErrorCode, EventId, StreamId};
 
 use super::{SessionEnd, SessionState, StreamSlot};
@@ -349,7 +350,7 @@ impl SessionState {
         for (base, size, module, name) in globals {
             let m = modules
                 .module(module)
-                .ok_or_else(|| format!("the module of global `{name}` is gone"))?;
+                .ok_or_else(|| format!("the module of global `{}` is gone", Printable(&name)))?;
             let id = self.device.id(&*m).map_err(|e| e.to_string())?;
             let (now, now_size) = self
                 .device
@@ -358,10 +359,11 @@ impl SessionState {
                     name.as_bytes(),
                 )
                 .and_then(crate::device::Reply::pair)
-                .map_err(|e| format!("global `{name}`: {e}"))?;
+                .map_err(|e| format!("global `{}`: {e}", Printable(&name)))?;
             if (now, now_size) != (base, size) {
                 return Err(format!(
-                    "module global `{name}` is at {now:#x} in the new context, not {base:#x}"
+                    "module global `{}` is at {now:#x} in the new context, not {base:#x}",
+                    Printable(&name)
                 ));
             }
         }

@@ -10,6 +10,7 @@ use gpushare_bpf_common::{
 };
 use gpushare_protocol::stats::ProcessKind;
 use gpushare_protocol::stats::{IoctlStats, ProcessActivity};
+use gpushare_protocol::text::printable;
 
 use super::{decode, seed};
 
@@ -277,7 +278,8 @@ fn map_mut<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut aya::maps::Map,
         .ok_or_else(|| format!("the eBPF object has no {name} map (a build mismatch)"))
 }
 
+/// A process name as it can be shown: any process may name itself with escape sequences.
 fn comm_str(raw: &[u8]) -> String {
     let end = raw.iter().position(|&b| b == 0).unwrap_or(raw.len());
-    String::from_utf8_lossy(&raw[..end]).into_owned()
+    printable(&String::from_utf8_lossy(&raw[..end])).into_owned()
 }

@@ -20,6 +20,7 @@ pub mod ring;
 #[cfg(feature = "socket")]
 pub mod socket;
 pub mod stats;
+pub mod text;
 #[cfg(feature = "socket")]
 pub mod wake;
 

@@ -10,6 +10,7 @@ use std::collections::HashMap;
 use gpushare::{ClientStats, Monitor, StatusReport};
 use gpushare_protocol::control::DeviceInfo;
 use gpushare_protocol::stats::{ClientMode, ProcessActivity, TelemetryStatus};
+use gpushare_protocol::text::printable;
 use gpushare_tools::socket::BrokerSocket;
 use serde::Serialize;
 
@@ -220,8 +221,8 @@ impl Deriver {
                 key,
                 client_id: Some(c.client_id),
                 pid: c.pid,
-                user: c.user.clone(),
-                name: c.name.clone(),
+                user: printable(&c.user).into_owned(),
+                name: printable(&c.name).into_owned(),
                 kind: match c.mode() {
                     ClientMode::Governed => Kind::Governed,
                     _ if process.is_some() => Kind::Both,
@@ -276,7 +277,7 @@ impl Deriver {
                 client_id: None,
                 pid: p.pid,
                 user,
-                name: p.comm.clone(),
+                name: printable(&p.comm).into_owned(),
                 kind: Kind::Observed,
                 gpu: None,
                 class: None,

@@ -7,6 +7,7 @@ use std::ptr;
 
 use cudarc::driver::sys::{self, CUfunction, CUmodule};
 use gpushare_protocol::Kernel;
+use gpushare_protocol::text::Printable;
 
 use super::error::check;
 use crate::device::{DeviceError, DeviceResult};
@@ -201,9 +202,11 @@ pub fn function(module: CUmodule, name: &str) -> DeviceResult<CUfunction> {
         .map_err(|_| DeviceError::InvalidArgument("function name contains NUL".into()))?;
     let mut f = ptr::null_mut();
     // SAFETY: `module` is loaded; `cname` is NUL-terminated.
-    check(&format!("no function `{name}` in module"), unsafe {
-        sys::cuModuleGetFunction(&mut f, module, cname.as_ptr())
-    })?;
+    let status = unsafe { sys::cuModuleGetFunction(&mut f, module, cname.as_ptr()) };
+    check(
+        &format!("no function `{}` in module", Printable(name)),
+        status,
+    )?;
     Ok(f)
 }
 

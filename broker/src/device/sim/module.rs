@@ -11,6 +11,8 @@
 //! `kernel NAME` declares a function that occupies the device for as many microseconds as its
 //! one parameter says (a `u64`, packed at offset 0), like the built-in `Spin` kernel.
 
+use gpushare_protocol::text::Printable;
+
 use crate::device::{DeviceError, DeviceResult, FunctionShape};
 
 /// The first line of a sim module.
@@ -71,7 +73,8 @@ impl SimModule {
             })
         } else {
             Err(DeviceError::InvalidArgument(format!(
-                "no function `{name}` in module"
+                "no function `{}` in module",
+                Printable(name)
             )))
         }
     }
