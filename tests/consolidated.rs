@@ -14,7 +14,7 @@ use gpushare_protocol::Command;
 use gpushare_protocol::control::Role;
 use gpushare_tests::cuda_program::{CudaProgram, Running, assert_passed, run};
 use gpushare_tests::raw::RawClient;
-use gpushare_tests::{Broker, BrokerOptions, SystemUser, other_users};
+use gpushare_tests::{Broker, BrokerOptions, SystemUser, other_users, wait_until};
 
 /// Longest a stand-in run may take: far more than it needs, short of a hung test.
 const RUN_TIMEOUT: Duration = Duration::from_secs(120);
@@ -82,6 +82,40 @@ fn an_unmodified_program_runs_its_cuda_work_in_gpushared() {
             .clients
             .is_empty()),
         "the program's session ended with it"
+    );
+}
+
+#[test]
+fn a_program_that_loads_and_unloads_modules_does_not_grow() {
+    let broker = Broker::start();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let program = CudaProgram::build(dir.path(), false);
+    // 150 cycles of a 256 KiB image: kept, they would be 37.5 MiB.
+    let out = run(
+        program.command(&broker.socket, &["modules", "150", "262144"]),
+        RUN_TIMEOUT,
+    );
+    assert!(out.status.success(), "{}\n{}", out.stdout, out.stderr);
+    let rss: Vec<i64> = out
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("rss "))
+        .map(|r| {
+            r.split_whitespace()
+                .filter_map(|w| w.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    let [first, last] = rss[..] else {
+        panic!("no `rss FIRST LAST` line:\n{}", out.stdout);
+    };
+    assert!(
+        last - first < 16 << 10,
+        "the program grew from {first} kB to {last} kB over 135 load/unload cycles"
+    );
+    assert!(
+        wait_until(Duration::from_secs(5), || broker.status().users.is_empty()),
+        "the module images went with the program"
     );
 }
 

@@ -1,13 +1,15 @@
-//! Bounds per user: sessions and page-locked host memory, from the policy (64 sessions and
-//! 2 GiB by default). Past them a new session is refused with a sentence naming the bound,
-//! the broker's threads and memory stay bounded, and other users still connect. A thousand
-//! idle clients cost no CPU and little memory.
+//! Bounds per user: sessions, page-locked host memory, connections of every kind and module
+//! images, from the policy (64 sessions, 2 GiB, 128 connections and 1 GiB by default). Past
+//! them a new session, connection or image is refused with a sentence naming the bound, the
+//! broker's threads and memory stay bounded, and other users still connect. Idle monitor
+//! connections are closed. A thousand idle clients cost no CPU and little memory.
 
 use std::io::{BufRead, BufReader};
 use std::process::Stdio;
 use std::time::Duration;
 
 use gpushare::{Client, ConnectOptions, ErrorCode};
+use gpushare_tests::faults::Scripted;
 use gpushare_tests::{Broker, BrokerOptions, SystemUser, other_users, wait_until};
 
 /// A line of `/proc/PID/status` (`Threads:`, `VmRSS:`), as a number (kB for sizes).
@@ -157,6 +159,116 @@ fn page_locked_memory_past_the_users_bound_is_refused() {
     });
     assert!(again, "the memory of ended sessions is given back");
     drop(small);
+}
+
+#[test]
+fn a_users_connections_and_module_images_are_bounded_and_others_are_served() {
+    let test = "a_users_connections_and_module_images_are_bounded_and_others_are_served";
+    let Some((a, b)) = other_users(test) else {
+        return;
+    };
+    let policy = format!(
+        "[[users]]\nname = \"{}\"\nmax_connections = 4\nmax_module_memory = \"1 MiB\"\n",
+        a.name
+    );
+    let broker = Broker::start_with(BrokerOptions {
+        policy: Some(policy),
+        ..Default::default()
+    });
+    broker.dump_log_if_stuck(Duration::from_secs(60));
+    let mut hog = Scripted::start_as(&broker, &a);
+    assert!(hog.run("connect").starts_with("connected"));
+    // The session is one connection: three monitors more, and the fourth is refused.
+    let refused = hog.run("monitors 10");
+    assert!(
+        refused.starts_with("refused after 3:")
+            && refused.contains("has 4 connections to gpushared open")
+            && refused.contains("max_connections"),
+        "{refused}"
+    );
+    // Everyone else is served meanwhile: another user, and root's `gpushare status`.
+    let mut other = Scripted::start_as(&broker, &b);
+    assert!(other.run("connect").starts_with("connected"));
+    assert_eq!(other.run("fill"), "ok");
+    let status = broker.status();
+    let hogs = status
+        .users
+        .iter()
+        .find(|u| u.uid == a.uid)
+        .expect("the user's totals");
+    assert_eq!((hogs.connections, hogs.max_connections), (4, 4), "{hogs:?}");
+
+    // Module images: 600 KB fits the 1 MiB bound, a second distinct one does not, the same
+    // bytes again cost nothing, and unloading gives the room back.
+    assert_eq!(hog.run("load-image 600000 1"), "loaded");
+    let past = hog.run("load-image 600000 2");
+    assert!(
+        past.contains("max_module_memory of 1.0 MiB") && past.contains("585.9 KiB more"),
+        "{past}"
+    );
+    assert_eq!(
+        hog.run("load-image 600000 1"),
+        "loaded",
+        "the same bytes again"
+    );
+    let held = broker.status();
+    let hogs = held.users.iter().find(|u| u.uid == a.uid).expect("totals");
+    assert_eq!(hogs.module_bytes, 600000, "counted once: {hogs:?}");
+    assert_eq!(hog.run("unload-all"), "unloaded");
+    assert!(wait_until(Duration::from_secs(5), || {
+        broker
+            .status()
+            .users
+            .iter()
+            .any(|u| u.uid == a.uid && u.module_bytes == 0)
+    }));
+    assert_eq!(hog.run("load-image 600000 2"), "loaded");
+
+    // Connections given back are room again.
+    assert_eq!(hog.run("drop-monitors"), "dropped");
+    assert!(wait_until(Duration::from_secs(5), || hog.run("monitors 1")
+        == "monitors 1"));
+}
+
+#[test]
+fn idle_monitor_connections_are_closed_and_top_reconnects() {
+    let broker = Broker::start_with(BrokerOptions {
+        extra_args: vec!["--monitor-idle-timeout".into(), "0.3".into()],
+        ..Default::default()
+    });
+    let sock = gpushare_conn::ControlSocket::connect(&broker.socket).expect("connect");
+    let hello = gpushare_protocol::control::Hello {
+        protocol_version: gpushare_protocol::PROTOCOL_VERSION,
+        role: gpushare_protocol::control::Role::Monitor,
+        client_name: "idle".into(),
+        requested_class: None,
+        sq_entries: 0,
+        arena_size: 0,
+        gpu: None,
+    };
+    sock.handshake(hello).expect("welcomed");
+    let timeout = nix::sys::time::TimeVal::new(10, 0);
+    nix::sys::socket::setsockopt(
+        &sock.as_fd(),
+        nix::sys::socket::sockopt::ReceiveTimeout,
+        &timeout,
+    )
+    .expect("receive timeout");
+    match sock.recv() {
+        Ok((gpushare_protocol::control::BrokerMessage::Evicted { reason }, _)) => {
+            assert!(reason.contains("without a request"), "{reason}")
+        }
+        other => panic!("expected the idle monitor closed, got {other:?}"),
+    }
+    // `top` outlives the timeout between refreshes: it connects again, and says nothing of it.
+    let out = broker
+        .command("gpushare")
+        .args(["top", "-b", "-n", "2", "-d", "0.6"])
+        .output()
+        .expect("run top");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert_eq!(text.matches("gpushared ").count(), 2, "two frames:\n{text}");
 }
 
 #[test]

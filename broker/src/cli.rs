@@ -113,6 +113,10 @@ pub struct Args {
     /// this many seconds is evicted. Meanwhile it holds nothing in the scheduler.
     #[arg(long, value_name = "SECONDS", default_value_t = 30.0, value_parser = parse_seconds)]
     pub stalled_client_timeout: f64,
+    /// A monitor connection (`gpushare status`, `top`) that asks nothing for this many seconds
+    /// is closed (`gpushare top` reconnects on its next refresh).
+    #[arg(long, value_name = "SECONDS", default_value_t = 300.0, value_parser = parse_seconds)]
+    pub monitor_idle_timeout: f64,
     /// After a fault that cannot be pinned on one client, the clients whose work was in
     /// flight run one at a time for this many seconds, so that a second fault names the
     /// culprit.

@@ -24,6 +24,8 @@ pub struct BrokerConfig {
     pub high_spin: Duration,
     /// How long a client may leave its completion ring full before it is evicted.
     pub stall_limit: Duration,
+    /// How long a monitor connection may ask nothing before it is closed.
+    pub monitor_idle: Duration,
     /// Path of the policy file in use, for status.
     pub policy_path: Option<PathBuf>,
     /// Where to serve Prometheus metrics, if anywhere.
@@ -45,6 +47,7 @@ impl Default for BrokerConfig {
             spin: Duration::from_micros(50),
             high_spin: Duration::from_millis(10),
             stall_limit: Duration::from_secs(30),
+            monitor_idle: Duration::from_secs(300),
             policy_path: None,
             metrics_listen: None,
             faults: crate::gpu::health::FaultConfig::default(),

@@ -38,6 +38,7 @@ pub mod cli;
 pub mod config;
 pub mod device;
 pub mod gpu;
+pub mod images;
 pub mod metrics;
 pub mod registry;
 pub mod sched;

@@ -114,6 +114,7 @@ fn real_main() -> anyhow::Result<()> {
         spin: Duration::from_micros(args.spin_us),
         high_spin: Duration::from_micros(args.high_spin_us),
         stall_limit: Duration::from_secs_f64(args.stalled_client_timeout),
+        monitor_idle: Duration::from_secs_f64(args.monitor_idle_timeout),
         arena_size: args.arena_size.as_u64(),
         metrics_listen: args.metrics_listen,
         max_arena_size: args.max_arena_size.as_u64(),

@@ -49,6 +49,7 @@ impl Monitor {
                     return Err(Error::shutdown(kind, reason));
                 }
                 BrokerMessage::RequestFailed { error, .. } => return Err(Error::Request(error)),
+                BrokerMessage::Evicted { reason } => return Err(Error::Evicted(reason)),
                 _ => continue,
             }
         }
@@ -98,6 +99,7 @@ impl Monitor {
                 BrokerMessage::RequestFailed { request: r, error } if r == request || r == 0 => {
                     return Err(Error::Request(error));
                 }
+                BrokerMessage::Evicted { reason } => return Err(Error::Evicted(reason)),
                 _ => continue,
             }
         }

@@ -13,6 +13,9 @@
  *   cuda_standin spin COUNT US    launches COUNT kernels of a sim module that each occupy the
  *                                     device for US microseconds (tests/scheduling.rs), prints
  *                                     `ready` after the first, synchronizes, prints `spun`
+ *   cuda_standin modules COUNT BYTES  loads a sim module of BYTES and unloads it, COUNT times;
+ *                                     prints `rss FIRST LAST` (kB, after the first tenth of the
+ *                                     cycles and at the end)
  *
  * Prints `section NAME: ok` per section and `cuda standin: all checks passed` at the end;
  * exits 1 on any failed check. $GPUSHARE_TEST_LIBCUDA names the library that must be loaded. */
@@ -248,6 +251,42 @@ static void run_spin(unsigned long count, unsigned long long micros) {
     printf("spun %lu\n", count);
 }
 
+/* This process's resident memory, in kB. */
+static long rss_kb(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    long kb = -1;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "VmRSS: %ld", &kb) == 1) break;
+    if (f) fclose(f);
+    return kb;
+}
+
+/* Loads and unloads one module COUNT times: the program must not grow with the cycles. */
+static void run_modules(unsigned long count, size_t bytes) {
+    /* Padded with one long kernel name: the sim reads it at once. */
+    static const char head[] = "gpushare-sim-module 1\nkernel spin\nkernel pad";
+    if (bytes < sizeof head + 1) bytes = sizeof head + 1;
+    char *image = malloc(bytes);
+    CHECK(image != NULL, "memory for the image");
+    if (!image) return;
+    memset(image, 'x', bytes - 2);
+    memcpy(image, head, sizeof head - 1);
+    image[bytes - 2] = '\n';
+    image[bytes - 1] = 0;
+    long first = -1;
+    for (unsigned long i = 0; i < count && !failures; i++) {
+        CUmodule module = NULL;
+        CUfunction spin = NULL;
+        OK(cuModuleLoadData(&module, image));
+        OK(cuModuleGetFunction(&spin, module, "spin"));
+        OK(cuModuleUnload(module));
+        if (i + 1 == count / 10) first = rss_kb();
+    }
+    free(image);
+    printf("rss %ld %ld\n", first, rss_kb());
+}
+
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "";
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -281,8 +320,10 @@ int main(int argc, char **argv) {
         run_as_user(quota, (unsigned)strtoul(argv[3], NULL, 0));
     } else if (!strcmp(mode, "spin") && argc > 3) {
         run_spin(strtoul(argv[2], NULL, 0), strtoull(argv[3], NULL, 0));
+    } else if (!strcmp(mode, "modules") && argc > 3) {
+        run_modules(strtoul(argv[2], NULL, 0), strtoul(argv[3], NULL, 0));
     } else {
-        printf("FAIL usage: %s all QUOTA | user QUOTA SEED | spin COUNT US | noinit | away\n",
+        printf("FAIL usage: %s all QUOTA | user QUOTA SEED | spin COUNT US | modules COUNT BYTES | noinit | away\n",
                argv[0]);
         failures++;
     }

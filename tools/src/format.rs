@@ -88,20 +88,28 @@ pub fn users(users: &[UserStats]) -> String {
     );
     let _ = writeln!(
         out,
-        "{:<10} {:>7} {:>9} {:>10} {:>10} {:>21}",
-        "USER", "UID", "SESSIONS", "MEMORY", "QUOTA", "PINNED"
+        "{:<10} {:>7} {:>9} {:>11} {:>10} {:>10} {:>21} {:>21}",
+        "USER", "UID", "SESSIONS", "CONNECTIONS", "MEMORY", "QUOTA", "PINNED", "MODULES"
     );
     let size = |v: Option<u64>| v.map_or("unlimited".to_string(), |b| ByteSize(b).to_string());
     for u in users {
+        // Root's connections are not counted (an administrator can always look).
+        let connections = if u.uid == 0 {
+            MISSING.to_string()
+        } else {
+            format!("{}/{}", u.connections, u.max_connections)
+        };
         let _ = writeln!(
             out,
-            "{:<10} {:>7} {:>9} {:>10} {:>10} {:>21}",
+            "{:<10} {:>7} {:>9} {:>11} {:>10} {:>10} {:>21} {:>21}",
             truncate(&u.user, 10),
             u.uid,
             format!("{}/{}", u.sessions, u.max_sessions),
+            connections,
             ByteSize(u.memory_used).to_string(),
             size(u.memory_quota),
             format!("{}/{}", ByteSize(u.pinned_bytes), size(u.max_pinned_bytes)),
+            format!("{}/{}", ByteSize(u.module_bytes), size(u.max_module_bytes)),
         );
     }
     out

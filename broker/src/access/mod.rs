@@ -9,6 +9,10 @@
 //! allow = true                # false: only users/groups with `allow = true` may connect
 //! max_sessions = 64           # sessions one user may have open at once
 //! max_pinned_memory = "2 GiB" # host memory one user's sessions may make gpushared lock
+//! max_connections = 128       # connections one user may have open (sessions, monitors such
+//!                             # as `gpushare status`, handshakes under way); max_sessions + 64
+//!                             # unless set
+//! max_module_memory = "1 GiB" # module images one user's sessions may make gpushared hold
 //! trust_domain = "default"    # who shares a GPU context (and so memory); "default" if unset
 //!
 //! [[users]]
@@ -66,11 +70,14 @@
 //!
 //! Root is never refused for its faults.
 //!
-//! The bounds (`max_sessions`, `max_pinned_memory`) hold for all of a user's sessions
-//! together, as the memory quota does; past them a new session (or page-locked host memory a
-//! consolidated program shares) is refused with a sentence naming the bound. Each session's
-//! shared region (rings and arena; page-locked on CUDA) and the host memory consolidated
-//! programs share for DMA count as pinned memory.
+//! The bounds (`max_sessions`, `max_pinned_memory`, `max_connections`, `max_module_memory`)
+//! hold for all of a user's sessions and connections together, as the memory quota does; past
+//! them a new session or connection (or page-locked host memory a consolidated program shares,
+//! or a module image) is refused with a sentence naming the bound. Each session's shared region
+//! (rings and arena; page-locked on CUDA) and the host memory consolidated programs share for
+//! DMA count as pinned memory; a module image counts once per user however many of their
+//! sessions load it, until the last of them unloads it. Root's connections are not counted
+//! (an administrator can always look).
 //!
 //! A user entry wins over group entries; among groups the first in file order that the user
 //! belongs to wins; fields an entry leaves out come from `[defaults]`. `allow` follows the
@@ -81,13 +88,16 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
+mod file;
 mod identity;
+mod quota;
 mod trust_domain;
+use file::{Fields, GroupEntry, PolicyFile};
 pub use identity::Identity;
+use quota::Quota;
 pub use trust_domain::{TrustDomain, TrustDomainError};
 
 use gpushare_protocol::PriorityClass;
-use serde::Deserialize;
 
 /// What one client is granted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,12 +123,24 @@ pub const DEFAULT_MAX_SESSIONS: u32 = 64;
 /// Host memory one user's sessions may make gpushared lock, unless the policy says otherwise.
 pub const DEFAULT_MAX_PINNED: u64 = 2 << 30;
 
+/// Connections one user may have open to gpushared at once besides their sessions (monitors
+/// such as `gpushare status`, and connections still saying hello), unless the policy sets
+/// `max_connections` (which counts sessions too).
+pub const CONNECTIONS_BESIDE_SESSIONS: u32 = 64;
+/// Module image bytes one user's sessions may make gpushared hold, unless the policy says
+/// otherwise.
+pub const DEFAULT_MAX_MODULE_MEMORY: u64 = 1 << 30;
+
 /// What one user may hold at once, over all of their sessions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Bounds {
     pub max_sessions: u32,
     /// `None` means unlimited.
     pub max_pinned: Option<u64>,
+    /// Connections of every kind.
+    pub max_connections: u32,
+    /// Module images held, each distinct image counted once. `None` means unlimited.
+    pub max_module_memory: Option<u64>,
 }
 
 impl Default for Bounds {
@@ -126,81 +148,22 @@ impl Default for Bounds {
         Bounds {
             max_sessions: DEFAULT_MAX_SESSIONS,
             max_pinned: Some(DEFAULT_MAX_PINNED),
+            max_connections: DEFAULT_MAX_SESSIONS + CONNECTIONS_BESIDE_SESSIONS,
+            max_module_memory: Some(DEFAULT_MAX_MODULE_MEMORY),
         }
     }
 }
 
-/// A memory size in the file: bytes, a string with units, or "unlimited".
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Quota(pub Option<u64>);
-
-impl<'de> Deserialize<'de> for Quota {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Raw {
-            Bytes(u64),
-            Text(String),
-        }
-        match Raw::deserialize(d)? {
-            Raw::Bytes(b) => Ok(Quota(Some(b))),
-            Raw::Text(t) if t.trim().eq_ignore_ascii_case("unlimited") => Ok(Quota(None)),
-            Raw::Text(t) => t
-                .trim()
-                .parse::<bytesize::ByteSize>()
-                .map(|b| Quota(Some(b.as_u64())))
-                .map_err(|e| serde::de::Error::custom(format!("bad memory size `{t}`: {e}"))),
+impl Bounds {
+    /// No bound at all (unit tests, and whoever the bounds do not apply to).
+    pub fn unbounded() -> Bounds {
+        Bounds {
+            max_sessions: u32::MAX,
+            max_pinned: None,
+            max_connections: u32::MAX,
+            max_module_memory: None,
         }
     }
-}
-
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Fields {
-    class: Option<PriorityClass>,
-    weight: Option<u32>,
-    memory_quota: Option<Quota>,
-    allow: Option<bool>,
-    max_sessions: Option<u32>,
-    max_pinned_memory: Option<Quota>,
-    trust_domain: Option<String>,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct UserEntry {
-    name: Option<String>,
-    uid: Option<u32>,
-    class: Option<PriorityClass>,
-    weight: Option<u32>,
-    memory_quota: Option<Quota>,
-    allow: Option<bool>,
-    max_sessions: Option<u32>,
-    max_pinned_memory: Option<Quota>,
-    trust_domain: Option<String>,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct GroupEntry {
-    name: Option<String>,
-    gid: Option<u32>,
-    class: Option<PriorityClass>,
-    weight: Option<u32>,
-    memory_quota: Option<Quota>,
-    allow: Option<bool>,
-    max_sessions: Option<u32>,
-    max_pinned_memory: Option<Quota>,
-    trust_domain: Option<String>,
-}
-
-/// `[faults]`: how often a user's programs may fault the GPU.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct FaultFields {
-    max_faults: Option<u32>,
-    window_s: Option<u64>,
-    refuse_s: Option<u64>,
 }
 
 /// A user whose programs fault the GPU `max_faults` times within `window` is refused new
@@ -220,45 +183,6 @@ impl Default for FaultLimit {
             refuse: std::time::Duration::from_secs(600),
         }
     }
-}
-
-/// `[fair]`: the fair policy's tunables.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct FairFields {
-    quantum_us: Option<u64>,
-}
-
-/// `[priority]`: the priority policy's tunables.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct PriorityFields {
-    lower_sm_share: Option<f64>,
-    lower_depth: Option<u32>,
-    beside_other_contexts: Option<bool>,
-}
-
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct PolicyFile {
-    /// Members of this group (and root) may change and evict live clients.
-    #[serde(default)]
-    admin_group: Option<String>,
-    /// The scheduling policy: fifo (default), priority, fair, srtf, pack or job-fifo.
-    #[serde(default)]
-    scheduler: Option<String>,
-    #[serde(default)]
-    priority: PriorityFields,
-    #[serde(default)]
-    fair: FairFields,
-    #[serde(default)]
-    faults: FaultFields,
-    #[serde(default)]
-    defaults: Fields,
-    #[serde(default)]
-    users: Vec<UserEntry>,
-    #[serde(default)]
-    groups: Vec<GroupEntry>,
 }
 
 /// The parsed policy.
@@ -304,15 +228,28 @@ impl Policy {
             }
         }
         check_trust_domains(&file, path)?;
-        let zero_sessions = file.defaults.max_sessions == Some(0)
-            || file.users.iter().any(|u| u.max_sessions == Some(0))
-            || file.groups.iter().any(|g| g.max_sessions == Some(0));
-        if zero_sessions {
-            return Err(PolicyError::Parse {
-                path: path.into(),
-                message: "max_sessions must be at least 1 (refuse a user with `allow = false`)"
-                    .into(),
-            });
+        let counts = std::iter::once((file.defaults.max_sessions, file.defaults.max_connections))
+            .chain(
+                file.users
+                    .iter()
+                    .map(|u| (u.max_sessions, u.max_connections)),
+            )
+            .chain(
+                file.groups
+                    .iter()
+                    .map(|g| (g.max_sessions, g.max_connections)),
+            );
+        for (sessions, connections) in counts {
+            for (field, value) in [("max_sessions", sessions), ("max_connections", connections)] {
+                if value == Some(0) {
+                    return Err(PolicyError::Parse {
+                        path: path.into(),
+                        message: format!(
+                            "{field} must be at least 1 (refuse a user with `allow = false`)"
+                        ),
+                    });
+                }
+            }
         }
         if let Some(kind) = &file.scheduler {
             kind.parse::<crate::sched::PolicyKind>()
@@ -422,14 +359,24 @@ impl Policy {
         let entry = self.entry_for(who);
         let defaults = &self.file.defaults;
         let base = Bounds::default();
+        let max_sessions = entry
+            .max_sessions
+            .or(defaults.max_sessions)
+            .unwrap_or(base.max_sessions);
         Bounds {
-            max_sessions: entry
-                .max_sessions
-                .or(defaults.max_sessions)
-                .unwrap_or(base.max_sessions),
+            max_sessions,
             max_pinned: match entry.max_pinned_memory.or(defaults.max_pinned_memory) {
                 Some(Quota(q)) => q,
                 None => base.max_pinned,
+            },
+            // Unless set: room for every session and as many monitors and handshakes more.
+            max_connections: entry
+                .max_connections
+                .or(defaults.max_connections)
+                .unwrap_or(max_sessions.saturating_add(CONNECTIONS_BESIDE_SESSIONS)),
+            max_module_memory: match entry.max_module_memory.or(defaults.max_module_memory) {
+                Some(Quota(q)) => q,
+                None => base.max_module_memory,
             },
         }
     }
@@ -512,32 +459,13 @@ impl Policy {
             u.uid == Some(who.uid) || (u.name.is_some() && u.name.as_deref() == who.user.as_deref())
         });
         if let Some(u) = user_match {
-            return Fields {
-                class: u.class,
-                weight: u.weight,
-                memory_quota: u.memory_quota,
-                allow: u.allow,
-                max_sessions: u.max_sessions,
-                max_pinned_memory: u.max_pinned_memory,
-                trust_domain: u.trust_domain.clone(),
-            };
+            return u.fields();
         }
         let group_match = self.file.groups.iter().find(|g| {
             g.gid.is_some_and(|gid| who.gids.contains(&gid))
                 || g.name.as_ref().is_some_and(|n| who.group_names.contains(n))
         });
-        match group_match {
-            Some(g) => Fields {
-                class: g.class,
-                weight: g.weight,
-                memory_quota: g.memory_quota,
-                allow: g.allow,
-                max_sessions: g.max_sessions,
-                max_pinned_memory: g.max_pinned_memory,
-                trust_domain: g.trust_domain.clone(),
-            },
-            None => Fields::default(),
-        }
+        group_match.map(GroupEntry::fields).unwrap_or_default()
     }
 }
 

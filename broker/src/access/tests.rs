@@ -237,22 +237,28 @@ fn bounds_come_from_the_users_entry_then_the_defaults_then_the_built_in_ones() {
         none.bounds_for(&who(1000, "alice", &[])),
         Bounds {
             max_sessions: 64,
-            max_pinned: Some(2 << 30)
+            max_pinned: Some(2 << 30),
+            max_connections: 128,
+            max_module_memory: Some(1 << 30),
         }
     );
     let p = Policy::parse(
         r#"
         [defaults]
         max_sessions = 8
+        max_connections = 20
 
         [[users]]
         name = "alice"
         max_pinned_memory = "unlimited"
+        max_module_memory = "unlimited"
 
         [[groups]]
         name = "students"
         max_sessions = 2
         max_pinned_memory = "256 MiB"
+        max_connections = 4
+        max_module_memory = "64 MiB"
         "#,
         "p",
     )
@@ -261,7 +267,9 @@ fn bounds_come_from_the_users_entry_then_the_defaults_then_the_built_in_ones() {
         p.bounds_for(&who(1000, "alice", &[(100, "students")])),
         Bounds {
             max_sessions: 8,
-            max_pinned: None
+            max_pinned: None,
+            max_connections: 20,
+            max_module_memory: None,
         },
         "the user entry wins; what it leaves out comes from [defaults]"
     );
@@ -269,15 +277,28 @@ fn bounds_come_from_the_users_entry_then_the_defaults_then_the_built_in_ones() {
         p.bounds_for(&who(1001, "bob", &[(100, "students")])),
         Bounds {
             max_sessions: 2,
-            max_pinned: Some(256 << 20)
+            max_pinned: Some(256 << 20),
+            max_connections: 4,
+            max_module_memory: Some(64 << 20),
         }
     );
     assert_eq!(
         p.bounds_for(&who(1002, "carol", &[])).max_pinned,
         Some(2 << 30)
     );
+    let many = Policy::parse("[defaults]\nmax_sessions = 1000\n", "p").expect("valid");
+    assert_eq!(
+        many.bounds_for(&who(1000, "alice", &[])).max_connections,
+        1064,
+        "unless set, connections follow sessions"
+    );
     let e = Policy::parse("[[users]]\nuid = 5\nmax_sessions = 0\n", "p").expect_err("zero");
     assert!(e.to_string().contains("max_sessions"), "{e}");
+    let e = Policy::parse("[defaults]\nmax_connections = 0\n", "p").expect_err("zero");
+    assert!(e.to_string().contains("max_connections"), "{e}");
+    let e =
+        Policy::parse("[defaults]\nmemory_quota = \"20000000 PiB\"\n", "p").expect_err("too large");
+    assert!(e.to_string().contains("`20000000 PiB` does not fit"), "{e}");
 }
 
 #[test]

@@ -424,6 +424,11 @@ impl Device {
         self.link.fault()
     }
 
+    /// How long the device worker has not answered the fault check ([`Link::unresponsive`]).
+    pub fn unresponsive(&self) -> Option<Duration> {
+        self.link.unresponsive()
+    }
+
     /// Replaces the context after a fault: the link's spare takes over, and every live
     /// handle is made again there under its own name, so that callers' handles and memory
     /// stay as they were (`Memory::Kept`). Where memory or a handle cannot be kept, every

@@ -83,6 +83,11 @@ pub trait Link: Send + Sync + 'static {
     /// Whether the context is poisoned by a sticky error (an illegal address …), and which.
     /// Cheap: the guardian asks every few milliseconds.
     fn fault(&self) -> Option<String>;
+    /// How long the worker serving the context, alive, has not answered the fault check
+    /// (`None` when it answers, or when calls run in this process).
+    fn unresponsive(&self) -> Option<Duration> {
+        None
+    }
     /// Replaces the context after a fault or a hang. Every stream, event and module made
     /// before is gone (the caller makes them again); the chunks are kept (`Kept`), or lost
     /// with the context where they could not be (`Lost`).

@@ -65,6 +65,10 @@ pub enum DeviceError {
     /// Memory cannot be placed at the address asked for.
     #[error("cannot allocate at the address asked for: {0}")]
     AddressUnavailable(String),
+    /// A device worker, alive, did not answer within the time asked for: it is busy (a long
+    /// call), which by itself is no fault.
+    #[error("{0}")]
+    NoAnswer(String),
 }
 
 impl DeviceError {
@@ -74,7 +78,9 @@ impl DeviceError {
             DeviceError::NotSupported { .. } => ErrorCode::NotSupported,
             DeviceError::InvalidArgument(_) => ErrorCode::InvalidArgument,
             DeviceError::NotReady => ErrorCode::NotReady,
-            DeviceError::Failed(_) | DeviceError::Fault(_) => ErrorCode::DeviceError,
+            DeviceError::Failed(_) | DeviceError::Fault(_) | DeviceError::NoAnswer(_) => {
+                ErrorCode::DeviceError
+            }
             DeviceError::Cancelled => ErrorCode::DeviceReset,
             DeviceError::AddressUnavailable(_) => ErrorCode::AddressUnavailable,
         }

@@ -29,6 +29,17 @@ use super::health::{DeviceHealth, Member, Verdict};
 use super::restart::Carry;
 use crate::device::{Device, Memory};
 
+/// Whom a fault is pinned on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Blame {
+    /// This client, shown to have caused it.
+    Culprit(u64),
+    /// The one client with work in flight, if only one had (several run on probation).
+    Suspects,
+    /// Nobody: clients with work in flight run on probation, none is evicted.
+    Nobody,
+}
+
 /// How long the guardian waits for every session to park before resetting anyway.
 const PARK_TIMEOUT: Duration = Duration::from_secs(2);
 /// How often the watchdog looks for hangs.
@@ -52,40 +63,64 @@ impl DeviceHealth {
                     .map(|(reporter, _, what)| (reporter, what))
             };
             let cause = match fault.or_else(|| device.fault().map(|what| (0, what))) {
-                Some((_, what)) => Some((what, None)),
-                None => self.find_hang().map(|(id, stuck)| {
-                    (
-                        format!(
-                            "work queued by client {id} made no progress for {:.1} s (--kernel-timeout)",
-                            stuck.as_secs_f64()
-                        ),
-                        Some(id),
-                    )
-                }),
+                Some((_, what)) => Some((what, Blame::Suspects)),
+                None => self.find_hang().or_else(|| self.silent_worker(&device)),
             };
-            if let Some((what, hung)) = cause {
-                self.recover(&device, gpu, &what, hung);
+            if let Some((what, blame)) = cause {
+                self.recover(&device, gpu, &what, blame);
             }
         }
     }
 
-    /// A session whose queued work has not progressed for the kernel timeout.
-    fn find_hang(&self) -> Option<(u64, Duration)> {
+    /// Sessions whose queued work has not progressed for the kernel timeout: one is the
+    /// culprit; several (work queued behind a hung kernel stalls too, and the GPU does not say
+    /// which kernel hangs) are suspects, who run one at a time from then on.
+    fn find_hang(&self) -> Option<(String, Blame)> {
         let now = self.now_ns();
         let limit = self.config.kernel_timeout.as_nanos() as u64;
         let st = self.lock();
-        // Work queued behind a hung kernel (streams can share a hardware queue) stalls too:
-        // the culprit is the client whose stalled work is oldest.
-        st.sessions
+        let stalled: Vec<(u64, u64)> = st
+            .sessions
             .values()
             .filter_map(|s| {
                 let busy = s.watch().busy_since.load(Ordering::Acquire);
                 let progress = s.watch().progress.load(Ordering::Acquire);
                 let since = busy.max(progress);
-                (busy != 0 && now.saturating_sub(since) > limit).then_some((busy, s.id(), since))
+                (busy != 0 && now.saturating_sub(since) > limit).then_some((s.id(), since))
             })
-            .min()
-            .map(|(_, id, since)| (id, Duration::from_nanos(now.saturating_sub(since))))
+            .collect();
+        let oldest = stalled.iter().map(|&(_, since)| since).min()?;
+        let stuck = Duration::from_nanos(now.saturating_sub(oldest)).as_secs_f64();
+        Some(match stalled.as_slice() {
+            [(id, _)] => (
+                format!(
+                    "work queued by client {id} made no progress for {stuck:.1} s (--kernel-timeout)"
+                ),
+                Blame::Culprit(*id),
+            ),
+            _ => (
+                format!(
+                    "work queued by clients {:?} made no progress for {stuck:.1} s (--kernel-timeout)",
+                    stalled.iter().map(|&(id, _)| id).collect::<Vec<_>>()
+                ),
+                Blame::Suspects,
+            ),
+        })
+    }
+
+    /// A device worker that, alive, has not answered the fault check for the kernel timeout:
+    /// it is replaced, but nothing shows whose doing it is, so nobody is evicted.
+    fn silent_worker(&self, device: &Device) -> Option<(String, Blame)> {
+        let silent = device
+            .unresponsive()
+            .filter(|d| *d > self.config.kernel_timeout)?;
+        Some((
+            format!(
+                "the device worker has not answered for {:.1} s (--kernel-timeout)",
+                silent.as_secs_f64()
+            ),
+            Blame::Nobody,
+        ))
     }
 
     /// Asks for a restart (only a new process gets a working GPU back), telling the next
@@ -117,7 +152,7 @@ impl DeviceHealth {
     }
 
     /// Stops every session, recreates the context, evicts the culprit, releases the rest.
-    fn recover(&self, device: &Device, gpu: u32, what: &str, hung: Option<u64>) {
+    fn recover(&self, device: &Device, gpu: u32, what: &str, blame: Blame) {
         let started = Instant::now();
         // Who had work in flight when it happened?
         let (suspects, sessions, holder, pids, uids) = {
@@ -133,11 +168,12 @@ impl DeviceHealth {
             let uids: HashMap<u64, u32> = st.sessions.values().map(|s| (s.id(), s.uid())).collect();
             (busy, sessions, st.serial_holder, pids, uids)
         };
-        let culprit = match (hung, holder, suspects.as_slice()) {
-            (Some(id), _, _) => Some(id),
+        let culprit = match (blame, holder, suspects.as_slice()) {
+            (Blame::Culprit(id), _, _) => Some(id),
+            (Blame::Nobody, _, _) => None,
             // On probation only the turn holder's work runs among the suspects.
-            (None, Some(h), _) if suspects.contains(&h) => Some(h),
-            (None, _, [one]) => Some(*one),
+            (Blame::Suspects, Some(h), _) if suspects.contains(&h) => Some(h),
+            (Blame::Suspects, _, [one]) => Some(*one),
             _ => None,
         };
         tracing::error!(gpu, fault = what, ?culprit, ?suspects, "GPU fault");
@@ -223,7 +259,11 @@ impl DeviceHealth {
         }
         st.serial_holder = None;
         st.turn_queue.clear();
-        if culprit.is_none() && suspects.len() > 1 {
+        let unattributed = match blame {
+            Blame::Nobody => !suspects.is_empty(),
+            _ => suspects.len() > 1,
+        };
+        if culprit.is_none() && unattributed {
             let until = Instant::now() + self.config.probation;
             for id in &suspects {
                 st.probation.insert(*id, until);
@@ -246,5 +286,197 @@ impl DeviceHealth {
         self.resetting.store(false, Ordering::Release);
         drop(st);
         self.changed.notify_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::sim::{SimDevice, SimOptions};
+    use crate::gpu::health::{FaultConfig, FaultWatch};
+    use crate::gpu::restart::Stuck;
+
+    struct Session {
+        id: u64,
+        watch: FaultWatch,
+    }
+
+    impl Member for Session {
+        fn id(&self) -> u64 {
+            self.id
+        }
+        fn pid(&self) -> i32 {
+            self.id as i32
+        }
+        fn uid(&self) -> u32 {
+            1000
+        }
+        fn watch(&self) -> &FaultWatch {
+            &self.watch
+        }
+        fn wake(&self) {}
+    }
+
+    fn health() -> Arc<DeviceHealth> {
+        let config = FaultConfig {
+            kernel_timeout: Duration::from_millis(5),
+            ..FaultConfig::default()
+        };
+        DeviceHealth::new(config, Arc::new(Stuck::default()))
+    }
+
+    /// A session with work queued now that makes no progress.
+    fn stalled(health: &DeviceHealth, id: u64) -> Arc<Session> {
+        let s = Arc::new(Session {
+            id,
+            watch: FaultWatch::default(),
+        });
+        s.watch.busy_since.store(health.now_ns(), Ordering::Release);
+        health.register(s.clone());
+        s
+    }
+
+    fn past_the_timeout(health: &DeviceHealth) {
+        let until = health.now_ns() + 2 * health.config.kernel_timeout.as_nanos() as u64;
+        while health.now_ns() < until {
+            std::thread::yield_now();
+        }
+    }
+
+    #[test]
+    fn a_hang_names_its_one_stalled_client_and_several_stalled_clients_are_only_suspects() {
+        let health = health();
+        let one = stalled(&health, 1);
+        let idle = Arc::new(Session {
+            id: 2,
+            watch: FaultWatch::default(),
+        });
+        health.register(idle);
+        past_the_timeout(&health);
+        let (what, blame) = health.find_hang().expect("a hang");
+        assert_eq!(blame, Blame::Culprit(1), "{what}");
+        // A second client stalled too: the GPU does not say whose kernel hangs.
+        let _two = stalled(&health, 3);
+        one.watch
+            .busy_since
+            .store(health.now_ns(), Ordering::Release);
+        past_the_timeout(&health);
+        let (what, blame) = health.find_hang().expect("a hang");
+        assert_eq!(blame, Blame::Suspects, "{what}");
+        assert!(
+            what.contains("clients [1, 3]") || what.contains("clients [3, 1]"),
+            "{what}"
+        );
+    }
+
+    /// A link whose worker, alive, has not answered for a while.
+    struct Silent {
+        inner: Arc<dyn crate::device::Link>,
+        silent: Duration,
+    }
+
+    impl crate::device::Link for Silent {
+        fn backend(&self) -> &'static str {
+            self.inner.backend()
+        }
+        fn info(&self) -> &gpushare_protocol::control::DeviceInfo {
+            self.inner.info()
+        }
+        fn sm_partitions(&self) -> bool {
+            false
+        }
+        fn generation(&self) -> u64 {
+            self.inner.generation()
+        }
+        fn ledger(&self) -> &crate::device::link::Ledger {
+            self.inner.ledger()
+        }
+        fn call(
+            &self,
+            call: crate::device::Call,
+            payload: &[u8],
+            deadline: Option<Duration>,
+        ) -> crate::device::DeviceResult<crate::device::call::Answer> {
+            self.inner.call(call, payload, deadline)
+        }
+        fn post(
+            &self,
+            stream: Option<crate::device::call::Handle>,
+            call: crate::device::Call,
+            payload: &[u8],
+        ) -> crate::device::DeviceResult<()> {
+            self.inner.post(stream, call, payload)
+        }
+        fn share_memory(
+            &self,
+            region: u64,
+            fd: std::os::fd::BorrowedFd<'_>,
+            len: u64,
+            at: u64,
+        ) -> crate::device::DeviceResult<()> {
+            self.inner.share_memory(region, fd, len, at)
+        }
+        fn unshare_memory(&self, region: u64) {
+            self.inner.unshare_memory(region)
+        }
+        fn space(&self) -> crate::device::Space {
+            self.inner.space()
+        }
+        fn create_chunk(&self, at: u64, size: u64) -> crate::device::DeviceResult<()> {
+            self.inner.create_chunk(at, size)
+        }
+        fn release_chunk(&self, at: u64, size: u64) {
+            self.inner.release_chunk(at, size)
+        }
+        fn interrupt(&self) {}
+        fn fault(&self) -> Option<String> {
+            None
+        }
+        fn unresponsive(&self) -> Option<Duration> {
+            Some(self.silent)
+        }
+        fn reset(&self) -> crate::device::DeviceResult<Memory> {
+            Ok(Memory::Kept)
+        }
+        fn resets_in_place(&self) -> bool {
+            true
+        }
+        fn reset_deadline(&self) -> Duration {
+            Duration::from_secs(1)
+        }
+    }
+
+    fn silent_device(silent: Duration) -> Device {
+        let sim = Device::local(SimDevice::new(SimOptions::default()), None).expect("sim");
+        let link = Arc::new(Silent {
+            inner: sim.link().clone(),
+            silent,
+        });
+        Device::new(link, 0)
+    }
+
+    #[test]
+    fn a_worker_that_stops_answering_is_replaced_and_nobody_is_blamed_for_it() {
+        let health = health();
+        let busy = stalled(&health, 7);
+        busy.watch.progress.store(u64::MAX / 2, Ordering::Release);
+        // Slow for less than the kernel timeout: not a fault at all.
+        assert!(
+            health
+                .silent_worker(&silent_device(Duration::from_millis(1)))
+                .is_none()
+        );
+        let (what, blame) = health
+            .silent_worker(&silent_device(Duration::from_secs(30)))
+            .expect("silent past the timeout");
+        assert_eq!(blame, Blame::Nobody, "{what}");
+        // The one client with work in flight is not evicted: it runs on probation.
+        let device = silent_device(Duration::from_secs(30));
+        health.recover(&device, 0, &what, blame);
+        assert_eq!(
+            health.lock().verdicts.get(&7),
+            Some(&Verdict::Survived(what.clone()))
+        );
+        assert!(health.lock().probation.contains_key(&7));
     }
 }

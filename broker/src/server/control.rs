@@ -2,9 +2,7 @@
 //! modules and functions for a client session, admin requests (`admin`), and notices and
 //! shutdown for the client.
 
-use std::fs::File;
 use std::os::fd::OwnedFd;
-use std::os::unix::fs::FileExt;
 use std::sync::{Arc, Mutex};
 
 use gpushare_protocol::ErrorCode;
@@ -18,6 +16,7 @@ use super::framing::{recv, send};
 use super::{Broker, Stop};
 use crate::access::Identity;
 use crate::device::Device;
+use crate::images::{HeldImage, Holder, ImageCache};
 use crate::session::{ModuleTable, SessionEnd, SessionInfo};
 
 /// A client session's module table and the device it runs on.
@@ -50,8 +49,24 @@ impl Broker {
                     None => std::future::pending().await,
                 }
             };
+            // A monitor holds a descriptor and nothing else: one that asks nothing goes.
+            let idle = async {
+                match session {
+                    Some(_) => std::future::pending().await,
+                    None => tokio::time::sleep(self.config.monitor_idle).await,
+                }
+            };
             let msg = tokio::select! {
                 m = recv(sock) => m,
+                () = idle => {
+                    debug!("closing an idle monitor connection");
+                    let reason = format!(
+                        "monitor connection closed after {} s without a request",
+                        self.config.monitor_idle.as_secs_f64()
+                    );
+                    let _ = send(sock, &BrokerMessage::Evicted { reason }, &[]).await;
+                    return None;
+                }
                 () = notice => {
                     if let Some(msg) = session.and_then(|i| i.take_notice())
                         && send(sock, &msg, &[]).await.is_err()
@@ -137,8 +152,16 @@ impl Broker {
                     },
                     Some(m),
                 ) => {
-                    let result =
-                        Self::load_module(m.0, m.1, &self.images, format, image_len, fds).await;
+                    let result = match session.map(|s| self.holder(s)) {
+                        Some(holder) => {
+                            Self::load_module(m, &self.images, &holder, format, image_len, fds)
+                                .await
+                        }
+                        None => Err(WireError::new(
+                            ErrorCode::Internal,
+                            "a module without a session",
+                        )),
+                    };
                     BrokerMessage::ModuleLoaded { request, result }
                 }
                 (
@@ -215,10 +238,18 @@ impl Broker {
         }
     }
 
+    /// What a session's modules are counted against: its user's account.
+    pub(super) fn holder(&self, session: &SessionInfo) -> Holder {
+        Holder {
+            accounts: self.accounts.clone(),
+            account: session.account().clone(),
+        }
+    }
+
     pub(super) async fn load_module(
-        modules: &Arc<Mutex<ModuleTable>>,
-        device: &Arc<Device>,
-        images: &super::images::ImageCache,
+        (modules, device): SessionScope<'_>,
+        images: &Arc<ImageCache>,
+        holder: &Holder,
         format: ModuleFormat,
         image_len: u64,
         fds: Vec<OwnedFd>,
@@ -237,33 +268,24 @@ impl Broker {
                 ),
             ));
         }
-        let device = device.clone();
-        let loaded = tokio::task::spawn_blocking(move || {
-            // Read by position: the client's file offset is not ours to trust.
-            let file = File::from(fd);
-            let size = file.metadata().map(|m| m.len()).unwrap_or(0);
-            if size < image_len {
-                return Err(WireError::new(
-                    ErrorCode::InvalidArgument,
-                    format!("module image file has {size} bytes, not the {image_len} announced"),
-                ));
-            }
-            let mut image = vec![0u8; image_len as usize];
-            file.read_exact_at(&mut image, 0).map_err(|e| {
-                WireError::new(
-                    ErrorCode::InvalidArgument,
-                    format!("cannot read module image: {e}"),
-                )
-            })?;
-            Ok(image)
-        })
-        .await
-        .map_err(|e| WireError::new(ErrorCode::Internal, e.to_string()))??;
-        let image = images.intern(loaded);
-        let (device, held) = (device.clone(), image.clone());
+        let (cache, who) = (images.clone(), holder.clone());
+        let image = tokio::task::spawn_blocking(move || cache.receive(fd, image_len, &who))
+            .await
+            .map_err(|e| WireError::new(ErrorCode::Internal, e.to_string()))??;
+        Self::load_held(modules, device, format, image).await
+    }
+
+    /// Loads a module from an image held for the session; the table keeps both.
+    pub(super) async fn load_held(
+        modules: &Arc<Mutex<ModuleTable>>,
+        device: &Arc<Device>,
+        format: ModuleFormat,
+        image: HeldImage,
+    ) -> Result<u64, WireError> {
+        let (device, bytes) = (device.clone(), image.bytes().clone());
         let module = tokio::task::spawn_blocking(move || {
             device
-                .load_module(format, held)
+                .load_module(format, bytes)
                 .map_err(|e| WireError::new(e.code(), e.to_string()))
         })
         .await
@@ -560,9 +582,22 @@ mod tests {
         let broker = sim_broker(1);
         let device = broker.gpus[0].device().clone();
         let modules = Arc::default();
-        let images = crate::server::images::ImageCache::default();
-        let load =
-            |len, fds| Broker::load_module(&modules, &device, &images, ModuleFormat::Ptx, len, fds);
+        let accounts: Arc<crate::accounts::Accounts> = Arc::default();
+        let seat = accounts.seat_for_tests(1000, "alice");
+        let holder = Holder {
+            accounts,
+            account: seat.account().clone(),
+        };
+        let load = |len, fds| {
+            Broker::load_module(
+                (&modules, &device),
+                &broker.images,
+                &holder,
+                ModuleFormat::Ptx,
+                len,
+                fds,
+            )
+        };
         let image = |bytes: &[u8]| {
             let mut f = tempfile::tempfile().expect("temp file");
             f.write_all(bytes).expect("write");

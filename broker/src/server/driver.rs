@@ -37,7 +37,7 @@ impl Broker {
                 hash,
             } => BrokerMessage::ModuleLoaded {
                 request: *request,
-                result: self.load_cached(scope, *format, hash).await,
+                result: self.load_cached(scope, session, *format, hash).await,
             },
             ClientMessage::GetFunctionInfo {
                 request,
@@ -70,24 +70,18 @@ impl Broker {
     async fn load_cached(
         &self,
         (modules, device): SessionScope<'_>,
+        session: Option<&SessionInfo>,
         format: ModuleFormat,
         hash: &ImageHash,
     ) -> Result<u64, WireError> {
+        let holder = session
+            .map(|s| self.holder(s))
+            .ok_or_else(|| wire(ErrorCode::Internal, "a module without a session"))?;
         let image = self
             .images
-            .get(hash)
+            .hold_cached(hash, &holder)?
             .ok_or_else(|| wire(ErrorCode::NotFound, "no such image here; send it"))?;
-        let device = device.clone();
-        let held = image.clone();
-        let loaded = tokio::task::spawn_blocking(move || device.load_module(format, held))
-            .await
-            .map_err(|e| wire(ErrorCode::Internal, e.to_string()))?
-            .map_err(|e| wire(e.code(), e.to_string()))?;
-        modules
-            .lock()
-            .map_err(|_| wire(ErrorCode::Internal, "module table poisoned"))?
-            .insert_module_from(loaded, image)
-            .map_err(|c| wire(c, "too many modules"))
+        Self::load_held(modules, device, format, image).await
     }
 
     async fn function_info(

@@ -15,12 +15,14 @@ use tracing::{Instrument, info_span, warn};
 use super::framing::{RecvError, recv, reject};
 use super::{Broker, Stop};
 use crate::access::{Grant, Identity, TrustDomain};
-use crate::accounts::{Joining, Seat};
+use crate::accounts::{Joining, Refusal, Seat, Visit};
 use gpushare_protocol::control::Role;
 use gpushare_protocol::ring::ShmLayout;
 
 /// How long a new connection has to say hello.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a refused connection's hello is waited for, so the refusal can be read.
+const REFUSED_HELLO_WAIT: Duration = Duration::from_millis(200);
 
 /// What an admitted connection's session gets.
 pub(super) struct Admission {
@@ -52,10 +54,22 @@ impl Broker {
         let pid = cred.pid().unwrap_or(0);
         let span = info_span!("conn", pid, uid = cred.uid());
         async move {
+            let identity = Identity::lookup(cred.uid(), cred.gid());
+            // Counted from the start: connections still saying hello hold a descriptor too.
+            let _visit = match self.visit(&identity) {
+                Ok(v) => v,
+                Err(why) => {
+                    tracing::debug!(%why, "connection refused");
+                    // Its hello read first (briefly): a socket closed with a message unread
+                    // resets the connection, and the client would never read why.
+                    let _ = tokio::time::timeout(REFUSED_HELLO_WAIT, recv(&sock)).await;
+                    reject(&sock, why.code(), &why.to_string()).await;
+                    return;
+                }
+            };
             let Some(hello) = read_hello(&sock, HELLO_TIMEOUT).await else {
                 return;
             };
-            let identity = Identity::lookup(cred.uid(), cred.gid());
             let refused = self
                 .policy
                 .read()
@@ -77,6 +91,20 @@ impl Broker {
         }
         .instrument(span)
         .await
+    }
+
+    /// Counts a new connection in its user's account, within the policy's `max_connections`.
+    fn visit(&self, identity: &Identity) -> Result<Visit, Refusal> {
+        let bounds = self
+            .policy
+            .read()
+            .map(|p| p.bounds_for(identity))
+            .unwrap_or_default();
+        let user = identity
+            .user
+            .clone()
+            .unwrap_or_else(|| identity.uid.to_string());
+        self.accounts.visit(identity.uid, &user, bounds)
     }
 
     /// The grant and GPU for a connection the policy allows, or why it may not start a

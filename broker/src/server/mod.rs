@@ -36,7 +36,6 @@ mod control;
 mod driver;
 mod framing;
 mod handshake;
-mod images;
 mod listen;
 mod status;
 #[cfg(test)]
@@ -95,7 +94,7 @@ pub struct Broker {
     /// The latest eBPF view of GPU processes and the outside-load rates derived from it.
     observed: Mutex<status::Observed>,
     /// Module images by content, shared between sessions.
-    images: images::ImageCache,
+    images: Arc<crate::images::ImageCache>,
 }
 
 impl Broker {
@@ -147,7 +146,7 @@ impl Broker {
             telemetry: telemetry.map(OnceLock::from).unwrap_or_default(),
             telemetry_status: Mutex::new(telemetry_status),
             observed: Mutex::new(status::Observed::default()),
-            images: images::ImageCache::default(),
+            images: Arc::default(),
         })
     }
 

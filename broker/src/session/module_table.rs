@@ -7,6 +7,7 @@ use std::sync::Arc;
 use gpushare_protocol::ErrorCode;
 
 use crate::device::{Function, Module};
+use crate::images::HeldImage;
 
 /// Most modules one client may hold.
 pub const MAX_MODULES: usize = 256;
@@ -25,7 +26,7 @@ pub struct ModuleTable {
     globals_written: bool,
     /// Each module's image, kept while loaded: the broker shares image bytes between
     /// sessions by their hash for as long as one of them holds it.
-    images: HashMap<u64, Arc<[u8]>>,
+    images: HashMap<u64, HeldImage>,
 }
 
 impl ModuleTable {
@@ -37,7 +38,7 @@ impl ModuleTable {
     pub fn insert_module_from(
         &mut self,
         module: Module,
-        image: Arc<[u8]>,
+        image: HeldImage,
     ) -> Result<u64, ErrorCode> {
         let id = self.handles.insert_module(module)?;
         self.images.insert(id, image);
@@ -95,8 +96,10 @@ impl ModuleTable {
     /// Unloads a module and forgets its functions and globals.
     pub fn remove_module(&mut self, id: u64) -> bool {
         self.globals.retain(|_, (_, m, _)| *m != id);
+        // The module first: it holds the image's bytes too, until the device lets go.
+        let removed = self.handles.remove_module(id);
         self.images.remove(&id);
-        self.handles.remove_module(id)
+        removed
     }
 
     pub fn clear(&mut self) {

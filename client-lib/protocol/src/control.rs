@@ -169,6 +169,14 @@ pub fn image_hash(image: &[u8]) -> ImageHash {
     *blake3::hash(image).as_bytes()
 }
 
+/// The content hash of the image `reader` yields, read in pieces (the same as [`image_hash`]
+/// of all of it); also how many bytes it read.
+pub fn image_hash_reader(mut reader: impl std::io::Read) -> std::io::Result<(ImageHash, u64)> {
+    let mut hasher = blake3::Hasher::new();
+    let read = std::io::copy(&mut reader, &mut hasher)?;
+    Ok((*hasher.finalize().as_bytes(), read))
+}
+
 /// What a client-side driver needs to know of a function.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FunctionDetails {

@@ -28,7 +28,7 @@ pub use command::{Command, Kernel};
 pub use error::ErrorCode;
 
 /// Version of the wire protocol; client and broker must agree exactly.
-pub const PROTOCOL_VERSION: u32 = 3;
+pub const PROTOCOL_VERSION: u32 = 4;
 
 /// Where clients find the broker unless told otherwise.
 pub const DEFAULT_SOCKET_PATH: &str = "/run/gpushare/gpushare.sock";

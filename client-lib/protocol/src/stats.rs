@@ -48,6 +48,17 @@ pub struct UserStats {
     /// (`None`: unlimited).
     pub max_sessions: u32,
     pub max_pinned_bytes: Option<u64>,
+    /// Connections open now (sessions, monitors, handshakes), and the policy's bound.
+    #[serde(default)]
+    pub connections: u32,
+    #[serde(default)]
+    pub max_connections: u32,
+    /// Module image bytes gpushared holds for the user (each image once), and the bound
+    /// (`None`: unlimited).
+    #[serde(default)]
+    pub module_bytes: u64,
+    #[serde(default)]
+    pub max_module_bytes: Option<u64>,
 }
 
 /// How busy processes that bypass the broker keep the GPU, from eBPF.

@@ -528,7 +528,9 @@ fn connect_probe(class: Option<PriorityClass>) {
 /// that drive a client process step by step, across broker restarts):
 /// `connect`, `reconnect` (until the broker answers), `hang`, `illegal`, `fill`,
 /// `read-at PTR N` (a module kernel reads N floats at device address PTR), `wait-fatal`
-/// (until the session ends).
+/// (until the session ends), `monitors N` (open N monitor connections and hold them:
+/// `monitors N` or `refused after K: …`), `drop-monitors`, `load-image BYTES SEED` (a sim
+/// module of BYTES, distinct per SEED: `loaded` or the error), `unload-all`.
 fn script() {
     use std::io::BufRead;
     let say = |line: String| {
@@ -536,9 +538,49 @@ fn script() {
         let _ = std::io::stdout().flush();
     };
     let mut client: Option<Client> = None;
+    let mut monitors: Vec<gpushare::Monitor> = Vec::new();
+    let mut modules: Vec<gpushare::Module> = Vec::new();
     for line in std::io::stdin().lock().lines() {
         let Ok(line) = line else { break };
         let result = match (line.trim(), client.as_ref()) {
+            (cmd, _) if cmd.starts_with("monitors ") => {
+                let n: usize = cmd[9..].trim().parse().unwrap_or(0);
+                let path = gpushare_protocol::socket_path_from_env();
+                let mut outcome = format!("monitors {n}");
+                for i in 0..n {
+                    match gpushare::Monitor::connect(&path) {
+                        Ok(m) => monitors.push(m),
+                        Err(e) => {
+                            outcome = format!("refused after {i}: {e}");
+                            break;
+                        }
+                    }
+                }
+                outcome
+            }
+            ("drop-monitors", _) => {
+                monitors.clear();
+                "dropped".into()
+            }
+            (cmd, Some(c)) if cmd.starts_with("load-image ") => {
+                let mut words = cmd.split_whitespace().skip(1);
+                let bytes: usize = words.next().and_then(|w| w.parse().ok()).unwrap_or(0);
+                let seed = words.next().unwrap_or("0");
+                // A sim module, padded with blank lines (which it ignores) to `bytes`.
+                let mut image = format!("gpushare-sim-module 1\nkernel k{seed}\n").into_bytes();
+                image.resize(bytes.max(image.len()), b'\n');
+                match c.load_module(gpushare::ModuleFormat::Ptx, &image) {
+                    Ok(m) => {
+                        modules.push(m);
+                        "loaded".into()
+                    }
+                    Err(e) => format!("error {e}"),
+                }
+            }
+            ("unload-all", _) => {
+                modules.clear();
+                "unloaded".into()
+            }
             ("connect", _) | ("reconnect", _) => {
                 let deadline = std::time::Instant::now() + Duration::from_secs(20);
                 loop {

@@ -398,19 +398,26 @@ impl Collector {
         }
     }
 
-    /// One refresh: a frame, or why there is none (the next call tries to reconnect).
+    /// One refresh: a frame, or why there is none (the next call tries to reconnect). A
+    /// connection the broker closed meanwhile (idle past its `--monitor-idle-timeout`, or a
+    /// restart) is made again at once.
     pub fn poll(&mut self) -> Result<Frame, String> {
+        let fresh = self.monitor.is_none();
         let monitor = match &mut self.monitor {
             Some(m) => m,
-            None => {
-                self.deriver.reset();
-                self.monitor.insert(self.socket.monitor()?)
-            }
+            None => self.monitor.insert(self.socket.monitor()?),
         };
         match monitor.status() {
             Ok(report) => {
+                if fresh {
+                    self.deriver.reset();
+                }
                 let extras = Extras::of(&report);
                 Ok(self.deriver.derive(&report, &extras))
+            }
+            Err(_) if !fresh => {
+                self.monitor = None;
+                self.poll()
             }
             Err(e) => {
                 self.monitor = None;

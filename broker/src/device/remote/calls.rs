@@ -28,6 +28,9 @@ pub(super) struct Caller {
     posted: VecDeque<Option<Option<Handle>>>,
 }
 
+/// How a wait past its deadline is told from a worker that is gone.
+const LATE: &str = "the device worker, busy, did not answer within";
+
 /// Requests posted and not yet answered on one channel, at most: the answers (and the
 /// failures and device time they report) stay close behind.
 const MAX_POSTED: usize = 256;
@@ -159,9 +162,10 @@ impl Remote {
                 }
                 Send_::Wait(deadline) => {
                     caller.posted.push_back(None);
-                    // The answers to what was posted before come first.
+                    // The answers to what was posted before come first (and that of a wait
+                    // that gave up earlier), within the same deadline.
                     while caller.posted.len() > 1 {
-                        self.collect_one(caller, None)?;
+                        self.collect_one(caller, deadline)?;
                     }
                     let bytes = self.next_answer(caller, deadline)?;
                     caller.posted.pop_front();
@@ -259,7 +263,7 @@ impl Remote {
             }
             deadline
                 .filter(|d| started.elapsed() >= *d)
-                .map(|d| format!("the device worker did not answer within {d:?}"))
+                .map(|d| format!("{LATE} {d:?}"))
         }
     }
 
@@ -267,6 +271,8 @@ impl Remote {
     fn gave(&self, gave: Gave) -> DeviceError {
         match gave {
             Gave::Up(why) if why.is_empty() => DeviceError::Cancelled,
+            // Alive but busy: the answer comes later, and the channel's next call skips it.
+            Gave::Up(why) if why.starts_with(LATE) => DeviceError::NoAnswer(why),
             Gave::Up(why) => self.worker_lost(&why),
             Gave::Broken(why) => self.worker_lost(&format!("its channel broke: {why}")),
         }

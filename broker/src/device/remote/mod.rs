@@ -105,6 +105,8 @@ pub(super) struct Shared {
     pub(super) active_mirrors: AtomicBool,
     pub(super) next_blob: AtomicU64,
     pub(super) ledger: Ledger,
+    /// Since when the worker, alive, has not answered the fault check (`None`: it answers).
+    pub(super) unanswered_since: Mutex<Option<Instant>>,
 }
 
 /// What a spare makes ahead of a fault, in order: (owner, the call, its payload).
@@ -187,6 +189,7 @@ impl Remote {
             active_mirrors: AtomicBool::new(true),
             next_blob: AtomicU64::new(1),
             ledger: Ledger::default(),
+            unanswered_since: Mutex::new(None),
         });
         if spare {
             start_spare(&shared);
@@ -371,18 +374,40 @@ impl Link for Remote {
         if let Some(why) = active.process.gone() {
             return Some(self.worker_lost(&why).to_string());
         }
-        match self.call_within(Call::Fault, &[], Some(FAULT_CHECK_TIMEOUT)) {
+        let checked = self.call_within(Call::Fault, &[], Some(FAULT_CHECK_TIMEOUT));
+        {
+            let mut since = lock(&self.shared.unanswered_since);
+            match &checked {
+                Err(DeviceError::NoAnswer(_)) => {
+                    since.get_or_insert_with(Instant::now);
+                }
+                _ => *since = None,
+            }
+        }
+        match checked {
             Ok(answer) => match answer.reply.ok() {
                 Ok(super::call::Reply::Fault(f)) => f,
                 Ok(_) | Err(DeviceError::Cancelled) => None,
                 Err(e) => Some(e.to_string()),
             },
             Err(DeviceError::Cancelled) => None,
+            // Busy with a long call (a large copy, an allocation): slow is not poisoned. The
+            // guardian examines a worker that stays silent (`unresponsive`); a GPU that makes
+            // no progress is the hang watchdog's to find, with whoever caused it.
+            Err(DeviceError::NoAnswer(why)) => {
+                tracing::debug!(%why, "the fault check waits on a busy device worker");
+                None
+            }
             Err(e) => Some(e.to_string()),
         }
     }
 
+    fn unresponsive(&self) -> Option<Duration> {
+        lock(&self.shared.unanswered_since).map(|t| t.elapsed())
+    }
+
     fn reset(&self) -> DeviceResult<Memory> {
+        *lock(&self.shared.unanswered_since) = None;
         self.promote_spare()
     }
 

@@ -60,9 +60,6 @@ struct SimState {
     memory: SimMemory,
     /// Modelled time at which the device finishes its last accepted command.
     busy_until_ns: u64,
-    /// Set by an injected illegal-address fault: like CUDA's sticky errors, every later call
-    /// fails until the device is reset.
-    poisoned: Option<String>,
     epoch: u64,
 }
 
@@ -70,6 +67,10 @@ pub struct SimDevice {
     info: DeviceInfo,
     options: SimOptions,
     state: Mutex<SimState>,
+    /// Set by an injected illegal-address fault: like CUDA's sticky errors, every later call
+    /// fails until the device is reset. Beside the state, so that the fault check never
+    /// waits behind long work (a large copy) that holds it.
+    poisoned: Mutex<Option<String>>,
     interrupted: AtomicBool,
     /// Where modelled time starts on the wall clock (`realtime` only).
     origin: Instant,
@@ -121,9 +122,9 @@ impl SimDevice {
             state: Mutex::new(SimState {
                 memory: SimMemory::new(options.memory),
                 busy_until_ns: 0,
-                poisoned: None,
                 epoch: 0,
             }),
+            poisoned: Mutex::new(None),
             interrupted: AtomicBool::new(false),
             origin: Instant::now(),
         }
@@ -187,7 +188,7 @@ impl SimDevice {
         body: impl FnOnce(&mut SimMemory) -> DeviceResult<T>,
     ) -> DeviceResult<T> {
         let mut st = self.state();
-        Self::check_healthy(&st)?;
+        self.check_healthy()?;
         let out = body(&mut st.memory)?;
         let start = stream.ready_ns.max(st.busy_until_ns).max(self.now_ns());
         let end = start.saturating_add(cost_ns);
@@ -198,11 +199,15 @@ impl SimDevice {
     }
 
     /// Bytes of device memory in use.
-    fn check_healthy(st: &SimState) -> DeviceResult<()> {
-        match &st.poisoned {
+    fn check_healthy(&self) -> DeviceResult<()> {
+        match &*self.poisoned() {
             Some(why) => Err(DeviceError::Fault(why.clone())),
             None => Ok(()),
         }
+    }
+
+    fn poisoned(&self) -> std::sync::MutexGuard<'_, Option<String>> {
+        self.poisoned.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     pub fn memory_used(&self) -> u64 {
@@ -226,13 +231,13 @@ impl Backend for SimDevice {
 
     fn alloc(&self, bytes: u64) -> DeviceResult<DevicePtr> {
         let mut st = self.state();
-        Self::check_healthy(&st)?;
+        self.check_healthy()?;
         st.memory.alloc(bytes)
     }
 
     fn free(&self, ptr: DevicePtr) -> DeviceResult<()> {
         let mut st = self.state();
-        Self::check_healthy(&st)?;
+        self.check_healthy()?;
         st.memory.free(ptr)
     }
 
@@ -255,13 +260,13 @@ impl Backend for SimDevice {
 
     fn create_chunk(&self, at: u64, size: u64) -> DeviceResult<OwnedFd> {
         let mut st = self.state();
-        Self::check_healthy(&st)?;
+        self.check_healthy()?;
         st.memory.create_chunk(at, size)
     }
 
     fn import_chunk(&self, at: u64, size: u64, fd: BorrowedFd<'_>) -> DeviceResult<()> {
         let mut st = self.state();
-        Self::check_healthy(&st)?;
+        self.check_healthy()?;
         st.memory.import_chunk(at, size, fd)
     }
 
@@ -344,12 +349,12 @@ impl Backend for SimDevice {
 
     fn launch(&self, stream: &mut SimStream, kernel: &Kernel) -> DeviceResult<()> {
         if let Kernel::Fault { hang } = *kernel {
-            let mut st = self.state();
-            Self::check_healthy(&st)?;
+            let st = self.state();
+            self.check_healthy()?;
             if hang {
                 stream.hung = true;
             } else {
-                st.poisoned = Some("illegal address (injected fault)".into());
+                *self.poisoned() = Some("illegal address (injected fault)".into());
                 tracing::debug!(epoch = st.epoch, "sim: injected illegal address");
                 stream.faulted = true;
             }
@@ -382,7 +387,7 @@ impl Backend for SimDevice {
             return Err(DeviceError::Cancelled);
         }
         self.wait_for(stream.ready_ns)?;
-        Self::check_healthy(&self.state())
+        self.check_healthy()
     }
 
     fn stream_busy(&self, stream: &SimStream) -> bool {
@@ -393,7 +398,7 @@ impl Backend for SimDevice {
     }
 
     fn fault(&self) -> Option<String> {
-        self.state().poisoned.clone()
+        self.poisoned().clone()
     }
 
     fn resets_in_place(&self) -> bool {
@@ -408,7 +413,7 @@ impl Backend for SimDevice {
         let mut st = self.state();
         st.memory = SimMemory::new(self.options.memory);
         st.busy_until_ns = 0;
-        st.poisoned = None;
+        *self.poisoned() = None;
         st.epoch += 1;
         self.interrupted.store(false, Ordering::Release);
         Ok(())
@@ -476,7 +481,7 @@ impl Backend for SimDevice {
     }
 
     fn stream_wait_event(&self, stream: &mut SimStream, event: &SimEvent) -> DeviceResult<()> {
-        Self::check_healthy(&self.state())?;
+        self.check_healthy()?;
         if let Some(t) = event.time_ns {
             stream.ready_ns = stream.ready_ns.max(t);
         }
@@ -484,7 +489,7 @@ impl Backend for SimDevice {
     }
 
     fn stream_done(&self, stream: &SimStream) -> DeviceResult<bool> {
-        Self::check_healthy(&self.state())?;
+        self.check_healthy()?;
         Ok(!stream.hung && self.reached(stream.ready_ns))
     }
 

@@ -22,12 +22,12 @@ pub(super) enum Bytes {
     Owned(Vec<u8>),
 }
 
-/// A loaded module or library.
+/// A loaded module or library. The handle a program holds is the address of one of these, so
+/// it lives on after an unload (a stale handle must still be told apart); its bytes do not.
 pub struct Image {
     pub format: ModuleFormat,
-    bytes: Bytes,
-    /// The broker's module id once the image is there.
-    module: Mutex<Option<u64>>,
+    /// The bytes, until unloaded; and the broker's module id once the image is there.
+    loaded: Mutex<Loaded>,
     pub(super) unloaded: AtomicBool,
     pub(super) globals: Mutex<HashMap<CString, (u64, u64)>>,
 }
@@ -38,7 +38,13 @@ unsafe impl Send for Image {}
 // SAFETY: as above.
 unsafe impl Sync for Image {}
 
-impl Image {
+/// An image's bytes and its module at the broker.
+struct Loaded {
+    bytes: Bytes,
+    module: Option<u64>,
+}
+
+impl Loaded {
     fn bytes(&self) -> &[u8] {
         match &self.bytes {
             // SAFETY: see the `Send` impl: the program keeps these bytes.
@@ -52,8 +58,10 @@ impl Modules {
     pub(super) fn add_image(&self, format: ModuleFormat, bytes: Bytes) -> &'static Image {
         let image: &'static Image = Box::leak(Box::new(Image {
             format,
-            bytes,
-            module: Mutex::new(None),
+            loaded: Mutex::new(Loaded {
+                bytes,
+                module: None,
+            }),
             unloaded: AtomicBool::new(false),
             globals: Mutex::new(HashMap::new()),
         }));
@@ -87,12 +95,15 @@ impl Driver {
     /// The broker's module for an image: loaded now if it is not yet (found by its hash when
     /// the broker holds the same bytes, else sent).
     pub fn ensure_loaded(&self, image: &Image) -> Cu<u64> {
-        let mut module = image.module.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(id) = *module {
+        let mut loaded = image.loaded.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(id) = loaded.module {
             return Ok(id);
         }
+        if image.unloaded.load(Ordering::Acquire) {
+            return Err(result::INVALID_HANDLE);
+        }
         let session = &self.transport.session;
-        let bytes = image.bytes();
+        let bytes = loaded.bytes();
         let hash = image_hash(bytes);
         let cached = session.request(
             |request| ClientMessage::LoadCachedModule {
@@ -117,18 +128,24 @@ impl Driver {
             Ok(_) => return Err(result::UNKNOWN),
             Err(e) => return Err(module_load_error(&e)),
         };
-        *module = Some(id);
+        loaded.module = Some(id);
         Ok(id)
     }
 
     pub(super) fn unload(&self, h: *mut c_void) -> Cu<()> {
         let image = self.image(h)?;
         image.unloaded.store(true, Ordering::Release);
-        let module = image
-            .module
+        let module = {
+            let mut loaded = image.loaded.lock().unwrap_or_else(|p| p.into_inner());
+            // The bytes go now (a program that loads and unloads in a loop must not grow).
+            loaded.bytes = Bytes::Owned(Vec::new());
+            loaded.module.take()
+        };
+        image
+            .globals
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .take();
+            .clear();
         if let Some(module) = module {
             // Launches already sent run first: the broker unloads in order with them only
             // after the client's work is done.

@@ -137,6 +137,10 @@ fn status_report() -> StatusReport {
             pinned_bytes: 17 << 20,
             max_sessions: 64,
             max_pinned_bytes: Some(2 << 30),
+            connections: 2,
+            max_connections: 128,
+            module_bytes: 5 << 20,
+            max_module_bytes: Some(1 << 30),
         }],
     }
 }

@@ -1,6 +1,6 @@
 //! Each user's account over all of their sessions: the device memory they hold against their
-//! quota, how many sessions they have open, and the host memory gpushared locks for them, each
-//! against the policy's bounds. Library, governed and consolidated sessions of one user share
+//! quota, how many sessions and connections they have open, the host memory gpushared locks
+//! for them and the module images it holds for them, each against the policy's bounds. Library, governed and consolidated sessions of one user share
 //! one account, so a user with N connections gets one quota, not N, and cannot open sessions
 //! (each a thread, descriptors and a shared region) or pin host memory without bound.
 //!
@@ -13,53 +13,17 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
-use bytesize::ByteSize;
 use gpushare_protocol::ErrorCode;
+use gpushare_protocol::control::ImageHash;
 use gpushare_protocol::stats::UserStats;
 
 use crate::access::{Bounds, FaultLimit};
 
-/// Why a user's account refuses more: each a sentence for the user.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum Refusal {
-    #[error(
-        "{who} has {open} sessions open, the most the policy's max_sessions allows: end one, or ask the administrator"
-    )]
-    TooManySessions { who: String, open: u32 },
-    #[error(
-        "{who}'s programs faulted the GPU {faults} times lately, past the policy's [faults] limit: new sessions are refused for {} s more",
-        .left.as_secs() + 1
-    )]
-    FaultStorm {
-        who: String,
-        faults: usize,
-        left: std::time::Duration,
-    },
-    #[error(
-        "{who} holds {} of page-locked host memory in gpushared (each session's rings and arena, and host memory consolidated programs share); {} more would pass the policy's max_pinned_memory of {}: end a session, or ask the administrator",
-        ByteSize(*.held),
-        ByteSize(*.asked),
-        ByteSize(*.max)
-    )]
-    PinnedMemory {
-        who: String,
-        held: u64,
-        asked: u64,
-        max: u64,
-    },
-}
+mod holds;
+mod refusal;
 
-impl Refusal {
-    /// What the client is refused with.
-    pub fn code(&self) -> ErrorCode {
-        match self {
-            Refusal::FaultStorm { .. } => ErrorCode::PermissionDenied,
-            Refusal::TooManySessions { .. } | Refusal::PinnedMemory { .. } => {
-                ErrorCode::TooManyHandles
-            }
-        }
-    }
-}
+pub use holds::{ImageHold, Visit};
+pub use refusal::Refusal;
 
 /// One user's account.
 #[derive(Debug)]
@@ -79,6 +43,16 @@ pub struct UserAccount {
     max_sessions: AtomicU32,
     /// `u64::MAX` means unlimited.
     max_pinned: AtomicU64,
+    /// Connections open (sessions, monitors, handshakes); changed only under the accounts'
+    /// lock.
+    connections: AtomicU32,
+    max_connections: AtomicU32,
+    /// Module images gpushared holds for the user, each counted once: by hash, how many of
+    /// the user's modules hold it and its size.
+    images: Mutex<std::collections::HashMap<ImageHash, (u32, u64)>>,
+    image_bytes: AtomicU64,
+    /// `u64::MAX` means unlimited.
+    max_image_bytes: AtomicU64,
     /// When the user's programs faulted the GPU lately, and until when new sessions are
     /// refused for it.
     faults: Mutex<Faults>,
@@ -113,6 +87,11 @@ impl UserAccount {
             pinned: AtomicU64::new(0),
             max_sessions: AtomicU32::new(u32::MAX),
             max_pinned: AtomicU64::new(u64::MAX),
+            connections: AtomicU32::new(0),
+            max_connections: AtomicU32::new(u32::MAX),
+            images: Mutex::default(),
+            image_bytes: AtomicU64::new(0),
+            max_image_bytes: AtomicU64::new(u64::MAX),
             faults: Mutex::default(),
         }
     }
@@ -168,6 +147,12 @@ impl UserAccount {
             .store(bounds.max_sessions, Ordering::Relaxed);
         self.max_pinned
             .store(bounds.max_pinned.unwrap_or(u64::MAX), Ordering::Relaxed);
+        self.max_connections
+            .store(bounds.max_connections, Ordering::Relaxed);
+        self.max_image_bytes.store(
+            bounds.max_module_memory.unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
     }
 
     /// Host memory gpushared holds locked for the user.
@@ -267,6 +252,11 @@ impl UserAccount {
             max_sessions: self.max_sessions.load(Ordering::Relaxed),
             max_pinned_bytes: Some(self.max_pinned.load(Ordering::Relaxed))
                 .filter(|&m| m != u64::MAX),
+            connections: self.connections(),
+            max_connections: self.max_connections.load(Ordering::Relaxed),
+            module_bytes: self.image_bytes(),
+            max_module_bytes: Some(self.max_image_bytes.load(Ordering::Relaxed))
+                .filter(|&m| m != u64::MAX),
         }
     }
 }
@@ -324,16 +314,7 @@ impl Accounts {
     /// user now; or says why not (too many sessions, too much pinned memory).
     pub fn join(self: &Arc<Self>, joining: Joining<'_>) -> Result<Seat, Refusal> {
         let mut users = self.lock();
-        let account = users
-            .entry(joining.uid)
-            .or_insert_with(|| {
-                Arc::new(UserAccount::new(
-                    joining.uid,
-                    joining.user.to_string(),
-                    joining.quota,
-                ))
-            })
-            .clone();
+        let account = account_of(&mut users, joining.uid, joining.user, joining.quota);
         account.set_quota(joining.quota);
         account.set_bounds(joining.bounds);
         account.set_fault_limit(joining.faults);
@@ -385,10 +366,7 @@ impl Accounts {
             uid,
             user,
             quota: None,
-            bounds: Bounds {
-                max_sessions: u32::MAX,
-                max_pinned: None,
-            },
+            bounds: Bounds::unbounded(),
             region_bytes: 0,
             faults: FaultLimit::default(),
         };
@@ -399,199 +377,32 @@ impl Accounts {
     }
 }
 
+/// The account of `uid`, made (with `quota`) if the user has none yet.
+fn account_of(
+    users: &mut BTreeMap<u32, Arc<UserAccount>>,
+    uid: u32,
+    user: &str,
+    quota: Option<u64>,
+) -> Arc<UserAccount> {
+    users
+        .entry(uid)
+        .or_insert_with(|| Arc::new(UserAccount::new(uid, user.to_string(), quota)))
+        .clone()
+}
+
 /// Drops an account nobody uses any more: no session, no memory, nothing pinned.
 fn forget_if_idle(users: &mut BTreeMap<u32, Arc<UserAccount>>, uid: u32) {
     if users.get(&uid).is_some_and(|a| {
-        a.sessions() == 0 && a.memory_used() == 0 && a.pinned() == 0 && !a.remembers_faults()
+        a.sessions() == 0
+            && a.connections() == 0
+            && a.memory_used() == 0
+            && a.pinned() == 0
+            && a.image_bytes() == 0
+            && !a.remembers_faults()
     }) {
         users.remove(&uid);
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn joining(uid: u32, user: &str, quota: Option<u64>) -> Joining<'_> {
-        Joining {
-            uid,
-            user,
-            quota,
-            bounds: Bounds {
-                max_sessions: 3,
-                max_pinned: Some(1000),
-            },
-            region_bytes: 100,
-            faults: FaultLimit::default(),
-        }
-    }
-
-    #[test]
-    fn sessions_of_one_user_share_one_quota() {
-        let accounts = Arc::new(Accounts::default());
-        let one = accounts
-            .join(joining(1000, "alice", Some(100)))
-            .expect("join");
-        let two = accounts
-            .join(joining(1000, "alice", Some(100)))
-            .expect("join");
-        assert!(Arc::ptr_eq(one.account(), two.account()));
-        one.account().charge(60).expect("within the quota");
-        assert_eq!(
-            two.account().charge(60),
-            Err(ErrorCode::OutOfQuota),
-            "the first session's 60 bytes count for the second"
-        );
-        two.account().charge(40).expect("what is left");
-        assert_eq!(one.account().memory_used(), 100);
-        let other = accounts
-            .join(joining(1001, "bob", Some(100)))
-            .expect("join");
-        other
-            .account()
-            .charge(100)
-            .expect("another user's quota is untouched");
-        let users = accounts.snapshot();
-        assert_eq!(users.len(), 2);
-        assert_eq!(
-            (
-                users[0].user.as_str(),
-                users[0].sessions,
-                users[0].memory_used,
-                users[0].pinned_bytes
-            ),
-            ("alice", 2, 100, 200)
-        );
-    }
-
-    #[test]
-    fn a_failed_charge_changes_nothing_and_release_never_goes_below_zero() {
-        let account = UserAccount::new(1, "u".into(), Some(10));
-        assert_eq!(account.charge(11), Err(ErrorCode::OutOfQuota));
-        assert_eq!(account.charge(u64::MAX), Err(ErrorCode::OutOfQuota));
-        assert_eq!(account.memory_used(), 0);
-        account.charge_held(20);
-        assert_eq!(
-            account.memory_used(),
-            20,
-            "held memory counts past the quota"
-        );
-        assert_eq!(account.charge(1), Err(ErrorCode::OutOfQuota));
-        account.release(30);
-        assert_eq!(account.memory_used(), 0);
-        let unlimited = UserAccount::new(2, "v".into(), None);
-        unlimited.charge(u64::MAX - 1).expect("no quota");
-        unlimited
-            .charge(u64::MAX)
-            .expect("no quota refuses nothing");
-        assert_eq!(unlimited.quota(), None);
-    }
-
-    #[test]
-    fn the_latest_session_brings_the_policys_quota_and_idle_accounts_go() {
-        let accounts = Arc::new(Accounts::default());
-        let first = accounts.join(joining(7, "carol", Some(100))).expect("join");
-        let second = accounts.join(joining(7, "carol", Some(300))).expect("join");
-        assert_eq!(first.account().quota(), Some(300));
-        first.account().charge(5).expect("charge");
-        drop(first);
-        drop(second);
-        assert!(
-            accounts.get(7).is_some(),
-            "memory not yet given back keeps the account"
-        );
-        if let Some(a) = accounts.get(7) {
-            a.release(5);
-            assert_eq!(a.pinned(), 0, "the seats gave their regions back");
-        }
-        accounts.tidy(7);
-        assert!(accounts.get(7).is_none());
-        assert!(accounts.snapshot().is_empty());
-    }
-
-    #[test]
-    fn a_user_whose_programs_keep_faulting_is_refused_for_a_while() {
-        let accounts = Arc::new(Accounts::default());
-        let limit = FaultLimit {
-            max_faults: 2,
-            window: std::time::Duration::from_secs(60),
-            refuse: std::time::Duration::from_secs(30),
-        };
-        let with_limit = |uid, user| Joining {
-            faults: limit,
-            ..joining(uid, user, None)
-        };
-        let root = accounts.join(with_limit(0, "root")).expect("joins");
-        for _ in 0..3 {
-            assert_eq!(root.account().note_fault(), None, "root is never refused");
-        }
-        let seat = accounts.join(with_limit(9, "mallory")).expect("joins");
-        let account = seat.account().clone();
-        assert_eq!(account.note_fault(), None, "one fault is not a storm");
-        drop(seat);
-        assert!(accounts.get(9).is_some(), "the fault is remembered");
-        let seat = accounts.join(with_limit(9, "mallory")).expect("joins");
-        let refused = seat.account().note_fault().expect("the second fault");
-        assert_eq!(refused, limit.refuse);
-        drop(seat);
-        let e = accounts
-            .join(with_limit(9, "mallory"))
-            .expect_err("refused meanwhile");
-        assert_eq!(e.code(), ErrorCode::PermissionDenied);
-        assert!(e.to_string().contains("faulted the GPU 2 times"), "{e}");
-        assert!(
-            accounts.join(with_limit(10, "alice")).is_ok(),
-            "others are not"
-        );
-        let off = FaultLimit {
-            max_faults: 0,
-            ..limit
-        };
-        let seat = accounts
-            .join(Joining {
-                faults: off,
-                ..joining(11, "bob", None)
-            })
-            .expect("joins");
-        assert_eq!(seat.account().note_fault(), None);
-        assert_eq!(seat.account().note_fault(), None, "never, when off");
-    }
-
-    #[test]
-    fn sessions_and_pinned_memory_past_the_bounds_are_refused_with_the_reason() {
-        let accounts = Arc::new(Accounts::default());
-        let seats: Vec<Seat> = (0..3)
-            .map(|_| {
-                accounts
-                    .join(joining(5, "dave", None))
-                    .expect("within max_sessions")
-            })
-            .collect();
-        let refused = accounts
-            .join(joining(5, "dave", None))
-            .expect_err("a fourth session");
-        assert_eq!(
-            refused.to_string(),
-            "user `dave` (uid 5) has 3 sessions open, the most the policy's max_sessions allows: end one, or ask the administrator"
-        );
-        let account = seats[0].account().clone();
-        assert_eq!((account.sessions(), account.pinned()), (3, 300));
-        account.pin(700).expect("up to max_pinned_memory");
-        let why = account.pin(1).expect_err("one byte past it").to_string();
-        assert!(why.contains("max_pinned_memory of 1000 B"), "{why}");
-        account.unpin(700);
-        drop(seats);
-        let big = Joining {
-            region_bytes: 1001,
-            ..joining(5, "dave", None)
-        };
-        let why = accounts
-            .join(big)
-            .expect_err("a region past the bound")
-            .to_string();
-        assert!(why.starts_with("user `dave` (uid 5) holds 0 B"), "{why}");
-        assert!(accounts.get(5).is_none(), "a refused join leaves nothing");
-        let other = accounts.join(joining(6, "erin", None));
-        assert!(other.is_ok(), "other users are not held back");
-    }
-}
+mod tests;
