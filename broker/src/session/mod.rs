@@ -50,10 +50,7 @@ pub use module_table::{MAX_FUNCTIONS, MAX_MODULES, ModuleTable};
 use allocations::Allocations;
 use reset::Lost;
 
-/// Most streams one client may hold at once.
-pub const MAX_STREAMS: usize = 1024;
-/// Most events one client may hold at once.
-pub const MAX_EVENTS: usize = 16384;
+pub use gpushare_protocol::{MAX_EVENTS, MAX_STREAMS};
 /// Most live allocations one client may hold at once.
 pub const MAX_ALLOCATIONS: usize = 1 << 20;
 

@@ -52,14 +52,15 @@ pub unsafe extern "C" fn cuEventCreate(ph: *mut CUevent, flags: c_uint) -> CUres
             crate::entry::say_unsupported("cuEventCreate with CU_EVENT_INTERPROCESS");
             return Err(result::NOT_SUPPORTED);
         }
+        // The broker's bound, said at creation.
+        let mut live = d.events.flags.lock().unwrap_or_else(|p| p.into_inner());
+        if live.len() >= gpushare_protocol::MAX_EVENTS {
+            return Err(result::OUT_OF_MEMORY);
+        }
         let id = d.events.next.fetch_add(1, Ordering::Relaxed);
         d.transport
             .post(Command::EventCreateAs { event: id, flags })?;
-        d.events
-            .flags
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(id, flags);
+        live.insert(id, flags);
         // SAFETY: checked non-NULL; writable by the caller's contract.
         unsafe { out(ph, handle::event_handle(id)) }
     })

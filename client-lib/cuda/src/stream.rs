@@ -61,6 +61,12 @@ thread_local! {
 impl Driver {
     /// Makes a stream in the broker under a fresh id.
     pub fn create_stream(&self, flags: u32, priority: i32) -> Cu<u32> {
+        // The broker's bound, said at creation as CUDA says it runs out (the default stream
+        // is one of them).
+        let mut meta = self.streams.meta.lock().unwrap_or_else(|p| p.into_inner());
+        if meta.len() + 1 >= gpushare_protocol::MAX_STREAMS {
+            return Err(result::OUT_OF_MEMORY);
+        }
         let id = self.streams.next.fetch_add(1, Ordering::Relaxed);
         if id == 0 {
             return Err(result::OUT_OF_MEMORY); // wrapped: four billion streams made
@@ -70,11 +76,7 @@ impl Driver {
             flags,
             priority,
         })?;
-        self.streams
-            .meta
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(id, StreamMeta { flags, priority });
+        meta.insert(id, StreamMeta { flags, priority });
         Ok(id)
     }
 

@@ -27,6 +27,12 @@ pub mod wake;
 pub use command::{Command, Kernel};
 pub use error::ErrorCode;
 
+/// Most streams one session may hold at once, its default stream included: past it a
+/// creation fails (`TooManyHandles`; a client-side driver says so at creation).
+pub const MAX_STREAMS: usize = 1024;
+/// Most events one session may hold at once.
+pub const MAX_EVENTS: usize = 16384;
+
 /// Version of the wire protocol; client and broker must agree exactly.
 pub const PROTOCOL_VERSION: u32 = 4;
 
