@@ -54,6 +54,8 @@ cp scripts/colocate/*.py "$out/colocate/"
 cp scripts/consolidated/*.py scripts/consolidated/launch.c "$out/consolidated/"
 cc -O2 -o "$out/consolidated/launch" scripts/consolidated/launch.c -ldl
 cc -O2 -o "$out/module_globals" scripts/probes/module_globals.c -ldl
+cc -O2 -o "$out/fork_pinned" scripts/probes/fork_pinned.c -ldl
+cc -O2 -o "$out/launch_shapes" scripts/probes/launch_shapes.c -ldl
 # strip(1) warns about the cuda/ directory and goes on.
 strip "$out"/* "$out/consolidated/launch" 2>/dev/null || true
 du -sh "$out"

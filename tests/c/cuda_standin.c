@@ -234,6 +234,13 @@ static void run_spin(unsigned long count, unsigned long long micros) {
     OK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
     if (failures) return;
     void *args[] = {&micros};
+    /* As CUDA answers them: a name the module lacks, and shapes no GPU runs. */
+    CUfunction none = NULL;
+    EXPECT(cuModuleGetFunction(&none, module, "nope"), CUDA_ERROR_NOT_FOUND);
+    EXPECT(cuLaunchKernel(spin, 1, 1, 1, 1025, 1, 1, 0, stream, args, NULL), CUDA_ERROR_INVALID_VALUE);
+    EXPECT(cuLaunchKernel(spin, 1, 1, 1, 32, 32, 2, 0, stream, args, NULL), CUDA_ERROR_INVALID_VALUE);
+    EXPECT(cuLaunchKernel(spin, 1, 65536, 1, 32, 1, 1, 0, stream, args, NULL), CUDA_ERROR_INVALID_VALUE);
+    EXPECT(cuLaunchKernel(spin, 0, 1, 1, 32, 1, 1, 0, stream, args, NULL), CUDA_ERROR_INVALID_VALUE);
     for (unsigned long i = 0; i < count; i++) {
         CUresult r = cuLaunchKernel(spin, 1, 1, 1, 32, 1, 1, 0, stream, args, NULL);
         if (r != CUDA_SUCCESS) {
@@ -310,6 +317,7 @@ int main(int argc, char **argv) {
         check_export_tables();
         check_allocation(quota);
         check_copies(17u << 20);
+        check_fork();
         check_memsets(5u << 20);
         check_streams();
         check_events();

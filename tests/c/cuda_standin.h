@@ -168,6 +168,7 @@ extern CUcontext primary;
 void check_export_tables(void);
 void check_allocation(size_t quota);
 void check_copies(size_t bytes);
+void check_fork(void);
 void check_memsets(size_t bytes);
 void check_streams(void);
 void check_events(void);

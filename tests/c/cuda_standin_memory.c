@@ -8,7 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 /* ---- export tables --------------------------------------------------------------------- */
 
@@ -347,5 +349,71 @@ void check_unsupported(void) {
     OK(cuMemsetD8(d, 1, 4096));
     OK(cuCtxSynchronize(NULL));
     OK(cuMemFree(d));
+    section_end();
+}
+
+/* ---- fork ------------------------------------------------------------------------------ */
+
+/* A child's byte written at `p`: what the parent reads after the child has exited. */
+static unsigned char after_child_writes(volatile unsigned char *p) {
+    p[0] = 0x11;
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        p[0] = 0x22;
+        _exit(0);
+    }
+    int status = 0;
+    CHECK(pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) &&
+              WEXITSTATUS(status) == 0,
+          "the writing child ended with status %#x", status);
+    return p[0];
+}
+
+/* What NVIDIA's driver gives a forked child (scripts/probes/fork_pinned.c on the H200): the
+ * page-locked memory of cuMemAllocHost shared with the parent, registered memory its own
+ * copy, and no CUDA at all. */
+void check_fork(void) {
+    section_begin("fork");
+    void *pinned = NULL;
+    OK(cuMemHostAlloc(&pinned, 1 << 20, 0));
+    unsigned char seen = after_child_writes(pinned);
+    CHECK(seen == 0x22, "a child's write to cuMemHostAlloc memory: the parent read %#x", seen);
+    size_t len = 1 << 20;
+    unsigned char *mine =
+        mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    CHECK(mine != MAP_FAILED, "mmap");
+    if (mine == MAP_FAILED) return;
+    memset(mine, 0x33, len);
+    OK(cuMemHostRegister(mine + 100, len - 200, 0));
+    seen = after_child_writes(mine + 4096);
+    CHECK(seen == 0x11, "a child's write to registered memory: the parent read %#x", seen);
+    /* The child's copy is whole; the parent's registration still works. */
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        for (size_t i = 4097; i < len; i++)
+            if (mine[i] != 0x33) _exit(1);
+        CUdeviceptr d = 0;
+        if (cuMemAlloc(&d, 4096) != CUDA_ERROR_NOT_INITIALIZED) _exit(2);
+        if (cuInit(0) != CUDA_ERROR_NOT_INITIALIZED) _exit(3);
+        if (cuMemAlloc(&d, 4096) != CUDA_ERROR_NOT_INITIALIZED) _exit(4);
+        _exit(0);
+    }
+    int status = 0;
+    CHECK(pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) &&
+              WEXITSTATUS(status) == 0,
+          "the child's memory or CUDA calls went wrong: status %#x", status);
+    CUdeviceptr d = 0;
+    OK(cuMemAlloc(&d, len));
+    OK(cuMemcpyHtoD(d, mine, len));
+    memset(mine, 0, len);
+    OK(cuMemcpyDtoH(mine, d, len));
+    CHECK(mine[len - 1] == 0x33 && mine[4096] == 0x11, "after the children: %#x %#x",
+          mine[len - 1], mine[4096]);
+    OK(cuMemFree(d));
+    OK(cuMemHostUnregister(mine + 100));
+    munmap(mine, len);
+    OK(cuMemFreeHost(pinned));
     section_end();
 }

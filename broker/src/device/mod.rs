@@ -69,6 +69,9 @@ pub enum DeviceError {
     /// call), which by itself is no fault.
     #[error("{0}")]
     NoAnswer(String),
+    /// A name the module does not have (a function, a global).
+    #[error("not found: {0}")]
+    NotFound(String),
 }
 
 impl DeviceError {
@@ -83,6 +86,7 @@ impl DeviceError {
             }
             DeviceError::Cancelled => ErrorCode::DeviceReset,
             DeviceError::AddressUnavailable(_) => ErrorCode::AddressUnavailable,
+            DeviceError::NotFound(_) => ErrorCode::NotFound,
         }
     }
 }

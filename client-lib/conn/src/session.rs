@@ -211,6 +211,12 @@ impl Session {
         &self.layout
     }
 
+    /// The control socket's descriptor: the session lasts while any copy of it is open (a
+    /// forked child closes its copy).
+    pub fn control_fd(&self) -> std::os::fd::RawFd {
+        self.socket.raw_fd()
+    }
+
     /// Commands submitted so far.
     pub fn commands_submitted(&self) -> u64 {
         self.commands.load(Ordering::Relaxed)

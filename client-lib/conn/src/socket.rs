@@ -22,6 +22,10 @@ pub struct ControlSocket {
 }
 
 impl ControlSocket {
+    pub fn raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+
     /// Connects, waiting at most the broker timeout (`GPUSHARE_TIMEOUT`) for each step.
     pub fn connect(path: &Path) -> Result<ControlSocket> {
         ControlSocket::connect_within(path, crate::env::broker_timeout())

@@ -1,5 +1,5 @@
-//! The process-wide driver: connected at `cuInit`, kept for the process's life, forgotten in
-//! a forked child (which must `cuInit` again and becomes a client of its own).
+//! The process-wide driver: connected at `cuInit`, kept for the process's life, gone in a
+//! forked child (which, as with NVIDIA's driver, cannot use CUDA: `fork.rs`).
 
 use std::ptr;
 use std::sync::atomic::{AtomicI32, AtomicPtr, Ordering};
@@ -84,9 +84,7 @@ pub fn init() -> Cu<()> {
     match connect() {
         Ok(driver) => {
             DRIVER.store(Box::into_raw(Box::new(driver)), Ordering::Release);
-            // SAFETY: registers a plain function as the fork child handler; it only stores
-            // atomics, which is async-signal-safe.
-            unsafe { libc::pthread_atfork(None, None, Some(forked_child)) };
+            crate::fork::install();
             Ok(())
         }
         Err(code) => {
@@ -231,10 +229,19 @@ impl Driver {
     }
 }
 
-extern "C" fn forked_child() {
-    // The parent's session belongs to the parent: leak it here, never say goodbye on it.
-    DRIVER.store(ptr::null_mut(), Ordering::Release);
-    INIT_FAILED.store(0, Ordering::Relaxed);
+/// In a forked child: the parent's session is the parent's. Its socket is closed here (so
+/// that the session ends when the parent does, however long the child lives), the driver is
+/// leaked, never used, and every call says `CUDA_ERROR_NOT_INITIALIZED`, `cuInit` too.
+pub(crate) fn forget_in_child() {
+    let p = DRIVER.swap(ptr::null_mut(), Ordering::AcqRel);
+    if p.is_null() {
+        return;
+    }
+    // SAFETY: a leaked `Box<Driver>`; only its descriptor number is read.
+    let fd = unsafe { &*p }.transport.session.control_fd();
+    // SAFETY: the child's copy of the socket; the leaked session never uses it again.
+    unsafe { libc::close(fd) };
+    INIT_FAILED.store(result::NOT_INITIALIZED, Ordering::Relaxed);
 }
 
 #[cfg(test)]

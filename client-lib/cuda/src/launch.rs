@@ -122,7 +122,8 @@ impl Driver {
         params: *mut *mut c_void,
         extra: *mut *mut c_void,
     ) -> Cu<()> {
-        if shape.grid.contains(&0) || shape.block.contains(&0) {
+        // Said now, as CUDA does; the broker would refuse it later.
+        if !gpushare_protocol::command::shape_is_valid(shape.grid, shape.block) {
             return Err(result::INVALID_VALUE);
         }
         let info = self.info(self.kernel(function)?)?;

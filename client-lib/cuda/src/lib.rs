@@ -10,7 +10,8 @@
 //!
 //! - [`entry`]: every driver entry point (generated table), `cuGetProcAddress`, and the
 //!   stub that reports an unsupported call.
-//! - [`driver`]: connecting at `cuInit`, the process-wide state, fork.
+//! - [`driver`]: connecting at `cuInit`, the process-wide state; `fork`: what a forked child
+//!   gets.
 //! - [`transport`]: the session, and the connection core's payload ring in its arena for
 //!   launch parameters and staged copies.
 //! - [`device`], [`context`]: device queries and contexts (one device: the broker's GPU).
@@ -31,6 +32,7 @@ pub mod entry;
 mod errors;
 pub mod event;
 pub mod export;
+mod fork;
 pub mod graph;
 pub mod handle;
 pub mod image;

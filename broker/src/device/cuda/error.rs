@@ -10,10 +10,10 @@ pub fn driver(what: &str, e: DriverError) -> DeviceError {
     match e.0 {
         cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY => DeviceError::OutOfMemory,
         cudaError_enum::CUDA_ERROR_NOT_READY => DeviceError::NotReady,
+        cudaError_enum::CUDA_ERROR_NOT_FOUND => DeviceError::NotFound(describe(what, e)),
         cudaError_enum::CUDA_ERROR_INVALID_VALUE
         | cudaError_enum::CUDA_ERROR_INVALID_IMAGE
         | cudaError_enum::CUDA_ERROR_INVALID_PTX
-        | cudaError_enum::CUDA_ERROR_NOT_FOUND
         | cudaError_enum::CUDA_ERROR_NO_BINARY_FOR_GPU => {
             DeviceError::InvalidArgument(describe(what, e))
         }

@@ -368,10 +368,18 @@ impl Backend for SimDevice {
         &self,
         stream: &mut SimStream,
         function: &SimFunction,
-        _launch: &ModuleLaunch,
+        launch: &ModuleLaunch,
         _attributes: &LaunchAttributes,
         params: &[u8],
     ) -> DeviceResult<()> {
+        // The dynamic shared memory a block may ask for, as the H100's opt-in limit.
+        if launch.shared_mem_bytes > attributes::MAX_SHARED_MEMORY_PER_BLOCK_OPTIN {
+            return Err(DeviceError::InvalidArgument(format!(
+                "{} bytes of shared memory a block: at most {}",
+                launch.shared_mem_bytes,
+                attributes::MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
+            )));
+        }
         let cost = function.micros(params)?.saturating_mul(1_000);
         self.run_on(stream, cost, |_| Ok(()))
     }
@@ -622,5 +630,24 @@ mod tests {
             dev.function_shape(&spin).expect("shape").params,
             vec![(0, 8)]
         );
+        // As CUDA answers them: more shared memory than a block may have, a missing name.
+        let greedy = ModuleLaunch {
+            shared_mem_bytes: attributes::MAX_SHARED_MEMORY_PER_BLOCK_OPTIN + 1,
+            ..launch
+        };
+        let err = dev
+            .launch_module(
+                &mut s,
+                &spin,
+                &greedy,
+                &LaunchAttributes::default(),
+                &[0; 8],
+            )
+            .expect_err("refused");
+        assert_eq!(err.code(), gpushare_protocol::ErrorCode::InvalidArgument);
+        let err = dev
+            .get_function(&module, "nope")
+            .expect_err("no such function");
+        assert_eq!(err.code(), gpushare_protocol::ErrorCode::NotFound);
     }
 }

@@ -72,7 +72,7 @@ impl SimModule {
                 name: name.to_string(),
             })
         } else {
-            Err(DeviceError::InvalidArgument(format!(
+            Err(DeviceError::NotFound(format!(
                 "no function `{}` in module",
                 Printable(name)
             )))

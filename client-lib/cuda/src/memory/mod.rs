@@ -63,6 +63,11 @@ pub struct Memory {
 const PAGE: usize = 4096;
 
 impl Memory {
+    /// The page-locked host ranges by address, read-locked (a fork holds this across).
+    pub(crate) fn host_table(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<usize, HostRegion>> {
+        self.host.read().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// The device range `[ptr, ptr + len)` lies in, and its base.
     pub fn device_range(&self, ptr: u64, len: u64) -> Option<(u64, DeviceRange)> {
         let map = self.device.read().unwrap_or_else(|p| p.into_inner());

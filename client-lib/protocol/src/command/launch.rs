@@ -89,6 +89,20 @@ pub struct ModuleLaunch {
     pub params_len: u32,
 }
 
+/// Whether a launch's shape is one CUDA accepts on every GPU since compute capability 3.0:
+/// no dimension zero, at most 1,024 threads a block (1,024 × 1,024 × 64 by dimension), and
+/// at most (2^31 − 1) × 65,535 × 65,535 blocks.
+pub fn shape_is_valid(grid: [u32; 3], block: [u32; 3]) -> bool {
+    const MAX_BLOCK: [u32; 3] = [1024, 1024, 64];
+    const MAX_GRID: [u32; 3] = [i32::MAX as u32, 65_535, 65_535];
+    const MAX_THREADS: u64 = 1024;
+    let within =
+        |dims: [u32; 3], max: [u32; 3]| dims.iter().zip(max).all(|(&d, m)| d >= 1 && d <= m);
+    within(grid, MAX_GRID)
+        && within(block, MAX_BLOCK)
+        && block.iter().map(|&b| u64::from(b)).product::<u64>() <= MAX_THREADS
+}
+
 /// The six argument words of a module launch.
 pub(super) fn launch_words(launch: &ModuleLaunch) -> [u64; 6] {
     [
@@ -114,8 +128,7 @@ pub(super) fn launch_of(a: &[u64; 6], header: u32) -> Result<ModuleLaunch, Error
     };
     if launch.params_len > MAX_LAUNCH_PARAMS + header
         || launch.params_len < header
-        || launch.grid.contains(&0)
-        || launch.block.contains(&0)
+        || !shape_is_valid(launch.grid, launch.block)
     {
         return Err(ErrorCode::InvalidArgument);
     }
@@ -166,6 +179,35 @@ mod tests {
         let mut empty_block = launch(0);
         empty_block.block[2] = 0;
         assert!(refused(empty_block, 0));
+    }
+
+    #[test]
+    fn launch_shapes_are_bounded_as_cuda_bounds_them() {
+        assert!(shape_is_valid(
+            [i32::MAX as u32, 65_535, 65_535],
+            [1024, 1, 1]
+        ));
+        assert!(shape_is_valid([1, 1, 1], [1, 1, 64]));
+        assert!(shape_is_valid([1, 1, 1], [32, 32, 1]));
+        for (grid, block) in [
+            ([1u32 << 31, 1, 1], [1, 1, 1]),
+            ([1, 65_536, 1], [1, 1, 1]),
+            ([1, 1, 65_536], [1, 1, 1]),
+            ([1, 1, 1], [1025, 1, 1]),
+            ([1, 1, 1], [1, 1, 65]),
+            ([1, 1, 1], [32, 32, 2]),
+            ([1, 1, 1], [u32::MAX, u32::MAX, u32::MAX]),
+            ([0, 1, 1], [1, 1, 1]),
+            ([1, 1, 1], [1, 0, 1]),
+        ] {
+            assert!(!shape_is_valid(grid, block), "{grid:?} {block:?}");
+            let mut l = launch(0);
+            (l.grid, l.block) = (grid, block);
+            assert_eq!(
+                launch_of(&launch_words(&l), 0),
+                Err(ErrorCode::InvalidArgument)
+            );
+        }
     }
 
     #[test]

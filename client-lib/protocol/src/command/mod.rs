@@ -19,7 +19,7 @@ pub mod opcode;
 pub use self::kernel::{Access, Kernel, Operand};
 pub use self::launch::{
     LAUNCH_ATTRIBUTES_BYTES, LAUNCH_COOPERATIVE, LAUNCH_PROGRAMMATIC_SERIALIZATION,
-    LaunchAttributes, MAX_LAUNCH_PARAMS, ModuleLaunch, OccupancyQuery,
+    LaunchAttributes, MAX_LAUNCH_PARAMS, ModuleLaunch, OccupancyQuery, shape_is_valid,
 };
 use crate::{DevicePtr, EventId, StreamId};
 
