@@ -64,6 +64,25 @@ fn allocation_past_the_quota_fails_cleanly_and_changes_nothing() {
 }
 
 #[test]
+fn a_program_started_again_the_moment_the_last_one_ended_finds_its_quota_free() {
+    let uid = my_uid();
+    let broker = broker_with(format!(
+        "[[users]]\nuid = {uid}\nmemory_quota = \"4 MiB\"\n"
+    ));
+    // A neighbour of the same user's keeps a session, so the user has others while each
+    // program ends.
+    let neighbour = broker.client();
+    for round in 0..100 {
+        let program = broker.client();
+        program
+            .alloc_raw(4 << 20)
+            .unwrap_or_else(|e| panic!("round {round}: the whole quota: {e}"));
+        drop(program);
+    }
+    drop(neighbour);
+}
+
+#[test]
 fn a_client_may_lower_its_class_but_never_raise_it() {
     let uid = my_uid();
     let broker = broker_with(format!("[[users]]\nuid = {uid}\nclass = \"normal\"\n"));

@@ -20,9 +20,11 @@ use gpushare_protocol::stats::UserStats;
 use crate::access::{Bounds, FaultLimit};
 
 mod holds;
+mod leaving;
 mod refusal;
 
 pub use holds::{ImageHold, Visit};
+pub use leaving::{LEAVING_WAIT, Leaving, NOTICE_WAIT};
 pub use refusal::Refusal;
 
 /// One user's account.
@@ -56,6 +58,8 @@ pub struct UserAccount {
     /// When the user's programs faulted the GPU lately, and until when new sessions are
     /// refused for it.
     faults: Mutex<Faults>,
+    /// The user's sessions that are giving back what they held.
+    leavers: leaving::Leavers,
 }
 
 /// A user's recent GPU faults.
@@ -93,6 +97,7 @@ impl UserAccount {
             image_bytes: AtomicU64::new(0),
             max_image_bytes: AtomicU64::new(u64::MAX),
             faults: Mutex::default(),
+            leavers: leaving::Leavers::default(),
         }
     }
 
@@ -208,7 +213,25 @@ impl UserAccount {
     /// Counts `bytes` more against the quota if the user's sessions together stay within it
     /// (else `OutOfQuota`, and nothing changes). Sessions of one user charge from their own
     /// threads at once: the check and the charge are one atomic step.
+    /// A refusal while another of the user's sessions is ending (or, for a user with other
+    /// sessions, starts to within [`NOTICE_WAIT`]) waits for that session to give its memory
+    /// back (at most [`LEAVING_WAIT`]) and tries again.
     pub fn charge(&self, bytes: u64) -> Result<(), ErrorCode> {
+        self.try_charge(bytes).or_else(|refused| {
+            if self.leavers.wait(self.sessions() > 1) {
+                self.try_charge(bytes)
+            } else {
+                Err(refused)
+            }
+        })
+    }
+
+    /// Marks one of the user's sessions as ending until the guard drops.
+    pub fn leaving(self: &Arc<Self>) -> Leaving {
+        Leaving::new(self.clone())
+    }
+
+    fn try_charge(&self, bytes: u64) -> Result<(), ErrorCode> {
         let quota = self.quota.load(Ordering::Relaxed);
         if quota == u64::MAX {
             self.charge_held(bytes);

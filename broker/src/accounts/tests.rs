@@ -79,6 +79,33 @@ fn a_failed_charge_changes_nothing_and_release_never_goes_below_zero() {
 }
 
 #[test]
+fn a_charge_refused_while_another_session_ends_waits_for_its_memory() {
+    let account = Arc::new(UserAccount::new(1, "u".into(), Some(100)));
+    account.charge(100).expect("the first program's memory");
+    let leaving = account.leaving();
+    let next = {
+        let account = account.clone();
+        std::thread::spawn(move || account.charge(100))
+    };
+    // Refused at first, the charge waits for the ending session ...
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while account.leavers.waiting() == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the charge never waited"
+        );
+        std::thread::yield_now();
+    }
+    // ... which gives its memory back, then is gone.
+    account.release(100);
+    drop(leaving);
+    assert_eq!(next.join().expect("the charging thread"), Ok(()));
+    assert_eq!(account.memory_used(), 100);
+    // With no session ending a refusal is at once.
+    assert_eq!(account.charge(1), Err(ErrorCode::OutOfQuota));
+}
+
+#[test]
 fn the_latest_session_brings_the_policys_quota_and_idle_accounts_go() {
     let accounts = Arc::new(Accounts::default());
     let first = accounts.join(joining(7, "carol", Some(100))).expect("join");

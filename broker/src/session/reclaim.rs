@@ -8,6 +8,8 @@ use crate::device::Call;
 impl SessionState {
     /// Releases everything the client held: waits for its streams, then frees.
     pub(super) fn reclaim(&mut self) {
+        // A charge of the user's refused meanwhile waits for this memory.
+        let _leaving = self.info.account().leaving();
         let streams = self.streams.len();
         let allocations = self.allocations.len();
         let bytes = self.allocations.total_bytes();
