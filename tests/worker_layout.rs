@@ -7,8 +7,10 @@ use std::time::Duration;
 
 use gpushare_tests::{Broker, WORKER_MAPPINGS_BELOW, mappings, wait_until};
 
-/// `personality(2)`'s flag for the bottom-up ("legacy") mmap layout.
+/// `personality(2)`'s flags for the bottom-up ("legacy") mmap layout, and for no address
+/// randomisation.
 const ADDR_COMPAT_LAYOUT: u32 = 0x0200000;
+const ADDR_NO_RANDOMIZE: u32 = 0x0040000;
 
 /// Whether the mmap layout decides where this mapping goes: all but the stack and the
 /// kernel's pages near it, and the executable with its heap.
@@ -37,6 +39,7 @@ fn device_workers_map_bottom_up_below_programs_mappings() {
     let client = broker.client();
     let buf = client.alloc::<u8>(8 << 20).expect("alloc");
     buf.copy_from_host(&vec![7u8; 8 << 20]).expect("up");
+    let mut libc_at = Vec::new();
     for pid in broker.worker_pids() {
         let personality = std::fs::read_to_string(format!("/proc/{pid}/personality"))
             .expect("the worker's personality");
@@ -45,6 +48,11 @@ fn device_workers_map_bottom_up_below_programs_mappings() {
             flags & ADDR_COMPAT_LAYOUT,
             0,
             "worker {pid} runs in the top-down layout (personality {personality})"
+        );
+        assert_ne!(
+            flags & ADDR_NO_RANDOMIZE,
+            0,
+            "worker {pid} runs with address randomisation (personality {personality})"
         );
         let exe = std::fs::read_link(format!("/proc/{pid}/exe"))
             .expect("the worker's executable")
@@ -55,10 +63,13 @@ fn device_workers_map_bottom_up_below_programs_mappings() {
             .iter()
             .filter(|(_, _, what)| placed_by_mmap_layout(what, &exe))
             .collect();
-        assert!(
-            own.iter().any(|(_, _, what)| what.contains("libc")),
-            "worker {pid} maps no libc?\n{maps:#x?}"
-        );
+        let libc = own
+            .iter()
+            .filter(|(_, _, what)| what.contains("libc"))
+            .map(|(lo, _, _)| *lo)
+            .min();
+        assert!(libc.is_some(), "worker {pid} maps no libc?\n{maps:#x?}");
+        libc_at.push((pid, libc));
         let high: Vec<_> = own
             .iter()
             .filter(|(_, hi, _)| *hi > WORKER_MAPPINGS_BELOW)
@@ -68,4 +79,10 @@ fn device_workers_map_bottom_up_below_programs_mappings() {
             "worker {pid} mapped where programs map their libraries: {high:#x?}"
         );
     }
+    // Laid out alike, a spare's context places a module's globals where the serving worker's
+    // did (docs/reliability.md, "Module globals").
+    assert!(
+        libc_at.windows(2).all(|w| w[0].1 == w[1].1),
+        "workers map their libraries at different addresses: {libc_at:#x?}"
+    );
 }

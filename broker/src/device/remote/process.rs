@@ -85,10 +85,15 @@ impl WorkerProcess {
                 // consolidated client must find them free in its own. With the bottom-up
                 // layout the worker's mappings grow up from a third of the address space,
                 // tens of TiB below where programs' libraries and mmaps go (top-down from the
-                // stack), so the two cannot meet (docs/consolidated.md).
+                // stack), so the two cannot meet (docs/consolidated.md). Without address
+                // randomisation every worker's host mappings, and so where the driver puts a
+                // module's globals in device memory, come out the same: a spare that takes
+                // over finds a client's globals where the client looked them up
+                // (docs/reliability.md, "Module globals").
                 let current = libc::personality(0xffff_ffff);
                 if current != -1 {
-                    libc::personality((current | libc::ADDR_COMPAT_LAYOUT) as libc::c_ulong);
+                    let flags = current | libc::ADDR_COMPAT_LAYOUT | libc::ADDR_NO_RANDOMIZE;
+                    libc::personality(flags as libc::c_ulong);
                 }
                 Ok(())
             })

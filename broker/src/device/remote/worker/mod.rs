@@ -20,6 +20,10 @@ use crate::device::link::Space;
 use crate::device::sim::{SimDevice, SimOptions};
 use crate::device::{Backend, DeviceError, DeviceResult, Executor};
 
+mod warm;
+
+use self::warm::{Warmed, places_code, warm_up};
+
 /// Runs the worker; never returns.
 pub fn run() -> ! {
     let code = match start() {
@@ -105,6 +109,7 @@ fn start() -> Result<(), String> {
 struct Worker<B: Backend> {
     executor: Executor<B>,
     stop: AtomicBool,
+    warmed: Warmed,
 }
 
 /// The first `len` bytes of a payload memfd (whole pages long: see
@@ -117,54 +122,6 @@ fn read_payload(fd: &OwnedFd, len: u64) -> Result<Vec<u8>, String> {
     whole.read_into(&mut bytes);
     bytes.truncate(len as usize);
     Ok(bytes)
-}
-
-/// Runs a little of everything a client's first requests need (a stream, memory, a built-in
-/// kernel, cuBLAS), so that a spare taking over after a fault answers its first clients as
-/// fast as a worker that has served for a while. It gives everything back, leaving no
-/// memory held (rebuilding clients want their old addresses free).
-fn warm_up<B: Backend>(device: &B) {
-    let started = std::time::Instant::now();
-    let warmed = (|| -> DeviceResult<()> {
-        let mut stream = device.create_stream(gpushare_protocol::PriorityClass::Normal)?;
-        let ran = device.alloc(1 << 20).and_then(|buf| {
-            let ran = (|| {
-                device.launch(
-                    &mut stream,
-                    &gpushare_protocol::Kernel::FillF32 {
-                        dst: buf,
-                        n: 1 << 16,
-                        value: 0.0,
-                    },
-                )?;
-                // Zeros in bf16 too; the product lands in the buffer's second half.
-                device.launch(
-                    &mut stream,
-                    &gpushare_protocol::Kernel::GemmBf16 {
-                        a: buf,
-                        b: buf,
-                        c: buf + (512 << 10),
-                        m: 64,
-                        n: 64,
-                        k: 64,
-                        alpha: 1.0,
-                        beta: 0.0,
-                    },
-                )?;
-                device.sync_stream(&mut stream)
-            })();
-            let _ = device.free(buf);
-            ran
-        });
-        device.destroy_stream(stream);
-        ran
-    })();
-    match warmed {
-        Ok(()) => tracing::debug!(took = ?started.elapsed(), "device warmed up"),
-        Err(e) => {
-            tracing::debug!(error = %e, took = ?started.elapsed(), "device warm-up cut short")
-        }
-    }
 }
 
 /// Reserves the address range clients' memory lives at: where the worker this one may
@@ -211,14 +168,21 @@ fn serve<B: Backend>(device: B, control: OwnedFd, spec: &WorkerSpec) -> Result<(
     let worker = Arc::new(Worker {
         executor: Executor::new(device),
         stop: AtomicBool::new(false),
+        warmed: Warmed::default(),
     });
     // Beside serving, not before: a spare is ready to take over as soon as its context is
-    // made, and warms up while it waits.
+    // made, and warms up while it waits. Modules wait for it (`Warmed`).
     {
-        let worker = worker.clone();
-        let _ = std::thread::Builder::new()
+        let warming = worker.clone();
+        let spawned = std::thread::Builder::new()
             .name("gpushare-warm-up".into())
-            .spawn(move || warm_up(worker.executor.backend()));
+            .spawn(move || {
+                warm_up(warming.executor.backend());
+                warming.warmed.set();
+            });
+        if spawned.is_err() {
+            worker.warmed.set();
+        }
     }
     loop {
         let (msg, mut fds) = match recv_message::<ToWorker>(control.as_fd()) {
@@ -287,6 +251,9 @@ impl<B: Backend> Worker<B> {
                 .map(|()| None)
                 .map_err(|e| e.to_string()),
             ToWorker::Mirror { call, len } => {
+                if places_code(&call) {
+                    self.warmed.wait();
+                }
                 let payload = match fd {
                     Some(fd) if len > 0 => read_payload(&fd, len)?,
                     _ => Vec::new(),
@@ -328,6 +295,9 @@ impl<B: Backend> Worker<B> {
     }
 
     fn answer(&self, envelope: Envelope, rest: &[u8]) -> Answer {
+        if places_code(&envelope.call) {
+            self.warmed.wait();
+        }
         match envelope.payload {
             Payload::None => self.executor.run(envelope.call, &[]),
             Payload::Inline(n) => match rest.get(..n as usize) {

@@ -1,0 +1,89 @@
+//! Warming a worker up, and keeping its address space's history the same in every worker.
+
+use std::sync::{Condvar, Mutex};
+
+use crate::device::{Backend, Call, DeviceResult};
+
+/// Runs a little of everything a client's first requests need (a stream, memory, a built-in
+/// kernel, cuBLAS), so that a spare taking over after a fault answers its first clients as
+/// fast as a worker that has served for a while. It gives everything back, leaving no
+/// memory held (rebuilding clients want their old addresses free).
+pub(super) fn warm_up<B: Backend>(device: &B) {
+    let started = std::time::Instant::now();
+    let warmed = (|| -> DeviceResult<()> {
+        let mut stream = device.create_stream(gpushare_protocol::PriorityClass::Normal)?;
+        let ran = device.alloc(1 << 20).and_then(|buf| {
+            let ran = (|| {
+                device.launch(
+                    &mut stream,
+                    &gpushare_protocol::Kernel::FillF32 {
+                        dst: buf,
+                        n: 1 << 16,
+                        value: 0.0,
+                    },
+                )?;
+                // Zeros in bf16 too; the product lands in the buffer's second half.
+                device.launch(
+                    &mut stream,
+                    &gpushare_protocol::Kernel::GemmBf16 {
+                        a: buf,
+                        b: buf,
+                        c: buf + (512 << 10),
+                        m: 64,
+                        n: 64,
+                        k: 64,
+                        alpha: 1.0,
+                        beta: 0.0,
+                    },
+                )?;
+                device.sync_stream(&mut stream)
+            })();
+            let _ = device.free(buf);
+            ran
+        });
+        device.destroy_stream(stream);
+        ran
+    })();
+    match warmed {
+        Ok(()) => tracing::debug!(took = ?started.elapsed(), "device warmed up"),
+        Err(e) => {
+            tracing::debug!(error = %e, took = ?started.elapsed(), "device warm-up cut short")
+        }
+    }
+}
+
+/// Whether the warm-up is over. Until it is, calls that place code and data in the context
+/// (modules, functions) wait: the warm-up maps cuBLAS and loads kernels, and where the driver
+/// puts a module's globals depends on everything mapped before. A spare that loaded a
+/// client's modules while it warmed up placed them elsewhere than the serving worker, which
+/// had warmed up before any client came (on the H200 cuBLAS's `deviceConstants` moved by
+/// 0x32000000, and every PyTorch program lost its state at a fault).
+#[derive(Default)]
+pub(super) struct Warmed {
+    done: Mutex<bool>,
+    over: Condvar,
+}
+
+impl Warmed {
+    pub(super) fn set(&self) {
+        *self.done.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        self.over.notify_all();
+    }
+
+    pub(super) fn wait(&self) {
+        let done = self.done.lock().unwrap_or_else(|p| p.into_inner());
+        drop(
+            self.over
+                .wait_while(done, |d| !*d)
+                .unwrap_or_else(|p| p.into_inner()),
+        );
+    }
+}
+
+/// Whether a call places code or data in the context (so waits for the warm-up).
+pub(super) fn places_code(call: &Call) -> bool {
+    matches!(
+        call,
+        Call::LoadModule { .. } | Call::GetFunction { .. } | Call::ModuleGlobal { .. }
+    )
+}
