@@ -191,6 +191,9 @@ void check_default_streams(void) {
     OK(pt_cuStreamGetId(CU_STREAM_LEGACY, &legacy_pt));
     CHECK(mine != legacy && legacy_pt == legacy, "per-thread %llu, legacy %llu / %llu", mine,
           legacy, legacy_pt);
+    /* Only the thread's end destroys its default stream, whatever handle a program makes up
+     * for it (gpushare's stream handles are the id above the tag byte 0x5a). */
+    EXPECT(cuStreamDestroy((CUstream)(size_t)(mine << 8 | 0x5a)), CUDA_ERROR_INVALID_HANDLE);
     CUevent before = NULL, after = NULL;
     OK(cuEventCreate(&before, 0));
     OK(cuEventCreate(&after, 0));
