@@ -202,6 +202,9 @@ void check_default_streams(void) {
     OK(cuEventRecord(after, NULL));
     t = elapsed(before, after);
     CHECK(t > 0, "the legacy stream after the per-thread stream's work: moved %f ms", t);
+    float none = -1;
+    OK(cuEventElapsedTime(&none, after, after));
+    CHECK(none == 0, "from an event to itself: %f ms", none);
     OK(pt_cuEventRecord(before, NULL));
     OK(cuMemsetD8Async(d, 5, ORDER_BYTES, NULL));
     OK(pt_cuEventRecord(after, NULL));
