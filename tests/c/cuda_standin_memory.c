@@ -115,6 +115,10 @@ void check_allocation(size_t quota) {
     OK(cuMemGetInfo(&free_bytes, &total));
     CHECK(free_bytes == quota - quota / 2, "free %zu after a refused allocation", free_bytes);
     EXPECT(cuMemAlloc(&b, 0), CUDA_ERROR_INVALID_VALUE);
+    /* Nowhere to put the address: refused before anything is allocated. */
+    EXPECT(cuMemAlloc(NULL, 4096), CUDA_ERROR_INVALID_VALUE);
+    OK(cuMemGetInfo(&free_bytes, &total));
+    CHECK(free_bytes == quota - quota / 2, "free %zu after cuMemAlloc(NULL)", free_bytes);
     unsigned type = 0;
     OK(cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, a + 100));
     CHECK(type == CU_MEMORYTYPE_DEVICE, "memory type %u", type);
@@ -332,6 +336,11 @@ void check_unsupported(void) {
     CUcontext other = NULL;
     OK(cuCtxCreate(&other, NULL, 0, device));
     OK(cuCtxSetCurrent(primary));
+    /* Nowhere to put the handle: no context is made, none made current. */
+    CUcontext current = NULL;
+    EXPECT(cuCtxCreate(NULL, NULL, 0, device), CUDA_ERROR_INVALID_VALUE);
+    OK(cuCtxGetCurrent(&current));
+    CHECK(current == primary, "current context %p after cuCtxCreate(NULL)", (void *)current);
     /* Each twice: one line on stderr per call all the same. */
     for (int i = 0; i < 2; i++) {
         EXPECT(cuMemAllocManaged(&m, 4096, CU_MEM_ATTACH_GLOBAL), CUDA_ERROR_NOT_SUPPORTED);

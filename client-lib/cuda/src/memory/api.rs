@@ -17,6 +17,10 @@ use crate::types::{CUdeviceptr, CUresult, host_mem, ptr_attr, result};
 pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytes: usize) -> CUresult {
     entry("cuMemAlloc_v2", || {
         let d = driver::live()?;
+        // Before allocating: memory the program cannot be told of would stay charged to it.
+        if dptr.is_null() {
+            return Err(result::INVALID_VALUE);
+        }
         let ptr = d.alloc(bytes as u64)?;
         // SAFETY: the caller's contract.
         unsafe { out(dptr, ptr) }
