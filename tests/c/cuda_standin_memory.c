@@ -215,6 +215,10 @@ void check_copies(size_t n) {
     SAME(reg, n, 6, "registered async");
     OK(cuMemHostUnregister(reg));
     EXPECT(cuMemHostUnregister(reg), CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED);
+    /* Sizes past the end of the address space: refused. */
+    EXPECT(cuMemHostRegister(reg, (size_t)-4096, 0), CUDA_ERROR_INVALID_VALUE);
+    void *huge = NULL;
+    EXPECT(cuMemHostAlloc(&huge, (size_t)-4096, 0), CUDA_ERROR_OUT_OF_MEMORY);
     SAME(reg, n, 6, "unregistering kept the contents");
     munmap(reg, len);
 
