@@ -246,6 +246,10 @@ void check_copies(size_t n) {
     EXPECT(cuMemcpyDtoH(dst, d1 + n, 1), CUDA_ERROR_INVALID_VALUE);
     EXPECT(cuMemcpyHtoDAsync(0x1000, src, 64, s), CUDA_ERROR_INVALID_VALUE);
     EXPECT(cuMemcpyDtoDAsync(d1, 0x1000, 64, s), CUDA_ERROR_INVALID_VALUE);
+    /* An address inside an allocation is device memory however long the copy: one running
+     * past the allocation's end is refused, not taken for host memory. */
+    EXPECT(cuMemcpy(d1 + n - 4, (CUdeviceptr)src, 8), CUDA_ERROR_INVALID_VALUE);
+    EXPECT(cuMemcpy((CUdeviceptr)dst, d1 + 8, n), CUDA_ERROR_INVALID_VALUE);
     OK(cuCtxSynchronize(NULL));
 
     OK(cuMemFreeHost(pin));
