@@ -16,6 +16,9 @@
  *   cuda_standin modules COUNT BYTES  loads a sim module of BYTES and unloads it, COUNT times;
  *                                     prints `rss FIRST LAST` (kB, after the first tenth of the
  *                                     cycles and at the end)
+ *   cuda_standin bystander SEED   works and checks every result, round after round, until
+ *                                     stdin ends (tests/driver_fuzz.rs); prints `ready` after
+ *                                     the first round and `rounds N` at the end
  *
  * Prints `section NAME: ok` per section and `cuda standin: all checks passed` at the end;
  * exits 1 on any failed check. $GPUSHARE_TEST_LIBCUDA names the library that must be loaded. */
@@ -25,6 +28,7 @@
 #include <dlfcn.h>
 #include <limits.h>
 #include <link.h>
+#include <poll.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -294,6 +298,65 @@ static void run_modules(unsigned long count, size_t bytes) {
     printf("rss %ld %ld\n", first, rss_kb());
 }
 
+/* A program working beside a hostile one: memory it holds, and each round copies both ways
+ * through page-locked memory, a memset, a device-to-device copy and a kernel on a stream of
+ * its own, every result checked, until its stdin has a line or ends. */
+static void run_bystander(unsigned seed) {
+    enum { HELD = 1 << 20, MOST = 256 << 10 };
+    static const char image[] = "gpushare-sim-module 1\nkernel spin\n";
+    static unsigned char held_host[HELD], back[HELD];
+    section_begin("bystander");
+    CUdeviceptr held = 0, a = 0, b = 0;
+    CUstream s = NULL;
+    CUmodule module = NULL;
+    CUfunction spin = NULL;
+    unsigned char *up = NULL, *down = NULL; /* page-locked: an async copy's must stay put */
+    fill_pattern(held_host, HELD, seed);
+    OK(cuMemAlloc(&held, HELD));
+    OK(cuMemcpyHtoD(held, held_host, HELD));
+    OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    OK(cuMemHostAlloc((void **)&up, MOST, 0));
+    OK(cuMemHostAlloc((void **)&down, MOST, 0));
+    OK(cuModuleLoadData(&module, image));
+    OK(cuModuleGetFunction(&spin, module, "spin"));
+    unsigned long rounds = 0;
+    while (!failures) {
+        unsigned r = seed + (unsigned)rounds + 1;
+        size_t n = 4 * (1024 + (size_t)r * 4099 % (MOST / 4 - 1024)), half = n / 8 * 4;
+        unsigned long long micros = r % 50;
+        void *args[] = {&micros};
+        OK(cuMemAlloc(&a, n));
+        OK(cuMemAlloc(&b, n));
+        fill_pattern(up, n, r);
+        OK(cuMemcpyHtoDAsync(a, up, n, s));
+        OK(cuLaunchKernel(spin, 1, 1, 1, 32, 1, 1, 0, s, args, NULL));
+        OK(cuMemsetD32Async(b, r, n / 4, s));
+        OK(cuMemcpyDtoDAsync(b, a, half, s));
+        memset(down, 0, n);
+        OK(cuMemcpyDtoHAsync(down, b, n, s));
+        OK(cuStreamSynchronize(s));
+        size_t at = pattern_mismatch(down, half, r);
+        CHECK(at == half, "round %lu: byte %zu of the copied half differs", rounds, at);
+        for (size_t i = half; i < n && !memcmp(down + i, &r, 4); i += 4) at = i + 4;
+        CHECK(at == n, "round %lu: the memset's word at byte %zu differs", rounds, at);
+        OK(cuMemFree(a));
+        OK(cuMemFree(b));
+        OK(cuMemcpyDtoH(back, held, HELD));
+        at = pattern_mismatch(back, HELD, seed);
+        CHECK(at == HELD, "round %lu: held memory changed at byte %zu", rounds, at);
+        if (rounds++ == 0) printf("ready\n");
+        struct pollfd in = {.fd = 0, .events = POLLIN};
+        if (poll(&in, 1, 0) != 0) break; /* a line, or the end of input: enough */
+    }
+    printf("rounds %lu\n", rounds);
+    OK(cuModuleUnload(module));
+    OK(cuMemFreeHost(up));
+    OK(cuMemFreeHost(down));
+    OK(cuStreamDestroy(s));
+    OK(cuMemFree(held));
+    section_end();
+}
+
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "";
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -330,8 +393,11 @@ int main(int argc, char **argv) {
         run_spin(strtoul(argv[2], NULL, 0), strtoull(argv[3], NULL, 0));
     } else if (!strcmp(mode, "modules") && argc > 3) {
         run_modules(strtoul(argv[2], NULL, 0), strtoul(argv[3], NULL, 0));
+    } else if (!strcmp(mode, "bystander") && argc > 2) {
+        run_bystander((unsigned)strtoul(argv[2], NULL, 0));
     } else {
-        printf("FAIL usage: %s all QUOTA | user QUOTA SEED | spin COUNT US | modules COUNT BYTES | noinit | away\n",
+        printf("FAIL usage: %s all QUOTA | user QUOTA SEED | spin COUNT US | "
+               "modules COUNT BYTES | bystander SEED | noinit | away\n",
                argv[0]);
         failures++;
     }

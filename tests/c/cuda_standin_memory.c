@@ -117,6 +117,10 @@ void check_allocation(size_t quota) {
     OK(cuMemGetInfo(&free_bytes, &total));
     CHECK(free_bytes == quota - quota / 2, "free %zu after a refused allocation", free_bytes);
     EXPECT(cuMemAlloc(&b, 0), CUDA_ERROR_INVALID_VALUE);
+    /* Nowhere to put the address: refused before anything is allocated. */
+    EXPECT(cuMemAlloc(NULL, 4096), CUDA_ERROR_INVALID_VALUE);
+    OK(cuMemGetInfo(&free_bytes, &total));
+    CHECK(free_bytes == quota - quota / 2, "free %zu after cuMemAlloc(NULL)", free_bytes);
     unsigned type = 0;
     OK(cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, a + 100));
     CHECK(type == CU_MEMORYTYPE_DEVICE, "memory type %u", type);
@@ -213,6 +217,10 @@ void check_copies(size_t n) {
     SAME(reg, n, 6, "registered async");
     OK(cuMemHostUnregister(reg));
     EXPECT(cuMemHostUnregister(reg), CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED);
+    /* Sizes past the end of the address space: refused. */
+    EXPECT(cuMemHostRegister(reg, (size_t)-4096, 0), CUDA_ERROR_INVALID_VALUE);
+    void *huge = NULL;
+    EXPECT(cuMemHostAlloc(&huge, (size_t)-4096, 0), CUDA_ERROR_OUT_OF_MEMORY);
     SAME(reg, n, 6, "unregistering kept the contents");
     munmap(reg, len);
 
@@ -240,6 +248,10 @@ void check_copies(size_t n) {
     EXPECT(cuMemcpyDtoH(dst, d1 + n, 1), CUDA_ERROR_INVALID_VALUE);
     EXPECT(cuMemcpyHtoDAsync(0x1000, src, 64, s), CUDA_ERROR_INVALID_VALUE);
     EXPECT(cuMemcpyDtoDAsync(d1, 0x1000, 64, s), CUDA_ERROR_INVALID_VALUE);
+    /* An address inside an allocation is device memory however long the copy: one running
+     * past the allocation's end is refused, not taken for host memory. */
+    EXPECT(cuMemcpy(d1 + n - 4, (CUdeviceptr)src, 8), CUDA_ERROR_INVALID_VALUE);
+    EXPECT(cuMemcpy((CUdeviceptr)dst, d1 + 8, n), CUDA_ERROR_INVALID_VALUE);
     OK(cuCtxSynchronize(NULL));
 
     OK(cuMemFreeHost(pin));
@@ -334,6 +346,11 @@ void check_unsupported(void) {
     CUcontext other = NULL;
     OK(cuCtxCreate(&other, NULL, 0, device));
     OK(cuCtxSetCurrent(primary));
+    /* Nowhere to put the handle: no context is made, none made current. */
+    CUcontext current = NULL;
+    EXPECT(cuCtxCreate(NULL, NULL, 0, device), CUDA_ERROR_INVALID_VALUE);
+    OK(cuCtxGetCurrent(&current));
+    CHECK(current == primary, "current context %p after cuCtxCreate(NULL)", (void *)current);
     /* Each twice: one line on stderr per call all the same. */
     for (int i = 0; i < 2; i++) {
         EXPECT(cuMemAllocManaged(&m, 4096, CU_MEM_ATTACH_GLOBAL), CUDA_ERROR_NOT_SUPPORTED);

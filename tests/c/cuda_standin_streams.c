@@ -191,6 +191,9 @@ void check_default_streams(void) {
     OK(pt_cuStreamGetId(CU_STREAM_LEGACY, &legacy_pt));
     CHECK(mine != legacy && legacy_pt == legacy, "per-thread %llu, legacy %llu / %llu", mine,
           legacy, legacy_pt);
+    /* Only the thread's end destroys its default stream, whatever handle a program makes up
+     * for it (gpushare's stream handles are the id above the tag byte 0x5a). */
+    EXPECT(cuStreamDestroy((CUstream)(size_t)(mine << 8 | 0x5a)), CUDA_ERROR_INVALID_HANDLE);
     CUevent before = NULL, after = NULL;
     OK(cuEventCreate(&before, 0));
     OK(cuEventCreate(&after, 0));
@@ -199,6 +202,9 @@ void check_default_streams(void) {
     OK(cuEventRecord(after, NULL));
     t = elapsed(before, after);
     CHECK(t > 0, "the legacy stream after the per-thread stream's work: moved %f ms", t);
+    float none = -1;
+    OK(cuEventElapsedTime(&none, after, after));
+    CHECK(none == 0, "from an event to itself: %f ms", none);
     OK(pt_cuEventRecord(before, NULL));
     OK(cuMemsetD8Async(d, 5, ORDER_BYTES, NULL));
     OK(pt_cuEventRecord(after, NULL));

@@ -19,6 +19,14 @@ const SOURCES: [&str; 3] = [
     "cuda_standin_streams.c",
 ];
 
+/// The driver fuzzer's sources (`tests/driver_fuzz.rs`), first the one with `main`.
+pub const FUZZER_SOURCES: [&str; 4] = [
+    "driver_fuzz.c",
+    "driver_fuzz_context.c",
+    "driver_fuzz_memory.c",
+    "driver_fuzz_work.c",
+];
+
 /// A built stand-in program and the directory that holds it and `libcuda.so.1`.
 pub struct CudaProgram {
     pub exe: PathBuf,
@@ -42,8 +50,14 @@ impl CudaProgram {
     /// built `libcuda.so`, or (`copy_library`, for other users, who may not reach the build
     /// tree) a copy of it.
     pub fn build(dir: &Path, copy_library: bool) -> CudaProgram {
+        CudaProgram::build_from(dir, "cuda_standin", &SOURCES, copy_library)
+    }
+
+    /// [`CudaProgram::build`] of another program, `name`, from `sources` in `tests/c/` (first
+    /// the one with `main`). Programs built into one directory share its `libcuda.so.1`.
+    pub fn build_from(dir: &Path, name: &str, sources: &[&str], copy_library: bool) -> CudaProgram {
         let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("c");
-        let exe = dir.join("cuda_standin");
+        let exe = dir.join(name);
         let mut cmd = Command::new(c_compiler());
         cmd.args([
             "-std=gnu11",
@@ -54,7 +68,7 @@ impl CudaProgram {
             "-O1",
             "-pthread",
         ]);
-        for file in SOURCES {
+        for file in sources {
             cmd.arg(src.join(file));
         }
         cmd.arg("-ldl").arg("-o").arg(&exe);
@@ -67,7 +81,9 @@ impl CudaProgram {
         );
         let built = crate::binary("libcuda.so");
         let lib = dir.join("libcuda.so.1");
-        let placed = if copy_library {
+        let placed = if lib.symlink_metadata().is_ok() {
+            Ok(())
+        } else if copy_library {
             std::fs::copy(&built, &lib).map(drop)
         } else {
             std::os::unix::fs::symlink(&built, &lib)

@@ -367,7 +367,9 @@ impl<B: Backend> Executor<B> {
             Call::ElapsedNs { start, end } => self.event(start).and_then(|s| {
                 let e = self.event(end)?;
                 if Arc::ptr_eq(&s, &e) {
-                    return value(dev.elapsed_ns(&lock(&s), &lock(&s)));
+                    // One event at both ends: locked once (a second lock would never return).
+                    let s = lock(&s);
+                    return value(dev.elapsed_ns(&s, &s));
                 }
                 let (s, e) = (lock(&s), lock(&e));
                 value(dev.elapsed_ns(&s, &e))
@@ -449,6 +451,25 @@ mod tests {
             let back: Answer = decode(&encode(&answer).expect("encodes")).expect("decodes");
             assert_eq!(back.reply.ok(), Err(e));
         }
+    }
+
+    #[test]
+    fn the_time_from_an_event_to_itself_is_zero() {
+        use crate::device::sim::{SimDevice, SimOptions};
+        let exec = Executor::new(SimDevice::new(SimOptions::default()));
+        let run = |call| exec.run(call, &[]).reply;
+        let class = PriorityClass::Normal;
+        assert!(run(Call::CreateStream { id: 1, class }).ok().is_ok());
+        let kind = EventKind::Timing;
+        assert!(run(Call::CreateEvent { id: 2, kind }).ok().is_ok());
+        let record = Call::RecordEvent {
+            event: 2,
+            stream: 1,
+            start: false,
+        };
+        assert!(run(record).ok().is_ok());
+        // `cuEventElapsedTime(e, e)`: this once locked the event twice and never answered.
+        assert_eq!(run(Call::ElapsedNs { start: 2, end: 2 }).value(), Ok(0));
     }
 
     #[test]

@@ -96,7 +96,7 @@ impl Stream {
 
     pub(super) fn learn(&mut self, news: Option<(u64, bool)>) {
         if let Some((busy, measuring)) = news {
-            self.busy_ns += busy;
+            self.busy_ns = self.busy_ns.saturating_add(busy);
             self.measuring = measuring;
         }
     }

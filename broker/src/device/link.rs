@@ -137,7 +137,8 @@ impl Ledger {
         if let Some((busy, measuring)) = answer.news {
             let mut news = lock(&self.news);
             let entry = news.entry(key).or_insert((0, false));
-            entry.0 += busy;
+            // Device time a client's work claims may be anything: it saturates.
+            entry.0 = entry.0.saturating_add(busy);
             entry.1 = measuring;
             self.any_news.store(true, Ordering::Release);
         }
@@ -197,5 +198,9 @@ mod tests {
         ledger.note(0, None, news(100, true));
         assert_eq!(ledger.take_news(0, 1), Some((12, false)));
         assert_eq!(ledger.take_news(0, 1), None);
+        // A sim kernel told to run for u64::MAX microseconds, twice: this once overflowed.
+        ledger.note(0, Some(1), news(u64::MAX, false));
+        ledger.note(0, Some(1), news(u64::MAX, false));
+        assert_eq!(ledger.take_news(0, 1), Some((u64::MAX, false)));
     }
 }

@@ -164,7 +164,7 @@ impl SessionState {
                 let _ = self.device.sync_stream(&mut slot.stream);
                 self.device.end_batch(&mut slot.stream, true);
                 let spent = self.device.take_busy_ns(&mut slot.stream);
-                counters.gpu_time_ns.fetch_add(spent, Ordering::Relaxed);
+                counters.add_gpu_time(spent);
                 self.device.destroy_stream(slot.stream);
                 counters
                     .streams

@@ -36,6 +36,18 @@ pub struct Counters {
     pub throttled_ns: AtomicU64,
 }
 
+impl Counters {
+    /// Adds device time. A client's work may claim any duration (a sim kernel runs for as
+    /// long as its parameter says): the total stops at the largest value, never wraps.
+    pub fn add_gpu_time(&self, ns: u64) {
+        let _ = self
+            .gpu_time_ns
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |t| {
+                Some(t.saturating_add(ns))
+            });
+    }
+}
+
 /// What the rest of the broker knows about a session.
 pub struct SessionInfo {
     pub id: u64,
@@ -353,6 +365,15 @@ mod tests {
         let accounts = Arc::new(crate::accounts::Accounts::default());
         let account = accounts.seat_for_tests(1000, "alice").account().clone();
         SessionInfo::new(peer, Grant::default(), account, wake)
+    }
+
+    #[test]
+    fn device_time_stops_at_the_largest_value() {
+        let counters = Counters::default();
+        counters.add_gpu_time(5);
+        counters.add_gpu_time(u64::MAX);
+        counters.add_gpu_time(u64::MAX);
+        assert_eq!(counters.gpu_time_ns.load(Ordering::Relaxed), u64::MAX);
     }
 
     #[test]

@@ -211,18 +211,15 @@ impl SessionState {
                 }
             }
         }
-        let mut spent = 0;
+        let mut spent: u64 = 0;
         for slot in self.streams.values_mut() {
             if slot.touched || idle {
                 self.device.end_batch(&mut slot.stream, idle);
                 slot.touched = false;
             }
-            spent += self.device.take_busy_ns(&mut slot.stream);
+            spent = spent.saturating_add(self.device.take_busy_ns(&mut slot.stream));
         }
-        self.info
-            .counters
-            .gpu_time_ns
-            .fetch_add(spent, Ordering::Relaxed);
+        self.info.counters.add_gpu_time(spent);
         let watch = &self.info.fault_watch;
         if watch.busy_since.load(Ordering::Relaxed) != 0 {
             let now = self.health.now_ns();

@@ -27,8 +27,11 @@ impl Driver {
             .ok_or(result::INVALID_VALUE)
     }
 
+    /// Where a unified-addressing copy's address lies: by its first byte, so that a length
+    /// running past the end of device memory is refused as such (the copy checks it), never
+    /// taken for host memory the process would write through.
     fn side(&self, ptr: u64, len: usize) -> Side {
-        if self.memory.device_range(ptr, len as u64).is_some() {
+        if self.memory.device_range(ptr, 0).is_some() {
             Side::Device
         } else {
             Side::Host(self.memory.host_place(ptr as usize, len))

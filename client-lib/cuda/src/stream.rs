@@ -7,7 +7,7 @@ use std::cell::Cell;
 use std::collections::HashMap;
 use std::ffi::{c_int, c_uint};
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 
 use gpushare_protocol::Command;
 
@@ -26,6 +26,8 @@ pub struct StreamMeta {
 pub struct Streams {
     next: AtomicU32,
     meta: Mutex<HashMap<u32, StreamMeta>>,
+    /// Threads' default streams alive (not in `meta`: the program cannot destroy them).
+    per_thread: AtomicUsize,
 }
 
 impl Default for Streams {
@@ -33,6 +35,7 @@ impl Default for Streams {
         Streams {
             next: AtomicU32::new(1),
             meta: Mutex::new(HashMap::new()),
+            per_thread: AtomicUsize::new(0),
         }
     }
 }
@@ -50,6 +53,7 @@ impl Drop for PerThread {
             && let Ok(d) = driver::get()
         {
             let _ = d.transport.post(Command::StreamDestroy { stream: id });
+            d.streams.per_thread.fetch_sub(1, Ordering::Relaxed);
         }
     }
 }
@@ -60,13 +64,7 @@ thread_local! {
 
 impl Driver {
     /// Makes a stream in the broker under a fresh id.
-    pub fn create_stream(&self, flags: u32, priority: i32) -> Cu<u32> {
-        // The broker's bound, said at creation as CUDA says it runs out (the default stream
-        // is one of them).
-        let mut meta = self.streams.meta.lock().unwrap_or_else(|p| p.into_inner());
-        if meta.len() + 1 >= gpushare_protocol::MAX_STREAMS {
-            return Err(result::OUT_OF_MEMORY);
-        }
+    fn new_stream(&self, flags: u32, priority: i32) -> Cu<u32> {
         let id = self.streams.next.fetch_add(1, Ordering::Relaxed);
         if id == 0 {
             return Err(result::OUT_OF_MEMORY); // wrapped: four billion streams made
@@ -76,6 +74,27 @@ impl Driver {
             flags,
             priority,
         })?;
+        Ok(id)
+    }
+
+    /// The broker's bound, said at creation as CUDA says it runs out: the program's streams,
+    /// the threads' default streams and stream 0 all count.
+    fn room_for_a_stream(&self, meta: &HashMap<u32, StreamMeta>) -> Cu<()> {
+        let threads = self.streams.per_thread.load(Ordering::Relaxed);
+        if meta.len() + threads + 1 >= gpushare_protocol::MAX_STREAMS {
+            return Err(result::OUT_OF_MEMORY);
+        }
+        Ok(())
+    }
+
+    /// Makes a stream of the program's, which `cuStreamDestroy` destroys. (A thread's default
+    /// stream is not one: only the thread's end destroys it, whatever handle a program makes
+    /// up.)
+    pub fn create_stream(&self, flags: u32, priority: i32) -> Cu<u32> {
+        // Checked and inserted under one lock: two threads cannot both take the last room.
+        let mut meta = self.streams.meta.lock().unwrap_or_else(|p| p.into_inner());
+        self.room_for_a_stream(&meta)?;
+        let id = self.new_stream(flags, priority)?;
         meta.insert(id, StreamMeta { flags, priority });
         Ok(id)
     }
@@ -85,8 +104,12 @@ impl Driver {
         if known != 0 {
             return Ok(known);
         }
+        let meta = self.streams.meta.lock().unwrap_or_else(|p| p.into_inner());
+        self.room_for_a_stream(&meta)?;
         // Blocking, like CUDA's: it keeps legacy order with stream 0.
-        let id = self.create_stream(0, 0)?;
+        let id = self.new_stream(0, 0)?;
+        self.streams.per_thread.fetch_add(1, Ordering::Relaxed);
+        drop(meta);
         PER_THREAD.with(|p| p.id.set(id));
         Ok(id)
     }

@@ -114,6 +114,10 @@ pub extern "C" fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CUresult {
 fn create(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> Cu<()> {
     let d = driver::get()?;
     check(dev)?;
+    // Before making it current: a context the program is never told of must not be.
+    if pctx.is_null() {
+        return Err(result::INVALID_VALUE);
+    }
     let ctx = d.contexts.create(flags);
     STACK.with(|s| s.borrow_mut().push(ctx as usize));
     // SAFETY: the caller's contract.

@@ -17,6 +17,10 @@ use crate::types::{CUdeviceptr, CUresult, host_mem, ptr_attr, result};
 pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytes: usize) -> CUresult {
     entry("cuMemAlloc_v2", || {
         let d = driver::live()?;
+        // Before allocating: memory the program cannot be told of would stay charged to it.
+        if dptr.is_null() {
+            return Err(result::INVALID_VALUE);
+        }
         let ptr = d.alloc(bytes as u64)?;
         // SAFETY: the caller's contract.
         unsafe { out(dptr, ptr) }
@@ -173,7 +177,11 @@ pub unsafe extern "C" fn cuMemHostRegister_v2(
             return Err(result::NOT_SUPPORTED);
         }
         let start = p as usize / PAGE * PAGE;
-        let end = (p as usize + bytes).div_ceil(PAGE) * PAGE;
+        // A range past the end of the address space is the caller's error.
+        let end = (p as usize)
+            .checked_add(bytes)
+            .and_then(|end| end.checked_next_multiple_of(PAGE))
+            .ok_or(result::INVALID_VALUE)?;
         if d.memory.host_region_at(start).is_some() || d.memory.host_region_at(end - 1).is_some() {
             return Err(result::HOST_MEMORY_ALREADY_REGISTERED);
         }

@@ -18,7 +18,11 @@ impl Driver {
     /// `existing`) the program's own pages at that address, moved into a shared mapping with
     /// their contents.
     pub(super) fn share_host(&self, len: usize, existing: Option<usize>, flags: u32) -> Cu<usize> {
-        let len = len.max(1).div_ceil(PAGE) * PAGE;
+        // More than the address space holds: no memory for it.
+        let len = len
+            .max(1)
+            .checked_next_multiple_of(PAGE)
+            .ok_or(result::OUT_OF_MEMORY)?;
         let fd = memfd(len)?;
         let addr = match existing {
             Some(at) => remap_shared(at, len, &fd)?,
@@ -110,7 +114,8 @@ fn memfd(len: usize) -> Cu<OwnedFd> {
         MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING,
     )
     .map_err(|_| result::OUT_OF_MEMORY)?;
-    nix::unistd::ftruncate(&fd, len as i64).map_err(|_| result::OUT_OF_MEMORY)?;
+    let size = i64::try_from(len).map_err(|_| result::OUT_OF_MEMORY)?;
+    nix::unistd::ftruncate(&fd, size).map_err(|_| result::OUT_OF_MEMORY)?;
     // The broker maps it too: it must never shrink under that mapping.
     fcntl(
         fd.as_fd(),
