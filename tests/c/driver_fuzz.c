@@ -354,17 +354,24 @@ static void op_busy(void) {
     busy_running = pthread_create(&busy, NULL, busy_body, (void *)(uintptr_t)in_u32()) == 0;
 }
 
-/* A forked child forgets its parent's session: it must cuInit again and is a client of its
- * own. */
+/* A forked child gets what NVIDIA's driver gives it (scripts/probes/fork_pinned.c): no CUDA
+ * when its parent had called cuInit (every call, cuInit too, says NOT_INITIALIZED), and
+ * registered memory of its own (a write there never reaches the parent). A child of a parent
+ * that never called cuInit is a client of its own. */
 static void op_fork(void) {
     if (in_below(4)) return;
     stop_busy(); /* a child of a process amid a call of another thread's: not tested here */
+    const struct span *reg = &registered[in_below(N_REGISTERED)];
+    volatile unsigned char *mine = reg->live ? (unsigned char *)(uintptr_t)reg->ptr : NULL;
+    unsigned char before = mine ? *mine : 0;
     fflush(stdout);
     pid_t pid = fork();
     if (pid == 0) {
         CUdeviceptr d = 0;
         unsigned v = 0;
+        if (mine) *mine = (unsigned char)(before + 1);
         if (cuMemAlloc(&d, 4096) != CUDA_ERROR_NOT_INITIALIZED) _exit(2);
+        if (initialized) _exit(cuInit(0) == CUDA_ERROR_NOT_INITIALIZED ? 0 : 6);
         if (cuInit(0) != CUDA_SUCCESS) _exit(0);
         if (cuMemAlloc(&d, 4096) != CUDA_SUCCESS) _exit(3);
         if (cuMemsetD32(d, 0x5eed, 1024) || cuMemcpyDtoH(&v, d, 4) || v != 0x5eed) _exit(4);
@@ -376,6 +383,8 @@ static void op_fork(void) {
         fail("a forked child died of signal %d", WTERMSIG(status));
     else if (WEXITSTATUS(status))
         fail("a forked child's CUDA calls went wrong (exit %d)", WEXITSTATUS(status));
+    if (mine && *mine != before)
+        fail("a forked child's write to registered memory reached the parent");
 }
 
 /* Gone at once, with whatever it holds and has queued: gpushared must reclaim it all. */
