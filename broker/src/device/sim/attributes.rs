@@ -14,11 +14,6 @@ pub const H100_ATTRIBUTES: [i32; 148] = [
     4, 1, 1, 1, 0, -1, 0, 0, 0, 0, 0, 0, 0, 590352606, 381751518, 1, 1, 0, 1, 1, 0, 0,
 ];
 
-/// `CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN`: the most dynamic shared memory a
-/// block may ask for.
-pub const MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: u32 = H100_ATTRIBUTES[97] as u32;
-const _: () = assert!(MAX_SHARED_MEMORY_PER_BLOCK_OPTIN == 232_448);
-
 /// `CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT`, `_PCI_BUS_ID`.
 const MULTIPROCESSOR_COUNT: usize = 16;
 const PCI_BUS_ID: usize = 33;

@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use gpushare_protocol::command::{LaunchAttributes, ModuleLaunch};
 use gpushare_protocol::control::{DeviceInfo, ModuleFormat};
+use gpushare_protocol::text::Printable;
 use gpushare_protocol::{DevicePtr, Kernel, PriorityClass};
 
 use self::cost::CostModel;
@@ -372,12 +373,13 @@ impl Backend for SimDevice {
         _attributes: &LaunchAttributes,
         params: &[u8],
     ) -> DeviceResult<()> {
-        // The dynamic shared memory a block may ask for, as the H100's opt-in limit.
-        if launch.shared_mem_bytes > attributes::MAX_SHARED_MEMORY_PER_BLOCK_OPTIN {
+        // As CUDA refuses it (measured: scripts/probes/launch_shapes.c).
+        if launch.shared_mem_bytes > SimFunction::MAX_DYNAMIC_SHARED {
             return Err(DeviceError::InvalidArgument(format!(
-                "{} bytes of shared memory a block: at most {}",
+                "{} bytes of dynamic shared memory a block: at most {} for `{}`",
                 launch.shared_mem_bytes,
-                attributes::MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
+                SimFunction::MAX_DYNAMIC_SHARED,
+                Printable(function.name())
             )));
         }
         let cost = function.micros(params)?.saturating_mul(1_000);
@@ -632,7 +634,7 @@ mod tests {
         );
         // As CUDA answers them: more shared memory than a block may have, a missing name.
         let greedy = ModuleLaunch {
-            shared_mem_bytes: attributes::MAX_SHARED_MEMORY_PER_BLOCK_OPTIN + 1,
+            shared_mem_bytes: SimFunction::MAX_DYNAMIC_SHARED + 1,
             ..launch
         };
         let err = dev

@@ -81,6 +81,10 @@ impl SimModule {
 }
 
 impl SimFunction {
+    /// The dynamic shared memory a block of a sim function may ask for: CUDA's 48 KiB for a
+    /// function that did not opt in to more (the sim sets no function attributes).
+    pub const MAX_DYNAMIC_SHARED: u32 = 48 << 10;
+
     pub fn name(&self) -> &str {
         &self.name
     }
@@ -91,7 +95,18 @@ impl SimFunction {
     pub fn shape(&self) -> FunctionShape {
         FunctionShape {
             params: vec![(0, 8)],
-            attributes: vec![1024, 0, 0, 0, 32, 90, 90, 0, 48 << 10, 0],
+            attributes: vec![
+                1024,
+                0,
+                0,
+                0,
+                32,
+                90,
+                90,
+                0,
+                Self::MAX_DYNAMIC_SHARED as i32,
+                0,
+            ],
         }
     }
 
