@@ -45,7 +45,7 @@ fn ptx_module_runs_with_packed_parameters() {
     }
     // Typed errors for a missing function and a broken image (with the JIT's own words).
     let err = module.function("no_such_kernel").expect_err("missing");
-    assert_eq!(err.code(), Some(ErrorCode::InvalidArgument), "{err}");
+    assert_eq!(err.code(), Some(ErrorCode::NotFound), "{err}");
     let err = client
         .load_module(
             ModuleFormat::Ptx,
