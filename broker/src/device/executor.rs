@@ -73,9 +73,10 @@ impl<B: Backend> Executor<B> {
         lock(&self.regions).remove(&region);
     }
 
-    /// A payload too big for a channel, for the call that names it.
-    pub fn add_blob(&self, id: u64, fd: &OwnedFd, len: u64) -> DeviceResult<()> {
-        let mapped = HostRegion::map(fd, len, 0)
+    /// A payload too big for a channel, for the call that names it (mapped at `at` when that
+    /// is free, 0: anywhere).
+    pub fn add_blob(&self, id: u64, fd: &OwnedFd, len: u64, at: u64) -> DeviceResult<()> {
+        let mapped = HostRegion::map(fd, len, at)
             .map_err(|e| DeviceError::Failed(format!("cannot map a call's payload: {e}")))?;
         lock(&self.blobs).insert(id, Arc::new(mapped));
         self.arrived.notify_all();

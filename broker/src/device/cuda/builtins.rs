@@ -71,6 +71,17 @@ pub fn compiled() -> Option<((u32, u32), String)> {
     COMPILED.lock().unwrap_or_else(|e| e.into_inner()).clone()
 }
 
+/// Whether to compile with NVRTC even when given compiled kernels (which are then only the
+/// fallback).
+static COMPILE_ANYWAY: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Compiles the kernels with NVRTC even when given them: device workers do, so that every
+/// worker maps NVRTC and what its compilation maps, in the same order, before any client's
+/// module (where the driver puts module globals depends on what was mapped before).
+pub fn compile_anyway() {
+    COMPILE_ANYWAY.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// Takes kernels another process compiled for `cc` (a device worker gets the first worker's,
 /// so that a spare need not compile them again).
 pub fn adopt(cc: (u32, u32), ptx: String) {
@@ -214,9 +225,13 @@ impl Builtins {
     /// Builds (NVRTC) or loads (pre-built PTX) the built-in kernels for a device of compute
     /// capability `cc` with `sm_count` SMs. The context must be current.
     pub fn load(cc: (u32, u32), sm_count: u32) -> DeviceResult<Builtins> {
-        let compiled = match handed_over(cc) {
-            Some(ptx) => Ok(ptx),
-            None => compile_with_nvrtc(cc),
+        let compiled = if COMPILE_ANYWAY.load(std::sync::atomic::Ordering::Relaxed) {
+            compile_with_nvrtc(cc).or_else(|why| handed_over(cc).ok_or(why))
+        } else {
+            match handed_over(cc) {
+                Some(ptx) => Ok(ptx),
+                None => compile_with_nvrtc(cc),
+            }
         };
         let (ptx, origin) = match compiled {
             Ok(ptx) => {

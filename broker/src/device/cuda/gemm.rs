@@ -24,10 +24,10 @@ fn probe_cublas() -> bool {
     present
 }
 
-/// Starts loading cuBLAS on a thread of its own, once: right after `cuInit`, so that loading
-/// it overlaps making the CUDA context. (Not earlier: two libraries cannot load at once, so
-/// `cuInit` would wait for it. Not later: while a library loads, no thread can start, and
-/// serving starts threads.)
+/// Starts loading cuBLAS on a thread of its own, once: after the context and the built-in
+/// kernels, so that every worker maps its libraries in one order (a worker's module globals
+/// land where its earlier mappings leave room). Not later: while a library loads, no thread
+/// can start, and serving starts threads.
 pub(super) fn start_loading_cublas() {
     static STARTED: std::sync::Once = std::sync::Once::new();
     STARTED.call_once(|| {

@@ -45,7 +45,10 @@ pub use self::builtins::PREBUILT_PTX as BUILTIN_PTX;
 /// Hands the compiled built-in kernels to the next image of a restarting gpushared.
 pub use self::builtins::{HANDOVER_ENV as BUILTINS_HANDOVER_ENV, hand_over as hand_over_builtins};
 /// The built-in kernels this process compiled, and adopting another process's.
-pub use self::builtins::{adopt as adopt_builtins, compiled as compiled_builtins};
+pub use self::builtins::{
+    adopt as adopt_builtins, compile_anyway as compile_builtins_anyway,
+    compiled as compiled_builtins,
+};
 use self::chunks::Chunks;
 use self::error::driver;
 pub use self::event::CudaEvent;
@@ -143,7 +146,6 @@ impl CudaDevice {
         let started = Instant::now();
         cu::init().map_err(|e| driver("cuInit", e))?;
         tracing::debug!(took = ?started.elapsed(), "CUDA driver initialised");
-        gemm::start_loading_cublas();
         let count = cu::device::get_count().map_err(|e| driver("cuDeviceGetCount", e))?;
         if count == 0 {
             return Err(ProbeError::NoDevice);
@@ -201,6 +203,9 @@ impl CudaDevice {
         };
         let priorities = cu::stream::get_priority_range().unwrap_or((0, 0));
         let builtins = Builtins::load(cc, sm_count)?;
+        // After the built-in kernels, never beside them: the libraries then load in one
+        // order in every worker (see `builtins::compile_anyway`).
+        gemm::start_loading_cublas();
         tracing::debug!(
             gpu = ordinal,
             context = ?context_took,

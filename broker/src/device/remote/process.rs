@@ -69,7 +69,12 @@ impl WorkerProcess {
         let mut command = std::process::Command::new(exe);
         command
             .arg(WORKER_FLAG)
-            .env(WORKER_FD_ENV, their_fd.to_string());
+            .env(WORKER_FD_ENV, their_fd.to_string())
+            // One malloc arena, and no malloc'd blocks mapped on their own: the heap then
+            // grows by brk, away from where the driver reserves module data's addresses
+            // (worker/zone.rs says why that matters).
+            .env("MALLOC_ARENA_MAX", "1")
+            .env("MALLOC_MMAP_MAX_", "0");
         // A worker never outlives gpushared (it holds a GPU context for it): it exits when its
         // control socket closes, which gpushared's end does when gpushared ends however it
         // ends. (PR_SET_PDEATHSIG would not do: it fires when the *thread* that started the

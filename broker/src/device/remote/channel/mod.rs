@@ -33,6 +33,9 @@ use self::shared::{
 };
 pub use self::shared::{DEFAULT_WORKER_SPIN, Gave, MAX_ANSWER, MAX_REQUEST, REQUEST_RING};
 
+/// Bytes of a channel's mapping.
+pub const CHANNEL_LEN: u64 = CHANNEL_BYTES as u64;
+
 /// The caller's end (in gpushared).
 pub struct CallerEnd {
     mapped: Mapped,
@@ -48,7 +51,7 @@ impl CallerEnd {
     pub fn create() -> std::io::Result<CallerEnd> {
         let memfd = memfd_create("gpushare-worker-channel", MFdFlags::MFD_CLOEXEC)?;
         nix::unistd::ftruncate(&memfd, CHANNEL_BYTES as libc::off_t)?;
-        let mapped = Mapped::new(memfd.as_fd())?;
+        let mapped = Mapped::new(memfd.as_fd(), 0)?;
         mapped
             .header()
             .caller
@@ -227,15 +230,15 @@ pub struct WorkerEnd {
 }
 
 impl WorkerEnd {
-    /// Maps a channel gpushared made.
-    pub fn open(fd: &OwnedFd) -> std::io::Result<WorkerEnd> {
+    /// Maps a channel gpushared made, at `at` when that is free (0: anywhere).
+    pub fn open(fd: &OwnedFd, at: u64) -> std::io::Result<WorkerEnd> {
         let len = nix::sys::stat::fstat(fd).map(|s| s.st_size as usize)?;
         if len < CHANNEL_BYTES {
             return Err(std::io::Error::other(format!(
                 "a channel of {len} bytes, not {CHANNEL_BYTES}"
             )));
         }
-        let mapped = Mapped::new(fd.as_fd())?;
+        let mapped = Mapped::new(fd.as_fd(), at)?;
         let h = mapped.header();
         let head = h.worker.head.load(Ordering::Acquire);
         let answers_written = h.worker.answers_written.load(Ordering::Acquire);
@@ -364,7 +367,7 @@ mod tests {
             .expect("not handed over")
             .try_clone_to_owned()
             .expect("dup");
-        let worker = WorkerEnd::open(&fd).expect("open");
+        let worker = WorkerEnd::open(&fd, 0).expect("open");
         (caller, worker)
     }
 

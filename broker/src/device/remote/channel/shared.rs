@@ -6,8 +6,6 @@ use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
 use std::time::{Duration, Instant};
 
-use memmap2::{MmapOptions, MmapRaw};
-
 /// The header page.
 pub(super) const HEADER: usize = 4096;
 /// Bytes of the request ring.
@@ -70,23 +68,50 @@ pub enum Gave {
 
 /// A mapped channel (either end).
 pub(super) struct Mapped {
-    map: MmapRaw,
+    base: std::ptr::NonNull<u8>,
 }
 
 // SAFETY: the mapping is plain shared memory; every access goes through atomics in the header
 // or through the ring bytes the positions give one side to own.
 unsafe impl Send for Mapped {}
 
+impl Drop for Mapped {
+    fn drop(&mut self) {
+        // SAFETY: our own mapping of CHANNEL_BYTES, unmapped once; nothing borrows it past
+        // `self`.
+        unsafe { libc::munmap(self.base.as_ptr().cast(), CHANNEL_BYTES) };
+    }
+}
+
 impl Mapped {
-    pub(super) fn new(fd: BorrowedFd<'_>) -> std::io::Result<Mapped> {
-        let map = MmapOptions::new().len(CHANNEL_BYTES).map_raw(&fd)?;
-        Ok(Mapped { map })
+    /// Maps the channel at `at` when that is free there (0: wherever the kernel puts it).
+    pub(super) fn new(fd: BorrowedFd<'_>, at: u64) -> std::io::Result<Mapped> {
+        use std::os::fd::AsRawFd;
+        let prot = libc::PROT_READ | libc::PROT_WRITE;
+        let map = |at: u64, flags| {
+            // SAFETY: a new shared mapping of the channel's memfd; MAP_FIXED_NOREPLACE never
+            // replaces a mapping.
+            let p =
+                unsafe { libc::mmap(at as *mut _, CHANNEL_BYTES, prot, flags, fd.as_raw_fd(), 0) };
+            (p != libc::MAP_FAILED).then_some(p)
+        };
+        let placed = (at != 0)
+            .then(|| map(at, libc::MAP_SHARED | libc::MAP_FIXED_NOREPLACE))
+            .flatten()
+            .filter(|&p| p as u64 == at);
+        let p = match placed {
+            Some(p) => p,
+            None => map(0, libc::MAP_SHARED).ok_or_else(std::io::Error::last_os_error)?,
+        };
+        let base = std::ptr::NonNull::new(p.cast::<u8>())
+            .ok_or_else(|| std::io::Error::other("a channel mapped at address 0"))?;
+        Ok(Mapped { base })
     }
 
     pub(super) fn header(&self) -> &Header {
         // SAFETY: the mapping is page-aligned and at least HEADER bytes; Header is atomics only,
         // valid for any bit pattern, and lives as long as `self`.
-        unsafe { &*(self.map.as_ptr() as *const Header) }
+        unsafe { &*(self.base.as_ptr() as *const Header) }
     }
 
     /// `len` bytes at `offset` of the mapping.
@@ -99,7 +124,7 @@ impl Mapped {
     pub(super) unsafe fn bytes(&self, offset: usize, len: usize) -> &mut [u8] {
         debug_assert!(offset + len <= CHANNEL_BYTES);
         // SAFETY: the caller's promise.
-        unsafe { std::slice::from_raw_parts_mut(self.map.as_mut_ptr().add(offset), len) }
+        unsafe { std::slice::from_raw_parts_mut(self.base.as_ptr().add(offset), len) }
     }
 
     pub(super) fn read_u32(&self, offset: usize) -> u32 {

@@ -21,6 +21,7 @@ use crate::device::sim::{SimDevice, SimOptions};
 use crate::device::{Backend, DeviceError, DeviceResult, Executor};
 
 mod warm;
+mod zone;
 
 use self::warm::{Warmed, places_code, warm_up};
 
@@ -66,6 +67,7 @@ fn start() -> Result<(), String> {
     if let Some(k) = &spec.builtins {
         crate::device::cuda::adopt_builtins(k.cc, k.ptx.clone());
     }
+    crate::device::cuda::compile_builtins_anyway();
     match spec.backend {
         WorkerBackend::Cuda { ordinal } => match CudaDevice::open(ordinal) {
             Ok(device) => {
@@ -122,6 +124,11 @@ fn read_payload(fd: &OwnedFd, len: u64) -> Result<Vec<u8>, String> {
     whole.read_into(&mut bytes);
     bytes.truncate(len as usize);
     Ok(bytes)
+}
+
+/// Where to map a client's region that may go anywhere (`at` 0): the zone.
+fn zone_if_anywhere(at: u64, len: u64) -> u64 {
+    if at == 0 { zone::place(len) } else { at }
 }
 
 /// Reserves the address range clients' memory lives at: where the worker this one may
@@ -217,18 +224,17 @@ impl<B: Backend> Worker<B> {
             |fd: Option<OwnedFd>| fd.ok_or_else(|| "no descriptor came with it".to_string());
         match msg {
             ToWorker::Start(_) => Err("already started".into()),
-            ToWorker::OpenChannel { id } => {
-                let end = WorkerEnd::open(&need_fd(fd)?).map_err(|e| e.to_string())?;
+            ToWorker::OpenChannel { .. } => {
+                let at = zone::place(super::channel::CHANNEL_LEN);
+                let end = WorkerEnd::open(&need_fd(fd)?, at).map_err(|e| e.to_string())?;
                 let worker = self.clone();
-                std::thread::Builder::new()
-                    .name(format!("gpushare-worker-{id}"))
-                    .spawn(move || worker.serve_channel(end))
-                    .map(|_| None)
+                zone::spawn(Box::new(move || worker.serve_channel(end)))
+                    .map(|()| None)
                     .map_err(|e| format!("cannot start the channel's thread: {e}"))
             }
             ToWorker::ShareMemory { region, len, at } => self
                 .executor
-                .share_region(region, &need_fd(fd)?, len, at)
+                .share_region(region, &need_fd(fd)?, len, zone_if_anywhere(at, len))
                 .map(|()| None)
                 .map_err(|e| e.to_string()),
             ToWorker::UnshareMemory { region } => {
@@ -237,7 +243,7 @@ impl<B: Backend> Worker<B> {
             }
             ToWorker::Blob { id, len } => self
                 .executor
-                .add_blob(id, &need_fd(fd)?, len)
+                .add_blob(id, &need_fd(fd)?, len, zone::place(len))
                 .map(|()| None)
                 .map_err(|e| e.to_string()),
             ToWorker::CreateChunk { at, size } => self
