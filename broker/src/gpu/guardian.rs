@@ -155,8 +155,9 @@ impl DeviceHealth {
     fn recover(&self, device: &Device, gpu: u32, what: &str, blame: Blame) {
         let started = Instant::now();
         // Who had work in flight when it happened?
-        let (suspects, sessions, holder, pids, uids) = {
+        let (suspects, sessions, holder, pids, uids, on_probation) = {
             let st = self.lock();
+            let on_probation: Vec<u64> = st.probation.keys().copied().collect();
             let busy: Vec<u64> = st
                 .sessions
                 .values()
@@ -166,13 +167,19 @@ impl DeviceHealth {
             let sessions: Vec<Arc<dyn Member>> = st.sessions.values().cloned().collect();
             let pids: HashMap<u64, i32> = st.sessions.values().map(|s| (s.id(), s.pid())).collect();
             let uids: HashMap<u64, u32> = st.sessions.values().map(|s| (s.id(), s.uid())).collect();
-            (busy, sessions, st.serial_holder, pids, uids)
+            (busy, sessions, st.serial_holder, pids, uids, on_probation)
         };
         let culprit = match (blame, holder, suspects.as_slice()) {
             (Blame::Culprit(id), _, _) => Some(id),
             (Blame::Nobody, _, _) => None,
-            // On probation only the turn holder's work runs among the suspects.
-            (Blame::Suspects, Some(h), _) if suspects.contains(&h) => Some(h),
+            // On probation only the turn holder's work runs among the suspects; a client not
+            // on probation (a new one) runs beside it, and could be the culprit as well.
+            (Blame::Suspects, Some(h), _)
+                if suspects.contains(&h)
+                    && suspects.iter().all(|s| *s == h || on_probation.contains(s)) =>
+            {
+                Some(h)
+            }
             (Blame::Suspects, _, [one]) => Some(*one),
             _ => None,
         };
@@ -478,5 +485,27 @@ mod tests {
             Some(&Verdict::Survived(what.clone()))
         );
         assert!(health.lock().probation.contains_key(&7));
+    }
+
+    #[test]
+    fn a_suspect_on_probation_is_not_blamed_for_a_fault_beside_a_new_client() {
+        let health = health();
+        // Client 1 is on probation from an earlier fault and holds its turn; client 4 is new,
+        // so it runs beside it. Both had work in flight: either could have faulted.
+        let _one = stalled(&health, 1);
+        let _four = stalled(&health, 4);
+        health.set_probation(1, Instant::now() + Duration::from_secs(60));
+        assert!(health.acquire_turn(1));
+        let device = silent_device(Duration::ZERO);
+        health.recover(&device, 0, "a device-side assert", Blame::Suspects);
+        let st = health.lock();
+        for id in [1, 4] {
+            assert!(
+                matches!(st.verdicts.get(&id), Some(Verdict::Survived(_))),
+                "client {id}: {:?}",
+                st.verdicts.get(&id)
+            );
+            assert!(st.probation.contains_key(&id), "client {id} on probation");
+        }
     }
 }
