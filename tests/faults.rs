@@ -131,6 +131,16 @@ fn work_in_flight_at_a_fault_is_reported_lost_once_and_memory_stays() {
     assert!(culprit.run("illegal").starts_with("error"));
     wait_for_takeover(&broker, holder);
 
+    // Queued after the lost fill, before the client was told: it would run on what the lost
+    // work never wrote, so it does not run.
+    unsynced
+        .default_stream()
+        .launch(Kernel::FillF32 {
+            dst: kept.ptr(),
+            n: 1024,
+            value: 9.0,
+        })
+        .expect("launch");
     let e = unsynced
         .synchronize()
         .expect_err("the fill the fault stopped");

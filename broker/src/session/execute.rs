@@ -3,7 +3,7 @@
 //! command's completion.
 
 use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use gpushare_protocol::ring::{CompletionEntry, SubmissionEntry};
 use gpushare_protocol::{Command, DevicePtr, ErrorCode, StreamId};
@@ -430,6 +430,12 @@ impl SessionState {
         if !self.streams.contains_key(&stream) {
             return Err(ErrorCode::InvalidHandle);
         }
+        // Work queued after work a reset took would run on what that work never wrote (a
+        // training step's update on gradients never computed): as after a failure in CUDA,
+        // nothing more runs on the stream until a sync has told the client of the loss.
+        if self.lost.refuse(stream) {
+            return Err(ErrorCode::WorkLost);
+        }
         if let Some(until) = self.probation_until
             && !self.holding_turn
         {
@@ -438,7 +444,11 @@ impl SessionState {
             } else if self.health.acquire_turn(self.info.id) {
                 self.holding_turn = true;
             } else {
-                return Err(ErrorCode::DeviceReset);
+                // A reset began while this suspect waited for its turn: the command never
+                // ran, and the client keeps what the reset keeps.
+                self.health
+                    .wait_for_recovery_start(self.epoch, Duration::from_secs(2));
+                return Err(self.reset_error());
             }
         }
         let watch = &self.info.fault_watch;

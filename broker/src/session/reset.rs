@@ -29,6 +29,9 @@ pub(super) struct Lost {
     work: BTreeSet<StreamId>,
     /// Events recorded after lost work, and the stream whose work it was.
     work_events: HashMap<EventId, StreamId>,
+    /// Streams of `work` whose later commands were refused: a refused command's error tells
+    /// the client, so the sync that ends the refusals does not say it again.
+    refused: BTreeSet<StreamId>,
 }
 
 impl Lost {
@@ -106,12 +109,26 @@ impl Lost {
 
     /// Whether a reset took work of `stream` that no sync has reported yet (its state kept).
     /// Once said, an event recorded after it need not say it again.
+    /// Whether a command on `stream` is refused: the stream lost work to a reset and no sync
+    /// has covered it since (what follows would run on what the lost work never wrote).
+    /// The refusal's error tells the client of the loss.
+    pub(super) fn refuse(&mut self, stream: StreamId) -> bool {
+        let refuse = self.work.contains(&stream);
+        if refuse {
+            self.refused.insert(stream);
+        }
+        refuse
+    }
+
+    /// Ends `stream`'s lost work at a sync that covers it; whether the sync must say so (no
+    /// refused command said it already).
     pub(super) fn take_work(&mut self, stream: StreamId) -> bool {
         let taken = self.work.remove(&stream);
+        let told = self.refused.remove(&stream);
         if taken {
             self.work_events.retain(|_, s| *s != stream);
         }
-        taken
+        taken && !told
     }
 
     /// An event recorded on `stream`: if the stream's lost work is not reported yet, a sync
@@ -124,9 +141,10 @@ impl Lost {
 
     /// Whether a reset took work of any stream that no sync has reported yet.
     pub(super) fn take_any_work(&mut self) -> bool {
-        let any = !self.work.is_empty();
+        let any = self.work.iter().any(|s| !self.refused.contains(s));
         self.work.clear();
         self.work_events.clear();
+        self.refused.clear();
         any
     }
 
@@ -134,10 +152,7 @@ impl Lost {
     /// stream's sync need not say it again then).
     pub(super) fn take_work_event(&mut self, event: EventId) -> bool {
         match self.work_events.remove(&event) {
-            Some(stream) => {
-                self.take_work(stream);
-                true
-            }
+            Some(stream) => self.take_work(stream),
             None => false,
         }
     }
@@ -184,11 +199,7 @@ impl SessionState {
                     // the reset says whether the client's state was kept (then only the work
                     // was lost).
                     self.told_lost(&cmd);
-                    self.park_if_resetting();
-                    return Err(match self.verdict {
-                        Some(Verdict::Survived(_)) => ErrorCode::WorkLost,
-                        _ => ErrorCode::DeviceReset,
-                    });
+                    return Err(self.reset_error());
                 }
                 Err(code)
             }
@@ -244,6 +255,16 @@ impl SessionState {
 
     /// Parks (once) while a device reset is under way, keeping the outcome for
     /// [`SessionState::after_reset`].
+    /// What a command a reset took (or kept from running) fails with, once the reset says
+    /// whether the client's state was kept: `WorkLost` if it was, else `DeviceReset`.
+    pub(super) fn reset_error(&mut self) -> ErrorCode {
+        self.park_if_resetting();
+        match self.verdict {
+            Some(Verdict::Survived(_)) => ErrorCode::WorkLost,
+            _ => ErrorCode::DeviceReset,
+        }
+    }
+
     pub(super) fn park_if_resetting(&mut self) {
         if self.health.epoch() != self.epoch && self.verdict.is_none() {
             self.verdict = Some(self.health.park(self.info.id));
