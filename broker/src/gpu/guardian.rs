@@ -155,9 +155,8 @@ impl DeviceHealth {
     fn recover(&self, device: &Device, gpu: u32, what: &str, blame: Blame) {
         let started = Instant::now();
         // Who had work in flight when it happened?
-        let (suspects, sessions, holder, pids, uids, on_probation) = {
+        let (suspects, sessions, pids, uids) = {
             let st = self.lock();
-            let on_probation: Vec<u64> = st.probation.keys().copied().collect();
             let busy: Vec<u64> = st
                 .sessions
                 .values()
@@ -167,20 +166,15 @@ impl DeviceHealth {
             let sessions: Vec<Arc<dyn Member>> = st.sessions.values().cloned().collect();
             let pids: HashMap<u64, i32> = st.sessions.values().map(|s| (s.id(), s.pid())).collect();
             let uids: HashMap<u64, u32> = st.sessions.values().map(|s| (s.id(), s.uid())).collect();
-            (busy, sessions, st.serial_holder, pids, uids, on_probation)
+            (busy, sessions, pids, uids)
         };
-        let culprit = match (blame, holder, suspects.as_slice()) {
-            (Blame::Culprit(id), _, _) => Some(id),
-            (Blame::Nobody, _, _) => None,
-            // On probation only the turn holder's work runs among the suspects; a client not
-            // on probation (a new one) runs beside it, and could be the culprit as well.
-            (Blame::Suspects, Some(h), _)
-                if suspects.contains(&h)
-                    && suspects.iter().all(|s| *s == h || on_probation.contains(s)) =>
-            {
-                Some(h)
-            }
-            (Blame::Suspects, _, [one]) => Some(*one),
+        // Only a client that alone had work in flight is named. Not the suspect holding its
+        // turn on probation: the turn may have passed to it after the faulting kernel ran, and
+        // clients run beside it (on the H200 that named an innocent PyTorch trainer).
+        let culprit = match (blame, suspects.as_slice()) {
+            (Blame::Culprit(id), _) => Some(id),
+            (Blame::Nobody, _) => None,
+            (Blame::Suspects, [one]) => Some(*one),
             _ => None,
         };
         tracing::error!(gpu, fault = what, ?culprit, ?suspects, "GPU fault");
@@ -488,13 +482,15 @@ mod tests {
     }
 
     #[test]
-    fn a_suspect_on_probation_is_not_blamed_for_a_fault_beside_a_new_client() {
+    fn the_suspect_holding_its_turn_is_not_blamed_while_another_had_work_in_flight() {
         let health = health();
-        // Client 1 is on probation from an earlier fault and holds its turn; client 4 is new,
-        // so it runs beside it. Both had work in flight: either could have faulted.
+        // Clients 1 and 4 are on probation; 1 holds the turn now, but 4 had work in flight
+        // too (its kernel may have run before the turn passed): either could have faulted.
         let _one = stalled(&health, 1);
         let _four = stalled(&health, 4);
-        health.set_probation(1, Instant::now() + Duration::from_secs(60));
+        for id in [1, 4] {
+            health.set_probation(id, Instant::now() + Duration::from_secs(60));
+        }
         assert!(health.acquire_turn(1));
         let device = silent_device(Duration::ZERO);
         health.recover(&device, 0, "a device-side assert", Blame::Suspects);
