@@ -86,3 +86,43 @@ fn device_workers_map_bottom_up_below_programs_mappings() {
         "workers map their libraries at different addresses: {libc_at:#x?}"
     );
 }
+
+/// Where a worker maps what it holds for clients (broker/src/device/remote/worker/zone.rs).
+const ZONE: std::ops::Range<u64> = 0x4000_0000_0000..0x4800_0000_0000;
+
+#[test]
+fn a_worker_maps_clients_regions_and_its_channels_in_its_zone() {
+    let broker = Broker::start();
+    assert!(
+        wait_until(Duration::from_secs(20), || !broker.worker_pids().is_empty()),
+        "no worker"
+    );
+    // A session (its region is shared with the worker) that calls the device (a channel).
+    let client = broker.client();
+    let buf = client.alloc::<u8>(1 << 20).expect("alloc");
+    buf.copy_from_host(&vec![9u8; 1 << 20]).expect("up");
+    assert_eq!(buf.to_vec().expect("down")[4096], 9);
+    let held = |pid: i32| -> Vec<(u64, u64, String)> {
+        mappings(pid)
+            .into_iter()
+            .filter(|(_, _, what)| {
+                what.contains("gpushare-client") || what.contains("gpushare-worker-channel")
+            })
+            .collect()
+    };
+    let serving: Vec<_> = broker
+        .worker_pids()
+        .into_iter()
+        .map(|pid| (pid, held(pid)))
+        .filter(|(_, maps)| maps.iter().any(|(_, _, w)| w.contains("gpushare-client")))
+        .collect();
+    assert!(!serving.is_empty(), "no worker maps the client's region");
+    for (pid, maps) in serving {
+        for (lo, hi, what) in maps {
+            assert!(
+                ZONE.contains(&lo) && hi <= ZONE.end,
+                "worker {pid} maps {what} at {lo:#x}, outside its zone (where the driver would put module data)"
+            );
+        }
+    }
+}
