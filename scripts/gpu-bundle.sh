@@ -9,8 +9,10 @@
 #   (libgpushare_interpose.so, gpu-pytorch-governed.sh, governed/*.py) and the consolidated-
 #   clients one (gpu-pytorch-consolidated.sh, consolidated/*.py and its launch program), the
 #   colocation benchmark (gpu-pytorch-colocate.sh, colocate/*.py), and GPU faults beside
-#   PyTorch programs (gpu-pytorch-faults.sh, faults/*.py), and the probe of where module
-#   globals land in a worker that takes over (module_globals). Copy
+#   PyTorch programs (gpu-pytorch-faults.sh, faults/*.py), and the probes of where module
+#   globals land in a worker that takes over (module_globals), of what a forked child gets
+#   (fork_pinned), of the launch shapes CUDA refuses (launch_shapes), and of where the two
+#   workers' address spaces differ (probes/worker_maps.sh). Copy
 #   the folder to the GPU machine and run `./gpu-test.sh` (and the PyTorch checks) inside it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -56,6 +58,7 @@ cc -O2 -o "$out/consolidated/launch" scripts/consolidated/launch.c -ldl
 cc -O2 -o "$out/module_globals" scripts/probes/module_globals.c -ldl
 cc -O2 -o "$out/fork_pinned" scripts/probes/fork_pinned.c -ldl
 cc -O2 -o "$out/launch_shapes" scripts/probes/launch_shapes.c -ldl
+mkdir -p "$out/probes" && cp scripts/probes/worker_maps.sh "$out/probes/"
 # strip(1) warns about the cuda/ directory and goes on.
 strip "$out"/* "$out/consolidated/launch" 2>/dev/null || true
 du -sh "$out"
