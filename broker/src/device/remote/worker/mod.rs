@@ -224,11 +224,12 @@ impl<B: Backend> Worker<B> {
             |fd: Option<OwnedFd>| fd.ok_or_else(|| "no descriptor came with it".to_string());
         match msg {
             ToWorker::Start(_) => Err("already started".into()),
-            ToWorker::OpenChannel { .. } => {
+            ToWorker::OpenChannel { id } => {
                 let at = zone::place(super::channel::CHANNEL_LEN);
                 let end = WorkerEnd::open(&need_fd(fd)?, at).map_err(|e| e.to_string())?;
                 let worker = self.clone();
-                zone::spawn(Box::new(move || worker.serve_channel(end)))
+                let name = format!("gpushare-worker-{id}");
+                zone::spawn(&name, Box::new(move || worker.serve_channel(end)))
                     .map(|()| None)
                     .map_err(|e| format!("cannot start the channel's thread: {e}"))
             }

@@ -39,9 +39,9 @@ static SPARE_STACKS: Mutex<Vec<usize>> = Mutex::new(Vec::new());
 /// Threads that have ended (or are ending) with the stack each ran on.
 static ENDED: Mutex<Vec<(libc::pthread_t, usize)>> = Mutex::new(Vec::new());
 
-/// Starts `f` on a thread whose stack lies in the zone (std's threads get theirs wherever
-/// the kernel puts them).
-pub(super) fn spawn(f: Box<dyn FnOnce() + Send>) -> std::io::Result<()> {
+/// Starts `f` on a thread called `name` whose stack lies in the zone (std's threads get
+/// theirs wherever the kernel puts them).
+pub(super) fn spawn(name: &str, f: Box<dyn FnOnce() + Send>) -> std::io::Result<()> {
     reap();
     let stack = match SPARE_STACKS.lock().unwrap_or_else(|p| p.into_inner()).pop() {
         Some(s) => s,
@@ -50,7 +50,8 @@ pub(super) fn spawn(f: Box<dyn FnOnce() + Send>) -> std::io::Result<()> {
     let start = Box::into_raw(Box::new(Start { f, stack }));
     // SAFETY: `attr` is initialised before use and destroyed after; the stack is ours,
     // mapped read-write above its guard page, and outlives the thread (it goes back to
-    // SPARE_STACKS only after the thread is joined).
+    // SPARE_STACKS only after the thread is joined); the name is NUL-terminated and the
+    // thread, joinable, is not joined before this.
     let made = unsafe {
         let mut attr: libc::pthread_attr_t = std::mem::zeroed();
         libc::pthread_attr_init(&mut attr);
@@ -58,6 +59,13 @@ pub(super) fn spawn(f: Box<dyn FnOnce() + Send>) -> std::io::Result<()> {
         let mut thread: libc::pthread_t = 0;
         let made = libc::pthread_create(&mut thread, &attr, run, start.cast());
         libc::pthread_attr_destroy(&mut attr);
+        // At most 15 bytes and a NUL, as the kernel keeps them; a name is only a label.
+        let short: Vec<u8> = name.bytes().filter(|&b| b != 0).take(15).collect();
+        if made == 0
+            && let Ok(name) = std::ffi::CString::new(short)
+        {
+            libc::pthread_setname_np(thread, name.as_ptr());
+        }
         made
     };
     if made != 0 {
@@ -148,10 +156,13 @@ mod tests {
         let (tx, rx) = std::sync::mpsc::channel();
         for _ in 0..3 {
             let tx = tx.clone();
-            spawn(Box::new(move || {
-                let local = 0u8;
-                let _ = tx.send(std::ptr::addr_of!(local) as u64);
-            }))
+            spawn(
+                "zone-test",
+                Box::new(move || {
+                    let local = 0u8;
+                    let _ = tx.send(std::ptr::addr_of!(local) as u64);
+                }),
+            )
             .expect("spawn");
         }
         let seen: Vec<u64> = (0..3).map(|_| rx.recv().expect("ran")).collect();
