@@ -192,19 +192,7 @@ impl Pool {
                     "{bytes} bytes at {ptr:#x}: outside this device's address range, or in use"
                 )));
             }
-            if let Err(e) = link.create_chunk(lo, g) {
-                st.free.give(lo, g);
-                return Err(e);
-            }
-            st.chunks.insert(
-                lo,
-                Chunk {
-                    owner,
-                    size: g,
-                    span: g,
-                    shared: Some(Ranges::with(lo, g)),
-                },
-            );
+            Self::make_chunk(st, link, lo, g, g, true, owner)?;
         }
         let len = bytes.max(1).next_multiple_of(ALIGN);
         let placed = st
@@ -236,6 +224,21 @@ impl Pool {
             .take(span, g, floor)
             .or_else(|| st.free.take(span, g, 0))
             .ok_or(DeviceError::OutOfMemory)?;
+        Self::make_chunk(st, link, at, size, span, shared, owner)?;
+        Ok(at)
+    }
+
+    /// Makes a chunk of `size` at `at`, in the `span` of address space taken for it, which
+    /// goes back if the device cannot make it.
+    fn make_chunk(
+        st: &mut State,
+        link: &dyn Link,
+        at: u64,
+        size: u64,
+        span: u64,
+        shared: bool,
+        owner: u32,
+    ) -> DeviceResult<()> {
         if let Err(e) = link.create_chunk(at, size) {
             st.free.give(at, span);
             return Err(e);
@@ -249,7 +252,7 @@ impl Pool {
                 shared: shared.then(|| Ranges::with(at, size)),
             },
         );
-        Ok(at)
+        Ok(())
     }
 
     /// Frees an allocation; its chunk goes back when nothing else is in it.
