@@ -99,6 +99,63 @@ pub trait Link: Send + Sync + 'static {
     fn reset_deadline(&self) -> Duration;
 }
 
+/// In a test's `impl Link` for a link that wraps another (its field `inner`): the methods it
+/// passes on unchanged (`sm_partitions` says none), so that the test writes only what it
+/// changes.
+#[cfg(test)]
+macro_rules! pass_on_to_inner {
+    () => {
+        fn backend(&self) -> &'static str {
+            self.inner.backend()
+        }
+        fn info(&self) -> &gpushare_protocol::control::DeviceInfo {
+            self.inner.info()
+        }
+        fn sm_partitions(&self) -> bool {
+            false
+        }
+        fn generation(&self) -> u64 {
+            self.inner.generation()
+        }
+        fn ledger(&self) -> &$crate::device::link::Ledger {
+            self.inner.ledger()
+        }
+        fn call(
+            &self,
+            call: $crate::device::Call,
+            payload: &[u8],
+            deadline: Option<std::time::Duration>,
+        ) -> $crate::device::DeviceResult<$crate::device::call::Answer> {
+            self.inner.call(call, payload, deadline)
+        }
+        fn post(
+            &self,
+            stream: Option<$crate::device::call::Handle>,
+            call: $crate::device::Call,
+            payload: &[u8],
+        ) -> $crate::device::DeviceResult<()> {
+            self.inner.post(stream, call, payload)
+        }
+        fn share_memory(
+            &self,
+            region: u64,
+            fd: std::os::fd::BorrowedFd<'_>,
+            len: u64,
+            at: u64,
+        ) -> $crate::device::DeviceResult<()> {
+            self.inner.share_memory(region, fd, len, at)
+        }
+        fn unshare_memory(&self, region: u64) {
+            self.inner.unshare_memory(region)
+        }
+        fn space(&self) -> $crate::device::Space {
+            self.inner.space()
+        }
+    };
+}
+#[cfg(test)]
+pub(crate) use pass_on_to_inner;
+
 /// What a reset did with clients' memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Memory {

@@ -377,52 +377,7 @@ mod tests {
     }
 
     impl crate::device::Link for Silent {
-        fn backend(&self) -> &'static str {
-            self.inner.backend()
-        }
-        fn info(&self) -> &gpushare_protocol::control::DeviceInfo {
-            self.inner.info()
-        }
-        fn sm_partitions(&self) -> bool {
-            false
-        }
-        fn generation(&self) -> u64 {
-            self.inner.generation()
-        }
-        fn ledger(&self) -> &crate::device::link::Ledger {
-            self.inner.ledger()
-        }
-        fn call(
-            &self,
-            call: crate::device::Call,
-            payload: &[u8],
-            deadline: Option<Duration>,
-        ) -> crate::device::DeviceResult<crate::device::call::Answer> {
-            self.inner.call(call, payload, deadline)
-        }
-        fn post(
-            &self,
-            stream: Option<crate::device::call::Handle>,
-            call: crate::device::Call,
-            payload: &[u8],
-        ) -> crate::device::DeviceResult<()> {
-            self.inner.post(stream, call, payload)
-        }
-        fn share_memory(
-            &self,
-            region: u64,
-            fd: std::os::fd::BorrowedFd<'_>,
-            len: u64,
-            at: u64,
-        ) -> crate::device::DeviceResult<()> {
-            self.inner.share_memory(region, fd, len, at)
-        }
-        fn unshare_memory(&self, region: u64) {
-            self.inner.unshare_memory(region)
-        }
-        fn space(&self) -> crate::device::Space {
-            self.inner.space()
-        }
+        crate::device::link::pass_on_to_inner!();
         fn create_chunk(&self, at: u64, size: u64) -> crate::device::DeviceResult<()> {
             self.inner.create_chunk(at, size)
         }

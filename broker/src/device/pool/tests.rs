@@ -145,52 +145,7 @@ struct SlowRelease {
 }
 
 impl Link for SlowRelease {
-    fn backend(&self) -> &'static str {
-        self.inner.backend()
-    }
-    fn info(&self) -> &gpushare_protocol::control::DeviceInfo {
-        self.inner.info()
-    }
-    fn sm_partitions(&self) -> bool {
-        false
-    }
-    fn generation(&self) -> u64 {
-        self.inner.generation()
-    }
-    fn ledger(&self) -> &crate::device::link::Ledger {
-        self.inner.ledger()
-    }
-    fn call(
-        &self,
-        call: Call,
-        payload: &[u8],
-        deadline: Option<Duration>,
-    ) -> DeviceResult<crate::device::call::Answer> {
-        self.inner.call(call, payload, deadline)
-    }
-    fn post(
-        &self,
-        stream: Option<crate::device::call::Handle>,
-        call: Call,
-        payload: &[u8],
-    ) -> DeviceResult<()> {
-        self.inner.post(stream, call, payload)
-    }
-    fn share_memory(
-        &self,
-        region: u64,
-        fd: std::os::fd::BorrowedFd<'_>,
-        len: u64,
-        at: u64,
-    ) -> DeviceResult<()> {
-        self.inner.share_memory(region, fd, len, at)
-    }
-    fn unshare_memory(&self, region: u64) {
-        self.inner.unshare_memory(region)
-    }
-    fn space(&self) -> Space {
-        self.inner.space()
-    }
+    crate::device::link::pass_on_to_inner!();
     fn create_chunk(&self, at: u64, size: u64) -> DeviceResult<()> {
         self.made.store(true, Ordering::Release);
         let mut mapped = self.mapped.lock().expect("mapped");
