@@ -59,26 +59,6 @@ void section_end(void) {
     fflush(stdout);
 }
 
-const char *error_name(CUresult r) {
-    const char *name = NULL;
-    if (cuGetErrorName && cuGetErrorName(r, &name) == CUDA_SUCCESS && name) return name;
-    return "?";
-}
-
-unsigned char pattern_byte(size_t i, unsigned seed) {
-    return (unsigned char)((i * 2654435761u + seed * 40503u) >> 7);
-}
-
-void fill_pattern(unsigned char *p, size_t n, unsigned seed) {
-    for (size_t i = 0; i < n; i++) p[i] = pattern_byte(i, seed);
-}
-
-size_t pattern_mismatch(const unsigned char *p, size_t n, unsigned seed) {
-    for (size_t i = 0; i < n; i++)
-        if (p[i] != pattern_byte(i, seed)) return i;
-    return n;
-}
-
 /* cuGetProcAddress of `name`, as the runtime asks (CUDA 13.0); NULL after a failed check. */
 static void *lookup(const char *name, unsigned long long flags) {
     void *fn = NULL;

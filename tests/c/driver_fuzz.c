@@ -178,12 +178,6 @@ unsigned span_slot(const struct span *spans, unsigned n) {
 
 /* ---- results ----------------------------------------------------------------------------- */
 
-const char *error_name(CUresult r) {
-    const char *name = NULL;
-    if (cuGetErrorName && cuGetErrorName(r, &name) == CUDA_SUCCESS && name) return name;
-    return "?";
-}
-
 void fail(const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);

@@ -13,20 +13,6 @@
 
 #define PAGE 4096ull
 
-unsigned char pattern_byte(size_t i, unsigned seed) {
-    return (unsigned char)((i * 2654435761u + seed * 40503u) >> 7);
-}
-
-void fill_pattern(unsigned char *p, size_t n, unsigned seed) {
-    for (size_t i = 0; i < n; i++) p[i] = pattern_byte(i, seed);
-}
-
-size_t pattern_mismatch(const unsigned char *p, size_t n, unsigned seed) {
-    for (size_t i = 0; i < n; i++)
-        if (p[i] != pattern_byte(i, seed)) return i;
-    return n;
-}
-
 /* A copy's or memset's outcome on memory the program does not hold: it must have failed. */
 static void must_fail_outside(const char *call, CUresult r, uint64_t p, uint64_t len) {
     if (r == CUDA_SUCCESS && len && !in_live_alloc(p, len))

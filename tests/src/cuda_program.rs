@@ -13,15 +13,17 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 /// The program's sources, first the one with `main`.
-const SOURCES: [&str; 3] = [
+const SOURCES: [&str; 4] = [
     "cuda_standin.c",
+    "cuda_standin_common.c",
     "cuda_standin_memory.c",
     "cuda_standin_streams.c",
 ];
 
 /// The driver fuzzer's sources (`tests/driver_fuzz.rs`), first the one with `main`.
-pub const FUZZER_SOURCES: [&str; 4] = [
+pub const FUZZER_SOURCES: [&str; 5] = [
     "driver_fuzz.c",
+    "cuda_standin_common.c",
     "driver_fuzz_context.c",
     "driver_fuzz_memory.c",
     "driver_fuzz_work.c",
