@@ -26,7 +26,7 @@ cleanup() {
 }
 trap cleanup EXIT
 src=$root/tests/c
-"${CC:-cc}" -std=gnu11 -O1 -pthread "$src/cuda_standin.c" "$src/cuda_standin_memory.c" \
+"${CC:-cc}" -std=gnu11 -O1 -pthread "$src/cuda_standin.c" "$src/cuda_standin_common.c" "$src/cuda_standin_memory.c" \
     "$src/cuda_standin_streams.c" -ldl -o "$work/standin"
 cp "$bin/libcuda.so" "$work/libcuda.so.1"
 kernels_s=$(awk -v n="$count" -v u="$us" 'BEGIN { printf "%.2f", 2 * n * u / 1e6 }')
