@@ -438,7 +438,7 @@ impl Device {
         let started = Instant::now();
         let mirrored = self.link.mirrors();
         let remade = match memory {
-            Memory::Kept => self.remake(),
+            Memory::Kept => self.remake(mirrored),
             Memory::Lost => Err(DeviceError::Failed(
                 "the memory went with the context".into(),
             )),
@@ -458,9 +458,9 @@ impl Device {
     }
 
     /// Makes every live handle again, in the order they were made (modules and functions
-    /// only where the new context does not hold them already); returns how many.
-    fn remake(&self) -> DeviceResult<usize> {
-        let mirrored = self.link.mirrors();
+    /// only where the new context does not hold them already: not `mirrored`); returns how
+    /// many.
+    fn remake(&self, mirrored: bool) -> DeviceResult<usize> {
         let all: Vec<_> = self
             .owner
             .recipes
