@@ -59,9 +59,17 @@ fn device_workers_map_bottom_up_below_programs_mappings() {
             .display()
             .to_string();
         let maps = mappings(pid);
+        // The executable's zero-filled data past its file-backed pages is anonymous, right
+        // after its last mapping: the executable's, not the mmap layout's.
+        let exe_end = maps
+            .iter()
+            .filter(|(_, _, what)| *what == exe)
+            .map(|(_, hi, _)| *hi)
+            .max();
         let own: Vec<_> = maps
             .iter()
             .filter(|(_, _, what)| placed_by_mmap_layout(what, &exe))
+            .filter(|(lo, _, what)| !(what.is_empty() && Some(*lo) == exe_end))
             .collect();
         let libc = own
             .iter()
