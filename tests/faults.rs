@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use gpushare::{Client, ErrorCode, Kernel};
 use gpushare_tests::faults::{
-    Scripted, broker, fault, fill_after_reset, report_fault_times, verified_fill,
+    Scripted, broker, fault, fill_after_reset, on_the_device, report_fault_times, verified_fill,
 };
 use gpushare_tests::{Broker, BrokerOptions, test_backend};
 
@@ -162,6 +162,93 @@ fn work_in_flight_at_a_fault_is_reported_lost_once_and_memory_stays() {
     }
 }
 
+/// A program told of lost work by a call it waits for (PyTorch reads a result back) may
+/// catch the error and go on: its new work runs, on every stream, not only on the one whose
+/// synchronization said so.
+#[test]
+fn once_told_of_lost_work_a_client_goes_on_with_new_work_on_every_stream() {
+    let broker = broker(&[]);
+    let victim = broker.client_named("victim");
+    let side = victim.create_stream().expect("stream");
+    let a = victim.alloc::<f32>(1024).expect("alloc");
+    let b = victim.alloc::<f32>(1024).expect("alloc");
+    let fill = |stream: &gpushare::Stream, buf: &gpushare::DeviceBuffer<f32>, value| {
+        stream
+            .launch(Kernel::FillF32 {
+                dst: buf.ptr(),
+                n: 1024,
+                value,
+            })
+            .expect("launch");
+    };
+    // Work on both streams when the fault comes: both lost.
+    fill(&side, &a, 1.0);
+    fill(&victim.default_stream(), &b, 1.0);
+    let holder = broker.device_holder();
+    let mut culprit = Scripted::start(&broker);
+    assert!(culprit.run("connect").starts_with("connected"));
+    assert!(culprit.run("illegal").starts_with("error"));
+    wait_for_takeover(&broker, holder);
+
+    let e = b
+        .to_vec()
+        .expect_err("the read-back tells of the lost work");
+    assert_eq!(e.code(), Some(ErrorCode::WorkLost), "{e}");
+    // The program goes on: new work on the other stream runs.
+    fill(&side, &a, 4.0);
+    side.synchronize().expect("new work");
+    assert_eq!(a.to_vec().expect("its result"), vec![4.0; 1024]);
+    fill(&victim.default_stream(), &b, 6.0);
+    assert_eq!(b.to_vec().expect("its result"), vec![6.0; 1024]);
+}
+
+/// Work queued after a fault happened but before anyone saw it never ran (a GPU's driver
+/// learns of an illegal address 100–160 ms late; the sim, at the next synchronization): it
+/// runs in the context that takes over, in order, and the client notices nothing. Nor is it
+/// taken for a suspect: the culprit, the only one whose work the GPU had got to, is named.
+#[test]
+fn work_queued_after_an_unseen_fault_runs_after_the_takeover_and_the_client_notices_nothing() {
+    let broker = broker(&[]);
+    let victim = broker.client_named("victim");
+    let kept = victim.alloc::<f32>(1024).expect("alloc");
+    kept.copy_from_host(&[5.0; 1024]).expect("upload");
+    let buf = victim.alloc::<f32>(1024).expect("alloc");
+    victim.synchronize().expect("nothing in flight");
+
+    let holder = broker.device_holder();
+    let mut culprit = Scripted::start(&broker);
+    assert!(culprit.run("connect").starts_with("connected"));
+    assert_eq!(culprit.run("illegal-unseen"), "ok");
+    // One request: two fills in order (the second must win), read back.
+    for value in [7.0, 8.0] {
+        victim
+            .default_stream()
+            .launch(Kernel::FillF32 {
+                dst: buf.ptr(),
+                n: 1024,
+                value,
+            })
+            .expect("launch");
+    }
+    assert_eq!(
+        buf.to_vec().expect("the request is served"),
+        vec![8.0; 1024]
+    );
+    victim.synchronize().expect("nothing was lost");
+    wait_for_takeover(&broker, holder);
+    assert_eq!(kept.to_vec().expect("its memory"), vec![5.0; 1024]);
+    assert!(
+        victim.take_device_reset().is_none(),
+        "state kept: no notice"
+    );
+    verified_fill(&victim, 2.0).expect("and it goes on");
+    let fatal = culprit.run("wait-fatal");
+    assert!(
+        fatal.contains("evicted") && fatal.contains("faulted the GPU"),
+        "the culprit is named: {fatal}"
+    );
+}
+
 #[test]
 fn a_kernel_that_never_ends_is_stopped_by_the_watchdog() {
     let broker = broker(&["--kernel-timeout", "1"]);
@@ -209,7 +296,7 @@ fn unattributable_faults_put_suspects_on_probation_and_a_second_fault_names_the_
     let slow = broker.client_named("slow");
     let culprit = broker.client_named("culprit");
     fault(&slow, true);
-    slow.nop().expect("the hang is queued"); // a round trip: the launch was processed
+    on_the_device(&slow);
     fault(&culprit, false);
     let _ = culprit.synchronize();
     assert!(
@@ -236,6 +323,62 @@ fn unattributable_faults_put_suspects_on_probation_and_a_second_fault_names_the_
     assert!(
         !matches!(slow.nop(), Err(gpushare::Error::Evicted(_))),
         "innocent suspect kept"
+    );
+}
+
+/// On probation a suspect's work waits for its turn; a reset that comes meanwhile took
+/// nothing of it (it never ran), so it runs after the reset, and the client sees no error.
+#[test]
+fn work_waiting_for_its_probation_turn_at_a_reset_runs_after_it() {
+    let broker = broker(&["--kernel-timeout", "2", "--fault-probation", "60"]);
+    let slow = broker.client_named("slow");
+    let other = broker.client_named("other");
+    fault(&slow, true);
+    on_the_device(&slow);
+    fault(&other, false);
+    let _ = other.synchronize();
+    assert!(
+        broker.wait_for_log("suspects run one at a time", Duration::from_secs(10)),
+        "probation started:\n{}",
+        broker.log_text()
+    );
+    fill_after_reset(&slow, 1.0).expect("suspect 1 works on probation");
+    fill_after_reset(&other, 2.0).expect("suspect 2 works on probation");
+
+    // `slow` takes the turn with a kernel that never ends (its session then waits for it
+    // before giving the turn up); `other`'s fill waits for the turn until the watchdog
+    // resets the device.
+    let buf = other.alloc::<f32>(1024).expect("alloc");
+    let turns = || {
+        broker
+            .log_text()
+            .matches("on probation: this suspect's turn")
+            .count()
+    };
+    let before = turns();
+    fault(&slow, true);
+    assert!(
+        gpushare_tests::wait_until(Duration::from_secs(10), || turns() > before),
+        "the hang took the turn:\n{}",
+        broker.log_text()
+    );
+    other
+        .default_stream()
+        .launch(Kernel::FillF32 {
+            dst: buf.ptr(),
+            n: 1024,
+            value: 6.0,
+        })
+        .expect("launch");
+    other.synchronize().expect("the fill ran after the reset");
+    assert_eq!(buf.to_vec().expect("its result"), vec![6.0; 1024]);
+    assert!(
+        gpushare_tests::wait_until(Duration::from_secs(10), || matches!(
+            slow.nop(),
+            Err(gpushare::Error::Evicted(_))
+        )),
+        "the hang's owner is named:\n{}",
+        broker.log_text()
     );
 }
 

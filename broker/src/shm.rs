@@ -302,19 +302,7 @@ impl HostRegion {
 
     /// A checked view of `len` bytes at `offset`, or `None` if it leaves the region.
     pub fn slice(&self, offset: u64, len: u64) -> Option<ArenaSlice<'_>> {
-        let end = offset.checked_add(len)?;
-        if end > self.len as u64 {
-            return None;
-        }
-        // SAFETY: inside the mapping (checked).
-        let ptr = unsafe { self.ptr.add(offset as usize) };
-        Some(ArenaSlice {
-            ptr,
-            len: len as usize,
-            region: self.id,
-            offset,
-            _region: std::marker::PhantomData,
-        })
+        self.whole().part(offset, len)
     }
 }
 
@@ -326,7 +314,7 @@ impl Drop for HostRegion {
     }
 }
 
-impl ArenaSlice<'_> {
+impl<'a> ArenaSlice<'a> {
     pub fn len(&self) -> usize {
         self.len
     }
@@ -346,6 +334,23 @@ impl ArenaSlice<'_> {
             offset: self.offset,
             len: self.len as u64,
         }
+    }
+
+    /// The `len` bytes at `offset` within it, or `None` if they leave it.
+    pub fn part(self, offset: u64, len: u64) -> Option<ArenaSlice<'a>> {
+        let end = offset.checked_add(len)?;
+        if end > self.len as u64 {
+            return None;
+        }
+        // SAFETY: inside this slice, so inside the mapping (checked).
+        let ptr = unsafe { self.ptr.add(offset as usize) };
+        Some(ArenaSlice {
+            ptr,
+            len: len as usize,
+            region: self.region,
+            offset: self.offset + offset,
+            _region: std::marker::PhantomData,
+        })
     }
 
     /// Copies the arena bytes out into `dst` (which must have the same length).

@@ -73,6 +73,15 @@ pub fn fault(client: &Client, hang: bool) {
         .expect("fault kernel accepted");
 }
 
+/// Returns once the device has taken the work queued so far on the client's default stream:
+/// an event query is answered behind it (a round trip to gpushared alone is not enough; its
+/// device worker may not have taken the work yet).
+pub fn on_the_device(client: &Client) {
+    let event = client.create_event().expect("event");
+    event.record(&client.default_stream()).expect("record");
+    let _ = event.query();
+}
+
 /// A client process driven line by line (`gpushare-testclient script`).
 pub struct Scripted {
     child: std::process::Child,

@@ -134,6 +134,16 @@ pub trait Backend: Send + Sync + 'static {
     ) -> DeviceResult<()>;
     /// Waits for all work on the stream; reports the first error it met.
     fn sync_stream(&self, stream: &mut Self::Stream) -> DeviceResult<()>;
+    /// Queues, on `stream`, a write of `value` into the 32-bit slot `slot` of `page` (host
+    /// memory shared with gpushared), done when the stream gets there: after everything
+    /// queued before, before anything queued after starts.
+    fn write_progress(
+        &self,
+        stream: &mut Self::Stream,
+        page: ArenaSlice<'_>,
+        slot: u32,
+        value: u32,
+    ) -> DeviceResult<()>;
     /// The session finished a batch of commands that queued work on this stream; `idle`
     /// says the client has gone quiet. A point where the backend may close a measurement.
     fn end_batch(&self, _stream: &mut Self::Stream, _idle: bool) {}

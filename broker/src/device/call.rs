@@ -101,6 +101,14 @@ pub enum Call {
         attributes: LaunchAttributes,
         start: Option<Handle>,
     },
+    /// The stream writes `value` into slot `slot` (32 bits) of the progress page `page` when
+    /// it gets there (`super::progress`).
+    Progress {
+        stream: Handle,
+        page: Span,
+        slot: u32,
+        value: u32,
+    },
     SyncStream {
         stream: Handle,
     },
@@ -306,6 +314,17 @@ impl<B: Backend> Executor<B> {
                     }),
                     Err(e) => Answer::failed(e),
                 };
+            }
+            Call::Progress {
+                stream,
+                page,
+                slot,
+                value,
+            } => {
+                return self.on_stream_with(stream, Some(page), |s, page| {
+                    let page = page.ok_or_else(no_span)?;
+                    done(dev.write_progress(s, page, slot, value))
+                });
             }
             Call::SyncStream { stream } => {
                 return self.on_stream(stream, |s| done(dev.sync_stream(s)));

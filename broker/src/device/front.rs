@@ -13,10 +13,11 @@ use std::time::{Duration, Instant};
 use gpushare_protocol::control::{DeviceInfo, ModuleFormat};
 use gpushare_protocol::{DevicePtr, PriorityClass};
 
-use super::call::{Call, EventKind, Handle, Reply};
+use super::call::{Call, EventKind, Handle, Reply, Span};
 use super::handles::{Event, Function, Held, Module, Named, Owner, Recipe, Stream};
 use super::link::{Link, Memory};
 use super::pool::Pool;
+use super::progress::{Fate, Progress};
 use super::{DeviceError, DeviceResult};
 
 /// A busy stream's batch is ended at most this often (the CUDA backend closes a measured span
@@ -32,6 +33,8 @@ pub struct Device {
     owner: Arc<Owner>,
     /// The next handle name.
     next: AtomicU64,
+    /// Where streams' work has got to, for telling at a fault which work never started.
+    progress: Option<Progress>,
 }
 
 impl Device {
@@ -43,11 +46,13 @@ impl Device {
             recipes: Arc::default(),
             epoch: Arc::new(AtomicU64::new(0)),
         });
+        let progress = Progress::new(&*link);
         Device {
             link,
             pool,
             owner,
             next: AtomicU64::new(1),
+            progress,
         }
     }
 
@@ -151,11 +156,15 @@ impl Device {
         let (epoch, id) = (self.epoch(), self.name());
         self.call(Call::CreateStream { id, class }, &[])?.done()?;
         self.owner.recipes.add(id, Recipe::Stream { class });
-        Ok(Stream::new(epoch, id))
+        let slot = self.progress.as_ref().and_then(Progress::take_slot);
+        Ok(Stream::new(epoch, id, slot))
     }
 
     /// Waits for the stream's work, then releases it.
     pub fn destroy_stream(&self, mut stream: Stream) {
+        if let (Some(p), Some(slot)) = (&self.progress, stream.slot.take()) {
+            p.give_slot(slot);
+        }
         let _ = self.take_deferred(&stream);
         self.take_news(&mut stream);
         self.owner.recipes.remove(stream.id);
@@ -181,7 +190,119 @@ impl Device {
             None if keeps_start => {}
             None => self.flush_start(stream),
         }
-        self.link.post(Some(stream.id), call, payload)
+        let Some(progress) = &self.progress else {
+            return self.link.post(Some(stream.id), call, payload);
+        };
+        progress.begin(&*self.link, stream)?;
+        let kept = call.clone();
+        self.link.post(Some(stream.id), call, payload)?;
+        progress.keep(stream, Some(kept), payload);
+        Ok(())
+    }
+
+    /// Queues again work a fault found not started ([`Device::fate`]), as it was queued.
+    pub fn requeue(&self, stream: &mut Stream, call: Call, payload: &[u8]) -> DeviceResult<()> {
+        match call {
+            Call::CopyHtoD {
+                dst, staged: true, ..
+            } => {
+                let progress = self.progress.as_ref().ok_or(DeviceError::Cancelled)?;
+                let (_staged, src) = progress.stage(payload).ok_or_else(|| {
+                    DeviceError::Failed("a kept upload larger than its staging area".into())
+                })?;
+                self.upload_now(stream, src, dst, Some(payload))
+            }
+            call => self.queue(stream, |_| call, payload),
+        }
+    }
+
+    /// Client bytes at `src` to `dst` behind the stream's work, read before this returns
+    /// (the client reuses them): `bytes` is a copy of them, kept to queue the upload again
+    /// after a fault (`None`: the upload cannot be, see [`Device::keeps_upload`]).
+    pub fn upload_now(
+        &self,
+        stream: &mut Stream,
+        src: Span,
+        dst: DevicePtr,
+        bytes: Option<&[u8]>,
+    ) -> DeviceResult<()> {
+        if let Some(progress) = &self.progress {
+            self.live(stream.epoch)?;
+            progress.begin(&*self.link, stream)?;
+        }
+        let call = Call::CopyHtoD {
+            stream: stream.id,
+            src,
+            dst,
+            staged: true,
+        };
+        let kept = bytes.map(|_| call.clone());
+        self.on_stream_now(stream, |_| call, &[])?;
+        if let Some(progress) = &self.progress {
+            progress.keep(stream, kept, bytes.unwrap_or_default());
+        }
+        Ok(())
+    }
+
+    /// Whether an upload of `len` bytes is kept to queue again after a fault (its bytes are
+    /// worth copying for [`Device::upload_now`]).
+    pub fn keeps_upload(&self, len: u64) -> bool {
+        self.progress.as_ref().is_some_and(|p| p.keeps_upload(len))
+    }
+
+    /// Device bytes at `src` into client memory `dst` once the stream's work before has
+    /// finished, there when this returns.
+    pub fn download_now(&self, stream: &mut Stream, src: DevicePtr, dst: Span) -> DeviceResult<()> {
+        let _ = self.close(stream);
+        let copy = |stream| Call::CopyDtoH {
+            stream,
+            src,
+            dst,
+            staged: true,
+        };
+        self.on_stream_now(stream, copy, &[])?;
+        self.settled(stream);
+        Ok(())
+    }
+
+    /// Before a call that waits for the stream's work: the stream marks when that work has
+    /// finished, so that a fault during the wait loses none of it if it had.
+    fn close(&self, stream: &mut Stream) -> DeviceResult<()> {
+        match &self.progress {
+            Some(p) => {
+                self.live(stream.epoch)?;
+                p.close(&*self.link, stream)
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// The stream's work is known finished (an event recorded after it completed): nothing of
+    /// it need be kept for a fault.
+    pub fn settled(&self, stream: &mut Stream) {
+        stream.episode = None;
+    }
+
+    /// Where the stream's unfinished work begins: its progress slot and the value it writes
+    /// there on getting to that work (`None`: unknown).
+    pub fn mark(&self, stream: &Stream) -> Option<(u32, u32)> {
+        self.progress.as_ref()?;
+        Some((stream.slot?, stream.episode.as_ref()?.mark()?))
+    }
+
+    /// Whether a stream got to the work `mark` begins (true when it cannot be told).
+    pub fn reached(&self, (slot, value): (u32, u32)) -> bool {
+        self.progress
+            .as_ref()
+            .is_none_or(|p| p.reached(slot, value))
+    }
+
+    /// After a fault: what became of the stream's work not known finished.
+    pub fn fate(&self, stream: &mut Stream) -> Fate {
+        match &self.progress {
+            Some(p) => p.fate(stream),
+            None => Fate::Lost(Vec::new()),
+        }
     }
 
     /// Runs a call on `stream` and waits for its reply, learning what it says of the stream's
@@ -213,12 +334,20 @@ impl Device {
     /// Waits for all work on the stream; reports the first error it met (work posted earlier
     /// that failed reports here, after the rest has finished).
     pub fn sync_stream(&self, stream: &mut Stream) -> DeviceResult<()> {
+        // Never in the way of the wait itself (callers free memory after it): without its
+        // closing value the work only counts as lost at a fault.
+        let _ = self.close(stream);
         let synced = self
             .on_stream(stream, |stream| Call::SyncStream { stream }, &[])
             .and_then(Reply::done);
         match self.take_deferred(stream) {
             Some(e) => Err(e),
-            None => synced,
+            None => {
+                if synced.is_ok() {
+                    self.settled(stream);
+                }
+                synced
+            }
         }
     }
 
@@ -251,6 +380,7 @@ impl Device {
     /// Forgets what was known of the stream's work in a context that is gone (its object
     /// was made again, idle, in the new one).
     pub fn forget_work(&self, stream: &mut Stream) {
+        stream.episode = None;
         stream.pending_start = None;
         stream.measuring = false;
         stream.dirty = false;

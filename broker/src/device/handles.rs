@@ -12,6 +12,7 @@ use gpushare_protocol::control::ModuleFormat;
 
 use super::call::{Call, EventKind, Handle};
 use super::link::Link;
+use super::progress::Episode;
 
 /// How a handle's object is made again in a new context.
 #[derive(Debug, Clone)]
@@ -79,10 +80,14 @@ pub struct Stream {
     /// An event that marks where the stream's next kernel starts: recorded with the kernel,
     /// in one step (or before anything else queued on the stream first).
     pub(super) pending_start: Option<Handle>,
+    /// Its slot in the progress page, if it got one.
+    pub(super) slot: Option<u32>,
+    /// Work queued since it was last known idle ([`super::progress`]).
+    pub(super) episode: Option<Episode>,
 }
 
 impl Stream {
-    pub(super) fn new(epoch: u64, id: Handle) -> Stream {
+    pub(super) fn new(epoch: u64, id: Handle, slot: Option<u32>) -> Stream {
         Stream {
             epoch,
             id,
@@ -91,6 +96,8 @@ impl Stream {
             dirty: false,
             ended: None,
             pending_start: None,
+            slot,
+            episode: None,
         }
     }
 

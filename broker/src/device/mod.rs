@@ -24,6 +24,7 @@ mod handles;
 pub mod link;
 pub mod local;
 mod pool;
+mod progress;
 pub mod remote;
 pub mod reply;
 pub mod sim;
@@ -39,6 +40,7 @@ pub use self::executor::Executor;
 pub use self::front::Device;
 pub use self::handles::{Event, Function, Module, Stream};
 pub use self::link::{Link, Memory, Space};
+pub use self::progress::{Fate, Kept, drop_dependents};
 
 /// What a device can fail with; it crosses the process boundary as itself.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, serde::Serialize, serde::Deserialize)]

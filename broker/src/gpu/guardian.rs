@@ -160,7 +160,9 @@ impl DeviceHealth {
             let busy: Vec<u64> = st
                 .sessions
                 .values()
-                .filter(|s| s.watch().busy_since.load(Ordering::Acquire) != 0)
+                // Work that the GPU never got to cannot have faulted it (work queued after
+                // the fault, before the driver saw it).
+                .filter(|s| s.watch().may_have_run(|m| device.reached(m)))
                 .map(|s| s.id())
                 .collect();
             let sessions: Vec<Arc<dyn Member>> = st.sessions.values().cloned().collect();

@@ -253,11 +253,53 @@ pub struct FaultWatch {
     pub busy_since: AtomicU64,
     /// When its work was last seen making progress.
     pub progress: AtomicU64,
+    /// Where its streams' unfinished work begins, by stream: a progress slot and the value
+    /// the stream writes there when it gets to that work (`device::progress`). A session
+    /// none of whose marks was reached ran nothing of that work: no suspect of a fault.
+    pub marks: std::sync::Mutex<std::collections::HashMap<u64, (u32, u32)>>,
+}
+
+impl FaultWatch {
+    /// Forgets the marks: the session has no work in flight.
+    pub fn clear_marks(&self) {
+        self.marks.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    }
+
+    /// Whether the session may have had work running: busy, and some of its marks reached
+    /// (`reached`), or none known.
+    pub fn may_have_run(&self, reached: impl Fn((u32, u32)) -> bool) -> bool {
+        if self.busy_since.load(std::sync::atomic::Ordering::Acquire) == 0 {
+            return false;
+        }
+        let marks = self.marks.lock().unwrap_or_else(|e| e.into_inner());
+        marks.is_empty() || marks.values().any(|&m| reached(m))
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A busy session is a suspect unless the GPU got to none of its work; an idle one never.
+    #[test]
+    fn only_a_session_whose_work_the_gpu_got_to_may_have_run() {
+        let watch = FaultWatch::default();
+        assert!(!watch.may_have_run(|_| true), "idle");
+        watch.busy_since.store(5, Ordering::Release);
+        assert!(
+            watch.may_have_run(|_| false),
+            "busy, nothing known: a suspect"
+        );
+        watch
+            .marks
+            .lock()
+            .expect("marks")
+            .extend([(1, (10, 7)), (2, (11, 8))]);
+        assert!(!watch.may_have_run(|_| false), "no stream got to its work");
+        assert!(watch.may_have_run(|(slot, _)| slot == 11), "one did");
+        watch.clear_marks();
+        assert!(watch.may_have_run(|_| false));
+    }
 
     /// On probation, a busy suspect that gives the turn up and asks again at once does not
     /// get it back before a suspect that was already waiting.

@@ -15,8 +15,15 @@ impl SessionState {
     /// Decodes, validates and executes one entry; never panics on any input.
     pub(super) fn process(&mut self, entry: &SubmissionEntry) -> CompletionEntry {
         self.info.counters.commands.fetch_add(1, Ordering::Relaxed);
-        let outcome = Command::decode(entry)
-            .and_then(|cmd| self.execute(cmd).or_else(|code| self.on_failure(cmd, code)));
+        let outcome = Command::decode(entry).and_then(|cmd| {
+            let outcome = self.execute(cmd).or_else(|code| self.on_failure(cmd, code));
+            // Told of lost work by a command it waits for, the client knows: it may catch the
+            // error and go on with new work, on any stream, which must then run.
+            if outcome == Err(ErrorCode::WorkLost) && super::replay::waited_for(&cmd) {
+                self.lost.told_all();
+            }
+            outcome
+        });
         let (status, result, result2) = match outcome {
             Ok((r1, r2)) => (0, r1, r2),
             Err(code) => {
@@ -33,7 +40,7 @@ impl SessionState {
         }
     }
 
-    fn execute(&mut self, cmd: Command) -> Result<(u64, u64), ErrorCode> {
+    pub(super) fn execute(&mut self, cmd: Command) -> Result<(u64, u64), ErrorCode> {
         let counters = &self.info.counters;
         match cmd {
             Command::Nop => Ok((0, 0)),
@@ -188,6 +195,7 @@ impl SessionState {
                 slot.touched = true; // the batch end closes its measurement
                 device.sync_stream(&mut slot.stream).map_err(|e| e.code())?;
                 slot.unsynced = false;
+                self.publish_mark(stream);
                 self.settle_in_flight();
                 Ok((0, 0))
             }
@@ -442,13 +450,16 @@ impl SessionState {
             if Instant::now() >= until {
                 self.probation_until = None;
             } else if self.health.acquire_turn(self.info.id) {
+                tracing::debug!("on probation: this suspect's turn");
                 self.holding_turn = true;
             } else {
                 // A reset began while this suspect waited for its turn: the command never
-                // ran, and the client keeps what the reset keeps.
+                // ran, so it runs after the reset if the client's state is kept
+                // (`replay::run_again_after_reset`), else fails as lost to the reset.
+                tracing::debug!("a reset began while this suspect waited for its turn");
                 self.health
                     .wait_for_recovery_start(self.epoch, Duration::from_secs(2));
-                return Err(self.reset_error());
+                return Err(ErrorCode::DeviceReset);
             }
         }
         let watch = &self.info.fault_watch;
@@ -478,6 +489,7 @@ impl SessionState {
         if self.info.consolidated && r.is_ok() {
             self.note_legacy(stream);
         }
+        self.publish_mark(stream);
         r
     }
 

@@ -52,6 +52,7 @@ impl SessionState {
                         .map(|done| {
                             if done {
                                 slot.unsynced = false;
+                                device.settled(&mut slot.stream);
                             }
                             (done as u64, 0)
                         })
@@ -89,15 +90,17 @@ impl SessionState {
                 let src = self
                     .region
                     .arena_slice(arena_offset, len)
-                    .ok_or(ErrorCode::ArenaOutOfBounds)?
-                    .span();
-                let copy = |stream| Call::CopyHtoD {
-                    stream,
-                    src,
-                    dst,
-                    staged: true,
-                };
-                let r = self.on_stream(stream, |d, s| d.on_stream_now(s, copy, &[]))?;
+                    .ok_or(ErrorCode::ArenaOutOfBounds)?;
+                // A copy of the bytes, to upload them again if a fault stops the upload
+                // before it starts (the client reuses its arena once this returns).
+                let bytes = self.device.keeps_upload(len).then(|| {
+                    let mut bytes = vec![0; src.len()];
+                    src.read_into(&mut bytes);
+                    bytes
+                });
+                let src = src.span();
+                let r =
+                    self.on_stream(stream, |d, s| d.upload_now(s, src, dst, bytes.as_deref()))?;
                 self.info
                     .counters
                     .bytes_htod
@@ -115,16 +118,11 @@ impl SessionState {
                     .arena_slice(arena_offset, len)
                     .ok_or(ErrorCode::ArenaOutOfBounds)?
                     .span();
-                let copy = |stream| Call::CopyDtoH {
-                    stream,
-                    src,
-                    dst,
-                    staged: true,
-                };
-                let r = self.on_stream(stream, |d, s| d.on_stream_now(s, copy, &[]))?;
+                let r = self.on_stream(stream, |d, s| d.download_now(s, src, dst))?;
                 if let Some(slot) = self.streams.get_mut(&stream) {
                     slot.unsynced = false;
                 }
+                self.publish_mark(stream);
                 self.info
                     .counters
                     .bytes_dtoh

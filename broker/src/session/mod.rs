@@ -40,6 +40,7 @@ mod launch;
 mod legacy;
 mod module_table;
 mod reclaim;
+mod replay;
 mod reset;
 mod serve;
 mod turns;
@@ -74,6 +75,8 @@ struct StreamSlot {
     /// The event after the last granted kernel on this stream seen finished: where the next
     /// one, launched behind it, started (its duration is measured from there).
     last_end: Option<Event>,
+    /// The progress mark of its unfinished work last told to the fault watchdog.
+    published: Option<(u32, u32)>,
 }
 
 impl StreamSlot {
@@ -87,6 +90,7 @@ impl StreamSlot {
             unordered: false,
             legacy_seen: 0,
             last_end: None,
+            published: None,
         }
     }
 }
@@ -116,6 +120,9 @@ pub struct SessionState {
     epoch: u64,
     /// The outcome of a reset this session parked for while busy elsewhere.
     verdict: Option<Verdict>,
+    /// How the session ends, decided in the middle of a command (a reset that could not
+    /// set it up again): the serve loop ends it next.
+    ended: Option<SessionEnd>,
     /// Until when this session's work must run alone (suspect of a fault).
     probation_until: Option<Instant>,
     holding_turn: bool,
@@ -246,6 +253,7 @@ impl SessionState {
             epoch: health.epoch(),
             health,
             verdict: None,
+            ended: None,
             probation_until,
             holding_turn: false,
             lost: Lost::default(),

@@ -11,6 +11,7 @@ use gpushare_protocol::control::{BrokerMessage, LostState};
 use gpushare_protocol::text::Printable;
 use gpushare_protocol::{Command, DevicePtr, ErrorCode, EventId, StreamId};
 
+use super::replay::NotStarted;
 use super::{SessionEnd, SessionState, StreamSlot};
 use crate::gpu::health::Verdict;
 
@@ -121,12 +122,13 @@ impl Lost {
     }
 
     /// Ends `stream`'s lost work at a sync that covers it; whether the sync must say so (no
-    /// refused command said it already).
+    /// refused command said it already). Told of it, the client knows it lost work: the
+    /// losses of its other streams end too (what it queues next, it queued knowing).
     pub(super) fn take_work(&mut self, stream: StreamId) -> bool {
-        let taken = self.work.remove(&stream);
-        let told = self.refused.remove(&stream);
+        let taken = self.work.contains(&stream);
+        let told = self.refused.contains(&stream);
         if taken {
-            self.work_events.retain(|_, s| *s != stream);
+            self.told_all();
         }
         taken && !told
     }
@@ -137,6 +139,14 @@ impl Lost {
         if self.work.contains(&stream) {
             self.work_events.insert(event, stream);
         }
+    }
+
+    /// The client was told that a reset took its work, by a command it waits for: commands
+    /// it queues from now on, on any stream, run (it may have caught the error and gone on).
+    pub(super) fn told_all(&mut self) {
+        self.work.clear();
+        self.work_events.clear();
+        self.refused.clear();
     }
 
     /// Whether a reset took work of any stream that no sync has reported yet.
@@ -181,30 +191,46 @@ impl SessionState {
                     Err(ErrorCode::DeviceReset)
                 }
             }
-            ErrorCode::DeviceError | ErrorCode::LaunchFailed => {
-                // A reset already under way took the command: a device replaced in place
-                // (a new worker) no longer shows the fault, so the epoch is what tells.
-                let lost = self.health.epoch() != self.epoch
-                    || match self.device.fault() {
-                        // A sticky error poisons everyone's context: get it reset now.
-                        Some(what) => {
-                            self.health.report_fault(self.info.id, self.epoch, what);
-                            self.health
-                                .wait_for_recovery_start(self.epoch, Duration::from_secs(2))
-                        }
-                        None => self.health.epoch() != self.epoch,
-                    };
-                if lost {
-                    // Lost to the fault, like everything else the reset takes: say so, once
-                    // the reset says whether the client's state was kept (then only the work
-                    // was lost).
-                    self.told_lost(&cmd);
-                    return Err(self.reset_error());
-                }
-                Err(code)
+            ErrorCode::DeviceError | ErrorCode::LaunchFailed => self.on_device_failure(cmd, code),
+            // Cut short by a reset under way (the link was cut).
+            ErrorCode::DeviceReset if self.health.epoch() != self.epoch => {
+                self.on_device_failure(cmd, code)
             }
             _ => Err(code),
         }
+    }
+
+    /// A command failed on the device, or was cut short by a reset: if a reset is behind
+    /// it, the command runs again where that is safe, else fails as lost to the reset.
+    fn on_device_failure(
+        &mut self,
+        cmd: Command,
+        code: ErrorCode,
+    ) -> Result<(u64, u64), ErrorCode> {
+        // A reset already under way took the command: a device replaced in place (a new
+        // worker) no longer shows the fault, so the epoch is what tells.
+        let lost = self.health.epoch() != self.epoch
+            || match self.device.fault() {
+                // A sticky error poisons everyone's context: get it reset now.
+                Some(what) => {
+                    self.health.report_fault(self.info.id, self.epoch, what);
+                    self.health
+                        .wait_for_recovery_start(self.epoch, Duration::from_secs(2))
+                }
+                None => self.health.epoch() != self.epoch,
+            };
+        if !lost {
+            return Err(code);
+        }
+        // Where the client's state was kept and the command can run again, it does, once
+        // the client's work is sorted out.
+        if let Some(again) = self.run_again_after_reset(cmd, code) {
+            return again;
+        }
+        // Lost to the fault, like everything else the reset takes: say so, once the reset
+        // says whether the client's state was kept (then only the work was lost).
+        self.told_lost(&cmd);
+        Err(self.reset_error())
     }
 
     /// This command's failure tells the client that the reset took the work of the streams
@@ -239,6 +265,7 @@ impl SessionState {
             && !self.streams.values().any(|s| s.unsynced)
         {
             watch.busy_since.store(0, Ordering::Release);
+            watch.clear_marks();
         }
     }
 
@@ -250,6 +277,8 @@ impl SessionState {
             && slot.submitted == submitted
         {
             slot.unsynced = false;
+            self.device.settled(&mut slot.stream);
+            self.publish_mark(stream);
         }
     }
 
@@ -295,6 +324,10 @@ impl SessionState {
         self.register_with_scheduler();
         self.governed.forget_lease();
         self.info.fault_watch.busy_since.store(0, Ordering::Release);
+        self.info.fault_watch.clear_marks();
+        for slot in self.streams.values_mut() {
+            slot.published = None;
+        }
         match verdict {
             // Its memory and handles live on in the new context: the session's end releases
             // them as ever.
@@ -303,8 +336,9 @@ impl SessionState {
                 Some(SessionEnd::Evicted(reason))
             }
             Verdict::Survived(what) => match self.survive() {
-                Ok(()) => {
+                Ok(again) => {
                     self.probation_until = self.health.probation_until(self.info.id);
+                    self.queue_again(again);
                     None
                 }
                 Err(why) => {
@@ -319,38 +353,41 @@ impl SessionState {
         }
     }
 
-    /// After a reset that kept every client's memory and handles: the work that was on the
-    /// GPU may have run in part, so each stream with work not yet synchronized reports it
-    /// lost at its next synchronization (as do events recorded on it); nothing else changes.
-    /// Fails where the client's state cannot be kept (a module global it looked up moved).
-    fn survive(&mut self) -> Result<(), String> {
+    /// After a reset that kept every client's memory and handles: work on the GPU that may
+    /// have run in part is reported lost at its stream's next synchronization (as are events
+    /// recorded after it); work that never started is returned, to queue again; nothing else
+    /// changes. Fails where the client's state cannot be kept (a module global it looked up
+    /// moved).
+    fn survive(&mut self) -> Result<NotStarted, String> {
         self.globals_kept()?;
         // What the old context had registered, the new one registers again.
         self.register_arena().map_err(|e| e.to_string())?;
         self.register_hosts_again()?;
-        let lost: Vec<StreamId> = self
-            .streams
-            .iter()
-            .filter(|(_, slot)| slot.unsynced)
-            .map(|(&id, _)| id)
-            .collect();
-        for (&event, &(stream, _)) in &self.event_marks {
-            if lost.contains(&stream) {
-                self.lost.work_events.insert(event, stream);
-            }
-        }
-        for slot in self.streams.values_mut() {
-            slot.unsynced = false;
-            self.device.forget_work(&mut slot.stream);
-        }
+        let (again, lost) = self.sort_out_work();
         if !lost.is_empty() {
             tracing::info!(
                 streams = lost.len(),
                 "device reset: the work on the GPU was lost; memory and handles kept"
             );
         }
-        self.lost.work.extend(lost);
-        Ok(())
+        self.lose_work(lost);
+        Ok(again)
+    }
+
+    /// The work of `streams` is lost: their next synchronization (or an event recorded
+    /// after it) says so, once.
+    pub(super) fn lose_work(&mut self, streams: impl IntoIterator<Item = StreamId>) {
+        for stream in streams {
+            for (&event, &(s, _)) in &self.event_marks {
+                if s == stream {
+                    self.lost.work_events.insert(event, stream);
+                }
+            }
+            if let Some(slot) = self.streams.get_mut(&stream) {
+                slot.unsynced = false;
+            }
+            self.lost.work.insert(stream);
+        }
     }
 
     /// Whether the module globals the client looked up are where they were in the new

@@ -33,6 +33,9 @@ impl SessionState {
         // for its client's.
         let mut spin_told = None;
         loop {
+            if let Some(end) = self.ended.take() {
+                return end;
+            }
             if self.health.epoch() != self.epoch
                 && let Some(end) = self.after_reset()
             {
@@ -56,7 +59,7 @@ impl SessionState {
                     .store(available as u64, Ordering::Relaxed);
                 let mut batch_started = Instant::now();
                 for _ in 0..available {
-                    if self.health.epoch() != self.epoch {
+                    if self.health.epoch() != self.epoch || self.ended.is_some() {
                         break; // stop touching the device: the next loop parks
                     }
                     let entry = self.rings.submissions.pop();

@@ -526,7 +526,8 @@ fn connect_probe(class: Option<PriorityClass>) {
 
 /// Runs commands read from stdin, one per line, printing one result line each (for tests
 /// that drive a client process step by step, across broker restarts):
-/// `connect`, `reconnect` (until the broker answers), `hang`, `illegal`, `fill`,
+/// `connect`, `reconnect` (until the broker answers), `hang`, `illegal`, `illegal-unseen`
+/// (the faulting kernel is on the device, and nobody has synchronized since), `fill`,
 /// `read-at PTR N` (a module kernel reads N floats at device address PTR), `wait-fatal`
 /// (until the session ends), `monitors N` (open N monitor connections and hold them:
 /// `monitors N` or `refused after K: …`), `drop-monitors`, `load-image BYTES SEED` (a sim
@@ -621,6 +622,21 @@ fn script() {
                 Ok(()) => "ok".into(),
                 Err(e) => format!("error {e}"),
             },
+            ("illegal-unseen", Some(c)) => {
+                // The event query answers only after the device has taken the launch before
+                // it; without a synchronization, nobody has seen the fault yet.
+                let poison = || -> gpushare::Result<()> {
+                    let stream = c.default_stream();
+                    stream.launch(Kernel::Fault { hang: false })?;
+                    let event = c.create_event()?;
+                    event.record(&stream)?;
+                    event.query().map(drop)
+                };
+                match poison() {
+                    Ok(()) => "ok".into(),
+                    Err(e) => format!("error {e}"),
+                }
+            }
             ("fill", Some(c)) => {
                 let fill = || -> gpushare::Result<bool> {
                     let buf = c.alloc::<f32>(1024)?;

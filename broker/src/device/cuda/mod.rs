@@ -25,6 +25,7 @@ mod injection;
 mod memory;
 mod module;
 mod partition;
+mod progress;
 mod stream;
 mod timing;
 
@@ -82,6 +83,8 @@ pub struct CudaDevice {
     priorities: (i32, i32),
     /// Client arenas that copies can DMA from.
     pinned: PinnedArenas,
+    /// gpushared's progress pages, registered here.
+    progress: progress::ProgressPages,
     /// Clients' memory: chunks that outlive this context.
     chunks: Chunks,
     /// SM partitions for clients the scheduler keeps off part of the GPU.
@@ -230,6 +233,7 @@ impl CudaDevice {
             faults: Mutex::new(None),
             priorities,
             pinned: PinnedArenas::default(),
+            progress: progress::ProgressPages::default(),
             chunks: Chunks::default(),
             partitions: Partitions::probe(device, sm_count),
         })
@@ -409,6 +413,16 @@ impl Backend for CudaDevice {
         len: u64,
     ) -> DeviceResult<()> {
         copy::memset(self, stream, dst, value, len)
+    }
+
+    fn write_progress(
+        &self,
+        stream: &mut CudaStream,
+        page: ArenaSlice<'_>,
+        slot: u32,
+        value: u32,
+    ) -> DeviceResult<()> {
+        progress::write(self, stream, page, slot, value)
     }
 
     fn launch(&self, stream: &mut CudaStream, kernel: &Kernel) -> DeviceResult<()> {

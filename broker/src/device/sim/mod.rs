@@ -72,6 +72,11 @@ pub struct SimDevice {
     /// fails until the device is reset. Beside the state, so that the fault check never
     /// waits behind long work (a large copy) that holds it.
     poisoned: Mutex<Option<String>>,
+    /// An injected illegal address not reported yet. A GPU's driver learns of a fault some
+    /// time after it (an illegal address 100–160 ms later on an H200), and work accepted
+    /// meanwhile never runs; the sim reports it at the next synchronization (any stream's
+    /// or event's), which tests can order.
+    unseen: Mutex<Option<String>>,
     interrupted: AtomicBool,
     /// Where modelled time starts on the wall clock (`realtime` only).
     origin: Instant,
@@ -126,6 +131,7 @@ impl SimDevice {
                 epoch: 0,
             }),
             poisoned: Mutex::new(None),
+            unseen: Mutex::new(None),
             interrupted: AtomicBool::new(false),
             origin: Instant::now(),
         }
@@ -182,7 +188,8 @@ impl SimDevice {
     }
 
     /// Runs `body` as one stream-ordered command costing `cost_ns` of modelled time.
-    fn run_on<T>(
+    /// Work accepted after an unseen fault does nothing (`T::default()`).
+    fn run_on<T: Default>(
         &self,
         stream: &mut SimStream,
         cost_ns: u64,
@@ -190,6 +197,9 @@ impl SimDevice {
     ) -> DeviceResult<T> {
         let mut st = self.state();
         self.check_healthy()?;
+        if self.unseen().is_some() {
+            return Ok(T::default());
+        }
         let out = body(&mut st.memory)?;
         let start = stream.ready_ns.max(st.busy_until_ns).max(self.now_ns());
         let end = start.saturating_add(cost_ns);
@@ -209,6 +219,18 @@ impl SimDevice {
 
     fn poisoned(&self) -> std::sync::MutexGuard<'_, Option<String>> {
         self.poisoned.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn unseen(&self) -> std::sync::MutexGuard<'_, Option<String>> {
+        self.unseen.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A synchronization: an unseen fault is reported from here on.
+    fn see_faults(&self) -> DeviceResult<()> {
+        if let Some(why) = self.unseen().take() {
+            *self.poisoned() = Some(why);
+        }
+        self.check_healthy()
     }
 
     pub fn memory_used(&self) -> u64 {
@@ -355,7 +377,7 @@ impl Backend for SimDevice {
             if hang {
                 stream.hung = true;
             } else {
-                *self.poisoned() = Some("illegal address (injected fault)".into());
+                *self.unseen() = Some("illegal address (injected fault)".into());
                 tracing::debug!(epoch = st.epoch, "sim: injected illegal address");
                 stream.faulted = true;
             }
@@ -397,7 +419,24 @@ impl Backend for SimDevice {
             return Err(DeviceError::Cancelled);
         }
         self.wait_for(stream.ready_ns)?;
-        self.check_healthy()
+        self.see_faults()
+    }
+
+    fn write_progress(
+        &self,
+        stream: &mut SimStream,
+        page: ArenaSlice<'_>,
+        slot: u32,
+        value: u32,
+    ) -> DeviceResult<()> {
+        let at = page
+            .part(u64::from(slot) * 4, 4)
+            .ok_or_else(|| DeviceError::InvalidArgument("progress slot outside its page".into()))?;
+        // Written when accepted (work runs then): never later than the stream gets there.
+        self.run_on(stream, 0, |_| {
+            at.write_from(&value.to_le_bytes());
+            Ok(())
+        })
     }
 
     fn stream_busy(&self, stream: &SimStream) -> bool {
@@ -424,6 +463,7 @@ impl Backend for SimDevice {
         st.memory = SimMemory::new(self.options.memory);
         st.busy_until_ns = 0;
         *self.poisoned() = None;
+        *self.unseen() = None;
         st.epoch += 1;
         self.interrupted.store(false, Ordering::Release);
         Ok(())
@@ -459,7 +499,8 @@ impl Backend for SimDevice {
     }
 
     fn sync_event(&self, event: &SimEvent) -> DeviceResult<()> {
-        self.wait_for(event.time_ns.unwrap_or(0))
+        self.wait_for(event.time_ns.unwrap_or(0))?;
+        self.see_faults()
     }
 
     fn elapsed_ns(&self, start: &SimEvent, end: &SimEvent) -> DeviceResult<u64> {
@@ -527,7 +568,8 @@ impl Backend for SimDevice {
         src: ArenaSlice<'_>,
         dst: DevicePtr,
     ) -> DeviceResult<()> {
-        // Copies run when accepted here: the arena is read before this returns.
+        // Copies run when accepted here: the arena is read before this returns. Not a
+        // synchronization: the copy goes behind the stream's work, as on a GPU.
         self.copy_htod(stream, src, dst)
     }
 
@@ -537,7 +579,8 @@ impl Backend for SimDevice {
         src: DevicePtr,
         dst: ArenaSlice<'_>,
     ) -> DeviceResult<()> {
-        self.copy_dtoh(stream, src, dst)
+        self.copy_dtoh(stream, src, dst)?;
+        self.see_faults()
     }
 
     fn register_host(&self, region: ArenaSlice<'_>) -> DeviceResult<u64> {

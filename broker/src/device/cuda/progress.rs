@@ -1,0 +1,60 @@
+//! Progress writes (`device::progress`): the stream writes a value into gpushared's progress
+//! page with `cuStreamWriteValue32`, which needs the page registered in this context first.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use cudarc::driver::sys;
+
+use super::error::driver;
+use super::{CudaDevice, CudaStream};
+use crate::device::{DeviceError, DeviceResult};
+use crate::shm::ArenaSlice;
+
+/// Progress pages registered in this context: host address → device address.
+#[derive(Default)]
+pub(super) struct ProgressPages(Mutex<HashMap<usize, u64>>);
+
+impl ProgressPages {
+    /// Where the device reaches `page`, registering it on first use.
+    fn device_address(&self, dev: &CudaDevice, page: ArenaSlice<'_>) -> DeviceResult<u64> {
+        let mut pages = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let base = page.as_ptr() as usize;
+        if let Some(&at) = pages.get(&base) {
+            return Ok(at);
+        }
+        // gpushared's page stays mapped for as long as the worker lives; it is never
+        // unregistered (the context goes first).
+        let at = dev.pinned.register_host(page)?;
+        pages.insert(base, at);
+        Ok(at)
+    }
+}
+
+pub(super) fn write(
+    dev: &CudaDevice,
+    stream: &mut CudaStream,
+    page: ArenaSlice<'_>,
+    slot: u32,
+    value: u32,
+) -> DeviceResult<()> {
+    let offset = u64::from(slot) * 4;
+    if offset + 4 > page.len() as u64 {
+        return Err(DeviceError::InvalidArgument(
+            "progress slot outside its page".into(),
+        ));
+    }
+    dev.bind()?;
+    let at = dev.progress.device_address(dev, page)? + offset;
+    // SAFETY: `at` is 4 bytes inside a registered, mapped page (checked above); the stream
+    // is live.
+    let r = unsafe {
+        sys::cuStreamWriteValue32_v2(
+            stream.raw,
+            at,
+            value,
+            sys::CUstreamWriteValue_flags_enum::CU_STREAM_WRITE_VALUE_DEFAULT as u32,
+        )
+    };
+    r.result().map_err(|e| driver("cuStreamWriteValue32", e))
+}

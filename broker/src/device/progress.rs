@@ -1,0 +1,448 @@
+//! Which queued work a faulted context never started, so that it can run in the context that
+//! takes over instead of being reported lost.
+//!
+//! Each stream has a 32-bit slot in a page of host memory that gpushared makes and shares
+//! with every worker of the device. When work is queued on a stream that was known idle (an
+//! *episode* begins), a [`Call::Progress`] goes first: the stream itself writes a fresh value
+//! into its slot when it gets there, after everything before. The episode's calls are kept
+//! until a synchronization says they finished. Before a call that waits for the stream (a
+//! synchronization, a copy into the client's memory) the episode is *closed*: the stream
+//! writes a second value when everything before has finished. When a fault takes the
+//! context, the slot says what became of the episode: the closing value, all of it finished
+//! (nothing lost); the opening value, some of it may have run in part (lost, never run twice:
+//! an in-place update run twice is a wrong result); neither, the stream never got to it
+//! (a launch accepted after the fault happened, or never sent): none of it ran, and all of
+//! it can be queued again in order. A staged upload (its source read at once, from memory the
+//! client reuses) is kept with its bytes, and queued again from a staging area of the page.
+
+use std::collections::HashSet;
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use nix::fcntl::{FcntlArg, SealFlag, fcntl};
+use nix::sys::memfd::{MFdFlags, memfd_create};
+
+use super::call::{Call, Handle, Span};
+use super::handles::Stream;
+use super::link::Link;
+use super::{DeviceError, DeviceResult};
+use crate::shm::HostRegion;
+
+/// Streams the page has slots for (every stream of every session on the device).
+const SLOTS: u32 = 16 * 1024;
+/// After the slots: where kept uploads are put to queue them again, one at a time. A larger
+/// staged upload is not kept (its stream's work is lost at a fault, as before): keeping
+/// costs a copy of its bytes on every upload.
+const STAGING: u64 = 128 << 10;
+/// An episode kept for queuing again holds at most this many calls and payload bytes; past
+/// that it is reported lost at a fault, as before (a client that never synchronizes a
+/// stream must not make gpushared keep its work forever).
+const MAX_CALLS: usize = 4096;
+const MAX_BYTES: usize = 4 << 20;
+
+/// The page of progress slots, and which are free.
+pub struct Progress {
+    _memfd: OwnedFd,
+    page: HostRegion,
+    /// Free slots, the longest free first: a destroyed stream's last writes may still land
+    /// (its work was not waited for), and must not land on a new stream's slot.
+    free: Mutex<std::collections::VecDeque<u32>>,
+    /// The value the next episode writes (never 0: a fresh slot holds 0).
+    next_value: AtomicU32,
+    /// Orders calls across a session's streams, to queue them again as they came.
+    next_seq: AtomicU64,
+    /// Held while the staging area holds an upload being queued again.
+    staging: Mutex<()>,
+}
+
+/// One call of an episode, kept to queue again.
+pub struct Kept {
+    pub seq: u64,
+    pub call: Call,
+    pub payload: Box<[u8]>,
+}
+
+/// Work queued on a stream since it was last known idle.
+pub struct Episode {
+    /// The value its progress call writes; `None` when it has none (no slot), and cannot be
+    /// told apart from work that started.
+    mark: Option<u32>,
+    calls: Vec<Kept>,
+    bytes: usize,
+    /// Calls posted in it, kept or not.
+    posted: usize,
+    /// Too much to keep, or a call that cannot be kept: lost at a fault unless it finished.
+    overflowed: bool,
+    /// The value the stream writes when it has finished the episode's first `n` calls.
+    tail: Option<(u32, usize)>,
+}
+
+impl Episode {
+    pub fn mark(&self) -> Option<u32> {
+        self.mark
+    }
+}
+
+/// What a fault did to a stream's work not known finished.
+pub enum Fate {
+    /// Nothing was in flight.
+    Idle,
+    /// None of it started: queue these again, in order.
+    NotStarted(Vec<Kept>),
+    /// Some of it may have run: report it lost. The calls it kept (none when it kept none).
+    Lost(Vec<Kept>),
+}
+
+impl Progress {
+    /// Makes the page and shares it with the link's workers; `None` (work in flight is then
+    /// always reported lost at a fault) where it cannot be made.
+    pub fn new(link: &dyn Link) -> Option<Progress> {
+        match Progress::make(link) {
+            Ok(p) => Some(p),
+            Err(e) => {
+                tracing::warn!(error = %e, "no progress page: work that never started is reported lost at a fault, not queued again");
+                None
+            }
+        }
+    }
+
+    fn make(link: &dyn Link) -> DeviceResult<Progress> {
+        let failed = |what: &str, e: &dyn std::fmt::Display| {
+            DeviceError::Failed(format!("progress page: {what}: {e}"))
+        };
+        let len = u64::from(SLOTS) * 4 + STAGING;
+        let memfd = memfd_create(
+            "gpushare-progress",
+            MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING,
+        )
+        .map_err(|e| failed("memfd_create", &e))?;
+        nix::unistd::ftruncate(&memfd, len as libc::off_t).map_err(|e| failed("ftruncate", &e))?;
+        fcntl(
+            &memfd,
+            FcntlArg::F_ADD_SEALS(SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW),
+        )
+        .map_err(|e| failed("seal", &e))?;
+        let page = HostRegion::map(&memfd, len, 0).map_err(|e| failed("map", &e))?;
+        link.share_memory(page.id(), memfd.as_fd(), len, 0)?;
+        Ok(Progress {
+            _memfd: memfd,
+            page,
+            free: Mutex::new((0..SLOTS).collect()),
+            next_value: AtomicU32::new(1),
+            next_seq: AtomicU64::new(0),
+            staging: Mutex::new(()),
+        })
+    }
+
+    fn span(&self) -> Span {
+        self.page.whole().span()
+    }
+
+    /// A slot for a new stream; `None` when every slot is taken.
+    pub fn take_slot(&self) -> Option<u32> {
+        self.free
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop_front()
+    }
+
+    pub fn give_slot(&self, slot: u32) {
+        self.free
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push_back(slot);
+    }
+
+    fn read(&self, slot: u32) -> Option<u32> {
+        let mut bytes = [0u8; 4];
+        self.page
+            .slice(u64::from(slot) * 4, 4)?
+            .read_into(&mut bytes);
+        Some(u32::from_le_bytes(bytes))
+    }
+
+    /// Whether the stream with `slot` got to the work whose mark is `value`.
+    pub fn reached(&self, slot: u32, value: u32) -> bool {
+        self.read(slot).is_none_or(|v| v == value)
+    }
+
+    fn fresh_value(&self) -> u32 {
+        loop {
+            let v = self.next_value.fetch_add(1, Ordering::Relaxed);
+            if v != 0 {
+                return v;
+            }
+        }
+    }
+
+    fn post_value(&self, link: &dyn Link, stream: &Stream, slot: u32) -> DeviceResult<u32> {
+        let value = self.fresh_value();
+        let progress = Call::Progress {
+            stream: stream.id,
+            page: self.span(),
+            slot,
+            value,
+        };
+        link.post(Some(stream.id), progress, &[])?;
+        Ok(value)
+    }
+
+    /// Before work is queued on `stream`: begins an episode if the stream was idle (posting
+    /// its opening value first).
+    pub fn begin(&self, link: &dyn Link, stream: &mut Stream) -> DeviceResult<()> {
+        if stream.episode.is_none() {
+            let mark = match stream.slot {
+                Some(slot) => Some(self.post_value(link, stream, slot)?),
+                None => None,
+            };
+            stream.episode = Some(Episode {
+                mark,
+                calls: Vec::new(),
+                bytes: 0,
+                posted: 0,
+                overflowed: mark.is_none(),
+                tail: None,
+            });
+        }
+        Ok(())
+    }
+
+    /// Whether an upload of `len` bytes is kept (so its bytes are worth copying).
+    pub fn keeps_upload(&self, len: u64) -> bool {
+        len <= STAGING
+    }
+
+    /// Keeps a call queued in the stream's episode, to queue again if it never starts;
+    /// `None` for one that cannot be (the episode is then lost at a fault unless finished).
+    pub fn keep(&self, stream: &mut Stream, call: Option<Call>, payload: &[u8]) {
+        let Some(ep) = stream.episode.as_mut() else {
+            return;
+        };
+        ep.posted += 1;
+        if ep.overflowed {
+            return;
+        }
+        let Some(call) = call else {
+            ep.overflowed = true;
+            ep.calls = Vec::new();
+            return;
+        };
+        if ep.calls.len() >= MAX_CALLS || ep.bytes + payload.len() > MAX_BYTES {
+            ep.overflowed = true;
+            ep.calls = Vec::new();
+            return;
+        }
+        ep.bytes += payload.len();
+        ep.calls.push(Kept {
+            seq: self.next_seq.fetch_add(1, Ordering::Relaxed),
+            call,
+            payload: payload.into(),
+        });
+    }
+
+    /// Before a call that waits for the stream's work: the stream writes a closing value
+    /// once that work has finished.
+    pub fn close(&self, link: &dyn Link, stream: &mut Stream) -> DeviceResult<()> {
+        let (Some(slot), Some(ep)) = (stream.slot, stream.episode.as_ref()) else {
+            return Ok(());
+        };
+        if ep.mark.is_none() || ep.tail.is_some_and(|(_, n)| n == ep.posted) {
+            return Ok(());
+        }
+        let posted = ep.posted;
+        let value = self.post_value(link, stream, slot)?;
+        if let Some(ep) = stream.episode.as_mut() {
+            ep.tail = Some((value, posted));
+        }
+        Ok(())
+    }
+
+    /// Puts `bytes` in the staging area for an upload queued again; the span to copy from,
+    /// and the guard that keeps it there until the upload has read it.
+    pub fn stage(&self, bytes: &[u8]) -> Option<(std::sync::MutexGuard<'_, ()>, Span)> {
+        let guard = self.staging.lock().unwrap_or_else(|e| e.into_inner());
+        let at = self.page.slice(u64::from(SLOTS) * 4, bytes.len() as u64)?;
+        at.write_from(bytes);
+        Some((guard, at.span()))
+    }
+
+    /// After a fault: what became of the stream's episode (it ends here either way).
+    pub fn fate(&self, stream: &mut Stream) -> Fate {
+        let Some(ep) = stream.episode.take() else {
+            return Fate::Idle;
+        };
+        let (Some(mark), Some(slot)) = (ep.mark, stream.slot) else {
+            return Fate::Lost(ep.calls);
+        };
+        match judge(mark, ep.tail, ep.posted, ep.overflowed, self.read(slot)) {
+            Judged::Finished => Fate::Idle,
+            Judged::NotStarted => Fate::NotStarted(ep.calls),
+            Judged::Lost => Fate::Lost(ep.calls),
+        }
+    }
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Judged {
+    Finished,
+    NotStarted,
+    Lost,
+}
+
+/// What a fault did to an episode opened with `mark`, closed (if at all) with `tail` after
+/// its first `n` calls, of `posted` calls (`overflowed`: not all kept), when its stream's
+/// slot reads `now`.
+fn judge(
+    mark: u32,
+    tail: Option<(u32, usize)>,
+    posted: usize,
+    overflowed: bool,
+    now: Option<u32>,
+) -> Judged {
+    match tail {
+        // Finished up to the closing value; what came after it may have started.
+        Some((tail, n)) if now == Some(tail) => {
+            if n == posted {
+                Judged::Finished
+            } else {
+                Judged::Lost
+            }
+        }
+        // Got to it, or nothing of it can be queued again, or the slot cannot be read.
+        _ if now == Some(mark) || overflowed || now.is_none() => Judged::Lost,
+        _ => Judged::NotStarted,
+    }
+}
+
+/// Of streams whose work a fault found not started (`replay`) and streams whose work it
+/// took (`lost`, each with the calls it kept): moves to `lost` every stream whose work waits
+/// on an event recorded in lost work — queued again, it would run without what the lost work
+/// never wrote. An event recorded in no kept episode was recorded in work that finished,
+/// unless a lost episode kept no calls (then it may be there).
+pub fn drop_dependents<K>(replay: &mut Vec<(K, Vec<Kept>)>, lost: &mut Vec<(K, Vec<Kept>)>) {
+    let recorded = |calls: &[Kept]| -> Vec<Handle> {
+        calls
+            .iter()
+            .filter_map(|k| match k.call {
+                Call::RecordEvent { event, .. } => Some(event),
+                _ => None,
+            })
+            .collect()
+    };
+    let unknown_lost = lost.iter().any(|(_, c)| c.is_empty());
+    loop {
+        let tainted: HashSet<Handle> = lost.iter().flat_map(|(_, c)| recorded(c)).collect();
+        let replayed: HashSet<Handle> = replay.iter().flat_map(|(_, c)| recorded(c)).collect();
+        let depends = |calls: &[Kept]| {
+            calls.iter().any(|k| match k.call {
+                Call::StreamWaitEvent { event, .. } => {
+                    tainted.contains(&event) || (unknown_lost && !replayed.contains(&event))
+                }
+                _ => false,
+            })
+        };
+        let Some(i) = replay.iter().position(|(_, c)| depends(c)) else {
+            return;
+        };
+        lost.push(replay.swap_remove(i));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kept(seq: u64, call: Call) -> Kept {
+        Kept {
+            seq,
+            call,
+            payload: Box::new([]),
+        }
+    }
+
+    fn record(event: Handle, stream: Handle) -> Call {
+        Call::RecordEvent {
+            event,
+            stream,
+            start: false,
+        }
+    }
+
+    fn wait(stream: Handle, event: Handle) -> Call {
+        Call::StreamWaitEvent { stream, event }
+    }
+
+    fn sync(stream: Handle) -> Call {
+        Call::SyncStream { stream }
+    }
+
+    fn streams(replay: &[(u64, Vec<Kept>)]) -> Vec<u64> {
+        let mut s: Vec<Handle> = replay.iter().map(|(s, _)| *s).collect();
+        s.sort_unstable();
+        s
+    }
+
+    #[test]
+    fn a_slot_tells_finished_work_from_work_that_may_have_run_and_work_never_started() {
+        // Opened with 7; the slot still holds the previous episode's 3.
+        assert_eq!(judge(7, None, 2, false, Some(3)), Judged::NotStarted);
+        assert_eq!(judge(7, None, 2, false, Some(7)), Judged::Lost);
+        assert_eq!(
+            judge(7, None, 2, true, Some(3)),
+            Judged::Lost,
+            "not all kept"
+        );
+        // Closed with 8 after both calls.
+        assert_eq!(judge(7, Some((8, 2)), 2, false, Some(8)), Judged::Finished);
+        assert_eq!(judge(7, Some((8, 2)), 2, true, Some(8)), Judged::Finished);
+        assert_eq!(judge(7, Some((8, 2)), 2, false, Some(7)), Judged::Lost);
+        assert_eq!(
+            judge(7, Some((8, 2)), 2, false, Some(3)),
+            Judged::NotStarted
+        );
+        // A call queued after the closing value may have started once it was written.
+        assert_eq!(judge(7, Some((8, 2)), 3, false, Some(8)), Judged::Lost);
+        assert_eq!(judge(7, None, 1, false, None), Judged::Lost, "unreadable");
+    }
+
+    #[test]
+    fn work_waiting_on_an_event_of_lost_work_is_lost_too_and_so_is_what_waits_on_it() {
+        // Stream 1 lost work that recorded event 10; stream 2 waits on 10 and records 11;
+        // stream 3 waits on 11; stream 4 waits on nothing.
+        let mut lost = vec![(1, vec![kept(0, sync(1)), kept(1, record(10, 1))])];
+        let mut replay = vec![
+            (2, vec![kept(2, wait(2, 10)), kept(3, record(11, 2))]),
+            (3, vec![kept(4, wait(3, 11))]),
+            (4, vec![kept(5, sync(4))]),
+        ];
+        drop_dependents(&mut replay, &mut lost);
+        assert_eq!(streams(&replay), vec![4]);
+        assert_eq!(streams(&lost), vec![1, 2, 3]);
+    }
+
+    #[test]
+    fn work_waiting_on_an_event_queued_again_or_finished_stays() {
+        // Stream 2 waits on event 10, recorded in stream 1's work that is queued again, and
+        // on event 12, recorded in work that finished before.
+        let mut lost = vec![(5, vec![kept(0, sync(5))])];
+        let mut replay = vec![
+            (1, vec![kept(1, record(10, 1))]),
+            (2, vec![kept(2, wait(2, 10)), kept(3, wait(2, 12))]),
+        ];
+        drop_dependents(&mut replay, &mut lost);
+        assert_eq!(streams(&replay), vec![1, 2]);
+    }
+
+    #[test]
+    fn a_lost_episode_that_kept_nothing_taints_every_event_not_queued_again() {
+        let mut lost = vec![(5, vec![])];
+        let mut replay = vec![
+            (1, vec![kept(1, record(10, 1))]),
+            (2, vec![kept(2, wait(2, 10))]),
+            (3, vec![kept(3, wait(3, 12))]),
+        ];
+        drop_dependents(&mut replay, &mut lost);
+        assert_eq!(streams(&replay), vec![1, 2]);
+    }
+}
