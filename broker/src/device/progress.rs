@@ -17,8 +17,8 @@
 
 use std::collections::HashSet;
 use std::os::fd::{AsFd, OwnedFd};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use nix::fcntl::{FcntlArg, SealFlag, fcntl};
 use nix::sys::memfd::{MFdFlags, memfd_create};
@@ -40,6 +40,9 @@ const STAGING: u64 = 128 << 10;
 /// stream must not make gpushared keep its work forever).
 const MAX_CALLS: usize = 4096;
 const MAX_BYTES: usize = 4 << 20;
+/// What all episodes of a device keep at most, calls and payloads: 1,024 streams of 64
+/// sessions never synchronized must not make gpushared hold gigabytes.
+const MAX_KEPT: u64 = 256 << 20;
 
 /// The page of progress slots, and which are free.
 pub struct Progress {
@@ -54,6 +57,8 @@ pub struct Progress {
     next_seq: AtomicU64,
     /// Held while the staging area holds an upload being queued again.
     staging: Mutex<()>,
+    /// Bytes all episodes keep now.
+    kept: Arc<AtomicU64>,
 }
 
 /// One call of an episode, kept to queue again.
@@ -69,7 +74,9 @@ pub struct Episode {
     /// told apart from work that started.
     mark: Option<u32>,
     calls: Vec<Kept>,
+    /// Bytes its calls and payloads take, counted in `kept`.
     bytes: usize,
+    kept: Arc<AtomicU64>,
     /// Calls posted in it, kept or not.
     posted: usize,
     /// Too much to keep, or a call that cannot be kept: lost at a fault unless it finished.
@@ -81,6 +88,20 @@ pub struct Episode {
 impl Episode {
     pub fn mark(&self) -> Option<u32> {
         self.mark
+    }
+
+    /// Keeps nothing more: lost at a fault unless it finished.
+    fn give_up(&mut self) {
+        self.overflowed = true;
+        self.calls = Vec::new();
+        self.kept.fetch_sub(self.bytes as u64, Ordering::Relaxed);
+        self.bytes = 0;
+    }
+}
+
+impl Drop for Episode {
+    fn drop(&mut self) {
+        self.kept.fetch_sub(self.bytes as u64, Ordering::Relaxed);
     }
 }
 
@@ -132,6 +153,7 @@ impl Progress {
             next_value: AtomicU32::new(1),
             next_seq: AtomicU64::new(0),
             staging: Mutex::new(()),
+            kept: Arc::default(),
         })
     }
 
@@ -200,6 +222,7 @@ impl Progress {
                 mark,
                 calls: Vec::new(),
                 bytes: 0,
+                kept: self.kept.clone(),
                 posted: 0,
                 overflowed: mark.is_none(),
                 tail: None,
@@ -224,16 +247,19 @@ impl Progress {
             return;
         }
         let Some(call) = call else {
-            ep.overflowed = true;
-            ep.calls = Vec::new();
+            ep.give_up();
             return;
         };
-        if ep.calls.len() >= MAX_CALLS || ep.bytes + payload.len() > MAX_BYTES {
-            ep.overflowed = true;
-            ep.calls = Vec::new();
+        let size = std::mem::size_of::<Kept>() + payload.len();
+        if ep.calls.len() >= MAX_CALLS
+            || ep.bytes + size > MAX_BYTES
+            || self.kept.load(Ordering::Relaxed) + size as u64 > MAX_KEPT
+        {
+            ep.give_up();
             return;
         }
-        ep.bytes += payload.len();
+        ep.bytes += size;
+        self.kept.fetch_add(size as u64, Ordering::Relaxed);
         ep.calls.push(Kept {
             seq: self.next_seq.fetch_add(1, Ordering::Relaxed),
             call,
@@ -269,16 +295,17 @@ impl Progress {
 
     /// After a fault: what became of the stream's episode (it ends here either way).
     pub fn fate(&self, stream: &mut Stream) -> Fate {
-        let Some(ep) = stream.episode.take() else {
+        let Some(mut ep) = stream.episode.take() else {
             return Fate::Idle;
         };
+        let calls = std::mem::take(&mut ep.calls);
         let (Some(mark), Some(slot)) = (ep.mark, stream.slot) else {
-            return Fate::Lost(ep.calls);
+            return Fate::Lost(calls);
         };
         match judge(mark, ep.tail, ep.posted, ep.overflowed, self.read(slot)) {
             Judged::Finished => Fate::Idle,
-            Judged::NotStarted => Fate::NotStarted(ep.calls),
-            Judged::Lost => Fate::Lost(ep.calls),
+            Judged::NotStarted => Fate::NotStarted(calls),
+            Judged::Lost => Fate::Lost(calls),
         }
     }
 }
