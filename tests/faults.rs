@@ -421,7 +421,16 @@ fn ten_faults_in_a_row_cost_only_the_culprit() {
         let session = victim.session().client_id;
         verified_fill(&victim, 1.0).expect("the victim works");
         let mut took = Vec::new();
+        let threads = || {
+            std::fs::read_dir(format!("/proc/{}/task", broker.pid()))
+                .map(|d| d.count())
+                .unwrap_or(0)
+        };
+        let mut after_first = 0;
         for i in 0..10 {
+            if i == 1 {
+                after_first = threads();
+            }
             // Each fault finds a spare ready, as one does after any pause longer than a
             // worker's start (about 0.3 s on an H100): the first spare, and one started after
             // each recovery. (Faults closer together wait for the spare: docs/reliability.md.)
@@ -487,6 +496,13 @@ fn ten_faults_in_a_row_cost_only_the_culprit() {
         }
         assert_eq!(victim.session().client_id, session, "the same session");
         victim.nop().expect("the victim's session lives on");
+        // Faults leave nothing behind in gpushared (each reset's watch once outlived it by the
+        // reset's deadline, a thread per fault).
+        assert!(
+            threads() <= after_first,
+            "gpushared's threads grew from {after_first} after the first fault to {}",
+            threads()
+        );
         assert!(!broker.log_text().contains("restarting gpushared"));
         // Where the time of the last fault went, from the broker's own log.
         let log = broker.log_text();

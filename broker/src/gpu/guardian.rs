@@ -220,22 +220,23 @@ impl DeviceHealth {
         // The driver waits for running kernels before it tears a context down, so a kernel
         // that never ends can keep a reset in place waiting forever; only the end of the
         // process holding the context stops it.
-        let reset_done = Arc::new(AtomicBool::new(false));
+        // The watch ends with the reset (the sender dropped), not at its deadline: a storm of
+        // faults must not pile up sleeping threads.
+        let (reset_done, done) = std::sync::mpsc::channel::<()>();
         {
-            let (done, stuck, what) = (reset_done.clone(), self.stuck.clone(), what.to_string());
+            let (stuck, what) = (self.stuck.clone(), what.to_string());
             let deadline = device.reset_deadline();
             let _ = std::thread::Builder::new()
                 .name(format!("gpushare-reset-{gpu}"))
                 .spawn(move || {
-                    std::thread::sleep(deadline);
-                    if !done.load(Ordering::Acquire) {
+                    if done.recv_timeout(deadline) == Err(std::sync::mpsc::RecvTimeoutError::Timeout) {
                         tracing::error!(gpu, "the context reset has not finished in {deadline:?} (a kernel that never ends keeps it waiting); restarting gpushared");
                         stuck.set(format!("GPU {gpu} hung ({what}) and the driver cannot stop the kernel in place; gpushared restarts, reconnect"));
                     }
                 });
         }
         let reset = device.reset();
-        reset_done.store(true, Ordering::Release);
+        drop(reset_done);
         let memory = match reset {
             Ok(m) => m,
             Err(e) => {
