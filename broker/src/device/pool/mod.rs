@@ -4,12 +4,18 @@
 //! chunks of one granule with the same user's, so a 512-byte allocation does not cost 2 MiB
 //! and bytes one user freed are never handed to another (a fresh chunk comes zeroed from the
 //! driver). A user's empty shared chunk is kept while the user has other memory here, for
-//! their next small allocation; otherwise it goes back at once.
+//! their next small allocation; otherwise it goes back at once. So is a freed large chunk,
+//! for the same user's next allocation of its size, for [`IDLE_FOR`] and up to a share of the
+//! device ([`Pool::idle_max`]): making one costs create, export, map and access in two
+//! contexts (0.4-0.7 ms on an H200), and programs that free a large buffer often allocate
+//! one of the same size next. Idle chunks go back at once when memory runs
+//! short or when a client places memory where one lies.
 
 mod ranges;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use gpushare_protocol::DevicePtr;
 
@@ -24,6 +30,8 @@ const ALIGN: u64 = 256;
 /// Bytes left free after each shared-chunk allocation: a copy that runs past an allocation's
 /// end meets no other allocation, and is refused.
 const GAP: u64 = ALIGN;
+/// How long a freed large chunk is kept for its user's next allocation of its size.
+pub const IDLE_FOR: Duration = Duration::from_secs(2);
 
 /// One chunk: all one allocation's, or shared by one user's small ones (its free blocks).
 #[derive(Debug)]
@@ -35,6 +43,8 @@ struct Chunk {
     /// maps (a copy running past its end meets no other allocation).
     span: u64,
     shared: Option<Ranges>,
+    /// A large chunk freed and kept for its user's next allocation of its size.
+    idle: bool,
 }
 
 #[derive(Debug)]
@@ -47,6 +57,9 @@ struct State {
     /// Fresh chunks go at or above this (what an earlier image handed out, for clients that
     /// place their memory again where it was).
     floor: u64,
+    /// Idle large chunks, the oldest first, and since when.
+    idle: VecDeque<(u64, Instant)>,
+    idle_bytes: u64,
 }
 
 /// A device's clients' memory.
@@ -65,6 +78,8 @@ impl Pool {
                 chunks: BTreeMap::new(),
                 allocations: BTreeMap::new(),
                 floor,
+                idle: VecDeque::new(),
+                idle_bytes: 0,
             }),
         }
     }
@@ -87,12 +102,29 @@ impl Pool {
         self.high_water_of(&st)
     }
 
+    /// Bytes of idle chunks kept at most: a sixteenth of the device's memory (a quarter of
+    /// its address space), 1 GiB at most.
+    fn idle_max(&self) -> u64 {
+        (self.space.size / 4 / 16).min(1 << 30)
+    }
+
     /// `bytes` of device memory at an address of the pool's choosing.
     pub fn alloc(&self, link: &dyn Link, bytes: u64, owner: u32) -> DeviceResult<DevicePtr> {
         let mut st = self.lock();
+        self.expire_idle(&mut st, link, Instant::now());
         let ptr = if bytes > SMALL_MAX {
             let size = self.round(bytes).ok_or(DeviceError::OutOfMemory)?;
-            let at = self.new_chunk(&mut st, link, size, false, owner)?;
+            let at = match take_idle(&mut st, owner, size) {
+                Some(at) => at,
+                None => match self.new_chunk(&mut st, link, size, false, owner) {
+                    // Memory held idle goes back before an allocation is refused.
+                    Err(DeviceError::OutOfMemory) if !st.idle.is_empty() => {
+                        self.expire_idle(&mut st, link, Instant::now() + IDLE_FOR);
+                        self.new_chunk(&mut st, link, size, false, owner)?
+                    }
+                    other => other?,
+                },
+            };
             st.allocations.insert(at, (at, bytes));
             at
         } else {
@@ -106,7 +138,13 @@ impl Pool {
                 Some(f) => f,
                 None => {
                     let size = self.round(SMALL_MAX).ok_or(DeviceError::OutOfMemory)?;
-                    let at = self.new_chunk(&mut st, link, size, true, owner)?;
+                    let at = match self.new_chunk(&mut st, link, size, true, owner) {
+                        Err(DeviceError::OutOfMemory) if !st.idle.is_empty() => {
+                            self.expire_idle(&mut st, link, Instant::now() + IDLE_FOR);
+                            self.new_chunk(&mut st, link, size, true, owner)?
+                        }
+                        other => other?,
+                    };
                     let free = st
                         .chunks
                         .get_mut(&at)
@@ -146,6 +184,16 @@ impl Pool {
             .checked_next_multiple_of(g)
             .ok_or_else(|| unavailable("not a valid device range"))?;
         let mut st = self.lock();
+        // Idle chunks give way to memory placed where they lie.
+        let in_the_way: Vec<u64> = st
+            .chunks
+            .range(..hi)
+            .filter(|(a, c)| c.idle && **a + c.span > lo)
+            .map(|(a, _)| *a)
+            .collect();
+        for a in in_the_way {
+            release_idle(&mut st, link, a);
+        }
         if bytes <= SMALL_MAX && hi - lo == g {
             return self.place_small(&mut st, link, (ptr, bytes), lo, owner);
         }
@@ -165,6 +213,7 @@ impl Pool {
                 size: hi - lo,
                 span: hi - lo,
                 shared: None,
+                idle: false,
             },
         );
         st.allocations.insert(ptr, (lo, bytes));
@@ -250,6 +299,7 @@ impl Pool {
                 size,
                 span,
                 shared: shared.then(|| Ranges::with(at, size)),
+                idle: false,
             },
         );
         Ok(())
@@ -272,8 +322,18 @@ impl Pool {
                 free.bytes() == size && !keep_empty(&st, chunk, owner)
             }
         };
+        let now = Instant::now();
         let mut gone = Vec::new();
-        if release {
+        let keep_idle = release
+            && st.chunks.get(&chunk).is_some_and(|c| c.shared.is_none())
+            && st.idle_bytes + size <= self.idle_max();
+        if keep_idle {
+            if let Some(c) = st.chunks.get_mut(&chunk) {
+                c.idle = true;
+            }
+            st.idle.push_back((chunk, now));
+            st.idle_bytes += size;
+        } else if release {
             st.chunks.remove(&chunk);
             st.free.give(chunk, span);
             gone.push((chunk, size));
@@ -288,11 +348,13 @@ impl Pool {
                 .map(|(&a, o)| (a, o.size, o.span))
                 .collect();
             for (a, size, span) in empty {
+                forget_idle(&mut st, a, size);
                 st.chunks.remove(&a);
                 st.free.give(a, span);
                 gone.push((a, size));
             }
         }
+        gone.extend(self.expired_idle(&mut st, now));
         // Under the lock: a chunk made meanwhile at the address just given back must not
         // meet the old one still mapped there.
         for (a, size) in gone {
@@ -302,10 +364,37 @@ impl Pool {
         Ok(())
     }
 
+    /// Gives back the idle chunks kept since before `now - IDLE_FOR`.
+    fn expire_idle(&self, st: &mut State, link: &dyn Link, now: Instant) {
+        for (a, size) in self.expired_idle(st, now) {
+            link.release_chunk(a, size);
+        }
+    }
+
+    /// Takes out the idle chunks kept since before `now - IDLE_FOR`; the caller gives them
+    /// back to the link, under the lock.
+    fn expired_idle(&self, st: &mut State, now: Instant) -> Vec<(u64, u64)> {
+        let mut gone = Vec::new();
+        while let Some(&(a, since)) = st.idle.front() {
+            if now.saturating_duration_since(since) < IDLE_FOR {
+                break;
+            }
+            st.idle.pop_front();
+            if let Some(c) = st.chunks.remove(&a) {
+                st.idle_bytes -= c.size;
+                st.free.give(a, c.span);
+                gone.push((a, c.size));
+            }
+        }
+        gone
+    }
+
     /// Forgets every chunk and allocation (their memory went with a context).
     pub fn forget(&self) {
         let mut st = self.lock();
         let floor = self.high_water_of(&st);
+        st.idle.clear();
+        st.idle_bytes = 0;
         st.chunks.clear();
         st.allocations.clear();
         st.free = Ranges::with(self.space.base, self.space.size);
@@ -315,6 +404,38 @@ impl Pool {
     fn high_water_of(&self, st: &State) -> u64 {
         let top = st.chunks.iter().next_back().map_or(0, |(&a, c)| a + c.size);
         top.max(st.floor)
+    }
+}
+
+/// An idle chunk of `owner`'s of `size` bytes, taken for a new allocation.
+fn take_idle(st: &mut State, owner: u32, size: u64) -> Option<u64> {
+    let i = st.idle.iter().rposition(|(a, _)| {
+        st.chunks
+            .get(a)
+            .is_some_and(|c| c.owner == owner && c.size == size)
+    })?;
+    let (at, _) = st.idle.remove(i)?;
+    if let Some(c) = st.chunks.get_mut(&at) {
+        c.idle = false;
+    }
+    st.idle_bytes -= size;
+    Some(at)
+}
+
+/// No longer counts the chunk at `at` (of `size` bytes) as idle, if it was.
+fn forget_idle(st: &mut State, at: u64, size: u64) {
+    if let Some(i) = st.idle.iter().position(|(a, _)| *a == at) {
+        st.idle.remove(i);
+        st.idle_bytes -= size;
+    }
+}
+
+/// Gives back the idle chunk at `at` now.
+fn release_idle(st: &mut State, link: &dyn Link, at: u64) {
+    if let Some(c) = st.chunks.remove(&at) {
+        forget_idle(st, at, c.size);
+        st.free.give(at, c.span);
+        link.release_chunk(at, c.size);
     }
 }
 

@@ -36,8 +36,14 @@ fn small_allocations_share_a_granule_and_large_ones_get_their_own() {
     let big = d.alloc(3 << 20, 1).expect("large");
     assert_eq!(used(&d), g + (4 << 20), "rounded up to whole granules");
     d.free(big).expect("free");
-    assert_eq!(used(&d), g, "a large allocation's chunk goes at once");
+    assert_eq!(
+        used(&d),
+        g + (4 << 20),
+        "a large allocation's chunk is kept a while for the user's next one of its size"
+    );
     let kept = d.alloc(3 << 20, 1).expect("large");
+    assert_eq!(kept, big, "and taken by it");
+    assert_eq!(used(&d), g + (4 << 20));
     d.free(a).expect("free");
     d.free(b).expect("free");
     assert_eq!(
@@ -203,4 +209,48 @@ fn memory_freed_while_another_user_allocates_never_meets_its_old_chunk() {
     let b = pool.alloc(&*link, 512, 2);
     assert_eq!(freeing.join().expect("free"), Ok(()));
     assert!(b.is_ok(), "{b:?}");
+}
+
+#[test]
+fn a_freed_large_chunk_serves_only_its_user_gives_way_when_memory_runs_short_and_expires() {
+    let d = device();
+    let g = d.space().granularity;
+    let small = d.alloc(512, 1).expect("user 1 keeps some memory");
+    let big = d.alloc(32 << 20, 1).expect("large");
+    d.free(big).expect("free");
+    assert_eq!(used(&d), g + (32 << 20), "kept idle");
+    // Another user never gets it: a chunk of its own.
+    let other = d.alloc(8 << 20, 2).expect("user 2");
+    assert_ne!(other, big);
+    assert_eq!(used(&d), g + (40 << 20));
+    d.free(other).expect("free");
+    // The device (64 MiB) cannot hold 48 MiB more beside the idle chunk: it gives way.
+    let large = d.alloc(48 << 20, 2).expect("the idle chunk went back");
+    d.free(large).expect("free");
+    // Kept chunks go back after a while (at the pool's next allocation or free).
+    let again = d.alloc(16 << 20, 1).expect("large");
+    d.free(again).expect("free");
+    assert!(used(&d) > g, "kept idle");
+    let deadline = Instant::now() + IDLE_FOR * 5;
+    while used(&d) > g && Instant::now() < deadline {
+        let p = d.alloc(512, 1).expect("small");
+        d.free(p).expect("free");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(used(&d), g, "the idle chunk expired");
+    d.free(small).expect("free");
+    assert_eq!(used(&d), 0);
+}
+
+#[test]
+fn memory_placed_where_an_idle_chunk_lies_gets_the_place() {
+    let d = device();
+    let _small = d.alloc(512, 1).expect("user 1 keeps some memory");
+    let big = d.alloc(4 << 20, 1).expect("large");
+    d.free(big).expect("free");
+    assert_eq!(
+        d.alloc_at(big, 4 << 20, 2),
+        Ok(4 << 20),
+        "the idle chunk gave way"
+    );
 }
