@@ -94,8 +94,9 @@ impl SessionState {
                 self.device.spin_hint(spin);
                 spin_told = Some(spin);
             }
-            if idle_since.elapsed() < spin {
-                std::hint::spin_loop();
+            let spun = idle_since.elapsed();
+            if spun < spin {
+                gpushare_protocol::wake::spin_pause(spun);
                 continue;
             }
             self.sleep();

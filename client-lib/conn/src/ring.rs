@@ -184,7 +184,8 @@ impl Session {
     /// `BrokerUnresponsive` if it does not answer: a long sync on a busy GPU goes on, a
     /// stopped broker is reported.
     fn spin_then_sleep<T>(&self, mut attempt: impl FnMut() -> Result<Option<T>>) -> Result<T> {
-        let spin_until = Instant::now() + self.spin;
+        let spin_from = Instant::now();
+        let spin_until = spin_from + self.spin;
         let mut quiet_since = Instant::now();
         let mut seen = self.completions.load(Ordering::Relaxed);
         loop {
@@ -193,7 +194,7 @@ impl Session {
             }
             self.check_alive()?;
             if Instant::now() < spin_until {
-                std::hint::spin_loop();
+                gpushare_protocol::wake::spin_pause(spin_from.elapsed());
                 continue;
             }
             self.sleep_for_completion()?;

@@ -70,6 +70,32 @@ impl Wakeup {
     }
 }
 
+/// How long a spinning waiter only pauses the CPU before it starts yielding: long enough for
+/// an answer from a thread running on another core (a busy round trip through gpushared
+/// takes about 0.3 µs) or, with cores to spare (8 or more), from a GPU (mostly within
+/// 20 µs); short enough that on a small machine the thread it waits for gets a core.
+fn pure_spin() -> Duration {
+    static PURE: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *PURE.get_or_init(|| {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        Duration::from_micros(if cores >= 8 { 20 } else { 2 })
+    })
+}
+
+/// One turn of a waiter's spin, `spun` into it: a CPU pause at first (see [`pure_spin`]),
+/// then a yield, so that a waiter that goes on spinning gives its core to any thread that
+/// needs one. On a 2-core machine a client, the broker's data thread and a device worker's
+/// channel all spinning left the worker, which had the actual work, no core: 31 ms for a
+/// request that takes 0.3 ms (docs/benchmarks.md).
+#[inline]
+pub fn spin_pause(spun: Duration) {
+    if spun < pure_spin() {
+        std::hint::spin_loop();
+    } else {
+        std::thread::yield_now();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

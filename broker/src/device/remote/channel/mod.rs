@@ -275,8 +275,9 @@ impl WorkerEnd {
             if h.caller.closed.load(Ordering::Acquire) != 0 || stop() {
                 return Next::Closed;
             }
-            if started.elapsed() < spin {
-                std::hint::spin_loop();
+            let spun = started.elapsed();
+            if spun < spin {
+                gpushare_protocol::wake::spin_pause(spun);
                 continue;
             }
             h.worker.worker_sleeps.store(1, Ordering::Relaxed);
