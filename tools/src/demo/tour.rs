@@ -359,6 +359,9 @@ pub fn run(args: &TourArgs) -> anyhow::Result<()> {
     )?);
 
     print_table(&cases);
+    if let Some(line) = priority_gain(&cases) {
+        say(&line);
+    }
     if priority.lower_sm_share.is_some() {
         say(&partition_note(&broker.log_text(), report.device.sm_count));
     }
@@ -503,6 +506,21 @@ fn print_table(cases: &[Case]) {
     print(&format!("{t}\n"));
 }
 
+/// What priority bought the interactive client beside the trainer, against FIFO, at the
+/// median (cases: alone, FIFO, priority).
+fn priority_gain(cases: &[Case]) -> Option<String> {
+    let p50 = |i: usize| cases.get(i).and_then(|c| c.interactive.latency_p50_ms);
+    let (alone, fifo, priority) = (p50(0)?, p50(1)?, p50(2)?);
+    if priority <= 0.0 || alone <= 0.0 {
+        return None;
+    }
+    Some(format!(
+        "beside the trainer, priority answered the interactive client {:.1}x sooner than fifo at the median ({priority:.2} against {fifo:.2} ms; {:.1}x its {alone:.2} ms alone)",
+        fifo / priority,
+        priority / alone
+    ))
+}
+
 fn say(line: &str) {
     print(&format!("[tour] {line}\n"));
 }
@@ -516,6 +534,33 @@ fn print(text: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_tour_says_what_priority_bought_against_fifo() {
+        let case = |what, p50| Case {
+            what,
+            interactive: Summary {
+                latency_p50_ms: p50,
+                ..Summary::default()
+            },
+            trainer: None,
+        };
+        let cases = [
+            case("alone", Some(0.5)),
+            case("fifo", Some(16.0)),
+            case("priority", Some(2.0)),
+        ];
+        let line = priority_gain(&cases).expect("a line");
+        assert!(line.contains("8.0x sooner"), "{line}");
+        assert!(line.contains("4.0x its 0.50 ms alone"), "{line}");
+        assert!(priority_gain(&cases[..2]).is_none(), "no priority case");
+        let silent = [
+            case("alone", Some(0.5)),
+            case("fifo", None),
+            case("priority", Some(2.0)),
+        ];
+        assert!(priority_gain(&silent).is_none(), "a case without a median");
+    }
 
     #[test]
     fn a_case_lasts_a_sane_number_of_seconds() {

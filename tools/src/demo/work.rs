@@ -41,7 +41,7 @@ pub struct Plan {
 }
 
 /// What a run did, printed as one line or as JSON (the tour reads the JSON).
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Summary {
     pub name: String,
     pub client_id: u64,
