@@ -219,7 +219,8 @@ fn work_queued_after_an_unseen_fault_runs_after_the_takeover_and_the_client_noti
     let mut culprit = Scripted::start(&broker);
     assert!(culprit.run("connect").starts_with("connected"));
     assert_eq!(culprit.run("illegal-unseen"), "ok");
-    // One request: two fills in order (the second must win), read back.
+    // One request: two fills in order (the second must win), and an event recorded between
+    // them and destroyed at once, read back.
     for value in [7.0, 8.0] {
         victim
             .default_stream()
@@ -229,6 +230,8 @@ fn work_queued_after_an_unseen_fault_runs_after_the_takeover_and_the_client_noti
                 value,
             })
             .expect("launch");
+        let event = victim.create_event().expect("event");
+        event.record(&victim.default_stream()).expect("record");
     }
     assert_eq!(
         buf.to_vec().expect("the request is served"),

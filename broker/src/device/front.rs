@@ -212,6 +212,12 @@ impl Device {
                 })?;
                 self.upload_now(stream, src, dst, Some(payload))
             }
+            // The client destroyed the event since: nobody can see a record of it, and a wait
+            // on it cannot be kept (the stream's work is then lost, not run out of order).
+            Call::RecordEvent { event, .. } if !self.owner.recipes.contains(event) => Ok(()),
+            Call::StreamWaitEvent { event, .. } if !self.owner.recipes.contains(event) => Err(
+                DeviceError::InvalidArgument("the event this work waited on is gone".into()),
+            ),
             call => self.queue(stream, |_| call, payload),
         }
     }

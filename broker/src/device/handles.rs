@@ -52,6 +52,11 @@ impl Recipes {
         self.lock().remove(&id);
     }
 
+    /// Whether handle `id` is live.
+    pub fn contains(&self, id: Handle) -> bool {
+        self.lock().contains_key(&id)
+    }
+
     /// An attribute set on function `id`, to set again.
     pub fn note_attribute(&self, id: Handle, attribute: u32, value: i32) {
         if let Some(Recipe::Function { attributes, .. }) = self.lock().get_mut(&id) {
