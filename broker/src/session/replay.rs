@@ -134,6 +134,11 @@ impl SessionState {
             "device reset: work that had not started queued again"
         );
         self.lose_work(failed);
+        // On probation the turn goes back once this work has finished, as after any batch:
+        // a client that goes quiet now must not keep the other suspects waiting.
+        if self.holding_turn {
+            self.account(true);
+        }
     }
 
     /// Tells the fault watchdog where `stream`'s unfinished work begins, when that changed.
