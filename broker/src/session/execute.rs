@@ -444,23 +444,14 @@ impl SessionState {
         if self.lost.refuse(stream) {
             return Err(ErrorCode::WorkLost);
         }
-        if let Some(until) = self.probation_until
-            && !self.holding_turn
-        {
-            if Instant::now() >= until {
-                self.probation_until = None;
-            } else if self.health.acquire_turn(self.info.id) {
-                tracing::debug!("on probation: this suspect's turn");
-                self.holding_turn = true;
-            } else {
-                // A reset began while this suspect waited for its turn: the command never
-                // ran, so it runs after the reset if the client's state is kept
-                // (`replay::run_again_after_reset`), else fails as lost to the reset.
-                tracing::debug!("a reset began while this suspect waited for its turn");
-                self.health
-                    .wait_for_recovery_start(self.epoch, Duration::from_secs(2));
-                return Err(ErrorCode::DeviceReset);
-            }
+        if !self.take_probation_turn() {
+            // A reset began while this suspect waited for its turn: the command never ran,
+            // so it runs after the reset if the client's state is kept
+            // (`replay::run_again_after_reset`), else fails as lost to the reset.
+            tracing::debug!("a reset began while this suspect waited for its turn");
+            self.health
+                .wait_for_recovery_start(self.epoch, Duration::from_secs(2));
+            return Err(ErrorCode::DeviceReset);
         }
         let watch = &self.info.fault_watch;
         if watch.busy_since.load(Ordering::Relaxed) == 0 {
@@ -491,6 +482,27 @@ impl SessionState {
         }
         self.publish_mark(stream);
         r
+    }
+
+    /// On probation, waits for this suspect's turn to run work (a no-op off probation, or
+    /// holding the turn already); false when a reset began meanwhile.
+    pub(super) fn take_probation_turn(&mut self) -> bool {
+        let Some(until) = self.probation_until else {
+            return true;
+        };
+        if self.holding_turn {
+            return true;
+        }
+        if Instant::now() >= until {
+            self.probation_until = None;
+            return true;
+        }
+        if !self.health.acquire_turn(self.info.id) {
+            return false;
+        }
+        tracing::debug!("on probation: this suspect's turn");
+        self.holding_turn = true;
+        true
     }
 
     /// [`SessionState::check_device`] for a range a command writes: a write into a module

@@ -5,7 +5,6 @@
 
 use std::collections::BTreeSet;
 use std::sync::atomic::Ordering;
-use std::time::Instant;
 
 use gpushare_protocol::{Command, ErrorCode, StreamId};
 
@@ -81,17 +80,10 @@ impl SessionState {
             return;
         }
         let streams: Vec<StreamId> = work.iter().map(|(id, _)| *id).collect();
-        if self
-            .probation_until
-            .is_some_and(|until| Instant::now() < until)
-            && !self.holding_turn
-        {
-            if !self.health.acquire_turn(self.info.id) {
-                // Another reset began: this work goes with it.
-                self.lose_work(streams);
-                return;
-            }
-            self.holding_turn = true;
+        if !self.take_probation_turn() {
+            // Another reset began: this work goes with it.
+            self.lose_work(streams);
+            return;
         }
         let mut calls: Vec<(StreamId, Kept)> = work
             .into_iter()

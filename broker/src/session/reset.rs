@@ -152,9 +152,7 @@ impl Lost {
     /// Whether a reset took work of any stream that no sync has reported yet.
     pub(super) fn take_any_work(&mut self) -> bool {
         let any = self.work.iter().any(|s| !self.refused.contains(s));
-        self.work.clear();
-        self.work_events.clear();
-        self.refused.clear();
+        self.told_all();
         any
     }
 
