@@ -39,22 +39,29 @@ pub enum ShmError {
     Map(std::io::Error),
 }
 
+/// A zeroed memfd of `size` bytes whose size is sealed: whoever it is shared with cannot
+/// shrink it under a mapping (which would fault the mapper).
+pub fn sealed_memfd(name: &str, size: usize) -> Result<OwnedFd, ShmError> {
+    let memfd = memfd_create(name, MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING)
+        .map_err(ShmError::Create)?;
+    nix::unistd::ftruncate(&memfd, size as libc::off_t)
+        .map_err(|source| ShmError::Size { size, source })?;
+    fcntl(
+        &memfd,
+        FcntlArg::F_ADD_SEALS(
+            SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW | SealFlag::F_SEAL_SEAL,
+        ),
+    )
+    .map_err(ShmError::Seal)?;
+    Ok(memfd)
+}
+
 impl SharedRegion {
     /// Creates and maps a zeroed region for `layout` (which must be valid). Its size is sealed
     /// so that the client cannot shrink it under the broker (which would fault the broker).
     pub fn create(name: &str, layout: ShmLayout) -> Result<SharedRegion, ShmError> {
         let size = layout.total_size();
-        let memfd = memfd_create(name, MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING)
-            .map_err(ShmError::Create)?;
-        nix::unistd::ftruncate(&memfd, size as libc::off_t)
-            .map_err(|source| ShmError::Size { size, source })?;
-        fcntl(
-            &memfd,
-            FcntlArg::F_ADD_SEALS(
-                SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW | SealFlag::F_SEAL_SEAL,
-            ),
-        )
-        .map_err(ShmError::Seal)?;
+        let memfd = sealed_memfd(name, size)?;
         let map = MmapOptions::new()
             .len(size)
             .map_raw(&memfd)

@@ -20,14 +20,11 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use nix::fcntl::{FcntlArg, SealFlag, fcntl};
-use nix::sys::memfd::{MFdFlags, memfd_create};
-
 use super::call::{Call, Handle, Span};
 use super::handles::Stream;
 use super::link::Link;
 use super::{DeviceError, DeviceResult};
-use crate::shm::HostRegion;
+use crate::shm::{HostRegion, sealed_memfd};
 
 /// Streams the page has slots for (every stream of every session on the device).
 const SLOTS: u32 = 16 * 1024;
@@ -133,17 +130,8 @@ impl Progress {
             DeviceError::Failed(format!("progress page: {what}: {e}"))
         };
         let len = u64::from(SLOTS) * 4 + STAGING;
-        let memfd = memfd_create(
-            "gpushare-progress",
-            MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING,
-        )
-        .map_err(|e| failed("memfd_create", &e))?;
-        nix::unistd::ftruncate(&memfd, len as libc::off_t).map_err(|e| failed("ftruncate", &e))?;
-        fcntl(
-            &memfd,
-            FcntlArg::F_ADD_SEALS(SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW),
-        )
-        .map_err(|e| failed("seal", &e))?;
+        let memfd =
+            sealed_memfd("gpushare-progress", len as usize).map_err(|e| failed("memfd", &e))?;
         let page = HostRegion::map(&memfd, len, 0).map_err(|e| failed("map", &e))?;
         link.share_memory(page.id(), memfd.as_fd(), len, 0)?;
         Ok(Progress {
