@@ -116,14 +116,7 @@ impl Pool {
             let size = self.round(bytes).ok_or(DeviceError::OutOfMemory)?;
             let at = match take_idle(&mut st, owner, size) {
                 Some(at) => at,
-                None => match self.new_chunk(&mut st, link, size, false, owner) {
-                    // Memory held idle goes back before an allocation is refused.
-                    Err(DeviceError::OutOfMemory) if !st.idle.is_empty() => {
-                        self.expire_idle(&mut st, link, Instant::now() + IDLE_FOR);
-                        self.new_chunk(&mut st, link, size, false, owner)?
-                    }
-                    other => other?,
-                },
+                None => self.new_chunk(&mut st, link, size, false, owner)?,
             };
             st.allocations.insert(at, (at, bytes));
             at
@@ -138,13 +131,7 @@ impl Pool {
                 Some(f) => f,
                 None => {
                     let size = self.round(SMALL_MAX).ok_or(DeviceError::OutOfMemory)?;
-                    let at = match self.new_chunk(&mut st, link, size, true, owner) {
-                        Err(DeviceError::OutOfMemory) if !st.idle.is_empty() => {
-                            self.expire_idle(&mut st, link, Instant::now() + IDLE_FOR);
-                            self.new_chunk(&mut st, link, size, true, owner)?
-                        }
-                        other => other?,
-                    };
+                    let at = self.new_chunk(&mut st, link, size, true, owner)?;
                     let free = st
                         .chunks
                         .get_mut(&at)
@@ -258,7 +245,26 @@ impl Pool {
         Ok(bytes)
     }
 
+    /// A fresh chunk of `size`; memory held idle goes back before it is refused for want of
+    /// memory.
     fn new_chunk(
+        &self,
+        st: &mut State,
+        link: &dyn Link,
+        size: u64,
+        shared: bool,
+        owner: u32,
+    ) -> DeviceResult<u64> {
+        match self.place_chunk(st, link, size, shared, owner) {
+            Err(DeviceError::OutOfMemory) if !st.idle.is_empty() => {
+                self.expire_idle(st, link, Instant::now() + IDLE_FOR);
+                self.place_chunk(st, link, size, shared, owner)
+            }
+            other => other,
+        }
+    }
+
+    fn place_chunk(
         &self,
         st: &mut State,
         link: &dyn Link,
