@@ -69,6 +69,18 @@ pub fn status(r: &StatusReport) -> String {
         ByteSize(r.memory_used),
         ByteSize(total)
     );
+    let u = &r.usage;
+    let _ = writeln!(
+        out,
+        "gpushared: {} of CPU, memory {}, {} threads; {} device worker{}: {} of CPU, memory {}",
+        gpu_time(u.cpu_ns),
+        ByteSize(u.rss_bytes),
+        u.threads,
+        u.workers,
+        if u.workers == 1 { "" } else { "s" },
+        gpu_time(u.workers_cpu_ns),
+        ByteSize(u.workers_rss_bytes)
+    );
     let _ = writeln!(out, "clients: {}", r.clients.len());
     if !r.clients.is_empty() {
         out.push_str(&clients(&r.clients));
@@ -294,6 +306,21 @@ pub fn telemetry_line(f: &Frame) -> Option<String> {
     })
 }
 
+/// gpushared's own cost: CPU as `top` counts it (100% = one core), and resident memory.
+pub fn broker_line(f: &Frame) -> String {
+    let b = &f.broker;
+    format!(
+        "gpushared: CPU {:.1}% · {} device worker{} {:.1}% · memory {} + workers {} · {} threads",
+        b.cpu_cores * 100.0,
+        b.workers,
+        if b.workers == 1 { "" } else { "s" },
+        b.workers_cpu_cores * 100.0,
+        ByteSize(b.rss_bytes),
+        ByteSize(b.workers_rss_bytes),
+        b.threads
+    )
+}
+
 /// A batch frame, like one screen of `top -b`.
 pub fn top_frame(f: &Frame, rows: &[&Row]) -> String {
     let mut out = String::new();
@@ -301,6 +328,7 @@ pub fn top_frame(f: &Frame, rows: &[&Row]) -> String {
     for d in &f.devices {
         let _ = writeln!(out, "{}", device_line(d));
     }
+    let _ = writeln!(out, "{}", broker_line(f));
     if let Some(t) = telemetry_line(f) {
         let _ = writeln!(out, "{t}");
     }

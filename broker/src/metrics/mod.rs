@@ -83,6 +83,37 @@ pub fn render_with_telemetry(
         "Device memory held by all clients on all devices.",
     );
     out.sample("gpushare_memory_used_bytes", &[], report.memory_used as f64);
+    let usage = &report.usage;
+    out.family(
+        "gpushare_broker_cpu_seconds_total",
+        "counter",
+        "CPU time, user and system, of gpushared (part=\"gpushared\") and of its device workers (part=\"workers\").",
+    );
+    for (part, ns) in [
+        ("gpushared", usage.cpu_ns),
+        ("workers", usage.workers_cpu_ns),
+    ] {
+        out.sample(
+            "gpushare_broker_cpu_seconds_total",
+            &[("part", part)],
+            ns as f64 / 1e9,
+        );
+    }
+    out.family(
+        "gpushare_broker_resident_bytes",
+        "gauge",
+        "Resident memory of gpushared and of its live device workers.",
+    );
+    for (part, bytes) in [
+        ("gpushared", usage.rss_bytes),
+        ("workers", usage.workers_rss_bytes),
+    ] {
+        out.sample(
+            "gpushare_broker_resident_bytes",
+            &[("part", part)],
+            bytes as f64,
+        );
+    }
 
     let gpu_labels: Vec<(String, &str)> = devices
         .iter()
@@ -220,6 +251,22 @@ mod tests {
         );
         assert_eq!(value(&scrape, "gpushare_clients", &[]), 2.0);
         assert_eq!(value(&scrape, "gpushare_uptime_seconds", &[]), 65.5);
+        assert_eq!(
+            value(
+                &scrape,
+                "gpushare_broker_cpu_seconds_total",
+                &[("part", "workers")]
+            ),
+            0.75
+        );
+        assert_eq!(
+            value(
+                &scrape,
+                "gpushare_broker_resident_bytes",
+                &[("part", "gpushared")]
+            ),
+            (24u64 << 20) as f64
+        );
         assert_eq!(
             value(&scrape, "gpushare_memory_used_bytes", &[]),
             6_291_456.0

@@ -79,6 +79,14 @@ pub fn report() -> StatusReport {
         processes: Vec::new(),
         outside_load: Default::default(),
         users: Vec::new(),
+        usage: gpushare_protocol::stats::BrokerUsage {
+            cpu_ns: 2_000_000_000,
+            workers_cpu_ns: 750_000_000,
+            rss_bytes: 24 << 20,
+            workers_rss_bytes: 600 << 20,
+            threads: 8,
+            workers: 2,
+        },
     }
 }
 

@@ -40,6 +40,7 @@ mod listen;
 mod status;
 #[cfg(test)]
 mod testing;
+mod usage;
 
 pub use listen::{BindError, bind};
 

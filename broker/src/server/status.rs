@@ -151,6 +151,7 @@ impl Broker {
             processes,
             outside_load,
             users: self.accounts.snapshot(),
+            usage: super::usage::broker_usage(),
         }
     }
 }

@@ -28,6 +28,26 @@ pub struct StatusReport {
     /// Each user's sessions together: what the per-user quota counts.
     #[serde(default)]
     pub users: Vec<UserStats>,
+    /// What gpushared itself costs the machine.
+    #[serde(default)]
+    pub usage: BrokerUsage,
+}
+
+/// gpushared's own use of the machine: its process, and its device workers (spares
+/// included). CPU times only grow (a replaced worker's time stays counted once it is reaped),
+/// so a monitor turns two reports into a CPU share.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BrokerUsage {
+    /// CPU time, user and system, gpushared's own threads have used since it started, ns.
+    pub cpu_ns: u64,
+    /// CPU time of its device workers, live and reaped, ns.
+    pub workers_cpu_ns: u64,
+    /// Resident memory of gpushared, and of its live device workers together, bytes.
+    pub rss_bytes: u64,
+    pub workers_rss_bytes: u64,
+    pub threads: u32,
+    /// Device workers alive now.
+    pub workers: u32,
 }
 
 /// One user's sessions together (library, governed and consolidated alike).

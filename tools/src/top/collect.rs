@@ -9,7 +9,7 @@ use std::collections::HashMap;
 
 use gpushare::{ClientStats, Monitor, StatusReport};
 use gpushare_protocol::control::DeviceInfo;
-use gpushare_protocol::stats::{ClientMode, ProcessActivity, TelemetryStatus};
+use gpushare_protocol::stats::{BrokerUsage, ClientMode, ProcessActivity, TelemetryStatus};
 use gpushare_protocol::text::printable;
 use gpushare_tools::socket::BrokerSocket;
 use serde::Serialize;
@@ -106,7 +106,41 @@ pub struct Frame {
     pub clients: usize,
     /// `None` when the broker reports nothing about telemetry.
     pub telemetry: Option<TelemetryStatus>,
+    /// What gpushared itself costs.
+    pub broker: BrokerLoad,
     pub rows: Vec<Row>,
+}
+
+/// gpushared's own CPU and memory: CPU over the last interval (its average since it started
+/// on the first frame), in cores (1.0 = one core busy all the time).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct BrokerLoad {
+    pub cpu_cores: f64,
+    /// Its device workers', spares included.
+    pub workers_cpu_cores: f64,
+    pub rss_bytes: u64,
+    pub workers_rss_bytes: u64,
+    pub threads: u32,
+    pub workers: u32,
+}
+
+impl BrokerLoad {
+    fn derive(now: &BrokerUsage, before: Option<&BrokerUsage>, span_ms: u64) -> BrokerLoad {
+        let zero = BrokerUsage::default();
+        let before = before.unwrap_or(&zero);
+        let cores = |now: u64, then: u64| match span_ms {
+            0 => 0.0,
+            ms => now.saturating_sub(then) as f64 / (ms as f64 * 1e6),
+        };
+        BrokerLoad {
+            cpu_cores: cores(now.cpu_ns, before.cpu_ns),
+            workers_cpu_cores: cores(now.workers_cpu_ns, before.workers_cpu_ns),
+            rss_bytes: now.rss_bytes,
+            workers_rss_bytes: now.workers_rss_bytes,
+            threads: now.threads,
+            workers: now.workers,
+        }
+    }
 }
 
 /// What the report says beyond the broker's own accounting. Brokers that run eBPF telemetry
@@ -164,6 +198,7 @@ struct Counters {
 #[derive(Debug, Default)]
 struct Previous {
     uptime_ms: u64,
+    usage: BrokerUsage,
     rows: HashMap<RowKey, Counters>,
 }
 
@@ -302,8 +337,13 @@ impl Deriver {
         }
 
         let devices = device_loads(report, &rows);
+        let broker = match (previous.as_ref(), interval_ms) {
+            (Some(p), Some(ms)) => BrokerLoad::derive(&report.usage, Some(&p.usage), ms),
+            _ => BrokerLoad::derive(&report.usage, None, report.uptime_ms),
+        };
         self.previous = Some(Previous {
             uptime_ms: report.uptime_ms,
+            usage: report.usage,
             rows: now,
         });
         Frame {
@@ -315,6 +355,7 @@ impl Deriver {
             devices,
             clients: report.clients.len(),
             telemetry: extras.telemetry.clone(),
+            broker,
             rows,
         }
     }
@@ -503,6 +544,7 @@ pub(crate) mod tests {
             processes: Vec::new(),
             outside_load: Default::default(),
             users: Vec::new(),
+            usage: Default::default(),
         }
     }
 
@@ -570,6 +612,36 @@ pub(crate) mod tests {
             crate::format::device_line(&f.devices[0]).contains("util 0.0%"),
             "{}",
             crate::format::device_line(&f.devices[0])
+        );
+    }
+
+    #[test]
+    fn the_brokers_cpu_is_its_average_at_first_then_the_last_intervals() {
+        let mut d = Deriver::default();
+        let mut r = report(10_000, Vec::new());
+        r.usage = BrokerUsage {
+            cpu_ns: 1_000_000_000,
+            workers_cpu_ns: 500_000_000,
+            rss_bytes: 20 << 20,
+            workers_rss_bytes: 600 << 20,
+            threads: 7,
+            workers: 2,
+        };
+        let f1 = d.derive(&r, &Extras::default());
+        assert!((f1.broker.cpu_cores - 0.1).abs() < 1e-9, "{:?}", f1.broker);
+        assert!((f1.broker.workers_cpu_cores - 0.05).abs() < 1e-9);
+        // 500 ms later: 250 ms more CPU is half a core; a worker replaced and not yet reaped
+        // (its time gone from the sum) counts as none, not as a negative share.
+        r.uptime_ms += 500;
+        r.usage.cpu_ns += 250_000_000;
+        r.usage.workers_cpu_ns -= 100_000_000;
+        let f2 = d.derive(&r, &Extras::default());
+        assert!((f2.broker.cpu_cores - 0.5).abs() < 1e-9, "{:?}", f2.broker);
+        assert_eq!(f2.broker.workers_cpu_cores, 0.0);
+        let line = crate::format::broker_line(&f2);
+        assert_eq!(
+            line,
+            "gpushared: CPU 50.0% · 2 device workers 0.0% · memory 20.0 MiB + workers 600.0 MiB · 7 threads"
         );
     }
 

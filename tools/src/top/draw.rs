@@ -21,7 +21,8 @@ pub fn draw(f: &mut Frame, state: &State) {
     let frame = state.frame.as_ref();
     let devices = frame.map_or(0, |fr| fr.devices.len()) as u16;
     let telemetry = frame.and_then(format::telemetry_line);
-    let header_height = 2 + 1 + devices + u16::from(telemetry.is_some());
+    // Borders, the summary, the devices, gpushared's own cost, telemetry.
+    let header_height = 2 + 1 + devices + 1 + u16::from(telemetry.is_some());
     let [header, table, history, footer] = Layout::vertical([
         Constraint::Length(header_height),
         Constraint::Min(3),
@@ -73,6 +74,9 @@ fn draw_header(f: &mut Frame, area: Rect, state: &State, telemetry: Option<Strin
                 draw_device(f, line, d);
             }
         }
+    }
+    if let (Some(fr), Some(line)) = (&state.frame, lines.next()) {
+        f.render_widget(Paragraph::new(format::broker_line(fr)).dim(), line);
     }
     if let (Some(t), Some(line)) = (telemetry, lines.next()) {
         f.render_widget(Paragraph::new(t).dim(), line);
@@ -437,6 +441,10 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("GPU 0 sim-gpu-0"), "{text}");
+        assert!(
+            text.contains("gpushared: CPU "),
+            "the broker's own cost: {text}"
+        );
         assert!(text.contains("util  70.0%"), "{text}");
         assert!(text.contains("mem 512.0 MiB / 16.0 GiB"), "{text}");
         let header = text.lines().find(|l| l.contains("COMMAND")).unwrap_or("");

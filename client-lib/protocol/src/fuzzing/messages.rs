@@ -7,7 +7,7 @@ use crate::control::{
 use crate::error::{ErrorCode, WireError};
 use crate::ring::ShmLayout;
 use crate::stats::{
-    ClientStats, IoctlStats, OutsideLoad, ProcessActivity, ProcessKind, StatusReport,
+    BrokerUsage, ClientStats, IoctlStats, OutsideLoad, ProcessActivity, ProcessKind, StatusReport,
     TelemetryStatus, UserStats,
 };
 
@@ -142,6 +142,14 @@ fn status_report() -> StatusReport {
             module_bytes: 5 << 20,
             max_module_bytes: Some(1 << 30),
         }],
+        usage: BrokerUsage {
+            cpu_ns: 1_500_000_000,
+            workers_cpu_ns: 700_000_000,
+            rss_bytes: 25 << 20,
+            workers_rss_bytes: 600 << 20,
+            threads: 9,
+            workers: 2,
+        },
     }
 }
 
