@@ -12,6 +12,8 @@ use clap::{Parser, Subcommand};
 use gpushare::{Client, ConnectOptions, PriorityClass};
 use gpushare_tools::output::print;
 
+mod cost;
+mod private;
 mod tour;
 mod work;
 
@@ -58,6 +60,10 @@ struct Args {
     /// Print the summary as JSON.
     #[arg(long)]
     json: bool,
+    /// The session's shared host region (rings' data and staging), KiB; the broker's
+    /// default otherwise.
+    #[arg(long)]
+    arena_kib: Option<u64>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -66,6 +72,9 @@ enum Tour {
     /// beside a best-effort trainer under FIFO, then under the priority policy; a quota
     /// refusal; a `gpushare top -b` frame. Every result is checked.
     Tour(tour::TourArgs),
+    /// Start a private broker and measure what it costs the CPU: its CPU time per thousand
+    /// requests of a high and of a best-effort client, and its CPU with many idle clients.
+    Cost(cost::CostArgs),
 }
 
 fn parse_class(s: &str) -> Result<PriorityClass, String> {
@@ -74,14 +83,26 @@ fn parse_class(s: &str) -> Result<PriorityClass, String> {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    if let Some(Tour::Tour(t)) = &args.tour {
-        return match tour::run(t) {
+    let ran = match &args.tour {
+        Some(Tour::Tour(t)) => Some(("tour", tour::run(t))),
+        Some(Tour::Cost(c)) => Some(("cost", cost::run(c))),
+        None => None,
+    };
+    if let Some((what, result)) = ran {
+        return match result {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
-                eprintln!("gpushare-demo tour: {e:#}");
+                eprintln!("gpushare-demo {what}: {e:#}");
                 ExitCode::FAILURE
             }
         };
+    }
+    if args.workload == Workload::Idle && !args.until_eof {
+        eprintln!(
+            "gpushare-demo {}: --workload idle holds its session until standard input closes: add --until-eof",
+            args.name
+        );
+        return ExitCode::FAILURE;
     }
     match client(&args) {
         Ok(summary) => {
@@ -111,6 +132,7 @@ fn client(args: &Args) -> anyhow::Result<work::Summary> {
     let client = Client::connect_with(ConnectOptions {
         name: args.name.clone(),
         class: args.class,
+        arena_size: args.arena_kib.map_or(0, |k| k.saturating_mul(1024)),
         ..Default::default()
     })?;
     let granted = client.session().class;

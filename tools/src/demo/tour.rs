@@ -8,16 +8,14 @@
 //! and the broker must stop cleanly.
 
 use std::io::Write as _;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use bytesize::ByteSize;
-use gpushare::{
-    Client, ConnectOptions, DeviceBuffer, ErrorCode, Monitor, PriorityClass, StatusReport,
-};
+use gpushare::{Client, ConnectOptions, DeviceBuffer, ErrorCode, PriorityClass, StatusReport};
 
+use super::private::{Broker, BrokerArgs, Worker, sibling};
 use super::work::{Summary, ms};
 
 mod policy;
@@ -25,12 +23,8 @@ use policy::{DEFAULT_LOWER_SM_SHARE, Priority, QUOTA, partition_note};
 
 #[derive(Debug, clap::Args)]
 pub struct TourArgs {
-    /// The device: auto (the GPU when one is usable, else the sim device), cuda or sim.
-    #[arg(long, default_value = "auto")]
-    backend: String,
-    /// The broker binary (default: gpushared next to this program).
-    #[arg(long, value_name = "PATH")]
-    gpushared: Option<PathBuf>,
+    #[command(flatten)]
+    broker: BrokerArgs,
     /// Seconds each case runs (0.2 to 60).
     #[arg(long, default_value = "1.5", value_parser = parse_seconds)]
     seconds: Duration,
@@ -39,9 +33,6 @@ pub struct TourArgs {
     /// partitions and leaves it out.
     #[arg(long, default_value_t = DEFAULT_LOWER_SM_SHARE, value_parser = parse_share)]
     lower_sm_share: f64,
-    /// Run the broker without eBPF telemetry.
-    #[arg(long)]
-    no_telemetry: bool,
 }
 
 fn parse_seconds(s: &str) -> Result<Duration, String> {
@@ -60,197 +51,9 @@ fn parse_share(s: &str) -> Result<f64, String> {
     }
 }
 
-/// A binary installed or built next to this one.
-fn sibling(name: &str) -> anyhow::Result<PathBuf> {
-    let me = std::env::current_exe().context("cannot find this program's path")?;
-    let path = me.with_file_name(name);
-    if !path.is_file() {
-        bail!(
-            "{} not found next to {}: build the workspace (cargo build --release)",
-            path.display(),
-            me.display()
-        );
-    }
-    Ok(path)
-}
-
 /// The tour's policy file for this user.
 fn policy(scheduler: &str, priority: Priority) -> String {
     policy::policy(scheduler, priority, nix::unistd::getuid().as_raw())
-}
-
-/// The tour's broker: killed, if it is still running, when dropped.
-struct Broker {
-    child: Child,
-    socket: PathBuf,
-    log: PathBuf,
-    policy: PathBuf,
-}
-
-impl Broker {
-    fn start(args: &TourArgs, dir: &Path) -> anyhow::Result<Broker> {
-        let bin = match &args.gpushared {
-            Some(p) => p.clone(),
-            None => sibling("gpushared")?,
-        };
-        let socket = dir.join("gpushare.sock");
-        let log = dir.join("gpushared.log");
-        let policy_path = dir.join("policy.toml");
-        std::fs::write(&policy_path, policy("fifo", Priority::PLAIN))
-            .context("cannot write the policy file")?;
-        let mut cmd = Command::new(&bin);
-        cmd.arg("--socket")
-            .arg(&socket)
-            .args(["--backend", &args.backend, "--socket-mode", "600"])
-            .arg("--config")
-            .arg(&policy_path)
-            .arg("--sim-realtime")
-            .args(["--log", "info"])
-            .env_remove("RUST_LOG")
-            .env("NO_COLOR", "1")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).context("cannot create the broker log")?);
-        if args.no_telemetry {
-            cmd.arg("--no-telemetry");
-        }
-        let child = cmd
-            .spawn()
-            .with_context(|| format!("cannot start {}", bin.display()))?;
-        let mut broker = Broker {
-            child,
-            socket,
-            log,
-            policy: policy_path,
-        };
-        let started = Instant::now();
-        while Monitor::connect(&broker.socket).is_err() {
-            if let Some(status) = broker.child.try_wait()? {
-                bail!(
-                    "gpushared exited ({status}) before it was ready:\n{}",
-                    broker.log_text()
-                );
-            }
-            if started.elapsed() > Duration::from_secs(60) {
-                bail!("gpushared was not ready in 60 s:\n{}", broker.log_text());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Ok(broker)
-    }
-
-    fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    fn status(&self) -> anyhow::Result<StatusReport> {
-        Ok(Monitor::connect(&self.socket)?.status()?)
-    }
-
-    /// Waits until `done` holds for the broker's status.
-    fn wait_for(&self, what: &str, done: impl Fn(&StatusReport) -> bool) -> anyhow::Result<()> {
-        let started = Instant::now();
-        loop {
-            if done(&self.status()?) {
-                return Ok(());
-            }
-            if started.elapsed() > Duration::from_secs(30) {
-                bail!("gave up waiting for {what}");
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-
-    /// Switches the scheduling policy as an administrator would: edit, then reload (SIGHUP).
-    fn switch_to(&self, scheduler: &str, priority: Priority) -> anyhow::Result<()> {
-        std::fs::write(&self.policy, policy(scheduler, priority))
-            .context("cannot rewrite the policy")?;
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(self.child.id() as i32),
-            nix::sys::signal::Signal::SIGHUP,
-        )
-        .context("cannot signal gpushared")?;
-        self.wait_for(&format!("the {scheduler} policy"), |s| {
-            s.policy == scheduler
-        })
-    }
-
-    /// SIGTERM, then the exit status; the socket must be gone.
-    fn stop(mut self) -> anyhow::Result<()> {
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(self.child.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        )
-        .context("cannot signal gpushared")?;
-        let status = self.child.wait()?;
-        if !status.success() {
-            bail!("gpushared exited with {status}:\n{}", self.log_text());
-        }
-        if self.socket.exists() {
-            bail!("gpushared left its socket behind");
-        }
-        Ok(())
-    }
-}
-
-impl Drop for Broker {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
-
-/// A demo client process that works until its standard input closes.
-struct Worker {
-    name: &'static str,
-    child: Child,
-}
-
-impl Worker {
-    fn start(broker: &Broker, name: &'static str, extra: &[&str]) -> anyhow::Result<Worker> {
-        let child = Command::new(sibling("gpushare-demo")?)
-            .args(["--name", name, "--until-eof", "--json"])
-            .args(extra)
-            .env("GPUSHARE_SOCKET", &broker.socket)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .with_context(|| format!("cannot start the {name} client"))?;
-        let worker = Worker { name, child };
-        broker.wait_for(&format!("the {name} client to connect"), |s| {
-            s.clients.iter().any(|c| c.name == name)
-        })?;
-        Ok(worker)
-    }
-
-    /// Ends its work and reads its summary; fails unless every result was right.
-    fn finish(mut self) -> anyhow::Result<Summary> {
-        drop(self.child.stdin.take());
-        let out = self.child.wait_with_output()?;
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        if !out.status.success() {
-            bail!("the {} client failed ({}): {stderr}", self.name, out.status);
-        }
-        let summary: Summary = serde_json::from_slice(&out.stdout).with_context(|| {
-            format!(
-                "the {} client's summary: {}",
-                self.name,
-                String::from_utf8_lossy(&out.stdout)
-            )
-        })?;
-        if summary.mismatches != 0 || summary.iterations == 0 {
-            bail!(
-                "the {} client got {} wrong results in {} iterations",
-                self.name,
-                summary.mismatches,
-                summary.iterations
-            );
-        }
-        Ok(summary)
-    }
 }
 
 fn interactive(broker: &Broker) -> anyhow::Result<Worker> {
@@ -297,7 +100,7 @@ struct Case {
 
 pub fn run(args: &TourArgs) -> anyhow::Result<()> {
     let dir = tempfile::tempdir().context("cannot make a temporary directory")?;
-    let broker = Broker::start(args, dir.path())?;
+    let broker = Broker::start(&args.broker, dir.path(), &policy("fifo", Priority::PLAIN))?;
     let report = broker.status()?;
     say(&format!(
         "broker up: backend {}, device {}: {} SMs, {}; policy {}",
@@ -347,7 +150,7 @@ pub fn run(args: &TourArgs) -> anyhow::Result<()> {
     say(&format!(
         "case 3: the same, after switching the policy to priority (edit + SIGHUP): {priority}{partitions}"
     ));
-    broker.switch_to("priority", priority)?;
+    broker.switch_to("priority", &policy("priority", priority))?;
     cases.push(beside_trainer(
         &broker,
         phase,

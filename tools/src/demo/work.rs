@@ -23,6 +23,9 @@ pub enum Workload {
     Interactive,
     /// Steps of long kernels, each step ending with a checked vector update: a training job.
     Trainer,
+    /// Nothing: holds its session until stopped (with `--until-eof`), as a notebook left
+    /// open does.
+    Idle,
 }
 
 /// How much work, and how long.
@@ -63,6 +66,9 @@ pub struct Summary {
     pub latency_p99_ms: Option<f64>,
     /// Trainer: steps per second of wall time.
     pub steps_per_s: Option<f64>,
+    /// CPU time, user and system, this client process used during the run.
+    #[serde(default)]
+    pub cpu_s: f64,
 }
 
 impl Summary {
@@ -147,6 +153,7 @@ pub fn run(client: &Client, name: &str, plan: &Plan, stop: &AtomicBool) -> anyho
     let started = Instant::now();
     start_event.record(&stream)?;
 
+    let cpu_before = cpu_time();
     let n = plan.size.max(1);
     let mut t = Tally::default();
     let buffers = Buffers::new(client, n)?;
@@ -166,6 +173,11 @@ pub fn run(client: &Client, name: &str, plan: &Plan, stop: &AtomicBool) -> anyho
                 t.latencies.push(begun.elapsed());
                 client.end_iteration()?;
                 std::thread::sleep(think_time(plan.think, it));
+            }
+            Workload::Idle => {
+                // Counts no iterations: it does nothing but wait to be stopped.
+                std::thread::sleep(Duration::from_millis(100));
+                continue;
             }
             Workload::Trainer => {
                 for _ in 0..plan.kernels_per_step {
@@ -205,6 +217,15 @@ pub fn run(client: &Client, name: &str, plan: &Plan, stop: &AtomicBool) -> anyho
         latency_p50_ms: percentile(&t.latencies, 50.0).map(as_ms),
         latency_p99_ms: percentile(&t.latencies, 99.0).map(as_ms),
         steps_per_s: trainer.then(|| t.iterations as f64 / wall.as_secs_f64().max(1e-9)),
+        cpu_s: (cpu_time() - cpu_before).max(0.0),
+    })
+}
+
+/// CPU time, user and system, this process has used, in seconds.
+fn cpu_time() -> f64 {
+    nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_SELF).map_or(0.0, |u| {
+        let secs = |t: nix::sys::time::TimeVal| t.tv_sec() as f64 + t.tv_usec() as f64 / 1e6;
+        secs(u.user_time()) + secs(u.system_time())
     })
 }
 
