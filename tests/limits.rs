@@ -317,3 +317,75 @@ fn a_thousand_idle_clients_cost_no_cpu_and_little_memory() {
         threads(&broker)
     );
 }
+
+#[test]
+fn idle_high_priority_clients_cost_neither_gpushared_nor_its_device_workers_cpu() {
+    // High-class sessions spin longest after their work (gpushared's data thread, and the
+    // device worker's thread for it): once idle, both must sleep, and so must the fault
+    // guardian. `gpushare-demo cost` once found 100 idle demo clients under the priority
+    // policy taking two cores, in the workers (threads that spun again after every timeout);
+    // this smaller run checks the same property on every run.
+    const CLIENTS: usize = 30;
+    let broker = Broker::start_with(BrokerOptions {
+        policy: Some(format!(
+            "scheduler = \"priority\"\n[defaults]\nclass = \"high\"\nmax_sessions = {CLIENTS}\n"
+        )),
+        extra_args: vec!["--sim-realtime".into()],
+        ..Default::default()
+    });
+    broker.dump_log_if_stuck(Duration::from_secs(120));
+    // Programs that set up their buffers and then sit idle, as a notebook left open does.
+    let mut clients: Vec<std::process::Child> = (0..CLIENTS)
+        .map(|i| {
+            broker
+                .command("gpushare-demo")
+                .args(["--name", &format!("idle{i}"), "--workload", "idle"])
+                .args(["--until-eof", "--arena-kib", "256"])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::null())
+                .spawn()
+                .unwrap_or_else(|e| panic!("client {i}: {e}"))
+        })
+        .collect();
+    // Idle: every client connected, and none has sent a command for half a second (on a
+    // loaded machine the last ones take a while to set up).
+    let mut last = None;
+    assert!(
+        wait_until(Duration::from_secs(120), || {
+            let s = broker.status();
+            let commands: u64 = s.clients.iter().map(|c| c.commands).sum();
+            let settled = s.clients.len() == CLIENTS && last == Some(commands);
+            last = Some(commands);
+            if !settled {
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            settled
+        }),
+        "every client connected and idle"
+    );
+    let before = broker.status().usage;
+    std::thread::sleep(Duration::from_secs(2));
+    let after = broker.status().usage;
+    let ms = |a: u64, b: u64| a.saturating_sub(b) / 1_000_000;
+    let (own, workers) = (
+        ms(after.cpu_ns, before.cpu_ns),
+        ms(after.workers_cpu_ns, before.workers_cpu_ns),
+    );
+    eprintln!(
+        "{CLIENTS} idle high-class clients, 2 s: gpushared {own} ms of CPU, its device workers {workers} ms"
+    );
+    for c in &mut clients {
+        drop(c.stdin.take());
+    }
+    for c in &mut clients {
+        let _ = c.wait();
+    }
+    assert!(
+        after.workers >= 1,
+        "the status counts the device workers: {after:?}"
+    );
+    assert!(
+        own <= 200 && workers <= 200,
+        "{CLIENTS} idle clients cost gpushared {own} ms and its device workers {workers} ms of CPU in 2 s"
+    );
+}

@@ -89,6 +89,10 @@ pub struct DeviceHealth {
     origin: Instant,
     state: Mutex<HealthState>,
     pub(super) changed: Condvar,
+    /// The guardian looks for faults and hangs only now and then while no session has work
+    /// on the device (it sets this); the first session that queues work clears it and wakes
+    /// the guardian ([`DeviceHealth::mark_busy`]).
+    pub(super) dozing: AtomicBool,
 }
 
 impl DeviceHealth {
@@ -101,7 +105,25 @@ impl DeviceHealth {
             origin: Instant::now(),
             state: Mutex::default(),
             changed: Condvar::new(),
+            dozing: AtomicBool::new(false),
         })
+    }
+
+    /// A session's work went on the device: its stamp for the watchdog, and the guardian
+    /// roused if it dozes.
+    pub fn mark_busy(&self, watch: &FaultWatch) {
+        // SeqCst with the guardian's own pair (set `dozing`, then look at every stamp): one of
+        // the two sees the other.
+        watch.busy_since.store(self.now_ns(), Ordering::SeqCst);
+        self.rouse();
+    }
+
+    /// Wakes the guardian if it dozes.
+    pub(super) fn rouse(&self) {
+        if self.dozing.load(Ordering::SeqCst) && self.dozing.swap(false, Ordering::SeqCst) {
+            let _st = self.lock();
+            self.changed.notify_all();
+        }
     }
 
     pub(super) fn lock(&self) -> MutexGuard<'_, HealthState> {
@@ -119,6 +141,7 @@ impl DeviceHealth {
 
     pub fn register(&self, info: Arc<dyn Member>) {
         self.lock().sessions.insert(info.id(), info);
+        self.dozing.store(false, Ordering::SeqCst);
         self.changed.notify_all();
     }
 

@@ -455,9 +455,7 @@ impl SessionState {
         }
         let watch = &self.info.fault_watch;
         if watch.busy_since.load(Ordering::Relaxed) == 0 {
-            watch
-                .busy_since
-                .store(self.health.now_ns(), Ordering::Release);
+            self.health.mark_busy(watch);
         }
         let slot = self
             .streams

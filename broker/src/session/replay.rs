@@ -4,7 +4,6 @@
 //! runs again once the client's work is sorted out, rather than failing.
 
 use std::collections::BTreeSet;
-use std::sync::atomic::Ordering;
 
 use gpushare_protocol::{Command, ErrorCode, StreamId};
 
@@ -113,10 +112,7 @@ impl SessionState {
                 }
             }
         }
-        self.info
-            .fault_watch
-            .busy_since
-            .store(self.health.now_ns(), Ordering::Release);
+        self.health.mark_busy(&self.info.fault_watch);
         for &id in &streams {
             self.publish_mark(id);
         }

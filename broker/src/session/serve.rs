@@ -95,8 +95,7 @@ impl SessionState {
                 spin_told = Some(spin);
             }
             let spun = idle_since.elapsed();
-            if spun < spin {
-                gpushare_protocol::wake::spin_pause(spun);
+            if spun < spin && gpushare_protocol::wake::spin_turn(spun) {
                 continue;
             }
             self.sleep();

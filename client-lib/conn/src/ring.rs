@@ -193,8 +193,9 @@ impl Session {
                 return Ok(value);
             }
             self.check_alive()?;
-            if Instant::now() < spin_until {
-                gpushare_protocol::wake::spin_pause(spin_from.elapsed());
+            if Instant::now() < spin_until
+                && gpushare_protocol::wake::spin_turn(spin_from.elapsed())
+            {
                 continue;
             }
             self.sleep_for_completion()?;

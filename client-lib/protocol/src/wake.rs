@@ -82,24 +82,138 @@ fn pure_spin() -> Duration {
     })
 }
 
-/// One turn of a waiter's spin, `spun` into it: a CPU pause at first (see [`pure_spin`]),
-/// then a yield, so that a waiter that goes on spinning gives its core to any thread that
-/// needs one. On a 2-core machine a client, the broker's data thread and a device worker's
-/// channel all spinning left the worker, which had the actual work, no core: 31 ms for a
-/// request that takes 0.3 ms (docs/benchmarks.md).
+/// One turn of a waiter's spin, `spun` into it; false when the waiter should stop spinning
+/// and sleep. A CPU pause at first (see [`pure_spin`]); then, while the machine has a core to
+/// spare ([`cores_to_spare`]), a yield, so that a waiter that goes on spinning gives its core
+/// to any thread that needs one; once every core is wanted, no more spinning. On a 2-core
+/// machine a client, the broker's data thread and a device worker's channel all spinning
+/// left the worker, which had the actual work, no core: 31 ms for a request that takes
+/// 0.3 ms (docs/benchmarks.md).
 #[inline]
-pub fn spin_pause(spun: Duration) {
+pub fn spin_turn(spun: Duration) -> bool {
     if spun < pure_spin() {
         std::hint::spin_loop();
-    } else {
-        std::thread::yield_now();
+        return true;
     }
+    if !cores_to_spare() {
+        return false;
+    }
+    std::thread::yield_now();
+    true
+}
+
+/// How long a spinner trusts its last look at the run queue.
+const LOOK_EVERY: Duration = Duration::from_micros(200);
+
+/// Whether no thread waits for a core: the kernel's count of runnable threads (the fourth
+/// field of `/proc/loadavg`, this spinner included) is at most the online cores. A thread
+/// that spins beyond that takes a core from one that has work, so spinners give way: no
+/// more of them spin than there are idle cores. Looked up at most every [`LOOK_EVERY`] per
+/// thread (a read of `/proc/loadavg` takes a microsecond or two); `true` where it cannot
+/// be read.
+pub fn cores_to_spare() -> bool {
+    use std::cell::RefCell;
+    use std::os::unix::fs::FileExt;
+    use std::time::Instant;
+
+    struct Look {
+        at: Option<Instant>,
+        spare: bool,
+    }
+    // One descriptor for the process (positioned reads share it), the verdict per thread.
+    static LOADAVG: std::sync::OnceLock<Option<std::fs::File>> = std::sync::OnceLock::new();
+    thread_local! {
+        static LOOK: RefCell<Look> = const { RefCell::new(Look { at: None, spare: true }) };
+    }
+    LOOK.with(|look| {
+        let mut look = look.borrow_mut();
+        let now = Instant::now();
+        if look
+            .at
+            .is_some_and(|at| now.duration_since(at) < LOOK_EVERY)
+        {
+            return look.spare;
+        }
+        let mut buf = [0u8; 128];
+        let running = LOADAVG
+            .get_or_init(|| std::fs::File::open("/proc/loadavg").ok())
+            .as_ref()
+            .and_then(|f| f.read_at(&mut buf, 0).ok())
+            .and_then(|n| runnable(buf.get(..n)?));
+        look.spare = running.is_none_or(|r| r <= online_cores());
+        look.at = Some(now);
+        look.spare
+    })
+}
+
+/// Runnable threads in a `/proc/loadavg` line: "0.52 0.58 0.59 3/467 12345" gives 3.
+fn runnable(line: &[u8]) -> Option<u64> {
+    let text = std::str::from_utf8(line).ok()?;
+    let field = text.split_whitespace().nth(3)?;
+    field.split_once('/')?.0.parse().ok()
+}
+
+fn online_cores() -> u64 {
+    static CORES: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *CORES.get_or_init(|| {
+        nix::unistd::sysconf(nix::unistd::SysconfVar::_NPROCESSORS_ONLN)
+            .ok()
+            .flatten()
+            .and_then(|n| u64::try_from(n).ok())
+            .filter(|&n| n > 0)
+            .unwrap_or(1)
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::time::Instant;
+
+    #[test]
+    fn the_run_queue_is_read_from_loadavg() {
+        assert_eq!(runnable(b"0.52 0.58 0.59 3/467 12345\n"), Some(3));
+        assert_eq!(runnable(b"0.00 0.00 0.00 17/2000 1"), Some(17));
+        assert_eq!(runnable(b"garbage"), None);
+        assert_eq!(runnable(b"1 2 3 x/5 6"), None);
+        // This machine's own: the test thread itself is runnable.
+        let line = std::fs::read("/proc/loadavg").expect("/proc/loadavg");
+        assert!(runnable(&line).is_some_and(|r| r >= 1), "{line:?}");
+    }
+
+    #[test]
+    fn spinning_gives_way_once_every_core_is_wanted() {
+        // As many busy threads as cores, and this one: a thread waits for a core, so a
+        // spinner past its pure spin stops (the kernel's count is instantaneous: look a few
+        // times while they run).
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let hogs: Vec<_> = (0..online_cores())
+            .map(|_| {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        std::hint::spin_loop();
+                    }
+                })
+            })
+            .collect();
+        let started = Instant::now();
+        let mut gave_way = false;
+        while !gave_way && started.elapsed() < Duration::from_secs(10) {
+            gave_way = !spin_turn(Duration::from_secs(1));
+            std::thread::sleep(LOOK_EVERY);
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for h in hogs {
+            let _ = h.join();
+        }
+        assert!(
+            gave_way,
+            "a spinner beside a busy thread on every core gave way"
+        );
+        // The pure spin never looks: a busy round trip is answered within it.
+        assert!(spin_turn(Duration::ZERO));
+    }
 
     #[test]
     fn a_signal_ends_a_wait_and_is_consumed() {

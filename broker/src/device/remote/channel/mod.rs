@@ -88,6 +88,8 @@ impl CallerEnd {
     /// (the caller just woke up itself, and a request is likely to follow).
     pub fn nudge(&self) {
         let h = self.mapped.header();
+        // A new sequence number tells the worker it was woken on purpose, not by its timeout.
+        h.caller.req_seq.fetch_add(1, Ordering::Release);
         if h.worker.worker_sleeps.load(Ordering::Relaxed) != 0 {
             futex_wake(&h.caller.req_seq);
         }
@@ -229,6 +231,10 @@ pub struct WorkerEnd {
     answer_at: u64,
 }
 
+/// How often a sleeping worker thread looks at whether its worker is ending. Rarely: a
+/// worker ends with its process, and every look costs an idle session a wake-up.
+const STOP_RECHECK: Duration = Duration::from_secs(2);
+
 impl WorkerEnd {
     /// Maps a channel gpushared made, at `at` when that is free (0: anywhere).
     pub fn open(fd: &OwnedFd, at: u64) -> std::io::Result<WorkerEnd> {
@@ -253,7 +259,7 @@ impl WorkerEnd {
 
     /// Waits for the next request: spins for the caller's spin time, then sleeps until woken
     /// (or, now and then, to see whether `stop` says the worker is ending); spins again after
-    /// each wake-up. A request that breaks the ring's rules ends the channel.
+    /// each wake-up by the caller. A request that breaks the ring's rules ends the channel.
     pub fn next(&mut self, stop: &dyn Fn() -> bool) -> Next {
         let h = self.mapped.header();
         let mut started = Instant::now();
@@ -276,8 +282,7 @@ impl WorkerEnd {
                 return Next::Closed;
             }
             let spun = started.elapsed();
-            if spun < spin {
-                gpushare_protocol::wake::spin_pause(spun);
+            if spun < spin && gpushare_protocol::wake::spin_turn(spun) {
                 continue;
             }
             h.worker.worker_sleeps.store(1, Ordering::Relaxed);
@@ -285,11 +290,15 @@ impl WorkerEnd {
             if h.caller.tail.load(Ordering::Acquire) == self.head
                 && h.caller.closed.load(Ordering::Acquire) == 0
             {
-                futex_wait(&h.caller.req_seq, seq, Duration::from_millis(100));
+                futex_wait(&h.caller.req_seq, seq, STOP_RECHECK);
             }
             h.worker.worker_sleeps.store(0, Ordering::Relaxed);
-            // Woken (by a request, a nudge or the timeout): spin again before sleeping.
-            started = Instant::now();
+            // Woken by a request or a nudge: spin again before sleeping. Not after the
+            // timeout: a hundred idle sessions of the high class each spinning 10 ms of every
+            // 100 took two cores of a 2-core machine (`gpushare-demo cost`).
+            if h.caller.req_seq.load(Ordering::Acquire) != seq {
+                started = Instant::now();
+            }
         }
     }
 

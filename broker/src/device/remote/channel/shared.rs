@@ -21,10 +21,10 @@ pub const MAX_ANSWER: usize = 64 << 10;
 pub(super) const MSG_HEADER: usize = 8;
 pub(super) const WRAP: u32 = u32::MAX;
 
-/// How long a caller spins for an answer before yielding, and yields before sleeping (the
-/// same shape as a wait on the GPU: short work answers within microseconds).
-pub(super) const CALLER_SPIN: Duration = Duration::from_micros(100);
-pub(super) const CALLER_YIELD: Duration = Duration::from_millis(20);
+/// How long a caller spins for an answer before sleeping (the same shape as a wait on the
+/// GPU: short work answers within microseconds), while the machine has a core to spare
+/// (`gpushare_protocol::wake::spin_turn`).
+pub(super) const CALLER_SPIN: Duration = Duration::from_millis(20);
 /// How long one sleep lasts before the sleeper looks at why it might stop waiting.
 pub(super) const NAP: Duration = Duration::from_millis(5);
 /// How long a worker's channel thread spins for the next request unless told otherwise.
@@ -241,18 +241,14 @@ pub(super) fn caller_wait(
             return Ok(());
         }
         let waited = started.elapsed();
-        if waited < CALLER_SPIN {
-            std::hint::spin_loop();
-            continue;
-        }
-        if checked.elapsed() >= NAP || waited >= CALLER_YIELD {
+        let spin = waited < CALLER_SPIN && gpushare_protocol::wake::spin_turn(waited);
+        if !spin || checked.elapsed() >= NAP {
             checked = Instant::now();
             if let Some(why) = give_up() {
                 return Err(Gave::Up(why));
             }
         }
-        if waited < CALLER_YIELD {
-            std::thread::yield_now();
+        if spin {
             continue;
         }
         let seen = word.load(Ordering::Acquire);
