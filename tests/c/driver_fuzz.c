@@ -300,6 +300,8 @@ static void op_thread(void) {
  * memory, copies and per-thread stream must come through whatever the others do. */
 static pthread_t busy;
 int busy_running;
+pthread_mutex_t busy_lock = PTHREAD_MUTEX_INITIALIZER;
+uint64_t busy_ptr, busy_len;
 static int busy_stop;
 static unsigned long busy_rounds;
 
@@ -311,7 +313,12 @@ static void *busy_body(void *p) {
         seed = seed * 1103515245u + 12345u;
         size_t n = 4 + seed % (sizeof src - 4);
         CUdeviceptr d = 0;
-        if (R(cuMemAlloc(&d, n)) != CUDA_SUCCESS) {
+        pthread_mutex_lock(&busy_lock);
+        CUresult got = R(cuMemAlloc(&d, n));
+        busy_ptr = got == CUDA_SUCCESS ? d : 0;
+        busy_len = n;
+        pthread_mutex_unlock(&busy_lock);
+        if (got != CUDA_SUCCESS) {
             fail("the busy thread's cuMemAlloc(%zu) failed", n);
             return NULL;
         }
@@ -326,7 +333,11 @@ static void *busy_body(void *p) {
             if (memcmp(src, back, n))
                 fail("the busy thread read back other bytes than it wrote (%zu bytes)", n);
         }
-        if (R(cuMemFree(d)) != CUDA_SUCCESS) fail("the busy thread's cuMemFree failed");
+        pthread_mutex_lock(&busy_lock);
+        CUresult freed = R(cuMemFree(d));
+        busy_ptr = 0;
+        pthread_mutex_unlock(&busy_lock);
+        if (freed != CUDA_SUCCESS) fail("the busy thread's cuMemFree failed");
         busy_rounds++;
     }
     return NULL;

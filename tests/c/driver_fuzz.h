@@ -7,6 +7,7 @@
 
 #include "cuda_standin.h"
 
+#include <pthread.h>
 #include <stdint.h>
 
 typedef struct CUgraph_st *CUgraph;
@@ -153,6 +154,12 @@ extern CUgraphExec execs[N_EXECS];
 extern int initialized;
 /* Whether the busy thread works (allocating and freeing): memory totals move meanwhile. */
 extern int busy_running;
+/* The busy thread's allocation now, [busy_ptr, busy_ptr + busy_len) (0 when none), under
+ * busy_lock: a hostile free of an address this thread once had must not take it (the
+ * allocator hands freed addresses out again, and another thread's memory is the program's
+ * own: no driver refuses to free it). */
+extern pthread_mutex_t busy_lock;
+extern uint64_t busy_ptr, busy_len;
 
 /* Whether [p, p + len) lies inside one live allocation. */
 int in_live_alloc(uint64_t p, uint64_t len);

@@ -69,7 +69,13 @@ static void op_free(void) {
     case 2: p = 0; break;
     default: p = a->ptr;
     }
+    pthread_mutex_lock(&busy_lock);
+    if (busy_running && busy_ptr && p >= busy_ptr && p < busy_ptr + busy_len) {
+        pthread_mutex_unlock(&busy_lock);
+        return;
+    }
     CUresult r = in_below(4) ? R(cuMemFree(p)) : R(cuMemFreeAsync(p, pick_stream()));
+    pthread_mutex_unlock(&busy_lock);
     if (r != CUDA_SUCCESS || !p) return;
     for (int i = 0; i < N_ALLOCS; i++)
         if (allocs[i].live && allocs[i].ptr == p) {
