@@ -60,9 +60,7 @@ impl DeviceHealth {
                     .sessions
                     .values()
                     .all(|s| s.watch().busy_since.load(Ordering::SeqCst) == 0);
-                if !idle {
-                    self.dozing.store(false, Ordering::SeqCst);
-                }
+                self.dozing.store(idle, Ordering::SeqCst);
                 let tick = if idle { DOZE_TICK } else { WATCH_TICK };
                 let (mut st, _) = self
                     .changed

@@ -119,7 +119,7 @@ impl DeviceHealth {
     }
 
     /// Wakes the guardian if it dozes.
-    pub(super) fn rouse(&self) {
+    fn rouse(&self) {
         if self.dozing.load(Ordering::SeqCst) && self.dozing.swap(false, Ordering::SeqCst) {
             let _st = self.lock();
             self.changed.notify_all();

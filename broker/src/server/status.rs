@@ -62,14 +62,6 @@ impl Observed {
     }
 }
 
-/// The parent of process `pid`, from /proc (`None` once it is gone).
-fn parent_of(pid: i32) -> Option<i32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The parent is the second field after the command, which may hold spaces and ')'.
-    let (_, rest) = stat.rsplit_once(')')?;
-    rest.split_whitespace().nth(1)?.parse().ok()
-}
-
 /// Marks each process eBPF sees that is also a client: it bypasses the broker, unless it is
 /// governed (it uses the GPU directly by design, with the broker's admission).
 fn join_clients(clients: &mut [ClientStats], processes: &mut [ProcessActivity]) {
@@ -108,7 +100,7 @@ impl Broker {
             };
             // The broker's own processes show up too (its device workers hold its GPU
             // contexts); they are not outside load.
-            processes.retain(|p| p.pid != me && parent_of(p.pid) != Some(me));
+            processes.retain(|p| p.pid != me && super::usage::parent_of(p.pid) != Some(me));
             let now = Instant::now();
             self.observed
                 .lock()

@@ -1,5 +1,6 @@
 //! gpushared's own use of the machine, from `/proc`: its CPU time and memory, and its device
 //! workers' (its children). What `gpushare top` and the metrics show as the broker's cost.
+//! The one reader of `/proc/PID/stat` here (the status's process list asks it for parents).
 
 use gpushare_protocol::stats::BrokerUsage;
 
@@ -27,9 +28,15 @@ pub fn broker_usage() -> BrokerUsage {
     usage
 }
 
-/// The fields of `/proc/PID/stat` used here.
+/// The parent of process `pid` (`None` once it is gone).
+pub fn parent_of(pid: i32) -> Option<i32> {
+    i32::try_from(Stat::of(&pid.to_string())?.ppid).ok()
+}
+
+/// The fields of `/proc/PID/stat` gpushared reads.
 #[derive(Debug, Default, PartialEq)]
 struct Stat {
+    ppid: u64,
     utime: u64,
     stime: u64,
     cutime: u64,
@@ -44,13 +51,14 @@ impl Stat {
     }
 
     /// "pid (comm) state ppid …": the command may hold spaces and ')', so fields are counted
-    /// from the last ')'. After it, utime is the 12th field (index 11), then stime, cutime,
+    /// from the last ')'. After it, ppid is index 1, utime index 11, then stime, cutime,
     /// cstime; num_threads index 17, rss index 21 (proc(5)).
     fn parse(stat: &str) -> Option<Stat> {
         let (_, rest) = stat.rsplit_once(')')?;
         let f: Vec<&str> = rest.split_whitespace().collect();
         let num = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok());
         Some(Stat {
+            ppid: num(1)?,
             utime: num(11)?,
             stime: num(12)?,
             cutime: num(13)?,
@@ -110,6 +118,7 @@ mod tests {
         assert_eq!(
             stat,
             Stat {
+                ppid: 1,
                 utime: 250,
                 stime: 75,
                 cutime: 3,
@@ -135,10 +144,12 @@ mod tests {
             .spawn()
             .expect("spawn sleep");
         let usage = broker_usage();
+        let parent = parent_of(i32::try_from(child.id()).expect("pid"));
         let _ = child.kill();
         let _ = child.wait();
         assert!(usage.cpu_ns > 0, "{usage:?}");
         assert!(usage.rss_bytes > 0 && usage.threads >= 1, "{usage:?}");
         assert!(usage.workers >= 1, "the child is counted: {usage:?}");
+        assert_eq!(parent, Some(std::process::id() as i32));
     }
 }

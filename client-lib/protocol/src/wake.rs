@@ -111,39 +111,31 @@ const LOOK_EVERY: Duration = Duration::from_micros(200);
 /// more of them spin than there are idle cores. Looked up at most every [`LOOK_EVERY`] per
 /// thread (a read of `/proc/loadavg` takes a microsecond or two); `true` where it cannot
 /// be read.
-pub fn cores_to_spare() -> bool {
-    use std::cell::RefCell;
+fn cores_to_spare() -> bool {
+    use std::cell::Cell;
     use std::os::unix::fs::FileExt;
     use std::time::Instant;
 
-    struct Look {
-        at: Option<Instant>,
-        spare: bool,
-    }
-    // One descriptor for the process (positioned reads share it), the verdict per thread.
+    // One descriptor for the process (positioned reads share it), the last look per thread.
     static LOADAVG: std::sync::OnceLock<Option<std::fs::File>> = std::sync::OnceLock::new();
     thread_local! {
-        static LOOK: RefCell<Look> = const { RefCell::new(Look { at: None, spare: true }) };
+        static LOOK: Cell<Option<(Instant, bool)>> = const { Cell::new(None) };
     }
-    LOOK.with(|look| {
-        let mut look = look.borrow_mut();
-        let now = Instant::now();
-        if look
-            .at
-            .is_some_and(|at| now.duration_since(at) < LOOK_EVERY)
-        {
-            return look.spare;
-        }
-        let mut buf = [0u8; 128];
-        let running = LOADAVG
-            .get_or_init(|| std::fs::File::open("/proc/loadavg").ok())
-            .as_ref()
-            .and_then(|f| f.read_at(&mut buf, 0).ok())
-            .and_then(|n| runnable(buf.get(..n)?));
-        look.spare = running.is_none_or(|r| r <= online_cores());
-        look.at = Some(now);
-        look.spare
-    })
+    let now = Instant::now();
+    if let Some((at, spare)) = LOOK.get()
+        && now.duration_since(at) < LOOK_EVERY
+    {
+        return spare;
+    }
+    let mut buf = [0u8; 128];
+    let running = LOADAVG
+        .get_or_init(|| std::fs::File::open("/proc/loadavg").ok())
+        .as_ref()
+        .and_then(|f| f.read_at(&mut buf, 0).ok())
+        .and_then(|n| runnable(buf.get(..n)?));
+    let spare = running.is_none_or(|r| r <= online_cores());
+    LOOK.set(Some((now, spare)));
+    spare
 }
 
 /// Runnable threads in a `/proc/loadavg` line: "0.52 0.58 0.59 3/467 12345" gives 3.

@@ -7,8 +7,6 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use gpushare::StatusReport;
-use gpushare_protocol::stats::BrokerUsage;
 use serde::Serialize;
 
 use super::private::{Broker, BrokerArgs, Worker};
@@ -141,15 +139,10 @@ fn policy(idle_clients: u32) -> String {
     )
 }
 
-fn usage(broker: &Broker) -> anyhow::Result<(BrokerUsage, StatusReport)> {
-    let report = broker.status()?;
-    Ok((report.usage, report))
-}
-
 /// A client of `class` from its connection to its session's end, against the broker's CPU
 /// over the same span.
 fn class_cost(broker: &Broker, class: &'static str, args: &CostArgs) -> anyhow::Result<ClassCost> {
-    let (before, _) = usage(broker)?;
+    let before = broker.status()?.usage;
     let requests = args.requests.to_string();
     let think = args.think_ms.to_string();
     let client = Worker::spawn(
@@ -172,7 +165,7 @@ fn class_cost(broker: &Broker, class: &'static str, args: &CostArgs) -> anyhow::
     broker.wait_for("the client's session to end", |s| {
         s.clients.iter().all(|c| c.name != "cost-client")
     })?;
-    let (after, _) = usage(broker)?;
+    let after = broker.status()?.usage;
     let per_1000 = |ns: f64| ns / 1e6 * 1000.0 / summary.requests.max(1) as f64;
     Ok(ClassCost {
         class,
@@ -202,10 +195,10 @@ fn idle_cost(broker: &Broker, n: u32, span: Duration) -> anyhow::Result<IdleCost
         s.clients.iter().filter(|c| c.name == "idle").count() == n as usize
     })?;
     std::thread::sleep(Duration::from_secs(1));
-    let (before, r0) = usage(broker)?;
+    let r0 = broker.status()?;
     let started = Instant::now();
     std::thread::sleep(span);
-    let (after, r1) = usage(broker)?;
+    let r1 = broker.status()?;
     let wall = started.elapsed();
     for client in idle {
         client.finish_idle()?;
@@ -215,8 +208,12 @@ fn idle_cost(broker: &Broker, n: u32, span: Duration) -> anyhow::Result<IdleCost
     Ok(IdleCost {
         clients: n,
         seconds: wall.as_secs_f64(),
-        broker_cores: after.cpu_ns.saturating_sub(before.cpu_ns) as f64 / span_ns,
-        workers_cores: after.workers_cpu_ns.saturating_sub(before.workers_cpu_ns) as f64 / span_ns,
+        broker_cores: r1.usage.cpu_ns.saturating_sub(r0.usage.cpu_ns) as f64 / span_ns,
+        workers_cores: r1
+            .usage
+            .workers_cpu_ns
+            .saturating_sub(r0.usage.workers_cpu_ns) as f64
+            / span_ns,
     })
 }
 

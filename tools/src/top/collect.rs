@@ -130,7 +130,7 @@ impl BrokerLoad {
         let before = before.unwrap_or(&zero);
         let cores = |now: u64, then: u64| match span_ms {
             0 => 0.0,
-            ms => now.saturating_sub(then) as f64 / (ms as f64 * 1e6),
+            ms => delta(now, then) / ms as f64 / 1e6,
         };
         BrokerLoad {
             cpu_cores: cores(now.cpu_ns, before.cpu_ns),

@@ -39,11 +39,8 @@ pub(super) fn write(
     value: u32,
 ) -> DeviceResult<()> {
     let offset = u64::from(slot) * 4;
-    if offset + 4 > page.len() as u64 {
-        return Err(DeviceError::InvalidArgument(
-            "progress slot outside its page".into(),
-        ));
-    }
+    page.part(offset, 4)
+        .ok_or_else(|| DeviceError::InvalidArgument("progress slot outside its page".into()))?;
     dev.bind()?;
     let at = dev.progress.device_address(dev, page)? + offset;
     // SAFETY: `at` is 4 bytes inside a registered, mapped page (checked above); the stream
