@@ -9,7 +9,8 @@
 #   (libgpushare_interpose.so, gpu-pytorch-governed.sh, governed/*.py) and the consolidated-
 #   clients one (gpu-pytorch-consolidated.sh, consolidated/*.py and its launch program), the
 #   colocation benchmark (gpu-pytorch-colocate.sh, colocate/*.py), and GPU faults beside
-#   PyTorch programs (gpu-pytorch-faults.sh, faults/*.py), and the probes of where module
+#   PyTorch programs (gpu-pytorch-faults.sh, faults/*.py), the coverage matrix of frameworks
+#   (gpu-coverage.sh, coverage/*), and the probes of where module
 #   globals land in a worker that takes over (module_globals), of what a forked child gets
 #   (fork_pinned), of the launch shapes CUDA refuses (launch_shapes), and of where the two
 #   workers' address spaces differ (probes/worker_maps.sh). Copy
@@ -49,7 +50,9 @@ for line in sys.stdin:
 
 cp scripts/gpu-test.sh scripts/gpu-pytorch-governed.sh scripts/gpu-pytorch-consolidated.sh scripts/gpu-pytorch-fair.sh \
     scripts/gpu-pytorch-colocate.sh scripts/gpu-pytorch-faults.sh "$out/"
-mkdir -p "$out/governed" "$out/consolidated" "$out/colocate" "$out/faults"
+mkdir -p "$out/governed" "$out/consolidated" "$out/colocate" "$out/faults" "$out/coverage"
+cp scripts/gpu-coverage.sh "$out/"
+cp scripts/coverage/*.py scripts/coverage/*.c "$out/coverage/"
 cp scripts/faults/*.py "$out/faults/"
 cp scripts/governed/*.py "$out/governed/"
 cp scripts/colocate/*.py "$out/colocate/"

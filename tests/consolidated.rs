@@ -59,6 +59,8 @@ fn an_unmodified_program_runs_its_cuda_work_in_gpushared() {
             "default streams",
             "deferred errors",
             "unsupported",
+            "host functions",
+            "virtual memory",
             "finish",
         ],
         &broker.log_text(),
@@ -153,13 +155,8 @@ fn two_users_programs_run_at_once_each_within_its_own_quota() {
         policy: Some(policy),
         ..Default::default()
     });
-    broker.open_to_other_users();
     // Where both users reach the program and the driver.
-    let dir = broker.dir.path().join("app");
-    std::fs::create_dir(&dir).expect("app dir");
-    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o755))
-        .expect("chmod");
-    let program = CudaProgram::build(&dir, true);
+    let program = CudaProgram::build_for_other_users(&broker);
 
     let mut running: Vec<(Running, &SystemUser, u64)> = quotas
         .iter()

@@ -6,6 +6,15 @@
  *   cuda_standin all QUOTA        every section; the policy gives this user QUOTA bytes
  *   cuda_standin user QUOTA SEED  holds memory with pattern SEED, prints `holding`, waits
  *                                     for a line on stdin, then checks it and copies more
+ *   cuda_standin vmm-hold SEED    holds memory of the virtual memory API (one piece unmapped
+ *                                     but kept), prints `holding`, waits for a line on stdin,
+ *                                     then maps it again and checks it all
+ *   cuda_standin vmm-export SEED UID EXPECT
+ *                                 exports memory of pattern SEED and starts itself (as UID
+ *                                     unless -1) in vmm-import mode with the descriptor
+ *   cuda_standin vmm-import FD SEED EXPECT
+ *                                 takes that memory (EXPECT "ok") and writes SEED + 1, or
+ *                                     checks that taking it is refused (EXPECT "refused")
  *   cuda_standin noinit           cuInit must fail (no gpushared at GPUSHARE_SOCKET)
  *   cuda_standin away             holds memory, prints `ready`, waits for a line on stdin
  *                                     (the test stops gpushared meanwhile), then copies back
@@ -367,6 +376,15 @@ int main(int argc, char **argv) {
         check_default_streams();
         check_deferred_errors();
         check_unsupported();
+        check_host_functions();
+        check_virtual_memory(quota);
+    } else if (!strcmp(mode, "vmm-export") && argc > 4) {
+        run_vmm_export(argv[0], (unsigned)strtoul(argv[2], NULL, 0), strtol(argv[3], NULL, 0),
+                       argv[4]);
+    } else if (!strcmp(mode, "vmm-import") && argc > 4) {
+        run_vmm_import(atoi(argv[2]), (unsigned)strtoul(argv[3], NULL, 0), argv[4]);
+    } else if (!strcmp(mode, "vmm-hold") && argc > 2) {
+        run_vmm_holding((unsigned)strtoul(argv[2], NULL, 0));
     } else if (!strcmp(mode, "user") && quota && argc > 3) {
         run_as_user(quota, (unsigned)strtoul(argv[3], NULL, 0));
     } else if (!strcmp(mode, "spin") && argc > 3) {

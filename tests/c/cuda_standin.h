@@ -34,6 +34,31 @@ enum {
     CUDA_ERROR_NOT_SUPPORTED = 801,
 };
 
+/* The virtual memory API's types, as cuda.h lays them out. */
+typedef unsigned long long CUmemGenericAllocationHandle;
+typedef struct {
+    int type; /* CU_MEM_LOCATION_TYPE_DEVICE = 1 */
+    int id;
+} CUmemLocation;
+typedef struct {
+    int type;                 /* CU_MEM_ALLOCATION_TYPE_PINNED = 1 */
+    int requestedHandleTypes; /* CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 1 */
+    CUmemLocation location;
+    void *win32HandleMetaData;
+    struct {
+        unsigned char compressionType;
+        unsigned char gpuDirectRDMACapable;
+        unsigned short usage;
+        unsigned char reserved[4];
+    } allocFlags;
+} CUmemAllocationProp;
+typedef struct {
+    CUmemLocation location;
+    int flags; /* CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 3 */
+} CUmemAccessDesc;
+#define CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED 102
+
+#define CUDA_CB
 #define CU_STREAM_LEGACY ((CUstream)0x1)
 #define CU_STREAM_NON_BLOCKING 0x1
 #define CU_EVENT_DISABLE_TIMING 0x2
@@ -109,7 +134,25 @@ enum {
     X(cuModuleGetFunction, (CUfunction *, CUmodule, const char *))                            \
     X(cuModuleUnload, (CUmodule))                                                             \
     X(cuLaunchKernel, (CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, \
-                       unsigned, CUstream, void **, void **))
+                       unsigned, CUstream, void **, void **))                                  \
+    X(cuMemGetAllocationGranularity, (size_t *, const CUmemAllocationProp *, int))            \
+    X(cuMemAddressReserve, (CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long))  \
+    X(cuMemAddressFree, (CUdeviceptr, size_t))                                                \
+    X(cuMemCreate, (CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *,      \
+                    unsigned long long))                                                      \
+    X(cuMemRelease, (CUmemGenericAllocationHandle))                                           \
+    X(cuMemMap, (CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long)) \
+    X(cuMemUnmap, (CUdeviceptr, size_t))                                                      \
+    X(cuMemSetAccess, (CUdeviceptr, size_t, const CUmemAccessDesc *, size_t))                 \
+    X(cuMemGetAccess, (unsigned long long *, const CUmemLocation *, CUdeviceptr))             \
+    X(cuMemRetainAllocationHandle, (CUmemGenericAllocationHandle *, void *))                  \
+    X(cuMemGetAllocationPropertiesFromHandle, (CUmemAllocationProp *,                         \
+                                               CUmemGenericAllocationHandle))                 \
+    X(cuMemExportToShareableHandle, (void *, CUmemGenericAllocationHandle, int,               \
+                                     unsigned long long))                                     \
+    X(cuMemImportFromShareableHandle, (CUmemGenericAllocationHandle *, void *, int))          \
+    X(cuLaunchHostFunc, (CUstream, void (*)(void *), void *))                                 \
+    X(cuStreamAddCallback, (CUstream, void (*)(CUstream, CUresult, void *), void *, unsigned))
 
 /* The per-thread-default-stream forms it uses (asked for with
  * CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM), under a `pt_` prefix. */
@@ -175,6 +218,11 @@ void check_events(void);
 void check_default_streams(void);
 void check_deferred_errors(void);
 void check_unsupported(void);
+void check_host_functions(void);
+void check_virtual_memory(size_t quota);
+void run_vmm_holding(unsigned seed);
+void run_vmm_export(const char *self, unsigned seed, long uid, const char *expect);
+void run_vmm_import(int fd, unsigned seed, const char *expect);
 
 /* Test data: byte `i` of pattern `seed`. */
 unsigned char pattern_byte(size_t i, unsigned seed);

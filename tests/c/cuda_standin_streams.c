@@ -296,3 +296,49 @@ void check_deferred_errors(void) {
     OK(cuMemFree(d));
     section_end();
 }
+
+/* ---- host functions ------------------------------------------------------------------ */
+
+struct host_seen {
+    CUdeviceptr d;
+    unsigned char byte; /* what the device held when the function ran */
+    int calls;
+    CUresult status;
+};
+
+static void CUDA_CB read_back(void *p) {
+    struct host_seen *s = p;
+    s->calls++;
+}
+
+static void CUDA_CB stream_callback(CUstream stream, CUresult status, void *p) {
+    (void)stream;
+    struct host_seen *s = p;
+    s->calls++;
+    s->status = status;
+}
+
+/* A host function runs after the stream's earlier work and before its later work. */
+void check_host_functions(void) {
+    section_begin("host functions");
+    CUstream s = NULL;
+    OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    struct host_seen seen = {0, 0, 0, -1};
+    OK(cuMemAlloc(&seen.d, 1 << 20));
+    OK(cuMemsetD8Async(seen.d, 0x5a, 1 << 20, s));
+    OK(cuLaunchHostFunc(s, read_back, &seen));
+    CHECK(seen.calls == 1, "called %d times by the time cuLaunchHostFunc returned", seen.calls);
+    unsigned char byte = 0;
+    OK(cuMemcpyDtoH(&byte, seen.d + 12345, 1));
+    CHECK(byte == 0x5a, "the work before it was done: %#x", byte);
+    OK(cuMemsetD8Async(seen.d, 0x11, 16, s));
+    OK(cuStreamAddCallback(s, stream_callback, &seen, 0));
+    CHECK(seen.calls == 2 && seen.status == CUDA_SUCCESS, "callback: %d calls, status %d",
+          seen.calls, seen.status);
+    EXPECT(cuLaunchHostFunc(s, NULL, &seen), CUDA_ERROR_INVALID_VALUE);
+    EXPECT(cuStreamAddCallback(s, stream_callback, &seen, 1), CUDA_ERROR_INVALID_VALUE);
+    OK(cuStreamSynchronize(s));
+    OK(cuStreamDestroy(s));
+    OK(cuMemFree(seen.d));
+    section_end();
+}

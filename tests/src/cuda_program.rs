@@ -13,11 +13,12 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 /// The program's sources, first the one with `main`.
-const SOURCES: [&str; 4] = [
+const SOURCES: [&str; 5] = [
     "cuda_standin.c",
     "cuda_standin_common.c",
     "cuda_standin_memory.c",
     "cuda_standin_streams.c",
+    "cuda_standin_vmm.c",
 ];
 
 /// The driver fuzzer's sources (`tests/driver_fuzz.rs`), first the one with `main`.
@@ -53,6 +54,17 @@ impl CudaProgram {
     /// tree) a copy of it.
     pub fn build(dir: &Path, copy_library: bool) -> CudaProgram {
         CudaProgram::build_from(dir, "cuda_standin", &SOURCES, copy_library)
+    }
+
+    /// [`CudaProgram::build`] into a folder of `broker`'s that other users reach, with a
+    /// copy of the library they can read; the broker's socket is opened to them too.
+    pub fn build_for_other_users(broker: &crate::Broker) -> CudaProgram {
+        broker.open_to_other_users();
+        let dir = broker.dir.path().join("app");
+        std::fs::create_dir(&dir).expect("app dir");
+        std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .expect("chmod");
+        CudaProgram::build(&dir, true)
     }
 
     /// [`CudaProgram::build`] of another program, `name`, from `sources` in `tests/c/` (first

@@ -83,6 +83,10 @@ pub(super) struct PolicyFile {
     /// Members of this group (and root) may change and evict live clients.
     #[serde(default)]
     pub(super) admin_group: Option<String>,
+    /// Whether one user's process may take device memory another user's exported
+    /// (`cuMemExportToShareableHandle`); off unless set, whoever holds the descriptor.
+    #[serde(default)]
+    pub(super) share_memory_between_users: bool,
     /// The scheduling policy: fifo (default), priority, fair, srtf, pack or job-fifo.
     #[serde(default)]
     pub(super) scheduler: Option<String>,

@@ -348,6 +348,11 @@ impl Policy {
         self.file.admin_group.as_deref()
     }
 
+    /// Whether users may take each other's exported device memory.
+    pub fn shares_memory_between_users(&self) -> bool {
+        self.file.share_memory_between_users
+    }
+
     /// The grant for `who`.
     pub fn grant_for(&self, who: &Identity) -> Grant {
         apply(self.defaults, &self.entry_for(who))

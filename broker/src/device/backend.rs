@@ -65,6 +65,13 @@ pub trait Backend: Send + Sync + 'static {
         self.granularity()
             .and_then(|_| Err(DeviceError::Failed("no chunks".into())))
     }
+    /// Makes `size` bytes of physical memory mapped nowhere (a program's `cuMemCreate`), and
+    /// returns its descriptor: the memory lives while the descriptor or a mapping does.
+    fn make_memory(&self, size: u64) -> DeviceResult<OwnedFd> {
+        let _ = size;
+        self.granularity()
+            .and_then(|_| Err(DeviceError::Failed("no physical memory".into())))
+    }
     /// Maps memory another context made (`fd` from [`Backend::create_chunk`]) at `at`.
     fn import_chunk(&self, at: u64, size: u64, fd: BorrowedFd<'_>) -> DeviceResult<()> {
         let _ = (at, size, fd);

@@ -105,6 +105,11 @@ impl<B: Backend> Executor<B> {
         self.backend.create_chunk(at, size)
     }
 
+    /// Makes physical memory mapped nowhere (see [`Backend::make_memory`]).
+    pub fn make_memory(&self, size: u64) -> DeviceResult<OwnedFd> {
+        self.backend.make_memory(size)
+    }
+
     pub fn import_chunk(&self, at: u64, size: u64, fd: BorrowedFd<'_>) -> DeviceResult<()> {
         self.backend.import_chunk(at, size, fd)
     }

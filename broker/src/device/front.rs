@@ -132,6 +132,46 @@ impl Device {
         self.pool.free(&*self.link, ptr)
     }
 
+    // ---- the virtual memory API: see `pool/reserved.rs` ----
+
+    /// Reserves address space for user `owner` to map physical memory into.
+    pub fn reserve(&self, size: u64, align: u64, hint: u64, owner: u32) -> DeviceResult<u64> {
+        self.pool.reserve(size, align, hint, owner)
+    }
+
+    pub fn unreserve(&self, at: u64, size: u64, owner: u32) -> DeviceResult<()> {
+        self.pool.unreserve(at, size, owner)
+    }
+
+    /// Physical memory mapped nowhere: its descriptor holds it.
+    pub fn make_memory(&self, size: u64) -> DeviceResult<std::os::fd::OwnedFd> {
+        let g = self.space().granularity.max(1);
+        if size == 0 || !size.is_multiple_of(g) {
+            return Err(DeviceError::InvalidArgument(format!(
+                "{size} bytes is not a whole number of {g}-byte granules"
+            )));
+        }
+        if size > self.info().total_memory {
+            return Err(DeviceError::OutOfMemory);
+        }
+        self.link.make_memory(size)
+    }
+
+    pub fn map_memory(
+        &self,
+        at: u64,
+        size: u64,
+        fd: BorrowedFd<'_>,
+        owner: u32,
+    ) -> DeviceResult<()> {
+        self.pool.map(&*self.link, at, size, fd, owner)
+    }
+
+    /// Unmaps whole mappings; returns them (address, size).
+    pub fn unmap_memory(&self, at: u64, size: u64, owner: u32) -> DeviceResult<Vec<(u64, u64)>> {
+        self.pool.unmap(&*self.link, at, size, owner)
+    }
+
     pub fn share_memory(
         &self,
         region: u64,

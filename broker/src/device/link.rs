@@ -23,11 +23,20 @@ pub struct Space {
 }
 
 impl Space {
-    /// The address space to reserve for a device of `memory` bytes: four times its memory,
-    /// for the unmapped granule after each chunk and for fragmentation (address space costs
-    /// nothing until mapped).
+    /// Bytes of address space per byte of device memory: room for the unmapped granule after
+    /// each chunk, for fragmentation, and for the ranges programs reserve themselves
+    /// (PyTorch's expandable segments reserve as much as the device has per segment).
+    /// Address space costs nothing until mapped.
+    pub const PER_BYTE: u64 = 64;
+
+    /// The address space to reserve for a device of `memory` bytes.
     pub fn size_for(memory: u64) -> u64 {
-        memory.max(1 << 30).saturating_mul(4)
+        memory.max(1 << 30).saturating_mul(Self::PER_BYTE)
+    }
+
+    /// The device memory this space was sized for.
+    pub fn memory(&self) -> u64 {
+        self.size / Self::PER_BYTE
     }
 }
 
@@ -66,6 +75,25 @@ pub trait Link: Send + Sync + 'static {
     fn create_chunk(&self, at: u64, size: u64) -> DeviceResult<()>;
     /// Lets go of the chunk at `at` everywhere.
     fn release_chunk(&self, at: u64, size: u64);
+    /// Makes `size` bytes of physical memory mapped nowhere (a program's `cuMemCreate`); the
+    /// memory lives while the returned descriptor or a chunk made of it does.
+    fn make_memory(&self, size: u64) -> DeviceResult<std::os::fd::OwnedFd> {
+        let _ = size;
+        Err(DeviceError::NotSupported {
+            backend: self.backend().into(),
+            what: "physical memory mapped nowhere".into(),
+        })
+    }
+    /// Maps `size` bytes of the memory `fd` describes (from [`Link::make_memory`]) at `at`
+    /// (inside [`Link::space`]) as a chunk: in the context serving now and in the one ready
+    /// to take over, kept like every chunk until [`Link::release_chunk`].
+    fn map_chunk(&self, at: u64, size: u64, fd: BorrowedFd<'_>) -> DeviceResult<()> {
+        let _ = (at, size, fd);
+        Err(DeviceError::NotSupported {
+            backend: self.backend().into(),
+            what: "mapping physical memory".into(),
+        })
+    }
     /// Runs `call` (a module or function being made, or an attribute set on one: `owner`)
     /// in the context ready to take over too, ahead of a fault, so that taking over costs no
     /// module load. `payload` is the call's (an image, a name).

@@ -137,6 +137,19 @@ impl<B: Backend> Link for Local<B> {
         lock(&self.chunks).remove(&at);
     }
 
+    fn make_memory(&self, size: u64) -> DeviceResult<OwnedFd> {
+        self.executor.make_memory(size)
+    }
+
+    fn map_chunk(&self, at: u64, size: u64, fd: BorrowedFd<'_>) -> DeviceResult<()> {
+        let kept = fd.try_clone_to_owned().map_err(|e| {
+            DeviceError::Failed(format!("cannot keep device memory's descriptor: {e}"))
+        })?;
+        self.executor.import_chunk(at, size, fd)?;
+        lock(&self.chunks).insert(at, (size, kept));
+        Ok(())
+    }
+
     fn interrupt(&self) {
         self.executor.backend().interrupt();
     }

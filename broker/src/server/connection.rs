@@ -91,6 +91,7 @@ impl Broker {
             class: grant.class,
             weight: grant.weight,
             memory_quota: grant.memory_quota,
+            memory_granularity: device.space().granularity,
         };
 
         if hello.role == Role::Monitor {

@@ -112,6 +112,23 @@ impl Broker {
                     continue;
                 }
             };
+            if matches!(
+                msg,
+                ClientMessage::ExportMemory { .. } | ClientMessage::ImportMemory { .. }
+            ) {
+                let (reply, out) = self.memory_request(&msg, fds, session).unwrap_or_else(|| {
+                    let error = WireError::new(ErrorCode::Internal, "unrouted request");
+                    (
+                        BrokerMessage::RequestFailed { request: 0, error },
+                        Vec::new(),
+                    )
+                });
+                let out: Vec<_> = out.iter().map(|f| std::os::fd::AsFd::as_fd(f)).collect();
+                if send(sock, &reply, &out).await.is_err() {
+                    return None;
+                }
+                continue;
+            }
             let consolidated = matches!(
                 msg,
                 ClientMessage::LoadCachedModule { .. }
@@ -198,7 +215,9 @@ impl Broker {
                     | ClientMessage::GetFunctionInfo { request, .. }
                     | ClientMessage::GetGlobal { request, .. }
                     | ClientMessage::ShareHostMemory { request, .. }
-                    | ClientMessage::UnshareHostMemory { request, .. },
+                    | ClientMessage::UnshareHostMemory { request, .. }
+                    | ClientMessage::ExportMemory { request, .. }
+                    | ClientMessage::ImportMemory { request, .. },
                     _,
                 ) => BrokerMessage::RequestFailed {
                     request,

@@ -34,6 +34,7 @@ mod admin;
 mod connection;
 mod control;
 mod driver;
+mod exports;
 mod framing;
 mod handshake;
 mod listen;
@@ -96,6 +97,8 @@ pub struct Broker {
     observed: Mutex<status::Observed>,
     /// Module images by content, shared between sessions.
     images: Arc<crate::images::ImageCache>,
+    /// Device memory exported for other processes to take.
+    exports: exports::Exports,
 }
 
 impl Broker {
@@ -148,6 +151,7 @@ impl Broker {
             telemetry_status: Mutex::new(telemetry_status),
             observed: Mutex::new(status::Observed::default()),
             images: Arc::default(),
+            exports: exports::Exports::default(),
         })
     }
 

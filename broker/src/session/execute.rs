@@ -46,6 +46,12 @@ impl SessionState {
             Command::Nop => Ok((0, 0)),
             Command::Alloc { bytes } => self.alloc(bytes, None),
             Command::AllocAt { bytes, ptr } => self.alloc(bytes, Some(ptr)),
+            Command::MemReserve { size, align, hint } => self.mem_reserve(size, align, hint),
+            Command::MemUnreserve { ptr, size } => self.mem_unreserve(ptr, size),
+            Command::MemCreate { size } => self.mem_create(size),
+            Command::MemRelease { handle } => self.mem_release(handle),
+            Command::MemMap { ptr, size, handle } => self.mem_map(ptr, size, handle),
+            Command::MemUnmap { ptr, size } => self.mem_unmap(ptr, size),
             Command::Free { ptr } => {
                 let size = self
                     .allocations
@@ -275,21 +281,7 @@ impl SessionState {
                 if self.lost.take_any_work() {
                     return Err(ErrorCode::WorkLost);
                 }
-                let device = self.device.clone();
-                let mut first_error = None;
-                for slot in self.streams.values_mut() {
-                    slot.touched = true;
-                    match device.sync_stream(&mut slot.stream) {
-                        Ok(()) => slot.unsynced = false,
-                        Err(e) => {
-                            first_error.get_or_insert(e.code());
-                        }
-                    }
-                }
-                if first_error.is_none() {
-                    self.settle_in_flight();
-                }
-                first_error.map_or(Ok((0, 0)), Err)
+                self.sync_all().map(|()| (0, 0))
             }
             Command::IterationEnd => {
                 let (latency, missed) = self.dispatch.iteration_boundary(self.info.id);
@@ -505,9 +497,29 @@ impl SessionState {
 
     /// [`SessionState::check_device`] for a range a command writes: a write into a module
     /// global is noted (see `reset`).
+    /// Waits for every stream's work; the first error any met.
+    pub(super) fn sync_all(&mut self) -> Result<(), ErrorCode> {
+        let device = self.device.clone();
+        let mut first_error = None;
+        for slot in self.streams.values_mut() {
+            slot.touched = true;
+            match device.sync_stream(&mut slot.stream) {
+                Ok(()) => slot.unsynced = false,
+                Err(e) => {
+                    first_error.get_or_insert(e.code());
+                }
+            }
+        }
+        if first_error.is_none() {
+            self.settle_in_flight();
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
     pub(super) fn check_write(&self, ptr: DevicePtr, len: u64) -> Result<(), ErrorCode> {
         match self.allocations.check_range(ptr, len) {
             Ok(()) => Ok(()),
+            Err(_) if self.vmm.covers(ptr, len) => Ok(()),
             Err(e) => {
                 let mut modules = self.modules.lock().map_err(|_| ErrorCode::Internal)?;
                 if modules.in_global(ptr, len) {
@@ -525,6 +537,7 @@ impl SessionState {
     pub(super) fn check_device(&self, ptr: DevicePtr, len: u64) -> Result<(), ErrorCode> {
         match self.allocations.check_range(ptr, len) {
             Ok(()) => Ok(()),
+            Err(_) if self.vmm.covers(ptr, len) => Ok(()),
             Err(e) => {
                 let in_global = self
                     .modules

@@ -68,6 +68,9 @@ pub struct SessionInfo {
     /// Host memory the client shares for DMA (`ShareHostMemory`); the control task adds, the
     /// data thread copies.
     pub hosts: Mutex<super::hosts::HostRegions>,
+    /// Physical memory of the virtual memory API the client holds handles of (the data
+    /// thread makes and maps it; the control task exports and imports it).
+    pub vmm: Mutex<super::vmm::Handles>,
     /// What the client is granted now (an admin may change it while it runs); its memory
     /// quota is its user's, in `account`.
     grant: LiveGrant,
@@ -152,6 +155,7 @@ impl SessionInfo {
             consolidated,
             trust_domain,
             hosts: Mutex::new(super::hosts::HostRegions::default()),
+            vmm: Mutex::new(super::vmm::Handles::default()),
             grant: LiveGrant::new(grant),
             account,
             connected_at: Instant::now(),

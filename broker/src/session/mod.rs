@@ -44,6 +44,7 @@ mod replay;
 mod reset;
 mod serve;
 mod turns;
+pub mod vmm;
 
 pub use info::{Counters, Peer, SessionInfo};
 pub use module_table::{MAX_FUNCTIONS, MAX_MODULES, ModuleTable};
@@ -106,6 +107,8 @@ pub struct SessionState {
     pacing: Pacing,
     /// Base pointer → size of every live allocation.
     allocations: Allocations,
+    /// Physical memory, reservations and mappings of the virtual memory API.
+    vmm: vmm::Vmm,
     streams: HashMap<StreamId, StreamSlot>,
     next_stream: StreamId,
     events: HashMap<EventId, Event>,
@@ -243,6 +246,7 @@ impl SessionState {
             modules,
             pacing,
             allocations: Allocations::default(),
+            vmm: vmm::Vmm::default(),
             streams,
             next_stream: 1,
             events: HashMap::new(),

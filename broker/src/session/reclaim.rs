@@ -22,6 +22,7 @@ impl SessionState {
             self.park_if_resetting();
             self.forget_dead_context();
             self.allocations.clear();
+            self.forget_vmm();
             if let Ok(mut m) = self.modules.lock() {
                 m.clear();
             }
@@ -41,6 +42,7 @@ impl SessionState {
                 tracing::warn!(ptr = format_args!("{ptr:#x}"), error = %e, "could not free allocation of departed client");
             }
         }
+        self.release_vmm();
         self.release_hosts(true);
         let span = self.region.arena().span();
         let _ = self.device.call(Call::UnregisterArena { span }, &[]);

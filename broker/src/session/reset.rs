@@ -459,6 +459,7 @@ impl SessionState {
         for (ptr, _) in self.allocations.iter().collect::<Vec<_>>() {
             let _ = self.device.free(ptr);
         }
+        self.release_vmm();
     }
 
     /// Forgets every (now inert) handle, sets up a fresh default stream, and tells the client
@@ -485,6 +486,9 @@ impl SessionState {
             .unwrap_or_default();
         lost.modules = modules;
         self.lost.buffers.extend(self.allocations.take());
+        let mapped: Vec<_> = self.vmm.mappings().collect();
+        self.lost.buffers.extend(mapped);
+        self.forget_vmm();
         self.lost.streams.extend(lost.streams.iter().copied());
         self.lost.events.extend(lost.events.iter().copied());
         self.lost.functions.extend(functions);

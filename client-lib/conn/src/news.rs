@@ -72,6 +72,15 @@ impl Session {
         build: impl FnOnce(u64) -> ClientMessage,
         fds: &[i32],
     ) -> Result<BrokerMessage> {
+        self.request_fds(build, fds).map(|(reply, _)| reply)
+    }
+
+    /// [`Session::request`], with the descriptors the reply carries.
+    pub fn request_fds(
+        &self,
+        build: impl FnOnce(u64) -> ClientMessage,
+        fds: &[i32],
+    ) -> Result<(BrokerMessage, Vec<std::os::fd::OwnedFd>)> {
         self.check_alive()?;
         let mut next = lock(&self.requests);
         let id = *next;
@@ -97,7 +106,7 @@ impl Session {
                 Err(Error::Evicted(reason))
             }
             Ok((BrokerMessage::RequestFailed { error, .. }, _)) => Err(Error::Request(error)),
-            Ok((msg, _)) => Ok(msg),
+            Ok(reply) => Ok(reply),
             Err(e) => {
                 if e.is_fatal() {
                     self.mark_dead(Dead::from_error(&e));

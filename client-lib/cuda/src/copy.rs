@@ -21,10 +21,16 @@ enum Side {
 
 impl Driver {
     fn check_device(&self, ptr: u64, len: u64) -> Cu<()> {
-        self.memory
-            .device_range(ptr, len)
-            .map(drop)
-            .ok_or(result::INVALID_VALUE)
+        if self.memory.device_span(ptr, len) {
+            return Ok(());
+        }
+        if crate::status::trace::level() >= crate::status::trace::ERRORS {
+            crate::log::say(&format!(
+                "{len} bytes at {ptr:#x} are not device memory of this process ({})",
+                self.memory.describe(ptr)
+            ));
+        }
+        Err(result::INVALID_VALUE)
     }
 
     /// Where a unified-addressing copy's address lies: by its first byte, so that a length

@@ -21,10 +21,21 @@ pub fn check(dev: CUdevice) -> Cu<()> {
 
 /// The attributes of features this driver does not offer, whatever the GPU can do: programs
 /// ask them before using the feature, and a driver without it says 0.
-const NOT_OFFERED: [usize; 3] = [
+const NOT_OFFERED: [usize; 7] = [
     device_attr::MANAGED_MEMORY,
     device_attr::CONCURRENT_MANAGED_ACCESS,
     device_attr::IPC_EVENT_SUPPORTED,
+    device_attr::GENERIC_COMPRESSION_SUPPORTED,
+    device_attr::GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED,
+    device_attr::HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+    device_attr::HOST_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+];
+
+/// Offered exactly when the broker has memory for the virtual memory API (whatever the GPU
+/// says: the sim says nothing).
+const VIRTUAL_MEMORY: [usize; 2] = [
+    device_attr::VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+    device_attr::HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
 ];
 
 /// An attribute's value as programs of this driver see it: the GPU's `value`, or 0 for a
@@ -41,6 +52,7 @@ impl Driver {
     /// A device attribute, as the broker's GPU has it, less what this driver cannot offer.
     pub fn attribute(&self, attr: usize) -> Cu<i32> {
         match self.device.attributes.get(attr) {
+            Some(_) if VIRTUAL_MEMORY.contains(&attr) => Ok(i32::from(self.memory_granularity > 0)),
             Some(&v) if attr > 0 => Ok(offered(attr, v)),
             _ => Err(result::INVALID_VALUE),
         }

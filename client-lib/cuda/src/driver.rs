@@ -30,6 +30,8 @@ pub struct Driver {
     pub transport: Transport,
     pub device: DeviceInfo,
     pub memory_quota: Option<u64>,
+    /// The virtual memory API's granule (0: not offered).
+    pub memory_granularity: u64,
     pub memory: crate::memory::Memory,
     pub streams: crate::stream::Streams,
     pub events: crate::event::Events,
@@ -153,6 +155,7 @@ fn connect() -> Cu<Driver> {
     Ok(Driver {
         transport: Transport::new(session),
         memory_quota: welcome.memory_quota,
+        memory_granularity: welcome.memory_granularity,
         memory: crate::memory::Memory::default(),
         streams: crate::stream::Streams::default(),
         events: crate::event::Events::default(),

@@ -35,6 +35,7 @@ pub mod export;
 mod fork;
 pub mod graph;
 pub mod handle;
+pub mod host_func;
 pub mod image;
 pub mod launch;
 pub mod log;

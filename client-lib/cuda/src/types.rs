@@ -85,7 +85,13 @@ pub mod device_attr {
     pub const COMPUTE_CAPABILITY_MINOR: usize = 76;
     pub const MANAGED_MEMORY: usize = 83;
     pub const CONCURRENT_MANAGED_ACCESS: usize = 89;
+    pub const VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: usize = 102;
+    pub const HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED: usize = 103;
+    pub const GENERIC_COMPRESSION_SUPPORTED: usize = 107;
+    pub const GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED: usize = 110;
     pub const IPC_EVENT_SUPPORTED: usize = 125;
+    pub const HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: usize = 141;
+    pub const HOST_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: usize = 145;
     pub const MAX: usize = 150;
 }
 

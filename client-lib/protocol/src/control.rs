@@ -159,6 +159,18 @@ pub enum ClientMessage {
     Ping {
         request: u64,
     },
+    /// A descriptor by which another process may take this session's physical memory
+    /// `handle` (`cuMemExportToShareableHandle`). Answered with `MemoryExported`, which carries
+    /// it (one `SCM_RIGHTS` descriptor).
+    ExportMemory {
+        request: u64,
+        handle: u64,
+    },
+    /// Takes physical memory another process exported (its descriptor comes with this, one
+    /// `SCM_RIGHTS`) as a handle of this session's. Answered with `MemoryImported`.
+    ImportMemory {
+        request: u64,
+    },
 }
 
 /// A module image's content hash (BLAKE3), by which the broker deduplicates images.
@@ -232,6 +244,9 @@ pub struct Welcome {
     pub class: PriorityClass,
     pub weight: u32,
     pub memory_quota: Option<u64>,
+    /// The size and alignment of physical memory and reserved address space (the virtual
+    /// memory API's granularity); 0 where the device has no such memory.
+    pub memory_granularity: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -293,6 +308,16 @@ pub enum BrokerMessage {
     HostUnshared {
         request: u64,
         result: Result<(), WireError>,
+    },
+    /// The answer to `ExportMemory`; the descriptor comes with it.
+    MemoryExported {
+        request: u64,
+        result: Result<(), WireError>,
+    },
+    /// The answer to `ImportMemory`: the new handle and the memory's size.
+    MemoryImported {
+        request: u64,
+        result: Result<(u64, u64), WireError>,
     },
     /// Another client's work faulted the GPU and the broker recreated its context: everything
     /// this client held on the device is gone (listed in `lost`); the session goes on, and

@@ -76,6 +76,48 @@ pub fn granularity(ordinal: i32) -> DeviceResult<u64> {
     Ok(g as u64)
 }
 
+/// Makes `size` bytes of physical memory mapped nowhere and returns its descriptor; this
+/// context keeps no handle, so the memory lives while the descriptor or a mapping does.
+pub fn make(ordinal: i32, size: u64) -> DeviceResult<OwnedFd> {
+    let (handle, fd) = create_exported(ordinal, size)?;
+    // SAFETY: our handle, never mapped; the descriptor holds the memory from now on.
+    let _ = unsafe { sys::cuMemRelease(handle) };
+    Ok(fd)
+}
+
+/// `cuMemCreate` and the handle's descriptor.
+fn create_exported(
+    ordinal: i32,
+    size: u64,
+) -> DeviceResult<(sys::CUmemGenericAllocationHandle, OwnedFd)> {
+    let prop = properties(ordinal);
+    let n = usize::try_from(size).map_err(|_| DeviceError::OutOfMemory)?;
+    let mut handle: sys::CUmemGenericAllocationHandle = 0;
+    // SAFETY: out-parameter; the caller checked `size` against the granularity.
+    let made = unsafe { sys::cuMemCreate(&mut handle, n, &prop, 0) };
+    if made == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+        return Err(DeviceError::OutOfMemory);
+    }
+    check("cuMemCreate", made)?;
+    let mut raw: libc::c_int = -1;
+    // SAFETY: exporting our handle as a descriptor into an out-parameter.
+    let exported = check("cuMemExportToShareableHandle", unsafe {
+        sys::cuMemExportToShareableHandle(
+            (&mut raw as *mut libc::c_int).cast(),
+            handle,
+            sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+            0,
+        )
+    });
+    if let Err(e) = exported {
+        // SAFETY: our handle, never mapped.
+        let _ = unsafe { sys::cuMemRelease(handle) };
+        return Err(e);
+    }
+    // SAFETY: the driver just opened this descriptor for us; nothing else owns it.
+    Ok((handle, unsafe { OwnedFd::from_raw_fd(raw) }))
+}
+
 impl Chunks {
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
@@ -171,31 +213,7 @@ impl Chunks {
     pub fn create(&self, ordinal: i32, at: u64, size: u64) -> DeviceResult<OwnedFd> {
         let mut st = self.lock();
         Self::check_inside(&st, at, size)?;
-        let prop = properties(ordinal);
-        let mut handle: sys::CUmemGenericAllocationHandle = 0;
-        // SAFETY: out-parameter; `size` is a multiple of the granularity (the caller's pool).
-        let made = unsafe { sys::cuMemCreate(&mut handle, size as usize, &prop, 0) };
-        if made == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
-            return Err(DeviceError::OutOfMemory);
-        }
-        check("cuMemCreate", made)?;
-        let mut raw: libc::c_int = -1;
-        // SAFETY: exporting our handle as a descriptor into an out-parameter.
-        let exported = check("cuMemExportToShareableHandle", unsafe {
-            sys::cuMemExportToShareableHandle(
-                (&mut raw as *mut libc::c_int).cast(),
-                handle,
-                sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-                0,
-            )
-        });
-        if let Err(e) = exported {
-            // SAFETY: our handle, never mapped.
-            let _ = unsafe { sys::cuMemRelease(handle) };
-            return Err(e);
-        }
-        // SAFETY: the driver just opened this descriptor for us; nothing else owns it.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let (handle, fd) = create_exported(ordinal, size)?;
         Self::map(&mut st, ordinal, at, size, handle)?;
         Ok(fd)
     }

@@ -347,6 +347,11 @@ impl Backend for CudaDevice {
         self.chunks.create(self.ordinal, at, size)
     }
 
+    fn make_memory(&self, size: u64) -> DeviceResult<OwnedFd> {
+        self.bind()?;
+        chunks::make(self.ordinal, size)
+    }
+
     fn import_chunk(&self, at: u64, size: u64, fd: BorrowedFd<'_>) -> DeviceResult<()> {
         self.bind()?;
         self.chunks.import(self.ordinal, at, size, fd)

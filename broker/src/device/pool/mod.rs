@@ -12,6 +12,7 @@
 //! short or when a client places memory where one lies.
 
 mod ranges;
+mod reserved;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Mutex;
@@ -60,6 +61,8 @@ struct State {
     /// Idle large chunks, the oldest first, and since when.
     idle: VecDeque<(u64, Instant)>,
     idle_bytes: u64,
+    /// Address space programs reserved themselves, by address.
+    reserved: BTreeMap<u64, reserved::Reservation>,
 }
 
 /// A device's clients' memory.
@@ -80,6 +83,7 @@ impl Pool {
                 floor,
                 idle: VecDeque::new(),
                 idle_bytes: 0,
+                reserved: BTreeMap::new(),
             }),
         }
     }
@@ -102,10 +106,9 @@ impl Pool {
         self.high_water_of(&st)
     }
 
-    /// Bytes of idle chunks kept at most: a sixteenth of the device's memory (a quarter of
-    /// its address space), 1 GiB at most.
+    /// Bytes of idle chunks kept at most: a sixteenth of the device's memory, 1 GiB at most.
     fn idle_max(&self) -> u64 {
-        (self.space.size / 4 / 16).min(1 << 30)
+        (self.space.memory() / 16).min(1 << 30)
     }
 
     /// `bytes` of device memory at an address of the pool's choosing.
@@ -403,13 +406,15 @@ impl Pool {
         st.idle_bytes = 0;
         st.chunks.clear();
         st.allocations.clear();
+        st.reserved.clear();
         st.free = Ranges::with(self.space.base, self.space.size);
         st.floor = floor;
     }
 
     fn high_water_of(&self, st: &State) -> u64 {
         let top = st.chunks.iter().next_back().map_or(0, |(&a, c)| a + c.size);
-        top.max(st.floor)
+        let reserved = st.reserved.iter().next_back().map_or(0, |(&a, r)| r.end(a));
+        top.max(reserved).max(st.floor)
     }
 }
 

@@ -1,5 +1,6 @@
 //! The pool against a sim device, and against a link that releases slowly.
 
+use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -253,4 +254,70 @@ fn memory_placed_where_an_idle_chunk_lies_gets_the_place() {
         Ok(4 << 20),
         "the idle chunk gave way"
     );
+}
+
+#[test]
+fn reservations_take_address_space_only_and_hold_only_their_owners_mappings() {
+    let d = device();
+    let g = d.space().granularity;
+    let at = d.reserve(4 * g, 0, 0, 1).expect("reserve");
+    assert_eq!(at % g, 0, "granule-aligned");
+    assert_eq!(used(&d), 0, "address space costs no memory");
+    let a = d.alloc(3 << 20, 1).expect("an allocation");
+    assert!(
+        a + (3 << 20) <= at || a >= at + 4 * g,
+        "allocations stay out of reservations: {a:#x} {at:#x}"
+    );
+    assert!(d.reserve(g + 1, 0, 0, 1).is_err(), "whole granules only");
+    assert!(
+        d.reserve(g, 3 * g, 0, 1).is_err(),
+        "a power-of-two alignment"
+    );
+    let mem = d.make_memory(2 * g).expect("physical memory");
+    d.map_memory(at, 2 * g, mem.as_fd(), 1).expect("mapped");
+    assert_eq!(
+        used(&d),
+        (4 << 20) + 2 * g,
+        "mapped memory is on the device"
+    );
+    let refused = [
+        (at + g, 2 * g, 1, "over a mapping"),
+        (at + 3 * g, 2 * g, 1, "past the reservation"),
+        (at + 2 * g, 2 * g, 2, "another user's reservation"),
+        (at + 2 * g + 4096, g, 1, "not on a granule"),
+    ];
+    for (ptr, size, owner, why) in refused {
+        assert!(
+            d.map_memory(ptr, size, mem.as_fd(), owner).is_err(),
+            "{why}"
+        );
+    }
+    // The same memory twice, side by side: one mapping each.
+    d.map_memory(at + 2 * g, 2 * g, mem.as_fd(), 1)
+        .expect("mapped again");
+    assert!(d.unreserve(at, 4 * g, 1).is_err(), "still mapped");
+    assert!(d.unmap_memory(at, g, 1).is_err(), "half a mapping");
+    assert!(d.unmap_memory(at, 4 * g, 2).is_err(), "another user's");
+    assert_eq!(
+        d.unmap_memory(at, 4 * g, 1).expect("both at once"),
+        vec![(at, 2 * g), (at + 2 * g, 2 * g)]
+    );
+    d.unreserve(at, 4 * g, 1).expect("unreserved");
+    assert!(d.unreserve(at, 4 * g, 1).is_err(), "once");
+    // Its place can be asked for again.
+    assert_eq!(d.reserve(4 * g, 0, at, 1).expect("at the hint"), at);
+}
+
+#[test]
+fn one_user_reserves_a_quarter_of_the_space_at_most() {
+    let d = device();
+    let (g, quarter) = (d.space().granularity, d.space().size / 4);
+    let big = d.reserve(quarter - g, 0, 0, 1).expect("most of a quarter");
+    assert!(matches!(
+        d.reserve(2 * g, 0, 0, 1),
+        Err(DeviceError::OutOfMemory)
+    ));
+    d.reserve(2 * g, 0, 0, 2).expect("another user finds room");
+    d.unreserve(big, quarter - g, 1).expect("given back");
+    d.reserve(2 * g, 0, 0, 1).expect("room again");
 }

@@ -216,6 +216,20 @@ impl Remote {
             self.shared.spec.label
         ))
     }
+
+    /// What a worker's refusal to make or map memory means to the caller.
+    fn memory_refused(&self, e: WorkerError) -> DeviceError {
+        match e {
+            WorkerError::Refused(why) if why.contains("out of memory") => DeviceError::OutOfMemory,
+            WorkerError::Refused(why) if why.contains("are outside the reservation or in use") => {
+                DeviceError::AddressUnavailable(why)
+            }
+            WorkerError::Refused(why) => {
+                DeviceError::Failed(format!("cannot make or map device memory: {why}"))
+            }
+            other => self.worker_lost(&other.to_string()),
+        }
+    }
 }
 
 impl Drop for Shared {
@@ -310,15 +324,30 @@ impl Link for Remote {
         let fd = active
             .process
             .request_fd(&ToWorker::CreateChunk { at, size }, &[])
-            .map_err(|e| match e {
-                WorkerError::Refused(why) if why.contains("out of memory") => {
-                    DeviceError::OutOfMemory
-                }
-                WorkerError::Refused(why) => {
-                    DeviceError::Failed(format!("cannot make device memory: {why}"))
-                }
-                other => self.worker_lost(&other.to_string()),
-            })?;
+            .map_err(|e| self.memory_refused(e))?;
+        spare::import_into_spare(shared, at, size, &fd);
+        chunks.insert(at, (size, fd));
+        Ok(())
+    }
+
+    fn make_memory(&self, size: u64) -> DeviceResult<OwnedFd> {
+        self.active()
+            .process
+            .request_fd(&ToWorker::MakeMemory { size }, &[])
+            .map_err(|e| self.memory_refused(e))
+    }
+
+    fn map_chunk(&self, at: u64, size: u64, fd: BorrowedFd<'_>) -> DeviceResult<()> {
+        let shared = &self.shared;
+        let fd = fd.try_clone_to_owned().map_err(|e| {
+            DeviceError::Failed(format!("cannot keep device memory's descriptor: {e}"))
+        })?;
+        // Under the lock, so that a spare that gets ready meanwhile maps it too.
+        let mut chunks = lock(&shared.chunks);
+        self.active()
+            .process
+            .request(&ToWorker::ImportChunk { at, size }, &[fd.as_raw_fd()])
+            .map_err(|e| self.memory_refused(e))?;
         spare::import_into_spare(shared, at, size, &fd);
         chunks.insert(at, (size, fd));
         Ok(())

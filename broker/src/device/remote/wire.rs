@@ -100,6 +100,10 @@ pub enum ToWorker {
         at: u64,
         size: u64,
     },
+    /// Make physical memory mapped nowhere (the reply carries its descriptor).
+    MakeMemory {
+        size: u64,
+    },
     /// Map a chunk another worker made; its descriptor comes with it.
     ImportChunk {
         at: u64,

@@ -210,11 +210,7 @@ impl SimMemory {
         if self.used.saturating_add(size) > self.capacity {
             return Err(DeviceError::OutOfMemory);
         }
-        let fd = memfd_create("gpushare-sim-chunk", MFdFlags::MFD_CLOEXEC)
-            .map_err(|e| DeviceError::Failed(format!("cannot make a chunk: {e}")))?;
-        let len = libc::off_t::try_from(size).map_err(|_| DeviceError::OutOfMemory)?;
-        // Sized, not written: its pages are zero until touched.
-        nix::unistd::ftruncate(&fd, len).map_err(|_| DeviceError::OutOfMemory)?;
+        let fd = make_memory(size)?;
         self.import_chunk(at, size, fd.as_fd())?;
         Ok(fd)
     }
@@ -259,44 +255,71 @@ impl SimMemory {
         self.used
     }
 
-    fn locate(&self, ptr: DevicePtr, len: u64) -> DeviceResult<(u64, usize)> {
+    /// The pieces `[ptr, ptr + len)` lies in: (buffer base, offset, length). One buffer, or
+    /// mapped memory across mappings that follow one another (as a GPU's virtual addresses
+    /// run across them).
+    fn locate(&self, ptr: DevicePtr, len: u64) -> DeviceResult<Vec<(u64, usize, usize)>> {
+        let past = || {
+            DeviceError::InvalidArgument(format!(
+                "{len} bytes at {ptr:#x} run past the end of their allocation"
+            ))
+        };
         let (&base, buf) = self.buffers.range(..=ptr).next_back().ok_or_else(|| {
             DeviceError::InvalidArgument(format!("{ptr:#x} is not device memory"))
         })?;
-        let offset = ptr - base;
-        let end = offset.checked_add(len);
-        match end {
-            Some(end) if end <= buf.len as u64 => Ok((base, offset as usize)),
-            _ => Err(DeviceError::InvalidArgument(format!(
-                "{len} bytes at {ptr:#x} run past the end of their allocation"
-            ))),
+        let end = ptr.checked_add(len).ok_or_else(past)?;
+        let mut pieces = Vec::new();
+        let (mut base, mut buf, mut at) = (base, buf, ptr);
+        loop {
+            let buf_end = base + buf.len as u64;
+            if at > buf_end {
+                return Err(past());
+            }
+            let upto = end.min(buf_end);
+            pieces.push((base, (at - base) as usize, (upto - at) as usize));
+            if upto == end {
+                return Ok(pieces);
+            }
+            match self.buffers.get(&buf_end) {
+                Some(next) if buf.mapped && next.mapped => {
+                    (base, buf, at) = (buf_end, next, buf_end)
+                }
+                _ => return Err(past()),
+            }
         }
     }
 
     pub fn read(&self, ptr: DevicePtr, out: &mut [u8]) -> DeviceResult<()> {
-        let (base, off) = self.locate(ptr, out.len() as u64)?;
-        let buf = &self.buffers[&base];
-        out.copy_from_slice(&buf.bytes()[off..off + out.len()]);
+        let mut done = 0;
+        for (base, off, n) in self.locate(ptr, out.len() as u64)? {
+            let buf = &self.buffers[&base];
+            out[done..done + n].copy_from_slice(&buf.bytes()[off..off + n]);
+            done += n;
+        }
         Ok(())
     }
 
     pub fn write(&mut self, ptr: DevicePtr, data: &[u8]) -> DeviceResult<()> {
-        let (base, off) = self.locate(ptr, data.len() as u64)?;
-        let buf = self
-            .buffers
-            .get_mut(&base)
-            .ok_or(DeviceError::Failed("lost buffer".into()))?;
-        buf.bytes_mut()[off..off + data.len()].copy_from_slice(data);
+        let mut done = 0;
+        for (base, off, n) in self.locate(ptr, data.len() as u64)? {
+            let buf = self
+                .buffers
+                .get_mut(&base)
+                .ok_or(DeviceError::Failed("lost buffer".into()))?;
+            buf.bytes_mut()[off..off + n].copy_from_slice(&data[done..done + n]);
+            done += n;
+        }
         Ok(())
     }
 
     pub fn fill(&mut self, ptr: DevicePtr, value: u8, len: u64) -> DeviceResult<()> {
-        let (base, off) = self.locate(ptr, len)?;
-        let buf = self
-            .buffers
-            .get_mut(&base)
-            .ok_or(DeviceError::Failed("lost buffer".into()))?;
-        buf.bytes_mut()[off..off + len as usize].fill(value);
+        for (base, off, n) in self.locate(ptr, len)? {
+            let buf = self
+                .buffers
+                .get_mut(&base)
+                .ok_or(DeviceError::Failed("lost buffer".into()))?;
+            buf.bytes_mut()[off..off + n].fill(value);
+        }
         Ok(())
     }
 
@@ -325,6 +348,16 @@ impl SimMemory {
         let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
         self.write(ptr, &bytes)
     }
+}
+
+/// Physical memory mapped nowhere: a memfd of `size` bytes, zero until written.
+pub fn make_memory(size: u64) -> DeviceResult<OwnedFd> {
+    let fd = memfd_create("gpushare-sim-chunk", MFdFlags::MFD_CLOEXEC)
+        .map_err(|e| DeviceError::Failed(format!("cannot make device memory: {e}")))?;
+    let len = libc::off_t::try_from(size).map_err(|_| DeviceError::OutOfMemory)?;
+    // Sized, not written: its pages are zero until touched.
+    nix::unistd::ftruncate(&fd, len).map_err(|_| DeviceError::OutOfMemory)?;
+    Ok(fd)
 }
 
 #[cfg(test)]

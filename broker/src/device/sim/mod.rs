@@ -287,6 +287,11 @@ impl Backend for SimDevice {
         st.memory.create_chunk(at, size)
     }
 
+    fn make_memory(&self, size: u64) -> DeviceResult<OwnedFd> {
+        self.check_healthy()?;
+        memory::make_memory(size)
+    }
+
     fn import_chunk(&self, at: u64, size: u64, fd: BorrowedFd<'_>) -> DeviceResult<()> {
         let mut st = self.state();
         self.check_healthy()?;

@@ -102,6 +102,8 @@ unsafe extern "C" {
     fn cuKernelSetCacheConfig();
     fn cuLaunchCooperativeKernel();
     fn cuLaunchCooperativeKernel_ptsz();
+    fn cuLaunchHostFunc();
+    fn cuLaunchHostFunc_ptsz();
     fn cuLaunchKernel();
     fn cuLaunchKernelEx();
     fn cuLaunchKernelEx_ptsz();
@@ -112,16 +114,23 @@ unsafe extern "C" {
     fn cuLibraryLoadData();
     fn cuLibraryLoadFromFile();
     fn cuLibraryUnload();
+    fn cuMemAddressFree();
+    fn cuMemAddressReserve();
     fn cuMemAllocAsync();
     fn cuMemAllocAsync_ptsz();
     fn cuMemAllocHost_v2();
     fn cuMemAllocManaged();
     fn cuMemAlloc_v2();
+    fn cuMemCreate();
+    fn cuMemExportToShareableHandle();
     fn cuMemFreeAsync();
     fn cuMemFreeAsync_ptsz();
     fn cuMemFreeHost();
     fn cuMemFree_v2();
+    fn cuMemGetAccess();
     fn cuMemGetAddressRange_v2();
+    fn cuMemGetAllocationGranularity();
+    fn cuMemGetAllocationPropertiesFromHandle();
     fn cuMemGetInfo_v2();
     fn cuMemHostAlloc();
     fn cuMemHostGetDevicePointer_v2();
@@ -129,6 +138,12 @@ unsafe extern "C" {
     fn cuMemHostRegister();
     fn cuMemHostRegister_v2();
     fn cuMemHostUnregister();
+    fn cuMemImportFromShareableHandle();
+    fn cuMemMap();
+    fn cuMemRelease();
+    fn cuMemRetainAllocationHandle();
+    fn cuMemSetAccess();
+    fn cuMemUnmap();
     fn cuMemcpy();
     fn cuMemcpyAsync();
     fn cuMemcpyAsync_ptsz();
@@ -178,6 +193,8 @@ unsafe extern "C" {
     fn cuPointerSetAttribute();
     fn cuProfilerStart();
     fn cuProfilerStop();
+    fn cuStreamAddCallback();
+    fn cuStreamAddCallback_ptsz();
     fn cuStreamBeginCapture();
     fn cuStreamBeginCapture_ptsz();
     fn cuStreamBeginCapture_v2();
@@ -382,8 +399,6 @@ super::stubs! {
     cuLaunchCooperativeKernelMultiDevice,
     cuLaunchGrid,
     cuLaunchGridAsync,
-    cuLaunchHostFunc,
-    cuLaunchHostFunc_ptsz,
     cuLibraryEnumerateKernels,
     cuLibraryGetKernelCount,
     cuLibraryGetManaged,
@@ -401,8 +416,6 @@ super::stubs! {
     cuLogsDumpToMemory,
     cuLogsRegisterCallback,
     cuLogsUnregisterCallback,
-    cuMemAddressFree,
-    cuMemAddressReserve,
     cuMemAdvise,
     cuMemAdvise_v2,
     cuMemAlloc,
@@ -413,24 +426,17 @@ super::stubs! {
     cuMemAllocPitch_v2,
     cuMemBatchDecompressAsync,
     cuMemBatchDecompressAsync_ptsz,
-    cuMemCreate,
     cuMemDiscardAndPrefetchBatchAsync,
     cuMemDiscardAndPrefetchBatchAsync_ptsz,
     cuMemDiscardBatchAsync,
     cuMemDiscardBatchAsync_ptsz,
-    cuMemExportToShareableHandle,
     cuMemFree,
-    cuMemGetAccess,
     cuMemGetAddressRange,
-    cuMemGetAllocationGranularity,
-    cuMemGetAllocationPropertiesFromHandle,
     cuMemGetDefaultMemPool,
     cuMemGetHandleForAddressRange,
     cuMemGetInfo,
     cuMemGetMemPool,
     cuMemHostGetDevicePointer,
-    cuMemImportFromShareableHandle,
-    cuMemMap,
     cuMemMapArrayAsync,
     cuMemMapArrayAsync_ptsz,
     cuMemPoolCreate,
@@ -452,11 +458,7 @@ super::stubs! {
     cuMemPrefetchBatchAsync_ptsz,
     cuMemRangeGetAttribute,
     cuMemRangeGetAttributes,
-    cuMemRelease,
-    cuMemRetainAllocationHandle,
-    cuMemSetAccess,
     cuMemSetMemPool,
-    cuMemUnmap,
     cuMemcpy2D,
     cuMemcpy2DAsync,
     cuMemcpy2DAsync_v2,
@@ -556,8 +558,6 @@ super::stubs! {
     cuProfilerInitialize,
     cuSignalExternalSemaphoresAsync,
     cuSignalExternalSemaphoresAsync_ptsz,
-    cuStreamAddCallback,
-    cuStreamAddCallback_ptsz,
     cuStreamAttachMemAsync,
     cuStreamAttachMemAsync_ptsz,
     cuStreamBatchMemOp,
@@ -4783,9 +4783,9 @@ pub(super) static SYMBOLS: [&str; 638] = [
     "cuWaitExternalSemaphoresAsync_ptsz",
 ];
 
-/// The symbols src/ implements (205); the rest are stubs.
+/// The symbols src/ implements (222); the rest are stubs.
 #[cfg(test)]
-pub(super) static IMPLEMENTED: [&str; 205] = [
+pub(super) static IMPLEMENTED: [&str; 222] = [
     "cuCtxCreate",
     "cuCtxCreate_v2",
     "cuCtxCreate_v3",
@@ -4882,6 +4882,8 @@ pub(super) static IMPLEMENTED: [&str; 205] = [
     "cuKernelSetCacheConfig",
     "cuLaunchCooperativeKernel",
     "cuLaunchCooperativeKernel_ptsz",
+    "cuLaunchHostFunc",
+    "cuLaunchHostFunc_ptsz",
     "cuLaunchKernel",
     "cuLaunchKernelEx",
     "cuLaunchKernelEx_ptsz",
@@ -4892,16 +4894,23 @@ pub(super) static IMPLEMENTED: [&str; 205] = [
     "cuLibraryLoadData",
     "cuLibraryLoadFromFile",
     "cuLibraryUnload",
+    "cuMemAddressFree",
+    "cuMemAddressReserve",
     "cuMemAllocAsync",
     "cuMemAllocAsync_ptsz",
     "cuMemAllocHost_v2",
     "cuMemAllocManaged",
     "cuMemAlloc_v2",
+    "cuMemCreate",
+    "cuMemExportToShareableHandle",
     "cuMemFreeAsync",
     "cuMemFreeAsync_ptsz",
     "cuMemFreeHost",
     "cuMemFree_v2",
+    "cuMemGetAccess",
     "cuMemGetAddressRange_v2",
+    "cuMemGetAllocationGranularity",
+    "cuMemGetAllocationPropertiesFromHandle",
     "cuMemGetInfo_v2",
     "cuMemHostAlloc",
     "cuMemHostGetDevicePointer_v2",
@@ -4909,6 +4918,12 @@ pub(super) static IMPLEMENTED: [&str; 205] = [
     "cuMemHostRegister",
     "cuMemHostRegister_v2",
     "cuMemHostUnregister",
+    "cuMemImportFromShareableHandle",
+    "cuMemMap",
+    "cuMemRelease",
+    "cuMemRetainAllocationHandle",
+    "cuMemSetAccess",
+    "cuMemUnmap",
     "cuMemcpy",
     "cuMemcpyAsync",
     "cuMemcpyAsync_ptsz",
@@ -4958,6 +4973,8 @@ pub(super) static IMPLEMENTED: [&str; 205] = [
     "cuPointerSetAttribute",
     "cuProfilerStart",
     "cuProfilerStop",
+    "cuStreamAddCallback",
+    "cuStreamAddCallback_ptsz",
     "cuStreamBeginCapture",
     "cuStreamBeginCapture_ptsz",
     "cuStreamBeginCapture_v2",

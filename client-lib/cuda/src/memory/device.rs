@@ -13,7 +13,7 @@ use crate::types::result;
 
 /// Reserves `[ptr, ptr + bytes)` of this process's address space, inaccessible, so that no
 /// host mapping lands there. `false` if any of it is in use.
-fn reserve_range(ptr: u64, bytes: u64) -> bool {
+pub(super) fn reserve_range(ptr: u64, bytes: u64) -> bool {
     let len = (bytes.max(1) as usize).div_ceil(PAGE) * PAGE;
     if !(ptr as usize).is_multiple_of(PAGE) {
         return true; // cannot reserve a partial page; device allocations are page-aligned
@@ -45,14 +45,14 @@ fn reserve_range(ptr: u64, bytes: u64) -> bool {
     true
 }
 
-fn unreserve_range(ptr: u64, bytes: u64) {
+pub(super) fn unreserve_range(ptr: u64, bytes: u64) {
     let len = (bytes.max(1) as usize).div_ceil(PAGE) * PAGE;
     // SAFETY: the range is the PROT_NONE reservation made by `reserve_range`.
     unsafe { libc::munmap(ptr as *mut c_void, len) };
 }
 
 /// How many times an allocation whose address collides with host memory is tried again.
-const PLACEMENT_TRIES: usize = 8;
+pub(super) const PLACEMENT_TRIES: usize = 8;
 
 impl Driver {
     /// Allocates `bytes` of device memory through the broker and reserves its address.

@@ -10,6 +10,8 @@
 mod attributes;
 mod device;
 mod host;
+pub mod vmm;
+pub mod vmm_api;
 
 pub mod api;
 
@@ -23,6 +25,9 @@ pub enum DeviceKind {
     Allocation,
     /// A module's global variable.
     Global,
+    /// Physical memory the program mapped (`cuMemMap`); one follows another in a
+    /// reservation, and copies may run across them.
+    Mapped,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -58,6 +63,8 @@ pub struct Memory {
     device: RwLock<BTreeMap<u64, DeviceRange>>,
     host: RwLock<BTreeMap<usize, HostRegion>>,
     next_buffer_id: std::sync::atomic::AtomicU64,
+    /// The virtual memory API's handles, reservations and mappings.
+    vmm: std::sync::Mutex<vmm::Vmm>,
 }
 
 const PAGE: usize = 4096;
@@ -121,6 +128,23 @@ impl Memory {
         let map = self.host.read().unwrap_or_else(|p| p.into_inner());
         let (&base, &r) = map.range(..=ptr).next_back()?;
         (ptr < base + r.len).then_some((base, r))
+    }
+
+    /// What lies at or below `ptr`, in words (for tracing a refused pointer).
+    pub fn describe(&self, ptr: u64) -> String {
+        let below = {
+            let map = self.device.read().unwrap_or_else(|p| p.into_inner());
+            map.range(..=ptr).next_back().map(|(&b, r)| {
+                format!(
+                    "the device range below is {:?} of {} bytes at {b:#x}",
+                    r.kind, r.bytes
+                )
+            })
+        };
+        let host = self
+            .host_region_at(ptr as usize)
+            .map(|(b, r)| format!("; page-locked host memory of {} bytes at {b:#x}", r.len));
+        below.unwrap_or_else(|| "no device range below it".into()) + &host.unwrap_or_default()
     }
 
     /// Bytes of device memory the program holds.

@@ -144,6 +144,26 @@ impl Command {
                 len: a[3],
             },
             MEM_INFO => Command::MemInfo,
+            MEM_RESERVE => Command::MemReserve {
+                size: a[0],
+                align: a[1],
+                hint: a[2],
+            },
+            MEM_UNRESERVE => Command::MemUnreserve {
+                ptr: a[0],
+                size: a[1],
+            },
+            MEM_CREATE => Command::MemCreate { size: a[0] },
+            MEM_RELEASE => Command::MemRelease { handle: a[0] },
+            MEM_MAP => Command::MemMap {
+                ptr: a[0],
+                size: a[1],
+                handle: a[2],
+            },
+            MEM_UNMAP => Command::MemUnmap {
+                ptr: a[0],
+                size: a[1],
+            },
             FUNCTION_SET_ATTRIBUTE => Command::FunctionSetAttribute {
                 function: a[0],
                 attribute: u32::try_from(a[1]).map_err(|_| ErrorCode::InvalidArgument)?,

@@ -147,6 +147,14 @@ impl Command {
                 [src, region as u64, offset, len, 0, 0],
             ),
             Command::MemInfo => (MEM_INFO, 0, [0; 6]),
+            Command::MemReserve { size, align, hint } => {
+                (MEM_RESERVE, 0, [size, align, hint, 0, 0, 0])
+            }
+            Command::MemUnreserve { ptr, size } => (MEM_UNRESERVE, 0, [ptr, size, 0, 0, 0, 0]),
+            Command::MemCreate { size } => (MEM_CREATE, 0, [size, 0, 0, 0, 0, 0]),
+            Command::MemRelease { handle } => (MEM_RELEASE, 0, [handle, 0, 0, 0, 0, 0]),
+            Command::MemMap { ptr, size, handle } => (MEM_MAP, 0, [ptr, size, handle, 0, 0, 0]),
+            Command::MemUnmap { ptr, size } => (MEM_UNMAP, 0, [ptr, size, 0, 0, 0, 0]),
             Command::FunctionSetAttribute {
                 function,
                 attribute,

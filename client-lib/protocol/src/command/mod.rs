@@ -241,6 +241,40 @@ pub enum Command {
     },
     /// Result: (free, total) device bytes as this client sees them (its quota, if any).
     MemInfo,
+    /// Reserves `size` bytes of device address space (whole granules) aligned to `align`
+    /// (0: the granule), at `hint` if that is free (`cuMemAddressReserve`). Result: where.
+    MemReserve {
+        size: u64,
+        align: u64,
+        hint: DevicePtr,
+    },
+    /// Gives back a reservation; nothing may be mapped in it (`cuMemAddressFree`).
+    MemUnreserve {
+        ptr: DevicePtr,
+        size: u64,
+    },
+    /// Makes `size` bytes of physical memory (whole granules), charged to the quota
+    /// (`cuMemCreate`). Result: its handle.
+    MemCreate {
+        size: u64,
+    },
+    /// Lets go of a physical-memory handle; the memory goes once nothing maps it either.
+    MemRelease {
+        handle: u64,
+    },
+    /// Maps `size` bytes of `handle`'s memory at `ptr`, inside a reservation of this
+    /// client's, readable and writable by the device (`cuMemMap` with `cuMemSetAccess`).
+    MemMap {
+        ptr: DevicePtr,
+        size: u64,
+        handle: u64,
+    },
+    /// Unmaps `[ptr, ptr + size)`, which whole mappings must make up (`cuMemUnmap`). The
+    /// device finishes the client's work first.
+    MemUnmap {
+        ptr: DevicePtr,
+        size: u64,
+    },
     /// A module function launch whose parameter block starts with [`LaunchAttributes`].
     LaunchEx {
         stream: StreamId,

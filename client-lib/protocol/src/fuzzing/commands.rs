@@ -45,6 +45,12 @@ pub(super) fn command_variant(c: &Command) -> &'static str {
         Command::CopyHtoDHost { .. } => "copy_htod_host",
         Command::CopyDtoHHost { .. } => "copy_dtoh_host",
         Command::MemInfo => "mem_info",
+        Command::MemReserve { .. } => "mem_reserve",
+        Command::MemUnreserve { .. } => "mem_unreserve",
+        Command::MemCreate { .. } => "mem_create",
+        Command::MemRelease { .. } => "mem_release",
+        Command::MemMap { .. } => "mem_map",
+        Command::MemUnmap { .. } => "mem_unmap",
         Command::LaunchEx { .. } => "launch_ex",
         Command::FunctionSetAttribute { .. } => "function_set_attribute",
         Command::Occupancy { .. } => "occupancy",
@@ -241,6 +247,26 @@ pub fn commands() -> Vec<Command> {
             len: 8,
         },
         Command::MemInfo,
+        Command::MemReserve {
+            size: 64 << 20,
+            align: 0,
+            hint: 0x7000_0000_0000,
+        },
+        Command::MemUnreserve {
+            ptr: 0x7000_0000_0000,
+            size: 64 << 20,
+        },
+        Command::MemCreate { size: 2 << 20 },
+        Command::MemRelease { handle: 1 },
+        Command::MemMap {
+            ptr: 0x7000_0000_0000,
+            size: 2 << 20,
+            handle: 1,
+        },
+        Command::MemUnmap {
+            ptr: 0x7000_0000_0000,
+            size: 2 << 20,
+        },
         Command::LaunchEx {
             stream: 5,
             launch: ModuleLaunch {

@@ -39,6 +39,7 @@ pub(super) fn welcome(layout: Option<ShmLayout>) -> Welcome {
         class: PriorityClass::Normal,
         weight: 100,
         memory_quota: Some(1 << 30),
+        memory_granularity: 2 << 20,
     }
 }
 
@@ -169,6 +170,8 @@ pub(super) fn client_variant(m: &ClientMessage) -> &'static str {
         ClientMessage::GetGlobal { .. } => "get_global",
         ClientMessage::ShareHostMemory { .. } => "share_host_memory",
         ClientMessage::UnshareHostMemory { .. } => "unshare_host_memory",
+        ClientMessage::ExportMemory { .. } => "export_memory",
+        ClientMessage::ImportMemory { .. } => "import_memory",
         ClientMessage::Ping { .. } => "ping",
     }
 }
@@ -191,6 +194,8 @@ pub(super) fn broker_variant(m: &BrokerMessage) -> &'static str {
         BrokerMessage::Global { .. } => "global",
         BrokerMessage::HostShared { .. } => "host_shared",
         BrokerMessage::HostUnshared { .. } => "host_unshared",
+        BrokerMessage::MemoryExported { .. } => "memory_exported",
+        BrokerMessage::MemoryImported { .. } => "memory_imported",
         BrokerMessage::Pong { .. } => "pong",
     }
 }
@@ -277,6 +282,11 @@ pub fn client_messages() -> Vec<ClientMessage> {
             region: 3,
         },
         ClientMessage::Ping { request: 13 },
+        ClientMessage::ExportMemory {
+            request: 14,
+            handle: 2,
+        },
+        ClientMessage::ImportMemory { request: 15 },
     ]);
     out
 }
@@ -395,5 +405,17 @@ pub fn broker_messages() -> Vec<BrokerMessage> {
             result: Ok(()),
         },
         BrokerMessage::Pong { request: 11 },
+        BrokerMessage::MemoryExported {
+            request: 12,
+            result: Ok(()),
+        },
+        BrokerMessage::MemoryImported {
+            request: 13,
+            result: Ok((3, 2 << 20)),
+        },
+        BrokerMessage::MemoryImported {
+            request: 13,
+            result: Err(err(ErrorCode::PermissionDenied)),
+        },
     ]
 }

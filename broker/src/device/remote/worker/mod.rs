@@ -252,6 +252,11 @@ impl<B: Backend> Worker<B> {
                 .create_chunk(at, size)
                 .map(Some)
                 .map_err(|e| e.to_string()),
+            ToWorker::MakeMemory { size } => self
+                .executor
+                .make_memory(size)
+                .map(Some)
+                .map_err(|e| e.to_string()),
             ToWorker::ImportChunk { at, size } => self
                 .executor
                 .import_chunk(at, size, need_fd(fd)?.as_fd())

@@ -1,0 +1,249 @@
+//! The virtual memory API's entry points (`cuMemCreate`, `cuMemAddressReserve`, `cuMemMap`
+//! …): see `vmm.rs` for what the process keeps, and the broker's `pool/reserved.rs` for where
+//! the memory lives.
+
+use std::ffi::{c_uint, c_ulonglong, c_void};
+
+use super::vmm::{AccessDesc, AllocationProp, HANDLE_POSIX_FD, Location};
+use crate::driver;
+use crate::log::say_once;
+use crate::status::{entry, out};
+use crate::types::{CUdeviceptr, CUresult, result};
+
+/// `CUmemGenericAllocationHandle`.
+pub type MemHandle = c_ulonglong;
+
+/// Reads a property struct the program passed.
+///
+/// # Safety
+/// `prop` is NULL or valid for reading.
+unsafe fn read_prop(prop: *const AllocationProp) -> Result<AllocationProp, CUresult> {
+    if prop.is_null() {
+        return Err(result::INVALID_VALUE);
+    }
+    // SAFETY: the caller's contract; the struct may be unaligned in C's eyes, so read it so.
+    Ok(unsafe { prop.read_unaligned() })
+}
+
+/// # Safety
+/// `granularity` is NULL or valid for writing; `prop` NULL or valid for reading.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemGetAllocationGranularity(
+    granularity: *mut usize,
+    prop: *const AllocationProp,
+    _option: c_uint,
+) -> CUresult {
+    entry("cuMemGetAllocationGranularity", || {
+        let d = driver::live()?;
+        // SAFETY: the caller's contract.
+        let prop = unsafe { read_prop(prop) }?;
+        let g = d.vmm_granularity(&prop)?;
+        // SAFETY: the caller's contract.
+        unsafe { out(granularity, g as usize) }
+    })
+}
+
+/// # Safety
+/// `ptr` is NULL or valid for writing.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAddressReserve(
+    ptr: *mut CUdeviceptr,
+    size: usize,
+    alignment: usize,
+    addr: CUdeviceptr,
+    flags: c_ulonglong,
+) -> CUresult {
+    entry("cuMemAddressReserve", || {
+        let d = driver::live()?;
+        if ptr.is_null() || flags != 0 {
+            return Err(result::INVALID_VALUE);
+        }
+        let at = d.vmm_reserve(size as u64, alignment as u64, addr)?;
+        // SAFETY: the caller's contract.
+        unsafe { out(ptr, at) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemAddressFree(ptr: CUdeviceptr, size: usize) -> CUresult {
+    entry("cuMemAddressFree", || {
+        driver::live()?.vmm_unreserve(ptr, size as u64)
+    })
+}
+
+/// # Safety
+/// `handle` is NULL or valid for writing; `prop` NULL or valid for reading.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemCreate(
+    handle: *mut MemHandle,
+    size: usize,
+    prop: *const AllocationProp,
+    flags: c_ulonglong,
+) -> CUresult {
+    entry("cuMemCreate", || {
+        let d = driver::live()?;
+        // SAFETY: the caller's contract.
+        let prop = unsafe { read_prop(prop) }?;
+        if handle.is_null() || flags != 0 {
+            return Err(result::INVALID_VALUE);
+        }
+        let h = d.vmm_create(size as u64, &prop)?;
+        // SAFETY: the caller's contract.
+        unsafe { out(handle, h) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemRelease(handle: MemHandle) -> CUresult {
+    entry("cuMemRelease", || driver::live()?.vmm_release(handle))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemMap(
+    ptr: CUdeviceptr,
+    size: usize,
+    offset: usize,
+    handle: MemHandle,
+    flags: c_ulonglong,
+) -> CUresult {
+    entry("cuMemMap", || {
+        if flags != 0 {
+            return Err(result::INVALID_VALUE);
+        }
+        driver::live()?.vmm_map(ptr, size as u64, offset as u64, handle)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult {
+    entry("cuMemUnmap", || driver::live()?.vmm_unmap(ptr, size as u64))
+}
+
+/// # Safety
+/// `desc` is NULL or valid for reading `count` descriptors.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemSetAccess(
+    ptr: CUdeviceptr,
+    size: usize,
+    desc: *const AccessDesc,
+    count: usize,
+) -> CUresult {
+    entry("cuMemSetAccess", || {
+        let d = driver::live()?;
+        if desc.is_null() || count == 0 || count > 64 {
+            return Err(result::INVALID_VALUE);
+        }
+        // SAFETY: the caller's contract; read one by one, unaligned as C may lay them out.
+        let descs: Vec<AccessDesc> = (0..count)
+            .map(|i| unsafe { desc.add(i).read_unaligned() })
+            .collect();
+        d.vmm_set_access(ptr, size as u64, &descs)
+    })
+}
+
+/// # Safety
+/// `flags` is NULL or valid for writing; `location` NULL or valid for reading.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemGetAccess(
+    flags: *mut c_ulonglong,
+    location: *const Location,
+    ptr: CUdeviceptr,
+) -> CUresult {
+    entry("cuMemGetAccess", || {
+        let d = driver::live()?;
+        if location.is_null() {
+            return Err(result::INVALID_VALUE);
+        }
+        // SAFETY: the caller's contract.
+        let location = unsafe { location.read_unaligned() };
+        let f = d.vmm_access(&location, ptr)?;
+        // SAFETY: the caller's contract.
+        unsafe { out(flags, c_ulonglong::from(f)) }
+    })
+}
+
+/// # Safety
+/// `handle` is NULL or valid for writing.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemRetainAllocationHandle(
+    handle: *mut MemHandle,
+    addr: *mut c_void,
+) -> CUresult {
+    entry("cuMemRetainAllocationHandle", || {
+        let d = driver::live()?;
+        if handle.is_null() {
+            return Err(result::INVALID_VALUE);
+        }
+        let h = d.vmm_retain(addr as u64)?;
+        // SAFETY: the caller's contract.
+        unsafe { out(handle, h) }
+    })
+}
+
+/// # Safety
+/// `prop` is NULL or valid for writing.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemGetAllocationPropertiesFromHandle(
+    prop: *mut AllocationProp,
+    handle: MemHandle,
+) -> CUresult {
+    entry("cuMemGetAllocationPropertiesFromHandle", || {
+        let d = driver::live()?;
+        let p = d.vmm_properties(handle)?;
+        if prop.is_null() {
+            return Err(result::INVALID_VALUE);
+        }
+        // SAFETY: the caller's contract.
+        unsafe { prop.write_unaligned(p) };
+        Ok(())
+    })
+}
+
+/// # Safety
+/// `shareable` is NULL or valid for writing an `int`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemExportToShareableHandle(
+    shareable: *mut c_void,
+    handle: MemHandle,
+    kind: c_uint,
+    flags: c_ulonglong,
+) -> CUresult {
+    entry("cuMemExportToShareableHandle", || {
+        let d = driver::live()?;
+        if shareable.is_null() || flags != 0 {
+            return Err(result::INVALID_VALUE);
+        }
+        if kind != HANDLE_POSIX_FD {
+            say_once("memory handles can be shared as POSIX file descriptors only");
+            return Err(result::NOT_SUPPORTED);
+        }
+        let fd = d.vmm_export(handle)?;
+        // SAFETY: the caller's contract: a POSIX handle is an `int`.
+        unsafe { out(shareable.cast::<i32>(), fd) }
+    })
+}
+
+/// # Safety
+/// `handle` is NULL or valid for writing; `os_handle` carries a descriptor's number.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemImportFromShareableHandle(
+    handle: *mut MemHandle,
+    os_handle: *mut c_void,
+    kind: c_uint,
+) -> CUresult {
+    entry("cuMemImportFromShareableHandle", || {
+        let d = driver::live()?;
+        if handle.is_null() {
+            return Err(result::INVALID_VALUE);
+        }
+        if kind != HANDLE_POSIX_FD {
+            say_once("memory handles can be shared as POSIX file descriptors only");
+            return Err(result::NOT_SUPPORTED);
+        }
+        // The descriptor's number travels in the pointer, as CUDA's samples pass it.
+        let fd = i32::try_from(os_handle as usize).map_err(|_| result::INVALID_VALUE)?;
+        let h = d.vmm_import(fd)?;
+        // SAFETY: the caller's contract.
+        unsafe { out(handle, h) }
+    })
+}

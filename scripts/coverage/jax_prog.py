@@ -1,0 +1,56 @@
+"""JAX programs for the coverage matrix (scripts/gpu-coverage.sh): each prints one JSON line,
+{"ok": true, "values": [...]}, that the run directly and the run through gpushare must agree on.
+
+    python3 jax_prog.py jit|grad|train
+"""
+import json
+import sys
+
+
+def main(case):
+    import jax
+    import jax.numpy as jnp
+
+    key = jax.random.PRNGKey(0)
+    if jax.devices()[0].platform != "gpu":
+        raise RuntimeError(f"JAX runs on {jax.devices()[0].platform}, not the GPU")
+    if case == "jit":
+        x = jax.random.normal(key, (1024, 1024), jnp.float32)
+        y = jax.jit(lambda a: jnp.tanh(a @ a.T).sum(axis=0))(x)
+        return [float(v) for v in y[:16]] + [float(y.sum())]
+    if case == "grad":
+        k1, k2, k3 = jax.random.split(key, 3)
+        x = jax.random.normal(k1, (512, 256), jnp.float32)
+        w = jax.random.normal(k2, (256, 64), jnp.float32)
+        t = jax.random.normal(k3, (512, 64), jnp.float32)
+        g = jax.jit(jax.grad(lambda w: jnp.mean((jnp.tanh(x @ w) - t) ** 2)))(w)
+        return [float(v) for v in g.ravel()[:16]] + [float(g.sum())]
+    if case == "train":
+        k1, k2, k3, k4 = jax.random.split(key, 4)
+        x = jax.random.normal(k1, (256, 32), jnp.float32)
+        y = jnp.sin(x.sum(axis=1, keepdims=True))
+        params = [jax.random.normal(k2, (32, 128)) * 0.1, jnp.zeros(128),
+                  jax.random.normal(k3, (128, 1)) * 0.1, jnp.zeros(1)]
+
+        def loss(p):
+            h = jax.nn.relu(x @ p[0] + p[1])
+            return jnp.mean((h @ p[2] + p[3] - y) ** 2)
+
+        @jax.jit
+        def step(p):
+            l, g = jax.value_and_grad(loss)(p)
+            return [a - 0.05 * b for a, b in zip(p, g)], l
+
+        losses = []
+        for _ in range(100):
+            params, l = step(params)
+            losses.append(float(l))
+        return losses
+    raise SystemExit(f"unknown case {case}")
+
+
+if __name__ == "__main__":
+    try:
+        print(json.dumps({"ok": True, "values": main(sys.argv[1])}))
+    except Exception as e:  # the matrix records it; the run's stderr says more
+        print(json.dumps({"ok": False, "error": f"{type(e).__name__}: {e}"[:300]}))

@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# The coverage matrix: programs of several frameworks run directly (twice) and through
+# gpushare (`gpushare run`, consolidated), results compared. A case passes when the
+# consolidated run's values equal the first direct run's, or differ from them by no more than
+# the two direct runs differ from each other. Runs from the folder scripts/gpu-bundle.sh makes
+# (gpushared, gpushare, libcuda.so, coverage/); needs python3 with the frameworks a case uses
+# (a missing one makes that case "skipped: no module"), and cc with CUDA's headers for the C
+# case. Prints a markdown table; stderr of each run goes to $LOGS/CASE.MODE.err, and the first
+# line gpushare's driver said there is shown for a failing case.
+#
+# Usage: ./gpu-coverage.sh [CASE...]  (default: every case). Exit status: non-zero if a case
+# that could run failed. STEP_TIMEOUT (default 300) bounds each run in seconds.
+set -uo pipefail
+dir=$(cd "$(dirname "$0")" && pwd)
+py=${PYTHON:-python3}
+work=$(mktemp -d)
+logs=${LOGS:-$work/logs}
+mkdir -p "$logs"
+sock=$work/gpushare.sock
+broker_pid=
+trap '[[ -n $broker_pid ]] && kill -TERM $broker_pid 2>/dev/null; wait 2>/dev/null; rm -rf "$work"' EXIT
+
+all=(torch-expandable jax-jit jax-grad jax-train cupy-elementwise cupy-rawkernel cupy-cublas
+     cupy-cufft cupy-cusolver cupy-cusparse cupy-random c-vmm-pool)
+cases=("$@")
+[[ ${#cases[@]} -gt 0 ]] || cases=("${all[@]}")
+
+"$dir/gpushared" --socket "$sock" --backend "${BACKEND:-cuda}" --no-telemetry --log warn \
+    ${BROKER_ARGS:-} 2>> "$logs/broker.log" &
+broker_pid=$!
+for _ in $(seq 100); do
+    "$dir/gpushare" --socket "$sock" status > /dev/null 2>&1 && break
+    sleep 0.1
+done
+
+command_of() { # the command line of a case
+    case $1 in
+    torch-expandable) echo env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "$py" "$dir/coverage/torch_prog.py" expandable ;;
+    jax-*) echo "$py" "$dir/coverage/jax_prog.py" "${1#jax-}" ;;
+    cupy-*) echo "$py" "$dir/coverage/cupy_prog.py" "${1#cupy-}" ;;
+    c-vmm-pool)
+        [[ -x $work/vmm_pool ]] || cc -O2 -I/usr/local/cuda/include -o "$work/vmm_pool" \
+            "$dir/coverage/vmm_pool.c" -L/usr/local/cuda/lib64/stubs -lcuda 2>> "$logs/cc.err"
+        echo "$work/vmm_pool" ;;
+    esac
+}
+
+run() { # run CASE MODE N: the case's last stdout line (a JSON object)
+    local c=$1 mode=$2 n=$3 line cmd
+    cmd=$(command_of "$c")
+    local prefix=()
+    [[ $mode == consolidated ]] && prefix=("$dir/gpushare" --socket "$sock" run --)
+    # shellcheck disable=SC2086 # the command is words
+    line=$(timeout "${STEP_TIMEOUT:-300}" "${prefix[@]}" $cmd 2>> "$logs/$c.$mode$n.err" | tail -1)
+    [[ $line == "{"* ]] || line="{\"ok\": false, \"error\": \"no result (exit ${PIPESTATUS[0]})\"}"
+    echo "$line"
+}
+
+failed=0
+echo "| case | direct | consolidated | result |"
+echo "|---|---|---|---|"
+for c in "${cases[@]}"; do
+    d1=$(run "$c" direct 1)
+    d2=$(run "$c" direct 2)
+    g=$(run "$c" consolidated 1)
+    said=$(grep -m1 '^gpushare:' "$logs/$c.consolidated1.err" 2>/dev/null | cut -c1-160)
+    verdict=$("$py" - "$d1" "$d2" "$g" "$said" <<'PY'
+import json, sys
+d1, d2, g = (json.loads(a) for a in sys.argv[1:4])
+said = sys.argv[4]
+def err(r): return r.get("error", "")[:90].replace("|", "/")
+if not d1.get("ok"):
+    skip = "No module named" in err(d1)
+    print(("skipped" if skip else "direct fails") + f"\t{err(d1)}\t-\t" + ("skip" if skip else "bad"))
+    sys.exit()
+a = d1["values"]
+b, c = d2.get("values", a), g.get("values")
+spread = max((abs(x - y) for x, y in zip(a, b)), default=0.0)
+if c is None:
+    print(f"ok\tfails: {err(g)}{' — ' + said if said else ''}\tFAIL")
+elif len(c) != len(a):
+    print(f"ok\t{len(c)} values, not {len(a)}\tFAIL")
+else:
+    diff = max((abs(x - y) for x, y in zip(a, c)), default=0.0)
+    if diff == 0:
+        print("ok\tequal\tPASS")
+    elif diff <= spread:
+        print(f"ok (runs differ by {spread:.3g})\tdiffers by {diff:.3g}\tPASS")
+    else:
+        print(f"ok (runs differ by {spread:.3g})\tdiffers by {diff:.3g}\tFAIL")
+PY
+)
+    IFS=$'\t' read -r dcol gcol res <<< "$verdict"
+    case $res in
+    PASS) echo "| $c | $dcol | $gcol | pass |" ;;
+    skip) echo "| $c | $dcol | - | skipped |" ;;
+    bad) echo "| $c | $dcol | - | cannot compare |" ;;
+    *) failed=1; echo "| $c | $dcol | $gcol | **fail** |" ;;
+    esac
+done
+exit $failed
