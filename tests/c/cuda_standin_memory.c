@@ -323,6 +323,22 @@ void check_memsets(size_t n) {
 
     EXPECT(cuMemsetD32(d + n - 4, 1, 2), CUDA_ERROR_INVALID_VALUE);
     EXPECT(cuMemsetD8Async(0x1000, 1, 16, s), CUDA_ERROR_INVALID_VALUE);
+
+    /* Page-locked host memory, by its address (unified addressing), in stream order as XLA
+     * sets its flags. */
+    uint32_t *pinned = NULL;
+    OK(cuMemHostAlloc((void **)&pinned, 4096, 0));
+    if (pinned) {
+        memset(pinned, 0, 4096);
+        OK(cuMemsetD32Async((CUdeviceptr)(size_t)pinned + 8, 0xcafef00d, 2, s));
+        OK(cuStreamSynchronize(s));
+        CHECK(pinned[1] == 0 && pinned[2] == 0xcafef00d && pinned[3] == 0xcafef00d &&
+                  pinned[4] == 0,
+              "host memset: %#x %#x %#x %#x", pinned[1], pinned[2], pinned[3], pinned[4]);
+        EXPECT(cuMemsetD8Async((CUdeviceptr)(size_t)pinned + 4000, 1, 200, s),
+               CUDA_ERROR_INVALID_VALUE);
+        OK(cuMemFreeHost(pinned));
+    }
 out:
     if (s) OK(cuStreamDestroy(s));
     if (d) OK(cuMemFree(d));

@@ -497,6 +497,15 @@ impl SessionState {
 
     /// [`SessionState::check_device`] for a range a command writes: a write into a module
     /// global is noted (see `reset`).
+    /// Whether `[ptr, ptr + len)` is page-locked host memory the client shares, as device
+    /// code reaches it.
+    fn in_host_memory(&self, ptr: DevicePtr, len: u64) -> bool {
+        self.info
+            .hosts
+            .lock()
+            .is_ok_and(|h| h.holds_device_range(ptr, len))
+    }
+
     /// Waits for every stream's work; the first error any met.
     pub(super) fn sync_all(&mut self) -> Result<(), ErrorCode> {
         let device = self.device.clone();
@@ -519,7 +528,7 @@ impl SessionState {
     pub(super) fn check_write(&self, ptr: DevicePtr, len: u64) -> Result<(), ErrorCode> {
         match self.allocations.check_range(ptr, len) {
             Ok(()) => Ok(()),
-            Err(_) if self.vmm.covers(ptr, len) => Ok(()),
+            Err(_) if self.vmm.covers(ptr, len) || self.in_host_memory(ptr, len) => Ok(()),
             Err(e) => {
                 let mut modules = self.modules.lock().map_err(|_| ErrorCode::Internal)?;
                 if modules.in_global(ptr, len) {
@@ -537,7 +546,7 @@ impl SessionState {
     pub(super) fn check_device(&self, ptr: DevicePtr, len: u64) -> Result<(), ErrorCode> {
         match self.allocations.check_range(ptr, len) {
             Ok(()) => Ok(()),
-            Err(_) if self.vmm.covers(ptr, len) => Ok(()),
+            Err(_) if self.vmm.covers(ptr, len) || self.in_host_memory(ptr, len) => Ok(()),
             Err(e) => {
                 let in_global = self
                     .modules

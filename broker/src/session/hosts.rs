@@ -45,6 +45,17 @@ impl HostRegions {
         Ok(self.next)
     }
 
+    /// Whether `[ptr, ptr + len)` lies in one region as device code reaches it (a memset of
+    /// page-locked host memory runs on the device).
+    pub fn holds_device_range(&self, ptr: u64, len: u64) -> bool {
+        let Some(end) = ptr.checked_add(len) else {
+            return false;
+        };
+        self.by_id
+            .values()
+            .any(|s| ptr >= s.device_ptr && end <= s.device_ptr + s.region.len() as u64)
+    }
+
     pub fn get(&self, id: u32) -> Option<Arc<HostRegion>> {
         self.by_id.get(&id).map(|s| s.region.clone())
     }

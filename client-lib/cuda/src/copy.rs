@@ -241,7 +241,14 @@ impl Driver {
         let len = (count as u64)
             .checked_mul(elem_bytes as u64)
             .ok_or(result::INVALID_VALUE)?;
-        self.check_device(dst, len)?;
+        // Page-locked host memory is set where the device reaches it, in stream order.
+        let dst = match self.memory.host_device_range(dst, len) {
+            Some(d) if !self.memory.device_span(dst, len) => d,
+            _ => {
+                self.check_device(dst, len)?;
+                dst
+            }
+        };
         let cmd = if elem_bytes == 1 {
             Command::Memset {
                 stream,

@@ -67,6 +67,8 @@ struct Buffer {
     ptr: std::ptr::NonNull<u8>,
     len: usize,
     mapped: bool,
+    /// Memory of someone else's (a client's registered host memory): never freed here.
+    borrowed: bool,
 }
 
 // SAFETY: the buffer is plain owned memory; access goes through `&`/`&mut` methods.
@@ -79,6 +81,7 @@ impl Buffer {
                 ptr: std::ptr::NonNull::dangling(),
                 len: 0,
                 mapped: false,
+                borrowed: false,
             });
         }
         let layout = std::alloc::Layout::from_size_align(len, 64).ok()?;
@@ -88,6 +91,7 @@ impl Buffer {
             ptr: std::ptr::NonNull::new(ptr)?,
             len,
             mapped: false,
+            borrowed: false,
         })
     }
 
@@ -112,6 +116,7 @@ impl Buffer {
             ptr: ptr.cast(),
             len,
             mapped: true,
+            borrowed: false,
         })
     }
     fn bytes(&self) -> &[u8] {
@@ -126,6 +131,9 @@ impl Buffer {
 
 impl Drop for Buffer {
     fn drop(&mut self) {
+        if self.borrowed {
+            return;
+        }
         if self.mapped {
             // SAFETY: our own mapping, unmapped once; no slice into it outlives `self`.
             let _ = unsafe { nix::sys::mman::munmap(self.ptr.cast(), self.len) };
@@ -240,6 +248,41 @@ impl SimMemory {
         match self.buffers.get(&at) {
             Some(b) if b.mapped => self.free(at),
             _ => Err(DeviceError::InvalidArgument(format!("no chunk at {at:#x}"))),
+        }
+    }
+
+    /// Makes `len` bytes of host memory at `ptr` reachable at that address, as a GPU
+    /// reaches registered host memory.
+    ///
+    /// # Safety
+    /// `ptr` stays mapped, readable and writable, until [`SimMemory::unregister_host`].
+    pub unsafe fn register_host(&mut self, ptr: *mut u8, len: usize) -> DeviceResult<u64> {
+        let at = ptr as u64;
+        let nonnull = std::ptr::NonNull::new(ptr)
+            .filter(|_| len > 0)
+            .ok_or_else(|| DeviceError::InvalidArgument("an empty host region".into()))?;
+        let end = at + len as u64;
+        if let Some((&base, buf)) = self.buffers.range(..end).next_back()
+            && base + (buf.len as u64).max(1) > at
+        {
+            return Err(DeviceError::AddressUnavailable(format!(
+                "host memory at {at:#x} overlaps device memory at {base:#x}"
+            )));
+        }
+        let buffer = Buffer {
+            ptr: nonnull,
+            len,
+            mapped: false,
+            borrowed: true,
+        };
+        self.buffers.insert(at, buffer);
+        Ok(at)
+    }
+
+    /// Forgets host memory [`SimMemory::register_host`] made reachable.
+    pub fn unregister_host(&mut self, at: u64) {
+        if self.buffers.get(&at).is_some_and(|b| b.borrowed) {
+            self.buffers.remove(&at);
         }
     }
 

@@ -589,10 +589,15 @@ impl Backend for SimDevice {
     }
 
     fn register_host(&self, region: ArenaSlice<'_>) -> DeviceResult<u64> {
-        Ok(region.as_ptr() as u64)
+        let mut st = self.state();
+        // SAFETY: a client's shared region stays mapped until it is unregistered (the session
+        // unregisters it before letting go of it).
+        unsafe { st.memory.register_host(region.as_ptr(), region.len()) }
     }
 
-    fn unregister_host(&self, _region: ArenaSlice<'_>) {}
+    fn unregister_host(&self, region: ArenaSlice<'_>) {
+        self.state().memory.unregister_host(region.as_ptr() as u64);
+    }
 
     fn memory_info(&self) -> DeviceResult<(u64, u64)> {
         let used = self.state().memory.used();

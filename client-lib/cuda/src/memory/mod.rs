@@ -130,6 +130,21 @@ impl Memory {
         (ptr < base + r.len).then_some((base, r))
     }
 
+    /// Where device code reaches `[ptr, ptr + len)` of page-locked host memory, named by its
+    /// host address or by the device address it has (`cuMemHostGetDevicePointer`).
+    pub fn host_device_range(&self, ptr: u64, len: u64) -> Option<u64> {
+        let end = ptr.checked_add(len)?;
+        if let Some((base, r)) = self.host_region_at(ptr as usize)
+            && end <= base as u64 + r.len as u64
+        {
+            return Some(r.device_ptr + (ptr - base as u64));
+        }
+        let map = self.host.read().unwrap_or_else(|p| p.into_inner());
+        map.values()
+            .any(|r| ptr >= r.device_ptr && end <= r.device_ptr + r.len as u64)
+            .then_some(ptr)
+    }
+
     /// What lies at or below `ptr`, in words (for tracing a refused pointer).
     pub fn describe(&self, ptr: u64) -> String {
         let below = {
