@@ -337,6 +337,15 @@ void check_memsets(size_t n) {
               "host memset: %#x %#x %#x %#x", pinned[1], pinned[2], pinned[3], pinned[4]);
         EXPECT(cuMemsetD8Async((CUdeviceptr)(size_t)pinned + 4000, 1, 200, s),
                CUDA_ERROR_INVALID_VALUE);
+        /* ... and as a copy's device side, both ways. */
+        uint64_t word64 = 0, back64 = 0x0102030405060708ull;
+        OK(cuMemcpyDtoHAsync(&word64, (CUdeviceptr)(size_t)pinned + 8, 8, s));
+        OK(cuStreamSynchronize(s));
+        CHECK(word64 == 0xcafef00dcafef00dull, "copied from host memory: %#llx",
+              (unsigned long long)word64);
+        OK(cuMemcpyHtoD((CUdeviceptr)(size_t)pinned + 16, &back64, 8));
+        OK(cuCtxSynchronize(NULL)); /* the DMA from staging may still run, as with CUDA */
+        CHECK(pinned[4] == 0x05060708u, "copied into host memory: %#x", pinned[4]);
         OK(cuMemFreeHost(pinned));
     }
 out:

@@ -20,9 +20,15 @@ enum Side {
 }
 
 impl Driver {
-    fn check_device(&self, ptr: u64, len: u64) -> Cu<()> {
+    /// Where device code reaches `[ptr, ptr + len)`, the device side of a copy or a memset:
+    /// device memory, or page-locked host memory (by its host address too, as with CUDA's
+    /// unified addressing).
+    fn device_address(&self, ptr: u64, len: u64) -> Cu<u64> {
         if self.memory.device_span(ptr, len) {
-            return Ok(());
+            return Ok(ptr);
+        }
+        if let Some(d) = self.memory.host_device_range(ptr, len) {
+            return Ok(d);
         }
         if crate::status::trace::level() >= crate::status::trace::ERRORS {
             crate::log::say(&format!(
@@ -62,7 +68,7 @@ impl Driver {
         if src.is_null() {
             return Err(result::INVALID_VALUE);
         }
-        self.check_device(dst, len as u64)?;
+        let dst = self.device_address(dst, len as u64)?;
         match self.memory.host_place(src as usize, len) {
             HostPlace::Shared { region, offset } => {
                 let cmd = Command::CopyHtoDHost {
@@ -127,7 +133,7 @@ impl Driver {
         if dst.is_null() {
             return Err(result::INVALID_VALUE);
         }
-        self.check_device(src, len as u64)?;
+        let src = self.device_address(src, len as u64)?;
         match self.memory.host_place(dst as usize, len) {
             HostPlace::Shared { region, offset } => {
                 let cmd = Command::CopyDtoHHost {
@@ -181,8 +187,8 @@ impl Driver {
         if len == 0 {
             return Ok(());
         }
-        self.check_device(dst, len as u64)?;
-        self.check_device(src, len as u64)?;
+        let dst = self.device_address(dst, len as u64)?;
+        let src = self.device_address(src, len as u64)?;
         let cmd = Command::CopyDtoD {
             stream,
             src,
@@ -241,14 +247,7 @@ impl Driver {
         let len = (count as u64)
             .checked_mul(elem_bytes as u64)
             .ok_or(result::INVALID_VALUE)?;
-        // Page-locked host memory is set where the device reaches it, in stream order.
-        let dst = match self.memory.host_device_range(dst, len) {
-            Some(d) if !self.memory.device_span(dst, len) => d,
-            _ => {
-                self.check_device(dst, len)?;
-                dst
-            }
-        };
+        let dst = self.device_address(dst, len)?;
         let cmd = if elem_bytes == 1 {
             Command::Memset {
                 stream,
