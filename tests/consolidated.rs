@@ -60,6 +60,7 @@ fn an_unmodified_program_runs_its_cuda_work_in_gpushared() {
             "deferred errors",
             "unsupported",
             "host functions",
+            "tensor maps",
             "virtual memory",
             "finish",
         ],

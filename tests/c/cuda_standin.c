@@ -377,6 +377,7 @@ int main(int argc, char **argv) {
         check_deferred_errors();
         check_unsupported();
         check_host_functions();
+        check_tensor_maps();
         check_virtual_memory(quota);
     } else if (!strcmp(mode, "vmm-export") && argc > 4) {
         run_vmm_export(argv[0], (unsigned)strtoul(argv[2], NULL, 0), strtol(argv[3], NULL, 0),

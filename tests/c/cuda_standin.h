@@ -152,7 +152,11 @@ typedef struct {
                                      unsigned long long))                                     \
     X(cuMemImportFromShareableHandle, (CUmemGenericAllocationHandle *, void *, int))          \
     X(cuLaunchHostFunc, (CUstream, void (*)(void *), void *))                                 \
-    X(cuStreamAddCallback, (CUstream, void (*)(CUstream, CUresult, void *), void *, unsigned))
+    X(cuStreamAddCallback, (CUstream, void (*)(CUstream, CUresult, void *), void *, unsigned)) \
+    X(cuTensorMapEncodeTiled, (void *, int, unsigned, void *, const unsigned long long *,      \
+                               const unsigned long long *, const unsigned *, const unsigned *, \
+                               int, int, int, int))                                           \
+    X(cuTensorMapReplaceAddress, (void *, void *))
 
 /* The per-thread-default-stream forms it uses (asked for with
  * CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM), under a `pt_` prefix. */
@@ -219,6 +223,7 @@ void check_default_streams(void);
 void check_deferred_errors(void);
 void check_unsupported(void);
 void check_host_functions(void);
+void check_tensor_maps(void);
 void check_virtual_memory(size_t quota);
 void run_vmm_holding(unsigned seed);
 void run_vmm_export(const char *self, unsigned seed, long uid, const char *expect);

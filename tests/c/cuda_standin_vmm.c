@@ -280,3 +280,38 @@ void run_vmm_import(int fd, unsigned seed, const char *expect) {
     free(host);
     section_end();
 }
+
+/* A TMA tensor map over a device allocation: the GPU's driver makes it (in gpushared), so
+ * on a GPU it is 128 bytes that are not all zero, and on the sim, which has no tensor maps,
+ * the call fails cleanly with CUDA_ERROR_NOT_SUPPORTED. */
+void check_tensor_maps(void) {
+    section_begin("tensor maps");
+    char name[256] = {0};
+    OK(cuDeviceGetName(name, sizeof name, device));
+    int sim = strstr(name, "sim") != NULL;
+    CUdeviceptr d = 0;
+    OK(cuMemAlloc(&d, 1 << 20));
+    unsigned long long map[16];
+    memset(map, 0, sizeof map);
+    unsigned long long dim[2] = {256, 256}, strides[1] = {256 * 4};
+    unsigned box[2] = {32, 32}, elem[2] = {1, 1};
+    CUresult r = cuTensorMapEncodeTiled(map, 7 /* FLOAT32 */, 2, (void *)(size_t)d, dim, strides,
+                                        box, elem, 0, 0, 0, 0);
+    if (sim) {
+        EXPECT(r, CUDA_ERROR_NOT_SUPPORTED);
+    } else {
+        EXPECT(r, CUDA_SUCCESS);
+        int nonzero = 0;
+        for (int i = 0; i < 16; i++) nonzero |= map[i] != 0;
+        CHECK(nonzero, "a tensor map of zeros");
+        OK(cuTensorMapReplaceAddress(map, (void *)(size_t)(d + 4096)));
+    }
+    EXPECT(cuTensorMapEncodeTiled(map, 99, 2, (void *)(size_t)d, dim, strides, box, elem, 0, 0,
+                                  0, 0),
+           sim ? CUDA_ERROR_NOT_SUPPORTED : CUDA_ERROR_INVALID_VALUE);
+    EXPECT(cuTensorMapEncodeTiled(map, 7, 9, (void *)(size_t)d, dim, strides, box, elem, 0, 0, 0,
+                                  0),
+           CUDA_ERROR_INVALID_VALUE);
+    OK(cuMemFree(d));
+    section_end();
+}

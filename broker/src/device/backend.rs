@@ -256,6 +256,17 @@ pub trait Backend: Send + Sync + 'static {
     fn unregister_host(&self, region: ArenaSlice<'_>);
     /// Free and total device memory.
     fn memory_info(&self) -> DeviceResult<(u64, u64)>;
+    /// A TMA tensor map's bytes, as the GPU's driver makes them.
+    fn encode_tensor_map(
+        &self,
+        args: &gpushare_protocol::control::TensorMapArgs,
+    ) -> DeviceResult<Vec<u8>> {
+        let _ = args;
+        Err(DeviceError::NotSupported {
+            backend: self.backend().into(),
+            what: "tensor maps".into(),
+        })
+    }
     /// A function's parameter layout and attributes.
     fn function_shape(&self, function: &Self::Function) -> DeviceResult<FunctionShape> {
         let _ = function;

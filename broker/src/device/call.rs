@@ -168,6 +168,8 @@ pub enum Call {
         function: Handle,
     },
     MemoryInfo,
+    /// A TMA tensor map; the arguments (`control::TensorMapArgs`, encoded) are the payload.
+    EncodeTensorMap,
     FunctionShape {
         function: Handle,
     },
@@ -411,6 +413,10 @@ impl<B: Backend> Executor<B> {
                 Ok(Reply::Done)
             }
             Call::MemoryInfo => dev.memory_info().map(|(f, t)| Reply::Pair(f, t)),
+            Call::EncodeTensorMap => gpushare_protocol::control::decode(payload)
+                .map_err(|e| DeviceError::InvalidArgument(e.to_string()))
+                .and_then(|args| dev.encode_tensor_map(&args))
+                .map(Reply::Bytes),
             Call::FunctionShape { function } => self
                 .function(function)
                 .and_then(|f| dev.function_shape(&f).map(Reply::Shape)),

@@ -17,6 +17,7 @@ pub enum Reply {
     Pair(u64, u64),
     Flag(bool),
     Shape(FunctionShape),
+    Bytes(Vec<u8>),
     Fault(Option<String>),
     Failed(DeviceError),
 }
@@ -54,6 +55,13 @@ impl Reply {
     pub fn flag(self) -> DeviceResult<bool> {
         match self.ok()? {
             Reply::Flag(f) => Ok(f),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    pub fn bytes(self) -> DeviceResult<Vec<u8>> {
+        match self.ok()? {
+            Reply::Bytes(b) => Ok(b),
             other => Err(unexpected(other)),
         }
     }

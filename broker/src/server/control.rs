@@ -136,6 +136,7 @@ impl Broker {
                     | ClientMessage::GetGlobal { .. }
                     | ClientMessage::ShareHostMemory { .. }
                     | ClientMessage::UnshareHostMemory { .. }
+                    | ClientMessage::EncodeTensorMap { .. }
             );
             if consolidated && let Some(scope) = modules {
                 let reply = self
@@ -217,7 +218,8 @@ impl Broker {
                     | ClientMessage::ShareHostMemory { request, .. }
                     | ClientMessage::UnshareHostMemory { request, .. }
                     | ClientMessage::ExportMemory { request, .. }
-                    | ClientMessage::ImportMemory { request, .. },
+                    | ClientMessage::ImportMemory { request, .. }
+                    | ClientMessage::EncodeTensorMap { request, .. },
                     _,
                 ) => BrokerMessage::RequestFailed {
                     request,

@@ -1,6 +1,6 @@
 //! Control requests only consolidated clients (a client-side CUDA driver) make: modules by
 //! content hash, functions with their layout and attributes, module globals, and page-locked
-//! host memory shared for DMA.
+//! host memory shared for DMA, tensor maps.
 
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
@@ -8,6 +8,7 @@ use std::sync::Arc;
 use gpushare_protocol::ErrorCode;
 use gpushare_protocol::control::{
     BrokerMessage, ClientMessage, FunctionDetails, HostRegionGrant, ImageHash, ModuleFormat,
+    TensorMapArgs,
 };
 use gpushare_protocol::error::WireError;
 
@@ -63,8 +64,27 @@ impl Broker {
                 request: *request,
                 result: Self::unshare_host(scope, session, *region),
             },
+            ClientMessage::EncodeTensorMap { request, args } => BrokerMessage::TensorMap {
+                request: *request,
+                result: Self::tensor_map(scope.1, args).await,
+            },
             _ => return None,
         })
+    }
+
+    /// A tensor map made by the device's driver, in the context that runs the client's work.
+    async fn tensor_map(device: &Arc<Device>, args: &TensorMapArgs) -> Result<Vec<u8>, WireError> {
+        let payload = gpushare_protocol::control::encode(args)
+            .map_err(|e| wire(ErrorCode::InvalidArgument, e.to_string()))?;
+        let device = device.clone();
+        tokio::task::spawn_blocking(move || {
+            device
+                .call(Call::EncodeTensorMap, &payload)
+                .and_then(Reply::bytes)
+        })
+        .await
+        .map_err(|e| wire(ErrorCode::Internal, e.to_string()))?
+        .map_err(|e| wire(e.code(), e.to_string()))
     }
 
     async fn load_cached(

@@ -46,5 +46,6 @@ pub mod peer;
 pub mod profiler;
 pub mod status;
 pub mod stream;
+pub mod tensor_map;
 pub mod transport;
 pub mod types;

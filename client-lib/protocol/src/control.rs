@@ -171,7 +171,52 @@ pub enum ClientMessage {
     ImportMemory {
         request: u64,
     },
+    /// Makes a TMA tensor map (`cuTensorMapEncode*`). Answered with `TensorMap`.
+    EncodeTensorMap {
+        request: u64,
+        args: TensorMapArgs,
+    },
 }
+
+/// The arguments of `cuTensorMapEncodeTiled`, `cuTensorMapEncodeIm2col` or
+/// `cuTensorMapReplaceAddress`. A tensor map is host data that only NVIDIA's driver knows how
+/// to make; gpushared's device worker makes it, where every device address is the same.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TensorMapArgs {
+    Tiled {
+        layout: TensorLayout,
+        box_dim: Vec<u32>,
+    },
+    Im2col {
+        layout: TensorLayout,
+        lower_corner: Vec<i32>,
+        upper_corner: Vec<i32>,
+        channels_per_pixel: u32,
+        pixels_per_column: u32,
+    },
+    ReplaceAddress {
+        map: Vec<u8>,
+        global_address: u64,
+    },
+}
+
+/// What `cuTensorMapEncodeTiled` and `cuTensorMapEncodeIm2col` share: the tensor in memory,
+/// and the enums' numbers as CUDA has them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TensorLayout {
+    pub data_type: u32,
+    pub global_address: u64,
+    pub global_dim: Vec<u64>,
+    pub global_strides: Vec<u64>,
+    pub element_strides: Vec<u32>,
+    pub interleave: u32,
+    pub swizzle: u32,
+    pub l2_promotion: u32,
+    pub oob_fill: u32,
+}
+
+/// Bytes of a `CUtensorMap`.
+pub const TENSOR_MAP_BYTES: usize = 128;
 
 /// A module image's content hash (BLAKE3), by which the broker deduplicates images.
 pub type ImageHash = [u8; 32];
@@ -313,6 +358,11 @@ pub enum BrokerMessage {
     MemoryExported {
         request: u64,
         result: Result<(), WireError>,
+    },
+    /// The answer to `EncodeTensorMap`: the map's [`TENSOR_MAP_BYTES`].
+    TensorMap {
+        request: u64,
+        result: Result<Vec<u8>, WireError>,
     },
     /// The answer to `ImportMemory`: the new handle and the memory's size.
     MemoryImported {

@@ -27,6 +27,7 @@ mod module;
 mod partition;
 mod progress;
 mod stream;
+mod tensor_map;
 mod timing;
 
 use std::os::fd::{BorrowedFd, OwnedFd};
@@ -345,6 +346,14 @@ impl Backend for CudaDevice {
     fn create_chunk(&self, at: u64, size: u64) -> DeviceResult<OwnedFd> {
         self.bind()?;
         self.chunks.create(self.ordinal, at, size)
+    }
+
+    fn encode_tensor_map(
+        &self,
+        args: &gpushare_protocol::control::TensorMapArgs,
+    ) -> DeviceResult<Vec<u8>> {
+        self.bind()?;
+        tensor_map::encode(args)
     }
 
     fn make_memory(&self, size: u64) -> DeviceResult<OwnedFd> {

@@ -227,6 +227,9 @@ unsafe extern "C" {
     fn cuStreamSynchronize_ptsz();
     fn cuStreamWaitEvent();
     fn cuStreamWaitEvent_ptsz();
+    fn cuTensorMapEncodeIm2col();
+    fn cuTensorMapEncodeTiled();
+    fn cuTensorMapReplaceAddress();
     fn cuThreadExchangeStreamCaptureMode();
 }
 
@@ -602,10 +605,7 @@ super::stubs! {
     cuSurfObjectGetResourceDesc,
     cuSurfRefGetArray,
     cuSurfRefSetArray,
-    cuTensorMapEncodeIm2col,
     cuTensorMapEncodeIm2colWide,
-    cuTensorMapEncodeTiled,
-    cuTensorMapReplaceAddress,
     cuTexObjectCreate,
     cuTexObjectDestroy,
     cuTexObjectGetResourceDesc,
@@ -4783,9 +4783,9 @@ pub(super) static SYMBOLS: [&str; 638] = [
     "cuWaitExternalSemaphoresAsync_ptsz",
 ];
 
-/// The symbols src/ implements (222); the rest are stubs.
+/// The symbols src/ implements (225); the rest are stubs.
 #[cfg(test)]
-pub(super) static IMPLEMENTED: [&str; 222] = [
+pub(super) static IMPLEMENTED: [&str; 225] = [
     "cuCtxCreate",
     "cuCtxCreate_v2",
     "cuCtxCreate_v3",
@@ -5007,5 +5007,8 @@ pub(super) static IMPLEMENTED: [&str; 222] = [
     "cuStreamSynchronize_ptsz",
     "cuStreamWaitEvent",
     "cuStreamWaitEvent_ptsz",
+    "cuTensorMapEncodeIm2col",
+    "cuTensorMapEncodeTiled",
+    "cuTensorMapReplaceAddress",
     "cuThreadExchangeStreamCaptureMode",
 ];

@@ -172,6 +172,7 @@ pub(super) fn client_variant(m: &ClientMessage) -> &'static str {
         ClientMessage::UnshareHostMemory { .. } => "unshare_host_memory",
         ClientMessage::ExportMemory { .. } => "export_memory",
         ClientMessage::ImportMemory { .. } => "import_memory",
+        ClientMessage::EncodeTensorMap { .. } => "encode_tensor_map",
         ClientMessage::Ping { .. } => "ping",
     }
 }
@@ -196,6 +197,7 @@ pub(super) fn broker_variant(m: &BrokerMessage) -> &'static str {
         BrokerMessage::HostUnshared { .. } => "host_unshared",
         BrokerMessage::MemoryExported { .. } => "memory_exported",
         BrokerMessage::MemoryImported { .. } => "memory_imported",
+        BrokerMessage::TensorMap { .. } => "tensor_map",
         BrokerMessage::Pong { .. } => "pong",
     }
 }
@@ -287,6 +289,23 @@ pub fn client_messages() -> Vec<ClientMessage> {
             handle: 2,
         },
         ClientMessage::ImportMemory { request: 15 },
+        ClientMessage::EncodeTensorMap {
+            request: 16,
+            args: crate::control::TensorMapArgs::Tiled {
+                layout: crate::control::TensorLayout {
+                    data_type: 7,
+                    global_address: 0x7000_0000_0000,
+                    global_dim: vec![1024, 1024],
+                    global_strides: vec![4096],
+                    element_strides: vec![1, 1],
+                    interleave: 0,
+                    swizzle: 3,
+                    l2_promotion: 2,
+                    oob_fill: 0,
+                },
+                box_dim: vec![64, 64],
+            },
+        },
     ]);
     out
 }
@@ -416,6 +435,10 @@ pub fn broker_messages() -> Vec<BrokerMessage> {
         BrokerMessage::MemoryImported {
             request: 13,
             result: Err(err(ErrorCode::PermissionDenied)),
+        },
+        BrokerMessage::TensorMap {
+            request: 14,
+            result: Ok(vec![0; crate::control::TENSOR_MAP_BYTES]),
         },
     ]
 }
