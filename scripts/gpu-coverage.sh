@@ -8,6 +8,10 @@
 # case. Prints a markdown table; stderr of each run goes to $LOGS/CASE.MODE.err, and the first
 # line gpushare's driver said there is shown for a failing case.
 #
+# Cases ending in -nocb run JAX with XLA's command buffers off (they build CUDA graphs node by
+# node, which gpushare's driver does not serve yet). A case whose program reports its time
+# per step ("ms") gets that time against the faster direct run beside its result.
+#
 # Usage: ./gpu-coverage.sh [CASE...]  (default: every case). Exit status: non-zero if a case
 # that could run failed. STEP_TIMEOUT (default 300) bounds each run in seconds.
 set -uo pipefail
@@ -20,8 +24,9 @@ sock=$work/gpushare.sock
 broker_pid=
 trap '[[ -n $broker_pid ]] && kill -TERM $broker_pid 2>/dev/null; wait 2>/dev/null; rm -rf "$work"' EXIT
 
-all=(torch-expandable jax-jit jax-grad jax-train cupy-elementwise cupy-rawkernel cupy-cublas
-     cupy-cufft cupy-cusolver cupy-cusparse cupy-random c-vmm-pool)
+all=(torch-expandable jax-jit jax-grad jax-train jax-jit-nocb jax-grad-nocb jax-train-nocb
+     cupy-elementwise cupy-rawkernel cupy-cublas cupy-cufft cupy-cusolver cupy-cusparse
+     cupy-random c-vmm-pool)
 cases=("$@")
 [[ ${#cases[@]} -gt 0 ]] || cases=("${all[@]}")
 
@@ -36,6 +41,8 @@ done
 command_of() { # the command line of a case
     case $1 in
     torch-expandable) echo env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "$py" "$dir/coverage/torch_prog.py" expandable ;;
+    # -nocb: XLA's command buffers (CUDA graphs built node by node) off.
+    jax-*-nocb) c=${1#jax-}; echo env XLA_FLAGS=--xla_gpu_enable_command_buffer= "$py" "$dir/coverage/jax_prog.py" "${c%-nocb}" ;;
     jax-*) echo "$py" "$dir/coverage/jax_prog.py" "${1#jax-}" ;;
     cupy-*) echo "$py" "$dir/coverage/cupy_prog.py" "${1#cupy-}" ;;
     c-vmm-pool)
@@ -82,12 +89,16 @@ elif len(c) != len(a):
     print(f"ok\t{len(c)} values, not {len(a)}\tFAIL")
 else:
     diff = max((abs(x - y) for x, y in zip(a, c)), default=0.0)
+    t = ""
+    if "ms" in g and "ms" in d1:
+        fastest = min(d1["ms"], d2.get("ms", d1["ms"]))
+        t = f"; {g['ms']:.3f} ms against {fastest:.3f} ms direct ({g['ms'] / fastest:.2f} x)"
     if diff == 0:
-        print("ok\tequal\tPASS")
+        print(f"ok\tequal{t}\tPASS")
     elif diff <= spread:
-        print(f"ok (runs differ by {spread:.3g})\tdiffers by {diff:.3g}\tPASS")
+        print(f"ok (runs differ by {spread:.3g})\tdiffers by {diff:.3g}{t}\tPASS")
     else:
-        print(f"ok (runs differ by {spread:.3g})\tdiffers by {diff:.3g}\tFAIL")
+        print(f"ok (runs differ by {spread:.3g})\tdiffers by {diff:.3g}{t}\tFAIL")
 PY
 )
     IFS=$'\t' read -r dcol gcol res <<< "$verdict"

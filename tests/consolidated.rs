@@ -51,6 +51,7 @@ fn an_unmodified_program_runs_its_cuda_work_in_gpushared() {
             "loading",
             "init",
             "export tables",
+            "library slots",
             "allocation",
             "copies",
             "memsets",

@@ -6,6 +6,8 @@
 import json
 import sys
 
+TIMING = {}
+
 
 def main(case):
     import jax
@@ -45,12 +47,23 @@ def main(case):
         for _ in range(100):
             params, l = step(params)
             losses.append(float(l))
+        # Time per step once compiled (reported beside the values, not compared).
+        import time
+
+        times = []
+        for _ in range(200):
+            t = time.perf_counter()
+            params, l = step(params)
+            l.block_until_ready()
+            times.append(time.perf_counter() - t)
+        TIMING["ms"] = sorted(times)[len(times) // 2] * 1e3
         return losses
     raise SystemExit(f"unknown case {case}")
 
 
 if __name__ == "__main__":
     try:
-        print(json.dumps({"ok": True, "values": main(sys.argv[1])}))
+        values = main(sys.argv[1])
+        print(json.dumps({"ok": True, "values": values, **TIMING}))
     except Exception as e:  # the matrix records it; the run's stderr says more
         print(json.dumps({"ok": False, "error": f"{type(e).__name__}: {e}"[:300]}))

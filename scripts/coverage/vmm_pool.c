@@ -4,11 +4,16 @@
  * a kernel over each buffer, and everything given back at the end. For the coverage matrix
  * (scripts/gpu-coverage.sh): prints one JSON line, {"ok": true, "values": [...]}.
  *
+ * `vmm_pool bench N` instead times each call of the API, N rounds of one granule (create,
+ * map, set access, unmap, release; reserve and free of 1 GiB), and prints their medians in
+ * microseconds as one JSON line.
+ *
  *   cc -O2 -I/usr/local/cuda/include vmm_pool.c -L/usr/local/cuda/lib64/stubs -lcuda */
 #include <cuda.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define TRY(call)                                                                             \
     do {                                                                                      \
@@ -62,7 +67,61 @@ static CUdeviceptr pool_alloc(size_t bytes) {
     return p;
 }
 
-int main(void) {
+static double now_us(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1e6 + t.tv_nsec / 1e3;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return v[n / 2];
+}
+
+/* Medians of each call over `rounds` rounds. */
+static void bench(int rounds) {
+    enum { CREATE, MAP, ACCESS, UNMAP, RELEASE, RESERVE, FREE, OPS };
+    static const char *names[OPS] = {"create", "map", "set_access", "unmap", "release",
+                                     "reserve_1g", "free_1g"};
+    double *t[OPS];
+    for (int k = 0; k < OPS; k++) t[k] = calloc((size_t)rounds, sizeof(double));
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof prop);
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    CUmemAccessDesc access = {{CU_MEM_LOCATION_TYPE_DEVICE, 0}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+    for (int i = 0; i < rounds; i++) {
+        CUdeviceptr va;
+        CUmemGenericAllocationHandle h;
+        double a = now_us();
+        TRY(cuMemAddressReserve(&va, (size_t)1 << 30, 0, 0, 0));
+        double b = now_us();
+        TRY(cuMemCreate(&h, gran, &prop, 0));
+        double c = now_us();
+        TRY(cuMemMap(va, gran, 0, h, 0));
+        double d = now_us();
+        TRY(cuMemSetAccess(va, gran, &access, 1));
+        double e = now_us();
+        TRY(cuMemUnmap(va, gran));
+        double f = now_us();
+        TRY(cuMemRelease(h));
+        double g = now_us();
+        TRY(cuMemAddressFree(va, (size_t)1 << 30));
+        double h2 = now_us();
+        t[RESERVE][i] = b - a, t[CREATE][i] = c - b, t[MAP][i] = d - c, t[ACCESS][i] = e - d;
+        t[UNMAP][i] = f - e, t[RELEASE][i] = g - f, t[FREE][i] = h2 - g;
+    }
+    printf("{\"ok\": true, \"rounds\": %d", rounds);
+    for (int k = 0; k < OPS; k++) printf(", \"%s_us\": %.1f", names[k], median(t[k], rounds));
+    printf("}\n");
+}
+
+int main(int argc, char **argv) {
     CUdevice dev;
     CUcontext ctx;
     TRY(cuInit(0));
@@ -81,6 +140,10 @@ int main(void) {
     prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     prop.location.id = 0;
     TRY(cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
+    if (argc > 2 && !strcmp(argv[1], "bench")) {
+        bench(atoi(argv[2]) > 0 ? atoi(argv[2]) : 100);
+        return 0;
+    }
     reserved = (size_t)32 << 30; /* llama.cpp reserves 32 GiB of address space */
     TRY(cuMemAddressReserve(&base, reserved, 0, 0, 0));
     CUmodule mod;

@@ -14,6 +14,10 @@
 
 /* ---- export tables --------------------------------------------------------------------- */
 
+/* The slots the libraries call (cuda_standin_export.c), a section of its own; weak, so that a
+ * build of the program without that file still links (and skips it). */
+void check_library_slots(void) __attribute__((weak));
+
 static CUuuid uuid(const char *hex) {
     CUuuid u;
     for (int i = 0; i < 16; i++) {
@@ -96,6 +100,7 @@ void check_export_tables(void) {
     CHECK(digest[0] || digest[1], "an integrity digest");
 out:
     section_end();
+    if (check_library_slots) check_library_slots();
 }
 
 /* ---- allocation ------------------------------------------------------------------------ */

@@ -179,26 +179,6 @@ pub extern "C" fn integrity_flag(_on: bool) -> CUresult {
 
 // ---- cuBLASLt's tables ---------------------------------------------------------------
 
-/// Reads a field of a structure of the caller's own: for kinds 0 and 1, the word at 0x38.
-pub extern "C" fn field_of(p: *const u8, value: *mut u64) -> CUresult {
-    if value.is_null() {
-        return result::UNKNOWN;
-    }
-    // SAFETY: non-NULL; the caller passes a writable out-parameter and, when `p` is not NULL,
-    // a structure of at least 0x3c bytes (what the real slot reads).
-    unsafe {
-        *value = 0;
-        if p.is_null() {
-            return result::SUCCESS;
-        }
-        let kind = p.cast::<u32>().read_unaligned();
-        if kind <= 1 {
-            *value = p.add(0x38).cast::<u32>().read_unaligned() as u64;
-        }
-    }
-    result::SUCCESS
-}
-
 /// Per-device data this device does not have (a driver answers so for such devices).
 pub extern "C" fn no_device_data(_a: *mut *mut c_void, _b: *mut *mut c_void) -> CUresult {
     result::NOT_SUPPORTED
@@ -207,26 +187,4 @@ pub extern "C" fn no_device_data(_a: *mut *mut c_void, _b: *mut *mut c_void) -> 
 /// Frees what `no_device_data` would have given: nothing was.
 pub extern "C" fn free_device_data(_a: *mut c_void, _b: *mut c_void) -> CUresult {
     result::SUCCESS
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn field_of_reads_kinds_0_and_1_only() {
-        let mut s = [0u8; 64];
-        s[0x38..0x3c].copy_from_slice(&77u32.to_le_bytes());
-        let mut v = 5u64;
-        assert_eq!(field_of(s.as_ptr(), &mut v), result::SUCCESS);
-        assert_eq!(v, 77);
-        s[0] = 1;
-        field_of(s.as_ptr(), &mut v);
-        assert_eq!(v, 77);
-        s[0] = 2;
-        field_of(s.as_ptr(), &mut v);
-        assert_eq!(v, 0);
-        assert_eq!(field_of(std::ptr::null(), &mut v), result::SUCCESS);
-        assert_eq!(field_of(s.as_ptr(), std::ptr::null_mut()), result::UNKNOWN);
-    }
 }

@@ -9,8 +9,10 @@ use std::ffi::c_void;
 use crate::status::entry;
 use crate::types::{CUresult, CUuuid, result};
 
+mod compile_cache;
 mod cudart;
 pub mod integrity;
+mod streams;
 mod tables;
 
 /// One entry of a table: its size in bytes (the first entry of most tables), or a function.
@@ -75,11 +77,29 @@ pub unsafe extern "C" fn cuGetExportTable(out: *mut *const c_void, id: *const CU
         }
         // SAFETY: non-NULL, per the contract.
         let id = unsafe { *id };
-        let t = table(&id).ok_or(result::NOT_FOUND)?;
+        let t = table(&id).ok_or_else(|| not_served(&id))?;
         // SAFETY: non-NULL and writable, per the contract.
         unsafe { out.write(t) };
         Ok(())
     })
+}
+
+/// Tables a library was seen to need that this driver does not serve, and what for: asking
+/// for one says so once (other unknown tables, NVML's among them, are refused quietly: the
+/// runtime does without them).
+const NOT_SERVED: [(CUuuid, &str); 1] = [(
+    uuid("6e163fbeb958444d835ce182aff1991e"),
+    "6e163fbe (a module's functions, one by one; cuFFT needs it)",
+)];
+
+/// CUDA_ERROR_NOT_FOUND for a table this driver does not have, said once if a library needs it.
+fn not_served(id: &CUuuid) -> CUresult {
+    if let Some((_, what)) = NOT_SERVED.iter().find(|(uuid, _)| uuid == id) {
+        crate::log::say_once(&format!(
+            "a library asked for driver export table {what}, which gpushare's CUDA driver does not serve (CUDA_ERROR_NOT_FOUND)"
+        ));
+    }
+    result::NOT_FOUND
 }
 
 /// A slot whose use was never seen: says so once and refuses.

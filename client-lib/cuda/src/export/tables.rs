@@ -6,7 +6,7 @@
 use std::ffi::c_void;
 
 use super::integrity::{DeviceFacts, Facts, digest};
-use super::{Known, Slot, Table, cudart, unknown_slot, uuid};
+use super::{Known, Slot, Table, compile_cache, cudart, streams, unknown_slot, uuid};
 use crate::driver;
 use crate::status::{entry, out};
 use crate::types::{CUDA_VERSION, CUresult, device_attr};
@@ -108,7 +108,7 @@ pub static CUBLASLT_A: Table<93> = Table([
     f(stub::<7, 1> as *const c_void),
     f(stub::<7, 2> as *const c_void),
     f(stub::<7, 3> as *const c_void),
-    f(cudart::field_of as *const c_void),
+    f(streams::context_id as *const c_void),
     f(stub::<7, 5> as *const c_void),
     f(stub::<7, 6> as *const c_void),
     f(stub::<7, 7> as *const c_void),
@@ -143,7 +143,7 @@ pub static CUBLASLT_A: Table<93> = Table([
     f(stub::<7, 36> as *const c_void),
     f(stub::<7, 37> as *const c_void),
     f(stub::<7, 38> as *const c_void),
-    f(stub::<7, 39> as *const c_void),
+    f(streams::private_stream_id as *const c_void),
     f(stub::<7, 40> as *const c_void),
     f(stub::<7, 41> as *const c_void),
     f(stub::<7, 42> as *const c_void),
@@ -155,7 +155,7 @@ pub static CUBLASLT_A: Table<93> = Table([
     f(stub::<7, 48> as *const c_void),
     f(stub::<7, 49> as *const c_void),
     f(stub::<7, 50> as *const c_void),
-    f(stub::<7, 51> as *const c_void),
+    f(streams::private_stream as *const c_void),
     f(stub::<7, 52> as *const c_void),
     f(stub::<7, 53> as *const c_void),
     f(stub::<7, 54> as *const c_void),
@@ -221,12 +221,12 @@ pub static CUBLASLT_B: Table<17> = Table([
 
 pub static NVRTC: Table<7> = Table([
     size(7),
-    f(stub::<9, 1> as *const c_void),
-    f(stub::<9, 2> as *const c_void),
-    f(stub::<9, 3> as *const c_void),
-    f(stub::<9, 4> as *const c_void),
+    f(compile_cache::make_key as *const c_void),
+    f(compile_cache::drop_key as *const c_void),
+    f(compile_cache::get as *const c_void),
+    f(compile_cache::put as *const c_void),
     f(stub::<9, 5> as *const c_void),
-    f(stub::<9, 6> as *const c_void),
+    f(compile_cache::free_data as *const c_void),
 ]);
 
 /// Every table by UUID.
