@@ -24,7 +24,7 @@ sock=$work/gpushare.sock
 broker_pid=
 trap '[[ -n $broker_pid ]] && kill -TERM $broker_pid 2>/dev/null; wait 2>/dev/null; rm -rf "$work"' EXIT
 
-all=(torch-expandable jax-jit jax-grad jax-train jax-jit-nocb jax-grad-nocb jax-train-nocb
+all=(torch-expandable torch-ipc jax-jit jax-grad jax-train jax-jit-nocb jax-grad-nocb jax-train-nocb
      cupy-elementwise cupy-rawkernel cupy-cublas cupy-cufft cupy-cusolver cupy-cusparse
      cupy-random c-vmm-pool)
 cases=("$@")
@@ -41,6 +41,7 @@ done
 command_of() { # the command line of a case
     case $1 in
     torch-expandable) echo env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "$py" "$dir/coverage/torch_prog.py" expandable ;;
+    torch-ipc) echo "$py" "$dir/coverage/torch_prog.py" ipc ;;
     # -nocb: XLA's command buffers (CUDA graphs built node by node) off.
     jax-*-nocb) c=${1#jax-}; echo env XLA_FLAGS=--xla_gpu_enable_command_buffer= "$py" "$dir/coverage/jax_prog.py" "${c%-nocb}" ;;
     jax-*) echo "$py" "$dir/coverage/jax_prog.py" "${1#jax-}" ;;

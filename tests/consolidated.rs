@@ -20,11 +20,7 @@ use gpushare_tests::{Broker, BrokerOptions, SystemUser, other_users, wait_until}
 const RUN_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// What the driver says on stderr for each unsupported call, once per process.
-const UNSUPPORTED: [&str; 3] = [
-    "cuMemAllocManaged",
-    "cuIpcGetMemHandle",
-    "cuCtxEnablePeerAccess",
-];
+const UNSUPPORTED: [&str; 2] = ["cuMemAllocManaged", "cuCtxEnablePeerAccess"];
 
 fn broker_with_quota(uid: u32, quota: &str) -> Broker {
     Broker::start_with(BrokerOptions {

@@ -5,6 +5,9 @@ PyTorch check (scripts/gpu-pytorch-consolidated.sh) does not run: each prints on
     python3 torch_prog.py expandable    training whose batches change size, with
                                         PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
                                         (the caching allocator maps memory itself)
+    python3 torch_prog.py ipc           a CUDA tensor passed to a spawned process through
+                                        torch.multiprocessing (CUDA IPC), changed there in
+                                        place, and seen changed here
 """
 import json
 import os
@@ -36,7 +39,34 @@ def main(case):
             del big
         torch.cuda.synchronize()
         return losses
+    if case == "ipc":
+        import torch.multiprocessing as mp
+
+        ctx = mp.get_context("spawn")
+        t = torch.arange(1 << 20, dtype=torch.float32, device="cuda") / 7
+        q_in, q_out = ctx.Queue(), ctx.Queue()
+        p = ctx.Process(target=child, args=(q_in, q_out))
+        p.start()
+        q_in.put(t)
+        seen = q_out.get(timeout=120)
+        q_in.put(None)  # the child may go: it no longer holds the tensor
+        p.join(timeout=120)
+        torch.cuda.synchronize()
+        return [seen, float(t.sum()), float(t[12345]), float(p.exitcode)]
     raise SystemExit(f"unknown case {case}")
+
+
+def child(q_in, q_out):
+    """Takes the tensor, reports its sum, doubles it in place (the parent sees it)."""
+    import torch
+
+    t = q_in.get()
+    s = float(t.sum())
+    t.mul_(2)
+    torch.cuda.synchronize()
+    del t
+    q_out.put(s)
+    q_in.get()
 
 
 if __name__ == "__main__":

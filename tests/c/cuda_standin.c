@@ -9,6 +9,9 @@
  *   cuda_standin vmm-hold SEED    holds memory of the virtual memory API (one piece unmapped
  *                                     but kept), prints `holding`, waits for a line on stdin,
  *                                     then maps it again and checks it all
+ *   cuda_standin ipc-export SEED UID EXPECT
+ *                                 shares an allocation and an event through CUDA IPC with a
+ *                                     process of its own (as UID unless -1), in ipc-import mode
  *   cuda_standin vmm-export SEED UID EXPECT
  *                                 exports memory of pattern SEED and starts itself (as UID
  *                                     unless -1) in vmm-import mode with the descriptor
@@ -379,6 +382,11 @@ int main(int argc, char **argv) {
         check_host_functions();
         check_tensor_maps();
         check_virtual_memory(quota);
+    } else if (!strcmp(mode, "ipc-export") && argc > 4) {
+        run_ipc_export(argv[0], (unsigned)strtoul(argv[2], NULL, 0), strtol(argv[3], NULL, 0),
+                       argv[4]);
+    } else if (!strcmp(mode, "ipc-import") && argc > 5) {
+        run_ipc_import(argv[2], argv[3], (unsigned)strtoul(argv[4], NULL, 0), argv[5]);
     } else if (!strcmp(mode, "vmm-export") && argc > 4) {
         run_vmm_export(argv[0], (unsigned)strtoul(argv[2], NULL, 0), strtol(argv[3], NULL, 0),
                        argv[4]);

@@ -34,6 +34,11 @@ enum {
     CUDA_ERROR_NOT_SUPPORTED = 801,
 };
 
+/* CUipcMemHandle and CUipcEventHandle: 64 opaque bytes, passed by value. */
+typedef struct {
+    char reserved[64];
+} CUipcHandle;
+
 /* The virtual memory API's types, as cuda.h lays them out. */
 typedef unsigned long long CUmemGenericAllocationHandle;
 typedef struct {
@@ -94,7 +99,6 @@ typedef struct {
     X(cuMemFree, (CUdeviceptr))                                                               \
     X(cuMemGetInfo, (size_t *, size_t *))                                                     \
     X(cuMemAllocManaged, (CUdeviceptr *, size_t, unsigned))                                   \
-    X(cuIpcGetMemHandle, (void *, CUdeviceptr))                                               \
     X(cuMemHostAlloc, (void **, size_t, unsigned))                                            \
     X(cuMemFreeHost, (void *))                                                                \
     X(cuMemHostRegister, (void *, size_t, unsigned))                                          \
@@ -156,7 +160,12 @@ typedef struct {
     X(cuTensorMapEncodeTiled, (void *, int, unsigned, void *, const unsigned long long *,      \
                                const unsigned long long *, const unsigned *, const unsigned *, \
                                int, int, int, int))                                           \
-    X(cuTensorMapReplaceAddress, (void *, void *))
+    X(cuTensorMapReplaceAddress, (void *, void *))                                         \
+    X(cuIpcGetMemHandle, (CUipcHandle *, CUdeviceptr))                                        \
+    X(cuIpcOpenMemHandle, (CUdeviceptr *, CUipcHandle, unsigned))                             \
+    X(cuIpcCloseMemHandle, (CUdeviceptr))                                                     \
+    X(cuIpcGetEventHandle, (CUipcHandle *, CUevent))                                          \
+    X(cuIpcOpenEventHandle, (CUevent *, CUipcHandle))
 
 /* The per-thread-default-stream forms it uses (asked for with
  * CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM), under a `pt_` prefix. */
@@ -224,6 +233,8 @@ void check_deferred_errors(void);
 void check_unsupported(void);
 void check_host_functions(void);
 void check_tensor_maps(void);
+void run_ipc_export(const char *self, unsigned seed, long uid, const char *expect);
+void run_ipc_import(const char *mhex, const char *ehex, unsigned seed, const char *expect);
 void check_virtual_memory(size_t quota);
 void run_vmm_holding(unsigned seed);
 void run_vmm_export(const char *self, unsigned seed, long uid, const char *expect);

@@ -13,12 +13,13 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 /// The program's sources, first the one with `main`.
-const SOURCES: [&str; 6] = [
+const SOURCES: [&str; 7] = [
     "cuda_standin.c",
     "cuda_standin_common.c",
     "cuda_standin_memory.c",
     "cuda_standin_streams.c",
     "cuda_standin_vmm.c",
+    "cuda_standin_ipc.c",
     "cuda_standin_export.c",
 ];
 

@@ -28,6 +28,8 @@ const SPAN_CHECK: Duration = Duration::from_millis(2);
 pub struct Device {
     link: Arc<dyn Link>,
     pool: Pool,
+    /// What sessions share with each other (CUDA IPC).
+    ipc: super::ipc::Ipc,
     /// What handles share: the link, every live handle's recipe, and the epoch handles are
     /// valid in (it ends only when a reset cannot make them again).
     owner: Arc<Owner>,
@@ -50,6 +52,7 @@ impl Device {
         Device {
             link,
             pool,
+            ipc: super::ipc::Ipc::default(),
             owner,
             next: AtomicU64::new(1),
             progress,
@@ -130,6 +133,11 @@ impl Device {
 
     pub fn free(&self, ptr: DevicePtr) -> DeviceResult<()> {
         self.pool.free(&*self.link, ptr)
+    }
+
+    /// What sessions of this device share with each other.
+    pub fn ipc(&self) -> &super::ipc::Ipc {
+        &self.ipc
     }
 
     // ---- the virtual memory API: see `pool/reserved.rs` ----

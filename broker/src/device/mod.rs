@@ -21,6 +21,7 @@ pub mod cuda;
 pub mod executor;
 mod front;
 mod handles;
+pub mod ipc;
 pub mod link;
 pub mod local;
 mod pool;

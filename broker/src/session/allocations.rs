@@ -46,6 +46,12 @@ impl Allocations {
         Ok(())
     }
 
+    /// The allocation holding `ptr` (base, size).
+    pub(super) fn containing(&self, ptr: DevicePtr) -> Option<(DevicePtr, u64)> {
+        let (&base, &size) = self.by_base.range(..=ptr).next_back()?;
+        (ptr < base.saturating_add(size.max(1))).then_some((base, size))
+    }
+
     /// Whether any allocation overlaps `[start, end)`.
     pub(super) fn overlaps(&self, start: DevicePtr, end: DevicePtr) -> bool {
         self.by_base

@@ -2,6 +2,7 @@
 //! the device. Nothing the client wrote is trusted; every failure is a typed error in the
 //! command's completion.
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -52,12 +53,24 @@ impl SessionState {
             Command::MemRelease { handle } => self.mem_release(handle),
             Command::MemMap { ptr, size, handle } => self.mem_map(ptr, size, handle),
             Command::MemUnmap { ptr, size } => self.mem_unmap(ptr, size),
+            Command::IpcExportMemory { ptr } => self.ipc_export_memory(ptr),
+            Command::IpcOpenMemory { token_lo, token_hi } => {
+                self.ipc_open_memory(token_lo, token_hi)
+            }
+            Command::IpcCloseMemory { ptr } => self.ipc_close_memory(ptr),
+            Command::IpcExportEvent { event } => self.ipc_export_event(event),
+            Command::IpcOpenEvent {
+                token_lo,
+                token_hi,
+                event,
+            } => self.ipc_open_event(token_lo, token_hi, event),
             Command::Free { ptr } => {
                 let size = self
                     .allocations
                     .size_of(ptr)
                     .ok_or(ErrorCode::InvalidPointer)?;
                 self.device.free(ptr).map_err(|e| e.code())?;
+                self.device.ipc().forget_memory(self.info.id, ptr);
                 self.allocations.remove(ptr);
                 let charged = self.placed_charges.remove(&ptr).unwrap_or(size);
                 self.info.release_memory(charged);
@@ -215,7 +228,7 @@ impl SessionState {
                     .create_event(EventKind::Timing)
                     .map_err(|e| e.code())?;
                 self.next_event = next;
-                self.events.insert(id, event);
+                self.events.insert(id, Arc::new(event));
                 Ok((id as u64, 0))
             }
             Command::EventRecord { stream, event } => {
@@ -529,6 +542,7 @@ impl SessionState {
         match self.allocations.check_range(ptr, len) {
             Ok(()) => Ok(()),
             Err(_) if self.vmm.covers(ptr, len) || self.in_host_memory(ptr, len) => Ok(()),
+            Err(_) if self.in_opened_memory(ptr, len) => Ok(()),
             Err(e) => {
                 let mut modules = self.modules.lock().map_err(|_| ErrorCode::Internal)?;
                 if modules.in_global(ptr, len) {
@@ -547,6 +561,7 @@ impl SessionState {
         match self.allocations.check_range(ptr, len) {
             Ok(()) => Ok(()),
             Err(_) if self.vmm.covers(ptr, len) || self.in_host_memory(ptr, len) => Ok(()),
+            Err(_) if self.in_opened_memory(ptr, len) => Ok(()),
             Err(e) => {
                 let in_global = self
                     .modules

@@ -4,6 +4,7 @@
 //! memsets, device memory as their quota shows it, and function attributes and occupancy.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use gpushare_protocol::{Command, ErrorCode, StreamId};
@@ -264,7 +265,7 @@ impl SessionState {
             .device
             .create_event(EventKind::Flags(flags))
             .map_err(|e| e.code())?;
-        self.events.insert(id, event);
+        self.events.insert(id, Arc::new(event));
         Ok((0, 0))
     }
 
@@ -291,7 +292,7 @@ impl SessionState {
     /// `cuStreamWaitEvent`: work queued on `stream` after this waits for the event's work.
     fn wait_event(&mut self, stream: StreamId, event: u32) -> Result<(u64, u64), ErrorCode> {
         let e = self.events.get(&event).ok_or(ErrorCode::InvalidHandle)?;
-        let event = self.device.id(e).map_err(|e| e.code())?;
+        let event = self.device.id(&**e).map_err(|e| e.code())?;
         self.on_stream(stream, |d, s| {
             d.queue(s, |stream| Call::StreamWaitEvent { stream, event }, &[])
         })

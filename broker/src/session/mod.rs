@@ -36,6 +36,7 @@ mod execute;
 mod governed;
 pub mod hosts;
 mod info;
+mod ipc;
 mod launch;
 mod legacy;
 mod module_table;
@@ -109,9 +110,12 @@ pub struct SessionState {
     allocations: Allocations,
     /// Physical memory, reservations and mappings of the virtual memory API.
     vmm: vmm::Vmm,
+    /// Memory other sessions shared that this one opened (CUDA IPC): base → (size, token).
+    ipc_opened: std::collections::BTreeMap<DevicePtr, (u64, u128)>,
     streams: HashMap<StreamId, StreamSlot>,
     next_stream: StreamId,
-    events: HashMap<EventId, Event>,
+    /// Shared with other sessions when opened through CUDA IPC.
+    events: HashMap<EventId, Arc<Event>>,
     /// Where each event was last recorded: the stream, and its operations submitted then.
     event_marks: HashMap<EventId, (StreamId, u64)>,
     next_event: EventId,
@@ -247,6 +251,7 @@ impl SessionState {
             pacing,
             allocations: Allocations::default(),
             vmm: vmm::Vmm::default(),
+            ipc_opened: std::collections::BTreeMap::new(),
             streams,
             next_stream: 1,
             events: HashMap::new(),

@@ -42,6 +42,7 @@ impl SessionState {
                 tracing::warn!(ptr = format_args!("{ptr:#x}"), error = %e, "could not free allocation of departed client");
             }
         }
+        self.forget_ipc();
         self.release_vmm();
         self.release_hosts(true);
         let span = self.region.arena().span();

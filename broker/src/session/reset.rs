@@ -485,6 +485,7 @@ impl SessionState {
             .map(|mut m| m.take_ids())
             .unwrap_or_default();
         lost.modules = modules;
+        self.forget_ipc();
         self.lost.buffers.extend(self.allocations.take());
         let mapped: Vec<_> = self.vmm.mappings().collect();
         self.lost.buffers.extend(mapped);

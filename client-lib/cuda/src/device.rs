@@ -21,10 +21,9 @@ pub fn check(dev: CUdevice) -> Cu<()> {
 
 /// The attributes of features this driver does not offer, whatever the GPU can do: programs
 /// ask them before using the feature, and a driver without it says 0.
-const NOT_OFFERED: [usize; 7] = [
+const NOT_OFFERED: [usize; 6] = [
     device_attr::MANAGED_MEMORY,
     device_attr::CONCURRENT_MANAGED_ACCESS,
-    device_attr::IPC_EVENT_SUPPORTED,
     device_attr::GENERIC_COMPRESSION_SUPPORTED,
     device_attr::GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED,
     device_attr::HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
@@ -357,10 +356,9 @@ mod tests {
 
     #[test]
     fn features_this_driver_lacks_read_as_absent() {
-        // The GPU has managed memory and IPC events (an H100 says 1); programs here cannot.
+        // The GPU has managed memory (an H100 says 1); programs here cannot.
         assert_eq!(offered(device_attr::MANAGED_MEMORY, 1), 0);
         assert_eq!(offered(device_attr::CONCURRENT_MANAGED_ACCESS, 1), 0);
-        assert_eq!(offered(device_attr::IPC_EVENT_SUPPORTED, 1), 0);
         assert_eq!(offered(device_attr::MULTIPROCESSOR_COUNT, 132), 132);
         assert_eq!(offered(device_attr::WARP_SIZE, 32), 32);
     }

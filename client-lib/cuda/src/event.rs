@@ -29,6 +29,19 @@ impl Default for Events {
 }
 
 impl Driver {
+    /// A new event of `flags` that `make` makes in the broker under a fresh id.
+    pub fn new_event(&self, flags: u32, make: impl FnOnce(u32) -> Cu<()>) -> Cu<u32> {
+        // The broker's bound, said at creation.
+        let mut live = self.events.flags.lock().unwrap_or_else(|p| p.into_inner());
+        if live.len() >= gpushare_protocol::MAX_EVENTS {
+            return Err(result::OUT_OF_MEMORY);
+        }
+        let id = self.events.next.fetch_add(1, Ordering::Relaxed);
+        make(id)?;
+        live.insert(id, flags);
+        Ok(id)
+    }
+
     pub fn event_flags(&self, id: u32) -> Option<u32> {
         self.events
             .flags
@@ -48,19 +61,14 @@ pub unsafe extern "C" fn cuEventCreate(ph: *mut CUevent, flags: c_uint) -> CUres
         if ph.is_null() {
             return Err(result::INVALID_VALUE);
         }
-        if flags & event::INTERPROCESS != 0 {
-            crate::entry::say_unsupported("cuEventCreate with CU_EVENT_INTERPROCESS");
-            return Err(result::NOT_SUPPORTED);
+        // CUDA: an event shared between processes keeps no time.
+        if flags & event::INTERPROCESS != 0 && flags & event::DISABLE_TIMING == 0 {
+            return Err(result::INVALID_VALUE);
         }
-        // The broker's bound, said at creation.
-        let mut live = d.events.flags.lock().unwrap_or_else(|p| p.into_inner());
-        if live.len() >= gpushare_protocol::MAX_EVENTS {
-            return Err(result::OUT_OF_MEMORY);
-        }
-        let id = d.events.next.fetch_add(1, Ordering::Relaxed);
-        d.transport
-            .post(Command::EventCreateAs { event: id, flags })?;
-        live.insert(id, flags);
+        let id = d.new_event(flags, |id| {
+            d.transport
+                .post(Command::EventCreateAs { event: id, flags })
+        })?;
         // SAFETY: checked non-NULL; writable by the caller's contract.
         unsafe { out(ph, handle::event_handle(id)) }
     })

@@ -93,6 +93,12 @@ unsafe extern "C" {
     fn cuGraphUpload();
     fn cuGraphUpload_ptsz();
     fn cuInit();
+    fn cuIpcCloseMemHandle();
+    fn cuIpcGetEventHandle();
+    fn cuIpcGetMemHandle();
+    fn cuIpcOpenEventHandle();
+    fn cuIpcOpenMemHandle();
+    fn cuIpcOpenMemHandle_v2();
     fn cuKernelGetAttribute();
     fn cuKernelGetFunction();
     fn cuKernelGetLibrary();
@@ -392,12 +398,6 @@ super::stubs! {
     cuGreenCtxWaitEvent,
     cuImportExternalMemory,
     cuImportExternalSemaphore,
-    cuIpcCloseMemHandle,
-    cuIpcGetEventHandle,
-    cuIpcGetMemHandle,
-    cuIpcOpenEventHandle,
-    cuIpcOpenMemHandle,
-    cuIpcOpenMemHandle_v2,
     cuLaunch,
     cuLaunchCooperativeKernelMultiDevice,
     cuLaunchGrid,
@@ -4783,9 +4783,9 @@ pub(super) static SYMBOLS: [&str; 638] = [
     "cuWaitExternalSemaphoresAsync_ptsz",
 ];
 
-/// The symbols src/ implements (225); the rest are stubs.
+/// The symbols src/ implements (231); the rest are stubs.
 #[cfg(test)]
-pub(super) static IMPLEMENTED: [&str; 225] = [
+pub(super) static IMPLEMENTED: [&str; 231] = [
     "cuCtxCreate",
     "cuCtxCreate_v2",
     "cuCtxCreate_v3",
@@ -4873,6 +4873,12 @@ pub(super) static IMPLEMENTED: [&str; 225] = [
     "cuGraphUpload",
     "cuGraphUpload_ptsz",
     "cuInit",
+    "cuIpcCloseMemHandle",
+    "cuIpcGetEventHandle",
+    "cuIpcGetMemHandle",
+    "cuIpcOpenEventHandle",
+    "cuIpcOpenMemHandle",
+    "cuIpcOpenMemHandle_v2",
     "cuKernelGetAttribute",
     "cuKernelGetFunction",
     "cuKernelGetLibrary",

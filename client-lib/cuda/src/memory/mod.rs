@@ -10,6 +10,7 @@
 mod attributes;
 mod device;
 mod host;
+pub mod ipc;
 pub mod vmm;
 pub mod vmm_api;
 
@@ -28,6 +29,8 @@ pub enum DeviceKind {
     /// Physical memory the program mapped (`cuMemMap`); one follows another in a
     /// reservation, and copies may run across them.
     Mapped,
+    /// Another process's allocation, opened through CUDA IPC.
+    Ipc,
 }
 
 #[derive(Debug, Clone, Copy)]

@@ -164,6 +164,18 @@ impl Command {
                 ptr: a[0],
                 size: a[1],
             },
+            IPC_EXPORT_MEMORY => Command::IpcExportMemory { ptr: a[0] },
+            IPC_OPEN_MEMORY => Command::IpcOpenMemory {
+                token_lo: a[0],
+                token_hi: a[1],
+            },
+            IPC_CLOSE_MEMORY => Command::IpcCloseMemory { ptr: a[0] },
+            IPC_EXPORT_EVENT => Command::IpcExportEvent { event: id(a[0])? },
+            IPC_OPEN_EVENT => Command::IpcOpenEvent {
+                token_lo: a[0],
+                token_hi: a[1],
+                event: id(a[2])?,
+            },
             FUNCTION_SET_ATTRIBUTE => Command::FunctionSetAttribute {
                 function: a[0],
                 attribute: u32::try_from(a[1]).map_err(|_| ErrorCode::InvalidArgument)?,

@@ -155,6 +155,23 @@ impl Command {
             Command::MemRelease { handle } => (MEM_RELEASE, 0, [handle, 0, 0, 0, 0, 0]),
             Command::MemMap { ptr, size, handle } => (MEM_MAP, 0, [ptr, size, handle, 0, 0, 0]),
             Command::MemUnmap { ptr, size } => (MEM_UNMAP, 0, [ptr, size, 0, 0, 0, 0]),
+            Command::IpcExportMemory { ptr } => (IPC_EXPORT_MEMORY, 0, [ptr, 0, 0, 0, 0, 0]),
+            Command::IpcOpenMemory { token_lo, token_hi } => {
+                (IPC_OPEN_MEMORY, 0, [token_lo, token_hi, 0, 0, 0, 0])
+            }
+            Command::IpcCloseMemory { ptr } => (IPC_CLOSE_MEMORY, 0, [ptr, 0, 0, 0, 0, 0]),
+            Command::IpcExportEvent { event } => {
+                (IPC_EXPORT_EVENT, 0, [event as u64, 0, 0, 0, 0, 0])
+            }
+            Command::IpcOpenEvent {
+                token_lo,
+                token_hi,
+                event,
+            } => (
+                IPC_OPEN_EVENT,
+                0,
+                [token_lo, token_hi, event as u64, 0, 0, 0],
+            ),
             Command::FunctionSetAttribute {
                 function,
                 attribute,

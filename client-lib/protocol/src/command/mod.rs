@@ -275,6 +275,33 @@ pub enum Command {
         ptr: DevicePtr,
         size: u64,
     },
+    /// Shares the allocation holding `ptr` with the user's other processes on this device's
+    /// context (`cuIpcGetMemHandle`). Result: a token (low and high words) that
+    /// [`Command::IpcOpenMemory`] takes.
+    IpcExportMemory {
+        ptr: DevicePtr,
+    },
+    /// Opens memory another process of the same user shared (`cuIpcOpenMemHandle`). Result:
+    /// its base address (the same as in the exporter: one context) and size.
+    IpcOpenMemory {
+        token_lo: u64,
+        token_hi: u64,
+    },
+    /// Closes memory [`Command::IpcOpenMemory`] opened, by its base address.
+    IpcCloseMemory {
+        ptr: DevicePtr,
+    },
+    /// Shares an event (`cuIpcGetEventHandle`). Result: a token.
+    IpcExportEvent {
+        event: EventId,
+    },
+    /// Opens an event another process of the same user shared, as this client's `event`
+    /// (`cuIpcOpenEventHandle`).
+    IpcOpenEvent {
+        token_lo: u64,
+        token_hi: u64,
+        event: EventId,
+    },
     /// A module function launch whose parameter block starts with [`LaunchAttributes`].
     LaunchEx {
         stream: StreamId,

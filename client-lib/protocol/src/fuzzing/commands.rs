@@ -51,6 +51,11 @@ pub(super) fn command_variant(c: &Command) -> &'static str {
         Command::MemRelease { .. } => "mem_release",
         Command::MemMap { .. } => "mem_map",
         Command::MemUnmap { .. } => "mem_unmap",
+        Command::IpcExportMemory { .. } => "ipc_export_memory",
+        Command::IpcOpenMemory { .. } => "ipc_open_memory",
+        Command::IpcCloseMemory { .. } => "ipc_close_memory",
+        Command::IpcExportEvent { .. } => "ipc_export_event",
+        Command::IpcOpenEvent { .. } => "ipc_open_event",
         Command::LaunchEx { .. } => "launch_ex",
         Command::FunctionSetAttribute { .. } => "function_set_attribute",
         Command::Occupancy { .. } => "occupancy",
@@ -266,6 +271,22 @@ pub fn commands() -> Vec<Command> {
         Command::MemUnmap {
             ptr: 0x7000_0000_0000,
             size: 2 << 20,
+        },
+        Command::IpcExportMemory {
+            ptr: 0x7000_0000_0000,
+        },
+        Command::IpcOpenMemory {
+            token_lo: 0x0123_4567_89ab_cdef,
+            token_hi: 0xfedc_ba98_7654_3210,
+        },
+        Command::IpcCloseMemory {
+            ptr: 0x7000_0000_0000,
+        },
+        Command::IpcExportEvent { event: 3 },
+        Command::IpcOpenEvent {
+            token_lo: 1,
+            token_hi: 2,
+            event: 4,
         },
         Command::LaunchEx {
             stream: 5,

@@ -1,0 +1,97 @@
+//! Consolidated programs sharing device memory with each other:
+//! - the virtual memory API: memory one process made and exported
+//!   (`cuMemExportToShareableHandle`) is taken by another of the same user through the
+//!   descriptor (`cuMemImportFromShareableHandle`), both see each other's writes; another user's
+//!   process is refused unless the policy lets users share memory;
+//! - CUDA IPC (`cuIpcGetMemHandle`, `cuIpcGetEventHandle` and their `Open`s, what
+//!   `torch.multiprocessing` uses): a process of the same user opens another's allocation and
+//!   event, waits on the event and sees the memory; another user's is refused.
+//!
+//! (One program's own use of the virtual memory API: `consolidated.rs`, section "virtual
+//! memory"; across a fault: `faults.rs`.) Needs `cc` and the workspace built; the other-user
+//! cases need root (`daemon`).
+
+use std::time::Duration;
+
+use gpushare_tests::cuda_program::{CudaProgram, assert_passed, run};
+use gpushare_tests::{Broker, BrokerOptions, other_users};
+
+const RUN_TIMEOUT: Duration = Duration::from_secs(120);
+
+#[test]
+fn a_process_of_the_same_user_takes_exported_memory_and_sees_what_the_other_wrote() {
+    let broker = Broker::start();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let program = CudaProgram::build(dir.path(), false);
+    let out = run(
+        program.command(&broker.socket, &["vmm-export", "7", "-1", "ok"]),
+        RUN_TIMEOUT,
+    );
+    assert_passed(
+        &out,
+        &["loading", "init", "vmm export", "vmm import", "finish"],
+        &broker.log_text(),
+    );
+}
+
+#[test]
+fn another_users_process_is_refused_the_memory_unless_the_policy_lets_users_share() {
+    let test = "another_users_process_is_refused_the_memory_unless_the_policy_lets_users_share";
+    let Some((other, _)) = other_users(test) else {
+        return;
+    };
+    let uid = other.uid.to_string();
+    for (policy, expect) in [
+        (None, "refused"),
+        (Some("share_memory_between_users = true\n"), "ok"),
+    ] {
+        let broker = Broker::start_with(BrokerOptions {
+            policy: policy.map(str::to_string),
+            ..Default::default()
+        });
+        let program = CudaProgram::build_for_other_users(&broker);
+        let mut cmd = program.command(&broker.socket, &["vmm-export", "9", &uid, expect]);
+        cmd.current_dir("/");
+        let out = run(cmd, RUN_TIMEOUT);
+        assert_passed(
+            &out,
+            &["loading", "init", "vmm export", "vmm import", "finish"],
+            &broker.log_text(),
+        );
+    }
+}
+
+#[test]
+fn a_process_of_the_same_user_opens_anothers_allocation_and_event_through_cuda_ipc() {
+    let broker = Broker::start();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let program = CudaProgram::build(dir.path(), false);
+    let out = run(
+        program.command(&broker.socket, &["ipc-export", "5", "-1", "ok"]),
+        RUN_TIMEOUT,
+    );
+    assert_passed(
+        &out,
+        &["loading", "init", "ipc export", "ipc import", "finish"],
+        &broker.log_text(),
+    );
+}
+
+#[test]
+fn another_users_process_is_refused_what_one_shared_through_cuda_ipc() {
+    let test = "another_users_process_is_refused_what_one_shared_through_cuda_ipc";
+    let Some((other, _)) = other_users(test) else {
+        return;
+    };
+    let broker = Broker::start();
+    let program = CudaProgram::build_for_other_users(&broker);
+    let uid = other.uid.to_string();
+    let mut cmd = program.command(&broker.socket, &["ipc-export", "6", &uid, "refused"]);
+    cmd.current_dir("/");
+    let out = run(cmd, RUN_TIMEOUT);
+    assert_passed(
+        &out,
+        &["loading", "init", "ipc export", "ipc import", "finish"],
+        &broker.log_text(),
+    );
+}
