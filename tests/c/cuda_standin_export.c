@@ -1,6 +1,7 @@
-/* The stand-in program's library slots: the export-table slots cuBLAS, cuBLASLt and NVRTC were
- * seen calling on driver 580 (docs/consolidated.md, "The export tables"), called the way those
- * libraries call them. Run at the end of the export tables' section (cuda_standin_memory.c). */
+/* The stand-in program's library slots: the export-table slots cuBLAS, cuBLASLt, cuFFT and
+ * NVRTC were seen calling on driver 580 (docs/consolidated.md, "The export tables"), called the
+ * way those libraries call them. Run at the end of the export tables' section
+ * (cuda_standin_memory.c). */
 #define _GNU_SOURCE
 #include "cuda_standin.h"
 
@@ -195,11 +196,164 @@ static void check_compile_cache(const void *t) {
     EXPECT(free_data(&len), CUDA_ERROR_INVALID_VALUE);
 }
 
+/* ---- table 6e163fbe: a module's functions, one by one (cuFFT) ---------------------------- */
+
+typedef void (*EachFunction)(void *, CUfunction, const char *);
+typedef int (*ModuleFunctions)(CUcontext, CUmodule, EachFunction, void *);
+
+/* What the callback was given, in order. */
+struct listed {
+    int n;
+    CUfunction f[8];
+    char name[8][64];
+};
+
+static void note_function(void *user, CUfunction f, const char *name) {
+    struct listed *l = user;
+    if (l->n < 8) {
+        l->f[l->n] = f;
+        snprintf(l->name[l->n], sizeof l->name[l->n], "%s", name ? name : "(null)");
+    }
+    l->n++;
+}
+
+/* Kernels named `k<index>_xxx…` (many, with long names): which were listed, and whether in
+ * order. */
+struct many {
+    int n, in_order;
+    unsigned char seen[256];
+};
+
+static void note_many(void *user, CUfunction f, const char *name) {
+    struct many *m = user;
+    int i = -1;
+    if (f && name && sscanf(name, "k%d_", &i) == 1 && i >= 0 && i < 256) m->seen[i]++;
+    if (i != m->n) m->in_order = 0;
+    m->n++;
+}
+
+/* A module of `count` kernels with names of `len` bytes: more than one answer from gpushared
+ * holds (48 KiB of names each). */
+static void check_many_functions(ModuleFunctions module_functions, int sim, int count, int len) {
+    size_t line = (size_t)len + 64, size = 128 + (size_t)count * line;
+    char *image = malloc(size), *at = image;
+    CHECK(image != NULL, "memory for the image");
+    if (!image) return;
+    at += sprintf(at, sim ? "gpushare-sim-module 1\n"
+                          : ".version 8.0\n.target sm_90\n.address_size 64\n");
+    for (int i = 0; i < count; i++) {
+        at += sprintf(at, sim ? "kernel k%03d_" : ".visible .entry k%03d_", i);
+        memset(at, 'x', (size_t)len - 5);
+        at += len - 5;
+        at += sprintf(at, sim ? "\n" : "(.param .u64 p) { ret; }\n");
+    }
+    CUmodule module = NULL;
+    OK(cuModuleLoadData(&module, image));
+    struct many m = {.in_order = 1};
+    int n = module_functions(primary, module, note_many, &m);
+    int each_once = 1;
+    for (int i = 0; i < count; i++) each_once &= m.seen[i] == 1;
+    CHECK(n == count && m.n == count && each_once && (m.in_order || !sim),
+          "%d of %d functions listed (%d calls), each once %d, in order %d", n, count, m.n,
+          each_once, m.in_order);
+    OK(cuModuleUnload(module));
+    free(image);
+}
+
+static void check_module_functions(const void *t) {
+    ModuleFunctions module_functions = SLOT(ModuleFunctions, t, 7);
+    typedef CUresult (*FuncGetName)(const char **, CUfunction);
+    typedef CUresult (*FuncGetAttribute)(int *, int, CUfunction);
+    typedef CUresult (*LibraryLoadData)(void **, const void *, void *, void *, unsigned, void *,
+                                        void *, unsigned);
+    typedef CUresult (*LibraryGetModule)(CUmodule *, void *);
+    typedef CUresult (*LibraryUnload)(void *);
+    FuncGetName get_name = (FuncGetName)entry_point("cuFuncGetName");
+    FuncGetAttribute get_attribute = (FuncGetAttribute)entry_point("cuFuncGetAttribute");
+    LibraryLoadData library_load = (LibraryLoadData)entry_point("cuLibraryLoadData");
+    LibraryGetModule library_module = (LibraryGetModule)entry_point("cuLibraryGetModule");
+    LibraryUnload library_unload = (LibraryUnload)entry_point("cuLibraryUnload");
+    if (!get_name || !get_attribute || !library_load || !library_module || !library_unload) return;
+    /* Three kernels, one named as cuFFT's are: the sim's module format, or PTX on a GPU. */
+    static const char *const names[3] = {"spin", "_Z10vector_fftILj4096EEvPf", "tail_2"};
+    static const char sim_image[] = "gpushare-sim-module 1\nkernel spin\n"
+                                    "kernel _Z10vector_fftILj4096EEvPf\nkernel tail_2\n";
+    static const char ptx_image[] =
+        ".version 8.0\n.target sm_90\n.address_size 64\n"
+        ".visible .entry spin(.param .u64 p) { ret; }\n"
+        ".visible .entry _Z10vector_fftILj4096EEvPf(.param .u64 p) { ret; }\n"
+        ".visible .entry tail_2(.param .u64 p) { ret; }\n";
+    char device_name[256] = {0};
+    OK(cuDeviceGetName(device_name, sizeof device_name, device));
+    int sim = strstr(device_name, "sim") != NULL;
+    const char *image = sim ? sim_image : ptx_image;
+
+    /* As cuFFT does: load a module, list its kernels with the current context. */
+    CUmodule module = NULL;
+    OK(cuModuleLoadData(&module, image));
+    if (!module) return;
+    struct listed l = {0};
+    int n = module_functions(primary, module, note_function, &l);
+    CHECK(n == 3 && l.n == 3, "%d functions listed, %d calls", n, l.n);
+    CUstream s = NULL;
+    OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    for (int i = 0; i < 3 && i < l.n; i++) {
+        /* In the module's order (the sim keeps it; a GPU's driver may order PTX its own way). */
+        int at = -1;
+        for (int j = 0; j < 3; j++)
+            if (!strcmp(l.name[i], names[j])) at = j;
+        CHECK(sim ? at == i : at >= 0, "function %d is named %s", i, l.name[i]);
+        if (at < 0) continue;
+        /* The handle cuModuleGetFunction gives, which answers and launches as that one. */
+        CUfunction f = NULL;
+        const char *name = NULL;
+        int threads = 0, want = 0;
+        OK(cuModuleGetFunction(&f, module, l.name[i]));
+        CHECK(f == l.f[i], "%s: handle %p, cuModuleGetFunction's %p", l.name[i], (void *)l.f[i],
+              (void *)f);
+        OK(get_name(&name, l.f[i]));
+        CHECK(name && !strcmp(name, l.name[i]), "cuFuncGetName says %s", name ? name : "NULL");
+        OK(get_attribute(&threads, 0 /* MAX_THREADS_PER_BLOCK */, l.f[i]));
+        OK(get_attribute(&want, 0, f));
+        CHECK(threads == want && threads > 0, "%s: %d threads a block, want %d", l.name[i],
+              threads, want);
+        unsigned long long micros = 1;
+        void *args[] = {&micros};
+        OK(cuLaunchKernel(l.f[i], 1, 1, 1, 32, 1, 1, 0, s, args, NULL));
+    }
+    OK(cuStreamSynchronize(s));
+    OK(cuStreamDestroy(s));
+    /* No callback: only counted; any context, NULL too. */
+    CHECK(module_functions(NULL, module, NULL, NULL) == 3, "counted without a callback");
+
+    /* A library's module, as cuFFT loads some (cuLibraryLoadData). */
+    void *library = NULL;
+    CUmodule library_mod = NULL;
+    OK(library_load(&library, image, NULL, NULL, 0, NULL, NULL, 0));
+    OK(library_module(&library_mod, library));
+    struct listed again = {0};
+    CHECK(module_functions(primary, library_mod, note_function, &again) == 3 && again.n == 3,
+          "a library's module lists %d", again.n);
+    OK(library_unload(library));
+
+    /* Not a module, or one unloaded: -1, and no call. */
+    struct listed none = {0};
+    CHECK(module_functions(primary, (CUmodule)&none, note_function, &none) == -1,
+          "a pointer that is no module");
+    CHECK(module_functions(primary, NULL, note_function, &none) == -1, "NULL");
+    OK(cuModuleUnload(module));
+    CHECK(module_functions(primary, module, note_function, &none) == -1, "an unloaded module");
+    CHECK(none.n == 0, "%d calls for modules that are not", none.n);
+    check_many_functions(module_functions, sim, 250, 300);
+}
+
 void check_library_slots(void) {
     section_begin("library slots");
     const void *contexts = table("21318c60971432488ca641ff7324c8f2");
     const void *cache = table("da9151d33ae6cc41a5c04f26d533e328");
     if (contexts) check_contexts_and_streams(contexts);
     if (cache) check_compile_cache(cache);
+    const void *functions = table("6e163fbeb958444d835ce182aff1991e");
+    if (functions) check_module_functions(functions);
     section_end();
 }

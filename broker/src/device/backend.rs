@@ -290,4 +290,9 @@ pub trait Backend: Send + Sync + 'static {
         let _ = (module, name);
         no_modules(self.backend(), "module globals")
     }
+    /// The names of a module's functions (kernels), in the module's order.
+    fn function_names(&self, module: &Self::Module) -> DeviceResult<Vec<String>> {
+        let _ = module;
+        no_modules(self.backend(), "listing a module's functions")
+    }
 }

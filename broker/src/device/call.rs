@@ -186,6 +186,12 @@ pub enum Call {
     ModuleGlobal {
         module: Handle,
     },
+    /// The names of a module's functions, in the module's order, from the `first`th on: a
+    /// page of them ([`Reply::names_page`]).
+    FunctionNames {
+        module: Handle,
+        first: u32,
+    },
 }
 
 impl Call {
@@ -434,6 +440,9 @@ impl<B: Backend> Executor<B> {
                 dev.module_global(&m, name(payload)?)
                     .map(|(a, b)| Reply::Pair(a, b))
             }),
+            Call::FunctionNames { module, first } => self
+                .module(module)
+                .and_then(|m| Reply::names_page(dev.function_names(&m)?, first)),
         };
         Answer {
             reply: result.unwrap_or_else(Reply::Failed),

@@ -137,6 +137,7 @@ impl Broker {
                     | ClientMessage::ShareHostMemory { .. }
                     | ClientMessage::UnshareHostMemory { .. }
                     | ClientMessage::EncodeTensorMap { .. }
+                    | ClientMessage::GetFunctionNames { .. }
             );
             if consolidated && let Some(scope) = modules {
                 let reply = self
@@ -219,7 +220,8 @@ impl Broker {
                     | ClientMessage::UnshareHostMemory { request, .. }
                     | ClientMessage::ExportMemory { request, .. }
                     | ClientMessage::ImportMemory { request, .. }
-                    | ClientMessage::EncodeTensorMap { request, .. },
+                    | ClientMessage::EncodeTensorMap { request, .. }
+                    | ClientMessage::GetFunctionNames { request, .. },
                     _,
                 ) => BrokerMessage::RequestFailed {
                     request,

@@ -1,6 +1,6 @@
 //! Control requests only consolidated clients (a client-side CUDA driver) make: modules by
-//! content hash, functions with their layout and attributes, module globals, and page-locked
-//! host memory shared for DMA, tensor maps.
+//! content hash, functions with their layout and attributes, a module's function names,
+//! module globals, page-locked host memory shared for DMA, and tensor maps.
 
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
@@ -68,6 +68,14 @@ impl Broker {
                 request: *request,
                 result: Self::tensor_map(scope.1, args).await,
             },
+            ClientMessage::GetFunctionNames {
+                request,
+                module,
+                first,
+            } => BrokerMessage::FunctionNames {
+                request: *request,
+                result: Self::function_names(scope, *module, *first).await,
+            },
             _ => return None,
         })
     }
@@ -129,6 +137,30 @@ impl Broker {
             params: shape.params,
             attributes: shape.attributes,
         })
+    }
+
+    /// A page of the names of a module's functions, from the `first`th on, and how many it
+    /// has (`cuModuleEnumerateFunctions` in the device's context).
+    async fn function_names(
+        (modules, device): SessionScope<'_>,
+        module: u64,
+        first: u32,
+    ) -> Result<(u32, Vec<String>), WireError> {
+        let m = modules
+            .lock()
+            .map_err(|_| wire(ErrorCode::Internal, "module table poisoned"))?
+            .module(module)
+            .ok_or_else(|| wire(ErrorCode::InvalidHandle, format!("no module {module}")))?;
+        let device = device.clone();
+        tokio::task::spawn_blocking(move || {
+            let module = device.id(&*m)?;
+            device
+                .call(Call::FunctionNames { module, first }, &[])?
+                .names()
+        })
+        .await
+        .map_err(|e| wire(ErrorCode::Internal, e.to_string()))?
+        .map_err(|e| wire(e.code(), e.to_string()))
     }
 
     async fn global(

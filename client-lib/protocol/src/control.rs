@@ -176,6 +176,14 @@ pub enum ClientMessage {
         request: u64,
         args: TensorMapArgs,
     },
+    /// The names of a loaded module's functions (kernels), in the module's order, from the
+    /// `first`th on: as many as one answer holds (ask again from where it ended). Answered
+    /// with `FunctionNames`.
+    GetFunctionNames {
+        request: u64,
+        module: u64,
+        first: u32,
+    },
 }
 
 /// The arguments of `cuTensorMapEncodeTiled`, `cuTensorMapEncodeIm2col` or
@@ -380,6 +388,12 @@ pub enum BrokerMessage {
     /// The answer to `Ping`.
     Pong {
         request: u64,
+    },
+    /// The answer to `GetFunctionNames`: how many functions the module has, and the names
+    /// from the `first` asked for on (at least one while any remain).
+    FunctionNames {
+        request: u64,
+        result: Result<(u32, Vec<String>), WireError>,
     },
 }
 

@@ -638,6 +638,10 @@ impl Backend for CudaDevice {
     fn module_global(&self, module: &Arc<ModuleRef>, name: &str) -> DeviceResult<(u64, u64)> {
         module.global(self, name)
     }
+
+    fn function_names(&self, module: &Arc<ModuleRef>) -> DeviceResult<Vec<String>> {
+        module.function_names(self)
+    }
 }
 
 #[cfg(test)]

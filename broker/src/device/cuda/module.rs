@@ -63,6 +63,35 @@ impl ModuleRef {
         })?;
         Ok((ptr, size as u64))
     }
+
+    /// Its functions' names, in the module's order (`cuModuleEnumerateFunctions`).
+    pub(super) fn function_names(&self, dev: &CudaDevice) -> DeviceResult<Vec<String>> {
+        dev.bind()?;
+        let mut count: std::ffi::c_uint = 0;
+        // SAFETY: live module; out-parameter on our stack.
+        check("cuModuleGetFunctionCount", unsafe {
+            sys::cuModuleGetFunctionCount(&mut count, self.0.raw)
+        })?;
+        let mut functions: Vec<sys::CUfunction> = vec![ptr::null_mut(); count as usize];
+        // SAFETY: live module; room for `count` handles.
+        check("cuModuleEnumerateFunctions", unsafe {
+            sys::cuModuleEnumerateFunctions(functions.as_mut_ptr(), count, self.0.raw)
+        })?;
+        functions
+            .into_iter()
+            .map(|f| {
+                let mut name = ptr::null();
+                // SAFETY: a function of the live module; out-parameter on our stack.
+                check("cuFuncGetName", unsafe { sys::cuFuncGetName(&mut name, f) })?;
+                if name.is_null() {
+                    return Err(DeviceError::Failed("cuFuncGetName gave no name".into()));
+                }
+                // SAFETY: the driver's NUL-terminated name, which lives as long as the module.
+                let name = unsafe { std::ffi::CStr::from_ptr(name) };
+                Ok(name.to_string_lossy().into_owned())
+            })
+            .collect()
+    }
 }
 
 /// The image as the driver takes it: PTX is read as a C string, so it ends in a NUL.

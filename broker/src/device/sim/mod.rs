@@ -536,6 +536,10 @@ impl Backend for SimDevice {
         Ok(function.shape())
     }
 
+    fn function_names(&self, module: &SimModule) -> DeviceResult<Vec<String>> {
+        Ok(module.names().to_vec())
+    }
+
     fn stream_wait_event(&self, stream: &mut SimStream, event: &SimEvent) -> DeviceResult<()> {
         self.check_healthy()?;
         if let Some(t) = event.time_ns {

@@ -66,6 +66,11 @@ impl SimModule {
         Some(Ok(SimModule { kernels }))
     }
 
+    /// Its functions' names, in the order the image declares them.
+    pub fn names(&self) -> &[String] {
+        &self.kernels
+    }
+
     pub fn function(&self, name: &str) -> DeviceResult<SimFunction> {
         if self.kernels.iter().any(|k| k == name) {
             Ok(SimFunction {
@@ -137,6 +142,7 @@ mod tests {
         assert_eq!(m.function("spin").expect("spin").name(), "spin");
         assert!(m.function("other_1").is_ok());
         assert!(m.function("nope").is_err());
+        assert_eq!(m.names(), ["spin", "other_1"], "in the image's order");
         assert!(
             SimModule::parse(b".version 8.0\n.target sm_90\n").is_none(),
             "PTX"

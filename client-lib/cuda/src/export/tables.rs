@@ -6,15 +6,15 @@
 use std::ffi::c_void;
 
 use super::integrity::{DeviceFacts, Facts, digest};
-use super::{Known, Slot, Table, compile_cache, cudart, streams, unknown_slot, uuid};
+use super::{Known, Slot, Table, compile_cache, cudart, functions, streams, unknown_slot, uuid};
 use crate::driver;
 use crate::status::{entry, out};
 use crate::types::{CUDA_VERSION, CUresult, device_attr};
 
 /// The tables' names in the "not implemented" message (by the `T` of `stub`).
-const NAMES: [&str; 10] = [
+const NAMES: [&str; 11] = [
     "6bd5fb6c", "42d85a81", "a094798c", "c693336e", "263e8860", "d4082055", "f8cff951", "21318c60",
-    "1734dc26", "da9151d3",
+    "1734dc26", "da9151d3", "6e163fbe",
 ];
 
 /// A slot whose use was never seen.
@@ -229,8 +229,111 @@ pub static NVRTC: Table<7> = Table([
     f(compile_cache::free_data as *const c_void),
 ]);
 
+/// cuFFT's: 99 words as the driver's (792 bytes), slot 93 NULL as there.
+pub static FUNCTIONS: Table<99> = Table([
+    size(99),
+    f(stub::<10, 1> as *const c_void),
+    f(stub::<10, 2> as *const c_void),
+    f(stub::<10, 3> as *const c_void),
+    f(stub::<10, 4> as *const c_void),
+    f(stub::<10, 5> as *const c_void),
+    f(stub::<10, 6> as *const c_void),
+    f(functions::module_functions as *const c_void),
+    f(stub::<10, 8> as *const c_void),
+    f(stub::<10, 9> as *const c_void),
+    f(stub::<10, 10> as *const c_void),
+    f(stub::<10, 11> as *const c_void),
+    f(stub::<10, 12> as *const c_void),
+    f(stub::<10, 13> as *const c_void),
+    f(stub::<10, 14> as *const c_void),
+    f(stub::<10, 15> as *const c_void),
+    f(stub::<10, 16> as *const c_void),
+    f(stub::<10, 17> as *const c_void),
+    f(stub::<10, 18> as *const c_void),
+    f(stub::<10, 19> as *const c_void),
+    f(stub::<10, 20> as *const c_void),
+    f(stub::<10, 21> as *const c_void),
+    f(stub::<10, 22> as *const c_void),
+    f(stub::<10, 23> as *const c_void),
+    f(stub::<10, 24> as *const c_void),
+    f(stub::<10, 25> as *const c_void),
+    f(stub::<10, 26> as *const c_void),
+    f(stub::<10, 27> as *const c_void),
+    f(stub::<10, 28> as *const c_void),
+    f(stub::<10, 29> as *const c_void),
+    f(stub::<10, 30> as *const c_void),
+    f(stub::<10, 31> as *const c_void),
+    f(stub::<10, 32> as *const c_void),
+    f(stub::<10, 33> as *const c_void),
+    f(stub::<10, 34> as *const c_void),
+    f(stub::<10, 35> as *const c_void),
+    f(stub::<10, 36> as *const c_void),
+    f(stub::<10, 37> as *const c_void),
+    f(stub::<10, 38> as *const c_void),
+    f(stub::<10, 39> as *const c_void),
+    f(stub::<10, 40> as *const c_void),
+    f(stub::<10, 41> as *const c_void),
+    f(stub::<10, 42> as *const c_void),
+    f(stub::<10, 43> as *const c_void),
+    f(stub::<10, 44> as *const c_void),
+    f(stub::<10, 45> as *const c_void),
+    f(stub::<10, 46> as *const c_void),
+    f(stub::<10, 47> as *const c_void),
+    f(stub::<10, 48> as *const c_void),
+    f(stub::<10, 49> as *const c_void),
+    f(stub::<10, 50> as *const c_void),
+    f(stub::<10, 51> as *const c_void),
+    f(stub::<10, 52> as *const c_void),
+    f(stub::<10, 53> as *const c_void),
+    f(stub::<10, 54> as *const c_void),
+    f(stub::<10, 55> as *const c_void),
+    f(stub::<10, 56> as *const c_void),
+    f(stub::<10, 57> as *const c_void),
+    f(stub::<10, 58> as *const c_void),
+    f(stub::<10, 59> as *const c_void),
+    f(stub::<10, 60> as *const c_void),
+    f(stub::<10, 61> as *const c_void),
+    f(stub::<10, 62> as *const c_void),
+    f(stub::<10, 63> as *const c_void),
+    f(stub::<10, 64> as *const c_void),
+    f(stub::<10, 65> as *const c_void),
+    f(stub::<10, 66> as *const c_void),
+    f(stub::<10, 67> as *const c_void),
+    f(stub::<10, 68> as *const c_void),
+    f(stub::<10, 69> as *const c_void),
+    f(stub::<10, 70> as *const c_void),
+    f(stub::<10, 71> as *const c_void),
+    f(stub::<10, 72> as *const c_void),
+    f(stub::<10, 73> as *const c_void),
+    f(stub::<10, 74> as *const c_void),
+    f(stub::<10, 75> as *const c_void),
+    f(stub::<10, 76> as *const c_void),
+    f(stub::<10, 77> as *const c_void),
+    f(stub::<10, 78> as *const c_void),
+    f(stub::<10, 79> as *const c_void),
+    f(stub::<10, 80> as *const c_void),
+    f(stub::<10, 81> as *const c_void),
+    f(stub::<10, 82> as *const c_void),
+    f(stub::<10, 83> as *const c_void),
+    f(stub::<10, 84> as *const c_void),
+    f(stub::<10, 85> as *const c_void),
+    f(stub::<10, 86> as *const c_void),
+    f(stub::<10, 87> as *const c_void),
+    f(stub::<10, 88> as *const c_void),
+    f(stub::<10, 89> as *const c_void),
+    f(stub::<10, 90> as *const c_void),
+    f(stub::<10, 91> as *const c_void),
+    f(stub::<10, 92> as *const c_void),
+    NULL,
+    f(stub::<10, 94> as *const c_void),
+    f(stub::<10, 95> as *const c_void),
+    f(stub::<10, 96> as *const c_void),
+    f(stub::<10, 97> as *const c_void),
+    f(stub::<10, 98> as *const c_void),
+]);
+
 /// Every table by UUID.
-pub static ALL: [Known; 10] = [
+pub static ALL: [Known; 11] = [
     (uuid("6bd5fb6c5bf4e74a8987d93912fd9df9"), || CUDART.ptr()),
     (uuid("42d85a8123f6cb478298f6e78a3aecdc"), || TOOLS_TLS.ptr()),
     (uuid("a094798c2e742e7493f20800200c0a66"), || {
@@ -253,6 +356,7 @@ pub static ALL: [Known; 10] = [
         CUBLASLT_B.ptr()
     }),
     (uuid("da9151d33ae6cc41a5c04f26d533e328"), || NVRTC.ptr()),
+    (uuid("6e163fbeb958444d835ce182aff1991e"), || FUNCTIONS.ptr()),
 ];
 
 // ---- the integrity check -------------------------------------------------------------

@@ -111,6 +111,53 @@ impl Driver {
         Ok(info)
     }
 
+    /// An image's kernels, in the module's order, as `cuModuleGetFunction` names them (the
+    /// same handles): their names asked of the broker, a page at a time. Each kernel's layout
+    /// still comes at its first use.
+    pub fn kernels_of(&self, image: &'static Image) -> Cu<Vec<&'static Kernel>> {
+        let module = self.ensure_loaded(image)?;
+        let mut names: Vec<String> = Vec::new();
+        loop {
+            let first = u32::try_from(names.len()).map_err(|_| result::UNKNOWN)?;
+            let reply = self
+                .transport
+                .session
+                .request(
+                    |request| ClientMessage::GetFunctionNames {
+                        request,
+                        module,
+                        first,
+                    },
+                    &[],
+                )
+                .map_err(|e| module_load_error(&e))?;
+            let (total, page) = match reply {
+                BrokerMessage::FunctionNames { result: Ok(r), .. } => r,
+                BrokerMessage::FunctionNames { result: Err(w), .. } => {
+                    return Err(module_error(&w));
+                }
+                _ => return Err(result::UNKNOWN),
+            };
+            let total = total as usize;
+            // A page that brings nothing while names remain would never end; one that goes
+            // past the count is no answer to trust.
+            if (page.is_empty() && names.len() < total) || names.len() + page.len() > total {
+                return Err(result::UNKNOWN);
+            }
+            names.extend(page);
+            if names.len() == total {
+                break;
+            }
+        }
+        names
+            .into_iter()
+            .map(|n| {
+                let name = CString::new(n).map_err(|_| result::UNKNOWN)?;
+                Ok(self.modules.kernel_of(image, &name))
+            })
+            .collect()
+    }
+
     /// A function attribute: what the program set, else what the broker said.
     pub fn function_attribute(&self, k: &Kernel, attr: c_int) -> Cu<i32> {
         if !(0..func_attr::MAX).contains(&attr) {

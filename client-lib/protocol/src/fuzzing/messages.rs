@@ -173,6 +173,7 @@ pub(super) fn client_variant(m: &ClientMessage) -> &'static str {
         ClientMessage::ExportMemory { .. } => "export_memory",
         ClientMessage::ImportMemory { .. } => "import_memory",
         ClientMessage::EncodeTensorMap { .. } => "encode_tensor_map",
+        ClientMessage::GetFunctionNames { .. } => "get_function_names",
         ClientMessage::Ping { .. } => "ping",
     }
 }
@@ -198,6 +199,7 @@ pub(super) fn broker_variant(m: &BrokerMessage) -> &'static str {
         BrokerMessage::MemoryExported { .. } => "memory_exported",
         BrokerMessage::MemoryImported { .. } => "memory_imported",
         BrokerMessage::TensorMap { .. } => "tensor_map",
+        BrokerMessage::FunctionNames { .. } => "function_names",
         BrokerMessage::Pong { .. } => "pong",
     }
 }
@@ -305,6 +307,11 @@ pub fn client_messages() -> Vec<ClientMessage> {
                 },
                 box_dim: vec![64, 64],
             },
+        },
+        ClientMessage::GetFunctionNames {
+            request: 17,
+            module: 1,
+            first: 0,
         },
     ]);
     out
@@ -439,6 +446,14 @@ pub fn broker_messages() -> Vec<BrokerMessage> {
         BrokerMessage::TensorMap {
             request: 14,
             result: Ok(vec![0; crate::control::TENSOR_MAP_BYTES]),
+        },
+        BrokerMessage::FunctionNames {
+            request: 15,
+            result: Ok((2, vec!["_Z10vector_fftILj4096EEvPf".into(), "spin".into()])),
+        },
+        BrokerMessage::FunctionNames {
+            request: 15,
+            result: Err(err(ErrorCode::InvalidHandle)),
         },
     ]
 }
