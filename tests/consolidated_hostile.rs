@@ -348,3 +348,181 @@ fn hostile_module_requests_fail_with_errors() {
     assert!(raw.status_ok(), "the hostile session is still answered");
     bystander.assert_unharmed(&broker);
 }
+
+/// The virtual memory API's and CUDA IPC's commands with bad arguments fail with errors,
+/// noise on their opcodes hurts nobody, and what the session made goes with it.
+#[test]
+fn hostile_virtual_memory_and_ipc_commands_fail_with_errors() {
+    let broker = sim_broker();
+    let bystander = Bystander::new(&broker);
+    let raw = consolidated(&broker);
+    let g = raw.memory_granularity;
+    assert!(g > 0, "the sim offers the virtual memory API");
+    use ErrorCode::*;
+    let at = raw
+        .submit_one(Command::MemReserve {
+            size: 4 * g,
+            align: 0,
+            hint: 0,
+        })
+        .expect("reserve");
+    assert_eq!(at.status, 0);
+    let at = at.result;
+    let h = raw
+        .submit_one(Command::MemCreate { size: g })
+        .expect("create");
+    assert_eq!(h.status, 0);
+    let h = h.result;
+    let map = |ptr, size, handle| Command::MemMap { ptr, size, handle };
+    for (cmd, want) in [
+        (
+            Command::MemReserve {
+                size: 0,
+                align: 0,
+                hint: 0,
+            },
+            InvalidArgument,
+        ),
+        (
+            Command::MemReserve {
+                size: g + 1,
+                align: 0,
+                hint: 0,
+            },
+            InvalidArgument,
+        ),
+        (
+            Command::MemReserve {
+                size: g,
+                align: 3,
+                hint: 0,
+            },
+            InvalidArgument,
+        ),
+        (
+            Command::MemReserve {
+                size: u64::MAX & !(g - 1),
+                align: 0,
+                hint: 0,
+            },
+            OutOfMemory,
+        ),
+        (Command::MemCreate { size: 0 }, InvalidArgument),
+        (Command::MemCreate { size: g + 1 }, InvalidArgument),
+        (Command::MemCreate { size: 1 << 60 }, OutOfMemory),
+        (Command::MemRelease { handle: 999 }, InvalidHandle),
+        (map(at, g, 999), InvalidHandle),
+        (map(at + 4 * g, g, h), InvalidArgument),
+        (map(at + 1, g, h), InvalidArgument),
+        (map(at, 2 * g, h), InvalidArgument),
+        (map(u64::MAX - g + 1, g, h), InvalidArgument),
+        (Command::MemUnmap { ptr: at, size: g }, InvalidArgument),
+        (Command::MemUnreserve { ptr: at, size: g }, InvalidPointer),
+        (
+            Command::MemUnreserve {
+                ptr: 0x1234,
+                size: 4 * g,
+            },
+            InvalidPointer,
+        ),
+        (Command::IpcExportMemory { ptr: 0x1234 }, InvalidPointer),
+        (
+            Command::IpcOpenMemory {
+                token_lo: 1,
+                token_hi: 2,
+            },
+            InvalidArgument,
+        ),
+        (Command::IpcCloseMemory { ptr: at }, InvalidPointer),
+        (Command::IpcExportEvent { event: 77 }, InvalidHandle),
+        (
+            Command::IpcOpenEvent {
+                token_lo: 1,
+                token_hi: 2,
+                event: 5,
+            },
+            InvalidArgument,
+        ),
+        (
+            Command::IpcOpenEvent {
+                token_lo: 1,
+                token_hi: 2,
+                event: 0,
+            },
+            InvalidHandle,
+        ),
+    ] {
+        assert_fails(&raw, cmd, want);
+    }
+    // Mapped, a copy may run over it, and not a byte past it.
+    assert_eq!(status_of(&raw, map(at, g, h)), 0);
+    let fill = |dst, len| Command::Memset {
+        stream: 0,
+        dst,
+        value: 7,
+        len,
+    };
+    assert_eq!(status_of(&raw, fill(at, g)), 0);
+    assert_fails(&raw, fill(at, g + 1), InvalidPointer);
+    assert_fails(
+        &raw,
+        Command::MemUnreserve {
+            ptr: at,
+            size: 4 * g,
+        },
+        InvalidArgument,
+    );
+
+    // Noise on their opcodes: every entry answered, none hurts.
+    let mut rng = StdRng::seed_from_u64(0x766d_6d21);
+    let opcodes = [
+        opcode::MEM_RESERVE,
+        opcode::MEM_UNRESERVE,
+        opcode::MEM_CREATE,
+        opcode::MEM_RELEASE,
+        opcode::MEM_MAP,
+        opcode::MEM_UNMAP,
+        opcode::IPC_EXPORT_MEMORY,
+        opcode::IPC_OPEN_MEMORY,
+        opcode::IPC_CLOSE_MEMORY,
+        opcode::IPC_EXPORT_EVENT,
+        opcode::IPC_OPEN_EVENT,
+    ];
+    let noise: Vec<SubmissionEntry> = (0..3000)
+        .map(|i| {
+            let mut e = SubmissionEntry {
+                user_tag: i,
+                opcode: opcodes[rng.random_range(0..opcodes.len())],
+                ..Default::default()
+            };
+            for a in &mut e.args[..3] {
+                *a = match rng.random_range(0..4) {
+                    0 => at + g * rng.random_range(0..6),
+                    1 => g * rng.random_range(0..4),
+                    2 => rng.random_range(0..8),
+                    _ => rng.random(),
+                };
+            }
+            e
+        })
+        .collect();
+    let done = raw.submit_all(&noise);
+    assert_eq!(done.len(), noise.len(), "one completion per entry");
+    assert!(raw.status_ok(), "the hostile session is still answered");
+    bystander.assert_unharmed(&broker);
+    drop(raw);
+    assert!(
+        wait_until(5 * SECOND, || broker.status().clients.len() == 1),
+        "the hostile client's session ended with it"
+    );
+    assert!(
+        wait_until(5 * SECOND, || broker.status().memory_used
+            == broker
+                .status()
+                .clients
+                .iter()
+                .map(|c| c.memory_used)
+                .sum::<u64>()),
+        "what it made went with it"
+    );
+}

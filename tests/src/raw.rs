@@ -21,6 +21,8 @@ pub struct RawClient {
     pub layout: ShmLayout,
     pub submit_wake: Wakeup,
     pub complete_wake: Wakeup,
+    /// The virtual memory API's granule, as the welcome said.
+    pub memory_granularity: u64,
 }
 
 impl RawClient {
@@ -44,6 +46,7 @@ impl RawClient {
         };
         let (welcome, fds) = sock.handshake(hello).expect("welcomed");
         let layout = welcome.layout.expect("layout");
+        let memory_granularity = welcome.memory_granularity;
         let mut fds = fds.into_iter();
         let memfd = fds.next().expect("memfd");
         let submit_wake = Wakeup::from_fd(fds.next().expect("eventfd"));
@@ -58,6 +61,7 @@ impl RawClient {
             layout,
             submit_wake,
             complete_wake,
+            memory_granularity,
         }
     }
 
