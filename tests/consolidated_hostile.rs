@@ -401,7 +401,7 @@ fn hostile_virtual_memory_and_ipc_commands_fail_with_errors() {
         ),
         (
             Command::MemReserve {
-                size: u64::MAX & !(g - 1),
+                size: !(g - 1),
                 align: 0,
                 hint: 0,
             },
