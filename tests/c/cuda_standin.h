@@ -165,7 +165,9 @@ typedef struct {
     X(cuIpcOpenMemHandle, (CUdeviceptr *, CUipcHandle, unsigned))                             \
     X(cuIpcCloseMemHandle, (CUdeviceptr))                                                     \
     X(cuIpcGetEventHandle, (CUipcHandle *, CUevent))                                          \
-    X(cuIpcOpenEventHandle, (CUevent *, CUipcHandle))
+    X(cuIpcOpenEventHandle, (CUevent *, CUipcHandle))                                         \
+    X(cuModuleGetFunctionCount, (unsigned *, CUmodule))                                       \
+    X(cuModuleEnumerateFunctions, (CUfunction *, unsigned, CUmodule))
 
 /* The per-thread-default-stream forms it uses (asked for with
  * CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM), under a `pt_` prefix. */

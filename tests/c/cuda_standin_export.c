@@ -325,6 +325,15 @@ static void check_module_functions(const void *t) {
     OK(cuStreamDestroy(s));
     /* No callback: only counted; any context, NULL too. */
     CHECK(module_functions(NULL, module, NULL, NULL) == 3, "counted without a callback");
+    /* The public forms give the same functions. */
+    unsigned count = 0;
+    CUfunction listed[4] = {NULL, NULL, NULL, NULL};
+    OK(cuModuleGetFunctionCount(&count, module));
+    CHECK(count == 3, "cuModuleGetFunctionCount: %u", count);
+    OK(cuModuleEnumerateFunctions(listed, 2, module));
+    CHECK(listed[0] == l.f[0] && listed[1] == l.f[1] && listed[2] == NULL,
+          "cuModuleEnumerateFunctions fills what it is given room for, in the same order");
+    EXPECT(cuModuleEnumerateFunctions(NULL, 3, module), CUDA_ERROR_INVALID_VALUE);
 
     /* A library's module, as cuFFT loads some (cuLibraryLoadData). */
     void *library = NULL;

@@ -114,8 +114,10 @@ unsafe extern "C" {
     fn cuLaunchKernelEx();
     fn cuLaunchKernelEx_ptsz();
     fn cuLaunchKernel_ptsz();
+    fn cuLibraryEnumerateKernels();
     fn cuLibraryGetGlobal();
     fn cuLibraryGetKernel();
+    fn cuLibraryGetKernelCount();
     fn cuLibraryGetModule();
     fn cuLibraryLoadData();
     fn cuLibraryLoadFromFile();
@@ -182,7 +184,9 @@ unsafe extern "C" {
     fn cuMemsetD8Async_ptsz();
     fn cuMemsetD8_v2();
     fn cuMemsetD8_v2_ptds();
+    fn cuModuleEnumerateFunctions();
     fn cuModuleGetFunction();
+    fn cuModuleGetFunctionCount();
     fn cuModuleGetGlobal_v2();
     fn cuModuleGetLoadingMode();
     fn cuModuleLoad();
@@ -402,8 +406,6 @@ super::stubs! {
     cuLaunchCooperativeKernelMultiDevice,
     cuLaunchGrid,
     cuLaunchGridAsync,
-    cuLibraryEnumerateKernels,
-    cuLibraryGetKernelCount,
     cuLibraryGetManaged,
     cuLibraryGetUnifiedFunction,
     cuLinkAddData,
@@ -539,8 +541,6 @@ super::stubs! {
     cuMipmappedArrayGetLevel,
     cuMipmappedArrayGetMemoryRequirements,
     cuMipmappedArrayGetSparseProperties,
-    cuModuleEnumerateFunctions,
-    cuModuleGetFunctionCount,
     cuModuleGetGlobal,
     cuModuleGetSurfRef,
     cuModuleGetTexRef,
@@ -4783,9 +4783,9 @@ pub(super) static SYMBOLS: [&str; 638] = [
     "cuWaitExternalSemaphoresAsync_ptsz",
 ];
 
-/// The symbols src/ implements (231); the rest are stubs.
+/// The symbols src/ implements (235); the rest are stubs.
 #[cfg(test)]
-pub(super) static IMPLEMENTED: [&str; 231] = [
+pub(super) static IMPLEMENTED: [&str; 235] = [
     "cuCtxCreate",
     "cuCtxCreate_v2",
     "cuCtxCreate_v3",
@@ -4894,8 +4894,10 @@ pub(super) static IMPLEMENTED: [&str; 231] = [
     "cuLaunchKernelEx",
     "cuLaunchKernelEx_ptsz",
     "cuLaunchKernel_ptsz",
+    "cuLibraryEnumerateKernels",
     "cuLibraryGetGlobal",
     "cuLibraryGetKernel",
+    "cuLibraryGetKernelCount",
     "cuLibraryGetModule",
     "cuLibraryLoadData",
     "cuLibraryLoadFromFile",
@@ -4962,7 +4964,9 @@ pub(super) static IMPLEMENTED: [&str; 231] = [
     "cuMemsetD8Async_ptsz",
     "cuMemsetD8_v2",
     "cuMemsetD8_v2_ptds",
+    "cuModuleEnumerateFunctions",
     "cuModuleGetFunction",
+    "cuModuleGetFunctionCount",
     "cuModuleGetGlobal_v2",
     "cuModuleGetLoadingMode",
     "cuModuleLoad",

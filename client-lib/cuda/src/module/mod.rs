@@ -8,6 +8,7 @@
 //! pointers to objects that live as long as the process (an unloaded one is only marked so):
 //! a stale handle fails cleanly instead of dangling.
 
+mod enumerate;
 mod globals;
 mod kernels;
 mod loading;
