@@ -5,8 +5,16 @@
 # the two direct runs differ from each other. Runs from the folder scripts/gpu-bundle.sh makes
 # (gpushared, gpushare, libcuda.so, coverage/); needs python3 with the frameworks a case uses
 # (a missing one makes that case "skipped: no module"), and cc with CUDA's headers for the C
-# case. Prints a markdown table; stderr of each run goes to $LOGS/CASE.MODE.err, and the first
-# line gpushare's driver said there is shown for a failing case.
+# cases (c-libraries also CUDA's cuBLAS, cuFFT, cuRAND and runtime libraries in
+# /usr/local/cuda/lib64, and cuDNN's headers and library: those of the Python package
+# nvidia-cudnn PyTorch brings, else CUDA's or the system's; without them the case is skipped).
+# Prints a markdown table; stderr of each run goes to $LOGS/CASE.MODE.err (a C program's build
+# to $LOGS/cc.err), and the first line gpushare's driver said there is shown for a failing case.
+#
+# Cases: torch-* (scripts/coverage/torch_prog.py: expandable segments, CUDA IPC, torchvision's
+# resnet18, transformers' BERT, torch.compile, CUDA graphs), jax-* (jax_prog.py), cupy-*
+# (cupy_prog.py), numba-kernel (numba_prog.py), cuda-python (cuda_python_prog.py), triton-kernel
+# (triton_prog.py), and the C programs c-vmm-pool (vmm_pool.c) and c-libraries (libs.c).
 #
 # Cases ending in -nocb run JAX with XLA's command buffers off (they build CUDA graphs node by
 # node, which gpushare's driver does not serve yet). A case whose program reports its time
@@ -24,9 +32,10 @@ sock=$work/gpushare.sock
 broker_pid=
 trap '[[ -n $broker_pid ]] && kill -TERM $broker_pid 2>/dev/null; wait 2>/dev/null; rm -rf "$work"' EXIT
 
-all=(torch-expandable torch-ipc jax-jit jax-grad jax-train jax-jit-nocb jax-grad-nocb jax-train-nocb
+all=(torch-expandable torch-ipc torch-resnet torch-bert torch-compile torch-graphs
+     jax-jit jax-grad jax-train jax-jit-nocb jax-grad-nocb jax-train-nocb
      cupy-elementwise cupy-rawkernel cupy-cublas cupy-cufft cupy-cusolver cupy-cusparse
-     cupy-random c-vmm-pool)
+     cupy-random numba-kernel cuda-python triton-kernel c-vmm-pool c-libraries)
 cases=("$@")
 [[ ${#cases[@]} -gt 0 ]] || cases=("${all[@]}")
 
@@ -38,18 +47,54 @@ for _ in $(seq 100); do
     sleep 0.1
 done
 
+build_libs() { # builds coverage/libs.c as $work/libs, with cuDNN where one is found
+    local cu=/usr/local/cuda root d lib dnn=(-DNO_CUDNN) rpath=()
+    # The folders the program finds its libraries in at run time (-rpath, so that nothing is
+    # added to LD_LIBRARY_PATH, where `gpushare run` puts its driver first). As DT_RPATH
+    # (--disable-new-dtags): cuDNN's libcudnn.so loads its sub-libraries (libcudnn_cnn.so.9...)
+    # with dlopen by name, which searches the executable's DT_RPATH but not its DT_RUNPATH. A
+    # DT_RPATH comes before LD_LIBRARY_PATH, so a folder that holds a libcuda.so is left out.
+    add_rpath() { compgen -G "$1/libcuda.so*" > /dev/null || rpath+=(-Wl,-rpath,"$1"); }
+    root=$("$py" -c 'import nvidia.cudnn as m; print(list(m.__path__)[0])' 2>/dev/null)
+    for d in "$root" "$cu"; do # the Python package's (include/, lib/libcudnn.so.9), CUDA's
+        [[ -n $d ]] || continue
+        lib=$(ls "$d"/lib/libcudnn.so* "$d"/lib64/libcudnn.so* 2> /dev/null | head -1)
+        if [[ -f $d/include/cudnn.h && -n $lib ]]; then
+            dnn=(-I"$d/include" "$lib")
+            add_rpath "${lib%/*}"
+            break
+        fi
+    done
+    # The system's (a package's /usr/include/cudnn.h and libcudnn.so, found without -rpath).
+    if [[ ${dnn[0]} == -DNO_CUDNN ]] && [[ -f /usr/include/cudnn.h || -f /usr/include/x86_64-linux-gnu/cudnn.h ]]; then
+        dnn=(-I/usr/include/x86_64-linux-gnu -lcudnn)
+    fi
+    [[ ${dnn[0]} == -DNO_CUDNN ]] && echo "c-libraries: no cuDNN found, built without it" >> "$logs/cc.err"
+    add_rpath "$cu/lib64"
+    cc -O2 -I"$cu/include" -o "$work/libs" "$dir/coverage/libs.c" "${dnn[@]}" -L"$cu/lib64" \
+        -lcublas -lcufft -lcurand -lcudart -lm -Wl,--disable-new-dtags "${rpath[@]}" 2>> "$logs/cc.err"
+}
+
 command_of() { # the command line of a case
     case $1 in
     torch-expandable) echo env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "$py" "$dir/coverage/torch_prog.py" expandable ;;
     torch-ipc) echo "$py" "$dir/coverage/torch_prog.py" ipc ;;
+    # resnet (torchvision), bert (transformers), compile (torch.compile), graphs (CUDA graphs)
+    torch-*) echo "$py" "$dir/coverage/torch_prog.py" "${1#torch-}" ;;
     # -nocb: XLA's command buffers (CUDA graphs built node by node) off.
     jax-*-nocb) c=${1#jax-}; echo env XLA_FLAGS=--xla_gpu_enable_command_buffer= "$py" "$dir/coverage/jax_prog.py" "${c%-nocb}" ;;
     jax-*) echo "$py" "$dir/coverage/jax_prog.py" "${1#jax-}" ;;
     cupy-*) echo "$py" "$dir/coverage/cupy_prog.py" "${1#cupy-}" ;;
+    numba-kernel) echo "$py" "$dir/coverage/numba_prog.py" kernel ;;
+    cuda-python) echo "$py" "$dir/coverage/cuda_python_prog.py" ptx ;;
+    triton-kernel) echo "$py" "$dir/coverage/triton_prog.py" kernel ;;
     c-vmm-pool)
         [[ -x $work/vmm_pool ]] || cc -O2 -I/usr/local/cuda/include -o "$work/vmm_pool" \
             "$dir/coverage/vmm_pool.c" -L/usr/local/cuda/lib64/stubs -lcuda 2>> "$logs/cc.err"
         echo "$work/vmm_pool" ;;
+    c-libraries)
+        [[ -x $work/libs ]] || build_libs
+        echo "$work/libs" ;;
     esac
 }
 
