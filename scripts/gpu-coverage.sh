@@ -124,7 +124,7 @@ said = sys.argv[4]
 def err(r): return r.get("error", "")[:90].replace("|", "/")
 if not d1.get("ok"):
     skip = "No module named" in err(d1)
-    print(("skipped" if skip else "direct fails") + f"\t{err(d1)}\t-\t" + ("skip" if skip else "bad"))
+    print(("skipped: " if skip else "direct fails: ") + f"{err(d1)}\t-\t" + ("skip" if skip else "bad"))
     sys.exit()
 a = d1["values"]
 b, c = d2.get("values", a), g.get("values")
