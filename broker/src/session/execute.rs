@@ -508,17 +508,6 @@ impl SessionState {
         true
     }
 
-    /// [`SessionState::check_device`] for a range a command writes: a write into a module
-    /// global is noted (see `reset`).
-    /// Whether `[ptr, ptr + len)` is page-locked host memory the client shares, as device
-    /// code reaches it.
-    fn in_host_memory(&self, ptr: DevicePtr, len: u64) -> bool {
-        self.info
-            .hosts
-            .lock()
-            .is_ok_and(|h| h.holds_device_range(ptr, len))
-    }
-
     /// Waits for every stream's work; the first error any met.
     pub(super) fn sync_all(&mut self) -> Result<(), ErrorCode> {
         let device = self.device.clone();
@@ -536,41 +525,6 @@ impl SessionState {
             self.settle_in_flight();
         }
         first_error.map_or(Ok(()), Err)
-    }
-
-    pub(super) fn check_write(&self, ptr: DevicePtr, len: u64) -> Result<(), ErrorCode> {
-        match self.allocations.check_range(ptr, len) {
-            Ok(()) => Ok(()),
-            Err(_) if self.vmm.covers(ptr, len) || self.in_host_memory(ptr, len) => Ok(()),
-            Err(_) if self.in_opened_memory(ptr, len) => Ok(()),
-            Err(e) => {
-                let mut modules = self.modules.lock().map_err(|_| ErrorCode::Internal)?;
-                if modules.in_global(ptr, len) {
-                    modules.note_write(ptr, len);
-                    Ok(())
-                } else {
-                    Err(e)
-                }
-            }
-        }
-    }
-
-    /// Checks that `[ptr, ptr + len)` is the client's: in one of its allocations, or in a
-    /// module global it looked up.
-    pub(super) fn check_device(&self, ptr: DevicePtr, len: u64) -> Result<(), ErrorCode> {
-        match self.allocations.check_range(ptr, len) {
-            Ok(()) => Ok(()),
-            Err(_) if self.vmm.covers(ptr, len) || self.in_host_memory(ptr, len) => Ok(()),
-            Err(_) if self.in_opened_memory(ptr, len) => Ok(()),
-            Err(e) => {
-                let in_global = self
-                    .modules
-                    .lock()
-                    .map(|m| m.in_global(ptr, len))
-                    .unwrap_or(false);
-                if in_global { Ok(()) } else { Err(e) }
-            }
-        }
     }
 }
 

@@ -40,6 +40,7 @@ mod ipc;
 mod launch;
 mod legacy;
 mod module_table;
+mod ranges;
 mod reclaim;
 mod replay;
 mod reset;

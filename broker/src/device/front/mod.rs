@@ -5,7 +5,6 @@
 //! Here too: what it takes to keep a stream's device time and start markers, the same for
 //! every link.
 
-use std::os::fd::BorrowedFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -19,6 +18,8 @@ use super::link::{Link, Memory};
 use super::pool::Pool;
 use super::progress::{Fate, Progress};
 use super::{DeviceError, DeviceResult};
+
+mod memory;
 
 /// A busy stream's batch is ended at most this often (the CUDA backend closes a measured span
 /// once it is 2 ms old: asking more often would only cost a round trip).
@@ -118,80 +119,6 @@ impl Device {
     /// [`Device::call`], giving up after `deadline`.
     pub fn call_within(&self, call: Call, deadline: Duration) -> DeviceResult<Reply> {
         self.link.call(call, &[], Some(deadline))?.reply.ok()
-    }
-
-    /// Device memory that outlives the context (see `pool`), for user `owner`: what another
-    /// user freed is never handed to it with their bytes in it.
-    pub fn alloc(&self, bytes: u64, owner: u32) -> DeviceResult<DevicePtr> {
-        self.pool.alloc(&*self.link, bytes, owner)
-    }
-
-    /// Allocates at exactly `ptr` for user `owner`; returns the memory it took.
-    pub fn alloc_at(&self, ptr: DevicePtr, bytes: u64, owner: u32) -> DeviceResult<u64> {
-        self.pool.alloc_at(&*self.link, ptr, bytes, owner)
-    }
-
-    pub fn free(&self, ptr: DevicePtr) -> DeviceResult<()> {
-        self.pool.free(&*self.link, ptr)
-    }
-
-    /// What sessions of this device share with each other.
-    pub fn ipc(&self) -> &super::ipc::Ipc {
-        &self.ipc
-    }
-
-    // ---- the virtual memory API: see `pool/reserved.rs` ----
-
-    /// Reserves address space for user `owner` to map physical memory into.
-    pub fn reserve(&self, size: u64, align: u64, hint: u64, owner: u32) -> DeviceResult<u64> {
-        self.pool.reserve(size, align, hint, owner)
-    }
-
-    pub fn unreserve(&self, at: u64, size: u64, owner: u32) -> DeviceResult<()> {
-        self.pool.unreserve(at, size, owner)
-    }
-
-    /// Physical memory mapped nowhere: its descriptor holds it.
-    pub fn make_memory(&self, size: u64) -> DeviceResult<std::os::fd::OwnedFd> {
-        let g = self.space().granularity.max(1);
-        if size == 0 || !size.is_multiple_of(g) {
-            return Err(DeviceError::InvalidArgument(format!(
-                "{size} bytes is not a whole number of {g}-byte granules"
-            )));
-        }
-        if size > self.info().total_memory {
-            return Err(DeviceError::OutOfMemory);
-        }
-        self.link.make_memory(size)
-    }
-
-    pub fn map_memory(
-        &self,
-        at: u64,
-        size: u64,
-        fd: BorrowedFd<'_>,
-        owner: u32,
-    ) -> DeviceResult<()> {
-        self.pool.map(&*self.link, at, size, fd, owner)
-    }
-
-    /// Unmaps whole mappings; returns them (address, size).
-    pub fn unmap_memory(&self, at: u64, size: u64, owner: u32) -> DeviceResult<Vec<(u64, u64)>> {
-        self.pool.unmap(&*self.link, at, size, owner)
-    }
-
-    pub fn share_memory(
-        &self,
-        region: u64,
-        fd: BorrowedFd<'_>,
-        len: u64,
-        at: u64,
-    ) -> DeviceResult<()> {
-        self.link.share_memory(region, fd, len, at)
-    }
-
-    pub fn unshare_memory(&self, region: u64) {
-        self.link.unshare_memory(region)
     }
 
     pub fn spin_hint(&self, spin: Duration) {
