@@ -58,6 +58,7 @@ fn an_unmodified_program_runs_its_cuda_work_in_gpushared() {
             "unsupported",
             "host functions",
             "tensor maps",
+            "memory pools",
             "virtual memory",
             "finish",
         ],

@@ -62,6 +62,16 @@ typedef struct {
     int flags; /* CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 3 */
 } CUmemAccessDesc;
 #define CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED 102
+typedef struct CUmemPoolHandle_st *CUmemoryPool;
+typedef struct {
+    int allocType;
+    int handleTypes;
+    CUmemLocation location;
+    void *win32SecurityAttributes;
+    size_t maxSize;
+    unsigned short usage;
+    unsigned char reserved[54];
+} CUmemPoolProps;
 
 #define CUDA_CB
 #define CU_STREAM_LEGACY ((CUstream)0x1)
@@ -167,7 +177,20 @@ typedef struct {
     X(cuIpcGetEventHandle, (CUipcHandle *, CUevent))                                          \
     X(cuIpcOpenEventHandle, (CUevent *, CUipcHandle))                                         \
     X(cuModuleGetFunctionCount, (unsigned *, CUmodule))                                       \
-    X(cuModuleEnumerateFunctions, (CUfunction *, unsigned, CUmodule))
+    X(cuModuleEnumerateFunctions, (CUfunction *, unsigned, CUmodule))                         \
+    X(cuDeviceGetDefaultMemPool, (CUmemoryPool *, CUdevice))                                  \
+    X(cuDeviceGetMemPool, (CUmemoryPool *, CUdevice))                                         \
+    X(cuDeviceSetMemPool, (CUdevice, CUmemoryPool))                                           \
+    X(cuMemPoolCreate, (CUmemoryPool *, const CUmemPoolProps *))                              \
+    X(cuMemPoolDestroy, (CUmemoryPool))                                                       \
+    X(cuMemPoolSetAttribute, (CUmemoryPool, int, void *))                                     \
+    X(cuMemPoolGetAttribute, (CUmemoryPool, int, void *))                                     \
+    X(cuMemPoolTrimTo, (CUmemoryPool, size_t))                                                \
+    X(cuMemPoolSetAccess, (CUmemoryPool, const CUmemAccessDesc *, size_t))                    \
+    X(cuMemPoolGetAccess, (unsigned long long *, CUmemoryPool, CUmemLocation *))              \
+    X(cuMemAllocFromPoolAsync, (CUdeviceptr *, size_t, CUmemoryPool, CUstream))               \
+    X(cuMemAllocAsync, (CUdeviceptr *, size_t, CUstream))                                     \
+    X(cuMemFreeAsync, (CUdeviceptr, CUstream))
 
 /* The per-thread-default-stream forms it uses (asked for with
  * CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM), under a `pt_` prefix. */
@@ -235,6 +258,7 @@ void check_deferred_errors(void);
 void check_unsupported(void);
 void check_host_functions(void);
 void check_tensor_maps(void);
+void check_memory_pools(void);
 void run_ipc_export(const char *self, unsigned seed, long uid, const char *expect);
 void run_ipc_import(const char *mhex, const char *ehex, unsigned seed, const char *expect);
 void check_virtual_memory(size_t quota);

@@ -315,3 +315,57 @@ void check_tensor_maps(void) {
     OK(cuMemFree(d));
     section_end();
 }
+
+/* Memory pools as cudaMallocAsync allocators use them: the default pool is the current one,
+ * a pool made and made current serves cuMemAllocAsync, its attributes count what it holds. */
+void check_memory_pools(void) {
+    section_begin("memory pools");
+    CUmemoryPool def = NULL, cur = NULL, mine = NULL;
+    OK(cuDeviceGetDefaultMemPool(&def, device));
+    OK(cuDeviceGetMemPool(&cur, device));
+    CHECK(def && def == cur, "the default pool %p is the current one %p", def, cur);
+    CUmemPoolProps props;
+    memset(&props, 0, sizeof props);
+    props.allocType = 1;
+    props.location.type = 1;
+    props.location.id = 0;
+    OK(cuMemPoolCreate(&mine, &props));
+    unsigned long long threshold = ~0ull, got = 0;
+    OK(cuMemPoolSetAttribute(mine, 4 /* RELEASE_THRESHOLD */, &threshold));
+    OK(cuMemPoolGetAttribute(mine, 4, &got));
+    CHECK(got == threshold, "release threshold %llu", got);
+    CUstream s = NULL;
+    OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    CUdeviceptr a = 0, b = 0;
+    OK(cuMemAllocFromPoolAsync(&a, 1 << 20, mine, s));
+    OK(cuDeviceSetMemPool(device, mine));
+    OK(cuMemAllocAsync(&b, 4096, s));
+    OK(cuMemsetD8Async(b, 3, 4096, s));
+    unsigned long long used = 0, high = 0;
+    OK(cuMemPoolGetAttribute(mine, 7 /* USED_MEM_CURRENT */, &used));
+    CHECK(used == (1 << 20) + 4096, "used %llu", used);
+    OK(cuMemFreeAsync(a, s));
+    OK(cuMemPoolGetAttribute(mine, 7, &used));
+    OK(cuMemPoolGetAttribute(mine, 8 /* USED_MEM_HIGH */, &high));
+    CHECK(used == 4096 && high == (1 << 20) + 4096, "used %llu, high %llu", used, high);
+    unsigned long long zero = 0, one = 1;
+    EXPECT(cuMemPoolSetAttribute(mine, 8, &one), CUDA_ERROR_INVALID_VALUE);
+    OK(cuMemPoolSetAttribute(mine, 8, &zero));
+    OK(cuMemPoolTrimTo(mine, 0));
+    CUmemAccessDesc rw = {{1, 0}, 3};
+    OK(cuMemPoolSetAccess(mine, &rw, 1));
+    unsigned long long flags = 0;
+    CUmemLocation here = {1, 0};
+    OK(cuMemPoolGetAccess(&flags, mine, &here));
+    CHECK(flags == 3, "pool access %llu", flags);
+    OK(cuMemFreeAsync(b, s));
+    OK(cuStreamSynchronize(s));
+    OK(cuMemPoolDestroy(mine));
+    OK(cuDeviceGetMemPool(&cur, device));
+    CHECK(cur == def, "the default pool is current again");
+    EXPECT(cuMemPoolDestroy(def), CUDA_ERROR_INVALID_VALUE);
+    EXPECT(cuMemAllocFromPoolAsync(&a, 64, mine, s), CUDA_ERROR_INVALID_VALUE);
+    EXPECT(cuMemPoolCreate(&mine, NULL), CUDA_ERROR_INVALID_VALUE);
+    OK(cuStreamDestroy(s));
+    section_end();
+}

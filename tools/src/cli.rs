@@ -65,7 +65,7 @@ pub enum Commands {
     /// and in every process it starts, and all their GPU work runs in gpushared's context,
     /// scheduled kernel by kernel beside other clients' work, within your memory quota. What
     /// that driver does not support fails with CUDA's error and one line on stderr naming the
-    /// call: managed memory, peer access, memory pools, CUDA arrays, external memory and
+    /// call: managed memory, peer access, CUDA arrays, external memory and
     /// semaphores, graphics interop, graphs built node by node (JAX: set
     /// XLA_FLAGS=--xla_gpu_enable_command_buffer=). Without a broker the program's cuInit fails,
     /// saying why, unless --fallback direct.

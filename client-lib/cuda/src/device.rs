@@ -21,9 +21,12 @@ pub fn check(dev: CUdevice) -> Cu<()> {
 
 /// The attributes of features this driver does not offer, whatever the GPU can do: programs
 /// ask them before using the feature, and a driver without it says 0.
-const NOT_OFFERED: [usize; 6] = [
+const NOT_OFFERED: [usize; 9] = [
     device_attr::MANAGED_MEMORY,
     device_attr::CONCURRENT_MANAGED_ACCESS,
+    device_attr::MEMPOOL_SUPPORTED_HANDLE_TYPES,
+    device_attr::HOST_NUMA_MEMORY_POOLS_SUPPORTED,
+    device_attr::HOST_MEMORY_POOLS_SUPPORTED,
     device_attr::GENERIC_COMPRESSION_SUPPORTED,
     device_attr::GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED,
     device_attr::HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,

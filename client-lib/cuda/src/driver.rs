@@ -33,6 +33,7 @@ pub struct Driver {
     /// The virtual memory API's granule (0: not offered).
     pub memory_granularity: u64,
     pub memory: crate::memory::Memory,
+    pub pools: crate::memory::pools::Pools,
     pub streams: crate::stream::Streams,
     pub events: crate::event::Events,
     pub modules: crate::module::Modules,
@@ -157,6 +158,7 @@ fn connect() -> Cu<Driver> {
         memory_quota: welcome.memory_quota,
         memory_granularity: welcome.memory_granularity,
         memory: crate::memory::Memory::default(),
+        pools: crate::memory::pools::Pools::default(),
         streams: crate::stream::Streams::default(),
         events: crate::event::Events::default(),
         modules: crate::module::Modules::default(),

@@ -89,7 +89,10 @@ pub mod device_attr {
     pub const HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED: usize = 103;
     pub const GENERIC_COMPRESSION_SUPPORTED: usize = 107;
     pub const GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED: usize = 110;
+    pub const MEMPOOL_SUPPORTED_HANDLE_TYPES: usize = 119;
     pub const IPC_EVENT_SUPPORTED: usize = 125;
+    pub const HOST_NUMA_MEMORY_POOLS_SUPPORTED: usize = 142;
+    pub const HOST_MEMORY_POOLS_SUPPORTED: usize = 144;
     pub const HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: usize = 141;
     pub const HOST_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: usize = 145;
     pub const MAX: usize = 150;

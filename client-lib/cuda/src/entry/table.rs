@@ -40,7 +40,9 @@ unsafe extern "C" {
     fn cuDeviceGetAttribute();
     fn cuDeviceGetByPCIBusId();
     fn cuDeviceGetCount();
+    fn cuDeviceGetDefaultMemPool();
     fn cuDeviceGetExecAffinitySupport();
+    fn cuDeviceGetMemPool();
     fn cuDeviceGetName();
     fn cuDeviceGetPCIBusId();
     fn cuDeviceGetProperties();
@@ -54,6 +56,7 @@ unsafe extern "C" {
     fn cuDevicePrimaryCtxRetain();
     fn cuDevicePrimaryCtxSetFlags();
     fn cuDevicePrimaryCtxSetFlags_v2();
+    fn cuDeviceSetMemPool();
     fn cuDeviceTotalMem();
     fn cuDeviceTotalMem_v2();
     fn cuDriverGetVersion();
@@ -126,6 +129,8 @@ unsafe extern "C" {
     fn cuMemAddressReserve();
     fn cuMemAllocAsync();
     fn cuMemAllocAsync_ptsz();
+    fn cuMemAllocFromPoolAsync();
+    fn cuMemAllocFromPoolAsync_ptsz();
     fn cuMemAllocHost_v2();
     fn cuMemAllocManaged();
     fn cuMemAlloc_v2();
@@ -139,7 +144,9 @@ unsafe extern "C" {
     fn cuMemGetAddressRange_v2();
     fn cuMemGetAllocationGranularity();
     fn cuMemGetAllocationPropertiesFromHandle();
+    fn cuMemGetDefaultMemPool();
     fn cuMemGetInfo_v2();
+    fn cuMemGetMemPool();
     fn cuMemHostAlloc();
     fn cuMemHostGetDevicePointer_v2();
     fn cuMemHostGetFlags();
@@ -148,9 +155,17 @@ unsafe extern "C" {
     fn cuMemHostUnregister();
     fn cuMemImportFromShareableHandle();
     fn cuMemMap();
+    fn cuMemPoolCreate();
+    fn cuMemPoolDestroy();
+    fn cuMemPoolGetAccess();
+    fn cuMemPoolGetAttribute();
+    fn cuMemPoolSetAccess();
+    fn cuMemPoolSetAttribute();
+    fn cuMemPoolTrimTo();
     fn cuMemRelease();
     fn cuMemRetainAllocationHandle();
     fn cuMemSetAccess();
+    fn cuMemSetMemPool();
     fn cuMemUnmap();
     fn cuMemcpy();
     fn cuMemcpyAsync();
@@ -280,12 +295,10 @@ super::stubs! {
     cuDestroyExternalSemaphore,
     cuDevResourceGenerateDesc,
     cuDevSmResourceSplitByCount,
-    cuDeviceGetDefaultMemPool,
     cuDeviceGetDevResource,
     cuDeviceGetGraphMemAttribute,
     cuDeviceGetHostAtomicCapabilities,
     cuDeviceGetLuid,
-    cuDeviceGetMemPool,
     cuDeviceGetNvSciSyncAttributes,
     cuDeviceGetP2PAtomicCapabilities,
     cuDeviceGetP2PAttribute,
@@ -293,7 +306,6 @@ super::stubs! {
     cuDeviceGraphMemTrim,
     cuDeviceRegisterAsyncNotification,
     cuDeviceSetGraphMemAttribute,
-    cuDeviceSetMemPool,
     cuDeviceUnregisterAsyncNotification,
     cuExternalMemoryGetMappedBuffer,
     cuExternalMemoryGetMappedMipmappedArray,
@@ -424,8 +436,6 @@ super::stubs! {
     cuMemAdvise,
     cuMemAdvise_v2,
     cuMemAlloc,
-    cuMemAllocFromPoolAsync,
-    cuMemAllocFromPoolAsync_ptsz,
     cuMemAllocHost,
     cuMemAllocPitch,
     cuMemAllocPitch_v2,
@@ -437,24 +447,15 @@ super::stubs! {
     cuMemDiscardBatchAsync_ptsz,
     cuMemFree,
     cuMemGetAddressRange,
-    cuMemGetDefaultMemPool,
     cuMemGetHandleForAddressRange,
     cuMemGetInfo,
-    cuMemGetMemPool,
     cuMemHostGetDevicePointer,
     cuMemMapArrayAsync,
     cuMemMapArrayAsync_ptsz,
-    cuMemPoolCreate,
-    cuMemPoolDestroy,
     cuMemPoolExportPointer,
     cuMemPoolExportToShareableHandle,
-    cuMemPoolGetAccess,
-    cuMemPoolGetAttribute,
     cuMemPoolImportFromShareableHandle,
     cuMemPoolImportPointer,
-    cuMemPoolSetAccess,
-    cuMemPoolSetAttribute,
-    cuMemPoolTrimTo,
     cuMemPrefetchAsync,
     cuMemPrefetchAsync_ptsz,
     cuMemPrefetchAsync_v2,
@@ -463,7 +464,6 @@ super::stubs! {
     cuMemPrefetchBatchAsync_ptsz,
     cuMemRangeGetAttribute,
     cuMemRangeGetAttributes,
-    cuMemSetMemPool,
     cuMemcpy2D,
     cuMemcpy2DAsync,
     cuMemcpy2DAsync_v2,
@@ -4783,9 +4783,9 @@ pub(super) static SYMBOLS: [&str; 638] = [
     "cuWaitExternalSemaphoresAsync_ptsz",
 ];
 
-/// The symbols src/ implements (235); the rest are stubs.
+/// The symbols src/ implements (250); the rest are stubs.
 #[cfg(test)]
-pub(super) static IMPLEMENTED: [&str; 235] = [
+pub(super) static IMPLEMENTED: [&str; 250] = [
     "cuCtxCreate",
     "cuCtxCreate_v2",
     "cuCtxCreate_v3",
@@ -4819,7 +4819,9 @@ pub(super) static IMPLEMENTED: [&str; 235] = [
     "cuDeviceGetAttribute",
     "cuDeviceGetByPCIBusId",
     "cuDeviceGetCount",
+    "cuDeviceGetDefaultMemPool",
     "cuDeviceGetExecAffinitySupport",
+    "cuDeviceGetMemPool",
     "cuDeviceGetName",
     "cuDeviceGetPCIBusId",
     "cuDeviceGetProperties",
@@ -4833,6 +4835,7 @@ pub(super) static IMPLEMENTED: [&str; 235] = [
     "cuDevicePrimaryCtxRetain",
     "cuDevicePrimaryCtxSetFlags",
     "cuDevicePrimaryCtxSetFlags_v2",
+    "cuDeviceSetMemPool",
     "cuDeviceTotalMem",
     "cuDeviceTotalMem_v2",
     "cuDriverGetVersion",
@@ -4906,6 +4909,8 @@ pub(super) static IMPLEMENTED: [&str; 235] = [
     "cuMemAddressReserve",
     "cuMemAllocAsync",
     "cuMemAllocAsync_ptsz",
+    "cuMemAllocFromPoolAsync",
+    "cuMemAllocFromPoolAsync_ptsz",
     "cuMemAllocHost_v2",
     "cuMemAllocManaged",
     "cuMemAlloc_v2",
@@ -4919,7 +4924,9 @@ pub(super) static IMPLEMENTED: [&str; 235] = [
     "cuMemGetAddressRange_v2",
     "cuMemGetAllocationGranularity",
     "cuMemGetAllocationPropertiesFromHandle",
+    "cuMemGetDefaultMemPool",
     "cuMemGetInfo_v2",
+    "cuMemGetMemPool",
     "cuMemHostAlloc",
     "cuMemHostGetDevicePointer_v2",
     "cuMemHostGetFlags",
@@ -4928,9 +4935,17 @@ pub(super) static IMPLEMENTED: [&str; 235] = [
     "cuMemHostUnregister",
     "cuMemImportFromShareableHandle",
     "cuMemMap",
+    "cuMemPoolCreate",
+    "cuMemPoolDestroy",
+    "cuMemPoolGetAccess",
+    "cuMemPoolGetAttribute",
+    "cuMemPoolSetAccess",
+    "cuMemPoolSetAttribute",
+    "cuMemPoolTrimTo",
     "cuMemRelease",
     "cuMemRetainAllocationHandle",
     "cuMemSetAccess",
+    "cuMemSetMemPool",
     "cuMemUnmap",
     "cuMemcpy",
     "cuMemcpyAsync",

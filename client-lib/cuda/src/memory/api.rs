@@ -27,32 +27,6 @@ pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytes: usize) -> 
     })
 }
 
-/// Stream-ordered allocation, made at once (memory available earlier than asked is fine).
-///
-/// # Safety
-/// `dptr` is NULL or valid for writing.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemAllocAsync(
-    dptr: *mut CUdeviceptr,
-    bytes: usize,
-    _stream: *mut c_void,
-) -> CUresult {
-    // SAFETY: the same contract.
-    unsafe { cuMemAlloc_v2(dptr, bytes) }
-}
-
-/// # Safety
-/// `dptr` is NULL or valid for writing.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
-    dptr: *mut CUdeviceptr,
-    bytes: usize,
-    _stream: *mut c_void,
-) -> CUresult {
-    // SAFETY: the same contract.
-    unsafe { cuMemAlloc_v2(dptr, bytes) }
-}
-
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemFree_v2(ptr: CUdeviceptr) -> CUresult {
     entry("cuMemFree_v2", || {

@@ -92,6 +92,7 @@ impl Driver {
             .remove_device(ptr)
             .ok_or(result::INVALID_VALUE)?;
         self.transport.post(Command::Free { ptr })?;
+        self.pools.note_free(ptr);
         if range.reserved {
             unreserve_range(ptr, range.bytes);
         }

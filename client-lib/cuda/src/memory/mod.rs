@@ -11,6 +11,8 @@ mod attributes;
 mod device;
 mod host;
 pub mod ipc;
+pub mod pools;
+pub mod pools_api;
 pub mod vmm;
 pub mod vmm_api;
 
