@@ -32,9 +32,9 @@ sock=$work/gpushare.sock
 broker_pid=
 trap '[[ -n $broker_pid ]] && kill -TERM $broker_pid 2>/dev/null; wait 2>/dev/null; rm -rf "$work"' EXIT
 
-all=(torch-expandable torch-ipc torch-resnet torch-bert torch-compile torch-graphs
+all=(torch-expandable torch-mallocasync torch-ipc torch-resnet torch-bert torch-compile torch-graphs
      jax-jit jax-grad jax-train jax-jit-nocb jax-grad-nocb jax-train-nocb
-     cupy-elementwise cupy-rawkernel cupy-cublas cupy-cufft cupy-cusolver cupy-cusparse
+     cupy-elementwise cupy-rawkernel cupy-asyncpool cupy-cublas cupy-cufft cupy-cusolver cupy-cusparse
      cupy-random numba-kernel cuda-python triton-kernel c-vmm-pool c-libraries)
 cases=("$@")
 [[ ${#cases[@]} -gt 0 ]] || cases=("${all[@]}")
@@ -79,6 +79,7 @@ command_of() { # the command line of a case
     case $1 in
     torch-expandable) echo env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "$py" "$dir/coverage/torch_prog.py" expandable ;;
     torch-ipc) echo "$py" "$dir/coverage/torch_prog.py" ipc ;;
+    torch-mallocasync) echo env PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync "$py" "$dir/coverage/torch_prog.py" mallocasync ;;
     # resnet (torchvision), bert (transformers), compile (torch.compile), graphs (CUDA graphs)
     torch-*) echo "$py" "$dir/coverage/torch_prog.py" "${1#torch-}" ;;
     # -nocb: XLA's command buffers (CUDA graphs built node by node) off.

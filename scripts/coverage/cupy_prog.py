@@ -1,7 +1,7 @@
 """CuPy programs for the coverage matrix (scripts/gpu-coverage.sh): each prints one JSON line,
 {"ok": true, "values": [...]}, that the run directly and the run through gpushare must agree on.
 
-    python3 cupy_prog.py elementwise|rawkernel|cublas|cufft|cusolver|cusparse|random
+    python3 cupy_prog.py elementwise|rawkernel|asyncpool|cublas|cufft|cusolver|cusparse|random
 """
 import json
 import sys
@@ -33,6 +33,12 @@ def main(case):
         y = cp.empty_like(x)
         k((16,), (256,), (x, y, cp.int32(4096)))
         return head(y)
+    if case == "asyncpool":
+        # Stream-ordered allocations from CUDA's memory pools (cudaMallocAsync).
+        cp.cuda.set_allocator(cp.cuda.MemoryAsyncPool().malloc)
+        a = rng.standard_normal((256, 256), dtype=cp.float32)
+        b = cp.tanh(a @ a.T) + a
+        return head(b)
     if case == "cublas":
         a = rng.standard_normal((512, 512), dtype=cp.float32)
         b = rng.standard_normal((512, 512), dtype=cp.float32)

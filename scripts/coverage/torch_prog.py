@@ -5,6 +5,8 @@ PyTorch check (scripts/gpu-pytorch-consolidated.sh) does not run: each prints on
     python3 torch_prog.py expandable    training whose batches change size, with
                                         PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
                                         (the caching allocator maps memory itself)
+    python3 torch_prog.py mallocasync   the same training with PYTORCH_CUDA_ALLOC_CONF=
+                                        backend:cudaMallocAsync (CUDA's memory pools)
     python3 torch_prog.py ipc           a CUDA tensor passed to a spawned process through
                                         torch.multiprocessing (CUDA IPC), changed there in
                                         place, and seen changed here
@@ -36,9 +38,10 @@ def main(case):
 
     torch.manual_seed(0)
     torch.use_deterministic_algorithms(True)
-    if case == "expandable":
-        if "expandable_segments:True" not in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""):
-            raise RuntimeError("set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
+    if case in ("expandable", "mallocasync"):
+        want = {"expandable": "expandable_segments:True", "mallocasync": "backend:cudaMallocAsync"}
+        if want[case] not in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""):
+            raise RuntimeError(f"set PYTORCH_CUDA_ALLOC_CONF={want[case]}")
         dev = torch.device("cuda")
         model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(),
                                     torch.nn.Linear(1024, 256)).to(dev)
