@@ -11,7 +11,7 @@ use gpushare_protocol::ring::SubmissionEntry;
 use gpushare_protocol::{Command, Kernel};
 use gpushare_tests::hostile::{Bystander, consolidated, sim_broker, status_of};
 use gpushare_tests::raw::RawClient;
-use gpushare_tests::wait_until;
+use gpushare_tests::{Broker, wait_until};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -27,6 +27,20 @@ fn raw_status(raw: &RawClient, entry: SubmissionEntry) -> u32 {
         .first()
         .unwrap_or_else(|| panic!("no completion for {entry:?}"))
         .status
+}
+
+/// Submits `noise`: every entry is answered, the hostile session is still served, the
+/// bystander is unharmed, and the session ends with its client.
+fn submit_noise(broker: &Broker, bystander: &Bystander, raw: RawClient, noise: &[SubmissionEntry]) {
+    let done = raw.submit_all(noise);
+    assert_eq!(done.len(), noise.len(), "one completion per entry");
+    assert!(raw.status_ok(), "the hostile session is still answered");
+    bystander.assert_unharmed(broker);
+    drop(raw);
+    assert!(
+        wait_until(5 * SECOND, || broker.status().clients.len() == 1),
+        "the hostile client's session ended with it"
+    );
 }
 
 fn launch(function: u64, params_len: u32, params_offset: u64) -> ModuleLaunch {
@@ -237,16 +251,7 @@ fn hostile_commands_fail_with_errors_and_others_are_served() {
             e
         })
         .collect();
-    let done = raw.submit_all(&noise);
-    assert_eq!(done.len(), noise.len(), "one completion per entry");
-
-    assert!(raw.status_ok(), "the hostile session is still answered");
-    bystander.assert_unharmed(&broker);
-    drop(raw);
-    assert!(
-        wait_until(5 * SECOND, || broker.status().clients.len() == 1),
-        "the hostile client's session ended with it"
-    );
+    submit_noise(&broker, &bystander, raw, &noise);
 }
 
 /// A stream it creates the ordinary way never takes the id of one it named itself (the
@@ -506,15 +511,7 @@ fn hostile_virtual_memory_and_ipc_commands_fail_with_errors() {
             e
         })
         .collect();
-    let done = raw.submit_all(&noise);
-    assert_eq!(done.len(), noise.len(), "one completion per entry");
-    assert!(raw.status_ok(), "the hostile session is still answered");
-    bystander.assert_unharmed(&broker);
-    drop(raw);
-    assert!(
-        wait_until(5 * SECOND, || broker.status().clients.len() == 1),
-        "the hostile client's session ended with it"
-    );
+    submit_noise(&broker, &bystander, raw, &noise);
     assert!(
         wait_until(5 * SECOND, || broker.status().memory_used
             == broker
