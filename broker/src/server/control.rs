@@ -327,21 +327,11 @@ impl Broker {
         module: u64,
         name: String,
     ) -> Result<u64, WireError> {
-        let m = modules
-            .lock()
-            .map_err(|_| WireError::new(ErrorCode::Internal, "module table poisoned"))?
-            .module(module)
-            .ok_or_else(|| {
-                WireError::new(ErrorCode::InvalidHandle, format!("no module {module}"))
-            })?;
+        let m = super::driver::module_of(modules, module)?;
         let device = device.clone();
-        let f = tokio::task::spawn_blocking(move || {
-            device
-                .get_function(&m, &name)
-                .map_err(|e| WireError::new(e.code(), e.to_string()))
-        })
-        .await
-        .map_err(|e| WireError::new(ErrorCode::Internal, e.to_string()))??;
+        let f = super::driver::blocking(move || device.get_function(&m, &name))
+            .await?
+            .map_err(super::driver::told)?;
         let mut table = modules
             .lock()
             .map_err(|_| WireError::new(ErrorCode::Internal, "module table poisoned"))?;

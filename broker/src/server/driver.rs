@@ -3,7 +3,7 @@
 //! module globals, page-locked host memory shared for DMA, and tensor maps.
 
 use std::os::fd::OwnedFd;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use gpushare_protocol::ErrorCode;
 use gpushare_protocol::control::{
@@ -14,12 +14,38 @@ use gpushare_protocol::error::WireError;
 
 use super::Broker;
 use super::control::SessionScope;
-use crate::device::{Call, Device, Reply};
-use crate::session::SessionInfo;
+use crate::device::{Call, Device, DeviceError, DeviceResult, Module, Reply};
+use crate::session::{ModuleTable, SessionInfo};
 use crate::shm::HostRegion;
 
 fn wire(code: ErrorCode, message: impl Into<String>) -> WireError {
     WireError::new(code, message)
+}
+
+/// A device error as the client is told it.
+pub(super) fn told(e: DeviceError) -> WireError {
+    wire(e.code(), e.to_string())
+}
+
+/// Runs device work off the control plane's threads (a call may wait for the device).
+pub(super) async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> DeviceResult<T> + Send + 'static,
+) -> Result<DeviceResult<T>, WireError> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| wire(ErrorCode::Internal, e.to_string()))
+}
+
+/// The session's module `module`.
+pub(super) fn module_of(
+    modules: &Mutex<ModuleTable>,
+    module: u64,
+) -> Result<Arc<Module>, WireError> {
+    modules
+        .lock()
+        .map_err(|_| wire(ErrorCode::Internal, "module table poisoned"))?
+        .module(module)
+        .ok_or_else(|| wire(ErrorCode::InvalidHandle, format!("no module {module}")))
 }
 
 impl Broker {
@@ -85,14 +111,13 @@ impl Broker {
         let payload = gpushare_protocol::control::encode(args)
             .map_err(|e| wire(ErrorCode::InvalidArgument, e.to_string()))?;
         let device = device.clone();
-        tokio::task::spawn_blocking(move || {
+        blocking(move || {
             device
                 .call(Call::EncodeTensorMap, &payload)
                 .and_then(Reply::bytes)
         })
-        .await
-        .map_err(|e| wire(ErrorCode::Internal, e.to_string()))?
-        .map_err(|e| wire(e.code(), e.to_string()))
+        .await?
+        .map_err(told)
     }
 
     async fn load_cached(
@@ -125,13 +150,12 @@ impl Broker {
             .function(id)
             .ok_or_else(|| wire(ErrorCode::Internal, "function gone"))?;
         let device = scope.1.clone();
-        let shape = tokio::task::spawn_blocking(move || {
+        let shape = blocking(move || {
             let function = device.id(&*f)?;
             device.call(Call::FunctionShape { function }, &[])?.shape()
         })
-        .await
-        .map_err(|e| wire(ErrorCode::Internal, e.to_string()))?
-        .map_err(|e| wire(e.code(), e.to_string()))?;
+        .await?
+        .map_err(told)?;
         Ok(FunctionDetails {
             id,
             params: shape.params,
@@ -146,21 +170,16 @@ impl Broker {
         module: u64,
         first: u32,
     ) -> Result<(u32, Vec<String>), WireError> {
-        let m = modules
-            .lock()
-            .map_err(|_| wire(ErrorCode::Internal, "module table poisoned"))?
-            .module(module)
-            .ok_or_else(|| wire(ErrorCode::InvalidHandle, format!("no module {module}")))?;
+        let m = module_of(modules, module)?;
         let device = device.clone();
-        tokio::task::spawn_blocking(move || {
+        blocking(move || {
             let module = device.id(&*m)?;
             device
                 .call(Call::FunctionNames { module, first }, &[])?
                 .names()
         })
-        .await
-        .map_err(|e| wire(ErrorCode::Internal, e.to_string()))?
-        .map_err(|e| wire(e.code(), e.to_string()))
+        .await?
+        .map_err(told)
     }
 
     async fn global(
@@ -168,21 +187,16 @@ impl Broker {
         module: u64,
         name: String,
     ) -> Result<(u64, u64), WireError> {
-        let m = modules
-            .lock()
-            .map_err(|_| wire(ErrorCode::Internal, "module table poisoned"))?
-            .module(module)
-            .ok_or_else(|| wire(ErrorCode::InvalidHandle, format!("no module {module}")))?;
+        let m = module_of(modules, module)?;
         let device = device.clone();
         let asked = name.clone();
-        let (ptr, size) = tokio::task::spawn_blocking(move || {
+        let (ptr, size) = blocking(move || {
             let module = device.id(&*m)?;
             device
                 .call(Call::ModuleGlobal { module }, asked.as_bytes())?
                 .pair()
         })
-        .await
-        .map_err(|e| wire(ErrorCode::Internal, e.to_string()))?
+        .await?
         .map_err(|e| match e.code() {
             ErrorCode::DeviceError => wire(ErrorCode::NotFound, e.to_string()),
             code => wire(code, e.to_string()),
@@ -240,7 +254,7 @@ impl Broker {
         );
         let device = device.clone();
         let registered = region.clone();
-        let device_ptr = tokio::task::spawn_blocking(move || {
+        let device_ptr = blocking(move || {
             use std::os::fd::AsFd;
             let id = registered.id();
             device.share_memory(id, fd.as_fd(), bytes, at)?;
@@ -253,9 +267,8 @@ impl Broker {
             }
             mapped
         })
-        .await
-        .map_err(|e| wire(ErrorCode::Internal, e.to_string()))?
-        .map_err(|e| wire(e.code(), e.to_string()))?;
+        .await?
+        .map_err(told)?;
         let id = info
             .hosts
             .lock()
