@@ -69,12 +69,21 @@ impl SessionState {
                     .allocations
                     .size_of(ptr)
                     .ok_or(ErrorCode::InvalidPointer)?;
+                // Memory that goes back to the device may still be in use by work queued
+                // before the free (a stream-ordered `cuMemFreeAsync`): that work ends first. An
+                // error it met is this command's to report (the client learns it at its next
+                // synchronization); the memory goes back all the same.
+                let drained = if self.device.frees_memory(ptr) {
+                    self.sync_all()
+                } else {
+                    Ok(())
+                };
                 self.device.free(ptr).map_err(|e| e.code())?;
                 self.device.ipc().forget_memory(self.info.id, ptr);
                 self.allocations.remove(ptr);
                 let charged = self.placed_charges.remove(&ptr).unwrap_or(size);
                 self.info.release_memory(charged);
-                Ok((0, 0))
+                drained.map(|()| (0, 0))
             }
             Command::CopyHtoD {
                 stream,
