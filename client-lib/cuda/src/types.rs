@@ -90,7 +90,6 @@ pub mod device_attr {
     pub const GENERIC_COMPRESSION_SUPPORTED: usize = 107;
     pub const GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED: usize = 110;
     pub const MEMPOOL_SUPPORTED_HANDLE_TYPES: usize = 119;
-    pub const IPC_EVENT_SUPPORTED: usize = 125;
     pub const HOST_NUMA_MEMORY_POOLS_SUPPORTED: usize = 142;
     pub const HOST_MEMORY_POOLS_SUPPORTED: usize = 144;
     pub const HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: usize = 141;

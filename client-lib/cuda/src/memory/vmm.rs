@@ -139,7 +139,13 @@ fn check_prop(prop: &AllocationProp) -> Cu<()> {
     if prop.location.id != 0 {
         return Err(result::INVALID_DEVICE);
     }
-    if prop.handle_types & !HANDLE_POSIX_FD != 0 {
+    posix_handles_only(prop.handle_types & !HANDLE_POSIX_FD == 0)
+}
+
+/// Memory is shared as POSIX descriptors only: refuses any other kind (`posix` false),
+/// saying so once.
+pub fn posix_handles_only(posix: bool) -> Cu<()> {
+    if !posix {
         say_once("memory handles can be shared as POSIX file descriptors only");
         return Err(result::NOT_SUPPORTED);
     }

@@ -4,9 +4,8 @@
 
 use std::ffi::{c_uint, c_ulonglong, c_void};
 
-use super::vmm::{AccessDesc, AllocationProp, HANDLE_POSIX_FD, Location};
+use super::vmm::{AccessDesc, AllocationProp, HANDLE_POSIX_FD, Location, posix_handles_only};
 use crate::driver;
-use crate::log::say_once;
 use crate::status::{entry, out};
 use crate::types::{CUdeviceptr, CUresult, result};
 
@@ -213,10 +212,7 @@ pub unsafe extern "C" fn cuMemExportToShareableHandle(
         if shareable.is_null() || flags != 0 {
             return Err(result::INVALID_VALUE);
         }
-        if kind != HANDLE_POSIX_FD {
-            say_once("memory handles can be shared as POSIX file descriptors only");
-            return Err(result::NOT_SUPPORTED);
-        }
+        posix_handles_only(kind == HANDLE_POSIX_FD)?;
         let fd = d.vmm_export(handle)?;
         // SAFETY: the caller's contract: a POSIX handle is an `int`.
         unsafe { out(shareable.cast::<i32>(), fd) }
@@ -236,10 +232,7 @@ pub unsafe extern "C" fn cuMemImportFromShareableHandle(
         if handle.is_null() {
             return Err(result::INVALID_VALUE);
         }
-        if kind != HANDLE_POSIX_FD {
-            say_once("memory handles can be shared as POSIX file descriptors only");
-            return Err(result::NOT_SUPPORTED);
-        }
+        posix_handles_only(kind == HANDLE_POSIX_FD)?;
         // The descriptor's number travels in the pointer, as CUDA's samples pass it.
         let fd = i32::try_from(os_handle as usize).map_err(|_| result::INVALID_VALUE)?;
         let h = d.vmm_import(fd)?;
