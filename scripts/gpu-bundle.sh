@@ -10,7 +10,8 @@
 #   clients one (gpu-pytorch-consolidated.sh, consolidated/*.py and its launch program), the
 #   colocation benchmark (gpu-pytorch-colocate.sh, colocate/*.py), and GPU faults beside
 #   PyTorch programs (gpu-pytorch-faults.sh, faults/*.py), the coverage matrix of frameworks
-#   (gpu-coverage.sh, coverage/*), and the probes of where module
+#   (gpu-coverage.sh, coverage/*) and the CUDA graph decode benchmark (gpu-graph-bench.sh),
+#   and the probes of where module
 #   globals land in a worker that takes over (module_globals), of what a forked child gets
 #   (fork_pinned), of the launch shapes CUDA refuses (launch_shapes), and of where the two
 #   workers' address spaces differ (probes/worker_maps.sh). Copy
@@ -51,7 +52,7 @@ for line in sys.stdin:
 cp scripts/gpu-test.sh scripts/gpu-pytorch-governed.sh scripts/gpu-pytorch-consolidated.sh scripts/gpu-pytorch-fair.sh \
     scripts/gpu-pytorch-colocate.sh scripts/gpu-pytorch-faults.sh "$out/"
 mkdir -p "$out/governed" "$out/consolidated" "$out/colocate" "$out/faults" "$out/coverage"
-cp scripts/gpu-coverage.sh "$out/"
+cp scripts/gpu-coverage.sh scripts/gpu-graph-bench.sh "$out/"
 cp scripts/coverage/*.py scripts/coverage/*.c "$out/coverage/"
 cp scripts/faults/*.py "$out/faults/"
 cp scripts/governed/*.py "$out/governed/"

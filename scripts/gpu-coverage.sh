@@ -12,12 +12,13 @@
 # to $LOGS/cc.err), and the first line gpushare's driver said there is shown for a failing case.
 #
 # Cases: torch-* (scripts/coverage/torch_prog.py: expandable segments, CUDA IPC, torchvision's
-# resnet18, transformers' BERT, torch.compile, CUDA graphs), jax-* (jax_prog.py), cupy-*
+# resnet18, transformers' BERT, torch.compile, CUDA graphs; decode_prog.py: a decode loop whose
+# steps are CUDA graphs, captured or torch.compile's "reduce-overhead"), jax-* (jax_prog.py), cupy-*
 # (cupy_prog.py), numba-kernel (numba_prog.py), cuda-python (cuda_python_prog.py), triton-kernel
 # (triton_prog.py), and the C programs c-vmm-pool (vmm_pool.c) and c-libraries (libs.c).
 #
-# Cases ending in -nocb run JAX with XLA's command buffers off (they build CUDA graphs node by
-# node, which gpushare's driver does not serve yet). A case whose program reports its time
+# Cases ending in -nocb run JAX with XLA's command buffers (CUDA graphs built node by node) off,
+# to compare. A case whose program reports its time
 # per step ("ms") gets that time against the faster direct run beside its result.
 #
 # Usage: ./gpu-coverage.sh [CASE...]  (default: every case). Exit status: non-zero if a case
@@ -33,6 +34,7 @@ broker_pid=
 trap '[[ -n $broker_pid ]] && kill -TERM $broker_pid 2>/dev/null; wait 2>/dev/null; rm -rf "$work"' EXIT
 
 all=(torch-expandable torch-mallocasync torch-ipc torch-resnet torch-bert torch-compile torch-graphs
+     torch-decode-graph torch-decode-compiled
      jax-jit jax-grad jax-train jax-jit-nocb jax-grad-nocb jax-train-nocb
      cupy-elementwise cupy-rawkernel cupy-asyncpool cupy-cublas cupy-cufft cupy-cusolver cupy-cusparse
      cupy-random numba-kernel cuda-python triton-kernel c-vmm-pool c-libraries)
@@ -80,6 +82,8 @@ command_of() { # the command line of a case
     torch-expandable) echo env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "$py" "$dir/coverage/torch_prog.py" expandable ;;
     torch-ipc) echo "$py" "$dir/coverage/torch_prog.py" ipc ;;
     torch-mallocasync) echo env PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync "$py" "$dir/coverage/torch_prog.py" mallocasync ;;
+    # A GPT-2-sized decode loop, one CUDA graph a token: captured, or torch.compile's.
+    torch-decode-*) echo env STEPS=60 "$py" "$dir/coverage/decode_prog.py" "${1#torch-decode-}" ;;
     # resnet (torchvision), bert (transformers), compile (torch.compile), graphs (CUDA graphs)
     torch-*) echo "$py" "$dir/coverage/torch_prog.py" "${1#torch-}" ;;
     # -nocb: XLA's command buffers (CUDA graphs built node by node) off.

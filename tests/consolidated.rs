@@ -60,6 +60,7 @@ fn an_unmodified_program_runs_its_cuda_work_in_gpushared() {
             "tensor maps",
             "memory pools",
             "virtual memory",
+            "graphs",
             "finish",
         ],
         &broker.log_text(),

@@ -383,6 +383,7 @@ int main(int argc, char **argv) {
         check_tensor_maps();
         check_memory_pools();
         check_virtual_memory(quota);
+        check_graphs();
     } else if (!strcmp(mode, "ipc-export") && argc > 4) {
         run_ipc_export(argv[0], (unsigned)strtoul(argv[2], NULL, 0), strtol(argv[3], NULL, 0),
                        argv[4]);

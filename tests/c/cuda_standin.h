@@ -73,6 +73,57 @@ typedef struct {
     unsigned char reserved[54];
 } CUmemPoolProps;
 
+/* CUDA graphs' types, as cuda.h lays them out. */
+typedef struct CUgraph_st *CUgraph;
+typedef struct CUgraphExec_st *CUgraphExec;
+typedef struct CUgraphNode_st *CUgraphNode;
+typedef struct {
+    CUfunction func;
+    unsigned gridDimX, gridDimY, gridDimZ;
+    unsigned blockDimX, blockDimY, blockDimZ;
+    unsigned sharedMemBytes;
+    void **kernelParams;
+    void **extra;
+    void *kern;
+    CUcontext ctx;
+} CUDA_KERNEL_NODE_PARAMS;
+typedef struct {
+    size_t srcXInBytes, srcY, srcZ, srcLOD;
+    int srcMemoryType;
+    const void *srcHost;
+    CUdeviceptr srcDevice;
+    void *srcArray;
+    void *reserved0;
+    size_t srcPitch, srcHeight;
+    size_t dstXInBytes, dstY, dstZ, dstLOD;
+    int dstMemoryType;
+    void *dstHost;
+    CUdeviceptr dstDevice;
+    void *dstArray;
+    void *reserved1;
+    size_t dstPitch, dstHeight;
+    size_t WidthInBytes, Height, Depth;
+} CUDA_MEMCPY3D;
+typedef struct {
+    CUdeviceptr dst;
+    size_t pitch;
+    unsigned value;
+    unsigned elementSize;
+    size_t width;
+    size_t height;
+} CUDA_MEMSET_NODE_PARAMS;
+typedef struct {
+    int result;
+    CUgraphNode errorNode;
+    CUgraphNode errorFromNode;
+} CUgraphExecUpdateResultInfo;
+#define CU_STREAM_CAPTURE_MODE_GLOBAL 0
+#define CU_GRAPH_NODE_TYPE_KERNEL 0
+#define CU_GRAPH_NODE_TYPE_MEMCPY 1
+#define CU_GRAPH_NODE_TYPE_MEMSET 2
+#define CU_GRAPH_NODE_TYPE_EMPTY 5
+#define CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE 910
+
 #define CUDA_CB
 #define CU_STREAM_LEGACY ((CUstream)0x1)
 #define CU_STREAM_NON_BLOCKING 0x1
@@ -190,7 +241,34 @@ typedef struct {
     X(cuMemPoolGetAccess, (unsigned long long *, CUmemoryPool, CUmemLocation *))              \
     X(cuMemAllocFromPoolAsync, (CUdeviceptr *, size_t, CUmemoryPool, CUstream))               \
     X(cuMemAllocAsync, (CUdeviceptr *, size_t, CUstream))                                     \
-    X(cuMemFreeAsync, (CUdeviceptr, CUstream))
+    X(cuMemFreeAsync, (CUdeviceptr, CUstream))                                                \
+    X(cuStreamBeginCapture, (CUstream, int))                                                  \
+    X(cuStreamBeginCaptureToGraph, (CUstream, CUgraph, const CUgraphNode *, const void *,     \
+                                    size_t, int))                                             \
+    X(cuStreamEndCapture, (CUstream, CUgraph *))                                              \
+    X(cuGraphCreate, (CUgraph *, unsigned))                                                   \
+    X(cuGraphDestroy, (CUgraph))                                                              \
+    X(cuGraphAddKernelNode, (CUgraphNode *, CUgraph, const CUgraphNode *, size_t,             \
+                             const CUDA_KERNEL_NODE_PARAMS *))                                \
+    X(cuGraphAddMemcpyNode, (CUgraphNode *, CUgraph, const CUgraphNode *, size_t,             \
+                             const CUDA_MEMCPY3D *, CUcontext))                               \
+    X(cuGraphAddMemsetNode, (CUgraphNode *, CUgraph, const CUgraphNode *, size_t,             \
+                             const CUDA_MEMSET_NODE_PARAMS *, CUcontext))                     \
+    X(cuGraphAddEmptyNode, (CUgraphNode *, CUgraph, const CUgraphNode *, size_t))             \
+    X(cuGraphAddChildGraphNode, (CUgraphNode *, CUgraph, const CUgraphNode *, size_t,         \
+                                 CUgraph))                                                    \
+    X(cuGraphAddDependencies, (CUgraph, const CUgraphNode *, const CUgraphNode *,             \
+                               const void *, size_t))                                         \
+    X(cuGraphGetNodes, (CUgraph, CUgraphNode *, size_t *))                                    \
+    X(cuGraphNodeGetType, (CUgraphNode, int *))                                               \
+    X(cuGraphNodeGetDependencies, (CUgraphNode, CUgraphNode *, void *, size_t *))             \
+    X(cuGraphInstantiateWithFlags, (CUgraphExec *, CUgraph, unsigned long long))              \
+    X(cuGraphLaunch, (CUgraphExec, CUstream))                                                 \
+    X(cuGraphExecDestroy, (CUgraphExec))                                                      \
+    X(cuGraphExecMemsetNodeSetParams, (CUgraphExec, CUgraphNode,                              \
+                                       const CUDA_MEMSET_NODE_PARAMS *, CUcontext))           \
+    X(cuGraphExecUpdate, (CUgraphExec, CUgraph, CUgraphExecUpdateResultInfo *))               \
+    X(cuGraphNodeSetEnabled, (CUgraphExec, CUgraphNode, unsigned))
 
 /* The per-thread-default-stream forms it uses (asked for with
  * CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM), under a `pt_` prefix. */
@@ -265,6 +343,7 @@ void check_virtual_memory(size_t quota);
 void run_vmm_holding(unsigned seed);
 void run_vmm_export(const char *self, unsigned seed, long uid, const char *expect);
 void run_vmm_import(int fd, unsigned seed, const char *expect);
+void check_graphs(void);
 
 /* Test data: byte `i` of pattern `seed`. */
 unsigned char pattern_byte(size_t i, unsigned seed);

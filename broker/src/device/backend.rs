@@ -9,6 +9,7 @@ use gpushare_protocol::command::{LaunchAttributes, ModuleLaunch};
 use gpushare_protocol::control::{DeviceInfo, ModuleFormat};
 use gpushare_protocol::{DevicePtr, Kernel, PriorityClass};
 
+use super::graph::Node;
 use super::{DeviceError, DeviceResult, FunctionShape, Occupancy};
 use crate::shm::ArenaSlice;
 
@@ -27,6 +28,8 @@ pub trait Backend: Send + Sync + 'static {
     type Event: Send;
     type Module: Send + Sync;
     type Function: Send + Sync;
+    /// An instantiated CUDA graph.
+    type Graph: Send + Sync;
 
     /// `"sim"` or `"cuda"`.
     fn backend(&self) -> &'static str;
@@ -139,6 +142,10 @@ pub trait Backend: Send + Sync + 'static {
         attributes: &LaunchAttributes,
         params: &[u8],
     ) -> DeviceResult<()>;
+    /// Makes and instantiates a graph of `nodes` (each depends only on nodes before it).
+    fn make_graph(&self, nodes: Vec<Node<Self::Function>>) -> DeviceResult<Self::Graph>;
+    /// Launches an instantiated graph on the stream, as one unit.
+    fn launch_graph(&self, stream: &mut Self::Stream, graph: &Self::Graph) -> DeviceResult<()>;
     /// Waits for all work on the stream; reports the first error it met.
     fn sync_stream(&self, stream: &mut Self::Stream) -> DeviceResult<()>;
     /// Queues, on `stream`, a write of `value` into the 32-bit slot `slot` of `page` (host

@@ -93,6 +93,19 @@ pub enum Call {
         stream: Handle,
         sms: Option<u32>,
     },
+    /// A graph of the encoded nodes that are the payload ([`gpushare_protocol::graph`]), each
+    /// kernel's function a handle of this executor's.
+    MakeGraph {
+        id: Handle,
+    },
+    DropGraph {
+        graph: Handle,
+    },
+    LaunchGraph {
+        stream: Handle,
+        graph: Handle,
+        start: Option<Handle>,
+    },
     /// The packed parameters are the payload.
     LaunchModule {
         stream: Handle,
@@ -198,7 +211,9 @@ impl Call {
     /// The start marker a kernel takes along, for the calls that launch one.
     pub fn start_marker(&mut self) -> Option<&mut Option<Handle>> {
         match self {
-            Call::Launch { start, .. } | Call::LaunchModule { start, .. } => Some(start),
+            Call::Launch { start, .. }
+            | Call::LaunchModule { start, .. }
+            | Call::LaunchGraph { start, .. } => Some(start),
             _ => None,
         }
     }
@@ -319,6 +334,32 @@ impl<B: Backend> Executor<B> {
                     Ok((f, start)) => self.on_stream(stream, |s| {
                         self.mark_start(start.as_ref(), s)?;
                         done(dev.launch_module(s, &f, &launch, &attributes, payload))
+                    }),
+                    Err(e) => Answer::failed(e),
+                };
+            }
+            Call::MakeGraph { id } => gpushare_protocol::graph::decode_graph(payload)
+                .map_err(|e| DeviceError::InvalidArgument(e.to_string()))
+                .and_then(|nodes| super::graph::resolve(nodes, |f| self.function(f)))
+                .and_then(|nodes| dev.make_graph(nodes))
+                .and_then(|g| self.add_graph(id, g))
+                .map(|()| Reply::Done),
+            Call::DropGraph { graph } => {
+                self.remove_graph(graph);
+                Ok(Reply::Done)
+            }
+            Call::LaunchGraph {
+                stream,
+                graph,
+                start,
+            } => {
+                return match self
+                    .graph(graph)
+                    .and_then(|g| Ok((g, self.start_event(start)?)))
+                {
+                    Ok((g, start)) => self.on_stream(stream, |s| {
+                        self.mark_start(start.as_ref(), s)?;
+                        done(dev.launch_graph(s, &g))
                     }),
                     Err(e) => Answer::failed(e),
                 };

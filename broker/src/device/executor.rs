@@ -33,6 +33,7 @@ pub struct Executor<B: Backend> {
     events: Mutex<HashMap<Handle, Arc<Mutex<B::Event>>>>,
     modules: Mutex<HashMap<Handle, Arc<B::Module>>>,
     functions: Mutex<HashMap<Handle, Arc<B::Function>>>,
+    graphs: Mutex<HashMap<Handle, Arc<B::Graph>>>,
     /// Client memory shared with it, by region id; and payloads too big for a channel, by
     /// blob id.
     regions: Mutex<HashMap<u64, Arc<HostRegion>>>,
@@ -48,6 +49,7 @@ impl<B: Backend> Executor<B> {
             events: Mutex::default(),
             modules: Mutex::default(),
             functions: Mutex::default(),
+            graphs: Mutex::default(),
             regions: Mutex::default(),
             blobs: Mutex::default(),
             arrived: Condvar::new(),
@@ -122,6 +124,7 @@ impl<B: Backend> Executor<B> {
     pub fn forget_handles(&self) {
         lock(&self.streams).clear();
         lock(&self.events).clear();
+        lock(&self.graphs).clear();
         lock(&self.functions).clear();
         lock(&self.modules).clear();
     }
@@ -276,6 +279,21 @@ impl<B: Backend> Executor<B> {
             .get(&id)
             .cloned()
             .ok_or_else(|| DeviceError::InvalidArgument(format!("no function {id}")))
+    }
+
+    pub(super) fn add_graph(&self, id: Handle, graph: B::Graph) -> DeviceResult<()> {
+        insert(&self.graphs, id, Arc::new(graph))
+    }
+
+    pub(super) fn remove_graph(&self, id: Handle) {
+        lock(&self.graphs).remove(&id);
+    }
+
+    pub(super) fn graph(&self, id: Handle) -> DeviceResult<Arc<B::Graph>> {
+        lock(&self.graphs)
+            .get(&id)
+            .cloned()
+            .ok_or_else(|| DeviceError::InvalidArgument(format!("no graph {id}")))
     }
 }
 

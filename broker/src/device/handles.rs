@@ -33,6 +33,10 @@ pub enum Recipe {
         /// Attributes set on it, in order.
         attributes: Vec<(u32, i32)>,
     },
+    /// Its encoded nodes ([`super::Call::MakeGraph`]'s payload).
+    Graph {
+        nodes: Arc<[u8]>,
+    },
 }
 
 /// Every live handle's recipe, by name: names grow, so a function comes after its module.
@@ -168,6 +172,9 @@ pub struct Module(pub(super) Held);
 /// A module function.
 pub struct Function(pub(super) Held);
 
+/// An instantiated CUDA graph.
+pub struct Graph(pub(super) Held);
+
 /// A handle that names an object of one context generation.
 pub trait Named {
     fn held(&self) -> &Held;
@@ -186,6 +193,12 @@ impl Named for Module {
 }
 
 impl Named for Function {
+    fn held(&self) -> &Held {
+        &self.0
+    }
+}
+
+impl Named for Graph {
     fn held(&self) -> &Held {
         &self.0
     }

@@ -20,6 +20,7 @@ pub mod call;
 pub mod cuda;
 pub mod executor;
 mod front;
+pub mod graph;
 mod handles;
 pub mod ipc;
 pub mod link;
@@ -39,7 +40,7 @@ pub use self::backend::Backend;
 pub use self::call::{Call, EventKind, Handle, Reply, Span};
 pub use self::executor::Executor;
 pub use self::front::Device;
-pub use self::handles::{Event, Function, Module, Stream};
+pub use self::handles::{Event, Function, Graph, Module, Stream};
 pub use self::link::{Link, Memory, Space};
 pub use self::progress::{Fate, Kept, drop_dependents};
 

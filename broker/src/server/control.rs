@@ -138,6 +138,7 @@ impl Broker {
                     | ClientMessage::UnshareHostMemory { .. }
                     | ClientMessage::EncodeTensorMap { .. }
                     | ClientMessage::GetFunctionNames { .. }
+                    | ClientMessage::MakeGraph { .. }
             );
             if consolidated && let Some(scope) = modules {
                 let reply = self
@@ -221,7 +222,8 @@ impl Broker {
                     | ClientMessage::ExportMemory { request, .. }
                     | ClientMessage::ImportMemory { request, .. }
                     | ClientMessage::EncodeTensorMap { request, .. }
-                    | ClientMessage::GetFunctionNames { request, .. },
+                    | ClientMessage::GetFunctionNames { request, .. }
+                    | ClientMessage::MakeGraph { request, .. },
                     _,
                 ) => BrokerMessage::RequestFailed {
                     request,

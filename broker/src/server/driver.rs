@@ -102,6 +102,10 @@ impl Broker {
                 request: *request,
                 result: Self::function_names(scope, *module, *first).await,
             },
+            ClientMessage::MakeGraph { request, bytes } => BrokerMessage::GraphMade {
+                request: *request,
+                result: Self::make_graph(scope, fds, *bytes).await,
+            },
             _ => return None,
         })
     }

@@ -36,6 +36,7 @@ mod control;
 mod driver;
 mod exports;
 mod framing;
+mod graphs;
 mod handshake;
 mod listen;
 mod status;

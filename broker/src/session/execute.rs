@@ -59,6 +59,8 @@ impl SessionState {
             }
             Command::IpcCloseMemory { ptr } => self.ipc_close_memory(ptr),
             Command::IpcExportEvent { event } => self.ipc_export_event(event),
+            Command::LaunchGraph { stream, graph } => self.launch_graph(stream, graph),
+            Command::DropGraph { graph } => self.drop_graph(graph),
             Command::IpcOpenEvent {
                 token_lo,
                 token_hi,
@@ -517,11 +519,16 @@ impl SessionState {
         true
     }
 
-    /// Waits for every stream's work; the first error any met.
+    /// Waits for every stream's work; the first error any met. A stream with no work since
+    /// its last synchronization is skipped: a program may hold dozens of idle streams
+    /// (PyTorch makes its stream pools whole), each a round trip to the device.
     pub(super) fn sync_all(&mut self) -> Result<(), ErrorCode> {
         let device = self.device.clone();
         let mut first_error = None;
         for slot in self.streams.values_mut() {
+            if !slot.unsynced {
+                continue;
+            }
             slot.touched = true;
             match device.sync_stream(&mut slot.stream) {
                 Ok(()) => slot.unsynced = false,

@@ -10,7 +10,8 @@
 //! - `modules`: the modules and functions it loaded ([`ModuleTable`]).
 //! - `allocations`: its live device memory, and the range check every pointer meets.
 //! - `serve`: the ring loop: drain, complete, charge device time, sleep.
-//! - `execute`: one command, decoded, checked and run; `launch`: kernel launches.
+//! - `execute`: one command, decoded, checked and run; `launch`: kernel launches; `graphs`:
+//!   CUDA graphs, made by the control task and launched as one unit.
 //! - `turns`: a kernel waiting for the scheduler's turn, and granted kernels reported done,
 //!   each with the device time it took.
 //! - `reset`: what a device reset took, and what the client is told of it.
@@ -34,6 +35,7 @@ use gpushare_protocol::wake::Wakeup;
 mod allocations;
 mod execute;
 mod governed;
+pub mod graphs;
 pub mod hosts;
 mod info;
 mod ipc;

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use gpushare_protocol::ErrorCode;
 
+use super::graphs::GraphTable;
 use crate::device::{Function, Module};
 use crate::images::HeldImage;
 
@@ -27,6 +28,8 @@ pub struct ModuleTable {
     /// Each module's image, kept while loaded: the broker shares image bytes between
     /// sessions by their hash for as long as one of them holds it.
     images: HashMap<u64, HeldImage>,
+    /// Instantiated graphs (they hold the functions they run).
+    pub graphs: GraphTable,
 }
 
 impl ModuleTable {
@@ -103,6 +106,7 @@ impl ModuleTable {
     }
 
     pub fn clear(&mut self) {
+        self.graphs.clear();
         self.globals.clear();
         self.images.clear();
         self.handles.clear();
@@ -110,6 +114,7 @@ impl ModuleTable {
 
     /// Forgets everything, returning the module and function ids that were live.
     pub fn take_ids(&mut self) -> (Vec<u64>, Vec<u64>) {
+        self.graphs.clear();
         self.globals.clear();
         self.images.clear();
         self.handles.take_ids()

@@ -126,24 +126,43 @@ impl Driver {
         if !gpushare_protocol::command::shape_is_valid(shape.grid, shape.block) {
             return Err(result::INVALID_VALUE);
         }
-        let info = self.info(self.kernel(function)?)?;
-        // SAFETY: the caller's contract.
-        let (args, len) = unsafe { args(&info, params, extra) }?;
         if crate::graph::capturing(self, stream) {
-            let mut bytes = vec![0u8; len];
-            // SAFETY: `bytes` has `len` bytes.
-            unsafe { pack(&info, args, bytes.as_mut_ptr()) };
+            // SAFETY: the caller's contract.
+            let (id, bytes) = unsafe { self.packed(function, params, extra) }?;
             crate::graph::capture(self, stream, || crate::graph::Op::Launch {
-                function: info.id,
+                function: id,
                 shape: *shape,
                 params: bytes,
             })?;
             return Ok(());
         }
+        let info = self.info(self.kernel(function)?)?;
+        // SAFETY: the caller's contract.
+        let (args, len) = unsafe { args(&info, params, extra) }?;
         self.send_launch(info.id, shape, stream, len, |dst| {
             // SAFETY: `dst` has `len` bytes of room; the arguments as the caller passed them.
             unsafe { pack(&info, args, dst) }
         })
+    }
+
+    /// The broker's function and the packed parameters of a launch of `function` (a recorded
+    /// launch, a graph's kernel node).
+    ///
+    /// # Safety
+    /// `params` / `extra` as `cuLaunchKernel`'s contract.
+    pub unsafe fn packed(
+        &self,
+        function: CUfunction,
+        params: *mut *mut c_void,
+        extra: *mut *mut c_void,
+    ) -> Cu<(u64, Vec<u8>)> {
+        let info = self.info(self.kernel(function)?)?;
+        // SAFETY: the caller's contract.
+        let (args, len) = unsafe { args(&info, params, extra) }?;
+        let mut bytes = vec![0u8; len];
+        // SAFETY: `bytes` has `len` bytes.
+        unsafe { pack(&info, args, bytes.as_mut_ptr()) };
+        Ok((info.id, bytes))
     }
 
     /// Sends a launch whose `len` parameter bytes `fill` writes: a plain launch when it has

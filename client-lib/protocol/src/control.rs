@@ -184,6 +184,12 @@ pub enum ClientMessage {
         module: u64,
         first: u32,
     },
+    /// Makes and instantiates a CUDA graph of `bytes` encoded nodes ([`crate::graph`]), which
+    /// come as a file (one `SCM_RIGHTS` descriptor). Answered with `GraphMade`.
+    MakeGraph {
+        request: u64,
+        bytes: u64,
+    },
 }
 
 /// The arguments of `cuTensorMapEncodeTiled`, `cuTensorMapEncodeIm2col` or
@@ -394,6 +400,11 @@ pub enum BrokerMessage {
     FunctionNames {
         request: u64,
         result: Result<(u32, Vec<String>), WireError>,
+    },
+    /// The answer to `MakeGraph`: the instantiated graph's handle, for `LaunchGraph`.
+    GraphMade {
+        request: u64,
+        result: Result<crate::GraphId, WireError>,
     },
 }
 

@@ -12,6 +12,7 @@
 pub mod command;
 pub mod control;
 pub mod error;
+pub mod graph;
 // The fuzz targets' bodies and seeds: test code, kept out of production builds.
 #[cfg(any(test, feature = "fuzzing"))]
 #[doc(hidden)]
@@ -34,7 +35,7 @@ pub const MAX_STREAMS: usize = 1024;
 pub const MAX_EVENTS: usize = 16384;
 
 /// Version of the wire protocol; client and broker must agree exactly.
-pub const PROTOCOL_VERSION: u32 = 6;
+pub const PROTOCOL_VERSION: u32 = 7;
 
 /// Where clients find the broker unless told otherwise.
 pub const DEFAULT_SOCKET_PATH: &str = "/run/gpushare/gpushare.sock";
@@ -50,6 +51,9 @@ pub type StreamId = u32;
 
 /// A client's event handle.
 pub type EventId = u32;
+
+/// A client's graph handle (an instantiated graph gpushared made).
+pub type GraphId = u32;
 
 /// The socket path to use: `GPUSHARE_SOCKET` if set and non-empty, else the default.
 pub fn socket_path_from_env() -> std::path::PathBuf {

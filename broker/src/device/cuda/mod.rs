@@ -20,6 +20,7 @@ mod copy;
 mod error;
 mod event;
 mod gemm;
+mod graph;
 mod holder;
 mod injection;
 mod memory;
@@ -64,6 +65,7 @@ use self::memory::PinnedArenas;
 pub use self::module::{CudaFunction, CudaModule, ModuleRef};
 use self::partition::Partitions;
 pub use self::stream::CudaStream;
+use super::graph::Node;
 use super::{Backend, DeviceError, DeviceResult, FunctionShape, Occupancy};
 use crate::shm::ArenaSlice;
 
@@ -314,6 +316,7 @@ impl Backend for CudaDevice {
     type Event = CudaEvent;
     type Module = Arc<ModuleRef>;
     type Function = CudaFunction;
+    type Graph = graph::CudaGraph;
 
     fn backend(&self) -> &'static str {
         "cuda"
@@ -492,6 +495,14 @@ impl Backend for CudaDevice {
         params: &[u8],
     ) -> DeviceResult<()> {
         function.launch(self, stream, launch, attributes, params)
+    }
+
+    fn make_graph(&self, nodes: Vec<Node<CudaFunction>>) -> DeviceResult<graph::CudaGraph> {
+        graph::make(self, nodes)
+    }
+
+    fn launch_graph(&self, stream: &mut CudaStream, graph: &graph::CudaGraph) -> DeviceResult<()> {
+        graph::launch(self, stream, graph)
     }
 
     fn sync_stream(&self, stream: &mut CudaStream) -> DeviceResult<()> {

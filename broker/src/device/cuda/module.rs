@@ -247,6 +247,17 @@ impl CudaFunction {
         params: &[u8],
     ) -> DeviceResult<()> {
         stream.begin(dev)?;
+        self.launch_on(stream.raw, launch, attributes, params)
+    }
+
+    /// Queues a launch on a raw stream (a graph's capture stream, or a client's).
+    pub(super) fn launch_on(
+        &self,
+        raw: sys::CUstream,
+        launch: &ModuleLaunch,
+        attributes: &LaunchAttributes,
+        params: &[u8],
+    ) -> DeviceResult<()> {
         let mut size = params.len();
         // Packed parameters go through the `extra` array: pointer, size, end. The driver only
         // reads the buffer (and copies it), so the caller's slice serves as it is.
@@ -295,7 +306,7 @@ impl CudaFunction {
                 blockDimY: by,
                 blockDimZ: bz,
                 sharedMemBytes: launch.shared_mem_bytes,
-                hStream: stream.raw,
+                hStream: raw,
                 attrs: attrs.as_mut_ptr(),
                 numAttrs: attrs.len() as u32,
             };
@@ -317,7 +328,7 @@ impl CudaFunction {
                 by,
                 bz,
                 launch.shared_mem_bytes,
-                stream.raw,
+                raw,
                 ptr::null_mut(),
                 extra_ptr,
             )

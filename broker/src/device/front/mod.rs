@@ -13,7 +13,7 @@ use gpushare_protocol::control::{DeviceInfo, ModuleFormat};
 use gpushare_protocol::{DevicePtr, PriorityClass};
 
 use super::call::{Call, EventKind, Handle, Reply, Span};
-use super::handles::{Event, Function, Held, Module, Named, Owner, Recipe, Stream};
+use super::handles::{Event, Function, Graph, Held, Module, Named, Owner, Recipe, Stream};
 use super::link::{Link, Memory};
 use super::pool::Pool;
 use super::progress::{Fate, Progress};
@@ -525,6 +525,19 @@ impl Device {
         Ok(())
     }
 
+    // ---- graphs ----------------------------------------------------------------------
+
+    /// Makes and instantiates a graph of `nodes` (encoded, each kernel's function one of this
+    /// device's handles); the nodes are kept to make it again after a fault.
+    pub fn make_graph(&self, nodes: Arc<[u8]>) -> DeviceResult<Graph> {
+        let (epoch, id) = (self.epoch(), self.name());
+        self.call(Call::MakeGraph { id }, &nodes)?.done()?;
+        self.owner.recipes.add(id, Recipe::Graph { nodes });
+        Ok(Graph(Held::new(&self.owner, epoch, id, |graph| {
+            Call::DropGraph { graph }
+        })))
+    }
+
     // ---- faults ----------------------------------------------------------------------
 
     pub fn interrupt(&self) {
@@ -556,7 +569,7 @@ impl Device {
         };
         match remade {
             Ok(n) => {
-                tracing::info!(handles = n, modules_made_ahead = mirrored, took = ?started.elapsed(), "every stream, event, module and function made again in the new context");
+                tracing::info!(handles = n, modules_made_ahead = mirrored, took = ?started.elapsed(), "every stream, event, module, function and graph made again in the new context");
                 Ok(Memory::Kept)
             }
             Err(e) => {
@@ -618,6 +631,7 @@ impl Device {
                         self.call(set, &[])?.done()?;
                     }
                 }
+                Recipe::Graph { nodes } => self.call(Call::MakeGraph { id }, nodes)?.done()?,
             }
         }
         Ok(all.len())

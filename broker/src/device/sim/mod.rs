@@ -26,6 +26,7 @@ use gpushare_protocol::{DevicePtr, Kernel, PriorityClass};
 
 use self::cost::CostModel;
 use self::memory::SimMemory;
+use super::graph::{Node, Step};
 use super::{Backend, DeviceError, DeviceResult, FunctionShape};
 use crate::shm::ArenaSlice;
 
@@ -243,6 +244,8 @@ impl Backend for SimDevice {
     type Event = SimEvent;
     type Module = SimModule;
     type Function = SimFunction;
+    /// Its nodes, run in turn when launched.
+    type Graph = Vec<Node<SimFunction>>;
 
     fn backend(&self) -> &'static str {
         "sim"
@@ -390,6 +393,28 @@ impl Backend for SimDevice {
         }
         let cost = self.options.cost.kernel_ns(kernel);
         self.run_on(stream, cost, |m| kernels::run(m, kernel))
+    }
+
+    fn make_graph(&self, nodes: Vec<Node<SimFunction>>) -> DeviceResult<Self::Graph> {
+        self.check_healthy()?;
+        for n in &nodes {
+            if let Step::Kernel {
+                function, launch, ..
+            } = &n.step
+                && launch.shared_mem_bytes > SimFunction::MAX_DYNAMIC_SHARED
+            {
+                return Err(DeviceError::InvalidArgument(format!(
+                    "a graph's kernel `{}` asks for {} bytes of dynamic shared memory",
+                    Printable(function.name()),
+                    launch.shared_mem_bytes
+                )));
+            }
+        }
+        Ok(nodes)
+    }
+
+    fn launch_graph(&self, stream: &mut SimStream, graph: &Self::Graph) -> DeviceResult<()> {
+        crate::device::graph::run_in_order(self, stream, graph)
     }
 
     fn launch_module(

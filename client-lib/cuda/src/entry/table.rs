@@ -84,15 +84,39 @@ unsafe extern "C" {
     fn cuGetExportTable();
     fn cuGetProcAddress();
     fn cuGetProcAddress_v2();
+    fn cuGraphAddChildGraphNode();
+    fn cuGraphAddDependencies();
+    fn cuGraphAddDependencies_v2();
+    fn cuGraphAddEmptyNode();
+    fn cuGraphAddKernelNode();
+    fn cuGraphAddKernelNode_v2();
+    fn cuGraphAddMemcpyNode();
+    fn cuGraphAddMemsetNode();
+    fn cuGraphAddNode();
+    fn cuGraphAddNode_v2();
     fn cuGraphCreate();
     fn cuGraphDestroy();
     fn cuGraphExecDestroy();
+    fn cuGraphExecKernelNodeSetParams_v2();
+    fn cuGraphExecMemcpyNodeSetParams();
+    fn cuGraphExecMemsetNodeSetParams();
+    fn cuGraphExecNodeSetParams();
+    fn cuGraphExecUpdate_v2();
     fn cuGraphGetNodes();
     fn cuGraphInstantiateWithFlags();
     fn cuGraphInstantiateWithParams();
     fn cuGraphInstantiateWithParams_ptsz();
+    fn cuGraphKernelNodeSetParams_v2();
     fn cuGraphLaunch();
     fn cuGraphLaunch_ptsz();
+    fn cuGraphMemcpyNodeSetParams();
+    fn cuGraphMemsetNodeSetParams();
+    fn cuGraphNodeGetDependencies();
+    fn cuGraphNodeGetDependencies_v2();
+    fn cuGraphNodeGetEnabled();
+    fn cuGraphNodeGetType();
+    fn cuGraphNodeSetEnabled();
+    fn cuGraphNodeSetParams();
     fn cuGraphUpload();
     fn cuGraphUpload_ptsz();
     fn cuInit();
@@ -221,6 +245,8 @@ unsafe extern "C" {
     fn cuStreamAddCallback();
     fn cuStreamAddCallback_ptsz();
     fn cuStreamBeginCapture();
+    fn cuStreamBeginCaptureToGraph();
+    fn cuStreamBeginCaptureToGraph_ptsz();
     fn cuStreamBeginCapture_ptsz();
     fn cuStreamBeginCapture_v2();
     fn cuStreamBeginCapture_v2_ptsz();
@@ -314,23 +340,13 @@ super::stubs! {
     cuFuncSetSharedMemConfig,
     cuFuncSetSharedSize,
     cuGraphAddBatchMemOpNode,
-    cuGraphAddChildGraphNode,
-    cuGraphAddDependencies,
-    cuGraphAddDependencies_v2,
-    cuGraphAddEmptyNode,
     cuGraphAddEventRecordNode,
     cuGraphAddEventWaitNode,
     cuGraphAddExternalSemaphoresSignalNode,
     cuGraphAddExternalSemaphoresWaitNode,
     cuGraphAddHostNode,
-    cuGraphAddKernelNode,
-    cuGraphAddKernelNode_v2,
     cuGraphAddMemAllocNode,
     cuGraphAddMemFreeNode,
-    cuGraphAddMemcpyNode,
-    cuGraphAddMemsetNode,
-    cuGraphAddNode,
-    cuGraphAddNode_v2,
     cuGraphBatchMemOpNodeGetParams,
     cuGraphBatchMemOpNodeSetParams,
     cuGraphChildGraphNodeGetGraph,
@@ -351,12 +367,7 @@ super::stubs! {
     cuGraphExecGetFlags,
     cuGraphExecHostNodeSetParams,
     cuGraphExecKernelNodeSetParams,
-    cuGraphExecKernelNodeSetParams_v2,
-    cuGraphExecMemcpyNodeSetParams,
-    cuGraphExecMemsetNodeSetParams,
-    cuGraphExecNodeSetParams,
     cuGraphExecUpdate,
-    cuGraphExecUpdate_v2,
     cuGraphExternalSemaphoresSignalNodeGetParams,
     cuGraphExternalSemaphoresSignalNodeSetParams,
     cuGraphExternalSemaphoresWaitNodeGetParams,
@@ -374,22 +385,13 @@ super::stubs! {
     cuGraphKernelNodeGetParams_v2,
     cuGraphKernelNodeSetAttribute,
     cuGraphKernelNodeSetParams,
-    cuGraphKernelNodeSetParams_v2,
     cuGraphMemAllocNodeGetParams,
     cuGraphMemFreeNodeGetParams,
     cuGraphMemcpyNodeGetParams,
-    cuGraphMemcpyNodeSetParams,
     cuGraphMemsetNodeGetParams,
-    cuGraphMemsetNodeSetParams,
     cuGraphNodeFindInClone,
-    cuGraphNodeGetDependencies,
-    cuGraphNodeGetDependencies_v2,
     cuGraphNodeGetDependentNodes,
     cuGraphNodeGetDependentNodes_v2,
-    cuGraphNodeGetEnabled,
-    cuGraphNodeGetType,
-    cuGraphNodeSetEnabled,
-    cuGraphNodeSetParams,
     cuGraphReleaseUserObject,
     cuGraphRemoveDependencies,
     cuGraphRemoveDependencies_v2,
@@ -567,8 +569,6 @@ super::stubs! {
     cuStreamBatchMemOp_ptsz,
     cuStreamBatchMemOp_v2,
     cuStreamBatchMemOp_v2_ptsz,
-    cuStreamBeginCaptureToGraph,
-    cuStreamBeginCaptureToGraph_ptsz,
     cuStreamCopyAttributes,
     cuStreamCopyAttributes_ptsz,
     cuStreamGetAttribute,
@@ -4783,9 +4783,9 @@ pub(super) static SYMBOLS: [&str; 638] = [
     "cuWaitExternalSemaphoresAsync_ptsz",
 ];
 
-/// The symbols src/ implements (250); the rest are stubs.
+/// The symbols src/ implements (276); the rest are stubs.
 #[cfg(test)]
-pub(super) static IMPLEMENTED: [&str; 250] = [
+pub(super) static IMPLEMENTED: [&str; 276] = [
     "cuCtxCreate",
     "cuCtxCreate_v2",
     "cuCtxCreate_v3",
@@ -4864,15 +4864,39 @@ pub(super) static IMPLEMENTED: [&str; 250] = [
     "cuGetProcAddress",
     "cuGetProcAddress_v2",
     "cuGetProcAddress_v2_ptsz",
+    "cuGraphAddChildGraphNode",
+    "cuGraphAddDependencies",
+    "cuGraphAddDependencies_v2",
+    "cuGraphAddEmptyNode",
+    "cuGraphAddKernelNode",
+    "cuGraphAddKernelNode_v2",
+    "cuGraphAddMemcpyNode",
+    "cuGraphAddMemsetNode",
+    "cuGraphAddNode",
+    "cuGraphAddNode_v2",
     "cuGraphCreate",
     "cuGraphDestroy",
     "cuGraphExecDestroy",
+    "cuGraphExecKernelNodeSetParams_v2",
+    "cuGraphExecMemcpyNodeSetParams",
+    "cuGraphExecMemsetNodeSetParams",
+    "cuGraphExecNodeSetParams",
+    "cuGraphExecUpdate_v2",
     "cuGraphGetNodes",
     "cuGraphInstantiateWithFlags",
     "cuGraphInstantiateWithParams",
     "cuGraphInstantiateWithParams_ptsz",
+    "cuGraphKernelNodeSetParams_v2",
     "cuGraphLaunch",
     "cuGraphLaunch_ptsz",
+    "cuGraphMemcpyNodeSetParams",
+    "cuGraphMemsetNodeSetParams",
+    "cuGraphNodeGetDependencies",
+    "cuGraphNodeGetDependencies_v2",
+    "cuGraphNodeGetEnabled",
+    "cuGraphNodeGetType",
+    "cuGraphNodeSetEnabled",
+    "cuGraphNodeSetParams",
     "cuGraphUpload",
     "cuGraphUpload_ptsz",
     "cuInit",
@@ -5001,6 +5025,8 @@ pub(super) static IMPLEMENTED: [&str; 250] = [
     "cuStreamAddCallback",
     "cuStreamAddCallback_ptsz",
     "cuStreamBeginCapture",
+    "cuStreamBeginCaptureToGraph",
+    "cuStreamBeginCaptureToGraph_ptsz",
     "cuStreamBeginCapture_ptsz",
     "cuStreamBeginCapture_v2",
     "cuStreamBeginCapture_v2_ptsz",

@@ -3,7 +3,9 @@
 use std::ffi::{c_int, c_uint, c_void};
 
 use super::capture::{MODE, status_of};
-use super::{Exec, Graph, lock};
+use std::sync::Mutex;
+
+use super::{Exec, lock};
 use crate::driver;
 use crate::status::{Cu, entry, out};
 use crate::types::{CUgraph, CUgraphExec, CUgraphNode, CUresult, CUstream, capture, result};
@@ -94,8 +96,12 @@ pub unsafe extern "C" fn cuStreamIsCapturing_ptsz(h: CUstream, status: *mut c_in
     entry("cuStreamIsCapturing_ptsz", || is_capturing(h, status, true))
 }
 
-/// The capture's status, id and graph; no dependency nodes are reported (the recorded graph
-/// is a sequence).
+thread_local! {
+    /// The dependencies `cuStreamGetCaptureInfo` last handed this thread.
+    static TAIL: std::cell::RefCell<Vec<CUgraphNode>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// The capture's status, id, graph, and the nodes the stream's next node would depend on.
 #[allow(clippy::too_many_arguments)] // CUDA's own parameter list
 fn capture_info(
     h: CUstream,
@@ -113,7 +119,7 @@ fn capture_info(
     // SAFETY: each is NULL (allowed except `status`) or writable, per the contract.
     unsafe {
         out(status, status_of(c.as_ref()))?;
-        if let Some(c) = c {
+        if let Some(c) = &c {
             if !id.is_null() {
                 out(id, c.id)?;
             }
@@ -121,14 +127,31 @@ fn capture_info(
                 out(graph, c.graph as CUgraph)?;
             }
         }
+        let tail = c
+            .map(|c| d.graphs.capture_tail(&c, stream))
+            .unwrap_or_default();
+        // Valid until the thread's next call, as CUDA's array is until the capture changes.
+        let at = TAIL.with(|t| {
+            let mut t = t.borrow_mut();
+            *t = tail.iter().map(|&h| h as CUgraphNode).collect();
+            t.as_ptr()
+        });
         if !deps.is_null() {
-            out(deps, std::ptr::null())?;
+            out(
+                deps,
+                if tail.is_empty() {
+                    std::ptr::null()
+                } else {
+                    at
+                },
+            )?;
         }
         if !edges.is_null() {
+            // Every edge is a default one: no edge data.
             out(edges, std::ptr::null())?;
         }
         if !num_deps.is_null() {
-            out(num_deps, 0)?;
+            out(num_deps, tail.len())?;
         }
     }
     Ok(())
@@ -248,21 +271,13 @@ pub unsafe extern "C" fn cuGraphCreate(graph: *mut CUgraph, flags: c_uint) -> CU
             return Err(result::INVALID_VALUE);
         }
         // SAFETY: the caller's contract.
-        unsafe { out(graph, d.graphs.new_graph(Vec::new())) }
+        unsafe { out(graph, d.graphs.new_graph()) }
     })
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuGraphDestroy(graph: CUgraph) -> CUresult {
-    entry("cuGraphDestroy", || {
-        let d = driver::live()?;
-        if !lock(&d.graphs.graphs).remove(&(graph as usize)) {
-            return Err(result::INVALID_VALUE);
-        }
-        // SAFETY: a live handle, just removed from the set (so never freed twice).
-        drop(unsafe { Box::from_raw(graph as *mut Graph) });
-        Ok(())
-    })
+    entry("cuGraphDestroy", || driver::live()?.graphs.destroy(graph))
 }
 
 /// # Safety
@@ -275,28 +290,25 @@ pub unsafe extern "C" fn cuGraphGetNodes(
 ) -> CUresult {
     entry("cuGraphGetNodes", || {
         let d = driver::live()?;
-        let n = lock(&d.graphs.graph(graph)?.ops).len();
-        if count.is_null() {
-            return Err(result::INVALID_VALUE);
-        }
-        if !nodes.is_null() {
-            // SAFETY: `count` is readable, per the contract.
-            let room = unsafe { *count };
-            for i in 0..room.min(n) {
-                // Opaque node handles: the node's index, never dereferenced.
-                // SAFETY: `i < room`, inside the array.
-                unsafe { *nodes.add(i) = (i + 1) as CUgraphNode };
-            }
-        }
-        // SAFETY: as above.
-        unsafe { out(count, n) }
+        let handles: Vec<usize> = lock(&d.graphs.graph(graph)?.nodes)
+            .iter()
+            .map(|n| n.handle)
+            .collect();
+        // SAFETY: the caller's contract.
+        unsafe { super::nodes::hand_out(&handles, nodes, count) }
     })
 }
 
 fn instantiate(exec: *mut CUgraphExec, graph: CUgraph) -> Cu<()> {
     let d = driver::live()?;
-    let ops = lock(&d.graphs.graph(graph)?.ops).clone();
-    let e = Box::into_raw(Box::new(Exec { ops }));
+    if exec.is_null() {
+        return Err(result::INVALID_VALUE);
+    }
+    let nodes = lock(&d.graphs.graph(graph)?.nodes).clone();
+    let state = d.instantiate_nodes(nodes)?;
+    let e = Box::into_raw(Box::new(Exec {
+        state: Mutex::new(state),
+    }));
     lock(&d.graphs.execs).insert(e as usize);
     // SAFETY: the caller's contract.
     unsafe { out(exec, e.cast()) }
@@ -345,22 +357,24 @@ pub extern "C" fn cuGraphExecDestroy(exec: CUgraphExec) -> CUresult {
             return Err(result::INVALID_VALUE);
         }
         // SAFETY: a live handle, just removed from the set.
-        drop(unsafe { Box::from_raw(exec as *mut Exec) });
-        Ok(())
+        let e = unsafe { Box::from_raw(exec as *mut Exec) };
+        d.destroy_exec(&mut lock(&e.state))
     })
 }
 
 fn launch(exec: CUgraphExec, h: CUstream, per_thread: bool) -> Cu<()> {
     let d = driver::live()?;
-    let ops = {
-        if !lock(&d.graphs.execs).contains(&(exec as usize)) {
-            return Err(result::INVALID_VALUE);
-        }
-        // SAFETY: a live exec handle (destroying removes it from the set first).
-        unsafe { &*(exec as *const Exec) }.ops.clone()
-    };
     let stream = d.stream(h, per_thread)?;
-    d.replay(&ops, stream)
+    let execs = lock(&d.graphs.execs);
+    if !execs.contains(&(exec as usize)) {
+        return Err(result::INVALID_VALUE);
+    }
+    // SAFETY: a live exec handle (destroying removes it from the set first, under the lock
+    // held here).
+    let e = unsafe { &*(exec as *const Exec) };
+    let mut st = lock(&e.state);
+    drop(execs);
+    d.launch_exec(&mut st, stream)
 }
 
 #[unsafe(no_mangle)]
@@ -373,7 +387,7 @@ pub extern "C" fn cuGraphLaunch_ptsz(exec: CUgraphExec, h: CUstream) -> CUresult
     entry("cuGraphLaunch_ptsz", || launch(exec, h, true))
 }
 
-/// Nothing to upload ahead: a replay sends its nodes when launched.
+/// Nothing to upload ahead: gpushared made the graph when it was instantiated.
 #[unsafe(no_mangle)]
 pub extern "C" fn cuGraphUpload(exec: CUgraphExec, _h: CUstream) -> CUresult {
     entry("cuGraphUpload", || {

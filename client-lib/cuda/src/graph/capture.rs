@@ -6,7 +6,7 @@ use std::ffi::c_int;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use super::{Capture, Graphs, Op, lock};
+use super::{Capture, Graphs, Node, Op, Recording, lock};
 use crate::driver::Driver;
 use crate::status::Cu;
 use crate::types::{CUgraph, capture, result};
@@ -26,18 +26,41 @@ impl Graphs {
 
     /// Starts a capture on `stream`, into a new graph.
     pub(super) fn begin(&self, stream: u32, mode: c_int) -> Cu<()> {
+        self.begin_into(stream, mode, None, Vec::new())
+    }
+
+    /// Starts a capture on `stream`: into `into` (its nodes so far kept, the first recorded
+    /// node depending on `deps`, indices of its), or into a new graph.
+    pub(super) fn begin_into(
+        &self,
+        stream: u32,
+        mode: c_int,
+        into: Option<CUgraph>,
+        deps: Vec<u32>,
+    ) -> Cu<()> {
         if !(capture::MODE_GLOBAL..=capture::MODE_RELAXED).contains(&mode) {
             return Err(result::INVALID_VALUE);
         }
+        let base = match into {
+            Some(g) => {
+                u32::try_from(lock(&self.graph(g)?.nodes).len()).map_err(|_| result::UNKNOWN)?
+            }
+            None => 0,
+        };
         let mut captures = lock(&self.captures);
         if captures.contains_key(&stream) {
             return Err(result::ILLEGAL_STATE);
         }
+        let mut recording = Recording {
+            base,
+            ..Recording::default()
+        };
+        recording.tails.insert(stream, deps);
         let c = Arc::new(Capture {
             id: self.next_id.fetch_add(1, Ordering::Relaxed) + 1,
-            ops: Mutex::new(Vec::new()),
+            state: Mutex::new(recording),
             invalidated: AtomicBool::new(false),
-            graph: self.new_graph(Vec::new()) as usize,
+            graph: into.unwrap_or_else(|| self.new_graph()) as usize,
         });
         captures.insert(stream, c);
         self.capturing.fetch_add(1, Ordering::AcqRel);
@@ -66,8 +89,8 @@ impl Graphs {
         if c.invalidated.load(Ordering::Acquire) {
             return Err(result::STREAM_CAPTURE_INVALIDATED);
         }
-        let ops = std::mem::take(&mut *lock(&c.ops));
-        *lock(&self.graph(c.graph as CUgraph)?.ops) = Arc::new(ops);
+        let nodes = std::mem::take(&mut lock(&c.state).nodes);
+        self.append(c.graph as CUgraph, nodes)?;
         Ok(c.graph as CUgraph)
     }
 
@@ -79,7 +102,15 @@ impl Graphs {
         if c.invalidated.load(Ordering::Acquire) {
             return Err(result::STREAM_CAPTURE_INVALIDATED);
         }
-        lock(&c.ops).push(make());
+        let handle = self.node_handle();
+        let mut r = lock(&c.state);
+        let index = r.base + u32::try_from(r.nodes.len()).map_err(|_| result::OUT_OF_MEMORY)?;
+        let deps = r.tails.insert(stream, vec![index]).unwrap_or_default();
+        r.nodes.push(Node {
+            op: make(),
+            deps,
+            handle,
+        });
         Ok(true)
     }
 
@@ -95,6 +126,11 @@ impl Graphs {
         let Some(c) = self.capture_of(stream) else {
             return Ok(false);
         };
+        {
+            let mut r = lock(&c.state);
+            let at = r.tails.get(&stream).cloned().unwrap_or_default();
+            r.marks.insert(event, at);
+        }
         lock(&self.events).insert(event, c);
         Ok(true)
     }
@@ -108,12 +144,31 @@ impl Graphs {
             if let std::collections::hash_map::Entry::Vacant(slot) =
                 lock(&self.captures).entry(stream)
             {
-                slot.insert(c);
+                slot.insert(c.clone());
                 self.capturing.fetch_add(1, Ordering::AcqRel);
+            }
+            // The stream's next node waits for what the event marks, too.
+            let mut r = lock(&c.state);
+            let marked = r.marks.get(&event).cloned().unwrap_or_default();
+            let tail = r.tails.entry(stream).or_default();
+            for m in marked {
+                if !tail.contains(&m) {
+                    tail.push(m);
+                }
             }
             return Ok(true);
         }
         Ok(self.capture_of(stream).is_some())
+    }
+
+    /// The nodes the capture on `stream` would make its next node depend on, as handles.
+    pub(super) fn capture_tail(&self, c: &Capture, stream: u32) -> Vec<usize> {
+        let r = lock(&c.state);
+        let tail = r.tails.get(&stream).cloned().unwrap_or_default();
+        tail.iter()
+            .filter_map(|&i| i.checked_sub(r.base))
+            .filter_map(|i| r.nodes.get(i as usize).map(|n| n.handle))
+            .collect()
     }
 }
 
@@ -175,11 +230,12 @@ mod tests {
         })
     }
 
-    fn recorded(g: &Graphs, graph: CUgraph) -> Vec<u8> {
-        let ops = lock(&g.graph(graph).expect("graph").ops).clone();
-        ops.iter()
-            .map(|op| match op {
-                Op::Command(Command::Memset { value, .. }) => *value,
+    fn recorded(g: &Graphs, graph: CUgraph) -> Vec<(u8, Vec<u32>)> {
+        let nodes = lock(&g.graph(graph).expect("graph").nodes).clone();
+        nodes
+            .iter()
+            .map(|n| match &n.op {
+                Op::Command(Command::Memset { value, .. }) => (*value, n.deps.clone()),
                 other => panic!("not recorded here: {other:?}"),
             })
             .collect()
@@ -194,7 +250,7 @@ mod tests {
         assert_eq!(g.record(8, || memset(8, 9)), Ok(false), "another stream");
         assert_eq!(g.record(7, || memset(7, 2)), Ok(true));
         let graph = g.end(7).expect("end");
-        assert_eq!(recorded(&g, graph), [1, 2]);
+        assert_eq!(recorded(&g, graph), [(1, vec![]), (2, vec![0])]);
         assert_eq!(g.capturing.load(Ordering::Acquire), 0);
         assert_eq!(g.record(7, || memset(7, 3)), Ok(false), "capture over");
     }
@@ -214,11 +270,33 @@ mod tests {
         assert_eq!(g.record(2, || memset(2, 5)), Ok(true));
         assert_eq!(g.record(1, || memset(1, 6)), Ok(true));
         let graph = g.end(1).expect("end");
-        assert_eq!(recorded(&g, graph), [5, 6], "one graph");
+        // Stream 2's node waits for what the event marked (nothing yet); stream 1's for its
+        // own start.
+        assert_eq!(recorded(&g, graph), [(5, vec![]), (6, vec![])], "one graph");
         assert!(g.capture_of(2).is_none(), "the joined stream left");
         assert_eq!(g.capturing.load(Ordering::Acquire), 0);
         assert_eq!(g.end(2), Err(result::ILLEGAL_STATE));
         assert_eq!(g.join(2, 40), Ok(false), "the capture's events are gone");
+    }
+
+    #[test]
+    fn a_forked_stream_depends_on_the_fork_and_the_join_waits_for_both_branches() {
+        let g = Graphs::default();
+        g.begin(1, capture::MODE_GLOBAL).expect("begin");
+        assert_eq!(g.record(1, || memset(1, 1)), Ok(true));
+        assert_eq!(g.record_event(1, 40), Ok(true), "the fork");
+        assert_eq!(g.join(2, 40), Ok(true));
+        assert_eq!(g.record(2, || memset(2, 2)), Ok(true));
+        assert_eq!(g.record(1, || memset(1, 3)), Ok(true));
+        assert_eq!(g.record_event(2, 41), Ok(true), "the join");
+        assert_eq!(g.join(1, 41), Ok(true));
+        assert_eq!(g.record(1, || memset(1, 4)), Ok(true));
+        let graph = g.end(1).expect("end");
+        assert_eq!(
+            recorded(&g, graph),
+            [(1, vec![]), (2, vec![0]), (3, vec![0]), (4, vec![2, 1])],
+            "the two branches run side by side, the last node after both"
+        );
     }
 
     #[test]

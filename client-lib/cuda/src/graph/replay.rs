@@ -1,4 +1,5 @@
-//! Replaying a graph: its recorded ops sent again, in capture order, on the launch stream.
+//! Replaying a graph: its nodes' work sent again, one by one in an order their dependencies
+//! allow, on the launch stream.
 
 use gpushare_protocol::Command;
 
@@ -7,8 +8,8 @@ use crate::driver::Driver;
 use crate::status::Cu;
 
 impl Driver {
-    /// Sends a graph's ops on `stream`.
-    pub(super) fn replay(&self, ops: &[Op], stream: u32) -> Cu<()> {
+    /// Sends a graph's ops on `stream`, in turn.
+    pub(super) fn replay<'a>(&self, ops: impl Iterator<Item = &'a Op>, stream: u32) -> Cu<()> {
         for op in ops {
             match op {
                 Op::Launch {
@@ -20,6 +21,7 @@ impl Driver {
                     unsafe { std::ptr::copy_nonoverlapping(params.as_ptr(), dst, params.len()) }
                 })?,
                 Op::Command(cmd) => self.transport.post(on_stream(*cmd, stream))?,
+                Op::Empty => {}
             }
         }
         Ok(())

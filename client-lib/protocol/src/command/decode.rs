@@ -176,6 +176,11 @@ impl Command {
                 token_hi: a[1],
                 event: id(a[2])?,
             },
+            LAUNCH_GRAPH => Command::LaunchGraph {
+                stream: s,
+                graph: id(a[0])?,
+            },
+            DROP_GRAPH => Command::DropGraph { graph: id(a[0])? },
             FUNCTION_SET_ATTRIBUTE => Command::FunctionSetAttribute {
                 function: a[0],
                 attribute: u32::try_from(a[1]).map_err(|_| ErrorCode::InvalidArgument)?,

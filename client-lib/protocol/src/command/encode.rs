@@ -172,6 +172,10 @@ impl Command {
                 0,
                 [token_lo, token_hi, event as u64, 0, 0, 0],
             ),
+            Command::LaunchGraph { stream, graph } => {
+                (LAUNCH_GRAPH, stream, [graph as u64, 0, 0, 0, 0, 0])
+            }
+            Command::DropGraph { graph } => (DROP_GRAPH, 0, [graph as u64, 0, 0, 0, 0, 0]),
             Command::FunctionSetAttribute {
                 function,
                 attribute,

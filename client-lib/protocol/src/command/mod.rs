@@ -21,7 +21,7 @@ pub use self::launch::{
     LAUNCH_ATTRIBUTES_BYTES, LAUNCH_COOPERATIVE, LAUNCH_PROGRAMMATIC_SERIALIZATION,
     LaunchAttributes, MAX_LAUNCH_PARAMS, ModuleLaunch, OccupancyQuery, shape_is_valid,
 };
-use crate::{DevicePtr, EventId, StreamId};
+use crate::{DevicePtr, EventId, GraphId, StreamId};
 
 /// Everything a client can ask of the broker over its submission ring.
 ///
@@ -322,6 +322,15 @@ pub enum Command {
         dynamic_smem: u64,
         flags: u32,
         cluster: [u32; 3],
+    },
+    /// Launches an instantiated graph (`ClientMessage::MakeGraph`) on `stream` as one unit.
+    LaunchGraph {
+        stream: StreamId,
+        graph: GraphId,
+    },
+    /// Destroys an instantiated graph, after the launches of it queued before this.
+    DropGraph {
+        graph: GraphId,
     },
 }
 

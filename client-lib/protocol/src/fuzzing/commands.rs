@@ -59,6 +59,8 @@ pub(super) fn command_variant(c: &Command) -> &'static str {
         Command::LaunchEx { .. } => "launch_ex",
         Command::FunctionSetAttribute { .. } => "function_set_attribute",
         Command::Occupancy { .. } => "occupancy",
+        Command::LaunchGraph { .. } => "launch_graph",
+        Command::DropGraph { .. } => "drop_graph",
     }
 }
 
@@ -283,6 +285,11 @@ pub fn commands() -> Vec<Command> {
             ptr: 0x7000_0000_0000,
         },
         Command::IpcExportEvent { event: 3 },
+        Command::LaunchGraph {
+            stream: 2,
+            graph: 1,
+        },
+        Command::DropGraph { graph: 1 },
         Command::IpcOpenEvent {
             token_lo: 1,
             token_hi: 2,

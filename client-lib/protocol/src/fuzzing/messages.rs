@@ -175,6 +175,7 @@ pub(super) fn client_variant(m: &ClientMessage) -> &'static str {
         ClientMessage::EncodeTensorMap { .. } => "encode_tensor_map",
         ClientMessage::GetFunctionNames { .. } => "get_function_names",
         ClientMessage::Ping { .. } => "ping",
+        ClientMessage::MakeGraph { .. } => "make_graph",
     }
 }
 
@@ -201,6 +202,7 @@ pub(super) fn broker_variant(m: &BrokerMessage) -> &'static str {
         BrokerMessage::TensorMap { .. } => "tensor_map",
         BrokerMessage::FunctionNames { .. } => "function_names",
         BrokerMessage::Pong { .. } => "pong",
+        BrokerMessage::GraphMade { .. } => "graph_made",
     }
 }
 
@@ -291,6 +293,10 @@ pub fn client_messages() -> Vec<ClientMessage> {
             handle: 2,
         },
         ClientMessage::ImportMemory { request: 15 },
+        ClientMessage::MakeGraph {
+            request: 18,
+            bytes: 4096,
+        },
         ClientMessage::EncodeTensorMap {
             request: 16,
             args: crate::control::TensorMapArgs::Tiled {
@@ -454,6 +460,10 @@ pub fn broker_messages() -> Vec<BrokerMessage> {
         BrokerMessage::FunctionNames {
             request: 15,
             result: Err(err(ErrorCode::InvalidHandle)),
+        },
+        BrokerMessage::GraphMade {
+            request: 16,
+            result: Ok(3),
         },
     ]
 }

@@ -1,0 +1,212 @@
+//! Real CUDA graphs for clients' graphs: built by capturing each node on a private stream, so
+//! that a node goes to the device exactly as the same work queued on a stream would (launch
+//! attributes, programmatic launches); each node's dependencies are set on the capture before
+//! it, and the node the capture then made is read back for the nodes after it.
+
+use std::ptr;
+use std::sync::Arc;
+
+use cudarc::driver::result as cu;
+use cudarc::driver::sys;
+
+use super::error::check;
+use super::module::CudaFunction;
+use super::{CudaDevice, CudaStream};
+use crate::device::graph::{Node, Step};
+use crate::device::{DeviceError, DeviceResult};
+
+/// An instantiated graph; it keeps the functions its kernels run.
+pub struct CudaGraph {
+    graph: sys::CUgraph,
+    exec: sys::CUgraphExec,
+    _functions: Vec<Arc<CudaFunction>>,
+}
+
+// SAFETY: graph handles are not tied to a thread; launches are serialized by the stream's
+// owner, and the handles are destroyed once, on drop.
+unsafe impl Send for CudaGraph {}
+// SAFETY: as above; launching one executable graph from several streams is allowed.
+unsafe impl Sync for CudaGraph {}
+
+impl Drop for CudaGraph {
+    fn drop(&mut self) {
+        // SAFETY: made by `make`, destroyed only here. A launch still running finishes first
+        // (the driver frees an executable graph in flight when it completes).
+        unsafe {
+            let _ = sys::cuGraphExecDestroy(self.exec);
+            let _ = sys::cuGraphDestroy(self.graph);
+        }
+    }
+}
+
+/// Makes and instantiates the graph of `nodes`.
+pub(super) fn make(dev: &CudaDevice, nodes: Vec<Node<CudaFunction>>) -> DeviceResult<CudaGraph> {
+    dev.bind()?;
+    let stream = cu::stream::create(cu::stream::StreamKind::NonBlocking)
+        .map_err(|e| super::error::driver("cuStreamCreate", e))?;
+    let captured = capture(stream, &nodes);
+    // SAFETY: made above; nothing else uses it.
+    let _ = unsafe { cu::stream::destroy(stream) };
+    let graph = captured?;
+    let mut exec = ptr::null_mut();
+    // SAFETY: a graph just made; `exec` is written on success.
+    if let Err(e) = check("cuGraphInstantiateWithFlags", unsafe {
+        sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0)
+    }) {
+        // SAFETY: ours, not instantiated.
+        let _ = unsafe { sys::cuGraphDestroy(graph) };
+        return Err(e);
+    }
+    let functions = nodes
+        .into_iter()
+        .filter_map(|n| match n.step {
+            Step::Kernel { function, .. } => Some(function),
+            _ => None,
+        })
+        .collect();
+    Ok(CudaGraph {
+        graph,
+        exec,
+        _functions: functions,
+    })
+}
+
+/// Captures every node on `stream`; the graph, or the first failure (the capture ended).
+fn capture(stream: sys::CUstream, nodes: &[Node<CudaFunction>]) -> DeviceResult<sys::CUgraph> {
+    // SAFETY: a live stream of ours.
+    check("cuStreamBeginCapture", unsafe {
+        sys::cuStreamBeginCapture_v2(
+            stream,
+            sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+        )
+    })?;
+    let built = capture_nodes(stream, nodes);
+    let mut graph = ptr::null_mut();
+    // SAFETY: the capture begun above; `graph` is written.
+    let ended = check("cuStreamEndCapture", unsafe {
+        sys::cuStreamEndCapture(stream, &mut graph)
+    });
+    match (built, ended) {
+        (Ok(()), Ok(())) => Ok(graph),
+        (built, ended) => {
+            if !graph.is_null() {
+                // SAFETY: the capture's graph, not used.
+                let _ = unsafe { sys::cuGraphDestroy(graph) };
+            }
+            Err(built
+                .err()
+                .or(ended.err())
+                .unwrap_or_else(|| DeviceError::Failed("the graph's capture failed".into())))
+        }
+    }
+}
+
+fn capture_nodes(stream: sys::CUstream, nodes: &[Node<CudaFunction>]) -> DeviceResult<()> {
+    let mut made: Vec<sys::CUgraphNode> = Vec::with_capacity(nodes.len());
+    for (i, node) in nodes.iter().enumerate() {
+        // The capture depends on the node just made: a chain needs no update (and keeps the
+        // edge kinds capture gave it, such as programmatic launches').
+        let chained = i > 0 && node.deps.len() == 1 && node.deps[0] as usize == i - 1;
+        if !chained {
+            let mut deps = node
+                .deps
+                .iter()
+                .map(|&d| made.get(d as usize).copied())
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| DeviceError::InvalidArgument("a graph node's dependency".into()))?;
+            // SAFETY: a capturing stream of ours; the nodes are this capture's.
+            check("cuStreamUpdateCaptureDependencies", unsafe {
+                sys::cuStreamUpdateCaptureDependencies_v2(
+                    stream,
+                    deps.as_mut_ptr(),
+                    ptr::null(),
+                    deps.len(),
+                    sys::CUstreamUpdateCaptureDependencies_flags::CU_STREAM_SET_CAPTURE_DEPENDENCIES
+                        as u32,
+                )
+            })?;
+        }
+        queue(stream, &node.step)?;
+        made.push(last_node(stream)?);
+    }
+    Ok(())
+}
+
+/// Queues one node's work on the capturing stream.
+fn queue(stream: sys::CUstream, step: &Step<CudaFunction>) -> DeviceResult<()> {
+    let size = |n: u64| {
+        usize::try_from(n).map_err(|_| DeviceError::InvalidArgument("a graph node's size".into()))
+    };
+    match step {
+        Step::Kernel {
+            function,
+            launch,
+            attributes,
+            params,
+        } => function.launch_on(stream, launch, attributes, params),
+        Step::Copy { src, dst, len } => {
+            let n = size(*len)?;
+            // SAFETY: a capturing stream; the session checks a graph's copies and memsets
+            // against the client's memory at each launch.
+            check("cuMemcpyDtoDAsync", unsafe {
+                sys::cuMemcpyDtoDAsync_v2(*dst, *src, n, stream)
+            })
+        }
+        Step::Memset {
+            dst,
+            value,
+            elem_bytes,
+            count,
+        } => {
+            let n = size(*count)?;
+            // SAFETY: as for copies.
+            let r = unsafe {
+                match elem_bytes {
+                    4 => sys::cuMemsetD32Async(*dst, *value, n, stream),
+                    2 => sys::cuMemsetD16Async(*dst, *value as u16, n, stream),
+                    _ => sys::cuMemsetD8Async(*dst, *value as u8, n, stream),
+                }
+            };
+            check("cuMemsetAsync", r)
+        }
+    }
+}
+
+/// The node the capture made last: its only dependency now.
+fn last_node(stream: sys::CUstream) -> DeviceResult<sys::CUgraphNode> {
+    let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    let mut deps: *const sys::CUgraphNode = ptr::null();
+    let mut n = 0usize;
+    // SAFETY: a capturing stream; every out-parameter is ours or NULL (not asked).
+    check("cuStreamGetCaptureInfo", unsafe {
+        sys::cuStreamGetCaptureInfo_v3(
+            stream,
+            &mut status,
+            ptr::null_mut(),
+            ptr::null_mut(),
+            &mut deps,
+            ptr::null_mut(),
+            &mut n,
+        )
+    })?;
+    if n != 1 || deps.is_null() {
+        return Err(DeviceError::Failed(format!(
+            "a graph node's capture left {n} dependencies, not the one node it made"
+        )));
+    }
+    // SAFETY: the driver's array of `n` (= 1) nodes, valid until the capture changes.
+    Ok(unsafe { *deps })
+}
+
+/// Launches the graph on the stream as one unit.
+pub(super) fn launch(
+    dev: &CudaDevice,
+    stream: &mut CudaStream,
+    graph: &CudaGraph,
+) -> DeviceResult<()> {
+    stream.begin(dev)?;
+    // SAFETY: a live executable graph and stream of this context.
+    check("cuGraphLaunch", unsafe {
+        sys::cuGraphLaunch(graph.exec, stream.raw)
+    })
+}

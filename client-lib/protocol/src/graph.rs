@@ -1,0 +1,147 @@
+//! A CUDA graph as a consolidated client hands it to gpushared, to be made a real graph in the
+//! context that runs the client's work: its nodes in an order their dependencies allow (each
+//! depends only on nodes before it), encoded with bincode and passed as a sealed file
+//! (`ClientMessage::MakeGraph`), since a graph may be larger than a control message.
+//!
+//! The same nodes travel on to the device worker, with each kernel's `function` then the
+//! worker's function handle rather than the session's.
+
+use serde::{Deserialize, Serialize};
+
+use crate::DevicePtr;
+use crate::command::LaunchAttributes;
+
+/// Most nodes one graph may hold.
+pub const MAX_GRAPH_NODES: usize = 1 << 16;
+/// Largest encoded graph.
+pub const MAX_GRAPH_BYTES: u64 = 64 << 20;
+
+/// One node and the nodes (by index, all earlier) it depends on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GraphNode {
+    pub deps: Vec<u32>,
+    pub op: GraphOp,
+}
+
+/// What a node does.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum GraphOp {
+    /// A module function launch; `params` is the packed parameter block, as a
+    /// `LaunchModule` carries it.
+    Kernel {
+        function: u64,
+        grid: [u32; 3],
+        block: [u32; 3],
+        shared_mem_bytes: u32,
+        attributes: LaunchAttributes,
+        params: Vec<u8>,
+    },
+    /// Device to device.
+    Copy {
+        src: DevicePtr,
+        dst: DevicePtr,
+        len: u64,
+    },
+    /// `count` elements of `elem_bytes` (1, 2 or 4) set to `value`.
+    Memset {
+        dst: DevicePtr,
+        value: u32,
+        elem_bytes: u8,
+        count: u64,
+    },
+}
+
+/// Why an encoded graph was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GraphError {
+    #[error("the graph cannot be read: {0}")]
+    Decode(String),
+    #[error("the graph has {0} nodes; at most {MAX_GRAPH_NODES} are allowed")]
+    TooMany(usize),
+    #[error("node {node} depends on node {dep}, which does not come before it")]
+    Order { node: usize, dep: u32 },
+}
+
+fn config() -> impl bincode::config::Config {
+    bincode::config::standard().with_limit::<{ MAX_GRAPH_BYTES as usize }>()
+}
+
+/// The nodes, encoded.
+pub fn encode_graph(nodes: &[GraphNode]) -> Result<Vec<u8>, GraphError> {
+    bincode::serde::encode_to_vec(nodes, config()).map_err(|e| GraphError::Decode(e.to_string()))
+}
+
+/// Encoded nodes, checked: not too many, each depending only on nodes before it.
+pub fn decode_graph(bytes: &[u8]) -> Result<Vec<GraphNode>, GraphError> {
+    let (nodes, _): (Vec<GraphNode>, usize) = bincode::serde::decode_from_slice(bytes, config())
+        .map_err(|e| GraphError::Decode(e.to_string()))?;
+    if nodes.len() > MAX_GRAPH_NODES {
+        return Err(GraphError::TooMany(nodes.len()));
+    }
+    for (i, n) in nodes.iter().enumerate() {
+        if let Some(&dep) = n.deps.iter().find(|&&d| d as usize >= i) {
+            return Err(GraphError::Order { node: i, dep });
+        }
+    }
+    Ok(nodes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn copy(deps: Vec<u32>) -> GraphNode {
+        GraphNode {
+            deps,
+            op: GraphOp::Copy {
+                src: 0x1000,
+                dst: 0x2000,
+                len: 64,
+            },
+        }
+    }
+
+    #[test]
+    fn a_graph_comes_back_as_it_was_sent() {
+        let nodes = vec![
+            copy(vec![]),
+            GraphNode {
+                deps: vec![0],
+                op: GraphOp::Kernel {
+                    function: 7,
+                    grid: [2, 1, 1],
+                    block: [128, 1, 1],
+                    shared_mem_bytes: 0,
+                    attributes: LaunchAttributes::default(),
+                    params: vec![1, 2, 3, 4],
+                },
+            },
+            GraphNode {
+                deps: vec![0, 1],
+                op: GraphOp::Memset {
+                    dst: 0x2000,
+                    value: 9,
+                    elem_bytes: 4,
+                    count: 16,
+                },
+            },
+        ];
+        let bytes = encode_graph(&nodes).expect("encodes");
+        assert_eq!(decode_graph(&bytes), Ok(nodes));
+    }
+
+    #[test]
+    fn a_node_may_depend_only_on_nodes_before_it() {
+        for deps in [vec![1], vec![0, 2]] {
+            let bytes = encode_graph(&[copy(vec![]), copy(deps)]).expect("encodes");
+            assert!(matches!(
+                decode_graph(&bytes),
+                Err(GraphError::Order { node: 1, .. })
+            ));
+        }
+        assert!(matches!(
+            decode_graph(b"\xff\xff\xff"),
+            Err(GraphError::Decode(_))
+        ));
+    }
+}
