@@ -9,7 +9,7 @@ use gpushare_protocol::command::{LaunchAttributes, ModuleLaunch};
 use gpushare_protocol::control::{DeviceInfo, ModuleFormat};
 use gpushare_protocol::{DevicePtr, Kernel, PriorityClass};
 
-use super::graph::Node;
+use super::graph::{Node, Step};
 use super::{DeviceError, DeviceResult, FunctionShape, Occupancy};
 use crate::shm::ArenaSlice;
 
@@ -144,6 +144,19 @@ pub trait Backend: Send + Sync + 'static {
     ) -> DeviceResult<()>;
     /// Makes and instantiates a graph of `nodes` (each depends only on nodes before it).
     fn make_graph(&self, nodes: Vec<Node<Self::Function>>) -> DeviceResult<Self::Graph>;
+    /// Gives nodes of an instantiated graph new parameters (each of the same kind as before),
+    /// for its launches queued after this. A backend that cannot says so; the graph is then
+    /// made again.
+    fn update_graph(
+        &self,
+        _graph: &Self::Graph,
+        _changes: Vec<(u32, Step<Self::Function>)>,
+    ) -> DeviceResult<()> {
+        Err(DeviceError::NotSupported {
+            backend: self.backend().into(),
+            what: "changing an instantiated graph's nodes".into(),
+        })
+    }
     /// Launches an instantiated graph on the stream, as one unit.
     fn launch_graph(&self, stream: &mut Self::Stream, graph: &Self::Graph) -> DeviceResult<()>;
     /// Waits for all work on the stream; reports the first error it met.

@@ -101,6 +101,11 @@ pub enum Call {
     DropGraph {
         graph: Handle,
     },
+    /// New parameters for some nodes; the payload is [`super::graph::encode_update`]'s (the
+    /// changes, and the whole graph to make it again where the device cannot change it).
+    UpdateGraph {
+        graph: Handle,
+    },
     LaunchGraph {
         stream: Handle,
         graph: Handle,
@@ -348,6 +353,7 @@ impl<B: Backend> Executor<B> {
                 self.remove_graph(graph);
                 Ok(Reply::Done)
             }
+            Call::UpdateGraph { graph } => self.update_graph(graph, payload).map(|()| Reply::Done),
             Call::LaunchGraph {
                 stream,
                 graph,

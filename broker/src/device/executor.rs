@@ -285,6 +285,27 @@ impl<B: Backend> Executor<B> {
         insert(&self.graphs, id, Arc::new(graph))
     }
 
+    /// Changes a graph's nodes in place where the backend can, else makes it again whole
+    /// (launches queued before keep the graph they had).
+    pub(super) fn update_graph(&self, id: Handle, payload: &[u8]) -> DeviceResult<()> {
+        let (changes, nodes) = super::graph::decode_update(payload)?;
+        let g = self.graph(id)?;
+        let changes = changes
+            .into_iter()
+            .map(|c| {
+                let node = c.node;
+                super::graph::resolve_op(c.op, |f| self.function(f)).map(|step| (node, step))
+            })
+            .collect::<DeviceResult<Vec<_>>>()?;
+        if self.backend.update_graph(&g, changes).is_ok() {
+            return Ok(());
+        }
+        let nodes = super::graph::resolve(nodes, |f| self.function(f))?;
+        let made = self.backend.make_graph(nodes)?;
+        lock(&self.graphs).insert(id, Arc::new(made));
+        Ok(())
+    }
+
     pub(super) fn remove_graph(&self, id: Handle) {
         lock(&self.graphs).remove(&id);
     }

@@ -6,7 +6,9 @@ use std::sync::Arc;
 
 use gpushare_protocol::DevicePtr;
 use gpushare_protocol::command::{LaunchAttributes, ModuleLaunch};
-use gpushare_protocol::graph::{GraphNode, GraphOp};
+use gpushare_protocol::graph::{
+    GraphChange, GraphNode, GraphOp, decode_changes, decode_graph, encode_changes,
+};
 
 use super::backend::Backend;
 use super::{DeviceError, DeviceResult};
@@ -47,45 +49,81 @@ pub fn resolve<F>(
     nodes
         .into_iter()
         .map(|n| {
-            let step = match n.op {
-                GraphOp::Kernel {
-                    function: f,
-                    grid,
-                    block,
-                    shared_mem_bytes,
-                    attributes,
-                    params,
-                } => Step::Kernel {
-                    function: function(f)?,
-                    launch: ModuleLaunch {
-                        function: f,
-                        grid,
-                        block,
-                        shared_mem_bytes,
-                        params_offset: 0,
-                        params_len: u32::try_from(params.len()).map_err(|_| {
-                            DeviceError::InvalidArgument("a kernel node's parameters".into())
-                        })?,
-                    },
-                    attributes,
-                    params,
-                },
-                GraphOp::Copy { src, dst, len } => Step::Copy { src, dst, len },
-                GraphOp::Memset {
-                    dst,
-                    value,
-                    elem_bytes,
-                    count,
-                } => Step::Memset {
-                    dst,
-                    value,
-                    elem_bytes,
-                    count,
-                },
-            };
-            Ok(Node { deps: n.deps, step })
+            Ok(Node {
+                deps: n.deps,
+                step: resolve_op(n.op, &function)?,
+            })
         })
         .collect()
+}
+
+/// One node's op, its function looked up.
+pub fn resolve_op<F>(
+    op: GraphOp,
+    function: impl Fn(u64) -> DeviceResult<Arc<F>>,
+) -> DeviceResult<Step<F>> {
+    Ok(match op {
+        GraphOp::Kernel {
+            function: f,
+            grid,
+            block,
+            shared_mem_bytes,
+            attributes,
+            params,
+        } => Step::Kernel {
+            function: function(f)?,
+            launch: ModuleLaunch {
+                function: f,
+                grid,
+                block,
+                shared_mem_bytes,
+                params_offset: 0,
+                params_len: u32::try_from(params.len()).map_err(|_| {
+                    DeviceError::InvalidArgument("a kernel node's parameters".into())
+                })?,
+            },
+            attributes,
+            params,
+        },
+        GraphOp::Copy { src, dst, len } => Step::Copy { src, dst, len },
+        GraphOp::Memset {
+            dst,
+            value,
+            elem_bytes,
+            count,
+        } => Step::Memset {
+            dst,
+            value,
+            elem_bytes,
+            count,
+        },
+    })
+}
+
+/// An update's payload: the changes, and the whole graph as it is after them.
+pub fn encode_update(changes: &[GraphChange], nodes: &[u8]) -> DeviceResult<Vec<u8>> {
+    let changes =
+        encode_changes(changes).map_err(|e| DeviceError::InvalidArgument(e.to_string()))?;
+    let mut out = Vec::with_capacity(8 + changes.len() + nodes.len());
+    out.extend_from_slice(&(changes.len() as u64).to_le_bytes());
+    out.extend_from_slice(&changes);
+    out.extend_from_slice(nodes);
+    Ok(out)
+}
+
+/// The changes and the whole graph of an update's payload.
+pub fn decode_update(payload: &[u8]) -> DeviceResult<(Vec<GraphChange>, Vec<GraphNode>)> {
+    let bad = |why: String| DeviceError::InvalidArgument(format!("a graph update: {why}"));
+    let (len, rest) = payload
+        .split_first_chunk::<8>()
+        .ok_or_else(|| bad("too short".into()))?;
+    let (changes, nodes) = rest
+        .split_at_checked(u64::from_le_bytes(*len) as usize)
+        .ok_or_else(|| bad("too short".into()))?;
+    Ok((
+        decode_changes(changes).map_err(|e| bad(e.to_string()))?,
+        decode_graph(nodes).map_err(|e| bad(e.to_string()))?,
+    ))
 }
 
 /// Queues each node on `stream` in turn: a graph run without a graph of the device's own.

@@ -1,15 +1,15 @@
-//! `MakeGraph`: a consolidated client's CUDA graph read from the file it sent, each kernel's
-//! function looked up in the session's table and checked as a launch of it would be, then
-//! made and instantiated on the device and added to the session's graphs.
+//! `MakeGraph`: a consolidated client's CUDA graph read from the file it sent, its nodes
+//! checked (`GraphParts::check`: each kernel's function looked up in the session's table and
+//! checked as a launch of it would be), then made and instantiated on the device and added
+//! to the session's graphs.
 
 use std::fs::File;
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::FileExt;
 use std::sync::{Arc, Mutex};
 
-use gpushare_protocol::command::{MAX_LAUNCH_PARAMS, shape_is_valid};
 use gpushare_protocol::error::WireError;
-use gpushare_protocol::graph::{GraphOp, MAX_GRAPH_BYTES, decode_graph, encode_graph};
+use gpushare_protocol::graph::{MAX_GRAPH_BYTES, decode_graph, encode_graph};
 use gpushare_protocol::{ErrorCode, GraphId};
 
 use super::Broker;
@@ -17,7 +17,7 @@ use super::control::SessionScope;
 use super::driver::told;
 use crate::device::Device;
 use crate::session::ModuleTable;
-use crate::session::graphs::{SessionGraph, Touch};
+use crate::session::graphs::{GraphParts, SessionGraph};
 
 fn bad(message: impl Into<String>) -> WireError {
     WireError::new(ErrorCode::InvalidArgument, message)
@@ -62,90 +62,22 @@ fn make(
     // By position: the client's file offset is not ours to trust.
     file.read_exact_at(&mut encoded, 0)
         .map_err(|e| bad(format!("cannot read the graph: {e}")))?;
-    let mut nodes = decode_graph(&encoded).map_err(|e| bad(e.to_string()))?;
-    let table = || {
-        modules
+    let nodes = decode_graph(&encoded).map_err(|e| bad(e.to_string()))?;
+    let parts = {
+        let table = modules
             .lock()
-            .map_err(|_| WireError::new(ErrorCode::Internal, "module table poisoned"))
+            .map_err(|_| WireError::new(ErrorCode::Internal, "module table poisoned"))?;
+        GraphParts::check(nodes, &table, device).map_err(|(code, why)| WireError::new(code, why))?
     };
-    let mut functions = Vec::new();
-    let mut touches = Vec::new();
-    let mut blocks = 0u32;
-    for (i, node) in nodes.iter_mut().enumerate() {
-        match &mut node.op {
-            GraphOp::Kernel {
-                function,
-                grid,
-                block,
-                params,
-                ..
-            } => {
-                let f = table()?.function(*function).ok_or_else(|| {
-                    WireError::new(
-                        ErrorCode::InvalidHandle,
-                        format!("graph node {i}: no function {function}"),
-                    )
-                })?;
-                if !shape_is_valid(*grid, *block) {
-                    return Err(bad(format!(
-                        "graph node {i}: a launch of {grid:?} blocks of {block:?} threads"
-                    )));
-                }
-                if params.len() > MAX_LAUNCH_PARAMS as usize {
-                    return Err(bad(format!(
-                        "graph node {i}: {} bytes of parameters, at most {MAX_LAUNCH_PARAMS}",
-                        params.len()
-                    )));
-                }
-                blocks = blocks.max(grid.iter().fold(1u32, |a, &g| a.saturating_mul(g)));
-                *function = device.id(&*f).map_err(told)?;
-                functions.push(f);
-            }
-            GraphOp::Copy { src, dst, len } => {
-                touches.push(Touch {
-                    ptr: *src,
-                    len: *len,
-                    write: false,
-                });
-                touches.push(Touch {
-                    ptr: *dst,
-                    len: *len,
-                    write: true,
-                });
-            }
-            GraphOp::Memset {
-                dst,
-                elem_bytes,
-                count,
-                ..
-            } => {
-                if ![1, 2, 4].contains(elem_bytes) {
-                    return Err(bad(format!(
-                        "graph node {i}: memset elements of {elem_bytes} bytes"
-                    )));
-                }
-                let len = count
-                    .checked_mul(u64::from(*elem_bytes))
-                    .ok_or_else(|| bad(format!("graph node {i}: memset too large")))?;
-                touches.push(Touch {
-                    ptr: *dst,
-                    len,
-                    write: true,
-                });
-            }
-        }
-    }
-    let kernels = functions.len() as u64;
-    let encoded = encode_graph(&nodes).map_err(|e| bad(e.to_string()))?;
+    let encoded = encode_graph(&parts.nodes).map_err(|e| bad(e.to_string()))?;
     let graph = device.make_graph(Arc::from(encoded)).map_err(told)?;
-    table()?
+    modules
+        .lock()
+        .map_err(|_| WireError::new(ErrorCode::Internal, "module table poisoned"))?
         .graphs
         .insert(SessionGraph {
             graph,
-            functions,
-            touches,
-            kernels,
-            blocks,
+            parts: Mutex::new(parts),
         })
         .map_err(|c| WireError::new(c, "too many graphs"))
 }

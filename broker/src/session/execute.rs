@@ -61,6 +61,11 @@ impl SessionState {
             Command::IpcExportEvent { event } => self.ipc_export_event(event),
             Command::LaunchGraph { stream, graph } => self.launch_graph(stream, graph),
             Command::DropGraph { graph } => self.drop_graph(graph),
+            Command::UpdateGraph {
+                graph,
+                params_offset,
+                params_len,
+            } => self.update_graph(graph, params_offset, params_len),
             Command::IpcOpenEvent {
                 token_lo,
                 token_hi,

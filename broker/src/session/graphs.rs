@@ -3,13 +3,15 @@
 //! launches queued before the drop.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 
+use gpushare_protocol::command::{MAX_LAUNCH_PARAMS, shape_is_valid};
+use gpushare_protocol::graph::{GraphNode, GraphOp, decode_changes, encode_graph};
 use gpushare_protocol::{ErrorCode, GraphId, StreamId};
 
-use super::SessionState;
-use crate::device::{Call, Function, Graph};
+use super::{ModuleTable, SessionState};
+use crate::device::{Call, Device, Function, Graph};
 
 /// Most graphs one client may hold at once.
 pub const MAX_GRAPHS: usize = 4096;
@@ -25,6 +27,13 @@ pub struct Touch {
 /// An instantiated graph of the client's.
 pub struct SessionGraph {
     pub graph: Graph,
+    pub parts: Mutex<GraphParts>,
+}
+
+/// What the broker knows of a graph's nodes.
+pub struct GraphParts {
+    /// The nodes as the device has them (kernels' functions are the device's handles).
+    pub nodes: Vec<GraphNode>,
     /// The functions its kernels run, held while it lives.
     pub functions: Vec<Arc<Function>>,
     /// What its copies and memsets touch: checked at each launch, as the same commands sent
@@ -33,6 +42,129 @@ pub struct SessionGraph {
     /// Its kernel nodes, and the most thread blocks one of them launches.
     pub kernels: u64,
     pub blocks: u32,
+}
+
+impl GraphParts {
+    /// Checks the client's nodes (their kernels' functions the session's), making each
+    /// kernel's function the device's; refused with the node and why.
+    pub fn check(
+        nodes: Vec<GraphNode>,
+        table: &ModuleTable,
+        device: &Device,
+    ) -> Result<GraphParts, (ErrorCode, String)> {
+        let mut parts = GraphParts {
+            nodes: Vec::with_capacity(nodes.len()),
+            functions: Vec::new(),
+            touches: Vec::new(),
+            kernels: 0,
+            blocks: 0,
+        };
+        for (i, mut node) in nodes.into_iter().enumerate() {
+            if let Some(f) = check_op(i, &mut node.op, table, device)? {
+                parts.hold(f);
+            }
+            parts.nodes.push(node);
+        }
+        parts.survey();
+        Ok(parts)
+    }
+
+    /// Holds a function a kernel runs (once).
+    fn hold(&mut self, f: Arc<Function>) {
+        if !self.functions.iter().any(|held| Arc::ptr_eq(held, &f)) {
+            self.functions.push(f);
+        }
+    }
+
+    /// Counts kernels and blocks and lists what copies and memsets touch, from the nodes.
+    fn survey(&mut self) {
+        self.touches.clear();
+        self.kernels = 0;
+        self.blocks = 0;
+        for node in &self.nodes {
+            match &node.op {
+                GraphOp::Kernel { grid, .. } => {
+                    self.kernels += 1;
+                    let blocks = grid.iter().fold(1u32, |a, &g| a.saturating_mul(g));
+                    self.blocks = self.blocks.max(blocks);
+                }
+                GraphOp::Copy { src, dst, len } => {
+                    self.touches.push(Touch {
+                        ptr: *src,
+                        len: *len,
+                        write: false,
+                    });
+                    self.touches.push(Touch {
+                        ptr: *dst,
+                        len: *len,
+                        write: true,
+                    });
+                }
+                GraphOp::Memset {
+                    dst,
+                    elem_bytes,
+                    count,
+                    ..
+                } => self.touches.push(Touch {
+                    ptr: *dst,
+                    len: count.saturating_mul(u64::from(*elem_bytes)),
+                    write: true,
+                }),
+            }
+        }
+    }
+}
+
+/// Checks one node's op as a launch, copy or memset of it would be checked; a kernel's
+/// function becomes the device's handle (the session's function is returned, to be held).
+fn check_op(
+    i: usize,
+    op: &mut GraphOp,
+    table: &ModuleTable,
+    device: &Device,
+) -> Result<Option<Arc<Function>>, (ErrorCode, String)> {
+    let bad = |why: String| (ErrorCode::InvalidArgument, format!("graph node {i}: {why}"));
+    match op {
+        GraphOp::Kernel {
+            function,
+            grid,
+            block,
+            params,
+            ..
+        } => {
+            let f = table.function(*function).ok_or_else(|| {
+                (
+                    ErrorCode::InvalidHandle,
+                    format!("graph node {i}: no function {function}"),
+                )
+            })?;
+            if !shape_is_valid(*grid, *block) {
+                return Err(bad(format!(
+                    "a launch of {grid:?} blocks of {block:?} threads"
+                )));
+            }
+            if params.len() > MAX_LAUNCH_PARAMS as usize {
+                return Err(bad(format!(
+                    "{} bytes of parameters, at most {MAX_LAUNCH_PARAMS}",
+                    params.len()
+                )));
+            }
+            *function = device.id(&*f).map_err(|e| (e.code(), e.to_string()))?;
+            Ok(Some(f))
+        }
+        GraphOp::Copy { .. } => Ok(None),
+        GraphOp::Memset {
+            elem_bytes, count, ..
+        } => {
+            if ![1, 2, 4].contains(elem_bytes) {
+                return Err(bad(format!("memset elements of {elem_bytes} bytes")));
+            }
+            count
+                .checked_mul(u64::from(*elem_bytes))
+                .ok_or_else(|| bad("memset too large".into()))?;
+            Ok(None)
+        }
+    }
 }
 
 /// The graphs a client holds, by id (never reused).
@@ -85,7 +217,11 @@ impl SessionState {
         id: GraphId,
     ) -> Result<(u64, u64), ErrorCode> {
         let g = self.graph(id)?;
-        for t in &g.touches {
+        let (touches, kernels, blocks) = {
+            let p = g.parts.lock().map_err(|_| ErrorCode::Internal)?;
+            (p.touches.clone(), p.kernels, p.blocks)
+        };
+        for t in &touches {
             if t.write {
                 self.check_write(t.ptr, t.len)?;
             } else {
@@ -97,7 +233,7 @@ impl SessionState {
         }
         let client = self.info.id;
         let key = GRAPH_KEY | u64::from(id);
-        let turn = self.acquire(|d| d.module_profile(client, key, g.blocks));
+        let turn = self.acquire(|d| d.module_profile(client, key, blocks));
         let sm_limit = turn.and_then(|t| t.sm_limit);
         let start = turn.and_then(|_| self.start_granted(stream));
         let r = self.on_stream(stream, |d, s| {
@@ -124,8 +260,52 @@ impl SessionState {
         self.info
             .counters
             .kernels
-            .fetch_add(g.kernels, Ordering::Relaxed);
+            .fetch_add(kernels, Ordering::Relaxed);
         Ok(r)
+    }
+
+    /// New parameters for some of a graph's nodes, for the launches after this: checked as
+    /// the graph was, then applied on the device behind the launches queued before (this
+    /// thread's calls reach the device in order).
+    pub(super) fn update_graph(
+        &mut self,
+        id: GraphId,
+        offset: u64,
+        len: u32,
+    ) -> Result<(u64, u64), ErrorCode> {
+        let g = self.graph(id)?;
+        let slice = self
+            .region
+            .arena_slice(offset, u64::from(len))
+            .ok_or(ErrorCode::ArenaOutOfBounds)?;
+        let mut bytes = vec![0u8; slice.len()];
+        slice.read_into(&mut bytes);
+        let mut changes = decode_changes(&bytes).map_err(|_| ErrorCode::InvalidArgument)?;
+        let mut parts = g.parts.lock().map_err(|_| ErrorCode::Internal)?;
+        {
+            let table = self.modules.lock().map_err(|_| ErrorCode::Internal)?;
+            for c in &mut changes {
+                let i = c.node as usize;
+                let was = parts.nodes.get(i).ok_or(ErrorCode::InvalidArgument)?;
+                if !was.op.same_kind(&c.op) {
+                    return Err(ErrorCode::InvalidArgument);
+                }
+                if let Some(f) =
+                    check_op(i, &mut c.op, &table, &self.device).map_err(|(code, _)| code)?
+                {
+                    parts.hold(f);
+                }
+            }
+        }
+        for c in &changes {
+            parts.nodes[c.node as usize].op = c.op.clone();
+        }
+        parts.survey();
+        let all = encode_graph(&parts.nodes).map_err(|_| ErrorCode::Internal)?;
+        self.device
+            .update_graph(&g.graph, &changes, Arc::from(all))
+            .map_err(|e| e.code())?;
+        Ok((0, 0))
     }
 
     /// Drops a graph; the device lets go of it after the launches queued before.

@@ -51,6 +51,14 @@ pub enum GraphOp {
     },
 }
 
+/// A node of an instantiated graph given new parameters (`cuGraphExec*SetParams`): its index
+/// in the graph as made, and what it does now (of the same kind).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GraphChange {
+    pub node: u32,
+    pub op: GraphOp,
+}
+
 /// Why an encoded graph was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum GraphError {
@@ -84,6 +92,29 @@ pub fn decode_graph(bytes: &[u8]) -> Result<Vec<GraphNode>, GraphError> {
         }
     }
     Ok(nodes)
+}
+
+/// Changes, encoded (`Command::UpdateGraph`'s payload).
+pub fn encode_changes(changes: &[GraphChange]) -> Result<Vec<u8>, GraphError> {
+    bincode::serde::encode_to_vec(changes, config()).map_err(|e| GraphError::Decode(e.to_string()))
+}
+
+/// Encoded changes, checked: not too many.
+pub fn decode_changes(bytes: &[u8]) -> Result<Vec<GraphChange>, GraphError> {
+    let (changes, _): (Vec<GraphChange>, usize) =
+        bincode::serde::decode_from_slice(bytes, config())
+            .map_err(|e| GraphError::Decode(e.to_string()))?;
+    if changes.len() > MAX_GRAPH_NODES {
+        return Err(GraphError::TooMany(changes.len()));
+    }
+    Ok(changes)
+}
+
+impl GraphOp {
+    /// Whether `other` is a node of the same kind (what an update may change into).
+    pub fn same_kind(&self, other: &GraphOp) -> bool {
+        std::mem::discriminant(self) == std::mem::discriminant(other)
+    }
 }
 
 #[cfg(test)]
@@ -128,6 +159,20 @@ mod tests {
         ];
         let bytes = encode_graph(&nodes).expect("encodes");
         assert_eq!(decode_graph(&bytes), Ok(nodes));
+    }
+
+    #[test]
+    fn changes_come_back_as_they_were_sent() {
+        let changes = vec![GraphChange {
+            node: 3,
+            op: copy(vec![]).op,
+        }];
+        let bytes = encode_changes(&changes).expect("encodes");
+        assert_eq!(decode_changes(&bytes), Ok(changes));
+        assert!(matches!(
+            decode_changes(b"\xff"),
+            Err(GraphError::Decode(_))
+        ));
     }
 
     #[test]

@@ -3,8 +3,9 @@
 //! attributes, programmatic launches); each node's dependencies are set on the capture before
 //! it, and the node the capture then made is read back for the nodes after it.
 
+use std::ffi::c_void;
 use std::ptr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use cudarc::driver::result as cu;
 use cudarc::driver::sys;
@@ -19,7 +20,9 @@ use crate::device::{DeviceError, DeviceResult};
 pub struct CudaGraph {
     graph: sys::CUgraph,
     exec: sys::CUgraphExec,
-    _functions: Vec<Arc<CudaFunction>>,
+    /// The graph's nodes, in the order of the nodes it was made of.
+    nodes: Vec<sys::CUgraphNode>,
+    functions: Mutex<Vec<Arc<CudaFunction>>>,
 }
 
 // SAFETY: graph handles are not tied to a thread; launches are serialized by the stream's
@@ -47,7 +50,7 @@ pub(super) fn make(dev: &CudaDevice, nodes: Vec<Node<CudaFunction>>) -> DeviceRe
     let captured = capture(stream, &nodes);
     // SAFETY: made above; nothing else uses it.
     let _ = unsafe { cu::stream::destroy(stream) };
-    let graph = captured?;
+    let (graph, made) = captured?;
     let mut exec = ptr::null_mut();
     // SAFETY: a graph just made; `exec` is written on success.
     if let Err(e) = check("cuGraphInstantiateWithFlags", unsafe {
@@ -67,12 +70,17 @@ pub(super) fn make(dev: &CudaDevice, nodes: Vec<Node<CudaFunction>>) -> DeviceRe
     Ok(CudaGraph {
         graph,
         exec,
-        _functions: functions,
+        nodes: made,
+        functions: Mutex::new(functions),
     })
 }
 
-/// Captures every node on `stream`; the graph, or the first failure (the capture ended).
-fn capture(stream: sys::CUstream, nodes: &[Node<CudaFunction>]) -> DeviceResult<sys::CUgraph> {
+/// Captures every node on `stream`; the graph and its nodes, or the first failure (the
+/// capture ended).
+fn capture(
+    stream: sys::CUstream,
+    nodes: &[Node<CudaFunction>],
+) -> DeviceResult<(sys::CUgraph, Vec<sys::CUgraphNode>)> {
     // SAFETY: a live stream of ours.
     check("cuStreamBeginCapture", unsafe {
         sys::cuStreamBeginCapture_v2(
@@ -87,7 +95,7 @@ fn capture(stream: sys::CUstream, nodes: &[Node<CudaFunction>]) -> DeviceResult<
         sys::cuStreamEndCapture(stream, &mut graph)
     });
     match (built, ended) {
-        (Ok(()), Ok(())) => Ok(graph),
+        (Ok(made), Ok(())) => Ok((graph, made)),
         (built, ended) => {
             if !graph.is_null() {
                 // SAFETY: the capture's graph, not used.
@@ -101,7 +109,10 @@ fn capture(stream: sys::CUstream, nodes: &[Node<CudaFunction>]) -> DeviceResult<
     }
 }
 
-fn capture_nodes(stream: sys::CUstream, nodes: &[Node<CudaFunction>]) -> DeviceResult<()> {
+fn capture_nodes(
+    stream: sys::CUstream,
+    nodes: &[Node<CudaFunction>],
+) -> DeviceResult<Vec<sys::CUgraphNode>> {
     let mut made: Vec<sys::CUgraphNode> = Vec::with_capacity(nodes.len());
     for (i, node) in nodes.iter().enumerate() {
         // The capture depends on the node just made: a chain needs no update (and keeps the
@@ -129,7 +140,7 @@ fn capture_nodes(stream: sys::CUstream, nodes: &[Node<CudaFunction>]) -> DeviceR
         queue(stream, &node.step)?;
         made.push(last_node(stream)?);
     }
-    Ok(())
+    Ok(made)
 }
 
 /// Queues one node's work on the capturing stream.
@@ -196,6 +207,105 @@ fn last_node(stream: sys::CUstream) -> DeviceResult<sys::CUgraphNode> {
     }
     // SAFETY: the driver's array of `n` (= 1) nodes, valid until the capture changes.
     Ok(unsafe { *deps })
+}
+
+/// Gives nodes new parameters in the executable graph, for its launches queued after this
+/// (CUDA leaves launches already queued as they were).
+pub(super) fn update(
+    dev: &CudaDevice,
+    graph: &CudaGraph,
+    changes: Vec<(u32, Step<CudaFunction>)>,
+) -> DeviceResult<()> {
+    dev.bind()?;
+    for (i, step) in changes {
+        let node = *graph
+            .nodes
+            .get(i as usize)
+            .ok_or_else(|| DeviceError::InvalidArgument(format!("no graph node {i}")))?;
+        let size = |n: u64| {
+            usize::try_from(n)
+                .map_err(|_| DeviceError::InvalidArgument("a graph node's size".into()))
+        };
+        match step {
+            Step::Kernel {
+                function,
+                launch,
+                params,
+                ..
+            } => {
+                let mut len = params.len();
+                let mut extra = [
+                    sys::CU_LAUNCH_PARAM_BUFFER_POINTER_AS_INT as usize as *mut c_void,
+                    params.as_ptr() as *mut c_void,
+                    sys::CU_LAUNCH_PARAM_BUFFER_SIZE_AS_INT as usize as *mut c_void,
+                    &mut len as *mut usize as *mut c_void,
+                    ptr::null_mut(),
+                ];
+                let p = sys::CUDA_KERNEL_NODE_PARAMS {
+                    func: function.raw(),
+                    gridDimX: launch.grid[0],
+                    gridDimY: launch.grid[1],
+                    gridDimZ: launch.grid[2],
+                    blockDimX: launch.block[0],
+                    blockDimY: launch.block[1],
+                    blockDimZ: launch.block[2],
+                    sharedMemBytes: launch.shared_mem_bytes,
+                    kernelParams: ptr::null_mut(),
+                    extra: if params.is_empty() {
+                        ptr::null_mut()
+                    } else {
+                        extra.as_mut_ptr()
+                    },
+                    kern: ptr::null_mut(),
+                    ctx: ptr::null_mut(),
+                };
+                // SAFETY: a node of this executable graph's graph; the parameters (which the
+                // driver copies) outlive the call.
+                check("cuGraphExecKernelNodeSetParams", unsafe {
+                    sys::cuGraphExecKernelNodeSetParams_v2(graph.exec, node, &p)
+                })?;
+                let mut held = graph.functions.lock().unwrap_or_else(|e| e.into_inner());
+                if !held.iter().any(|f| Arc::ptr_eq(f, &function)) {
+                    held.push(function);
+                }
+            }
+            Step::Copy { src, dst, len } => {
+                // SAFETY: all-zero is a valid (empty) copy description.
+                let mut p: sys::CUDA_MEMCPY3D = unsafe { std::mem::zeroed() };
+                p.srcMemoryType = sys::CUmemorytype::CU_MEMORYTYPE_DEVICE;
+                p.dstMemoryType = sys::CUmemorytype::CU_MEMORYTYPE_DEVICE;
+                p.srcDevice = src;
+                p.dstDevice = dst;
+                p.WidthInBytes = size(len)?;
+                p.Height = 1;
+                p.Depth = 1;
+                // SAFETY: as for kernels; addresses checked by the session at each launch.
+                check("cuGraphExecMemcpyNodeSetParams", unsafe {
+                    sys::cuGraphExecMemcpyNodeSetParams(graph.exec, node, &p, dev.ctx)
+                })?;
+            }
+            Step::Memset {
+                dst,
+                value,
+                elem_bytes,
+                count,
+            } => {
+                let p = sys::CUDA_MEMSET_NODE_PARAMS {
+                    dst,
+                    pitch: 0,
+                    value,
+                    elementSize: u32::from(elem_bytes),
+                    width: size(count)?,
+                    height: 1,
+                };
+                // SAFETY: as for copies.
+                check("cuGraphExecMemsetNodeSetParams", unsafe {
+                    sys::cuGraphExecMemsetNodeSetParams(graph.exec, node, &p, dev.ctx)
+                })?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Launches the graph on the stream as one unit.

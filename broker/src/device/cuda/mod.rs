@@ -65,7 +65,7 @@ use self::memory::PinnedArenas;
 pub use self::module::{CudaFunction, CudaModule, ModuleRef};
 use self::partition::Partitions;
 pub use self::stream::CudaStream;
-use super::graph::Node;
+use super::graph::{Node, Step};
 use super::{Backend, DeviceError, DeviceResult, FunctionShape, Occupancy};
 use crate::shm::ArenaSlice;
 
@@ -499,6 +499,14 @@ impl Backend for CudaDevice {
 
     fn make_graph(&self, nodes: Vec<Node<CudaFunction>>) -> DeviceResult<graph::CudaGraph> {
         graph::make(self, nodes)
+    }
+
+    fn update_graph(
+        &self,
+        graph: &graph::CudaGraph,
+        changes: Vec<(u32, Step<CudaFunction>)>,
+    ) -> DeviceResult<()> {
+        graph::update(self, graph, changes)
     }
 
     fn launch_graph(&self, stream: &mut CudaStream, graph: &graph::CudaGraph) -> DeviceResult<()> {

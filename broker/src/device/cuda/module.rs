@@ -115,6 +115,10 @@ unsafe impl Send for CudaFunction {}
 unsafe impl Sync for CudaFunction {}
 
 impl CudaFunction {
+    pub(super) fn raw(&self) -> sys::CUfunction {
+        self.raw
+    }
+
     pub(super) fn get(
         dev: &CudaDevice,
         module: &Arc<ModuleRef>,

@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use gpushare_protocol::control::{DeviceInfo, ModuleFormat};
+use gpushare_protocol::graph::GraphChange;
 use gpushare_protocol::{DevicePtr, PriorityClass};
 
 use super::call::{Call, EventKind, Handle, Reply, Span};
@@ -536,6 +537,23 @@ impl Device {
         Ok(Graph(Held::new(&self.owner, epoch, id, |graph| {
             Call::DropGraph { graph }
         })))
+    }
+
+    /// New parameters for some of a graph's nodes (`changes`, each kernel's function one of
+    /// this device's handles), for its launches queued after this: this thread's calls reach
+    /// the device in order. `nodes` is the whole graph as it is now, kept to make it again.
+    pub fn update_graph(
+        &self,
+        graph: &Graph,
+        changes: &[GraphChange],
+        nodes: Arc<[u8]>,
+    ) -> DeviceResult<()> {
+        let id = self.id(graph)?;
+        let payload = super::graph::encode_update(changes, &nodes)?;
+        self.call(Call::UpdateGraph { graph: id }, &payload)?
+            .done()?;
+        self.owner.recipes.add(id, Recipe::Graph { nodes });
+        Ok(())
     }
 
     // ---- faults ----------------------------------------------------------------------

@@ -9,7 +9,7 @@ use std::io::Write;
 use std::os::fd::AsRawFd;
 
 use gpushare_protocol::control::{BrokerMessage, ClientMessage};
-use gpushare_protocol::graph::{GraphNode, GraphOp, encode_graph};
+use gpushare_protocol::graph::{GraphChange, GraphNode, GraphOp, encode_changes, encode_graph};
 use gpushare_protocol::{Command, GraphId};
 
 use super::{Node, Op};
@@ -32,6 +32,10 @@ pub(super) struct ExecState {
     pub(super) dirty: bool,
     /// Nodes turned off (`cuGraphNodeSetEnabled`): they do nothing.
     disabled: HashSet<u32>,
+    /// Each node's index in `broker`'s graph (none for nodes that do nothing).
+    wire_of: Vec<Option<u32>>,
+    /// Nodes given new parameters since `broker` was made or last updated.
+    pending: Vec<GraphChange>,
 }
 
 impl ExecState {
@@ -51,12 +55,30 @@ impl ExecState {
         Ok(!self.disabled.contains(i))
     }
 
-    /// What node `i` does now.
-    fn op(&self, i: u32) -> &Op {
-        if self.disabled.contains(&i) {
-            &Op::Empty
-        } else {
-            &self.nodes[i as usize].op
+    /// What node `i` does now; `None` for nothing.
+    fn op(&self, i: u32) -> Option<&Op> {
+        match &self.nodes[i as usize].op {
+            _ if self.disabled.contains(&i) => None,
+            Op::Empty => None,
+            op => Some(op),
+        }
+    }
+
+    /// Node `i` does `op` from now on (of the kind it was): a change for gpushare's graph,
+    /// or, where the graph's shape changes, a new graph at the next launch.
+    pub(super) fn change(&mut self, i: u32, op: Op) {
+        self.nodes[i as usize].op = op;
+        if self.dirty || self.broker.is_none() {
+            self.dirty = true;
+            return;
+        }
+        let at = self.wire_of.get(i as usize).copied().flatten();
+        match (at, self.op(i).and_then(wire_op)) {
+            (Some(node), Some(op)) => {
+                self.pending.retain(|c| c.node != node);
+                self.pending.push(GraphChange { node, op });
+            }
+            _ => self.dirty = true,
         }
     }
 }
@@ -98,13 +120,60 @@ pub(super) fn order(nodes: &[Node]) -> Cu<Vec<u32>> {
     }
 }
 
-/// The nodes as gpushared takes them, in `order`, empty nodes left out (what depended on one
-/// depends on what it depended on); `None` when a node cannot go into gpushared's graph.
+/// What an op is in gpushared's graph; `None` for one that cannot go there (a copy with
+/// page-locked host memory).
+fn wire_op(op: &Op) -> Option<GraphOp> {
+    Some(match op {
+        Op::Launch {
+            function,
+            shape,
+            params,
+        } => GraphOp::Kernel {
+            function: *function,
+            grid: shape.grid,
+            block: shape.block,
+            shared_mem_bytes: shape.shared_mem_bytes,
+            attributes: shape.attributes,
+            params: params.clone(),
+        },
+        Op::Command(Command::CopyDtoD { src, dst, len, .. }) => GraphOp::Copy {
+            src: *src,
+            dst: *dst,
+            len: *len,
+        },
+        Op::Command(Command::Memset {
+            dst, value, len, ..
+        }) => GraphOp::Memset {
+            dst: *dst,
+            value: u32::from(*value),
+            elem_bytes: 1,
+            count: *len,
+        },
+        Op::Command(Command::MemsetWide {
+            dst,
+            value,
+            elem_bytes,
+            count,
+            ..
+        }) => GraphOp::Memset {
+            dst: *dst,
+            value: *value,
+            elem_bytes: *elem_bytes,
+            count: *count,
+        },
+        Op::Command(_) | Op::Empty => return None,
+    })
+}
+
+/// The nodes as gpushared takes them, in `order`, nodes that do nothing (`op_of` says `None`:
+/// empty or turned off) left out (what depended on one depends on what it depended on), and
+/// where each node went; `None` when a node cannot go into gpushared's graph.
 fn to_wire<'a>(
     nodes: &[Node],
     order: &[u32],
-    op_of: impl Fn(u32) -> &'a Op,
-) -> Option<Vec<GraphNode>> {
+    op_of: impl Fn(u32) -> Option<&'a Op>,
+) -> Option<(Vec<GraphNode>, Vec<Option<u32>>)> {
+    let mut wire_of = vec![None; nodes.len()];
     // For each node: the wire nodes that stand for it, for the nodes that depend on it.
     let mut stands: Vec<Vec<u32>> = vec![Vec::new(); nodes.len()];
     let mut out: Vec<GraphNode> = Vec::with_capacity(nodes.len());
@@ -118,54 +187,17 @@ fn to_wire<'a>(
                 }
             }
         }
-        let op = match op_of(i) {
-            Op::Empty => {
-                stands[i as usize] = deps;
-                continue;
-            }
-            Op::Launch {
-                function,
-                shape,
-                params,
-            } => GraphOp::Kernel {
-                function: *function,
-                grid: shape.grid,
-                block: shape.block,
-                shared_mem_bytes: shape.shared_mem_bytes,
-                attributes: shape.attributes,
-                params: params.clone(),
-            },
-            Op::Command(Command::CopyDtoD { src, dst, len, .. }) => GraphOp::Copy {
-                src: *src,
-                dst: *dst,
-                len: *len,
-            },
-            Op::Command(Command::Memset {
-                dst, value, len, ..
-            }) => GraphOp::Memset {
-                dst: *dst,
-                value: u32::from(*value),
-                elem_bytes: 1,
-                count: *len,
-            },
-            Op::Command(Command::MemsetWide {
-                dst,
-                value,
-                elem_bytes,
-                count,
-                ..
-            }) => GraphOp::Memset {
-                dst: *dst,
-                value: *value,
-                elem_bytes: *elem_bytes,
-                count: *count,
-            },
-            Op::Command(_) => return None,
+        let Some(op) = op_of(i) else {
+            // Nothing to do: what depends on it depends on what it depended on.
+            stands[i as usize] = deps;
+            continue;
         };
+        let op = wire_op(op)?;
+        wire_of[i as usize] = Some(out.len() as u32);
         stands[i as usize] = vec![out.len() as u32];
         out.push(GraphNode { deps, op });
     }
-    Some(out)
+    Some((out, wire_of))
 }
 
 fn replay_only() -> bool {
@@ -188,6 +220,8 @@ impl Driver {
             broker: None,
             dirty: true,
             disabled: HashSet::new(),
+            wire_of: Vec::new(),
+            pending: Vec::new(),
         };
         self.make_in_broker(&mut state)?;
         Ok(state)
@@ -196,13 +230,15 @@ impl Driver {
     /// Makes the graph in gpushared from the nodes as they are now (nothing, for a graph
     /// that is replayed); a graph made before is dropped behind its launches.
     fn make_in_broker(&self, st: &mut ExecState) -> Cu<()> {
-        let made = match to_wire(&st.nodes, &st.order, |i| st.op(i)) {
-            Some(wire) if !replay_only() => Some(self.make_graph(&wire)?),
-            _ => None,
+        let (made, wire_of) = match to_wire(&st.nodes, &st.order, |i| st.op(i)) {
+            Some((wire, wire_of)) if !replay_only() => (Some(self.make_graph(&wire)?), wire_of),
+            _ => (None, Vec::new()),
         };
         if let Some(old) = std::mem::replace(&mut st.broker, made) {
             self.transport.post(Command::DropGraph { graph: old })?;
         }
+        st.wire_of = wire_of;
+        st.pending.clear();
         st.dirty = false;
         Ok(())
     }
@@ -238,14 +274,41 @@ impl Driver {
         }
     }
 
+    /// Sends the nodes' new parameters to gpushare's graph (launches queued before keep the
+    /// old ones); changes too large for the arena make a new graph instead.
+    fn send_changes(&self, st: &mut ExecState, graph: GraphId) -> Cu<()> {
+        let bytes = encode_changes(&st.pending).map_err(|_| result::INVALID_VALUE)?;
+        if bytes.len() > self.transport.piece() {
+            return self.make_in_broker(st);
+        }
+        self.transport
+            .send_with_payload(
+                bytes.len(),
+                false,
+                // SAFETY: the payload has room for `bytes`.
+                |p| unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), p.ptr, bytes.len()) },
+                |offset| Command::UpdateGraph {
+                    graph,
+                    params_offset: offset,
+                    params_len: bytes.len() as u32,
+                },
+                |_| (),
+            )
+            .map(drop)?;
+        st.pending.clear();
+        Ok(())
+    }
+
     /// Launches the instantiated graph on `stream`.
     pub(super) fn launch_exec(&self, st: &mut ExecState, stream: u32) -> Cu<()> {
         if st.dirty {
             self.make_in_broker(st)?;
+        } else if let (Some(graph), false) = (st.broker, st.pending.is_empty()) {
+            self.send_changes(st, graph)?;
         }
         match st.broker {
             Some(graph) => self.transport.post(Command::LaunchGraph { stream, graph }),
-            None => self.replay(st.order.iter().map(|&i| st.op(i)), stream),
+            None => self.replay(st.order.iter().filter_map(|&i| st.op(i)), stream),
         }
     }
 
@@ -306,7 +369,9 @@ mod tests {
             node(memset(3), vec![0, 1]),
         ];
         let order = order(&nodes).expect("order");
-        let wire = to_wire(&nodes, &order, |i| &nodes[i as usize].op).expect("all wire nodes");
+        let op_of = |i: u32| Some(&nodes[i as usize].op).filter(|op| !matches!(op, Op::Empty));
+        let (wire, wire_of) = to_wire(&nodes, &order, op_of).expect("all wire nodes");
+        assert_eq!(wire_of, [Some(0), None, Some(1), Some(2)]);
         let deps: Vec<Vec<u32>> = wire.iter().map(|n| n.deps.clone()).collect();
         assert_eq!(deps, [vec![], vec![0], vec![0]]);
     }
@@ -321,6 +386,6 @@ mod tests {
             len: 16,
         });
         let nodes = vec![node(memset(0), vec![]), node(host, vec![0])];
-        assert!(to_wire(&nodes, &[0, 1], |i| &nodes[i as usize].op).is_none());
+        assert!(to_wire(&nodes, &[0, 1], |i| Some(&nodes[i as usize].op)).is_none());
     }
 }

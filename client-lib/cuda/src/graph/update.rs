@@ -107,12 +107,10 @@ fn set_in_exec(d: &Driver, exec: CUgraphExec, node: CUgraphNode, op: Op) -> Cu<(
             .index
             .get(&(node as usize))
             .ok_or(result::INVALID_VALUE)?;
-        let n = &mut st.nodes[i as usize];
-        if type_of(&n.op) != type_of(&op) {
+        if type_of(&st.nodes[i as usize].op) != type_of(&op) {
             return Err(result::INVALID_VALUE);
         }
-        n.op = op;
-        st.dirty = true;
+        st.change(i, op);
         Ok(())
     })
 }
@@ -245,10 +243,9 @@ impl ExecState {
         {
             return update_result::ERROR_NODE_TYPE_CHANGED;
         }
-        for (mine, theirs) in self.nodes.iter_mut().zip(nodes) {
-            mine.op = theirs.op;
+        for (i, theirs) in nodes.into_iter().enumerate() {
+            self.change(i as u32, theirs.op);
         }
-        self.dirty = true;
         update_result::SUCCESS
     }
 }

@@ -181,6 +181,11 @@ impl Command {
                 graph: id(a[0])?,
             },
             DROP_GRAPH => Command::DropGraph { graph: id(a[0])? },
+            UPDATE_GRAPH => Command::UpdateGraph {
+                graph: id(a[0])?,
+                params_offset: a[1],
+                params_len: u32::try_from(a[2]).map_err(|_| ErrorCode::InvalidArgument)?,
+            },
             FUNCTION_SET_ATTRIBUTE => Command::FunctionSetAttribute {
                 function: a[0],
                 attribute: u32::try_from(a[1]).map_err(|_| ErrorCode::InvalidArgument)?,

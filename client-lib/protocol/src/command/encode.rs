@@ -176,6 +176,15 @@ impl Command {
                 (LAUNCH_GRAPH, stream, [graph as u64, 0, 0, 0, 0, 0])
             }
             Command::DropGraph { graph } => (DROP_GRAPH, 0, [graph as u64, 0, 0, 0, 0, 0]),
+            Command::UpdateGraph {
+                graph,
+                params_offset,
+                params_len,
+            } => (
+                UPDATE_GRAPH,
+                0,
+                [graph as u64, params_offset, params_len as u64, 0, 0, 0],
+            ),
             Command::FunctionSetAttribute {
                 function,
                 attribute,

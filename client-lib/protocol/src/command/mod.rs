@@ -328,6 +328,13 @@ pub enum Command {
         stream: StreamId,
         graph: GraphId,
     },
+    /// New parameters for nodes of an instantiated graph, for its launches after this one:
+    /// encoded `graph::GraphChange`s in the arena.
+    UpdateGraph {
+        graph: GraphId,
+        params_offset: u64,
+        params_len: u32,
+    },
     /// Destroys an instantiated graph, after the launches of it queued before this.
     DropGraph {
         graph: GraphId,

@@ -61,6 +61,7 @@ pub(super) fn command_variant(c: &Command) -> &'static str {
         Command::Occupancy { .. } => "occupancy",
         Command::LaunchGraph { .. } => "launch_graph",
         Command::DropGraph { .. } => "drop_graph",
+        Command::UpdateGraph { .. } => "update_graph",
     }
 }
 
@@ -290,6 +291,11 @@ pub fn commands() -> Vec<Command> {
             graph: 1,
         },
         Command::DropGraph { graph: 1 },
+        Command::UpdateGraph {
+            graph: 1,
+            params_offset: 256,
+            params_len: 96,
+        },
         Command::IpcOpenEvent {
             token_lo: 1,
             token_hi: 2,
