@@ -28,7 +28,8 @@
 # alone in that setup), one cell. Every program warms up, then says it is ready; the window
 # (SECS, 5) starts only when all of a cell's programs are ready, so start-up never counts.
 #
-# Other settings: ROUNDS (2), USERS (same | two: the HP program runs as the Unix user HP_USER,
+# Other settings: BE_GRAPHS (set: each BE iteration of the mlp pair is one CUDA graph replay),
+# ROUNDS (2), USERS (same | two: the HP program runs as the Unix user HP_USER,
 # default gpucolo, created if missing; needs root), HP_BATCH_MLP (8), HP_DTYPE (float32),
 # BROKER_ARGS (--no-telemetry), SCHEDULER (priority: the broker setups' policy),
 # READY_TIMEOUT (120 s for a cell's programs to get ready),
@@ -326,7 +327,7 @@ run_cell() { # run_cell ROUND SETUP PAIR TRAINERS HP_ON
         [[ $hp_on == 1 ]] && launch hp 1 "$setup" high "$work/py/hp.py" --model "$hp_model" \
             --batch "$hp_batch" --think-ms "$think" --dtype "$hp_dtype"
         for ((i = 0; i < n; i++)); do
-            launch "be$i" 0 "$setup" best-effort "$work/py/be.py" --model "$be_model" --grace "$grace"
+            launch "be$i" 0 "$setup" best-effort "$work/py/be.py" --model "$be_model" --grace "$grace" ${BE_GRAPHS:+--graph}
         done
         # Wait until every program is ready; give up on one that died, on the whole cell
         # after READY_TIMEOUT, or on stragglers STRAGGLER_S after the others were all ready.

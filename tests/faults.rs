@@ -626,6 +626,36 @@ fn a_clients_modules_live_on_across_a_fault() {
     }
 }
 
+/// A CUDA graph a consolidated program instantiated before another process's fault runs
+/// after it (the worker that took over made it again from the nodes gpushared kept), with the
+/// same results, and takes new parameters there.
+#[test]
+fn a_program_s_cuda_graphs_live_on_across_a_fault() {
+    use gpushare_tests::cuda_program::{CudaProgram, Running, assert_passed};
+    let dir = tempfile::tempdir().expect("temp dir");
+    let program = CudaProgram::build(dir.path(), false);
+    let broker = broker(&[]);
+    assert!(gpushare_tests::wait_until(Duration::from_secs(30), || {
+        broker.log_text().contains("spare device worker ready")
+    }));
+    let mut cmd = program.command(&broker.socket, &["graph-hold"]);
+    cmd.stdin(std::process::Stdio::piped());
+    let mut holder_program = Running::spawn(cmd);
+    holder_program.wait_for_line("holding", Duration::from_secs(60));
+    let holder = broker.device_holder();
+    let mut culprit = Scripted::start(&broker);
+    assert!(culprit.run("connect").starts_with("connected"));
+    assert!(culprit.run("illegal").starts_with("error"));
+    wait_for_takeover(&broker, holder);
+    holder_program.send_line("go");
+    let out = holder_program.finish(Duration::from_secs(60));
+    assert_passed(
+        &out,
+        &["loading", "init", "graph holding", "finish"],
+        &broker.log_text(),
+    );
+}
+
 /// Memory of the virtual memory API (`cuMemCreate` … `cuMemMap`) lives on across a fault
 /// like any other: a consolidated program holding some mapped and some only by its handle
 /// reads it all back intact after another process's fault replaced the device worker, with

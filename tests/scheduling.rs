@@ -371,3 +371,34 @@ fn fair_shares_hold_for_consolidated_programs_and_follow_a_live_weight_change() 
     shares("cons-a's weight set to 3 while it runs", 0.75);
     drop(programs);
 }
+
+/// A consolidated program's CUDA graph launch is one unit for the scheduler, held and granted
+/// as a kernel is and timed as one: under FAIR, a program launching graphs of a kernel and one
+/// launching the same kernel directly share the GPU evenly.
+#[test]
+fn fair_shares_hold_between_a_program_of_graphs_and_one_of_kernels() {
+    use gpushare_tests::cuda_program::{CudaProgram, Running};
+    let broker = broker("fair");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let program = CudaProgram::build(dir.path(), false);
+    let start = |name: &str, mode: &str| {
+        let mut cmd = program.command(&broker.socket, &[mode, "100000", "1000"]);
+        cmd.env("GPUSHARE_NAME", name);
+        let mut running = Running::spawn(cmd);
+        running.wait_for_line("ready", Duration::from_secs(30));
+        running
+    };
+    let names = ["graphs", "kernels"];
+    let programs = [start(names[0], "graph-spin"), start(names[1], "spin")];
+    let got = gpu_time_over(&broker, &names, &names, Duration::from_millis(1200));
+    let share = got[0] as f64 / (got[0] + got[1]).max(1) as f64;
+    println!(
+        "FAIR, graphs against kernels: the graph program's share {share:.3} (goal 0.5); GPU time {:.0} ms",
+        (got[0] + got[1]) as f64 / 1e6
+    );
+    assert!(
+        (share - 0.5).abs() <= 0.05 * 0.5,
+        "the graph program's share is {share:.3}, want 0.5"
+    );
+    drop(programs);
+}

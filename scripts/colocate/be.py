@@ -6,7 +6,8 @@ a vocabulary head; sequence 256, batch --batch (16 by default), cross-entropy, A
 autocast on the GPU.
 
 An iteration is zero_grad, forward, loss, backward, optimizer step and loss.item() (which
-synchronizes). The window's rate is the iterations finished inside it divided by the time
+synchronizes). With --graph (mlp only) the iteration but its loss.item() is captured once in
+a CUDA graph and replayed: each iteration is then one graph launch. The window's rate is the iterations finished inside it divided by the time
 from the window's start to the last of them; the program goes on training --grace seconds
 past the window so that the high-priority program's last requests still have company.
 """
@@ -37,7 +38,27 @@ class Transformer(torch.nn.Module):
         return self.head(self.enc(self.emb(idx)))
 
 
-def build(model, batch):
+def graphed(step_body):
+    """The iteration captured in a CUDA graph (after warm-up on a side stream, as capture
+    wants): a replay and its loss.item()."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            step_body()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_loss = step_body()
+
+    def step():
+        graph.replay()
+        return static_loss.item()
+
+    return step
+
+
+def build(model, batch, graph=False):
     torch.manual_seed(0)
     if model == "mlp":
         width = 256 if CPU else 2048
@@ -64,12 +85,18 @@ def build(model, batch):
                 logits = net(idx)
             return F.cross_entropy(logits.float().view(-1, VOCAB), tgt.reshape(-1))
 
-    def step():
-        opt.zero_grad(set_to_none=True)
+    def body():
+        opt.zero_grad(set_to_none=not graph)
         loss = loss_fn()
         loss.backward()
         opt.step()
-        return loss.item()  # synchronizes: one honest iteration
+        return loss
+
+    if graph:
+        return graphed(body)
+
+    def step():
+        return body().item()  # synchronizes: one honest iteration
 
     return step
 
@@ -81,10 +108,11 @@ def main():
     ap.add_argument("--warmup-iters", type=int, default=5)
     ap.add_argument("--warmup-s", type=float, default=1.0, help="and at least this long")
     ap.add_argument("--grace", type=float, default=0.3)
+    ap.add_argument("--graph", action="store_true", help="each iteration one CUDA graph (mlp)")
     add_common_args(ap)
     args = ap.parse_args()
     batch = args.batch or (512 if args.model == "mlp" else 16)
-    step = build(args.model, batch)
+    step = build(args.model, batch, args.graph and args.model == "mlp" and not CPU)
     warm_until = time.time() + args.warmup_s
     for i in itertools.count():
         if i >= args.warmup_iters and time.time() >= warm_until:
@@ -104,6 +132,7 @@ def main():
     elapsed = (last - start) if last else None
     write_result(args, {
         "role": "be", "model": args.model, "batch": batch, "window_s": args.seconds,
+        "graph": args.graph,
         "iterations": done, "it_per_s": done / elapsed if elapsed else 0.0,
         "loss": loss, "finite": loss == loss,
     })

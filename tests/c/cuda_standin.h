@@ -344,6 +344,8 @@ void run_vmm_holding(unsigned seed);
 void run_vmm_export(const char *self, unsigned seed, long uid, const char *expect);
 void run_vmm_import(int fd, unsigned seed, const char *expect);
 void check_graphs(void);
+void run_graph_holding(void);
+void run_graph_spin(unsigned long count, unsigned long long micros);
 
 /* Test data: byte `i` of pattern `seed`. */
 unsigned char pattern_byte(size_t i, unsigned seed);

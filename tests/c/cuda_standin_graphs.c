@@ -201,3 +201,84 @@ void check_graphs(void) {
     OK(cuModuleUnload(module));
     section_end();
 }
+
+/* A graph instantiated before another program's fault, launched after it (the worker that
+ * took over made it again from what gpushared kept) and updated there. */
+void run_graph_holding(void) {
+    section_begin("graph holding");
+    CUmodule module = NULL;
+    CUfunction spin = NULL;
+    CUstream s = NULL;
+    CUdeviceptr a = 0, b = 0;
+    unsigned long long micros = 10;
+    OK(cuModuleLoadData(&module, image));
+    OK(cuModuleGetFunction(&spin, module, "spin"));
+    OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    OK(cuMemAlloc(&a, BYTES));
+    OK(cuMemAlloc(&b, BYTES));
+    if (failures) return;
+    CUgraphNode nodes[3];
+    CUgraph g = built(a, b, 21, spin, &micros, nodes);
+    CUgraphExec x = NULL;
+    OK(cuGraphInstantiateWithFlags(&x, g, 0));
+    OK(cuGraphLaunch(x, s));
+    OK(cuStreamSynchronize(s));
+    CHECK(all_are(b, 21), "the graph ran before the fault");
+    OK(cuMemsetD32(b, 0, N));
+    OK(cuCtxSynchronize(NULL)); /* nothing of this program's is on the GPU at the fault */
+    printf("holding\n");
+    fflush(stdout);
+    char line[64];
+    CHECK(fgets(line, sizeof line, stdin) != NULL, "the go-ahead on stdin");
+    OK(cuGraphLaunch(x, s));
+    OK(cuStreamSynchronize(s));
+    CHECK(all_are(b, 21), "the graph ran after the fault");
+    CUDA_MEMSET_NODE_PARAMS other = memset_params(a, 22);
+    OK(cuGraphExecMemsetNodeSetParams(x, nodes[0], &other, primary));
+    OK(cuGraphLaunch(x, s));
+    OK(cuStreamSynchronize(s));
+    CHECK(all_are(b, 22), "and updated");
+    OK(cuGraphExecDestroy(x));
+    OK(cuGraphDestroy(g));
+    OK(cuMemFree(a));
+    OK(cuMemFree(b));
+    OK(cuStreamDestroy(s));
+    OK(cuModuleUnload(module));
+    section_end();
+}
+
+/* A graph of one kernel that occupies the sim device for `micros`, launched `count` times
+ * (the scheduler grants each launch as one unit, as it grants a kernel). */
+void run_graph_spin(unsigned long count, unsigned long long micros) {
+    CUmodule module = NULL;
+    CUfunction spin = NULL;
+    CUstream s = NULL;
+    CUgraph g = NULL;
+    CUgraphExec x = NULL;
+    void *args[] = {&micros};
+    OK(cuModuleLoadData(&module, image));
+    OK(cuModuleGetFunction(&spin, module, "spin"));
+    OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    OK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    OK(cuLaunchKernel(spin, 1, 1, 1, 32, 1, 1, 0, s, args, NULL));
+    OK(cuStreamEndCapture(s, &g));
+    OK(cuGraphInstantiateWithFlags(&x, g, 0));
+    if (failures) return;
+    for (unsigned long i = 0; i < count; i++) {
+        CUresult r = cuGraphLaunch(x, s);
+        if (r != CUDA_SUCCESS) {
+            CHECK(0, "graph launch %lu gave %s", i, error_name(r));
+            return;
+        }
+        if (i == 0) {
+            printf("ready\n");
+            fflush(stdout);
+        }
+    }
+    OK(cuStreamSynchronize(s));
+    OK(cuGraphExecDestroy(x));
+    OK(cuGraphDestroy(g));
+    OK(cuStreamDestroy(s));
+    OK(cuModuleUnload(module));
+    printf("spun %lu\n", count);
+}

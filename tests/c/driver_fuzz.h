@@ -10,8 +10,6 @@
 #include <pthread.h>
 #include <stdint.h>
 
-typedef struct CUgraph_st *CUgraph;
-typedef struct CUgraphExec_st *CUgraphExec;
 typedef struct CUlib_st *CUlibrary;
 typedef struct CUkern_st *CUkernel;
 
@@ -67,15 +65,7 @@ typedef struct {
     X(cuEventRecordWithFlags, (CUevent, CUstream, unsigned))                                  \
     X(cuStreamGetCtx, (CUstream, CUcontext *))                                                \
     X(cuStreamGetDevice, (CUstream, CUdevice *))                                              \
-    X(cuStreamBeginCapture, (CUstream, int))                                                  \
-    X(cuStreamEndCapture, (CUstream, CUgraph *))                                              \
     X(cuStreamIsCapturing, (CUstream, int *))                                                 \
-    X(cuGraphCreate, (CUgraph *, unsigned))                                                   \
-    X(cuGraphGetNodes, (CUgraph, void **, size_t *))                                          \
-    X(cuGraphInstantiateWithFlags, (CUgraphExec *, CUgraph, unsigned long long))              \
-    X(cuGraphLaunch, (CUgraphExec, CUstream))                                                 \
-    X(cuGraphExecDestroy, (CUgraphExec))                                                      \
-    X(cuGraphDestroy, (CUgraph))                                                              \
     X(cuModuleLoad, (CUmodule *, const char *))                                               \
     X(cuModuleLoadDataEx, (CUmodule *, const void *, unsigned, int *, void **))               \
     X(cuModuleGetGlobal, (CUdeviceptr *, size_t *, CUmodule, const char *))                   \

@@ -409,7 +409,7 @@ static void op_graph(void) {
     CUgraph g = NULL;
     CUgraphExec x = NULL;
     int status = 0;
-    void *nodes[8];
+    CUgraphNode nodes[8];
     size_t count = in_below(9);
     switch (in_below(9)) {
     case 0: R(cuStreamBeginCapture(pick_stream(), in_below(4) ? (int)in_below(3) : (int)in_u32()));
