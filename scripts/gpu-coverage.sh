@@ -12,14 +12,15 @@
 # to $LOGS/cc.err), and the first line gpushare's driver said there is shown for a failing case.
 #
 # Cases: torch-* (scripts/coverage/torch_prog.py: expandable segments, CUDA IPC, torchvision's
-# resnet18, transformers' BERT, torch.compile, CUDA graphs; decode_prog.py: a decode loop whose
-# steps are CUDA graphs, captured or torch.compile's "reduce-overhead"), jax-* (jax_prog.py), cupy-*
-# (cupy_prog.py), numba-kernel (numba_prog.py), cuda-python (cuda_python_prog.py), triton-kernel
+# resnet18, transformers' BERT, torch.compile, CUDA graphs, NCCL in one process; decode_prog.py:
+# a decode loop whose steps are CUDA graphs, captured or torch.compile's "reduce-overhead"),
+# jax-* (jax_prog.py), cupy-* (cupy_prog.py), numba-kernel (numba_prog.py), cuda-python and cuda-python-jitlink
+# (cuda_python_prog.py: PTX loaded by the driver, or linked by nvJitLink first), triton-kernel
 # (triton_prog.py), and the C programs c-vmm-pool (vmm_pool.c) and c-libraries (libs.c).
 #
 # Cases ending in -nocb run JAX with XLA's command buffers (CUDA graphs built node by node) off,
-# to compare. A case whose program reports its time
-# per step ("ms") gets that time against the faster direct run beside its result.
+# to compare. A case whose program reports its time per step ("ms") gets that time against the
+# faster direct run beside its result.
 #
 # Usage: ./gpu-coverage.sh [CASE...]  (default: every case). Exit status: non-zero if a case
 # that could run failed. STEP_TIMEOUT (default 300) bounds each run in seconds.
@@ -34,10 +35,10 @@ broker_pid=
 trap '[[ -n $broker_pid ]] && kill -TERM $broker_pid 2>/dev/null; wait 2>/dev/null; rm -rf "$work"' EXIT
 
 all=(torch-expandable torch-mallocasync torch-ipc torch-resnet torch-bert torch-compile torch-graphs
-     torch-decode-graph torch-decode-compiled
+     torch-decode-graph torch-decode-compiled torch-nccl
      jax-jit jax-grad jax-train jax-jit-nocb jax-grad-nocb jax-train-nocb
      cupy-elementwise cupy-rawkernel cupy-asyncpool cupy-cublas cupy-cufft cupy-cusolver cupy-cusparse
-     cupy-random numba-kernel cuda-python triton-kernel c-vmm-pool c-libraries)
+     cupy-random numba-kernel cuda-python cuda-python-jitlink triton-kernel c-vmm-pool c-libraries)
 cases=("$@")
 [[ ${#cases[@]} -gt 0 ]] || cases=("${all[@]}")
 
@@ -92,6 +93,7 @@ command_of() { # the command line of a case
     cupy-*) echo "$py" "$dir/coverage/cupy_prog.py" "${1#cupy-}" ;;
     numba-kernel) echo "$py" "$dir/coverage/numba_prog.py" kernel ;;
     cuda-python) echo "$py" "$dir/coverage/cuda_python_prog.py" ptx ;;
+    cuda-python-jitlink) echo "$py" "$dir/coverage/cuda_python_prog.py" jitlink ;;
     triton-kernel) echo "$py" "$dir/coverage/triton_prog.py" kernel ;;
     c-vmm-pool)
         [[ -x $work/vmm_pool ]] || cc -O2 -I/usr/local/cuda/include -o "$work/vmm_pool" \

@@ -7,6 +7,8 @@ agree on.
                                         context, cuMemAlloc, a module of PTX written by hand
                                         (cuModuleLoadData), a saxpy and a sum reduced in
                                         shared memory per block (cuLaunchKernel), copies back
+    python3 cuda_python_prog.py jitlink the same kernels linked to a cubin for the device by
+                                        nvJitLink (cuda.bindings.nvjitlink) and loaded as one
 """
 import array
 import ctypes
@@ -75,6 +77,26 @@ def driver_module():
     return driver
 
 
+def jitlinked(call, driver, dev):
+    """PTX linked by nvJitLink into a cubin for `dev`'s architecture."""
+    try:
+        from cuda.bindings import nvjitlink
+    except ImportError:
+        raise ModuleNotFoundError("No module named 'cuda.bindings.nvjitlink'") from None
+    attr = driver.CUdevice_attribute
+    major = call("cuDeviceGetAttribute", attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev)
+    minor = call("cuDeviceGetAttribute", attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev)
+    handle = nvjitlink.create(1, [f"-arch=sm_{major}{minor}".encode()])
+    try:
+        nvjitlink.add_data(handle, nvjitlink.InputType.PTX, PTX, len(PTX), b"kernels.ptx")
+        nvjitlink.complete(handle)
+        cubin = bytearray(nvjitlink.get_linked_cubin_size(handle))
+        nvjitlink.get_linked_cubin(handle, cubin)
+    finally:
+        nvjitlink.destroy(handle)
+    return bytes(cubin)
+
+
 def main(case):
     driver = driver_module()
 
@@ -86,14 +108,17 @@ def main(case):
             raise RuntimeError(f"{name}: {text.decode() if text else err}")
         return out[0] if len(out) == 1 else out
 
-    if case == "ptx":
+    if case in ("ptx", "jitlink"):
         n = 1 << 20
         nbytes = 4 * n
         call("cuInit", 0)
         dev = call("cuDeviceGet", 0)
         ctx = call("cuDevicePrimaryCtxRetain", dev)
         call("cuCtxSetCurrent", ctx)
-        image = ctypes.create_string_buffer(PTX)  # NUL-terminated, as cuModuleLoadData wants
+        if case == "jitlink":
+            image = ctypes.create_string_buffer(jitlinked(call, driver, dev))
+        else:
+            image = ctypes.create_string_buffer(PTX)  # NUL-terminated, as cuModuleLoadData wants
         module = call("cuModuleLoadData", ctypes.addressof(image))
         saxpy = call("cuModuleGetFunction", module, b"saxpy")
         block_sum = call("cuModuleGetFunction", module, b"block_sum")

@@ -17,6 +17,8 @@ PyTorch check (scripts/gpu-pytorch-consolidated.sh) does not run: each prints on
                                         (nothing downloaded), forward on fixed token ids
     python3 torch_prog.py compile       torch.compile (default mode) of an MLP's loss, 20
                                         steps forward and backward
+    python3 torch_prog.py nccl          torch.distributed with NCCL in one process (world size
+                                        1): all_reduce, broadcast and all_gather of a tensor
     python3 torch_prog.py graphs        an MLP's forward captured in a torch.cuda.CUDAGraph,
                                         replayed 10 times on new inputs copied in (and the
                                         time of a replay)
@@ -116,6 +118,22 @@ def main(case):
             losses.append(float(loss))
         torch.cuda.synchronize()
         return losses
+    if case == "nccl":
+        import torch.distributed as dist
+
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", "29533")
+        os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+        dist.init_process_group("nccl", rank=0, world_size=1,
+                                device_id=torch.device("cuda", 0))
+        t = torch.arange(4096, dtype=torch.float32, device="cuda") / 7
+        dist.all_reduce(t)
+        dist.broadcast(t, 0)
+        out = [torch.empty_like(t)]
+        dist.all_gather(out, t)
+        torch.cuda.synchronize()
+        dist.destroy_process_group()
+        return head(out[0])
     if case == "graphs":
         import time
 
