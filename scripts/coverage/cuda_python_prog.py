@@ -86,9 +86,9 @@ def jitlinked(call, driver, dev):
     attr = driver.CUdevice_attribute
     major = call("cuDeviceGetAttribute", attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev)
     minor = call("cuDeviceGetAttribute", attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev)
-    handle = nvjitlink.create(1, [f"-arch=sm_{major}{minor}".encode()])
+    handle = nvjitlink.create(1, [f"-arch=sm_{major}{minor}"])
     try:
-        nvjitlink.add_data(handle, nvjitlink.InputType.PTX, PTX, len(PTX), b"kernels.ptx")
+        nvjitlink.add_data(handle, nvjitlink.InputType.PTX, PTX, len(PTX), "kernels.ptx")
         nvjitlink.complete(handle)
         cubin = bytearray(nvjitlink.get_linked_cubin_size(handle))
         nvjitlink.get_linked_cubin(handle, cubin)
