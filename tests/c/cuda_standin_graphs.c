@@ -170,9 +170,11 @@ void check_graphs(void) {
     CHECK(all_are(c, 3), "the child graph set 3 and the captured copy took it");
     OK(cuGraphExecDestroy(x));
 
-    /* Misuse: a dependency from another graph, a cycle. */
-    CUgraphNode stray = NULL;
+    /* Misuse: a dependency from another graph, a count past the array's end (refused at its
+     * first entry that is no node), a cycle. */
+    CUgraphNode stray = NULL, ended[2] = {nodes[0], NULL};
     EXPECT(cuGraphAddEmptyNode(&stray, same, &nodes[0], 1), CUDA_ERROR_INVALID_VALUE);
+    EXPECT(cuGraphAddEmptyNode(&stray, g, ended, (size_t)-1), CUDA_ERROR_INVALID_VALUE);
     OK(cuGraphAddDependencies(g, &nodes[2], &nodes[0], NULL, 1));
     EXPECT(cuGraphInstantiateWithFlags(&x, g, 0), CUDA_ERROR_INVALID_VALUE);
 

@@ -66,6 +66,8 @@ typedef struct {
     X(cuStreamGetCtx, (CUstream, CUcontext *))                                                \
     X(cuStreamGetDevice, (CUstream, CUdevice *))                                              \
     X(cuStreamIsCapturing, (CUstream, int *))                                                 \
+    X(cuGraphAddNode, (CUgraphNode *, CUgraph, const CUgraphNode *, const void *, size_t,     \
+                       void *))                                                               \
     X(cuModuleLoad, (CUmodule *, const char *))                                               \
     X(cuModuleLoadDataEx, (CUmodule *, const void *, unsigned, int *, void **))               \
     X(cuModuleGetGlobal, (CUdeviceptr *, size_t *, CUmodule, const char *))                   \

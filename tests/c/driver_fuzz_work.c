@@ -437,6 +437,72 @@ static void op_graph(void) {
     }
 }
 
+/* Graphs built node by node, their nodes' parameters and updates, with hostile arguments:
+ * node handles are the driver's numbers or junk; only the driver's survival is checked. */
+static CUgraphNode gnodes[8];
+
+static CUgraphNode pick_gnode(void) {
+    return in_below(6) ? gnodes[in_below(8)] : (CUgraphNode)junk_handle();
+}
+
+static void keep_gnode(CUresult r, CUgraphNode n) {
+    if (r == CUDA_SUCCESS) gnodes[in_below(8)] = n;
+}
+
+static void op_graph_node(void) {
+    CUgraphNode n = NULL, deps[3] = {pick_gnode(), pick_gnode(), pick_gnode()};
+    size_t nd = in_below(4);
+    CUgraph g = pick_graph();
+    CUgraphExec x = in_below(6) ? execs[in_below(N_EXECS)] : (CUgraphExec)junk_handle();
+    unsigned long long micros = in_below(4) ? in_below(50) : in_hostile();
+    void *args[] = {&micros, &micros};
+    CUDA_KERNEL_NODE_PARAMS k;
+    memset(&k, 0, sizeof k);
+    k.func = pick_func();
+    k.gridDimX = in_below(4) ? 1 : in_u32();
+    k.gridDimY = k.gridDimZ = 1;
+    k.blockDimX = in_below(4) ? 32 : in_u32();
+    k.blockDimY = k.blockDimZ = 1;
+    k.sharedMemBytes = in_below(4) ? 0 : in_u32();
+    k.kernelParams = in_below(8) ? args : NULL;
+    CUDA_MEMSET_NODE_PARAMS m;
+    memset(&m, 0, sizeof m);
+    m.dst = pick_dptr();
+    m.value = in_u32();
+    m.elementSize = in_below(4) ? 4 : in_below(9);
+    m.width = in_below(4) ? in_below(4096) : in_hostile();
+    m.height = in_below(6) ? 1 : in_below(4);
+    CUDA_MEMCPY3D c;
+    memset(&c, 0, sizeof c);
+    c.srcMemoryType = c.dstMemoryType = in_below(6) ? CU_MEMORYTYPE_DEVICE : (int)in_below(5);
+    c.srcDevice = pick_dptr();
+    c.dstDevice = pick_dptr();
+    c.WidthInBytes = in_below(4) ? in_below(4096) : in_hostile();
+    c.Height = c.Depth = in_below(6) ? 1 : in_below(3);
+    CUgraphExecUpdateResultInfo info;
+    unsigned char generic[256];
+    int type = -1;
+    switch (in_below(11)) {
+    case 0: keep_gnode(R(cuGraphAddEmptyNode(&n, g, deps, nd)), n); return;
+    case 1: keep_gnode(R(cuGraphAddKernelNode(in_below(8) ? &n : NULL, g, deps, nd, &k)), n); return;
+    case 2: keep_gnode(R(cuGraphAddMemsetNode(&n, g, deps, nd, in_below(8) ? &m : NULL, NULL)), n);
+            return;
+    case 3: keep_gnode(R(cuGraphAddMemcpyNode(&n, g, deps, nd, &c, NULL)), n); return;
+    case 4: keep_gnode(R(cuGraphAddChildGraphNode(&n, g, deps, nd, pick_graph())), n); return;
+    case 5: R(cuGraphAddDependencies(g, &deps[0], &deps[1], NULL, in_below(2))); return;
+    case 6: R(cuGraphExecMemsetNodeSetParams(x, pick_gnode(), &m, NULL)); return;
+    case 7: R(cuGraphExecUpdate(x, g, in_below(4) ? &info : NULL)); return;
+    case 8: R(cuGraphNodeSetEnabled(x, pick_gnode(), in_below(2))); return;
+    case 9: R(cuGraphNodeGetType(pick_gnode(), in_below(4) ? &type : NULL)); return;
+    default:
+        /* The generic form, its type and body as the input says. */
+        for (size_t i = 0; i < sizeof generic; i++) generic[i] = in_u8();
+        generic[0] = in_below(4) ? (unsigned char)in_below(6) : generic[0];
+        generic[1] = generic[2] = generic[3] = 0;
+        keep_gnode(R(cuGraphAddNode(&n, g, deps, NULL, nd, generic)), n);
+    }
+}
+
 const struct op work_ops[] = {
     {"stream create", op_stream_create},
     {"stream destroy", op_stream_destroy},
@@ -460,6 +526,7 @@ const struct op work_ops[] = {
     {"function query", op_func_query},
     {"graph", op_graph},
     {"graph", op_graph},
+    {"graph node", op_graph_node},
     {"flood", op_flood},
 };
 const unsigned n_work_ops = sizeof work_ops / sizeof work_ops[0];

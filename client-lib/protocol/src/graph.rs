@@ -176,6 +176,47 @@ mod tests {
     }
 
     #[test]
+    fn any_bytes_decode_to_a_graph_or_an_error_never_a_panic() {
+        // A valid graph with each byte in turn changed, cut short, and bytes of a fixed
+        // generator: what a hostile client's file may hold.
+        let valid = encode_graph(&[
+            copy(vec![]),
+            GraphNode {
+                deps: vec![0],
+                op: GraphOp::Memset {
+                    dst: 1,
+                    value: 2,
+                    elem_bytes: 4,
+                    count: 3,
+                },
+            },
+        ])
+        .expect("encodes");
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for i in 0..valid.len() {
+            for flip in [0x01u8, 0x80, 0xff] {
+                let mut b = valid.clone();
+                b[i] ^= flip;
+                let _ = decode_graph(&b);
+                let _ = decode_changes(&b);
+            }
+            let _ = decode_graph(&valid[..i]);
+        }
+        for _ in 0..2000 {
+            let len = (next() % 64) as usize;
+            let b: Vec<u8> = (0..len).map(|_| next() as u8).collect();
+            let _ = decode_graph(&b);
+            let _ = decode_changes(&b);
+        }
+    }
+
+    #[test]
     fn a_node_may_depend_only_on_nodes_before_it() {
         for deps in [vec![1], vec![0, 2]] {
             let bytes = encode_graph(&[copy(vec![]), copy(deps)]).expect("encodes");

@@ -59,7 +59,8 @@ unsafe fn dep_indices(
     if n > 0 && deps.is_null() {
         return Err(result::INVALID_VALUE);
     }
-    let mut out = Vec::with_capacity(n);
+    // Not sized by `n` ahead: a count that is not the array's must not cost an allocation.
+    let mut out = Vec::new();
     for i in 0..n {
         // SAFETY: the caller's contract.
         let (owner, index) = g.node(unsafe { *deps.add(i) })?;
