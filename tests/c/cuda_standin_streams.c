@@ -7,6 +7,8 @@
 #define _GNU_SOURCE
 #include "cuda_standin.h"
 
+#include <unistd.h>
+
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -300,15 +302,26 @@ void check_deferred_errors(void) {
 /* ---- host functions ------------------------------------------------------------------ */
 
 struct host_seen {
-    CUdeviceptr d;
-    unsigned char byte; /* what the device held when the function ran */
+    unsigned char *in;  /* page-locked: what the stream copied down before the function */
+    unsigned char *out; /* page-locked: what the stream copies up after it */
+    unsigned char byte; /* what `in` held when the function ran */
     int calls;
     CUresult status;
 };
 
 static void CUDA_CB read_back(void *p) {
     struct host_seen *s = p;
+    s->byte = s->in[0];
+    s->out[0] = (unsigned char)(s->byte + 1);
     s->calls++;
+}
+
+/* Waits (up to 2 s) for the program's thread to say cuLaunchHostFunc returned. */
+static int released;
+static void CUDA_CB waits_for_release(void *p) {
+    struct host_seen *s = p;
+    for (int i = 0; i < 2000 && !__atomic_load_n(&released, __ATOMIC_ACQUIRE); i++) usleep(1000);
+    s->status = __atomic_load_n(&released, __ATOMIC_ACQUIRE) ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
 }
 
 static void CUDA_CB stream_callback(CUstream stream, CUresult status, void *p) {
@@ -318,27 +331,49 @@ static void CUDA_CB stream_callback(CUstream stream, CUresult status, void *p) {
     s->status = status;
 }
 
-/* A host function runs after the stream's earlier work and before its later work. */
+/* A host function runs after the stream's earlier work and before its later work: it sees
+ * what a copy before it brought down, and a copy after it takes up what it wrote. */
 void check_host_functions(void) {
     section_begin("host functions");
     CUstream s = NULL;
+    CUdeviceptr d = 0;
     OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
-    struct host_seen seen = {0, 0, 0, -1};
-    OK(cuMemAlloc(&seen.d, 1 << 20));
-    OK(cuMemsetD8Async(seen.d, 0x5a, 1 << 20, s));
-    OK(cuLaunchHostFunc(s, read_back, &seen));
-    CHECK(seen.calls == 1, "called %d times by the time cuLaunchHostFunc returned", seen.calls);
-    unsigned char byte = 0;
-    OK(cuMemcpyDtoH(&byte, seen.d + 12345, 1));
-    CHECK(byte == 0x5a, "the work before it was done: %#x", byte);
-    OK(cuMemsetD8Async(seen.d, 0x11, 16, s));
+    struct host_seen seen = {NULL, NULL, 0, 0, -1};
+    void *in = NULL, *out = NULL;
+    OK(cuMemHostAlloc(&in, 4096, 0));
+    OK(cuMemHostAlloc(&out, 4096, 0));
+    OK(cuMemAlloc(&d, 1 << 20));
+    if (failures) return;
+    seen.in = in, seen.out = out;
+    seen.out[0] = 0;
+    for (int round = 0; round < 3; round++) {
+        unsigned char v = (unsigned char)(0x5a + round);
+        OK(cuMemsetD8Async(d, v, 1 << 20, s));
+        OK(cuMemcpyDtoHAsync(in, d + 12345, 1, s));
+        OK(cuLaunchHostFunc(s, read_back, &seen));
+        OK(cuMemcpyHtoDAsync(d + 7, out, 1, s));
+        OK(cuStreamSynchronize(s));
+        unsigned char byte = 0;
+        OK(cuMemcpyDtoH(&byte, d + 7, 1));
+        CHECK(seen.calls == round + 1, "called %d times in round %d", seen.calls, round);
+        CHECK(seen.byte == v, "the work before it was done: it saw %#x, not %#x", seen.byte, v);
+        CHECK(byte == (unsigned char)(v + 1), "the work after it waited for it: %#x", byte);
+    }
+    /* The call returns without waiting for the stream, as CUDA's does. */
+    OK(cuLaunchHostFunc(s, waits_for_release, &seen));
+    __atomic_store_n(&released, 1, __ATOMIC_RELEASE);
+    OK(cuStreamSynchronize(s));
+    CHECK(seen.status == CUDA_SUCCESS, "cuLaunchHostFunc waited for its function to run");
+    seen.status = -1;
     OK(cuStreamAddCallback(s, stream_callback, &seen, 0));
-    CHECK(seen.calls == 2 && seen.status == CUDA_SUCCESS, "callback: %d calls, status %d",
+    OK(cuStreamSynchronize(s));
+    CHECK(seen.calls == 4 && seen.status == CUDA_SUCCESS, "callback: %d calls, status %d",
           seen.calls, seen.status);
     EXPECT(cuLaunchHostFunc(s, NULL, &seen), CUDA_ERROR_INVALID_VALUE);
     EXPECT(cuStreamAddCallback(s, stream_callback, &seen, 1), CUDA_ERROR_INVALID_VALUE);
-    OK(cuStreamSynchronize(s));
     OK(cuStreamDestroy(s));
-    OK(cuMemFree(seen.d));
+    OK(cuMemFree(d));
+    OK(cuMemFreeHost(in));
+    OK(cuMemFreeHost(out));
     section_end();
 }

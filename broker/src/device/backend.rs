@@ -161,6 +161,21 @@ pub trait Backend: Send + Sync + 'static {
     fn launch_graph(&self, stream: &mut Self::Stream, graph: &Self::Graph) -> DeviceResult<()>;
     /// Waits for all work on the stream; reports the first error it met.
     fn sync_stream(&self, stream: &mut Self::Stream) -> DeviceResult<()>;
+    /// Queues, on `stream`, a write of `value` at `done` when its earlier work is done, then a
+    /// wait until the 32 bits at `go` are at least `value` (both host memory the device
+    /// reaches): a client's host function runs between the two.
+    fn host_point(
+        &self,
+        _stream: &mut Self::Stream,
+        _done: DevicePtr,
+        _go: DevicePtr,
+        _value: u32,
+    ) -> DeviceResult<()> {
+        Err(DeviceError::NotSupported {
+            backend: self.backend().into(),
+            what: "host functions in stream order".into(),
+        })
+    }
     /// Queues, on `stream`, a write of `value` into the 32-bit slot `slot` of `page` (host
     /// memory shared with gpushared), done when the stream gets there: after everything
     /// queued before, before anything queued after starts.

@@ -119,6 +119,15 @@ pub enum Call {
         attributes: LaunchAttributes,
         start: Option<Handle>,
     },
+    /// The stream writes `value` (32 bits) at `done` when it gets there, then waits until the
+    /// 32 bits at `go` are at least `value` (a client's host function in stream order; both
+    /// are the client's page-locked host memory as the device reaches it).
+    HostPoint {
+        stream: Handle,
+        done: DevicePtr,
+        go: DevicePtr,
+        value: u32,
+    },
     /// The stream writes `value` into slot `slot` (32 bits) of the progress page `page` when
     /// it gets there (`super::progress`).
     Progress {
@@ -369,6 +378,14 @@ impl<B: Backend> Executor<B> {
                     }),
                     Err(e) => Answer::failed(e),
                 };
+            }
+            Call::HostPoint {
+                stream,
+                done: reached,
+                go,
+                value,
+            } => {
+                return self.on_stream(stream, |s| done(dev.host_point(s, reached, go, value)));
             }
             Call::Progress {
                 stream,

@@ -60,6 +60,26 @@ impl SessionState {
             Command::IpcCloseMemory { ptr } => self.ipc_close_memory(ptr),
             Command::IpcExportEvent { event } => self.ipc_export_event(event),
             Command::LaunchGraph { stream, graph } => self.launch_graph(stream, graph),
+            Command::StreamHostPoint {
+                stream,
+                done,
+                go,
+                value,
+            } => {
+                // Both words are the client's (page-locked host memory it shares).
+                self.check_write(done, 4)?;
+                self.check_device(go, 4)?;
+                let point = |stream| Call::HostPoint {
+                    stream,
+                    done,
+                    go,
+                    value,
+                };
+                let r = self.on_stream(stream, |d, s| d.queue(s, point, &[]))?;
+                let held = self.host_points.entry(go).or_insert(value);
+                *held = (*held).max(value);
+                Ok(r)
+            }
             Command::DropGraph { graph } => self.drop_graph(graph),
             Command::UpdateGraph {
                 graph,

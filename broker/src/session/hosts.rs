@@ -56,6 +56,23 @@ impl HostRegions {
             .any(|s| ptr >= s.device_ptr && end <= s.device_ptr + s.region.len() as u64)
     }
 
+    /// Writes `value` at device address `ptr` of a region, from here (the device sees it as it
+    /// sees the client's writes); whether a region holds those 4 bytes.
+    pub fn write_u32(&self, ptr: u64, value: u32) -> bool {
+        let Some(s) = self.by_id.values().find(|s| {
+            ptr >= s.device_ptr && ptr.saturating_add(4) <= s.device_ptr + s.region.len() as u64
+        }) else {
+            return false;
+        };
+        match s.region.whole().part(ptr - s.device_ptr, 4) {
+            Some(word) => {
+                word.write_from(&value.to_le_bytes());
+                true
+            }
+            None => false,
+        }
+    }
+
     pub fn get(&self, id: u32) -> Option<Arc<HostRegion>> {
         self.by_id.get(&id).map(|s| s.region.clone())
     }

@@ -40,6 +40,7 @@ pub struct Driver {
     pub contexts: crate::context::Contexts,
     pub graphs: crate::graph::Graphs,
     pub occupancy: crate::occupancy::Cache,
+    pub host_points: crate::host_point::HostPoints,
     /// A failure every later call reports (the device was reset under this process).
     sticky: AtomicI32,
 }
@@ -164,6 +165,7 @@ fn connect() -> Cu<Driver> {
         modules: crate::module::Modules::default(),
         contexts: crate::context::Contexts::new(),
         graphs: crate::graph::Graphs::default(),
+        host_points: crate::host_point::HostPoints::default(),
         occupancy: crate::occupancy::Cache::default(),
         device,
         sticky: AtomicI32::new(0),

@@ -1,14 +1,14 @@
-//! Host functions in stream order (`cuLaunchHostFunc`, `cuStreamAddCallback`): the driver
-//! waits for the stream's work, then calls the function in the calling thread before it
-//! returns. The order is CUDA's (after the stream's earlier work, before its later work, since
-//! the program submits that only once this returns); what differs is that the call blocks
-//! while CUDA's returns at once and calls from a thread of its own. A function that waits for
-//! work the program submits after it would wait forever, as CUDA forbids anyway (a host
-//! function may not call CUDA). Inside a stream capture it is refused.
+//! Host functions in stream order (`cuLaunchHostFunc`, `cuStreamAddCallback`): called from a
+//! thread of the driver's once the stream's earlier work is done, its later work waiting
+//! for them, while the call returns at once, as CUDA's does (`host_point`). Where that cannot
+//! be set up (the page it needs cannot be had) the driver waits for the stream's work and
+//! calls the function before it returns instead: the same order, but the call blocks. A
+//! function may not call CUDA (CUDA's rule too). Inside a stream capture it is refused.
 
 use std::ffi::{c_uint, c_void};
 
 use crate::driver::{self, Driver};
+use crate::host_point::Call;
 use crate::status::{Cu, entry};
 use crate::types::{CUresult, CUstream, result};
 
@@ -20,7 +20,6 @@ pub type StreamCallback = Option<unsafe extern "C" fn(CUstream, CUresult, *mut c
 impl Driver {
     /// Waits for `stream`'s work; its outcome (the first error since its last sync).
     fn drain_for_host(&self, stream: u32) -> Cu<()> {
-        crate::graph::refuse_while_capturing(self, stream)?;
         self.sync_stream(stream)
     }
 }
@@ -29,11 +28,19 @@ fn launch(stream: CUstream, per_thread: bool, f: HostFn, data: *mut c_void) -> C
     let d = driver::live()?;
     let f = f.ok_or(result::INVALID_VALUE)?;
     let s = d.stream(stream, per_thread)?;
-    d.drain_for_host(s)?;
+    crate::graph::refuse_while_capturing(d, s)?;
+    let data = data as usize;
     // SAFETY: the program's function and data, called as CUDA would (once, after the stream's
-    // earlier work).
-    unsafe { f(data) };
-    Ok(())
+    // earlier work and before its later work).
+    let call: Call = Box::new(move || unsafe { f(data as *mut c_void) });
+    match d.host_point(s, call)? {
+        Ok(()) => Ok(()),
+        Err(call) => {
+            d.drain_for_host(s)?;
+            call();
+            Ok(())
+        }
+    }
 }
 
 fn callback(
@@ -49,14 +56,25 @@ fn callback(
         return Err(result::INVALID_VALUE);
     }
     let s = d.stream(stream, per_thread)?;
-    // A callback is told the stream's status, and called whatever it is.
-    let status = match d.drain_for_host(s) {
-        Ok(()) => result::SUCCESS,
-        Err(code) => code,
-    };
-    // SAFETY: the program's callback and data, called as CUDA would.
-    unsafe { f(stream, status, data) };
-    Ok(())
+    crate::graph::refuse_while_capturing(d, s)?;
+    let (handle, data) = (stream as usize, data as usize);
+    // SAFETY: the program's callback and data, called as CUDA would. An error of the stream's
+    // earlier work is told at the program's next synchronization, as for any other work.
+    let call: Call =
+        Box::new(move || unsafe { f(handle as CUstream, result::SUCCESS, data as *mut c_void) });
+    match d.host_point(s, call)? {
+        Ok(()) => Ok(()),
+        Err(_) => {
+            // A callback is told the stream's status, and called whatever it is.
+            let status = match d.drain_for_host(s) {
+                Ok(()) => result::SUCCESS,
+                Err(code) => code,
+            };
+            // SAFETY: as above.
+            unsafe { f(stream, status, data as *mut c_void) };
+            Ok(())
+        }
+    }
 }
 
 /// # Safety

@@ -36,6 +36,7 @@ mod fork;
 pub mod graph;
 pub mod handle;
 pub mod host_func;
+pub mod host_point;
 pub mod image;
 pub mod launch;
 pub mod log;

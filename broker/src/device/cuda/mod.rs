@@ -432,6 +432,16 @@ impl Backend for CudaDevice {
         copy::memset(self, stream, dst, value, len)
     }
 
+    fn host_point(
+        &self,
+        stream: &mut CudaStream,
+        done: DevicePtr,
+        go: DevicePtr,
+        value: u32,
+    ) -> DeviceResult<()> {
+        progress::host_point(self, stream, done, go, value)
+    }
+
     fn write_progress(
         &self,
         stream: &mut CudaStream,

@@ -55,3 +55,38 @@ pub(super) fn write(
     };
     r.result().map_err(|e| driver("cuStreamWriteValue32", e))
 }
+
+/// A client's host function in stream order: the stream writes `value` at `done` once its
+/// earlier work is done, then waits until the word at `go` is at least `value` (the client
+/// writes it when its function has run). Both are the client's registered host memory, at
+/// the addresses the device reaches it by (checked by its session).
+pub(super) fn host_point(
+    dev: &CudaDevice,
+    stream: &mut CudaStream,
+    done: u64,
+    go: u64,
+    value: u32,
+) -> DeviceResult<()> {
+    dev.bind()?;
+    // SAFETY: both addresses are 4 bytes of host memory registered with this context (the
+    // session checked them against the client's shared host memory); the stream is live.
+    let r = unsafe {
+        sys::cuStreamWriteValue32_v2(
+            stream.raw,
+            done,
+            value,
+            sys::CUstreamWriteValue_flags_enum::CU_STREAM_WRITE_VALUE_DEFAULT as u32,
+        )
+    };
+    r.result().map_err(|e| driver("cuStreamWriteValue32", e))?;
+    // SAFETY: as above.
+    let r = unsafe {
+        sys::cuStreamWaitValue32_v2(
+            stream.raw,
+            go,
+            value,
+            sys::CUstreamWaitValue_flags_enum::CU_STREAM_WAIT_VALUE_GEQ as u32,
+        )
+    };
+    r.result().map_err(|e| driver("cuStreamWaitValue32", e))
+}

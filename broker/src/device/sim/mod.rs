@@ -452,6 +452,30 @@ impl Backend for SimDevice {
         self.see_faults()
     }
 
+    fn host_point(
+        &self,
+        stream: &mut SimStream,
+        done: DevicePtr,
+        go: DevicePtr,
+        value: u32,
+    ) -> DeviceResult<()> {
+        // The stream's earlier work is done (in modelled time); then `done` is written and
+        // the stream (this call) waits for the client's `go`, as a GPU stream would.
+        self.wait_for(stream.ready_ns)?;
+        self.run_on(stream, 0, |m| m.write(done, &value.to_le_bytes()))?;
+        loop {
+            let mut word = [0u8; 4];
+            self.state().memory.read(go, &mut word)?;
+            if u32::from_le_bytes(word) >= value {
+                return Ok(());
+            }
+            if self.interrupted.load(Ordering::Acquire) {
+                return Err(DeviceError::Cancelled);
+            }
+            std::thread::sleep(Duration::from_micros(20));
+        }
+    }
+
     fn write_progress(
         &self,
         stream: &mut SimStream,

@@ -57,6 +57,21 @@ impl Driver {
         }
     }
 
+    /// A page of page-locked host memory shared with gpushared for the driver's own use:
+    /// where the program reaches it, and where the device does.
+    pub(crate) fn shared_page(&self) -> Cu<(usize, u64)> {
+        let addr = self.share_host(PAGE, None, 0)?;
+        let device = self
+            .memory
+            .host
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&addr)
+            .map(|r| r.device_ptr)
+            .ok_or(result::UNKNOWN)?;
+        Ok((addr, device))
+    }
+
     fn share_fd(&self, fd: &OwnedFd, len: usize, at: usize) -> Cu<HostRegionGrant> {
         let s = &self.transport.session;
         let reply = s

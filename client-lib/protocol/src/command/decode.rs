@@ -181,6 +181,12 @@ impl Command {
                 graph: id(a[0])?,
             },
             DROP_GRAPH => Command::DropGraph { graph: id(a[0])? },
+            STREAM_HOST_POINT => Command::StreamHostPoint {
+                stream: s,
+                done: a[0],
+                go: a[1],
+                value: u32::try_from(a[2]).map_err(|_| ErrorCode::InvalidArgument)?,
+            },
             UPDATE_GRAPH => Command::UpdateGraph {
                 graph: id(a[0])?,
                 params_offset: a[1],

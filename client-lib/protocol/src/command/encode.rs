@@ -176,6 +176,16 @@ impl Command {
                 (LAUNCH_GRAPH, stream, [graph as u64, 0, 0, 0, 0, 0])
             }
             Command::DropGraph { graph } => (DROP_GRAPH, 0, [graph as u64, 0, 0, 0, 0, 0]),
+            Command::StreamHostPoint {
+                stream,
+                done,
+                go,
+                value,
+            } => (
+                STREAM_HOST_POINT,
+                stream,
+                [done, go, u64::from(value), 0, 0, 0],
+            ),
             Command::UpdateGraph {
                 graph,
                 params_offset,

@@ -335,6 +335,16 @@ pub enum Command {
         params_offset: u64,
         params_len: u32,
     },
+    /// A point where the client runs a host function in stream order (`cuLaunchHostFunc`):
+    /// the stream writes `value` (32 bits) at `done` when its earlier work is done, then waits
+    /// until the 32 bits at `go` are at least `value`. Both are page-locked host memory the
+    /// client shares.
+    StreamHostPoint {
+        stream: StreamId,
+        done: DevicePtr,
+        go: DevicePtr,
+        value: u32,
+    },
     /// Destroys an instantiated graph, after the launches of it queued before this.
     DropGraph {
         graph: GraphId,

@@ -49,6 +49,7 @@ pub const IPC_OPEN_EVENT: u16 = 0x2e;
 pub const LAUNCH_GRAPH: u16 = 0x2f;
 pub const DROP_GRAPH: u16 = 0x36;
 pub const UPDATE_GRAPH: u16 = 0x37;
+pub const STREAM_HOST_POINT: u16 = 0x38;
 pub const GOVERNED_RESERVE: u16 = 0x30;
 pub const GOVERNED_RELEASE: u16 = 0x31;
 pub const GOVERNED_TOKENS: u16 = 0x32;

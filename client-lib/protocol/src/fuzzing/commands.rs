@@ -62,6 +62,7 @@ pub(super) fn command_variant(c: &Command) -> &'static str {
         Command::LaunchGraph { .. } => "launch_graph",
         Command::DropGraph { .. } => "drop_graph",
         Command::UpdateGraph { .. } => "update_graph",
+        Command::StreamHostPoint { .. } => "stream_host_point",
     }
 }
 
@@ -291,6 +292,12 @@ pub fn commands() -> Vec<Command> {
             graph: 1,
         },
         Command::DropGraph { graph: 1 },
+        Command::StreamHostPoint {
+            stream: 1,
+            done: 0x7f00_0000_1000,
+            go: 0x7f00_0000_1004,
+            value: 3,
+        },
         Command::UpdateGraph {
             graph: 1,
             params_offset: 256,
