@@ -296,3 +296,26 @@ fn event_records_keep_cuda_legacy_stream_order() {
         "one blocking stream after another's work, through a record on stream 0"
     );
 }
+
+/// A program that exits while one of its streams waits for a host function that never
+/// returns leaves nothing behind: gpushared lets the stream go and the session ends.
+#[test]
+fn a_stream_waiting_for_a_host_function_does_not_outlive_its_program() {
+    let broker = Broker::start();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let program = CudaProgram::build(dir.path(), false);
+    let out = run(program.command(&broker.socket, &["host-hang"]), RUN_TIMEOUT);
+    assert!(
+        out.stdout.contains("queued"),
+        "the program queued its work: {}",
+        out.stdout
+    );
+    assert!(
+        gpushare_tests::wait_until(Duration::from_secs(10), || broker
+            .status()
+            .clients
+            .is_empty()),
+        "the session ended with the program; broker log:\n{}",
+        broker.log_text()
+    );
+}

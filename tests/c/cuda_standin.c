@@ -396,6 +396,9 @@ int main(int argc, char **argv) {
         run_vmm_import(atoi(argv[2]), (unsigned)strtoul(argv[3], NULL, 0), argv[4]);
     } else if (!strcmp(mode, "graph-spin") && argc > 3) {
         run_graph_spin(strtoul(argv[2], NULL, 0), strtoull(argv[3], NULL, 0));
+    } else if (!strcmp(mode, "host-hang")) {
+        run_host_hang();
+        goto done;
     } else if (!strcmp(mode, "graph-hold")) {
         run_graph_holding();
     } else if (!strcmp(mode, "vmm-hold") && argc > 2) {

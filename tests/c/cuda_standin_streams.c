@@ -377,3 +377,23 @@ void check_host_functions(void) {
     OK(cuMemFreeHost(out));
     section_end();
 }
+
+/* A host function that never returns, queued behind some work; the program then exits
+ * without waiting (its stream would wait for the function forever: gpushared must let it
+ * go when the session ends). */
+static void CUDA_CB never_returns(void *p) {
+    (void)p;
+    for (;;) pause();
+}
+
+void run_host_hang(void) {
+    CUstream s = NULL;
+    CUdeviceptr d = 0;
+    OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    OK(cuMemAlloc(&d, 4096));
+    OK(cuMemsetD8Async(d, 1, 4096, s));
+    OK(cuLaunchHostFunc(s, never_returns, NULL));
+    OK(cuMemsetD8Async(d, 2, 4096, s));
+    printf("queued\n");
+    fflush(stdout);
+}

@@ -65,21 +65,7 @@ impl SessionState {
                 done,
                 go,
                 value,
-            } => {
-                // Both words are the client's (page-locked host memory it shares).
-                self.check_write(done, 4)?;
-                self.check_device(go, 4)?;
-                let point = |stream| Call::HostPoint {
-                    stream,
-                    done,
-                    go,
-                    value,
-                };
-                let r = self.on_stream(stream, |d, s| d.queue(s, point, &[]))?;
-                let held = self.host_points.entry(go).or_insert(value);
-                *held = (*held).max(value);
-                Ok(r)
-            }
+            } => self.host_point(stream, done, go, value),
             Command::DropGraph { graph } => self.drop_graph(graph),
             Command::UpdateGraph {
                 graph,

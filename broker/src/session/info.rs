@@ -68,6 +68,10 @@ pub struct SessionInfo {
     /// Host memory the client shares for DMA (`ShareHostMemory`); the control task adds, the
     /// data thread copies.
     pub hosts: Mutex<super::hosts::HostRegions>,
+    /// Host functions' release words (`StreamHostPoint`'s `go`) and the most a stream waits
+    /// for at each: written from gpushared when the session stops, so that no stream (and no
+    /// thread waiting for one) waits forever for a program that is gone.
+    pub host_points: Mutex<std::collections::HashMap<u64, u32>>,
     /// Physical memory of the virtual memory API the client holds handles of (the data
     /// thread makes and maps it; the control task exports and imports it).
     pub vmm: Mutex<super::vmm::Handles>,
@@ -155,6 +159,7 @@ impl SessionInfo {
             consolidated,
             trust_domain,
             hosts: Mutex::new(super::hosts::HostRegions::default()),
+            host_points: Mutex::default(),
             vmm: Mutex::new(super::vmm::Handles::default()),
             grant: LiveGrant::new(grant),
             account,
@@ -253,7 +258,21 @@ impl SessionInfo {
     /// Asks the data thread to finish and reclaim.
     pub fn request_stop(&self) {
         self.stop.store(true, Ordering::SeqCst);
+        self.release_host_points();
         self.submit_wake.signal();
+    }
+
+    /// Lets every stream waiting for one of the client's host functions go on.
+    pub fn release_host_points(&self) {
+        let points =
+            std::mem::take(&mut *self.host_points.lock().unwrap_or_else(|p| p.into_inner()));
+        if points.is_empty() {
+            return;
+        }
+        let hosts = self.hosts.lock().unwrap_or_else(|p| p.into_inner());
+        for (go, value) in points {
+            hosts.write_u32(go, value);
+        }
     }
 
     pub fn stopping(&self) -> bool {

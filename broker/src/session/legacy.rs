@@ -1,13 +1,14 @@
 //! What consolidated clients (a client-side CUDA driver) ask of a session besides what every
 //! client does: streams and events under ids they choose, stream-to-event waits and stream
 //! queries, CUDA's legacy default-stream order, staged and page-locked copies, wider
-//! memsets, device memory as their quota shows it, and function attributes and occupancy.
+//! memsets, device memory as their quota shows it, function attributes and occupancy, and
+//! points where they run a host function in stream order.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use gpushare_protocol::{Command, ErrorCode, StreamId};
+use gpushare_protocol::{Command, DevicePtr, ErrorCode, StreamId};
 
 use super::{MAX_EVENTS, MAX_STREAMS, SessionState, StreamSlot};
 use crate::device::{Call, Device, Event, EventKind, Function, Occupancy, Reply};
@@ -376,5 +377,37 @@ impl SessionState {
     /// Forgets the legacy markers (their streams are gone: a reset, or the session's end).
     pub(super) fn forget_legacy(&mut self) {
         self.legacy = Legacy::default();
+    }
+}
+
+impl SessionState {
+    /// A point where the client runs a host function in stream order (`StreamHostPoint`):
+    /// both words must be the client's page-locked host memory as the device reaches it.
+    pub(super) fn host_point(
+        &mut self,
+        stream: StreamId,
+        done: DevicePtr,
+        go: DevicePtr,
+        value: u32,
+    ) -> Result<(u64, u64), ErrorCode> {
+        self.check_write(done, 4)?;
+        self.check_device(go, 4)?;
+        // Noted first: a stop that comes meanwhile then lets this point go too.
+        {
+            let mut points = self
+                .info
+                .host_points
+                .lock()
+                .map_err(|_| ErrorCode::Internal)?;
+            let held = points.entry(go).or_insert(value);
+            *held = (*held).max(value);
+        }
+        let point = |stream| Call::HostPoint {
+            stream,
+            done,
+            go,
+            value,
+        };
+        self.on_stream(stream, |d, s| d.queue(s, point, &[]))
     }
 }

@@ -153,9 +153,6 @@ pub struct SessionState {
     legacy: legacy::Legacy,
     /// A launch's parameter block, copied out of the arena (kept to reuse its allocation).
     launch_params: Vec<u8>,
-    /// Host functions' release words (`StreamHostPoint`'s `go`) and the most a stream waits
-    /// for there: written from here when the session ends, so no stream waits forever.
-    host_points: HashMap<u64, u32>,
 }
 
 fn register_arena(device: &Device, region: &SharedRegion) -> DeviceResult<()> {
@@ -280,7 +277,6 @@ impl SessionState {
             governed: governed::Governed::default(),
             legacy: legacy::Legacy::default(),
             launch_params: Vec::new(),
-            host_points: HashMap::new(),
         })
     }
 

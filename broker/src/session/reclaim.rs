@@ -7,19 +7,6 @@ use crate::device::Call;
 
 impl SessionState {
     /// Releases everything the client held: waits for its streams, then frees.
-    /// Lets every stream waiting for one of the client's host functions go on.
-    fn release_host_points(&mut self) {
-        if self.host_points.is_empty() {
-            return;
-        }
-        if let Ok(hosts) = self.info.hosts.lock() {
-            for (&go, &value) in &self.host_points {
-                hosts.write_u32(go, value);
-            }
-        }
-        self.host_points.clear();
-    }
-
     pub(super) fn reclaim(&mut self) {
         // A charge of the user's refused meanwhile waits for this memory.
         let _leaving = self.info.account().leaving();
@@ -27,7 +14,7 @@ impl SessionState {
         let allocations = self.allocations.len();
         let bytes = self.allocations.total_bytes();
         // A stream waiting for the client to run a host function would wait forever now.
-        self.release_host_points();
+        self.info.release_host_points();
         for slot in self.streams.values_mut() {
             let _ = self.device.sync_stream(&mut slot.stream);
         }
