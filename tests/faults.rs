@@ -631,14 +631,28 @@ fn a_clients_modules_live_on_across_a_fault() {
 /// same results, and takes new parameters there.
 #[test]
 fn a_program_s_cuda_graphs_live_on_across_a_fault() {
-    use gpushare_tests::cuda_program::{CudaProgram, Running, assert_passed};
+    use gpushare_tests::cuda_program::CudaProgram;
     let dir = tempfile::tempdir().expect("temp dir");
     let program = CudaProgram::build(dir.path(), false);
-    let broker = broker(&[]);
+    holding_across_a_fault(&program, &[], &["graph-hold"], "graph holding");
+}
+
+/// Runs the stand-in `program` in a holding mode (`args`) under a broker started with
+/// `broker_args`: once it says it holds its state, another process faults the GPU, the
+/// worker that takes over is waited for, and the program, told to go on, must pass
+/// `section`.
+fn holding_across_a_fault(
+    program: &gpushare_tests::cuda_program::CudaProgram,
+    broker_args: &[&str],
+    args: &[&str],
+    section: &str,
+) {
+    use gpushare_tests::cuda_program::{Running, assert_passed};
+    let broker = broker(broker_args);
     assert!(gpushare_tests::wait_until(Duration::from_secs(30), || {
         broker.log_text().contains("spare device worker ready")
     }));
-    let mut cmd = program.command(&broker.socket, &["graph-hold"]);
+    let mut cmd = program.command(&broker.socket, args);
     cmd.stdin(std::process::Stdio::piped());
     let mut holder_program = Running::spawn(cmd);
     holder_program.wait_for_line("holding", Duration::from_secs(60));
@@ -651,7 +665,7 @@ fn a_program_s_cuda_graphs_live_on_across_a_fault() {
     let out = holder_program.finish(Duration::from_secs(60));
     assert_passed(
         &out,
-        &["loading", "init", "graph holding", "finish"],
+        &["loading", "init", section, "finish"],
         &broker.log_text(),
     );
 }
@@ -662,29 +676,10 @@ fn a_program_s_cuda_graphs_live_on_across_a_fault() {
 /// the memory mapped into the spare ahead of the fault, or at takeover.
 #[test]
 fn memory_a_program_mapped_itself_lives_on_across_a_fault() {
-    use gpushare_tests::cuda_program::{CudaProgram, Running, assert_passed};
+    use gpushare_tests::cuda_program::CudaProgram;
     let dir = tempfile::tempdir().expect("temp dir");
     let program = CudaProgram::build(dir.path(), false);
     for args in [&[][..], &["--spare-maps-at-takeover"][..]] {
-        let broker = broker(args);
-        assert!(gpushare_tests::wait_until(Duration::from_secs(30), || {
-            broker.log_text().contains("spare device worker ready")
-        }));
-        let mut cmd = program.command(&broker.socket, &["vmm-hold", "41"]);
-        cmd.stdin(std::process::Stdio::piped());
-        let mut holder_program = Running::spawn(cmd);
-        holder_program.wait_for_line("holding", Duration::from_secs(60));
-        let holder = broker.device_holder();
-        let mut culprit = Scripted::start(&broker);
-        assert!(culprit.run("connect").starts_with("connected"));
-        assert!(culprit.run("illegal").starts_with("error"));
-        wait_for_takeover(&broker, holder);
-        holder_program.send_line("go");
-        let out = holder_program.finish(Duration::from_secs(60));
-        assert_passed(
-            &out,
-            &["loading", "init", "vmm holding", "finish"],
-            &broker.log_text(),
-        );
+        holding_across_a_fault(&program, args, &["vmm-hold", "41"], "vmm holding");
     }
 }

@@ -3,7 +3,6 @@
 //! launches queued before the drop.
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use gpushare_protocol::command::{MAX_LAUNCH_PARAMS, shape_is_valid};
@@ -233,35 +232,20 @@ impl SessionState {
         }
         let client = self.info.id;
         let key = GRAPH_KEY | u64::from(id);
-        let turn = self.acquire(|d| d.module_profile(client, key, blocks));
-        let sm_limit = turn.and_then(|t| t.sm_limit);
-        let start = turn.and_then(|_| self.start_granted(stream));
-        let r = self.on_stream(stream, |d, s| {
-            let graph = d.id(&g.graph)?;
-            d.queue(
-                s,
-                |stream| Call::LimitSms {
+        self.queue_granted(
+            stream,
+            kernels,
+            |d| d.module_profile(client, key, blocks),
+            |d, s| {
+                let graph = d.id(&g.graph)?;
+                let launch = |stream| Call::LaunchGraph {
                     stream,
-                    sms: sm_limit,
-                },
-                &[],
-            )?;
-            let launch = |stream| Call::LaunchGraph {
-                stream,
-                graph,
-                start: None,
-            };
-            d.queue(s, launch, &[])
-        });
-        if let Some(turn) = turn {
-            self.track_granted(stream, turn.request, start, r.is_ok());
-        }
-        let r = r?;
-        self.info
-            .counters
-            .kernels
-            .fetch_add(kernels, Ordering::Relaxed);
-        Ok(r)
+                    graph,
+                    start: None,
+                };
+                d.queue(s, launch, &[])
+            },
+        )
     }
 
     /// New parameters for some of a graph's nodes, for the launches after this: checked as

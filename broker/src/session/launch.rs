@@ -9,7 +9,9 @@ use gpushare_protocol::{ErrorCode, Kernel, StreamId};
 use zerocopy::FromBytes;
 
 use super::SessionState;
-use crate::device::{Call, Function};
+use crate::device::{Call, Device, DeviceResult, Function, Stream};
+use crate::gpu::scheduler::GpuScheduler;
+use crate::sched::profile::KernelProfile;
 
 impl SessionState {
     /// Launches a built-in kernel.
@@ -26,31 +28,17 @@ impl SessionState {
         if !self.streams.contains_key(&stream) {
             return Err(ErrorCode::InvalidHandle);
         }
-        let turn = self.acquire(|d| d.builtin_profile(&kernel));
-        let sm_limit = turn.and_then(|t| t.sm_limit);
-        let start = turn.and_then(|_| self.start_granted(stream));
-        let r = self.on_stream(stream, |d, s| {
-            d.queue(
-                s,
-                |stream| Call::LimitSms {
-                    stream,
-                    sms: sm_limit,
-                },
-                &[],
-            )?;
-            let launch = |stream| Call::Launch {
-                stream,
-                kernel,
-                start: None,
-            };
-            d.queue(s, launch, &[])
-        });
-        if let Some(turn) = turn {
-            self.track_granted(stream, turn.request, start, r.is_ok());
-        }
-        let r = r?;
-        self.info.counters.kernels.fetch_add(1, Ordering::Relaxed);
-        Ok(r)
+        let launch = |stream| Call::Launch {
+            stream,
+            kernel,
+            start: None,
+        };
+        self.queue_granted(
+            stream,
+            1,
+            |d| d.builtin_profile(&kernel),
+            |d, s| d.queue(s, launch, &[]),
+        )
     }
 
     /// Launches a module function; `with_attributes`: the parameter block starts with the
@@ -105,11 +93,38 @@ impl SessionState {
         }
         let blocks = launch.grid.iter().fold(1u32, |a, &g| a.saturating_mul(g));
         let id = self.info.id;
-        let turn = self.acquire(|d| d.module_profile(id, launch.function, blocks));
+        self.queue_granted(
+            stream,
+            1,
+            |d| d.module_profile(id, launch.function, blocks),
+            |d, s| {
+                let function = d.id(function)?;
+                let launch = |stream| Call::LaunchModule {
+                    stream,
+                    function,
+                    launch: *launch,
+                    attributes,
+                    start: None,
+                };
+                d.queue(s, launch, params)
+            },
+        )
+    }
+
+    /// Queues a kernel or graph (`queue` queues it) on `stream` as one unit the scheduler
+    /// grants: its turn (profiled by `profile`), the SM partition the turn gives, and the
+    /// start and end events that time it; `kernels` is what it adds to the client's count.
+    pub(super) fn queue_granted(
+        &mut self,
+        stream: StreamId,
+        kernels: u64,
+        profile: impl FnOnce(&GpuScheduler) -> KernelProfile,
+        queue: impl FnOnce(&Device, &mut Stream) -> DeviceResult<()>,
+    ) -> Result<(u64, u64), ErrorCode> {
+        let turn = self.acquire(profile);
         let sm_limit = turn.and_then(|t| t.sm_limit);
         let start = turn.and_then(|_| self.start_granted(stream));
         let r = self.on_stream(stream, |d, s| {
-            let function = d.id(function)?;
             d.queue(
                 s,
                 |stream| Call::LimitSms {
@@ -118,20 +133,16 @@ impl SessionState {
                 },
                 &[],
             )?;
-            let launch = |stream| Call::LaunchModule {
-                stream,
-                function,
-                launch: *launch,
-                attributes,
-                start: None,
-            };
-            d.queue(s, launch, params)
+            queue(d, s)
         });
         if let Some(turn) = turn {
             self.track_granted(stream, turn.request, start, r.is_ok());
         }
         let r = r?;
-        self.info.counters.kernels.fetch_add(1, Ordering::Relaxed);
+        self.info
+            .counters
+            .kernels
+            .fetch_add(kernels, Ordering::Relaxed);
         Ok(r)
     }
 }

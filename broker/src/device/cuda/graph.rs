@@ -145,9 +145,6 @@ fn capture_nodes(
 
 /// Queues one node's work on the capturing stream.
 fn queue(stream: sys::CUstream, step: &Step<CudaFunction>) -> DeviceResult<()> {
-    let size = |n: u64| {
-        usize::try_from(n).map_err(|_| DeviceError::InvalidArgument("a graph node's size".into()))
-    };
     match step {
         Step::Kernel {
             function,
@@ -181,6 +178,11 @@ fn queue(stream: sys::CUstream, step: &Step<CudaFunction>) -> DeviceResult<()> {
             check("cuMemsetAsync", r)
         }
     }
+}
+
+/// A node's byte or element count as the driver takes it.
+fn size(n: u64) -> DeviceResult<usize> {
+    usize::try_from(n).map_err(|_| DeviceError::InvalidArgument("a graph node's size".into()))
 }
 
 /// The node the capture made last: its only dependency now.
@@ -222,10 +224,6 @@ pub(super) fn update(
             .nodes
             .get(i as usize)
             .ok_or_else(|| DeviceError::InvalidArgument(format!("no graph node {i}")))?;
-        let size = |n: u64| {
-            usize::try_from(n)
-                .map_err(|_| DeviceError::InvalidArgument("a graph node's size".into()))
-        };
         match step {
             Step::Kernel {
                 function,

@@ -45,9 +45,18 @@ pub(super) fn write(
     let at = dev.progress.device_address(dev, page)? + offset;
     // SAFETY: `at` is 4 bytes inside a registered, mapped page (checked above); the stream
     // is live.
+    unsafe { write_value(stream.raw, at, value) }
+}
+
+/// Queues, on `raw`, a write of `value` at `at` once the stream's earlier work is done.
+///
+/// # Safety
+/// `at` is 4 bytes of host memory registered with the stream's context; `raw` is live.
+unsafe fn write_value(raw: sys::CUstream, at: u64, value: u32) -> DeviceResult<()> {
+    // SAFETY: the caller's contract.
     let r = unsafe {
         sys::cuStreamWriteValue32_v2(
-            stream.raw,
+            raw,
             at,
             value,
             sys::CUstreamWriteValue_flags_enum::CU_STREAM_WRITE_VALUE_DEFAULT as u32,
@@ -70,15 +79,7 @@ pub(super) fn host_point(
     dev.bind()?;
     // SAFETY: both addresses are 4 bytes of host memory registered with this context (the
     // session checked them against the client's shared host memory); the stream is live.
-    let r = unsafe {
-        sys::cuStreamWriteValue32_v2(
-            stream.raw,
-            done,
-            value,
-            sys::CUstreamWriteValue_flags_enum::CU_STREAM_WRITE_VALUE_DEFAULT as u32,
-        )
-    };
-    r.result().map_err(|e| driver("cuStreamWriteValue32", e))?;
+    unsafe { write_value(stream.raw, done, value) }?;
     // SAFETY: as above.
     let r = unsafe {
         sys::cuStreamWaitValue32_v2(

@@ -1,10 +1,9 @@
 //! The graph entry points: stream capture, graphs, and their instantiation and launch.
 
 use std::ffi::{c_int, c_uint, c_void};
-
-use super::capture::{MODE, status_of};
 use std::sync::Mutex;
 
+use super::capture::{MODE, status_of};
 use super::{Exec, lock};
 use crate::driver;
 use crate::status::{Cu, entry, out};
@@ -365,16 +364,7 @@ pub extern "C" fn cuGraphExecDestroy(exec: CUgraphExec) -> CUresult {
 fn launch(exec: CUgraphExec, h: CUstream, per_thread: bool) -> Cu<()> {
     let d = driver::live()?;
     let stream = d.stream(h, per_thread)?;
-    let execs = lock(&d.graphs.execs);
-    if !execs.contains(&(exec as usize)) {
-        return Err(result::INVALID_VALUE);
-    }
-    // SAFETY: a live exec handle (destroying removes it from the set first, under the lock
-    // held here).
-    let e = unsafe { &*(exec as *const Exec) };
-    let mut st = lock(&e.state);
-    drop(execs);
-    d.launch_exec(&mut st, stream)
+    super::exec::with_exec(d, exec, |st| d.launch_exec(st, stream))
 }
 
 #[unsafe(no_mangle)]

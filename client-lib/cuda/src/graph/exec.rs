@@ -12,10 +12,10 @@ use gpushare_protocol::control::{BrokerMessage, ClientMessage};
 use gpushare_protocol::graph::{GraphChange, GraphNode, GraphOp, encode_changes, encode_graph};
 use gpushare_protocol::{Command, GraphId};
 
-use super::{Node, Op};
+use super::{Exec, Node, Op, lock};
 use crate::driver::Driver;
 use crate::status::{Cu, from_code, from_error};
-use crate::types::result;
+use crate::types::{CUgraphExec, result};
 
 /// Set to `replay` to replay every graph node by node (for comparison).
 const GRAPHS_ENV: &str = "GPUSHARE_GRAPHS";
@@ -319,6 +319,24 @@ impl Driver {
             None => Ok(()),
         }
     }
+}
+
+/// Runs `f` on a live instantiated graph's state.
+pub(super) fn with_exec<T>(
+    d: &Driver,
+    exec: CUgraphExec,
+    f: impl FnOnce(&mut ExecState) -> Cu<T>,
+) -> Cu<T> {
+    let execs = lock(&d.graphs.execs);
+    if !execs.contains(&(exec as usize)) {
+        return Err(result::INVALID_VALUE);
+    }
+    // SAFETY: a live exec handle; destroying one removes it from the set first, under the
+    // lock held until its state is locked here.
+    let e = unsafe { &*(exec as *const Exec) };
+    let mut st = lock(&e.state);
+    drop(execs);
+    f(&mut st)
 }
 
 #[cfg(test)]

@@ -5,12 +5,12 @@
 
 use std::ffi::{c_int, c_uint, c_void};
 
-use super::exec::ExecState;
+use super::exec::{ExecState, with_exec};
 use super::params::{
     Described, KernelNodeParams, Memcpy3d, MemsetNodeParams, NodeParams, copy_op, described,
     kernel_op, memset_op, type_of,
 };
-use super::{Exec, Node, Op, lock};
+use super::{Node, Op, lock};
 use crate::driver::{self, Driver};
 use crate::status::{Cu, entry, out};
 use crate::types::{CUgraph, CUgraphExec, CUgraphNode, CUresult, result};
@@ -83,20 +83,6 @@ pub unsafe extern "C" fn cuGraphMemsetNodeSetParams(
         // SAFETY: the caller's contract.
         set_in_graph(node, unsafe { memset_op(params) }?)
     })
-}
-
-/// Runs `f` on a live instantiated graph's state.
-fn with_exec<T>(d: &Driver, exec: CUgraphExec, f: impl FnOnce(&mut ExecState) -> Cu<T>) -> Cu<T> {
-    let execs = lock(&d.graphs.execs);
-    if !execs.contains(&(exec as usize)) {
-        return Err(result::INVALID_VALUE);
-    }
-    // SAFETY: a live exec handle; destroying one removes it from the set first, under the
-    // lock held until its state is locked here.
-    let e = unsafe { &*(exec as *const Exec) };
-    let mut st = lock(&e.state);
-    drop(execs);
-    f(&mut st)
 }
 
 /// Replaces the op of an instantiated graph's node (of the graph it was instantiated from),
