@@ -36,7 +36,7 @@ trap '[[ -n $broker_pid ]] && kill -TERM $broker_pid 2>/dev/null; wait 2>/dev/nu
 
 all=(torch-expandable torch-mallocasync torch-ipc torch-resnet torch-bert torch-compile torch-graphs
      torch-decode-graph torch-decode-compiled torch-nccl
-     jax-jit jax-grad jax-train jax-jit-nocb jax-grad-nocb jax-train-nocb
+     jax-jit jax-grad jax-train jax-loop jax-jit-nocb jax-grad-nocb jax-train-nocb
      cupy-elementwise cupy-rawkernel cupy-asyncpool cupy-cublas cupy-cufft cupy-cusolver cupy-cusparse
      cupy-random numba-kernel cuda-python cuda-python-jitlink triton-kernel c-vmm-pool c-libraries)
 cases=("$@")

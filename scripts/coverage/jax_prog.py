@@ -1,7 +1,10 @@
 """JAX programs for the coverage matrix (scripts/gpu-coverage.sh): each prints one JSON line,
 {"ok": true, "values": [...]}, that the run directly and the run through gpushare must agree on.
 
-    python3 jax_prog.py jit|grad|train
+    python3 jax_prog.py jit|grad|train|loop
+
+loop: a `lax.fori_loop` and a `lax.scan` under `jit` (XLA may run loops as conditional
+nodes of a command buffer).
 """
 import json
 import sys
@@ -27,6 +30,15 @@ def main(case):
         t = jax.random.normal(k3, (512, 64), jnp.float32)
         g = jax.jit(jax.grad(lambda w: jnp.mean((jnp.tanh(x @ w) - t) ** 2)))(w)
         return [float(v) for v in g.ravel()[:16]] + [float(g.sum())]
+    if case == "loop":
+        k1, k2 = jax.random.split(key)
+        w = jax.random.normal(k1, (256, 256), jnp.float32) / 16
+        x = jax.random.normal(k2, (64, 256), jnp.float32)
+        looped = jax.jit(lambda v: jax.lax.fori_loop(0, 20, lambda i, v: jnp.tanh(v @ w), v))(x)
+        scanned, _ = jax.jit(lambda v: jax.lax.scan(lambda c, _: (jnp.tanh(c @ w) + 0.1, None),
+                                                     v, None, length=20))(x)
+        return ([float(v) for v in looped.ravel()[:8]] + [float(looped.sum())]
+                + [float(v) for v in scanned.ravel()[:8]] + [float(scanned.sum())])
     if case == "train":
         k1, k2, k3, k4 = jax.random.split(key, 4)
         x = jax.random.normal(k1, (256, 32), jnp.float32)
