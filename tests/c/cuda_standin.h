@@ -268,6 +268,7 @@ typedef struct {
     X(cuGraphExecMemsetNodeSetParams, (CUgraphExec, CUgraphNode,                              \
                                        const CUDA_MEMSET_NODE_PARAMS *, CUcontext))           \
     X(cuGraphExecUpdate, (CUgraphExec, CUgraph, CUgraphExecUpdateResultInfo *))               \
+    X(cuGraphExecChildGraphNodeSetParams, (CUgraphExec, CUgraphNode, CUgraph))                \
     X(cuGraphNodeSetEnabled, (CUgraphExec, CUgraphNode, unsigned))
 
 /* The per-thread-default-stream forms it uses (asked for with

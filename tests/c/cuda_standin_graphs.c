@@ -168,6 +168,16 @@ void check_graphs(void) {
     OK(cuGraphLaunch(x, s));
     OK(cuStreamSynchronize(s));
     CHECK(all_are(c, 3), "the child graph set 3 and the captured copy took it");
+    /* The child node takes another graph of its shape's parameters; not one of another. */
+    CUgraphNode again[3];
+    CUgraph thirteen = built(a, b, 13, spin, &micros, again);
+    OK(cuGraphExecChildGraphNodeSetParams(x, child, thirteen));
+    OK(cuGraphLaunch(x, s));
+    OK(cuStreamSynchronize(s));
+    CHECK(all_are(c, 13), "the child node's new graph set 13");
+    EXPECT(cuGraphExecChildGraphNodeSetParams(x, child, same), CUDA_ERROR_INVALID_VALUE);
+    EXPECT(cuGraphExecChildGraphNodeSetParams(x, first, thirteen), CUDA_ERROR_INVALID_VALUE);
+    OK(cuGraphDestroy(thirteen));
     OK(cuGraphExecDestroy(x));
 
     /* Misuse: a dependency from another graph, a count past the array's end (refused at its

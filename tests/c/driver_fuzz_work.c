@@ -482,8 +482,9 @@ static void op_graph_node(void) {
     CUgraphExecUpdateResultInfo info;
     unsigned char generic[256];
     int type = -1;
-    switch (in_below(11)) {
+    switch (in_below(12)) {
     case 0: keep_gnode(R(cuGraphAddEmptyNode(&n, g, deps, nd)), n); return;
+    case 10: R(cuGraphExecChildGraphNodeSetParams(x, pick_gnode(), pick_graph())); return;
     case 1: keep_gnode(R(cuGraphAddKernelNode(in_below(8) ? &n : NULL, g, deps, nd, &k)), n); return;
     case 2: keep_gnode(R(cuGraphAddMemsetNode(&n, g, deps, nd, in_below(8) ? &m : NULL, NULL)), n);
             return;
@@ -494,7 +495,7 @@ static void op_graph_node(void) {
     case 7: R(cuGraphExecUpdate(x, g, in_below(4) ? &info : NULL)); return;
     case 8: R(cuGraphNodeSetEnabled(x, pick_gnode(), in_below(2))); return;
     case 9: R(cuGraphNodeGetType(pick_gnode(), in_below(4) ? &type : NULL)); return;
-    default:
+    default: /* 11 */
         /* The generic form, its type and body as the input says. */
         for (size_t i = 0; i < sizeof generic; i++) generic[i] = in_u8();
         generic[0] = in_below(4) ? (unsigned char)in_below(6) : generic[0];

@@ -96,6 +96,7 @@ unsafe extern "C" {
     fn cuGraphAddNode_v2();
     fn cuGraphCreate();
     fn cuGraphDestroy();
+    fn cuGraphExecChildGraphNodeSetParams();
     fn cuGraphExecDestroy();
     fn cuGraphExecKernelNodeSetParams_v2();
     fn cuGraphExecMemcpyNodeSetParams();
@@ -103,9 +104,11 @@ unsafe extern "C" {
     fn cuGraphExecNodeSetParams();
     fn cuGraphExecUpdate_v2();
     fn cuGraphGetNodes();
+    fn cuGraphInstantiate();
     fn cuGraphInstantiateWithFlags();
     fn cuGraphInstantiateWithParams();
     fn cuGraphInstantiateWithParams_ptsz();
+    fn cuGraphInstantiate_v2();
     fn cuGraphKernelNodeSetParams_v2();
     fn cuGraphLaunch();
     fn cuGraphLaunch_ptsz();
@@ -359,7 +362,6 @@ super::stubs! {
     cuGraphEventWaitNodeGetEvent,
     cuGraphEventWaitNodeSetEvent,
     cuGraphExecBatchMemOpNodeSetParams,
-    cuGraphExecChildGraphNodeSetParams,
     cuGraphExecEventRecordNodeSetEvent,
     cuGraphExecEventWaitNodeSetEvent,
     cuGraphExecExternalSemaphoresSignalNodeSetParams,
@@ -377,8 +379,6 @@ super::stubs! {
     cuGraphGetRootNodes,
     cuGraphHostNodeGetParams,
     cuGraphHostNodeSetParams,
-    cuGraphInstantiate,
-    cuGraphInstantiate_v2,
     cuGraphKernelNodeCopyAttributes,
     cuGraphKernelNodeGetAttribute,
     cuGraphKernelNodeGetParams,
@@ -4783,9 +4783,9 @@ pub(super) static SYMBOLS: [&str; 638] = [
     "cuWaitExternalSemaphoresAsync_ptsz",
 ];
 
-/// The symbols src/ implements (276); the rest are stubs.
+/// The symbols src/ implements (279); the rest are stubs.
 #[cfg(test)]
-pub(super) static IMPLEMENTED: [&str; 276] = [
+pub(super) static IMPLEMENTED: [&str; 279] = [
     "cuCtxCreate",
     "cuCtxCreate_v2",
     "cuCtxCreate_v3",
@@ -4876,6 +4876,7 @@ pub(super) static IMPLEMENTED: [&str; 276] = [
     "cuGraphAddNode_v2",
     "cuGraphCreate",
     "cuGraphDestroy",
+    "cuGraphExecChildGraphNodeSetParams",
     "cuGraphExecDestroy",
     "cuGraphExecKernelNodeSetParams_v2",
     "cuGraphExecMemcpyNodeSetParams",
@@ -4883,9 +4884,11 @@ pub(super) static IMPLEMENTED: [&str; 276] = [
     "cuGraphExecNodeSetParams",
     "cuGraphExecUpdate_v2",
     "cuGraphGetNodes",
+    "cuGraphInstantiate",
     "cuGraphInstantiateWithFlags",
     "cuGraphInstantiateWithParams",
     "cuGraphInstantiateWithParams_ptsz",
+    "cuGraphInstantiate_v2",
     "cuGraphKernelNodeSetParams_v2",
     "cuGraphLaunch",
     "cuGraphLaunch_ptsz",

@@ -1,6 +1,6 @@
 //! The graph entry points: stream capture, graphs, and their instantiation and launch.
 
-use std::ffi::{c_int, c_uint, c_void};
+use std::ffi::{c_char, c_int, c_uint, c_void};
 use std::sync::Mutex;
 
 use super::capture::{MODE, status_of};
@@ -303,8 +303,10 @@ fn instantiate(exec: *mut CUgraphExec, graph: CUgraph) -> Cu<()> {
     if exec.is_null() {
         return Err(result::INVALID_VALUE);
     }
-    let nodes = lock(&d.graphs.graph(graph)?.nodes).clone();
-    let state = d.instantiate_nodes(nodes)?;
+    let g = d.graphs.graph(graph)?;
+    let nodes = lock(&g.nodes).clone();
+    let children = lock(&g.children).clone();
+    let state = d.instantiate_nodes(nodes, children)?;
     let e = Box::into_raw(Box::new(Exec {
         state: Mutex::new(state),
     }));
@@ -322,6 +324,47 @@ pub unsafe extern "C" fn cuGraphInstantiateWithFlags(
     _flags: u64,
 ) -> CUresult {
     entry("cuGraphInstantiateWithFlags", || instantiate(exec, graph))
+}
+
+/// The form before CUDA 12 (`cuGraphInstantiate_v2`): no error node or log to give, as
+/// instantiation here fails only on a graph CUDA would refuse too.
+///
+/// # Safety
+/// `exec` is NULL or valid for writing; `error_node` NULL or writable; `log` NULL or valid
+/// for `log_size` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphInstantiate_v2(
+    exec: *mut CUgraphExec,
+    graph: CUgraph,
+    error_node: *mut CUgraphNode,
+    log: *mut c_char,
+    log_size: usize,
+) -> CUresult {
+    entry("cuGraphInstantiate_v2", || {
+        if !error_node.is_null() {
+            // SAFETY: writable, per the contract.
+            unsafe { error_node.write(std::ptr::null_mut()) };
+        }
+        if !log.is_null() && log_size > 0 {
+            // SAFETY: `log` has room for at least one byte.
+            unsafe { log.write(0) };
+        }
+        instantiate(exec, graph)
+    })
+}
+
+/// # Safety
+/// As `cuGraphInstantiate_v2`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphInstantiate(
+    exec: *mut CUgraphExec,
+    graph: CUgraph,
+    error_node: *mut CUgraphNode,
+    log: *mut c_char,
+    log_size: usize,
+) -> CUresult {
+    // SAFETY: the caller's contract.
+    unsafe { cuGraphInstantiate_v2(exec, graph, error_node, log, log_size) }
 }
 
 /// # Safety

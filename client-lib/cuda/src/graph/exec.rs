@@ -36,6 +36,8 @@ pub(super) struct ExecState {
     wire_of: Vec<Option<u32>>,
     /// Nodes given new parameters since `broker` was made or last updated.
     pending: Vec<GraphChange>,
+    /// Child graphs copied in: end node handle → (first index, count).
+    pub(super) children: HashMap<usize, (u32, u32)>,
 }
 
 impl ExecState {
@@ -206,7 +208,11 @@ fn replay_only() -> bool {
 
 impl Driver {
     /// Instantiates a graph of `nodes`.
-    pub(super) fn instantiate_nodes(&self, nodes: Vec<Node>) -> Cu<ExecState> {
+    pub(super) fn instantiate_nodes(
+        &self,
+        nodes: Vec<Node>,
+        children: HashMap<usize, (u32, u32)>,
+    ) -> Cu<ExecState> {
         let order = order(&nodes)?;
         let index = nodes
             .iter()
@@ -222,6 +228,7 @@ impl Driver {
             disabled: HashSet::new(),
             wire_of: Vec::new(),
             pending: Vec::new(),
+            children,
         };
         self.make_in_broker(&mut state)?;
         Ok(state)

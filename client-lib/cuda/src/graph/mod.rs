@@ -79,6 +79,9 @@ struct Recording {
 /// A graph.
 struct Graph {
     nodes: Mutex<Vec<Node>>,
+    /// Child graphs copied in: each one's end node (its handle) → where its nodes are (the
+    /// first index and how many), for `cuGraphExecChildGraphNodeSetParams`.
+    children: Mutex<HashMap<usize, (u32, u32)>>,
 }
 
 /// An instantiated graph.
@@ -109,6 +112,7 @@ impl Graphs {
     fn new_graph(&self) -> CUgraph {
         let g = Box::into_raw(Box::new(Graph {
             nodes: Mutex::new(Vec::new()),
+            children: Mutex::new(HashMap::new()),
         }));
         lock(&self.graphs).insert(g as usize);
         g.cast()

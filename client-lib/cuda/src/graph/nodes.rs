@@ -258,6 +258,7 @@ unsafe fn add_child(
     });
     let handles = g.append(graph, copied)?;
     let last = handles.last().copied().ok_or(result::UNKNOWN)?;
+    lock(&g.graph(graph)?.children).insert(last, (base, count));
     // SAFETY: checked not NULL; the caller's contract.
     unsafe { out(node, last as CUgraphNode) }
 }

@@ -269,3 +269,43 @@ pub unsafe extern "C" fn cuGraphExecNodeSetParams(
         }
     })
 }
+
+/// A child graph's node of an instantiated graph takes the parameters of `child`, which must
+/// have the shape of the graph it was made from (its nodes, their types and dependencies, in
+/// the same order), as CUDA requires.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuGraphExecChildGraphNodeSetParams(
+    exec: CUgraphExec,
+    node: CUgraphNode,
+    child: CUgraph,
+) -> CUresult {
+    entry("cuGraphExecChildGraphNodeSetParams", || {
+        let d = driver::live()?;
+        let nodes = lock(&d.graphs.graph(child)?.nodes).clone();
+        with_exec(d, exec, |st| {
+            let &(base, count) = st
+                .children
+                .get(&(node as usize))
+                .ok_or(result::INVALID_VALUE)?;
+            if nodes.len() != count as usize {
+                return Err(result::INVALID_VALUE);
+            }
+            for (i, n) in nodes.iter().enumerate() {
+                let mine = &st.nodes[base as usize + i];
+                // A root of the child depends on what the child node does in the parent.
+                let same_deps = n.deps.is_empty()
+                    || n.deps
+                        .iter()
+                        .map(|&d| d + base)
+                        .eq(mine.deps.iter().copied());
+                if !same_deps || type_of(&n.op) != type_of(&mine.op) {
+                    return Err(result::INVALID_VALUE);
+                }
+            }
+            for (i, n) in nodes.into_iter().enumerate() {
+                st.change(base + i as u32, n.op);
+            }
+            Ok(())
+        })
+    })
+}
