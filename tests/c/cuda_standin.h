@@ -117,6 +117,10 @@ typedef struct {
     CUgraphNode errorNode;
     CUgraphNode errorFromNode;
 } CUgraphExecUpdateResultInfo;
+typedef struct {
+    void (*fn)(void *);
+    void *userData;
+} CUDA_HOST_NODE_PARAMS;
 #define CU_STREAM_CAPTURE_MODE_GLOBAL 0
 #define CU_GRAPH_NODE_TYPE_KERNEL 0
 #define CU_GRAPH_NODE_TYPE_MEMCPY 1
@@ -255,6 +259,8 @@ typedef struct {
     X(cuGraphAddMemsetNode, (CUgraphNode *, CUgraph, const CUgraphNode *, size_t,             \
                              const CUDA_MEMSET_NODE_PARAMS *, CUcontext))                     \
     X(cuGraphAddEmptyNode, (CUgraphNode *, CUgraph, const CUgraphNode *, size_t))             \
+    X(cuGraphAddHostNode, (CUgraphNode *, CUgraph, const CUgraphNode *, size_t,               \
+                           const CUDA_HOST_NODE_PARAMS *))                                    \
     X(cuGraphAddChildGraphNode, (CUgraphNode *, CUgraph, const CUgraphNode *, size_t,         \
                                  CUgraph))                                                    \
     X(cuGraphAddDependencies, (CUgraph, const CUgraphNode *, const CUgraphNode *,             \

@@ -23,6 +23,19 @@ static int all_are(CUdeviceptr d, unsigned want) {
     return 1;
 }
 
+/* A host function that counts its calls and notes what `a` held then (a page-locked copy). */
+struct host_note {
+    int calls;
+    unsigned *seen; /* page-locked: the stream copied a word of `a` here before */
+    unsigned last;
+};
+
+static void CUDA_CB note_call(void *p) {
+    struct host_note *n = p;
+    n->calls++;
+    n->last = n->seen[0];
+}
+
 static CUDA_MEMSET_NODE_PARAMS memset_params(CUdeviceptr dst, unsigned value) {
     CUDA_MEMSET_NODE_PARAMS p;
     memset(&p, 0, sizeof p);
@@ -179,6 +192,36 @@ void check_graphs(void) {
     EXPECT(cuGraphExecChildGraphNodeSetParams(x, first, thirteen), CUDA_ERROR_INVALID_VALUE);
     OK(cuGraphDestroy(thirteen));
     OK(cuGraphExecDestroy(x));
+
+    /* Host functions: captured and added node by node; such a graph is replayed, each
+     * function called in its place. */
+    struct host_note note = {0, NULL, 0};
+    void *seen = NULL;
+    OK(cuMemHostAlloc(&seen, 4096, 0));
+    note.seen = seen;
+    CUgraph hosted = NULL;
+    OK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    OK(cuMemsetD32Async(a, 41, N, s));
+    OK(cuMemcpyDtoHAsync(seen, a, 4, s));
+    OK(cuLaunchHostFunc(s, note_call, &note));
+    OK(cuStreamEndCapture(s, &hosted));
+    CUgraphNode tail = NULL, host = NULL;
+    count = 4;
+    CUgraphNode captured_nodes[4];
+    OK(cuGraphGetNodes(hosted, captured_nodes, &count));
+    CHECK(count == 3, "the host function is a node (%zu nodes)", count);
+    tail = captured_nodes[count - 1];
+    CUDA_HOST_NODE_PARAMS hp = {note_call, &note};
+    OK(cuGraphAddHostNode(&host, hosted, &tail, 1, &hp));
+    OK(cuGraphInstantiateWithFlags(&x, hosted, 0));
+    OK(cuGraphLaunch(x, s));
+    OK(cuGraphLaunch(x, s));
+    OK(cuStreamSynchronize(s));
+    CHECK(note.calls == 4 && note.last == 41, "host nodes: %d calls, saw %u", note.calls,
+          note.last);
+    OK(cuGraphExecDestroy(x));
+    OK(cuGraphDestroy(hosted));
+    OK(cuMemFreeHost(seen));
 
     /* Misuse: a dependency from another graph, a count past the array's end (refused at its
      * first entry that is no node), a cycle. */

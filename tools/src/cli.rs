@@ -66,7 +66,7 @@ pub enum Commands {
     /// scheduled kernel by kernel beside other clients' work, within your memory quota. What
     /// that driver does not support fails with CUDA's error and one line on stderr naming the
     /// call: managed memory, peer access, CUDA arrays, external memory and
-    /// semaphores, graphics interop, host, event and conditional graph nodes. Without a broker
+    /// semaphores, graphics interop, event and conditional graph nodes. Without a broker
     /// the program's cuInit fails, saying why, unless --fallback direct.
     ///
     /// Governed (--mode governed): the program keeps its own CUDA context and driver; the

@@ -3,7 +3,8 @@
 //! for them, while the call returns at once, as CUDA's does (`host_point`). Where that cannot
 //! be set up (the page it needs cannot be had) the driver waits for the stream's work and
 //! calls the function before it returns instead: the same order, but the call blocks. A
-//! function may not call CUDA (CUDA's rule too). Inside a stream capture it is refused.
+//! function may not call CUDA (CUDA's rule too). Captured, a host function becomes a node of
+//! the graph; a callback (`cuStreamAddCallback`) cannot be captured, as in CUDA.
 
 use std::ffi::{c_uint, c_void};
 
@@ -13,7 +14,9 @@ use crate::status::{Cu, entry};
 use crate::types::{CUresult, CUstream, result};
 
 /// `CUhostFn`.
-pub type HostFn = Option<unsafe extern "C" fn(*mut c_void)>;
+pub type HostFn = Option<HostFnPtr>;
+/// A `CUhostFn` that is not NULL.
+pub type HostFnPtr = unsafe extern "C" fn(*mut c_void);
 /// `CUstreamCallback`: the stream, the stream's status, the user's data.
 pub type StreamCallback = Option<unsafe extern "C" fn(CUstream, CUresult, *mut c_void)>;
 
@@ -24,23 +27,34 @@ impl Driver {
     }
 }
 
+impl Driver {
+    /// Runs host function `function` with `data` (an address) on `stream`, in stream order:
+    /// at a host point when one can be set up, else after waiting for the stream.
+    pub fn host_function(&self, stream: u32, function: HostFnPtr, data: usize) -> Cu<()> {
+        // SAFETY: the program's function and data, called as CUDA would (once, after the
+        // stream's earlier work and before its later work).
+        let call: Call = Box::new(move || unsafe { function(data as *mut c_void) });
+        match self.host_point(stream, call)? {
+            Ok(()) => Ok(()),
+            Err(call) => {
+                self.drain_for_host(stream)?;
+                call();
+                Ok(())
+            }
+        }
+    }
+}
+
 fn launch(stream: CUstream, per_thread: bool, f: HostFn, data: *mut c_void) -> Cu<()> {
     let d = driver::live()?;
     let f = f.ok_or(result::INVALID_VALUE)?;
     let s = d.stream(stream, per_thread)?;
-    crate::graph::refuse_while_capturing(d, s)?;
     let data = data as usize;
-    // SAFETY: the program's function and data, called as CUDA would (once, after the stream's
-    // earlier work and before its later work).
-    let call: Call = Box::new(move || unsafe { f(data as *mut c_void) });
-    match d.host_point(s, call)? {
-        Ok(()) => Ok(()),
-        Err(call) => {
-            d.drain_for_host(s)?;
-            call();
-            Ok(())
-        }
+    // Captured, it is a host node of the graph (which is then replayed).
+    if crate::graph::capture(d, s, || crate::graph::Op::Host { function: f, data })? {
+        return Ok(());
     }
+    d.host_function(s, f, data)
 }
 
 fn callback(

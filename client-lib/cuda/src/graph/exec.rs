@@ -163,7 +163,7 @@ fn wire_op(op: &Op) -> Option<GraphOp> {
             elem_bytes: *elem_bytes,
             count: *count,
         },
-        Op::Command(_) | Op::Empty => return None,
+        Op::Command(_) | Op::Empty | Op::Host { .. } => return None,
     })
 }
 

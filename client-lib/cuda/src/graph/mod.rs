@@ -5,8 +5,8 @@
 //! events it waited for. Instantiating sends the nodes to gpushared, which makes and
 //! instantiates a CUDA graph of them in the context that runs the client's work; a launch is
 //! then one ring command, and the scheduler grants it as one unit. A graph with nodes that
-//! cannot go into gpushared's graph (copies with page-locked host memory) is replayed instead:
-//! its nodes sent again one by one, in an order their dependencies allow.
+//! cannot go into gpushared's graph (copies with page-locked host memory, host functions) is
+//! replayed instead: its nodes sent again one by one, in an order their dependencies allow.
 //!
 //! Node handles are numbers from one counter, never reused, looked up here.
 
@@ -46,6 +46,12 @@ pub enum Op {
     Command(Command),
     /// Nothing: a point others depend on (`cuGraphAddEmptyNode`, the end of a child graph).
     Empty,
+    /// A host function (`cuLaunchHostFunc` captured, `cuGraphAddHostNode`) and its data (an
+    /// address). A graph holding one is replayed.
+    Host {
+        function: crate::host_func::HostFnPtr,
+        data: usize,
+    },
 }
 
 /// One node: what it does, the nodes it depends on (indices into its graph), and its handle.

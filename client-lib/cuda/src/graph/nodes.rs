@@ -194,6 +194,26 @@ pub unsafe extern "C" fn cuGraphAddEmptyNode(
     })
 }
 
+/// A host function's node (the graph is then replayed, its function called in order).
+///
+/// # Safety
+/// As CUDA's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphAddHostNode(
+    node: *mut CUgraphNode,
+    graph: CUgraph,
+    deps: *const CUgraphNode,
+    n: usize,
+    params: *const super::params::HostNodeParams,
+) -> CUresult {
+    entry("cuGraphAddHostNode", || {
+        // SAFETY: the caller's contract.
+        add_node(node, graph, deps, n, |_| unsafe {
+            super::params::host_op(params)
+        })
+    })
+}
+
 /// A child graph's nodes are copied in after `deps`; the node handed back is an empty node
 /// after all of them.
 ///

@@ -76,6 +76,7 @@ pub mod node_type {
     pub const KERNEL: i32 = 0;
     pub const MEMCPY: i32 = 1;
     pub const MEMSET: i32 = 2;
+    pub const HOST: i32 = 3;
     pub const GRAPH: i32 = 4;
     pub const EMPTY: i32 = 5;
 }
@@ -124,12 +125,15 @@ pub unsafe fn described(d: &Driver, p: *const NodeParams) -> Cu<Described> {
         // SAFETY: as above, a memset node's.
         node_type::MEMSET => Described::Op(unsafe { memset_op(body.cast()) }?),
         node_type::EMPTY => Described::Op(Op::Empty),
+        // `CUDA_HOST_NODE_PARAMS(_v2)`: the function, then its data.
+        // SAFETY: as above, a host node's.
+        node_type::HOST => Described::Op(unsafe { host_op(body.cast()) }?),
         // `CUDA_CHILD_GRAPH_NODE_PARAMS`: the graph first.
         // SAFETY: as above, a child graph node's.
         node_type::GRAPH => Described::Child(unsafe { body.cast::<CUgraph>().read_unaligned() }),
         other => {
             crate::log::say_once(&format!(
-                "gpushare: graph nodes of type {other} (host, event, conditional, memory) are not \
+                "gpushare: graph nodes of type {other} (event, conditional, memory) are not \
                  supported (CUDA_ERROR_NOT_SUPPORTED)"
             ));
             return Err(result::NOT_SUPPORTED);
@@ -244,5 +248,31 @@ pub fn type_of(op: &Op) -> i32 {
         Op::Command(Command::Memset { .. } | Command::MemsetWide { .. }) => node_type::MEMSET,
         Op::Command(_) => node_type::MEMCPY,
         Op::Empty => node_type::EMPTY,
+        Op::Host { .. } => node_type::HOST,
     }
+}
+
+/// `CUDA_HOST_NODE_PARAMS`: a host function and its data.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct HostNodeParams {
+    function: crate::host_func::HostFn,
+    data: *mut c_void,
+}
+
+/// A host node's function.
+///
+/// # Safety
+/// `p` is NULL or valid for reading.
+pub unsafe fn host_op(p: *const HostNodeParams) -> Cu<Op> {
+    if p.is_null() {
+        return Err(result::INVALID_VALUE);
+    }
+    // SAFETY: the caller's contract.
+    let p = unsafe { p.read() };
+    let function = p.function.ok_or(result::INVALID_VALUE)?;
+    Ok(Op::Host {
+        function,
+        data: p.data as usize,
+    })
 }

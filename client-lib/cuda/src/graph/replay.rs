@@ -22,6 +22,9 @@ impl Driver {
                 })?,
                 Op::Command(cmd) => self.transport.post(on_stream(*cmd, stream))?,
                 Op::Empty => {}
+                Op::Host { function, data } => {
+                    self.host_function(stream, *function, *data)?;
+                }
             }
         }
         Ok(())
