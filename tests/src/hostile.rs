@@ -1,12 +1,16 @@
 //! Helpers for hostile-input tests: a broker on the sim device, a hostile client in the
-//! consolidated role, a bystander whose data must come through, and one command's outcome.
+//! consolidated role, a bystander whose data must come through, one command's outcome, and
+//! noise submitted raw.
 
-use gpushare::DeviceBuffer;
+use std::time::Duration;
+
+use gpushare::{DeviceBuffer, ErrorCode};
 use gpushare_protocol::Command;
 use gpushare_protocol::control::Role;
+use gpushare_protocol::ring::SubmissionEntry;
 
 use crate::raw::RawClient;
-use crate::{Broker, BrokerOptions};
+use crate::{Broker, BrokerOptions, wait_until};
 
 /// A broker on the sim device (the checks read its process's mappings and rely on the sim's
 /// placement of host memory).
@@ -55,4 +59,36 @@ pub fn status_of(raw: &RawClient, cmd: Command) -> u32 {
     raw.submit_one(cmd)
         .unwrap_or_else(|| panic!("no completion for {cmd:?}"))
         .status
+}
+
+pub fn assert_fails(raw: &RawClient, cmd: Command, want: ErrorCode) {
+    assert_eq!(status_of(raw, cmd), want.as_u32(), "{cmd:?}");
+}
+
+/// Submits a raw entry (one no client library would encode) and returns its status.
+pub fn raw_status(raw: &RawClient, entry: SubmissionEntry) -> u32 {
+    raw.submit_all(&[entry])
+        .first()
+        .unwrap_or_else(|| panic!("no completion for {entry:?}"))
+        .status
+}
+
+/// Submits `noise`: every entry is answered, the hostile session is still served, the
+/// bystander is unharmed, and the session ends with its client.
+pub fn submit_noise(
+    broker: &Broker,
+    bystander: &Bystander,
+    raw: RawClient,
+    noise: &[SubmissionEntry],
+) {
+    let done = raw.submit_all(noise);
+    assert_eq!(done.len(), noise.len(), "one completion per entry");
+    assert!(raw.status_ok(), "the hostile session is still answered");
+    bystander.assert_unharmed(broker);
+    drop(raw);
+    assert!(
+        wait_until(Duration::from_secs(5), || broker.status().clients.len()
+            == 1),
+        "the hostile client's session ended with it"
+    );
 }

@@ -22,6 +22,7 @@ mod event;
 mod gemm;
 mod graph;
 mod holder;
+mod info;
 mod injection;
 mod memory;
 mod module;
@@ -68,9 +69,6 @@ pub use self::stream::CudaStream;
 use super::graph::{Node, Step};
 use super::{Backend, DeviceError, DeviceResult, FunctionShape, Occupancy};
 use crate::shm::ArenaSlice;
-
-/// FP32 lanes per SM on recent NVIDIA GPUs (Ampere and later), for the peak-rate estimate.
-const FP32_LANES_PER_SM: f64 = 128.0;
 
 /// One GPU, with the broker's primary context on it.
 pub struct CudaDevice {
@@ -190,7 +188,7 @@ impl CudaDevice {
         let total_memory = unsafe { cu::device::total_mem(device) }
             .map_err(|e| driver("cuDeviceTotalMem", e))? as u64;
         let name = cu::device::get_name(device).unwrap_or_else(|_| "NVIDIA GPU".into());
-        let attributes = all_attributes(device);
+        let attributes = info::all_attributes(device);
         let at = |a: usize| attributes.get(a).copied().unwrap_or(0).max(0) as u32;
         let info = DeviceInfo {
             index: ordinal as u32,
@@ -198,13 +196,13 @@ impl CudaDevice {
             total_memory,
             sm_count,
             compute_capability: cc,
-            fp32_flops: fp32_flops(sm_count, clock_khz),
-            memory_bandwidth: memory_bandwidth(mem_clock_khz, bus_bits),
+            fp32_flops: info::fp32_flops(sm_count, clock_khz),
+            memory_bandwidth: info::memory_bandwidth(mem_clock_khz, bus_bits),
             host_bandwidth: 0.0,
-            uuid: uuid(device),
+            uuid: info::uuid(device),
             // CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID, _PCI_BUS_ID, _PCI_DEVICE_ID.
             pci: (at(50), at(33), at(34)),
-            driver_version: driver_version(),
+            driver_version: info::driver_version(),
             attributes,
         };
         let priorities = cu::stream::get_priority_range().unwrap_or((0, 0));
@@ -245,60 +243,6 @@ impl CudaDevice {
     pub fn ordinal(&self) -> i32 {
         self.ordinal
     }
-}
-
-/// Every device attribute by number (0 where the driver does not know it): what a
-/// consolidated client's driver answers `cuDeviceGetAttribute` with.
-fn all_attributes(device: CUdevice) -> Vec<i32> {
-    const COUNT: i32 = 160;
-    (0..COUNT)
-        .map(|a| {
-            if a == 0 {
-                return 0;
-            }
-            let mut v = 0;
-            // SAFETY: `device` is valid; the attribute number is passed as the C enum's
-            // integer, and one the driver does not know is an error (mapped to 0).
-            let r = unsafe {
-                sys::cuDeviceGetAttribute(
-                    &mut v,
-                    std::mem::transmute::<i32, sys::CUdevice_attribute>(a),
-                    device,
-                )
-            };
-            if r == sys::cudaError_enum::CUDA_SUCCESS {
-                v
-            } else {
-                0
-            }
-        })
-        .collect()
-}
-
-fn uuid(device: CUdevice) -> [u8; 16] {
-    let mut u = sys::CUuuid { bytes: [0; 16] };
-    // SAFETY: valid device; out-parameter on our stack.
-    let _ = unsafe { sys::cuDeviceGetUuid_v2(&mut u, device) };
-    u.bytes.map(|b| b as u8)
-}
-
-fn driver_version() -> i32 {
-    let mut v = 0;
-    // SAFETY: out-parameter on our stack.
-    let _ = unsafe { sys::cuDriverGetVersion(&mut v) };
-    v
-}
-
-/// Peak FP32 rate (flop/s) from the SM count and the SM clock in kHz: one FMA (two flops) per
-/// lane per clock.
-fn fp32_flops(sm_count: u32, clock_khz: f64) -> f64 {
-    sm_count as f64 * FP32_LANES_PER_SM * 2.0 * clock_khz * 1e3
-}
-
-/// Peak memory bandwidth (bytes/s) from the memory clock in kHz and the bus width in bits:
-/// two transfers per clock.
-fn memory_bandwidth(mem_clock_khz: f64, bus_bits: f64) -> f64 {
-    2.0 * mem_clock_khz * 1e3 * bus_bits / 8.0
 }
 
 impl Drop for CudaDevice {
@@ -670,18 +614,5 @@ impl Backend for CudaDevice {
 
     fn function_names(&self, module: &Arc<ModuleRef>) -> DeviceResult<Vec<String>> {
         module.function_names(self)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn peak_rates_come_from_attributes_in_khz_and_bits() {
-        // 100 SMs at 1 GHz: 100 × 128 lanes × 2 flops × 1e9.
-        assert_eq!(fp32_flops(100, 1_000_000.0), 25.6e12);
-        // A 1 GHz memory clock on a 1024-bit bus: 2 × 1e9 × 128 bytes.
-        assert_eq!(memory_bandwidth(1_000_000.0, 1024.0), 256e9);
     }
 }

@@ -9,17 +9,17 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use gpushare_protocol::control::{DeviceInfo, ModuleFormat};
-use gpushare_protocol::graph::GraphChange;
+use gpushare_protocol::control::DeviceInfo;
 use gpushare_protocol::{DevicePtr, PriorityClass};
 
 use super::call::{Call, EventKind, Handle, Reply, Span};
-use super::handles::{Event, Function, Graph, Held, Module, Named, Owner, Recipe, Stream};
+use super::handles::{Event, Held, Named, Owner, Recipe, Stream};
 use super::link::{Link, Memory};
 use super::pool::Pool;
 use super::progress::{Fate, Progress};
 use super::{DeviceError, DeviceResult};
 
+mod code;
 mod memory;
 
 /// A busy stream's batch is ended at most this often (the CUDA backend closes a measured span
@@ -473,87 +473,6 @@ impl Device {
     pub fn elapsed_ns(&self, start: &Event, end: &Event) -> DeviceResult<u64> {
         let (start, end) = (self.id(start)?, self.id(end)?);
         self.call(Call::ElapsedNs { start, end }, &[])?.value()
-    }
-
-    // ---- modules ---------------------------------------------------------------------
-
-    /// Loads a module; its image is kept for as long as the module lives, to load it again
-    /// in the context that takes over after a fault.
-    pub fn load_module(&self, format: ModuleFormat, image: Arc<[u8]>) -> DeviceResult<Module> {
-        let (epoch, id) = (self.epoch(), self.name());
-        let call = Call::LoadModule { id, format };
-        self.call(call.clone(), &image)?.done()?;
-        self.link.mirror(id, &call, &image);
-        self.owner.recipes.add(id, Recipe::Module { format, image });
-        Ok(Module(Held::new(&self.owner, epoch, id, |module| {
-            Call::DropModule { module }
-        })))
-    }
-
-    pub fn get_function(&self, module: &Module, name: &str) -> DeviceResult<Function> {
-        let epoch = module.0.epoch;
-        let (module, id) = (self.id(module)?, self.name());
-        let call = Call::GetFunction { id, module };
-        self.call(call.clone(), name.as_bytes())?.done()?;
-        self.link.mirror(id, &call, &Arc::from(name.as_bytes()));
-        let recipe = Recipe::Function {
-            module,
-            name: name.to_string(),
-            attributes: Vec::new(),
-        };
-        self.owner.recipes.add(id, recipe);
-        Ok(Function(Held::new(&self.owner, epoch, id, |function| {
-            Call::DropFunction { function }
-        })))
-    }
-
-    /// `cuFuncSetAttribute`, kept to set again after a fault.
-    pub fn set_function_attribute(
-        &self,
-        function: &Function,
-        attribute: u32,
-        value: i32,
-    ) -> DeviceResult<()> {
-        let id = self.id(function)?;
-        let call = Call::SetFunctionAttribute {
-            function: id,
-            attribute,
-            value,
-        };
-        self.call(call.clone(), &[])?.done()?;
-        self.link.mirror(id, &call, &Arc::from(&[][..]));
-        self.owner.recipes.note_attribute(id, attribute, value);
-        Ok(())
-    }
-
-    // ---- graphs ----------------------------------------------------------------------
-
-    /// Makes and instantiates a graph of `nodes` (encoded, each kernel's function one of this
-    /// device's handles); the nodes are kept to make it again after a fault.
-    pub fn make_graph(&self, nodes: Arc<[u8]>) -> DeviceResult<Graph> {
-        let (epoch, id) = (self.epoch(), self.name());
-        self.call(Call::MakeGraph { id }, &nodes)?.done()?;
-        self.owner.recipes.add(id, Recipe::Graph { nodes });
-        Ok(Graph(Held::new(&self.owner, epoch, id, |graph| {
-            Call::DropGraph { graph }
-        })))
-    }
-
-    /// New parameters for some of a graph's nodes (`changes`, each kernel's function one of
-    /// this device's handles), for its launches queued after this: this thread's calls reach
-    /// the device in order. `nodes` is the whole graph as it is now, kept to make it again.
-    pub fn update_graph(
-        &self,
-        graph: &Graph,
-        changes: &[GraphChange],
-        nodes: Arc<[u8]>,
-    ) -> DeviceResult<()> {
-        let id = self.id(graph)?;
-        let payload = super::graph::encode_update(changes, &nodes)?;
-        self.call(Call::UpdateGraph { graph: id }, &payload)?
-            .done()?;
-        self.owner.recipes.add(id, Recipe::Graph { nodes });
-        Ok(())
     }
 
     // ---- faults ----------------------------------------------------------------------

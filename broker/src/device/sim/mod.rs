@@ -9,6 +9,7 @@
 //! synchronizations, events and stream queries wait for that end on the wall clock.
 
 mod attributes;
+mod clock;
 pub mod cost;
 pub mod kernels;
 pub mod memory;
@@ -135,48 +136,6 @@ impl SimDevice {
             unseen: Mutex::new(None),
             interrupted: AtomicBool::new(false),
             origin: Instant::now(),
-        }
-    }
-
-    /// Modelled time now: the wall clock with `realtime`, otherwise 0 (time then advances
-    /// only with work).
-    fn now_ns(&self) -> u64 {
-        if self.options.realtime {
-            self.origin.elapsed().as_nanos() as u64
-        } else {
-            0
-        }
-    }
-
-    /// Whether modelled time `t` has come: always without `realtime`, where work is done
-    /// when it is accepted.
-    fn reached(&self, t: u64) -> bool {
-        !self.options.realtime || self.now_ns() >= t
-    }
-
-    /// Waits until modelled time `t` has come on the wall clock (`realtime` only); a reset
-    /// cuts the wait short.
-    fn wait_for(&self, t: u64) -> DeviceResult<()> {
-        if !self.options.realtime {
-            return Ok(());
-        }
-        loop {
-            let now = self.now_ns();
-            if now >= t {
-                return Ok(());
-            }
-            if self.interrupted.load(Ordering::Acquire) {
-                return Err(DeviceError::Cancelled);
-            }
-            // Sleep most of it, spin the rest: good to a few µs without burning a core.
-            let left = Duration::from_nanos(t - now);
-            if left > Duration::from_micros(200) {
-                std::thread::sleep(
-                    (left - Duration::from_micros(100)).min(Duration::from_millis(5)),
-                );
-            } else {
-                std::hint::spin_loop();
-            }
         }
     }
 
