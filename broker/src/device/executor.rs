@@ -300,6 +300,8 @@ impl<B: Backend> Executor<B> {
         if self.backend.update_graph(&g, changes).is_ok() {
             return Ok(());
         }
+        let nodes = gpushare_protocol::graph::decode_graph(nodes)
+            .map_err(|e| DeviceError::InvalidArgument(format!("a graph update: {e}")))?;
         let nodes = super::graph::resolve(nodes, |f| self.function(f))?;
         let made = self.backend.make_graph(nodes)?;
         lock(&self.graphs).insert(id, Arc::new(made));

@@ -6,9 +6,7 @@ use std::sync::Arc;
 
 use gpushare_protocol::DevicePtr;
 use gpushare_protocol::command::{LaunchAttributes, ModuleLaunch};
-use gpushare_protocol::graph::{
-    GraphChange, GraphNode, GraphOp, decode_changes, decode_graph, encode_changes,
-};
+use gpushare_protocol::graph::{GraphChange, GraphNode, GraphOp, decode_changes, encode_changes};
 
 use super::backend::Backend;
 use super::{DeviceError, DeviceResult};
@@ -111,8 +109,9 @@ pub fn encode_update(changes: &[GraphChange], nodes: &[u8]) -> DeviceResult<Vec<
     Ok(out)
 }
 
-/// The changes and the whole graph of an update's payload.
-pub fn decode_update(payload: &[u8]) -> DeviceResult<(Vec<GraphChange>, Vec<GraphNode>)> {
+/// The changes of an update's payload, and the whole graph's bytes (decoded only where the
+/// device cannot change the graph in place).
+pub fn decode_update(payload: &[u8]) -> DeviceResult<(Vec<GraphChange>, &[u8])> {
     let bad = |why: String| DeviceError::InvalidArgument(format!("a graph update: {why}"));
     let (len, rest) = payload
         .split_first_chunk::<8>()
@@ -122,7 +121,7 @@ pub fn decode_update(payload: &[u8]) -> DeviceResult<(Vec<GraphChange>, Vec<Grap
         .ok_or_else(|| bad("too short".into()))?;
     Ok((
         decode_changes(changes).map_err(|e| bad(e.to_string()))?,
-        decode_graph(nodes).map_err(|e| bad(e.to_string()))?,
+        nodes,
     ))
 }
 
