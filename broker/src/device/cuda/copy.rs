@@ -67,11 +67,21 @@ pub(super) fn dtod(
     len: u64,
 ) -> DeviceResult<()> {
     stream.begin(dev)?;
+    dtod_on(stream.raw, src, dst, len)
+}
+
+/// Queues a device-to-device copy on a raw stream (a client's, or a graph's capture stream);
+/// both ranges were checked against the client's memory.
+pub(super) fn dtod_on(
+    raw: sys::CUstream,
+    src: DevicePtr,
+    dst: DevicePtr,
+    len: u64,
+) -> DeviceResult<()> {
     let n =
         usize::try_from(len).map_err(|_| DeviceError::InvalidArgument("copy too large".into()))?;
-    // SAFETY: both ranges checked against the client's allocations.
-    unsafe { cu::memcpy_dtod_async(dst, src, n, stream.raw) }
-        .map_err(|e| driver("cuMemcpyDtoDAsync", e))
+    // SAFETY: both ranges checked against the client's allocations; `raw` is live.
+    unsafe { cu::memcpy_dtod_async(dst, src, n, raw) }.map_err(|e| driver("cuMemcpyDtoDAsync", e))
 }
 
 /// Arena bytes to the device, read before this returns: from pageable memory the driver
@@ -127,20 +137,7 @@ pub(super) fn memset_wide(
     count: u64,
 ) -> DeviceResult<()> {
     stream.begin(dev)?;
-    let n = usize::try_from(count)
-        .map_err(|_| DeviceError::InvalidArgument("memset too large".into()))?;
-    match elem_bytes {
-        // SAFETY: range checked against the client's allocations.
-        2 => check("cuMemsetD16Async", unsafe {
-            sys::cuMemsetD16Async(dst, value as u16, n, stream.raw)
-        }),
-        // SAFETY: as above.
-        4 => check("cuMemsetD32Async", unsafe {
-            sys::cuMemsetD32Async(dst, value, n, stream.raw)
-        }),
-        // SAFETY: as above.
-        _ => memset(dev, stream, dst, value as u8, count),
-    }
+    memset_on(stream.raw, dst, value, elem_bytes, count)
 }
 
 #[inline]
@@ -152,9 +149,32 @@ pub(super) fn memset(
     len: u64,
 ) -> DeviceResult<()> {
     stream.begin(dev)?;
-    let n = usize::try_from(len)
+    memset_on(stream.raw, dst, u32::from(value), 1, len)
+}
+
+/// Queues a memset of `count` elements of `elem_bytes` (2 or 4; otherwise bytes) on a raw
+/// stream (a client's, or a graph's capture stream); the range was checked against the
+/// client's memory.
+pub(super) fn memset_on(
+    raw: sys::CUstream,
+    dst: DevicePtr,
+    value: u32,
+    elem_bytes: u8,
+    count: u64,
+) -> DeviceResult<()> {
+    let n = usize::try_from(count)
         .map_err(|_| DeviceError::InvalidArgument("memset too large".into()))?;
-    // SAFETY: range checked against the client's allocations.
-    unsafe { cu::memset_d8_async(dst, value, n, stream.raw) }
-        .map_err(|e| driver("cuMemsetD8Async", e))
+    match elem_bytes {
+        // SAFETY: range checked against the client's allocations; `raw` is live.
+        2 => check("cuMemsetD16Async", unsafe {
+            sys::cuMemsetD16Async(dst, value as u16, n, raw)
+        }),
+        // SAFETY: as above.
+        4 => check("cuMemsetD32Async", unsafe {
+            sys::cuMemsetD32Async(dst, value, n, raw)
+        }),
+        // SAFETY: as above.
+        _ => unsafe { cu::memset_d8_async(dst, value as u8, n, raw) }
+            .map_err(|e| driver("cuMemsetD8Async", e)),
+    }
 }

@@ -3,15 +3,15 @@
 //! attributes, programmatic launches); each node's dependencies are set on the capture before
 //! it, and the node the capture then made is read back for the nodes after it.
 
-use std::ffi::c_void;
 use std::ptr;
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::result as cu;
 use cudarc::driver::sys;
 
+use super::copy;
 use super::error::check;
-use super::module::CudaFunction;
+use super::module::{CudaFunction, unsafe_zeroed, with_packed};
 use super::{CudaDevice, CudaStream};
 use crate::device::graph::{Node, Step};
 use crate::device::{DeviceError, DeviceResult};
@@ -152,31 +152,13 @@ fn queue(stream: sys::CUstream, step: &Step<CudaFunction>) -> DeviceResult<()> {
             attributes,
             params,
         } => function.launch_on(stream, launch, attributes, params),
-        Step::Copy { src, dst, len } => {
-            let n = size(*len)?;
-            // SAFETY: a capturing stream; the session checks a graph's copies and memsets
-            // against the client's memory at each launch.
-            check("cuMemcpyDtoDAsync", unsafe {
-                sys::cuMemcpyDtoDAsync_v2(*dst, *src, n, stream)
-            })
-        }
+        Step::Copy { src, dst, len } => copy::dtod_on(stream, *src, *dst, *len),
         Step::Memset {
             dst,
             value,
             elem_bytes,
             count,
-        } => {
-            let n = size(*count)?;
-            // SAFETY: as for copies.
-            let r = unsafe {
-                match elem_bytes {
-                    4 => sys::cuMemsetD32Async(*dst, *value, n, stream),
-                    2 => sys::cuMemsetD16Async(*dst, *value as u16, n, stream),
-                    _ => sys::cuMemsetD8Async(*dst, *value as u8, n, stream),
-                }
-            };
-            check("cuMemsetAsync", r)
-        }
+        } => copy::memset_on(stream, *dst, *value, *elem_bytes, *count),
     }
 }
 
@@ -231,36 +213,26 @@ pub(super) fn update(
                 params,
                 ..
             } => {
-                let mut len = params.len();
-                let mut extra = [
-                    sys::CU_LAUNCH_PARAM_BUFFER_POINTER_AS_INT as usize as *mut c_void,
-                    params.as_ptr() as *mut c_void,
-                    sys::CU_LAUNCH_PARAM_BUFFER_SIZE_AS_INT as usize as *mut c_void,
-                    &mut len as *mut usize as *mut c_void,
-                    ptr::null_mut(),
-                ];
-                let p = sys::CUDA_KERNEL_NODE_PARAMS {
-                    func: function.raw(),
-                    gridDimX: launch.grid[0],
-                    gridDimY: launch.grid[1],
-                    gridDimZ: launch.grid[2],
-                    blockDimX: launch.block[0],
-                    blockDimY: launch.block[1],
-                    blockDimZ: launch.block[2],
-                    sharedMemBytes: launch.shared_mem_bytes,
-                    kernelParams: ptr::null_mut(),
-                    extra: if params.is_empty() {
-                        ptr::null_mut()
-                    } else {
-                        extra.as_mut_ptr()
-                    },
-                    kern: ptr::null_mut(),
-                    ctx: ptr::null_mut(),
-                };
-                // SAFETY: a node of this executable graph's graph; the parameters (which the
-                // driver copies) outlive the call.
-                check("cuGraphExecKernelNodeSetParams", unsafe {
-                    sys::cuGraphExecKernelNodeSetParams_v2(graph.exec, node, &p)
+                with_packed(&params, |extra| {
+                    let p = sys::CUDA_KERNEL_NODE_PARAMS {
+                        func: function.raw(),
+                        gridDimX: launch.grid[0],
+                        gridDimY: launch.grid[1],
+                        gridDimZ: launch.grid[2],
+                        blockDimX: launch.block[0],
+                        blockDimY: launch.block[1],
+                        blockDimZ: launch.block[2],
+                        sharedMemBytes: launch.shared_mem_bytes,
+                        kernelParams: ptr::null_mut(),
+                        extra,
+                        kern: ptr::null_mut(),
+                        ctx: ptr::null_mut(),
+                    };
+                    // SAFETY: a node of this executable graph's graph; the parameters (which
+                    // the driver copies) outlive the call.
+                    check("cuGraphExecKernelNodeSetParams", unsafe {
+                        sys::cuGraphExecKernelNodeSetParams_v2(graph.exec, node, &p)
+                    })
                 })?;
                 let mut held = graph.functions.lock().unwrap_or_else(|e| e.into_inner());
                 if !held.iter().any(|f| Arc::ptr_eq(f, &function)) {
@@ -268,8 +240,7 @@ pub(super) fn update(
                 }
             }
             Step::Copy { src, dst, len } => {
-                // SAFETY: all-zero is a valid (empty) copy description.
-                let mut p: sys::CUDA_MEMCPY3D = unsafe { std::mem::zeroed() };
+                let mut p: sys::CUDA_MEMCPY3D = unsafe_zeroed();
                 p.srcMemoryType = sys::CUmemorytype::CU_MEMORYTYPE_DEVICE;
                 p.dstMemoryType = sys::CUmemorytype::CU_MEMORYTYPE_DEVICE;
                 p.srcDevice = src;

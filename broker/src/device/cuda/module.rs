@@ -262,21 +262,19 @@ impl CudaFunction {
         attributes: &LaunchAttributes,
         params: &[u8],
     ) -> DeviceResult<()> {
-        let mut size = params.len();
-        // Packed parameters go through the `extra` array: pointer, size, end. The driver only
-        // reads the buffer (and copies it), so the caller's slice serves as it is.
-        let mut extra = [
-            sys::CU_LAUNCH_PARAM_BUFFER_POINTER_AS_INT as usize as *mut c_void,
-            params.as_ptr() as *mut c_void,
-            sys::CU_LAUNCH_PARAM_BUFFER_SIZE_AS_INT as usize as *mut c_void,
-            &mut size as *mut usize as *mut c_void,
-            ptr::null_mut(), // CU_LAUNCH_PARAM_END
-        ];
-        let extra_ptr = if params.is_empty() {
-            ptr::null_mut()
-        } else {
-            extra.as_mut_ptr()
-        };
+        with_packed(params, |extra| {
+            self.launch_packed(raw, launch, attributes, extra)
+        })
+    }
+
+    /// [`CudaFunction::launch_on`] with the parameters' `extra` array made.
+    fn launch_packed(
+        &self,
+        raw: sys::CUstream,
+        launch: &ModuleLaunch,
+        attributes: &LaunchAttributes,
+        extra_ptr: *mut *mut c_void,
+    ) -> DeviceResult<()> {
         let [gx, gy, gz] = launch.grid;
         let [bx, by, bz] = launch.block;
         if *attributes != LaunchAttributes::default() {
@@ -340,6 +338,24 @@ impl CudaFunction {
     }
 }
 
+/// Runs `f` with the `extra` array that passes `params` packed (pointer, size, end), or NULL
+/// for none. The driver only reads the buffer (and copies it) during the call, so the
+/// caller's slice serves as it is.
+pub(super) fn with_packed<T>(params: &[u8], f: impl FnOnce(*mut *mut c_void) -> T) -> T {
+    if params.is_empty() {
+        return f(ptr::null_mut());
+    }
+    let mut size = params.len();
+    let mut extra = [
+        sys::CU_LAUNCH_PARAM_BUFFER_POINTER_AS_INT as usize as *mut c_void,
+        params.as_ptr() as *mut c_void,
+        sys::CU_LAUNCH_PARAM_BUFFER_SIZE_AS_INT as usize as *mut c_void,
+        &mut size as *mut usize as *mut c_void,
+        ptr::null_mut(), // CU_LAUNCH_PARAM_END
+    ];
+    f(extra.as_mut_ptr())
+}
+
 /// A function attribute number as the bindings type it.
 fn attribute(a: u32) -> sys::CUfunction_attribute {
     use sys::CUfunction_attribute::*;
@@ -364,7 +380,7 @@ fn attribute(a: u32) -> sys::CUfunction_attribute {
 }
 
 /// A zeroed plain-data driver structure.
-fn unsafe_zeroed<T: Copy>() -> T {
+pub(super) fn unsafe_zeroed<T: Copy>() -> T {
     // SAFETY: used only for the bindings' plain C structures and unions, for which all-zero
     // bytes are a valid value.
     unsafe { std::mem::zeroed() }
