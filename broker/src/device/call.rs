@@ -101,8 +101,9 @@ pub enum Call {
     DropGraph {
         graph: Handle,
     },
-    /// New parameters for some nodes; the payload is [`super::graph::encode_update`]'s (the
-    /// changes, and the whole graph to make it again where the device cannot change it).
+    /// New parameters for some nodes, in place; the payload is the encoded changes
+    /// ([`gpushare_protocol::graph::encode_changes`]). Fails where the device cannot change
+    /// the graph in place (the caller then makes it again whole).
     UpdateGraph {
         graph: Handle,
     },

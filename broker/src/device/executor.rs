@@ -285,10 +285,11 @@ impl<B: Backend> Executor<B> {
         insert(&self.graphs, id, Arc::new(graph))
     }
 
-    /// Changes a graph's nodes in place where the backend can, else makes it again whole
-    /// (launches queued before keep the graph they had).
+    /// Changes a graph's nodes in place (launches queued before keep the graph they had);
+    /// fails where the backend cannot.
     pub(super) fn update_graph(&self, id: Handle, payload: &[u8]) -> DeviceResult<()> {
-        let (changes, nodes) = super::graph::decode_update(payload)?;
+        let changes = gpushare_protocol::graph::decode_changes(payload)
+            .map_err(|e| DeviceError::InvalidArgument(format!("a graph update: {e}")))?;
         let g = self.graph(id)?;
         let changes = changes
             .into_iter()
@@ -297,15 +298,7 @@ impl<B: Backend> Executor<B> {
                 super::graph::resolve_op(c.op, |f| self.function(f)).map(|step| (node, step))
             })
             .collect::<DeviceResult<Vec<_>>>()?;
-        if self.backend.update_graph(&g, changes).is_ok() {
-            return Ok(());
-        }
-        let nodes = gpushare_protocol::graph::decode_graph(nodes)
-            .map_err(|e| DeviceError::InvalidArgument(format!("a graph update: {e}")))?;
-        let nodes = super::graph::resolve(nodes, |f| self.function(f))?;
-        let made = self.backend.make_graph(nodes)?;
-        lock(&self.graphs).insert(id, Arc::new(made));
-        Ok(())
+        self.backend.update_graph(&g, changes)
     }
 
     pub(super) fn remove_graph(&self, id: Handle) {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use gpushare_protocol::DevicePtr;
 use gpushare_protocol::command::{LaunchAttributes, ModuleLaunch};
-use gpushare_protocol::graph::{GraphChange, GraphNode, GraphOp, decode_changes, encode_changes};
+use gpushare_protocol::graph::{GraphNode, GraphOp};
 
 use super::backend::Backend;
 use super::{DeviceError, DeviceResult};
@@ -96,33 +96,6 @@ pub fn resolve_op<F>(
             count,
         },
     })
-}
-
-/// An update's payload: the changes, and the whole graph as it is after them.
-pub fn encode_update(changes: &[GraphChange], nodes: &[u8]) -> DeviceResult<Vec<u8>> {
-    let changes =
-        encode_changes(changes).map_err(|e| DeviceError::InvalidArgument(e.to_string()))?;
-    let mut out = Vec::with_capacity(8 + changes.len() + nodes.len());
-    out.extend_from_slice(&(changes.len() as u64).to_le_bytes());
-    out.extend_from_slice(&changes);
-    out.extend_from_slice(nodes);
-    Ok(out)
-}
-
-/// The changes of an update's payload, and the whole graph's bytes (decoded only where the
-/// device cannot change the graph in place).
-pub fn decode_update(payload: &[u8]) -> DeviceResult<(Vec<GraphChange>, &[u8])> {
-    let bad = |why: String| DeviceError::InvalidArgument(format!("a graph update: {why}"));
-    let (len, rest) = payload
-        .split_first_chunk::<8>()
-        .ok_or_else(|| bad("too short".into()))?;
-    let (changes, nodes) = rest
-        .split_at_checked(u64::from_le_bytes(*len) as usize)
-        .ok_or_else(|| bad("too short".into()))?;
-    Ok((
-        decode_changes(changes).map_err(|e| bad(e.to_string()))?,
-        nodes,
-    ))
 }
 
 /// Queues each node on `stream` in turn: a graph run without a graph of the device's own.

@@ -4,12 +4,12 @@
 use std::sync::Arc;
 
 use gpushare_protocol::control::ModuleFormat;
-use gpushare_protocol::graph::GraphChange;
+use gpushare_protocol::graph::{GraphChange, encode_changes};
 
 use super::Device;
-use crate::device::DeviceResult;
 use crate::device::call::Call;
 use crate::device::handles::{Function, Graph, Held, Module, Recipe};
+use crate::device::{DeviceError, DeviceResult, Reply};
 
 impl Device {
     // ---- modules ---------------------------------------------------------------------
@@ -86,9 +86,16 @@ impl Device {
         nodes: Arc<[u8]>,
     ) -> DeviceResult<()> {
         let id = self.id(graph)?;
-        let payload = crate::device::graph::encode_update(changes, &nodes)?;
-        self.call(Call::UpdateGraph { graph: id }, &payload)?
-            .done()?;
+        let changes =
+            encode_changes(changes).map_err(|e| DeviceError::InvalidArgument(e.to_string()))?;
+        let in_place = self
+            .call(Call::UpdateGraph { graph: id }, &changes)
+            .and_then(Reply::done);
+        if in_place.is_err() {
+            // The device could not change it in place: made again whole, under its name.
+            self.call(Call::DropGraph { graph: id }, &[])?.done()?;
+            self.call(Call::MakeGraph { id }, &nodes)?.done()?;
+        }
         self.owner.recipes.add(id, Recipe::Graph { nodes });
         Ok(())
     }
