@@ -21,13 +21,6 @@ pub type HostFnPtr = unsafe extern "C" fn(*mut c_void);
 pub type StreamCallback = Option<unsafe extern "C" fn(CUstream, CUresult, *mut c_void)>;
 
 impl Driver {
-    /// Waits for `stream`'s work; its outcome (the first error since its last sync).
-    fn drain_for_host(&self, stream: u32) -> Cu<()> {
-        self.sync_stream(stream)
-    }
-}
-
-impl Driver {
     /// Runs host function `function` with `data` (an address) on `stream`, in stream order:
     /// at a host point when one can be set up, else after waiting for the stream.
     pub fn host_function(&self, stream: u32, function: HostFnPtr, data: usize) -> Cu<()> {
@@ -37,7 +30,7 @@ impl Driver {
         match self.host_point(stream, call)? {
             Ok(()) => Ok(()),
             Err(call) => {
-                self.drain_for_host(stream)?;
+                self.sync_stream(stream)?;
                 call();
                 Ok(())
             }
@@ -80,7 +73,7 @@ fn callback(
         Ok(()) => Ok(()),
         Err(_) => {
             // A callback is told the stream's status, and called whatever it is.
-            let status = match d.drain_for_host(s) {
+            let status = match d.sync_stream(s) {
                 Ok(()) => result::SUCCESS,
                 Err(code) => code,
             };
