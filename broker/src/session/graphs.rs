@@ -216,17 +216,18 @@ impl SessionState {
         id: GraphId,
     ) -> Result<(u64, u64), ErrorCode> {
         let g = self.graph(id)?;
-        let (touches, kernels, blocks) = {
+        // Checked under the graph's lock (then the module table's, as an update takes them).
+        let (kernels, blocks) = {
             let p = g.parts.lock().map_err(|_| ErrorCode::Internal)?;
-            (p.touches.clone(), p.kernels, p.blocks)
-        };
-        for t in &touches {
-            if t.write {
-                self.check_write(t.ptr, t.len)?;
-            } else {
-                self.check_device(t.ptr, t.len)?;
+            for t in &p.touches {
+                if t.write {
+                    self.check_write(t.ptr, t.len)?;
+                } else {
+                    self.check_device(t.ptr, t.len)?;
+                }
             }
-        }
+            (p.kernels, p.blocks)
+        };
         if !self.streams.contains_key(&stream) {
             return Err(ErrorCode::InvalidHandle);
         }
