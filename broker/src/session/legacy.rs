@@ -392,8 +392,10 @@ impl SessionState {
     ) -> Result<(u64, u64), ErrorCode> {
         self.check_write(done, 4)?;
         self.check_device(go, 4)?;
-        // Noted first: a stop that comes meanwhile then lets this point go too.
-        {
+        // Noted first, and the stop flag read under the same lock: a stop (which sets the flag,
+        // then takes the points under that lock) either finds this point, or is seen here
+        // and the point is let go at once: a program already gone never runs its function.
+        let stopping = {
             let mut points = self
                 .info
                 .host_points
@@ -401,6 +403,10 @@ impl SessionState {
                 .map_err(|_| ErrorCode::Internal)?;
             let held = points.entry(go).or_insert(value);
             *held = (*held).max(value);
+            self.info.stopping()
+        };
+        if stopping {
+            self.info.release_host_points();
         }
         let point = |stream| Call::HostPoint {
             stream,
