@@ -39,7 +39,7 @@ for mode in ${MODES:-graph compiled}; do
             line=$(timeout "${STEP_TIMEOUT:-300}" "${cmd[@]}" 2>> "${LOGS:-$work}/$mode.$how$r.err" | tail -1)
             [[ $line == "{"* ]] || line='{"ok": false, "error": "no result"}'
             echo "$line" | "$py" -c 'import json,sys; d=json.load(sys.stdin); d.update(mode=sys.argv[1], how=sys.argv[2], round=int(sys.argv[3])); print(json.dumps(d))' "$mode" "$how" "$r" >> "$results"
-            tail -1 "$results" | "$py" -c 'import json,sys; d=json.load(sys.stdin); print(d["mode"], d["how"], d["round"], f"p50 {d[\"ms\"]:.3f} ms p99 {d[\"p99\"]:.3f} ms" if d.get("ok") else d.get("error"))'
+            tail -1 "$results" | "$py" -c 'import json,sys; d=json.load(sys.stdin); print(d["mode"], d["how"], d["round"], "p50 %.3f ms p99 %.3f ms" % (d["ms"], d["p99"]) if d.get("ok") else d.get("error"))'
         done
     done
 done
