@@ -39,6 +39,7 @@ pub mod config;
 pub mod device;
 pub mod gpu;
 pub mod images;
+pub mod jobs;
 pub mod metrics;
 pub mod registry;
 pub mod sched;

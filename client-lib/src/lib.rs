@@ -28,6 +28,7 @@ mod rebuild;
 pub use client::{Client, ConnectOptions, DeviceReset, SessionInfo};
 pub use gpushare_conn::{Error, Result};
 pub use gpushare_protocol::control::ModuleFormat;
+pub use gpushare_protocol::job::{JobGpu, JobStart, JobStats};
 pub use gpushare_protocol::stats::{ClientStats, StatusReport, UserStats};
 pub use gpushare_protocol::{Command, DevicePtr, ErrorCode, Kernel, PriorityClass};
 pub use handles::{DeviceBuffer, Event, Function, HostBuffer, Module, Stream};

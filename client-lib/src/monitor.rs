@@ -3,6 +3,7 @@
 use std::path::Path;
 
 use gpushare_protocol::control::{BrokerMessage, ClientMessage, Hello, Role, Welcome};
+use gpushare_protocol::job::{JobStart, JobStats};
 use gpushare_protocol::stats::StatusReport;
 use gpushare_protocol::{PROTOCOL_VERSION, PriorityClass};
 
@@ -83,15 +84,49 @@ impl Monitor {
         })
     }
 
+    /// Tells the broker a batch scheduler's job has started here with shares of its GPUs;
+    /// answers with what the broker granted it. Same permissions as [`Monitor::admin_set`].
+    pub fn job_start(&mut self, start: JobStart) -> Result<JobStats> {
+        self.ask_job(|request| ClientMessage::AdminJobStart { request, start })
+    }
+
+    /// Tells the broker a job has ended: its grant goes and its sessions still open are
+    /// evicted. Answers with the job's last figures; a job the broker does not hold is
+    /// [`Error::Request`] with `NotFound`. Same permissions as [`Monitor::admin_set`].
+    pub fn job_end(&mut self, job: u64) -> Result<JobStats> {
+        self.ask_job(|request| ClientMessage::AdminJobEnd { request, job })
+    }
+
+    fn ask_job(&mut self, build: impl FnOnce(u64) -> ClientMessage) -> Result<JobStats> {
+        self.ask(build, |m, request| match m {
+            BrokerMessage::Job { request: r, result } if r == request => {
+                Some(result.map_err(Error::Request))
+            }
+            _ => None,
+        })
+    }
+
     fn admin(&mut self, build: impl FnOnce(u64) -> ClientMessage) -> Result<()> {
+        self.ask(build, |m, request| match m {
+            BrokerMessage::AdminDone { request: r, result } if r == request => {
+                Some(result.map_err(Error::Request))
+            }
+            _ => None,
+        })
+    }
+
+    /// Sends one request and waits for the answer `answer` recognises.
+    fn ask<T>(
+        &mut self,
+        build: impl FnOnce(u64) -> ClientMessage,
+        answer: impl Fn(BrokerMessage, u64) -> Option<Result<T>>,
+    ) -> Result<T> {
         let request = self.next_request;
         self.next_request += 1;
         self.socket.send(&build(request), &[])?;
         loop {
-            match self.socket.recv()?.0 {
-                BrokerMessage::AdminDone { request: r, result } if r == request => {
-                    return result.map_err(Error::Request);
-                }
+            let message = self.socket.recv()?.0;
+            match message {
                 BrokerMessage::ShuttingDown { kind, reason } => {
                     return Err(Error::shutdown(kind, reason));
                 }
@@ -100,7 +135,11 @@ impl Monitor {
                     return Err(Error::Request(error));
                 }
                 BrokerMessage::Evicted { reason } => return Err(Error::Evicted(reason)),
-                _ => continue,
+                other => {
+                    if let Some(done) = answer(other, request) {
+                        return done;
+                    }
+                }
             }
         }
     }

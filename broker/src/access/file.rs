@@ -97,6 +97,8 @@ pub(super) struct PolicyFile {
     #[serde(default)]
     pub(super) faults: FaultFields,
     #[serde(default)]
+    pub(super) slurm: Option<super::slurm::SlurmFields>,
+    #[serde(default)]
     pub(super) defaults: Fields,
     #[serde(default)]
     pub(super) users: Vec<UserEntry>,

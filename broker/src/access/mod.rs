@@ -55,6 +55,9 @@
 //!                        # time ahead of the next client (0: one kernel at a time)
 //! ```
 //!
+//! On a Slurm node, `[slurm]` says what a job's GPU shards are worth (`slurm.rs`; the
+//! administrator's guide is docs/slurm.md).
+//!
 //! A top-level `admin_group = "gpushare-admin"` names the group whose members (besides root)
 //! may change and evict live clients.
 //!
@@ -91,10 +94,12 @@ use std::path::Path;
 mod file;
 mod identity;
 mod quota;
+mod slurm;
 mod trust_domain;
 use file::{Fields, GroupEntry, PolicyFile};
 pub use identity::Identity;
 use quota::Quota;
+pub use slurm::SlurmPolicy;
 pub use trust_domain::{TrustDomain, TrustDomainError};
 
 use gpushare_protocol::PriorityClass;
@@ -274,6 +279,12 @@ impl Policy {
                 message: "[priority] lower_depth must be at least 1".into(),
             });
         }
+        if let Some(slurm) = &file.slurm {
+            SlurmPolicy::from_fields(slurm).map_err(|message| PolicyError::Parse {
+                path: path.into(),
+                message,
+            })?;
+        }
         let defaults = apply(Grant::default(), &file.defaults);
         Ok(Policy {
             file,
@@ -346,6 +357,14 @@ impl Policy {
 
     pub fn admin_group(&self) -> Option<&str> {
         self.file.admin_group.as_deref()
+    }
+
+    /// How Slurm jobs' GPU shards are granted here (`[slurm]`), if the machine is a Slurm node.
+    pub fn slurm(&self) -> Option<SlurmPolicy> {
+        self.file
+            .slurm
+            .as_ref()
+            .and_then(|f| SlurmPolicy::from_fields(f).ok())
     }
 
     /// Whether users may take each other's exported device memory.

@@ -13,7 +13,7 @@ pub(super) fn render_clients(
     processes: &[ProcessActivity],
 ) {
     let observed: HashSet<i32> = processes.iter().map(|p| p.pid).collect();
-    let labels: Vec<[(&str, String); 7]> = clients
+    let labels: Vec<[(&str, String); 8]> = clients
         .iter()
         .map(|c| {
             let kind = match c.mode() {
@@ -30,6 +30,8 @@ pub(super) fn render_clients(
                 ("class", c.class.as_str().to_string()),
                 ("kind", kind.to_string()),
                 ("gpu", c.gpu.to_string()),
+                // Empty (so absent, to Prometheus) outside a batch scheduler job.
+                ("job", c.job.map(|j| j.to_string()).unwrap_or_default()),
             ]
         })
         .collect();

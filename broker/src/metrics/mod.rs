@@ -14,6 +14,7 @@ use gpushare_protocol::stats::{ProcessActivity, StatusReport, TelemetryStatus};
 mod clients;
 mod exposition;
 mod http;
+mod jobs;
 mod telemetry;
 #[cfg(test)]
 mod testing;
@@ -23,6 +24,7 @@ pub use http::{serve, serve_on};
 
 use clients::render_clients;
 use exposition::Exposition;
+use jobs::render_jobs;
 use telemetry::render_telemetry;
 
 /// The report as Prometheus text. Telemetry series appear once the report carries telemetry;
@@ -176,6 +178,7 @@ pub fn render_with_telemetry(
     }
 
     render_clients(&mut out, &report.clients, processes);
+    render_jobs(&mut out, &report.jobs);
     if let Some(t) = telemetry {
         render_telemetry(
             &mut out,

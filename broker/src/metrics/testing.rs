@@ -52,6 +52,7 @@ pub fn client(id: u64, pid: i32, name: &str) -> ClientStats {
         throttled_ns: 0,
         consolidated: false,
         trust_domain: "default".into(),
+        job: None,
     }
 }
 
@@ -79,6 +80,7 @@ pub fn report() -> StatusReport {
         processes: Vec::new(),
         outside_load: Default::default(),
         users: Vec::new(),
+        jobs: Vec::new(),
         usage: gpushare_protocol::stats::BrokerUsage {
             cpu_ns: 2_000_000_000,
             workers_cpu_ns: 750_000_000,
@@ -87,6 +89,29 @@ pub fn report() -> StatusReport {
             threads: 8,
             workers: 2,
         },
+    }
+}
+
+pub fn job(id: u64, user: &str) -> gpushare_protocol::job::JobStats {
+    gpushare_protocol::job::JobStats {
+        job: id,
+        uid: 1000,
+        user: user.into(),
+        gpus: vec![gpushare_protocol::job::JobGpu {
+            gpu: 0,
+            shards: Some(2),
+        }],
+        partition: Some("debug".into()),
+        qos: None,
+        class: PriorityClass::Normal,
+        weight: 2,
+        memory_quota: 4 << 30,
+        memory_used: 1 << 30,
+        sessions: 1,
+        sessions_total: 3,
+        gpu_time_ns: 2_500_000_000,
+        age_ms: 90_000,
+        evicted_at_end: 0,
     }
 }
 

@@ -16,17 +16,7 @@ impl Broker {
         id: u64,
         act: impl FnOnce(&SessionInfo),
     ) -> Result<(), WireError> {
-        let (allowed, group) = match self.policy.read() {
-            Ok(p) => (p.is_admin(who), p.admin_group().map(str::to_string)),
-            Err(_) => (who.uid == 0, None),
-        };
-        if !allowed {
-            let msg = match group {
-                Some(g) => format!("only root or members of the admin group `{g}` may change or evict clients"),
-                None => "only root may change or evict clients (set admin_group in the policy file to delegate)".into(),
-            };
-            return Err(WireError::new(ErrorCode::PermissionDenied, msg));
-        }
+        self.may_administer(who, "change or evict clients")?;
         let info = self.registry.get(id).ok_or_else(|| {
             WireError::new(
                 ErrorCode::InvalidHandle,
@@ -35,6 +25,24 @@ impl Broker {
         })?;
         act(&info);
         Ok(())
+    }
+
+    /// Refuses `who` unless they may administer gpushared: `what` names what they tried.
+    pub(super) fn may_administer(&self, who: &Identity, what: &str) -> Result<(), WireError> {
+        let (allowed, group) = match self.policy.read() {
+            Ok(p) => (p.is_admin(who), p.admin_group().map(str::to_string)),
+            Err(_) => (who.uid == 0, None),
+        };
+        if allowed {
+            return Ok(());
+        }
+        let msg = match group {
+            Some(g) => format!("only root or members of the admin group `{g}` may {what}"),
+            None => {
+                format!("only root may {what} (set admin_group in the policy file to delegate)")
+            }
+        };
+        Err(WireError::new(ErrorCode::PermissionDenied, msg))
     }
 
     /// Changes client `client`'s live grant (`None` keeps a field as it is), and its place

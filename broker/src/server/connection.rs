@@ -43,6 +43,7 @@ impl Broker {
             seat,
             layout,
             domain,
+            job,
         } = admission;
         // A monitor holds nothing on a device: the default domain's answers its questions.
         let served = if hello.role == Role::Monitor {
@@ -120,7 +121,7 @@ impl Broker {
             (grant, account),
             (&hello, layout),
             (&device, &health, domain),
-            gpu as u32,
+            (gpu as u32, job),
         ) {
             Ok(s) => s,
             Err(e) => {
@@ -215,7 +216,7 @@ impl Broker {
             &Arc<crate::gpu::health::DeviceHealth>,
             crate::access::TrustDomain,
         ),
-        gpu: u32,
+        (gpu, job): (u32, Option<Arc<crate::jobs::Job>>),
     ) -> std::io::Result<StartedSession> {
         let region = Arc::new(
             SharedRegion::create(&format!("gpushare-client-{id}"), layout)
@@ -238,8 +239,12 @@ impl Broker {
             governed: hello.role == Role::Governed,
             consolidated: hello.role == Role::Consolidated,
             trust_domain: domain.to_string(),
+            job,
         };
         let info = Arc::new(SessionInfo::new(peer, grant, account, submit_wake));
+        if let Some(job) = &info.job {
+            job.session_started();
+        }
         if let (_, Some(until)) = self.carried_for(pid) {
             info!(
                 client = id,
@@ -305,6 +310,15 @@ impl Drop for SessionGuard<'_> {
     fn drop(&mut self) {
         self.info.request_stop();
         self.registry.remove(self.info.id);
+        // After it left the registry, so that a job's figures never count it twice.
+        if let Some(job) = &self.info.job {
+            job.session_ended(
+                self.info
+                    .counters
+                    .gpu_time_ns
+                    .load(std::sync::atomic::Ordering::Relaxed),
+            );
+        }
     }
 }
 
@@ -354,6 +368,7 @@ mod tests {
                 seat: Some(broker.accounts.seat_for_tests(1000, "alice")),
                 layout: broker.config.layout_for(0, 0),
                 domain: crate::access::TrustDomain::default(),
+                job: None,
             },
             stop,
         );

@@ -256,6 +256,14 @@ impl Broker {
                     request,
                     result: self.admin_evict(who, client, reason),
                 },
+                (ClientMessage::AdminJobStart { request, start }, _) => BrokerMessage::Job {
+                    request,
+                    result: self.admin_job_start(who, start),
+                },
+                (ClientMessage::AdminJobEnd { request, job }, _) => BrokerMessage::Job {
+                    request,
+                    result: self.admin_job_end(who, job).await,
+                },
             };
             if send(sock, &reply, &[]).await.is_err() {
                 return None;

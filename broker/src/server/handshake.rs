@@ -16,6 +16,7 @@ use super::framing::{RecvError, recv, reject};
 use super::{Broker, Stop};
 use crate::access::{Grant, Identity, TrustDomain};
 use crate::accounts::{Joining, Refusal, Seat, Visit};
+use crate::jobs::Job;
 use gpushare_protocol::control::Role;
 use gpushare_protocol::ring::ShmLayout;
 
@@ -35,6 +36,8 @@ pub(super) struct Admission {
     pub(super) layout: ShmLayout,
     /// Whose GPU context it shares.
     pub(super) domain: TrustDomain,
+    /// The batch scheduler job whose grant it runs on.
+    pub(super) job: Option<Arc<Job>>,
 }
 
 impl Broker {
@@ -79,7 +82,14 @@ impl Broker {
                 reject(&sock, ErrorCode::PermissionDenied, &why).await;
                 return;
             }
-            let admission = match self.admit(&hello, &identity, pid) {
+            let job = match self.job_for(&hello, &identity, pid).await {
+                Ok(job) => job,
+                Err(why) => {
+                    reject(&sock, ErrorCode::PermissionDenied, &why).await;
+                    return;
+                }
+            };
+            let admission = match self.admit(&hello, &identity, pid, job) {
                 Ok(a) => a,
                 Err((code, why)) => {
                     reject(&sock, code, &why).await;
@@ -114,6 +124,7 @@ impl Broker {
         hello: &Hello,
         identity: &Identity,
         pid: i32,
+        job: Option<Arc<Job>>,
     ) -> Result<Admission, (ErrorCode, String)> {
         if let (Some(left), _) = self.carried_for(pid) {
             let msg = format!(
@@ -134,9 +145,15 @@ impl Broker {
                 )
             })
             .unwrap_or_default();
-        let grant = with_requested_class(granted, hello.requested_class);
-        let gpu = choose_gpu(hello.gpu, self.gpus.len(), || self.least_loaded())
-            .map_err(|e| (ErrorCode::InvalidArgument, e.to_string()))?;
+        let (grant, gpu) = match &job {
+            Some(job) => (job.grant(), job.gpu_for(hello.gpu) as usize),
+            None => {
+                let gpu = choose_gpu(hello.gpu, self.gpus.len(), || self.least_loaded())
+                    .map_err(|e| (ErrorCode::InvalidArgument, e.to_string()))?;
+                (granted, gpu)
+            }
+        };
+        let grant = with_requested_class(grant, hello.requested_class);
         let layout = self.config.layout_for(hello.sq_entries, hello.arena_size);
         let seat = if hello.role == Role::Monitor {
             None
@@ -148,7 +165,8 @@ impl Broker {
             let joining = Joining {
                 uid: identity.uid,
                 user: &user,
-                quota: grant.memory_quota,
+                // The user's own quota: a job's sessions hold memory against the job's.
+                quota: granted.memory_quota,
                 bounds,
                 region_bytes: layout.total_size() as u64,
                 faults: fault_limit,
@@ -165,6 +183,49 @@ impl Broker {
             seat,
             layout,
             domain,
+            job,
+        })
+    }
+
+    /// The batch scheduler job whose grant a new session runs on, when the policy makes this
+    /// machine a Slurm node: the job its process is in, as Slurm says. Outside a job (or in
+    /// one without shares here) a session runs on its user's grant, unless `jobs_only` refuses
+    /// it (root never).
+    async fn job_for(
+        &self,
+        hello: &Hello,
+        identity: &Identity,
+        pid: i32,
+    ) -> Result<Option<Arc<Job>>, String> {
+        let slurm = self.policy.read().ok().and_then(|p| p.slurm());
+        let Some(slurm) = slurm else {
+            return Ok(None);
+        };
+        if hello.role == Role::Monitor {
+            return Ok(None);
+        }
+        let in_job = crate::jobs::slurm::job_of(pid).await;
+        let job = in_job.and_then(|id| self.jobs.get(id));
+        match (&job, in_job) {
+            (Some(job), _) if job.uid == identity.uid || identity.uid == 0 => {
+                return Ok(Some(job.clone()));
+            }
+            (Some(job), _) => {
+                return Err(format!(
+                    "process {pid} is in Slurm job {}, which is not yours (uid {})",
+                    job.id, job.uid
+                ));
+            }
+            _ => {}
+        }
+        if !slurm.jobs_only || identity.uid == 0 {
+            return Ok(None);
+        }
+        Err(match in_job {
+            Some(id) => format!(
+                "Slurm job {id} holds no GPU shards on this machine, and here the GPU is shared only through Slurm: ask for some (srun --gres=shard:N …)"
+            ),
+            None => "this machine's GPUs are shared through Slurm: run the program in a job that asks for GPU shards (srun --gres=shard:N …)".into(),
         })
     }
 

@@ -38,6 +38,7 @@ mod exports;
 mod framing;
 mod graphs;
 mod handshake;
+mod jobs;
 mod listen;
 mod status;
 #[cfg(test)]
@@ -100,6 +101,8 @@ pub struct Broker {
     images: Arc<crate::images::ImageCache>,
     /// Device memory exported for other processes to take.
     exports: exports::Exports,
+    /// Batch scheduler jobs holding shares of the GPUs.
+    jobs: crate::jobs::Jobs,
 }
 
 impl Broker {
@@ -153,6 +156,7 @@ impl Broker {
             observed: Mutex::new(status::Observed::default()),
             images: Arc::default(),
             exports: exports::Exports::default(),
+            jobs: crate::jobs::Jobs::default(),
         })
     }
 

@@ -134,6 +134,7 @@ impl Broker {
             uptime_ms: self.started.elapsed().as_millis() as u64,
             policy: self.gpus[0].scheduler.policy_name().into(),
             memory_used: clients.iter().map(|c| c.memory_used).sum(),
+            jobs: self.job_stats(&clients),
             clients,
             telemetry: self
                 .telemetry_status

@@ -69,6 +69,7 @@ pub(super) fn register(broker: &Broker, pid: i32, gpu: u32, governed: bool) -> A
         governed,
         consolidated: false,
         trust_domain: "default".into(),
+        job: None,
     };
     let wake = Wakeup::new().expect("eventfd");
     // Counted in its user's account as a session is; these sessions never end, so the seat
@@ -77,6 +78,39 @@ pub(super) fn register(broker: &Broker, pid: i32, gpu: u32, governed: bool) -> A
     let account = seat.account().clone();
     std::mem::forget(seat);
     let info = Arc::new(SessionInfo::new(peer, Grant::default(), account, wake));
+    broker.registry.insert(info.clone());
+    info
+}
+
+/// Registers a session of process `pid` in `job`, on the job's grant, as the handshake
+/// admits one.
+pub(super) fn register_in_job(
+    broker: &Broker,
+    pid: i32,
+    job: &Arc<crate::jobs::Job>,
+) -> Arc<SessionInfo> {
+    let peer = Peer {
+        id: broker.registry.next_id(),
+        pid,
+        uid: job.uid,
+        user: job.user.clone(),
+        name: format!("client{pid}"),
+        gpu: job.gpus[0].gpu,
+        governed: false,
+        consolidated: true,
+        trust_domain: "default".into(),
+        job: Some(job.clone()),
+    };
+    let seat = broker.accounts.seat_for_tests(job.uid, &job.user);
+    let account = seat.account().clone();
+    std::mem::forget(seat);
+    let info = Arc::new(SessionInfo::new(
+        peer,
+        job.grant(),
+        account,
+        Wakeup::new().expect("eventfd"),
+    ));
+    job.session_started();
     broker.registry.insert(info.clone());
     info
 }

@@ -80,6 +80,9 @@ pub struct SessionInfo {
     grant: LiveGrant,
     /// The account of the client's user: the memory quota all of their sessions share.
     account: Arc<UserAccount>,
+    /// The batch scheduler job its process is in, whose quota it holds memory against
+    /// instead of its user's (the user's account still counts that memory).
+    pub job: Option<Arc<crate::jobs::Job>>,
     pub connected_at: Instant,
     pub counters: Counters,
     stop: AtomicBool,
@@ -106,6 +109,8 @@ pub struct Peer {
     pub consolidated: bool,
     /// The trust domain whose GPU context it shares.
     pub trust_domain: String,
+    /// The batch scheduler job its process is in.
+    pub job: Option<Arc<crate::jobs::Job>>,
 }
 
 impl Member for SessionInfo {
@@ -147,6 +152,7 @@ impl SessionInfo {
             governed,
             consolidated,
             trust_domain,
+            job,
         } = peer;
         SessionInfo {
             id,
@@ -163,6 +169,7 @@ impl SessionInfo {
             vmm: Mutex::new(super::vmm::Handles::default()),
             grant: LiveGrant::new(grant),
             account,
+            job,
             connected_at: Instant::now(),
             counters: Counters::default(),
             stop: AtomicBool::new(false),
@@ -181,10 +188,14 @@ impl SessionInfo {
 
     pub fn grant(&self) -> Grant {
         let (class, weight) = self.grant.get();
+        let memory_quota = match &self.job {
+            Some(job) => Some(job.quota()),
+            None => self.account.quota(),
+        };
         Grant {
             class,
             weight,
-            memory_quota: self.account.quota(),
+            memory_quota,
         }
     }
 
@@ -192,7 +203,10 @@ impl SessionInfo {
     /// new quota from now on, and streams created from now on get the new class's priority.
     pub fn set_grant(&self, grant: Grant) {
         self.grant.set(grant.class, grant.weight);
-        self.account.set_quota(grant.memory_quota);
+        match &self.job {
+            Some(job) => job.set_quota(grant.memory_quota),
+            None => self.account.set_quota(grant.memory_quota),
+        }
     }
 
     /// The account of the client's user.
@@ -200,11 +214,18 @@ impl SessionInfo {
         &self.account
     }
 
-    /// Counts `bytes` of device memory to this session, if its user's quota has room for
-    /// them beside all of the user's sessions (else `OutOfQuota`, and nothing changes).
+    /// Counts `bytes` of device memory to this session, if its quota (its job's, else its
+    /// user's) has room for them beside the other sessions that share it (else `OutOfQuota`,
+    /// and nothing changes).
     /// Only the session's data thread changes the session's figure.
     pub fn charge_memory(&self, bytes: u64) -> Result<(), ErrorCode> {
-        self.account.charge(bytes)?;
+        match &self.job {
+            Some(job) => {
+                job.charge(bytes)?;
+                self.account.charge_held(bytes);
+            }
+            None => self.account.charge(bytes)?,
+        }
         let c = &self.counters;
         let now = c.memory_used.load(Ordering::Relaxed).saturating_add(bytes);
         c.memory_used.store(now, Ordering::Relaxed);
@@ -215,7 +236,7 @@ impl SessionInfo {
     /// Counts `bytes` the session already holds, whatever the quota (a governed program that
     /// connected again).
     pub fn hold_memory(&self, bytes: u64) {
-        self.account.charge_held(bytes);
+        self.charge_held(bytes);
         let c = &self.counters;
         let now = c.memory_used.load(Ordering::Relaxed).saturating_add(bytes);
         c.memory_used.store(now, Ordering::Relaxed);
@@ -229,6 +250,17 @@ impl SessionInfo {
         let bytes = bytes.min(held);
         c.memory_used.store(held - bytes, Ordering::Relaxed);
         self.account.release(bytes);
+        if let Some(job) = &self.job {
+            job.release(bytes);
+        }
+    }
+
+    /// Counts `bytes` the session holds already, whatever the quota.
+    fn charge_held(&self, bytes: u64) {
+        self.account.charge_held(bytes);
+        if let Some(job) = &self.job {
+            job.charge_held(bytes);
+        }
     }
 
     /// The session now holds `bytes` (a reset took the rest, or it ended).
@@ -237,7 +269,7 @@ impl SessionInfo {
         if bytes < held {
             self.release_memory(held - bytes);
         } else {
-            self.account.charge_held(bytes - held);
+            self.charge_held(bytes - held);
             self.counters.memory_used.store(bytes, Ordering::Relaxed);
         }
     }
@@ -327,6 +359,7 @@ impl SessionInfo {
             consolidated: self.consolidated,
             throttled_ns: get(&c.throttled_ns),
             trust_domain: self.trust_domain.clone(),
+            job: self.job.as_ref().map(|j| j.id),
         }
     }
 }
@@ -383,6 +416,7 @@ mod tests {
             governed: false,
             consolidated: false,
             trust_domain: "default".into(),
+            job: None,
         };
         let wake = Wakeup::new().expect("an eventfd for the test");
         let accounts = Arc::new(crate::accounts::Accounts::default());

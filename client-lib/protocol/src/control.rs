@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::PriorityClass;
 use crate::error::WireError;
+use crate::job::{JobStart, JobStats};
 use crate::ring::ShmLayout;
 use crate::stats::StatusReport;
 
@@ -116,6 +117,19 @@ pub enum ClientMessage {
         request: u64,
         client: u64,
         reason: String,
+    },
+    /// A batch scheduler's job starts here with shares of the GPUs (root or the admin group
+    /// only; Slurm's prolog sends it). Answered with `Job`.
+    AdminJobStart {
+        request: u64,
+        start: JobStart,
+    },
+    /// The job has ended: its grant goes and its sessions still open are evicted (root or the
+    /// admin group only; Slurm's epilog sends it). Answered with `Job`, the job's last
+    /// figures; `NotFound` for a job gpushared does not hold.
+    AdminJobEnd {
+        request: u64,
+        job: u64,
     },
     /// Loads a module from an image the broker already holds (another session loaded the same
     /// bytes): no image travels. Answered with `ModuleLoaded`; `NotFound` when the broker does
@@ -347,6 +361,11 @@ pub enum BrokerMessage {
     AdminDone {
         request: u64,
         result: Result<(), WireError>,
+    },
+    /// The answer to `AdminJobStart` and `AdminJobEnd`.
+    Job {
+        request: u64,
+        result: Result<JobStats, WireError>,
     },
     /// The answer to `GetFunctionInfo`.
     FunctionInfo {

@@ -13,6 +13,7 @@ pub mod command;
 pub mod control;
 pub mod error;
 pub mod graph;
+pub mod job;
 // The fuzz targets' bodies and seeds: test code, kept out of production builds.
 #[cfg(any(test, feature = "fuzzing"))]
 #[doc(hidden)]
@@ -35,7 +36,7 @@ pub const MAX_STREAMS: usize = 1024;
 pub const MAX_EVENTS: usize = 16384;
 
 /// Version of the wire protocol; client and broker must agree exactly.
-pub const PROTOCOL_VERSION: u32 = 7;
+pub const PROTOCOL_VERSION: u32 = 8;
 
 /// Where clients find the broker unless told otherwise.
 pub const DEFAULT_SOCKET_PATH: &str = "/run/gpushare/gpushare.sock";

@@ -4,6 +4,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::PriorityClass;
 use crate::control::DeviceInfo;
+use crate::job::JobStats;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StatusReport {
@@ -31,6 +32,9 @@ pub struct StatusReport {
     /// What gpushared itself costs the machine.
     #[serde(default)]
     pub usage: BrokerUsage,
+    /// Batch scheduler jobs holding shares of the GPUs here.
+    #[serde(default)]
+    pub jobs: Vec<JobStats>,
 }
 
 /// gpushared's own use of the machine: its process, and its device workers (spares
@@ -162,6 +166,9 @@ pub struct ClientStats {
     /// empty for a client that holds its own context.
     #[serde(default)]
     pub trust_domain: String,
+    /// The batch scheduler job whose grant it runs on (its process is in the job).
+    #[serde(default)]
+    pub job: Option<u64>,
 }
 
 /// How a client runs its GPU work: the names `status`, `top` and the metrics show.

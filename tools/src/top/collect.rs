@@ -521,6 +521,7 @@ pub(crate) mod tests {
             throttled_ns: 0,
             consolidated: false,
             trust_domain: "default".into(),
+            job: None,
         }
     }
 
@@ -545,6 +546,7 @@ pub(crate) mod tests {
             outside_load: Default::default(),
             users: Vec::new(),
             usage: Default::default(),
+            jobs: Vec::new(),
         }
     }
 

@@ -5,6 +5,7 @@ use crate::control::{
     BrokerMessage, ClientMessage, DeviceInfo, Hello, LostState, ModuleFormat, Role, Welcome,
 };
 use crate::error::{ErrorCode, WireError};
+use crate::job::{JobGpu, JobStart, JobStats};
 use crate::ring::ShmLayout;
 use crate::stats::{
     BrokerUsage, ClientStats, IoctlStats, OutsideLoad, ProcessActivity, ProcessKind, StatusReport,
@@ -55,6 +56,29 @@ pub(super) fn hello(role: Role, requested_class: Option<PriorityClass>, gpu: Opt
     }
 }
 
+fn job_stats() -> JobStats {
+    JobStats {
+        job: 4711,
+        uid: 1000,
+        user: "alice".into(),
+        gpus: vec![JobGpu {
+            gpu: 0,
+            shards: Some(3),
+        }],
+        partition: Some("interactive".into()),
+        qos: Some("normal".into()),
+        class: PriorityClass::High,
+        weight: 3,
+        memory_quota: 6 << 30,
+        memory_used: 3 << 20,
+        sessions: 1,
+        sessions_total: 2,
+        gpu_time_ns: 9_000_000,
+        age_ms: 60_000,
+        evicted_at_end: 0,
+    }
+}
+
 fn status_report() -> StatusReport {
     StatusReport {
         broker_version: "0.1.0".into(),
@@ -95,7 +119,9 @@ fn status_report() -> StatusReport {
             throttled_ns: 1_500_000,
             consolidated: false,
             trust_domain: "default".into(),
+            job: Some(4711),
         }],
+        jobs: vec![job_stats()],
         telemetry: TelemetryStatus {
             enabled: false,
             reason: Some("not root".into()),
@@ -165,6 +191,8 @@ pub(super) fn client_variant(m: &ClientMessage) -> &'static str {
         ClientMessage::Goodbye => "goodbye",
         ClientMessage::AdminSet { .. } => "admin_set",
         ClientMessage::AdminEvict { .. } => "admin_evict",
+        ClientMessage::AdminJobStart { .. } => "admin_job_start",
+        ClientMessage::AdminJobEnd { .. } => "admin_job_end",
         ClientMessage::LoadCachedModule { .. } => "load_cached_module",
         ClientMessage::GetFunctionInfo { .. } => "get_function_info",
         ClientMessage::GetGlobal { .. } => "get_global",
@@ -192,6 +220,7 @@ pub(super) fn broker_variant(m: &BrokerMessage) -> &'static str {
         BrokerMessage::ShuttingDown { .. } => "shutting_down",
         BrokerMessage::Evicted { .. } => "evicted",
         BrokerMessage::AdminDone { .. } => "admin_done",
+        BrokerMessage::Job { .. } => "job",
         BrokerMessage::DeviceReset { .. } => "device_reset",
         BrokerMessage::FunctionInfo { .. } => "function_info",
         BrokerMessage::Global { .. } => "global",
@@ -319,6 +348,30 @@ pub fn client_messages() -> Vec<ClientMessage> {
             module: 1,
             first: 0,
         },
+        ClientMessage::AdminJobStart {
+            request: 19,
+            start: JobStart {
+                job: 4711,
+                uid: 1000,
+                user: "alice".into(),
+                gpus: vec![
+                    JobGpu {
+                        gpu: 0,
+                        shards: Some(3),
+                    },
+                    JobGpu {
+                        gpu: 1,
+                        shards: None,
+                    },
+                ],
+                partition: Some("interactive".into()),
+                qos: None,
+            },
+        },
+        ClientMessage::AdminJobEnd {
+            request: 20,
+            job: 4711,
+        },
     ]);
     out
 }
@@ -385,6 +438,14 @@ pub fn broker_messages() -> Vec<BrokerMessage> {
         BrokerMessage::AdminDone {
             request: 6,
             result: Err(err(ErrorCode::PermissionDenied)),
+        },
+        BrokerMessage::Job {
+            request: 19,
+            result: Ok(job_stats()),
+        },
+        BrokerMessage::Job {
+            request: 20,
+            result: Err(err(ErrorCode::NotFound)),
         },
         BrokerMessage::DeviceReset {
             gpu: 0,

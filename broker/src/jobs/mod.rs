@@ -1,0 +1,269 @@
+//! Batch scheduler jobs (Slurm) that hold shares of this machine's GPUs: each job's grant, the
+//! device memory its sessions hold against it, and what they have used. Slurm's prolog starts a
+//! job here and its epilog ends it (`server/jobs.rs`); a session runs on its job's grant when
+//! its process is in the job (`slurm.rs` finds out which job a process is in).
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use gpushare_protocol::ErrorCode;
+use gpushare_protocol::PriorityClass;
+use gpushare_protocol::job::{JobGpu, JobStart, JobStats};
+
+use crate::access::{Grant, SlurmPolicy};
+
+pub mod slurm;
+
+/// One job's grant and its use.
+#[derive(Debug)]
+pub struct Job {
+    pub id: u64,
+    pub uid: u32,
+    pub user: String,
+    /// Each GPU it holds shares of, shards resolved; never empty.
+    pub gpus: Vec<JobGpu>,
+    pub partition: Option<String>,
+    pub qos: Option<String>,
+    class: PriorityClass,
+    weight: u32,
+    /// Device memory its sessions together may hold.
+    quota: AtomicU64,
+    memory_used: AtomicU64,
+    sessions_total: AtomicU64,
+    /// GPU time of its sessions that have ended.
+    ended_gpu_ns: AtomicU64,
+    started: Instant,
+}
+
+impl Job {
+    /// What its sessions run on.
+    pub fn grant(&self) -> Grant {
+        Grant {
+            class: self.class,
+            weight: self.weight,
+            memory_quota: Some(self.quota()),
+        }
+    }
+
+    pub fn quota(&self) -> u64 {
+        self.quota.load(Ordering::Relaxed)
+    }
+
+    /// An administrator's new quota for the job (`None`: as much as the GPU has).
+    pub fn set_quota(&self, quota: Option<u64>) {
+        self.quota
+            .store(quota.unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+
+    pub fn memory_used(&self) -> u64 {
+        self.memory_used.load(Ordering::Relaxed)
+    }
+
+    /// The GPU a session of the job runs on: the one it asked for if the job holds shares of
+    /// it, else the job's first. A GPU the job lacks is not refused: a program asks by
+    /// `CUDA_VISIBLE_DEVICES`, which Slurm may number from 0 for the task's own devices.
+    pub fn gpu_for(&self, asked: Option<u32>) -> u32 {
+        match asked {
+            Some(g) if self.gpus.iter().any(|j| j.gpu == g) => g,
+            _ => self.gpus[0].gpu,
+        }
+    }
+
+    /// Counts `bytes` more if the job's sessions together stay within its quota (else
+    /// `OutOfQuota`, and nothing changes).
+    pub fn charge(&self, bytes: u64) -> Result<(), ErrorCode> {
+        let quota = self.quota();
+        self.memory_used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                used.checked_add(bytes).filter(|&now| now <= quota)
+            })
+            .map(drop)
+            .map_err(|_| ErrorCode::OutOfQuota)
+    }
+
+    /// Counts `bytes` the job's session holds already, whatever the quota.
+    pub fn charge_held(&self, bytes: u64) {
+        let _ = self
+            .memory_used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                Some(used.saturating_add(bytes))
+            });
+    }
+
+    /// Gives `bytes` back (never below zero).
+    pub fn release(&self, bytes: u64) {
+        let _ = self
+            .memory_used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                Some(used.saturating_sub(bytes))
+            });
+    }
+
+    /// A session of the job has started.
+    pub fn session_started(&self) {
+        self.sessions_total.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A session of the job has ended, having used `gpu_ns` of GPU time.
+    pub fn session_ended(&self, gpu_ns: u64) {
+        let _ = self
+            .ended_gpu_ns
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |t| {
+                Some(t.saturating_add(gpu_ns))
+            });
+    }
+
+    /// Its figures, with `live` (sessions open now and their GPU time so far) from the
+    /// registry.
+    pub fn stats(&self, live: (u32, u64)) -> JobStats {
+        JobStats {
+            job: self.id,
+            uid: self.uid,
+            user: self.user.clone(),
+            gpus: self.gpus.clone(),
+            partition: self.partition.clone(),
+            qos: self.qos.clone(),
+            class: self.class,
+            weight: self.weight,
+            memory_quota: self.quota(),
+            memory_used: self.memory_used(),
+            sessions: live.0,
+            sessions_total: self.sessions_total.load(Ordering::Relaxed),
+            gpu_time_ns: self
+                .ended_gpu_ns
+                .load(Ordering::Relaxed)
+                .saturating_add(live.1),
+            age_ms: self.started.elapsed().as_millis() as u64,
+            evicted_at_end: 0,
+        }
+    }
+}
+
+/// Why a job could not start.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum JobRefusal {
+    #[error(
+        "this gpushared's policy has no [slurm] section, so it takes no Slurm jobs; add one (docs/slurm.md)"
+    )]
+    NoSlurm,
+    #[error("Slurm job {job} names GPU {gpu}, but this gpushared serves GPU{} 0..={}", if *.count > 1 { "s" } else { "" }, .count.saturating_sub(1))]
+    NoSuchGpu { job: u64, gpu: u32, count: usize },
+    #[error("Slurm job {0} holds no shares of any GPU here")]
+    NoShares(u64),
+}
+
+impl JobRefusal {
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            JobRefusal::NoSlurm => ErrorCode::NotSupported,
+            JobRefusal::NoSuchGpu { .. } | JobRefusal::NoShares(_) => ErrorCode::InvalidArgument,
+        }
+    }
+}
+
+/// The jobs holding shares here, by id.
+#[derive(Debug, Default)]
+pub struct Jobs {
+    jobs: Mutex<BTreeMap<u64, Arc<Job>>>,
+}
+
+impl Jobs {
+    fn lock(&self) -> MutexGuard<'_, BTreeMap<u64, Arc<Job>>> {
+        self.jobs.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Starts `start` on the grant `policy` gives it; `gpu_memory` is each GPU's memory by
+    /// index. A job that is here already (its prolog ran twice) stays as it is: its sessions
+    /// hold memory against that grant.
+    pub fn start(
+        &self,
+        start: &JobStart,
+        policy: &SlurmPolicy,
+        gpu_memory: &[u64],
+    ) -> Result<Arc<Job>, JobRefusal> {
+        let mut gpus: Vec<JobGpu> = Vec::new();
+        for g in &start.gpus {
+            if g.gpu as usize >= gpu_memory.len() {
+                return Err(JobRefusal::NoSuchGpu {
+                    job: start.job,
+                    gpu: g.gpu,
+                    count: gpu_memory.len(),
+                });
+            }
+            let shards = g
+                .shards
+                .unwrap_or(policy.shards_per_gpu)
+                .min(policy.shards_per_gpu);
+            match gpus.iter_mut().find(|j| j.gpu == g.gpu) {
+                Some(j) => {
+                    j.shards = Some(
+                        j.shards
+                            .unwrap_or(0)
+                            .saturating_add(shards)
+                            .min(policy.shards_per_gpu),
+                    )
+                }
+                None => gpus.push(JobGpu {
+                    gpu: g.gpu,
+                    shards: Some(shards),
+                }),
+            }
+        }
+        gpus.retain(|g| g.shards.unwrap_or(0) > 0);
+        if gpus.is_empty() {
+            return Err(JobRefusal::NoShares(start.job));
+        }
+        let quota = gpus
+            .iter()
+            .map(|g| {
+                let memory = gpu_memory.get(g.gpu as usize).copied().unwrap_or(0);
+                policy.memory_for(g.shards.unwrap_or(0), memory)
+            })
+            .fold(0, u64::saturating_add);
+        let shards = gpus
+            .iter()
+            .map(|g| g.shards.unwrap_or(0))
+            .fold(0, u32::saturating_add);
+        let mut jobs = self.lock();
+        if let Some(job) = jobs.get(&start.job) {
+            return Ok(job.clone());
+        }
+        let job = Arc::new(Job {
+            id: start.job,
+            uid: start.uid,
+            user: start.user.clone(),
+            gpus,
+            partition: start.partition.clone(),
+            qos: start.qos.clone(),
+            class: policy.class_for(start.partition.as_deref(), start.qos.as_deref()),
+            weight: shards.max(1),
+            quota: AtomicU64::new(quota),
+            memory_used: AtomicU64::new(0),
+            sessions_total: AtomicU64::new(0),
+            ended_gpu_ns: AtomicU64::new(0),
+            started: Instant::now(),
+        });
+        jobs.insert(start.job, job.clone());
+        Ok(job)
+    }
+
+    /// The job `id`, if it holds shares here.
+    pub fn get(&self, id: u64) -> Option<Arc<Job>> {
+        self.lock().get(&id).cloned()
+    }
+
+    /// Ends job `id`: its grant goes (its sessions still open are the caller's to evict).
+    pub fn end(&self, id: u64) -> Option<Arc<Job>> {
+        self.lock().remove(&id)
+    }
+
+    /// Every job here, by id.
+    pub fn all(&self) -> Vec<Arc<Job>> {
+        self.lock().values().cloned().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests;

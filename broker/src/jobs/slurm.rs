@@ -1,0 +1,115 @@
+//! Which Slurm job a process is in, asked of Slurm itself, never of the process: its cgroup
+//! when Slurm's cgroup plugin placed it (`…/job_12/step_0/…`), else slurmd, through
+//! `scontrol pidinfo PID`, which works whatever Slurm tracks processes with.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// How long slurmd has to answer.
+const PIDINFO_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Where `scontrol` is looked for besides `PATH` (gpushared may run with a bare one).
+const SCONTROL_DIRS: [&str; 4] = ["/usr/bin", "/usr/local/bin", "/usr/sbin", "/opt/slurm/bin"];
+
+/// The job `pid` is in, or `None` when it is in none (or Slurm cannot say).
+pub async fn job_of(pid: i32) -> Option<u64> {
+    if pid <= 0 {
+        return None;
+    }
+    if let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+        && let Some(job) = job_in_cgroup(&text)
+    {
+        return Some(job);
+    }
+    let scontrol = scontrol()?;
+    let run = tokio::process::Command::new(&scontrol)
+        .arg("pidinfo")
+        .arg(pid.to_string())
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    match tokio::time::timeout(PIDINFO_TIMEOUT, run).await {
+        Ok(Ok(out)) => job_in_pidinfo(&String::from_utf8_lossy(&out.stdout)),
+        Ok(Err(e)) => {
+            tracing::warn!(scontrol = %scontrol.display(), error = %e, "cannot ask Slurm which job a client is in");
+            None
+        }
+        Err(_) => {
+            tracing::warn!(
+                pid,
+                "slurmd did not say within 5 s which job a client is in"
+            );
+            None
+        }
+    }
+}
+
+/// `scontrol`: `$GPUSHARE_SCONTROL`, else the first on `PATH` or in the usual places.
+fn scontrol() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("GPUSHARE_SCONTROL").filter(|p| !p.is_empty()) {
+        return Some(PathBuf::from(p));
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(SCONTROL_DIRS.iter().map(PathBuf::from))
+        .map(|d| d.join("scontrol"))
+        .find(|p| is_executable(p))
+}
+
+fn is_executable(p: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+/// The job in a `/proc/PID/cgroup` text: a path component `job_N` (Slurm's cgroup plugin, v1
+/// `/slurm/uid_U/job_N/step_S` and v2 `/system.slice/slurmstepd.scope/job_N/step_S`).
+fn job_in_cgroup(text: &str) -> Option<u64> {
+    text.lines()
+        .filter_map(|line| line.splitn(3, ':').nth(2))
+        .flat_map(|path| path.split('/'))
+        .find_map(|part| part.strip_prefix("job_").and_then(|n| n.parse().ok()))
+}
+
+/// The job in `scontrol pidinfo`'s answer: `Slurm JobId=12 ends at …` (22.05 and later) or
+/// `Slurm job id 12 ends at …` (older).
+fn job_in_pidinfo(text: &str) -> Option<u64> {
+    let first = text.lines().next()?.trim();
+    let rest = first
+        .strip_prefix("Slurm JobId=")
+        .or_else(|| first.strip_prefix("Slurm job id "))?;
+    rest.split_whitespace().next()?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_job_is_read_from_slurm_s_cgroups_v1_and_v2() {
+        let v2 = "0::/system.slice/slurmstepd.scope/job_4711/step_0/user/task_0\n";
+        assert_eq!(job_in_cgroup(v2), Some(4711));
+        let v1 = "12:pids:/\n4:memory:/slurm/uid_1000/job_12/step_batch/task_0\n1:cpu:/\n";
+        assert_eq!(job_in_cgroup(v1), Some(12));
+        let outside = "0::/user.slice/user-1000.slice/session-3.scope\n4:memory:/job_x/\n";
+        assert_eq!(job_in_cgroup(outside), None);
+    }
+
+    #[test]
+    fn the_job_is_read_from_scontrol_pidinfo() {
+        assert_eq!(
+            job_in_pidinfo(
+                "Slurm JobId=3 ends at Mon Nov 29 09:47:07 2027\nJob remaining time is 31535998 seconds\n"
+            ),
+            Some(3)
+        );
+        assert_eq!(
+            job_in_pidinfo("Slurm job id 77 ends at Tue Jan 01 00:00:00 2030\n"),
+            Some(77)
+        );
+        assert_eq!(job_in_pidinfo(""), None);
+        assert_eq!(
+            job_in_pidinfo("slurm_pid2jobid: Process not managed by Slurm\n"),
+            None
+        );
+    }
+}

@@ -1,0 +1,68 @@
+//! Jobs of a batch scheduler (Slurm) that hold shares of this machine's GPUs. The scheduler's
+//! prolog tells gpushared a job has started ([`JobStart`]), its epilog that it has ended; every
+//! session of the job's processes runs on the job's grant in between.
+
+use serde::{Deserialize, Serialize};
+
+use crate::PriorityClass;
+
+/// What a job holds on one GPU, as the scheduler allocated it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobGpu {
+    /// gpushared's index of the GPU.
+    pub gpu: u32,
+    /// Shares of it (Slurm's GRES shards); `None`: the whole GPU.
+    pub shards: Option<u32>,
+}
+
+/// A job that starts on this machine: who runs it and what the scheduler gave it. gpushared
+/// decides from its policy what that is worth (memory, class, weight).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobStart {
+    /// The scheduler's job id.
+    pub job: u64,
+    pub uid: u32,
+    pub user: String,
+    pub gpus: Vec<JobGpu>,
+    /// The job's partition and quality of service, which the policy may map to a class.
+    pub partition: Option<String>,
+    pub qos: Option<String>,
+}
+
+/// A job's grant and what its sessions have used.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobStats {
+    pub job: u64,
+    pub uid: u32,
+    pub user: String,
+    /// Each GPU it holds shares of, with the shards resolved (a whole GPU is all of its
+    /// shards).
+    pub gpus: Vec<JobGpu>,
+    pub partition: Option<String>,
+    pub qos: Option<String>,
+    /// The grant its sessions run on.
+    pub class: PriorityClass,
+    pub weight: u32,
+    /// Device memory all of its sessions together may hold.
+    pub memory_quota: u64,
+    pub memory_used: u64,
+    /// Sessions open now, and sessions it has had.
+    pub sessions: u32,
+    pub sessions_total: u64,
+    /// GPU time of its sessions, ended ones included.
+    pub gpu_time_ns: u64,
+    /// Since the job started here.
+    pub age_ms: u64,
+    /// Sessions still open when the job ended, and so evicted (0 while it runs).
+    pub evicted_at_end: u32,
+}
+
+impl JobStats {
+    /// All of its shards, over every GPU.
+    pub fn shards(&self) -> u32 {
+        self.gpus
+            .iter()
+            .map(|g| g.shards.unwrap_or(0))
+            .fold(0, u32::saturating_add)
+    }
+}
