@@ -138,6 +138,12 @@ has -rw-r--r-- usr/share/bash-completion/completions/gpushare
 has -rw-r--r-- usr/share/zsh/vendor-completions/_gpushare
 has -rw-r--r-- usr/share/fish/vendor_completions.d/gpushare.fish
 has -rw-r--r-- usr/share/gpushare/grafana/gpushare.json
+for script in prolog epilog task-prolog; do
+    has -rwxr-xr-x "usr/share/gpushare/slurm/$script"
+done
+for example in slurm.conf gres.conf gpushare.toml; do
+    has -rw-r--r-- "usr/share/gpushare/slurm/$example.example"
+done
 uncompressed=$(grep -E '^-.* \./usr/share/man/' <<<"$contents" | grep -v '\.gz$' || true)
 [[ -z $uncompressed ]] && ok "every man page is gzipped" || problem "uncompressed man pages: $uncompressed"
 
@@ -193,6 +199,10 @@ cmp -s "$root/etc/gpushare/gpushare.toml" packaging/gpushare.toml &&
     ok "/etc/gpushare/gpushare.toml is packaging/gpushare.toml" || problem "installed policy file differs"
 cmp -s "$root/usr/share/gpushare/grafana/gpushare.json" packaging/grafana/gpushare.json &&
     ok "the Grafana dashboard is packaging/grafana/gpushare.json" || problem "installed dashboard differs"
+for script in prolog epilog task-prolog; do
+    cmp -s "$root/usr/share/gpushare/slurm/$script" "packaging/slurm/$script" &&
+        ok "the Slurm $script is packaging/slurm/$script" || problem "installed Slurm $script differs"
+done
 cmp -s "$root/usr/lib/systemd/system/gpushared.service" packaging/gpushared.service &&
     ok "the installed unit is packaging/gpushared.service" || problem "installed unit differs"
 soname=$(readelf -d "$root/$libdir/libgpushare.so.$version" | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')

@@ -75,6 +75,17 @@ pub enum Commands {
     /// --fallback direct; if it loses the broker, its launches and allocations wait for it to
     /// come back (GPUSHARE_RECONNECT_TIMEOUT seconds, 30 by default), then fail.
     Run(RunArgs),
+    /// Slurm's Prolog, Epilog and TaskProlog: jobs' GPU shards as gpushared grants (slurmd runs them).
+    ///
+    /// slurm.conf names the wrappers in /usr/share/gpushare/slurm/: `prolog` (root, at job
+    /// start) grants the job what `scontrol show job` says it holds of this node's GPUs;
+    /// `epilog` (root, at job end) ends the grant, evicting sessions still open;
+    /// `task-prolog` (the job's user, before each task) prints the environment that runs the
+    /// task's CUDA programs on gpushare, as `gpushare run` would.
+    Slurm {
+        #[command(subcommand)]
+        command: SlurmCommand,
+    },
     /// Print a shell completion script: `gpushare completions bash > /etc/bash_completion.d/gpushare`.
     Completions {
         /// The shell.
@@ -137,6 +148,31 @@ pub struct RunArgs {
         value_name = "COMMAND"
     )]
     pub command: Vec<OsString>,
+}
+
+/// The programs slurmd runs for each job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Subcommand)]
+pub enum SlurmCommand {
+    /// Slurm's Prolog (root, at job start): ask gpushared for the job's grant on this node.
+    ///
+    /// Reads SLURM_JOB_ID, SLURM_JOB_UID, SLURM_JOB_USER, SLURMD_NODENAME and
+    /// SLURM_JOB_PARTITION, and the job's GRES on this node and QOS from `scontrol show job`
+    /// (GPUSHARE_SCONTROL, else PATH, /usr/bin, /usr/local/bin, /usr/sbin, /opt/slurm/bin).
+    /// A job without GPUs or shards here: nothing. Exit status 1 (Slurm then drains the node)
+    /// when the grant cannot be made.
+    Prolog,
+    /// Slurm's Epilog (root, at job end): end the job's grant; its sessions still open are
+    /// evicted.
+    ///
+    /// Exit status 0 whatever gpushared answers (a node whose gpushared misbehaves is
+    /// drained by the next prolog); 1 only without SLURM_JOB_ID.
+    Epilog,
+    /// Slurm's TaskProlog (the job's user, before each task): print the task's environment.
+    ///
+    /// For a task Slurm gave a GPU or shards of one, prints `export`/`unset` lines that give it
+    /// the environment of `gpushare run` (consolidated), which slurmstepd applies. Prints
+    /// nothing when the job's environment has GPUSHARE_SLURM=off.
+    TaskProlog,
 }
 
 /// How `gpushare run` runs a program.
@@ -229,6 +265,34 @@ mod tests {
         assert_eq!(
             run(&["gpushare", "run", "--mode", "mps", "app"]),
             Err(clap::error::ErrorKind::InvalidValue)
+        );
+    }
+
+    #[test]
+    fn slurm_takes_its_three_programs() {
+        let slurm = |args: &[&str]| match Cli::try_parse_from(args) {
+            Ok(Cli {
+                command: Commands::Slurm { command },
+                socket,
+            }) => Ok((command, socket)),
+            Ok(other) => panic!("{other:?}"),
+            Err(e) => Err(e.kind()),
+        };
+        assert_eq!(
+            slurm(&["gpushare", "slurm", "task-prolog", "--socket", "/s"]),
+            Ok((SlurmCommand::TaskProlog, PathBuf::from("/s")))
+        );
+        assert_eq!(
+            slurm(&["gpushare", "slurm", "prolog"]).map(|s| s.0),
+            Ok(SlurmCommand::Prolog)
+        );
+        assert_eq!(
+            slurm(&["gpushare", "slurm", "epilog"]).map(|s| s.0),
+            Ok(SlurmCommand::Epilog)
+        );
+        assert_eq!(
+            slurm(&["gpushare", "slurm", "teardown"]),
+            Err(clap::error::ErrorKind::InvalidSubcommand)
         );
     }
 

@@ -5,7 +5,7 @@ use std::fmt::Write;
 use std::time::Duration;
 
 use bytesize::ByteSize;
-use gpushare::{ClientStats, StatusReport, UserStats};
+use gpushare::{ClientStats, JobStats, StatusReport, UserStats};
 use gpushare_protocol::text::printable;
 
 use crate::top::collect::{Frame, Row};
@@ -88,7 +88,49 @@ pub fn status(r: &StatusReport) -> String {
     if !r.users.is_empty() {
         out.push_str(&users(&r.users));
     }
+    if !r.jobs.is_empty() {
+        out.push_str(&jobs(&r.jobs));
+    }
     out
+}
+
+/// The Slurm jobs holding shares of the GPUs, each with its grant and what its sessions use.
+pub fn jobs(jobs: &[JobStats]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "jobs (Slurm; QUOTA holds for all of a job's sessions together; SESSIONS: open now/in all):"
+    );
+    let _ = writeln!(
+        out,
+        "{:>8} {:<10} {:<16} {:<11} {:>3} {:>10} {:>10} {:>9} {:>10}",
+        "JOB", "USER", "SHARDS", "CLASS", "W", "MEMORY", "QUOTA", "SESSIONS", "GPU TIME"
+    );
+    for j in jobs {
+        let _ = writeln!(
+            out,
+            "{:>8} {:<10} {:<16} {:<11} {:>3} {:>10} {:>10} {:>9} {:>10}",
+            j.job,
+            truncate(&j.user, 10),
+            truncate(&job_shards(j), 16),
+            j.class.as_str(),
+            j.weight,
+            ByteSize(j.memory_used).to_string(),
+            ByteSize(j.memory_quota).to_string(),
+            format!("{}/{}", j.sessions, j.sessions_total),
+            gpu_time(j.gpu_time_ns),
+        );
+    }
+    out
+}
+
+/// `3 on GPU 0`, `11 on GPUs 0,1`.
+fn job_shards(j: &JobStats) -> String {
+    let gpus: Vec<String> = j.gpus.iter().map(|g| g.gpu.to_string()).collect();
+    match gpus.as_slice() {
+        [one] => format!("{} on GPU {one}", j.shards()),
+        many => format!("{} on GPUs {}", j.shards(), many.join(",")),
+    }
 }
 
 /// Each user's sessions together, against the per-user quota and bounds.
@@ -130,7 +172,9 @@ pub fn users(users: &[UserStats]) -> String {
 /// The client table of `gpushare status` and `gpushare clients`.
 pub fn clients(clients: &[ClientStats]) -> String {
     let mut out = String::new();
-    let _ = writeln!(
+    // The JOB column only where a client runs on a Slurm job's grant.
+    let job_column = clients.iter().any(|c| c.job.is_some());
+    let _ = write!(
         out,
         "{:>4} {:>7} {:<10} {:<16} {:<12} {:>3} {:<11} {:>3} {:>10} {:>10} {:>8} {:>10} {:>10} {:>6} {:>10}",
         "ID",
@@ -149,12 +193,16 @@ pub fn clients(clients: &[ClientStats]) -> String {
         "ERRORS",
         "THROTTLED"
     );
+    if job_column {
+        let _ = write!(out, " {:>8}", "JOB");
+    }
+    out.push('\n');
     for c in clients {
         let quota = c
             .memory_quota
             .map_or("unlimited".to_string(), |q| ByteSize(q).to_string());
         let copied = ByteSize(c.bytes_htod + c.bytes_dtoh + c.bytes_dtod);
-        let _ = writeln!(
+        let _ = write!(
             out,
             "{:>4} {:>7} {:<10} {:<16} {:<12} {:>3} {:<11} {:>3} {:>10} {:>10} {:>8} {:>10} {:>10} {:>6} {:>10}",
             c.client_id,
@@ -177,6 +225,11 @@ pub fn clients(clients: &[ClientStats]) -> String {
                 MISSING.to_string()
             }
         );
+        if job_column {
+            let job = c.job.map_or(MISSING.to_string(), |j| j.to_string());
+            let _ = write!(out, " {job:>8}");
+        }
+        out.push('\n');
     }
     out
 }
@@ -373,7 +426,72 @@ pub fn truncate(s: &str, n: usize) -> String {
 
 #[cfg(test)]
 mod tests {
+    use gpushare::{JobGpu, PriorityClass};
+
     use super::*;
+    use crate::top::collect::tests::client;
+
+    #[test]
+    fn a_job_column_only_where_a_client_runs_on_a_job() {
+        let mut clients = vec![client(1, 100, "a"), client(2, 200, "b")];
+        let plain = super::clients(&clients);
+        assert!(
+            plain
+                .lines()
+                .next()
+                .is_some_and(|h| h.ends_with("THROTTLED"))
+        );
+        clients[1].job = Some(12);
+        let with_job = super::clients(&clients);
+        let lines: Vec<&str> = with_job.lines().collect();
+        assert!(lines[0].ends_with("THROTTLED      JOB"), "{with_job}");
+        assert!(lines[1].ends_with("        -"), "{with_job}");
+        assert!(lines[2].ends_with("       12"), "{with_job}");
+        // The rest of each line is as before.
+        for (old, new) in plain.lines().zip(lines) {
+            assert!(new.starts_with(old), "{new}");
+        }
+    }
+
+    #[test]
+    fn the_jobs_table() {
+        let job = |job: u64, gpus: Vec<JobGpu>| JobStats {
+            job,
+            uid: 1000,
+            user: "alice".into(),
+            gpus,
+            partition: None,
+            qos: None,
+            class: PriorityClass::Normal,
+            weight: 3,
+            memory_quota: 6 << 30,
+            memory_used: 3 << 29,
+            sessions: 1,
+            sessions_total: 3,
+            gpu_time_ns: 2_510_000_000,
+            age_ms: 1000,
+            evicted_at_end: 0,
+        };
+        let shards = |gpu, n| JobGpu {
+            gpu,
+            shards: Some(n),
+        };
+        let text = jobs(&[
+            job(12, vec![shards(0, 3)]),
+            job(13, vec![shards(0, 8), shards(1, 8)]),
+        ]);
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines[0].starts_with("jobs (Slurm"), "{text}");
+        assert_eq!(
+            lines[1],
+            "     JOB USER       SHARDS           CLASS         W     MEMORY      QUOTA  SESSIONS   GPU TIME"
+        );
+        assert_eq!(
+            lines[2],
+            "      12 alice      3 on GPU 0       normal        3    1.5 GiB    6.0 GiB       1/3     2.51 s"
+        );
+        assert!(lines[3].contains("16 on GPUs 0,1"), "{text}");
+    }
 
     #[test]
     fn rates_and_latencies_fit_their_columns() {

@@ -11,6 +11,7 @@ use gpushare_tools::socket::BrokerSocket;
 
 mod format;
 mod run;
+mod slurm;
 mod top;
 
 fn main() -> ExitCode {
@@ -100,6 +101,7 @@ fn run(cli: Cli, socket: &BrokerSocket) -> anyhow::Result<()> {
             print(&format!("client {client} evicted\n"))?;
         }
         Commands::Run(args) => return Err(run::exec(&cli.socket, args)),
+        Commands::Slurm { command } => slurm::run(command, socket)?,
         Commands::Completions { shell } => {
             let mut script = Vec::new();
             clap_complete::generate(shell, &mut Cli::command(), "gpushare", &mut script);

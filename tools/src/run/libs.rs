@@ -127,7 +127,7 @@ fn canonical(p: &Path) -> PathBuf {
 
 fn not_installed(what: &str, candidates: &[PathBuf]) -> anyhow::Error {
     anyhow::anyhow!(
-        "cannot find {what} (looked for {}): is gpushare installed completely? `--mode governed` runs the program without it",
+        "cannot find {what} (looked for {}): is gpushare installed completely?",
         listed(candidates)
     )
 }

@@ -7,7 +7,7 @@
 //! its own CUDA context. Children inherit the environment, so each CUDA process the program
 //! starts is a client of its own.
 
-use std::ffi::OsStr;
+use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -19,6 +19,38 @@ mod libs;
 mod search;
 
 use search::{COLON, COLON_OR_SPACE, named};
+
+/// One change to a program's environment: `gpushare run` makes it on the program's command,
+/// `gpushare slurm task-prolog` prints it for slurmstepd to make on the task's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EnvChange {
+    Set(&'static str, OsString),
+    Remove(&'static str),
+}
+
+impl EnvChange {
+    pub fn name(&self) -> &'static str {
+        match self {
+            EnvChange::Set(name, _) | EnvChange::Remove(name) => name,
+        }
+    }
+
+    fn set_or_remove(name: &'static str, value: Option<OsString>) -> EnvChange {
+        match value {
+            Some(v) => EnvChange::Set(name, v),
+            None => EnvChange::Remove(name),
+        }
+    }
+}
+
+fn apply(cmd: &mut Command, changes: &[EnvChange]) {
+    for change in changes {
+        match change {
+            EnvChange::Set(name, value) => cmd.env(name, value),
+            EnvChange::Remove(name) => cmd.env_remove(name),
+        };
+    }
+}
 
 /// Replaces this process with the program (so it exits with the program's status); returns
 /// only when that cannot be done.
@@ -40,7 +72,7 @@ pub fn exec(socket: &Path, args: RunArgs) -> anyhow::Error {
     if let Some(name) = &args.name {
         cmd.env(env::NAME_ENV, name);
     }
-    let prepared = match args.mode {
+    let changes = match args.mode {
         RunMode::Governed => {
             // The interposer decides, as the program starts and whenever it loses the broker.
             match args.fallback {
@@ -48,77 +80,85 @@ pub fn exec(socket: &Path, args: RunArgs) -> anyhow::Error {
                 Some(Fallback::Fail) => cmd.env(env::FALLBACK_ENV, "fail"),
                 None => &mut cmd,
             };
-            governed(&mut cmd, args.interposer)
+            governed_env(args.interposer)
         }
-        RunMode::Consolidated => consolidated(
-            &mut cmd,
-            socket,
-            args.fallback.unwrap_or(Fallback::Fail),
-            program,
-        ),
+        RunMode::Consolidated => {
+            if args.fallback == Some(Fallback::Direct)
+                && let Err(why) = unreachable(socket)
+            {
+                eprintln!(
+                    "gpushare: gpushared is not reachable at {} ({why}): running {} directly on the GPU's own driver, outside gpushare (--fallback direct)",
+                    socket.display(),
+                    Path::new(program).display()
+                );
+                Ok(Inherited::read(None).changes())
+            } else {
+                consolidated_env(socket).map_err(|e| {
+                    anyhow::anyhow!("{e:#} `--mode governed` runs the program without it")
+                })
+            }
+        }
     };
-    if let Err(e) = prepared {
-        return e;
+    match changes {
+        Ok(changes) => apply(&mut cmd, &changes),
+        Err(e) => return e,
     }
     let err = cmd.exec();
     anyhow::anyhow!("cannot run {}: {err}", Path::new(program).display())
 }
 
 /// The interposer preloaded.
-fn governed(cmd: &mut Command, interposer: Option<PathBuf>) -> anyhow::Result<()> {
+fn governed_env(interposer: Option<PathBuf>) -> anyhow::Result<Vec<EnvChange>> {
     let interposer = match interposer {
         Some(p) => std::fs::canonicalize(&p).unwrap_or(p),
         None => libs::interposer()?,
     };
     let loader = Inherited::read(None);
-    loader.apply(cmd);
-    cmd.env("LD_PRELOAD", search::prepend(&interposer, loader.preload));
-    Ok(())
+    let preload = search::prepend(&interposer, loader.preload.clone());
+    let mut changes = loader.changes();
+    changes.retain(|c| c.name() != "LD_PRELOAD");
+    changes.push(EnvChange::Set("LD_PRELOAD", preload));
+    Ok(changes)
 }
 
-/// gpushare's driver in place of libcuda; or, with `--fallback direct` and no broker, the
-/// program as it is.
-fn consolidated(
-    cmd: &mut Command,
-    socket: &Path,
-    fallback: Fallback,
-    program: &OsStr,
-) -> anyhow::Result<()> {
-    if fallback == Fallback::Direct
-        && let Err(e) = gpushare_conn::ControlSocket::connect(socket)
-    {
-        let why = match &e {
-            gpushare_conn::Error::Connect { cause, .. } => cause.to_string(),
-            other => other.to_string(),
-        };
-        eprintln!(
-            "gpushare: gpushared is not reachable at {} ({why}): running {} directly on the GPU's own driver, outside gpushare (--fallback direct)",
-            socket.display(),
-            Path::new(program).display()
-        );
-        Inherited::read(None).apply(cmd);
-        return Ok(());
+/// `Ok` when gpushared answers on `socket`; else why not.
+fn unreachable(socket: &Path) -> Result<(), String> {
+    match gpushare_conn::ControlSocket::connect(socket) {
+        Ok(_) => Ok(()),
+        Err(gpushare_conn::Error::Connect { cause, .. }) => Err(cause.to_string()),
+        Err(other) => Err(other.to_string()),
     }
+}
+
+/// The environment of a consolidated program, with this process's environment as the one it
+/// would inherit: gpushare's driver in place of libcuda, the broker at `socket`. The only
+/// place that says it: `gpushare run` and Slurm's task prolog both take it from here.
+pub fn consolidated_env(socket: &Path) -> anyhow::Result<Vec<EnvChange>> {
     let driver_dir = libs::driver_dir()?;
     let audit = libs::audit()?;
     let loader = Inherited::read(Some(&driver_dir));
-    loader.apply(cmd);
-    cmd.env(
-        "LD_LIBRARY_PATH",
-        search::prepend(&driver_dir, loader.library_path),
-    )
-    .env("LD_AUDIT", search::append(loader.audit, &audit))
-    .env(env::CUDA_DRIVER_ENV, driver_dir.join(libs::DRIVER_SONAME));
-    Ok(())
+    Ok(vec![
+        EnvChange::Set(gpushare_protocol::SOCKET_ENV, socket.as_os_str().to_owned()),
+        EnvChange::Set(
+            "LD_LIBRARY_PATH",
+            search::prepend(&driver_dir, loader.library_path),
+        ),
+        EnvChange::Set("LD_AUDIT", search::append(loader.audit, &audit)),
+        EnvChange::set_or_remove("LD_PRELOAD", loader.preload),
+        EnvChange::Set(
+            env::CUDA_DRIVER_ENV,
+            driver_dir.join(libs::DRIVER_SONAME).into_os_string(),
+        ),
+    ])
 }
 
 /// The loader's lists as this process got them, without gpushare's own entries: a program
 /// started by a consolidated or governed program inherits those, and they would put the
 /// wrong driver (or both) in front of it.
 struct Inherited {
-    library_path: Option<std::ffi::OsString>,
-    audit: Option<std::ffi::OsString>,
-    preload: Option<std::ffi::OsString>,
+    library_path: Option<OsString>,
+    audit: Option<OsString>,
+    preload: Option<OsString>,
 }
 
 impl Inherited {
@@ -138,18 +178,13 @@ impl Inherited {
         }
     }
 
-    /// Sets (or clears) each list on `cmd` as read; the caller adds its own after.
-    fn apply(&self, cmd: &mut Command) {
-        for (name, value) in [
-            ("LD_LIBRARY_PATH", &self.library_path),
-            ("LD_AUDIT", &self.audit),
-            ("LD_PRELOAD", &self.preload),
-        ] {
-            match value {
-                Some(v) => cmd.env(name, v),
-                None => cmd.env_remove(name),
-            };
-        }
-        cmd.env_remove(env::CUDA_DRIVER_ENV);
+    /// Each list set (or cleared) as read, and no driver named; the caller adds its own after.
+    fn changes(self) -> Vec<EnvChange> {
+        vec![
+            EnvChange::set_or_remove("LD_LIBRARY_PATH", self.library_path),
+            EnvChange::set_or_remove("LD_AUDIT", self.audit),
+            EnvChange::set_or_remove("LD_PRELOAD", self.preload),
+            EnvChange::Remove(env::CUDA_DRIVER_ENV),
+        ]
     }
 }
