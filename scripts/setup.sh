@@ -72,6 +72,24 @@ if ! command -v bpf-linker >/dev/null 2>&1; then
     fi
 fi
 
+# Slurm and munge, for tests/slurm.rs: it starts a Slurm cluster of this one machine
+# (slurmctld and slurmd on ports of their own) and runs jobs through gpushare's hooks. It
+# needs root, as installing them does; CI runs as root.
+need_slurm_apt=()
+for pkg in slurmctld slurmd slurm-client munge; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || need_slurm_apt+=("$pkg")
+done
+if ((${#need_slurm_apt[@]})); then
+    if [[ $(id -u) -ne 0 ]]; then
+        log "Slurm test: missing ${need_slurm_apt[*]}; run this script as root to install them (tests/slurm.rs says SKIPPED without them)"
+    else
+        log "installing ${need_slurm_apt[*]} (the Slurm test; about 20 s)"
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -qq
+        apt-get install -y -qq --no-install-recommends "${need_slurm_apt[@]}" >/dev/null
+    fi
+fi
+
 # cargo fuzz, for scripts/fuzz.sh (the wire decoders' fuzz targets in client-lib/protocol/fuzz,
 # run by test.sh). It builds with the nightly toolchain above when there is one, else with
 # stable and RUSTC_BOOTSTRAP=1.

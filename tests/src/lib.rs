@@ -66,6 +66,8 @@ pub struct BrokerOptions {
     pub telemetry: bool,
     /// `--socket-mode` (octal), `666` unless set.
     pub socket_mode: Option<String>,
+    /// Environment variables set for gpushared (`SLURM_CONF`, say).
+    pub env: Vec<(String, String)>,
 }
 
 impl Broker {
@@ -108,6 +110,7 @@ impl Broker {
             cmd.arg("--no-telemetry");
         }
         cmd.args(&opts.extra_args);
+        cmd.envs(opts.env.iter().map(|(k, v)| (k, v)));
         let mut child = cmd.spawn().expect("spawn gpushared");
         let log = Arc::new(Mutex::new(Vec::new()));
         if let Some(stderr) = child.stderr.take() {
@@ -499,6 +502,7 @@ pub mod faults;
 pub mod governed;
 pub mod hostile;
 pub mod raw;
+pub mod slurm;
 
 /// A real account of this machine to run test processes as. Tests look accounts up; they
 /// never create any.

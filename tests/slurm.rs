@@ -1,0 +1,610 @@
+//! gpushare under a real Slurm (issue 33): slurmctld and slurmd of this one machine
+//! (tests/src/slurm.rs) with gpushare's prolog, epilog and task prolog, a node whose one GPU
+//! is 8 shards, and a sim gpushared whose policy turns a job's shards into its grant. Jobs of
+//! two users (`daemon` and `nobody`) run `c/consolidated_app.c` through `srun` and `sbatch`:
+//! each runs on its job's grant (memory quota, class, weight), an allocation past it is
+//! refused, a job that ends or is cancelled leaves nothing held, and a program left running
+//! after its job has ended loses its session (the epilog's eviction). Outside a job only root
+//! may use the GPU (`jobs_only`).
+//!
+//! Needs root and Slurm (scripts/setup.sh installs it as root): it says SKIPPED without them,
+//! and fails where tests needing root must run (`CI` or `GPUSHARE_REQUIRE_ROOT` set). The
+//! scenarios share one cluster and one broker, and run one after another; each one's failure
+//! is reported with the cluster's state, and the others still run.
+
+use std::io::Read;
+use std::panic::AssertUnwindSafe;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
+use std::sync::mpsc::Receiver;
+use std::time::{Duration, Instant};
+
+use gpushare::{PriorityClass, StatusReport};
+use gpushare_tests::slurm::{SlurmCluster, lines_of, output_within};
+use gpushare_tests::{Broker, BrokerOptions, SystemUser, other_users, wait_until};
+
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+/// The sim GPU's memory (gpushared's `--sim-memory` default): 2 GiB a shard.
+const GPU_MEMORY: u64 = 16 * GIB;
+const SHARD: u64 = GPU_MEMORY / gpushare_tests::slurm::SHARDS_PER_GPU as u64;
+/// How long a job may take to start, a program to say it is ready, a job's end to reach
+/// gpushared: generous, as a loaded CI machine needs.
+const PATIENCE: Duration = Duration::from_secs(60);
+
+const POLICY: &str = r#"
+[slurm]
+shards_per_gpu = 8
+class = "normal"
+jobs_only = true
+
+[slurm.partitions]
+interactive = "high"
+"#;
+
+/// The cluster, the broker its hooks talk to, the program jobs run, and the two users.
+/// Dropped in this order: the cluster's jobs are cancelled while the broker still serves
+/// their epilogs.
+struct Setup {
+    slurm: SlurmCluster,
+    broker: Broker,
+    /// `consolidated_app`, where every user may run it.
+    app: PathBuf,
+    /// `daemon`.
+    a: SystemUser,
+    /// `nobody`.
+    b: SystemUser,
+}
+
+impl Setup {
+    fn start(test: &str) -> Option<Setup> {
+        let (a, b) = other_users(test)?;
+        let slurm = SlurmCluster::start(test)?;
+        let app = slurm.bin_dir().join("consolidated_app");
+        gpushare_tests::cc::compile(
+            &Path::new(env!("CARGO_MANIFEST_DIR")).join("c/consolidated_app.c"),
+            &["-ldl"],
+            &app,
+        );
+        std::fs::set_permissions(&app, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .expect("chmod the program");
+        let broker = Broker::start_with(BrokerOptions {
+            policy: Some(POLICY.into()),
+            socket: Some(slurm.socket()),
+            // gpushared asks this cluster which job a client's process is in.
+            env: vec![("SLURM_CONF".into(), slurm.conf().display().to_string())],
+            ..BrokerOptions::default()
+        });
+        Some(Setup {
+            slurm,
+            broker,
+            app,
+            a,
+            b,
+        })
+    }
+
+    fn app(&self) -> String {
+        self.app.display().to_string()
+    }
+
+    /// The cluster's state and the end of the broker's log, for a failure's message.
+    fn diagnostics(&self) -> String {
+        let log = self.broker.log_text();
+        let lines: Vec<&str> = log.lines().collect();
+        format!(
+            "{}--- gpushared (last 80 lines) ---\n{}\n",
+            self.slurm.diagnostics(),
+            lines[lines.len().saturating_sub(80)..].join("\n")
+        )
+    }
+
+    /// Polls status until `check` holds; panics saying `what` did not happen otherwise.
+    fn wait_status(&self, what: &str, check: impl Fn(&StatusReport) -> bool) -> StatusReport {
+        let mut last = None;
+        let held = wait_until(PATIENCE, || {
+            let status = self.broker.status();
+            let ok = check(&status);
+            last = Some(status);
+            ok
+        });
+        let last = last.expect("a status");
+        assert!(
+            held,
+            "{what}: not so after {PATIENCE:?}; last status: jobs {:#?}\nclients {:#?}\nusers {:#?}\n{}",
+            last.jobs,
+            last.clients,
+            last.users,
+            self.diagnostics()
+        );
+        last
+    }
+
+    /// `gpushare run` of the program holding `bytes`, outside any job, as `user` (root if
+    /// `None`), with a clean environment.
+    fn run_outside_a_job(&self, user: Option<&SystemUser>, bytes: u64) -> Command {
+        let mut cmd = Command::new(self.slurm.gpushare());
+        cmd.env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .current_dir(self.slurm.work_dir())
+            .arg("--socket")
+            .arg(self.slurm.socket())
+            .args(["run", "--"])
+            .arg(&self.app)
+            .args(["hold", "libcuda.so.1", &bytes.to_string()]);
+        if let Some(user) = user {
+            user.apply(&mut cmd);
+        }
+        cmd
+    }
+
+    /// Waits until batch job `job`'s program says `ready PID`; its pid.
+    fn batch_ready(&self, job: &gpushare_tests::slurm::BatchJob) -> i32 {
+        let mut pid = None;
+        wait_until(PATIENCE, || {
+            pid = ready_pid(&job.output_text());
+            pid.is_some()
+                || self
+                    .slurm
+                    .job_state(job.id)
+                    .is_some_and(|s| s != "RUNNING" && s != "PENDING" && s != "CONFIGURING")
+        });
+        pid.unwrap_or_else(|| {
+            panic!(
+                "batch job {} ({:?}) never said `ready PID`; its output:\n{}\n{}",
+                job.id,
+                self.slurm.job_state(job.id),
+                job.output_text(),
+                self.diagnostics()
+            )
+        })
+    }
+}
+
+/// The pid in a `ready PID` line of `text`.
+fn ready_pid(text: &str) -> Option<i32> {
+    text.lines()
+        .find_map(|l| l.strip_prefix("ready ")?.trim().parse().ok())
+}
+
+/// A program run by `srun`, its input piped from the test (srun hands it to the task).
+struct Step {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    stdout: Receiver<String>,
+    stderr: Option<std::thread::JoinHandle<String>>,
+}
+
+impl Step {
+    fn start(mut cmd: Command) -> Step {
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start srun");
+        let stdin = child.stdin.take();
+        let stdout = lines_of(child.stdout.take().expect("stdout"));
+        let mut err = child.stderr.take().expect("stderr");
+        let stderr = Some(std::thread::spawn(move || {
+            let mut text = String::new();
+            let _ = err.read_to_string(&mut text);
+            text
+        }));
+        Step {
+            child,
+            stdin,
+            stdout,
+            stderr,
+        }
+    }
+
+    /// The pid in the program's `ready PID` line.
+    fn ready(&mut self, setup: &Setup) -> i32 {
+        let deadline = Instant::now() + PATIENCE;
+        let mut said = Vec::new();
+        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+            match self.stdout.recv_timeout(left) {
+                Ok(line) => match ready_pid(&line) {
+                    Some(pid) => return pid,
+                    None => said.push(line),
+                },
+                Err(_) => break,
+            }
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        panic!(
+            "the step never said `ready PID`; it said {said:?}, and on stderr:\n{}\n{}",
+            self.stderr_text(),
+            setup.diagnostics()
+        );
+    }
+
+    /// Ends the program's input and waits for srun to exit; its status and stderr.
+    fn finish(mut self) -> (ExitStatus, String) {
+        drop(self.stdin.take());
+        let mut status = None;
+        wait_until(PATIENCE, || {
+            status = self.child.try_wait().ok().flatten();
+            status.is_some()
+        });
+        let status = status
+            .unwrap_or_else(|| panic!("srun did not exit in {PATIENCE:?} after its input ended"));
+        (status, self.stderr_text())
+    }
+
+    /// What srun wrote on stderr, once it has exited.
+    fn stderr_text(&mut self) -> String {
+        self.stderr
+            .take()
+            .and_then(|t| t.join().ok())
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for Step {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn no_trace_of_job(status: &StatusReport, job: u64) -> bool {
+    !status.jobs.iter().any(|j| j.job == job) && !status.clients.iter().any(|c| c.job == Some(job))
+}
+
+fn user_holds_nothing(status: &StatusReport, uid: u32) -> bool {
+    status
+        .users
+        .iter()
+        .filter(|u| u.uid == uid)
+        .all(|u| u.memory_used == 0 && u.sessions == 0)
+}
+
+#[test]
+fn slurm_jobs_of_two_users_run_on_their_grants_and_leave_nothing_held() {
+    let Some(setup) =
+        Setup::start("slurm_jobs_of_two_users_run_on_their_grants_and_leave_nothing_held")
+    else {
+        return;
+    };
+    type Scenario = fn(&Setup);
+    let scenarios: [(&str, Scenario); 5] = [
+        (
+            "outside a job only root may use the GPU",
+            outside_a_job_only_root_may_use_the_gpu,
+        ),
+        (
+            "two users' jobs run side by side on their grants, and nothing stays after they end",
+            two_users_jobs_run_side_by_side_on_their_grants_and_nothing_stays_after_they_end,
+        ),
+        (
+            "an allocation past the job's shards is refused",
+            an_allocation_past_the_jobs_shards_is_refused,
+        ),
+        (
+            "a job cancelled mid-run leaves nothing held",
+            a_job_cancelled_mid_run_leaves_nothing_held,
+        ),
+        (
+            "a program left running when its job ends loses its session",
+            a_program_left_running_when_its_job_ends_loses_its_session,
+        ),
+    ];
+    let mut failed = Vec::new();
+    let mut scenarios = scenarios.into_iter();
+    for (name, scenario) in scenarios.by_ref() {
+        let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| scenario(&setup)));
+        // Whatever it left running goes before the next one starts.
+        let cleared = setup.slurm.cancel_all(PATIENCE);
+        if outcome.is_err() {
+            eprintln!("scenario `{name}` failed (its panic is above)");
+            failed.push(name);
+        } else if !cleared {
+            eprintln!(
+                "scenario `{name}` left jobs that did not end:\n{}",
+                setup.diagnostics()
+            );
+            failed.push(name);
+        }
+        // A failed prolog drains the node: the scenarios after it would only wait in vain.
+        if let Some(why) = setup.slurm.node_unusable() {
+            eprintln!("{why}: the scenarios after `{name}` are not run");
+            failed.extend(scenarios.map(|(name, _)| name));
+            break;
+        }
+    }
+    assert!(failed.is_empty(), "failed (or not run): {failed:#?}");
+}
+
+fn outside_a_job_only_root_may_use_the_gpu(s: &Setup) {
+    let (status, out, err) = output_within(&mut s.run_outside_a_job(Some(&s.a), MIB), PATIENCE);
+    assert!(
+        status.is_some_and(|st| !st.success()) && ready_pid(&out).is_none(),
+        "{} ran a CUDA program outside any job ({status:?}): {out}{err}",
+        s.a.name
+    );
+    assert!(
+        err.contains("Slurm"),
+        "the refusal does not say it is Slurm's: {err}"
+    );
+
+    let (status, out, err) = output_within(&mut s.run_outside_a_job(None, MIB), PATIENCE);
+    assert!(
+        status.is_some_and(|st| st.success()) && ready_pid(&out).is_some(),
+        "root could not run a CUDA program outside a job ({status:?}): {out}{err}"
+    );
+    s.wait_status("root's program leaves nothing after it ends", |st| {
+        st.clients.is_empty()
+    });
+}
+
+fn two_users_jobs_run_side_by_side_on_their_grants_and_nothing_stays_after_they_end(s: &Setup) {
+    let app = s.app();
+    let gib = GIB.to_string();
+    let mut step = Step::start(s.slurm.srun_as(
+        &s.a,
+        &[
+            "--job-name=gpushare-a",
+            "--gres=shard:2",
+            &app,
+            "hold",
+            "libcuda.so.1",
+            &gib,
+        ],
+    ));
+    let a_pid = step.ready(s);
+    let a_job = s
+        .slurm
+        .job_id_named("gpushare-a")
+        .expect("squeue knows the step's job");
+
+    // Meanwhile the other user's batch job in the interactive partition; its program holds
+    // its memory until the FIFO's writer (this test) closes it.
+    let (fifo, gate) = s.slurm.input_fifo("two-users-b");
+    let b_job = s.slurm.sbatch_as(
+        &s.b,
+        &[
+            "--job-name=gpushare-b",
+            "--partition=interactive",
+            "--gres=shard:3",
+        ],
+        &format!("exec {app} hold libcuda.so.1 {gib} < {}", fifo.display()),
+    );
+    let b_pid = s.batch_ready(&b_job);
+
+    let status = s.wait_status("both jobs' programs hold 1 GiB on their jobs", |st| {
+        [(a_job, a_pid), (b_job.id, b_pid)]
+            .iter()
+            .all(|&(job, pid)| {
+                st.clients
+                    .iter()
+                    .any(|c| c.pid == pid && c.job == Some(job) && c.memory_used == GIB)
+            })
+    });
+    for (job, user, shards, partition, class) in [
+        (a_job, &s.a, 2u32, "debug", PriorityClass::Normal),
+        (b_job.id, &s.b, 3, "interactive", PriorityClass::High),
+    ] {
+        let j = status
+            .jobs
+            .iter()
+            .find(|j| j.job == job)
+            .unwrap_or_else(|| panic!("no job {job} in {:#?}", status.jobs));
+        assert_eq!(
+            (j.uid, j.user.as_str(), j.partition.as_deref()),
+            (user.uid, user.name.as_str(), Some(partition)),
+            "{j:?}"
+        );
+        assert_eq!(
+            (j.gpus.len(), j.gpus.first().map(|g| g.gpu), j.shards()),
+            (1, Some(0), shards),
+            "{j:?}"
+        );
+        assert_eq!(
+            (j.memory_quota, j.class, j.weight),
+            (u64::from(shards) * SHARD, class, shards),
+            "the grant of {shards} shards in {partition}: {j:?}"
+        );
+        assert_eq!((j.memory_used, j.sessions), (GIB, 1), "{j:?}");
+        // Its session runs on the job's grant, on the one GPU both share.
+        let c = status
+            .clients
+            .iter()
+            .find(|c| c.job == Some(job))
+            .expect("the job's client");
+        assert_eq!(
+            (c.uid, c.gpu, c.class, c.weight),
+            (user.uid, 0, class, shards),
+            "{c:?}"
+        );
+    }
+
+    // The first job ends with its program: its grant and session go, the other job's stay.
+    let (exit, stderr) = step.finish();
+    assert!(exit.success(), "srun: {exit}: {stderr}");
+    assert!(
+        s.slurm.wait_job_gone(a_job, PATIENCE),
+        "job {a_job} did not end: {:?}\n{}",
+        s.slurm.job_state(a_job),
+        s.diagnostics()
+    );
+    let status = s.wait_status("job A leaves nothing after it ends", |st| {
+        no_trace_of_job(st, a_job) && user_holds_nothing(st, s.a.uid)
+    });
+    assert!(
+        status
+            .jobs
+            .iter()
+            .any(|j| j.job == b_job.id && j.memory_used == GIB),
+        "the other job's grant went too: {:#?}",
+        status.jobs
+    );
+
+    drop(gate);
+    assert!(
+        s.slurm.wait_job_gone(b_job.id, PATIENCE),
+        "batch job {} did not end with its program: {:?}; its output:\n{}\n{}",
+        b_job.id,
+        s.slurm.job_state(b_job.id),
+        b_job.output_text(),
+        s.diagnostics()
+    );
+    assert_eq!(
+        s.slurm.job_state(b_job.id).as_deref(),
+        Some("COMPLETED"),
+        "{}",
+        b_job.output_text()
+    );
+    s.wait_status("job B leaves nothing after it ends", |st| {
+        no_trace_of_job(st, b_job.id) && st.clients.is_empty()
+    });
+}
+
+fn an_allocation_past_the_jobs_shards_is_refused(s: &Setup) {
+    let app = s.app();
+    // One shard is worth 2 GiB: 3 GiB is refused as the device would refuse it.
+    let (status, out, err) = output_within(
+        &mut s.slurm.srun_as(
+            &s.a,
+            &[
+                "--gres=shard:1",
+                &app,
+                "hold",
+                "libcuda.so.1",
+                &(3 * GIB).to_string(),
+            ],
+        ),
+        PATIENCE,
+    );
+    assert!(
+        status.is_some_and(|st| !st.success()),
+        "3 GiB on one shard ({status:?}): {out}{err}\n{}",
+        s.diagnostics()
+    );
+    let refusal = err
+        .lines()
+        .find(|l| l.contains("cuMemAlloc"))
+        .unwrap_or_else(|| panic!("no cuMemAlloc failure in: {out}{err}"));
+    assert!(
+        refusal.trim_end().ends_with(": 2"),
+        "not CUDA_ERROR_OUT_OF_MEMORY: {refusal}"
+    );
+
+    // The same one shard holds all it is worth (the program frees and ends at once: no input).
+    let (status, out, err) = output_within(
+        &mut s.slurm.srun_as(
+            &s.a,
+            &[
+                "--gres=shard:1",
+                &app,
+                "hold",
+                "libcuda.so.1",
+                &SHARD.to_string(),
+            ],
+        ),
+        PATIENCE,
+    );
+    assert!(
+        status.is_some_and(|st| st.success()) && ready_pid(&out).is_some(),
+        "one shard's 2 GiB ({status:?}): {out}{err}\n{}",
+        s.diagnostics()
+    );
+    s.wait_status("both jobs leave nothing", |st| {
+        st.jobs.is_empty() && st.clients.is_empty() && user_holds_nothing(st, s.a.uid)
+    });
+}
+
+fn a_job_cancelled_mid_run_leaves_nothing_held(s: &Setup) {
+    let app = s.app();
+    // Its input stays open: the program would hold its memory until the job's end.
+    let (fifo, _gate) = s.slurm.input_fifo("cancelled");
+    let job = s.slurm.sbatch_as(
+        &s.b,
+        &["--job-name=gpushare-cancelled", "--gres=shard:2"],
+        &format!("exec {app} hold libcuda.so.1 {GIB} < {}", fifo.display()),
+    );
+    let pid = s.batch_ready(&job);
+    s.wait_status("the job's program holds 1 GiB", |st| {
+        st.clients
+            .iter()
+            .any(|c| c.pid == pid && c.job == Some(job.id) && c.memory_used == GIB)
+    });
+
+    s.slurm.scancel(job.id);
+    assert!(
+        s.slurm.wait_job_gone(job.id, PATIENCE),
+        "job {} did not end after scancel: {:?}\n{}",
+        job.id,
+        s.slurm.job_state(job.id),
+        s.diagnostics()
+    );
+    assert_eq!(s.slurm.job_state(job.id).as_deref(), Some("CANCELLED"));
+    s.wait_status("the cancelled job leaves nothing held", |st| {
+        no_trace_of_job(st, job.id)
+            && !st.clients.iter().any(|c| c.pid == pid)
+            && user_holds_nothing(st, s.b.uid)
+    });
+}
+
+fn a_program_left_running_when_its_job_ends_loses_its_session(s: &Setup) {
+    let app = s.app();
+    // The batch script starts the program in the background and ends once it holds its
+    // memory: the job is over, and the program, no longer a child of the job's step, lives
+    // on (Slurm's proctrack/linuxproc follows processes by their parents). Only the epilog
+    // can take its session.
+    let (fifo, gate) = s.slurm.input_fifo("left-running");
+    let out = s.slurm.work_dir().join("left-running.out");
+    let (fifo, out_arg) = (fifo.display(), out.display());
+    let job = s.slurm.sbatch_as(
+        &s.a,
+        &["--job-name=gpushare-left-running", "--gres=shard:2"],
+        &format!(
+            "{app} hold libcuda.so.1 {GIB} < {fifo} > {out_arg} 2>&1 &\n\
+             while kill -0 $! 2>/dev/null; do grep -q '^ready' {out_arg} && exit 0; sleep 0.1; done\n\
+             exit 1"
+        ),
+    );
+    assert!(
+        s.slurm.wait_job_gone(job.id, PATIENCE),
+        "job {} did not end: {:?}\n{}",
+        job.id,
+        s.slurm.job_state(job.id),
+        s.diagnostics()
+    );
+    let said = std::fs::read_to_string(&out).unwrap_or_default();
+    assert_eq!(
+        s.slurm.job_state(job.id).as_deref(),
+        Some("COMPLETED"),
+        "the program did not get ready in its job: {said}\n{}",
+        s.diagnostics()
+    );
+    let pid = ready_pid(&said).expect("the program's ready line");
+    let alive = || Path::new(&format!("/proc/{pid}")).exists();
+
+    s.wait_status("the ended job's program loses its session", |st| {
+        no_trace_of_job(st, job.id)
+            && !st.clients.iter().any(|c| c.pid == pid)
+            && user_holds_nothing(st, s.a.uid)
+    });
+    assert!(
+        alive(),
+        "the program ended by itself, so this showed nothing: {}",
+        std::fs::read_to_string(&out).unwrap_or_default()
+    );
+    // Its input ends: it frees (on a session that is gone) and exits, without hanging.
+    drop(gate);
+    let ended = wait_until(PATIENCE, || !alive());
+    if !ended {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    assert!(
+        ended,
+        "the evicted program hangs: {}",
+        std::fs::read_to_string(&out).unwrap_or_default()
+    );
+}
