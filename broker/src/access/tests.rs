@@ -476,3 +476,23 @@ fn bad_trust_domain_names_are_refused_naming_the_entry_and_the_rule() {
         "a name is a string"
     );
 }
+
+#[test]
+fn the_shipped_policy_files_parse_and_the_slurm_example_grants_as_it_says() {
+    let main = include_str!("../../../packaging/gpushare.toml");
+    Policy::parse(main, "packaging/gpushare.toml").expect("the packaged policy file");
+    let example = include_str!("../../../packaging/slurm/gpushare.toml.example");
+    let policy =
+        Policy::parse(example, "packaging/slurm/gpushare.toml.example").expect("the Slurm example");
+    let slurm = policy.slurm().expect("[slurm]");
+    assert_eq!(slurm.shards_per_gpu, 8);
+    assert_eq!(
+        slurm.class_for(Some("interactive"), None),
+        PriorityClass::High
+    );
+    assert_eq!(
+        slurm.class_for(Some("interactive"), Some("scavenger")),
+        PriorityClass::BestEffort
+    );
+    assert!(!slurm.jobs_only);
+}
