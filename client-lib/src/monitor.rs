@@ -3,7 +3,7 @@
 use std::path::Path;
 
 use gpushare_protocol::control::{BrokerMessage, ClientMessage, Hello, Role, Welcome};
-use gpushare_protocol::job::{JobStart, JobStats};
+use gpushare_protocol::job::{JobGpu, JobStart, JobStats, PodGrant, PodIdentity};
 use gpushare_protocol::stats::StatusReport;
 use gpushare_protocol::{PROTOCOL_VERSION, PriorityClass};
 
@@ -95,6 +95,27 @@ impl Monitor {
     /// [`Error::Request`] with `NotFound`. Same permissions as [`Monitor::admin_set`].
     pub fn job_end(&mut self, job: u64) -> Result<JobStats> {
         self.ask_job(|request| ClientMessage::AdminJobEnd { request, job })
+    }
+
+    /// Tells the broker a Kubernetes container was allocated shares of its GPUs (gpushare's
+    /// kubelet plugin does): answers with the job gpushared numbered for it and the socket
+    /// directory to mount into the container. Same permissions as [`Monitor::admin_set`].
+    pub fn pod_start(&mut self, gpus: Vec<JobGpu>) -> Result<PodGrant> {
+        self.ask(
+            |request| ClientMessage::AdminPodStart { request, gpus },
+            |m, request| match m {
+                BrokerMessage::Pod { request: r, result } if r == request => {
+                    Some(result.map_err(Error::Request))
+                }
+                _ => None,
+            },
+        )
+    }
+
+    /// Tells the broker which pod holds Kubernetes job `job`; answers with its figures, on
+    /// the grant the policy gives that pod.
+    pub fn pod_identify(&mut self, job: u64, pod: PodIdentity) -> Result<JobStats> {
+        self.ask_job(|request| ClientMessage::AdminPodIdentify { request, job, pod })
     }
 
     fn ask_job(&mut self, build: impl FnOnce(u64) -> ClientMessage) -> Result<JobStats> {

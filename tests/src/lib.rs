@@ -501,6 +501,7 @@ pub mod cuda_program;
 pub mod faults;
 pub mod governed;
 pub mod hostile;
+pub mod kubelet;
 pub mod raw;
 pub mod slurm;
 

@@ -471,6 +471,7 @@ mod tests {
             gpu_time_ns: 2_510_000_000,
             age_ms: 1000,
             evicted_at_end: 0,
+            pod: None,
         };
         let shards = |gpu, n| JobGpu {
             gpu,

@@ -99,6 +99,8 @@ pub(super) struct PolicyFile {
     #[serde(default)]
     pub(super) slurm: Option<super::slurm::SlurmFields>,
     #[serde(default)]
+    pub(super) kubernetes: Option<super::kubernetes::KubernetesFields>,
+    #[serde(default)]
     pub(super) defaults: Fields,
     #[serde(default)]
     pub(super) users: Vec<UserEntry>,

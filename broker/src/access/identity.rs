@@ -9,6 +9,9 @@ pub struct Identity {
     /// Every group the user is in (primary included).
     pub gids: Vec<u32>,
     pub group_names: Vec<String>,
+    /// It came through a Kubernetes container's socket: never an administrator, whatever
+    /// its uid (a container's root is not this machine's).
+    pub in_pod: bool,
 }
 
 impl Identity {
@@ -32,6 +35,7 @@ impl Identity {
             user: user.map(|u| u.name),
             gids,
             group_names,
+            in_pod: false,
         }
     }
 }

@@ -56,7 +56,9 @@
 //! ```
 //!
 //! On a Slurm node, `[slurm]` says what a job's GPU shards are worth (`slurm.rs`; the
-//! administrator's guide is docs/slurm.md).
+//! administrator's guide is docs/slurm.md); on a Kubernetes node, `[kubernetes]` says what a
+//! container's shares are worth and the class of each namespace (`kubernetes.rs`,
+//! docs/kubernetes.md).
 //!
 //! A top-level `admin_group = "gpushare-admin"` names the group whose members (besides root)
 //! may change and evict live clients.
@@ -93,11 +95,13 @@ use std::path::Path;
 
 mod file;
 mod identity;
+mod kubernetes;
 mod quota;
 mod slurm;
 mod trust_domain;
 use file::{Fields, GroupEntry, PolicyFile};
 pub use identity::Identity;
+pub use kubernetes::KubernetesPolicy;
 use quota::Quota;
 pub use slurm::SlurmPolicy;
 pub use trust_domain::{TrustDomain, TrustDomainError};
@@ -285,6 +289,12 @@ impl Policy {
                 message,
             })?;
         }
+        if let Some(kubernetes) = &file.kubernetes {
+            KubernetesPolicy::from_fields(kubernetes).map_err(|message| PolicyError::Parse {
+                path: path.into(),
+                message,
+            })?;
+        }
         let defaults = apply(Grant::default(), &file.defaults);
         Ok(Policy {
             file,
@@ -347,7 +357,8 @@ impl Policy {
 
     /// Whether `who` may change or evict other clients: root, or a member of `admin_group`.
     pub fn is_admin(&self, who: &Identity) -> bool {
-        who.uid == 0
+        // A pod's socket admits the container's programs, whatever uid they run as.
+        !who.in_pod && who.uid == 0
             || self
                 .file
                 .admin_group
@@ -365,6 +376,15 @@ impl Policy {
             .slurm
             .as_ref()
             .and_then(|f| SlurmPolicy::from_fields(f).ok())
+    }
+
+    /// How Kubernetes containers' GPU shares are granted here (`[kubernetes]`), if the
+    /// machine is a Kubernetes node with gpushare's kubelet plugin.
+    pub fn kubernetes(&self) -> Option<KubernetesPolicy> {
+        self.file
+            .kubernetes
+            .as_ref()
+            .and_then(|f| KubernetesPolicy::from_fields(f).ok())
     }
 
     /// Whether users may take each other's exported device memory.

@@ -20,6 +20,8 @@ use std::collections::BTreeMap;
 use gpushare_protocol::PriorityClass;
 use serde::Deserialize;
 
+use crate::jobs::Shares;
+
 /// `[slurm]` as written.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -71,10 +73,17 @@ impl SlurmPolicy {
             .unwrap_or(self.class)
     }
 
+    /// What a job's shards are worth, in its partition and QOS.
+    pub fn shares(&self, partition: Option<&str>, qos: Option<&str>) -> Shares {
+        Shares {
+            shards_per_gpu: self.shards_per_gpu,
+            class: self.class_for(partition, qos),
+        }
+    }
+
     /// Device memory `shards` of a GPU of `gpu_memory` bytes are worth.
     pub fn memory_for(&self, shards: u32, gpu_memory: u64) -> u64 {
-        let shards = shards.min(self.shards_per_gpu) as u128;
-        (gpu_memory as u128 * shards / self.shards_per_gpu as u128) as u64
+        self.shares(None, None).memory_for(shards, gpu_memory)
     }
 }
 

@@ -8,6 +8,7 @@ fn who(uid: u32, user: &str, groups: &[(u32, &str)]) -> Identity {
         user: Some(user.into()),
         gids: groups.iter().map(|g| g.0).collect(),
         group_names: groups.iter().map(|g| g.1.to_string()).collect(),
+        in_pod: false,
     }
 }
 
@@ -214,6 +215,7 @@ fn allow_refuses_users_and_groups_like_any_other_field() {
         user: None,
         gids: vec![],
         group_names: vec![],
+        in_pod: false,
     };
     assert_eq!(
         closed.refusal(&nameless).as_deref(),

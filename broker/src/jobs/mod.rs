@@ -2,6 +2,10 @@
 //! device memory its sessions hold against it, and what they have used. Slurm's prolog starts a
 //! job here and its epilog ends it (`server/jobs.rs`); a session runs on its job's grant when
 //! its process is in the job (`slurm.rs` finds out which job a process is in).
+//!
+//! A Kubernetes container's shares are a job as well, numbered here from
+//! [`POD_JOB_BASE`] up (`server/pods.rs`): its sessions are those through its own socket, and
+//! its class changes once the kubelet plugin says which pod holds it.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -10,7 +14,7 @@ use std::time::Instant;
 
 use gpushare_protocol::ErrorCode;
 use gpushare_protocol::PriorityClass;
-use gpushare_protocol::job::{JobGpu, JobStart, JobStats};
+use gpushare_protocol::job::{JobGpu, JobStart, JobStats, POD_JOB_BASE, PodIdentity};
 
 use crate::access::{Grant, SlurmPolicy};
 
@@ -26,7 +30,9 @@ pub struct Job {
     pub gpus: Vec<JobGpu>,
     pub partition: Option<String>,
     pub qos: Option<String>,
-    class: PriorityClass,
+    /// Its class, and for a Kubernetes container's shares the pod that holds them (both
+    /// change once the pod is known).
+    placed: Mutex<(PriorityClass, Option<PodIdentity>)>,
     weight: u32,
     /// Device memory its sessions together may hold.
     quota: AtomicU64,
@@ -38,10 +44,28 @@ pub struct Job {
 }
 
 impl Job {
+    fn placed(&self) -> MutexGuard<'_, (PriorityClass, Option<PodIdentity>)> {
+        self.placed.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The pod that holds these shares (once known), and the class that gives them.
+    pub fn set_pod(&self, pod: PodIdentity, class: PriorityClass) {
+        *self.placed() = (class, Some(pod));
+    }
+
+    pub fn pod(&self) -> Option<PodIdentity> {
+        self.placed().1.clone()
+    }
+
+    /// Whether gpushared numbered it for a Kubernetes container.
+    pub fn is_pod(&self) -> bool {
+        self.id >= POD_JOB_BASE
+    }
+
     /// What its sessions run on.
     pub fn grant(&self) -> Grant {
         Grant {
-            class: self.class,
+            class: self.placed().0,
             weight: self.weight,
             memory_quota: Some(self.quota()),
         }
@@ -118,6 +142,7 @@ impl Job {
     /// Its figures, with `live` (sessions open now and their GPU time so far) from the
     /// registry.
     pub fn stats(&self, live: (u32, u64)) -> JobStats {
+        let (class, pod) = self.placed().clone();
         JobStats {
             job: self.id,
             uid: self.uid,
@@ -125,7 +150,7 @@ impl Job {
             gpus: self.gpus.clone(),
             partition: self.partition.clone(),
             qos: self.qos.clone(),
-            class: self.class,
+            class,
             weight: self.weight,
             memory_quota: self.quota(),
             memory_used: self.memory_used(),
@@ -137,6 +162,7 @@ impl Job {
                 .saturating_add(live.1),
             age_ms: self.started.elapsed().as_millis() as u64,
             evicted_at_end: 0,
+            pod,
         }
     }
 }
@@ -163,10 +189,28 @@ impl JobRefusal {
     }
 }
 
+/// What shares of a GPU are worth, and the class they run in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shares {
+    pub shards_per_gpu: u32,
+    pub class: PriorityClass,
+}
+
+impl Shares {
+    /// Device memory `shards` of a GPU of `gpu_memory` bytes are worth (never more than all).
+    pub fn memory_for(&self, shards: u32, gpu_memory: u64) -> u64 {
+        let per_gpu = self.shards_per_gpu.max(1);
+        let shards = shards.min(per_gpu) as u128;
+        (gpu_memory as u128 * shards / per_gpu as u128) as u64
+    }
+}
+
 /// The jobs holding shares here, by id.
 #[derive(Debug, Default)]
 pub struct Jobs {
     jobs: Mutex<BTreeMap<u64, Arc<Job>>>,
+    /// Kubernetes containers' shares numbered so far.
+    pods: AtomicU64,
 }
 
 impl Jobs {
@@ -183,6 +227,37 @@ impl Jobs {
         policy: &SlurmPolicy,
         gpu_memory: &[u64],
     ) -> Result<Arc<Job>, JobRefusal> {
+        let shares = policy.shares(start.partition.as_deref(), start.qos.as_deref());
+        self.start_with(start, shares, gpu_memory)
+    }
+
+    /// Starts shares of the GPUs a Kubernetes container was allocated, under a job id of its
+    /// own; the pod that holds them is not known yet.
+    pub fn start_pod(
+        &self,
+        gpus: &[JobGpu],
+        shares: Shares,
+        gpu_memory: &[u64],
+    ) -> Result<Arc<Job>, JobRefusal> {
+        let n = self.pods.fetch_add(1, Ordering::Relaxed);
+        let start = JobStart {
+            job: POD_JOB_BASE.saturating_add(n),
+            uid: 0,
+            user: "kubernetes".into(),
+            gpus: gpus.to_vec(),
+            partition: None,
+            qos: None,
+        };
+        self.start_with(&start, shares, gpu_memory)
+    }
+
+    fn start_with(
+        &self,
+        start: &JobStart,
+        shares: Shares,
+        gpu_memory: &[u64],
+    ) -> Result<Arc<Job>, JobRefusal> {
+        let per_gpu = shares.shards_per_gpu;
         let mut gpus: Vec<JobGpu> = Vec::new();
         for g in &start.gpus {
             if g.gpu as usize >= gpu_memory.len() {
@@ -192,18 +267,10 @@ impl Jobs {
                     count: gpu_memory.len(),
                 });
             }
-            let shards = g
-                .shards
-                .unwrap_or(policy.shards_per_gpu)
-                .min(policy.shards_per_gpu);
+            let shards = g.shards.unwrap_or(per_gpu).min(per_gpu);
             match gpus.iter_mut().find(|j| j.gpu == g.gpu) {
                 Some(j) => {
-                    j.shards = Some(
-                        j.shards
-                            .unwrap_or(0)
-                            .saturating_add(shards)
-                            .min(policy.shards_per_gpu),
-                    )
+                    j.shards = Some(j.shards.unwrap_or(0).saturating_add(shards).min(per_gpu))
                 }
                 None => gpus.push(JobGpu {
                     gpu: g.gpu,
@@ -219,7 +286,7 @@ impl Jobs {
             .iter()
             .map(|g| {
                 let memory = gpu_memory.get(g.gpu as usize).copied().unwrap_or(0);
-                policy.memory_for(g.shards.unwrap_or(0), memory)
+                shares.memory_for(g.shards.unwrap_or(0), memory)
             })
             .fold(0, u64::saturating_add);
         let shards = gpus
@@ -237,7 +304,7 @@ impl Jobs {
             gpus,
             partition: start.partition.clone(),
             qos: start.qos.clone(),
-            class: policy.class_for(start.partition.as_deref(), start.qos.as_deref()),
+            placed: Mutex::new((shares.class, None)),
             weight: shards.max(1),
             quota: AtomicU64::new(quota),
             memory_used: AtomicU64::new(0),

@@ -112,6 +112,7 @@ pub fn job(id: u64, user: &str) -> gpushare_protocol::job::JobStats {
         gpu_time_ns: 2_500_000_000,
         age_ms: 90_000,
         evicted_at_end: 0,
+        pod: None,
     }
 }
 

@@ -264,6 +264,14 @@ impl Broker {
                     request,
                     result: self.admin_job_end(who, job).await,
                 },
+                (ClientMessage::AdminPodStart { request, gpus }, _) => BrokerMessage::Pod {
+                    request,
+                    result: self.admin_pod_start(who, gpus),
+                },
+                (ClientMessage::AdminPodIdentify { request, job, pod }, _) => BrokerMessage::Job {
+                    request,
+                    result: self.admin_pod_identify(who, job, pod),
+                },
             };
             if send(sock, &reply, &[]).await.is_err() {
                 return None;

@@ -41,11 +41,13 @@ pub(super) struct Admission {
 }
 
 impl Broker {
-    /// Serves one accepted connection from its hello to its end.
+    /// Serves one accepted connection from its hello to its end. `pod`: it came through
+    /// that Kubernetes container's socket, and runs on its grant.
     pub(super) async fn connection(
         self: Arc<Self>,
         sock: UnixSeqpacket,
         stop: watch::Receiver<Option<Stop>>,
+        pod: Option<Arc<Job>>,
     ) {
         let cred = match sock.peer_cred() {
             Ok(c) => c,
@@ -57,7 +59,10 @@ impl Broker {
         let pid = cred.pid().unwrap_or(0);
         let span = info_span!("conn", pid, uid = cred.uid());
         async move {
-            let identity = Identity::lookup(cred.uid(), cred.gid());
+            let identity = Identity {
+                in_pod: pod.is_some(),
+                ..Identity::lookup(cred.uid(), cred.gid())
+            };
             // Counted from the start: connections still saying hello hold a descriptor too.
             let _visit = match self.visit(&identity) {
                 Ok(v) => v,
@@ -73,16 +78,29 @@ impl Broker {
             let Some(hello) = read_hello(&sock, HELLO_TIMEOUT).await else {
                 return;
             };
-            let refused = self
-                .policy
-                .read()
-                .unwrap_or_else(|p| p.into_inner())
-                .refusal(&identity);
+            // A container's socket: the plugin (an administrator) granted its shares, and
+            // who the program is inside the container does not matter here.
+            let refused = match &pod {
+                Some(job) if self.jobs.get(job.id).is_none() => Some(format!(
+                    "this container's GPU shares (job {}) have ended",
+                    job.id
+                )),
+                Some(_) => None,
+                None => self
+                    .policy
+                    .read()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .refusal(&identity),
+            };
             if let Some(why) = refused {
                 reject(&sock, ErrorCode::PermissionDenied, &why).await;
                 return;
             }
-            let job = match self.job_for(&hello, &identity, pid).await {
+            let job = match pod {
+                Some(job) => Ok(Some(job)),
+                None => self.job_for(&hello, &identity, pid).await,
+            };
+            let job = match job {
                 Ok(job) => job,
                 Err(why) => {
                     reject(&sock, ErrorCode::PermissionDenied, &why).await;
@@ -323,8 +341,10 @@ mod tests {
             assert!(closed(&client).await, "the broker closes the connection");
             heard
         };
-        let ((), heard) =
-            tokio::join!(within(broker.clone().connection(server, stop)), client_side);
+        let ((), heard) = tokio::join!(
+            within(broker.clone().connection(server, stop, None)),
+            client_side
+        );
         heard
     }
 

@@ -56,6 +56,12 @@ impl Broker {
                 format!("no Slurm job {id} holds shares here"),
             )
         })?;
+        // A container's socket first: nothing new comes in while its sessions leave.
+        self.pods.close(id);
+        let why = match job.is_pod() {
+            true => format!("the container's GPU shares (job {id}) have ended"),
+            false => format!("Slurm job {id} has ended"),
+        };
         let open: Vec<u64> = self
             .registry
             .snapshot()
@@ -65,7 +71,7 @@ impl Broker {
             .collect();
         for client in &open {
             if let Some(info) = self.registry.get(*client) {
-                info.evict(format!("Slurm job {id} has ended"));
+                info.evict(why.clone());
             }
         }
         let deadline = Instant::now() + END_WAIT;
@@ -88,7 +94,7 @@ impl Broker {
     }
 
     /// The sessions of `job` among `clients`, and their GPU time.
-    fn live_in(&self, job: &Arc<Job>, clients: &[ClientStats]) -> (u32, u64) {
+    pub(super) fn live_in(&self, job: &Arc<Job>, clients: &[ClientStats]) -> (u32, u64) {
         clients
             .iter()
             .filter(|c| c.job == Some(job.id))

@@ -40,6 +40,7 @@ mod graphs;
 mod handshake;
 mod jobs;
 mod listen;
+mod pods;
 mod status;
 #[cfg(test)]
 mod testing;
@@ -75,6 +76,8 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 /// The broker: one device, many sessions.
 pub struct Broker {
+    /// Itself, for the tasks it starts while serving a request (a container's socket).
+    me: std::sync::Weak<Broker>,
     /// The GPUs served, by index (never empty).
     gpus: Vec<Gpu>,
     /// Set when a GPU cannot be recovered in place and the broker must restart.
@@ -103,6 +106,10 @@ pub struct Broker {
     exports: exports::Exports,
     /// Batch scheduler jobs holding shares of the GPUs.
     jobs: crate::jobs::Jobs,
+    /// Kubernetes containers' own sockets, by job.
+    pods: pods::PodSockets,
+    /// Why the broker stops, once it does: every session watches it.
+    stop: watch::Sender<Option<Stop>>,
 }
 
 impl Broker {
@@ -140,7 +147,8 @@ impl Broker {
                 )
             })
             .collect();
-        Arc::new(Broker {
+        Arc::new_cyclic(|me| Broker {
+            me: me.clone(),
             gpus,
             stuck,
             guardians_stop,
@@ -157,6 +165,8 @@ impl Broker {
             images: Arc::default(),
             exports: exports::Exports::default(),
             jobs: crate::jobs::Jobs::default(),
+            pods: pods::PodSockets::default(),
+            stop: watch::Sender::new(None),
         })
     }
 
@@ -260,7 +270,7 @@ impl Broker {
         mut listener: UnixSeqpacketListener,
         shutdown: impl std::future::Future<Output = Stop>,
     ) {
-        let (stop_tx, stop_rx) = watch::channel(None::<Stop>);
+        let stop_rx = self.stop.subscribe();
         let mut tasks = JoinSet::new();
         // One guardian per GPU context (a trust domain's starts as it is made) watches for
         // faults and hangs (see `gpu::guardian`).
@@ -273,7 +283,7 @@ impl Broker {
                 accepted = listener.accept() => match accepted {
                     Ok(sock) => {
                         let broker = self.clone();
-                        tasks.spawn(broker.connection(sock, stop_rx.clone()));
+                        tasks.spawn(broker.connection(sock, stop_rx.clone(), None));
                     }
                     Err(e) => {
                         // Out of descriptors and the like: back off instead of spinning.
@@ -286,8 +296,9 @@ impl Broker {
             }
         };
         info!(reason = %stopping.reason, kind = ?stopping.kind, clients = self.registry.len(), "shutting down");
-        let _ = stop_tx.send(Some(stopping));
+        self.stop.send_replace(Some(stopping));
         drop(listener);
+        self.pods.close_all();
         // A stuck GPU: the restart is what frees it, and parked sessions never finish; give
         // the clients just long enough to be told.
         let grace = if self.stuck.reason().is_some() {

@@ -171,6 +171,7 @@ pub(super) fn identity(uid: u32, groups: &[&str]) -> Identity {
         }),
         gids: (0..groups.len() as u32).map(|g| 5000 + g).collect(),
         group_names: groups.iter().map(|g| g.to_string()).collect(),
+        in_pod: false,
     }
 }
 

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::PriorityClass;
 use crate::error::WireError;
-use crate::job::{JobStart, JobStats};
+use crate::job::{JobGpu, JobStart, JobStats, PodGrant, PodIdentity};
 use crate::ring::ShmLayout;
 use crate::stats::StatusReport;
 
@@ -130,6 +130,20 @@ pub enum ClientMessage {
     AdminJobEnd {
         request: u64,
         job: u64,
+    },
+    /// A Kubernetes container was allocated shares of the GPUs (root or the admin group only;
+    /// gpushare's kubelet plugin sends it). gpushared numbers the job and opens a socket for
+    /// it. Answered with `Pod`; `AdminJobEnd` ends it.
+    AdminPodStart {
+        request: u64,
+        gpus: Vec<JobGpu>,
+    },
+    /// Which pod holds Kubernetes job `job` (root or the admin group only): its class follows
+    /// from the policy's `[kubernetes]`. Answered with `Job`.
+    AdminPodIdentify {
+        request: u64,
+        job: u64,
+        pod: PodIdentity,
     },
     /// Loads a module from an image the broker already holds (another session loaded the same
     /// bytes): no image travels. Answered with `ModuleLoaded`; `NotFound` when the broker does
@@ -362,10 +376,15 @@ pub enum BrokerMessage {
         request: u64,
         result: Result<(), WireError>,
     },
-    /// The answer to `AdminJobStart` and `AdminJobEnd`.
+    /// The answer to `AdminJobStart`, `AdminJobEnd` and `AdminPodIdentify`.
     Job {
         request: u64,
         result: Result<JobStats, WireError>,
+    },
+    /// The answer to `AdminPodStart`.
+    Pod {
+        request: u64,
+        result: Result<PodGrant, WireError>,
     },
     /// The answer to `GetFunctionInfo`.
     FunctionInfo {

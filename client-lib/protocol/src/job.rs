@@ -1,6 +1,9 @@
 //! Jobs of a batch scheduler (Slurm) that hold shares of this machine's GPUs. The scheduler's
 //! prolog tells gpushared a job has started ([`JobStart`]), its epilog that it has ended; every
 //! session of the job's processes runs on the job's grant in between.
+//!
+//! A Kubernetes container's shares are a job too (gpushare's kubelet plugin starts it,
+//! [`PodGrant`]), with a socket of its own: every session through that socket runs on it.
 
 use serde::{Deserialize, Serialize};
 
@@ -55,6 +58,8 @@ pub struct JobStats {
     pub age_ms: u64,
     /// Sessions still open when the job ended, and so evicted (0 while it runs).
     pub evicted_at_end: u32,
+    /// A Kubernetes container's shares: the pod that holds them, once the kubelet has said.
+    pub pod: Option<PodIdentity>,
 }
 
 impl JobStats {
@@ -66,3 +71,30 @@ impl JobStats {
             .fold(0, u32::saturating_add)
     }
 }
+
+/// Job ids from here up are Kubernetes containers' shares (gpushared numbers them), below are
+/// the batch scheduler's.
+pub const POD_JOB_BASE: u64 = 1 << 32;
+
+/// The pod whose container holds a Kubernetes allocation, as the kubelet tells it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PodIdentity {
+    pub namespace: String,
+    pub pod: String,
+    pub container: String,
+    /// Its service account, where the plugin knows it.
+    pub service_account: Option<String>,
+}
+
+/// A Kubernetes allocation's grant, and the socket its container gets: a directory of its own
+/// holding `gpushare.sock`, which only that allocation's sessions come through.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PodGrant {
+    pub stats: JobStats,
+    /// The directory on this machine to mount into the container (its socket is
+    /// [`POD_SOCKET_NAME`] in it).
+    pub socket_dir: String,
+}
+
+/// The allocation's socket, in its directory.
+pub const POD_SOCKET_NAME: &str = "gpushare.sock";

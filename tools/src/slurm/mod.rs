@@ -265,6 +265,7 @@ mod tests {
             gpu_time_ns: 2_390_000_000,
             age_ms: 754_000,
             evicted_at_end: 1,
+            pod: None,
         }
     }
 

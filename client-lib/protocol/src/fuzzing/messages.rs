@@ -5,7 +5,7 @@ use crate::control::{
     BrokerMessage, ClientMessage, DeviceInfo, Hello, LostState, ModuleFormat, Role, Welcome,
 };
 use crate::error::{ErrorCode, WireError};
-use crate::job::{JobGpu, JobStart, JobStats};
+use crate::job::{JobGpu, JobStart, JobStats, POD_JOB_BASE, PodGrant, PodIdentity};
 use crate::ring::ShmLayout;
 use crate::stats::{
     BrokerUsage, ClientStats, IoctlStats, OutsideLoad, ProcessActivity, ProcessKind, StatusReport,
@@ -56,6 +56,15 @@ pub(super) fn hello(role: Role, requested_class: Option<PriorityClass>, gpu: Opt
     }
 }
 
+fn pod_identity() -> PodIdentity {
+    PodIdentity {
+        namespace: "ml-prod".into(),
+        pod: "trainer-0".into(),
+        container: "main".into(),
+        service_account: None,
+    }
+}
+
 fn job_stats() -> JobStats {
     JobStats {
         job: 4711,
@@ -76,6 +85,7 @@ fn job_stats() -> JobStats {
         gpu_time_ns: 9_000_000,
         age_ms: 60_000,
         evicted_at_end: 0,
+        pod: None,
     }
 }
 
@@ -193,6 +203,8 @@ pub(super) fn client_variant(m: &ClientMessage) -> &'static str {
         ClientMessage::AdminEvict { .. } => "admin_evict",
         ClientMessage::AdminJobStart { .. } => "admin_job_start",
         ClientMessage::AdminJobEnd { .. } => "admin_job_end",
+        ClientMessage::AdminPodStart { .. } => "admin_pod_start",
+        ClientMessage::AdminPodIdentify { .. } => "admin_pod_identify",
         ClientMessage::LoadCachedModule { .. } => "load_cached_module",
         ClientMessage::GetFunctionInfo { .. } => "get_function_info",
         ClientMessage::GetGlobal { .. } => "get_global",
@@ -221,6 +233,7 @@ pub(super) fn broker_variant(m: &BrokerMessage) -> &'static str {
         BrokerMessage::Evicted { .. } => "evicted",
         BrokerMessage::AdminDone { .. } => "admin_done",
         BrokerMessage::Job { .. } => "job",
+        BrokerMessage::Pod { .. } => "pod",
         BrokerMessage::DeviceReset { .. } => "device_reset",
         BrokerMessage::FunctionInfo { .. } => "function_info",
         BrokerMessage::Global { .. } => "global",
@@ -372,6 +385,18 @@ pub fn client_messages() -> Vec<ClientMessage> {
             request: 20,
             job: 4711,
         },
+        ClientMessage::AdminPodStart {
+            request: 21,
+            gpus: vec![JobGpu {
+                gpu: 0,
+                shards: Some(2),
+            }],
+        },
+        ClientMessage::AdminPodIdentify {
+            request: 22,
+            job: POD_JOB_BASE + 1,
+            pod: pod_identity(),
+        },
     ]);
     out
 }
@@ -446,6 +471,21 @@ pub fn broker_messages() -> Vec<BrokerMessage> {
         BrokerMessage::Job {
             request: 20,
             result: Err(err(ErrorCode::NotFound)),
+        },
+        BrokerMessage::Pod {
+            request: 21,
+            result: Ok(PodGrant {
+                stats: JobStats {
+                    job: POD_JOB_BASE + 1,
+                    pod: Some(pod_identity()),
+                    ..job_stats()
+                },
+                socket_dir: "/run/gpushare/pods/4294967297".into(),
+            }),
+        },
+        BrokerMessage::Pod {
+            request: 22,
+            result: Err(err(ErrorCode::PermissionDenied)),
         },
         BrokerMessage::DeviceReset {
             gpu: 0,

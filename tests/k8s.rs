@@ -1,0 +1,320 @@
+//! gpushare's kubelet plugin (issue 33, docs/kubernetes.md) against a stand-in kubelet that
+//! speaks the kubelet's real gRPC APIs (tests/src/kubelet.rs) and a sim gpushared: the plugin
+//! registers and advertises each GPU's shares; `Allocate` grants the shares in gpushared and
+//! answers with a CDI device whose spec gives the container its own socket, gpushare's
+//! libraries and the environment; a consolidated program run as that spec says runs on the
+//! shares' quota (past it, CUDA's out-of-memory error); the pod's namespace sets the class;
+//! the grant ends when the pod is gone; a restarted kubelet gets the plugin registered again.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use gpushare_k8s::api::v1::{ContainerDevices, ContainerResources, PodResources};
+use gpushare_k8s::api::v1beta1::{AllocateRequest, ContainerAllocateRequest, Empty};
+use gpushare_tests::kubelet::Kubelet;
+use gpushare_tests::{Broker, BrokerOptions, binary, wait_until};
+
+const SHARDS_PER_GPU: u32 = 64;
+const ENDPOINT: &str = "gpushare-shard.sock";
+const WAIT: Duration = Duration::from_secs(30);
+const MIB: u64 = 1 << 20;
+
+const POLICY: &str =
+    "[kubernetes]\nshards_per_gpu = 64\n[kubernetes.namespaces]\nml-prod = \"high\"\n";
+
+/// The plugin, killed when dropped.
+struct Plugin {
+    child: Child,
+    cdi_dir: tempfile::TempDir,
+    _lib_dir: tempfile::TempDir,
+}
+
+impl Drop for Plugin {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// gpushare's libraries laid out as installed (`libgpushare_audit.so`, `cuda/libcuda.so.1`),
+/// as links to this build's.
+fn lib_dir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::create_dir(dir.path().join("cuda")).expect("mkdir");
+    let link = |from: &str, to: &str| {
+        std::os::unix::fs::symlink(binary(from), dir.path().join(to)).expect("symlink")
+    };
+    link("libgpushare_audit.so", "libgpushare_audit.so");
+    link("libcuda.so", "cuda/libcuda.so.1");
+    dir
+}
+
+fn start_plugin(broker: &Broker, kubelet: &Kubelet) -> Plugin {
+    let cdi_dir = tempfile::tempdir().expect("temp dir");
+    let lib_dir = lib_dir();
+    let child = Command::new(binary("gpushare-k8s-plugin"))
+        .arg("--socket")
+        .arg(&broker.socket)
+        .arg("--device-plugin-dir")
+        .arg(kubelet.device_plugin_dir())
+        .arg("--pod-resources")
+        .arg(kubelet.pod_resources_socket())
+        .arg("--cdi-dir")
+        .arg(cdi_dir.path())
+        .arg("--lib-dir")
+        .arg(lib_dir.path())
+        .args(["--shards-per-gpu", &SHARDS_PER_GPU.to_string()])
+        .args(["--interval-ms", "50"])
+        .env("RUST_LOG", "warn")
+        .spawn()
+        .expect("start the plugin");
+    Plugin {
+        child,
+        cdi_dir,
+        _lib_dir: lib_dir,
+    }
+}
+
+fn pod(namespace: &str, name: &str, ids: &[String]) -> PodResources {
+    PodResources {
+        name: name.into(),
+        namespace: namespace.into(),
+        containers: vec![ContainerResources {
+            name: "main".into(),
+            devices: vec![ContainerDevices {
+                resource_name: "gpushare.io/shard".into(),
+                device_ids: ids.to_vec(),
+                topology: None,
+            }],
+            ..Default::default()
+        }],
+        ..Default::default()
+    }
+}
+
+/// The consolidated test program, built once.
+fn app() -> PathBuf {
+    static APP: std::sync::OnceLock<(tempfile::TempDir, PathBuf)> = std::sync::OnceLock::new();
+    APP.get_or_init(|| {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let app = dir.path().join("consolidated_app");
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("c/consolidated_app.c");
+        gpushare_tests::cc::compile(&src, &["-ldl"], &app);
+        (dir, app)
+    })
+    .1
+    .clone()
+}
+
+/// The program holding `bytes` of device memory, started as the container's runtime would
+/// start it under `spec`: its environment, with each mounted path read at its host path.
+fn run_in_container(spec: &serde_json::Value, bytes: u64) -> Child {
+    let edits = &spec["devices"][0]["containerEdits"];
+    let mounts: Vec<(String, String)> = edits["mounts"]
+        .as_array()
+        .expect("mounts")
+        .iter()
+        .map(|m| {
+            let s = |k: &str| m[k].as_str().expect("a path").to_string();
+            (s("containerPath"), s("hostPath"))
+        })
+        .collect();
+    let mut cmd = Command::new(app());
+    cmd.args(["hold", "libcuda.so.1", &bytes.to_string()])
+        .env_remove("LD_PRELOAD")
+        .env_remove("LD_LIBRARY_PATH")
+        .env_remove("GPUSHARE_SOCKET")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for entry in edits["env"].as_array().expect("env") {
+        let (name, value) = entry
+            .as_str()
+            .and_then(|e| e.split_once('='))
+            .expect("NAME=VALUE");
+        let host = mounts
+            .iter()
+            .find_map(|(inside, outside)| {
+                value
+                    .strip_prefix(inside.as_str())
+                    .map(|rest| format!("{outside}{rest}"))
+            })
+            .unwrap_or_else(|| value.to_string());
+        cmd.env(name, host);
+    }
+    cmd.spawn().expect("start the program")
+}
+
+#[test]
+fn a_container_s_shares_are_its_own_grant_through_cdi_and_end_with_its_pod() {
+    let broker = Broker::start_with(BrokerOptions {
+        policy: Some(POLICY.into()),
+        ..BrokerOptions::default()
+    });
+    let kubelet = Kubelet::start();
+    let plugin = start_plugin(&broker, &kubelet);
+
+    assert!(
+        wait_until(WAIT, || !kubelet.registrations().is_empty()),
+        "the plugin registers"
+    );
+    let registered = &kubelet.registrations()[0];
+    assert_eq!(
+        (
+            registered.version.as_str(),
+            registered.resource_name.as_str(),
+            registered.endpoint.as_str()
+        ),
+        ("v1beta1", "gpushare.io/shard", ENDPOINT)
+    );
+
+    let mut client = kubelet.plugin(ENDPOINT);
+    kubelet
+        .block_on(client.get_device_plugin_options(Empty {}))
+        .expect("options");
+    let mut watch = kubelet
+        .block_on(client.list_and_watch(Empty {}))
+        .expect("ListAndWatch")
+        .into_inner();
+    let devices = loop {
+        let listed = kubelet
+            .block_on(watch.message())
+            .expect("a device list")
+            .expect("the stream goes on");
+        if !listed.devices.is_empty() {
+            break listed.devices;
+        }
+    };
+    assert_eq!(devices.len(), SHARDS_PER_GPU as usize, "one GPU's shares");
+    assert!(devices.iter().all(|d| d.health == "Healthy"));
+
+    let ids: Vec<String> = devices[..2].iter().map(|d| d.id.clone()).collect();
+    let answer = kubelet
+        .block_on(client.allocate(AllocateRequest {
+            container_requests: vec![ContainerAllocateRequest {
+                devices_ids: ids.clone(),
+            }],
+        }))
+        .expect("Allocate")
+        .into_inner();
+    let cdi = &answer.container_responses[0].cdi_devices;
+    assert_eq!(cdi.len(), 1);
+    let (kind, job) = cdi[0].name.split_once('=').expect("a qualified CDI name");
+    assert_eq!(kind, "gpushare.io/shard");
+    let job: u64 = job.parse().expect("the job id");
+
+    let spec_path = plugin
+        .cdi_dir
+        .path()
+        .join(format!("gpushare.io-shard-{job}.json"));
+    let spec: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&spec_path).expect("the CDI spec")).expect("json");
+    assert_eq!(spec["kind"], "gpushare.io/shard");
+    assert_eq!(spec["devices"][0]["name"], job.to_string());
+    let env = &spec["devices"][0]["containerEdits"]["env"];
+    assert!(
+        env.as_array()
+            .expect("env")
+            .contains(&"GPUSHARE_SOCKET=/run/gpushare/gpushare.sock".into()),
+        "{env}"
+    );
+
+    let gpu_memory = broker.status().devices[0].total_memory;
+    let quota = gpu_memory * 2 / SHARDS_PER_GPU as u64;
+    let held = broker
+        .status()
+        .jobs
+        .into_iter()
+        .find(|j| j.job == job)
+        .expect("the job");
+    assert_eq!(held.memory_quota, quota);
+
+    // Within the shares' memory the program runs, on the job's grant.
+    let mut within = run_in_container(&spec, quota / 2);
+    let mut line = String::new();
+    BufReader::new(within.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("read");
+    assert!(line.starts_with("ready"), "{line}");
+    let status = broker.status();
+    let client = status
+        .clients
+        .iter()
+        .find(|c| c.pid == within.id() as i32)
+        .expect("the program is a client");
+    assert_eq!(client.job, Some(job));
+    assert_eq!(client.memory_quota, Some(quota));
+    // Past them, CUDA's out-of-memory error (2), and the broker serves on.
+    let past = run_in_container(&spec, quota - quota / 2 + MIB)
+        .wait_with_output()
+        .expect("the second program");
+    let said = String::from_utf8_lossy(&past.stderr);
+    assert!(
+        said.contains("cuMemAlloc") && said.trim_end().ends_with(": 2"),
+        "{said}"
+    );
+
+    // The pod shows up: its namespace picks the class.
+    kubelet.set_pods(vec![pod("ml-prod", "trainer-0", &ids)]);
+    assert!(
+        wait_until(WAIT, || broker.status().jobs.iter().any(|j| {
+            j.job == job && j.pod.as_ref().is_some_and(|p| p.namespace == "ml-prod")
+        })),
+        "gpushare learns the pod"
+    );
+    let placed = broker
+        .status()
+        .jobs
+        .into_iter()
+        .find(|j| j.job == job)
+        .expect("job");
+    assert_eq!(placed.class.as_str(), "high");
+
+    // The pod goes: the grant, its socket and the CDI spec go, the program is evicted.
+    kubelet.set_pods(Vec::new());
+    assert!(
+        wait_until(WAIT, || broker.status().jobs.is_empty()),
+        "the grant ends with the pod"
+    );
+    assert!(
+        wait_until(WAIT, || !spec_path.exists()),
+        "the CDI spec is removed"
+    );
+    let _ = within.stdin.take().map(|mut s| s.write_all(b"\n"));
+    let _ = within.wait();
+    assert!(
+        wait_until(WAIT, || broker.status().clients.is_empty()),
+        "the program's session is gone"
+    );
+}
+
+#[test]
+fn the_plugin_registers_again_when_the_kubelet_restarts() {
+    let broker = Broker::start_with(BrokerOptions {
+        policy: Some(POLICY.into()),
+        ..BrokerOptions::default()
+    });
+    let mut kubelet = Kubelet::start();
+    let _plugin = start_plugin(&broker, &kubelet);
+    assert!(wait_until(WAIT, || kubelet.registrations().len() == 1));
+    kubelet.restart();
+    assert!(
+        wait_until(WAIT, || kubelet.registrations().len() == 2),
+        "registered again"
+    );
+    let mut client = kubelet.plugin(ENDPOINT);
+    let listed = kubelet
+        .block_on(async {
+            client
+                .list_and_watch(Empty {})
+                .await?
+                .into_inner()
+                .message()
+                .await
+        })
+        .expect("ListAndWatch")
+        .expect("a device list");
+    assert_eq!(listed.devices.len(), SHARDS_PER_GPU as usize);
+}
