@@ -120,6 +120,7 @@ has() {
 has -rwxr-xr-x usr/bin/gpushared
 has -rwxr-xr-x usr/bin/gpushare
 has -rwxr-xr-x usr/bin/gpushare-demo
+has -rwxr-xr-x usr/bin/gpushare-k8s-plugin
 has -rw-r--r-- "$libdir/libgpushare.so.$version"
 has lrwxrwxrwx "$libdir/libgpushare.so.0 -> libgpushare.so.$version"
 has lrwxrwxrwx "$libdir/libgpushare.so -> libgpushare.so.0"
@@ -143,6 +144,9 @@ for script in prolog epilog task-prolog; do
 done
 for example in slurm.conf gres.conf gpushare.toml; do
     has -rw-r--r-- "usr/share/gpushare/slurm/$example.example"
+done
+for manifest in plugin example-pod; do
+    has -rw-r--r-- "usr/share/gpushare/kubernetes/$manifest.yaml"
 done
 uncompressed=$(grep -E '^-.* \./usr/share/man/' <<<"$contents" | grep -v '\.gz$' || true)
 [[ -z $uncompressed ]] && ok "every man page is gzipped" || problem "uncompressed man pages: $uncompressed"

@@ -58,7 +58,7 @@ grep -q "usr/lib/$multiarch/libgpushare.so" broker/Cargo.toml ||
 
 log "release build (gpushared, gpushare, gpushare-demo, libgpushare.so, libgpushare_interpose.so, libgpushare_audit.so, libcuda.so, gpushare-gen)"
 cargo build --release --locked -p gpushare-broker -p gpushare-tools -p gpushare -p gpushare-interpose \
-    -p gpushare-audit -p gpushare-cuda -p gpushare-gen >&2
+    -p gpushare-audit -p gpushare-cuda -p gpushare-gen -p gpushare-k8s >&2
 
 stage="$target_dir/release/gpushare-deb"
 log "man pages, completions, gpushare.pc and the stripped libraries in $stage"
