@@ -1,7 +1,9 @@
-//! A broker serving several devices: clients pick one or get the least loaded.
+//! A broker serving several devices: clients pick one or get the least loaded, and a fault
+//! on one device costs nothing on the others.
 
 use gpushare::{ConnectOptions, Kernel};
-use gpushare_tests::{Broker, BrokerOptions};
+use gpushare_tests::faults::{fill_after_reset, verified_fill};
+use gpushare_tests::{Broker, BrokerOptions, wait_until};
 
 fn two_gpu_broker() -> Broker {
     Broker::start_with(BrokerOptions {
@@ -67,5 +69,76 @@ fn asking_for_a_device_that_does_not_exist_is_refused_clearly() {
     assert!(
         msg.contains("GPU 7 does not exist") && msg.contains("0..=1"),
         "{msg}"
+    );
+}
+
+#[test]
+fn a_fault_on_one_gpu_leaves_the_other_gpus_alone() {
+    let broker = Broker::start_with(BrokerOptions {
+        backend: Some("sim".into()),
+        extra_args: vec![
+            "--sim-gpus".into(),
+            "2".into(),
+            "--allow-fault-injection".into(),
+        ],
+        ..Default::default()
+    });
+    broker.dump_log_if_stuck(std::time::Duration::from_secs(60));
+    let on = |gpu: u32, name: &str| {
+        gpushare::Client::connect_with(ConnectOptions {
+            gpu: Some(gpu),
+            ..broker.options(name)
+        })
+        .expect("connect")
+    };
+    // GPU 0 holds data; GPU 1 has a bystander and the culprit.
+    let far = on(0, "far");
+    let held = far.alloc::<f32>(1024).expect("alloc on GPU 0");
+    held.copy_from_host(&[2.5; 1024]).expect("upload");
+    let near = on(1, "near");
+    verified_fill(&near, 1.0).expect("GPU 1 works");
+    let culprit = on(1, "culprit");
+    let mut before = Vec::new();
+    assert!(
+        wait_until(std::time::Duration::from_secs(10), || {
+            before = broker.worker_pids();
+            before.len() == 4
+        }),
+        "a worker and a spare for each GPU: {before:?}"
+    );
+
+    culprit
+        .default_stream()
+        .launch(Kernel::Fault { hang: false })
+        .expect("fault accepted");
+    assert!(culprit.synchronize().is_err(), "the culprit sees its fault");
+    assert!(broker.wait_for_log(
+        "a new device worker took over",
+        std::time::Duration::from_secs(10)
+    ));
+    // GPU 1's bystander loses its device state and goes on; GPU 0 notices nothing.
+    fill_after_reset(&near, 3.0).expect("GPU 1 serves its bystander again");
+    assert_eq!(held.to_vec().expect("GPU 0's buffer"), vec![2.5; 1024]);
+    assert!(far.take_device_reset().is_none(), "GPU 0 was not reset");
+    verified_fill(&far, 4.0).expect("GPU 0 works");
+    let after = broker.worker_pids();
+    let kept = before.iter().filter(|p| after.contains(p)).count();
+    assert_eq!(
+        kept, 3,
+        "only the faulted GPU's worker was replaced (its spare took over): {before:?} -> {after:?}"
+    );
+    let gpu_of = |name: &str| {
+        broker
+            .status()
+            .clients
+            .iter()
+            .find(|c| c.name == name)
+            .map(|c| c.gpu)
+    };
+    assert_eq!((gpu_of("far"), gpu_of("near")), (Some(0), Some(1)));
+    assert!(
+        wait_until(std::time::Duration::from_secs(10), || gpu_of("culprit")
+            .is_none()),
+        "the culprit was evicted"
     );
 }
