@@ -504,6 +504,8 @@ fn a_non_admin_sees_who_uses_the_gpu_but_no_pointers_or_contents() {
         "consolidated",
         // The policy's name for whose GPU context a client shares: no memory of anyone's.
         "trust_domain",
+        // The batch scheduler job it runs in: a number the scheduler shows everyone too.
+        "job",
     ];
     for field in &shown {
         assert!(
