@@ -2,7 +2,7 @@
 //! and errors of commands nobody waited for, reported at the next synchronization.
 
 use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use gpushare_protocol::command::opcode;
 use gpushare_protocol::ring::CompletionEntry;
@@ -115,7 +115,7 @@ impl Session {
         wait: bool,
         mut make: impl FnMut(u64) -> Result<Command>,
     ) -> Result<u64> {
-        self.spin_then_sleep(|| {
+        self.spin_then_sleep(self.spin, || {
             self.check_alive()?;
             let mut ring = lock(&self.ring);
             self.reap(&mut ring);
@@ -159,7 +159,11 @@ impl Session {
 
     /// Waits for the completion of `tag` (submitted with `wait`).
     pub fn wait(&self, tag: u64) -> Result<CompletionEntry> {
-        self.spin_then_sleep(|| {
+        self.wait_spinning(tag, self.spin)
+    }
+
+    fn wait_spinning(&self, tag: u64, spin: Duration) -> Result<CompletionEntry> {
+        self.spin_then_sleep(spin, || {
             let mut ring = lock(&self.ring);
             self.reap(&mut ring);
             Ok(ring.done.remove(&tag))
@@ -168,7 +172,7 @@ impl Session {
 
     /// Waits until `done` says so, reading completions meanwhile (spin, then sleep).
     pub fn wait_until(&self, mut done: impl FnMut(&Session) -> bool) -> Result<()> {
-        self.spin_then_sleep(|| {
+        self.spin_then_sleep(self.spin, || {
             {
                 let mut ring = lock(&self.ring);
                 self.reap(&mut ring);
@@ -183,9 +187,13 @@ impl Session {
     /// sees no completion for a while asks the broker whether it is there, and ends with
     /// `BrokerUnresponsive` if it does not answer: a long sync on a busy GPU goes on, a
     /// stopped broker is reported.
-    fn spin_then_sleep<T>(&self, mut attempt: impl FnMut() -> Result<Option<T>>) -> Result<T> {
+    fn spin_then_sleep<T>(
+        &self,
+        spin: Duration,
+        mut attempt: impl FnMut() -> Result<Option<T>>,
+    ) -> Result<T> {
         let spin_from = Instant::now();
-        let spin_until = spin_from + self.spin;
+        let spin_until = spin_from + spin;
         let mut quiet_since = Instant::now();
         let mut seen = self.completions.load(Ordering::Relaxed);
         loop {
@@ -254,7 +262,16 @@ impl Session {
     /// Waits for the completion of `tag` (submitted with `wait`) and turns its status into a
     /// result.
     pub fn finish(&self, tag: u64, op: &'static str) -> Result<CompletionEntry> {
-        let c = self.wait(tag)?;
+        self.finish_spinning(tag, op, self.spin)
+    }
+
+    fn finish_spinning(
+        &self,
+        tag: u64,
+        op: &'static str,
+        spin: Duration,
+    ) -> Result<CompletionEntry> {
+        let c = self.wait_spinning(tag, spin)?;
         match ErrorCode::from_u32(c.status) {
             None if c.status == 0 => Ok(c),
             Some(code) => {
@@ -298,7 +315,7 @@ impl Session {
 
     /// Waits until every submitted command has completed (not necessarily executed).
     pub fn drain_in_flight(&self) -> Result<()> {
-        self.spin_then_sleep(|| {
+        self.spin_then_sleep(self.spin, || {
             let mut ring = lock(&self.ring);
             self.reap(&mut ring);
             Ok((ring.in_flight as usize == ring.wanted.len() + ring.done.len()).then_some(()))
@@ -318,7 +335,9 @@ impl Session {
     /// A sync reports the first error since the last one: an earlier command's, else its own.
     /// When both say a reset took the work, that is one loss, reported once.
     pub fn sync_with(&self, cmd: Command, op: &'static str) -> Result<()> {
-        let synced = self.call(cmd, op);
+        let synced = self
+            .submit(cmd, true)
+            .and_then(|tag| self.finish_spinning(tag, op, self.sync_spin));
         let mut ring = lock(&self.ring);
         match (&synced, ring.async_error) {
             (Err(e), Some((_, status)))

@@ -76,6 +76,11 @@ impl SessionOptions {
 /// sleep adds a wake-up to every request it makes.
 pub const HIGH_SPIN: Duration = Duration::from_millis(5);
 
+/// How long a synchronization's wait spins at least: it waits for the device, as
+/// `cuStreamSynchronize` spins, and a sleep adds a wake-up to every sync (docs/benchmarks.md,
+/// runs 45-46). It stops early when no core is spare (`gpushare_protocol::wake::spin_turn`).
+pub const SYNC_SPIN: Duration = Duration::from_millis(2);
+
 /// How long a session of `class` spins for a completion, asked to spin `asked`.
 pub fn spin_for(asked: Duration, class: PriorityClass) -> Duration {
     if class == PriorityClass::High {
@@ -107,6 +112,9 @@ pub struct Session {
     pub(crate) is_dead: AtomicBool,
     pub(crate) dead: Mutex<Option<Dead>>,
     pub(crate) spin: Duration,
+    /// How long a synchronization's wait spins ([`SYNC_SPIN`] at least, unless the
+    /// environment says otherwise).
+    pub(crate) sync_spin: Duration,
     /// How long a wait goes without a sign of life before the broker is asked whether it is
     /// there (and the session is over if it does not answer in the socket's timeout).
     pub(crate) probe_after: Duration,
@@ -153,6 +161,7 @@ impl Session {
         // SAFETY: as above.
         let rings = unsafe { ClientRings::attach(base, &layout) };
         let spin = crate::env::spin(spin_for(opts.spin, welcome.class));
+        let sync_spin = crate::env::spin(spin_for(opts.spin, welcome.class).max(SYNC_SPIN));
         Ok(Session {
             socket,
             requests: Mutex::new(1),
@@ -165,6 +174,7 @@ impl Session {
             is_dead: AtomicBool::new(false),
             dead: Mutex::new(None),
             spin,
+            sync_spin,
             probe_after: opts.timeout.min(PROBE_AFTER),
             commands: AtomicU64::new(0),
             completions: AtomicU64::new(0),

@@ -59,6 +59,31 @@ mod raw {
         unsafe { cu::event::elapsed(a, b) }.map_err(|e| anyhow!("elapsed: {e:?}"))
     }
 
+    /// gpushared's progress write (`device/cuda/progress.rs`): `value` at device address `at`
+    /// once the stream's earlier work is done.
+    pub fn write_value(s: sys::CUstream, at: u64, value: u32) -> Result<()> {
+        // SAFETY: `at` is 4 bytes of page-locked host memory this file allocated; live stream.
+        ok("write value", unsafe {
+            sys::cuStreamWriteValue32_v2(
+                s,
+                at,
+                value,
+                sys::CUstreamWriteValue_flags_enum::CU_STREAM_WRITE_VALUE_DEFAULT as u32,
+            )
+        })
+    }
+
+    /// Waits for the stream as the device worker does: `cuStreamQuery` until it is done.
+    pub fn poll(s: sys::CUstream) -> Result<()> {
+        loop {
+            // SAFETY: live stream.
+            match unsafe { sys::cuStreamQuery(s) } {
+                sys::cudaError_enum::CUDA_ERROR_NOT_READY => std::hint::spin_loop(),
+                r => return ok("query", r),
+            }
+        }
+    }
+
     /// Host addresses are passed as integers so closures stay `Fn`; each names `size`
     /// valid bytes of a buffer that outlives the copy.
     pub fn htod_async(dev: u64, host: usize, size: usize, s: sys::CUstream) -> Result<()> {
@@ -257,9 +282,87 @@ pub fn probe() -> Result<Value> {
         sync(s)?;
         raw::elapsed(e1, e2).map(|_| ())
     })?;
+    // The progress page's writes around a kernel (gpushared writes an opening value before
+    // the first work after a sync and a closing one before the sync), and the worker's
+    // polling wait.
+    // SAFETY: page-locked host memory, freed below after the stream's work is done.
+    let page = unsafe { cu::malloc_host(4096, 0) }.map_err(|e| anyhow!("cuMemHostAlloc: {e:?}"))?;
+    let mut at = 0;
+    // SAFETY: `page` came from cuMemHostAlloc; `at` is written by the call.
+    unsafe { sys::cuMemHostGetDevicePointer_v2(&mut at, page, 0) }
+        .result()
+        .map_err(|e| anyhow!("cuMemHostGetDevicePointer: {e:?}"))?;
+    let write = time(&mut || raw::write_value(s, at, 1))?;
+    sync(s)?;
+    // One call on an idle stream: its own cost (the stream is waited for outside the time),
+    // and with the wait.
+    let alone = |f: &mut dyn FnMut() -> Result<()>| -> Result<f64> {
+        let mut v = Vec::with_capacity(n / 4);
+        for _ in 0..n / 4 {
+            let t = Instant::now();
+            f()?;
+            v.push(t.elapsed().as_secs_f64() * 1e6);
+            sync(s)?;
+        }
+        Ok(workload::percentile(&mut v, 50.0))
+    };
+    let write_alone = alone(&mut || raw::write_value(s, at, 1))?;
+    let launch_alone = alone(&mut || raw::launch_empty(f, s))?;
+    let write_sync = time(&mut || {
+        raw::write_value(s, at, 1)?;
+        sync(s)
+    })?;
+    // The same write into device memory (no system-wide fence needed to reach it).
+    // SAFETY: a plain device allocation, freed below.
+    let dev_word = unsafe { cu::malloc_sync(4096) }.map_err(|e| anyhow!("cuMemAlloc: {e:?}"))?;
+    let write_dev = time(&mut || raw::write_value(s, dev_word, 1))?;
+    sync(s)?;
+    let write_dev_sync = time(&mut || {
+        raw::write_value(s, dev_word, 1)?;
+        sync(s)
+    })?;
+    let progress_dev_sync = time(&mut || {
+        raw::write_value(s, dev_word, 1)?;
+        raw::launch_empty(f, s)?;
+        raw::write_value(s, dev_word, 2)?;
+        sync(s)
+    })?;
+    sync(s)?;
+    // SAFETY: allocated above; the stream's work is done.
+    let _ = unsafe { cu::free_sync(dev_word) };
+    let launch_poll = time(&mut || {
+        raw::launch_empty(f, s)?;
+        raw::poll(s)
+    })?;
+    let launch_close_sync = time(&mut || {
+        raw::launch_empty(f, s)?;
+        raw::write_value(s, at, 2)?;
+        sync(s)
+    })?;
+    let progress_sync = time(&mut || {
+        raw::write_value(s, at, 1)?;
+        raw::launch_empty(f, s)?;
+        raw::write_value(s, at, 2)?;
+        sync(s)
+    })?;
+    let progress_poll = time(&mut || {
+        raw::write_value(s, at, 1)?;
+        raw::launch_empty(f, s)?;
+        raw::write_value(s, at, 2)?;
+        raw::poll(s)
+    })?;
+    sync(s)?;
+    // SAFETY: allocated above; the stream's work is done.
+    let _ = unsafe { cu::free_host(page) };
     Ok(json!({
         "launch_us": launch, "event_record_us": record, "event_record_no_timing_us": record_no_timing,
         "event_query_us": query, "event_elapsed_us": elapsed, "sync_idle_stream_us": idle_sync,
         "launch_sync_us": launch_sync, "launch_sync_with_event_bracket_us": bracketed,
+        "write_value32_us": write, "launch_poll_query_us": launch_poll,
+        "launch_write_sync_us": launch_close_sync, "write_launch_write_sync_us": progress_sync,
+        "write_launch_write_poll_us": progress_poll, "write_value32_alone_us": write_alone,
+        "launch_alone_us": launch_alone, "write_sync_us": write_sync,
+        "write_value32_device_us": write_dev, "write_device_sync_us": write_dev_sync,
+        "write_launch_write_device_sync_us": progress_dev_sync,
     }))
 }

@@ -137,7 +137,6 @@ impl Remote {
                 self.collect_one(caller, None)?;
             }
             let room = ENVELOPE_ROOM + if inline { payload.len() } else { 0 };
-            let give_up = self.give_up(caller, None);
             caller
                 .end
                 .send(
@@ -152,7 +151,7 @@ impl Remote {
                         }
                         Ok(used)
                     },
-                    &give_up,
+                    &self.give_up(&caller.worker, None),
                 )
                 .map_err(|g| self.gave(g))?;
             match how {
@@ -167,9 +166,9 @@ impl Remote {
                     while caller.posted.len() > 1 {
                         self.collect_one(caller, deadline)?;
                     }
-                    let bytes = self.next_answer(caller, deadline)?;
+                    let answer = self.next_answer(caller, deadline)?;
                     caller.posted.pop_front();
-                    decode::<Answer>(&bytes).map(Some).map_err(|e| {
+                    answer.map(Some).map_err(|e| {
                         DeviceError::Failed(format!("an answer that does not decode: {e}"))
                     })
                 }
@@ -185,51 +184,49 @@ impl Remote {
             let got = if wait {
                 self.next_answer(caller, None).map(Some)?
             } else {
-                let give_up = self.give_up(caller, None);
+                let give_up = self.give_up(&caller.worker, None);
                 caller
                     .end
-                    .answer(false, &give_up)
+                    .answer(false, &give_up, decode_answer)
                     .map_err(|g| self.gave(g))?
             };
-            let Some(bytes) = got else {
+            let Some(answer) = got else {
                 return Ok(());
             };
             let Some(Some(stream)) = caller.posted.pop_front() else {
                 return Ok(());
             };
-            self.note_posted(caller.generation, stream, &bytes);
+            self.note_posted(caller.generation, stream, answer);
         }
         Ok(())
     }
 
     /// Waits for the oldest outstanding answer, of posted work.
     fn collect_one(&self, caller: &mut Caller, deadline: Option<Duration>) -> DeviceResult<()> {
-        let bytes = self.next_answer(caller, deadline)?;
+        let answer = self.next_answer(caller, deadline)?;
         if let Some(Some(stream)) = caller.posted.pop_front() {
-            self.note_posted(caller.generation, stream, &bytes);
+            self.note_posted(caller.generation, stream, answer);
         }
         Ok(())
     }
 
-    /// Keeps what a posted call's answer says of its stream in the ledger.
-    fn note_posted(&self, generation: u64, stream: Option<Handle>, bytes: &[u8]) {
-        if stream.is_none() {
-            return; // a release: nobody asks
-        }
-        if let Ok(answer) = decode::<Answer>(bytes) {
+    /// Keeps what a posted call's answer says of its stream in the ledger (a release's, or
+    /// one that does not decode, nobody asks for).
+    fn note_posted(&self, generation: u64, stream: Option<Handle>, answer: Result<Answer, String>) {
+        if let (Some(_), Ok(answer)) = (stream, answer) {
             self.shared.ledger.note(generation, stream, answer);
         }
     }
 
-    /// Waits for the channel's next answer (a copy of its bytes).
+    /// Waits for the channel's next answer, decoded.
     fn next_answer(
         &self,
         caller: &mut Caller,
         deadline: Option<Duration>,
-    ) -> DeviceResult<Vec<u8>> {
-        let give_up = self.give_up(caller, deadline);
-        match caller.end.answer(true, &give_up) {
-            Ok(Some(bytes)) => Ok(bytes),
+    ) -> DeviceResult<Result<Answer, String>> {
+        let give_up = self.give_up(&caller.worker, deadline);
+        match caller.end.answer(true, &give_up, decode_answer) {
+            Ok(Some(answer)) => Ok(answer),
             Ok(None) => Err(DeviceError::Failed(
                 "no answer from the device worker".into(),
             )),
@@ -240,14 +237,13 @@ impl Remote {
     /// Why to stop waiting on `caller`'s channel: a reset under way, or done meanwhile (its
     /// worker replaced; both said as an empty reason, which is `Cancelled`), its worker gone,
     /// or `deadline` passed.
-    fn give_up(
-        &self,
-        caller: &Caller,
+    fn give_up<'a>(
+        &'a self,
+        worker: &'a Active,
         deadline: Option<Duration>,
-    ) -> impl Fn() -> Option<String> + use<> {
-        let shared = self.shared.clone();
-        let worker = caller.worker.clone();
-        let started = Instant::now();
+    ) -> impl Fn() -> Option<String> + 'a {
+        let shared = &self.shared;
+        let started = deadline.map(|_| Instant::now());
         move || {
             let replaced = || {
                 shared
@@ -262,8 +258,9 @@ impl Remote {
                 return Some(why);
             }
             deadline
-                .filter(|d| started.elapsed() >= *d)
-                .map(|d| format!("{LATE} {d:?}"))
+                .zip(started)
+                .filter(|(d, at)| at.elapsed() >= *d)
+                .map(|(d, _)| format!("{LATE} {d:?}"))
         }
     }
 
@@ -329,6 +326,11 @@ impl Remote {
             .map_err(|e| self.worker_lost(&e.to_string()))?;
         Ok(id)
     }
+}
+
+/// An answer as its bytes in the channel say it.
+fn decode_answer(bytes: &[u8]) -> Result<Answer, String> {
+    decode::<Answer>(bytes).map_err(|e| e.to_string())
 }
 
 /// `payload` in a sealed memfd of whole pages (the worker maps it; it reads only

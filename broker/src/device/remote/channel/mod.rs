@@ -151,13 +151,14 @@ impl CallerEnd {
         Ok(())
     }
 
-    /// The next answer (a copy), in the order the requests were sent: waits for it when
-    /// `wait`, else `None` when it has not come yet.
-    pub fn answer(
+    /// The next answer, as `make` makes it of its bytes (in place: no copy), in the order the
+    /// requests were sent: waits for it when `wait`, else `None` when it has not come yet.
+    pub fn answer<T>(
         &mut self,
         wait: bool,
         give_up: &dyn Fn() -> Option<String>,
-    ) -> Result<Option<Vec<u8>>, Gave> {
+        make: impl FnOnce(&[u8]) -> T,
+    ) -> Result<Option<T>, Gave> {
         let h = self.mapped.header();
         let base = HEADER + REQUEST_RING;
         let read = self.answers_read;
@@ -194,13 +195,13 @@ impl CallerEnd {
         let pos = base + (at % ANSWER_RING as u64) as usize + MSG_HEADER;
         // SAFETY: the worker published this answer (answers_written acquired) and writes
         // nothing there until answers_read passes it.
-        let bytes = unsafe { self.mapped.bytes(pos, len) }.to_vec();
+        let value = make(unsafe { self.mapped.bytes(pos, len) });
         self.answers_read = at + padded(len);
         self.outstanding = self.outstanding.saturating_sub(1);
         h.caller
             .answers_read
             .store(self.answers_read, Ordering::Release);
-        Ok(Some(bytes))
+        Ok(Some(value))
     }
 }
 
@@ -428,7 +429,10 @@ mod tests {
             expect.push_back(msg.into_iter().rev().collect::<Vec<u8>>());
             if i % 7 == 0 {
                 // Now and then the caller collects what has come, and once in a while waits.
-                while let Some(a) = caller.answer(i % 700 == 0, &|| None).expect("answer") {
+                while let Some(a) = caller
+                    .answer(i % 700 == 0, &|| None, <[u8]>::to_vec)
+                    .expect("answer")
+                {
                     assert_eq!(Some(a), expect.pop_front());
                     if expect.is_empty() {
                         break;
@@ -437,7 +441,9 @@ mod tests {
             }
         }
         while let Some(want) = expect.pop_front() {
-            let got = caller.answer(true, &|| None).expect("answer");
+            let got = caller
+                .answer(true, &|| None, <[u8]>::to_vec)
+                .expect("answer");
             assert_eq!(got, Some(want));
         }
         assert_eq!(caller.outstanding(), 0);
@@ -449,7 +455,7 @@ mod tests {
     fn a_caller_gives_up_when_told_why() {
         let (mut caller, _worker) = pair();
         send(&mut caller, &[1]);
-        let gave = caller.answer(true, &|| Some("the worker died".into()));
+        let gave = caller.answer(true, &|| Some("the worker died".into()), <[u8]>::to_vec);
         assert_eq!(gave, Err(Gave::Up("the worker died".into())));
         assert_eq!(caller.outstanding(), 1);
     }
@@ -479,7 +485,9 @@ mod tests {
         assert!(sent >= 6, "{sent} requests of {MAX_REQUEST} bytes fit");
         let server = echo(worker);
         for _ in 0..sent {
-            let got = caller.answer(true, &|| None).expect("answer");
+            let got = caller
+                .answer(true, &|| None, <[u8]>::to_vec)
+                .expect("answer");
             assert_eq!(got.map(|a| a.len()), Some(MAX_ANSWER));
         }
         drop(caller);
