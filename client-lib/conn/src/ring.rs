@@ -256,7 +256,15 @@ impl Session {
     /// Submits and waits; turns a failed status into an error.
     pub fn call(&self, cmd: Command, op: &'static str) -> Result<CompletionEntry> {
         let tag = self.submit(cmd, true)?;
-        self.finish(tag, op)
+        // A wait for the device spins as long as a synchronization does, whoever sends it (a
+        // consolidated program's cuStreamSynchronize comes this way).
+        let spin = match cmd {
+            Command::StreamSync { .. } | Command::EventSync { .. } | Command::ClientSync => {
+                self.sync_spin
+            }
+            _ => self.spin,
+        };
+        self.finish_spinning(tag, op, spin)
     }
 
     /// Waits for the completion of `tag` (submitted with `wait`) and turns its status into a
