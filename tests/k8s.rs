@@ -4,7 +4,9 @@
 //! answers with a CDI device whose spec gives the container its own socket, gpushare's
 //! libraries and the environment; a consolidated program run as that spec says runs on the
 //! shares' quota (past it, CUDA's out-of-memory error); the pod's namespace sets the class;
-//! the grant ends when the pod is gone; a restarted kubelet gets the plugin registered again.
+//! a pod whose projected service-account token names a mapped service account counts as the
+//! policy's user with that user's class, one without a token falls back to its namespace; the
+//! grant ends when the pod is gone; a restarted kubelet gets the plugin registered again.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -12,7 +14,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use gpushare_k8s::api::v1::{ContainerDevices, ContainerResources, PodResources};
-use gpushare_k8s::api::v1beta1::{AllocateRequest, ContainerAllocateRequest, Empty};
+use gpushare_k8s::api::v1beta1::device_plugin_client::DevicePluginClient;
+use gpushare_k8s::api::v1beta1::{AllocateRequest, ContainerAllocateRequest, Device, Empty};
 use gpushare_tests::kubelet::Kubelet;
 use gpushare_tests::{Broker, BrokerOptions, binary, wait_until};
 
@@ -61,6 +64,8 @@ fn start_plugin(broker: &Broker, kubelet: &Kubelet) -> Plugin {
         .arg(kubelet.device_plugin_dir())
         .arg("--pod-resources")
         .arg(kubelet.pod_resources_socket())
+        .arg("--kubelet-pods-dir")
+        .arg(kubelet.pods_dir())
         .arg("--cdi-dir")
         .arg(cdi_dir.path())
         .arg("--lib-dir")
@@ -92,6 +97,60 @@ fn pod(namespace: &str, name: &str, ids: &[String]) -> PodResources {
         }],
         ..Default::default()
     }
+}
+
+/// The devices the plugin advertises, once it has some.
+fn advertised(
+    kubelet: &Kubelet,
+    client: &mut DevicePluginClient<tonic::transport::Channel>,
+) -> Vec<Device> {
+    let mut watch = kubelet
+        .block_on(client.list_and_watch(Empty {}))
+        .expect("ListAndWatch")
+        .into_inner();
+    loop {
+        let listed = kubelet
+            .block_on(watch.message())
+            .expect("a device list")
+            .expect("the stream goes on");
+        if !listed.devices.is_empty() {
+            return listed.devices;
+        }
+    }
+}
+
+/// `Allocate` for one container holding `ids`: the job gpushared numbered for them.
+fn allocate(
+    kubelet: &Kubelet,
+    client: &mut DevicePluginClient<tonic::transport::Channel>,
+    ids: &[String],
+) -> u64 {
+    let answer = kubelet
+        .block_on(client.allocate(AllocateRequest {
+            container_requests: vec![ContainerAllocateRequest {
+                devices_ids: ids.to_vec(),
+            }],
+        }))
+        .expect("Allocate")
+        .into_inner();
+    let name = &answer.container_responses[0].cdi_devices[0].name;
+    name.split_once('=')
+        .and_then(|(_, job)| job.parse().ok())
+        .expect("gpushare.io/shard=JOB")
+}
+
+/// A bound service-account token's claims, as the API server issues them for a pod.
+fn bound_token(namespace: &str, pod: &str, pod_uid: &str, account: &str) -> serde_json::Value {
+    serde_json::json!({
+        "aud": ["https://kubernetes.default.svc"],
+        "iss": "https://kubernetes.default.svc",
+        "sub": format!("system:serviceaccount:{namespace}:{account}"),
+        "kubernetes.io": {
+            "namespace": namespace,
+            "pod": {"name": pod, "uid": pod_uid},
+            "serviceaccount": {"name": account, "uid": "0d4691ed"}
+        }
+    })
 }
 
 /// The consolidated test program, built once.
@@ -317,4 +376,72 @@ fn the_plugin_registers_again_when_the_kubelet_restarts() {
         .expect("ListAndWatch")
         .expect("a device list");
     assert_eq!(listed.devices.len(), SHARDS_PER_GPU as usize);
+}
+
+#[test]
+fn a_pod_s_service_account_places_it_as_the_policy_s_user_and_no_token_by_namespace() {
+    // alice is no user of this machine: the policy's [[users]] entry matches her by name.
+    let policy = format!(
+        "{POLICY}[[kubernetes.identities]]\nnamespace = \"ml-prod\"\nservice_account = \"trainer\"\nuser = \"gpushare-test-alice\"\n[[users]]\nname = \"gpushare-test-alice\"\nclass = \"best-effort\"\n"
+    );
+    let broker = Broker::start_with(BrokerOptions {
+        policy: Some(policy),
+        ..BrokerOptions::default()
+    });
+    let kubelet = Kubelet::start();
+    let _plugin = start_plugin(&broker, &kubelet);
+    assert!(wait_until(WAIT, || !kubelet.registrations().is_empty()));
+    let mut client = kubelet.plugin(ENDPOINT);
+    let devices = advertised(&kubelet, &mut client);
+    let ids = |r: std::ops::Range<usize>| -> Vec<String> {
+        devices[r].iter().map(|d| d.id.clone()).collect()
+    };
+    let (trainer_ids, worker_ids) = (ids(0..2), ids(2..4));
+    let trainer = allocate(&kubelet, &mut client, &trainer_ids);
+    let worker = allocate(&kubelet, &mut client, &worker_ids);
+
+    kubelet.project_token(
+        "uid-trainer",
+        &bound_token("ml-prod", "trainer-0", "uid-trainer", "trainer"),
+    );
+    // worker-0 mounts no token; this one, in another pod's directory, names a pod that is
+    // not that directory's.
+    kubelet.project_token(
+        "uid-other",
+        &bound_token("ml-prod", "worker-0", "uid-elsewhere", "trainer"),
+    );
+    kubelet.set_pods(vec![
+        pod("ml-prod", "trainer-0", &trainer_ids),
+        pod("ml-prod", "worker-0", &worker_ids),
+    ]);
+    let placed = |job: u64| {
+        broker
+            .status()
+            .jobs
+            .into_iter()
+            .find(|j| j.job == job && j.pod.is_some())
+    };
+    assert!(
+        wait_until(WAIT, || placed(trainer).is_some()
+            && placed(worker).is_some()),
+        "gpushare learns both pods"
+    );
+
+    let t = placed(trainer).expect("trainer's job");
+    assert_eq!(
+        t.pod.and_then(|p| p.service_account).as_deref(),
+        Some("trainer"),
+        "read from its token"
+    );
+    assert_eq!(t.user, "gpushare-test-alice");
+    assert_eq!(
+        t.class.as_str(),
+        "best-effort",
+        "alice's class, not the namespace's"
+    );
+
+    let w = placed(worker).expect("worker's job");
+    assert_eq!(w.pod.and_then(|p| p.service_account), None);
+    assert_eq!(w.user, "kubernetes");
+    assert_eq!(w.class.as_str(), "high", "the namespace's class");
 }

@@ -2,7 +2,7 @@
 //! kubelet through the device plugin API, turns each container's shares into a grant in
 //! gpushared with a socket of its own, hands the container that socket, gpushare's driver and
 //! the environment through CDI, and learns from the kubelet's pod resources API which pod
-//! holds them (its namespace picks the class) and when it is gone (docs/kubernetes.md).
+//! holds them (its namespace and service account pick the policy's identity or class) and when it is gone (docs/kubernetes.md).
 //!
 //! - `api/`: the kubelet's gRPC APIs (generated, checked in);
 //! - `uds.rs`: gRPC over Unix sockets;
@@ -11,6 +11,7 @@
 //! - `devices.rs`: the shares advertised, and which allocation holds which;
 //! - `plugin.rs`: the `DevicePlugin` service the kubelet calls;
 //! - `pods.rs`: following pods through the pod resources API;
+//! - `token.rs`: a pod's service account, from the token the kubelet projects into it;
 //! - `run.rs`: registering with the kubelet, and again after it restarts.
 
 // tonic's service traits answer with its `Status`, which is large: not ours to box.
@@ -26,6 +27,7 @@ pub mod gpushared;
 pub mod plugin;
 pub mod pods;
 pub mod run;
+pub mod token;
 pub mod uds;
 
 /// The extended resource a pod asks for.
@@ -51,6 +53,8 @@ pub struct Config {
     /// Our socket's name in it.
     pub endpoint: String,
     pub pod_resources: PathBuf,
+    /// The kubelet's `pods/` directory, where it projects each pod's service-account token.
+    pub kubelet_pods: PathBuf,
     pub cdi_dir: PathBuf,
     /// gpushare's libraries on this machine (mounted at the same path in containers).
     pub lib_dir: PathBuf,

@@ -23,6 +23,9 @@ struct Args {
     /// The kubelet's pod resources socket.
     #[arg(long, default_value = "/var/lib/kubelet/pod-resources/kubelet.sock")]
     pod_resources: PathBuf,
+    /// The kubelet's pods directory, read for each pod's service-account token.
+    #[arg(long, default_value = "/var/lib/kubelet/pods")]
+    kubelet_pods_dir: PathBuf,
     /// Where the container runtime reads CDI specs.
     #[arg(long, default_value = "/var/run/cdi")]
     cdi_dir: PathBuf,
@@ -57,6 +60,7 @@ async fn main() {
         device_plugin_dir: args.device_plugin_dir,
         endpoint: args.endpoint,
         pod_resources: args.pod_resources,
+        kubelet_pods: args.kubelet_pods_dir,
         cdi_dir: args.cdi_dir,
         lib_dir: args.lib_dir,
         shards_per_gpu: args.shards_per_gpu.max(1),

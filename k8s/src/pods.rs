@@ -1,7 +1,8 @@
 //! Following the pods that hold our shares, through the kubelet's pod resources API: the
 //! device plugin API never says which pod `Allocate` is for, but `List` does once the
-//! container holds the devices. Each allocation's pod is told to gpushared (its namespace
-//! picks the class); an allocation whose pod is gone, or that no pod has claimed within
+//! container holds the devices. Each allocation's pod is told to gpushared, with its service
+//! account where the pod's token says it (`token.rs`): gpushared's policy maps them to a user
+//! or a class. An allocation whose pod is gone, or that no pod has claimed within
 //! `Config::unclaimed`, is ended.
 
 use std::sync::Arc;
@@ -12,6 +13,7 @@ use tracing::{info, warn};
 use crate::api::v1::ListPodResourcesRequest;
 use crate::api::v1::pod_resources_lister_client::PodResourcesListerClient;
 use crate::plugin::Plugin;
+use crate::token::ServiceAccounts;
 use crate::{RESOURCE_NAME, uds};
 
 /// Each container holding our devices, and which.
@@ -54,16 +56,31 @@ pub async fn reconcile(plugin: &Plugin) {
             return;
         }
     };
+    // The pods' tokens, read once per look and only while some holder's account is unknown.
+    let mut accounts: Option<ServiceAccounts> = None;
     for allocation in plugin.allocations.all() {
         let holder = holders
             .iter()
             .find(|(_, ids)| allocation.devices.iter().all(|d| ids.contains(d)));
         match holder {
-            Some((pod, _)) if allocation.pod.as_ref() != Some(pod) => {
+            Some((pod, _)) if !known(allocation.pod.as_ref(), pod) => {
+                if accounts.is_none() {
+                    accounts = Some(scan(plugin).await);
+                }
+                let pod = PodIdentity {
+                    service_account: accounts
+                        .as_ref()
+                        .and_then(|a| a.of(&pod.namespace, &pod.pod))
+                        .map(str::to_owned),
+                    ..pod.clone()
+                };
+                if allocation.pod.as_ref() == Some(&pod) {
+                    continue;
+                }
                 match plugin.gpushared.identify(allocation.job, pod.clone()).await {
                     Ok(stats) => {
-                        info!(job = allocation.job, namespace = %pod.namespace, pod = %pod.pod, class = %stats.class, "a container's shares are its pod's");
-                        plugin.allocations.set_pod(allocation.job, pod.clone());
+                        info!(job = allocation.job, namespace = %pod.namespace, pod = %pod.pod, service_account = ?pod.service_account, user = %stats.user, class = %stats.class, "a container's shares are its pod's");
+                        plugin.allocations.set_pod(allocation.job, pod);
                     }
                     Err(e) => warn!(
                         job = allocation.job,
@@ -82,6 +99,24 @@ pub async fn reconcile(plugin: &Plugin) {
             None => {}
         }
     }
+}
+
+/// Whether gpushared knows `listed` as the holder already, service account included (a pod
+/// without one is looked for again: its token may not be written yet).
+fn known(told: Option<&PodIdentity>, listed: &PodIdentity) -> bool {
+    told.is_some_and(|t| {
+        t.service_account.is_some()
+            && (&t.namespace, &t.pod, &t.container)
+                == (&listed.namespace, &listed.pod, &listed.container)
+    })
+}
+
+/// Every pod's service account that its token says, read off the async threads.
+async fn scan(plugin: &Plugin) -> ServiceAccounts {
+    let dir = plugin.config.kubelet_pods.clone();
+    tokio::task::spawn_blocking(move || ServiceAccounts::scan(&dir))
+        .await
+        .unwrap_or_default()
 }
 
 /// Looks at the pods every `Config::interval`, for ever.

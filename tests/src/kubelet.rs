@@ -1,8 +1,9 @@
 //! A stand-in kubelet for the kubelet plugin's tests (tests/k8s.rs): it speaks the kubelet's
 //! real gRPC APIs over Unix sockets, from the same generated code the plugin uses. It serves
 //! `Registration` on `kubelet.sock` in a device plugin directory and `PodResourcesLister` on a
-//! socket of its own (listing the pods the test sets), calls the plugin's `DevicePlugin`, and
-//! restarts as a kubelet does: every socket in the directory is removed.
+//! socket of its own (listing the pods the test sets), calls the plugin's `DevicePlugin`,
+//! restarts as a kubelet does (every socket in the directory is removed), and writes pods'
+//! service-account tokens where and as the kubelet projects them.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -92,6 +93,7 @@ impl Kubelet {
             servers: Vec::new(),
         };
         std::fs::create_dir(kubelet.device_plugin_dir()).expect("device plugin dir");
+        std::fs::create_dir(kubelet.pods_dir()).expect("pods dir");
         kubelet.serve();
         kubelet
     }
@@ -102,6 +104,34 @@ impl Kubelet {
 
     pub fn pod_resources_socket(&self) -> PathBuf {
         self.dir.path().join("pod-resources.sock")
+    }
+
+    /// The kubelet's `pods/` directory (`/var/lib/kubelet/pods`).
+    pub fn pods_dir(&self) -> PathBuf {
+        self.dir.path().join("pods")
+    }
+
+    /// Writes pod `uid`'s service-account token with `claims` (its payload) as the kubelet
+    /// projects it: `pods/UID/volumes/kubernetes.io~projected/kube-api-access-x/token`, a
+    /// link into the timestamped directory that `..data` links to (the kubelet's atomic
+    /// writer). The signature is none: nothing on the node checks it.
+    pub fn project_token(&self, uid: &str, claims: &serde_json::Value) {
+        let volume = self
+            .pods_dir()
+            .join(uid)
+            .join("volumes/kubernetes.io~projected/kube-api-access-x");
+        let stamped = volume.join("..2025_01_01_00_00_00.1");
+        std::fs::create_dir_all(&stamped).expect("volume dir");
+        let jwt = format!(
+            "{}.{}.{}",
+            base64url(br#"{"alg":"RS256","kid":"stand-in"}"#),
+            base64url(claims.to_string().as_bytes()),
+            base64url(b"unsigned")
+        );
+        std::fs::write(stamped.join("token"), jwt).expect("token");
+        std::os::unix::fs::symlink("..2025_01_01_00_00_00.1", volume.join("..data"))
+            .expect("..data");
+        std::os::unix::fs::symlink("..data/token", volume.join("token")).expect("token link");
     }
 
     fn serve(&mut self) {
@@ -159,6 +189,22 @@ impl Kubelet {
     pub fn block_on<F: std::future::Future>(&self, f: F) -> F::Output {
         self.runtime.block_on(f)
     }
+}
+
+/// Unpadded base64url, as a JWT's parts are written.
+fn base64url(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, b)| n | (u32::from(*b) << (16 - 8 * i)));
+        for i in 0..=chunk.len() {
+            out.push(char::from(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize]));
+        }
+    }
+    out
 }
 
 impl Drop for Kubelet {

@@ -38,4 +38,39 @@ impl Identity {
             in_pod: false,
         }
     }
+
+    /// The user the policy names `name` (a Kubernetes identity's `user`): uid and groups from
+    /// the user database; a name it lacks matches `[[users]]` entries by name only, as
+    /// [`NO_UID`].
+    pub fn of_name(name: &str) -> Identity {
+        match nix::unistd::User::from_name(name).ok().flatten() {
+            Some(u) => Identity::lookup(u.uid.as_raw(), u.gid.as_raw()),
+            None => Identity {
+                uid: NO_UID,
+                user: Some(name.to_string()),
+                gids: Vec::new(),
+                group_names: Vec::new(),
+                in_pod: false,
+            },
+        }
+    }
+
+    /// The user of `uid` (a Kubernetes identity's `uid`), with groups where the user database
+    /// has the uid.
+    pub fn of_uid(uid: u32) -> Identity {
+        match nix::unistd::User::from_uid(uid.into()).ok().flatten() {
+            Some(u) => Identity::lookup(uid, u.gid.as_raw()),
+            None => Identity {
+                uid,
+                user: None,
+                gids: Vec::new(),
+                group_names: Vec::new(),
+                in_pod: false,
+            },
+        }
+    }
 }
+
+/// The uid of a user the policy names but this machine's user database lacks: `(uid_t)-1`,
+/// which is no one's.
+pub const NO_UID: u32 = u32::MAX;

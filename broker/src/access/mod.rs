@@ -57,8 +57,8 @@
 //!
 //! On a Slurm node, `[slurm]` says what a job's GPU shards are worth (`slurm.rs`; the
 //! administrator's guide is docs/slurm.md); on a Kubernetes node, `[kubernetes]` says what a
-//! container's shares are worth and the class of each namespace (`kubernetes.rs`,
-//! docs/kubernetes.md).
+//! container's shares are worth, and which user or class a pod's namespace and service account
+//! map to (`kubernetes.rs`, docs/kubernetes.md).
 //!
 //! A top-level `admin_group = "gpushare-admin"` names the group whose members (besides root)
 //! may change and evict live clients.
@@ -101,7 +101,7 @@ mod slurm;
 mod trust_domain;
 use file::{Fields, GroupEntry, PolicyFile};
 pub use identity::Identity;
-pub use kubernetes::KubernetesPolicy;
+pub use kubernetes::{KubernetesPolicy, PodPlacement};
 use quota::Quota;
 pub use slurm::SlurmPolicy;
 pub use trust_domain::{TrustDomain, TrustDomainError};

@@ -5,7 +5,8 @@
 //!
 //! A Kubernetes container's shares are a job as well, numbered here from
 //! [`POD_JOB_BASE`] up (`server/pods.rs`): its sessions are those through its own socket, and
-//! its class changes once the kubelet plugin says which pod holds it.
+//! its class (and the user it counts as) changes once the kubelet plugin says which pod holds
+//! it.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -30,9 +31,9 @@ pub struct Job {
     pub gpus: Vec<JobGpu>,
     pub partition: Option<String>,
     pub qos: Option<String>,
-    /// Its class, and for a Kubernetes container's shares the pod that holds them (both
-    /// change once the pod is known).
-    placed: Mutex<(PriorityClass, Option<PodIdentity>)>,
+    /// Its class, and for a Kubernetes container's shares the pod that holds them and the
+    /// user the policy maps it to (all change once the pod is known).
+    placed: Mutex<Placed>,
     weight: u32,
     /// Device memory its sessions together may hold.
     quota: AtomicU64,
@@ -43,18 +44,31 @@ pub struct Job {
     started: Instant,
 }
 
+#[derive(Debug, Clone)]
+struct Placed {
+    class: PriorityClass,
+    pod: Option<PodIdentity>,
+    /// Uid and name it counts as instead of `Job::uid`, `Job::user`.
+    owner: Option<(u32, String)>,
+}
+
 impl Job {
-    fn placed(&self) -> MutexGuard<'_, (PriorityClass, Option<PodIdentity>)> {
+    fn placed(&self) -> MutexGuard<'_, Placed> {
         self.placed.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The pod that holds these shares (once known), and the class that gives them.
-    pub fn set_pod(&self, pod: PodIdentity, class: PriorityClass) {
-        *self.placed() = (class, Some(pod));
+    /// The pod that holds these shares (once known), the class that gives them, and the user
+    /// the policy counts them as (`None`: whoever started them).
+    pub fn set_pod(&self, pod: PodIdentity, class: PriorityClass, owner: Option<(u32, String)>) {
+        *self.placed() = Placed {
+            class,
+            pod: Some(pod),
+            owner,
+        };
     }
 
     pub fn pod(&self) -> Option<PodIdentity> {
-        self.placed().1.clone()
+        self.placed().pod.clone()
     }
 
     /// Whether gpushared numbered it for a Kubernetes container.
@@ -65,7 +79,7 @@ impl Job {
     /// What its sessions run on.
     pub fn grant(&self) -> Grant {
         Grant {
-            class: self.placed().0,
+            class: self.placed().class,
             weight: self.weight,
             memory_quota: Some(self.quota()),
         }
@@ -142,11 +156,12 @@ impl Job {
     /// Its figures, with `live` (sessions open now and their GPU time so far) from the
     /// registry.
     pub fn stats(&self, live: (u32, u64)) -> JobStats {
-        let (class, pod) = self.placed().clone();
+        let Placed { class, pod, owner } = self.placed().clone();
+        let (uid, user) = owner.unwrap_or_else(|| (self.uid, self.user.clone()));
         JobStats {
             job: self.id,
-            uid: self.uid,
-            user: self.user.clone(),
+            uid,
+            user,
             gpus: self.gpus.clone(),
             partition: self.partition.clone(),
             qos: self.qos.clone(),
@@ -304,7 +319,11 @@ impl Jobs {
             gpus,
             partition: start.partition.clone(),
             qos: start.qos.clone(),
-            placed: Mutex::new((shares.class, None)),
+            placed: Mutex::new(Placed {
+                class: shares.class,
+                pod: None,
+                owner: None,
+            }),
             weight: shards.max(1),
             quota: AtomicU64::new(quota),
             memory_used: AtomicU64::new(0),

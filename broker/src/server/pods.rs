@@ -132,8 +132,9 @@ impl Broker {
         })
     }
 
-    /// Kubernetes job `id` is held by `pod`: its class becomes the one the policy gives the
-    /// pod's namespace, for its sessions open now too.
+    /// Kubernetes job `id` is held by `pod`: it counts as the user the policy maps the pod's
+    /// namespace and service account to, and its class becomes the one the policy gives
+    /// (that user's, else the namespace's), for its sessions open now too.
     pub(super) fn admin_pod_identify(
         &self,
         who: &Identity,
@@ -147,15 +148,14 @@ impl Broker {
                 format!("no Kubernetes container's shares are job {id} here"),
             )
         })?;
-        let class = self
-            .policy
-            .read()
-            .ok()
-            .and_then(|p| p.kubernetes())
-            .map(|k| k.class_for(Some(&pod.namespace)))
-            .unwrap_or(job.grant().class);
-        info!(job = id, namespace = %pod.namespace, pod = %pod.pod, container = %pod.container, %class, "Kubernetes container's shares are its pod's");
-        job.set_pod(pod, class);
+        let placed = self.policy.read().ok().and_then(|p| p.place_pod(&pod));
+        let (class, owner) = match placed {
+            Some(p) => (p.class, p.user),
+            None => (job.grant().class, None),
+        };
+        let user = owner.as_ref().map(|(_, name)| name.as_str());
+        info!(job = id, namespace = %pod.namespace, pod = %pod.pod, container = %pod.container, service_account = ?pod.service_account, user = ?user, %class, "Kubernetes container's shares are its pod's");
+        job.set_pod(pod, class, owner);
         let clients = self.registry.snapshot();
         for client in clients.iter().filter(|c| c.job == Some(id)) {
             if let Some(info) = self.registry.get(client.client_id) {
@@ -345,5 +345,47 @@ mod tests {
             Some(format!("the container's GPU shares (job {id}) have ended").as_str())
         );
         assert!(!socket_dir.exists(), "its socket is gone");
+    }
+
+    #[tokio::test]
+    async fn a_pod_s_service_account_makes_it_count_as_the_user_the_policy_maps_it_to() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let broker = sim_broker_with(
+            1,
+            BrokerConfig {
+                socket: dir.path().join("gpushare.sock"),
+                ..BrokerConfig::default()
+            },
+        );
+        let policy = format!(
+            "{POLICY}[[kubernetes.identities]]\nnamespace = \"ml-prod\"\nservice_account = \"trainer\"\nuser = \"gpushare-test-alice\"\n[[users]]\nname = \"gpushare-test-alice\"\nclass = \"best-effort\"\n"
+        );
+        broker.set_policy(Policy::parse(&policy, "test").expect("policy"));
+        let root = identity(0, &[]);
+        let id = broker
+            .admin_pod_start(&root, shares(1))
+            .expect("started")
+            .stats
+            .job;
+        let trainer = PodIdentity {
+            service_account: Some("trainer".into()),
+            ..pod("ml-prod")
+        };
+        let placed = broker
+            .admin_pod_identify(&root, id, trainer)
+            .expect("identified");
+        assert_eq!(
+            (placed.user.as_str(), placed.class),
+            ("gpushare-test-alice", PriorityClass::BestEffort)
+        );
+        // Its account unknown (no token): the namespace's class, as whoever started it.
+        let unknown = broker
+            .admin_pod_identify(&root, id, pod("ml-prod"))
+            .expect("identified");
+        assert_eq!(
+            (unknown.user.as_str(), unknown.class),
+            ("kubernetes", PriorityClass::High)
+        );
+        broker.admin_job_end(&root, id).await.expect("ended");
     }
 }
