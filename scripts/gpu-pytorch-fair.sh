@@ -9,7 +9,8 @@
 # Runs from the folder scripts/gpu-bundle.sh makes (gpushared, gpushare, libcuda.so,
 # libgpushare_audit.so, colocate/*.py), as root (the second user, USER2, default gpucolo, is
 # created if missing). Settings: SECS (60), MODEL (transformer | mlp), PYTHON (python3),
-# QUANTUM_US (0: the policy's `[fair] quantum_us`, turns of one kernel when 0),
+# QUANTUM_US (0: the policy's `[fair] quantum_us`, turns of one kernel when 0), GRAPHS (set,
+# with MODEL=mlp: each iteration of both trainers is one CUDA graph replay),
 # LOGS (default $work/logs). Exit status: non-zero if the run failed or the ratio missed.
 set -uo pipefail
 dir=$(cd "$(dirname "$0")" && pwd)
@@ -69,7 +70,8 @@ start_trainer() { # start_trainer NAME [setpriv prefix...]
     (cd "$work" && timeout $((secs + 200)) "$@" env GPUSHARE_SOCKET="$sock" \
         "$work/bin/gpushare" run --name "$name" -- \
         "$py" "$work/py/be.py" --model "$model" --seconds "$secs" --ready "$work/$name.ready" \
-        --go "$go" --out "$work/$name.json" --name "$name" > "$logs/$name.out" 2> "$logs/$name.err") &
+        --go "$go" --out "$work/$name.json" --name "$name" ${GRAPHS:+--graph} \
+        > "$logs/$name.out" 2> "$logs/$name.err") &
     pids+=($!)
 }
 start_trainer weight2

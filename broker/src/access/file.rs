@@ -66,6 +66,7 @@ pub(super) struct FaultFields {
 #[serde(deny_unknown_fields)]
 pub(super) struct FairFields {
     pub(super) quantum_us: Option<u64>,
+    pub(super) anticipate_us: Option<u64>,
 }
 
 /// `[priority]`: the priority policy's tunables.

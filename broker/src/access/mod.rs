@@ -53,6 +53,8 @@
 //! [fair]
 //! quantum_us = 0         # > 0: a client's turn queues kernels back to back for this much GPU
 //!                        # time ahead of the next client (0: one kernel at a time)
+//! anticipate_us = 500    # a client owed GPU time whose work just completed is waited for
+//!                        # this long before another is granted (0: never)
 //! ```
 //!
 //! On a Slurm node, `[slurm]` says what a job's GPU shards are worth (`slurm.rs`; the
@@ -329,12 +331,14 @@ impl Policy {
     /// The fair policy's tunables: the file's `[fair]` over the defaults.
     pub fn fair_config(&self) -> crate::sched::FairConfig {
         let base = crate::sched::FairConfig::default();
+        let f = &self.file.fair;
         crate::sched::FairConfig {
-            quantum_ns: self
-                .file
-                .fair
+            quantum_ns: f
                 .quantum_us
                 .map_or(base.quantum_ns, |us| us.saturating_mul(1_000)),
+            anticipate_ns: f
+                .anticipate_us
+                .map_or(base.anticipate_ns, |us| us.saturating_mul(1_000)),
             ..base
         }
     }

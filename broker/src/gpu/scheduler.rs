@@ -262,11 +262,17 @@ impl GpuScheduler {
                 self.pump(&mut st);
                 continue;
             }
-            let slice = if st.dispatcher.inflight_of(id) > 0 {
+            let mut slice = if st.dispatcher.inflight_of(id) > 0 {
                 WAIT_SLICE
             } else {
                 IDLE_WAIT_SLICE
             };
+            // A hold that ends with time alone (FAIR waiting for an owed client) ends on time.
+            if let Some(at) = st.dispatcher.next_wakeup() {
+                slice = slice.min(Duration::from_nanos(
+                    at.saturating_sub(self.now()).max(1_000),
+                ));
+            }
             st = self
                 .granted_cv
                 .wait_timeout(st, slice)

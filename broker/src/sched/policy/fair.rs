@@ -19,6 +19,12 @@
 //! wait in gpushared's queue, so a client whose data thread is briefly off the CPU looks idle
 //! between two of them; one back within `IDLE_GRACE_NS` keeps what it is owed instead of being
 //! held to the lag bound like a client back from real idleness.
+//!
+//! A program that waits for each step (a CUDA graph, then its loss read) has nothing queued
+//! while it thinks, so whoever does would get every other turn and the weights would not
+//! show. A client owed GPU time (less virtual time than the one to be granted) whose last work
+//! completed less than `anticipate_ns` ago is waited for that long instead: the GPU idles for
+//! at most its think time per step, and only while it is owed.
 
 use std::collections::HashMap;
 
@@ -39,6 +45,8 @@ pub struct FairConfig {
     pub quantum_ns: u64,
     /// Kernels of one client in flight during its turn (with a quantum).
     pub max_run: u32,
+    /// How long a client owed GPU time is waited for after its work completed (0: never).
+    pub anticipate_ns: u64,
 }
 
 impl Default for FairConfig {
@@ -48,6 +56,7 @@ impl Default for FairConfig {
             lag_ns: 20_000_000,
             quantum_ns: 0,
             max_run: 32,
+            anticipate_ns: 500_000,
         }
     }
 }
@@ -58,6 +67,10 @@ pub struct Fair {
     vtime: HashMap<ClientId, f64>,
     /// With turns: when each idle client's last request completed.
     idle_since: HashMap<ClientId, u64>,
+    /// When each client with nothing queued or in flight had its last request complete.
+    done_at: HashMap<ClientId, u64>,
+    /// When a wait for an owed client ends.
+    wake: Option<u64>,
 }
 
 impl Fair {
@@ -66,7 +79,26 @@ impl Fair {
             cfg,
             vtime: HashMap::new(),
             idle_since: HashMap::new(),
+            done_at: HashMap::new(),
+            wake: None,
         }
+    }
+
+    /// Until when to wait for an owed client rather than grant `next` now: one with less
+    /// virtual time than `next`'s, nothing queued, and its last work done within
+    /// `anticipate_ns` of `now`.
+    fn owed_back_soon(&self, view: &View<'_>, next: ClientId, now: u64) -> Option<u64> {
+        let v = self.vt(next);
+        self.done_at
+            .iter()
+            .filter(|&(&id, _)| id != next && self.vt(id) < v)
+            .filter(|&(&id, _)| {
+                view.client(id)
+                    .is_some_and(|c| !c.backlogged() && c.inflight().is_empty())
+            })
+            .map(|(_, &at)| at.saturating_add(self.cfg.anticipate_ns))
+            .filter(|&until| until > now)
+            .min()
     }
 
     fn vt(&self, id: ClientId) -> f64 {
@@ -100,23 +132,36 @@ impl Policy for Fair {
         "fair"
     }
 
-    fn pick(&mut self, view: &View<'_>, _now: u64) -> Pick {
+    fn pick(&mut self, view: &View<'_>, now: u64) -> Pick {
+        self.wake = None;
         if self.cfg.quantum_ns > 0 && view.inflight_total() > 0 {
             return self.continue_turn(view);
         }
         if view.inflight_total() >= self.cfg.max_concurrent.max(1) as usize {
             return Pick::Hold;
         }
-        view.candidates()
-            .min_by(|a, b| {
-                self.vt(a.id())
-                    .total_cmp(&self.vt(b.id()))
-                    .then(a.head().map(|h| h.id).cmp(&b.head().map(|h| h.id)))
-            })
-            .map_or(Pick::Hold, |c| Pick::Grant(c.id()))
+        let Some(next) = view.candidates().min_by(|a, b| {
+            self.vt(a.id())
+                .total_cmp(&self.vt(b.id()))
+                .then(a.head().map(|h| h.id).cmp(&b.head().map(|h| h.id)))
+        }) else {
+            return Pick::Hold;
+        };
+        if self.cfg.anticipate_ns > 0
+            && let Some(until) = self.owed_back_soon(view, next.id(), now)
+        {
+            self.wake = Some(until);
+            return Pick::Hold;
+        }
+        Pick::Grant(next.id())
+    }
+
+    fn next_wakeup(&self) -> Option<u64> {
+        self.wake
     }
 
     fn on_submit(&mut self, view: &View<'_>, client: ClientId, now: u64) {
+        self.done_at.remove(&client);
         let Some(c) = view.client(client) else { return };
         if c.queued() != 1 || !c.inflight().is_empty() {
             return; // was backlogged already
@@ -158,11 +203,15 @@ impl Policy for Fair {
         if self.cfg.quantum_ns > 0 && c.is_some_and(|c| !c.backlogged()) {
             self.idle_since.insert(client, now);
         }
+        if c.is_some_and(|c| !c.backlogged() && c.inflight().is_empty()) {
+            self.done_at.insert(client, now);
+        }
     }
 
     fn on_remove(&mut self, client: ClientId) {
         self.vtime.remove(&client);
         self.idle_since.remove(&client);
+        self.done_at.remove(&client);
     }
 }
 
@@ -171,7 +220,7 @@ mod tests {
     use gpushare_protocol::PriorityClass;
 
     use super::FairConfig;
-    use crate::sched::simulate::{ClientScript, SimConfig, Simulation, kernel};
+    use crate::sched::simulate::{Arrivals, ClientScript, SimConfig, Simulation, kernel};
     use crate::sched::{Bound, ClientSpec, DeviceShape, Dispatcher, PolicyKind, SchedConfig};
 
     const MS: u64 = 1_000_000;
@@ -235,6 +284,54 @@ mod tests {
                 let want = f64::from(*w) / f64::from(sum);
                 assert!((s / want - 1.0).abs() < 0.05, "weight {w}: {s} vs {want}");
             }
+        }
+    }
+
+    /// Closed-loop clients of `weights` that each wait for their one kernel (`kernel_us`) and
+    /// think `think_us` before the next, as a program that synchronizes every step does (a
+    /// CUDA graph and its loss read): GPU shares, and the GPU's busy fraction.
+    fn synchronous_shares(weights: &[u32], kernel_us: u64, think_us: u64) -> (Vec<f64>, f64) {
+        let horizon = 2_000 * MS;
+        let scripts = weights
+            .iter()
+            .enumerate()
+            .map(|(i, &w)| {
+                let id = i as u64 + 1;
+                let spec = ClientSpec::new(id, PriorityClass::Normal, w);
+                let mut script =
+                    ClientScript::new(spec, vec![kernel(id, kernel_us, 132, Bound::Compute)]);
+                script.arrivals = Arrivals::Closed {
+                    think_ns: think_us * 1_000,
+                };
+                script
+            })
+            .collect();
+        let cfg = SimConfig {
+            horizon_ns: horizon,
+            ..SimConfig::default()
+        };
+        let r = Simulation::new(cfg, PolicyKind::Fair, scripts).run();
+        let total: u64 = r.clients.iter().map(|c| c.gpu_ns).sum();
+        let shares = r
+            .clients
+            .iter()
+            .map(|c| c.gpu_ns as f64 / total as f64)
+            .collect();
+        (shares, total as f64 / horizon as f64)
+    }
+
+    #[test]
+    fn weights_hold_between_programs_that_wait_for_each_step() {
+        for (kernel_us, think_us) in [(1_000, 100), (2_000, 300), (300, 50)] {
+            let (got, busy) = synchronous_shares(&[2, 1], kernel_us, think_us);
+            println!(
+                "fair, synchronous {kernel_us} us steps, {think_us} us think: shares {got:.4?}, GPU busy {busy:.3}"
+            );
+            assert!((got[0] / (2.0 / 3.0) - 1.0).abs() < 0.05, "{got:?}");
+            assert!((got[1] / (1.0 / 3.0) - 1.0).abs() < 0.05, "{got:?}");
+            // Waiting for the owed program costs at most its think time per step.
+            let bound = kernel_us as f64 / (kernel_us + think_us) as f64;
+            assert!(busy > bound * 0.95, "busy {busy} against {bound}");
         }
     }
 
