@@ -22,20 +22,20 @@ use crate::access::{Bounds, FaultLimit};
 mod holds;
 mod leaving;
 mod refusal;
+mod tally;
 
 pub use holds::{ImageHold, Visit};
 pub use leaving::{LEAVING_WAIT, Leaving, NOTICE_WAIT};
 pub use refusal::Refusal;
+pub use tally::MemoryTally;
 
 /// One user's account.
 #[derive(Debug)]
 pub struct UserAccount {
     pub uid: u32,
     pub user: String,
-    /// Device memory held by all of the user's sessions.
-    memory_used: AtomicU64,
-    /// `u64::MAX` means unlimited.
-    quota: AtomicU64,
+    /// Device memory held by all of the user's sessions, against their quota.
+    memory: MemoryTally,
     /// Sessions open; changed only under the accounts' lock.
     sessions: AtomicU32,
     /// Host memory gpushared holds locked for the user: every session's shared region and
@@ -85,8 +85,7 @@ impl UserAccount {
         UserAccount {
             uid,
             user,
-            memory_used: AtomicU64::new(0),
-            quota: AtomicU64::new(quota.unwrap_or(u64::MAX)),
+            memory: MemoryTally::new(quota),
             sessions: AtomicU32::new(0),
             pinned: AtomicU64::new(0),
             max_sessions: AtomicU32::new(u32::MAX),
@@ -193,17 +192,16 @@ impl UserAccount {
 
     /// The user's memory quota; `None` means unlimited.
     pub fn quota(&self) -> Option<u64> {
-        Some(self.quota.load(Ordering::Relaxed)).filter(|&q| q != u64::MAX)
+        self.memory.quota()
     }
 
     pub fn set_quota(&self, quota: Option<u64>) {
-        self.quota
-            .store(quota.unwrap_or(u64::MAX), Ordering::Relaxed);
+        self.memory.set_quota(quota);
     }
 
     /// Device memory held by all of the user's sessions.
     pub fn memory_used(&self) -> u64 {
-        self.memory_used.load(Ordering::Relaxed)
+        self.memory.used()
     }
 
     pub fn sessions(&self) -> u32 {
@@ -232,36 +230,18 @@ impl UserAccount {
     }
 
     fn try_charge(&self, bytes: u64) -> Result<(), ErrorCode> {
-        let quota = self.quota.load(Ordering::Relaxed);
-        if quota == u64::MAX {
-            self.charge_held(bytes);
-            return Ok(());
-        }
-        self.memory_used
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
-                used.checked_add(bytes).filter(|&now| now <= quota)
-            })
-            .map(drop)
-            .map_err(|_| ErrorCode::OutOfQuota)
+        self.memory.charge(bytes)
     }
 
     /// Counts `bytes` more whatever the quota: memory the user already holds (a governed
     /// program registering again after a reconnect).
     pub fn charge_held(&self, bytes: u64) {
-        let _ = self
-            .memory_used
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
-                Some(used.saturating_add(bytes))
-            });
+        self.memory.charge_held(bytes);
     }
 
     /// Gives `bytes` back (never below zero).
     pub fn release(&self, bytes: u64) {
-        let _ = self
-            .memory_used
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
-                Some(used.saturating_sub(bytes))
-            });
+        self.memory.release(bytes);
     }
 
     pub fn stats(&self) -> UserStats {

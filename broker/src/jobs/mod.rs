@@ -18,6 +18,7 @@ use gpushare_protocol::PriorityClass;
 use gpushare_protocol::job::{JobGpu, JobStart, JobStats, POD_JOB_BASE, PodIdentity};
 
 use crate::access::{Grant, SlurmPolicy};
+use crate::accounts::MemoryTally;
 
 pub mod slurm;
 
@@ -35,9 +36,8 @@ pub struct Job {
     /// user the policy maps it to (all change once the pod is known).
     placed: Mutex<Placed>,
     weight: u32,
-    /// Device memory its sessions together may hold.
-    quota: AtomicU64,
-    memory_used: AtomicU64,
+    /// Device memory its sessions hold, against what they together may.
+    memory: MemoryTally,
     sessions_total: AtomicU64,
     /// GPU time of its sessions that have ended.
     ended_gpu_ns: AtomicU64,
@@ -86,17 +86,16 @@ impl Job {
     }
 
     pub fn quota(&self) -> u64 {
-        self.quota.load(Ordering::Relaxed)
+        self.memory.quota().unwrap_or(u64::MAX)
     }
 
     /// An administrator's new quota for the job (`None`: as much as the GPU has).
     pub fn set_quota(&self, quota: Option<u64>) {
-        self.quota
-            .store(quota.unwrap_or(u64::MAX), Ordering::Relaxed);
+        self.memory.set_quota(quota);
     }
 
     pub fn memory_used(&self) -> u64 {
-        self.memory_used.load(Ordering::Relaxed)
+        self.memory.used()
     }
 
     /// The GPU a session of the job runs on: the one it asked for if the job holds shares of
@@ -112,31 +111,17 @@ impl Job {
     /// Counts `bytes` more if the job's sessions together stay within its quota (else
     /// `OutOfQuota`, and nothing changes).
     pub fn charge(&self, bytes: u64) -> Result<(), ErrorCode> {
-        let quota = self.quota();
-        self.memory_used
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
-                used.checked_add(bytes).filter(|&now| now <= quota)
-            })
-            .map(drop)
-            .map_err(|_| ErrorCode::OutOfQuota)
+        self.memory.charge(bytes)
     }
 
     /// Counts `bytes` the job's session holds already, whatever the quota.
     pub fn charge_held(&self, bytes: u64) {
-        let _ = self
-            .memory_used
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
-                Some(used.saturating_add(bytes))
-            });
+        self.memory.charge_held(bytes);
     }
 
     /// Gives `bytes` back (never below zero).
     pub fn release(&self, bytes: u64) {
-        let _ = self
-            .memory_used
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
-                Some(used.saturating_sub(bytes))
-            });
+        self.memory.release(bytes);
     }
 
     /// A session of the job has started.
@@ -325,8 +310,7 @@ impl Jobs {
                 owner: None,
             }),
             weight: shards.max(1),
-            quota: AtomicU64::new(quota),
-            memory_used: AtomicU64::new(0),
+            memory: MemoryTally::new(Some(quota)),
             sessions_total: AtomicU64::new(0),
             ended_gpu_ns: AtomicU64::new(0),
             started: Instant::now(),
