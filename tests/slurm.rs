@@ -68,13 +68,7 @@ impl Setup {
         );
         std::fs::set_permissions(&app, std::os::unix::fs::PermissionsExt::from_mode(0o755))
             .expect("chmod the program");
-        let broker = Broker::start_with(BrokerOptions {
-            policy: Some(POLICY.into()),
-            socket: Some(slurm.socket()),
-            // gpushared asks this cluster which job a client's process is in.
-            env: vec![("SLURM_CONF".into(), slurm.conf().display().to_string())],
-            ..BrokerOptions::default()
-        });
+        let broker = start_broker(&slurm);
         Some(Setup {
             slurm,
             broker,
@@ -86,6 +80,12 @@ impl Setup {
 
     fn app(&self) -> String {
         self.app.display().to_string()
+    }
+
+    /// Stops gpushared and starts it again on the same socket, as `systemctl restart` does.
+    fn restart_broker(&mut self) {
+        self.broker.terminate(PATIENCE);
+        self.broker = start_broker(&self.slurm);
     }
 
     /// The cluster's state and the end of the broker's log, for a failure's message.
@@ -165,6 +165,17 @@ impl Setup {
 fn ready_pid(text: &str) -> Option<i32> {
     text.lines()
         .find_map(|l| l.strip_prefix("ready ")?.trim().parse().ok())
+}
+
+/// gpushared on the cluster's socket, with the test's policy.
+fn start_broker(slurm: &SlurmCluster) -> Broker {
+    Broker::start_with(BrokerOptions {
+        policy: Some(POLICY.into()),
+        socket: Some(slurm.socket()),
+        // gpushared asks this cluster which job a client's process is in.
+        env: vec![("SLURM_CONF".into(), slurm.conf().display().to_string())],
+        ..BrokerOptions::default()
+    })
 }
 
 /// A program run by `srun`, its input piped from the test (srun hands it to the task).
@@ -316,6 +327,66 @@ fn slurm_jobs_of_two_users_run_on_their_grants_and_leave_nothing_held() {
         }
     }
     assert!(failed.is_empty(), "failed (or not run): {failed:#?}");
+}
+
+#[test]
+fn a_restarted_gpushared_takes_back_a_running_job_s_grant() {
+    let Some(mut s) = Setup::start("a_restarted_gpushared_takes_back_a_running_job_s_grant") else {
+        return;
+    };
+    let (fifo, _gate) = s.slurm.input_fifo("restart");
+    let job = s.slurm.sbatch_as(
+        &s.a,
+        &["--job-name=gpushare-restart", "--gres=shard:2"],
+        &format!("exec cat < {}", fifo.display()),
+    );
+    s.wait_status("the job holds its shares", |st| {
+        st.jobs
+            .iter()
+            .any(|j| j.job == job.id && j.memory_quota == 2 * SHARD)
+    });
+
+    s.restart_broker();
+    s.wait_status(
+        "the restarted gpushared holds the job's shares again",
+        |st| {
+            st.jobs
+                .iter()
+                .any(|j| j.job == job.id && j.memory_quota == 2 * SHARD)
+        },
+    );
+    // A new step of the running job: its program runs on the job's grant.
+    let app = s.app();
+    let gib = GIB.to_string();
+    let mut step = Step::start(s.slurm.srun_as(
+        &s.a,
+        &[
+            &format!("--jobid={}", job.id),
+            "--overlap",
+            &app,
+            "hold",
+            "libcuda.so.1",
+            &gib,
+        ],
+    ));
+    let pid = step.ready(&s);
+    s.wait_status("the new step's program runs on the job's grant", |st| {
+        st.clients
+            .iter()
+            .any(|c| c.pid == pid && c.job == Some(job.id) && c.memory_quota == Some(2 * SHARD))
+    });
+    let (status, stderr) = step.finish();
+    assert!(status.success(), "the step: {status:?}\n{stderr}");
+    s.slurm.scancel(job.id);
+    assert!(
+        s.slurm.wait_job_gone(job.id, PATIENCE),
+        "job {} did not end: {}",
+        job.id,
+        s.diagnostics()
+    );
+    s.wait_status("the ended job leaves nothing held", |st| {
+        no_trace_of_job(st, job.id)
+    });
 }
 
 fn outside_a_job_only_root_may_use_the_gpu(s: &Setup) {

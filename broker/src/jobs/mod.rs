@@ -20,6 +20,7 @@ use gpushare_protocol::job::{JobGpu, JobStart, JobStats, POD_JOB_BASE, PodIdenti
 use crate::access::{Grant, SlurmPolicy};
 use crate::accounts::MemoryTally;
 
+pub mod saved;
 pub mod slurm;
 
 /// One job's grant and its use.
@@ -317,6 +318,23 @@ impl Jobs {
         });
         jobs.insert(start.job, job.clone());
         Ok(job)
+    }
+
+    /// Every Slurm job here as its prolog started it (shards resolved), to be kept across a
+    /// restart; Kubernetes containers' shares are not.
+    pub fn slurm_starts(&self) -> Vec<JobStart> {
+        self.all()
+            .iter()
+            .filter(|j| !j.is_pod())
+            .map(|j| JobStart {
+                job: j.id,
+                uid: j.uid,
+                user: j.user.clone(),
+                gpus: j.gpus.clone(),
+                partition: j.partition.clone(),
+                qos: j.qos.clone(),
+            })
+            .collect()
     }
 
     /// The job `id`, if it holds shares here.

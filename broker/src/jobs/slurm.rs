@@ -44,6 +44,49 @@ pub async fn job_of(pid: i32) -> Option<u64> {
     }
 }
 
+/// Whether Slurm still runs job `id`: `Some(false)` when it says the job is over or unknown,
+/// `None` when it cannot say (no scontrol, no answer).
+pub async fn still_running(id: u64) -> Option<bool> {
+    let scontrol = scontrol()?;
+    let run = tokio::process::Command::new(&scontrol)
+        .args(["show", "job", "--oneliner", &id.to_string()])
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(PIDINFO_TIMEOUT, run)
+        .await
+        .ok()?
+        .ok()?;
+    job_state(
+        &String::from_utf8_lossy(&out.stdout),
+        &String::from_utf8_lossy(&out.stderr),
+    )
+}
+
+/// What `scontrol show job --oneliner` says of a job's life: running (or about to, or
+/// suspended, or its epilog under way) or over; `None` when it says neither.
+fn job_state(stdout: &str, stderr: &str) -> Option<bool> {
+    if stderr.contains("Invalid job id") {
+        return Some(false);
+    }
+    let state = stdout
+        .split_whitespace()
+        .find_map(|f| f.strip_prefix("JobState="))?;
+    Some(matches!(
+        state,
+        "RUNNING"
+            | "CONFIGURING"
+            | "COMPLETING"
+            | "SUSPENDED"
+            | "PENDING"
+            | "REQUEUED"
+            | "RESIZING"
+            | "SIGNALING"
+            | "STAGE_OUT"
+            | "STOPPED"
+    ))
+}
+
 /// `scontrol`: `$GPUSHARE_SCONTROL`, else the first on `PATH` or in the usual places.
 fn scontrol() -> Option<PathBuf> {
     if let Some(p) = std::env::var_os("GPUSHARE_SCONTROL").filter(|p| !p.is_empty()) {
@@ -92,6 +135,33 @@ mod tests {
         assert_eq!(job_in_cgroup(v1), Some(12));
         let outside = "0::/user.slice/user-1000.slice/session-3.scope\n4:memory:/job_x/\n";
         assert_eq!(job_in_cgroup(outside), None);
+    }
+
+    #[test]
+    fn a_job_s_life_is_read_from_scontrol_show_job() {
+        assert_eq!(
+            job_state("JobId=12 JobName=wrap JobState=RUNNING Reason=None", ""),
+            Some(true)
+        );
+        assert_eq!(
+            job_state("JobId=12 JobState=COMPLETED Reason=None", ""),
+            Some(false)
+        );
+        assert_eq!(
+            job_state("JobId=12 JobState=CANCELLED Reason=None", ""),
+            Some(false)
+        );
+        assert_eq!(
+            job_state("", "slurm_load_jobs error: Invalid job id specified\n"),
+            Some(false)
+        );
+        assert_eq!(
+            job_state(
+                "",
+                "slurm_load_jobs error: Unable to contact slurm controller\n"
+            ),
+            None
+        );
     }
 
     #[test]

@@ -8,7 +8,7 @@ use gpushare_protocol::ErrorCode;
 use gpushare_protocol::error::WireError;
 use gpushare_protocol::job::{JobStart, JobStats};
 use gpushare_protocol::stats::ClientStats;
-use tracing::info;
+use tracing::{info, warn};
 
 use super::Broker;
 use crate::access::Identity;
@@ -39,7 +39,62 @@ impl Broker {
         .map_err(|why| WireError::new(why.code(), why.to_string()))?;
         let stats = job.stats(self.live_in(&job, &self.registry.snapshot()));
         info!(job = job.id, user = %job.user, shards = stats.shards(), quota = stats.memory_quota, class = %stats.class, by = who.uid, "Slurm job started");
+        self.save_jobs();
         Ok(stats)
+    }
+
+    /// Keeps the Slurm jobs here in their file, for a restart (`jobs/saved.rs`).
+    fn save_jobs(&self) {
+        let path = crate::jobs::saved::path_for(&self.config.socket);
+        if let Err(e) = crate::jobs::saved::save(&path, self.jobs.slurm_starts()) {
+            warn!(file = %path.display(), error = %e, "cannot keep the Slurm jobs' grants for a restart");
+        }
+    }
+
+    /// Takes back the Slurm jobs a previous gpushared kept, on the grants the policy gives them
+    /// now, but those Slurm says (`running`) have ended meanwhile.
+    pub(super) async fn restore_jobs<F>(&self, running: impl Fn(u64) -> F)
+    where
+        F: std::future::Future<Output = Option<bool>>,
+    {
+        let path = crate::jobs::saved::path_for(&self.config.socket);
+        let kept = match crate::jobs::saved::load(&path) {
+            Ok(kept) => kept,
+            Err(e) => {
+                warn!(file = %path.display(), error = %e, "cannot read the Slurm jobs a previous gpushared kept; they are not restored");
+                return;
+            }
+        };
+        if kept.is_empty() {
+            return;
+        }
+        let Some(slurm) = self.policy.read().ok().and_then(|p| p.slurm()) else {
+            warn!(jobs = kept.len(), file = %path.display(), "Slurm jobs were kept, but the policy has no [slurm] section now: not restored");
+            return;
+        };
+        let gpu_memory: Vec<u64> = self
+            .gpus
+            .iter()
+            .map(|g| g.device().info().total_memory)
+            .collect();
+        for start in kept {
+            if running(start.job).await == Some(false) {
+                info!(
+                    job = start.job,
+                    "a kept Slurm job has ended meanwhile: not restored"
+                );
+                continue;
+            }
+            match self.jobs.start(&start, &slurm, &gpu_memory) {
+                Ok(job) => {
+                    info!(job = job.id, user = %job.user, quota = job.quota(), "Slurm job's grant restored")
+                }
+                Err(why) => {
+                    warn!(job = start.job, %why, "a kept Slurm job cannot be restored")
+                }
+            }
+        }
+        self.save_jobs();
     }
 
     /// Ends job `id`: its grant goes and its sessions still open are evicted; answers once
@@ -56,6 +111,9 @@ impl Broker {
                 format!("no Slurm job {id} holds shares here"),
             )
         })?;
+        if !job.is_pod() {
+            self.save_jobs();
+        }
         // A container's socket first: nothing new comes in while its sessions leave.
         self.pods.close(id);
         let why = match job.is_pod() {
@@ -201,6 +259,47 @@ mod tests {
         assert!(broker.status().jobs.is_empty());
         let again = broker.admin_job_end(&root, 7).await;
         assert_eq!(again.map_err(|e| e.code), Err(ErrorCode::NotFound));
+    }
+
+    /// A broker of one sim GPU with `[slurm]`, listening (in name) in `dir`.
+    fn slurm_broker_in(dir: &std::path::Path) -> Arc<Broker> {
+        let broker = crate::server::testing::sim_broker_with(
+            1,
+            crate::config::BrokerConfig {
+                socket: dir.join("gpushare.sock"),
+                ..crate::config::BrokerConfig::default()
+            },
+        );
+        let policy = Policy::parse("[slurm]\nshards_per_gpu = 4\n", "test").expect("policy");
+        *broker.policy.write().expect("policy lock") = policy;
+        broker
+    }
+
+    #[tokio::test]
+    async fn a_restarted_broker_takes_back_the_slurm_jobs_still_running() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = identity(0, &[]);
+        let first = slurm_broker_in(dir.path());
+        first.admin_job_start(&root, start(12, 2)).expect("started");
+        first.admin_job_start(&root, start(13, 1)).expect("started");
+        first.admin_job_start(&root, start(14, 1)).expect("started");
+        first.admin_job_end(&root, 14).await.expect("ended");
+        let quota = first.jobs.get(12).expect("held").quota();
+        drop(first);
+
+        // Slurm says job 13 ended while gpushared was away.
+        let second = slurm_broker_in(dir.path());
+        second
+            .restore_jobs(|id| std::future::ready((id == 13).then_some(false)))
+            .await;
+        let restored: Vec<u64> = second.status().jobs.iter().map(|j| j.job).collect();
+        assert_eq!(restored, [12]);
+        assert_eq!(second.jobs.get(12).expect("restored").quota(), quota);
+        second.admin_job_end(&root, 12).await.expect("ended");
+
+        let third = slurm_broker_in(dir.path());
+        third.restore_jobs(|_| std::future::ready(None)).await;
+        assert!(third.status().jobs.is_empty(), "an ended job stays ended");
     }
 
     #[test]

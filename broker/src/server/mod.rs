@@ -270,6 +270,7 @@ impl Broker {
         mut listener: UnixSeqpacketListener,
         shutdown: impl std::future::Future<Output = Stop>,
     ) {
+        self.restore_jobs(crate::jobs::slurm::still_running).await;
         let stop_rx = self.stop.subscribe();
         let mut tasks = JoinSet::new();
         // One guardian per GPU context (a trust domain's starts as it is made) watches for
