@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use gpushare_protocol::ErrorCode;
 use gpushare_protocol::PriorityClass;
-use gpushare_protocol::job::{JobGpu, JobStart, JobStats, POD_JOB_BASE, PodIdentity};
+use gpushare_protocol::job::{JobGpu, JobStart, JobStats, POD_JOB_BASE, PodIdentity, total_shards};
 
 use crate::access::{Grant, SlurmPolicy};
 use crate::accounts::MemoryTally;
@@ -290,10 +290,7 @@ impl Jobs {
                 shares.memory_for(g.shards.unwrap_or(0), memory)
             })
             .fold(0, u64::saturating_add);
-        let shards = gpus
-            .iter()
-            .map(|g| g.shards.unwrap_or(0))
-            .fold(0, u32::saturating_add);
+        let shards = total_shards(&gpus);
         let mut jobs = self.lock();
         if let Some(job) = jobs.get(&start.job) {
             return Ok(job.clone());

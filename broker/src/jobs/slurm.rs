@@ -2,14 +2,12 @@
 //! when Slurm's cgroup plugin placed it (`…/job_12/step_0/…`), else slurmd, through
 //! `scontrol pidinfo PID`, which works whatever Slurm tracks processes with.
 
-use std::path::{Path, PathBuf};
 use std::time::Duration;
+
+use gpushare_protocol::job::scontrol_path;
 
 /// How long slurmd has to answer.
 const PIDINFO_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// Where `scontrol` is looked for besides `PATH` (gpushared may run with a bare one).
-const SCONTROL_DIRS: [&str; 4] = ["/usr/bin", "/usr/local/bin", "/usr/sbin", "/opt/slurm/bin"];
 
 /// The job `pid` is in, or `None` when it is in none (or Slurm cannot say).
 pub async fn job_of(pid: i32) -> Option<u64> {
@@ -21,7 +19,7 @@ pub async fn job_of(pid: i32) -> Option<u64> {
     {
         return Some(job);
     }
-    let scontrol = scontrol()?;
+    let scontrol = scontrol_path()?;
     let run = tokio::process::Command::new(&scontrol)
         .arg("pidinfo")
         .arg(pid.to_string())
@@ -47,7 +45,7 @@ pub async fn job_of(pid: i32) -> Option<u64> {
 /// Whether Slurm still runs job `id`: `Some(false)` when it says the job is over or unknown,
 /// `None` when it cannot say (no scontrol, no answer).
 pub async fn still_running(id: u64) -> Option<bool> {
-    let scontrol = scontrol()?;
+    let scontrol = scontrol_path()?;
     let run = tokio::process::Command::new(&scontrol)
         .args(["show", "job", "--oneliner", &id.to_string()])
         .stdin(std::process::Stdio::null())
@@ -85,23 +83,6 @@ fn job_state(stdout: &str, stderr: &str) -> Option<bool> {
             | "STAGE_OUT"
             | "STOPPED"
     ))
-}
-
-/// `scontrol`: `$GPUSHARE_SCONTROL`, else the first on `PATH` or in the usual places.
-fn scontrol() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("GPUSHARE_SCONTROL").filter(|p| !p.is_empty()) {
-        return Some(PathBuf::from(p));
-    }
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .chain(SCONTROL_DIRS.iter().map(PathBuf::from))
-        .map(|d| d.join("scontrol"))
-        .find(|p| is_executable(p))
-}
-
-fn is_executable(p: &Path) -> bool {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
 
 /// The job in a `/proc/PID/cgroup` text: a path component `job_N` (Slurm's cgroup plugin, v1

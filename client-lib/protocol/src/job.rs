@@ -65,11 +65,38 @@ pub struct JobStats {
 impl JobStats {
     /// All of its shards, over every GPU.
     pub fn shards(&self) -> u32 {
-        self.gpus
-            .iter()
-            .map(|g| g.shards.unwrap_or(0))
-            .fold(0, u32::saturating_add)
+        total_shards(&self.gpus)
     }
+}
+
+/// The shards of `gpus` together (a GPU whose shards are not resolved counts none).
+pub fn total_shards(gpus: &[JobGpu]) -> u32 {
+    gpus.iter()
+        .map(|g| g.shards.unwrap_or(0))
+        .fold(0, u32::saturating_add)
+}
+
+/// Names the `scontrol` to run instead of searching for it.
+pub const SCONTROL_ENV: &str = "GPUSHARE_SCONTROL";
+/// Where `scontrol` is looked for after `PATH` (slurmd gives its prolog none, and gpushared
+/// may run with a bare one).
+pub const SCONTROL_DIRS: [&str; 4] = ["/usr/bin", "/usr/local/bin", "/usr/sbin", "/opt/slurm/bin"];
+
+/// The `scontrol` the prolog and gpushared ask Slurm with: `$GPUSHARE_SCONTROL`, else the
+/// first executable one in an absolute `PATH` entry, else in [`SCONTROL_DIRS`].
+pub fn scontrol_path() -> Option<std::path::PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    if let Some(given) = std::env::var_os(SCONTROL_ENV).filter(|v| !v.is_empty()) {
+        return Some(given.into());
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .filter(|d| d.is_absolute())
+        .chain(SCONTROL_DIRS.iter().map(std::path::PathBuf::from))
+        .map(|d| d.join("scontrol"))
+        .find(|p| {
+            std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
 }
 
 /// Job ids from here up are Kubernetes containers' shares (gpushared numbers them), below are

@@ -6,6 +6,9 @@
 //! - [`command`]: the typed commands carried in submission entries, and their encoding.
 //! - [`error`]: the error codes both sides speak.
 //! - [`stats`]: the status snapshot the broker reports.
+//! - [`job`]: batch scheduler jobs that hold shares of the GPUs, as the scheduler's hooks and
+//!   the broker speak of them, and where both find Slurm's `scontrol` (one lookup of the
+//!   environment and the file system, like [`socket_path_from_env`]'s of the environment).
 //! - `socket` and `wake` (feature `socket`): the control socket's framing and the rings'
 //!   eventfd wake-ups, one copy for every client kind and the broker.
 

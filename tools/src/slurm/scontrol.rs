@@ -18,13 +18,10 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use gpushare::JobGpu;
+use gpushare_protocol::job::{SCONTROL_DIRS, SCONTROL_ENV, scontrol_path};
 
 use super::{gres, hostlist};
 
-/// Names the scontrol to run instead of searching for it.
-pub const SCONTROL_ENV: &str = "GPUSHARE_SCONTROL";
-/// Where scontrol is looked for after `PATH` (slurmd gives its prolog none).
-const SEARCHED: [&str; 4] = ["/usr/bin", "/usr/local/bin", "/usr/sbin", "/opt/slurm/bin"];
 /// How long scontrol may take: slurmctld answers in milliseconds when it is well.
 pub const TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -76,31 +73,14 @@ impl std::fmt::Display for RecordError {
     }
 }
 
-/// The scontrol to run: `$GPUSHARE_SCONTROL`, else the first on `PATH`, else in the usual
-/// places.
+/// The scontrol to run ([`scontrol_path`]), or why there is none.
 pub fn find() -> Result<PathBuf, String> {
-    if let Some(given) = std::env::var_os(SCONTROL_ENV).filter(|v| !v.is_empty()) {
-        return Ok(PathBuf::from(given));
-    }
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    let dirs: Vec<PathBuf> = std::env::split_paths(&path)
-        .filter(|d| d.is_absolute())
-        .chain(SEARCHED.iter().map(PathBuf::from))
-        .collect();
-    dirs.iter()
-        .map(|d| d.join("scontrol"))
-        .find(|p| executable(p))
-        .ok_or_else(|| {
-            format!(
-                "cannot find scontrol on PATH or in {}: set {SCONTROL_ENV} to its path",
-                SEARCHED.join(", ")
-            )
-        })
-}
-
-fn executable(p: &Path) -> bool {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    scontrol_path().ok_or_else(|| {
+        format!(
+            "cannot find scontrol on PATH or in {}: set {SCONTROL_ENV} to its path",
+            SCONTROL_DIRS.join(", ")
+        )
+    })
 }
 
 /// `scontrol --details --oneliner show job JOB`'s output (`JOB`: an id, `A_T`, `H+O`), or
