@@ -27,11 +27,7 @@ impl Broker {
     ) -> Result<JobStats, WireError> {
         self.may_administer(who, "start and end jobs")?;
         let slurm = self.policy.read().ok().and_then(|p| p.slurm());
-        let gpu_memory: Vec<u64> = self
-            .gpus
-            .iter()
-            .map(|g| g.device().info().total_memory)
-            .collect();
+        let gpu_memory = self.gpu_memory();
         let job = match slurm {
             Some(slurm) => self.jobs.start(&start, &slurm, &gpu_memory),
             None => Err(crate::jobs::JobRefusal::NoSlurm),
@@ -41,6 +37,14 @@ impl Broker {
         info!(job = job.id, user = %job.user, shards = stats.shards(), quota = stats.memory_quota, class = %stats.class, by = who.uid, "Slurm job started");
         self.save_jobs();
         Ok(stats)
+    }
+
+    /// Each GPU's memory, by index: what shares of it are worth.
+    pub(super) fn gpu_memory(&self) -> Vec<u64> {
+        self.gpus
+            .iter()
+            .map(|g| g.device().info().total_memory)
+            .collect()
     }
 
     /// Keeps the Slurm jobs here in their file, for a restart (`jobs/saved.rs`).
@@ -72,11 +76,7 @@ impl Broker {
             warn!(jobs = kept.len(), file = %path.display(), "Slurm jobs were kept, but the policy has no [slurm] section now: not restored");
             return;
         };
-        let gpu_memory: Vec<u64> = self
-            .gpus
-            .iter()
-            .map(|g| g.device().info().total_memory)
-            .collect();
+        let gpu_memory = self.gpu_memory();
         for start in kept {
             if running(start.job).await == Some(false) {
                 info!(

@@ -97,11 +97,7 @@ impl Broker {
                 "this gpushared's policy has no [kubernetes] section, so it takes no Kubernetes containers; add one (docs/kubernetes.md)",
             ));
         };
-        let gpu_memory: Vec<u64> = self
-            .gpus
-            .iter()
-            .map(|g| g.device().info().total_memory)
-            .collect();
+        let gpu_memory = self.gpu_memory();
         let job = self
             .jobs
             .start_pod(&gpus, kubernetes.shares(None), &gpu_memory)
