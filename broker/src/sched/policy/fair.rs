@@ -220,7 +220,9 @@ mod tests {
     use gpushare_protocol::PriorityClass;
 
     use super::FairConfig;
-    use crate::sched::simulate::{Arrivals, ClientScript, SimConfig, Simulation, kernel};
+    use crate::sched::simulate::{
+        Arrivals, ClientScript, SimConfig, SimReport, Simulation, kernel,
+    };
     use crate::sched::{Bound, ClientSpec, DeviceShape, Dispatcher, PolicyKind, SchedConfig};
 
     const MS: u64 = 1_000_000;
@@ -249,12 +251,18 @@ mod tests {
             },
             ..SimConfig::default()
         };
-        let r = Simulation::new(cfg, PolicyKind::Fair, scripts).run();
+        gpu_shares(&Simulation::new(cfg, PolicyKind::Fair, scripts).run()).0
+    }
+
+    /// Each client's share of the GPU time given out, and that time.
+    fn gpu_shares(r: &SimReport) -> (Vec<f64>, u64) {
         let total: u64 = r.clients.iter().map(|c| c.gpu_ns).sum();
-        r.clients
+        let shares = r
+            .clients
             .iter()
             .map(|c| c.gpu_ns as f64 / total as f64)
-            .collect()
+            .collect();
+        (shares, total)
     }
 
     #[test]
@@ -310,13 +318,7 @@ mod tests {
             horizon_ns: horizon,
             ..SimConfig::default()
         };
-        let r = Simulation::new(cfg, PolicyKind::Fair, scripts).run();
-        let total: u64 = r.clients.iter().map(|c| c.gpu_ns).sum();
-        let shares = r
-            .clients
-            .iter()
-            .map(|c| c.gpu_ns as f64 / total as f64)
-            .collect();
+        let (shares, total) = gpu_shares(&Simulation::new(cfg, PolicyKind::Fair, scripts).run());
         (shares, total as f64 / horizon as f64)
     }
 
