@@ -93,8 +93,6 @@ pub struct Stream {
     pub(super) slot: Option<u32>,
     /// Work queued since it was last known idle ([`super::progress`]).
     pub(super) episode: Option<Episode>,
-    /// The SM limit its work was last queued under (`None`: not known, as after a reset).
-    pub(super) sms: Option<Option<u32>>,
 }
 
 impl Stream {
@@ -109,7 +107,6 @@ impl Stream {
             pending_start: None,
             slot,
             episode: None,
-            sms: None,
         }
     }
 

@@ -157,18 +157,8 @@ impl Device {
         payload: &[u8],
     ) -> DeviceResult<()> {
         self.live(stream.epoch)?;
-        let mut call = call(stream.id);
-        // A limit the stream's work is under already changes nothing: not sent (one request
-        // fewer per launch).
-        let limit = match call {
-            Call::LimitSms { sms, .. } if stream.sms == Some(sms) => return Ok(()),
-            Call::LimitSms { sms, .. } => Some(sms),
-            _ => None,
-        };
-        if limit.is_some() {
-            stream.sms = None;
-        }
         stream.dirty = true;
+        let mut call = call(stream.id);
         let keeps_start = call.keeps_start();
         match call.start_marker() {
             // A kernel takes the start marker recorded for it along.
@@ -177,15 +167,12 @@ impl Device {
             None => self.flush_start(stream),
         }
         let Some(progress) = &self.progress else {
-            self.link.post(Some(stream.id), call, payload)?;
-            stream.sms = limit.or(stream.sms);
-            return Ok(());
+            return self.link.post(Some(stream.id), call, payload);
         };
         progress.begin(&*self.link, stream)?;
         let kept = call.clone();
         self.link.post(Some(stream.id), call, payload)?;
         progress.keep(stream, Some(kept), payload);
-        stream.sms = limit.or(stream.sms);
         Ok(())
     }
 
@@ -380,7 +367,6 @@ impl Device {
         stream.measuring = false;
         stream.dirty = false;
         stream.ended = None;
-        stream.sms = None;
     }
 
     /// Whether measurements of finished work are still to be read.
