@@ -179,6 +179,25 @@ fn tail(text: &str, n: usize) -> String {
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
+/// The fuzzer's `FAIL` lines, each with the op it came from (a long trace pushes them out of
+/// its last lines).
+fn findings(stdout: &str) -> String {
+    let mut op = "";
+    let mut found = Vec::new();
+    for line in stdout.lines() {
+        if line.starts_with("op ") {
+            op = line;
+        } else if line.contains("FAIL") {
+            found.push(format!("{op}\n{line}"));
+        }
+    }
+    if found.is_empty() {
+        "(none)".into()
+    } else {
+        found.join("\n")
+    }
+}
+
 /// Saves a failed input where it outlives the test, and fails the test with all there is to
 /// know.
 fn report(label: &str, input: &[u8], outcome: &Outcome, problem: &str, broker: &Broker) -> ! {
@@ -187,14 +206,19 @@ fn report(label: &str, input: &[u8], outcome: &Outcome, problem: &str, broker: &
     let stem = label.trim_end_matches(".bin").replace([' ', '/'], "-");
     let saved = dir.join(format!("failed-{stem}.bin"));
     std::fs::write(&saved, input).expect("save the failed input");
+    let said = dir.join(format!("failed-{stem}.out"));
+    std::fs::write(&said, &outcome.stdout).expect("save what the fuzzer said");
     panic!(
         "driver fuzz: {label}: {problem}\n\
          the input is saved at {}: replay it with GPUSHARE_DRIVER_FUZZ_INPUT={} (and \
-         DRIVER_FUZZ_TRACE=1 for every call)\n\
+         DRIVER_FUZZ_TRACE=1 for every call); all the fuzzer printed is in {}\n\
+         --- the fuzzer's findings\n{}\n\
          --- fuzzer stdout (last lines)\n{}\n--- fuzzer stderr (last lines)\n{}\n\
          --- broker log (last lines)\n{}",
         saved.display(),
         saved.display(),
+        said.display(),
+        findings(&outcome.stdout),
         tail(&outcome.stdout, 60),
         tail(&outcome.stderr, 20),
         tail(&broker.log_text(), 40),

@@ -458,6 +458,13 @@ void check_fork(void) {
           mine[len - 1], mine[4096]);
     OK(cuMemFree(d));
     OK(cuMemHostUnregister(mine + 100));
+    /* Unregistered, the pages are the program's private memory again, contents kept: a
+     * child's write stays the child's, and the range may be registered anew. */
+    seen = after_child_writes(mine + 8192);
+    CHECK(seen == 0x11, "a child's write to unregistered memory: the parent read %#x", seen);
+    CHECK(mine[len - 1] == 0x33, "unregistering kept the contents: %#x", mine[len - 1]);
+    OK(cuMemHostRegister(mine, len, 0));
+    OK(cuMemHostUnregister(mine));
     munmap(mine, len);
     OK(cuMemFreeHost(pinned));
     section_end();

@@ -7,11 +7,11 @@
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
-use std::ffi::c_void;
 use std::sync::RwLockReadGuard;
 
 use crate::driver;
 use crate::memory::HostRegion;
+use crate::memory::host::make_private;
 
 type HostTable = RwLockReadGuard<'static, BTreeMap<usize, HostRegion>>;
 
@@ -43,30 +43,9 @@ extern "C" fn child() {
     HELD.with(|h| {
         if let Some(table) = h.borrow_mut().take() {
             for (&addr, region) in table.iter().filter(|(_, r)| r.registered) {
-                privatize(addr, region.len);
+                make_private(addr, region.len);
             }
         }
     });
     driver::forget_in_child();
-}
-
-/// Replaces the shared mapping at `[addr, addr + len)` with a private one holding the same
-/// bytes (as of the copy: another thread of the parent may write meanwhile). Left shared if
-/// no memory is left for the copy.
-fn privatize(addr: usize, len: usize) {
-    let prot = libc::PROT_READ | libc::PROT_WRITE;
-    let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
-    // SAFETY: a fresh anonymous mapping; `addr..addr + len` is mapped (the driver's own
-    // shared mapping of a registered range), and replaced whole by one of the same length.
-    unsafe {
-        let copy = libc::mmap(std::ptr::null_mut(), len, prot, flags, -1, 0);
-        if copy == libc::MAP_FAILED {
-            return;
-        }
-        std::ptr::copy_nonoverlapping(addr as *const u8, copy.cast::<u8>(), len);
-        let fixed = libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED;
-        if libc::mremap(copy, len, len, fixed, addr as *mut c_void) == libc::MAP_FAILED {
-            libc::munmap(copy, len);
-        }
-    }
 }

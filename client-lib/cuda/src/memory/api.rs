@@ -175,7 +175,8 @@ pub unsafe extern "C" fn cuMemHostRegister(
     unsafe { cuMemHostRegister_v2(p, bytes, flags) }
 }
 
-/// The pages stay shared (they hold the program's data); the broker lets go of them.
+/// The broker lets go of the pages; they become private memory again, contents kept (a forked
+/// child then has its own copy, and the range may be registered again).
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemHostUnregister(p: *mut c_void) -> CUresult {
     entry("cuMemHostUnregister", || {
@@ -185,7 +186,13 @@ pub extern "C" fn cuMemHostUnregister(p: *mut c_void) -> CUresult {
             Some((base, r)) if base == addr && r.registered => {}
             _ => return Err(result::HOST_MEMORY_NOT_REGISTERED),
         }
-        d.unshare_host(addr).map(drop)
+        let r = d.unshare_host(addr)?;
+        if !super::host::make_private(addr, r.len) {
+            say_once(
+                "cuMemHostUnregister: no memory to make the pages private again; they stay shared with forked children",
+            );
+        }
+        Ok(())
     })
 }
 

@@ -12,6 +12,7 @@ use crate::driver::Driver;
 use crate::log::say_once;
 use crate::status::{Cu, from_error};
 use crate::types::result;
+use gpushare_protocol::Command;
 
 impl Driver {
     /// Shares page-locked host memory with the broker: a new mapping of `len` bytes, or (with
@@ -93,7 +94,10 @@ impl Driver {
         }
     }
 
+    /// Takes a region back from the broker once the program's work is done with it. On an
+    /// error nothing changed: the region stays shared, and the call may be made again.
     pub(super) fn unshare_host(&self, addr: usize) -> Cu<HostRegion> {
+        // Out of the table first, so that no new copy names it.
         let r = self
             .memory
             .host
@@ -101,8 +105,20 @@ impl Driver {
             .unwrap_or_else(|p| p.into_inner())
             .remove(&addr)
             .ok_or(result::INVALID_VALUE)?;
-        // The broker must be done with copies from it before it goes.
-        self.synchronize()?;
+        let put_back = |code| {
+            self.memory
+                .host
+                .write()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(addr, r);
+            code
+        };
+        // The broker must be done with copies from it before it goes. An error of earlier work
+        // is not this call's: it stays for the next call that reports such errors.
+        if let Err(code) = self.transport.call(Command::ClientSync) {
+            self.notice_loss(code);
+            return Err(put_back(code));
+        }
         let reply = self.transport.session.request(
             |request| ClientMessage::UnshareHostMemory {
                 request,
@@ -113,12 +129,35 @@ impl Driver {
         match reply {
             Ok(BrokerMessage::HostUnshared { result: Ok(()), .. }) => Ok(r),
             Ok(BrokerMessage::HostUnshared { result: Err(w), .. }) => {
-                Err(crate::status::from_code(w.code))
+                Err(put_back(crate::status::from_code(w.code)))
             }
-            Ok(_) => Err(result::UNKNOWN),
-            Err(e) => Err(from_error(&e)),
+            Ok(_) => Err(put_back(result::UNKNOWN)),
+            Err(e) => Err(put_back(from_error(&e))),
         }
     }
+}
+
+/// Replaces the shared mapping at `[addr, addr + len)` with private memory holding the same
+/// bytes (as of the copy: another thread may write meanwhile), as the program's memory was
+/// before `cuMemHostRegister`. False, and left shared, where no memory is left for the copy.
+pub(crate) fn make_private(addr: usize, len: usize) -> bool {
+    let prot = libc::PROT_READ | libc::PROT_WRITE;
+    let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
+    // SAFETY: a fresh anonymous mapping; `addr..addr + len` is mapped (the driver's own
+    // shared mapping of a registered range), and replaced whole by one of the same length.
+    unsafe {
+        let copy = libc::mmap(std::ptr::null_mut(), len, prot, flags, -1, 0);
+        if copy == libc::MAP_FAILED {
+            return false;
+        }
+        std::ptr::copy_nonoverlapping(addr as *const u8, copy.cast::<u8>(), len);
+        let fixed = libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED;
+        if libc::mremap(copy, len, len, fixed, addr as *mut c_void) == libc::MAP_FAILED {
+            libc::munmap(copy, len);
+            return false;
+        }
+    }
+    true
 }
 
 fn memfd(len: usize) -> Cu<OwnedFd> {

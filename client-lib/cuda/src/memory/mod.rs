@@ -9,7 +9,7 @@
 
 mod attributes;
 mod device;
-mod host;
+pub(crate) mod host;
 pub mod ipc;
 pub mod pools;
 pub mod pools_api;
