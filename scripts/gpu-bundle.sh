@@ -23,7 +23,7 @@ mkdir -p "$out"
 
 target=${CARGO_TARGET_DIR:-target}
 cargo build --release --locked --workspace --quiet
-for bin in gpushared gpushare gpushare-demo gpushare-testclient gpushare-ioctl-child gpushare-telemetry-watch gpushare-bench libgpushare.so libgpushare_interpose.so libgpushare_audit.so libcuda.so; do
+for bin in gpushared gpushare gpushare-demo gpushare-testclient gpushare-ioctl-child gpushare-telemetry-watch gpushare-bench libgpushare.so libgpushare_interpose.so libgpushare_audit.so libcuda.so libgpushare_nvml.so; do
     [[ -f $target/release/$bin ]] && cp "$target/release/$bin" "$out/"
 done
 # gpushare's CUDA driver where `gpushare run` finds it: a directory that holds only the driver
@@ -31,6 +31,7 @@ done
 mkdir -p "$out/cuda"
 ln -sfn ../libcuda.so "$out/cuda/libcuda.so.1"
 ln -sfn ../libcuda.so "$out/cuda/libcuda.so"
+ln -sfn ../libgpushare_nvml.so "$out/cuda/libnvidia-ml.so.1"
 
 # Integration-test executables: ask cargo where it put them.
 cargo test --release --locked -p gpushare-tests --no-run --message-format=json 2>/dev/null |
@@ -62,6 +63,7 @@ cc -O2 -o "$out/consolidated/launch" scripts/consolidated/launch.c -ldl
 cc -O2 -o "$out/module_globals" scripts/probes/module_globals.c -ldl
 cc -O2 -o "$out/fork_pinned" scripts/probes/fork_pinned.c -ldl
 cc -O2 -o "$out/launch_shapes" scripts/probes/launch_shapes.c -ldl
+cc -O2 -o "$out/sm_ids" scripts/probes/sm_ids.c -ldl
 mkdir -p "$out/probes" && cp scripts/probes/worker_maps.sh "$out/probes/"
 # strip(1) warns about the cuda/ directory and goes on.
 strip "$out"/* "$out/consolidated/launch" 2>/dev/null || true

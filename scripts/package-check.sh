@@ -129,6 +129,7 @@ has -rw-r--r-- usr/lib/gpushare/libgpushare_interpose.so
 has -rw-r--r-- usr/lib/gpushare/libgpushare_audit.so
 has -rw-r--r-- usr/lib/gpushare/cuda/libcuda.so.1
 has lrwxrwxrwx "usr/lib/gpushare/cuda/libcuda.so -> libcuda.so.1"
+has -rw-r--r-- usr/lib/gpushare/cuda/libnvidia-ml.so.1
 has -rw-r--r-- usr/include/gpushare.h
 has -rw-r--r-- "$libdir/pkgconfig/gpushare.pc"
 has -rw-r--r-- usr/lib/systemd/system/gpushared.service

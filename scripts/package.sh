@@ -56,9 +56,9 @@ multiarch=$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || gcc -print-mul
 grep -q "usr/lib/$multiarch/libgpushare.so" broker/Cargo.toml ||
     die "the library paths in broker/Cargo.toml [package.metadata.deb] are not this machine's ($multiarch): change them there"
 
-log "release build (gpushared, gpushare, gpushare-demo, libgpushare.so, libgpushare_interpose.so, libgpushare_audit.so, libcuda.so, gpushare-gen)"
+log "release build (gpushared, gpushare, gpushare-demo, libgpushare.so, libgpushare_interpose.so, libgpushare_audit.so, libcuda.so, libgpushare_nvml.so, gpushare-gen)"
 cargo build --release --locked -p gpushare-broker -p gpushare-tools -p gpushare -p gpushare-interpose \
-    -p gpushare-audit -p gpushare-cuda -p gpushare-gen -p gpushare-k8s >&2
+    -p gpushare-audit -p gpushare-cuda -p gpushare-nvml -p gpushare-gen -p gpushare-k8s >&2
 
 stage="$target_dir/release/gpushare-deb"
 log "man pages, completions, gpushare.pc and the stripped libraries in $stage"
@@ -71,11 +71,12 @@ sed -e "s|@LIBDIR@|/usr/lib/$multiarch|" -e "s|@VERSION@|$version|" \
     packaging/gpushare.pc.in >"$stage/gpushare.pc"
 # cargo-deb strips the executables (their debug info goes to the -dbgsym package) but not a
 # library another crate built (the client library; the interposer, the audit library and the
-# CUDA driver of `gpushare run`, the driver under its soname).
+# CUDA driver and NVML of `gpushare run`, under their sonames).
 strip --strip-unneeded -o "$stage/libgpushare.so" "$target_dir/release/libgpushare.so"
 strip --strip-unneeded -o "$stage/libgpushare_interpose.so" "$target_dir/release/libgpushare_interpose.so"
 strip --strip-unneeded -o "$stage/libgpushare_audit.so" "$target_dir/release/libgpushare_audit.so"
 strip --strip-unneeded -o "$stage/libcuda.so.1" "$target_dir/release/libcuda.so"
+strip --strip-unneeded -o "$stage/libnvidia-ml.so.1" "$target_dir/release/libgpushare_nvml.so"
 
 log "cargo deb (SOURCE_DATE_EPOCH=$SOURCE_DATE_EPOCH)"
 out=$(cargo deb -p gpushare-broker --no-build --locked --output "$target_dir/debian/")

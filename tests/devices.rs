@@ -142,3 +142,53 @@ fn a_fault_on_one_gpu_leaves_the_other_gpus_alone() {
         "the culprit was evicted"
     );
 }
+
+/// The policy's `gpu_memory_quota` bounds what a user holds on any one GPU, beside the
+/// `memory_quota` over all of them; status shows both.
+#[test]
+fn a_users_memory_stays_within_the_quota_on_each_gpu_and_in_total() {
+    const MIB: u64 = 1 << 20;
+    let uid = nix::unistd::getuid().as_raw();
+    let broker = Broker::start_with(BrokerOptions {
+        backend: Some("sim".into()),
+        extra_args: vec!["--sim-gpus".into(), "2".into()],
+        policy: Some(format!(
+            "[[users]]\nuid = {uid}\nmemory_quota = \"96 MiB\"\ngpu_memory_quota = \"64 MiB\"\n"
+        )),
+        ..Default::default()
+    });
+    let on = |gpu: u32| {
+        gpushare::Client::connect_with(ConnectOptions {
+            gpu: Some(gpu),
+            ..broker.options(&format!("on-{gpu}"))
+        })
+        .expect("connect")
+    };
+    let (zero, one) = (on(0), on(1));
+    let a = zero
+        .alloc_raw(64 * MIB)
+        .expect("64 MiB on GPU 0: its quota");
+    let err = zero.alloc_raw(MIB).expect_err("past GPU 0's quota");
+    assert_eq!(err.code(), Some(gpushare::ErrorCode::OutOfQuota), "{err}");
+    let _b = one.alloc_raw(32 * MIB).expect("GPU 1 has its own 64 MiB");
+    let err = one.alloc_raw(MIB).expect_err("past the 96 MiB over both");
+    assert_eq!(err.code(), Some(gpushare::ErrorCode::OutOfQuota), "{err}");
+
+    let status = broker.status();
+    let me = status
+        .users
+        .iter()
+        .find(|u| u.uid == uid)
+        .expect("my account");
+    assert_eq!(me.memory_used, 96 * MIB);
+    assert_eq!(me.gpu_memory_quota, Some(64 * MIB));
+    let held: Vec<(u32, u64)> = me
+        .gpu_memory
+        .iter()
+        .map(|g| (g.gpu, g.memory_used))
+        .collect();
+    assert_eq!(held, [(0, 64 * MIB), (1, 32 * MIB)]);
+    // Freed on GPU 0, the room is there again.
+    zero.free_raw(a).expect("free");
+    let _c = zero.alloc_raw(MIB).expect("room on GPU 0 and in total");
+}

@@ -231,7 +231,9 @@ fn every_series_the_dashboard_queries_is_in_a_live_scrape() {
         ]);
     }
     let broker = Broker::start_with(BrokerOptions {
-        policy: Some("[defaults]\nmemory_quota = \"1 GiB\"\n".into()),
+        policy: Some(
+            "[defaults]\nmemory_quota = \"1 GiB\"\ngpu_memory_quota = \"512 MiB\"\n".into(),
+        ),
         extra_args,
         ..Default::default()
     });

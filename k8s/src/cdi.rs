@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
-use gpushare_conn::env::CUDA_DRIVER_ENV;
+use gpushare_conn::env::{CUDA_DRIVER_ENV, GPU_UUIDS_ENV};
 use gpushare_protocol::SOCKET_ENV;
 use gpushare_protocol::job::POD_SOCKET_NAME;
 use serde_json::json;
@@ -36,11 +36,19 @@ pub struct Edits {
 }
 
 /// The edits for an allocation whose socket directory is `socket_dir` on this machine, with
-/// gpushare's libraries in `lib_dir`. `LD_LIBRARY_PATH` is left alone (the image's own would
-/// be replaced, not extended): the audit library sends every search for libcuda, by soname
-/// or by path, to gpushare's driver.
-pub fn edits(socket_dir: &Path, lib_dir: &Path) -> Edits {
+/// gpushare's libraries in `lib_dir`, whose programs run on the GPU of UUID `gpu_uuid` (where
+/// known: NVML and `CUDA_VISIBLE_DEVICES` then show them only that GPU, as their CUDA driver
+/// does). `LD_LIBRARY_PATH` is left alone (the image's own would be replaced, not extended):
+/// the audit library sends every search for libcuda, by soname or by path, to gpushare's
+/// driver, and every search for NVML by soname to gpushare's.
+pub fn edits(socket_dir: &Path, lib_dir: &Path, gpu_uuid: Option<&str>) -> Edits {
     let socket = Path::new(CONTAINER_SOCKET_DIR).join(POD_SOCKET_NAME);
+    let placed = gpu_uuid.into_iter().flat_map(|uuid| {
+        [
+            (GPU_UUIDS_ENV.to_string(), uuid.to_string()),
+            ("CUDA_VISIBLE_DEVICES".to_string(), uuid.to_string()),
+        ]
+    });
     Edits {
         env: vec![
             (SOCKET_ENV.into(), socket.display().to_string()),
@@ -49,7 +57,10 @@ pub fn edits(socket_dir: &Path, lib_dir: &Path) -> Edits {
                 CUDA_DRIVER_ENV.into(),
                 lib_dir.join(DRIVER).display().to_string(),
             ),
-        ],
+        ]
+        .into_iter()
+        .chain(placed)
+        .collect(),
         mounts: vec![
             Mount {
                 host_path: socket_dir.into(),
@@ -135,6 +146,7 @@ mod tests {
         let edits = edits(
             Path::new("/run/gpushare/pods/7"),
             Path::new("/usr/lib/gpushare"),
+            Some("GPU-fef8089b-4820-abfc-e83e-94318197576e"),
         );
         let spec = spec("gpushare.io/shard", 7, &["gpu0-shard1".into()], &edits);
         assert_eq!(spec["kind"], "gpushare.io/shard");
@@ -143,6 +155,14 @@ mod tests {
         assert_eq!(
             edits["env"][0],
             "GPUSHARE_SOCKET=/run/gpushare/gpushare.sock"
+        );
+        assert_eq!(
+            edits["env"][3],
+            "GPUSHARE_GPU_UUIDS=GPU-fef8089b-4820-abfc-e83e-94318197576e"
+        );
+        assert_eq!(
+            edits["env"][4],
+            "CUDA_VISIBLE_DEVICES=GPU-fef8089b-4820-abfc-e83e-94318197576e"
         );
         assert_eq!(edits["mounts"][0]["hostPath"], "/run/gpushare/pods/7");
         assert_eq!(edits["mounts"][0]["containerPath"], "/run/gpushare");

@@ -36,6 +36,17 @@ impl Gpushared {
             .await
     }
 
+    /// The UUID of GPU `gpu`, as NVML writes it.
+    pub async fn uuid(&self, gpu: u32) -> anyhow::Result<String> {
+        self.ask("report its status", move |m| m.status())
+            .await?
+            .devices
+            .iter()
+            .find(|d| d.index == gpu)
+            .map(|d| d.uuid_text())
+            .with_context(|| format!("gpushared serves no GPU {gpu}"))
+    }
+
     /// Starts the shares `gpus` of a container: its job and its socket directory.
     pub async fn start(&self, gpus: Vec<JobGpu>) -> anyhow::Result<PodGrant> {
         self.ask("start a container's shares", move |m| m.pod_start(gpus))

@@ -72,7 +72,22 @@ impl Plugin {
             .await
             .map_err(|e| Status::unavailable(format!("{e:#}")))?;
         let job = grant.stats.job;
-        let edits = cdi::edits(grant.socket_dir.as_ref(), &self.config.lib_dir);
+        // A container's sessions run on its allocation's first GPU (`Job::gpu_for`).
+        let uuid = match grant.stats.gpus.first() {
+            Some(g) => match self.gpushared.uuid(g.gpu).await {
+                Ok(uuid) => Some(uuid),
+                Err(e) => {
+                    warn!(job, error = %format!("{e:#}"), "cannot tell the container's GPU to NVML");
+                    None
+                }
+            },
+            None => None,
+        };
+        let edits = cdi::edits(
+            grant.socket_dir.as_ref(),
+            &self.config.lib_dir,
+            uuid.as_deref(),
+        );
         let spec = cdi::spec(RESOURCE_NAME, job, &ids, &edits);
         if let Err(e) = cdi::write(&self.config.cdi_dir, RESOURCE_NAME, job, &spec) {
             let _ = self.gpushared.end(job).await;

@@ -9,6 +9,10 @@
  *                     checks that there is no device 1 (gpushare gives a program one GPU),
  *                     prints "ready PID" once all that held, and frees and exits at end of
  *                     input
+ *   where LIB         prints "cuda UUID" (device 0's, from cuDeviceGetUuid), then what NVML
+ *                     shows as pynvml and PyTorch ask it (dlopen "libnvidia-ml.so.1"):
+ *                     "nvml COUNT" and "nvml I UUID" for each device, and the environment
+ *                     of the placement ("env NAME VALUE")
  *   spawn LIB BYTES CHILD_BYTES
  *                     as hold, but first starts itself (fork and exec) in hold mode with
  *                     CHILD_BYTES; both print their "ready PID"; exits with the child's
@@ -139,10 +143,45 @@ static int spawn(const char *argv0, const char *lib, size_t bytes, const char *c
     return WIFEXITED(status) ? WEXITSTATUS(status) : 10;
 }
 
+typedef struct { char bytes[16]; } uuid_t_;
+
+/* Device 0's UUID as CUDA says it, and every device NVML shows. */
+static int where(void) {
+    CHECK(init(0));
+    CUdevice dev;
+    CHECK(((CUresult (*)(CUdevice *, int))get("cuDeviceGet"))(&dev, 0));
+    uuid_t_ u;
+    CHECK(((CUresult (*)(uuid_t_ *, CUdevice))get("cuDeviceGetUuid"))(&u, dev));
+    const unsigned char *b = (const unsigned char *)u.bytes;
+    printf("cuda GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x\n",
+           b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12],
+           b[13], b[14], b[15]);
+    void *nvml = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!nvml) { fprintf(stderr, "dlopen libnvidia-ml.so.1: %s\n", dlerror()); return 11; }
+    int (*nvml_init)(void) = (int (*)(void))dlsym(nvml, "nvmlInit_v2");
+    int (*count)(unsigned *) = (int (*)(unsigned *))dlsym(nvml, "nvmlDeviceGetCount_v2");
+    int (*by_index)(unsigned, void **) = (int (*)(unsigned, void **))dlsym(nvml, "nvmlDeviceGetHandleByIndex_v2");
+    int (*uuid)(void *, char *, unsigned) = (int (*)(void *, char *, unsigned))dlsym(nvml, "nvmlDeviceGetUUID");
+    if (!nvml_init || !count || !by_index || !uuid) { fprintf(stderr, "NVML lacks a function\n"); return 12; }
+    unsigned n = 0;
+    if (nvml_init() != 0 || count(&n) != 0) { fprintf(stderr, "NVML failed\n"); return 13; }
+    printf("nvml %u\n", n);
+    for (unsigned i = 0; i < n; i++) {
+        void *h = NULL;
+        char text[96] = {0};
+        if (by_index(i, &h) != 0 || uuid(h, text, sizeof text) != 0) return 14;
+        printf("nvml %u %s\n", i, text);
+    }
+    show_env("GPUSHARE_GPU");
+    show_env("CUDA_VISIBLE_DEVICES");
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc < 3) { fprintf(stderr, "usage: %s init|hold|spawn LIB ...\n", argv[0]); return 2; }
     load(argv[2]);
     if (!strcmp(argv[1], "init")) return init_only();
+    if (!strcmp(argv[1], "where")) return where();
     if (!strcmp(argv[1], "hold") && argc == 4) return hold(strtoull(argv[3], NULL, 10));
     if (!strcmp(argv[1], "spawn") && argc == 5)
         return spawn(argv[0], argv[2], strtoull(argv[3], NULL, 10), argv[4]);

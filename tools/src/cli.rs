@@ -119,10 +119,14 @@ pub struct RunArgs {
     /// refused with a warning.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub weight: Option<u32>,
-    /// The GPU to run on, by gpushared's index (default: the program's `CUDA_VISIBLE_DEVICES`
-    /// when it names one index, else the least loaded GPU). The program sees it as device 0.
+    /// The GPU to run on, by gpushared's index (default: `GPUSHARE_GPU`, else the first GPU
+    /// the program's `CUDA_VISIBLE_DEVICES` names, by index or UUID, else the least loaded GPU
+    /// by measured load). The program sees it as device 0, in CUDA and in NVML alike.
     #[arg(long, value_name = "N")]
     pub gpu: Option<u32>,
+    /// Say on stderr which GPU the program runs on, and why there.
+    #[arg(long, short)]
+    pub verbose: bool,
     /// The name shown in `gpushare status` and `top` (default: the program's name).
     #[arg(long)]
     pub name: Option<String>,

@@ -53,14 +53,32 @@ pub fn status(r: &StatusReport) -> String {
     for d in devices {
         let _ = writeln!(
             out,
-            "device {}: {}, {} SMs, compute {}.{}, {} memory",
+            "device {}: {} ({}), {} SMs, compute {}.{}, {} memory",
             d.index,
             d.name,
+            d.uuid_text(),
             d.sm_count,
             d.compute_capability.0,
             d.compute_capability.1,
             ByteSize(d.total_memory)
         );
+        if devices.len() > 1
+            && let Some(l) = r.gpu_loads.iter().find(|l| l.gpu == d.index)
+        {
+            let _ = writeln!(
+                out,
+                "  load: busy {:.0}%, {} held by {} client{}{}",
+                l.busy * 100.0,
+                ByteSize(l.memory_used),
+                l.clients,
+                if l.clients == 1 { "" } else { "s" },
+                if r.next_gpu == d.index {
+                    "; a program that names no GPU runs here"
+                } else {
+                    ""
+                }
+            );
+        }
     }
     let total: u64 = devices.iter().map(|d| d.total_memory).sum();
     let _ = writeln!(
@@ -165,6 +183,24 @@ pub fn users(users: &[UserStats]) -> String {
             format!("{}/{}", ByteSize(u.pinned_bytes), size(u.max_pinned_bytes)),
             format!("{}/{}", ByteSize(u.module_bytes), size(u.max_module_bytes)),
         );
+        if u.gpu_memory.len() > 1 || u.gpu_memory_quota.is_some() {
+            let held: Vec<String> = u
+                .gpu_memory
+                .iter()
+                .map(|g| format!("GPU {} {}", g.gpu, ByteSize(g.memory_used)))
+                .collect();
+            let _ = writeln!(
+                out,
+                "{:<10} per GPU: {} (quota {} on each)",
+                "",
+                if held.is_empty() {
+                    "nothing held".to_string()
+                } else {
+                    held.join(", ")
+                },
+                size(u.gpu_memory_quota)
+            );
+        }
     }
     out
 }

@@ -5,7 +5,8 @@
 //! [defaults]
 //! class = "normal"            # high | normal | best-effort
 //! weight = 1
-//! memory_quota = "unlimited"  # or "8 GiB", or a number of bytes
+//! memory_quota = "unlimited"  # or "8 GiB", or a number of bytes: over all GPUs together
+//! gpu_memory_quota = "unlimited" # the same, on any one GPU
 //! allow = true                # false: only users/groups with `allow = true` may connect
 //! max_sessions = 64           # sessions one user may have open at once
 //! max_pinned_memory = "2 GiB" # host memory one user's sessions may make gpushared lock
@@ -152,6 +153,9 @@ pub struct Bounds {
     pub max_connections: u32,
     /// Module images held, each distinct image counted once. `None` means unlimited.
     pub max_module_memory: Option<u64>,
+    /// Device memory held on any one GPU (besides the total the grant's quota bounds).
+    /// `None` means unlimited.
+    pub gpu_memory_quota: Option<u64>,
 }
 
 impl Default for Bounds {
@@ -161,6 +165,7 @@ impl Default for Bounds {
             max_pinned: Some(DEFAULT_MAX_PINNED),
             max_connections: DEFAULT_MAX_SESSIONS + CONNECTIONS_BESIDE_SESSIONS,
             max_module_memory: Some(DEFAULT_MAX_MODULE_MEMORY),
+            gpu_memory_quota: None,
         }
     }
 }
@@ -173,6 +178,7 @@ impl Bounds {
             max_pinned: None,
             max_connections: u32::MAX,
             max_module_memory: None,
+            gpu_memory_quota: None,
         }
     }
 }
@@ -426,6 +432,10 @@ impl Policy {
                 Some(Quota(q)) => q,
                 None => base.max_module_memory,
             },
+            gpu_memory_quota: entry
+                .gpu_memory_quota
+                .or(defaults.gpu_memory_quota)
+                .and_then(|Quota(q)| q),
         }
     }
 

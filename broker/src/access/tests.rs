@@ -242,6 +242,7 @@ fn bounds_come_from_the_users_entry_then_the_defaults_then_the_built_in_ones() {
             max_pinned: Some(2 << 30),
             max_connections: 128,
             max_module_memory: Some(1 << 30),
+            gpu_memory_quota: None,
         }
     );
     let p = Policy::parse(
@@ -249,11 +250,13 @@ fn bounds_come_from_the_users_entry_then_the_defaults_then_the_built_in_ones() {
         [defaults]
         max_sessions = 8
         max_connections = 20
+        gpu_memory_quota = "16 GiB"
 
         [[users]]
         name = "alice"
         max_pinned_memory = "unlimited"
         max_module_memory = "unlimited"
+        gpu_memory_quota = "unlimited"
 
         [[groups]]
         name = "students"
@@ -272,6 +275,7 @@ fn bounds_come_from_the_users_entry_then_the_defaults_then_the_built_in_ones() {
             max_pinned: None,
             max_connections: 20,
             max_module_memory: None,
+            gpu_memory_quota: None,
         },
         "the user entry wins; what it leaves out comes from [defaults]"
     );
@@ -282,6 +286,7 @@ fn bounds_come_from_the_users_entry_then_the_defaults_then_the_built_in_ones() {
             max_pinned: Some(256 << 20),
             max_connections: 4,
             max_module_memory: Some(64 << 20),
+            gpu_memory_quota: Some(16 << 30),
         }
     );
     assert_eq!(

@@ -19,11 +19,13 @@ use gpushare_protocol::stats::UserStats;
 
 use crate::access::{Bounds, FaultLimit};
 
+mod gpus;
 mod holds;
 mod leaving;
 mod refusal;
 mod tally;
 
+pub use gpus::GpuTallies;
 pub use holds::{ImageHold, Visit};
 pub use leaving::{LEAVING_WAIT, Leaving, NOTICE_WAIT};
 pub use refusal::Refusal;
@@ -36,6 +38,8 @@ pub struct UserAccount {
     pub user: String,
     /// Device memory held by all of the user's sessions, against their quota.
     memory: MemoryTally,
+    /// The same on each GPU, against the policy's `gpu_memory_quota`.
+    gpus: GpuTallies,
     /// Sessions open; changed only under the accounts' lock.
     sessions: AtomicU32,
     /// Host memory gpushared holds locked for the user: every session's shared region and
@@ -86,6 +90,7 @@ impl UserAccount {
             uid,
             user,
             memory: MemoryTally::new(quota),
+            gpus: GpuTallies::default(),
             sessions: AtomicU32::new(0),
             pinned: AtomicU64::new(0),
             max_sessions: AtomicU32::new(u32::MAX),
@@ -157,6 +162,12 @@ impl UserAccount {
             bounds.max_module_memory.unwrap_or(u64::MAX),
             Ordering::Relaxed,
         );
+        self.gpus.set_quota(bounds.gpu_memory_quota);
+    }
+
+    /// The user's memory on GPU `gpu`: a session there charges it besides the total.
+    pub fn gpu_tally(&self, gpu: u32) -> Arc<MemoryTally> {
+        self.gpus.tally(gpu)
     }
 
     /// Host memory gpushared holds locked for the user.
@@ -258,6 +269,8 @@ impl UserAccount {
             connections: self.connections(),
             max_connections: self.max_connections.load(Ordering::Relaxed),
             module_bytes: self.image_bytes(),
+            gpu_memory: self.gpus.stats(),
+            gpu_memory_quota: self.gpus.quota(),
             max_module_bytes: Some(self.max_image_bytes.load(Ordering::Relaxed))
                 .filter(|&m| m != u64::MAX),
         }

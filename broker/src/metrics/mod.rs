@@ -17,7 +17,8 @@ mod http;
 mod jobs;
 mod telemetry;
 #[cfg(test)]
-mod testing;
+pub(crate) mod testing;
+mod users;
 
 pub use exposition::CONTENT_TYPE_TEXT;
 pub use http::{serve, serve_on};
@@ -177,7 +178,9 @@ pub fn render_with_telemetry(
         );
     }
 
+    users::render_gpu_loads(&mut out, &report.gpu_loads);
     render_clients(&mut out, &report.clients, processes);
+    users::render_users(&mut out, &report.users);
     render_jobs(&mut out, &report.jobs);
     if let Some(t) = telemetry {
         render_telemetry(

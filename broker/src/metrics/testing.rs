@@ -81,6 +81,8 @@ pub fn report() -> StatusReport {
         outside_load: Default::default(),
         users: Vec::new(),
         jobs: Vec::new(),
+        gpu_loads: Vec::new(),
+        next_gpu: 0,
         usage: gpushare_protocol::stats::BrokerUsage {
             cpu_ns: 2_000_000_000,
             workers_cpu_ns: 750_000_000,

@@ -7,13 +7,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gpushare_protocol::control::{ClientMessage, Hello};
+use gpushare_protocol::stats::{ClientStats, GpuLoad};
 use gpushare_protocol::{ErrorCode, PROTOCOL_VERSION, PriorityClass};
 use tokio::sync::watch;
 use tokio_seqpacket::UnixSeqpacket;
 use tracing::{Instrument, info_span, warn};
 
 use super::framing::{RecvError, recv, reject};
-use super::{Broker, Stop};
+use super::{Broker, Stop, placement};
 use crate::access::{Grant, Identity, TrustDomain};
 use crate::accounts::{Joining, Refusal, Seat, Visit};
 use crate::jobs::Job;
@@ -247,14 +248,15 @@ impl Broker {
         })
     }
 
-    /// The device with the least memory held by clients, then the fewest clients.
+    /// The GPU with the least measured load (`placement`).
     fn least_loaded(&self) -> usize {
-        let clients = self.registry.snapshot();
-        let load = |gpu: usize| {
-            let on = clients.iter().filter(|c| c.gpu as usize == gpu);
-            (on.clone().map(|c| c.memory_used).sum::<u64>(), on.count())
-        };
-        (0..self.gpus.len()).min_by_key(|&g| load(g)).unwrap_or(0)
+        placement::least_loaded(&self.gpu_loads(&self.registry.snapshot()))
+    }
+
+    /// Each GPU's load now, from a snapshot of the clients.
+    pub(super) fn gpu_loads(&self, clients: &[ClientStats]) -> Vec<GpuLoad> {
+        self.loads
+            .loads(clients, self.gpus.len(), std::time::Instant::now())
     }
 }
 

@@ -40,6 +40,7 @@ mod graphs;
 mod handshake;
 mod jobs;
 mod listen;
+mod placement;
 mod pods;
 mod status;
 #[cfg(test)]
@@ -108,6 +109,8 @@ pub struct Broker {
     jobs: crate::jobs::Jobs,
     /// Kubernetes containers' own sockets, by job.
     pods: pods::PodSockets,
+    /// Recent samples of the clients' GPU time, for the default placement.
+    loads: placement::LoadHistory,
     /// Why the broker stops, once it does: every session watches it.
     stop: watch::Sender<Option<Stop>>,
 }
@@ -166,6 +169,7 @@ impl Broker {
             exports: exports::Exports::default(),
             jobs: crate::jobs::Jobs::default(),
             pods: pods::PodSockets::default(),
+            loads: placement::LoadHistory::default(),
             stop: watch::Sender::new(None),
         })
     }

@@ -121,7 +121,10 @@ impl Broker {
             Err(_) => (Vec::new(), OutsideLoad::default()),
         };
         join_clients(&mut clients, &mut processes);
+        let gpu_loads = self.gpu_loads(&clients);
         StatusReport {
+            next_gpu: super::placement::least_loaded(&gpu_loads) as u32,
+            gpu_loads,
             broker_version: env!("CARGO_PKG_VERSION").into(),
             protocol_version: PROTOCOL_VERSION,
             backend: self.gpus[0].device().backend().into(),

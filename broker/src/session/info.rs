@@ -80,6 +80,8 @@ pub struct SessionInfo {
     grant: LiveGrant,
     /// The account of the client's user: the memory quota all of their sessions share.
     account: Arc<UserAccount>,
+    /// The user's memory on this session's GPU, against the policy's `gpu_memory_quota`.
+    gpu_memory: Arc<crate::accounts::MemoryTally>,
     /// The batch scheduler job its process is in, whose quota it holds memory against
     /// instead of its user's (the user's account still counts that memory).
     pub job: Option<Arc<crate::jobs::Job>>,
@@ -168,6 +170,7 @@ impl SessionInfo {
             host_points: Mutex::default(),
             vmm: Mutex::new(super::vmm::Handles::default()),
             grant: LiveGrant::new(grant),
+            gpu_memory: account.gpu_tally(gpu),
             account,
             job,
             connected_at: Instant::now(),
@@ -220,11 +223,19 @@ impl SessionInfo {
     /// Only the session's data thread changes the session's figure.
     pub fn charge_memory(&self, bytes: u64) -> Result<(), ErrorCode> {
         match &self.job {
+            // A job's grant is its share of one GPU: the user's bounds do not apply.
             Some(job) => {
                 job.charge(bytes)?;
                 self.account.charge_held(bytes);
+                self.gpu_memory.charge_held(bytes);
             }
-            None => self.account.charge(bytes)?,
+            None => {
+                self.account.charge(bytes)?;
+                if let Err(code) = self.gpu_memory.charge(bytes) {
+                    self.account.release(bytes);
+                    return Err(code);
+                }
+            }
         }
         let c = &self.counters;
         let now = c.memory_used.load(Ordering::Relaxed).saturating_add(bytes);
@@ -250,6 +261,7 @@ impl SessionInfo {
         let bytes = bytes.min(held);
         c.memory_used.store(held - bytes, Ordering::Relaxed);
         self.account.release(bytes);
+        self.gpu_memory.release(bytes);
         if let Some(job) = &self.job {
             job.release(bytes);
         }
@@ -258,6 +270,7 @@ impl SessionInfo {
     /// Counts `bytes` the session holds already, whatever the quota.
     fn charge_held(&self, bytes: u64) {
         self.account.charge_held(bytes);
+        self.gpu_memory.charge_held(bytes);
         if let Some(job) = &self.job {
             job.charge_held(bytes);
         }
@@ -473,6 +486,41 @@ mod tests {
         info.set_memory_used(20);
         assert_eq!(info.account().memory_used(), 20);
         assert_eq!(info.counters.memory_peak.load(Ordering::Relaxed), 70);
+    }
+
+    #[test]
+    fn memory_on_one_gpu_stays_within_the_users_quota_there_and_in_total() {
+        let info = info();
+        info.set_grant(Grant {
+            memory_quota: Some(100),
+            ..Grant::default()
+        });
+        let on_gpu = info.account().gpu_tally(0);
+        on_gpu.set_quota(Some(60));
+        info.charge_memory(60).expect("within both");
+        assert_eq!(
+            info.charge_memory(1),
+            Err(ErrorCode::OutOfQuota),
+            "the GPU's"
+        );
+        assert_eq!(
+            info.account().memory_used(),
+            60,
+            "a refusal changes nothing"
+        );
+        // Another GPU of the same user's: its own 60, but the total is 100.
+        let other = info.account().gpu_tally(1);
+        assert_eq!(other.charge(40), Ok(()));
+        info.account().charge_held(40);
+        on_gpu.set_quota(None);
+        assert_eq!(
+            info.charge_memory(1),
+            Err(ErrorCode::OutOfQuota),
+            "the total"
+        );
+        assert_eq!(on_gpu.used(), 60, "a refusal changes nothing");
+        info.release_memory(60);
+        assert_eq!((on_gpu.used(), info.account().memory_used()), (0, 40));
     }
 
     #[test]

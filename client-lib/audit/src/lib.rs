@@ -8,6 +8,10 @@
 //! libraries that link the driver by a path, or `dlopen` one, are covered here. Without the
 //! variable the library changes nothing.
 //!
+//! A search for NVML by its soname (`libnvidia-ml.so.1`, `libnvidia-ml.so`) finds gpushare's
+//! NVML beside the driver, where there is one (a container gets no `LD_LIBRARY_PATH` shadow).
+//! Not a search by path: gpushare's NVML opens the machine's by its path.
+//!
 //! It runs inside the loader, in a namespace of its own, before the program's libraries are
 //! set up: it only reads the environment once and compares strings, with no allocation
 //! after that and nothing that can panic.
@@ -19,16 +23,25 @@ use gpushare_conn::env::CUDA_DRIVER_ENV;
 
 /// The driver every libcuda search finds, read at `la_version`.
 static DRIVER: OnceLock<Option<CString>> = OnceLock::new();
+/// gpushare's NVML beside the driver, if it is there.
+static NVML: OnceLock<Option<CString>> = OnceLock::new();
+
+/// gpushare's NVML, under NVML's soname, in the driver's directory.
+const NVML_SONAME: &str = "libnvidia-ml.so.1";
 
 /// Called first, once: the interface version this library speaks. `la_objsearch` has not
 /// changed in any version, so the loader's own is fine (0 would unload the library).
 #[unsafe(no_mangle)]
 pub extern "C" fn la_version(version: c_uint) -> c_uint {
-    DRIVER.get_or_init(|| {
-        std::env::var_os(CUDA_DRIVER_ENV)
-            .filter(|p| !p.is_empty())
-            .and_then(|p| CString::new(p.into_encoded_bytes()).ok())
+    let driver = std::env::var_os(CUDA_DRIVER_ENV).filter(|p| !p.is_empty());
+    NVML.get_or_init(|| {
+        let nvml = std::path::Path::new(driver.as_ref()?)
+            .parent()?
+            .join(NVML_SONAME);
+        nvml.is_file()
+            .then(|| CString::new(nvml.into_os_string().into_encoded_bytes()).ok())?
     });
+    DRIVER.get_or_init(|| driver.and_then(|p| CString::new(p.into_encoded_bytes()).ok()));
     version
 }
 
@@ -51,12 +64,23 @@ pub unsafe extern "C" fn la_objsearch(
     }
     // SAFETY: the loader passes a NUL-terminated name that lives through this call.
     let asked = unsafe { CStr::from_ptr(name) };
+    if is_nvml_soname(asked.to_bytes())
+        && let Some(Some(nvml)) = NVML.get()
+    {
+        // The NVML's name lives as long as the process (a static, never changed).
+        return nvml.as_ptr().cast_mut();
+    }
     if is_libcuda(asked.to_bytes()) && asked != driver.as_c_str() {
         // The driver's name lives as long as the process (a static, never changed).
         driver.as_ptr().cast_mut()
     } else {
         name.cast_mut()
     }
+}
+
+/// Whether a name the loader searches for is NVML by its soname (no path).
+fn is_nvml_soname(name: &[u8]) -> bool {
+    name == b"libnvidia-ml.so.1" || name == b"libnvidia-ml.so"
 }
 
 /// Whether a name the loader searches for is the CUDA driver: `libcuda.so`, `libcuda.so.1`,
@@ -78,6 +102,16 @@ fn is_libcuda(name: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn finds_nvml_by_soname_only() {
+        assert!(is_nvml_soname(b"libnvidia-ml.so.1"));
+        assert!(is_nvml_soname(b"libnvidia-ml.so"));
+        assert!(!is_nvml_soname(
+            b"/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"
+        ));
+        assert!(!is_nvml_soname(b"libnvidia-ml.so.580.65.06"));
+    }
 
     #[test]
     fn finds_the_driver_by_soname_and_by_any_path_to_a_real_one() {

@@ -8,6 +8,9 @@ pub const CLASS_ENV: &str = "GPUSHARE_CLASS";
 pub const NAME_ENV: &str = "GPUSHARE_NAME";
 /// The GPU index the program asks to run on.
 pub const GPU_ENV: &str = "GPUSHARE_GPU";
+/// The UUIDs of the GPUs the program runs on, in its device order: gpushare's NVML
+/// (`libnvidia-ml.so.1` beside its CUDA driver) shows only these.
+pub const GPU_UUIDS_ENV: &str = "GPUSHARE_GPU_UUIDS";
 /// A fair-share weight below the one the policy grants.
 pub const WEIGHT_ENV: &str = "GPUSHARE_WEIGHT";
 /// Where the real libcuda is, for the governed interposer (default: `libcuda.so.1`).

@@ -319,6 +319,21 @@ pub struct DeviceInfo {
     pub attributes: Vec<i32>,
 }
 
+impl DeviceInfo {
+    /// Its UUID as NVML and `CUDA_VISIBLE_DEVICES` write it: `GPU-` and 8-4-4-4-12 hex digits.
+    pub fn uuid_text(&self) -> String {
+        let hex: String = self.uuid.iter().map(|b| format!("{b:02x}")).collect();
+        format!(
+            "GPU-{}-{}-{}-{}-{}",
+            &hex[..8],
+            &hex[8..12],
+            &hex[12..16],
+            &hex[16..20],
+            &hex[20..]
+        )
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Welcome {
     pub protocol_version: u32,
@@ -514,6 +529,16 @@ pub fn decode<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, CodecErro
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn a_uuid_is_written_as_nvml_writes_it() {
+        let mut d = crate::fuzzing::messages::device(0);
+        d.uuid = [
+            0xfe, 0xf8, 0x08, 0x9b, 0x48, 0x20, 0xab, 0xfc, 0xe8, 0x3e, 0x94, 0x31, 0x81, 0x97,
+            0x57, 0x6e,
+        ];
+        assert_eq!(d.uuid_text(), "GPU-fef8089b-4820-abfc-e83e-94318197576e");
+    }
 
     #[test]
     fn hello_round_trips() {

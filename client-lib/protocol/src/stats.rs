@@ -35,6 +35,25 @@ pub struct StatusReport {
     /// Batch scheduler jobs holding shares of the GPUs here.
     #[serde(default)]
     pub jobs: Vec<JobStats>,
+    /// Each GPU's load, as the default placement weighs it, by index.
+    #[serde(default)]
+    pub gpu_loads: Vec<GpuLoad>,
+    /// The GPU a program that names none would run on now.
+    #[serde(default)]
+    pub next_gpu: u32,
+}
+
+/// How loaded one GPU is, as the default placement weighs it: busy first, then memory, then
+/// clients.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct GpuLoad {
+    pub gpu: u32,
+    /// Device time its clients' work took per second lately (kernels and copies; above 1
+    /// where work overlaps).
+    pub busy: f64,
+    /// Device memory its clients hold.
+    pub memory_used: u64,
+    pub clients: u32,
 }
 
 /// gpushared's own use of the machine: its process, and its device workers (spares
@@ -83,6 +102,19 @@ pub struct UserStats {
     pub module_bytes: u64,
     #[serde(default)]
     pub max_module_bytes: Option<u64>,
+    /// What the user holds on each GPU they have used, and the quota on any one GPU
+    /// (`None`: unlimited).
+    #[serde(default)]
+    pub gpu_memory: Vec<GpuMemory>,
+    #[serde(default)]
+    pub gpu_memory_quota: Option<u64>,
+}
+
+/// Device memory a user holds on one GPU.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuMemory {
+    pub gpu: u32,
+    pub memory_used: u64,
 }
 
 /// How busy processes that bypass the broker keep the GPU, from eBPF.

@@ -3,9 +3,10 @@
 //!
 //! Layout, installed or bundled: `libgpushare_interpose.so` and `libgpushare_audit.so` in
 //! the directory, and gpushare's CUDA driver as `cuda/libcuda.so.1` (with a `libcuda.so`
-//! link) — a directory holding nothing but the driver, so that putting it on
-//! `LD_LIBRARY_PATH` shadows the real libcuda and nothing else. A cargo build has the driver
-//! as `libcuda.so` beside the binary; `cuda/` is made there, of links to it, on first use.
+//! link) and its NVML as `cuda/libnvidia-ml.so.1` — a directory holding nothing else, so that
+//! putting it on `LD_LIBRARY_PATH` shadows the real libcuda and NVML and nothing more. A cargo
+//! build has them as `libcuda.so` and `libgpushare_nvml.so` beside the binary; `cuda/` is made
+//! there, of links to them, on first use.
 
 use std::path::{Path, PathBuf};
 
@@ -21,6 +22,10 @@ pub const DRIVER_DIR: &str = "cuda";
 pub const DRIVER_SONAME: &str = "libcuda.so.1";
 /// The name programs linked with `-lcuda` (and some loaders) ask for.
 const DRIVER_DEV_NAME: &str = "libcuda.so";
+/// gpushare's NVML, which shows a program only its GPUs, under NVML's soname.
+pub const NVML_SONAME: &str = "libnvidia-ml.so.1";
+/// The NVML as cargo names it.
+const NVML_DEV_NAME: &str = "libgpushare_nvml.so";
 
 /// The directories searched, in order.
 fn library_dirs() -> Vec<PathBuf> {
@@ -66,15 +71,16 @@ pub fn audit() -> anyhow::Result<PathBuf> {
 
 /// The directory that holds gpushare's CUDA driver as `libcuda.so.1`, for consolidated mode.
 pub fn driver_dir() -> anyhow::Result<PathBuf> {
-    let dirs: Vec<PathBuf> = library_dirs().iter().map(|d| d.join(DRIVER_DIR)).collect();
-    if let Some(dir) = dirs.iter().find(|d| d.join(DRIVER_SONAME).is_file()) {
-        return Ok(canonical(dir));
-    }
-    // A cargo build: the driver as cargo names it, beside the binary.
+    // A cargo build: the driver as cargo names it, beside the binary (its links are made
+    // again, as a newer build may have more to link).
     if let Some(dir) = exe_dir()
         && dir.join(DRIVER_DEV_NAME).is_file()
     {
         return link_driver_dir(&dir);
+    }
+    let dirs: Vec<PathBuf> = library_dirs().iter().map(|d| d.join(DRIVER_DIR)).collect();
+    if let Some(dir) = dirs.iter().find(|d| d.join(DRIVER_SONAME).is_file()) {
+        return Ok(canonical(dir));
     }
     let candidates: Vec<PathBuf> = dirs.iter().map(|d| d.join(DRIVER_SONAME)).collect();
     Err(not_installed("gpushare's CUDA driver", &candidates))
@@ -89,6 +95,10 @@ fn link_driver_dir(build: &Path) -> anyhow::Result<PathBuf> {
         _ => Ok(()),
     };
     let target = Path::new("..").join(DRIVER_DEV_NAME);
+    let nvml = build
+        .join(NVML_DEV_NAME)
+        .is_file()
+        .then(|| Path::new("..").join(NVML_DEV_NAME));
     made(std::fs::create_dir(&dir))
         .and_then(|()| made(std::os::unix::fs::symlink(&target, dir.join(DRIVER_SONAME))))
         .and_then(|()| {
@@ -103,6 +113,11 @@ fn link_driver_dir(build: &Path) -> anyhow::Result<PathBuf> {
                 dir.display()
             )
         })?;
+    // Without it NVML shows every GPU, as before gpushare had one: not worth failing for (a
+    // read-only bundle made before it).
+    if let Some(nvml) = &nvml {
+        let _ = std::os::unix::fs::symlink(nvml, dir.join(NVML_SONAME));
+    }
     anyhow::ensure!(
         dir.join(DRIVER_SONAME).is_file(),
         "{} is not a link to gpushare's CUDA driver {}: remove it and run again",

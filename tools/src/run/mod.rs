@@ -16,6 +16,7 @@ use gpushare_conn::env;
 use gpushare_tools::cli::{Fallback, RunArgs, RunMode};
 
 mod libs;
+pub mod placement;
 mod search;
 
 use search::{COLON, COLON_OR_SPACE, named};
@@ -93,9 +94,17 @@ pub fn exec(socket: &Path, args: RunArgs) -> anyhow::Error {
                 );
                 Ok(Inherited::read(None).changes())
             } else {
-                consolidated_env(socket).map_err(|e| {
-                    anyhow::anyhow!("{e:#} `--mode governed` runs the program without it")
-                })
+                match placed(socket, &args) {
+                    Ok(placement) => consolidated_env(socket)
+                        .map(|mut changes| {
+                            changes.extend(placement);
+                            changes
+                        })
+                        .map_err(|e| {
+                            anyhow::anyhow!("{e:#} `--mode governed` runs the program without it")
+                        }),
+                    Err(e) => Err(e),
+                }
             }
         }
     };
@@ -105,6 +114,22 @@ pub fn exec(socket: &Path, args: RunArgs) -> anyhow::Error {
     }
     let err = cmd.exec();
     anyhow::anyhow!("cannot run {}: {err}", Path::new(program).display())
+}
+
+/// The environment that puts a consolidated program on its GPU (`placement`); none where
+/// gpushared cannot be asked.
+fn placed(socket: &Path, args: &RunArgs) -> anyhow::Result<Vec<EnvChange>> {
+    let ask = placement::Ask::read(args.gpu).map_err(anyhow::Error::msg)?;
+    match placement::place(socket, &ask) {
+        None => Ok(Vec::new()),
+        Some(Err(why)) => Err(anyhow::anyhow!("cannot place the program: {why}")),
+        Some(Ok(p)) => {
+            if args.verbose {
+                eprintln!("gpushare: running on GPU {} ({}): {}", p.gpu, p.uuid, p.why);
+            }
+            Ok(p.changes())
+        }
+    }
 }
 
 /// The interposer preloaded.

@@ -8,6 +8,7 @@ use std::ffi::OsString;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
+use crate::run::placement::{Ask, place};
 use crate::run::{EnvChange, consolidated_env};
 
 /// `GPUSHARE_SLURM=off` in a job's environment: its tasks are left as they are.
@@ -25,7 +26,7 @@ pub fn output(socket: &Path) -> Vec<u8> {
             changes
                 .into_iter()
                 .filter(|c| matches!(c, EnvChange::Set(..)) || var(c.name()).is_some())
-                .chain(job_gpu(var)),
+                .chain(placed(socket, var)),
         ),
         Err(e) => print_line(&format!(
             "gpushare: this task's CUDA programs run on the machine's driver, outside gpushare: {e:#}"
@@ -39,6 +40,22 @@ pub fn opted_out(var: impl Fn(&str) -> Option<OsString>) -> bool {
         let v = v.to_string_lossy().to_ascii_lowercase();
         matches!(v.trim(), "off" | "no" | "false" | "0")
     })
+}
+
+/// The task on its GPU, as `gpushare run` puts a program there (its NVML and
+/// `CUDA_VISIBLE_DEVICES` naming that GPU too), where gpushared answers; else only the GPU.
+fn placed(socket: &Path, var: impl Fn(&str) -> Option<OsString> + Copy) -> Vec<EnvChange> {
+    let Some(EnvChange::Set(_, gpu)) = job_gpu(var) else {
+        return Vec::new();
+    };
+    let ask = gpu.to_str().and_then(|g| g.parse().ok()).map(|g| Ask {
+        index: Some((g, format!("Slurm's GPU {g}"))),
+        ..Ask::default()
+    });
+    match ask.and_then(|ask| place(socket, &ask)) {
+        Some(Ok(p)) => p.changes(),
+        _ => job_gpu(var).into_iter().collect(),
+    }
 }
 
 /// The GPU the task's programs ask gpushared for: the first Slurm gave the step (or the job),

@@ -547,6 +547,8 @@ pub(crate) mod tests {
             users: Vec::new(),
             usage: Default::default(),
             jobs: Vec::new(),
+            gpu_loads: Vec::new(),
+            next_gpu: 0,
         }
     }
 

@@ -8,11 +8,11 @@ use crate::error::{ErrorCode, WireError};
 use crate::job::{JobGpu, JobStart, JobStats, POD_JOB_BASE, PodGrant, PodIdentity};
 use crate::ring::ShmLayout;
 use crate::stats::{
-    BrokerUsage, ClientStats, IoctlStats, OutsideLoad, ProcessActivity, ProcessKind, StatusReport,
-    TelemetryStatus, UserStats,
+    BrokerUsage, ClientStats, GpuLoad, GpuMemory, IoctlStats, OutsideLoad, ProcessActivity,
+    ProcessKind, StatusReport, TelemetryStatus, UserStats,
 };
 
-fn device(index: u32) -> DeviceInfo {
+pub(crate) fn device(index: u32) -> DeviceInfo {
     DeviceInfo {
         index,
         name: "NVIDIA H100 80GB HBM3".into(),
@@ -132,6 +132,16 @@ fn status_report() -> StatusReport {
             job: Some(4711),
         }],
         jobs: vec![job_stats()],
+        gpu_loads: vec![
+            GpuLoad {
+                gpu: 0,
+                busy: 0.75,
+                memory_used: 3 << 20,
+                clients: 1,
+            },
+            GpuLoad::default(),
+        ],
+        next_gpu: 1,
         telemetry: TelemetryStatus {
             enabled: false,
             reason: Some("not root".into()),
@@ -178,6 +188,11 @@ fn status_report() -> StatusReport {
             max_connections: 128,
             module_bytes: 5 << 20,
             max_module_bytes: Some(1 << 30),
+            gpu_memory: vec![GpuMemory {
+                gpu: 0,
+                memory_used: 3 << 20,
+            }],
+            gpu_memory_quota: Some(4 << 30),
         }],
         usage: BrokerUsage {
             cpu_ns: 1_500_000_000,

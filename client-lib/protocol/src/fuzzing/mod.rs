@@ -25,7 +25,7 @@ use crate::ring::{
 
 // The seed corpus and the sample messages and commands it encodes.
 mod commands;
-mod messages;
+pub(crate) mod messages;
 mod seeds;
 #[cfg(test)]
 mod tests;

@@ -1,0 +1,234 @@
+//! Where `gpushare run` puts a consolidated program on a machine of two GPUs, and that CUDA
+//! and NVML then agree on it: the program's device 0 (`cuDeviceGetUuid`) is the one GPU that
+//! NVML (gpushare's `libnvidia-ml.so.1`, in front of a stand-in for the machine's NVML that
+//! knows the sim GPUs) shows, at index 0, and `CUDA_VISIBLE_DEVICES` names it by UUID — for
+//! `--gpu`, `CUDA_VISIBLE_DEVICES` by index or UUID, and the default placement.
+//!
+//! Needs `cc` and the workspace built (`gpushare`, `libcuda.so`, `libgpushare_nvml.so`).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use gpushare_tests::{Broker, BrokerOptions, binary, cc, wait_until};
+
+struct Programs {
+    _dir: tempfile::TempDir,
+    app: PathBuf,
+    real_nvml: PathBuf,
+}
+
+fn programs() -> Programs {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("c");
+    let app = dir.path().join("consolidated_app");
+    cc::compile(&src.join("consolidated_app.c"), &["-ldl"], &app);
+    std::fs::create_dir(dir.path().join("real")).expect("mkdir");
+    let real_nvml = dir.path().join("real/libnvidia-ml.so.1");
+    cc::compile(
+        &src.join("nvml_standin.c"),
+        &["-shared", "-fPIC", "-Wl,-soname,libnvidia-ml.so.1"],
+        &real_nvml,
+    );
+    Programs {
+        _dir: dir,
+        app,
+        real_nvml,
+    }
+}
+
+fn two_gpus() -> Broker {
+    let broker = Broker::start_with(BrokerOptions {
+        extra_args: vec!["--sim-gpus".into(), "2".into()],
+        ..BrokerOptions::default()
+    });
+    broker.dump_log_if_stuck(Duration::from_secs(120));
+    broker
+}
+
+/// The sim GPUs' UUIDs, by gpushared's index.
+fn uuids(broker: &Broker) -> Vec<String> {
+    broker
+        .status()
+        .devices
+        .iter()
+        .map(|d| d.uuid_text())
+        .collect()
+}
+
+/// `gpushare run [run_args] -- consolidated_app MODE…`, NVML being the stand-in that knows
+/// `machine_uuids`, with `env` added.
+fn run(
+    broker: &Broker,
+    p: &Programs,
+    run_args: &[&str],
+    app_args: &[&str],
+    env: &[(&str, &str)],
+) -> Command {
+    let mut cmd = Command::new(binary("gpushare"));
+    cmd.arg("--socket")
+        .arg(&broker.socket)
+        .arg("run")
+        .args(run_args)
+        .arg("--")
+        .arg(&p.app)
+        .args(app_args)
+        .env("GPUSHARE_TEST_NVML_UUIDS", uuids(broker).join(","))
+        .env("GPUSHARE_REAL_NVML", &p.real_nvml);
+    for var in [
+        "LD_PRELOAD",
+        "LD_AUDIT",
+        "LD_LIBRARY_PATH",
+        "GPUSHARE_CUDA_DRIVER",
+        "GPUSHARE_GPU",
+        "GPUSHARE_GPU_UUIDS",
+        "CUDA_VISIBLE_DEVICES",
+        "CUDA_DEVICE_ORDER",
+    ] {
+        cmd.env_remove(var);
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd
+}
+
+fn output(mut cmd: Command) -> (Output, String, String) {
+    let out = cmd.output().expect("run gpushare");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    (out, stdout, stderr)
+}
+
+/// Runs the program in `where` mode and checks that CUDA, NVML and `CUDA_VISIBLE_DEVICES` all
+/// name the one GPU of UUID `want`; returns what gpushare said on stderr.
+fn runs_on(
+    broker: &Broker,
+    p: &Programs,
+    run_args: &[&str],
+    env: &[(&str, &str)],
+    want: &str,
+) -> String {
+    let (out, stdout, stderr) = output(run(broker, p, run_args, &["where", "libcuda.so.1"], env));
+    let what = format!("{run_args:?} {env:?}:\n{stdout}{stderr}");
+    assert!(out.status.success(), "{what}");
+    let lines: Vec<&str> = stdout.lines().collect();
+    let cuda = format!("cuda {want}");
+    let nvml0 = format!("nvml 0 {want}");
+    let visible = format!("env CUDA_VISIBLE_DEVICES {want}");
+    for line in [cuda.as_str(), "nvml 1", nvml0.as_str(), visible.as_str()] {
+        assert!(lines.contains(&line), "no `{line}` in {what}");
+    }
+    stderr
+}
+
+#[test]
+fn cuda_and_nvml_agree_on_the_gpu_asked_for_by_index_or_uuid() {
+    let broker = two_gpus();
+    let p = programs();
+    let gpus = uuids(&broker);
+    assert_eq!(gpus.len(), 2);
+    assert_ne!(gpus[0], gpus[1]);
+    runs_on(&broker, &p, &["--gpu", "1"], &[], &gpus[1]);
+    runs_on(&broker, &p, &[], &[("CUDA_VISIBLE_DEVICES", "1")], &gpus[1]);
+    runs_on(&broker, &p, &[], &[("GPUSHARE_GPU", "1")], &gpus[1]);
+    runs_on(
+        &broker,
+        &p,
+        &[],
+        &[("CUDA_VISIBLE_DEVICES", &gpus[1])],
+        &gpus[1],
+    );
+    // A unique start of a UUID, as CUDA takes it; the first of several, said with -v.
+    let start = &gpus[0][..gpus[0].len() - 4];
+    let visible = format!("{start},1");
+    let said = runs_on(
+        &broker,
+        &p,
+        &["-v"],
+        &[("CUDA_VISIBLE_DEVICES", &visible)],
+        &gpus[0],
+    );
+    assert!(
+        said.contains("gpushare: running on GPU 0") && said.contains("one GPU, the first named"),
+        "{said}"
+    );
+    // The sim's GPUs lie on the PCI bus in their order.
+    runs_on(
+        &broker,
+        &p,
+        &[],
+        &[
+            ("CUDA_VISIBLE_DEVICES", "1"),
+            ("CUDA_DEVICE_ORDER", "PCI_BUS_ID"),
+        ],
+        &gpus[1],
+    );
+}
+
+#[test]
+fn a_name_that_fits_no_gpu_stops_gpushare_run_with_a_sentence() {
+    let broker = two_gpus();
+    let p = programs();
+    for (env, said) in [
+        (
+            ("CUDA_VISIBLE_DEVICES", "5"),
+            "gpushare: cannot place the program: CUDA_VISIBLE_DEVICES=5: no GPU 5 in CUDA's order (it serves GPUs 0..=1)",
+        ),
+        (
+            ("CUDA_VISIBLE_DEVICES", "GPU-ffff"),
+            "gpushare: cannot place the program: CUDA_VISIBLE_DEVICES=GPU-ffff: no GPU has the UUID GPU-ffff (it serves GPUs 0..=1)",
+        ),
+        (
+            ("GPUSHARE_GPU", "2"),
+            "gpushare: cannot place the program: GPUSHARE_GPU=2: gpushared has no such GPU (it serves GPUs 0..=1)",
+        ),
+    ] {
+        let (out, stdout, stderr) =
+            output(run(&broker, &p, &[], &["where", "libcuda.so.1"], &[env]));
+        assert!(!out.status.success(), "{env:?}: {stdout}");
+        assert!(stdout.is_empty(), "the program must not start: {stdout}");
+        assert!(stderr.contains(said), "{env:?}: {stderr}");
+    }
+}
+
+#[test]
+fn unasked_a_program_goes_to_the_less_loaded_gpu() {
+    let broker = two_gpus();
+    let p = programs();
+    let gpus = uuids(&broker);
+    // A program holding 64 MiB on GPU 0: the next one that names no GPU goes to GPU 1.
+    let mut holder = run(
+        &broker,
+        &p,
+        &["--gpu", "0"],
+        &["hold", "libcuda.so.1", "67108864"],
+        &[],
+    );
+    let mut holder = holder
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start the holder");
+    let held = wait_until(Duration::from_secs(20), || {
+        broker
+            .status()
+            .clients
+            .iter()
+            .any(|c| c.gpu == 0 && c.memory_used >= 64 << 20)
+    });
+    assert!(
+        held,
+        "the holder never held its memory: {:?}",
+        broker.status().clients
+    );
+    let status = broker.status();
+    assert_eq!(status.next_gpu, 1, "{:?}", status.gpu_loads);
+    let said = runs_on(&broker, &p, &["--verbose"], &[], &gpus[1]);
+    assert!(
+        said.contains("the least loaded") && said.contains("GPU 1 chosen"),
+        "{said}"
+    );
+    drop(holder.stdin.take());
+    assert!(holder.wait().expect("wait").success());
+}

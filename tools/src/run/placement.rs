@@ -1,0 +1,293 @@
+//! Which GPU a consolidated program runs on, decided before it starts so that everything in
+//! it agrees: gpushare's CUDA driver asks gpushared for that GPU (`GPUSHARE_GPU`), gpushare's
+//! NVML shows only it (`GPUSHARE_GPU_UUIDS`), and `CUDA_VISIBLE_DEVICES` names it by UUID, which
+//! is what PyTorch checks its NVML device count against (an index there would name a device
+//! NVML no longer shows).
+//!
+//! The program's ask, first that says: `--gpu N` or `GPUSHARE_GPU` (gpushared's index; a Slurm
+//! task prolog sets it), then `CUDA_VISIBLE_DEVICES` (an index in CUDA's order, PCI bus order
+//! under `CUDA_DEVICE_ORDER=PCI_BUS_ID`, or a UUID or a unique prefix of one; gpushare gives a
+//! program one GPU, the first named), else the GPU gpushared would place it on now, the least
+//! loaded by measured load.
+
+use std::ffi::OsString;
+use std::path::Path;
+
+use gpushare::StatusReport;
+use gpushare_conn::env;
+use gpushare_protocol::control::DeviceInfo;
+
+use super::EnvChange;
+
+/// Where the program runs, and why there.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Placement {
+    /// gpushared's index.
+    pub gpu: u32,
+    pub uuid: String,
+    pub why: String,
+}
+
+impl Placement {
+    /// The program's environment for it.
+    pub fn changes(&self) -> Vec<EnvChange> {
+        vec![
+            EnvChange::Set(env::GPU_ENV, self.gpu.to_string().into()),
+            EnvChange::Set(env::GPU_UUIDS_ENV, OsString::from(&self.uuid)),
+            EnvChange::Set("CUDA_VISIBLE_DEVICES", OsString::from(&self.uuid)),
+        ]
+    }
+}
+
+/// What the program asked for, read from the command line and the environment.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Ask {
+    /// gpushared's index (`--gpu`, else `GPUSHARE_GPU`), and how it was asked for.
+    pub index: Option<(u32, String)>,
+    /// `CUDA_VISIBLE_DEVICES`, when set and not empty.
+    pub visible: Option<String>,
+    /// `CUDA_DEVICE_ORDER=PCI_BUS_ID`.
+    pub pci_order: bool,
+}
+
+impl Ask {
+    pub fn read(gpu: Option<u32>) -> Result<Ask, String> {
+        let index = match gpu {
+            Some(g) => Some((g, format!("--gpu {g}"))),
+            None => match std::env::var(env::GPU_ENV) {
+                Ok(v) if !v.trim().is_empty() => Some((
+                    v.trim()
+                        .parse()
+                        .map_err(|_| format!("{}={v:?} is not a GPU index", env::GPU_ENV))?,
+                    format!("{}={}", env::GPU_ENV, v.trim()),
+                )),
+                _ => None,
+            },
+        };
+        Ok(Ask {
+            index,
+            visible: std::env::var("CUDA_VISIBLE_DEVICES")
+                .ok()
+                .filter(|v| !v.trim().is_empty()),
+            pci_order: std::env::var("CUDA_DEVICE_ORDER")
+                .is_ok_and(|o| o.trim().eq_ignore_ascii_case("PCI_BUS_ID")),
+        })
+    }
+}
+
+/// Asks gpushared at `socket` where the program runs. `None` when it cannot be asked (the
+/// program's driver then says why at `cuInit`, as without a placement).
+pub fn place(socket: &Path, ask: &Ask) -> Option<Result<Placement, String>> {
+    let report = gpushare::Monitor::connect(socket).ok()?.status().ok()?;
+    Some(decide(&report, ask))
+}
+
+/// The placement for `ask` on the GPUs of `report`.
+pub fn decide(report: &StatusReport, ask: &Ask) -> Result<Placement, String> {
+    let devices = &report.devices;
+    let serves = || match devices.len() {
+        1 => "it serves GPU 0".to_string(),
+        n => format!("it serves GPUs 0..={}", n - 1),
+    };
+    let (device, why) = if let Some((index, asked)) = &ask.index {
+        let d = devices
+            .get(*index as usize)
+            .ok_or_else(|| format!("{asked}: gpushared has no such GPU ({})", serves()))?;
+        (d, asked.clone())
+    } else if let Some(visible) = &ask.visible {
+        let entries: Vec<&str> = visible.split(',').map(str::trim).collect();
+        let first = entries.first().copied().unwrap_or_default();
+        let d = visible_device(devices, first, ask.pci_order)
+            .map_err(|e| format!("CUDA_VISIBLE_DEVICES={visible}: {e} ({})", serves()))?;
+        let more = if entries.len() > 1 {
+            "; gpushare gives a program one GPU, the first named"
+        } else {
+            ""
+        };
+        (d, format!("CUDA_VISIBLE_DEVICES={visible}{more}"))
+    } else {
+        let next = report.next_gpu as usize;
+        let d = devices
+            .get(next)
+            .or(devices.first())
+            .ok_or("gpushared serves no GPU")?;
+        (d, least_loaded_why(report, d.index))
+    };
+    Ok(Placement {
+        gpu: device.index,
+        uuid: device.uuid_text(),
+        why,
+    })
+}
+
+/// The device one entry of `CUDA_VISIBLE_DEVICES` names.
+fn visible_device<'a>(
+    devices: &'a [DeviceInfo],
+    entry: &str,
+    pci_order: bool,
+) -> Result<&'a DeviceInfo, String> {
+    if let Ok(i) = entry.parse::<usize>() {
+        let mut ordered: Vec<&DeviceInfo> = devices.iter().collect();
+        if pci_order {
+            ordered.sort_by_key(|d| d.pci);
+        }
+        let order = if pci_order { "PCI bus" } else { "CUDA's" };
+        return ordered
+            .get(i)
+            .copied()
+            .ok_or_else(|| format!("no GPU {i} in {order} order"));
+    }
+    if entry.len() >= 4 && entry[..4].eq_ignore_ascii_case("MIG-") {
+        return Err("MIG instances are not served by gpushare".into());
+    }
+    if entry.len() <= 4 || !entry[..4].eq_ignore_ascii_case("GPU-") {
+        return Err(format!("`{entry}` is neither an index nor a GPU UUID"));
+    }
+    let wanted = entry.to_ascii_lowercase();
+    let mut matches = devices
+        .iter()
+        .filter(|d| d.uuid_text().to_ascii_lowercase().starts_with(&wanted));
+    match (matches.next(), matches.next()) {
+        (Some(d), None) => Ok(d),
+        (None, _) => Err(format!("no GPU has the UUID {entry}")),
+        (Some(_), Some(_)) => Err(format!("{entry} is the start of several GPUs' UUIDs")),
+    }
+}
+
+/// Why the least loaded GPU, with every GPU's load beside it.
+fn least_loaded_why(report: &StatusReport, chosen: u32) -> String {
+    if report.devices.len() < 2 {
+        return "the only GPU".into();
+    }
+    let loads: Vec<String> = report
+        .gpu_loads
+        .iter()
+        .map(|l| {
+            format!(
+                "GPU {}: busy {:.0}%, {} held by {} client{}",
+                l.gpu,
+                l.busy * 100.0,
+                bytesize::ByteSize(l.memory_used),
+                l.clients,
+                if l.clients == 1 { "" } else { "s" }
+            )
+        })
+        .collect();
+    format!(
+        "the least loaded ({}); GPU {chosen} chosen",
+        loads.join("; ")
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpushare_protocol::stats::GpuLoad;
+
+    fn device(index: u32, pci_bus: u32, uuid_first: u8) -> DeviceInfo {
+        let mut uuid = [0x11; 16];
+        uuid[0] = uuid_first;
+        DeviceInfo {
+            index,
+            name: "GPU".into(),
+            total_memory: 1 << 30,
+            sm_count: 132,
+            compute_capability: (9, 0),
+            fp32_flops: 0.0,
+            memory_bandwidth: 0.0,
+            host_bandwidth: 0.0,
+            uuid,
+            pci: (0, pci_bus, 0),
+            driver_version: 13000,
+            attributes: Vec::new(),
+        }
+    }
+
+    /// Two GPUs whose CUDA order is not their PCI bus order; GPU 1 the less loaded.
+    fn report() -> StatusReport {
+        let mut r = crate_status();
+        r.devices = vec![device(0, 0x41, 0xaa), device(1, 0x01, 0xab)];
+        r.gpu_loads = vec![
+            GpuLoad {
+                gpu: 0,
+                busy: 0.9,
+                memory_used: 1 << 30,
+                clients: 2,
+            },
+            GpuLoad {
+                gpu: 1,
+                ..GpuLoad::default()
+            },
+        ];
+        r.next_gpu = 1;
+        r
+    }
+
+    fn crate_status() -> StatusReport {
+        crate::top::collect::tests::report(1_000, Vec::new())
+    }
+
+    fn ask(index: Option<u32>, visible: Option<&str>, pci_order: bool) -> Ask {
+        Ask {
+            index: index.map(|i| (i, format!("--gpu {i}"))),
+            visible: visible.map(str::to_string),
+            pci_order,
+        }
+    }
+
+    #[test]
+    fn an_index_asked_for_wins_and_must_exist() {
+        let p = decide(&report(), &ask(Some(0), Some("1"), false)).expect("placed");
+        assert_eq!((p.gpu, p.why.as_str()), (0, "--gpu 0"));
+        assert_eq!(p.uuid, "GPU-aa111111-1111-1111-1111-111111111111");
+        let e = decide(&report(), &ask(Some(2), None, false)).expect_err("no GPU 2");
+        assert_eq!(
+            e,
+            "--gpu 2: gpushared has no such GPU (it serves GPUs 0..=1)"
+        );
+    }
+
+    #[test]
+    fn visible_devices_by_index_in_cuda_or_pci_order_or_by_uuid() {
+        let r = report();
+        let gpu =
+            |visible: &str, pci: bool| decide(&r, &ask(None, Some(visible), pci)).map(|p| p.gpu);
+        assert_eq!(gpu("0", false), Ok(0));
+        assert_eq!(gpu("0", true), Ok(1), "GPU 1 is first on the PCI bus");
+        assert_eq!(gpu("GPU-ab11", false), Ok(1), "a unique prefix");
+        assert_eq!(
+            gpu("gpu-AA111111-1111-1111-1111-111111111111", false),
+            Ok(0)
+        );
+        assert_eq!(gpu("1,0", false), Ok(1), "the first named");
+        assert!(gpu("GPU-a", false).is_err_and(|e| e.contains("several")));
+        assert!(gpu("GPU-ff", false).is_err_and(|e| e.contains("no GPU has")));
+        assert!(gpu("2", false).is_err_and(|e| e.contains("no GPU 2 in CUDA's order")));
+        assert!(gpu("MIG-1234", false).is_err_and(|e| e.contains("MIG")));
+        assert!(gpu("all", false).is_err());
+        let several = decide(&r, &ask(None, Some("1,0"), false)).expect("placed");
+        assert!(
+            several.why.contains("one GPU, the first named"),
+            "{}",
+            several.why
+        );
+    }
+
+    #[test]
+    fn unasked_it_goes_where_gpushared_would_place_it_and_says_why() {
+        let p = decide(&report(), &ask(None, None, false)).expect("placed");
+        assert_eq!(p.gpu, 1);
+        assert!(
+            p.why.starts_with("the least loaded (GPU 0: busy 90%"),
+            "{}",
+            p.why
+        );
+        assert!(p.why.ends_with("GPU 1 chosen"), "{}", p.why);
+        let changes = p.changes();
+        assert!(changes.contains(&EnvChange::Set(env::GPU_ENV, "1".into())));
+        assert!(changes.contains(&EnvChange::Set(
+            "CUDA_VISIBLE_DEVICES",
+            "GPU-ab111111-1111-1111-1111-111111111111".into()
+        )));
+    }
+}
