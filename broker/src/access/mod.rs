@@ -48,6 +48,8 @@
 //! [priority]
 //! lower_sm_share = 0.5   # lower classes run on this share of the SMs (a hardware partition)
 //! lower_depth = 2        # kernels each lower-priority client may have on the GPU
+//! lower_by_weight = false  # true: lower classes share what high work leaves by weight (FAIR
+//!                        # among each class, with the [fair] tunables) instead of oldest first
 //! beside_other_contexts = false  # true: lower kernels of another GPU context (another trust
 //!                                # domain, a governed program) may be granted beside high work
 //!
@@ -330,6 +332,7 @@ impl Policy {
             beside_other_contexts: p
                 .beside_other_contexts
                 .unwrap_or(base.beside_other_contexts),
+            lower_by_weight: p.lower_by_weight.unwrap_or(base.lower_by_weight),
             ..base
         }
     }

@@ -23,6 +23,7 @@ macro_rules! view {
             clients: &$d.clients,
             eligible: &$d.eligible,
             inflight_total: $d.inflight_total,
+            only: None,
         }
     };
 }

@@ -12,6 +12,8 @@ pub struct View<'a> {
     pub(super) clients: &'a [ClientState],
     pub(super) eligible: &'a [bool],
     pub(super) inflight_total: usize,
+    /// Only the clients of this class are seen (`of_class`).
+    pub(super) only: Option<PriorityClass>,
 }
 
 impl<'a> View<'a> {
@@ -21,14 +23,24 @@ impl<'a> View<'a> {
 
     /// Every client, in arrival order.
     pub fn clients(&self) -> impl Iterator<Item = ClientView<'a>> + 'a {
-        let eligible = self.eligible;
+        let (eligible, only) = (self.eligible, self.only);
         self.clients
             .iter()
             .enumerate()
+            .filter(move |(_, state)| only.is_none_or(|c| state.spec.class == c))
             .map(move |(i, state)| ClientView {
                 state,
                 eligible: eligible.get(i).copied().unwrap_or(false),
             })
+    }
+
+    /// The same view with only the clients of `class` in it (what a policy that serves one
+    /// class by another policy's rules hands that policy).
+    pub fn of_class(&self, class: PriorityClass) -> View<'a> {
+        View {
+            only: Some(class),
+            ..*self
+        }
     }
 
     /// Clients whose queue head may be granted now (every gate passed), in arrival order.
@@ -40,9 +52,12 @@ impl<'a> View<'a> {
         self.clients().find(|c| c.id() == id)
     }
 
-    /// Granted, not completed, over all clients.
+    /// Granted, not completed, over all clients (of the class, in a view of one).
     pub fn inflight_total(&self) -> usize {
-        self.inflight_total
+        match self.only {
+            None => self.inflight_total,
+            Some(_) => self.clients().map(|c| c.inflight().len()).sum(),
+        }
     }
 }
 
@@ -159,6 +174,7 @@ mod tests {
             clients: &clients,
             eligible: &eligible,
             inflight_total: 0,
+            only: None,
         };
         let all: Vec<_> = view.clients().map(|c| c.id()).collect();
         assert_eq!(all, [10, 20, 30]);
@@ -186,6 +202,7 @@ mod tests {
             clients: &clients,
             eligible: &[true],
             inflight_total: 0,
+            only: None,
         };
         let Some(v) = view.client(1) else {
             panic!("client 1 is in the view");
@@ -205,6 +222,7 @@ mod tests {
             clients: &clients,
             eligible: &[false],
             inflight_total: 0,
+            only: None,
         };
         let v = view.clients().next();
         assert_eq!(v.and_then(|v| v.remaining_ns()), Some(0));

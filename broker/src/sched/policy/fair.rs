@@ -101,7 +101,8 @@ impl Fair {
             .min()
     }
 
-    fn vt(&self, id: ClientId) -> f64 {
+    /// A client's virtual time: GPU time charged over its weight.
+    pub(super) fn vt(&self, id: ClientId) -> f64 {
         self.vtime.get(&id).copied().unwrap_or(0.0)
     }
 

@@ -132,7 +132,7 @@ impl std::str::FromStr for PolicyKind {
 pub fn build_policy(kind: PolicyKind, cfg: &SchedConfig) -> Box<dyn Policy> {
     match kind {
         PolicyKind::Fifo => Box::new(fifo::Fifo::new(cfg.fifo)),
-        PolicyKind::Priority => Box::new(priority::Priority::new(cfg.priority)),
+        PolicyKind::Priority => Box::new(priority::Priority::new(cfg.priority, cfg.fair)),
         PolicyKind::Fair => Box::new(fair::Fair::new(cfg.fair)),
         PolicyKind::Srtf => Box::new(srtf::Srtf::shortest_remaining()),
         PolicyKind::Pack => Box::new(pack::Pack::new()),

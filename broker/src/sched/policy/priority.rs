@@ -28,6 +28,12 @@
 //! A lower-priority kernel that can never pass (longer than the budget, say) waits for a gap
 //! in the high-priority work, as in Orion: that is the price the class pays.
 //!
+//! Lower classes take their turns oldest head first; with `lower_by_weight` they share what
+//! high-priority work leaves by weight instead: the most important lower class with work is
+//! served by FAIR's rules (`fair.rs`, its `[fair]` tunables) among its own clients, and
+//! beside high-priority work the lower kernel that passes Orion's rule goes to the client
+//! with the least virtual time.
+//!
 //! While a high-priority client is connected, even between its requests, each lower-priority
 //! client keeps at most `lower_depth_beside_high` kernels on the GPU. Kernels queued on a
 //! low-priority stream are not preempted, but between two kernels of a high-priority request
@@ -37,8 +43,9 @@
 
 use gpushare_protocol::PriorityClass;
 
+use super::fair::{Fair, FairConfig};
 use super::{Pick, Policy};
-use crate::sched::{Bound, ClientId, View};
+use crate::sched::{Bound, ClientId, Inflight, View};
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct PriorityConfig {
@@ -62,6 +69,9 @@ pub struct PriorityConfig {
     /// Grant lower kernels beside high-priority work that runs in another GPU context too
     /// (the GPU then switches contexts in the middle of a high-priority request).
     pub beside_other_contexts: bool,
+    /// Lower classes share the GPU by weight (FAIR among each class) instead of in arrival
+    /// order.
+    pub lower_by_weight: bool,
 }
 
 impl Default for PriorityConfig {
@@ -74,6 +84,7 @@ impl Default for PriorityConfig {
             lower_depth_beside_high: Some(2),
             lower_sm_share: None,
             beside_other_contexts: false,
+            lower_by_weight: false,
         }
     }
 }
@@ -81,11 +92,27 @@ impl Default for PriorityConfig {
 #[derive(Debug, Clone)]
 pub struct Priority {
     cfg: PriorityConfig,
+    /// With `lower_by_weight`: FAIR over the lower classes.
+    fair: Option<Fair>,
 }
 
 impl Priority {
-    pub fn new(cfg: PriorityConfig) -> Priority {
-        Priority { cfg }
+    pub fn new(cfg: PriorityConfig, fair: FairConfig) -> Priority {
+        Priority {
+            fair: cfg.lower_by_weight.then(|| Fair::new(fair)),
+            cfg,
+        }
+    }
+
+    /// The lower class that `client` is in, if it is a lower one and weights count.
+    fn weighted(
+        &mut self,
+        view: &View<'_>,
+        client: ClientId,
+    ) -> Option<(&mut Fair, PriorityClass)> {
+        let class = view.client(client)?.class();
+        let fair = self.fair.as_mut()?;
+        (class != PriorityClass::High).then_some((fair, class))
     }
 
     fn collides(&self, a: Bound, b: Bound) -> bool {
@@ -144,7 +171,7 @@ impl Policy for Priority {
         "priority"
     }
 
-    fn pick(&mut self, view: &View<'_>, _now: u64) -> Pick {
+    fn pick(&mut self, view: &View<'_>, now: u64) -> Pick {
         let order = |c: &crate::sched::ClientView<'_>| {
             (c.class(), c.head().map_or(u64::MAX, |h| h.id), c.arrival())
         };
@@ -191,6 +218,19 @@ impl Policy for Priority {
             .candidates()
             .filter(|c| c.class() != PriorityClass::High && depth_ok(c));
         if !f.high {
+            if let Some(fair) = &mut self.fair {
+                // The most important lower class with work, by its weights.
+                let Some(class) = lower.map(|c| c.class()).min() else {
+                    return Pick::Hold;
+                };
+                // Its turns stay within the lower depth while a high client is connected.
+                return match fair.pick(&view.of_class(class), now) {
+                    Pick::Grant(id) if view.client(id).is_some_and(|c| depth_ok(&c)) => {
+                        Pick::Grant(id)
+                    }
+                    _ => Pick::Hold,
+                };
+            }
             return lower
                 .min_by_key(order)
                 .map_or(Pick::Hold, |c| Pick::Grant(c.id()));
@@ -216,8 +256,51 @@ impl Policy for Priority {
                         .iter()
                         .any(|&b| f.high_bounds[bound_index(b)] && self.collides(p.bound, b))
             })
-            .min_by_key(order)
+            .min_by(|a, b| {
+                let vt = |c: &crate::sched::ClientView<'_>| {
+                    self.fair.as_ref().map_or(0.0, |fair| fair.vt(c.id()))
+                };
+                a.class()
+                    .cmp(&b.class())
+                    .then(vt(a).total_cmp(&vt(b)))
+                    .then(order(a).cmp(&order(b)))
+            })
             .map_or(Pick::Hold, |c| Pick::Grant(c.id()))
+    }
+
+    fn next_wakeup(&self) -> Option<u64> {
+        self.fair.as_ref().and_then(|fair| fair.next_wakeup())
+    }
+
+    fn on_submit(&mut self, view: &View<'_>, client: ClientId, now: u64) {
+        if let Some((fair, class)) = self.weighted(view, client) {
+            fair.on_submit(&view.of_class(class), client, now);
+        }
+    }
+
+    fn on_grant(&mut self, view: &View<'_>, client: ClientId, request: &Inflight, now: u64) {
+        if let Some((fair, class)) = self.weighted(view, client) {
+            fair.on_grant(&view.of_class(class), client, request, now);
+        }
+    }
+
+    fn on_complete(
+        &mut self,
+        view: &View<'_>,
+        client: ClientId,
+        request: &Inflight,
+        gpu_ns: u64,
+        now: u64,
+    ) {
+        if let Some((fair, class)) = self.weighted(view, client) {
+            fair.on_complete(&view.of_class(class), client, request, gpu_ns, now);
+        }
+    }
+
+    fn on_remove(&mut self, client: ClientId) {
+        if let Some(fair) = &mut self.fair {
+            fair.on_remove(client);
+        }
     }
 
     fn sm_limit(&self, view: &View<'_>, client: ClientId) -> Option<u32> {
