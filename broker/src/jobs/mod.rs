@@ -39,6 +39,8 @@ pub struct Job {
     weight: u32,
     /// Device memory its sessions hold, against what they together may.
     memory: MemoryTally,
+    /// The memory of the GPUs it holds shares of: its quota at most.
+    gpus_memory: u64,
     sessions_total: AtomicU64,
     /// GPU time of its sessions that have ended.
     ended_gpu_ns: AtomicU64,
@@ -90,9 +92,12 @@ impl Job {
         self.memory.quota().unwrap_or(u64::MAX)
     }
 
-    /// An administrator's new quota for the job (`None`: as much as the GPU has).
+    /// An administrator's new quota for the job (`None`: as much as its GPUs have; never
+    /// more).
     pub fn set_quota(&self, quota: Option<u64>) {
-        self.memory.set_quota(quota);
+        let most = self.gpus_memory;
+        self.memory
+            .set_quota(Some(quota.map_or(most, |q| q.min(most))));
     }
 
     pub fn memory_used(&self) -> u64 {
@@ -290,6 +295,10 @@ impl Jobs {
                 shares.memory_for(g.shards.unwrap_or(0), memory)
             })
             .fold(0, u64::saturating_add);
+        let gpus_memory = gpus
+            .iter()
+            .map(|g| gpu_memory.get(g.gpu as usize).copied().unwrap_or(0))
+            .fold(0, u64::saturating_add);
         let shards = total_shards(&gpus);
         let mut jobs = self.lock();
         if let Some(job) = jobs.get(&start.job) {
@@ -309,6 +318,7 @@ impl Jobs {
             }),
             weight: shards.max(1),
             memory: MemoryTally::new(Some(quota)),
+            gpus_memory,
             sessions_total: AtomicU64::new(0),
             ended_gpu_ns: AtomicU64::new(0),
             started: Instant::now(),

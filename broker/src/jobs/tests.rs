@@ -121,3 +121,22 @@ fn a_session_runs_on_the_job_s_first_gpu_unless_it_asks_for_another_the_job_hold
     assert_eq!(job.gpu_for(Some(2)), 2);
     assert_eq!(job.gpu_for(Some(0)), 1, "not the job's: its first");
 }
+
+#[test]
+fn an_administrators_quota_for_a_job_is_at_most_its_gpus_memory() {
+    let jobs = Jobs::default();
+    let job = jobs
+        .start(
+            &start(9, &[(0, Some(2)), (1, Some(1))], None),
+            &policy(),
+            &[8 * GIB, 4 * GIB],
+        )
+        .expect("started");
+    job.set_quota(None);
+    assert_eq!(job.quota(), 12 * GIB, "unlimited: all of its GPUs' memory");
+    assert_eq!(job.stats((0, 0)).memory_quota, 12 * GIB);
+    job.set_quota(Some(64 * GIB));
+    assert_eq!(job.quota(), 12 * GIB, "never more");
+    job.set_quota(Some(GIB));
+    assert_eq!(job.quota(), GIB);
+}
