@@ -10,7 +10,9 @@
 # libgpushare_audit.so, colocate/*.py), as root (the second user, USER2, default gpucolo, is
 # created if missing). Settings: SECS (60), MODEL (transformer | mlp), PYTHON (python3),
 # QUANTUM_US (0: the policy's `[fair] quantum_us`, turns of one kernel when 0), GRAPHS (set,
-# with MODEL=mlp: each iteration of both trainers is one CUDA graph replay),
+# with MODEL=mlp: each iteration of both trainers is one CUDA graph replay), SCHEDULER (fair,
+# or priority: `scheduler = "priority"` with `[priority] lower_by_weight = true` and both
+# trainers best-effort, the lower classes sharing by weight),
 # LOGS (default $work/logs). Exit status: non-zero if the run failed or the ratio missed.
 set -uo pipefail
 dir=$(cd "$(dirname "$0")" && pwd)
@@ -43,12 +45,20 @@ ln -s ../libcuda.so "$work/bin/cuda/libcuda.so"
 chmod -R a+rX "$work/py" "$work/bin"
 
 sock=$work/gpushare.sock
+scheduler=${SCHEDULER:-fair}
+case $scheduler in
+    fair) class=normal ;;
+    priority) class=best-effort ;;
+    *) echo "SCHEDULER is fair or priority, not $scheduler" >&2; exit 2 ;;
+esac
 cat > "$work/policy.toml" << EOF
-scheduler = "fair"
+scheduler = "$scheduler"
+[priority]
+lower_by_weight = true
 [fair]
 quantum_us = ${QUANTUM_US:-0}
 [defaults]
-class = "normal"
+class = "$class"
 [[users]]
 uid = 0
 weight = 2
@@ -97,7 +107,7 @@ for p in "${pids[@]}"; do wait "$p"; done
 pids=()
 wait "$top_pid"
 
-python3 - "$logs" "$work" << 'EOF'
+python3 - "$logs" "$work" "$scheduler" << 'EOF'
 import json, sys
 logs, work = sys.argv[1], sys.argv[2]
 a = {c["name"]: c for c in json.load(open(f"{logs}/status-start.json"))["clients"]}
@@ -112,7 +122,7 @@ for n in ("weight2", "weight1"):
 ratio = gpu["weight2"] / gpu["weight1"] if gpu["weight1"] else float("inf")
 ok = abs(ratio - 2.0) <= 0.2
 users = {n: b[n]["user"] for n in b}
-print(f"fair, weights 2:1 ({users.get('weight2')} : {users.get('weight1')}), window {b['weight2']['connected_ms'] / 1e3:.0f} s connected:")
+print(f"{sys.argv[3] if len(sys.argv) > 3 else 'fair'}, weights 2:1 ({users.get('weight2')} : {users.get('weight1')}), window {b['weight2']['connected_ms'] / 1e3:.0f} s connected:")
 print(f"  GPU time in the window: weight2 {gpu['weight2']:.2f} s, weight1 {gpu['weight1']:.2f} s; ratio {ratio:.3f} (goal 2 +- 10 %: {'met' if ok else 'MISSED'})")
 print(f"  iterations/s: weight2 {its['weight2']:.1f}, weight1 {its['weight1']:.1f}; ratio {its['weight2'] / its['weight1']:.3f}")
 sys.exit(0 if ok else 1)
