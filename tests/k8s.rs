@@ -206,6 +206,48 @@ fn run_in_container(spec: &serde_json::Value, bytes: u64) -> Child {
     cmd.spawn().expect("start the program")
 }
 
+/// The client a program run in the container is, once it said it is ready.
+fn ready_client(broker: &Broker, program: &mut Child) -> gpushare::ClientStats {
+    let mut line = String::new();
+    BufReader::new(program.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("read");
+    assert!(line.starts_with("ready"), "{line}");
+    broker
+        .status()
+        .clients
+        .into_iter()
+        .find(|c| c.pid == program.id() as i32)
+        .expect("the program is a client")
+}
+
+/// Lists the plugin's devices as the kubelet does and allocates `n` shares of them to one
+/// container: the job, the device ids and the container's CDI spec.
+fn container(
+    kubelet: &Kubelet,
+    plugin: &Plugin,
+    n: usize,
+) -> (u64, Vec<String>, serde_json::Value) {
+    let mut client = kubelet.plugin(ENDPOINT);
+    kubelet
+        .block_on(client.get_device_plugin_options(Empty {}))
+        .expect("options");
+    let devices = advertised(kubelet, &mut client);
+    assert_eq!(devices.len(), SHARDS_PER_GPU as usize, "one GPU's shares");
+    assert!(devices.iter().all(|d| d.health == "Healthy"));
+    let ids: Vec<String> = devices[..n].iter().map(|d| d.id.clone()).collect();
+    let job = allocate(kubelet, &mut client, &ids);
+    let spec_path = plugin
+        .cdi_dir
+        .path()
+        .join(format!("gpushare.io-shard-{job}.json"));
+    let spec: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&spec_path).expect("the CDI spec")).expect("json");
+    assert_eq!(spec["kind"], "gpushare.io/shard");
+    assert_eq!(spec["devices"][0]["name"], job.to_string());
+    (job, ids, spec)
+}
+
 #[test]
 fn a_container_s_shares_are_its_own_grant_through_cdi_and_end_with_its_pod() {
     let broker = Broker::start_with(BrokerOptions {
@@ -229,49 +271,11 @@ fn a_container_s_shares_are_its_own_grant_through_cdi_and_end_with_its_pod() {
         ("v1beta1", "gpushare.io/shard", ENDPOINT)
     );
 
-    let mut client = kubelet.plugin(ENDPOINT);
-    kubelet
-        .block_on(client.get_device_plugin_options(Empty {}))
-        .expect("options");
-    let mut watch = kubelet
-        .block_on(client.list_and_watch(Empty {}))
-        .expect("ListAndWatch")
-        .into_inner();
-    let devices = loop {
-        let listed = kubelet
-            .block_on(watch.message())
-            .expect("a device list")
-            .expect("the stream goes on");
-        if !listed.devices.is_empty() {
-            break listed.devices;
-        }
-    };
-    assert_eq!(devices.len(), SHARDS_PER_GPU as usize, "one GPU's shares");
-    assert!(devices.iter().all(|d| d.health == "Healthy"));
-
-    let ids: Vec<String> = devices[..2].iter().map(|d| d.id.clone()).collect();
-    let answer = kubelet
-        .block_on(client.allocate(AllocateRequest {
-            container_requests: vec![ContainerAllocateRequest {
-                devices_ids: ids.clone(),
-            }],
-        }))
-        .expect("Allocate")
-        .into_inner();
-    let cdi = &answer.container_responses[0].cdi_devices;
-    assert_eq!(cdi.len(), 1);
-    let (kind, job) = cdi[0].name.split_once('=').expect("a qualified CDI name");
-    assert_eq!(kind, "gpushare.io/shard");
-    let job: u64 = job.parse().expect("the job id");
-
+    let (job, ids, spec) = container(&kubelet, &plugin, 2);
     let spec_path = plugin
         .cdi_dir
         .path()
         .join(format!("gpushare.io-shard-{job}.json"));
-    let spec: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&spec_path).expect("the CDI spec")).expect("json");
-    assert_eq!(spec["kind"], "gpushare.io/shard");
-    assert_eq!(spec["devices"][0]["name"], job.to_string());
     let env = &spec["devices"][0]["containerEdits"]["env"];
     assert!(
         env.as_array()
@@ -292,17 +296,7 @@ fn a_container_s_shares_are_its_own_grant_through_cdi_and_end_with_its_pod() {
 
     // Within the shares' memory the program runs, on the job's grant.
     let mut within = run_in_container(&spec, quota / 2);
-    let mut line = String::new();
-    BufReader::new(within.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .expect("read");
-    assert!(line.starts_with("ready"), "{line}");
-    let status = broker.status();
-    let client = status
-        .clients
-        .iter()
-        .find(|c| c.pid == within.id() as i32)
-        .expect("the program is a client");
+    let client = ready_client(&broker, &mut within);
     assert_eq!(client.job, Some(job));
     assert_eq!(client.memory_quota, Some(quota));
     // Past them, CUDA's out-of-memory error (2), and the broker serves on.
@@ -444,4 +438,49 @@ fn a_pod_s_service_account_places_it_as_the_policy_s_user_and_no_token_by_namesp
     assert_eq!(w.pod.and_then(|p| p.service_account), None);
     assert_eq!(w.user, "kubernetes");
     assert_eq!(w.class.as_str(), "high", "the namespace's class");
+}
+
+/// A restarted gpushared takes back a container's shares, placed as its pod was, with its
+/// socket in the directory the container has: the container's next program runs on them.
+#[test]
+fn a_restarted_gpushared_takes_back_a_container_s_shares() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let options = || BrokerOptions {
+        policy: Some(POLICY.into()),
+        socket: Some(dir.path().join("gpushare.sock")),
+        ..BrokerOptions::default()
+    };
+    let mut broker = Broker::start_with(options());
+    let kubelet = Kubelet::start();
+    let plugin = start_plugin(&broker, &kubelet);
+    assert!(
+        wait_until(WAIT, || !kubelet.registrations().is_empty()),
+        "the plugin registers"
+    );
+    let (job, ids, spec) = container(&kubelet, &plugin, 2);
+    kubelet.set_pods(vec![pod("ml-prod", "trainer-0", &ids)]);
+    let placed = |b: &Broker| {
+        b.status()
+            .jobs
+            .iter()
+            .any(|j| j.job == job && j.class.as_str() == "high" && j.pod.is_some())
+    };
+    assert!(wait_until(WAIT, || placed(&broker)), "placed by its pod");
+
+    assert!(broker.terminate(WAIT).is_some(), "gpushared stops");
+    broker = Broker::start_with(options());
+    assert!(
+        placed(&broker),
+        "the same job, placed as before, from the start"
+    );
+    let mut program = run_in_container(&spec, MIB);
+    assert_eq!(ready_client(&broker, &mut program).job, Some(job));
+    let _ = program.stdin.take().map(|mut s| s.write_all(b"\n"));
+    assert!(program.wait().expect("wait").success());
+    // Its pod goes: the plugin ends it with the restarted gpushared too.
+    kubelet.set_pods(Vec::new());
+    assert!(
+        wait_until(WAIT, || broker.status().jobs.is_empty()),
+        "the grant ends with the pod"
+    );
 }

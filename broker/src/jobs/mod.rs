@@ -246,8 +246,32 @@ impl Jobs {
         gpu_memory: &[u64],
     ) -> Result<Arc<Job>, JobRefusal> {
         let n = self.pods.fetch_add(1, Ordering::Relaxed);
+        self.pod_as(POD_JOB_BASE.saturating_add(n), gpus, shares, gpu_memory)
+    }
+
+    /// Starts a Kubernetes container's shares again under the id they had (gpushared
+    /// restarted); containers started later are numbered after it.
+    pub fn restart_pod(
+        &self,
+        job: u64,
+        gpus: &[JobGpu],
+        shares: Shares,
+        gpu_memory: &[u64],
+    ) -> Result<Arc<Job>, JobRefusal> {
+        let next = job.saturating_sub(POD_JOB_BASE).saturating_add(1);
+        self.pods.fetch_max(next, Ordering::Relaxed);
+        self.pod_as(job, gpus, shares, gpu_memory)
+    }
+
+    fn pod_as(
+        &self,
+        job: u64,
+        gpus: &[JobGpu],
+        shares: Shares,
+        gpu_memory: &[u64],
+    ) -> Result<Arc<Job>, JobRefusal> {
         let start = JobStart {
-            job: POD_JOB_BASE.saturating_add(n),
+            job,
             uid: 0,
             user: "kubernetes".into(),
             gpus: gpus.to_vec(),
@@ -255,6 +279,19 @@ impl Jobs {
             qos: None,
         };
         self.start_with(&start, shares, gpu_memory)
+    }
+
+    /// Every Kubernetes container's shares here, to be kept across a restart.
+    pub fn pod_starts(&self) -> Vec<saved::SavedPod> {
+        self.all()
+            .iter()
+            .filter(|j| j.is_pod())
+            .map(|j| saved::SavedPod {
+                job: j.id,
+                gpus: j.gpus.clone(),
+                pod: j.pod(),
+            })
+            .collect()
     }
 
     fn start_with(
@@ -328,7 +365,7 @@ impl Jobs {
     }
 
     /// Every Slurm job here as its prolog started it (shards resolved), to be kept across a
-    /// restart; Kubernetes containers' shares are not.
+    /// restart (containers' shares are kept apart: `pod_starts`).
     pub fn slurm_starts(&self) -> Vec<JobStart> {
         self.all()
             .iter()

@@ -111,11 +111,13 @@ impl Broker {
                 format!("no Slurm job {id} holds shares here"),
             )
         })?;
-        if !job.is_pod() {
-            self.save_jobs();
-        }
         // A container's socket first: nothing new comes in while its sessions leave.
         self.pods.close(id);
+        if job.is_pod() {
+            self.save_pods();
+        } else {
+            self.save_jobs();
+        }
         let why = match job.is_pod() {
             true => format!("the container's GPU shares (job {id}) have ended"),
             false => format!("Slurm job {id} has ended"),

@@ -42,6 +42,7 @@ mod jobs;
 mod listen;
 mod placement;
 mod pods;
+mod pods_kept;
 mod status;
 #[cfg(test)]
 mod testing;
@@ -275,6 +276,7 @@ impl Broker {
         shutdown: impl std::future::Future<Output = Stop>,
     ) {
         self.restore_jobs(crate::jobs::slurm::still_running).await;
+        self.restore_pods();
         let stop_rx = self.stop.subscribe();
         let mut tasks = JoinSet::new();
         // One guardian per GPU context (a trust domain's starts as it is made) watches for

@@ -58,10 +58,14 @@ impl PodSockets {
         }
     }
 
-    /// Every container's socket, as the broker stops.
+    /// Every container's socket, as the broker stops. Their directories stay: the next
+    /// gpushared opens the sockets again in them (`pods_kept.rs`).
     pub(super) fn close_all(&self) {
         let all = std::mem::take(&mut *self.open.lock().unwrap_or_else(|p| p.into_inner()));
-        all.into_values().for_each(PodSocket::close);
+        for socket in all.into_values() {
+            socket.accepting.abort();
+            let _ = std::fs::remove_file(socket.dir.join(POD_SOCKET_NAME));
+        }
     }
 }
 
@@ -75,7 +79,7 @@ impl PodSocket {
 }
 
 impl Broker {
-    fn pods_dir(&self) -> PathBuf {
+    pub(super) fn pods_dir(&self) -> PathBuf {
         self.config
             .socket
             .parent()
@@ -102,8 +106,8 @@ impl Broker {
             .jobs
             .start_pod(&gpus, kubernetes.shares(None), &gpu_memory)
             .map_err(|why| WireError::new(why.code(), why.to_string()))?;
-        let (listener, dir) = match bind_pod_socket(&self.pods_dir(), job.id) {
-            Ok(bound) => bound,
+        let dir = match self.open_pod_socket(&job, true) {
+            Ok(dir) => dir,
             Err(e) => {
                 self.jobs.end(job.id);
                 return Err(WireError::new(
@@ -112,6 +116,19 @@ impl Broker {
                 ));
             }
         };
+        self.save_pods();
+        let stats = job.stats((0, 0));
+        info!(job = job.id, shards = stats.shards(), quota = stats.memory_quota, socket = %dir.display(), by = who.uid, "Kubernetes container's shares started");
+        Ok(PodGrant {
+            stats,
+            socket_dir: dir.to_string_lossy().into_owned(),
+        })
+    }
+
+    /// Opens the socket of `job`'s container and takes its connections: in a new directory
+    /// (`fresh`), or again in the one it had (a restart: the container has it mounted).
+    pub(super) fn open_pod_socket(&self, job: &Arc<Job>, fresh: bool) -> std::io::Result<PathBuf> {
+        let (listener, dir) = bind_pod_socket(&self.pods_dir(), job.id, fresh)?;
         let accepting = tokio::spawn(accept(self.me.clone(), listener, job.clone()));
         self.pods.insert(
             job.id,
@@ -120,12 +137,7 @@ impl Broker {
                 accepting: accepting.abort_handle(),
             },
         );
-        let stats = job.stats((0, 0));
-        info!(job = job.id, shards = stats.shards(), quota = stats.memory_quota, socket = %dir.display(), by = who.uid, "Kubernetes container's shares started");
-        Ok(PodGrant {
-            stats,
-            socket_dir: dir.to_string_lossy().into_owned(),
-        })
+        Ok(dir)
     }
 
     /// Kubernetes job `id` is held by `pod`: it counts as the user the policy maps the pod's
@@ -152,6 +164,7 @@ impl Broker {
         let user = owner.as_ref().map(|(_, name)| name.as_str());
         info!(job = id, namespace = %pod.namespace, pod = %pod.pod, container = %pod.container, service_account = ?pod.service_account, user = ?user, %class, "Kubernetes container's shares are its pod's");
         job.set_pod(pod, class, owner);
+        self.save_pods();
         let clients = self.registry.snapshot();
         for client in clients.iter().filter(|c| c.job == Some(id)) {
             if let Some(info) = self.registry.get(client.client_id) {
@@ -170,17 +183,28 @@ impl Broker {
 
 /// Makes `pods/ID/gpushare.sock`: `pods/` only root may enter, `ID/` anyone (the container's
 /// programs, whatever their uid, reach it through the mount), the socket anyone may connect
-/// to. A directory left by an earlier gpushared for the same id is replaced.
-fn bind_pod_socket(pods: &Path, id: u64) -> std::io::Result<(UnixSeqpacketListener, PathBuf)> {
+/// to. `fresh`: a directory left by an earlier gpushared for the same id is replaced; else the
+/// directory must be there (a container that has it mounted sees the new socket only there).
+fn bind_pod_socket(
+    pods: &Path,
+    id: u64,
+    fresh: bool,
+) -> std::io::Result<(UnixSeqpacketListener, PathBuf)> {
     std::fs::create_dir_all(pods)?;
     std::fs::set_permissions(pods, std::fs::Permissions::from_mode(0o700))?;
     let dir = pods.join(id.to_string());
-    if dir.exists() {
-        std::fs::remove_dir_all(&dir)?;
-    }
-    std::fs::create_dir(&dir)?;
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))?;
     let path = dir.join(POD_SOCKET_NAME);
+    if fresh {
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir)?;
+        }
+        std::fs::create_dir(&dir)?;
+    } else if let Err(e) = std::fs::remove_file(&path)
+        && e.kind() != std::io::ErrorKind::NotFound
+    {
+        return Err(e);
+    }
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))?;
     let listener = UnixSeqpacketListener::bind(&path)?;
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666))?;
     Ok((listener, dir))
@@ -207,7 +231,7 @@ async fn accept(broker: Weak<Broker>, mut listener: UnixSeqpacketListener, job: 
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use gpushare_protocol::PriorityClass;
     use gpushare_protocol::control::{BrokerMessage, ClientMessage, Role};
     use gpushare_protocol::job::JobStart;
@@ -220,17 +244,17 @@ mod tests {
         hear, hear_with_fds, hello, identity, say, sim_broker, sim_broker_with,
     };
 
-    const POLICY: &str =
+    pub(in crate::server) const POLICY: &str =
         "[kubernetes]\nshards_per_gpu = 4\n[kubernetes.namespaces]\nml-prod = \"high\"\n";
 
-    fn shares(n: u32) -> Vec<JobGpu> {
+    pub(in crate::server) fn shares(n: u32) -> Vec<JobGpu> {
         vec![JobGpu {
             gpu: 0,
             shards: Some(n),
         }]
     }
 
-    fn pod(namespace: &str) -> PodIdentity {
+    pub(in crate::server) fn pod(namespace: &str) -> PodIdentity {
         PodIdentity {
             namespace: namespace.into(),
             pod: "trainer-0".into(),
