@@ -65,7 +65,8 @@ impl Setup {
             .env("LD_LIBRARY_PATH", &self.shim_dir)
             .env("GPUSHARE_REAL_NVML", &self.standin)
             .env_remove("GPUSHARE_GPU_UUIDS")
-            .env_remove("GPUSHARE_TEST_NVML_UUIDS");
+            .env_remove("GPUSHARE_TEST_NVML_UUIDS")
+            .env_remove("CUDA_VISIBLE_DEVICES");
         cmd
     }
 }

@@ -232,3 +232,46 @@ fn unasked_a_program_goes_to_the_less_loaded_gpu() {
     drop(holder.stdin.take());
     assert!(holder.wait().expect("wait").success());
 }
+
+/// A program that names its own GPU in `CUDA_VISIBLE_DEVICES` once started (as scripts that
+/// pick their GPU do) runs there: gpushare's driver follows the entry, by index or UUID, and
+/// NVML shows every GPU, as NVIDIA's does, for the program to map its entry through.
+#[test]
+fn a_program_that_names_its_own_gpu_runs_there_and_nvml_shows_every_gpu() {
+    let broker = two_gpus();
+    let p = programs();
+    let gpus = uuids(&broker);
+    for named in ["0", gpus[0].as_str()] {
+        // gpushare run places it on GPU 1; the program then says GPU 0.
+        let mut cmd = Command::new(binary("gpushare"));
+        cmd.arg("--socket")
+            .arg(&broker.socket)
+            .args(["run", "--gpu", "1", "--", "env"])
+            .arg(format!("CUDA_VISIBLE_DEVICES={named}"))
+            .arg(&p.app)
+            .args(["where", "libcuda.so.1"])
+            .env("GPUSHARE_TEST_NVML_UUIDS", gpus.join(","))
+            .env("GPUSHARE_REAL_NVML", &p.real_nvml);
+        for var in [
+            "LD_PRELOAD",
+            "LD_AUDIT",
+            "LD_LIBRARY_PATH",
+            "GPUSHARE_CUDA_DRIVER",
+        ] {
+            cmd.env_remove(var);
+        }
+        let (out, stdout, stderr) = output(cmd);
+        let what = format!("CUDA_VISIBLE_DEVICES={named}:\n{stdout}{stderr}");
+        assert!(out.status.success(), "{what}");
+        let lines: Vec<&str> = stdout.lines().collect();
+        let want = [
+            format!("cuda {}", gpus[0]),
+            "nvml 2".to_string(),
+            format!("nvml 0 {}", gpus[0]),
+            format!("nvml 1 {}", gpus[1]),
+        ];
+        for line in &want {
+            assert!(lines.contains(&line.as_str()), "no `{line}` in {what}");
+        }
+    }
+}

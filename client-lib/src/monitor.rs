@@ -2,10 +2,10 @@
 
 use std::path::Path;
 
-use gpushare_protocol::control::{BrokerMessage, ClientMessage, Hello, Role, Welcome};
+use gpushare_protocol::PriorityClass;
+use gpushare_protocol::control::{BrokerMessage, ClientMessage, Welcome};
 use gpushare_protocol::job::{JobGpu, JobStart, JobStats, PodGrant, PodIdentity};
 use gpushare_protocol::stats::StatusReport;
-use gpushare_protocol::{PROTOCOL_VERSION, PriorityClass};
 
 use crate::{Error, Result};
 use gpushare_conn::ControlSocket;
@@ -18,16 +18,7 @@ pub struct Monitor {
 
 impl Monitor {
     pub fn connect(path: &Path) -> Result<Monitor> {
-        let socket = ControlSocket::connect(path)?;
-        let (welcome, _) = socket.handshake(Hello {
-            protocol_version: PROTOCOL_VERSION,
-            role: Role::Monitor,
-            client_name: "gpushare".into(),
-            requested_class: None,
-            sq_entries: 0,
-            arena_size: 0,
-            gpu: None,
-        })?;
+        let (socket, welcome) = ControlSocket::monitor(path)?;
         Ok(Monitor {
             socket,
             welcome,
@@ -42,18 +33,7 @@ impl Monitor {
     pub fn status(&mut self) -> Result<StatusReport> {
         let request = self.next_request;
         self.next_request += 1;
-        self.socket.send(&ClientMessage::Status { request }, &[])?;
-        loop {
-            match self.socket.recv()?.0 {
-                BrokerMessage::Status { report, .. } => return Ok(*report),
-                BrokerMessage::ShuttingDown { kind, reason } => {
-                    return Err(Error::shutdown(kind, reason));
-                }
-                BrokerMessage::RequestFailed { error, .. } => return Err(Error::Request(error)),
-                BrokerMessage::Evicted { reason } => return Err(Error::Evicted(reason)),
-                _ => continue,
-            }
-        }
+        self.socket.status(request)
     }
 
     /// Changes a live client's class, weight or memory quota; `None` leaves a field as it is

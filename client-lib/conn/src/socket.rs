@@ -5,8 +5,10 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use gpushare_protocol::control::{BrokerMessage, ClientMessage, Hello, Welcome};
+use gpushare_protocol::PROTOCOL_VERSION;
+use gpushare_protocol::control::{BrokerMessage, ClientMessage, Hello, Role, Welcome};
 use gpushare_protocol::socket::{self, SocketError};
+use gpushare_protocol::stats::StatusReport;
 use nix::errno::Errno;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::socket::{AddressFamily, SockFlag, SockType, UnixAddr, connect, setsockopt, sockopt};
@@ -106,6 +108,38 @@ impl ControlSocket {
             (BrokerMessage::Rejected(e), _) => Err(Error::Rejected(e)),
             (BrokerMessage::ShuttingDown { kind, reason }, _) => Err(Error::shutdown(kind, reason)),
             (other, _) => Err(Error::Protocol(format!("expected Welcome, got {other:?}"))),
+        }
+    }
+
+    /// Connects to the broker at `path` as a monitor (no GPU session: status and
+    /// administration).
+    pub fn monitor(path: &Path) -> Result<(ControlSocket, Welcome)> {
+        let socket = ControlSocket::connect(path)?;
+        let (welcome, _) = socket.handshake(Hello {
+            protocol_version: PROTOCOL_VERSION,
+            role: Role::Monitor,
+            client_name: "gpushare".into(),
+            requested_class: None,
+            sq_entries: 0,
+            arena_size: 0,
+            gpu: None,
+        })?;
+        Ok((socket, welcome))
+    }
+
+    /// Asks a monitor connection for the broker's status (`request` numbers the question).
+    pub fn status(&self, request: u64) -> Result<StatusReport> {
+        self.send(&ClientMessage::Status { request }, &[])?;
+        loop {
+            match self.recv()?.0 {
+                BrokerMessage::Status { report, .. } => return Ok(*report),
+                BrokerMessage::ShuttingDown { kind, reason } => {
+                    return Err(Error::shutdown(kind, reason));
+                }
+                BrokerMessage::RequestFailed { error, .. } => return Err(Error::Request(error)),
+                BrokerMessage::Evicted { reason } => return Err(Error::Evicted(reason)),
+                _ => continue,
+            }
         }
     }
 }

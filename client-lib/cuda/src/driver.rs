@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicI32, AtomicPtr, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use gpushare_conn::env::{CLASS_ENV, GPU_ENV, NAME_ENV, WEIGHT_ENV};
+use gpushare_conn::env::{CLASS_ENV, GPU_ENV, GPU_UUIDS_ENV, NAME_ENV, WEIGHT_ENV};
 use gpushare_conn::{Error, Notices, Session, SessionOptions, process_name};
 use gpushare_protocol::control::{DeviceInfo, Role};
 use gpushare_protocol::{Command, PriorityClass};
@@ -108,14 +108,53 @@ fn options() -> SessionOptions {
     opts.class = std::env::var(CLASS_ENV)
         .ok()
         .and_then(|c| c.parse::<PriorityClass>().ok());
-    opts.gpu = std::env::var(GPU_ENV)
-        .ok()
-        .and_then(|g| g.trim().parse().ok())
-        .or_else(visible_device);
+    opts.gpu = asked_gpu(&opts.socket);
     opts.sq_entries = SQ_ENTRIES;
     opts.arena_size = ARENA_BYTES;
     opts.spin = SPIN;
     opts
+}
+
+/// The GPU to ask gpushared for: where `gpushare run` placed the program (`GPUSHARE_GPU`),
+/// unless the program named another in `CUDA_VISIBLE_DEVICES` since (it no longer holds the
+/// UUID `gpushare run` put there, `GPUSHARE_GPU_UUIDS`): then its first entry, as CUDA takes
+/// it, by index or UUID. Without `GPUSHARE_GPU`, `CUDA_VISIBLE_DEVICES` naming one index.
+fn asked_gpu(socket: &std::path::Path) -> Option<u32> {
+    let placed = std::env::var(GPU_ENV)
+        .ok()
+        .and_then(|g| g.trim().parse().ok());
+    let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
+    let set_by_run = std::env::var(GPU_UUIDS_ENV).ok();
+    match (&visible, &set_by_run) {
+        (Some(v), Some(set)) if v.trim() != set.trim() && !v.trim().is_empty() => {
+            let first = v.split(',').map(str::trim).next().unwrap_or_default();
+            match first.parse() {
+                Ok(index) => Some(index),
+                Err(_) => gpu_by_uuid(socket, first).or(placed),
+            }
+        }
+        _ => placed.or_else(visible_device),
+    }
+}
+
+/// gpushared's index of the GPU whose UUID (or a unique start of it) is `text`; `None`, said
+/// once, where there is none or gpushared cannot say.
+fn gpu_by_uuid(socket: &std::path::Path, text: &str) -> Option<u32> {
+    let found = gpushare_conn::ControlSocket::monitor(socket)
+        .and_then(|(monitor, _)| monitor.status(1))
+        .map_err(|e| e.to_string())
+        .and_then(|report| {
+            gpushare_protocol::control::device_by_uuid(&report.devices, text).map(|d| d.index)
+        });
+    match found {
+        Ok(index) => Some(index),
+        Err(why) => {
+            say(&format!(
+                "CUDA_VISIBLE_DEVICES={text}: {why}; this program runs where gpushare placed it"
+            ));
+            None
+        }
+    }
 }
 
 /// `CUDA_VISIBLE_DEVICES` naming one device by index: the GPU to ask the broker for.

@@ -8,7 +8,8 @@
 //!
 //! The environment:
 //! - `GPUSHARE_GPU_UUIDS`: NVML UUIDs, comma-separated, of the GPUs the program may see; the
-//!   first is NVML index 0. Unset or empty: every call passes straight through.
+//!   first is NVML index 0. Unset or empty: every call passes straight through; so too when
+//!   `CUDA_VISIBLE_DEVICES` holds something else (the program named its own GPU).
 //! - `GPUSHARE_REAL_NVML`: the path of NVIDIA's library. Unset: it is searched for
 //!   ([`real`]). Without one, every call returns NVML_ERROR_LIBRARY_NOT_FOUND (12) and the
 //!   shim says why on stderr, once.

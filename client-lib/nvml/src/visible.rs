@@ -23,16 +23,35 @@ pub fn parse_uuids(value: &str) -> Vec<String> {
 
 static REQUESTED: OnceLock<Option<Vec<String>>> = OnceLock::new();
 
-/// The GPUs the program may see, read once from the environment; `None`: every call passes
-/// straight through.
+/// The GPUs the program may see, read once from the environment (at its first NVML call);
+/// `None`: every call passes straight through.
 pub fn requested() -> Option<&'static [String]> {
     REQUESTED
         .get_or_init(|| {
-            let value = std::env::var_os(GPU_UUIDS_ENV)?;
-            let uuids = parse_uuids(&value.to_string_lossy());
+            let value = std::env::var_os(GPU_UUIDS_ENV)?
+                .to_string_lossy()
+                .into_owned();
+            let visible =
+                std::env::var_os("CUDA_VISIBLE_DEVICES").map(|v| v.to_string_lossy().into_owned());
+            if !placement_holds(&value, visible.as_deref()) {
+                return None;
+            }
+            let uuids = parse_uuids(&value);
             (!uuids.is_empty()).then_some(uuids)
         })
         .as_deref()
+}
+
+/// Whether the program still runs where `gpushare run` placed it: `CUDA_VISIBLE_DEVICES` is
+/// what it set (the UUIDs), or unset. A program that named other devices there since (an index,
+/// as scripts that pick their GPU do) gets NVML as NVIDIA's shows it, every GPU, against which
+/// CUDA_VISIBLE_DEVICES-aware programs (PyTorch's device count) map its entries; gpushare's
+/// CUDA driver follows the same entry.
+pub fn placement_holds(uuids: &str, visible: Option<&str>) -> bool {
+    match visible.map(str::trim) {
+        None | Some("") => true,
+        Some(v) => v == uuids.trim(),
+    }
 }
 
 /// The handles the requested UUIDs resolved to, in the program's order (NVML index = position);
@@ -102,6 +121,19 @@ pub fn count(len: usize) -> u32 {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_program_that_names_other_devices_gets_every_gpu() {
+        let uuid = "GPU-00000000-0000-0000-0000-000000000002";
+        assert!(super::placement_holds(uuid, None));
+        assert!(super::placement_holds(uuid, Some(uuid)));
+        assert!(super::placement_holds(uuid, Some("")));
+        assert!(!super::placement_holds(uuid, Some("1")));
+        assert!(!super::placement_holds(
+            uuid,
+            Some("GPU-00000000-0000-0000-0000-000000000001")
+        ));
+    }
     use super::*;
 
     #[test]

@@ -319,6 +319,23 @@ pub struct DeviceInfo {
     pub attributes: Vec<i32>,
 }
 
+/// The device `text` names as `CUDA_VISIBLE_DEVICES` may: its UUID (`GPU-…`, any case) or a
+/// start of it that no other device's shares; else why none.
+pub fn device_by_uuid<'a>(devices: &'a [DeviceInfo], text: &str) -> Result<&'a DeviceInfo, String> {
+    if text.len() <= 4 || !text[..4].eq_ignore_ascii_case("GPU-") {
+        return Err(format!("`{text}` is not a GPU UUID"));
+    }
+    let wanted = text.to_ascii_lowercase();
+    let mut matches = devices
+        .iter()
+        .filter(|d| d.uuid_text().to_ascii_lowercase().starts_with(&wanted));
+    match (matches.next(), matches.next()) {
+        (Some(d), None) => Ok(d),
+        (None, _) => Err(format!("no GPU has the UUID {text}")),
+        (Some(_), Some(_)) => Err(format!("{text} is the start of several GPUs' UUIDs")),
+    }
+}
+
 impl DeviceInfo {
     /// Its UUID as NVML and `CUDA_VISIBLE_DEVICES` write it: `GPU-` and 8-4-4-4-12 hex digits.
     pub fn uuid_text(&self) -> String {

@@ -143,15 +143,7 @@ fn visible_device<'a>(
     if entry.len() <= 4 || !entry[..4].eq_ignore_ascii_case("GPU-") {
         return Err(format!("`{entry}` is neither an index nor a GPU UUID"));
     }
-    let wanted = entry.to_ascii_lowercase();
-    let mut matches = devices
-        .iter()
-        .filter(|d| d.uuid_text().to_ascii_lowercase().starts_with(&wanted));
-    match (matches.next(), matches.next()) {
-        (Some(d), None) => Ok(d),
-        (None, _) => Err(format!("no GPU has the UUID {entry}")),
-        (Some(_), Some(_)) => Err(format!("{entry} is the start of several GPUs' UUIDs")),
-    }
+    gpushare_protocol::control::device_by_uuid(devices, entry)
 }
 
 /// Why the least loaded GPU, with every GPU's load beside it.
