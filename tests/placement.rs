@@ -275,3 +275,29 @@ fn a_program_that_names_its_own_gpu_runs_there_and_nvml_shows_every_gpu() {
         }
     }
 }
+
+/// A `CUDA_VISIBLE_DEVICES` that hides every GPU (empty, `-1`), as programs set to run on the
+/// CPU, leaves the program no device, as CUDA does: no placement, and `cuInit` says
+/// `CUDA_ERROR_NO_DEVICE` without a word.
+#[test]
+fn a_program_that_hides_every_gpu_gets_none() {
+    let broker = two_gpus();
+    let p = programs();
+    for hidden in ["", "-1"] {
+        let (out, stdout, stderr) = output(run(
+            &broker,
+            &p,
+            &["-v"],
+            &["init", "libcuda.so.1"],
+            &[("CUDA_VISIBLE_DEVICES", hidden)],
+        ));
+        let what = format!("CUDA_VISIBLE_DEVICES={hidden:?}:\n{stdout}{stderr}");
+        assert!(out.status.success(), "{what}");
+        assert!(stdout.lines().any(|l| l == "cuInit 100 100"), "{what}");
+        assert!(
+            stderr.contains("hides every GPU") && !stderr.contains("running on GPU"),
+            "{what}"
+        );
+    }
+    assert!(broker.status().clients.is_empty());
+}

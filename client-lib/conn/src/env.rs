@@ -74,6 +74,15 @@ pub fn fallback_direct() -> bool {
     std::env::var(FALLBACK_ENV).is_ok_and(|v| v.trim() == "direct")
 }
 
+/// Whether a `CUDA_VISIBLE_DEVICES` value leaves CUDA no device: empty, or its first entry is
+/// no device at all (`-1`, `NoDevFiles`: CUDA stops at the first entry it cannot take). A
+/// program run so uses no GPU, under gpushare as without it.
+pub fn hides_every_gpu(value: &str) -> bool {
+    let first = value.split(',').next().unwrap_or_default().trim();
+    let uuid = |prefix: &str| first.len() > 4 && first[..4].eq_ignore_ascii_case(prefix);
+    first.is_empty() || !(first.parse::<u32>().is_ok() || uuid("GPU-") || uuid("MIG-"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -102,5 +111,15 @@ mod tests {
         }
         // SAFETY: as above.
         unsafe { std::env::remove_var(name) };
+    }
+
+    #[test]
+    fn visible_devices_that_name_no_device_hide_every_gpu() {
+        for hidden in ["", " ", "-1", "NoDevFiles", "-1,0", ",0", "none"] {
+            assert!(hides_every_gpu(hidden), "{hidden:?}");
+        }
+        for shown in ["0", "1,0", " 2 ", "GPU-fef8089b", "MIG-1234"] {
+            assert!(!hides_every_gpu(shown), "{shown:?}");
+        }
     }
 }

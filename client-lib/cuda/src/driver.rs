@@ -166,6 +166,11 @@ fn visible_device() -> Option<u32> {
 }
 
 fn connect() -> Cu<Driver> {
+    // As CUDA: a CUDA_VISIBLE_DEVICES that hides every GPU leaves no device, without a word.
+    if std::env::var("CUDA_VISIBLE_DEVICES").is_ok_and(|v| gpushare_conn::env::hides_every_gpu(&v))
+    {
+        return Err(result::NO_DEVICE);
+    }
     let opts = options();
     let session = Session::open(&opts, Arc::new(Notices::new(false))).map_err(|e| {
         let code = match &e {

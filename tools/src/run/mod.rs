@@ -120,6 +120,12 @@ pub fn exec(socket: &Path, args: RunArgs) -> anyhow::Error {
 /// gpushared cannot be asked.
 fn placed(socket: &Path, args: &RunArgs) -> anyhow::Result<Vec<EnvChange>> {
     let ask = placement::Ask::read(args.gpu).map_err(anyhow::Error::msg)?;
+    if ask.hides_every_gpu() && args.verbose {
+        eprintln!(
+            "gpushare: CUDA_VISIBLE_DEVICES={:?} hides every GPU: the program runs with none",
+            ask.visible.as_deref().unwrap_or_default()
+        );
+    }
     match placement::place(socket, &ask) {
         None => Ok(Vec::new()),
         Some(Err(why)) => Err(anyhow::anyhow!("cannot place the program: {why}")),

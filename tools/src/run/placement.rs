@@ -44,7 +44,7 @@ impl Placement {
 pub struct Ask {
     /// gpushared's index (`--gpu`, else `GPUSHARE_GPU`), and how it was asked for.
     pub index: Option<(u32, String)>,
-    /// `CUDA_VISIBLE_DEVICES`, when set and not empty.
+    /// `CUDA_VISIBLE_DEVICES`, when set.
     pub visible: Option<String>,
     /// `CUDA_DEVICE_ORDER=PCI_BUS_ID`.
     pub pci_order: bool,
@@ -66,18 +66,28 @@ impl Ask {
         };
         Ok(Ask {
             index,
-            visible: std::env::var("CUDA_VISIBLE_DEVICES")
-                .ok()
-                .filter(|v| !v.trim().is_empty()),
+            visible: std::env::var("CUDA_VISIBLE_DEVICES").ok(),
             pci_order: std::env::var("CUDA_DEVICE_ORDER")
                 .is_ok_and(|o| o.trim().eq_ignore_ascii_case("PCI_BUS_ID")),
         })
     }
 }
 
+impl Ask {
+    /// The program's `CUDA_VISIBLE_DEVICES` hides every GPU (empty, `-1`): it runs with none,
+    /// as under CUDA, unless a GPU is asked for by index.
+    pub fn hides_every_gpu(&self) -> bool {
+        self.index.is_none() && self.visible.as_deref().is_some_and(env::hides_every_gpu)
+    }
+}
+
 /// Asks gpushared at `socket` where the program runs. `None` when it cannot be asked (the
-/// program's driver then says why at `cuInit`, as without a placement).
+/// program's driver then says why at `cuInit`, as without a placement) or the program asked
+/// for no GPU.
 pub fn place(socket: &Path, ask: &Ask) -> Option<Result<Placement, String>> {
+    if ask.hides_every_gpu() {
+        return None;
+    }
     let report = gpushare::Monitor::connect(socket).ok()?.status().ok()?;
     Some(decide(&report, ask))
 }
