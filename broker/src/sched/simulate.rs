@@ -89,6 +89,10 @@ pub struct SimConfig {
     /// dispatcher paces partitioned clients instead, and the model runs every kernel on the
     /// whole device.
     pub sm_partitions: bool,
+    /// From a kernel's end on the GPU until the dispatcher (and the program) sees it: the
+    /// round trip a real broker pays per completion (0: at once). The GPU goes on with what
+    /// is queued meanwhile.
+    pub observe_ns: u64,
 }
 
 impl SimConfig {
@@ -108,6 +112,7 @@ impl Default for SimConfig {
             seed: 1,
             horizon_ns: 1_000_000_000,
             record_grants: false,
+            observe_ns: 0,
             sm_partitions: true,
         }
     }
@@ -192,6 +197,8 @@ enum Event {
     Start(usize),
     Leave(usize),
     Outside(usize),
+    /// The dispatcher sees client `usize`'s oldest unseen completion.
+    Observe(usize),
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -212,6 +219,8 @@ struct SimClient {
     pending: VecDeque<(RequestId, KernelProfile)>,
     /// Granted, waiting on the client's stream.
     stream: VecDeque<(RequestId, KernelProfile, Option<u32>)>,
+    /// Ended on the GPU, not yet seen: (request, measured ns), oldest first.
+    unseen: VecDeque<(RequestId, u64)>,
     exec: Option<Exec>,
     in_iteration: bool,
     iter_left: usize,
@@ -283,6 +292,7 @@ impl Simulation {
                 gone: false,
                 pending: VecDeque::new(),
                 stream: VecDeque::new(),
+                unseen: VecDeque::new(),
                 exec: None,
                 in_iteration: false,
                 iter_left: 0,
@@ -419,19 +429,30 @@ impl Simulation {
                 continue;
             }
             let measured = self.now - e.start;
-            let id = self.clients[i].script.spec.id;
-            // A removed client's completion is refused, as the broker would drop it.
-            let _ = self.d.complete(id, e.id, Some(measured), self.now);
             let c = &mut self.clients[i];
             c.exec = None;
             c.report.completed += 1;
             c.report.gpu_ns += measured;
-            c.iter_left = c.iter_left.saturating_sub(1);
             self.start_stream(i);
-            let c = &self.clients[i];
-            if c.in_iteration && c.iter_left == 0 && !c.gone {
-                self.end_iteration(i);
+            if self.cfg.observe_ns == 0 {
+                self.observed(i, e.id, measured);
+            } else {
+                self.clients[i].unseen.push_back((e.id, measured));
+                let at = self.now + self.cfg.observe_ns;
+                self.schedule(at, Event::Observe(i));
             }
+        }
+    }
+
+    /// The dispatcher and the program see that `request` of client `i` completed.
+    fn observed(&mut self, i: usize, request: RequestId, measured: u64) {
+        let id = self.clients[i].script.spec.id;
+        // A removed client's completion is refused, as the broker would drop it.
+        let _ = self.d.complete(id, request, Some(measured), self.now);
+        let c = &mut self.clients[i];
+        c.iter_left = c.iter_left.saturating_sub(1);
+        if c.in_iteration && c.iter_left == 0 && !c.gone {
+            self.end_iteration(i);
         }
     }
 
@@ -468,6 +489,11 @@ impl Simulation {
             Event::Outside(k) => {
                 self.outside = self.outside_values[k];
                 self.d.set_outside_load(self.now, self.outside);
+            }
+            Event::Observe(i) => {
+                if let Some((request, measured)) = self.clients[i].unseen.pop_front() {
+                    self.observed(i, request, measured);
+                }
             }
         }
     }
@@ -596,6 +622,7 @@ impl Simulation {
         c.gone = true;
         c.pending.clear();
         c.stream.clear();
+        c.unseen.clear();
         c.exec = None;
         c.backlog.clear();
     }
