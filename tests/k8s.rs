@@ -31,7 +31,7 @@ const POLICY: &str =
 struct Plugin {
     child: Child,
     cdi_dir: tempfile::TempDir,
-    _lib_dir: tempfile::TempDir,
+    lib_dir: tempfile::TempDir,
 }
 
 impl Drop for Plugin {
@@ -57,7 +57,24 @@ fn lib_dir() -> tempfile::TempDir {
 fn start_plugin(broker: &Broker, kubelet: &Kubelet) -> Plugin {
     let cdi_dir = tempfile::tempdir().expect("temp dir");
     let lib_dir = lib_dir();
-    let child = Command::new(binary("gpushare-k8s-plugin"))
+    Plugin {
+        child: spawn_plugin(broker, kubelet, cdi_dir.path(), lib_dir.path()),
+        cdi_dir,
+        lib_dir,
+    }
+}
+
+impl Plugin {
+    /// Kills the plugin and starts another with the same directories.
+    fn restart(&mut self, broker: &Broker, kubelet: &Kubelet) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.child = spawn_plugin(broker, kubelet, self.cdi_dir.path(), self.lib_dir.path());
+    }
+}
+
+fn spawn_plugin(broker: &Broker, kubelet: &Kubelet, cdi_dir: &Path, lib_dir: &Path) -> Child {
+    Command::new(binary("gpushare-k8s-plugin"))
         .arg("--socket")
         .arg(&broker.socket)
         .arg("--device-plugin-dir")
@@ -67,19 +84,14 @@ fn start_plugin(broker: &Broker, kubelet: &Kubelet) -> Plugin {
         .arg("--kubelet-pods-dir")
         .arg(kubelet.pods_dir())
         .arg("--cdi-dir")
-        .arg(cdi_dir.path())
+        .arg(cdi_dir)
         .arg("--lib-dir")
-        .arg(lib_dir.path())
+        .arg(lib_dir)
         .args(["--shards-per-gpu", &SHARDS_PER_GPU.to_string()])
         .args(["--interval-ms", "50"])
         .env("RUST_LOG", "warn")
         .spawn()
-        .expect("start the plugin");
-    Plugin {
-        child,
-        cdi_dir,
-        _lib_dir: lib_dir,
-    }
+        .expect("start the plugin")
 }
 
 fn pod(namespace: &str, name: &str, ids: &[String]) -> PodResources {
@@ -483,4 +495,40 @@ fn a_restarted_gpushared_takes_back_a_container_s_shares() {
         wait_until(WAIT, || broker.status().jobs.is_empty()),
         "the grant ends with the pod"
     );
+}
+
+/// A restarted plugin takes over the allocations its predecessor made (from their CDI specs):
+/// it places them by their pod and ends them when the pod goes.
+#[test]
+fn a_restarted_plugin_takes_over_its_predecessor_s_allocations() {
+    let broker = Broker::start_with(BrokerOptions {
+        policy: Some(POLICY.into()),
+        ..BrokerOptions::default()
+    });
+    let kubelet = Kubelet::start();
+    let mut plugin = start_plugin(&broker, &kubelet);
+    assert!(
+        wait_until(WAIT, || !kubelet.registrations().is_empty()),
+        "the plugin registers"
+    );
+    let (job, ids, _spec) = container(&kubelet, &plugin, 2);
+    plugin.restart(&broker, &kubelet);
+    // The pod shows up only now: the new plugin places it, so it follows the allocation.
+    kubelet.set_pods(vec![pod("ml-prod", "trainer-0", &ids)]);
+    assert!(
+        wait_until(WAIT, || broker.status().jobs.iter().any(|j| {
+            j.job == job && j.pod.as_ref().is_some_and(|p| p.namespace == "ml-prod")
+        })),
+        "the restarted plugin places the earlier allocation by its pod"
+    );
+    kubelet.set_pods(Vec::new());
+    assert!(
+        wait_until(WAIT, || broker.status().jobs.is_empty()),
+        "and ends it when its pod goes"
+    );
+    let spec = plugin
+        .cdi_dir
+        .path()
+        .join(format!("gpushare.io-shard-{job}.json"));
+    assert!(wait_until(WAIT, || !spec.exists()), "with its CDI spec");
 }

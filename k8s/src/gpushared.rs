@@ -36,6 +36,12 @@ impl Gpushared {
             .await
     }
 
+    /// The jobs (Slurm's and containers') gpushared holds now.
+    pub async fn jobs(&self) -> anyhow::Result<Vec<JobStats>> {
+        self.ask("report its status", |m| m.status().map(|s| s.jobs))
+            .await
+    }
+
     /// The UUID of GPU `gpu`, as NVML writes it.
     pub async fn uuid(&self, gpu: u32) -> anyhow::Result<String> {
         self.ask("report its status", move |m| m.status())

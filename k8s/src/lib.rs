@@ -27,6 +27,7 @@ pub mod gpushared;
 pub mod plugin;
 pub mod pods;
 pub mod run;
+pub mod takeover;
 pub mod token;
 pub mod uds;
 

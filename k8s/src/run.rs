@@ -15,11 +15,12 @@ use crate::api::v1beta1::registration_client::RegistrationClient;
 use crate::api::v1beta1::{DevicePluginOptions, RegisterRequest};
 use crate::devices::advertised;
 use crate::plugin::{Plugin, Service};
-use crate::{Config, RESOURCE_NAME, pods, uds};
+use crate::{Config, RESOURCE_NAME, pods, takeover, uds};
 
 /// Runs the plugin until the process is stopped.
 pub async fn run(config: Config) {
     let plugin = Plugin::new(config);
+    takeover::take_over(&plugin).await;
     tokio::spawn(health(plugin.clone()));
     tokio::spawn(pods::follow(plugin.clone()));
     loop {
