@@ -9,7 +9,8 @@
 # Runs from the folder scripts/gpu-bundle.sh makes (gpushared, gpushare, libcuda.so,
 # libgpushare_audit.so, colocate/*.py), as root (the second user, USER2, default gpucolo, is
 # created if missing). Settings: SECS (60), MODEL (transformer | mlp), PYTHON (python3),
-# QUANTUM_US (0: the policy's `[fair] quantum_us`, turns of one kernel when 0), GRAPHS (set,
+# QUANTUM_US (0: the policy's `[fair] quantum_us`, turns of one kernel when 0), SHARE_SMS (set:
+# `[fair] share_sms = true`, kernels side by side charged by SM·time), GRAPHS (set,
 # with MODEL=mlp: each iteration of both trainers is one CUDA graph replay), SCHEDULER (fair,
 # or priority: `scheduler = "priority"` with `[priority] lower_by_weight = true` and both
 # trainers best-effort, the lower classes sharing by weight),
@@ -57,6 +58,7 @@ scheduler = "$scheduler"
 lower_by_weight = true
 [fair]
 quantum_us = ${QUANTUM_US:-0}
+share_sms = $([[ -n ${SHARE_SMS:-} ]] && echo true || echo false)
 [defaults]
 class = "$class"
 [[users]]

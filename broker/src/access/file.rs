@@ -70,6 +70,7 @@ pub(super) struct FaultFields {
 pub(super) struct FairFields {
     pub(super) quantum_us: Option<u64>,
     pub(super) anticipate_us: Option<u64>,
+    pub(super) share_sms: Option<bool>,
 }
 
 /// `[priority]`: the priority policy's tunables.

@@ -56,6 +56,8 @@
 //! [fair]
 //! quantum_us = 0         # > 0: a client's turn queues kernels back to back for this much GPU
 //!                        # time ahead of the next client (0: one kernel at a time)
+//! share_sms = false      # true (experimental): clients' kernels side by side while their
+//!                        # SMs fit, each charged its share of the SMs for its time
 //! anticipate_us = 500    # a client owed GPU time whose work just completed is waited for
 //!                        # this long before another is granted (0: never)
 //! ```
@@ -348,6 +350,7 @@ impl Policy {
             anticipate_ns: f
                 .anticipate_us
                 .map_or(base.anticipate_ns, |us| us.saturating_mul(1_000)),
+            share_sms: f.share_sms.unwrap_or(base.share_sms),
             ..base
         }
     }

@@ -129,6 +129,8 @@ pub struct ClientReport {
     pub completed: u64,
     /// Sum of measured kernel times.
     pub gpu_ns: u64,
+    /// The same, each scaled by its kernel's share of the SMs (SM·time, in whole-GPU ns).
+    pub sm_gpu_ns: u64,
     pub iterations: u64,
     /// Per iteration: arrival (or start) to end, queueing included.
     pub latencies_ns: Vec<u64>,
@@ -433,6 +435,11 @@ impl Simulation {
             c.exec = None;
             c.report.completed += 1;
             c.report.gpu_ns += measured;
+            let sms = u64::from(self.cfg.sms.max(1));
+            let held = e
+                .sm_limit
+                .map_or(e.profile.sm_need, |l| l.min(e.profile.sm_need));
+            c.report.sm_gpu_ns += measured * u64::from(held).clamp(1, sms) / sms;
             self.start_stream(i);
             if self.cfg.observe_ns == 0 {
                 self.observed(i, e.id, measured);

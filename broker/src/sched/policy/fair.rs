@@ -25,6 +25,14 @@
 //! show. A client owed GPU time (less virtual time than the one to be granted) whose last work
 //! completed less than `anticipate_ns` ago is waited for that long instead: the GPU idles for
 //! at most its think time per step, and only while it is owed.
+//!
+//! With `share_sms` (experimental), several clients' kernels run at once while their SMs fit
+//! the GPU, and each is charged its share of the SMs for its time (SM·time) instead of the
+//! whole GPU: the least charged client's kernel goes next if it fits beside what is in flight
+//! (a client's kernels in flight run one after another on its stream, so it holds the widest
+//! of them), else another's that fits while it is within `lag_ns` of SM·time of the least
+//! charged, else the GPU drains for the least charged. Exclusive turns cannot run programs'
+//! small kernels side by side, which FIFO does (docs/benchmarks.md, the scheduler's model).
 
 use std::collections::HashMap;
 
@@ -47,6 +55,8 @@ pub struct FairConfig {
     pub max_run: u32,
     /// How long a client owed GPU time is waited for after its work completed (0: never).
     pub anticipate_ns: u64,
+    /// Clients' kernels side by side while their SMs fit, charged by SM·time (see the docs).
+    pub share_sms: bool,
 }
 
 impl Default for FairConfig {
@@ -57,6 +67,7 @@ impl Default for FairConfig {
             quantum_ns: 0,
             max_run: 32,
             anticipate_ns: 500_000,
+            share_sms: false,
         }
     }
 }
@@ -106,6 +117,48 @@ impl Fair {
         self.vtime.get(&id).copied().unwrap_or(0.0)
     }
 
+    /// The part of the GPU a request is charged for: its share of the SMs when they are
+    /// shared, else all of it.
+    fn sm_share(&self, view: &View<'_>, request: &Inflight) -> f64 {
+        if !self.cfg.share_sms {
+            return 1.0;
+        }
+        let sms = f64::from(view.device().sms.max(1));
+        (f64::from(request.profile.sm_need.max(1)) / sms).min(1.0)
+    }
+
+    /// With `share_sms`: the least charged candidate if its kernel fits beside what is in
+    /// flight; else another's that fits while within `lag_ns` of it; else nothing (the GPU
+    /// drains for it, so a wide kernel is never starved).
+    fn pick_sharing_sms(&self, view: &View<'_>) -> Pick {
+        let sms = u64::from(view.device().sms.max(1));
+        let width = |sm_need: u32| u64::from(sm_need.max(1)).min(sms);
+        let used: u64 = view
+            .clients()
+            .filter_map(|c| c.inflight().iter().map(|r| width(r.profile.sm_need)).max())
+            .sum();
+        let fits = |c: &crate::sched::ClientView<'_>| {
+            used == 0 || used + c.head().map_or(sms, |h| width(h.profile.sm_need)) <= sms
+        };
+        let mut order: Vec<_> = view.candidates().collect();
+        order.sort_by(|a, b| {
+            self.vt(a.id())
+                .total_cmp(&self.vt(b.id()))
+                .then(a.head().map(|h| h.id).cmp(&b.head().map(|h| h.id)))
+        });
+        let Some(first) = order.first() else {
+            return Pick::Hold;
+        };
+        if fits(first) {
+            return Pick::Grant(first.id());
+        }
+        let bound = self.vt(first.id()) + self.cfg.lag_ns as f64 / f64::from(first.weight());
+        match order.iter().skip(1).find(|c| fits(c)) {
+            Some(c) if self.vt(c.id()) <= bound => Pick::Grant(c.id()),
+            _ => Pick::Hold,
+        }
+    }
+
     /// While a client's kernels are in flight: another of its kernels, if its turn lasts.
     fn continue_turn(&self, view: &View<'_>) -> Pick {
         let mut running = view.clients().filter(|c| !c.inflight().is_empty());
@@ -135,6 +188,9 @@ impl Policy for Fair {
 
     fn pick(&mut self, view: &View<'_>, now: u64) -> Pick {
         self.wake = None;
+        if self.cfg.share_sms {
+            return self.pick_sharing_sms(view);
+        }
         if self.cfg.quantum_ns > 0 && view.inflight_total() > 0 {
             return self.continue_turn(view);
         }
@@ -186,7 +242,9 @@ impl Policy for Fair {
 
     fn on_grant(&mut self, view: &View<'_>, client: ClientId, request: &Inflight, _now: u64) {
         let w = view.client(client).map_or(1, |c| c.weight());
-        *self.vtime.entry(client).or_insert(0.0) += request.profile.est_ns as f64 / f64::from(w);
+        let share = self.sm_share(view, request);
+        *self.vtime.entry(client).or_insert(0.0) +=
+            request.profile.est_ns as f64 * share / f64::from(w);
     }
 
     fn on_complete(
@@ -199,7 +257,8 @@ impl Policy for Fair {
     ) {
         let c = view.client(client);
         let w = c.map_or(1, |c| c.weight());
-        let correction = gpu_ns as f64 - request.profile.est_ns as f64;
+        let correction =
+            (gpu_ns as f64 - request.profile.est_ns as f64) * self.sm_share(view, request);
         *self.vtime.entry(client).or_insert(0.0) += correction / f64::from(w);
         if self.cfg.quantum_ns > 0 && c.is_some_and(|c| !c.backlogged()) {
             self.idle_since.insert(client, now);
@@ -463,5 +522,55 @@ mod tests {
         for id in 1..=3 {
             assert!(window(id) > 10.0 * MS as f64);
         }
+    }
+
+    /// `share_sms`: four programs of 48-SM kernels (two or three fit side by side), weights
+    /// 1 : 2 : 3 : 2, each one stream. Their SM·time follows the weights, and they get more
+    /// done than one kernel at a time, which leaves the rest of the GPU idle.
+    #[test]
+    fn sharing_sms_keeps_the_weights_in_sm_time_and_runs_kernels_side_by_side() {
+        let run = |share_sms: bool| {
+            let scripts = [1u32, 2, 3, 2]
+                .iter()
+                .enumerate()
+                .map(|(i, &w)| {
+                    let id = i as u64 + 1;
+                    let spec = ClientSpec::new(id, PriorityClass::Normal, w);
+                    ClientScript::new(spec, vec![kernel(id, 100, 48, Bound::Compute)])
+                })
+                .collect();
+            let cfg = SimConfig {
+                horizon_ns: 400 * MS,
+                observe_ns: 20_000,
+                sched: SchedConfig {
+                    fair: FairConfig {
+                        share_sms,
+                        ..FairConfig::default()
+                    },
+                    max_inflight_per_client: 8,
+                    ..SchedConfig::default()
+                },
+                ..SimConfig::default()
+            };
+            Simulation::new(cfg, PolicyKind::Fair, scripts).run()
+        };
+        let shared = run(true);
+        let single = run(false);
+        let total: f64 = shared.clients.iter().map(|c| c.sm_gpu_ns as f64).sum();
+        let shares: Vec<f64> = shared
+            .clients
+            .iter()
+            .map(|c| c.sm_gpu_ns as f64 / total)
+            .collect();
+        let done = |r: &SimReport| r.clients.iter().map(|c| c.completed).sum::<u64>();
+        println!(
+            "sharing SMs: SM-time shares {shares:.3?} for weights 1:2:3:2; kernels done {} sharing, {} one at a time",
+            done(&shared),
+            done(&single)
+        );
+        for (share, weight) in shares.iter().zip([1.0, 2.0, 3.0, 2.0]) {
+            assert!((share - weight / 8.0).abs() < 0.02, "{shares:?}");
+        }
+        assert!(done(&shared) as f64 > 1.5 * done(&single) as f64);
     }
 }

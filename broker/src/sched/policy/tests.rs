@@ -149,6 +149,25 @@ mod keep_the_gpu_busy {
         run_with(n, policy, quantum_ns, 1)
     }
 
+    /// FAIR with `share_sms`.
+    fn run_sharing(n: u64) -> SimReport {
+        let cfg = SimConfig {
+            horizon_ns: 500 * MS,
+            observe_ns: 20 * US,
+            sched: SchedConfig {
+                max_inflight_per_client: 8,
+                rate: None,
+                fair: FairConfig {
+                    share_sms: true,
+                    ..FairConfig::default()
+                },
+                ..SchedConfig::default()
+            },
+            ..SimConfig::default()
+        };
+        Simulation::new(cfg, PolicyKind::Fair, programs(n)).run()
+    }
+
     fn run_with(n: u64, policy: PolicyKind, quantum_ns: u64, max_concurrent: u32) -> SimReport {
         let cfg = SimConfig {
             horizon_ns: 500 * MS,
@@ -193,8 +212,9 @@ mod keep_the_gpu_busy {
             let srtf = work(&run(n, PolicyKind::Srtf, 0)) / fifo;
             let pack = work(&run(n, PolicyKind::Pack, 0)) / fifo;
             let wide = run_with(n, PolicyKind::Fair, 0, 16);
+            let sharing = work(&run_sharing(n)) / fifo;
             println!(
-                "{n:>2} programs, iterations against FIFO: FAIR one kernel at a time {single:.3}, FAIR 1 ms turns {turns:.3}, SRTF {srtf:.3}, PACK {pack:.3}; FAIR 16 kernels in flight {:.3}, GPU time shares {:?} (weights {:?})",
+                "{n:>2} programs, iterations against FIFO: FAIR one kernel at a time {single:.3}, FAIR 1 ms turns {turns:.3}, FAIR sharing SMs {sharing:.3}, SRTF {srtf:.3}, PACK {pack:.3}; FAIR 16 kernels in flight {:.3}, GPU time shares {:?} (weights {:?})",
                 work(&wide) / fifo,
                 shares(&wide),
                 (1..=n).map(|id| id % 3 + 1).collect::<Vec<_>>(),
