@@ -65,12 +65,25 @@ fn run(
     app_args: &[&str],
     env: &[(&str, &str)],
 ) -> Command {
+    run_via(broker, p, run_args, &[], app_args, env)
+}
+
+/// As [`run`], the program started by `via` (`env NAME=VALUE`, say).
+fn run_via(
+    broker: &Broker,
+    p: &Programs,
+    run_args: &[&str],
+    via: &[&str],
+    app_args: &[&str],
+    env: &[(&str, &str)],
+) -> Command {
     let mut cmd = Command::new(binary("gpushare"));
     cmd.arg("--socket")
         .arg(&broker.socket)
         .arg("run")
         .args(run_args)
         .arg("--")
+        .args(via)
         .arg(&p.app)
         .args(app_args)
         .env("GPUSHARE_TEST_NVML_UUIDS", uuids(broker).join(","))
@@ -243,23 +256,15 @@ fn a_program_that_names_its_own_gpu_runs_there_and_nvml_shows_every_gpu() {
     let gpus = uuids(&broker);
     for named in ["0", gpus[0].as_str()] {
         // gpushare run places it on GPU 1; the program then says GPU 0.
-        let mut cmd = Command::new(binary("gpushare"));
-        cmd.arg("--socket")
-            .arg(&broker.socket)
-            .args(["run", "--gpu", "1", "--", "env"])
-            .arg(format!("CUDA_VISIBLE_DEVICES={named}"))
-            .arg(&p.app)
-            .args(["where", "libcuda.so.1"])
-            .env("GPUSHARE_TEST_NVML_UUIDS", gpus.join(","))
-            .env("GPUSHARE_REAL_NVML", &p.real_nvml);
-        for var in [
-            "LD_PRELOAD",
-            "LD_AUDIT",
-            "LD_LIBRARY_PATH",
-            "GPUSHARE_CUDA_DRIVER",
-        ] {
-            cmd.env_remove(var);
-        }
+        let visible = format!("CUDA_VISIBLE_DEVICES={named}");
+        let cmd = run_via(
+            &broker,
+            &p,
+            &["--gpu", "1"],
+            &["env", &visible],
+            &["where", "libcuda.so.1"],
+            &[],
+        );
         let (out, stdout, stderr) = output(cmd);
         let what = format!("CUDA_VISIBLE_DEVICES={named}:\n{stdout}{stderr}");
         assert!(out.status.success(), "{what}");

@@ -146,40 +146,33 @@ mod keep_the_gpu_busy {
     }
 
     fn run(n: u64, policy: PolicyKind, quantum_ns: u64) -> SimReport {
-        run_with(n, policy, quantum_ns, 1)
+        run_with(
+            n,
+            policy,
+            FairConfig {
+                quantum_ns,
+                ..FairConfig::default()
+            },
+        )
     }
 
     /// FAIR with `share_sms`.
     fn run_sharing(n: u64) -> SimReport {
-        let cfg = SimConfig {
-            horizon_ns: 500 * MS,
-            observe_ns: 20 * US,
-            sched: SchedConfig {
-                max_inflight_per_client: 8,
-                rate: None,
-                fair: FairConfig {
-                    share_sms: true,
-                    ..FairConfig::default()
-                },
-                ..SchedConfig::default()
-            },
-            ..SimConfig::default()
+        let fair = FairConfig {
+            share_sms: true,
+            ..FairConfig::default()
         };
-        Simulation::new(cfg, PolicyKind::Fair, programs(n)).run()
+        run_with(n, PolicyKind::Fair, fair)
     }
 
-    fn run_with(n: u64, policy: PolicyKind, quantum_ns: u64, max_concurrent: u32) -> SimReport {
+    fn run_with(n: u64, policy: PolicyKind, fair: FairConfig) -> SimReport {
         let cfg = SimConfig {
             horizon_ns: 500 * MS,
             observe_ns: 20 * US,
             sched: SchedConfig {
                 max_inflight_per_client: 8,
                 rate: None,
-                fair: FairConfig {
-                    quantum_ns,
-                    max_concurrent,
-                    ..FairConfig::default()
-                },
+                fair,
                 ..SchedConfig::default()
             },
             ..SimConfig::default()
@@ -211,7 +204,14 @@ mod keep_the_gpu_busy {
             let turns = work(&run(n, PolicyKind::Fair, MS)) / fifo;
             let srtf = work(&run(n, PolicyKind::Srtf, 0)) / fifo;
             let pack = work(&run(n, PolicyKind::Pack, 0)) / fifo;
-            let wide = run_with(n, PolicyKind::Fair, 0, 16);
+            let wide = run_with(
+                n,
+                PolicyKind::Fair,
+                FairConfig {
+                    max_concurrent: 16,
+                    ..FairConfig::default()
+                },
+            );
             let sharing = work(&run_sharing(n)) / fifo;
             println!(
                 "{n:>2} programs, iterations against FIFO: FAIR one kernel at a time {single:.3}, FAIR 1 ms turns {turns:.3}, FAIR sharing SMs {sharing:.3}, SRTF {srtf:.3}, PACK {pack:.3}; FAIR 16 kernels in flight {:.3}, GPU time shares {:?} (weights {:?})",
