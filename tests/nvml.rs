@@ -41,11 +41,7 @@ fn setup() -> Setup {
     std::os::unix::fs::symlink(&built, shim_dir.join("libnvidia-ml.so.1"))
         .unwrap_or_else(|e| panic!("link {}: {e}", built.display()));
     let standin = real_dir.join("libnvidia-ml.so.1");
-    cc::compile(
-        &src.join("nvml_standin.c"),
-        &["-shared", "-fPIC", "-Wl,-soname,libnvidia-ml.so.1"],
-        &standin,
-    );
+    cc::nvml_standin(&standin);
     let user = dir.path().join("nvml_user");
     cc::compile(&src.join("nvml_user.c"), &["-ldl", "-pthread"], &user);
     Setup {

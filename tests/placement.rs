@@ -25,11 +25,7 @@ fn programs() -> Programs {
     cc::compile(&src.join("consolidated_app.c"), &["-ldl"], &app);
     std::fs::create_dir(dir.path().join("real")).expect("mkdir");
     let real_nvml = dir.path().join("real/libnvidia-ml.so.1");
-    cc::compile(
-        &src.join("nvml_standin.c"),
-        &["-shared", "-fPIC", "-Wl,-soname,libnvidia-ml.so.1"],
-        &real_nvml,
-    );
+    cc::nvml_standin(&real_nvml);
     Programs {
         _dir: dir,
         app,

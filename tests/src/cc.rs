@@ -27,3 +27,14 @@ pub fn compile(source: &Path, flags: &[&str], out: &Path) {
         String::from_utf8_lossy(&output.stderr)
     );
 }
+
+/// Builds the stand-in NVML (`tests/c/nvml_standin.c`: fake GPUs whose UUIDs come from
+/// `$GPUSHARE_TEST_NVML_UUIDS`) as `out`, a `libnvidia-ml.so.1`.
+pub fn nvml_standin(out: &Path) {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("c/nvml_standin.c");
+    compile(
+        &src,
+        &["-shared", "-fPIC", "-Wl,-soname,libnvidia-ml.so.1"],
+        out,
+    );
+}

@@ -67,11 +67,8 @@ pub fn status(r: &StatusReport) -> String {
         {
             let _ = writeln!(
                 out,
-                "  load: busy {:.0}%, {} held by {} client{}{}",
-                l.busy * 100.0,
-                ByteSize(l.memory_used),
-                l.clients,
-                if l.clients == 1 { "" } else { "s" },
+                "  load: {}{}",
+                gpu_load(l),
                 if r.next_gpu == d.index {
                     "; a program that names no GPU runs here"
                 } else {
@@ -369,6 +366,17 @@ pub fn top_summary(f: &Frame) -> String {
         duration(Duration::from_millis(f.uptime_ms)),
         f.clients,
         if f.clients == 1 { "" } else { "s" }
+    )
+}
+
+/// One GPU's load as the default placement weighs it: `busy 82%, 10.0 GiB held by 2 clients`.
+pub fn gpu_load(l: &gpushare_protocol::stats::GpuLoad) -> String {
+    format!(
+        "busy {:.0}%, {} held by {} client{}",
+        l.busy * 100.0,
+        ByteSize(l.memory_used),
+        l.clients,
+        if l.clients == 1 { "" } else { "s" }
     )
 }
 

@@ -12,9 +12,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use gpushare_protocol::ErrorCode;
 use gpushare_protocol::error::WireError;
 use gpushare_protocol::job::{JobGpu, JobStats, POD_SOCKET_NAME, PodGrant, PodIdentity};
+use gpushare_protocol::{ErrorCode, PriorityClass};
 use tokio::task::AbortHandle;
 use tokio_seqpacket::UnixSeqpacketListener;
 use tracing::{info, warn};
@@ -125,6 +125,20 @@ impl Broker {
         })
     }
 
+    /// `job`'s shares are held by `pod`: they take the class (and the user) the policy gives
+    /// it, else keep their class. Returns the class.
+    pub(super) fn place_pod(&self, job: &Job, pod: PodIdentity) -> PriorityClass {
+        let placed = self.policy.read().ok().and_then(|p| p.place_pod(&pod));
+        let (class, owner) = match placed {
+            Some(p) => (p.class, p.user),
+            None => (job.grant().class, None),
+        };
+        let user = owner.as_ref().map(|(_, name)| name.as_str());
+        info!(job = job.id, namespace = %pod.namespace, pod = %pod.pod, container = %pod.container, service_account = ?pod.service_account, user = ?user, %class, "Kubernetes container's shares are its pod's");
+        job.set_pod(pod, class, owner);
+        class
+    }
+
     /// Opens the socket of `job`'s container and takes its connections: in a new directory
     /// (`fresh`), or again in the one it had (a restart: the container has it mounted).
     pub(super) fn open_pod_socket(&self, job: &Arc<Job>, fresh: bool) -> std::io::Result<PathBuf> {
@@ -156,14 +170,7 @@ impl Broker {
                 format!("no Kubernetes container's shares are job {id} here"),
             )
         })?;
-        let placed = self.policy.read().ok().and_then(|p| p.place_pod(&pod));
-        let (class, owner) = match placed {
-            Some(p) => (p.class, p.user),
-            None => (job.grant().class, None),
-        };
-        let user = owner.as_ref().map(|(_, name)| name.as_str());
-        info!(job = id, namespace = %pod.namespace, pod = %pod.pod, container = %pod.container, service_account = ?pod.service_account, user = ?user, %class, "Kubernetes container's shares are its pod's");
-        job.set_pod(pod, class, owner);
+        let class = self.place_pod(&job, pod);
         self.save_pods();
         let clients = self.registry.snapshot();
         for client in clients.iter().filter(|c| c.job == Some(id)) {

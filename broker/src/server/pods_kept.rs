@@ -62,12 +62,7 @@ impl Broker {
                 }
             };
             if let Some(identity) = pod.pod {
-                let placed = self.policy.read().ok().and_then(|p| p.place_pod(&identity));
-                let (class, owner) = match placed {
-                    Some(p) => (p.class, p.user),
-                    None => (job.grant().class, None),
-                };
-                job.set_pod(identity, class, owner);
+                self.place_pod(&job, identity);
             }
             match self.open_pod_socket(&job, false) {
                 Ok(socket) => {

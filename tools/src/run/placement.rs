@@ -164,16 +164,7 @@ fn least_loaded_why(report: &StatusReport, chosen: u32) -> String {
     let loads: Vec<String> = report
         .gpu_loads
         .iter()
-        .map(|l| {
-            format!(
-                "GPU {}: busy {:.0}%, {} held by {} client{}",
-                l.gpu,
-                l.busy * 100.0,
-                bytesize::ByteSize(l.memory_used),
-                l.clients,
-                if l.clients == 1 { "" } else { "s" }
-            )
-        })
+        .map(|l| format!("GPU {}: {}", l.gpu, crate::format::gpu_load(l)))
         .collect();
     format!(
         "the least loaded ({}); GPU {chosen} chosen",
@@ -190,18 +181,9 @@ mod tests {
         let mut uuid = [0x11; 16];
         uuid[0] = uuid_first;
         DeviceInfo {
-            index,
-            name: "GPU".into(),
-            total_memory: 1 << 30,
-            sm_count: 132,
-            compute_capability: (9, 0),
-            fp32_flops: 0.0,
-            memory_bandwidth: 0.0,
-            host_bandwidth: 0.0,
             uuid,
             pci: (0, pci_bus, 0),
-            driver_version: 13000,
-            attributes: Vec::new(),
+            ..crate::top::collect::tests::device(index)
         }
     }
 

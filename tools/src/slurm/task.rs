@@ -44,17 +44,21 @@ pub fn opted_out(var: impl Fn(&str) -> Option<OsString>) -> bool {
 
 /// The task on its GPU, as `gpushare run` puts a program there (its NVML and
 /// `CUDA_VISIBLE_DEVICES` naming that GPU too), where gpushared answers; else only the GPU.
-fn placed(socket: &Path, var: impl Fn(&str) -> Option<OsString> + Copy) -> Vec<EnvChange> {
-    let Some(EnvChange::Set(_, gpu)) = job_gpu(var) else {
+fn placed(socket: &Path, var: impl Fn(&str) -> Option<OsString>) -> Vec<EnvChange> {
+    let Some(gpu_only) = job_gpu(var) else {
         return Vec::new();
     };
-    let ask = gpu.to_str().and_then(|g| g.parse().ok()).map(|g| Ask {
+    let ask = match &gpu_only {
+        EnvChange::Set(_, gpu) => gpu.to_str().and_then(|g| g.parse().ok()),
+        EnvChange::Remove(_) => None,
+    }
+    .map(|g| Ask {
         index: Some((g, format!("Slurm's GPU {g}"))),
         ..Ask::default()
     });
     match ask.and_then(|ask| place(socket, &ask)) {
         Some(Ok(p)) => p.changes(),
-        _ => job_gpu(var).into_iter().collect(),
+        _ => vec![gpu_only],
     }
 }
 

@@ -112,6 +112,17 @@ impl Fair {
             .min()
     }
 
+    /// Who goes first: the least virtual time, then the oldest head.
+    fn owed_first(
+        &self,
+        a: &crate::sched::ClientView<'_>,
+        b: &crate::sched::ClientView<'_>,
+    ) -> std::cmp::Ordering {
+        self.vt(a.id())
+            .total_cmp(&self.vt(b.id()))
+            .then(a.head().map(|h| h.id).cmp(&b.head().map(|h| h.id)))
+    }
+
     /// A client's virtual time: GPU time charged over its weight.
     pub(super) fn vt(&self, id: ClientId) -> f64 {
         self.vtime.get(&id).copied().unwrap_or(0.0)
@@ -141,11 +152,7 @@ impl Fair {
             used == 0 || used + c.head().map_or(sms, |h| width(h.profile.sm_need)) <= sms
         };
         let mut order: Vec<_> = view.candidates().collect();
-        order.sort_by(|a, b| {
-            self.vt(a.id())
-                .total_cmp(&self.vt(b.id()))
-                .then(a.head().map(|h| h.id).cmp(&b.head().map(|h| h.id)))
-        });
+        order.sort_by(|a, b| self.owed_first(a, b));
         let Some(first) = order.first() else {
             return Pick::Hold;
         };
@@ -197,11 +204,7 @@ impl Policy for Fair {
         if view.inflight_total() >= self.cfg.max_concurrent.max(1) as usize {
             return Pick::Hold;
         }
-        let Some(next) = view.candidates().min_by(|a, b| {
-            self.vt(a.id())
-                .total_cmp(&self.vt(b.id()))
-                .then(a.head().map(|h| h.id).cmp(&b.head().map(|h| h.id)))
-        }) else {
+        let Some(next) = view.candidates().min_by(|a, b| self.owed_first(a, b)) else {
             return Pick::Hold;
         };
         if self.cfg.anticipate_ns > 0
