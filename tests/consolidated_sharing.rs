@@ -5,7 +5,9 @@
 //!   process is refused unless the policy lets users share memory;
 //! - CUDA IPC (`cuIpcGetMemHandle`, `cuIpcGetEventHandle` and their `Open`s, what
 //!   `torch.multiprocessing` uses): a process of the same user opens another's allocation and
-//!   event, waits on the event and sees the memory; another user's is refused.
+//!   event, waits on the event and sees the memory; another user's is refused;
+//! - memory a process freed while its own queued work still wrote it goes to no other process
+//!   of the user's before that work has ended (CUDA's free waits for it).
 //!
 //! (One program's own use of the virtual memory API: `consolidated.rs`, section "virtual
 //! memory"; across a fault: `faults.rs`.) Needs `cc` and the workspace built; the other-user
@@ -92,6 +94,19 @@ fn another_users_process_is_refused_what_one_shared_through_cuda_ipc() {
     assert_passed(
         &out,
         &["loading", "init", "ipc export", "ipc import", "finish"],
+        &broker.log_text(),
+    );
+}
+
+#[test]
+fn memory_freed_under_queued_work_reaches_no_other_process_before_that_work_ends() {
+    let broker = Broker::start();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let program = CudaProgram::build(dir.path(), false);
+    let out = run(program.command(&broker.socket, &["free-busy"]), RUN_TIMEOUT);
+    assert_passed(
+        &out,
+        &["loading", "init", "free busy", "reuse check", "finish"],
         &broker.log_text(),
     );
 }

@@ -394,6 +394,10 @@ int main(int argc, char **argv) {
                        argv[4]);
     } else if (!strcmp(mode, "vmm-import") && argc > 4) {
         run_vmm_import(atoi(argv[2]), (unsigned)strtoul(argv[3], NULL, 0), argv[4]);
+    } else if (!strcmp(mode, "free-busy")) {
+        run_free_busy(argv[0]);
+    } else if (!strcmp(mode, "reuse-check") && argc > 3) {
+        run_reuse_check(atoi(argv[2]), atoi(argv[3]));
     } else if (!strcmp(mode, "graph-spin") && argc > 3) {
         run_graph_spin(strtoul(argv[2], NULL, 0), strtoull(argv[3], NULL, 0));
     } else if (!strcmp(mode, "host-hang")) {
@@ -413,7 +417,7 @@ int main(int argc, char **argv) {
         run_bystander((unsigned)strtoul(argv[2], NULL, 0));
     } else {
         printf("FAIL usage: %s all QUOTA | user QUOTA SEED | spin COUNT US | "
-               "modules COUNT BYTES | bystander SEED | graph-spin COUNT US | graph-hold | noinit | away\n",
+               "modules COUNT BYTES | bystander SEED | graph-spin COUNT US | graph-hold | free-busy | noinit | away\n",
                argv[0]);
         failures++;
     }

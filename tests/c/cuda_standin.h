@@ -354,6 +354,8 @@ void run_vmm_import(int fd, unsigned seed, const char *expect);
 void check_graphs(void);
 void run_graph_holding(void);
 void run_graph_spin(unsigned long count, unsigned long long micros);
+void run_free_busy(const char *self);
+void run_reuse_check(int in, int out);
 
 /* Test data: byte `i` of pattern `seed`. */
 unsigned char pattern_byte(size_t i, unsigned seed);

@@ -13,7 +13,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 /// The program's sources, first the one with `main`.
-const SOURCES: [&str; 8] = [
+const SOURCES: [&str; 9] = [
     "cuda_standin.c",
     "cuda_standin_common.c",
     "cuda_standin_memory.c",
@@ -22,6 +22,7 @@ const SOURCES: [&str; 8] = [
     "cuda_standin_ipc.c",
     "cuda_standin_export.c",
     "cuda_standin_graphs.c",
+    "cuda_standin_reuse.c",
 ];
 
 /// The driver fuzzer's sources (`tests/driver_fuzz.rs`), first the one with `main`.

@@ -82,15 +82,13 @@ impl SessionState {
                     .allocations
                     .size_of(ptr)
                     .ok_or(ErrorCode::InvalidPointer)?;
-                // Memory that goes back to the device may still be in use by work queued
-                // before the free (a stream-ordered `cuMemFreeAsync`): that work ends first. An
-                // error it met is this command's to report (the client learns it at its next
+                // Work queued before the free (a stream-ordered `cuMemFreeAsync`, a kernel not
+                // yet waited for) may still use the memory: it ends first, as CUDA's free waits
+                // for it, whether the bytes go back to the device or stay in the pool for the
+                // user's next allocation, in this program or another of theirs. An error it met
+                // is this command's to report (the client learns it at its next
                 // synchronization); the memory goes back all the same.
-                let drained = if self.device.frees_memory(ptr) {
-                    self.sync_all()
-                } else {
-                    Ok(())
-                };
+                let drained = self.sync_all();
                 self.device.free(ptr).map_err(|e| e.code())?;
                 self.device.ipc().forget_memory(self.info.id, ptr);
                 self.allocations.remove(ptr);

@@ -21,11 +21,6 @@ impl Device {
         self.pool.alloc_at(&*self.link, ptr, bytes, owner)
     }
 
-    /// Whether freeing `ptr` gives memory back to the device now (the rest stays mapped).
-    pub fn frees_memory(&self, ptr: DevicePtr) -> bool {
-        self.pool.frees_memory(ptr)
-    }
-
     pub fn free(&self, ptr: DevicePtr) -> DeviceResult<()> {
         self.pool.free(&*self.link, ptr)
     }

@@ -314,22 +314,6 @@ impl Pool {
         Ok(())
     }
 
-    /// Whether freeing `ptr` would leave its chunk empty or give it back (so memory may go back
-    /// to the device now): a large chunk not kept idle, or a shared chunk of nothing else.
-    pub fn frees_memory(&self, ptr: DevicePtr) -> bool {
-        let st = self.lock();
-        let Some(&(chunk, len)) = st.allocations.get(&ptr) else {
-            return false;
-        };
-        match st.chunks.get(&chunk) {
-            Some(c) => match &c.shared {
-                None => st.idle_bytes + c.size > self.idle_max(),
-                Some(free) => free.bytes() + len >= c.size,
-            },
-            None => false,
-        }
-    }
-
     /// Frees an allocation; its chunk goes back when nothing else is in it.
     pub fn free(&self, link: &dyn Link, ptr: DevicePtr) -> DeviceResult<()> {
         let mut st = self.lock();

@@ -321,23 +321,3 @@ fn one_user_reserves_a_quarter_of_the_space_at_most() {
     d.unreserve(big, quarter - g, 1).expect("given back");
     d.reserve(2 * g, 0, 0, 1).expect("room again");
 }
-
-#[test]
-fn a_free_says_whether_memory_goes_back_to_the_device() {
-    let d = device();
-    let (a, b) = (
-        d.alloc(512, 1).expect("small"),
-        d.alloc(512, 1).expect("small"),
-    );
-    assert!(!d.frees_memory(a), "its chunk holds another allocation");
-    d.free(a).expect("free");
-    assert!(d.frees_memory(b), "the last in its chunk");
-    let big = d.alloc(3 << 20, 1).expect("large");
-    assert!(
-        !d.frees_memory(big),
-        "kept idle for the user's next allocation"
-    );
-    assert!(!d.frees_memory(0x1234), "not an allocation");
-    d.free(big).expect("free");
-    d.free(b).expect("free");
-}
