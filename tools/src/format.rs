@@ -285,11 +285,15 @@ const fn col(title: &'static str, width: u16, right: bool) -> Column {
 /// Index of the COMMAND column, the one that takes what width is left.
 pub const NAME_COLUMN: usize = 2;
 
-pub const TOP_COLUMNS: [Column; 15] = [
+/// Index of the GPU column, shown only where the broker has several GPUs.
+pub const GPU_COLUMN: usize = 4;
+
+pub const TOP_COLUMNS: [Column; 16] = [
     col("PID", 7, true),
     col("USER", 10, false),
     col("COMMAND", 16, false),
     col("KIND", 12, false),
+    col("GPU", 3, true),
     col("CLASS", 11, false),
     col("GPU%", 6, true),
     col("MEMORY", 10, true),
@@ -307,13 +311,14 @@ pub const TOP_COLUMNS: [Column; 15] = [
 pub const MISSING: &str = "-";
 
 /// A row's cells in [`TOP_COLUMNS`] order.
-pub fn top_cells(r: &Row) -> [String; 15] {
+pub fn top_cells(r: &Row) -> [String; 16] {
     let brokered = r.client_id.is_some();
     [
         r.pid.to_string(),
         r.user.clone(),
         r.name.clone(),
         r.kind.as_str().to_string(),
+        opt(r.gpu, |g| g.to_string()),
         r.class.clone().unwrap_or_else(|| MISSING.into()),
         opt(r.gpu_share, |s| format!("{:.1}", s * 100.0)),
         opt(r.memory_used, |m| ByteSize(m).to_string()),
@@ -330,6 +335,14 @@ pub fn top_cells(r: &Row) -> [String; 15] {
         opt(r.ioctls_per_s, rate),
         opt(r.throttled_share, |s| format!("{:.1}", s * 100.0)),
     ]
+}
+
+/// The columns of `gpushare top` for a broker of `devices` GPUs, in display order: all of
+/// them, less the GPU column where there is only one.
+pub fn top_columns(devices: usize) -> Vec<usize> {
+    (0..TOP_COLUMNS.len())
+        .filter(|&i| i != GPU_COLUMN || devices > 1)
+        .collect()
 }
 
 fn opt<T>(v: Option<T>, f: impl FnOnce(T) -> String) -> String {
@@ -381,15 +394,31 @@ pub fn gpu_load(l: &gpushare_protocol::stats::GpuLoad) -> String {
 }
 
 /// One device's line: utilisation and memory.
-pub fn device_line(d: &crate::top::collect::DeviceLoad) -> String {
-    format!(
+pub fn device_line(d: &crate::top::collect::DeviceLoad, several: bool) -> String {
+    let mut line = format!(
         "GPU {} {}: util {:.1}% · memory {} / {}",
         d.index,
         d.name,
         d.utilisation * 100.0,
         ByteSize(d.memory_used),
         ByteSize(d.memory_total)
-    )
+    );
+    if several && let Some(users) = device_users(d) {
+        let _ = write!(line, " · {users}");
+    }
+    line
+}
+
+/// Each user's memory on a device, the most first (`alice 2.0 GiB, bob 512.0 MiB`); `None`
+/// where no one holds any.
+pub fn device_users(d: &crate::top::collect::DeviceLoad) -> Option<String> {
+    (!d.users.is_empty()).then(|| {
+        d.users
+            .iter()
+            .map(|(user, bytes)| format!("{} {}", printable(user), ByteSize(*bytes)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    })
 }
 
 /// The telemetry line, where the broker says anything about telemetry.
@@ -423,25 +452,29 @@ pub fn top_frame(f: &Frame, rows: &[&Row]) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "{}", top_summary(f));
     for d in &f.devices {
-        let _ = writeln!(out, "{}", device_line(d));
+        let _ = writeln!(out, "{}", device_line(d, f.devices.len() > 1));
     }
     let _ = writeln!(out, "{}", broker_line(f));
     if let Some(t) = telemetry_line(f) {
         let _ = writeln!(out, "{t}");
     }
     out.push('\n');
-    let header: Vec<String> = TOP_COLUMNS.iter().map(|c| c.title.to_string()).collect();
-    out.push_str(&table_line(&header));
+    let shown = top_columns(f.devices.len());
+    let header = TOP_COLUMNS.map(|c| c.title.to_string());
+    out.push_str(&table_line(&header, &shown));
     for r in rows {
-        out.push_str(&table_line(&top_cells(r)));
+        out.push_str(&table_line(&top_cells(r), &shown));
     }
     out
 }
 
-fn table_line(cells: &[String]) -> String {
+fn table_line(cells: &[String], shown: &[usize]) -> String {
     let mut line = String::new();
-    for (i, (cell, c)) in cells.iter().zip(TOP_COLUMNS.iter()).enumerate() {
-        if i > 0 {
+    for (n, &i) in shown.iter().enumerate() {
+        let (Some(cell), Some(c)) = (cells.get(i), TOP_COLUMNS.get(i)) else {
+            continue;
+        };
+        if n > 0 {
             line.push(' ');
         }
         let w = c.width as usize;

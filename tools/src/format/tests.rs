@@ -163,3 +163,65 @@ fn rates_and_latencies_fit_their_columns() {
     assert_eq!(truncate("abcdef", 4), "abc…");
     assert_eq!(truncate("abc", 4), "abc");
 }
+
+#[test]
+fn with_several_gpus_top_shows_each_programs_gpu_and_each_users_memory_on_each() {
+    use crate::top::collect::tests::{device, report};
+    use crate::top::collect::{Deriver, Extras};
+    let mut on_one = client(2, 200, "infer.py");
+    on_one.gpu = 1;
+    on_one.user = "bob".into();
+    on_one.memory_used = 3 << 30;
+    let mut also_on_one = client(3, 300, "eval.py");
+    also_on_one.gpu = 1;
+    also_on_one.memory_used = 1 << 30;
+    let mut r = report(1_000, vec![client(1, 100, "train.py"), on_one, also_on_one]);
+    r.devices = vec![device(0), device(1)];
+    let f = Deriver::default().derive(&r, &Extras::default());
+    let rows: Vec<&crate::top::collect::Row> = f.rows.iter().collect();
+    let text = top_frame(&f, &rows);
+    let line = |needle: &str| {
+        text.lines()
+            .find(|l| l.contains(needle))
+            .unwrap_or_default()
+            .to_string()
+    };
+    assert!(
+        line("GPU 0 sim-gpu-0").ends_with("· alice 256.0 MiB"),
+        "{text}"
+    );
+    assert!(
+        line("GPU 1 sim-gpu-1").ends_with("· bob 3.0 GiB, alice 1.0 GiB"),
+        "{text}"
+    );
+    let header_line = line("COMMAND");
+    let header: Vec<&str> = header_line.split_whitespace().collect();
+    let gpu = header.iter().position(|&t| t == "GPU");
+    let kind = header.iter().position(|&t| t == "KIND");
+    assert_eq!(gpu, kind.map(|k| k + 1), "GPU after KIND: {text}");
+    for (program, on) in [("train.py", "0"), ("infer.py", "1"), ("eval.py", "1")] {
+        let cells: Vec<String> = line(program)
+            .split_whitespace()
+            .map(str::to_string)
+            .collect();
+        assert_eq!(
+            gpu.and_then(|g| cells.get(g)).map(String::as_str),
+            Some(on),
+            "{program}: {text}"
+        );
+    }
+
+    // One GPU: neither the column nor the users on the device line.
+    r.devices = vec![device(0)];
+    let f = Deriver::default().derive(&r, &Extras::default());
+    let rows: Vec<&crate::top::collect::Row> = f.rows.iter().collect();
+    let text = top_frame(&f, &rows);
+    assert!(!line_has_token(&text, "COMMAND", "GPU"), "{text}");
+    assert!(!text.contains("· alice"), "{text}");
+}
+
+fn line_has_token(text: &str, line_with: &str, token: &str) -> bool {
+    text.lines()
+        .find(|l| l.contains(line_with))
+        .is_some_and(|l| l.split_whitespace().any(|t| t == token))
+}

@@ -90,6 +90,8 @@ pub struct DeviceLoad {
     pub utilisation: f64,
     pub memory_used: u64,
     pub memory_total: u64,
+    /// Each user's memory on this device (users holding some), the most first.
+    pub users: Vec<(String, u64)>,
 }
 
 /// Everything one refresh shows.
@@ -419,8 +421,24 @@ fn device_loads(report: &StatusReport, rows: &[Row]) -> Vec<DeviceLoad> {
                 .map(|c| c.memory_used)
                 .sum(),
             memory_total: d.total_memory,
+            users: users_on(report, d.index),
         })
         .collect()
+}
+
+/// Each user's memory on device `gpu`, the most first (then by name).
+fn users_on(report: &StatusReport, gpu: u32) -> Vec<(String, u64)> {
+    let mut held: std::collections::BTreeMap<&str, u64> = std::collections::BTreeMap::new();
+    for c in report.clients.iter().filter(|c| c.gpu == gpu) {
+        *held.entry(c.user.as_str()).or_default() += c.memory_used;
+    }
+    let mut users: Vec<(String, u64)> = held
+        .into_iter()
+        .filter(|&(_, bytes)| bytes > 0)
+        .map(|(user, bytes)| (user.to_string(), bytes))
+        .collect();
+    users.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    users
 }
 
 /// A connection to the broker that comes back after the broker restarts.

@@ -71,7 +71,7 @@ fn draw_header(f: &mut Frame, area: Rect, state: &State, telemetry: Option<Strin
     if let Some(fr) = &state.frame {
         for d in &fr.devices {
             if let Some(line) = lines.next() {
-                draw_device(f, line, d);
+                draw_device(f, line, d, fr.devices.len() > 1);
             }
         }
     }
@@ -83,16 +83,25 @@ fn draw_header(f: &mut Frame, area: Rect, state: &State, telemetry: Option<Strin
     }
 }
 
-fn draw_device(f: &mut Frame, area: Rect, d: &DeviceLoad) {
+fn draw_device(f: &mut Frame, area: Rect, d: &DeviceLoad, several: bool) {
     // The name gives way first on a narrow screen; the gauges' labels carry the numbers.
+    // With several GPUs, each user's memory on this one follows the gauges.
     let name_width = (area.width / 4).min(32);
-    let [label, util, mem] = Layout::horizontal([
+    let users = several.then(|| format::device_users(d)).flatten();
+    let [label, util, mem, held] = Layout::horizontal([
         Constraint::Length(name_width),
         Constraint::Fill(1),
         Constraint::Fill(1),
+        Constraint::Fill(u16::from(several)),
     ])
     .spacing(2)
     .areas(area);
+    if let Some(users) = users {
+        f.render_widget(
+            Paragraph::new(format::truncate(&users, held.width as usize)).dim(),
+            held,
+        );
+    }
     let name = format!("GPU {} {}", d.index, d.name);
     f.render_widget(
         Paragraph::new(format::truncate(&name, name_width as usize)).bold(),
@@ -135,13 +144,13 @@ fn unit(v: f64) -> f64 {
 }
 
 /// Columns a narrow screen gives up first, so that COMMAND always keeps some room.
-const DROP_ORDER: [usize; 10] = [14, 11, 12, 10, 13, 7, 3, 9, 4, 1];
+const DROP_ORDER: [usize; 11] = [15, 12, 13, 11, 14, 8, 3, 10, 5, 4, 1];
 /// Width COMMAND keeps before other columns go.
 const MIN_NAME_WIDTH: u16 = 12;
 
-/// The columns that fit in `width`, in display order.
-fn columns_for(width: u16) -> Vec<usize> {
-    let mut shown: Vec<usize> = (0..TOP_COLUMNS.len()).collect();
+/// The columns that fit in `width`, in display order, for a broker of `devices` GPUs.
+fn columns_for(width: u16, devices: usize) -> Vec<usize> {
+    let mut shown = format::top_columns(devices);
     let needed = |shown: &[usize]| -> u16 {
         shown
             .iter()
@@ -166,7 +175,8 @@ fn columns_for(width: u16) -> Vec<usize> {
 
 fn draw_table(f: &mut Frame, area: Rect, state: &State) {
     let rows = state.visible_rows();
-    let shown = columns_for(area.width);
+    let devices = state.frame.as_ref().map_or(0, |fr| fr.devices.len());
+    let shown = columns_for(area.width, devices);
     let arrow = if state.reversed { "▲" } else { "▼" };
     let header = TableRow::new(shown.iter().map(|&i| {
         let c = &TOP_COLUMNS[i];
@@ -323,7 +333,10 @@ const HELP: &[(&str, &str)] = &[
         "select a row; its GPU-share history shows below",
     ),
     ("s / S", "next sort column / reverse the order"),
-    ("/", "filter rows by command, user, pid, kind or class"),
+    (
+        "/",
+        "filter rows by command, user, pid, kind, class or `gpu N`",
+    ),
     ("+ / -", "refresh less / more often"),
     ("?", "show or hide this help"),
     ("", ""),

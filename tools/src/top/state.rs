@@ -260,6 +260,8 @@ fn matches_filter(r: &Row, needle: &str) -> bool {
         || r.pid.to_string().contains(needle)
         || r.kind.as_str().contains(needle)
         || r.class.as_deref().is_some_and(|c| c.contains(needle))
+        || r.gpu
+            .is_some_and(|g| needle.replace(' ', "") == format!("gpu{g}"))
 }
 
 #[cfg(test)]
@@ -318,6 +320,20 @@ mod tests {
         s.keep_selection_visible();
         assert_eq!(names(&s), ["trace", "train"]);
         assert_eq!(s.selected_row().map(|r| r.name.as_str()), Some("trace"));
+    }
+
+    #[test]
+    fn the_filter_gpu_n_keeps_the_programs_on_that_gpu() {
+        let mut s = state_with(&[("train", 100), ("infer", 900), ("trace", 500)]);
+        if let Some(f) = s.frame.as_mut() {
+            for r in &mut f.rows {
+                r.gpu = Some(u32::from(r.name != "train"));
+            }
+        }
+        s.filter = "GPU 1".into();
+        assert_eq!(names(&s), ["infer", "trace"]);
+        s.filter = "gpu0".into();
+        assert_eq!(names(&s), ["train"]);
     }
 
     #[test]

@@ -141,9 +141,9 @@ fn an_idle_device_is_at_zero_not_minus_zero() {
     let util = f.devices[0].utilisation;
     assert!(util == 0.0 && util.is_sign_positive(), "{util}");
     assert!(
-        crate::format::device_line(&f.devices[0]).contains("util 0.0%"),
+        crate::format::device_line(&f.devices[0], false).contains("util 0.0%"),
         "{}",
-        crate::format::device_line(&f.devices[0])
+        crate::format::device_line(&f.devices[0], false)
     );
 }
 

@@ -215,7 +215,11 @@ fn a_consolidated_program_shows_its_kind_memory_kernels_and_gpu_share() {
 
 #[test]
 fn narrow_screens_drop_minor_columns_and_keep_the_command() {
-    assert_eq!(columns_for(200).len(), TOP_COLUMNS.len());
+    assert_eq!(columns_for(200, 2).len(), TOP_COLUMNS.len());
+    assert!(
+        !columns_for(200, 1).contains(&crate::format::GPU_COLUMN),
+        "one GPU: no GPU column"
+    );
     let s = state(&Extras::default());
     let text = screen(&s, 100, 30);
     let header = text.lines().find(|l| l.contains("COMMAND")).unwrap_or("");
@@ -228,7 +232,7 @@ fn narrow_screens_drop_minor_columns_and_keep_the_command() {
         "{text}"
     );
     for width in [0, 20, 60] {
-        assert!(columns_for(width).contains(&NAME_COLUMN));
+        assert!(columns_for(width, 2).contains(&NAME_COLUMN));
     }
 }
 
