@@ -1,7 +1,8 @@
 //! Consolidated programs sharing device memory with each other:
 //! - the virtual memory API: memory one process made and exported
 //!   (`cuMemExportToShareableHandle`) is taken by another of the same user through the
-//!   descriptor (`cuMemImportFromShareableHandle`), both see each other's writes; another user's
+//!   descriptor (`cuMemImportFromShareableHandle`), both see each other's writes, also from
+//!   another GPU (what NCCL's transport between a job's processes does); another user's
 //!   process is refused unless the policy lets users share memory;
 //! - CUDA IPC (`cuIpcGetMemHandle`, `cuIpcGetEventHandle` and their `Open`s, what
 //!   `torch.multiprocessing` uses): a process of the same user opens another's allocation and
@@ -33,6 +34,31 @@ fn a_process_of_the_same_user_takes_exported_memory_and_sees_what_the_other_wrot
         &out,
         &["loading", "init", "vmm export", "vmm import", "finish"],
         &broker.log_text(),
+    );
+}
+
+#[test]
+fn a_process_on_another_gpu_takes_exported_memory_and_both_see_each_others_writes() {
+    let broker = Broker::start_with(BrokerOptions {
+        extra_args: vec!["--sim-gpus".into(), "2".into()],
+        ..Default::default()
+    });
+    let dir = tempfile::tempdir().expect("temp dir");
+    let program = CudaProgram::build(dir.path(), false);
+    let mut cmd = program.command(&broker.socket, &["vmm-export", "11", "-1", "ok"]);
+    cmd.env("GPUSHARE_GPU", "0")
+        .env("STANDIN_IMPORTER_GPU", "1");
+    let out = run(cmd, RUN_TIMEOUT);
+    assert_passed(
+        &out,
+        &["loading", "init", "vmm export", "vmm import", "finish"],
+        &broker.log_text(),
+    );
+    // The sim numbers its GPUs' PCI buses from 1.
+    assert!(
+        out.stdout.contains("vmm export on bus 1") && out.stdout.contains("vmm import on bus 2"),
+        "the exporter on GPU 0 and the importer on GPU 1:\n{}",
+        out.stdout
     );
 }
 

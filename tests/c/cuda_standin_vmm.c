@@ -192,6 +192,9 @@ void run_vmm_holding(unsigned seed) {
  * or (EXPECT "refused") checks that the import is refused. */
 void run_vmm_export(const char *self, unsigned seed, long uid, const char *expect) {
     section_begin("vmm export");
+    int bus = -1;
+    OK(cuDeviceGetAttribute(&bus, 33 /* PCI_BUS_ID */, device));
+    printf("vmm export on bus %d\n", bus);
     CUmemAllocationProp prop = device_prop();
     size_t g = 0;
     OK(cuMemGetAllocationGranularity(&g, &prop, 0));
@@ -226,6 +229,9 @@ void run_vmm_export(const char *self, unsigned seed, long uid, const char *expec
     pid_t child = fork();
     if (child == 0) {
         if (uid >= 0 && (setgid((gid_t)uid) != 0 || setuid((uid_t)uid) != 0)) _exit(9);
+        /* The importer on another GPU of gpushared's, as a job's second process would be. */
+        const char *gpu = getenv("STANDIN_IMPORTER_GPU");
+        if (gpu) setenv("GPUSHARE_GPU", gpu, 1);
         execl(self, self, "vmm-import", fds, seeds, expect, (char *)NULL);
         _exit(8);
     }
@@ -254,6 +260,9 @@ void run_vmm_import(int fd, unsigned seed, const char *expect) {
         section_end();
         return;
     }
+    int bus = -1;
+    OK(cuDeviceGetAttribute(&bus, 33 /* PCI_BUS_ID */, device));
+    printf("vmm import on bus %d\n", bus);
     OK(cuMemImportFromShareableHandle(&h, (void *)(size_t)fd, 1));
     CUmemAllocationProp prop;
     memset(&prop, 0, sizeof prop);

@@ -109,6 +109,24 @@ impl Exports {
 }
 
 impl Broker {
+    /// Whether programs on GPU `from` can map memory made on GPU `to` (the GPUs' peer access:
+    /// what NCCL's transport between the processes of a job on two GPUs maps).
+    fn reaches(&self, from: u32, to: u32) -> bool {
+        if from == to {
+            return true;
+        }
+        let device = |gpu: u32| self.gpus.get(gpu as usize).map(|g| g.device());
+        match (device(from), device(to)) {
+            (Some(a), Some(b)) => match (a.backend(), b.backend()) {
+                // The sim's memory is host memory: every sim GPU reaches every other's.
+                ("sim", "sim") => true,
+                ("cuda", "cuda") => crate::device::cuda::peer::reaches(a.info().pci, b.info().pci),
+                _ => false,
+            },
+            _ => false,
+        }
+    }
+
     /// Answers `ExportMemory` and `ImportMemory` (`None` for any other message); the reply's
     /// descriptors go with it.
     pub(super) fn memory_request(
@@ -162,11 +180,11 @@ impl Broker {
                     let physical =
                         self.exports
                             .import(token, info.uid, self.shares_memory_between_users())?;
-                    if physical.gpu != info.gpu {
+                    if !self.reaches(info.gpu, physical.gpu) {
                         return Err(wire(
                             ErrorCode::InvalidArgument,
                             format!(
-                                "the memory is on GPU {}, this program's is GPU {}",
+                                "the memory is on GPU {}, which this program's GPU {} cannot reach (no peer access between them)",
                                 physical.gpu, info.gpu
                             ),
                         ));

@@ -27,6 +27,7 @@ mod injection;
 mod memory;
 mod module;
 mod partition;
+pub mod peer;
 mod progress;
 mod stream;
 mod tensor_map;
