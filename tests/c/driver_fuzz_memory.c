@@ -20,6 +20,26 @@ static void must_fail_outside(const char *call, CUresult r, uint64_t p, uint64_t
              (unsigned long long)p, (unsigned long long)len);
 }
 
+/* Whether [p, p + len) touches the busy thread's allocation (under busy_lock). */
+static int touches_busy(uint64_t p, uint64_t len) {
+    if (!busy_running || !busy_ptr) return 0;
+    uint64_t end = len > UINT64_MAX - p ? UINT64_MAX : p + (len ? len : 1);
+    return p < busy_ptr + busy_len && busy_ptr < end;
+}
+
+/* Takes busy_lock for a copy or memset on device ranges a and b (length 0: none), unless one
+ * touches the busy thread's allocation: that memory is the program's own, so the call would
+ * succeed, and its writes would spoil the busy thread's check. Then it returns 0 and the
+ * operation is left out. The busy thread neither allocates nor frees while the lock is held. */
+static int lock_clear_of_busy(uint64_t a, uint64_t alen, uint64_t b, uint64_t blen) {
+    pthread_mutex_lock(&busy_lock);
+    if ((alen && touches_busy(a, alen)) || (blen && touches_busy(b, blen))) {
+        pthread_mutex_unlock(&busy_lock);
+        return 0;
+    }
+    return 1;
+}
+
 /* A size no allocation here may have: between the largest the fuzzer makes and the hostile
  * ones (which fail on any device), it would only cost memory. */
 static uint64_t alloc_size(void) {
@@ -88,20 +108,27 @@ static void op_free(void) {
 static void op_htod(void) {
     uint64_t dst = pick_dptr(), len = in_len(MAX_ALLOC);
     const void *src = in_below(16) ? pick_host(len) : NULL;
-    CUresult r = in_below(2) ? R(cuMemcpyHtoD(dst, src, len))
-                             : R(cuMemcpyHtoDAsync(dst, src, len, pick_stream()));
+    int sync = in_below(2);
+    CUstream s = sync ? NULL : pick_stream();
+    if (!lock_clear_of_busy(dst, len, 0, 0)) return;
+    CUresult r = sync ? R(cuMemcpyHtoD(dst, src, len)) : R(cuMemcpyHtoDAsync(dst, src, len, s));
+    pthread_mutex_unlock(&busy_lock);
     must_fail_outside("cuMemcpyHtoD", r, dst, len);
 }
 
 static void op_dtoh(void) {
     uint64_t src = pick_dptr(), len = in_len(MAX_ALLOC);
     void *dst = in_below(16) ? pick_host(len) : NULL;
+    int form = in_below(3);
+    CUstream s = form == 2 ? pick_stream() : NULL;
+    if (!lock_clear_of_busy(src, len, 0, 0)) return;
     CUresult r;
-    switch (in_below(3)) {
+    switch (form) {
     case 0: r = R(cuMemcpyDtoH(dst, src, len)); break;
     case 1: r = R(pt_cuMemcpyDtoH(dst, src, len)); break;
-    default: r = R(cuMemcpyDtoHAsync(dst, src, len, pick_stream()));
+    default: r = R(cuMemcpyDtoHAsync(dst, src, len, s));
     }
+    pthread_mutex_unlock(&busy_lock);
     must_fail_outside("cuMemcpyDtoH", r, src, len);
 }
 
@@ -109,8 +136,11 @@ static void op_dtod(void) {
     uint64_t dst = pick_dptr(), len = in_len(MAX_ALLOC);
     /* Half the time the source overlaps the destination. */
     uint64_t src = in_below(2) ? pick_dptr() : dst + in_below(8192) - 4096;
-    CUresult r = in_below(2) ? R(cuMemcpyDtoD(dst, src, len))
-                             : R(cuMemcpyDtoDAsync(dst, src, len, pick_stream()));
+    int sync = in_below(2);
+    CUstream s = sync ? NULL : pick_stream();
+    if (!lock_clear_of_busy(dst, len, src, len)) return;
+    CUresult r = sync ? R(cuMemcpyDtoD(dst, src, len)) : R(cuMemcpyDtoDAsync(dst, src, len, s));
+    pthread_mutex_unlock(&busy_lock);
     must_fail_outside("cuMemcpyDtoD (destination)", r, dst, len);
     must_fail_outside("cuMemcpyDtoD (source)", r, src, len);
 }
@@ -129,8 +159,11 @@ static void op_memcpy_unified(void) {
     if (len > HOST_BYTES) len = HOST_BYTES;
     int dst_dev, src_dev;
     uint64_t dst = unified_side(len, &dst_dev), src = unified_side(len, &src_dev);
-    CUresult r = in_below(2) ? R(cuMemcpy(dst, src, len))
-                             : R(cuMemcpyAsync(dst, src, len, pick_stream()));
+    int sync = in_below(2);
+    CUstream s = sync ? NULL : pick_stream();
+    if (!lock_clear_of_busy(dst, dst_dev ? len : 0, src, src_dev ? len : 0)) return;
+    CUresult r = sync ? R(cuMemcpy(dst, src, len)) : R(cuMemcpyAsync(dst, src, len, s));
+    pthread_mutex_unlock(&busy_lock);
     if (dst_dev) must_fail_outside("cuMemcpy (destination)", r, dst, len);
     if (src_dev) must_fail_outside("cuMemcpy (source)", r, src, len);
 }
@@ -142,6 +175,7 @@ static void op_memset(void) {
     uint64_t bytes = count > (UINT64_MAX >> shift) ? UINT64_MAX : count << shift;
     int form = in_below(shift == 2 ? 3 : 2);
     CUstream s = form ? pick_stream() : NULL;
+    if (!lock_clear_of_busy(dst, bytes, 0, 0)) return;
     CUresult r;
     switch (shift * 3 + form) {
     case 0: r = R(cuMemsetD8(dst, (unsigned char)value, count)); break;
@@ -152,12 +186,16 @@ static void op_memset(void) {
     case 7: r = R(cuMemsetD32Async(dst, value, count, s)); break;
     default: r = R(pt_cuMemsetD32Async(dst, value, count, s));
     }
+    pthread_mutex_unlock(&busy_lock);
     must_fail_outside("cuMemsetD*", r, dst, bytes);
 }
 
 static void op_memcpy_peer(void) {
     uint64_t dst = pick_dptr(), src = pick_dptr(), len = in_len(MAX_ALLOC);
-    CUresult r = R(cuMemcpyPeer(dst, pick_ctx(), src, pick_ctx(), len));
+    CUcontext dctx = pick_ctx(), sctx = pick_ctx();
+    if (!lock_clear_of_busy(dst, len, src, len)) return;
+    CUresult r = R(cuMemcpyPeer(dst, dctx, src, sctx, len));
+    pthread_mutex_unlock(&busy_lock);
     must_fail_outside("cuMemcpyPeer (destination)", r, dst, len);
     must_fail_outside("cuMemcpyPeer (source)", r, src, len);
 }
