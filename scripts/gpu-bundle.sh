@@ -52,8 +52,9 @@ for line in sys.stdin:
 
 cp scripts/gpu-test.sh scripts/gpu-pytorch-governed.sh scripts/gpu-pytorch-consolidated.sh scripts/gpu-pytorch-fair.sh \
     scripts/gpu-pytorch-colocate.sh scripts/gpu-pytorch-faults.sh "$out/"
-mkdir -p "$out/governed" "$out/consolidated" "$out/colocate" "$out/faults" "$out/coverage"
-cp scripts/gpu-coverage.sh scripts/gpu-graph-bench.sh scripts/gpu-multi-gpu.sh "$out/"
+mkdir -p "$out/governed" "$out/consolidated" "$out/colocate" "$out/faults" "$out/coverage" "$out/ddp"
+cp scripts/gpu-coverage.sh scripts/gpu-graph-bench.sh scripts/gpu-multi-gpu.sh scripts/gpu-ddp.sh "$out/"
+cp scripts/ddp/*.py "$out/ddp/"
 cp scripts/coverage/*.py scripts/coverage/*.c "$out/coverage/"
 cp scripts/faults/*.py "$out/faults/"
 cp scripts/governed/*.py "$out/governed/"

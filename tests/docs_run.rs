@@ -304,16 +304,26 @@ fn the_cli_docs_show_what_the_binaries_print() {
         "docs/install.md's gpushare status"
     );
 
+    // The top frame in docs/cli.md is of a broker of two GPUs (its GPU column shows then).
+    let two = gpushare_tests::Broker::start_with(gpushare_tests::BrokerOptions {
+        extra_args: vec!["--sim-gpus".into(), "2".into()],
+        ..Default::default()
+    });
     let _client = broker.client_named("columns");
-    for (doc, args) in [
-        ("$ gpushare top -b -n 1", &["top", "-b", "-n", "1"][..]),
-        ("$ gpushare clients", &["clients"][..]),
+    let _on_two = two.client_named("columns");
+    for (doc, args, broker) in [
+        (
+            "$ gpushare top -b -n 1",
+            &["top", "-b", "-n", "1"][..],
+            &two,
+        ),
+        ("$ gpushare clients", &["clients"][..], &broker),
     ] {
         let block = blocks(&cli)
             .into_iter()
             .find(|b| b.text.starts_with(doc))
             .unwrap_or_else(|| panic!("docs/cli.md has no block starting {doc:?}"));
-        let printed = gpushare(&broker, args);
+        let printed = gpushare(broker, args);
         assert!(!header(&printed).is_empty(), "{printed}");
         assert_eq!(
             header(&block.text),

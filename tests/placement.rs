@@ -302,3 +302,73 @@ fn a_program_that_hides_every_gpu_gets_none() {
     }
     assert!(broker.status().clients.is_empty());
 }
+
+#[test]
+fn gpushare_run_gpus_gives_each_process_of_a_job_every_gpu_and_runs_it_on_its_local_ranks() {
+    use gpushare_tests::cuda_program::Running;
+    let broker = two_gpus();
+    let p = programs();
+    let gpus = uuids(&broker);
+    for rank in [0u32, 1] {
+        let mut cmd = run(
+            &broker,
+            &p,
+            &["--gpus", "2"],
+            &["rank", "libcuda.so.1"],
+            &[("LOCAL_RANK", &rank.to_string())],
+        );
+        cmd.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut running = Running::spawn(cmd);
+        let ready = running.wait_for_line("ready", Duration::from_secs(60));
+        let pid: i32 = ready
+            .trim_start_matches("ready ")
+            .parse()
+            .expect("ready PID");
+        // The broker serves the process on its rank's GPU.
+        assert!(
+            wait_until(Duration::from_secs(10), || broker
+                .status()
+                .clients
+                .iter()
+                .any(|c| c.pid == pid && c.gpu == rank)),
+            "rank {rank} on GPU {rank}: {:?}",
+            broker.status().clients
+        );
+        running.send_line("done");
+        let out = running.finish(Duration::from_secs(60));
+        let what = format!("rank {rank}:\n{}{}", out.stdout, out.stderr);
+        assert!(out.status.success(), "{what}");
+        let lines: Vec<&str> = out.stdout.lines().collect();
+        let first = format!("cuda 0 {}", gpus[0]);
+        let second = format!("cuda 1 {}", gpus[1]);
+        let current = format!("current {rank}");
+        for line in [
+            "cuda count 2",
+            first.as_str(),
+            second.as_str(),
+            "peer 0 1 1",
+            current.as_str(),
+            // CUDA_ERROR_INVALID_DEVICE: a process works on one GPU.
+            "other device 101",
+            "nvml 2",
+        ] {
+            assert!(lines.contains(&line), "no `{line}` in {what}");
+        }
+    }
+
+    // More GPUs than gpushared serves: a sentence, and the program never starts.
+    let (out, stdout, stderr) = output(run(
+        &broker,
+        &p,
+        &["--gpus", "3"],
+        &["rank", "libcuda.so.1"],
+        &[],
+    ));
+    assert!(!out.status.success() && stdout.is_empty(), "{stdout}");
+    assert!(
+        stderr.contains("cannot place the job: 3 GPUs asked for, gpushared serves 2"),
+        "{stderr}"
+    );
+}

@@ -16,7 +16,13 @@
  *   spawn LIB BYTES CHILD_BYTES
  *                     as hold, but first starts itself (fork and exec) in hold mode with
  *                     CHILD_BYTES; both print their "ready PID"; exits with the child's
- *                     status after both saw end of input */
+ *                     status after both saw end of input
+ *   rank LIB          a process of a job of one process per GPU: prints "cuda count N",
+ *                     "cuda I UUID" for each device, "peer 0 1 CAN" (cuDeviceCanAccessPeer),
+ *                     then works on device LOCAL_RANK (a copy there and back) and prints
+ *                     "current DEV" (cuCtxGetDevice), "other device RESULT" (retaining the
+ *                     next device's primary context), "nvml COUNT", "ready PID"; exits at
+ *                     the next line of input */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <stdio.h>
@@ -88,12 +94,12 @@ static void wait_for_end_of_input(void) {
     while (fgets(line, sizeof line, stdin)) {}
 }
 
-/* Allocates and copies a pattern there and back; returns the allocation. */
-static CUdeviceptr set_up(size_t bytes) {
-    CHECK(init(0));
+/* Makes device `ordinal`'s primary context current, allocates and copies a pattern there and
+ * back; returns the allocation. */
+static CUdeviceptr round_trip(int ordinal, size_t bytes) {
     CUdevice dev;
     CUcontext ctx;
-    CHECK(((CUresult (*)(CUdevice *, int))get("cuDeviceGet"))(&dev, 0));
+    CHECK(((CUresult (*)(CUdevice *, int))get("cuDeviceGet"))(&dev, ordinal));
     CHECK(((CUresult (*)(CUcontext *, CUdevice))get("cuDevicePrimaryCtxRetain"))(&ctx, dev));
     CHECK(((CUresult (*)(CUcontext))get("cuCtxSetCurrent"))(ctx));
     CUdeviceptr d = 0;
@@ -107,6 +113,13 @@ static CUdeviceptr set_up(size_t bytes) {
     if (memcmp(out, back, n) != 0) { fprintf(stderr, "the copy came back different\n"); exit(6); }
     free(out);
     free(back);
+    return d;
+}
+
+/* Initialises, then as round_trip on device 0; there must be no device 1. */
+static CUdeviceptr set_up(size_t bytes) {
+    CHECK(init(0));
+    CUdeviceptr d = round_trip(0, bytes);
     CUdevice other;
     if (((CUresult (*)(CUdevice *, int))get("cuDeviceGet"))(&other, 1) == 0) {
         fprintf(stderr, "a second device exists\n");
@@ -145,17 +158,69 @@ static int spawn(const char *argv0, const char *lib, size_t bytes, const char *c
 
 typedef struct { char bytes[16]; } uuid_t_;
 
-/* Device 0's UUID as CUDA says it, and every device NVML shows. */
-static int where(void) {
-    CHECK(init(0));
+/* Device `ordinal`'s UUID as CUDA says it, after `prefix`. */
+static void print_uuid(const char *prefix, int ordinal) {
     CUdevice dev;
-    CHECK(((CUresult (*)(CUdevice *, int))get("cuDeviceGet"))(&dev, 0));
+    CHECK(((CUresult (*)(CUdevice *, int))get("cuDeviceGet"))(&dev, ordinal));
     uuid_t_ u;
     CHECK(((CUresult (*)(uuid_t_ *, CUdevice))get("cuDeviceGetUuid"))(&u, dev));
     const unsigned char *b = (const unsigned char *)u.bytes;
-    printf("cuda GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x\n",
-           b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12],
-           b[13], b[14], b[15]);
+    printf("%sGPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x\n",
+           prefix, b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11],
+           b[12], b[13], b[14], b[15]);
+}
+
+static int nvml_devices(int list);
+
+/* Device 0's UUID as CUDA says it, and every device NVML shows. */
+static int where(void) {
+    CHECK(init(0));
+    print_uuid("cuda ", 0);
+    int r = nvml_devices(1);
+    if (r) return r;
+    show_env("GPUSHARE_GPU");
+    show_env("CUDA_VISIBLE_DEVICES");
+    return 0;
+}
+
+/* See the modes above. */
+static int rank(void) {
+    CHECK(init(0));
+    int n = 0;
+    CHECK(((CUresult (*)(int *))get("cuDeviceGetCount"))(&n));
+    printf("cuda count %d\n", n);
+    for (int i = 0; i < n; i++) {
+        char prefix[32];
+        snprintf(prefix, sizeof prefix, "cuda %d ", i);
+        print_uuid(prefix, i);
+    }
+    if (n > 1) {
+        int can = -1;
+        CHECK(((CUresult (*)(int *, CUdevice, CUdevice))get("cuDeviceCanAccessPeer"))(&can, 0, 1));
+        printf("peer 0 1 %d\n", can);
+    }
+    const char *r = getenv("LOCAL_RANK");
+    int me = r ? atoi(r) : 0;
+    CUdeviceptr d = round_trip(me, 1 << 20);
+    CUdevice cur = -1;
+    CHECK(((CUresult (*)(CUdevice *))get("cuCtxGetDevice"))(&cur));
+    printf("current %d\n", cur);
+    CUcontext other;
+    CUresult refused = ((CUresult (*)(CUcontext *, CUdevice))get("cuDevicePrimaryCtxRetain"))(
+        &other, (me + 1) % (n > 0 ? n : 1));
+    printf("other device %d\n", refused);
+    int e = nvml_devices(0);
+    if (e) return e;
+    printf("ready %d\n", (int)getpid());
+    fflush(stdout);
+    char line[64];
+    if (!fgets(line, sizeof line, stdin)) return 15;
+    CHECK(((CUresult (*)(CUdeviceptr))get("cuMemFree"))(d));
+    return 0;
+}
+
+/* NVML's device count ("nvml N") and, with `list`, each device's UUID ("nvml I UUID"). */
+static int nvml_devices(int list) {
     void *nvml = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
     if (!nvml) { fprintf(stderr, "dlopen libnvidia-ml.so.1: %s\n", dlerror()); return 11; }
     int (*nvml_init)(void) = (int (*)(void))dlsym(nvml, "nvmlInit_v2");
@@ -166,14 +231,12 @@ static int where(void) {
     unsigned n = 0;
     if (nvml_init() != 0 || count(&n) != 0) { fprintf(stderr, "NVML failed\n"); return 13; }
     printf("nvml %u\n", n);
-    for (unsigned i = 0; i < n; i++) {
+    for (unsigned i = 0; list && i < n; i++) {
         void *h = NULL;
         char text[96] = {0};
         if (by_index(i, &h) != 0 || uuid(h, text, sizeof text) != 0) return 14;
         printf("nvml %u %s\n", i, text);
     }
-    show_env("GPUSHARE_GPU");
-    show_env("CUDA_VISIBLE_DEVICES");
     return 0;
 }
 
@@ -182,6 +245,7 @@ int main(int argc, char **argv) {
     load(argv[2]);
     if (!strcmp(argv[1], "init")) return init_only();
     if (!strcmp(argv[1], "where")) return where();
+    if (!strcmp(argv[1], "rank")) return rank();
     if (!strcmp(argv[1], "hold") && argc == 4) return hold(strtoull(argv[3], NULL, 10));
     if (!strcmp(argv[1], "spawn") && argc == 5)
         return spawn(argv[0], argv[2], strtoull(argv[3], NULL, 10), argv[4]);

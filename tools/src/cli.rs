@@ -124,6 +124,12 @@ pub struct RunArgs {
     /// by measured load). The program sees it as device 0, in CUDA and in NVML alike.
     #[arg(long, value_name = "N")]
     pub gpu: Option<u32>,
+    /// Give a job of one process per GPU N GPUs (the least loaded, in gpushared's order):
+    /// each process sees them as devices 0..N-1, in CUDA and in NVML, and runs its work on
+    /// its local rank's (`LOCAL_RANK`, as torchrun sets it; `SLURM_LOCALID`;
+    /// `OMPI_COMM_WORLD_LOCAL_RANK`), the first without one.
+    #[arg(long, value_name = "N", conflicts_with = "gpu", value_parser = clap::value_parser!(u32).range(1..))]
+    pub gpus: Option<u32>,
     /// Say on stderr which GPU the program runs on, and why there.
     #[arg(long, short)]
     pub verbose: bool,

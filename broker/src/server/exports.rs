@@ -109,6 +109,18 @@ impl Exports {
 }
 
 impl Broker {
+    /// The pairs of GPUs where the first reaches the second's memory (asked of the driver
+    /// once).
+    pub(super) fn peers(&self) -> &[(u32, u32)] {
+        self.peers.get_or_init(|| {
+            let n = self.gpus.len() as u32;
+            (0..n)
+                .flat_map(|a| (0..n).map(move |b| (a, b)))
+                .filter(|&(a, b)| a != b && self.reaches(a, b))
+                .collect()
+        })
+    }
+
     /// Whether programs on GPU `from` can map memory made on GPU `to` (the GPUs' peer access:
     /// what NCCL's transport between the processes of a job on two GPUs maps).
     fn reaches(&self, from: u32, to: u32) -> bool {

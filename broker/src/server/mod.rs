@@ -112,6 +112,8 @@ pub struct Broker {
     pods: pods::PodSockets,
     /// Recent samples of the clients' GPU time, for the default placement.
     loads: placement::LoadHistory,
+    /// Which GPU reaches which one's memory (asked once, on first use).
+    peers: OnceLock<Vec<(u32, u32)>>,
     /// Why the broker stops, once it does: every session watches it.
     stop: watch::Sender<Option<Stop>>,
 }
@@ -171,6 +173,7 @@ impl Broker {
             jobs: crate::jobs::Jobs::default(),
             pods: pods::PodSockets::default(),
             loads: placement::LoadHistory::default(),
+            peers: OnceLock::new(),
             stop: watch::Sender::new(None),
         })
     }

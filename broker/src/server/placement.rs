@@ -20,8 +20,6 @@ const MIN_WINDOW: Duration = Duration::from_millis(200);
 const MAX_AGE: Duration = Duration::from_secs(10);
 /// Most samples kept (looks closer together than `MIN_WINDOW` replace the newest).
 const KEPT: usize = 16;
-/// Busy fractions are compared in steps of this.
-const BUSY_STEP: f64 = 0.05;
 
 struct Sample {
     at: Instant,
@@ -99,18 +97,10 @@ fn rate(c: &ClientStats, reference: Option<&Sample>, now: Instant) -> f64 {
 
 /// The index of the least loaded GPU (the first of equals); 0 with none.
 pub(super) fn least_loaded(loads: &[GpuLoad]) -> usize {
-    loads
-        .iter()
-        .enumerate()
-        .min_by_key(|(i, l)| {
-            (
-                (l.busy / BUSY_STEP).round() as u64,
-                l.memory_used,
-                l.clients,
-                *i,
-            )
-        })
-        .map_or(0, |(i, _)| i)
+    gpushare_protocol::stats::by_load(loads)
+        .first()
+        .copied()
+        .unwrap_or(0)
 }
 
 #[cfg(test)]

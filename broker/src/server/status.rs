@@ -125,6 +125,7 @@ impl Broker {
         StatusReport {
             next_gpu: super::placement::least_loaded(&gpu_loads) as u32,
             gpu_loads,
+            peers: self.peers().to_vec(),
             broker_version: env!("CARGO_PKG_VERSION").into(),
             protocol_version: PROTOCOL_VERSION,
             backend: self.gpus[0].device().backend().into(),

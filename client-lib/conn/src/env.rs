@@ -8,6 +8,9 @@ pub const CLASS_ENV: &str = "GPUSHARE_CLASS";
 pub const NAME_ENV: &str = "GPUSHARE_NAME";
 /// The GPU index the program asks to run on.
 pub const GPU_ENV: &str = "GPUSHARE_GPU";
+/// gpushared's indices of the GPUs a program of several sees, in its device order
+/// (`gpushare run --gpus N`); each of its processes runs its work on one of them.
+pub const GPUS_ENV: &str = "GPUSHARE_GPUS";
 /// The UUIDs of the GPUs the program runs on, in its device order: gpushare's NVML
 /// (`libnvidia-ml.so.1` beside its CUDA driver) shows only these.
 pub const GPU_UUIDS_ENV: &str = "GPUSHARE_GPU_UUIDS";

@@ -1,22 +1,59 @@
-//! The device: one, the GPU the broker runs this client on, as ordinal 0. Everything about it
-//! comes from the broker's welcome; no query waits for the broker.
+//! The devices: the GPU the broker runs this client on (ordinal 0, or the process's own among
+//! several under `gpushare run --gpus N`: `crate::gpus`). Everything about them comes from
+//! the broker at `cuInit`; no query waits for the broker.
 
 use std::ffi::{c_char, c_int, c_uint};
 
 use crate::driver::{self, Driver};
 use crate::status::{Cu, entry, out};
+use gpushare_protocol::control::DeviceInfo;
+
 use crate::types::{CUdevice, CUdevprop, CUresult, CUuuid, device_attr, result};
 
-/// The device a handle names; this driver has exactly one.
+/// The device a context, an allocation or a pool may be on: the one this process runs its
+/// work on.
 pub fn check(dev: CUdevice) -> Cu<()> {
-    if dev == 0 {
-        Ok(())
-    } else {
-        crate::log::say_once(
-            "this program sees one GPU through gpushare (device 0, the one gpushared assigned it; `gpushare run --gpu N` picks another): programs that use several GPUs at once are not supported consolidated",
-        );
-        Err(result::INVALID_DEVICE)
+    let (bound, seen) = driver::get().map_or((0, 1), |d| {
+        (d.gpus.bound as CUdevice, d.gpus.visible.len() as CUdevice)
+    });
+    if dev == bound {
+        return Ok(());
     }
+    if (0..seen).contains(&dev) {
+        crate::log::say_once(&format!(
+            "this process runs its GPU work on device {bound} of the {seen} it sees (gpushare runs one process per GPU, as PyTorch DDP does: its local rank picks it); device {dev} answers queries and peer access only"
+        ));
+    } else {
+        say_unseen(seen);
+    }
+    Err(result::INVALID_DEVICE)
+}
+
+/// Says (once) that a device ordinal names none of the `seen` devices.
+fn say_unseen(seen: CUdevice) {
+    if seen == 1 {
+        crate::log::say_once(
+            "this program sees one GPU through gpushare (device 0, the one gpushared assigned it; `gpushare run --gpu N` picks another, `--gpus N` gives a job of one process per GPU several): a process that uses several GPUs at once is not supported consolidated",
+        );
+    } else {
+        crate::log::say_once(&format!(
+            "this program sees {seen} GPUs through gpushare (devices 0 to {}, the ones `gpushare run --gpus` gave it)",
+            seen - 1
+        ));
+    }
+}
+
+/// The ordinal of the device this process runs its work on (0 before `cuInit`).
+pub fn bound() -> CUdevice {
+    driver::get().map_or(0, |d| d.gpus.bound as CUdevice)
+}
+
+/// A device the program sees, for a query.
+fn seen(d: &Driver, dev: CUdevice) -> Cu<&DeviceInfo> {
+    d.gpus.get(dev).ok_or_else(|| {
+        say_unseen(d.gpus.visible.len() as CUdevice);
+        result::INVALID_DEVICE
+    })
 }
 
 /// The attributes of features this driver does not offer, whatever the GPU can do: programs
@@ -51,9 +88,14 @@ fn offered(attr: usize, value: i32) -> i32 {
 }
 
 impl Driver {
-    /// A device attribute, as the broker's GPU has it, less what this driver cannot offer.
+    /// An attribute of the device this process runs on.
     pub fn attribute(&self, attr: usize) -> Cu<i32> {
-        match self.device.attributes.get(attr) {
+        self.attribute_of(&self.device, attr)
+    }
+
+    /// A device attribute, as the broker's GPU has it, less what this driver cannot offer.
+    pub fn attribute_of(&self, device: &DeviceInfo, attr: usize) -> Cu<i32> {
+        match device.attributes.get(attr) {
             Some(_) if VIRTUAL_MEMORY.contains(&attr) => Ok(i32::from(self.memory_granularity > 0)),
             Some(&v) if attr > 0 => Ok(offered(attr, v)),
             _ => Err(result::INVALID_VALUE),
@@ -96,8 +138,7 @@ pub unsafe extern "C" fn cuDriverGetVersion(version: *mut c_int) -> CUresult {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDeviceGet(device: *mut CUdevice, ordinal: c_int) -> CUresult {
     entry("cuDeviceGet", || {
-        driver::get()?;
-        check(ordinal)?;
+        seen(driver::get()?, ordinal)?;
         // SAFETY: the caller's contract.
         unsafe { out(device, ordinal) }
     })
@@ -108,9 +149,9 @@ pub unsafe extern "C" fn cuDeviceGet(device: *mut CUdevice, ordinal: c_int) -> C
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDeviceGetCount(count: *mut c_int) -> CUresult {
     entry("cuDeviceGetCount", || {
-        driver::get()?;
+        let n = driver::get()?.gpus.visible.len() as c_int;
         // SAFETY: the caller's contract.
-        unsafe { out(count, 1) }
+        unsafe { out(count, n) }
     })
 }
 
@@ -119,12 +160,11 @@ pub unsafe extern "C" fn cuDeviceGetCount(count: *mut c_int) -> CUresult {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDeviceGetName(name: *mut c_char, len: c_int, dev: CUdevice) -> CUresult {
     entry("cuDeviceGetName", || {
-        let d = driver::get()?;
-        check(dev)?;
+        let info = seen(driver::get()?, dev)?;
         if name.is_null() || len <= 0 {
             return Err(result::INVALID_VALUE);
         }
-        let bytes = d.device.name.as_bytes();
+        let bytes = info.name.as_bytes();
         let n = bytes.len().min(len as usize - 1);
         // SAFETY: `n + 1 <= len` bytes, which the caller says are writable.
         unsafe {
@@ -140,10 +180,9 @@ pub unsafe extern "C" fn cuDeviceGetName(name: *mut c_char, len: c_int, dev: CUd
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CUresult {
     entry("cuDeviceTotalMem_v2", || {
-        let d = driver::get()?;
-        check(dev)?;
+        let info = seen(driver::get()?, dev)?;
         // SAFETY: the caller's contract.
-        unsafe { out(bytes, d.device.total_memory as usize) }
+        unsafe { out(bytes, info.total_memory as usize) }
     })
 }
 
@@ -154,9 +193,8 @@ pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDeviceTotalMem(bytes: *mut c_uint, dev: CUdevice) -> CUresult {
     entry("cuDeviceTotalMem", || {
-        let d = driver::get()?;
-        check(dev)?;
-        let total = d.device.total_memory.min(c_uint::MAX as u64) as c_uint;
+        let info = seen(driver::get()?, dev)?;
+        let total = info.total_memory.min(c_uint::MAX as u64) as c_uint;
         // SAFETY: the caller's contract.
         unsafe { out(bytes, total) }
     })
@@ -172,10 +210,10 @@ pub unsafe extern "C" fn cuDeviceGetAttribute(
 ) -> CUresult {
     entry("cuDeviceGetAttribute", || {
         let d = driver::get()?;
-        check(dev)?;
+        let info = seen(d, dev)?;
         let v = usize::try_from(attr)
             .map_err(|_| result::INVALID_VALUE)
-            .and_then(|a| d.attribute(a))?;
+            .and_then(|a| d.attribute_of(info, a))?;
         // SAFETY: the caller's contract.
         unsafe { out(value, v) }
     })
@@ -186,17 +224,9 @@ pub unsafe extern "C" fn cuDeviceGetAttribute(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDeviceGetUuid(uuid: *mut CUuuid, dev: CUdevice) -> CUresult {
     entry("cuDeviceGetUuid", || {
-        let d = driver::get()?;
-        check(dev)?;
+        let info = seen(driver::get()?, dev)?;
         // SAFETY: the caller's contract.
-        unsafe {
-            out(
-                uuid,
-                CUuuid {
-                    bytes: d.device.uuid,
-                },
-            )
-        }
+        unsafe { out(uuid, CUuuid { bytes: info.uuid }) }
     })
 }
 
@@ -217,9 +247,7 @@ pub unsafe extern "C" fn cuDeviceComputeCapability(
     dev: CUdevice,
 ) -> CUresult {
     entry("cuDeviceComputeCapability", || {
-        let d = driver::get()?;
-        check(dev)?;
-        let (ma, mi) = d.device.compute_capability;
+        let (ma, mi) = seen(driver::get()?, dev)?.compute_capability;
         // SAFETY: the caller's contract.
         unsafe {
             out(major, ma as c_int)?;
@@ -234,8 +262,8 @@ pub unsafe extern "C" fn cuDeviceComputeCapability(
 pub unsafe extern "C" fn cuDeviceGetProperties(prop: *mut CUdevprop, dev: CUdevice) -> CUresult {
     entry("cuDeviceGetProperties", || {
         let d = driver::get()?;
-        check(dev)?;
-        let a = |i| d.attribute(i).unwrap_or(0);
+        let info = seen(d, dev)?;
+        let a = |i| d.attribute_of(info, i).unwrap_or(0);
         let p = CUdevprop {
             max_threads_per_block: a(device_attr::MAX_THREADS_PER_BLOCK),
             max_threads_dim: [
@@ -261,9 +289,9 @@ pub unsafe extern "C" fn cuDeviceGetProperties(prop: *mut CUdevprop, dev: CUdevi
     })
 }
 
-/// The device's PCI bus id, as `cuDeviceGetPCIBusId` writes it.
-fn pci_bus_id(d: &Driver) -> String {
-    let (domain, bus, device) = d.device.pci;
+/// A device's PCI bus id, as `cuDeviceGetPCIBusId` writes it.
+fn pci_bus_id(info: &DeviceInfo) -> String {
+    let (domain, bus, device) = info.pci;
     format!("{domain:08x}:{bus:02x}:{device:02x}.0")
 }
 
@@ -276,12 +304,11 @@ pub unsafe extern "C" fn cuDeviceGetPCIBusId(
     dev: CUdevice,
 ) -> CUresult {
     entry("cuDeviceGetPCIBusId", || {
-        let d = driver::get()?;
-        check(dev)?;
+        let info = seen(driver::get()?, dev)?;
         if id.is_null() || len <= 0 {
             return Err(result::INVALID_VALUE);
         }
-        let s = pci_bus_id(d);
+        let s = pci_bus_id(info);
         let n = s.len().min(len as usize - 1);
         // SAFETY: `n + 1 <= len` writable bytes.
         unsafe {
@@ -305,17 +332,21 @@ pub unsafe extern "C" fn cuDeviceGetByPCIBusId(dev: *mut CUdevice, id: *const c_
         let asked = unsafe { std::ffi::CStr::from_ptr(id) }
             .to_string_lossy()
             .to_lowercase();
-        let ours = pci_bus_id(d);
         // Domain may be written short ("0000:00:06.0") or left out ("00:06.0").
-        let matches = ours.ends_with(asked.trim_start_matches('0'))
-            || ours
-                .trim_start_matches('0')
-                .ends_with(asked.trim_start_matches("0000:"));
-        if !matches {
-            return Err(result::INVALID_DEVICE);
-        }
+        let matches = |ours: &str| {
+            ours.ends_with(asked.trim_start_matches('0'))
+                || ours
+                    .trim_start_matches('0')
+                    .ends_with(asked.trim_start_matches("0000:"))
+        };
+        let found = d
+            .gpus
+            .visible
+            .iter()
+            .position(|info| matches(&pci_bus_id(info)))
+            .ok_or(result::INVALID_DEVICE)?;
         // SAFETY: the caller's contract.
-        unsafe { out(dev, 0) }
+        unsafe { out(dev, found as CUdevice) }
     })
 }
 
@@ -328,12 +359,11 @@ pub unsafe extern "C" fn cuDeviceCanAccessPeer(
     peer: CUdevice,
 ) -> CUresult {
     entry("cuDeviceCanAccessPeer", || {
-        driver::get()?;
-        check(dev)?;
-        check(peer)?;
-        // One device: there is no peer.
+        let d = driver::get()?;
+        seen(d, dev)?;
+        seen(d, peer)?;
         // SAFETY: the caller's contract.
-        unsafe { out(can, 0) }
+        unsafe { out(can, c_int::from(d.gpus.reaches(dev, peer))) }
     })
 }
 
@@ -346,8 +376,7 @@ pub unsafe extern "C" fn cuDeviceGetExecAffinitySupport(
     dev: CUdevice,
 ) -> CUresult {
     entry("cuDeviceGetExecAffinitySupport", || {
-        driver::get()?;
-        check(dev)?;
+        seen(driver::get()?, dev)?;
         // SAFETY: the caller's contract.
         unsafe { out(supported, 0) }
     })

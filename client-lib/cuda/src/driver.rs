@@ -28,7 +28,10 @@ const SPIN: Duration = Duration::from_micros(250);
 /// Everything the driver knows of its session.
 pub struct Driver {
     pub transport: Transport,
+    /// The GPU the session runs on (the device of ordinal `gpus.bound`).
     pub device: DeviceInfo,
+    /// The devices the program sees.
+    pub gpus: crate::gpus::Gpus,
     pub memory_quota: Option<u64>,
     /// The virtual memory API's granule (0: not offered).
     pub memory_granularity: u64,
@@ -171,7 +174,8 @@ fn connect() -> Cu<Driver> {
     {
         return Err(result::NO_DEVICE);
     }
-    let opts = options();
+    let mut opts = options();
+    let several = several_gpus(&mut opts);
     let session = Session::open(&opts, Arc::new(Notices::new(false))).map_err(|e| {
         let code = match &e {
             Error::Connect { .. } | Error::Rejected(_) => result::NO_DEVICE,
@@ -189,6 +193,16 @@ fn connect() -> Cu<Driver> {
     })?;
     let welcome = session.welcome().clone();
     let device = welcome.device.clone();
+    let gpus = match several {
+        Some(mut gpus) => {
+            // The session's own view of its GPU, exactly.
+            if let Some(slot) = gpus.visible.get_mut(gpus.bound) {
+                *slot = device.clone();
+            }
+            gpus
+        }
+        None => crate::gpus::Gpus::one(device.clone()),
+    };
     if let Some(asked) = opts.class
         && asked != welcome.class
     {
@@ -212,8 +226,36 @@ fn connect() -> Cu<Driver> {
         host_points: crate::host_point::HostPoints::default(),
         occupancy: crate::occupancy::Cache::default(),
         device,
+        gpus,
         sticky: AtomicI32::new(0),
     })
+}
+
+/// Under `gpushare run --gpus N`: the devices the program sees, and the session asked for on
+/// the one this process runs on. `None` (one device, as asked otherwise) when the list
+/// cannot be had, said once.
+fn several_gpus(opts: &mut SessionOptions) -> Option<crate::gpus::Gpus> {
+    use crate::gpus;
+    let list = match gpus::listed()? {
+        Ok(list) => list,
+        Err(why) => {
+            say(&format!("{why}: this program sees one GPU"));
+            return None;
+        }
+    };
+    let (bound, why) = gpus::choose(list.len(), gpus::local_rank());
+    let seen = gpus::resolve(&opts.socket, &list, bound)
+        .inspect_err(|why| say(&format!("{why}: this program sees one GPU")))
+        .ok()?;
+    opts.gpu = list.get(bound).copied();
+    if std::env::var(gpushare_conn::env::CUDA_TRACE_ENV).is_ok() {
+        say(&format!(
+            "sees {} GPUs; runs its work on device {bound} (gpushared's GPU {}): {why}",
+            list.len(),
+            opts.gpu.unwrap_or_default()
+        ));
+    }
+    Some(seen)
 }
 
 /// `GPUSHARE_WEIGHT` (`gpushare run --weight`): a fair-share weight below the granted one.

@@ -33,6 +33,7 @@ mod errors;
 pub mod event;
 pub mod export;
 mod fork;
+pub mod gpus;
 pub mod graph;
 pub mod handle;
 pub mod host_func;

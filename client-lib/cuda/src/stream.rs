@@ -357,7 +357,7 @@ pub unsafe extern "C" fn cuStreamGetDevice(h: CUstream, dev: *mut c_int) -> CUre
         let d = driver::get()?;
         d.stream(h, false)?;
         // SAFETY: the caller's contract.
-        unsafe { out(dev, 0) }
+        unsafe { out(dev, crate::device::bound()) }
     })
 }
 
@@ -369,6 +369,6 @@ pub unsafe extern "C" fn cuStreamGetDevice_ptsz(h: CUstream, dev: *mut c_int) ->
         let d = driver::get()?;
         d.stream(h, true)?;
         // SAFETY: the caller's contract.
-        unsafe { out(dev, 0) }
+        unsafe { out(dev, crate::device::bound()) }
     })
 }

@@ -41,6 +41,10 @@ pub struct StatusReport {
     /// The GPU a program that names none would run on now.
     #[serde(default)]
     pub next_gpu: u32,
+    /// Pairs of GPUs (gpushared's indices) where a program on the first may map memory of
+    /// the second (peer access; every GPU reaches itself, not listed).
+    #[serde(default)]
+    pub peers: Vec<(u32, u32)>,
 }
 
 /// How loaded one GPU is, as the default placement weighs it: busy first, then memory, then
@@ -54,6 +58,25 @@ pub struct GpuLoad {
     /// Device memory its clients hold.
     pub memory_used: u64,
     pub clients: u32,
+}
+
+/// Busy fractions within this of each other weigh the same, so that noise does not decide.
+pub const BUSY_STEP: f64 = 0.05;
+
+/// The indices of `loads`, the least loaded first (busy in steps of [`BUSY_STEP`], then
+/// memory, then clients, then index): where the default placement puts programs.
+pub fn by_load(loads: &[GpuLoad]) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..loads.len()).collect();
+    order.sort_by_key(|&i| {
+        let l = &loads[i];
+        (
+            (l.busy / BUSY_STEP).round() as u64,
+            l.memory_used,
+            l.clients,
+            i,
+        )
+    });
+    order
 }
 
 /// gpushared's own use of the machine: its process, and its device workers (spares

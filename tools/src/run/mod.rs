@@ -74,6 +74,11 @@ pub fn exec(socket: &Path, args: RunArgs) -> anyhow::Error {
         cmd.env(env::NAME_ENV, name);
     }
     let changes = match args.mode {
+        RunMode::Governed if args.gpus.is_some() => {
+            return anyhow::anyhow!(
+                "--gpus places a consolidated job; a governed program uses the GPUs CUDA_VISIBLE_DEVICES gives it"
+            );
+        }
         RunMode::Governed => {
             // The interposer decides, as the program starts and whenever it loses the broker.
             match args.fallback {
@@ -119,6 +124,14 @@ pub fn exec(socket: &Path, args: RunArgs) -> anyhow::Error {
 /// The environment that puts a consolidated program on its GPU (`placement`); none where
 /// gpushared cannot be asked.
 fn placed(socket: &Path, args: &RunArgs) -> anyhow::Result<Vec<EnvChange>> {
+    if let Some(n) = args.gpus.filter(|&n| n > 1) {
+        let several = placement::place_several(socket, n as usize)
+            .map_err(|why| anyhow::anyhow!("cannot place the job: {why}"))?;
+        if args.verbose {
+            eprintln!("gpushare: running on GPUs {}", several.why);
+        }
+        return Ok(several.changes());
+    }
     let ask = placement::Ask::read(args.gpu).map_err(anyhow::Error::msg)?;
     if ask.hides_every_gpu() && args.verbose {
         eprintln!(

@@ -130,6 +130,74 @@ pub fn decide(report: &StatusReport, ask: &Ask) -> Result<Placement, String> {
     })
 }
 
+/// The GPUs of a job of one process per GPU (`--gpus N`), and why those.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Several {
+    /// gpushared's indices, in the job's device order.
+    pub gpus: Vec<u32>,
+    pub uuids: Vec<String>,
+    pub why: String,
+}
+
+impl Several {
+    /// The job's environment for them: every process sees them all (`GPUSHARE_GPUS` tells the
+    /// driver which it runs on by local rank).
+    pub fn changes(&self) -> Vec<EnvChange> {
+        let list = |v: Vec<String>| OsString::from(v.join(","));
+        let uuids = list(self.uuids.clone());
+        vec![
+            EnvChange::Remove(env::GPU_ENV),
+            EnvChange::Set(
+                env::GPUS_ENV,
+                list(self.gpus.iter().map(u32::to_string).collect()),
+            ),
+            EnvChange::Set(env::GPU_UUIDS_ENV, uuids.clone()),
+            EnvChange::Set("CUDA_VISIBLE_DEVICES", uuids),
+        ]
+    }
+}
+
+/// Asks gpushared at `socket` for the `n` GPUs of a job.
+pub fn place_several(socket: &Path, n: usize) -> Result<Several, String> {
+    let report = gpushare::Monitor::connect(socket)
+        .and_then(|mut m| m.status())
+        .map_err(|e| format!("cannot ask gpushared for its GPUs: {e}"))?;
+    decide_several(&report, n)
+}
+
+/// The `n` least loaded GPUs of `report`, in gpushared's order.
+pub fn decide_several(report: &StatusReport, n: usize) -> Result<Several, String> {
+    let devices = &report.devices;
+    if n > devices.len() {
+        return Err(format!(
+            "{n} GPUs asked for, gpushared serves {}",
+            devices.len()
+        ));
+    }
+    let mut chosen: Vec<&DeviceInfo> = if report.gpu_loads.len() == devices.len() {
+        gpushare_protocol::stats::by_load(&report.gpu_loads)
+            .into_iter()
+            .filter_map(|i| devices.get(i))
+            .take(n)
+            .collect()
+    } else {
+        devices.iter().take(n).collect()
+    };
+    chosen.sort_by_key(|d| d.index);
+    let gpus: Vec<u32> = chosen.iter().map(|d| d.index).collect();
+    let names: Vec<String> = gpus.iter().map(u32::to_string).collect();
+    let why = if n == devices.len() {
+        format!("{}: all of gpushared's", names.join(", "))
+    } else {
+        format!("{}: the least loaded", names.join(", "))
+    };
+    Ok(Several {
+        gpus,
+        uuids: chosen.iter().map(|d| d.uuid_text()).collect(),
+        why,
+    })
+}
+
 /// The device one entry of `CUDA_VISIBLE_DEVICES` names.
 fn visible_device<'a>(
     devices: &'a [DeviceInfo],

@@ -55,6 +55,14 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxGetState(
 ) -> CUresult {
     entry("cuDevicePrimaryCtxGetState", || {
         let d = driver::get()?;
+        if dev != crate::device::bound() && d.gpus.get(dev).is_some() {
+            // Another device of a job's: seen, never made current here.
+            // SAFETY: the caller's contract.
+            return unsafe {
+                out(flags, 0)?;
+                out(active, 0)
+            };
+        }
         check(dev)?;
         let c = &d.contexts;
         // SAFETY: the caller's contract.
@@ -276,7 +284,7 @@ pub unsafe extern "C" fn cuCtxGetDevice(dev: *mut CUdevice) -> CUresult {
         let d = driver::get()?;
         d.contexts.resolve(std::ptr::null_mut())?;
         // SAFETY: the caller's contract.
-        unsafe { out(dev, 0) }
+        unsafe { out(dev, crate::device::bound()) }
     })
 }
 
@@ -288,7 +296,7 @@ pub unsafe extern "C" fn cuCtxGetDevice_v2(dev: *mut CUdevice, ctx: CUcontext) -
         let d = driver::get()?;
         d.contexts.resolve(ctx)?;
         // SAFETY: the caller's contract.
-        unsafe { out(dev, 0) }
+        unsafe { out(dev, crate::device::bound()) }
     })
 }
 

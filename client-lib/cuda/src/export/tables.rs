@@ -384,14 +384,22 @@ pub extern "C" fn integrity_check(
             check_fn: integrity_check as *const () as usize,
             unix_seconds,
         };
-        let attr = |a| d.attribute(a).unwrap_or(0);
-        let device = DeviceFacts {
-            uuid: d.device.uuid,
-            pci_domain: attr(device_attr::PCI_DOMAIN_ID),
-            pci_bus: attr(device_attr::PCI_BUS_ID),
-            pci_device: attr(device_attr::PCI_DEVICE_ID),
-        };
+        // Every device the program sees, in order, as the runtime counts them.
+        let devices: Vec<DeviceFacts> = d
+            .gpus
+            .visible
+            .iter()
+            .map(|info| {
+                let attr = |a| d.attribute_of(info, a).unwrap_or(0);
+                DeviceFacts {
+                    uuid: info.uuid,
+                    pci_domain: attr(device_attr::PCI_DOMAIN_ID),
+                    pci_bus: attr(device_attr::PCI_BUS_ID),
+                    pci_device: attr(device_attr::PCI_DEVICE_ID),
+                }
+            })
+            .collect();
         // SAFETY: the caller passes a writable out-parameter.
-        unsafe { out(digest_out, digest(&facts, &[device])) }
+        unsafe { out(digest_out, digest(&facts, &devices)) }
     })
 }

@@ -64,7 +64,7 @@ pub(super) unsafe fn write_attribute(
                 data.cast::<c_int>().write(0)
             }
             (ptr_attr::DEVICE_ORDINAL, Pointee::Device { .. } | Pointee::Host { .. }) => {
-                data.cast::<c_int>().write(0)
+                data.cast::<c_int>().write(crate::device::bound())
             }
             (
                 ptr_attr::IS_LEGACY_CUDA_IPC_CAPABLE | ptr_attr::IS_GPU_DIRECT_RDMA_CAPABLE,

@@ -188,7 +188,7 @@ impl Pools {
 /// Whether a location is this process's device (pools serve no other).
 pub fn on_device(location: &Location) -> Cu<()> {
     match (location.kind, location.id) {
-        (LOCATION_DEVICE, 0) => Ok(()),
+        (LOCATION_DEVICE, id) if id == crate::device::bound() => Ok(()),
         (LOCATION_DEVICE, _) => Err(result::INVALID_DEVICE),
         _ => {
             crate::log::say_once("memory pools of host memory are not supported");

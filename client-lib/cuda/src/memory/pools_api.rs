@@ -22,11 +22,7 @@ pub struct PoolPropsHead {
 }
 
 fn the_device(dev: c_int) -> Cu<()> {
-    if dev == 0 {
-        Ok(())
-    } else {
-        Err(result::INVALID_DEVICE)
-    }
+    crate::device::check(dev)
 }
 
 fn live_pool(d: &Driver, pool: CUmemoryPool) -> Cu<u64> {

@@ -40,7 +40,7 @@ impl AllocationProp {
             handle_types: HANDLE_POSIX_FD,
             location: Location {
                 kind: LOCATION_DEVICE,
-                id: 0,
+                id: crate::device::bound(),
             },
             ..AllocationProp::default()
         }
@@ -136,7 +136,7 @@ fn check_prop(prop: &AllocationProp) -> Cu<()> {
         );
         return Err(result::NOT_SUPPORTED);
     }
-    if prop.location.id != 0 {
+    if prop.location.id != crate::device::bound() {
         return Err(result::INVALID_DEVICE);
     }
     posix_handles_only(prop.handle_types & !HANDLE_POSIX_FD == 0)
@@ -331,7 +331,7 @@ impl Driver {
                 say_once("cuMemSetAccess: only the device's access can be set");
                 return Err(result::NOT_SUPPORTED);
             }
-            if d.location.id != 0 {
+            if d.location.id != crate::device::bound() {
                 return Err(result::INVALID_DEVICE);
             }
             if !matches!(d.flags, 0 | 1 | ACCESS_READWRITE) {
@@ -352,7 +352,7 @@ impl Driver {
     }
 
     pub fn vmm_access(&self, location: &Location, ptr: u64) -> Cu<u32> {
-        if location.kind != LOCATION_DEVICE || location.id != 0 {
+        if location.kind != LOCATION_DEVICE || location.id != crate::device::bound() {
             return Err(result::INVALID_DEVICE);
         }
         let v = lock(&self.memory.vmm);

@@ -142,6 +142,7 @@ fn status_report() -> StatusReport {
             GpuLoad::default(),
         ],
         next_gpu: 1,
+        peers: vec![(0, 1), (1, 0)],
         telemetry: TelemetryStatus {
             enabled: false,
             reason: Some("not root".into()),

@@ -77,6 +77,7 @@ pub fn report(uptime_ms: u64, clients: Vec<ClientStats>) -> StatusReport {
         jobs: Vec::new(),
         gpu_loads: Vec::new(),
         next_gpu: 0,
+        peers: Vec::new(),
     }
 }
 

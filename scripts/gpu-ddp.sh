@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# A PyTorch DDP job of one process per GPU (issue 32, point 2), from the folder
+# scripts/gpu-bundle.sh makes; needs python3 with a CUDA build of torch (torchrun) and at least
+# two GPUs. Runs scripts/ddp/ddp_check.py under torchrun directly and under
+# `gpushare run --gpus N`, rounds interleaved, and prints each run's results: the trained
+# weights' checksum and losses must be equal, and the all-reduce bandwidth is set against
+# direct. NCCL's log (NCCL_DEBUG=INFO) says which transport joined the ranks.
+# Settings: GPUS (2), ROUNDS (2), LOGS (default $work/logs), PYTHON (python3).
+# NVLink multicast stays off (NCCL_NVLS_ENABLE=0).
+set -uo pipefail
+dir=$(cd "$(dirname "$0")" && pwd)
+py=${PYTHON:-python3}
+gpus=${GPUS:-2}
+rounds=${ROUNDS:-2}
+export NCCL_NVLS_ENABLE=0 NCCL_DEBUG=INFO
+work=$(mktemp -d /tmp/gpuddp.XXXXXX)
+logs=${LOGS:-$work/logs}
+mkdir -p "$logs"
+broker_pid=
+cleanup() {
+    if [[ -n $broker_pid ]]; then kill "$broker_pid" 2> /dev/null; wait "$broker_pid" 2> /dev/null; fi
+}
+trap cleanup EXIT
+
+sock=$work/gpushare.sock
+timeout $((rounds * 300 + 120)) "$dir/gpushared" --socket "$sock" --backend cuda --gpu all \
+    --no-telemetry 2> "$logs/gpushared.log" &
+broker_pid=$!
+for _ in $(seq 1 300); do [[ -S $sock ]] && break; sleep 0.1; done
+[[ -S $sock ]] || { echo "gpushared did not start" >&2; exit 2; }
+
+job() { # how round
+    local how=$1 round=$2 out="$logs/$1-$2"
+    local cmd=(timeout 280 "$py" -m torch.distributed.run --standalone --nproc_per_node "$gpus"
+        "$dir/ddp/ddp_check.py")
+    if [[ $how == gpushare ]]; then
+        cmd=(timeout 280 "$dir/gpushare" --socket "$sock" run -v --gpus "$gpus" -- "${cmd[@]:2}")
+    fi
+    "${cmd[@]}" > "$out.out" 2> "$out.err"
+    echo "== $how round $round: exit $?"
+    grep -E '^(devices|step_loss|checksum|allreduce_gbps) ' "$out.out"
+    grep -hoE 'via (P2P|SHM|NET)[^ ]*( [^ ]+)?' "$out.err" | sort | uniq -c | head -5
+}
+for round in $(seq 1 "$rounds"); do
+    job direct "$round"
+    job gpushare "$round"
+done
