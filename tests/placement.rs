@@ -349,6 +349,7 @@ fn gpushare_run_gpus_gives_each_process_of_a_job_every_gpu_and_runs_it_on_its_lo
             first.as_str(),
             second.as_str(),
             "peer 0 1 1",
+            "p2p access 0 1 1",
             current.as_str(),
             // CUDA_ERROR_INVALID_DEVICE: a process works on one GPU.
             "other device 101",
@@ -356,6 +357,46 @@ fn gpushare_run_gpus_gives_each_process_of_a_job_every_gpu_and_runs_it_on_its_lo
         ] {
             assert!(lines.contains(&line), "no `{line}` in {what}");
         }
+    }
+
+    // A process that names its own GPU in CUDA_VISIBLE_DEVICES before CUDA starts (as scripts
+    // that pick their rank's GPU do) sees that one alone, and runs there.
+    let mut cmd = run_via(
+        &broker,
+        &p,
+        &["--gpus", "2"],
+        &["env", &format!("CUDA_VISIBLE_DEVICES={}", gpus[1])],
+        &["rank", "libcuda.so.1"],
+        &[],
+    );
+    cmd.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut running = Running::spawn(cmd);
+    let ready = running.wait_for_line("ready", Duration::from_secs(60));
+    let pid: i32 = ready
+        .trim_start_matches("ready ")
+        .parse()
+        .expect("ready PID");
+    assert!(
+        wait_until(Duration::from_secs(10), || broker
+            .status()
+            .clients
+            .iter()
+            .any(|c| c.pid == pid && c.gpu == 1)),
+        "on the GPU it named: {:?}",
+        broker.status().clients
+    );
+    running.send_line("done");
+    let out = running.finish(Duration::from_secs(60));
+    let own = format!("cuda 0 {}", gpus[1]);
+    for line in ["cuda count 1", own.as_str(), "current 0"] {
+        assert!(
+            out.stdout.lines().any(|l| l == line),
+            "no `{line}` in {}{}",
+            out.stdout,
+            out.stderr
+        );
     }
 
     // More GPUs than gpushared serves: a sentence, and the program never starts.

@@ -18,7 +18,8 @@
  *                     CHILD_BYTES; both print their "ready PID"; exits with the child's
  *                     status after both saw end of input
  *   rank LIB          a process of a job of one process per GPU: prints "cuda count N",
- *                     "cuda I UUID" for each device, "peer 0 1 CAN" (cuDeviceCanAccessPeer),
+ *                     "cuda I UUID" for each device, "peer 0 1 CAN" (cuDeviceCanAccessPeer)
+ *                     and "p2p access 0 1 CAN" (cuDeviceGetP2PAttribute),
  *                     then works on device LOCAL_RANK (a copy there and back) and prints
  *                     "current DEV" (cuCtxGetDevice), "other device RESULT" (retaining the
  *                     next device's primary context), "nvml COUNT", "ready PID"; exits at
@@ -198,6 +199,10 @@ static int rank(void) {
         int can = -1;
         CHECK(((CUresult (*)(int *, CUdevice, CUdevice))get("cuDeviceCanAccessPeer"))(&can, 0, 1));
         printf("peer 0 1 %d\n", can);
+        int access = -1;
+        CHECK(((CUresult (*)(int *, int, CUdevice, CUdevice))get("cuDeviceGetP2PAttribute"))(
+            &access, 2 /* ACCESS_SUPPORTED */, 0, 1));
+        printf("p2p access 0 1 %d\n", access);
     }
     const char *r = getenv("LOCAL_RANK");
     int me = r ? atoi(r) : 0;

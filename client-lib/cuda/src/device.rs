@@ -367,6 +367,38 @@ pub unsafe extern "C" fn cuDeviceCanAccessPeer(
     })
 }
 
+/// `CU_DEVICE_P2P_ATTRIBUTE_*`: performance rank, access supported, native atomics, CUDA
+/// array access.
+const P2P_ATTRIBUTES: std::ops::RangeInclusive<c_int> = 1..=4;
+const P2P_ACCESS_SUPPORTED: c_int = 2;
+
+/// # Safety
+/// `value` is NULL or valid for writing.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGetP2PAttribute(
+    value: *mut c_int,
+    attrib: c_int,
+    src: CUdevice,
+    dst: CUdevice,
+) -> CUresult {
+    entry("cuDeviceGetP2PAttribute", || {
+        let d = driver::get()?;
+        seen(d, src)?;
+        seen(d, dst)?;
+        if src == dst {
+            return Err(result::INVALID_DEVICE);
+        }
+        if !P2P_ATTRIBUTES.contains(&attrib) {
+            return Err(result::INVALID_VALUE);
+        }
+        // Access where the GPUs reach each other; no claim of native atomics (unknown here),
+        // no CUDA arrays (not served), and one performance rank for every link.
+        let v = c_int::from(attrib == P2P_ACCESS_SUPPORTED && d.gpus.reaches(src, dst));
+        // SAFETY: the caller's contract.
+        unsafe { out(value, v) }
+    })
+}
+
 /// # Safety
 /// `supported` is NULL or valid for writing.
 #[unsafe(no_mangle)]

@@ -236,6 +236,13 @@ fn connect() -> Cu<Driver> {
 /// cannot be had, said once.
 fn several_gpus(opts: &mut SessionOptions) -> Option<crate::gpus::Gpus> {
     use crate::gpus;
+    // A program that named its own GPU in `CUDA_VISIBLE_DEVICES` since (as scripts that pick
+    // their rank's GPU do) sees that one (`asked_gpu`).
+    let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
+    let set_by_run = std::env::var(GPU_UUIDS_ENV).ok();
+    if visible.map(|v| v.trim().to_string()) != set_by_run.map(|s| s.trim().to_string()) {
+        return None;
+    }
     let list = match gpus::listed()? {
         Ok(list) => list,
         Err(why) => {

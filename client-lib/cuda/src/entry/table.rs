@@ -44,6 +44,7 @@ unsafe extern "C" {
     fn cuDeviceGetExecAffinitySupport();
     fn cuDeviceGetMemPool();
     fn cuDeviceGetName();
+    fn cuDeviceGetP2PAttribute();
     fn cuDeviceGetPCIBusId();
     fn cuDeviceGetProperties();
     fn cuDeviceGetUuid();
@@ -331,7 +332,6 @@ super::stubs! {
     cuDeviceGetLuid,
     cuDeviceGetNvSciSyncAttributes,
     cuDeviceGetP2PAtomicCapabilities,
-    cuDeviceGetP2PAttribute,
     cuDeviceGetTexture1DLinearMaxWidth,
     cuDeviceGraphMemTrim,
     cuDeviceRegisterAsyncNotification,
@@ -4783,9 +4783,9 @@ pub(super) static SYMBOLS: [&str; 638] = [
     "cuWaitExternalSemaphoresAsync_ptsz",
 ];
 
-/// The symbols src/ implements (280); the rest are stubs.
+/// The symbols src/ implements (281); the rest are stubs.
 #[cfg(test)]
-pub(super) static IMPLEMENTED: [&str; 280] = [
+pub(super) static IMPLEMENTED: [&str; 281] = [
     "cuCtxCreate",
     "cuCtxCreate_v2",
     "cuCtxCreate_v3",
@@ -4823,6 +4823,7 @@ pub(super) static IMPLEMENTED: [&str; 280] = [
     "cuDeviceGetExecAffinitySupport",
     "cuDeviceGetMemPool",
     "cuDeviceGetName",
+    "cuDeviceGetP2PAttribute",
     "cuDeviceGetPCIBusId",
     "cuDeviceGetProperties",
     "cuDeviceGetUuid",
