@@ -303,72 +303,10 @@ fn a_program_that_hides_every_gpu_gets_none() {
     assert!(broker.status().clients.is_empty());
 }
 
-#[test]
-fn gpushare_run_gpus_gives_each_process_of_a_job_every_gpu_and_runs_it_on_its_local_ranks() {
+/// Runs `cmd` (the program in `rank` mode) until it is ready, checks that gpushared serves it
+/// on GPU `gpu`, lets it finish; its output, which must say every one of `lines`.
+fn rank_on(broker: &Broker, mut cmd: Command, gpu: u32, lines: &[&str]) {
     use gpushare_tests::cuda_program::Running;
-    let broker = two_gpus();
-    let p = programs();
-    let gpus = uuids(&broker);
-    for rank in [0u32, 1] {
-        let mut cmd = run(
-            &broker,
-            &p,
-            &["--gpus", "2"],
-            &["rank", "libcuda.so.1"],
-            &[("LOCAL_RANK", &rank.to_string())],
-        );
-        cmd.stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let mut running = Running::spawn(cmd);
-        let ready = running.wait_for_line("ready", Duration::from_secs(60));
-        let pid: i32 = ready
-            .trim_start_matches("ready ")
-            .parse()
-            .expect("ready PID");
-        // The broker serves the process on its rank's GPU.
-        assert!(
-            wait_until(Duration::from_secs(10), || broker
-                .status()
-                .clients
-                .iter()
-                .any(|c| c.pid == pid && c.gpu == rank)),
-            "rank {rank} on GPU {rank}: {:?}",
-            broker.status().clients
-        );
-        running.send_line("done");
-        let out = running.finish(Duration::from_secs(60));
-        let what = format!("rank {rank}:\n{}{}", out.stdout, out.stderr);
-        assert!(out.status.success(), "{what}");
-        let lines: Vec<&str> = out.stdout.lines().collect();
-        let first = format!("cuda 0 {}", gpus[0]);
-        let second = format!("cuda 1 {}", gpus[1]);
-        let current = format!("current {rank}");
-        for line in [
-            "cuda count 2",
-            first.as_str(),
-            second.as_str(),
-            "peer 0 1 1",
-            "p2p access 0 1 1",
-            current.as_str(),
-            // CUDA_ERROR_INVALID_DEVICE: a process works on one GPU.
-            "other device 101",
-            "nvml 2",
-        ] {
-            assert!(lines.contains(&line), "no `{line}` in {what}");
-        }
-    }
-
-    // A process that names its own GPU in CUDA_VISIBLE_DEVICES before CUDA starts (as scripts
-    // that pick their rank's GPU do) sees that one alone, and runs there.
-    let mut cmd = run_via(
-        &broker,
-        &p,
-        &["--gpus", "2"],
-        &["env", &format!("CUDA_VISIBLE_DEVICES={}", gpus[1])],
-        &["rank", "libcuda.so.1"],
-        &[],
-    );
     cmd.stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -383,21 +321,68 @@ fn gpushare_run_gpus_gives_each_process_of_a_job_every_gpu_and_runs_it_on_its_lo
             .status()
             .clients
             .iter()
-            .any(|c| c.pid == pid && c.gpu == 1)),
-        "on the GPU it named: {:?}",
+            .any(|c| c.pid == pid && c.gpu == gpu)),
+        "served on GPU {gpu}: {:?}",
         broker.status().clients
     );
     running.send_line("done");
     let out = running.finish(Duration::from_secs(60));
-    let own = format!("cuda 0 {}", gpus[1]);
-    for line in ["cuda count 1", own.as_str(), "current 0"] {
+    let what = format!("{}{}", out.stdout, out.stderr);
+    assert!(out.status.success(), "{what}");
+    for line in lines {
         assert!(
-            out.stdout.lines().any(|l| l == line),
-            "no `{line}` in {}{}",
-            out.stdout,
-            out.stderr
+            out.stdout.lines().any(|l| l == *line),
+            "no `{line}` in {what}"
         );
     }
+}
+
+#[test]
+fn gpushare_run_gpus_gives_each_process_of_a_job_every_gpu_and_runs_it_on_its_local_ranks() {
+    let broker = two_gpus();
+    let p = programs();
+    let gpus = uuids(&broker);
+    let first = format!("cuda 0 {}", gpus[0]);
+    let second = format!("cuda 1 {}", gpus[1]);
+    for rank in [0u32, 1] {
+        let cmd = run(
+            &broker,
+            &p,
+            &["--gpus", "2"],
+            &["rank", "libcuda.so.1"],
+            &[("LOCAL_RANK", &rank.to_string())],
+        );
+        let current = format!("current {rank}");
+        rank_on(
+            &broker,
+            cmd,
+            rank,
+            &[
+                "cuda count 2",
+                &first,
+                &second,
+                "peer 0 1 1",
+                "p2p access 0 1 1",
+                &current,
+                // CUDA_ERROR_INVALID_DEVICE: a process works on one GPU.
+                "other device 101",
+                "nvml 2",
+            ],
+        );
+    }
+
+    // A process that names its own GPU in CUDA_VISIBLE_DEVICES before CUDA starts (as scripts
+    // that pick their rank's GPU do) sees that one alone, and runs there.
+    let cmd = run_via(
+        &broker,
+        &p,
+        &["--gpus", "2"],
+        &["env", &format!("CUDA_VISIBLE_DEVICES={}", gpus[1])],
+        &["rank", "libcuda.so.1"],
+        &[],
+    );
+    let own = format!("cuda 0 {}", gpus[1]);
+    rank_on(&broker, cmd, 1, &["cuda count 1", &own, "current 0"]);
 
     // More GPUs than gpushared serves: a sentence, and the program never starts.
     let (out, stdout, stderr) = output(run(
