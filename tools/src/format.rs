@@ -76,6 +76,23 @@ pub fn status(r: &StatusReport) -> String {
                 }
             );
         }
+        if devices.len() > 1 {
+            let reaches: Vec<String> = r
+                .peers
+                .iter()
+                .filter(|&&(from, _)| from == d.index)
+                .map(|&(_, to)| format!("GPU {to}"))
+                .collect();
+            let _ = writeln!(
+                out,
+                "  peer access to: {}",
+                if reaches.is_empty() {
+                    "none".to_string()
+                } else {
+                    reaches.join(", ")
+                }
+            );
+        }
     }
     let total: u64 = devices.iter().map(|d| d.total_memory).sum();
     let _ = writeln!(

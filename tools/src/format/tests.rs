@@ -88,6 +88,7 @@ fn with_several_gpus_status_shows_each_ones_load_and_each_users_memory_on_it() {
         },
     ];
     r.next_gpu = 1;
+    r.peers = vec![(0, 1)];
     r.users = vec![UserStats {
         uid: 1000,
         user: "alice".into(),
@@ -138,6 +139,16 @@ fn with_several_gpus_status_shows_each_ones_load_and_each_users_memory_on_it() {
         after("device 1:"),
         "  load: busy 0%, 0 B held by 0 clients; a program that names no GPU runs here",
         "{text}"
+    );
+    assert_eq!(
+        after("  load: busy 82%"),
+        "  peer access to: GPU 1",
+        "{text}"
+    );
+    assert_eq!(
+        after("  load: busy 0%"),
+        "  peer access to: none",
+        "the peer access it lacks: {text}"
     );
     assert!(
         text.contains("per GPU: GPU 0 1.0 GiB, GPU 1 2.0 GiB (quota 8.0 GiB on each)"),
