@@ -22,6 +22,28 @@ const RUN_TIMEOUT: Duration = Duration::from_secs(120);
 /// What the driver says on stderr for each unsupported call, once per process.
 const UNSUPPORTED: [&str; 2] = ["cuMemAllocManaged", "cuCtxEnablePeerAccess"];
 
+/// The sections of the stand-in's `all` mode, in order.
+const ALL_SECTIONS: [&str; 18] = [
+    "loading",
+    "init",
+    "export tables",
+    "library slots",
+    "allocation",
+    "copies",
+    "memsets",
+    "streams",
+    "events",
+    "default streams",
+    "deferred errors",
+    "unsupported",
+    "host functions",
+    "tensor maps",
+    "memory pools",
+    "virtual memory",
+    "graphs",
+    "finish",
+];
+
 fn broker_with_quota(uid: u32, quota: &str) -> Broker {
     Broker::start_with(BrokerOptions {
         policy: Some(format!(
@@ -41,30 +63,7 @@ fn an_unmodified_program_runs_its_cuda_work_in_gpushared() {
         program.command(&broker.socket, &["all", &quota.to_string()]),
         RUN_TIMEOUT,
     );
-    assert_passed(
-        &out,
-        &[
-            "loading",
-            "init",
-            "export tables",
-            "library slots",
-            "allocation",
-            "copies",
-            "memsets",
-            "streams",
-            "events",
-            "default streams",
-            "deferred errors",
-            "unsupported",
-            "host functions",
-            "tensor maps",
-            "memory pools",
-            "virtual memory",
-            "graphs",
-            "finish",
-        ],
-        &broker.log_text(),
-    );
+    assert_passed(&out, &ALL_SECTIONS, &broker.log_text());
     // One line per unsupported call, naming it, however often it is made; nothing else.
     let lines: Vec<&str> = out.stderr.lines().collect();
     for name in UNSUPPORTED {
@@ -85,6 +84,39 @@ fn an_unmodified_program_runs_its_cuda_work_in_gpushared() {
             .is_empty()),
         "the program's session ended with it"
     );
+}
+
+/// Every section of the stand-in, run by the second process of a job of one process per GPU
+/// (`gpushare run --gpus 2`'s environment, `LOCAL_RANK=1`): its device 1 is gpushared's GPU 1,
+/// and everything (contexts, memory, the virtual memory API's locations, pools, graphs, the
+/// export tables' digest over both devices) works there as on a program's only device.
+#[test]
+fn the_second_process_of_a_job_on_two_gpus_runs_everything_on_its_own_device() {
+    let quota: u64 = 256 << 20;
+    let broker = Broker::start_with(BrokerOptions {
+        policy: Some(format!(
+            "[[users]]\nuid = {}\nmemory_quota = \"256 MiB\"\n",
+            nix::unistd::getuid().as_raw()
+        )),
+        extra_args: vec!["--sim-gpus".into(), "2".into()],
+        ..Default::default()
+    });
+    let uuids: Vec<String> = broker
+        .status()
+        .devices
+        .iter()
+        .map(|d| d.uuid_text())
+        .collect();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let program = CudaProgram::build(dir.path(), false);
+    let mut cmd = program.command(&broker.socket, &["all", &quota.to_string()]);
+    cmd.env("GPUSHARE_GPUS", "0,1")
+        .env("GPUSHARE_GPU_UUIDS", uuids.join(","))
+        .env("CUDA_VISIBLE_DEVICES", uuids.join(","))
+        .env("LOCAL_RANK", "1")
+        .env("STANDIN_DEVICES", "2");
+    let out = run(cmd, RUN_TIMEOUT);
+    assert_passed(&out, &ALL_SECTIONS, &broker.log_text());
 }
 
 #[test]

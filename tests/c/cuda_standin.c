@@ -153,10 +153,12 @@ static int load_driver(void) {
 static int init(void) {
     section_begin("init");
     OK(cuInit(0));
-    int count = 0;
+    /* One device, or (STANDIN_DEVICES) a job's several, working on its local rank's. */
+    const char *seen = getenv("STANDIN_DEVICES"), *rank = getenv("LOCAL_RANK");
+    int count = 0, want = seen ? atoi(seen) : 1;
     OK(cuDeviceGetCount(&count));
-    CHECK(count == 1, "%d devices", count);
-    OK(cuDeviceGet(&device, 0));
+    CHECK(count == want, "%d devices, want %d", count, want);
+    OK(cuDeviceGet(&device, rank ? atoi(rank) : 0));
     char name[256] = {0};
     OK(cuDeviceGetName(name, sizeof name, device));
     CHECK(name[0] != 0, "a device name");

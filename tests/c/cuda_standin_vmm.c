@@ -13,7 +13,7 @@ static CUmemAllocationProp device_prop(void) {
     p.type = 1;
     p.requestedHandleTypes = 1;
     p.location.type = 1;
-    p.location.id = 0;
+    p.location.id = device;
     return p;
 }
 
@@ -53,10 +53,10 @@ void check_virtual_memory(size_t quota) {
     EXPECT(cuMemCreate(&h3, quota, &prop, 0), CUDA_ERROR_OUT_OF_MEMORY);
     OK(cuMemMap(va, 2 * g, 0, h1, 0));
     OK(cuMemMap(va + 2 * g, 2 * g, 0, h2, 0));
-    CUmemAccessDesc rw = {{1, 0}, 3};
+    CUmemAccessDesc rw = {{1, device}, 3};
     OK(cuMemSetAccess(va, 4 * g, &rw, 1));
     unsigned long long flags = 0;
-    CUmemLocation here = {1, 0};
+    CUmemLocation here = {1, device};
     OK(cuMemGetAccess(&flags, &here, va + 3 * g));
     CHECK(flags == 3, "access %llu", flags);
 
@@ -99,7 +99,7 @@ void check_virtual_memory(size_t quota) {
     CUmemAllocationProp back_prop;
     memset(&back_prop, 0xff, sizeof back_prop);
     OK(cuMemGetAllocationPropertiesFromHandle(&back_prop, h1));
-    CHECK(back_prop.type == 1 && back_prop.location.type == 1 && back_prop.location.id == 0 &&
+    CHECK(back_prop.type == 1 && back_prop.location.type == 1 && back_prop.location.id == device &&
               back_prop.requestedHandleTypes == 1,
           "properties %d %d %d %d", back_prop.type, back_prop.location.type,
           back_prop.location.id, back_prop.requestedHandleTypes);
@@ -153,7 +153,7 @@ void run_vmm_holding(unsigned seed) {
     if (!host || !back || !g) return;
     CUdeviceptr va = 0;
     CUmemGenericAllocationHandle h[3] = {0, 0, 0};
-    CUmemAccessDesc rw = {{1, 0}, 3};
+    CUmemAccessDesc rw = {{1, device}, 3};
     OK(cuMemAddressReserve(&va, n, 0, 0, 0));
     for (int i = 0; i < 3; i++) {
         OK(cuMemCreate(&h[i], g, &prop, 0));
@@ -203,7 +203,7 @@ void run_vmm_export(const char *self, unsigned seed, long uid, const char *expec
     if (!host || !g) return;
     CUdeviceptr va = 0;
     CUmemGenericAllocationHandle h = 0;
-    CUmemAccessDesc rw = {{1, 0}, 3};
+    CUmemAccessDesc rw = {{1, device}, 3};
     OK(cuMemAddressReserve(&va, g, 0, 0, 0));
     OK(cuMemCreate(&h, g, &prop, 0));
     OK(cuMemMap(va, g, 0, h, 0));
@@ -273,7 +273,7 @@ void run_vmm_import(int fd, unsigned seed, const char *expect) {
     CHECK(host && g, "host buffer, granularity %zu", g);
     if (!host || !g) return;
     CUdeviceptr va = 0;
-    CUmemAccessDesc rw = {{1, 0}, 3};
+    CUmemAccessDesc rw = {{1, device}, 3};
     OK(cuMemAddressReserve(&va, g, 0, 0, 0));
     OK(cuMemMap(va, g, 0, h, 0));
     OK(cuMemSetAccess(va, g, &rw, 1));
@@ -337,7 +337,7 @@ void check_memory_pools(void) {
     memset(&props, 0, sizeof props);
     props.allocType = 1;
     props.location.type = 1;
-    props.location.id = 0;
+    props.location.id = device;
     OK(cuMemPoolCreate(&mine, &props));
     unsigned long long threshold = ~0ull, got = 0;
     OK(cuMemPoolSetAttribute(mine, 4 /* RELEASE_THRESHOLD */, &threshold));
@@ -361,10 +361,10 @@ void check_memory_pools(void) {
     EXPECT(cuMemPoolSetAttribute(mine, 8, &one), CUDA_ERROR_INVALID_VALUE);
     OK(cuMemPoolSetAttribute(mine, 8, &zero));
     OK(cuMemPoolTrimTo(mine, 0));
-    CUmemAccessDesc rw = {{1, 0}, 3};
+    CUmemAccessDesc rw = {{1, device}, 3};
     OK(cuMemPoolSetAccess(mine, &rw, 1));
     unsigned long long flags = 0;
-    CUmemLocation here = {1, 0};
+    CUmemLocation here = {1, device};
     OK(cuMemPoolGetAccess(&flags, mine, &here));
     CHECK(flags == 3, "pool access %llu", flags);
     OK(cuMemFreeAsync(b, s));
