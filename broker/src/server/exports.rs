@@ -121,12 +121,10 @@ impl Broker {
         })
     }
 
-    /// Whether programs on GPU `from` can map memory made on GPU `to` (the GPUs' peer access:
-    /// what NCCL's transport between the processes of a job on two GPUs maps).
+    /// Whether programs on GPU `from` can map memory made on another GPU `to` (the GPUs' peer
+    /// access: what NCCL's transport between the processes of a job on two GPUs maps); asked
+    /// once a pair, by [`Broker::peers`].
     fn reaches(&self, from: u32, to: u32) -> bool {
-        if from == to {
-            return true;
-        }
         let device = |gpu: u32| self.gpus.get(gpu as usize).map(|g| g.device());
         match (device(from), device(to)) {
             (Some(a), Some(b)) => match (a.backend(), b.backend()) {
@@ -192,7 +190,9 @@ impl Broker {
                     let physical =
                         self.exports
                             .import(token, info.uid, self.shares_memory_between_users())?;
-                    if !self.reaches(info.gpu, physical.gpu) {
+                    if info.gpu != physical.gpu
+                        && !self.peers().contains(&(info.gpu, physical.gpu))
+                    {
                         return Err(wire(
                             ErrorCode::InvalidArgument,
                             format!(

@@ -126,18 +126,24 @@ fn asked_gpu(socket: &std::path::Path) -> Option<u32> {
     let placed = std::env::var(GPU_ENV)
         .ok()
         .and_then(|g| g.trim().parse().ok());
-    let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
-    let set_by_run = std::env::var(GPU_UUIDS_ENV).ok();
-    match (&visible, &set_by_run) {
-        (Some(v), Some(set)) if v.trim() != set.trim() && !v.trim().is_empty() => {
+    match own_visible_devices() {
+        Some(v) => {
             let first = v.split(',').map(str::trim).next().unwrap_or_default();
             match first.parse() {
                 Ok(index) => Some(index),
                 Err(_) => gpu_by_uuid(socket, first).or(placed),
             }
         }
-        _ => placed.or_else(visible_device),
+        None => placed.or_else(visible_device),
     }
+}
+
+/// `CUDA_VISIBLE_DEVICES` where the program named GPUs there itself since `gpushare run`
+/// started it (it no longer holds the UUIDs `gpushare run` put there, `GPUSHARE_GPU_UUIDS`).
+fn own_visible_devices() -> Option<String> {
+    let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok()?;
+    let set_by_run = std::env::var(GPU_UUIDS_ENV).ok()?;
+    (visible.trim() != set_by_run.trim() && !visible.trim().is_empty()).then_some(visible)
 }
 
 /// gpushared's index of the GPU whose UUID (or a unique start of it) is `text`; `None`, said
@@ -238,9 +244,7 @@ fn several_gpus(opts: &mut SessionOptions) -> Option<crate::gpus::Gpus> {
     use crate::gpus;
     // A program that named its own GPU in `CUDA_VISIBLE_DEVICES` since (as scripts that pick
     // their rank's GPU do) sees that one (`asked_gpu`).
-    let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
-    let set_by_run = std::env::var(GPU_UUIDS_ENV).ok();
-    if visible.map(|v| v.trim().to_string()) != set_by_run.map(|s| s.trim().to_string()) {
+    if own_visible_devices().is_some() {
         return None;
     }
     let list = match gpus::listed()? {

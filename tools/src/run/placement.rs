@@ -143,14 +143,11 @@ impl Several {
     /// The job's environment for them: every process sees them all (`GPUSHARE_GPUS` tells the
     /// driver which it runs on by local rank).
     pub fn changes(&self) -> Vec<EnvChange> {
-        let list = |v: Vec<String>| OsString::from(v.join(","));
-        let uuids = list(self.uuids.clone());
+        let gpus: Vec<String> = self.gpus.iter().map(u32::to_string).collect();
+        let uuids = OsString::from(self.uuids.join(","));
         vec![
             EnvChange::Remove(env::GPU_ENV),
-            EnvChange::Set(
-                env::GPUS_ENV,
-                list(self.gpus.iter().map(u32::to_string).collect()),
-            ),
+            EnvChange::Set(env::GPUS_ENV, OsString::from(gpus.join(","))),
             EnvChange::Set(env::GPU_UUIDS_ENV, uuids.clone()),
             EnvChange::Set("CUDA_VISIBLE_DEVICES", uuids),
         ]

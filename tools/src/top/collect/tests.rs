@@ -81,6 +81,20 @@ pub fn report(uptime_ms: u64, clients: Vec<ClientStats>) -> StatusReport {
     }
 }
 
+/// What eBPF telemetry (on, ioctls only) adds to a report: `processes`.
+pub fn telemetry_with(processes: Vec<ProcessActivity>) -> Extras {
+    Extras {
+        telemetry: Some(TelemetryStatus {
+            enabled: true,
+            reason: None,
+            dev_prefix: "/dev/nvidia".into(),
+            uprobes: false,
+        }),
+        processes,
+        queues: HashMap::new(),
+    }
+}
+
 pub fn process(pid: i32, comm: &str, ioctls: u64) -> ProcessActivity {
     ProcessActivity {
         pid,
@@ -195,16 +209,10 @@ fn a_restarted_broker_starts_the_deltas_over() {
 #[test]
 fn telemetry_adds_observed_rows_and_marks_clients_that_also_touch_the_device() {
     let mut d = Deriver::default();
-    let extras = Extras {
-        telemetry: Some(TelemetryStatus {
-            enabled: true,
-            reason: None,
-            dev_prefix: "/dev/nvidia".into(),
-            uprobes: false,
-        }),
-        processes: vec![process(100, "train", 400), process(200, "python3", 1_000)],
-        queues: HashMap::new(),
-    };
+    let extras = telemetry_with(vec![
+        process(100, "train", 400),
+        process(200, "python3", 1_000),
+    ]);
     let f = d.derive(&report(5_000, vec![client(1, 100, "train")]), &extras);
     assert_eq!(f.rows.len(), 2);
     assert_eq!(f.rows[0].kind, Kind::Both);

@@ -1,11 +1,9 @@
-use std::collections::HashMap;
 use std::time::Duration;
 
-use gpushare_protocol::stats::TelemetryStatus;
 use ratatui::Terminal;
 use ratatui::backend::TestBackend;
 
-use super::super::collect::tests::{client, process, report};
+use super::super::collect::tests::{client, process, report, telemetry_with};
 use super::super::collect::{Deriver, Extras};
 use super::*;
 
@@ -125,19 +123,10 @@ fn disconnected_keeps_the_last_rows_and_says_so() {
 
 #[test]
 fn telemetry_shows_observed_processes_and_ioctl_rates() {
-    let extras = Extras {
-        telemetry: Some(TelemetryStatus {
-            enabled: true,
-            reason: None,
-            dev_prefix: "/dev/nvidia".into(),
-            uprobes: false,
-        }),
-        processes: vec![
-            process(4242, "trainer", 300),
-            process(777, "python3", 9_000),
-        ],
-        queues: HashMap::new(),
-    };
+    let extras = telemetry_with(vec![
+        process(4242, "trainer", 300),
+        process(777, "python3", 9_000),
+    ]);
     let text = screen(&state(&extras), 160, 40);
     assert!(text.contains("telemetry: eBPF on (ioctls)"), "{text}");
     let py = text.lines().find(|l| l.contains("python3")).unwrap_or("");
