@@ -184,6 +184,47 @@ fn sighup_reloads_the_policy_without_dropping_clients() {
     assert_eq!(old.class, PriorityClass::Normal);
 }
 
+/// A terminal's hangup, or `kill -HUP` sent to gpushared's process group (what a harness that
+/// wraps gpushared in `timeout` does with a SIGHUP it gets), reaches the device workers too:
+/// they leave it to gpushared, which reloads its policy, and keep serving.
+#[test]
+fn a_hangup_sent_to_gpushareds_process_group_leaves_its_device_workers_serving() {
+    let broker = Broker::start_with(BrokerOptions {
+        policy: Some(String::new()),
+        own_process_group: true,
+        ..BrokerOptions::default()
+    });
+    let client = broker.client_named("before");
+    let data: Vec<f32> = (0..256).map(|i| i as f32).collect();
+    let buf = client.alloc::<f32>(256).expect("alloc");
+    buf.copy_from_host(&data).expect("upload");
+    let workers = broker.worker_pids();
+    assert!(
+        !workers.is_empty(),
+        "device workers serve: {}",
+        broker.log_text()
+    );
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(-broker.pid()),
+        nix::sys::signal::Signal::SIGHUP,
+    )
+    .expect("signal the group");
+    assert!(
+        broker.wait_for_log("policy reloaded", std::time::Duration::from_secs(5)),
+        "{}",
+        broker.log_text()
+    );
+    for pid in &workers {
+        assert!(
+            nix::sys::signal::kill(nix::unistd::Pid::from_raw(*pid), None).is_ok(),
+            "device worker {pid} is gone; log:\n{}",
+            broker.log_text()
+        );
+    }
+    assert_eq!(buf.to_vec().expect("the memory, read back"), data);
+    assert_eq!(broker.worker_pids(), workers, "{}", broker.log_text());
+}
+
 /// A governed or consolidated session of this process, as the interposer and the CUDA driver
 /// open theirs.
 fn session_as(broker: &Broker, role: Role) -> Session {

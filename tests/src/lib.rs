@@ -68,6 +68,9 @@ pub struct BrokerOptions {
     pub socket_mode: Option<String>,
     /// Environment variables set for gpushared (`SLURM_CONF`, say).
     pub env: Vec<(String, String)>,
+    /// Start gpushared in a process group of its own (as a shell or a terminal does), so a
+    /// test can signal the group.
+    pub own_process_group: bool,
 }
 
 impl Broker {
@@ -111,6 +114,9 @@ impl Broker {
         }
         cmd.args(&opts.extra_args);
         cmd.envs(opts.env.iter().map(|(k, v)| (k, v)));
+        if opts.own_process_group {
+            std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+        }
         let mut child = cmd.spawn().expect("spawn gpushared");
         let log = Arc::new(Mutex::new(Vec::new()));
         if let Some(stderr) = child.stderr.take() {

@@ -38,6 +38,13 @@ pub fn run() -> ! {
 }
 
 fn start() -> Result<(), String> {
+    // A terminal's hangup or Ctrl-C, or a signal to gpushared's process group, reaches the
+    // workers too: gpushared answers those (a reload, a drained stop, which ends its workers
+    // by closing their sockets), so a worker must not die of them with clients' work on it.
+    for sig in [libc::SIGHUP, libc::SIGINT] {
+        // SAFETY: setting a signal's disposition to SIG_IGN touches no memory of ours.
+        unsafe { libc::signal(sig, libc::SIG_IGN) };
+    }
     // Started as /proc/self/exe, it would be called `exe` in ps and top.
     // SAFETY: PR_SET_NAME reads a NUL-terminated string of at most 16 bytes, which this is.
     unsafe { libc::prctl(libc::PR_SET_NAME, c"gpushare-worker".as_ptr()) };
