@@ -323,6 +323,80 @@ fn srtf_runs_the_shortest_declared_job_and_switches_only_at_iteration_ends() {
         .expect("a sensible deadline");
 }
 
+/// A client the policy holds back longer than `--kernel-timeout` (SRTF keeps a long job
+/// waiting while a shorter one runs) has nothing on the GPU meanwhile: the hang watchdog must
+/// not take the hold for a hung kernel and reset the GPU under everyone.
+#[test]
+fn a_client_held_by_the_policy_past_the_kernel_timeout_is_not_taken_for_a_hang() {
+    let broker = Broker::start_with(BrokerOptions {
+        policy: Some("scheduler = \"srtf\"\n".into()),
+        extra_args: vec![
+            "--sim-realtime".into(),
+            "--kernel-timeout".into(),
+            "1".into(),
+        ],
+        ..Default::default()
+    });
+    let long = broker.client_named("long");
+    let short = broker.client_named("short");
+    long.declare_job(Duration::from_secs(60), 0, 0)
+        .expect("declare");
+    short
+        .declare_job(Duration::from_secs(10), 0, 0)
+        .expect("declare");
+    // The long job runs iterations, each queued right behind the one before (as a program
+    // that does not wait for its GPU does) ...
+    let stop_long = Arc::new(AtomicBool::new(false));
+    let long_thread = {
+        let (long, stop) = (long.clone(), stop_long.clone());
+        std::thread::spawn(move || {
+            let stream = long.default_stream();
+            let mut done = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                for _ in 0..4 {
+                    let k = Kernel::Spin {
+                        micros: 1000,
+                        blocks: 1,
+                    };
+                    stream.launch(k).expect("launch");
+                }
+                long.end_iteration().expect("end iteration");
+                done += 1;
+            }
+            stream.synchronize().expect("sync");
+            done
+        })
+    };
+    assert!(gpushare_tests::wait_until(Duration::from_secs(60), || {
+        gpu_time(&broker, "long") >= 10_000_000
+    }));
+    // ... until the shorter job comes and keeps the GPU (it never ends an iteration): the
+    // long job's next kernel waits in the scheduler for 2.5 kernel timeouts.
+    let stop_short = Arc::new(AtomicBool::new(false));
+    let short_thread = busy(short, stop_short.clone());
+    let before = gpu_time(&broker, "long");
+    let hang_seen = gpushare_tests::wait_until(Duration::from_millis(2500), || {
+        broker.log_contains("made no progress")
+    });
+    let during = gpu_time(&broker, "long") - before;
+    stop_short.store(true, Ordering::Relaxed);
+    short_thread.join().expect("short job");
+    stop_long.store(true, Ordering::Relaxed);
+    let ran = long_thread
+        .join()
+        .expect("the long job goes on, not evicted");
+    assert!(
+        !hang_seen,
+        "a hold taken for a hang:\n{}",
+        broker.log_text()
+    );
+    assert!(
+        during < 100_000_000,
+        "the long job was held ({during} ns of GPU while the short one ran)"
+    );
+    assert!(ran > 0);
+}
+
 /// A consolidated program's kernels (a module's functions, through gpushare's own libcuda) go
 /// through the scheduler one by one as a library client's do: under FAIR, two such programs
 /// share the GPU by weight, with their kernels' device time measured, and `gpushare set`

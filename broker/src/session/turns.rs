@@ -6,6 +6,8 @@
 //! behind the previous granted kernel of its stream while that one still ran (back-to-back
 //! work, the common case), from the event after that one: one event per kernel, not two.
 
+use std::sync::atomic::Ordering;
+
 use gpushare_protocol::StreamId;
 
 use super::SessionState;
@@ -45,7 +47,10 @@ impl SessionState {
             id,
             profile,
             |waiting| match waiting {
-                Waiting::Reap => self.reap_granted(),
+                Waiting::Reap => {
+                    self.reap_granted();
+                    self.off_the_device_while_held();
+                }
                 // Close the measured spans: time spent waiting for others is not ours. Every
                 // stream's, and as idle: an ordinary batch end leaves a young span open, and
                 // the wait would be charged to this client.
@@ -136,6 +141,27 @@ impl SessionState {
             let measured = self.time_granted(g);
             self.dispatch.complete(self.info.id, request, measured);
         }
+    }
+
+    /// Held by the policy with nothing of its own left on the device: the watchdog's stamp
+    /// goes (the next work queued sets it again), so that a hold the policy keeps (SRTF's long
+    /// job behind a shorter one, a turn owed to others) is not taken for a hung kernel.
+    fn off_the_device_while_held(&mut self) {
+        let watch = &self.info.fault_watch;
+        if watch.busy_since.load(Ordering::Relaxed) == 0 || !self.granted.is_empty() {
+            return;
+        }
+        if self
+            .streams
+            .values()
+            .any(|s| self.device.stream_busy(&s.stream))
+        {
+            return;
+        }
+        watch
+            .progress
+            .store(self.health.now_ns(), Ordering::Release);
+        watch.busy_since.store(0, Ordering::Release);
     }
 
     /// How long a finished granted kernel ran; keeps its end event as where the stream's
