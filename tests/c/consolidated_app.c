@@ -21,9 +21,10 @@
  *                     "cuda I UUID" for each device, "peer 0 1 CAN" (cuDeviceCanAccessPeer)
  *                     and "p2p access 0 1 CAN" (cuDeviceGetP2PAttribute),
  *                     then works on device LOCAL_RANK (a copy there and back) and prints
- *                     "current DEV" (cuCtxGetDevice), "other device RESULT" (retaining the
- *                     next device's primary context), "nvml COUNT", "ready PID"; exits at
- *                     the next line of input */
+ *                     "current DEV" (cuCtxGetDevice), "other device RETAIN DEV peer PEER
+ *                     alloc ALLOC sync SYNC" (the next device's primary context: retained,
+ *                     its device, peer access to it, an allocation and a sync with it
+ *                     current), "nvml COUNT", "ready PID"; exits at the next line of input */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <stdio.h>
@@ -210,10 +211,21 @@ static int rank(void) {
     CUdevice cur = -1;
     CHECK(((CUresult (*)(CUdevice *))get("cuCtxGetDevice"))(&cur));
     printf("current %d\n", cur);
-    CUcontext other;
-    CUresult refused = ((CUresult (*)(CUcontext *, CUdevice))get("cuDevicePrimaryCtxRetain"))(
-        &other, (me + 1) % (n > 0 ? n : 1));
-    printf("other device %d\n", refused);
+    /* The next device's primary context: handed out (CUDA's runtime asks every device's at
+     * start), it answers for its device, takes peer access, and refuses work. */
+    CUdevice next = (me + 1) % (n > 0 ? n : 1);
+    CUcontext own = NULL, other = NULL;
+    CHECK(((CUresult (*)(CUcontext *))get("cuCtxGetCurrent"))(&own));
+    CUresult retained = ((CUresult (*)(CUcontext *, CUdevice))get("cuDevicePrimaryCtxRetain"))(&other, next);
+    CUresult peer = ((CUresult (*)(CUcontext, unsigned))get("cuCtxEnablePeerAccess"))(other, 0);
+    CHECK(((CUresult (*)(CUcontext))get("cuCtxSetCurrent"))(other));
+    CUdevice there = -1;
+    CHECK(((CUresult (*)(CUdevice *))get("cuCtxGetDevice"))(&there));
+    CUdeviceptr none = 0;
+    CUresult alloc = ((CUresult (*)(CUdeviceptr *, size_t))get("cuMemAlloc"))(&none, 4096);
+    CUresult sync = ((CUresult (*)(void))get("cuCtxSynchronize"))();
+    CHECK(((CUresult (*)(CUcontext))get("cuCtxSetCurrent"))(own));
+    printf("other device %d %d peer %d alloc %d sync %d\n", retained, there, peer, alloc, sync);
     int e = nvml_devices(0);
     if (e) return e;
     printf("ready %d\n", (int)getpid());

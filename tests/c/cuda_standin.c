@@ -53,6 +53,7 @@ PER_THREAD_ENTRY_POINTS(DEFINE_PT)
 
 int failures;
 CUdevice device;
+int devices = 1;
 CUcontext primary;
 
 typedef CUresult (*GetProcAddress)(const char *, void **, int, unsigned long long, int *);
@@ -158,6 +159,7 @@ static int init(void) {
     int count = 0, want = seen ? atoi(seen) : 1;
     OK(cuDeviceGetCount(&count));
     CHECK(count == want, "%d devices, want %d", count, want);
+    devices = count;
     OK(cuDeviceGet(&device, rank ? atoi(rank) : 0));
     char name[256] = {0};
     OK(cuDeviceGetName(name, sizeof name, device));

@@ -24,6 +24,7 @@ enum {
     CUDA_ERROR_OUT_OF_MEMORY = 2,
     CUDA_ERROR_NOT_INITIALIZED = 3,
     CUDA_ERROR_NO_DEVICE = 100,
+    CUDA_ERROR_INVALID_DEVICE = 101,
     CUDA_ERROR_INVALID_CONTEXT = 201,
     CUDA_ERROR_PEER_ACCESS_UNSUPPORTED = 217,
     CUDA_ERROR_INVALID_HANDLE = 400,
@@ -329,6 +330,8 @@ void section_end(void);
 /* ---- the sections (cuda_standin_memory.c, cuda_standin_streams.c) ---------------------- */
 
 extern CUdevice device;
+/* How many devices the program sees (a job's several with STANDIN_DEVICES). */
+extern int devices;
 extern CUcontext primary;
 
 void check_export_tables(void);

@@ -59,6 +59,17 @@ void check_virtual_memory(size_t quota) {
     CUmemLocation here = {1, device};
     OK(cuMemGetAccess(&flags, &here, va + 3 * g));
     CHECK(flags == 3, "access %llu", flags);
+    /* Access for the job's other GPU, as NCCL gives every peer as it allocates; with one
+     * device, a device it does not see. */
+    CUmemAccessDesc both[2] = {{{1, device}, 3}, {{1, (device + 1) % 2}, 3}};
+    if (devices > 1) {
+        OK(cuMemSetAccess(va, 4 * g, both, 2));
+        CUmemLocation peer = {1, (device + 1) % 2};
+        OK(cuMemGetAccess(&flags, &peer, va));
+        CHECK(flags == 3, "the peer's access %llu", flags);
+    } else {
+        EXPECT(cuMemSetAccess(va, 4 * g, both, 2), CUDA_ERROR_INVALID_DEVICE);
+    }
 
     /* Misuse. */
     EXPECT(cuMemMap(va + g, 2 * g, 0, h1, 0), CUDA_ERROR_INVALID_VALUE);     /* over a mapping */

@@ -20,13 +20,28 @@ pub fn check(dev: CUdevice) -> Cu<()> {
         return Ok(());
     }
     if (0..seen).contains(&dev) {
-        crate::log::say_once(&format!(
-            "this process runs its GPU work on device {bound} of the {seen} it sees (gpushare runs one process per GPU, as PyTorch DDP does: its local rank picks it); device {dev} answers queries and peer access only"
-        ));
+        say_not_bound(dev);
     } else {
         say_unseen(seen);
     }
     Err(result::INVALID_DEVICE)
+}
+
+/// Says (once) that work on device `dev`, one the process sees, is refused: its work runs on
+/// its bound device.
+pub fn say_not_bound(dev: CUdevice) {
+    let (bound, seen) = driver::get().map_or((0, 1), |d| {
+        (d.gpus.bound as CUdevice, d.gpus.visible.len() as CUdevice)
+    });
+    crate::log::say_once(&format!(
+        "this process runs its GPU work on device {bound} of the {seen} it sees (gpushare runs one process per GPU, as PyTorch DDP does: its local rank picks it); device {dev} answers queries and peer access only"
+    ));
+}
+
+/// `dev` itself if the program sees that device, else `CUDA_ERROR_INVALID_DEVICE` (said once).
+pub fn visible(dev: CUdevice) -> Cu<CUdevice> {
+    let d = driver::get()?;
+    seen(d, dev).map(|_| dev)
 }
 
 /// Says (once) that a device ordinal names none of the `seen` devices.

@@ -68,9 +68,19 @@ pub fn get() -> Cu<&'static Driver> {
     Ok(unsafe { &*p })
 }
 
-/// The driver, and the error every call must report if the device was lost under it.
+/// The driver for work: the error every call must report if the device was lost under it,
+/// and `CUDA_ERROR_INVALID_DEVICE` while another GPU's primary context is current (a process
+/// of a job over several GPUs runs its work on one).
 #[inline]
 pub fn live() -> Cu<&'static Driver> {
+    let d = unbroken()?;
+    d.contexts.refuse_foreign_current()?;
+    Ok(d)
+}
+
+/// The driver, and the error every call must report if the device was lost under it.
+#[inline]
+pub fn unbroken() -> Cu<&'static Driver> {
     let d = get()?;
     match d.sticky.load(Ordering::Relaxed) {
         0 => Ok(d),
@@ -227,7 +237,7 @@ fn connect() -> Cu<Driver> {
         streams: crate::stream::Streams::default(),
         events: crate::event::Events::default(),
         modules: crate::module::Modules::default(),
-        contexts: crate::context::Contexts::new(),
+        contexts: crate::context::Contexts::for_devices(gpus.visible.len(), gpus.bound),
         graphs: crate::graph::Graphs::default(),
         host_points: crate::host_point::HostPoints::default(),
         occupancy: crate::occupancy::Cache::default(),

@@ -1,32 +1,49 @@
-//! Peer access. Every context of this driver is on its one device, and a device is no peer of
-//! itself (`cuDeviceCanAccessPeer` says 0), so enabling access to another context fails as a
-//! driver fails it between devices that cannot reach each other.
+//! Peer access. Work runs on one device per process; a job over several GPUs
+//! (`gpushare run --gpus N`) gives each process the other GPUs' primary contexts, and access
+//! to one of those is enabled where gpushared's GPUs reach each other (what lets a process map
+//! another rank's memory). Between contexts of one device, or GPUs that do not reach each
+//! other, enabling fails as a driver fails it between devices that cannot.
 
 use std::ffi::c_uint;
 
 use crate::context::{Contexts, current};
 use crate::driver;
 use crate::status::{Cu, entry};
-use crate::types::{CUcontext, CUresult, result};
+use crate::types::{CUcontext, CUdevice, CUresult, result};
 
-/// What `cuCtxEnablePeerAccess(peer, flags)` gives with `current` current.
-fn enable(contexts: &Contexts, current: CUcontext, peer: CUcontext, flags: c_uint) -> Cu<()> {
+/// What `cuCtxEnablePeerAccess(peer, flags)` gives with `current` current, where `reaches`
+/// says whether one device reaches another's memory.
+fn enable(
+    contexts: &Contexts,
+    reaches: impl Fn(CUdevice, CUdevice) -> bool,
+    current: CUcontext,
+    peer: CUcontext,
+    flags: c_uint,
+) -> Cu<()> {
     if flags != 0 {
         return Err(result::INVALID_VALUE);
     }
     if current.is_null() || peer == current {
         return Err(result::INVALID_CONTEXT);
     }
-    contexts.get(current)?;
-    contexts.get(peer)?;
-    crate::entry::say_refused("cuCtxEnablePeerAccess", result::PEER_ACCESS_UNSUPPORTED);
-    Err(result::PEER_ACCESS_UNSUPPORTED)
+    let from = contexts.get(current)?.device;
+    let to = contexts.get(peer)?.device;
+    if !reaches(from, to) {
+        crate::entry::say_refused("cuCtxEnablePeerAccess", result::PEER_ACCESS_UNSUPPORTED);
+        return Err(result::PEER_ACCESS_UNSUPPORTED);
+    }
+    if !contexts.peer_enabled(current, to, true) {
+        return Err(result::PEER_ACCESS_ALREADY_ENABLED);
+    }
+    Ok(())
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuCtxEnablePeerAccess(peer: CUcontext, flags: c_uint) -> CUresult {
     entry("cuCtxEnablePeerAccess", || {
-        enable(&driver::get()?.contexts, current(), peer, flags)
+        let d = driver::get()?;
+        let reaches = |a, b| d.gpus.reaches(a, b);
+        enable(&d.contexts, reaches, current(), peer, flags)
     })
 }
 
@@ -34,8 +51,12 @@ pub extern "C" fn cuCtxEnablePeerAccess(peer: CUcontext, flags: c_uint) -> CUres
 #[unsafe(no_mangle)]
 pub extern "C" fn cuCtxDisablePeerAccess(peer: CUcontext) -> CUresult {
     entry("cuCtxDisablePeerAccess", || {
-        driver::get()?.contexts.get(peer)?;
-        Err(result::PEER_ACCESS_NOT_ENABLED)
+        let contexts = &driver::get()?.contexts;
+        let to = contexts.get(peer)?.device;
+        if current().is_null() || !contexts.peer_enabled(current(), to, false) {
+            return Err(result::PEER_ACCESS_NOT_ENABLED);
+        }
+        Ok(())
     })
 }
 
@@ -48,7 +69,7 @@ mod tests {
         let contexts = Contexts::new();
         let primary = contexts.primary();
         let other = contexts.create(0);
-        let enable = |cur, peer, flags| enable(&contexts, cur, peer, flags).err();
+        let enable = |cur, peer, flags| enable(&contexts, |a, b| a != b, cur, peer, flags).err();
         assert_eq!(
             enable(primary, other, 0),
             Some(result::PEER_ACCESS_UNSUPPORTED)
@@ -73,6 +94,28 @@ mod tests {
             enable(primary, other, 1),
             Some(result::INVALID_VALUE),
             "flags"
+        );
+    }
+
+    #[test]
+    fn another_gpus_primary_context_is_a_peer_where_the_gpus_reach_each_other() {
+        let contexts = Contexts::for_devices(2, 0);
+        let own = contexts.primary();
+        let other = std::ptr::from_ref(contexts.primary_of(1).expect("device 1"))
+            .cast_mut()
+            .cast();
+        let reach = |a: CUdevice, b: CUdevice| a != b;
+        assert_eq!(enable(&contexts, reach, own, other, 0), Ok(()));
+        assert_eq!(
+            enable(&contexts, reach, own, other, 0),
+            Err(result::PEER_ACCESS_ALREADY_ENABLED)
+        );
+        assert!(contexts.peer_enabled(own, 1, false), "disabled once");
+        assert!(!contexts.peer_enabled(own, 1, false), "not twice");
+        assert_eq!(
+            enable(&contexts, |_, _| false, own, other, 0),
+            Err(result::PEER_ACCESS_UNSUPPORTED),
+            "GPUs that do not reach each other"
         );
     }
 }

@@ -4,8 +4,8 @@
 use std::ffi::{c_int, c_uint, c_void};
 use std::sync::atomic::Ordering;
 
-use super::{STACK, current, set_current};
-use crate::device::check;
+use super::{Context, STACK, current, set_current};
+use crate::device::{check, visible};
 use crate::driver;
 use crate::status::{Cu, entry, out};
 use crate::types::{CUcontext, CUdevice, CUresult, result};
@@ -15,23 +15,22 @@ use crate::types::{CUcontext, CUdevice, CUresult, result};
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) -> CUresult {
     entry("cuDevicePrimaryCtxRetain", || {
-        let d = driver::get()?;
-        check(dev)?;
-        d.contexts.primary_retains.fetch_add(1, Ordering::Relaxed);
+        let ctx = primary_of(dev)?;
+        ctx.retain();
         // SAFETY: the caller's contract.
-        unsafe { out(pctx, d.contexts.primary()) }
+        unsafe { out(pctx, ctx as *const Context as CUcontext) }
     })
 }
 
-fn release_primary(dev: CUdevice) -> Cu<()> {
+/// The primary context of a device the program sees (another GPU's answers but runs nothing).
+pub(crate) fn primary_of(dev: CUdevice) -> Cu<&'static Context> {
     let d = driver::get()?;
-    check(dev)?;
-    let _ = d
-        .contexts
-        .primary_retains
-        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
-            (n > 0).then(|| n - 1)
-        });
+    visible(dev)?;
+    d.contexts.primary_of(dev).ok_or(result::INVALID_DEVICE)
+}
+
+fn release_primary(dev: CUdevice) -> Cu<()> {
+    primary_of(dev)?.release();
     Ok(())
 }
 
@@ -54,32 +53,17 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxGetState(
     active: *mut c_int,
 ) -> CUresult {
     entry("cuDevicePrimaryCtxGetState", || {
-        let d = driver::get()?;
-        if dev != crate::device::bound() && d.gpus.get(dev).is_some() {
-            // Another device of a job's: seen, never made current here.
-            // SAFETY: the caller's contract.
-            return unsafe {
-                out(flags, 0)?;
-                out(active, 0)
-            };
-        }
-        check(dev)?;
-        let c = &d.contexts;
+        let ctx = primary_of(dev)?;
         // SAFETY: the caller's contract.
         unsafe {
-            out(flags, c.primary.flags.load(Ordering::Relaxed))?;
-            out(
-                active,
-                (c.primary_retains.load(Ordering::Relaxed) > 0) as c_int,
-            )
+            out(flags, ctx.flags.load(Ordering::Relaxed))?;
+            out(active, ctx.active() as c_int)
         }
     })
 }
 
 fn set_primary_flags(dev: CUdevice, flags: c_uint) -> Cu<()> {
-    let d = driver::get()?;
-    check(dev)?;
-    d.contexts.primary.flags.store(flags, Ordering::Relaxed);
+    primary_of(dev)?.flags.store(flags, Ordering::Relaxed);
     Ok(())
 }
 
@@ -99,13 +83,16 @@ pub extern "C" fn cuDevicePrimaryCtxSetFlags_v2(dev: CUdevice, flags: c_uint) ->
 
 /// Resetting the primary context ends its local storage. The device memory and modules the
 /// program made stay (they belong to its one session); a program that resets to free them
-/// keeps them until it exits.
+/// keeps them until it exits. Another GPU's primary context has no work to wait for.
 fn reset_primary(dev: CUdevice) -> Cu<()> {
     let d = driver::get()?;
-    check(dev)?;
-    d.synchronize()?;
-    d.contexts.run_storage_dtors(d.contexts.primary());
-    d.contexts.primary_retains.store(0, Ordering::Relaxed);
+    let ctx = primary_of(dev)?;
+    if dev == crate::device::bound() {
+        d.synchronize()?;
+    }
+    let handle = ctx as *const Context as CUcontext;
+    d.contexts.run_storage_dtors(handle);
+    ctx.reset();
     Ok(())
 }
 
@@ -127,7 +114,7 @@ fn create(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> Cu<()> {
         return Err(result::INVALID_VALUE);
     }
     let ctx = d.contexts.create(flags);
-    STACK.with(|s| s.borrow_mut().push(ctx as usize));
+    let _ = STACK.try_with(|s| s.borrow_mut().push(ctx as usize));
     // SAFETY: the caller's contract.
     unsafe { out(pctx, ctx) }
 }
@@ -213,8 +200,9 @@ pub extern "C" fn cuCtxDestroy_v2(ctx: CUcontext) -> CUresult {
 fn push(ctx: CUcontext) -> Cu<()> {
     let d = driver::get()?;
     d.contexts.get(ctx)?;
-    STACK.with(|s| s.borrow_mut().push(ctx as usize));
-    Ok(())
+    STACK
+        .try_with(|s| s.borrow_mut().push(ctx as usize))
+        .map_err(|_| result::INVALID_CONTEXT)
 }
 
 #[unsafe(no_mangle)]
@@ -230,7 +218,9 @@ pub extern "C" fn cuCtxPushCurrent_v2(ctx: CUcontext) -> CUresult {
 fn pop(pctx: *mut CUcontext) -> Cu<()> {
     driver::get()?;
     let popped = STACK
-        .with(|s| s.borrow_mut().pop())
+        .try_with(|s| s.borrow_mut().pop())
+        .ok()
+        .flatten()
         .ok_or(result::INVALID_CONTEXT)?;
     if !pctx.is_null() {
         // SAFETY: non-NULL: the caller's contract says writable.
@@ -282,9 +272,9 @@ pub unsafe extern "C" fn cuCtxGetCurrent(pctx: *mut CUcontext) -> CUresult {
 pub unsafe extern "C" fn cuCtxGetDevice(dev: *mut CUdevice) -> CUresult {
     entry("cuCtxGetDevice", || {
         let d = driver::get()?;
-        d.contexts.resolve(std::ptr::null_mut())?;
+        let ctx = d.contexts.resolve(std::ptr::null_mut())?;
         // SAFETY: the caller's contract.
-        unsafe { out(dev, crate::device::bound()) }
+        unsafe { out(dev, ctx.device) }
     })
 }
 
@@ -294,9 +284,9 @@ pub unsafe extern "C" fn cuCtxGetDevice(dev: *mut CUdevice) -> CUresult {
 pub unsafe extern "C" fn cuCtxGetDevice_v2(dev: *mut CUdevice, ctx: CUcontext) -> CUresult {
     entry("cuCtxGetDevice_v2", || {
         let d = driver::get()?;
-        d.contexts.resolve(ctx)?;
+        let ctx = d.contexts.resolve(ctx)?;
         // SAFETY: the caller's contract.
-        unsafe { out(dev, crate::device::bound()) }
+        unsafe { out(dev, ctx.device) }
     })
 }
 
@@ -348,16 +338,22 @@ pub unsafe extern "C" fn cuCtxGetApiVersion(ctx: CUcontext, version: *mut c_uint
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuCtxSynchronize() -> CUresult {
-    entry("cuCtxSynchronize", || driver::live()?.synchronize())
+    entry("cuCtxSynchronize", || synchronize(std::ptr::null_mut()))
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuCtxSynchronize_v2(ctx: CUcontext) -> CUresult {
-    entry("cuCtxSynchronize_v2", || {
-        let d = driver::live()?;
-        d.contexts.resolve(ctx)?;
-        d.synchronize()
-    })
+    entry("cuCtxSynchronize_v2", || synchronize(ctx))
+}
+
+/// Waits for the context's work; another GPU's primary context has none of this process's.
+fn synchronize(ctx: CUcontext) -> Cu<()> {
+    let d = driver::unbroken()?;
+    let named = !ctx.is_null() || !current().is_null();
+    if named && d.contexts.resolve(ctx)?.device != crate::device::bound() {
+        return Ok(());
+    }
+    d.synchronize()
 }
 
 /// # Safety

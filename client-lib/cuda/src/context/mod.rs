@@ -1,6 +1,11 @@
 //! Contexts. All of a process's contexts share its one session with the broker (whose context
 //! is the real one): the primary context, and any the program creates, differ only in their
 //! flags and their context-local storage. Each thread has its own stack of current contexts.
+//!
+//! A process of a job over several GPUs (`gpushare run --gpus N`) runs its work on one of
+//! them; every other device it sees still has a primary context, as CUDA's runtime asks each
+//! device's at start: a handle that answers for its device (made current, asked its device,
+//! flags, storage, peer access) and refuses work with `CUDA_ERROR_INVALID_DEVICE`.
 
 mod limits;
 mod storage;
@@ -16,7 +21,7 @@ use gpushare_protocol::Command;
 
 use crate::driver::Driver;
 use crate::status::Cu;
-use crate::types::{CUcontext, limit, result};
+use crate::types::{CUcontext, CUdevice, limit, result};
 
 use storage::Storage;
 pub use storage::StorageDtor;
@@ -25,13 +30,20 @@ pub use storage::StorageDtor;
 pub struct Context {
     pub id: u64,
     pub flags: AtomicU32,
+    /// The ordinal of its device.
+    pub device: CUdevice,
+    /// Retains of a primary context (unused for created ones).
+    retains: AtomicI32,
 }
 
 pub struct Contexts {
-    primary: &'static Context,
-    primary_retains: AtomicI32,
+    /// Each device's primary context, by ordinal; `bound`'s is where work runs.
+    primaries: &'static [Context],
+    bound: usize,
     /// Contexts the program created and has not destroyed.
     created: Mutex<HashSet<usize>>,
+    /// Peer access enabled: (context, the device whose primary context it names).
+    peers: Mutex<HashSet<(usize, CUdevice)>>,
     next_id: AtomicU64,
     /// Context-local storage (an export table's service): (context, key) → value.
     storage: Mutex<Storage>,
@@ -50,29 +62,85 @@ impl Default for Contexts {
 }
 
 impl Contexts {
+    /// The contexts of a process that sees one device.
     pub fn new() -> Contexts {
+        Contexts::for_devices(1, 0)
+    }
+
+    /// The contexts of a process that sees `count` devices and runs its work on `bound`.
+    pub fn for_devices(count: usize, bound: usize) -> Contexts {
+        let count = count.max(bound + 1);
+        let primaries: Vec<Context> = (0..count)
+            .map(|i| Context::new(i as u64 + 1, i as CUdevice))
+            .collect();
         Contexts {
-            primary: Box::leak(Box::new(Context {
-                id: 1,
-                flags: AtomicU32::new(0),
-            })),
-            primary_retains: AtomicI32::new(0),
+            primaries: Box::leak(primaries.into_boxed_slice()),
+            bound,
             created: Mutex::new(HashSet::new()),
-            next_id: AtomicU64::new(2),
+            peers: Mutex::new(HashSet::new()),
+            next_id: AtomicU64::new(count as u64 + 1),
             storage: Mutex::new(HashMap::new()),
             limits: Mutex::new(limits::defaults()),
             cache_config: AtomicI32::new(0),
         }
     }
 
+    /// The primary context of the device the work runs on.
     pub fn primary(&self) -> CUcontext {
-        self.primary as *const Context as CUcontext
+        handle(&self.primaries[self.bound])
     }
 
-    /// The context a handle names (the primary one or one the program created).
+    /// The primary context of device `dev` (one the program sees).
+    pub fn primary_of(&self, dev: CUdevice) -> Option<&Context> {
+        usize::try_from(dev)
+            .ok()
+            .and_then(|i| self.primaries.get(i))
+    }
+
+    /// The device of another GPU's primary context, if `ctx` is one.
+    fn foreign(&self, ctx: CUcontext) -> Option<CUdevice> {
+        self.primaries
+            .iter()
+            .enumerate()
+            .find(|&(i, c)| i != self.bound && handle(c) == ctx)
+            .map(|(_, c)| c.device)
+    }
+
+    /// Refuses work while the thread's current context is another GPU's primary context.
+    #[inline]
+    pub fn refuse_foreign_current(&self) -> Cu<()> {
+        if self.primaries.len() == 1 {
+            return Ok(());
+        }
+        match self.foreign(current()) {
+            None => Ok(()),
+            Some(dev) => {
+                crate::device::say_not_bound(dev);
+                Err(result::INVALID_DEVICE)
+            }
+        }
+    }
+
+    /// Whether the thread's current context is another GPU's primary context.
+    pub fn foreign_current(&self) -> bool {
+        self.primaries.len() > 1 && self.foreign(current()).is_some()
+    }
+
+    /// Enables (`on`) or disables peer access from `ctx` to device `to`; false if it already
+    /// was (enabling) or was not (disabling).
+    pub fn peer_enabled(&self, ctx: CUcontext, to: CUdevice, on: bool) -> bool {
+        let mut peers = self.peers.lock().unwrap_or_else(|p| p.into_inner());
+        if on {
+            peers.insert((ctx as usize, to))
+        } else {
+            peers.remove(&(ctx as usize, to))
+        }
+    }
+
+    /// The context a handle names (a primary one or one the program created).
     pub fn get(&self, ctx: CUcontext) -> Cu<&Context> {
-        if ctx == self.primary() {
-            return Ok(self.primary);
+        if let Some(p) = self.primaries.iter().find(|&c| handle(c) == ctx) {
+            return Ok(p);
         }
         let live = self
             .created
@@ -101,10 +169,12 @@ impl Contexts {
     }
 
     pub(crate) fn create(&self, flags: u32) -> CUcontext {
-        let ctx = Box::leak(Box::new(Context {
-            id: self.next_id.fetch_add(1, Ordering::Relaxed),
-            flags: AtomicU32::new(flags),
-        })) as *const Context as CUcontext;
+        let context = Context::new(
+            self.next_id.fetch_add(1, Ordering::Relaxed),
+            self.bound as CUdevice,
+        );
+        context.flags.store(flags, Ordering::Relaxed);
+        let ctx = handle(Box::leak(Box::new(context)));
         self.created
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -113,7 +183,7 @@ impl Contexts {
     }
 
     fn destroy(&self, ctx: CUcontext) -> Cu<()> {
-        if ctx == self.primary() {
+        if self.primaries.iter().any(|c| handle(c) == ctx) {
             return Err(result::INVALID_CONTEXT);
         }
         if !self
@@ -125,18 +195,60 @@ impl Contexts {
             return Err(result::INVALID_CONTEXT);
         }
         self.run_storage_dtors(ctx);
-        STACK.with(|s| s.borrow_mut().retain(|&c| c != ctx as usize));
+        let _ = STACK.try_with(|s| s.borrow_mut().retain(|&c| c != ctx as usize));
         Ok(())
     }
 }
 
-/// The calling thread's current context (NULL for none).
+impl Context {
+    fn new(id: u64, device: CUdevice) -> Context {
+        Context {
+            id,
+            flags: AtomicU32::new(0),
+            device,
+            retains: AtomicI32::new(0),
+        }
+    }
+
+    /// A retain of a primary context.
+    pub fn retain(&self) {
+        self.retains.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A release of a primary context (none below zero).
+    pub fn release(&self) {
+        let _ = self
+            .retains
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n > 0).then(|| n - 1)
+            });
+    }
+
+    /// Whether a primary context is retained.
+    pub fn active(&self) -> bool {
+        self.retains.load(Ordering::Relaxed) > 0
+    }
+
+    fn reset(&self) {
+        self.retains.store(0, Ordering::Relaxed);
+    }
+}
+
+fn handle(c: &Context) -> CUcontext {
+    c as *const Context as CUcontext
+}
+
+/// The calling thread's current context (NULL for none, and for a thread whose locals are
+/// being destroyed: libraries' destructors call in as the process exits).
 pub fn current() -> CUcontext {
-    STACK.with(|s| s.borrow().last().copied().unwrap_or(0)) as CUcontext
+    STACK
+        .try_with(|s| s.borrow().last().copied().unwrap_or(0))
+        .unwrap_or(0) as CUcontext
 }
 
 fn set_current(ctx: CUcontext) {
-    STACK.with(|s| {
+    // A thread whose locals are being destroyed keeps none.
+    let _ = STACK.try_with(|s| {
         let mut s = s.borrow_mut();
         match (ctx.is_null(), s.last_mut()) {
             (true, Some(_)) => {
@@ -190,5 +302,33 @@ mod tests {
         );
         set_current(std::ptr::null_mut());
         assert!(current().is_null());
+    }
+
+    #[test]
+    fn another_gpus_primary_context_answers_for_its_device_and_refuses_work() {
+        let contexts = Contexts::for_devices(2, 1);
+        let own = contexts.primary();
+        let other = contexts.primary_of(0).expect("device 0");
+        let other_handle = handle(other);
+        assert_eq!(contexts.get(own).map(|c| c.device).ok(), Some(1));
+        assert_eq!(contexts.get(other_handle).map(|c| c.device).ok(), Some(0));
+        assert!(contexts.primary_of(2).is_none(), "a device it does not see");
+        assert!(contexts.destroy(other_handle).is_err(), "not destroyed");
+        assert_ne!(contexts.create(0), other_handle);
+        set_current(own);
+        assert_eq!(contexts.refuse_foreign_current(), Ok(()));
+        set_current(other_handle);
+        assert!(contexts.foreign_current());
+        assert_eq!(
+            contexts.refuse_foreign_current(),
+            Err(result::INVALID_DEVICE)
+        );
+        set_current(std::ptr::null_mut());
+        assert_eq!(contexts.refuse_foreign_current(), Ok(()), "no context");
+        other.retain();
+        assert!(other.active());
+        other.release();
+        other.release();
+        assert!(!other.active(), "never below zero");
     }
 }

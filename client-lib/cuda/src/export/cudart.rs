@@ -45,13 +45,13 @@ pub extern "C" fn module_from_fatbin_ext(
     entry("module_from_fatbin_ext", || load(module, fatbin))
 }
 
-/// The device's primary context, without making it active.
+/// The device's primary context, without making it active. The runtime asks every device's
+/// at start, so another GPU's of a job is handed out too (it runs nothing).
 pub extern "C" fn primary_context(pctx: *mut CUcontext, dev: CUdevice) -> CUresult {
     entry("primary_context", || {
-        let d = driver::get()?;
-        crate::device::check(dev)?;
+        let ctx = crate::context::api::primary_of(dev)?;
         // SAFETY: the runtime passes a writable out-parameter.
-        unsafe { out(pctx, d.contexts.primary()) }
+        unsafe { out(pctx, std::ptr::from_ref(ctx) as CUcontext) }
     })
 }
 

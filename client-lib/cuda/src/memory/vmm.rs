@@ -331,11 +331,14 @@ impl Driver {
                 say_once("cuMemSetAccess: only the device's access can be set");
                 return Err(result::NOT_SUPPORTED);
             }
-            if d.location.id != crate::device::bound() {
-                return Err(result::INVALID_DEVICE);
-            }
             if !matches!(d.flags, 0 | 1 | ACCESS_READWRITE) {
                 return Err(result::INVALID_VALUE);
+            }
+            if d.location.id != crate::device::bound() {
+                // Another GPU of the job's (NCCL gives every peer access as it allocates):
+                // its process maps the memory with its own access when it imports it.
+                self.reached_by(d.location.id)?;
+                continue;
             }
             flags = Some(d.flags);
         }
@@ -352,13 +355,25 @@ impl Driver {
     }
 
     pub fn vmm_access(&self, location: &Location, ptr: u64) -> Cu<u32> {
-        if location.kind != LOCATION_DEVICE || location.id != crate::device::bound() {
+        if location.kind != LOCATION_DEVICE {
             return Err(result::INVALID_DEVICE);
+        }
+        if location.id != crate::device::bound() {
+            self.reached_by(location.id)?;
         }
         let v = lock(&self.memory.vmm);
         v.mapping_at(ptr)
             .map(|(_, m)| m.access)
             .ok_or(result::INVALID_VALUE)
+    }
+
+    /// Whether device `dev`, another the program sees, reaches this process's device's memory.
+    fn reached_by(&self, dev: i32) -> Cu<()> {
+        if self.gpus.reaches(dev, crate::device::bound()) {
+            Ok(())
+        } else {
+            Err(result::INVALID_DEVICE)
+        }
     }
 
     /// The handle mapped at `ptr`, with one more reference the program must release.
