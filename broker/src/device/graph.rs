@@ -32,6 +32,41 @@ pub enum Step<F> {
     },
 }
 
+// By hand: a derive would ask `F: Clone`, where only the `Arc` is cloned.
+impl<F> Clone for Step<F> {
+    fn clone(&self) -> Step<F> {
+        match self {
+            Step::Kernel {
+                function,
+                launch,
+                attributes,
+                params,
+            } => Step::Kernel {
+                function: function.clone(),
+                launch: *launch,
+                attributes: *attributes,
+                params: params.clone(),
+            },
+            Step::Copy { src, dst, len } => Step::Copy {
+                src: *src,
+                dst: *dst,
+                len: *len,
+            },
+            Step::Memset {
+                dst,
+                value,
+                elem_bytes,
+                count,
+            } => Step::Memset {
+                dst: *dst,
+                value: *value,
+                elem_bytes: *elem_bytes,
+                count: *count,
+            },
+        }
+    }
+}
+
 /// A node: what it does, and the earlier nodes it waits for.
 pub struct Node<F> {
     pub deps: Vec<u32>,

@@ -2,6 +2,12 @@
 //! that a node goes to the device exactly as the same work queued on a stream would (launch
 //! attributes, programmatic launches); each node's dependencies are set on the capture before
 //! it, and the node the capture then made is read back for the nodes after it.
+//!
+//! A graph's kernels run in the context they were captured in, whatever stream launches the
+//! graph: launched on an SM partition's stream (a green context's), they would still spread
+//! over every SM (seen on the H200). So a graph launched while its client is kept to a
+//! partition has its nodes queued one by one on the partition's stream instead, in their
+//! order (one their dependencies allow), as the sim runs every graph.
 
 use std::ptr;
 use std::sync::{Arc, Mutex};
@@ -22,6 +28,8 @@ pub struct CudaGraph {
     exec: sys::CUgraphExec,
     /// The graph's nodes, in the order of the nodes it was made of.
     nodes: Vec<sys::CUgraphNode>,
+    /// What each node does now (updates included): queued one by one on an SM partition.
+    steps: Mutex<Vec<Step<CudaFunction>>>,
     functions: Mutex<Vec<Arc<CudaFunction>>>,
 }
 
@@ -60,10 +68,11 @@ pub(super) fn make(dev: &CudaDevice, nodes: Vec<Node<CudaFunction>>) -> DeviceRe
         let _ = unsafe { sys::cuGraphDestroy(graph) };
         return Err(e);
     }
-    let functions = nodes
-        .into_iter()
-        .filter_map(|n| match n.step {
-            Step::Kernel { function, .. } => Some(function),
+    let steps: Vec<Step<CudaFunction>> = nodes.into_iter().map(|n| n.step).collect();
+    let functions = steps
+        .iter()
+        .filter_map(|s| match s {
+            Step::Kernel { function, .. } => Some(function.clone()),
             _ => None,
         })
         .collect();
@@ -71,6 +80,7 @@ pub(super) fn make(dev: &CudaDevice, nodes: Vec<Node<CudaFunction>>) -> DeviceRe
         graph,
         exec,
         nodes: made,
+        steps: Mutex::new(steps),
         functions: Mutex::new(functions),
     })
 }
@@ -206,6 +216,14 @@ pub(super) fn update(
             .nodes
             .get(i as usize)
             .ok_or_else(|| DeviceError::InvalidArgument(format!("no graph node {i}")))?;
+        if let Some(kept) = graph
+            .steps
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_mut(i as usize)
+        {
+            *kept = step.clone();
+        }
         match step {
             Step::Kernel {
                 function,
@@ -284,6 +302,10 @@ pub(super) fn launch(
     graph: &CudaGraph,
 ) -> DeviceResult<()> {
     stream.begin(dev)?;
+    if stream.on_partition() {
+        let steps = graph.steps.lock().unwrap_or_else(|e| e.into_inner());
+        return steps.iter().try_for_each(|step| queue(stream.raw, step));
+    }
     // SAFETY: a live executable graph and stream of this context.
     check("cuGraphLaunch", unsafe {
         sys::cuGraphLaunch(graph.exec, stream.raw)

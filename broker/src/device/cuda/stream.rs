@@ -171,6 +171,11 @@ impl CudaStream {
         r != sys::cudaError_enum::CUDA_SUCCESS
     }
 
+    /// Whether its work goes to an SM partition now.
+    pub(super) fn on_partition(&self) -> bool {
+        self.raw != self.home
+    }
+
     /// Moves the stream's future work onto a partition of at least `sms` SMs (`None`: the
     /// whole GPU), ordered after the work queued so far.
     pub(super) fn limit_sms(&mut self, dev: &CudaDevice, sms: Option<u32>) -> DeviceResult<()> {
