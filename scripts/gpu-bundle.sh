@@ -10,7 +10,8 @@
 #   clients one (gpu-pytorch-consolidated.sh, consolidated/*.py and its launch program), the
 #   colocation benchmark (gpu-pytorch-colocate.sh, colocate/*.py), and GPU faults beside
 #   PyTorch programs (gpu-pytorch-faults.sh, faults/*.py), the coverage matrix of frameworks
-#   (gpu-coverage.sh, coverage/*) and the CUDA graph decode benchmark (gpu-graph-bench.sh),
+#   (gpu-coverage.sh, coverage/*), the CUDA graph decode benchmark (gpu-graph-bench.sh), FAIR
+#   against FIFO for many programs (gpu-fair-many.sh), several GPUs (gpu-multi-gpu.sh, gpu-ddp.sh),
 #   and the probes of where module
 #   globals land in a worker that takes over (module_globals), of what a forked child gets
 #   (fork_pinned), of the launch shapes CUDA refuses (launch_shapes), and of where the two
@@ -53,7 +54,7 @@ for line in sys.stdin:
 cp scripts/gpu-test.sh scripts/gpu-pytorch-governed.sh scripts/gpu-pytorch-consolidated.sh scripts/gpu-pytorch-fair.sh \
     scripts/gpu-pytorch-colocate.sh scripts/gpu-pytorch-faults.sh "$out/"
 mkdir -p "$out/governed" "$out/consolidated" "$out/colocate" "$out/faults" "$out/coverage" "$out/ddp"
-cp scripts/gpu-coverage.sh scripts/gpu-graph-bench.sh scripts/gpu-multi-gpu.sh scripts/gpu-ddp.sh "$out/"
+cp scripts/gpu-coverage.sh scripts/gpu-graph-bench.sh scripts/gpu-multi-gpu.sh scripts/gpu-ddp.sh scripts/gpu-fair-many.sh "$out/"
 cp scripts/ddp/*.py "$out/ddp/"
 cp scripts/coverage/*.py scripts/coverage/*.c "$out/coverage/"
 cp scripts/faults/*.py "$out/faults/"

@@ -10,7 +10,11 @@
 # 3. Per-GPU colocation: on every GPU at once, a high-priority inference loop (colocate/hp.py,
 #    mlp) beside a best-effort trainer (colocate/be.py, mlp), against the loop alone on a GPU
 #    of its own run directly; p50/p99 per GPU.
-# Settings: SECS (10, the measured window), LOGS (default $work/logs), PYTHON (python3).
+# 4. Faults stay on their GPU: an inference loop (faults/victims.py) on each GPU, one user and
+#    one trust domain, while programs on GPU 0 fault it (FAULTS device-side asserts, then as
+#    many illegal addresses): every answer is checked bit for bit; the loop on GPU 1 should
+#    not notice, the one on GPU 0 should get its answers right after each fault.
+# Settings: SECS (10, the measured window), FAULTS (3), LOGS (default $work/logs), PYTHON (python3).
 # Keep NVLink multicast off in everything run here (NCCL_NVLS_ENABLE=0 is set).
 set -uo pipefail
 dir=$(cd "$(dirname "$0")" && pwd)
@@ -128,6 +132,28 @@ start_hp dedicated env CUDA_VISIBLE_DEVICES=0
 wait_ready dedicated && go
 finish
 
+# 4. Faults on GPU 0 beside a loop on every GPU.
+stop=$work/stop
+for g in 0 1; do
+    "$dir/gpushare" run --gpu "$g" -- env PYTHONUNBUFFERED=1 timeout 300 "$py" "$dir/faults/victims.py" infer \
+        --stop "$stop" --think-ms 2 --out "$logs/victim$g.jsonl" 2> "$logs/victim$g.err" &
+    pids+=($!)
+done
+for g in 0 1; do
+    for _ in $(seq 1200); do grep -q '"ready"' "$logs/victim$g.jsonl" 2> /dev/null && break; sleep 0.1; done
+done
+sleep 2
+for kind in assert illegal; do
+    for _ in $(seq "${FAULTS:-3}"); do
+        timeout 120 "$dir/gpushare" run --gpu 0 -- "$py" "$dir/faults/culprit.py" "$kind" \
+            >> "$logs/culprits.jsonl" 2>> "$logs/culprit.err"
+        sleep 1.5
+    done
+done
+sleep 2
+touch "$stop"
+finish
+
 "$py" - "$logs" "$gpus" << 'EOF' | tee "$logs/summary.txt"
 import json, sys
 logs, gpus = sys.argv[1], int(sys.argv[2])
@@ -144,4 +170,25 @@ for g in range(gpus):
     p99 = hp.get("p99_ms", float("nan"))
     ratio = p99 / ded["p99_ms"] if ded.get("p99_ms") else float("nan")
     print(f"GPU {g}: HP beside a BE trainer p50 {hp.get('p50_ms', float('nan')):.3f} ms, p99 {p99:.3f} ms ({ratio:.2f} x dedicated); BE {be.get('it_per_s', float('nan')):.1f} it/s")
+faults = []
+try:
+    faults = [json.loads(l) for l in open(f"{logs}/culprits.jsonl") if l.strip()]
+except (OSError, ValueError):
+    pass
+first = min((f["t_fault"] for f in faults if "t_fault" in f), default=None)
+print(f"faults on GPU 0: {len(faults)} programs, errors seen: " + "; ".join(sorted({f.get('error', '?')[:60] for f in faults})))
+for g in range(2):
+    try:
+        rows = [json.loads(l) for l in open(f"{logs}/victim{g}.jsonl") if l.strip()]
+    except (OSError, ValueError):
+        print(f"loop on GPU {g}: no output")
+        continue
+    reqs = [r for r in rows if "ms" in r]
+    before = sorted(r["ms"] for r in reqs if first is None or r["t"] < first)
+    after = sorted(r["ms"] for r in reqs if first is not None and r["t"] >= first)
+    bad = [r for r in reqs if not r.get("correct")]
+    pct = lambda xs, q: xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
+    print(f"loop on GPU {g}: {len(reqs)} requests, {len(bad)} failed or wrong"
+          + (f" (first: {bad[0].get('error', 'wrong answer')[:80]})" if bad else "")
+          + f"; before the faults p50 {pct(before, 0.5):.3f} ms, during and after p50 {pct(after, 0.5):.3f} p99 {pct(after, 0.99):.3f} max {max(after, default=float('nan')):.1f} ms")
 EOF

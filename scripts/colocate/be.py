@@ -58,10 +58,10 @@ def graphed(step_body):
     return step
 
 
-def build(model, batch, graph=False):
+def build(model, batch, graph=False, width=0):
     torch.manual_seed(0)
     if model == "mlp":
-        width = 256 if CPU else 2048
+        width = width or (256 if CPU else 2048)
         mods = []
         for _ in range(6):
             mods += [torch.nn.Linear(width, width), torch.nn.GELU()]

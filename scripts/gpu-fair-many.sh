@@ -1,0 +1,203 @@
+#!/usr/bin/env bash
+# FAIR, SRTF and PACK against FIFO for many consolidated PyTorch programs (issue 31, point 1),
+# from the folder scripts/gpu-bundle.sh makes; needs python3 with a CUDA build of torch, and
+# root (it adds Unix users gsfair1..3).
+#
+# For each N in NPROGS: one gpushared, N programs (colocate/loop.py) of USERS users started
+# once and left running; each user's first program trains the transformer (long kernels), the
+# others an MLP at batch 8 (many tiny kernels), and where a user has three or more programs
+# its last one comes and goes (3 s active, 2 s idle). Then, ROUNDS times, for each policy of
+# POLICIES in turn: the policy file is rewritten and gpushared told (SIGHUP), SETTLE seconds
+# pass, and a WINDOW-second window is measured: each program's iterations (from its progress
+# file) and each user's GPU time (gpushared's, from `status --json`). Rounds interleave the
+# policies, so each is set against the FIFO window of its own round.
+#
+# Prints, per N and policy: throughput against FIFO (the mean over programs of iterations over
+# FIFO's, and per kind), and each user's share of the GPU time against its weight's share.
+# Settings: NPROGS ("4 16"), USERS (4; 2 when N < 8), WEIGHTS ("2 1 3 2", user i gets the
+# i-th), POLICIES ("fifo fair fair-sms fair-turns srtf pack"), ROUNDS (2), WINDOW (10),
+# SETTLE (2), LOGS (default $work/logs), PYTHON (python3).
+set -uo pipefail
+dir=$(cd "$(dirname "$0")" && pwd)
+py=${PYTHON:-python3}
+nprogs=${NPROGS:-4 16}
+read -r -a weights <<< "${WEIGHTS:-2 1 3 2}"
+policies=${POLICIES:-fifo fair fair-sms fair-turns srtf pack}
+rounds=${ROUNDS:-2}
+window=${WINDOW:-10}
+settle=${SETTLE:-2}
+[[ $(id -u) == 0 ]] || { echo "needs root (to run programs as other users)" >&2; exit 2; }
+names=(root gsfair1 gsfair2 gsfair3)
+for u in "${names[@]:1}"; do
+    id -u "$u" > /dev/null 2>&1 || useradd -M -s /usr/sbin/nologin "$u" || exit 2
+done
+
+work=$(mktemp -d /tmp/gpufairmany.XXXXXX)
+chmod 1777 "$work"
+logs=${LOGS:-$work/logs}
+mkdir -p "$logs"
+broker_pid=
+pids=()
+cleanup() {
+    touch "$work/stop" 2> /dev/null
+    for p in "${pids[@]}"; do kill "$p" 2> /dev/null; done
+    if [[ -n $broker_pid ]]; then kill "$broker_pid" 2> /dev/null; wait "$broker_pid" 2> /dev/null; fi
+}
+trap cleanup EXIT
+mkdir -p "$work/bin/cuda" "$work/py"
+cp "$dir"/colocate/*.py "$work/py/"
+for f in gpushare libcuda.so libgpushare_audit.so; do cp "$dir/$f" "$work/bin/"; done
+ln -s ../libcuda.so "$work/bin/cuda/libcuda.so.1"
+ln -s ../libcuda.so "$work/bin/cuda/libcuda.so"
+chmod -R a+rX "$work/py" "$work/bin"
+sock=$work/gpushare.sock
+gs() { timeout 20 "$work/bin/gpushare" --socket "$sock" "$@"; }
+
+policy_file() { # POLICY USERS
+    local scheduler=${1%%-*} sms=false quantum=0
+    [[ $1 == fair-sms ]] && sms=true
+    [[ $1 == fair-turns ]] && quantum=1000
+    printf 'scheduler = "%s"\n[fair]\nshare_sms = %s\nquantum_us = %s\n' "$scheduler" "$sms" "$quantum"
+    for ((u = 0; u < $2; u++)); do
+        printf '[[users]]\nname = "%s"\nweight = %s\n' "${names[$u]}" "${weights[$u]}"
+    done
+}
+
+all_alive() { # WHEN: stops the run if a program has exited
+    for p in "${pids[@]}"; do
+        kill -0 "$p" 2> /dev/null && continue
+        echo "a program exited $1:" >&2
+        tail -n 5 "$out"/p*.err >&2
+        exit 1
+    done
+}
+
+for n in $nprogs; do
+    users=${USERS:-4}
+    ((n < 8)) && users=${USERS:-2}
+    out=$logs/n$n
+    mkdir -p "$out"
+    rm -f "$work/stop"
+    policy_file fifo "$users" > "$work/policy.toml"
+    timeout 1800 "$dir/gpushared" --socket "$sock" --socket-mode 666 --backend "${BACKEND:-cuda}" \
+        --config "$work/policy.toml" --no-telemetry --log info 2> "$out/broker.log" &
+    broker_pid=$!
+    for _ in $(seq 100); do gs status > /dev/null 2>&1 && break; sleep 0.1; done
+    # The reload signal goes to gpushared itself: `timeout` would pass it to its whole group.
+    gpushared_pid=$(pgrep -P "$broker_pid" -x gpushared)
+    gs status > /dev/null || { echo "gpushared did not start" >&2; tail "$out/broker.log" >&2; exit 1; }
+    : > "$out/programs.txt"
+    for ((p = 0; p < n; p++)); do
+        u=$((p % users)) k=$((p / users))
+        per_user=$(((n - u + users - 1) / users))
+        model=mlp duty=()
+        ((k == 0)) && model=transformer
+        ((per_user >= 3 && k == per_user - 1)) && duty=(--on 3 --off 2)
+        echo "p$p ${names[$u]} $model ${duty[*]:+comes-and-goes}" >> "$out/programs.txt"
+        (cd "$work" && setpriv --reuid "${names[$u]}" --regid "${names[$u]}" --init-groups \
+            env HOME=/tmp GPUSHARE_SOCKET="$sock" "$work/bin/gpushare" run --name "p$p" -- \
+            "$py" "$work/py/loop.py" --model "$model" "${duty[@]}" --progress "$work/p$p.progress" \
+            --stop "$work/stop" > "$out/p$p.out" 2> "$out/p$p.err") &
+        pids+=($!)
+    done
+    ready=0
+    for _ in $(seq 3000); do
+        ready=$(ls "$work"/p*.progress 2> /dev/null | wc -l)
+        ((ready >= n)) && break
+        all_alive "before it was ready"
+        sleep 0.1
+    done
+    ((ready >= n)) || { echo "only $ready of $n programs got ready" >&2; tail -n 3 "$out"/p*.err >&2; exit 1; }
+    for r in $(seq "$rounds"); do
+        for pol in $policies; do
+            policy_file "$pol" "$users" > "$work/policy.toml"
+            kill -HUP "$gpushared_pid"
+            sleep "$settle"
+            snap() { # FILE: progress of every program, then the status
+                for ((p = 0; p < n; p++)); do echo "p$p $(cat "$work/p$p.progress" 2> /dev/null)"; done > "$1.progress"
+                gs status --json > "$1.json"
+            }
+            snap "$out/$r-$pol-a"
+            sleep "$window"
+            snap "$out/$r-$pol-b"
+            echo "N=$n round $r $pol measured" >&2
+            all_alive "during round $r's $pol window"
+        done
+    done
+    touch "$work/stop"
+    for p in "${pids[@]}"; do wait "$p"; done
+    pids=()
+    kill "$broker_pid" 2> /dev/null
+    wait "$broker_pid" 2> /dev/null
+    broker_pid=
+    rm -f "$work"/p*.progress
+done
+
+"$py" - "$logs" "$rounds" "$policies" "${weights[*]}" << 'EOF' | tee "$logs/summary.md"
+import glob, json, os, statistics, sys
+logs, rounds, policies, weights = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(), [int(w) for w in sys.argv[4].split()]
+for out in sorted(glob.glob(f"{logs}/n*"), key=lambda d: int(d.rsplit("n", 1)[1])):
+    progs = {}
+    for line in open(f"{out}/programs.txt"):
+        f = line.split()
+        progs[f[0]] = (f[1], f[2] + ("*" if len(f) > 3 else ""))
+    users = sorted({u for u, _ in progs.values()}, key=["root", "gsfair1", "gsfair2", "gsfair3"].index)
+    wsum = sum(weights[["root", "gsfair1", "gsfair2", "gsfair3"].index(u)] for u in users)
+    want = {u: weights[["root", "gsfair1", "gsfair2", "gsfair3"].index(u)] / wsum for u in users}
+
+    def its(path):
+        d = {}
+        for line in open(path):
+            f = line.split()
+            if len(f) == 3:
+                d[f[0]] = int(f[1])
+        return d
+
+    def gpu(path):
+        by = {}
+        for c in json.load(open(path))["clients"]:
+            by[c["user"]] = by.get(c["user"], 0) + c["gpu_time_ns"]
+        return by
+
+    res = {}
+    for r in range(1, rounds + 1):
+        for pol in policies:
+            a, b = f"{out}/{r}-{pol}-a", f"{out}/{r}-{pol}-b"
+            try:
+                ia, ib, ga, gb = its(a + ".progress"), its(b + ".progress"), gpu(a + ".json"), gpu(b + ".json")
+            except (OSError, ValueError):
+                continue
+            res[(r, pol)] = ({p: ib.get(p, 0) - ia.get(p, 0) for p in progs},
+                             {u: (gb.get(u, 0) - ga.get(u, 0)) / 1e9 for u in users})
+    n = len(progs)
+    print(f"\n### {n} programs, {len(users)} users (weights {', '.join(f'{u} {want[u]:.3f}' for u in users)}); * comes and goes\n")
+    print("| policy | round | throughput / FIFO | transformer | mlp | GPU-time shares (" + ", ".join(users) + ") | worst share / weight's | transformer iterations' shares |")
+    print("|---|---|---|---|---|---|---|---|")
+    for pol in policies:
+        for r in range(1, rounds + 1):
+            if (r, pol) not in res or (r, "fifo") not in res:
+                print(f"| {pol} | {r} | (missing) | | | | | |")
+                continue
+            it, g = res[(r, pol)]
+            base = res[(r, "fifo")][0]
+            norm = {p: it[p] / base[p] for p in progs if base[p]}
+            if not norm:
+                print(f"| {pol} | {r} | (no program progressed in FIFO's window) | | | | | |")
+                continue
+            kinds = {}
+            for p, v in norm.items():
+                kinds.setdefault(progs[p][1].rstrip("*"), []).append(v)
+            tot = sum(g.values()) or 1
+            shares = {u: g[u] / tot for u in users}
+            worst = max(abs(shares[u] / want[u] - 1) for u in users)
+            # Every user runs the same programs, so the long-kernel trainers' iterations split
+            # by user is a second reading of the shares, one that does not rest on events.
+            tr = {u: sum(it[p] for p in progs if progs[p] == (u, "transformer")) for u in users}
+            trsum = sum(tr.values()) or 1
+            print(f"| {pol} | {r} | {statistics.mean(norm.values()):.3f} | "
+                  f"{statistics.mean(kinds.get('transformer') or [float('nan')]):.3f} | "
+                  f"{statistics.mean(kinds.get('mlp') or [float('nan')]):.3f} | "
+                  + ", ".join(f"{shares[u]:.3f}" for u in users) + f" | {worst * 100:.1f} % | "
+                  + ", ".join(f"{tr[u] / trsum:.3f}" for u in users) + " |")
+    print("\niterations per window, FIFO round 1: " + ", ".join(f"{p} {v}" for p, v in res.get((1, "fifo"), ({}, {}))[0].items()))
+EOF
