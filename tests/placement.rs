@@ -148,19 +148,14 @@ fn cuda_and_nvml_agree_on_the_gpu_asked_for_by_index_or_uuid() {
         &[("CUDA_VISIBLE_DEVICES", &gpus[1])],
         &gpus[1],
     );
-    // A unique start of a UUID, as CUDA takes it; the first of several, said with -v.
+    // A unique start of a UUID, as CUDA takes it.
     let start = &gpus[0][..gpus[0].len() - 4];
-    let visible = format!("{start},1");
-    let said = runs_on(
+    runs_on(
         &broker,
         &p,
-        &["-v"],
-        &[("CUDA_VISIBLE_DEVICES", &visible)],
+        &[],
+        &[("CUDA_VISIBLE_DEVICES", start)],
         &gpus[0],
-    );
-    assert!(
-        said.contains("gpushare: running on GPU 0") && said.contains("one GPU, the first named"),
-        "{said}"
     );
     // The sim's GPUs lie on the PCI bus in their order.
     runs_on(
@@ -387,6 +382,49 @@ fn gpushare_run_gpus_gives_each_process_of_a_job_every_gpu_and_runs_it_on_its_lo
     );
     let own = format!("cuda 0 {}", gpus[1]);
     rank_on(&broker, cmd, 1, &["cuda count 1", &own, "current 0"]);
+
+    // CUDA_VISIBLE_DEVICES naming several GPUs makes the same job of them, in the order named
+    // (by index or by a unique start of a UUID): device 0 is the first named.
+    let start = &gpus[0][..gpus[0].len() - 4];
+    for (rank, runs_on) in [(0u32, 1u32), (1, 0)] {
+        let visible = format!("1,{start}");
+        let cmd = run(
+            &broker,
+            &p,
+            &["-v"],
+            &["rank", "libcuda.so.1"],
+            &[
+                ("CUDA_VISIBLE_DEVICES", &visible),
+                ("LOCAL_RANK", &rank.to_string()),
+            ],
+        );
+        let reversed_first = format!("cuda 0 {}", gpus[1]);
+        let reversed_second = format!("cuda 1 {}", gpus[0]);
+        let current = format!("current {rank}");
+        rank_on(
+            &broker,
+            cmd,
+            runs_on,
+            &[
+                "cuda count 2",
+                &reversed_first,
+                &reversed_second,
+                &current,
+                "nvml 2",
+            ],
+        );
+    }
+    let (out, _, stderr) = output(run(
+        &broker,
+        &p,
+        &[],
+        &["rank", "libcuda.so.1"],
+        &[("CUDA_VISIBLE_DEVICES", "0,0")],
+    ));
+    assert!(
+        !out.status.success() && stderr.contains("CUDA_VISIBLE_DEVICES=0,0 names GPU 0 twice"),
+        "{stderr}"
+    );
 
     // More GPUs than gpushared serves: a sentence, and the program never starts.
     let (out, stdout, stderr) = output(run(

@@ -119,9 +119,10 @@ pub struct RunArgs {
     /// refused with a warning.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub weight: Option<u32>,
-    /// The GPU to run on, by gpushared's index (default: `GPUSHARE_GPU`, else the first GPU
-    /// the program's `CUDA_VISIBLE_DEVICES` names, by index or UUID, else the least loaded GPU
-    /// by measured load). The program sees it as device 0, in CUDA and in NVML alike.
+    /// The GPU to run on, by gpushared's index (default: `GPUSHARE_GPU`, else the GPU the
+    /// program's `CUDA_VISIBLE_DEVICES` names, by index or UUID (naming several: a job of
+    /// them, as `--gpus`), else the least loaded GPU by measured load). The program sees it
+    /// as device 0, in CUDA and in NVML alike.
     #[arg(long, value_name = "N")]
     pub gpu: Option<u32>,
     /// Give a job of one process per GPU N GPUs (the least loaded, in gpushared's order):

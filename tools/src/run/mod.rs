@@ -133,6 +133,13 @@ fn placed(socket: &Path, args: &RunArgs) -> anyhow::Result<Vec<EnvChange>> {
         return Ok(several.changes());
     }
     let ask = placement::Ask::read(args.gpu).map_err(anyhow::Error::msg)?;
+    if let Some(listed) = placement::place_listed(socket, &ask) {
+        let several = listed.map_err(|why| anyhow::anyhow!("cannot place the job: {why}"))?;
+        if args.verbose {
+            eprintln!("gpushare: running on GPUs {}", several.why);
+        }
+        return Ok(several.changes());
+    }
     if ask.hides_every_gpu() && args.verbose {
         eprintln!(
             "gpushare: CUDA_VISIBLE_DEVICES={:?} hides every GPU: the program runs with none",

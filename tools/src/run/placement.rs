@@ -6,9 +6,9 @@
 //!
 //! The program's ask, first that says: `--gpu N` or `GPUSHARE_GPU` (gpushared's index; a Slurm
 //! task prolog sets it), then `CUDA_VISIBLE_DEVICES` (an index in CUDA's order, PCI bus order
-//! under `CUDA_DEVICE_ORDER=PCI_BUS_ID`, or a UUID or a unique prefix of one; gpushare gives a
-//! program one GPU, the first named), else the GPU gpushared would place it on now, the least
-//! loaded by measured load.
+//! under `CUDA_DEVICE_ORDER=PCI_BUS_ID`, or a UUID or a unique prefix of one; naming several
+//! makes a job of one process per GPU over them, in the order named, as `--gpus` does), else
+//! the GPU gpushared would place it on now, the least loaded by measured load.
 
 use std::ffi::OsString;
 use std::path::Path;
@@ -95,10 +95,7 @@ pub fn place(socket: &Path, ask: &Ask) -> Option<Result<Placement, String>> {
 /// The placement for `ask` on the GPUs of `report`.
 pub fn decide(report: &StatusReport, ask: &Ask) -> Result<Placement, String> {
     let devices = &report.devices;
-    let serves = || match devices.len() {
-        1 => "it serves GPU 0".to_string(),
-        n => format!("it serves GPUs 0..={}", n - 1),
-    };
+    let serves = || serves(devices);
     let (device, why) = if let Some((index, asked)) = &ask.index {
         let d = devices
             .get(*index as usize)
@@ -128,6 +125,14 @@ pub fn decide(report: &StatusReport, ask: &Ask) -> Result<Placement, String> {
         uuid: device.uuid_text(),
         why,
     })
+}
+
+/// What gpushared serves, for an error's end.
+fn serves(devices: &[DeviceInfo]) -> String {
+    match devices.len() {
+        1 => "it serves GPU 0".to_string(),
+        n => format!("it serves GPUs 0..={}", n - 1),
+    }
 }
 
 /// The GPUs of a job of one process per GPU (`--gpus N`), and why those.
@@ -193,6 +198,65 @@ pub fn decide_several(report: &StatusReport, n: usize) -> Result<Several, String
         uuids: chosen.iter().map(|d| d.uuid_text()).collect(),
         why,
     })
+}
+
+/// The entries of a `CUDA_VISIBLE_DEVICES` that names several GPUs, where no index was asked
+/// for: the program then gets a job of them (`decide_listed`).
+fn listed_entries(ask: &Ask) -> Option<Vec<&str>> {
+    if ask.index.is_some() {
+        return None;
+    }
+    let entries: Vec<&str> = ask
+        .visible
+        .as_deref()?
+        .split(',')
+        .map(str::trim)
+        .filter(|e| !e.is_empty())
+        .collect();
+    (entries.len() > 1).then_some(entries)
+}
+
+/// Asks gpushared at `socket` for the GPUs a `CUDA_VISIBLE_DEVICES` of several names; `None`
+/// when it names one or none (or an index was asked for), or gpushared cannot be asked (as
+/// for `place`).
+pub fn place_listed(socket: &Path, ask: &Ask) -> Option<Result<Several, String>> {
+    listed_entries(ask)?;
+    let report = gpushare::Monitor::connect(socket).ok()?.status().ok()?;
+    decide_listed(&report, ask)
+}
+
+/// A job of one process per GPU over the GPUs `CUDA_VISIBLE_DEVICES` names, in its order
+/// (CUDA's device 0 is the first named); `None` when it names one or none.
+pub fn decide_listed(report: &StatusReport, ask: &Ask) -> Option<Result<Several, String>> {
+    let entries = listed_entries(ask)?;
+    let visible = ask.visible.as_deref().unwrap_or_default();
+    let devices = &report.devices;
+    let mut chosen: Vec<&DeviceInfo> = Vec::with_capacity(entries.len());
+    for entry in entries {
+        let d = match visible_device(devices, entry, ask.pci_order) {
+            Ok(d) => d,
+            Err(e) => {
+                return Some(Err(format!(
+                    "CUDA_VISIBLE_DEVICES={visible}: {e} ({})",
+                    serves(devices)
+                )));
+            }
+        };
+        if chosen.iter().any(|c| c.index == d.index) {
+            return Some(Err(format!(
+                "CUDA_VISIBLE_DEVICES={visible} names GPU {} twice",
+                d.index
+            )));
+        }
+        chosen.push(d);
+    }
+    let gpus: Vec<u32> = chosen.iter().map(|d| d.index).collect();
+    let names: Vec<String> = gpus.iter().map(u32::to_string).collect();
+    Some(Ok(Several {
+        gpus,
+        uuids: chosen.iter().map(|d| d.uuid_text()).collect(),
+        why: format!("{}: CUDA_VISIBLE_DEVICES={visible}", names.join(", ")),
+    }))
 }
 
 /// The device one entry of `CUDA_VISIBLE_DEVICES` names.
@@ -308,17 +372,48 @@ mod tests {
             gpu("gpu-AA111111-1111-1111-1111-111111111111", false),
             Ok(0)
         );
-        assert_eq!(gpu("1,0", false), Ok(1), "the first named");
+        assert_eq!(
+            gpu("1,0", false),
+            Ok(1),
+            "the first, for a caller that places one"
+        );
         assert!(gpu("GPU-a", false).is_err_and(|e| e.contains("several")));
         assert!(gpu("GPU-ff", false).is_err_and(|e| e.contains("no GPU has")));
         assert!(gpu("2", false).is_err_and(|e| e.contains("no GPU 2 in CUDA's order")));
         assert!(gpu("MIG-1234", false).is_err_and(|e| e.contains("MIG")));
         assert!(gpu("all", false).is_err());
-        let several = decide(&r, &ask(None, Some("1,0"), false)).expect("placed");
+    }
+
+    #[test]
+    fn visible_devices_naming_several_make_a_job_of_them_in_their_order() {
+        let r = report();
+        let job = |visible: &str, pci: bool| decide_listed(&r, &ask(None, Some(visible), pci));
+        let j = job("1,0", false).expect("several").expect("placed");
+        assert_eq!(j.gpus, vec![1, 0], "CUDA's device 0 is the first named");
+        assert_eq!(j.uuids.len(), 2);
+        assert!(j.why.contains("CUDA_VISIBLE_DEVICES=1,0"), "{}", j.why);
+        let by_uuid = job("GPU-ab11, 0", false).expect("several").expect("placed");
+        assert_eq!(by_uuid.gpus, vec![1, 0]);
+        assert_eq!(
+            job("0,1", true).expect("several").map(|j| j.gpus),
+            Ok(vec![1, 0]),
+            "PCI bus order"
+        );
         assert!(
-            several.why.contains("one GPU, the first named"),
-            "{}",
-            several.why
+            job("0,0", false)
+                .expect("several")
+                .is_err_and(|e| e.contains("names GPU 0 twice"))
+        );
+        assert!(
+            job("0,7", false)
+                .expect("several")
+                .is_err_and(|e| e.contains("no GPU 7"))
+        );
+        assert!(job("1", false).is_none(), "one GPU is a placement");
+        assert!(job("", false).is_none());
+        assert!(
+            decide_listed(&r, &ask(Some(0), Some("0,1"), false)).is_none(),
+            "an index asked for wins"
         );
     }
 
