@@ -118,6 +118,25 @@ fn the_fair_quantum_comes_from_the_file() {
     assert_eq!(p.tunables().fair, p.fair_config());
     let none = Policy::parse("", "t.toml").expect("empty policy is valid");
     assert_eq!(none.fair_config(), crate::sched::FairConfig::default());
+    let fair = Policy::parse("scheduler = \"fair\"\n", "t.toml").expect("valid policy");
+    assert_eq!(
+        fair.fair_config().quantum_ns,
+        1_000_000,
+        "1 ms turns under fair"
+    );
+    let off = Policy::parse("scheduler = \"fair\"\n[fair]\nquantum_us = 0\n", "t.toml")
+        .expect("valid policy");
+    assert_eq!(
+        off.fair_config().quantum_ns,
+        0,
+        "one kernel at a time, asked for"
+    );
+    let lower = Policy::parse("scheduler = \"priority\"\n", "t.toml").expect("valid policy");
+    assert_eq!(
+        lower.fair_config().quantum_ns,
+        0,
+        "priority's lower classes"
+    );
     Policy::parse("[fair]\nquantum = 3\n", "t.toml").expect_err("unknown key");
 }
 
