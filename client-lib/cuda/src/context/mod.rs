@@ -121,11 +121,6 @@ impl Contexts {
         }
     }
 
-    /// Whether the thread's current context is another GPU's primary context.
-    pub fn foreign_current(&self) -> bool {
-        self.primaries.len() > 1 && self.foreign(current()).is_some()
-    }
-
     /// Enables (`on`) or disables peer access from `ctx` to device `to`; false if it already
     /// was (enabling) or was not (disabling).
     pub fn peer_enabled(&self, ctx: CUcontext, to: CUdevice, on: bool) -> bool {
@@ -318,7 +313,6 @@ mod tests {
         set_current(own);
         assert_eq!(contexts.refuse_foreign_current(), Ok(()));
         set_current(other_handle);
-        assert!(contexts.foreign_current());
         assert_eq!(
             contexts.refuse_foreign_current(),
             Err(result::INVALID_DEVICE)
