@@ -202,6 +202,23 @@ impl SessionState {
         Ok(())
     }
 
+    /// Nothing of the session's left on the device: the watchdog's in-flight stamp goes (the
+    /// next work queued sets it again).
+    pub(super) fn unstamp_if_off_the_device(&self) {
+        if self
+            .streams
+            .values()
+            .any(|s| self.device.stream_busy(&s.stream))
+        {
+            return;
+        }
+        let watch = &self.info.fault_watch;
+        watch
+            .progress
+            .store(self.health.now_ns(), Ordering::Release);
+        watch.busy_since.store(0, Ordering::Release);
+    }
+
     /// Ends the batch on every stream that got work (every stream when the client went
     /// `idle`) and charges the device time measured so far.
     pub(super) fn account(&mut self, idle: bool) {
@@ -229,14 +246,8 @@ impl SessionState {
             if spent > 0 {
                 watch.progress.store(now, Ordering::Release);
             }
-            if (idle || self.holding_turn)
-                && !self
-                    .streams
-                    .values()
-                    .any(|s| self.device.stream_busy(&s.stream))
-            {
-                watch.progress.store(now, Ordering::Release);
-                watch.busy_since.store(0, Ordering::Release);
+            if idle || self.holding_turn {
+                self.unstamp_if_off_the_device();
             }
         }
         if self.holding_turn {

@@ -143,25 +143,14 @@ impl SessionState {
         }
     }
 
-    /// Held by the policy with nothing of its own left on the device: the watchdog's stamp
-    /// goes (the next work queued sets it again), so that a hold the policy keeps (SRTF's long
-    /// job behind a shorter one, a turn owed to others) is not taken for a hung kernel.
+    /// Held by the policy with no granted work of its own left: the watchdog's stamp goes
+    /// once nothing of it is on the device, so that a hold the policy keeps (SRTF's long job
+    /// behind a shorter one, a turn owed to others) is not taken for a hung kernel.
     fn off_the_device_while_held(&mut self) {
-        let watch = &self.info.fault_watch;
-        if watch.busy_since.load(Ordering::Relaxed) == 0 || !self.granted.is_empty() {
-            return;
+        let stamped = self.info.fault_watch.busy_since.load(Ordering::Relaxed) != 0;
+        if stamped && self.granted.is_empty() {
+            self.unstamp_if_off_the_device();
         }
-        if self
-            .streams
-            .values()
-            .any(|s| self.device.stream_busy(&s.stream))
-        {
-            return;
-        }
-        watch
-            .progress
-            .store(self.health.now_ns(), Ordering::Release);
-        watch.busy_since.store(0, Ordering::Release);
     }
 
     /// How long a finished granted kernel ran; keeps its end event as where the stream's

@@ -13,9 +13,7 @@ use crate::types::{CUdevice, CUdevprop, CUresult, CUuuid, device_attr, result};
 /// The device a context, an allocation or a pool may be on: the one this process runs its
 /// work on.
 pub fn check(dev: CUdevice) -> Cu<()> {
-    let (bound, seen) = driver::get().map_or((0, 1), |d| {
-        (d.gpus.bound as CUdevice, d.gpus.visible.len() as CUdevice)
-    });
+    let (bound, seen) = bound_and_seen();
     if dev == bound {
         return Ok(());
     }
@@ -30,9 +28,7 @@ pub fn check(dev: CUdevice) -> Cu<()> {
 /// Says (once) that work on device `dev`, one the process sees, is refused: its work runs on
 /// its bound device.
 pub fn say_not_bound(dev: CUdevice) {
-    let (bound, seen) = driver::get().map_or((0, 1), |d| {
-        (d.gpus.bound as CUdevice, d.gpus.visible.len() as CUdevice)
-    });
+    let (bound, seen) = bound_and_seen();
     crate::log::say_once(&format!(
         "this process runs its GPU work on device {bound} of the {seen} it sees (gpushare runs one process per GPU, as PyTorch DDP does: its local rank picks it); device {dev} answers queries and peer access only"
     ));
@@ -60,7 +56,14 @@ fn say_unseen(seen: CUdevice) {
 
 /// The ordinal of the device this process runs its work on (0 before `cuInit`).
 pub fn bound() -> CUdevice {
-    driver::get().map_or(0, |d| d.gpus.bound as CUdevice)
+    bound_and_seen().0
+}
+
+/// The device this process runs its work on, and how many it sees (0 and 1 before `cuInit`).
+fn bound_and_seen() -> (CUdevice, CUdevice) {
+    driver::get().map_or((0, 1), |d| {
+        (d.gpus.bound as CUdevice, d.gpus.visible.len() as CUdevice)
+    })
 }
 
 /// A device the program sees, for a query.
@@ -105,7 +108,7 @@ fn offered(attr: usize, value: i32) -> i32 {
 impl Driver {
     /// An attribute of the device this process runs on.
     pub fn attribute(&self, attr: usize) -> Cu<i32> {
-        self.attribute_of(&self.device, attr)
+        self.attribute_of(self.gpus.bound_device(), attr)
     }
 
     /// A device attribute, as the broker's GPU has it, less what this driver cannot offer.
@@ -137,8 +140,8 @@ pub unsafe extern "C" fn cuDriverGetVersion(version: *mut c_int) -> CUresult {
     entry("cuDriverGetVersion", || {
         // Before cuInit too, as CUDA allows; then it is the version this driver speaks.
         let v = driver::get().map_or(crate::types::CUDA_VERSION, |d| {
-            if d.device.driver_version > 0 {
-                d.device.driver_version
+            if d.gpus.bound_device().driver_version > 0 {
+                d.gpus.bound_device().driver_version
             } else {
                 crate::types::CUDA_VERSION
             }

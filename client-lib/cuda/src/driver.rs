@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use gpushare_conn::env::{CLASS_ENV, GPU_ENV, GPU_UUIDS_ENV, NAME_ENV, WEIGHT_ENV};
 use gpushare_conn::{Error, Notices, Session, SessionOptions, process_name};
-use gpushare_protocol::control::{DeviceInfo, Role};
+use gpushare_protocol::control::Role;
 use gpushare_protocol::{Command, PriorityClass};
 
 use crate::log::say;
@@ -28,9 +28,7 @@ const SPIN: Duration = Duration::from_micros(250);
 /// Everything the driver knows of its session.
 pub struct Driver {
     pub transport: Transport,
-    /// The GPU the session runs on (the device of ordinal `gpus.bound`).
-    pub device: DeviceInfo,
-    /// The devices the program sees.
+    /// The devices the program sees, the one its session runs on among them.
     pub gpus: crate::gpus::Gpus,
     pub memory_quota: Option<u64>,
     /// The virtual memory API's granule (0: not offered).
@@ -213,11 +211,11 @@ fn connect() -> Cu<Driver> {
         Some(mut gpus) => {
             // The session's own view of its GPU, exactly.
             if let Some(slot) = gpus.visible.get_mut(gpus.bound) {
-                *slot = device.clone();
+                *slot = device;
             }
             gpus
         }
-        None => crate::gpus::Gpus::one(device.clone()),
+        None => crate::gpus::Gpus::one(device),
     };
     if let Some(asked) = opts.class
         && asked != welcome.class
@@ -241,7 +239,6 @@ fn connect() -> Cu<Driver> {
         graphs: crate::graph::Graphs::default(),
         host_points: crate::host_point::HostPoints::default(),
         occupancy: crate::occupancy::Cache::default(),
-        device,
         gpus,
         sticky: AtomicI32::new(0),
     })

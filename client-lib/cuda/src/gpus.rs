@@ -4,8 +4,9 @@
 //! the process runs its work on one, its local rank's as launchers of one process per GPU
 //! set it (torchrun's and Accelerate's `LOCAL_RANK`, Slurm's `SLURM_LOCALID`, Open MPI's
 //! `OMPI_COMM_WORLD_LOCAL_RANK`, MPICH's `MPI_LOCALRANKID`), else the first. That is how a
-//! data-parallel job (PyTorch DDP, one process per GPU) uses them; a process that makes
-//! another device's context current is refused (`CUDA_ERROR_INVALID_DEVICE`, said once).
+//! data-parallel job (PyTorch DDP, one process per GPU) uses them; the other devices'
+//! primary contexts answer for their device and take peer access, and refuse work
+//! (`CUDA_ERROR_INVALID_DEVICE`, said once: `crate::context`).
 //! Otherwise a program sees one device, the GPU gpushared serves it on.
 
 use gpushare_conn::env::GPUS_ENV;
@@ -29,6 +30,11 @@ impl Gpus {
             bound: 0,
             peers: Vec::new(),
         }
+    }
+
+    /// The device the process runs its work on (`bound` is always one it sees).
+    pub fn bound_device(&self) -> &DeviceInfo {
+        &self.visible[self.bound]
     }
 
     /// The device with ordinal `dev`, if the program sees it.

@@ -101,9 +101,7 @@ mod tests {
     fn another_gpus_primary_context_is_a_peer_where_the_gpus_reach_each_other() {
         let contexts = Contexts::for_devices(2, 0);
         let own = contexts.primary();
-        let other = std::ptr::from_ref(contexts.primary_of(1).expect("device 1"))
-            .cast_mut()
-            .cast();
+        let other = contexts.primary_of(1).expect("device 1").handle();
         let reach = |a: CUdevice, b: CUdevice| a != b;
         assert_eq!(enable(&contexts, reach, own, other, 0), Ok(()));
         assert_eq!(

@@ -125,20 +125,11 @@ pub fn exec(socket: &Path, args: RunArgs) -> anyhow::Error {
 /// gpushared cannot be asked.
 fn placed(socket: &Path, args: &RunArgs) -> anyhow::Result<Vec<EnvChange>> {
     if let Some(n) = args.gpus.filter(|&n| n > 1) {
-        let several = placement::place_several(socket, n as usize)
-            .map_err(|why| anyhow::anyhow!("cannot place the job: {why}"))?;
-        if args.verbose {
-            eprintln!("gpushare: running on GPUs {}", several.why);
-        }
-        return Ok(several.changes());
+        return job(placement::place_several(socket, n as usize), args.verbose);
     }
     let ask = placement::Ask::read(args.gpu).map_err(anyhow::Error::msg)?;
     if let Some(listed) = placement::place_listed(socket, &ask) {
-        let several = listed.map_err(|why| anyhow::anyhow!("cannot place the job: {why}"))?;
-        if args.verbose {
-            eprintln!("gpushare: running on GPUs {}", several.why);
-        }
-        return Ok(several.changes());
+        return job(listed, args.verbose);
     }
     if ask.hides_every_gpu() && args.verbose {
         eprintln!(
@@ -156,6 +147,19 @@ fn placed(socket: &Path, args: &RunArgs) -> anyhow::Result<Vec<EnvChange>> {
             Ok(p.changes())
         }
     }
+}
+
+/// The environment of a job of one process per GPU (`--gpus`, or `CUDA_VISIBLE_DEVICES`
+/// naming several), said with `-v`.
+fn job(
+    several: Result<placement::Several, String>,
+    verbose: bool,
+) -> anyhow::Result<Vec<EnvChange>> {
+    let several = several.map_err(|why| anyhow::anyhow!("cannot place the job: {why}"))?;
+    if verbose {
+        eprintln!("gpushare: running on GPUs {}", several.why);
+    }
+    Ok(several.changes())
 }
 
 /// The interposer preloaded.

@@ -102,16 +102,11 @@ pub fn decide(report: &StatusReport, ask: &Ask) -> Result<Placement, String> {
             .ok_or_else(|| format!("{asked}: gpushared has no such GPU ({})", serves()))?;
         (d, asked.clone())
     } else if let Some(visible) = &ask.visible {
-        let entries: Vec<&str> = visible.split(',').map(str::trim).collect();
-        let first = entries.first().copied().unwrap_or_default();
+        // Several named are a job (`decide_listed`); a caller placing one takes the first.
+        let first = visible.split(',').map(str::trim).next().unwrap_or_default();
         let d = visible_device(devices, first, ask.pci_order)
             .map_err(|e| format!("CUDA_VISIBLE_DEVICES={visible}: {e} ({})", serves()))?;
-        let more = if entries.len() > 1 {
-            "; gpushare gives a program one GPU, the first named"
-        } else {
-            ""
-        };
-        (d, format!("CUDA_VISIBLE_DEVICES={visible}{more}"))
+        (d, format!("CUDA_VISIBLE_DEVICES={visible}"))
     } else {
         let next = report.next_gpu as usize;
         let d = devices
@@ -145,6 +140,17 @@ pub struct Several {
 }
 
 impl Several {
+    /// A job on `chosen`, in that order; `why` follows the GPUs' indices.
+    fn of(chosen: &[&DeviceInfo], why: &str) -> Several {
+        let gpus: Vec<u32> = chosen.iter().map(|d| d.index).collect();
+        let names: Vec<String> = gpus.iter().map(u32::to_string).collect();
+        Several {
+            why: format!("{}: {why}", names.join(", ")),
+            gpus,
+            uuids: chosen.iter().map(|d| d.uuid_text()).collect(),
+        }
+    }
+
     /// The job's environment for them: every process sees them all (`GPUSHARE_GPUS` tells the
     /// driver which it runs on by local rank).
     pub fn changes(&self) -> Vec<EnvChange> {
@@ -186,18 +192,12 @@ pub fn decide_several(report: &StatusReport, n: usize) -> Result<Several, String
         devices.iter().take(n).collect()
     };
     chosen.sort_by_key(|d| d.index);
-    let gpus: Vec<u32> = chosen.iter().map(|d| d.index).collect();
-    let names: Vec<String> = gpus.iter().map(u32::to_string).collect();
     let why = if n == devices.len() {
-        format!("{}: all of gpushared's", names.join(", "))
+        "all of gpushared's"
     } else {
-        format!("{}: the least loaded", names.join(", "))
+        "the least loaded"
     };
-    Ok(Several {
-        gpus,
-        uuids: chosen.iter().map(|d| d.uuid_text()).collect(),
-        why,
-    })
+    Ok(Several::of(&chosen, why))
 }
 
 /// The entries of a `CUDA_VISIBLE_DEVICES` that names several GPUs, where no index was asked
@@ -250,13 +250,10 @@ pub fn decide_listed(report: &StatusReport, ask: &Ask) -> Option<Result<Several,
         }
         chosen.push(d);
     }
-    let gpus: Vec<u32> = chosen.iter().map(|d| d.index).collect();
-    let names: Vec<String> = gpus.iter().map(u32::to_string).collect();
-    Some(Ok(Several {
-        gpus,
-        uuids: chosen.iter().map(|d| d.uuid_text()).collect(),
-        why: format!("{}: CUDA_VISIBLE_DEVICES={visible}", names.join(", ")),
-    }))
+    Some(Ok(Several::of(
+        &chosen,
+        &format!("CUDA_VISIBLE_DEVICES={visible}"),
+    )))
 }
 
 /// The device one entry of `CUDA_VISIBLE_DEVICES` names.

@@ -18,15 +18,17 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUd
         let ctx = primary_of(dev)?;
         ctx.retain();
         // SAFETY: the caller's contract.
-        unsafe { out(pctx, ctx as *const Context as CUcontext) }
+        unsafe { out(pctx, ctx.handle()) }
     })
 }
 
 /// The primary context of a device the program sees (another GPU's answers but runs nothing).
 pub(crate) fn primary_of(dev: CUdevice) -> Cu<&'static Context> {
-    let d = driver::get()?;
     visible(dev)?;
-    d.contexts.primary_of(dev).ok_or(result::INVALID_DEVICE)
+    driver::get()?
+        .contexts
+        .primary_of(dev)
+        .ok_or(result::INVALID_DEVICE)
 }
 
 fn release_primary(dev: CUdevice) -> Cu<()> {
@@ -90,8 +92,7 @@ fn reset_primary(dev: CUdevice) -> Cu<()> {
     if dev == crate::device::bound() {
         d.synchronize()?;
     }
-    let handle = ctx as *const Context as CUcontext;
-    d.contexts.run_storage_dtors(handle);
+    d.contexts.run_storage_dtors(ctx.handle());
     ctx.reset();
     Ok(())
 }

@@ -205,6 +205,11 @@ impl Context {
         }
     }
 
+    /// The handle the program holds it by.
+    pub fn handle(&self) -> CUcontext {
+        std::ptr::from_ref(self) as CUcontext
+    }
+
     /// A retain of a primary context.
     pub fn retain(&self) {
         self.retains.fetch_add(1, Ordering::Relaxed);
@@ -230,7 +235,7 @@ impl Context {
 }
 
 fn handle(c: &Context) -> CUcontext {
-    c as *const Context as CUcontext
+    c.handle()
 }
 
 /// The calling thread's current context (NULL for none, and for a thread whose locals are

@@ -51,7 +51,7 @@ pub extern "C" fn primary_context(pctx: *mut CUcontext, dev: CUdevice) -> CUresu
     entry("primary_context", || {
         let ctx = crate::context::api::primary_of(dev)?;
         // SAFETY: the runtime passes a writable out-parameter.
-        unsafe { out(pctx, std::ptr::from_ref(ctx) as CUcontext) }
+        unsafe { out(pctx, ctx.handle()) }
     })
 }
 

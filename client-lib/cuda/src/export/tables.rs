@@ -369,7 +369,7 @@ pub extern "C" fn integrity_check(
 ) -> CUresult {
     entry("integrity_check", || {
         let d = driver::get()?;
-        let driver_version = match d.device.driver_version {
+        let driver_version = match d.gpus.bound_device().driver_version {
             v if v > 0 => v as u32,
             _ => CUDA_VERSION as u32,
         };

@@ -21,10 +21,6 @@ pub struct PoolPropsHead {
     pub location: Location,
 }
 
-fn the_device(dev: c_int) -> Cu<()> {
-    crate::device::check(dev)
-}
-
 fn live_pool(d: &Driver, pool: CUmemoryPool) -> Cu<u64> {
     pool_id(pool)
         .filter(|&id| d.pools.exists(id))
@@ -40,7 +36,7 @@ pub unsafe extern "C" fn cuDeviceGetDefaultMemPool(
 ) -> CUresult {
     entry("cuDeviceGetDefaultMemPool", || {
         driver::live()?;
-        the_device(dev)?;
+        crate::device::check(dev)?;
         // SAFETY: the caller's contract.
         unsafe { out(pool, pool_handle(super::pools::DEFAULT_POOL)) }
     })
@@ -52,7 +48,7 @@ pub unsafe extern "C" fn cuDeviceGetDefaultMemPool(
 pub unsafe extern "C" fn cuDeviceGetMemPool(pool: *mut CUmemoryPool, dev: c_int) -> CUresult {
     entry("cuDeviceGetMemPool", || {
         let d = driver::live()?;
-        the_device(dev)?;
+        crate::device::check(dev)?;
         // SAFETY: the caller's contract.
         unsafe { out(pool, pool_handle(d.pools.current())) }
     })
@@ -62,7 +58,7 @@ pub unsafe extern "C" fn cuDeviceGetMemPool(pool: *mut CUmemoryPool, dev: c_int)
 pub extern "C" fn cuDeviceSetMemPool(dev: c_int, pool: CUmemoryPool) -> CUresult {
     entry("cuDeviceSetMemPool", || {
         let d = driver::live()?;
-        the_device(dev)?;
+        crate::device::check(dev)?;
         d.pools.set_current(live_pool(d, pool)?)
     })
 }
