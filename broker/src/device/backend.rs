@@ -186,6 +186,18 @@ pub trait Backend: Send + Sync + 'static {
         slot: u32,
         value: u32,
     ) -> DeviceResult<()>;
+    /// [`Backend::write_progress`] for a mark that the work before it finished: written when
+    /// that work has (the same write on a GPU; the sim, whose work runs when accepted, writes
+    /// it at the work's modelled end).
+    fn write_done_mark(
+        &self,
+        stream: &mut Self::Stream,
+        page: ArenaSlice<'_>,
+        slot: u32,
+        value: u32,
+    ) -> DeviceResult<()> {
+        self.write_progress(stream, page, slot, value)
+    }
     /// The session finished a batch of commands that queued work on this stream; `idle`
     /// says the client has gone quiet. A point where the backend may close a measurement.
     fn end_batch(&self, _stream: &mut Self::Stream, _idle: bool) {}

@@ -130,12 +130,14 @@ pub enum Call {
         value: u32,
     },
     /// The stream writes `value` into slot `slot` (32 bits) of the progress page `page` when
-    /// it gets there (`super::progress`).
+    /// it gets there (`super::progress`); `done`: a mark that the work before it finished
+    /// ([`super::Device::mark_done`]).
     Progress {
         stream: Handle,
         page: Span,
         slot: u32,
         value: u32,
+        done: bool,
     },
     SyncStream {
         stream: Handle,
@@ -393,10 +395,15 @@ impl<B: Backend> Executor<B> {
                 page,
                 slot,
                 value,
+                done: finished,
             } => {
                 return self.on_stream_with(stream, Some(page), |s, page| {
                     let page = page.ok_or_else(no_span)?;
-                    done(dev.write_progress(s, page, slot, value))
+                    done(if finished {
+                        dev.write_done_mark(s, page, slot, value)
+                    } else {
+                        dev.write_progress(s, page, slot, value)
+                    })
                 });
             }
             Call::SyncStream { stream } => {

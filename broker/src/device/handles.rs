@@ -91,6 +91,11 @@ pub struct Stream {
     pub(super) pending_start: Option<Handle>,
     /// Its slot in the progress page, if it got one.
     pub(super) slot: Option<u32>,
+    /// Its second slot, for marks after work whose end gpushared watches ([`Device::mark_done`]),
+    /// taken on first use.
+    ///
+    /// [`Device::mark_done`]: super::Device::mark_done
+    pub(super) done_slot: Option<u32>,
     /// Work queued since it was last known idle ([`super::progress`]).
     pub(super) episode: Option<Episode>,
 }
@@ -106,6 +111,7 @@ impl Stream {
             ended: None,
             pending_start: None,
             slot,
+            done_slot: None,
             episode: None,
         }
     }

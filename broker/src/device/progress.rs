@@ -58,6 +58,13 @@ pub struct Progress {
     kept: Arc<AtomicU64>,
 }
 
+/// Whether a done-slot holding `seen` got past the mark `value`: marks come from a counter
+/// that wraps (skipping 0, what a fresh slot holds), and a stream's pending marks are never
+/// 2^31 apart.
+fn at_or_past(seen: u32, value: u32) -> bool {
+    seen != 0 && seen.wrapping_sub(value) as i32 >= 0
+}
+
 /// One call of an episode, kept to queue again.
 pub struct Kept {
     pub seq: u64,
@@ -177,6 +184,27 @@ impl Progress {
         self.read(slot).is_none_or(|v| v == value)
     }
 
+    /// The call that makes `stream` write a fresh value into its done-slot `slot` once it
+    /// gets past the work queued before, and that value (see [`Progress::passed`]).
+    pub fn done_mark(&self, stream: Handle, slot: u32) -> (Call, u32) {
+        let value = self.fresh_value();
+        let call = Call::Progress {
+            stream,
+            page: self.span(),
+            slot,
+            value,
+            done: true,
+        };
+        (call, value)
+    }
+
+    /// Whether the stream whose done-slot is `slot` got past the mark of `value`: its marks
+    /// are written in stream order, from a counter that only grows (wrapping), so the slot
+    /// holds the latest mark it passed.
+    pub fn passed(&self, slot: u32, value: u32) -> bool {
+        self.read(slot).is_some_and(|seen| at_or_past(seen, value))
+    }
+
     fn fresh_value(&self) -> u32 {
         loop {
             let v = self.next_value.fetch_add(1, Ordering::Relaxed);
@@ -193,6 +221,7 @@ impl Progress {
             page: self.span(),
             slot,
             value,
+            done: false,
         };
         link.post(Some(stream.id), progress, &[])?;
         Ok(value)
@@ -367,6 +396,16 @@ pub fn drop_dependents<K>(replay: &mut Vec<(K, Vec<Kept>)>, lost: &mut Vec<(K, V
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_done_slot_is_past_every_mark_up_to_the_latest_written_across_the_wrap() {
+        assert!(!at_or_past(0, 1), "a fresh slot");
+        assert!(at_or_past(5, 5));
+        assert!(at_or_past(9, 5));
+        assert!(!at_or_past(4, 5));
+        assert!(at_or_past(2, u32::MAX - 1), "past the wrap");
+        assert!(!at_or_past(u32::MAX - 1, 2));
+    }
 
     fn kept(seq: u64, call: Call) -> Kept {
         Kept {

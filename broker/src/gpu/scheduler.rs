@@ -39,8 +39,10 @@ const MAX_INFLIGHT_PER_CLIENT: u32 = 64;
 
 /// What [`GpuScheduler::acquire`] asks of the waiting session.
 pub enum Waiting {
-    /// Report your finished kernels.
+    /// Report your finished kernels (before the policy decides: quickly).
     Reap,
+    /// You are held: report your finished kernels, however it is learned.
+    Held,
     /// You are about to wait for others: stop charging yourself device time meanwhile.
     Begins,
 }
@@ -282,7 +284,7 @@ impl GpuScheduler {
                 return Some(Turn { request, sm_limit });
             }
             drop(st);
-            session(Waiting::Reap);
+            session(Waiting::Held);
             st = self.lock();
             self.pump(&mut st);
         }

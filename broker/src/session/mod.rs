@@ -143,6 +143,8 @@ pub struct SessionState {
     declared_job: Option<crate::sched::JobProfile>,
     /// Granted kernels not yet seen finished, oldest first, with the events that time them.
     granted: std::collections::VecDeque<turns::Granted>,
+    /// Granted kernels reported finished (which of them to time, `turns`).
+    reaped: u32,
     spare_events: Vec<Event>,
     /// Placed allocations (`AllocAt`) that were charged more than their size: the device
     /// memory they took (whole granules on a GPU).
@@ -272,6 +274,7 @@ impl SessionState {
             dispatch,
             declared_job: None,
             granted: std::collections::VecDeque::new(),
+            reaped: 0,
             spare_events: Vec::new(),
             placed_charges: HashMap::new(),
             governed: governed::Governed::default(),

@@ -170,7 +170,7 @@ impl SessionState {
                 Ok(true) => break,
                 Ok(false) => {
                     let since = *full_since.get_or_insert_with(Instant::now);
-                    self.reap_granted();
+                    self.reap_granted(true);
                     self.expire_lease();
                     if since.elapsed() >= self.pacing.stall_limit {
                         let reason = stalled(self.pacing.stall_limit);
@@ -222,7 +222,7 @@ impl SessionState {
     /// Ends the batch on every stream that got work (every stream when the client went
     /// `idle`) and charges the device time measured so far.
     pub(super) fn account(&mut self, idle: bool) {
-        self.reap_granted();
+        self.reap_granted(idle);
         if self.holding_turn {
             // On probation the batch finishes before another suspect's work may start.
             for slot in self.streams.values_mut() {

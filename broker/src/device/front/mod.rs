@@ -16,11 +16,12 @@ use super::call::{Call, EventKind, Handle, Reply, Span};
 use super::handles::{Event, Held, Named, Owner, Recipe, Stream};
 use super::link::{Link, Memory};
 use super::pool::Pool;
-use super::progress::{Fate, Progress};
+use super::progress::Progress;
 use super::{DeviceError, DeviceResult};
 
 mod code;
 mod memory;
+mod progress;
 
 /// A busy stream's batch is ended at most this often (the CUDA backend closes a measured span
 /// once it is 2 ms old: asking more often would only cost a round trip).
@@ -138,8 +139,13 @@ impl Device {
 
     /// Waits for the stream's work, then releases it.
     pub fn destroy_stream(&self, mut stream: Stream) {
-        if let (Some(p), Some(slot)) = (&self.progress, stream.slot.take()) {
-            p.give_slot(slot);
+        if let Some(p) = &self.progress {
+            for slot in [stream.slot.take(), stream.done_slot.take()]
+                .into_iter()
+                .flatten()
+            {
+                p.give_slot(slot);
+            }
         }
         let _ = self.take_deferred(&stream);
         self.take_news(&mut stream);
@@ -245,46 +251,6 @@ impl Device {
         self.on_stream_now(stream, copy, &[])?;
         self.settled(stream);
         Ok(())
-    }
-
-    /// Before a call that waits for the stream's work: the stream marks when that work has
-    /// finished, so that a fault during the wait loses none of it if it had.
-    fn close(&self, stream: &mut Stream) -> DeviceResult<()> {
-        match &self.progress {
-            Some(p) => {
-                self.live(stream.epoch)?;
-                p.close(&*self.link, stream)
-            }
-            None => Ok(()),
-        }
-    }
-
-    /// The stream's work is known finished (an event recorded after it completed): nothing of
-    /// it need be kept for a fault.
-    pub fn settled(&self, stream: &mut Stream) {
-        stream.episode = None;
-    }
-
-    /// Where the stream's unfinished work begins: its progress slot and the value it writes
-    /// there on getting to that work (`None`: unknown).
-    pub fn mark(&self, stream: &Stream) -> Option<(u32, u32)> {
-        self.progress.as_ref()?;
-        Some((stream.slot?, stream.episode.as_ref()?.mark()?))
-    }
-
-    /// Whether a stream got to the work `mark` begins (true when it cannot be told).
-    pub fn reached(&self, (slot, value): (u32, u32)) -> bool {
-        self.progress
-            .as_ref()
-            .is_none_or(|p| p.reached(slot, value))
-    }
-
-    /// After a fault: what became of the stream's work not known finished.
-    pub fn fate(&self, stream: &mut Stream) -> Fate {
-        match &self.progress {
-            Some(p) => p.fate(stream),
-            None => Fate::Lost(Vec::new()),
-        }
     }
 
     /// Runs a call on `stream` and waits for its reply, learning what it says of the stream's

@@ -12,6 +12,7 @@ mod attributes;
 mod clock;
 pub mod cost;
 pub mod kernels;
+mod marks;
 pub mod memory;
 pub mod module;
 
@@ -82,6 +83,8 @@ pub struct SimDevice {
     interrupted: AtomicBool,
     /// Where modelled time starts on the wall clock (`realtime` only).
     origin: Instant,
+    /// Done-marks waiting for the modelled end of the work before them (`realtime` only).
+    marks: std::sync::Arc<marks::TimedMarks>,
 }
 
 pub struct SimStream {
@@ -136,6 +139,7 @@ impl SimDevice {
             unseen: Mutex::new(None),
             interrupted: AtomicBool::new(false),
             origin: Instant::now(),
+            marks: std::sync::Arc::default(),
         }
     }
 
@@ -442,14 +446,17 @@ impl Backend for SimDevice {
         slot: u32,
         value: u32,
     ) -> DeviceResult<()> {
-        let at = page
-            .part(u64::from(slot) * 4, 4)
-            .ok_or_else(|| DeviceError::InvalidArgument("progress slot outside its page".into()))?;
-        // Written when accepted (work runs then): never later than the stream gets there.
-        self.run_on(stream, 0, |_| {
-            at.write_from(&value.to_le_bytes());
-            Ok(())
-        })
+        self.write_mark(stream, page, slot, value, false)
+    }
+
+    fn write_done_mark(
+        &self,
+        stream: &mut SimStream,
+        page: ArenaSlice<'_>,
+        slot: u32,
+        value: u32,
+    ) -> DeviceResult<()> {
+        self.write_mark(stream, page, slot, value, true)
     }
 
     fn stream_busy(&self, stream: &SimStream) -> bool {
@@ -475,6 +482,7 @@ impl Backend for SimDevice {
         let mut st = self.state();
         st.memory = SimMemory::new(self.options.memory);
         st.busy_until_ns = 0;
+        self.marks.clear();
         *self.poisoned() = None;
         *self.unseen() = None;
         st.epoch += 1;

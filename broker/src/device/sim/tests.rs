@@ -95,3 +95,45 @@ fn real_modules_are_refused_and_sim_modules_run_for_their_time() {
         .expect_err("no such function");
     assert_eq!(err.code(), gpushare_protocol::ErrorCode::NotFound);
 }
+
+/// A done-mark in realtime mode appears when the work before it ends on the wall clock, not
+/// when it is accepted (a fault's progress marks still are written at once).
+#[test]
+fn a_done_mark_appears_when_the_work_before_it_ends() {
+    let dev = SimDevice::new(SimOptions {
+        realtime: true,
+        ..SimOptions::default()
+    });
+    let memfd = crate::shm::sealed_memfd("marks-test", 4096).expect("memfd");
+    let page = crate::shm::HostRegion::map(&memfd, 4096, 0).expect("mapped");
+    let word = |slot: u64| {
+        let mut b = [0u8; 4];
+        page.slice(slot * 4, 4).expect("slot").read_into(&mut b);
+        u32::from_le_bytes(b)
+    };
+    let mut s = dev.create_stream(PriorityClass::Normal).expect("stream");
+    dev.launch(
+        &mut s,
+        &Kernel::Spin {
+            micros: 50_000,
+            blocks: 1,
+        },
+    )
+    .expect("spin");
+    let accepted = Instant::now();
+    dev.write_done_mark(&mut s, page.whole(), 1, 7)
+        .expect("done mark");
+    dev.write_progress(&mut s, page.whole(), 2, 9)
+        .expect("progress mark");
+    assert_eq!(word(2), 9, "a progress mark is written when accepted");
+    let deadline = accepted + Duration::from_secs(10);
+    while word(1) != 7 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(word(1), 7, "the done mark came");
+    assert!(
+        accepted.elapsed() >= Duration::from_millis(45),
+        "not before its work ended: {:?}",
+        accepted.elapsed()
+    );
+}

@@ -1,0 +1,72 @@
+//! A device's progress page as sessions use it (`device::progress`): the marks that say how
+//! far a stream got, for a fault's reckoning of what ran and for telling when granted work
+//! finished without asking the worker.
+
+use super::Device;
+use crate::device::DeviceResult;
+use crate::device::handles::Stream;
+use crate::device::progress::Fate;
+
+impl Device {
+    /// Before a call that waits for the stream's work: the stream marks when that work has
+    /// finished, so that a fault during the wait loses none of it if it had.
+    pub(super) fn close(&self, stream: &mut Stream) -> DeviceResult<()> {
+        match &self.progress {
+            Some(p) => {
+                self.live(stream.epoch)?;
+                p.close(&*self.link, stream)
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// The stream's work is known finished (an event recorded after it completed): nothing of
+    /// it need be kept for a fault.
+    pub fn settled(&self, stream: &mut Stream) {
+        stream.episode = None;
+    }
+
+    /// Where the stream's unfinished work begins: its progress slot and the value it writes
+    /// there on getting to that work (`None`: unknown).
+    pub fn mark(&self, stream: &Stream) -> Option<(u32, u32)> {
+        self.progress.as_ref()?;
+        Some((stream.slot?, stream.episode.as_ref()?.mark()?))
+    }
+
+    /// Whether a stream got to the work `mark` begins (true when it cannot be told).
+    pub fn reached(&self, (slot, value): (u32, u32)) -> bool {
+        self.progress
+            .as_ref()
+            .is_none_or(|p| p.reached(slot, value))
+    }
+
+    /// After the work queued on `stream` so far: the stream writes a mark into gpushared's
+    /// progress page when it gets past it, so that whether that work finished is read from
+    /// memory ([`Device::passed`]) instead of asked of the worker, whose answer would wait
+    /// behind everything posted before it. `None` without a page or a free slot.
+    pub fn mark_done(&self, stream: &mut Stream) -> Option<(u32, u32)> {
+        let progress = self.progress.as_ref()?;
+        if stream.done_slot.is_none() {
+            stream.done_slot = progress.take_slot();
+        }
+        let (call, value) = progress.done_mark(stream.id, stream.done_slot?);
+        self.queue(stream, |_| call, &[]).ok()?;
+        Some((stream.done_slot?, value))
+    }
+
+    /// Whether the stream got past the work a [`Device::mark_done`] marked (false when the
+    /// page does not say so yet: ask the event).
+    pub fn passed(&self, (slot, value): (u32, u32)) -> bool {
+        self.progress
+            .as_ref()
+            .is_some_and(|p| p.passed(slot, value))
+    }
+
+    /// After a fault: what became of the stream's work not known finished.
+    pub fn fate(&self, stream: &mut Stream) -> Fate {
+        match &self.progress {
+            Some(p) => p.fate(stream),
+            None => Fate::Lost(Vec::new()),
+        }
+    }
+}
