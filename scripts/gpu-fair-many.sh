@@ -15,14 +15,16 @@
 # Prints, per N and policy: throughput against FIFO (the mean over programs of iterations over
 # FIFO's, and per kind), and each user's share of the GPU time against its weight's share.
 # Settings: NPROGS ("4 16"), USERS (4; 2 when N < 8), WEIGHTS ("2 1 3 2", user i gets the
-# i-th), POLICIES ("fifo fair fair-sms fair-turns srtf pack"), ROUNDS (2), WINDOW (10),
+# i-th), POLICIES ("fifo fair fair-sms fair-turns fair-side srtf pack"; fair-turns is
+# `quantum_us = 1000`, fair-side adds `side_by_side = true`, fair-sideQ with quantum_us = Q),
+# ROUNDS (2), WINDOW (10),
 # SETTLE (2), LOGS (default $work/logs), PYTHON (python3).
 set -uo pipefail
 dir=$(cd "$(dirname "$0")" && pwd)
 py=${PYTHON:-python3}
 nprogs=${NPROGS:-4 16}
 read -r -a weights <<< "${WEIGHTS:-2 1 3 2}"
-policies=${POLICIES:-fifo fair fair-sms fair-turns srtf pack}
+policies=${POLICIES:-fifo fair fair-sms fair-turns fair-side srtf pack}
 rounds=${ROUNDS:-2}
 window=${WINDOW:-10}
 settle=${SETTLE:-2}
@@ -54,10 +56,11 @@ sock=$work/gpushare.sock
 gs() { timeout 20 "$work/bin/gpushare" --socket "$sock" "$@"; }
 
 policy_file() { # POLICY USERS
-    local scheduler=${1%%-*} sms=false quantum=0
+    local scheduler=${1%%-*} sms=false quantum=0 side=false
     [[ $1 == fair-sms ]] && sms=true
     [[ $1 == fair-turns ]] && quantum=1000
-    printf 'scheduler = "%s"\n[fair]\nshare_sms = %s\nquantum_us = %s\n' "$scheduler" "$sms" "$quantum"
+    [[ $1 == fair-side* ]] && quantum=${1#fair-side} side=true && quantum=${quantum:-1000}
+    printf 'scheduler = "%s"\n[fair]\nshare_sms = %s\nquantum_us = %s\nside_by_side = %s\n' "$scheduler" "$sms" "$quantum" "$side"
     for ((u = 0; u < $2; u++)); do
         printf '[[users]]\nname = "%s"\nweight = %s\n' "${names[$u]}" "${weights[$u]}"
     done

@@ -71,6 +71,7 @@ pub(super) struct FairFields {
     pub(super) quantum_us: Option<u64>,
     pub(super) anticipate_us: Option<u64>,
     pub(super) share_sms: Option<bool>,
+    pub(super) side_by_side: Option<bool>,
 }
 
 /// `[priority]`: the priority policy's tunables.

@@ -61,6 +61,8 @@
 //!                        # SMs fit, each charged its share of the SMs for its time
 //! anticipate_us = 500    # a client owed GPU time whose work just completed is waited for
 //!                        # this long before another is granted (0: never)
+//! side_by_side = false   # true: clients within a quantum of the least served run at once,
+//!                        # not in exclusive turns (those further ahead wait)
 //! ```
 //!
 //! On a Slurm node, `[slurm]` says what a job's GPU shards are worth (`slurm.rs`; the
@@ -365,6 +367,7 @@ impl Policy {
                 .anticipate_us
                 .map_or(base.anticipate_ns, |us| us.saturating_mul(1_000)),
             share_sms: f.share_sms.unwrap_or(base.share_sms),
+            side_by_side: f.side_by_side.unwrap_or(base.side_by_side),
             ..base
         }
     }

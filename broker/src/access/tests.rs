@@ -109,12 +109,13 @@ fn priority_tunables_come_from_the_file_and_bad_ones_are_refused() {
 #[test]
 fn the_fair_quantum_comes_from_the_file() {
     let p = Policy::parse(
-        "scheduler = \"fair\"\n[fair]\nquantum_us = 1500\nshare_sms = true\n",
+        "scheduler = \"fair\"\n[fair]\nquantum_us = 1500\nshare_sms = true\nside_by_side = true\n",
         "t.toml",
     )
     .expect("valid policy");
     assert_eq!(p.fair_config().quantum_ns, 1_500_000);
     assert!(p.fair_config().share_sms);
+    assert!(p.fair_config().side_by_side);
     assert_eq!(p.tunables().fair, p.fair_config());
     let none = Policy::parse("", "t.toml").expect("empty policy is valid");
     assert_eq!(none.fair_config(), crate::sched::FairConfig::default());

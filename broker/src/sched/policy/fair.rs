@@ -26,6 +26,16 @@
 //! completed less than `anticipate_ns` ago is waited for that long instead: the GPU idles for
 //! at most its think time per step, and only while it is owed.
 //!
+//! With `side_by_side`, the quantum bounds a client's lead without making turns exclusive:
+//! every client whose virtual time is within a quantum (over its weight) of the least served
+//! backlogged client's may have kernels in flight, whoever else does, and one further ahead
+//! waits until the others catch up. Programs that each leave most of the GPU idle run at once,
+//! as under FIFO; while all are backlogged, the ones ahead of their share are held, so GPU
+//! time still follows the weights (a kernel that shared the GPU is charged its estimate, its
+//! solo time). A client with nothing in flight whose kernel fits in the SMs that the kernels in
+//! flight leave goes whatever its lead. A client whose work completed within `anticipate_ns`
+//! still counts as backlogged, so a round trip between its steps does not let others run ahead.
+//!
 //! With `share_sms` (experimental), several clients' kernels run at once while their SMs fit
 //! the GPU, and each is charged its share of the SMs for its time (SM·time) instead of the
 //! whole GPU: the least charged client's kernel goes next if it fits beside what is in flight
@@ -57,6 +67,8 @@ pub struct FairConfig {
     pub anticipate_ns: u64,
     /// Clients' kernels side by side while their SMs fit, charged by SM·time (see the docs).
     pub share_sms: bool,
+    /// Clients within a quantum of the least served run side by side (see the docs).
+    pub side_by_side: bool,
 }
 
 impl Default for FairConfig {
@@ -68,6 +80,7 @@ impl Default for FairConfig {
             max_run: 32,
             anticipate_ns: 500_000,
             share_sms: false,
+            side_by_side: false,
         }
     }
 }
@@ -166,6 +179,54 @@ impl Fair {
         }
     }
 
+    /// Side by side: the least served candidate among those within a quantum of the least
+    /// served backlogged client (which is always within it). A client whose work completed
+    /// within `anticipate_ns` counts as backlogged, so that the round trip between two of its
+    /// steps does not let the others run ahead.
+    fn pick_side_by_side(&mut self, view: &View<'_>, now: u64) -> Pick {
+        let recent = |at: u64| at.saturating_add(self.cfg.anticipate_ns) > now;
+        let backlogged = view
+            .clients()
+            .filter(|c| c.backlogged())
+            .map(|c| self.vt(c.id()));
+        let returning = self
+            .done_at
+            .iter()
+            .filter(|&(_, &at)| recent(at))
+            .map(|(&id, _)| self.vt(id));
+        let Some(least) = backlogged.chain(returning).min_by(f64::total_cmp) else {
+            return Pick::Hold;
+        };
+        let quantum = self.cfg.quantum_ns as f64;
+        let sms = u64::from(view.device().sms.max(1));
+        let width = |sm_need: u32| u64::from(sm_need.max(1)).min(sms);
+        let used: u64 = view
+            .clients()
+            .filter_map(|c| c.inflight().iter().map(|r| width(r.profile.sm_need)).max())
+            .sum();
+        // A client with nothing in flight whose kernel fits in the SMs left idle takes nothing
+        // from anyone: it goes whatever its lead (and is charged for it).
+        let idle_fits = |c: &crate::sched::ClientView<'_>| {
+            c.inflight().is_empty()
+                && c.head()
+                    .is_some_and(|h| used + width(h.profile.sm_need) <= sms)
+        };
+        let pick = view
+            .candidates()
+            .filter(|c| self.vt(c.id()) <= least + quantum / f64::from(c.weight()) || idle_fits(c))
+            .min_by(|a, b| self.owed_first(a, b))
+            .map_or(Pick::Hold, |c| Pick::Grant(c.id()));
+        if pick == Pick::Hold {
+            self.wake = self
+                .done_at
+                .values()
+                .map(|&at| at.saturating_add(self.cfg.anticipate_ns))
+                .filter(|&until| until > now)
+                .min();
+        }
+        pick
+    }
+
     /// While a client's kernels are in flight: another of its kernels, if its turn lasts.
     fn continue_turn(&self, view: &View<'_>) -> Pick {
         let mut running = view.clients().filter(|c| !c.inflight().is_empty());
@@ -197,6 +258,9 @@ impl Policy for Fair {
         self.wake = None;
         if self.cfg.share_sms {
             return self.pick_sharing_sms(view);
+        }
+        if self.cfg.side_by_side {
+            return self.pick_side_by_side(view, now);
         }
         if self.cfg.quantum_ns > 0 && view.inflight_total() > 0 {
             return self.continue_turn(view);
@@ -263,7 +327,8 @@ impl Policy for Fair {
         let correction =
             (gpu_ns as f64 - request.profile.est_ns as f64) * self.sm_share(view, request);
         *self.vtime.entry(client).or_insert(0.0) += correction / f64::from(w);
-        if self.cfg.quantum_ns > 0 && c.is_some_and(|c| !c.backlogged()) {
+        if (self.cfg.quantum_ns > 0 || self.cfg.side_by_side) && c.is_some_and(|c| !c.backlogged())
+        {
             self.idle_since.insert(client, now);
         }
         if c.is_some_and(|c| !c.backlogged() && c.inflight().is_empty()) {
@@ -279,301 +344,4 @@ impl Policy for Fair {
 }
 
 #[cfg(test)]
-mod tests {
-    use gpushare_protocol::PriorityClass;
-
-    use super::FairConfig;
-    use crate::sched::simulate::{
-        Arrivals, ClientScript, SimConfig, SimReport, Simulation, kernel,
-    };
-    use crate::sched::{Bound, ClientSpec, DeviceShape, Dispatcher, PolicyKind, SchedConfig};
-
-    const MS: u64 = 1_000_000;
-
-    /// Closed-loop clients of `weights`, kernels of different lengths, all on the whole GPU.
-    fn shares(weights: &[u32], horizon: u64) -> Vec<f64> {
-        shares_with(weights, horizon, FairConfig::default())
-    }
-
-    fn shares_with(weights: &[u32], horizon: u64, fair: FairConfig) -> Vec<f64> {
-        let scripts = weights
-            .iter()
-            .enumerate()
-            .map(|(i, &w)| {
-                let id = i as u64 + 1;
-                let spec = ClientSpec::new(id, PriorityClass::Normal, w);
-                ClientScript::new(spec, vec![kernel(id, 50 * id, 132, Bound::Compute)])
-            })
-            .collect();
-        let cfg = SimConfig {
-            horizon_ns: horizon,
-            sched: SchedConfig {
-                fair,
-                max_inflight_per_client: 8,
-                ..SchedConfig::default()
-            },
-            ..SimConfig::default()
-        };
-        gpu_shares(&Simulation::new(cfg, PolicyKind::Fair, scripts).run()).0
-    }
-
-    /// Each client's share of the GPU time given out, and that time.
-    fn gpu_shares(r: &SimReport) -> (Vec<f64>, u64) {
-        let total: u64 = r.clients.iter().map(|c| c.gpu_ns).sum();
-        let shares = r
-            .clients
-            .iter()
-            .map(|c| c.gpu_ns as f64 / total as f64)
-            .collect();
-        (shares, total)
-    }
-
-    #[test]
-    fn weighted_shares_within_five_percent() {
-        for weights in [vec![1, 2, 3, 4], vec![1, 1, 1, 1], vec![5, 1]] {
-            let got = shares(&weights, 1_000 * MS);
-            let sum: u32 = weights.iter().sum();
-            println!("fair: weights {weights:?} → GPU shares {got:.4?}");
-            for (w, s) in weights.iter().zip(&got) {
-                let want = f64::from(*w) / f64::from(sum);
-                assert!((s / want - 1.0).abs() < 0.05, "weight {w}: {s} vs {want}");
-            }
-        }
-    }
-
-    #[test]
-    fn turns_of_a_quantum_keep_the_weighted_shares() {
-        let fair = FairConfig {
-            quantum_ns: MS,
-            ..FairConfig::default()
-        };
-        for weights in [vec![1, 2, 3, 4], vec![5, 1]] {
-            let got = shares_with(&weights, 1_000 * MS, fair);
-            let sum: u32 = weights.iter().sum();
-            println!("fair, 1 ms turns: weights {weights:?} → GPU shares {got:.4?}");
-            for (w, s) in weights.iter().zip(&got) {
-                let want = f64::from(*w) / f64::from(sum);
-                assert!((s / want - 1.0).abs() < 0.05, "weight {w}: {s} vs {want}");
-            }
-        }
-    }
-
-    /// Closed-loop clients of `weights` that each wait for their one kernel (`kernel_us`) and
-    /// think `think_us` before the next, as a program that synchronizes every step does (a
-    /// CUDA graph and its loss read): GPU shares, and the GPU's busy fraction.
-    fn synchronous_shares(weights: &[u32], kernel_us: u64, think_us: u64) -> (Vec<f64>, f64) {
-        let horizon = 2_000 * MS;
-        let scripts = weights
-            .iter()
-            .enumerate()
-            .map(|(i, &w)| {
-                let id = i as u64 + 1;
-                let spec = ClientSpec::new(id, PriorityClass::Normal, w);
-                let mut script =
-                    ClientScript::new(spec, vec![kernel(id, kernel_us, 132, Bound::Compute)]);
-                script.arrivals = Arrivals::Closed {
-                    think_ns: think_us * 1_000,
-                };
-                script
-            })
-            .collect();
-        let cfg = SimConfig {
-            horizon_ns: horizon,
-            ..SimConfig::default()
-        };
-        let (shares, total) = gpu_shares(&Simulation::new(cfg, PolicyKind::Fair, scripts).run());
-        (shares, total as f64 / horizon as f64)
-    }
-
-    #[test]
-    fn weights_hold_between_programs_that_wait_for_each_step() {
-        for (kernel_us, think_us) in [(1_000, 100), (2_000, 300), (300, 50)] {
-            let (got, busy) = synchronous_shares(&[2, 1], kernel_us, think_us);
-            println!(
-                "fair, synchronous {kernel_us} us steps, {think_us} us think: shares {got:.4?}, GPU busy {busy:.3}"
-            );
-            assert!((got[0] / (2.0 / 3.0) - 1.0).abs() < 0.05, "{got:?}");
-            assert!((got[1] / (1.0 / 3.0) - 1.0).abs() < 0.05, "{got:?}");
-            // Waiting for the owed program costs at most its think time per step.
-            let bound = kernel_us as f64 / (kernel_us + think_us) as f64;
-            assert!(busy > bound * 0.95, "busy {busy} against {bound}");
-        }
-    }
-
-    /// A fair dispatcher with clients 1 and 2, weight 1, and deep client queues.
-    fn two_clients(fair: FairConfig) -> Dispatcher {
-        let cfg = SchedConfig {
-            max_inflight_per_client: 64,
-            fair,
-            ..SchedConfig::default()
-        };
-        let h100 = DeviceShape {
-            sms: 132,
-            sm_partitions: false,
-        };
-        let mut d = Dispatcher::with_config(PolicyKind::Fair, h100, cfg);
-        for id in [1, 2] {
-            d.add_client(ClientSpec::new(id, PriorityClass::Normal, 1))
-                .expect("client registers");
-        }
-        d
-    }
-
-    #[test]
-    fn a_turn_queues_a_clients_kernels_back_to_back_until_its_quantum_is_spent() {
-        let granted = |quantum_ns| {
-            let mut d = two_clients(FairConfig {
-                quantum_ns,
-                ..FairConfig::default()
-            });
-            for id in [1, 2] {
-                for _ in 0..20 {
-                    d.submit(id, kernel(id, 100, 132, Bound::Compute), 0)
-                        .expect("client is registered");
-                }
-            }
-            let first: Vec<_> = d.poll(0).iter().map(|g| g.client).collect();
-            first
-        };
-        // One kernel at a time without a quantum.
-        assert_eq!(granted(0), vec![1]);
-        // 100 µs kernels, a 1 ms quantum: client 1's turn is ten or so kernels ahead of
-        // client 2 (whose virtual time is 0), and client 2 waits for them.
-        let turn = granted(MS);
-        assert!(turn.iter().all(|&c| c == 1), "{turn:?}");
-        assert!((10..=12).contains(&turn.len()), "{turn:?}");
-    }
-
-    #[test]
-    fn in_turns_a_client_back_within_the_idle_grace_keeps_what_it_is_owed() {
-        // Client 1 runs a 1 ms kernel and goes idle; client 2 then runs alone, 1 ms kernels
-        // back to back, for `alone_ms`; then both queue plenty. Returns how many kernels
-        // client 1 is granted in a row before client 2's next.
-        let first_turn = |alone_ms: u64| {
-            let mut d = two_clients(FairConfig {
-                quantum_ns: MS,
-                max_run: 64,
-                ..FairConfig::default()
-            });
-            let k = |id| kernel(id, 1000, 132, Bound::Compute);
-            let r = d.submit(1, k(1), 0).expect("client is registered");
-            assert_eq!(d.poll(0).len(), 1);
-            d.complete(1, r, Some(MS), MS)
-                .expect("request is in flight");
-            let mut t = MS;
-            for _ in 0..alone_ms {
-                let r = d.submit(2, k(2), t).expect("client is registered");
-                assert_eq!(d.poll(t).len(), 1);
-                t += MS;
-                d.complete(2, r, Some(MS), t).expect("request is in flight");
-            }
-            for id in [2, 1] {
-                for _ in 0..60 {
-                    d.submit(id, k(id), t).expect("client is registered");
-                }
-            }
-            let turn: Vec<_> = d.poll(t).iter().map(|g| g.client).collect();
-            assert!(turn.iter().all(|&c| c == 1), "{turn:?}");
-            turn.len()
-        };
-        // Idle 30 ms (within the grace): owed 29 ms, more than the 20 ms lag bound, and all
-        // of it is granted, plus a quantum (its virtual time 1 ms against client 2's 30).
-        assert_eq!(first_turn(30), 31);
-        // Idle 60 ms: really idle, so held to the lag bound: owed 20 ms, plus a quantum.
-        assert_eq!(first_turn(60), 22);
-    }
-
-    #[test]
-    fn a_newcomer_is_owed_at_most_the_lag_bound() {
-        let lag = 20 * MS;
-        let mut scripts: Vec<_> = (1..=3)
-            .map(|id| {
-                let spec = ClientSpec::new(id, PriorityClass::Normal, 1);
-                ClientScript::new(spec, vec![kernel(id, 100, 132, Bound::Compute)])
-            })
-            .collect();
-        let spec = ClientSpec::new(4, PriorityClass::Normal, 1);
-        scripts.push(ClientScript {
-            start_ns: 500 * MS,
-            ..ClientScript::new(spec, vec![kernel(4, 100, 132, Bound::Compute)])
-        });
-        let cfg = SimConfig {
-            horizon_ns: 700 * MS,
-            ..SimConfig::default()
-        };
-        let r = Simulation::new(cfg, PolicyKind::Fair, scripts).run();
-        // GPU time in the 100 ms after it joins: each iteration is one 100 µs kernel.
-        let window = |id| {
-            r.client(id).map_or(0.0, |c| {
-                c.throughput(500 * MS, 600 * MS) * 0.1 * 100e-6 * 1e9
-            })
-        };
-        let newcomer = window(4);
-        let fair = 100.0 * MS as f64 / 4.0;
-        println!(
-            "fair: newcomer got {:.1} ms of the 100 ms after joining (fair {:.1} ms, lag {} ms); others {:.1}, {:.1}, {:.1} ms",
-            newcomer / 1e6,
-            fair / 1e6,
-            lag / MS,
-            window(1) / 1e6,
-            window(2) / 1e6,
-            window(3) / 1e6
-        );
-        // At most its fair share of what is left after the lag, plus the lag, plus a kernel.
-        assert!(newcomer <= lag as f64 + (100 * MS - lag) as f64 / 4.0 + 100e3 + 1.0);
-        assert!(newcomer >= fair);
-        for id in 1..=3 {
-            assert!(window(id) > 10.0 * MS as f64);
-        }
-    }
-
-    /// `share_sms`: four programs of 48-SM kernels (two or three fit side by side), weights
-    /// 1 : 2 : 3 : 2, each one stream. Their SM·time follows the weights, and they get more
-    /// done than one kernel at a time, which leaves the rest of the GPU idle.
-    #[test]
-    fn sharing_sms_keeps_the_weights_in_sm_time_and_runs_kernels_side_by_side() {
-        let run = |share_sms: bool| {
-            let scripts = [1u32, 2, 3, 2]
-                .iter()
-                .enumerate()
-                .map(|(i, &w)| {
-                    let id = i as u64 + 1;
-                    let spec = ClientSpec::new(id, PriorityClass::Normal, w);
-                    ClientScript::new(spec, vec![kernel(id, 100, 48, Bound::Compute)])
-                })
-                .collect();
-            let cfg = SimConfig {
-                horizon_ns: 400 * MS,
-                observe_ns: 20_000,
-                sched: SchedConfig {
-                    fair: FairConfig {
-                        share_sms,
-                        ..FairConfig::default()
-                    },
-                    max_inflight_per_client: 8,
-                    ..SchedConfig::default()
-                },
-                ..SimConfig::default()
-            };
-            Simulation::new(cfg, PolicyKind::Fair, scripts).run()
-        };
-        let shared = run(true);
-        let single = run(false);
-        let total: f64 = shared.clients.iter().map(|c| c.sm_gpu_ns as f64).sum();
-        let shares: Vec<f64> = shared
-            .clients
-            .iter()
-            .map(|c| c.sm_gpu_ns as f64 / total)
-            .collect();
-        let done = |r: &SimReport| r.clients.iter().map(|c| c.completed).sum::<u64>();
-        println!(
-            "sharing SMs: SM-time shares {shares:.3?} for weights 1:2:3:2; kernels done {} sharing, {} one at a time",
-            done(&shared),
-            done(&single)
-        );
-        for (share, weight) in shares.iter().zip([1.0, 2.0, 3.0, 2.0]) {
-            assert!((share - weight / 8.0).abs() < 0.02, "{shares:?}");
-        }
-        assert!(done(&shared) as f64 > 1.5 * done(&single) as f64);
-    }
-}
+mod tests;

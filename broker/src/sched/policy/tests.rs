@@ -114,6 +114,22 @@ mod keep_the_gpu_busy {
                 },
             );
             let sharing = work(&run_sharing(n)) / fifo;
+            let side = run_with(
+                n,
+                PolicyKind::Fair,
+                FairConfig {
+                    quantum_ns: MS,
+                    side_by_side: true,
+                    ..FairConfig::default()
+                },
+            );
+            let fifo_run = run(n, PolicyKind::Fifo, 0);
+            println!(
+                "{n:>2} programs: FAIR side by side {:.3} × FIFO, GPU time shares {:?}; FIFO's {:?}",
+                work(&side) / fifo,
+                shares(&side),
+                shares(&fifo_run)
+            );
             println!(
                 "{n:>2} programs, iterations against FIFO: FAIR one kernel at a time {single:.3}, FAIR 1 ms turns {turns:.3}, FAIR sharing SMs {sharing:.3}, SRTF {srtf:.3}, PACK {pack:.3}; FAIR 16 kernels in flight {:.3}, GPU time shares {:?} (weights {:?})",
                 work(&wide) / fifo,
