@@ -192,3 +192,32 @@ fn a_users_memory_stays_within_the_quota_on_each_gpu_and_in_total() {
     zero.free_raw(a).expect("free");
     let _c = zero.alloc_raw(MIB).expect("room on GPU 0 and in total");
 }
+
+/// Each GPU's memory lies at device addresses of its own, as under CUDA's unified addressing:
+/// a program using two GPUs, or memory another GPU shared, must never find one address on
+/// both (workers started alike would reserve the same range).
+#[test]
+fn each_gpu_s_memory_lies_at_device_addresses_of_its_own() {
+    let broker = two_gpu_broker();
+    let on = |gpu: u32| {
+        gpushare::Client::connect_with(ConnectOptions {
+            gpu: Some(gpu),
+            ..broker.options(&format!("on-{gpu}"))
+        })
+        .expect("connect")
+    };
+    let (zero, one) = (on(0), on(1));
+    let a = zero.alloc::<f32>(1 << 18).expect("alloc on GPU 0");
+    let b = one.alloc::<f32>(1 << 18).expect("alloc on GPU 1");
+    let bytes = (1u64 << 18) * 4;
+    let (a0, b0) = (a.ptr(), b.ptr());
+    assert!(
+        a0 + bytes <= b0 || b0 + bytes <= a0,
+        "GPU 0's memory at {a0:#x} and GPU 1's at {b0:#x} overlap"
+    );
+    assert!(
+        !broker.log_contains("at the same device addresses"),
+        "{}",
+        broker.log_text()
+    );
+}

@@ -62,6 +62,7 @@ impl Workers {
             label,
             builtins: None,
             space: None,
+            prefer_base: None,
         }
     }
 
@@ -99,6 +100,40 @@ impl Workers {
         })
     }
 
+    /// One worker per GPU of `specs`. Each GPU's clients' memory gets addresses no other GPU's
+    /// has, as under CUDA's unified addressing: a program using two GPUs, or memory shared
+    /// from another GPU, must not find one address on both. Workers started alike would
+    /// reserve the same range, so the first GPU's worker starts alone and the others ask for
+    /// ranges below its own, one after another (a restart reuses the ranges it was handed).
+    fn open_gpus(&self, mut specs: Vec<WorkerSpec>) -> anyhow::Result<Vec<Arc<Device>>> {
+        if specs.len() < 2 || specs.iter().any(|s| s.space.is_some()) {
+            return self.open(specs);
+        }
+        let rest = specs.split_off(1);
+        let mut devices = self.open(specs)?;
+        let first = devices
+            .first()
+            .map(|d| d.space())
+            .ok_or_else(|| anyhow::anyhow!("no device worker"))?;
+        // Below the first: a worker's mappings grow up from where the first range was put,
+        // and its own zone lies above (worker/zone.rs).
+        let stride = first.size.next_multiple_of(RANGE_ALIGN);
+        let below = first.base / RANGE_ALIGN * RANGE_ALIGN;
+        let rest = rest
+            .into_iter()
+            .enumerate()
+            .map(|(k, spec)| WorkerSpec {
+                prefer_base: below
+                    .checked_sub(stride.saturating_mul(k as u64 + 1))
+                    .filter(|&at| at >= LOWEST_RANGE),
+                ..spec
+            })
+            .collect();
+        devices.extend(self.open(rest)?);
+        warn_of_shared_addresses(&devices);
+        Ok(devices)
+    }
+
     /// A worker per GPU served (CUDA); this process initialises the driver but holds no
     /// context.
     pub fn gpus(&self) -> anyhow::Result<Vec<Arc<Device>>> {
@@ -110,7 +145,7 @@ impl Workers {
                 return Err(crate::device::cuda::ProbeError::NoSuchGpu { asked: n, count }.into());
             }
         };
-        self.open(
+        self.open_gpus(
             ordinals
                 .into_iter()
                 .enumerate()
@@ -150,7 +185,7 @@ impl Workers {
 
     /// A worker per sim GPU.
     pub fn sims(&self) -> anyhow::Result<Vec<Arc<Device>>> {
-        self.open(
+        self.open_gpus(
             (0..self.sim_gpus)
                 .map(|index| {
                     let backend = WorkerBackend::Sim {
@@ -162,5 +197,27 @@ impl Workers {
                 })
                 .collect(),
         )
+    }
+}
+
+/// Where a GPU's range of client addresses may start (1 GiB: above what any driver aligns to).
+const RANGE_ALIGN: u64 = 1 << 30;
+/// No range asked for below 1 TiB: a program's heap and executable live down there.
+const LOWEST_RANGE: u64 = 1 << 40;
+
+/// Says so where two GPUs' client address ranges overlap (a GPU's driver would not reserve
+/// the range asked for): programs then cannot use both GPUs, or share memory between them.
+fn warn_of_shared_addresses(devices: &[Arc<Device>]) {
+    for (i, a) in devices.iter().enumerate() {
+        for b in &devices[i + 1..] {
+            let (x, y) = (a.space(), b.space());
+            if x.base < y.base + y.size && y.base < x.base + x.size {
+                tracing::warn!(
+                    first = a.info().index,
+                    second = b.info().index,
+                    "two GPUs' clients' memory lies at the same device addresses: a program cannot use both, nor share memory between them"
+                );
+            }
+        }
     }
 }

@@ -71,6 +71,9 @@ pub struct WorkerSpec {
     /// Where clients' memory lives: the address range the worker this one may replace has
     /// reserved (`None`: the first worker of a device reserves where its driver likes).
     pub space: Option<Space>,
+    /// For a first worker: reserve at this address if it is free (clear of another GPU's
+    /// range, so that no device address means two GPUs), else where the driver likes.
+    pub prefer_base: Option<u64>,
 }
 
 /// gpushared → worker, on the control socket.

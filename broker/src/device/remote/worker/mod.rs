@@ -142,11 +142,23 @@ fn zone_if_anywhere(at: u64, len: u64) -> u64 {
 /// replace has it, or (the first) where the driver likes.
 fn reserve<B: Backend>(device: &B, spec: &WorkerSpec) -> DeviceResult<Space> {
     let granularity = device.granularity()?;
-    let (hint, size) = match spec.space {
-        Some(s) => (s.base, s.size),
-        None => (0, Space::size_for(device.info().total_memory)),
+    let base = match spec.space {
+        Some(s) => device.reserve(s.base, s.size)?,
+        None => {
+            let size = Space::size_for(device.info().total_memory);
+            let preferred = spec
+                .prefer_base
+                .map(|at| at.next_multiple_of(granularity.max(1)))
+                .and_then(|at| device.reserve(at, size).ok());
+            match preferred {
+                Some(base) => base,
+                None => device.reserve(0, size)?,
+            }
+        }
     };
-    let base = device.reserve(hint, size)?;
+    let size = spec
+        .space
+        .map_or_else(|| Space::size_for(device.info().total_memory), |s| s.size);
     Ok(Space {
         base,
         size,
