@@ -18,6 +18,10 @@
 # i-th), POLICIES ("fifo fair fair-sms fair-turns fair-side srtf pack"; fair-turns is
 # `quantum_us = 1000`, fair-side adds `side_by_side = true`, fair-sideQ with quantum_us = Q),
 # ROUNDS (2), WINDOW (10),
+# HP (set: a high-priority inference loop, colocate/loop.py --model infer, runs as user gsfairhp
+# beside them, every other user best-effort; it runs alone for one window first, and the summary
+# gives its p50/p99 per window against that; use with POLICIES such as "fifo priority
+# priority-weight", priority-weight being `[priority] lower_by_weight = true`, issue 31 point 2),
 # SETTLE (2), LOGS (default $work/logs), PYTHON (python3).
 set -uo pipefail
 dir=$(cd "$(dirname "$0")" && pwd)
@@ -30,7 +34,8 @@ window=${WINDOW:-10}
 settle=${SETTLE:-2}
 [[ $(id -u) == 0 ]] || { echo "needs root (to run programs as other users)" >&2; exit 2; }
 names=(root gsfair1 gsfair2 gsfair3)
-for u in "${names[@]:1}"; do
+hp=${HP:+gsfairhp}
+for u in "${names[@]:1}" $hp; do
     id -u "$u" > /dev/null 2>&1 || useradd -M -s /usr/sbin/nologin "$u" || exit 2
 done
 
@@ -56,11 +61,16 @@ sock=$work/gpushare.sock
 gs() { timeout 20 "$work/bin/gpushare" --socket "$sock" "$@"; }
 
 policy_file() { # POLICY USERS
-    local scheduler=${1%%-*} sms=false quantum=0 side=false
+    local scheduler=${1%%-*} sms=false quantum=0 side=false by_weight=false
+    [[ $1 == priority-weight ]] && by_weight=true
     [[ $1 == fair-sms ]] && sms=true
     [[ $1 == fair-turns ]] && quantum=1000
     [[ $1 == fair-side* ]] && quantum=${1#fair-side} side=true && quantum=${quantum:-1000}
     printf 'scheduler = "%s"\n[fair]\nshare_sms = %s\nquantum_us = %s\nside_by_side = %s\n' "$scheduler" "$sms" "$quantum" "$side"
+    printf '[priority]\nlower_by_weight = %s\n' "$by_weight"
+    if [[ -n $hp ]]; then
+        printf '[defaults]\nclass = "best-effort"\n[[users]]\nname = "%s"\nclass = "high"\n' "$hp"
+    fi
     for ((u = 0; u < $2; u++)); do
         printf '[[users]]\nname = "%s"\nweight = %s\n' "${names[$u]}" "${weights[$u]}"
     done
@@ -90,6 +100,25 @@ for n in $nprogs; do
     gpushared_pid=$(pgrep -P "$broker_pid" -x gpushared)
     gs status > /dev/null || { echo "gpushared did not start" >&2; tail "$out/broker.log" >&2; exit 1; }
     : > "$out/programs.txt"
+    snap() { # FILE: progress of every program, the status, and the time
+        date +%s.%N > "$1.time"
+        for ((p = 0; p < n; p++)); do echo "p$p $(cat "$work/p$p.progress" 2> /dev/null)"; done > "$1.progress"
+        gs status --json > "$1.json"
+    }
+    if [[ -n $hp ]]; then
+        (cd "$work" && setpriv --reuid "$hp" --regid "$hp" --init-groups \
+            env HOME=/tmp GPUSHARE_SOCKET="$sock" "$work/bin/gpushare" run --name hp -- \
+            "$py" "$work/py/loop.py" --model infer --progress "$work/hp.progress" \
+            --latencies "$work/hp.lat" --stop "$work/stop" > "$out/hp.out" 2> "$out/hp.err") &
+        pids+=($!)
+        for _ in $(seq 1200); do [[ -e $work/hp.progress ]] && break; all_alive "before it was ready"; sleep 0.1; done
+        [[ -e $work/hp.progress ]] || { echo "the high-priority loop did not get ready" >&2; tail "$out/hp.err" >&2; exit 1; }
+        sleep "$settle"
+        snap "$out/alone-a"
+        sleep "$window"
+        snap "$out/alone-b"
+        echo "N=$n high-priority loop alone measured" >&2
+    fi
     for ((p = 0; p < n; p++)); do
         u=$((p % users)) k=$((p / users))
         per_user=$(((n - u + users - 1) / users))
@@ -116,10 +145,6 @@ for n in $nprogs; do
             policy_file "$pol" "$users" > "$work/policy.toml"
             kill -HUP "$gpushared_pid"
             sleep "$settle"
-            snap() { # FILE: progress of every program, then the status
-                for ((p = 0; p < n; p++)); do echo "p$p $(cat "$work/p$p.progress" 2> /dev/null)"; done > "$1.progress"
-                gs status --json > "$1.json"
-            }
             snap "$out/$r-$pol-a"
             sleep "$window"
             snap "$out/$r-$pol-b"
@@ -130,10 +155,11 @@ for n in $nprogs; do
     touch "$work/stop"
     for p in "${pids[@]}"; do wait "$p"; done
     pids=()
+    [[ -n $hp ]] && mv "$work/hp.lat" "$out/hp.lat"
     kill "$broker_pid" 2> /dev/null
     wait "$broker_pid" 2> /dev/null
     broker_pid=
-    rm -f "$work"/p*.progress
+    rm -f "$work"/p*.progress "$work/hp.progress"
 done
 
 "$py" - "$logs" "$rounds" "$policies" "${weights[*]}" << 'EOF' | tee "$logs/summary.md"
@@ -203,4 +229,29 @@ for out in sorted(glob.glob(f"{logs}/n*"), key=lambda d: int(d.rsplit("n", 1)[1]
                   + ", ".join(f"{shares[u]:.3f}" for u in users) + f" | {worst * 100:.1f} % | "
                   + ", ".join(f"{tr[u] / trsum:.3f}" for u in users) + " |")
     print("\niterations per window, FIFO round 1: " + ", ".join(f"{p} {v}" for p, v in res.get((1, "fifo"), ({}, {}))[0].items()))
+    if os.path.exists(f"{out}/hp.lat"):
+        lat = []
+        for line in open(f"{out}/hp.lat"):
+            f = line.split()
+            if len(f) == 2:
+                lat.append((float(f[0]), float(f[1]) / 1e3))
+
+        def window_ms(name):
+            try:
+                a, b = (float(open(f"{out}/{name}-{e}.time").read()) for e in "ab")
+            except (OSError, ValueError):
+                return []
+            return sorted(ms for t, ms in lat if a <= t < b)
+
+        def pct(v, q):
+            return v[min(len(v) - 1, int(q * len(v)))] if v else float("nan")
+
+        alone = window_ms("alone")
+        print(f"\nhigh-priority loop (MLP inference, batch 8, 2 ms think): alone p50 {pct(alone, 0.5):.3f} ms, p99 {pct(alone, 0.99):.3f} ms ({len(alone)} requests)\n")
+        print("| policy | round | p50 ms | p99 ms | p99 / alone's | requests |")
+        print("|---|---|---|---|---|---|")
+        for pol in policies:
+            for r in range(1, rounds + 1):
+                v = window_ms(f"{r}-{pol}")
+                print(f"| {pol} | {r} | {pct(v, 0.5):.3f} | {pct(v, 0.99):.3f} | {pct(v, 0.99) / pct(alone, 0.99):.2f} | {len(v)} |")
 EOF
