@@ -155,14 +155,11 @@ impl Fair {
     /// flight; else another's that fits while within `lag_ns` of it; else nothing (the GPU
     /// drains for it, so a wide kernel is never starved).
     fn pick_sharing_sms(&self, view: &View<'_>) -> Pick {
-        let sms = u64::from(view.device().sms.max(1));
-        let width = |sm_need: u32| u64::from(sm_need.max(1)).min(sms);
-        let used: u64 = view
-            .clients()
-            .filter_map(|c| c.inflight().iter().map(|r| width(r.profile.sm_need)).max())
-            .sum();
+        let sms = SmsInFlight::of(view);
         let fits = |c: &crate::sched::ClientView<'_>| {
-            used == 0 || used + c.head().map_or(sms, |h| width(h.profile.sm_need)) <= sms
+            sms.used == 0
+                || sms.used + c.head().map_or(sms.total, |h| sms.width(h.profile.sm_need))
+                    <= sms.total
         };
         let mut order: Vec<_> = view.candidates().collect();
         order.sort_by(|a, b| self.owed_first(a, b));
@@ -198,18 +195,13 @@ impl Fair {
             return Pick::Hold;
         };
         let quantum = self.cfg.quantum_ns as f64;
-        let sms = u64::from(view.device().sms.max(1));
-        let width = |sm_need: u32| u64::from(sm_need.max(1)).min(sms);
-        let used: u64 = view
-            .clients()
-            .filter_map(|c| c.inflight().iter().map(|r| width(r.profile.sm_need)).max())
-            .sum();
+        let sms = SmsInFlight::of(view);
         // A client with nothing in flight whose kernel fits in the SMs left idle takes nothing
         // from anyone: it goes whatever its lead (and is charged for it).
         let idle_fits = |c: &crate::sched::ClientView<'_>| {
             c.inflight().is_empty()
                 && c.head()
-                    .is_some_and(|h| used + width(h.profile.sm_need) <= sms)
+                    .is_some_and(|h| sms.used + sms.width(h.profile.sm_need) <= sms.total)
         };
         let pick = view
             .candidates()
@@ -246,6 +238,35 @@ impl Fair {
             Some(v) if self.vt(owner.id()) > v + ahead => Pick::Hold,
             _ => Pick::Grant(owner.id()),
         }
+    }
+}
+
+/// The GPU's SMs, and those the kernels in flight hold (a client's kernels in flight run one
+/// after another on its stream, so it holds the widest of them).
+struct SmsInFlight {
+    total: u64,
+    used: u64,
+}
+
+impl SmsInFlight {
+    fn of(view: &View<'_>) -> SmsInFlight {
+        let total = u64::from(view.device().sms.max(1));
+        let mut sms = SmsInFlight { total, used: 0 };
+        sms.used = view
+            .clients()
+            .filter_map(|c| {
+                c.inflight()
+                    .iter()
+                    .map(|r| sms.width(r.profile.sm_need))
+                    .max()
+            })
+            .sum();
+        sms
+    }
+
+    /// The SMs a kernel that wants `sm_need` holds.
+    fn width(&self, sm_need: u32) -> u64 {
+        u64::from(sm_need.max(1)).min(self.total)
     }
 }
 
