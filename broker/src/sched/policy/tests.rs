@@ -100,7 +100,8 @@ mod keep_the_gpu_busy {
         let mut worst_turns: f64 = f64::INFINITY;
         let mut worst_single: f64 = f64::INFINITY;
         for n in [2, 4, 8, 16] {
-            let fifo = work(&run(n, PolicyKind::Fifo, 0));
+            let fifo_run = run(n, PolicyKind::Fifo, 0);
+            let fifo = work(&fifo_run);
             let single = work(&run(n, PolicyKind::Fair, 0)) / fifo;
             let turns = work(&run(n, PolicyKind::Fair, MS)) / fifo;
             let srtf = work(&run(n, PolicyKind::Srtf, 0)) / fifo;
@@ -123,7 +124,6 @@ mod keep_the_gpu_busy {
                     ..FairConfig::default()
                 },
             );
-            let fifo_run = run(n, PolicyKind::Fifo, 0);
             println!(
                 "{n:>2} programs: FAIR side by side {:.3} × FIFO, GPU time shares {:?}; FIFO's {:?}",
                 work(&side) / fifo,

@@ -139,26 +139,21 @@ fn zone_if_anywhere(at: u64, len: u64) -> u64 {
 }
 
 /// Reserves the address range clients' memory lives at: where the worker this one may
-/// replace has it, or (the first) where the driver likes.
+/// replace has it, or (the first) where gpushared prefers if that is free, else where the
+/// driver likes.
 fn reserve<B: Backend>(device: &B, spec: &WorkerSpec) -> DeviceResult<Space> {
     let granularity = device.granularity()?;
-    let base = match spec.space {
-        Some(s) => device.reserve(s.base, s.size)?,
-        None => {
-            let size = Space::size_for(device.info().total_memory);
-            let preferred = spec
-                .prefer_base
-                .map(|at| at.next_multiple_of(granularity.max(1)))
-                .and_then(|at| device.reserve(at, size).ok());
-            match preferred {
-                Some(base) => base,
-                None => device.reserve(0, size)?,
-            }
-        }
-    };
     let size = spec
         .space
         .map_or_else(|| Space::size_for(device.info().total_memory), |s| s.size);
+    let base = match (spec.space, spec.prefer_base) {
+        (Some(s), _) => device.reserve(s.base, size)?,
+        (None, Some(at)) => match device.reserve(at.next_multiple_of(granularity.max(1)), size) {
+            Ok(base) => base,
+            Err(_) => device.reserve(0, size)?,
+        },
+        (None, None) => device.reserve(0, size)?,
+    };
     Ok(Space {
         base,
         size,

@@ -4,9 +4,22 @@ use gpushare_protocol::PriorityClass;
 
 use super::FairConfig;
 use crate::sched::simulate::{Arrivals, ClientScript, SimConfig, SimReport, Simulation, kernel};
-use crate::sched::{Bound, ClientSpec, DeviceShape, Dispatcher, PolicyKind, SchedConfig};
+use crate::sched::{
+    Bound, ClientSpec, DeviceShape, Dispatcher, KernelProfile, PolicyKind, SchedConfig,
+};
 
 const MS: u64 = 1_000_000;
+
+/// A closed-loop client per weight (ids from 1), each iteration `iteration(id)`.
+fn weighted(weights: &[u32], iteration: impl Fn(u64) -> Vec<KernelProfile>) -> Vec<ClientScript> {
+    weights
+        .iter()
+        .zip(1..)
+        .map(|(&w, id)| {
+            ClientScript::new(ClientSpec::new(id, PriorityClass::Normal, w), iteration(id))
+        })
+        .collect()
+}
 
 /// Closed-loop clients of `weights`, kernels of different lengths, all on the whole GPU.
 fn shares(weights: &[u32], horizon: u64) -> Vec<f64> {
@@ -14,15 +27,7 @@ fn shares(weights: &[u32], horizon: u64) -> Vec<f64> {
 }
 
 fn shares_with(weights: &[u32], horizon: u64, fair: FairConfig) -> Vec<f64> {
-    let scripts = weights
-        .iter()
-        .enumerate()
-        .map(|(i, &w)| {
-            let id = i as u64 + 1;
-            let spec = ClientSpec::new(id, PriorityClass::Normal, w);
-            ClientScript::new(spec, vec![kernel(id, 50 * id, 132, Bound::Compute)])
-        })
-        .collect();
+    let scripts = weighted(weights, |id| vec![kernel(id, 50 * id, 132, Bound::Compute)]);
     let cfg = SimConfig {
         horizon_ns: horizon,
         sched: SchedConfig {
@@ -81,20 +86,14 @@ fn turns_of_a_quantum_keep_the_weighted_shares() {
 /// CUDA graph and its loss read): GPU shares, and the GPU's busy fraction.
 fn synchronous_shares(weights: &[u32], kernel_us: u64, think_us: u64) -> (Vec<f64>, f64) {
     let horizon = 2_000 * MS;
-    let scripts = weights
-        .iter()
-        .enumerate()
-        .map(|(i, &w)| {
-            let id = i as u64 + 1;
-            let spec = ClientSpec::new(id, PriorityClass::Normal, w);
-            let mut script =
-                ClientScript::new(spec, vec![kernel(id, kernel_us, 132, Bound::Compute)]);
-            script.arrivals = Arrivals::Closed {
-                think_ns: think_us * 1_000,
-            };
-            script
-        })
-        .collect();
+    let mut scripts = weighted(weights, |id| {
+        vec![kernel(id, kernel_us, 132, Bound::Compute)]
+    });
+    for script in &mut scripts {
+        script.arrivals = Arrivals::Closed {
+            think_ns: think_us * 1_000,
+        };
+    }
     let cfg = SimConfig {
         horizon_ns: horizon,
         ..SimConfig::default()
@@ -248,15 +247,9 @@ fn a_newcomer_is_owed_at_most_the_lag_bound() {
 /// Four programs of 100 µs kernels on 48 SMs, one stream each, weights 1 : 2 : 3 : 2, with a
 /// 20 µs completion round trip.
 fn narrow_programs(policy: PolicyKind, fair: FairConfig) -> SimReport {
-    let scripts = [1u32, 2, 3, 2]
-        .iter()
-        .enumerate()
-        .map(|(i, &w)| {
-            let id = i as u64 + 1;
-            let spec = ClientSpec::new(id, PriorityClass::Normal, w);
-            ClientScript::new(spec, vec![kernel(id, 100, 48, Bound::Compute)])
-        })
-        .collect();
+    let scripts = weighted(&[1, 2, 3, 2], |id| {
+        vec![kernel(id, 100, 48, Bound::Compute)]
+    });
     let cfg = SimConfig {
         horizon_ns: 400 * MS,
         observe_ns: 20_000,
