@@ -113,16 +113,23 @@ impl Fair {
     /// `anticipate_ns` of `now`.
     fn owed_back_soon(&self, view: &View<'_>, next: ClientId, now: u64) -> Option<u64> {
         let v = self.vt(next);
-        self.done_at
-            .iter()
-            .filter(|&(&id, _)| id != next && self.vt(id) < v)
-            .filter(|&(&id, _)| {
+        self.returning(now)
+            .filter(|&(id, _)| id != next && self.vt(id) < v)
+            .filter(|&(id, _)| {
                 view.client(id)
                     .is_some_and(|c| !c.backlogged() && c.inflight().is_empty())
             })
-            .map(|(_, &at)| at.saturating_add(self.cfg.anticipate_ns))
-            .filter(|&until| until > now)
+            .map(|(_, until)| until)
             .min()
+    }
+
+    /// Clients whose last work completed within `anticipate_ns` of `now`, each with when
+    /// that wait for it ends.
+    fn returning(&self, now: u64) -> impl Iterator<Item = (ClientId, u64)> + '_ {
+        self.done_at
+            .iter()
+            .map(|(&id, &at)| (id, at.saturating_add(self.cfg.anticipate_ns)))
+            .filter(move |&(_, until)| until > now)
     }
 
     /// Who goes first: the least virtual time, then the oldest head.
@@ -181,16 +188,11 @@ impl Fair {
     /// within `anticipate_ns` counts as backlogged, so that the round trip between two of its
     /// steps does not let the others run ahead.
     fn pick_side_by_side(&mut self, view: &View<'_>, now: u64) -> Pick {
-        let recent = |at: u64| at.saturating_add(self.cfg.anticipate_ns) > now;
         let backlogged = view
             .clients()
             .filter(|c| c.backlogged())
             .map(|c| self.vt(c.id()));
-        let returning = self
-            .done_at
-            .iter()
-            .filter(|&(_, &at)| recent(at))
-            .map(|(&id, _)| self.vt(id));
+        let returning = self.returning(now).map(|(id, _)| self.vt(id));
         let Some(least) = backlogged.chain(returning).min_by(f64::total_cmp) else {
             return Pick::Hold;
         };
@@ -209,12 +211,7 @@ impl Fair {
             .min_by(|a, b| self.owed_first(a, b))
             .map_or(Pick::Hold, |c| Pick::Grant(c.id()));
         if pick == Pick::Hold {
-            self.wake = self
-                .done_at
-                .values()
-                .map(|&at| at.saturating_add(self.cfg.anticipate_ns))
-                .filter(|&until| until > now)
-                .min();
+            self.wake = self.returning(now).map(|(_, until)| until).min();
         }
         pick
     }
