@@ -46,12 +46,17 @@ impl Device {
     /// behind everything posted before it. `None` without a page or a free slot.
     pub fn mark_done(&self, stream: &mut Stream) -> Option<(u32, u32)> {
         let progress = self.progress.as_ref()?;
+        self.live(stream.epoch).ok()?;
         if stream.done_slot.is_none() {
             stream.done_slot = progress.take_slot();
         }
-        let (call, value) = progress.done_mark(stream.id, stream.done_slot?);
-        self.queue(stream, |_| call, &[]).ok()?;
-        Some((stream.done_slot?, value))
+        let slot = stream.done_slot?;
+        let (call, value) = progress.done_mark(stream.id, slot);
+        // Posted, not kept in the stream's episode to queue again after a fault: it tells when
+        // this context's work ended, which the context that takes over has no use for (the
+        // session forgets its granted work at a reset), and kept it would fill the episode.
+        self.link.post(Some(stream.id), call, &[]).ok()?;
+        Some((slot, value))
     }
 
     /// Whether the stream got past the work a [`Device::mark_done`] marked (false when the
