@@ -13,6 +13,15 @@ fn two_gpu_broker() -> Broker {
     })
 }
 
+/// A client of `broker` on GPU `gpu`, named after it.
+fn client_on(broker: &Broker, gpu: u32) -> gpushare::Client {
+    gpushare::Client::connect_with(ConnectOptions {
+        gpu: Some(gpu),
+        ..broker.options(&format!("on-{gpu}"))
+    })
+    .expect("connect")
+}
+
 #[test]
 fn clients_choose_a_device_or_get_the_least_loaded() {
     let broker = two_gpu_broker();
@@ -157,14 +166,7 @@ fn a_users_memory_stays_within_the_quota_on_each_gpu_and_in_total() {
         )),
         ..Default::default()
     });
-    let on = |gpu: u32| {
-        gpushare::Client::connect_with(ConnectOptions {
-            gpu: Some(gpu),
-            ..broker.options(&format!("on-{gpu}"))
-        })
-        .expect("connect")
-    };
-    let (zero, one) = (on(0), on(1));
+    let (zero, one) = (client_on(&broker, 0), client_on(&broker, 1));
     let a = zero
         .alloc_raw(64 * MIB)
         .expect("64 MiB on GPU 0: its quota");
@@ -199,14 +201,7 @@ fn a_users_memory_stays_within_the_quota_on_each_gpu_and_in_total() {
 #[test]
 fn each_gpu_s_memory_lies_at_device_addresses_of_its_own() {
     let broker = two_gpu_broker();
-    let on = |gpu: u32| {
-        gpushare::Client::connect_with(ConnectOptions {
-            gpu: Some(gpu),
-            ..broker.options(&format!("on-{gpu}"))
-        })
-        .expect("connect")
-    };
-    let (zero, one) = (on(0), on(1));
+    let (zero, one) = (client_on(&broker, 0), client_on(&broker, 1));
     let a = zero.alloc::<f32>(1 << 18).expect("alloc on GPU 0");
     let b = one.alloc::<f32>(1 << 18).expect("alloc on GPU 1");
     let bytes = (1u64 << 18) * 4;
