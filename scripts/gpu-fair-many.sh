@@ -76,6 +76,16 @@ policy_file() { # POLICY USERS
     done
 }
 
+start_loop() { # USER NAME [loop.py ARGS...]: a consolidated colocate/loop.py as USER, logs NAME.*
+    local user=$1 name=$2
+    shift 2
+    (cd "$work" && setpriv --reuid "$user" --regid "$user" --init-groups \
+        env HOME=/tmp GPUSHARE_SOCKET="$sock" "$work/bin/gpushare" run --name "$name" -- \
+        "$py" "$work/py/loop.py" --progress "$work/$name.progress" --stop "$work/stop" "$@" \
+        > "$out/$name.out" 2> "$out/$name.err") &
+    pids+=($!)
+}
+
 all_alive() { # WHEN: stops the run if a program has exited
     for p in "${pids[@]}"; do
         kill -0 "$p" 2> /dev/null && continue
@@ -106,11 +116,7 @@ for n in $nprogs; do
         gs status --json > "$1.json"
     }
     if [[ -n $hp ]]; then
-        (cd "$work" && setpriv --reuid "$hp" --regid "$hp" --init-groups \
-            env HOME=/tmp GPUSHARE_SOCKET="$sock" "$work/bin/gpushare" run --name hp -- \
-            "$py" "$work/py/loop.py" --model infer --progress "$work/hp.progress" \
-            --latencies "$work/hp.lat" --stop "$work/stop" > "$out/hp.out" 2> "$out/hp.err") &
-        pids+=($!)
+        start_loop "$hp" hp --model infer --latencies "$work/hp.lat"
         for _ in $(seq 1200); do [[ -e $work/hp.progress ]] && break; all_alive "before it was ready"; sleep 0.1; done
         [[ -e $work/hp.progress ]] || { echo "the high-priority loop did not get ready" >&2; tail "$out/hp.err" >&2; exit 1; }
         sleep "$settle"
@@ -126,11 +132,7 @@ for n in $nprogs; do
         ((k == 0)) && model=transformer
         ((per_user >= 3 && k == per_user - 1)) && duty=(--on 3 --off 2)
         echo "p$p ${names[$u]} $model ${duty[*]:+comes-and-goes}" >> "$out/programs.txt"
-        (cd "$work" && setpriv --reuid "${names[$u]}" --regid "${names[$u]}" --init-groups \
-            env HOME=/tmp GPUSHARE_SOCKET="$sock" "$work/bin/gpushare" run --name "p$p" -- \
-            "$py" "$work/py/loop.py" --model "$model" "${duty[@]}" --progress "$work/p$p.progress" \
-            --stop "$work/stop" > "$out/p$p.out" 2> "$out/p$p.err") &
-        pids+=($!)
+        start_loop "${names[$u]}" "p$p" --model "$model" "${duty[@]}"
     done
     ready=0
     for _ in $(seq 3000); do
