@@ -219,9 +219,15 @@ impl Ledger {
             lock(&self.deferred).entry(key).or_insert(e);
             self.any_deferred.store(true, Ordering::Release);
         }
-        if let Some((busy, measuring)) = answer.news {
+        self.note_news(generation, stream, answer.news);
+    }
+
+    /// Keeps what an answer said of its stream's device time, for the next account (every
+    /// call on a stream may be the one that learns it, and it is learnt only once).
+    pub fn note_news(&self, generation: u64, stream: Handle, news: Option<(u64, bool)>) {
+        if let Some((busy, measuring)) = news {
             let mut news = lock(&self.news);
-            let entry = news.entry(key).or_insert((0, false));
+            let entry = news.entry((generation, stream)).or_insert((0, false));
             // Device time a client's work claims may be anything: it saturates.
             entry.0 = entry.0.saturating_add(busy);
             entry.1 = measuring;

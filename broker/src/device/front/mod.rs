@@ -22,6 +22,8 @@ use super::{DeviceError, DeviceResult};
 mod code;
 mod memory;
 mod progress;
+#[cfg(test)]
+mod tests;
 
 /// A busy stream's batch is ended at most this often (the CUDA backend closes a measured span
 /// once it is 2 ms old: asking more often would only cost a round trip).
@@ -346,7 +348,7 @@ impl Device {
         if self.live(stream.epoch).is_err() {
             return false;
         }
-        self.call(Call::StreamBusy { stream: stream.id }, &[])
+        self.ask_of_stream(stream, Call::StreamBusy { stream: stream.id })
             .and_then(Reply::flag)
             .unwrap_or(true)
     }
@@ -358,9 +360,19 @@ impl Device {
         if let Some(e) = self.take_deferred(stream) {
             return Err(e);
         }
-        // Device time learnt here waits for the next end of batch to be told.
-        self.call(Call::StreamDone { stream: stream.id }, &[])?
+        self.ask_of_stream(stream, Call::StreamDone { stream: stream.id })?
             .flag()
+    }
+
+    /// A question about the stream that does not change it: device time learnt on the way
+    /// waits in the ledger for the next account.
+    fn ask_of_stream(&self, stream: &Stream, call: Call) -> DeviceResult<Reply> {
+        let answer = self.link.call(call, &[], None)?;
+        let generation = self.link.generation();
+        self.link
+            .ledger()
+            .note_news(generation, stream.id, answer.news);
+        answer.reply.ok()
     }
 
     fn take_news(&self, stream: &mut Stream) {
@@ -385,8 +397,9 @@ impl Device {
                 stream: stream.id,
                 start: true,
             };
-            // Its event may be gone by now: nothing to record then, and nothing to report.
-            let _ = self.link.post(None, call, &[]);
+            // Device time learnt on the way is the stream's. (Its event may be gone by now:
+            // the executor records nothing then, and reports nothing.)
+            let _ = self.link.post(Some(stream.id), call, &[]);
         }
     }
 

@@ -89,8 +89,12 @@ pub struct SimDevice {
 
 pub struct SimStream {
     ready_ns: u64,
-    /// Modelled busy time not yet taken by `take_busy_ns`.
+    /// Modelled busy time of finished work not yet taken by `take_busy_ns`.
     busy_ns: u64,
+    /// Work not finished yet (in real time): when it ends, and its busy time. As on a GPU,
+    /// device time is known only once the work is done, so any call may be the one that
+    /// learns it.
+    running: std::collections::VecDeque<(u64, u64)>,
     /// An injected hang runs on this stream: its work never finishes.
     hung: bool,
     /// An injected illegal address faulted on this stream.
@@ -169,7 +173,11 @@ impl SimDevice {
         let end = start.saturating_add(cost_ns);
         st.busy_until_ns = end;
         stream.ready_ns = end;
-        stream.busy_ns = stream.busy_ns.saturating_add(cost_ns);
+        if self.reached(end) {
+            stream.busy_ns = stream.busy_ns.saturating_add(cost_ns);
+        } else {
+            stream.running.push_back((end, cost_ns));
+        }
         Ok(out)
     }
 
@@ -278,6 +286,7 @@ impl Backend for SimDevice {
         Ok(SimStream {
             ready_ns: 0,
             busy_ns: 0,
+            running: std::collections::VecDeque::new(),
             hung: false,
             faulted: false,
             epoch: self.state().epoch,
@@ -491,7 +500,18 @@ impl Backend for SimDevice {
     }
 
     fn take_busy_ns(&self, stream: &mut SimStream) -> u64 {
+        while let Some(&(end, cost)) = stream.running.front() {
+            if stream.hung || !self.reached(end) {
+                break;
+            }
+            stream.running.pop_front();
+            stream.busy_ns = stream.busy_ns.saturating_add(cost);
+        }
         std::mem::take(&mut stream.busy_ns)
+    }
+
+    fn measuring(&self, stream: &SimStream) -> bool {
+        !stream.running.is_empty()
     }
 
     fn create_event(&self) -> DeviceResult<SimEvent> {

@@ -137,3 +137,28 @@ fn a_done_mark_appears_when_the_work_before_it_ends() {
         accepted.elapsed()
     );
 }
+
+/// In real time, as on a GPU, a stream's device time is known once its work has ended.
+#[test]
+fn device_time_is_known_once_the_work_has_ended() {
+    let dev = SimDevice::new(SimOptions {
+        realtime: true,
+        ..SimOptions::default()
+    });
+    let mut s = dev.create_stream(PriorityClass::Normal).expect("stream");
+    let spin = Kernel::Spin {
+        micros: 30_000,
+        blocks: 1,
+    };
+    dev.launch(&mut s, &spin).expect("spin");
+    assert_eq!(dev.take_busy_ns(&mut s), 0, "still running");
+    assert!(dev.measuring(&s), "a measurement is pending");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut got = 0;
+    while got == 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+        got = dev.take_busy_ns(&mut s);
+    }
+    assert_eq!(got, 30_000_000);
+    assert!(!dev.measuring(&s));
+}

@@ -1,0 +1,54 @@
+//! The front against a sim device in real time, where (as on a GPU) device time is learnt
+//! only once the work has ended, by whichever call on the stream comes next.
+
+use std::time::{Duration, Instant};
+
+use gpushare_protocol::{Kernel, PriorityClass};
+
+use crate::device::sim::{SimDevice, SimOptions};
+use crate::device::{Call, Device};
+
+fn realtime() -> Device {
+    let sim = SimDevice::new(SimOptions {
+        realtime: true,
+        ..SimOptions::default()
+    });
+    Device::local(sim, None).expect("a sim device")
+}
+
+/// Device time that a question about the stream learns (is it busy, is it done) is charged
+/// at the next account, not lost: FAIR's shares and `status` rest on it.
+#[test]
+fn device_time_learnt_by_a_question_about_the_stream_is_still_charged() {
+    let d = realtime();
+    for ask in ["busy", "done"] {
+        let mut s = d.create_stream(PriorityClass::Normal).expect("stream");
+        let kernel = Kernel::Spin {
+            micros: 20_000,
+            blocks: 1,
+        };
+        d.queue(
+            &mut s,
+            |stream| Call::Launch {
+                stream,
+                kernel,
+                start: None,
+            },
+            &[],
+        )
+        .expect("launch");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut running = true;
+        while running && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+            running = match ask {
+                "busy" => d.stream_busy(&s),
+                _ => !d.stream_done(&s).expect("stream done"),
+            };
+        }
+        assert!(!running, "the kernel ended");
+        let _ = d.stream_busy(&s);
+        assert_eq!(d.take_busy_ns(&mut s), 20_000_000, "asked whether {ask}");
+        d.destroy_stream(s);
+    }
+}
