@@ -39,8 +39,6 @@ const MAX_INFLIGHT_PER_CLIENT: u32 = 64;
 
 /// What [`GpuScheduler::acquire`] asks of the waiting session.
 pub enum Waiting {
-    /// Report your finished kernels (before the policy decides: quickly).
-    Reap,
     /// You are held: report your finished kernels, however it is learned.
     Held,
     /// You are about to wait for others: stop charging yourself device time meanwhile.
@@ -215,39 +213,29 @@ impl GpuScheduler {
         self.pump(&mut st);
     }
 
-    /// The profile of a built-in kernel (a neutral prior until measured).
-    pub fn builtin_profile(&self, kernel: &Kernel) -> KernelProfile {
-        self.lock().dispatcher.profiles_mut().builtin(kernel)
-    }
-
-    /// The profile of a module function launched with `blocks` blocks (learned, or a
-    /// default guess until it has run).
-    pub fn module_profile(&self, client: ClientId, function: u64, blocks: u32) -> KernelProfile {
-        let key = KernelKey::client_function(client, function, blocks);
-        self.lock().dispatcher.profiles().profile(key)
-    }
-
-    /// Queues a kernel and waits for the policy to grant it; `session` is asked to report the
-    /// client's finished work between waits, and told once when a wait begins. `None` (run
-    /// it anyway) when the client is unknown to the scheduler or `give_up` says the session
-    /// is ending.
+    /// Queues a kernel (of the profile `profile` reads) and waits for the policy to grant it;
+    /// `finished`, the client's granted work seen finished since it last said, is reported
+    /// in the same step (one lock per launch: with many clients, the lock is what they
+    /// queue for). `session` is asked to report finished work between waits, and told once
+    /// when a wait begins. `None` (run it anyway) when the client is unknown to the
+    /// scheduler or `give_up` says the session is ending.
     pub fn acquire(
         &self,
         id: ClientId,
-        profile: KernelProfile,
+        profile: impl FnOnce(&mut Profiles<'_>) -> KernelProfile,
+        finished: &[Finished],
         mut session: impl FnMut(Waiting),
         give_up: impl Fn() -> bool,
     ) -> Option<Turn> {
-        let request = self
-            .lock()
-            .dispatcher
-            .submit(id, profile, self.now())
-            .ok()?;
-        // Then report finished work (which may be what holds this kernel back): with the new
-        // request already queued, the policy weighs this client as waiting, as it is.
-        session(Waiting::Reap);
         let mut st = self.lock();
+        let now = self.now();
+        let profile = profile(&mut Profiles(&mut st.dispatcher));
+        let submitted = st.dispatcher.submit(id, profile, now);
+        // Then the finished work (which may be what holds this kernel back): with the new
+        // request already queued, the policy weighs this client as waiting, as it is.
+        report_finished(&mut st.dispatcher, id, finished, now);
         self.pump(&mut st);
+        let request = submitted.ok()?;
         let mut waited = false;
         loop {
             if let Some(sm_limit) = st.granted.remove(&request) {
@@ -290,10 +278,11 @@ impl GpuScheduler {
         }
     }
 
-    /// The granted kernel has finished (`measured_ns` of device time, when known).
-    pub fn complete(&self, id: ClientId, request: RequestId, measured_ns: Option<u64>) {
+    /// The granted kernels have finished (with the device time each took, when known).
+    pub fn complete(&self, id: ClientId, finished: &[Finished]) {
         let mut st = self.lock();
-        let _ = st.dispatcher.complete(id, request, measured_ns, self.now());
+        let now = self.now();
+        report_finished(&mut st.dispatcher, id, finished, now);
         self.pump(&mut st);
     }
 
@@ -357,6 +346,32 @@ impl GpuScheduler {
             granted.extend(grants.iter().map(|g| (g.request, g.sm_limit)));
             self.granted_cv.notify_all();
         }
+    }
+}
+
+fn report_finished(dispatcher: &mut Dispatcher, id: ClientId, finished: &[Finished], now: u64) {
+    for &(request, measured) in finished {
+        let _ = dispatcher.complete(id, request, measured, now);
+    }
+}
+
+/// A granted kernel seen finished, and the device time it took when measured.
+pub type Finished = (RequestId, Option<u64>);
+
+/// The kernel profiles, read while a launch holds the scheduler.
+pub struct Profiles<'a>(&'a mut Dispatcher);
+
+impl Profiles<'_> {
+    /// The profile of a built-in kernel (a neutral prior until measured).
+    pub fn builtin_profile(&mut self, kernel: &Kernel) -> KernelProfile {
+        self.0.profiles_mut().builtin(kernel)
+    }
+
+    /// The profile of a module function launched with `blocks` blocks (learned, or a
+    /// default guess until it has run).
+    pub fn module_profile(&self, client: ClientId, function: u64, blocks: u32) -> KernelProfile {
+        let key = KernelKey::client_function(client, function, blocks);
+        self.0.profiles().profile(key)
     }
 }
 

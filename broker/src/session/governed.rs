@@ -225,7 +225,7 @@ impl SessionState {
     fn end_lease(&mut self, measured: bool) {
         if let Some(lease) = self.governed.lease.take() {
             let ns = measured.then(|| lease.granted.elapsed().as_nanos() as u64);
-            self.dispatch.complete(self.info.id, lease.request, ns);
+            self.dispatch.complete(self.info.id, &[(lease.request, ns)]);
         }
     }
 

@@ -10,7 +10,7 @@ use zerocopy::FromBytes;
 
 use super::SessionState;
 use crate::device::{Call, Device, DeviceResult, Function, Stream};
-use crate::gpu::scheduler::GpuScheduler;
+use crate::gpu::scheduler::Profiles;
 use crate::sched::profile::KernelProfile;
 
 impl SessionState {
@@ -118,7 +118,7 @@ impl SessionState {
         &mut self,
         stream: StreamId,
         kernels: u64,
-        profile: impl FnOnce(&GpuScheduler) -> KernelProfile,
+        profile: impl FnOnce(&mut Profiles<'_>) -> KernelProfile,
         queue: impl FnOnce(&Device, &mut Stream) -> DeviceResult<()>,
     ) -> Result<(u64, u64), ErrorCode> {
         let turn = self.acquire(profile);

@@ -21,7 +21,7 @@ use gpushare_protocol::StreamId;
 
 use super::SessionState;
 use crate::device::{Event, EventKind};
-use crate::gpu::scheduler::{GpuScheduler, Turn, Waiting};
+use crate::gpu::scheduler::{Finished, Profiles, Turn, Waiting};
 use crate::sched::{KernelProfile, RequestId};
 
 /// While the client is busy, one granted kernel in this many is timed (see the docs).
@@ -43,25 +43,27 @@ pub(super) struct Granted {
 }
 
 impl SessionState {
-    /// Waits for the scheduler to grant a kernel of this profile (not at all under FIFO).
+    /// Waits for the scheduler to grant a kernel of this profile (not at all under FIFO),
+    /// telling it in the same step which granted kernels have finished.
     pub(super) fn acquire(
         &mut self,
-        profile: impl FnOnce(&GpuScheduler) -> KernelProfile,
+        profile: impl FnOnce(&mut Profiles<'_>) -> KernelProfile,
     ) -> Option<Turn> {
         if !self.dispatch.schedules(self.info.grant().class) {
             return None;
         }
         let dispatch = self.dispatch.clone();
-        let profile = profile(&dispatch);
+        let mut finished = std::mem::take(&mut self.finished);
+        self.take_finished(false, &mut finished);
         let id = self.info.id;
         let info = self.info.clone();
         let health = self.health.clone();
         let epoch = self.epoch;
-        dispatch.acquire(
+        let turn = dispatch.acquire(
             id,
             profile,
+            &finished,
             |waiting| match waiting {
-                Waiting::Reap => self.reap_granted(false),
                 Waiting::Held => {
                     self.reap_granted(true);
                     self.off_the_device_while_held();
@@ -76,7 +78,10 @@ impl SessionState {
                 }
             },
             || info.stopping() || health.epoch() != epoch,
-        )
+        );
+        finished.clear();
+        self.finished = finished;
+        turn
     }
 
     /// Before a granted kernel is launched on `stream`: an event that marks where it starts,
@@ -135,7 +140,7 @@ impl SessionState {
             }),
             Err(spare) => {
                 self.spare_events.extend(spare.into_iter().chain(start));
-                self.dispatch.complete(self.info.id, request, None);
+                self.dispatch.complete(self.info.id, &[(request, None)]);
             }
         }
     }
@@ -154,6 +159,18 @@ impl SessionState {
     /// took where it is measured. `quiet`: the client is idle or held, so asking the worker
     /// delays nothing (see the module docs).
     pub(super) fn reap_granted(&mut self, quiet: bool) {
+        let mut finished = std::mem::take(&mut self.finished);
+        self.take_finished(quiet, &mut finished);
+        if !finished.is_empty() {
+            self.dispatch.complete(self.info.id, &finished);
+        }
+        finished.clear();
+        self.finished = finished;
+    }
+
+    /// Takes the granted kernels that have finished off the list, oldest first, into `out`
+    /// with the device time each took where it is measured.
+    fn take_finished(&mut self, quiet: bool, out: &mut Vec<Finished>) {
         while let Some(g) = self.granted.front() {
             if !self.finished(g, quiet) {
                 break;
@@ -164,8 +181,7 @@ impl SessionState {
             let request = g.request;
             self.reaped = self.reaped.wrapping_add(1);
             let measure = quiet || g.mark.is_none() || self.reaped.is_multiple_of(MEASURE_EVERY);
-            let measured = self.time_granted(g, measure);
-            self.dispatch.complete(self.info.id, request, measured);
+            out.push((request, self.time_granted(g, measure)));
         }
     }
 
