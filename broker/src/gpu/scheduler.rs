@@ -16,7 +16,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use gpushare_protocol::{Kernel, PriorityClass};
@@ -38,9 +38,10 @@ const IDLE_WAIT_SLICE: Duration = Duration::from_micros(500);
 const MAX_INFLIGHT_PER_CLIENT: u32 = 64;
 
 /// What [`GpuScheduler::acquire`] asks of the waiting session.
-pub enum Waiting {
-    /// You are held: report your finished kernels, however it is learned.
-    Held,
+pub enum Waiting<'a> {
+    /// You are held: say which of your granted kernels have finished, however it is
+    /// learned (into the list, which the scheduler then reports).
+    Held(&'a mut Vec<Finished>),
     /// You are about to wait for others: stop charging yourself device time meanwhile.
     Begins,
 }
@@ -57,6 +58,9 @@ struct State {
     dispatcher: Dispatcher,
     /// Requests granted whose data thread has not taken the grant yet, with their partition.
     granted: HashMap<RequestId, Option<u32>>,
+    /// The threads waiting for their requests' grants: a grant wakes only its own thread
+    /// (waking every waiter, each to take the lock again, was what held clients queued for).
+    waiters: HashMap<RequestId, std::thread::Thread>,
     grants: Vec<Grant>,
     /// Governed clients (their programs' own CUDA contexts, which no SM partition holds).
     governed: std::collections::HashSet<ClientId>,
@@ -66,7 +70,6 @@ struct State {
 
 pub struct GpuScheduler {
     state: Mutex<State>,
-    granted_cv: Condvar,
     /// False under FIFO: launches are not gated at all.
     gated: AtomicBool,
     /// High-priority kernels are not gated (the lower classes are on a hardware partition).
@@ -101,11 +104,11 @@ impl GpuScheduler {
                     },
                 ),
                 granted: HashMap::new(),
+                waiters: HashMap::new(),
                 grants: Vec::new(),
                 governed: std::collections::HashSet::new(),
                 contexts: HashMap::new(),
             }),
-            granted_cv: Condvar::new(),
             gated: AtomicBool::new(kind != PolicyKind::Fifo),
             high_free: AtomicBool::new(high_free(kind, tunables.priority, device.sm_partitions)),
             sm_partitions: device.sm_partitions,
@@ -224,7 +227,7 @@ impl GpuScheduler {
         id: ClientId,
         profile: impl FnOnce(&mut Profiles<'_>) -> KernelProfile,
         finished: &[Finished],
-        mut session: impl FnMut(Waiting),
+        mut session: impl FnMut(Waiting<'_>),
         give_up: impl Fn() -> bool,
     ) -> Option<Turn> {
         let mut st = self.lock();
@@ -237,6 +240,7 @@ impl GpuScheduler {
         self.pump(&mut st);
         let request = submitted.ok()?;
         let mut waited = false;
+        let mut finished = Vec::new();
         loop {
             if let Some(sm_limit) = st.granted.remove(&request) {
                 return Some(Turn { request, sm_limit });
@@ -263,17 +267,20 @@ impl GpuScheduler {
                     at.saturating_sub(self.now()).max(1_000),
                 ));
             }
-            st = self
-                .granted_cv
-                .wait_timeout(st, slice)
-                .map(|(g, _)| g)
-                .unwrap_or_else(|e| e.into_inner().0);
+            st.waiters.insert(request, std::thread::current());
+            drop(st);
+            std::thread::park_timeout(slice);
+            st = self.lock();
+            st.waiters.remove(&request);
             if let Some(sm_limit) = st.granted.remove(&request) {
                 return Some(Turn { request, sm_limit });
             }
+            // Held still: what finished is reported in the same step as the policy's next look.
             drop(st);
-            session(Waiting::Held);
+            finished.clear();
+            session(Waiting::Held(&mut finished));
             st = self.lock();
+            report_finished(&mut st.dispatcher, id, &finished, self.now());
             self.pump(&mut st);
         }
     }
@@ -337,14 +344,17 @@ impl GpuScheduler {
         let State {
             dispatcher,
             granted,
+            waiters,
             grants,
             ..
         } = st;
         grants.clear();
         dispatcher.poll_into(now, grants);
-        if !grants.is_empty() {
-            granted.extend(grants.iter().map(|g| (g.request, g.sm_limit)));
-            self.granted_cv.notify_all();
+        for g in grants.iter() {
+            granted.insert(g.request, g.sm_limit);
+            if let Some(thread) = waiters.get(&g.request) {
+                thread.unpark();
+            }
         }
     }
 }

@@ -64,8 +64,8 @@ impl SessionState {
             profile,
             &finished,
             |waiting| match waiting {
-                Waiting::Held => {
-                    self.reap_granted(true);
+                Waiting::Held(finished) => {
+                    self.take_finished(true, finished);
                     self.off_the_device_while_held();
                 }
                 // Close the measured spans: time spent waiting for others is not ours. Every
