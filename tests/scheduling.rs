@@ -403,6 +403,9 @@ fn a_client_held_by_the_policy_past_the_kernel_timeout_is_not_taken_for_a_hang()
 /// changes a program's weight while it runs.
 #[test]
 fn fair_shares_hold_for_consolidated_programs_and_follow_a_live_weight_change() {
+    if gpushare_tests::test_backend() != "sim" {
+        return; // the stand-in program loads the sim's own module (tests/gpu.rs runs PTX)
+    }
     use gpushare_tests::cuda_program::{CudaProgram, Running};
     let broker = broker("fair");
     let dir = tempfile::tempdir().expect("temp dir");
@@ -451,6 +454,9 @@ fn fair_shares_hold_for_consolidated_programs_and_follow_a_live_weight_change() 
 /// launching the same kernel directly share the GPU evenly.
 #[test]
 fn fair_shares_hold_between_a_program_of_graphs_and_one_of_kernels() {
+    if gpushare_tests::test_backend() != "sim" {
+        return; // the stand-in program loads the sim's own module (tests/gpu.rs runs PTX)
+    }
     use gpushare_tests::cuda_program::{CudaProgram, Running};
     let broker = broker("fair");
     let dir = tempfile::tempdir().expect("temp dir");
