@@ -98,8 +98,6 @@ pub struct Stream {
     pub(super) done_slot: Option<u32>,
     /// Work queued since it was last known idle ([`super::progress`]).
     pub(super) episode: Option<Episode>,
-    /// The SM limit its work was last put under (`None`: not known, say it again).
-    pub(super) sms: Option<Option<u32>>,
 }
 
 impl Stream {
@@ -115,7 +113,6 @@ impl Stream {
             slot,
             done_slot: None,
             episode: None,
-            sms: None,
         }
     }
 

@@ -125,7 +125,14 @@ impl SessionState {
         let sm_limit = turn.and_then(|t| t.sm_limit);
         let start = turn.and_then(|_| self.start_granted(stream));
         let r = self.on_stream(stream, |d, s| {
-            d.limit_sms(s, sm_limit)?;
+            d.queue(
+                s,
+                |stream| Call::LimitSms {
+                    stream,
+                    sms: sm_limit,
+                },
+                &[],
+            )?;
             queue(d, s)
         });
         if let Some(turn) = turn {

@@ -335,18 +335,6 @@ impl Device {
         stream.measuring = false;
         stream.dirty = false;
         stream.ended = None;
-        stream.sms = None;
-    }
-
-    /// Puts the stream's work from now on under `sms` SMs (`None`: the whole GPU), unless it
-    /// is there already: a gated launch says its turn's limit, and most say the same one.
-    pub fn limit_sms(&self, stream: &mut Stream, sms: Option<u32>) -> DeviceResult<()> {
-        if stream.sms == Some(sms) {
-            return Ok(());
-        }
-        self.queue(stream, |stream| Call::LimitSms { stream, sms }, &[])?;
-        stream.sms = Some(sms);
-        Ok(())
     }
 
     /// Whether measurements of finished work are still to be read.
