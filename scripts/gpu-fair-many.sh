@@ -66,7 +66,9 @@ policy_file() { # POLICY USERS
     [[ $1 == fair-sms ]] && sms=true
     [[ $1 == fair-turns ]] && quantum=1000
     [[ $1 == fair-side* ]] && quantum=${1#fair-side} side=true && quantum=${quantum:-1000}
-    printf 'scheduler = "%s"\n[fair]\nshare_sms = %s\nquantum_us = %s\nside_by_side = %s\n' "$scheduler" "$sms" "$quantum" "$side"
+    printf 'scheduler = "%s"\n[fair]\nshare_sms = %s\nside_by_side = %s\n' "$scheduler" "$sms" "$side"
+    # FAIR's policies say their quantum; priority's lower classes get the broker's default.
+    [[ $scheduler == fair ]] && printf 'quantum_us = %s\n' "$quantum"
     printf '[priority]\nlower_by_weight = %s\n' "$by_weight"
     if [[ -n $hp ]]; then
         printf '[defaults]\nclass = "best-effort"\n[[users]]\nname = "%s"\nclass = "high"\n' "$hp"

@@ -55,8 +55,7 @@
 //!
 //! [fair]
 //! quantum_us = 1000      # a client's turn queues kernels back to back for this much GPU
-//!                        # time ahead of the next client (0: one kernel at a time; 1000
-//!                        # under scheduler = "fair", 0 for priority's lower classes)
+//!                        # time ahead of the next client (0: one kernel at a time)
 //! share_sms = false      # true (experimental): clients' kernels side by side while their
 //!                        # SMs fit, each charged its share of the SMs for its time
 //! anticipate_us = 500    # a client owed GPU time whose work just completed is waited for
@@ -118,7 +117,8 @@ pub use trust_domain::{TrustDomain, TrustDomainError};
 
 use gpushare_protocol::PriorityClass;
 
-/// `[fair] quantum_us` under `scheduler = "fair"` when the file does not set it.
+/// `[fair] quantum_us` under `scheduler = "fair"` (and for `priority`'s lower classes) when
+/// the file does not set it.
 const FAIR_QUANTUM_NS: u64 = 1_000_000;
 
 /// What one client is granted.
@@ -349,15 +349,14 @@ impl Policy {
     /// `scheduler = "fair"` turns are 1 ms unless the file says otherwise: on the H200, one
     /// kernel at a time over all clients ran consolidated PyTorch programs at 4-6 % of FIFO's
     /// throughput with shares 29-64 % off the weights, 1 ms turns at 9-25 % within 3.2 %
-    /// (docs/benchmarks.md). Elsewhere (FAIR within `priority`'s lower classes) one kernel at
-    /// a time stays the default.
+    /// (docs/benchmarks.md). The same holds for FAIR within `priority`'s lower classes
+    /// (`lower_by_weight`): one kernel at a time ran them at 5 % of FIFO's throughput.
     pub fn fair_config(&self) -> crate::sched::FairConfig {
         let base = crate::sched::FairConfig::default();
         let f = &self.file.fair;
-        let quantum_ns = if self.scheduler() == crate::sched::PolicyKind::Fair {
-            FAIR_QUANTUM_NS
-        } else {
-            base.quantum_ns
+        let quantum_ns = match self.scheduler() {
+            crate::sched::PolicyKind::Fair | crate::sched::PolicyKind::Priority => FAIR_QUANTUM_NS,
+            _ => base.quantum_ns,
         };
         crate::sched::FairConfig {
             quantum_ns: f

@@ -135,8 +135,8 @@ fn the_fair_quantum_comes_from_the_file() {
     let lower = Policy::parse("scheduler = \"priority\"\n", "t.toml").expect("valid policy");
     assert_eq!(
         lower.fair_config().quantum_ns,
-        0,
-        "priority's lower classes"
+        1_000_000,
+        "priority's lower classes by weight: 1 ms turns too"
     );
     Policy::parse("[fair]\nquantum = 3\n", "t.toml").expect_err("unknown key");
 }

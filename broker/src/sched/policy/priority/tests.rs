@@ -304,11 +304,11 @@ mod priority_by_weight {
 
     use super::{MS, high_requests};
     use crate::sched::simulate::{ClientScript, SimConfig, SimReport, Simulation, kernel};
-    use crate::sched::{Bound, ClientSpec, PolicyKind, PriorityConfig, SchedConfig};
+    use crate::sched::{Bound, ClientSpec, FairConfig, PolicyKind, PriorityConfig, SchedConfig};
 
     /// High: [`high_requests`]. Best-effort 2 (weight 2) and 3 (weight 1): closed loops of 100 µs kernels on the whole
-    /// GPU.
-    fn run(lower_by_weight: bool, with_high: bool) -> SimReport {
+    /// GPU; FAIR among them in turns of `quantum_ns` (0: one kernel at a time).
+    fn run(lower_by_weight: bool, with_high: bool, quantum_ns: u64) -> SimReport {
         let mut scripts = Vec::new();
         if with_high {
             scripts.push(high_requests());
@@ -328,6 +328,10 @@ mod priority_by_weight {
                     lower_by_weight,
                     ..PriorityConfig::default()
                 },
+                fair: FairConfig {
+                    quantum_ns,
+                    ..FairConfig::default()
+                },
                 ..SchedConfig::default()
             },
             horizon_ns: 2_000 * MS,
@@ -340,11 +344,19 @@ mod priority_by_weight {
         r.client(id).map_or(0, |c| c.gpu_ns) as f64
     }
 
+    /// One kernel at a time among the lower classes, and 1 ms turns (the policy file's
+    /// default).
     #[test]
     fn best_effort_clients_share_what_high_work_leaves_by_weight() {
-        let by_arrival = run(false, true);
-        let by_weight = run(true, true);
-        let solo = run(true, false);
+        for quantum_ns in [0, MS] {
+            shares_by_weight_with_high_first(quantum_ns);
+        }
+    }
+
+    fn shares_by_weight_with_high_first(quantum_ns: u64) {
+        let by_arrival = run(false, true, quantum_ns);
+        let by_weight = run(true, true, quantum_ns);
+        let solo = run(true, false, quantum_ns);
         let ratio = |r: &SimReport| gpu(r, 2) / gpu(r, 3);
         let done = |r: &SimReport| {
             [2, 3]
@@ -354,7 +366,7 @@ mod priority_by_weight {
         };
         let high = |r: &SimReport| r.client(1).cloned().unwrap_or_default();
         println!(
-            "priority with best-effort weights 2:1: GPU time {:.2}:1 by weight, {:.2}:1 oldest first, {:.2}:1 without high; best-effort kernels done {} by weight, {} oldest first; high p99 {:.3} ms by weight, {:.3} ms oldest first",
+            "priority with best-effort weights 2:1, FAIR quantum {quantum_ns} ns: GPU time {:.2}:1 by weight, {:.2}:1 oldest first, {:.2}:1 without high; best-effort kernels done {} by weight, {} oldest first; high p99 {:.3} ms by weight, {:.3} ms oldest first",
             ratio(&by_weight),
             ratio(&by_arrival),
             ratio(&solo),
