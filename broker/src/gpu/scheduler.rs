@@ -5,8 +5,10 @@
 //! data thread hands the kernel's profile to [`GpuScheduler::acquire`], which queues it with
 //! the dispatcher and waits until the policy grants it. The decision takes the lock for
 //! microseconds and never across a GPU call: the launch happens after the lock is released.
-//! The thread then records an event after the kernel and, when the event has completed,
-//! reports the request done ([`GpuScheduler::complete`]), which may grant others.
+//! The thread then has the stream mark the kernel done in gpushared's progress page, and once
+//! the mark has landed reports the request done, with its next launch (in the same lock) or
+//! through [`GpuScheduler::complete`], which may grant others. A thread the policy holds parks
+//! until its own grant (or its next look at its finished work).
 //!
 //! Under FIFO nothing is gated: launches go straight to the stream, at no cost. Nor are
 //! high-priority kernels under the priority policy when the lower classes run on a hardware

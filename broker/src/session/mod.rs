@@ -146,7 +146,7 @@ pub struct SessionState {
     /// Granted kernels reported finished (which of them to time, `turns`).
     reaped: u32,
     /// Granted kernels seen finished, on their way to the scheduler (kept for its room).
-    finished: Vec<crate::gpu::scheduler::Finished>,
+    seen_finished: Vec<crate::gpu::scheduler::Finished>,
     spare_events: Vec<Event>,
     /// Placed allocations (`AllocAt`) that were charged more than their size: the device
     /// memory they took (whole granules on a GPU).
@@ -277,7 +277,7 @@ impl SessionState {
             declared_job: None,
             granted: std::collections::VecDeque::new(),
             reaped: 0,
-            finished: Vec::new(),
+            seen_finished: Vec::new(),
             spare_events: Vec::new(),
             placed_charges: HashMap::new(),
             governed: governed::Governed::default(),

@@ -53,7 +53,7 @@ impl SessionState {
             return None;
         }
         let dispatch = self.dispatch.clone();
-        let mut finished = std::mem::take(&mut self.finished);
+        let mut finished = std::mem::take(&mut self.seen_finished);
         self.take_finished(false, &mut finished);
         let id = self.info.id;
         let info = self.info.clone();
@@ -80,7 +80,7 @@ impl SessionState {
             || info.stopping() || health.epoch() != epoch,
         );
         finished.clear();
-        self.finished = finished;
+        self.seen_finished = finished;
         turn
     }
 
@@ -159,13 +159,13 @@ impl SessionState {
     /// took where it is measured. `quiet`: the client is idle or held, so asking the worker
     /// delays nothing (see the module docs).
     pub(super) fn reap_granted(&mut self, quiet: bool) {
-        let mut finished = std::mem::take(&mut self.finished);
+        let mut finished = std::mem::take(&mut self.seen_finished);
         self.take_finished(quiet, &mut finished);
         if !finished.is_empty() {
             self.dispatch.complete(self.info.id, &finished);
         }
         finished.clear();
-        self.finished = finished;
+        self.seen_finished = finished;
     }
 
     /// Takes the granted kernels that have finished off the list, oldest first, into `out`
