@@ -387,12 +387,12 @@ impl Profiles<'_> {
     }
 }
 
-/// Whether high-priority kernels go straight to their stream: under the priority policy with
-/// the lower classes on a hardware SM partition.
 /// Marks a governed client's context tag (its program's own context) apart from the trust
 /// domains' tags.
 const GOVERNED_CONTEXT: u64 = 1 << 63;
 
+/// Whether high-priority kernels go straight to their stream: under the priority policy with
+/// the lower classes on a hardware SM partition.
 fn high_free(kind: PolicyKind, priority: PriorityConfig, sm_partitions: bool) -> bool {
     kind == PolicyKind::Priority
         && sm_partitions
