@@ -104,7 +104,8 @@ impl Workers {
     /// has, as under CUDA's unified addressing: a program using two GPUs, or memory shared
     /// from another GPU, must not find one address on both. Workers started alike would
     /// reserve the same range, so the first GPU's worker starts alone and the others ask for
-    /// ranges below its own, one after another (a restart reuses the ranges it was handed).
+    /// ranges beside its own, one after another ([`preferred_base`]; a restart reuses the
+    /// ranges it was handed).
     fn open_gpus(&self, mut specs: Vec<WorkerSpec>) -> anyhow::Result<Vec<Arc<Device>>> {
         if specs.len() < 2 || specs.iter().any(|s| s.space.is_some()) {
             return self.open(specs);
@@ -115,17 +116,11 @@ impl Workers {
             .first()
             .map(|d| d.space())
             .ok_or_else(|| anyhow::anyhow!("no device worker"))?;
-        // Below the first: a worker's mappings grow up from where the first range was put,
-        // and its own zone lies above (worker/zone.rs).
-        let stride = first.size.next_multiple_of(RANGE_ALIGN);
-        let below = first.base / RANGE_ALIGN * RANGE_ALIGN;
         let rest = rest
             .into_iter()
             .enumerate()
             .map(|(k, spec)| WorkerSpec {
-                prefer_base: below
-                    .checked_sub(stride.saturating_mul(k as u64 + 1))
-                    .filter(|&at| at >= LOWEST_RANGE),
+                prefer_base: preferred_base(first.base, first.size, k as u64 + 1),
                 ..spec
             })
             .collect();
@@ -204,6 +199,32 @@ impl Workers {
 const RANGE_ALIGN: u64 = 1 << 30;
 /// No range asked for below 1 TiB: a program's heap and executable live down there.
 const LOWEST_RANGE: u64 = 1 << 40;
+/// No range asked for past 64 TiB, where a worker's zone begins (device/remote/worker/zone.rs);
+/// above it lie gpushared's tests' mappings and, without address randomisation, the programs.
+const HIGHEST_RANGE_END: u64 = 0x4000_0000_0000;
+
+/// Where the `k`-th GPU after the first (1, 2, …) asks for its range, when the first GPU's
+/// worker reserved `size` bytes at `base`: below the first's while there is room above 1 TiB
+/// (a worker's own reservations grow up from where its range was put), then above it, under
+/// the workers' zone; `None` (the driver's choice) when neither has room. The CUDA driver puts
+/// the first range at 1 TiB (H200, driver 580), so there every other GPU's goes above.
+fn preferred_base(base: u64, size: u64, k: u64) -> Option<u64> {
+    let stride = size.next_multiple_of(RANGE_ALIGN);
+    if stride == 0 || k == 0 {
+        return None;
+    }
+    let below = base / RANGE_ALIGN * RANGE_ALIGN;
+    let room_below = below.saturating_sub(LOWEST_RANGE) / stride;
+    let at = if k <= room_below {
+        below - stride * k
+    } else {
+        let above = base
+            .checked_add(size)?
+            .checked_next_multiple_of(RANGE_ALIGN)?;
+        above.checked_add(stride.checked_mul(k - room_below - 1)?)?
+    };
+    (at >= LOWEST_RANGE && at.checked_add(stride)? <= HIGHEST_RANGE_END).then_some(at)
+}
 
 /// Says so where two GPUs' client address ranges overlap (a GPU's driver would not reserve
 /// the range asked for): programs then cannot use both GPUs, or share memory between them.
@@ -219,5 +240,57 @@ fn warn_of_shared_addresses(devices: &[Arc<Device>]) {
                 );
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The ranges of GPUs 0..n when the first is `size` bytes at `base`.
+    fn ranges(base: u64, size: u64, n: u64) -> Vec<(u64, u64)> {
+        let mut all = vec![(base, size)];
+        for k in 1..n {
+            let at = preferred_base(base, size, k).expect("room for every GPU");
+            all.push((at, size));
+        }
+        all
+    }
+
+    fn disjoint(all: &[(u64, u64)]) -> bool {
+        all.iter().enumerate().all(|(i, &(a, la))| {
+            all[i + 1..]
+                .iter()
+                .all(|&(b, lb)| a + la <= b || b + lb <= a)
+        })
+    }
+
+    #[test]
+    fn every_gpu_s_range_lies_clear_of_the_others_where_the_driver_put_the_first_at_1_tib() {
+        // What the H200's driver gave the first worker: 1 TiB, for 139.8 GiB of memory.
+        let size = crate::device::Space::size_for(150_119_792_640);
+        let all = ranges(1 << 40, size, 4);
+        assert!(disjoint(&all), "{all:x?}");
+        assert!(all[1..].iter().all(|&(at, len)| at >= 1 << 40
+            && at % RANGE_ALIGN == 0
+            && at + len <= HIGHEST_RANGE_END));
+    }
+
+    #[test]
+    fn ranges_go_below_the_first_while_there_is_room_then_above() {
+        let size = 4 << 40;
+        let all = ranges(20 << 40, size, 7);
+        assert!(disjoint(&all), "{all:x?}");
+        assert_eq!(all[1].0, 16 << 40, "the room below is used first");
+        assert_eq!(all[4].0, 4 << 40, "down to 1 TiB");
+        assert_eq!(all[5].0, 24 << 40, "then above");
+        assert!(all.iter().all(|&(at, _)| at >= LOWEST_RANGE));
+    }
+
+    #[test]
+    fn no_address_is_asked_for_when_neither_side_has_room() {
+        assert_eq!(preferred_base(1 << 40, 40 << 40, 1), None);
+        assert_eq!(preferred_base(1 << 40, 8 << 40, 0), None);
+        assert_eq!(preferred_base(u64::MAX - 10, 8 << 40, 1), None);
     }
 }
