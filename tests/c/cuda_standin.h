@@ -267,6 +267,9 @@ typedef struct {
     X(cuGraphAddDependencies, (CUgraph, const CUgraphNode *, const CUgraphNode *,             \
                                const void *, size_t))                                         \
     X(cuGraphGetNodes, (CUgraph, CUgraphNode *, size_t *))                                    \
+    X(cuGraphGetRootNodes, (CUgraph, CUgraphNode *, size_t *))                                \
+    X(cuGraphGetEdges, (CUgraph, CUgraphNode *, CUgraphNode *, void *, size_t *))             \
+    X(cuGraphNodeGetDependentNodes, (CUgraphNode, CUgraphNode *, void *, size_t *))           \
     X(cuGraphNodeGetType, (CUgraphNode, int *))                                               \
     X(cuGraphNodeGetDependencies, (CUgraphNode, CUgraphNode *, void *, size_t *))             \
     X(cuGraphInstantiateWithFlags, (CUgraphExec *, CUgraph, unsigned long long))              \

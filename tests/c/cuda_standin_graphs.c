@@ -106,6 +106,26 @@ void check_graphs(void) {
     size_t count = 0;
     OK(cuGraphGetNodes(g, NULL, &count));
     CHECK(count == 3, "the captured graph has %zu nodes, not 3", count);
+    /* Its shape, as XLA checks a traced command buffer: one root, a chain of two edges. */
+    CUgraphNode chain[3] = {0}, from[3] = {0}, to[3] = {0}, root[2] = {0};
+    OK(cuGraphGetNodes(g, chain, &count));
+    count = 0;
+    OK(cuGraphGetRootNodes(g, NULL, &count));
+    CHECK(count == 1, "the captured chain has %zu roots, not 1", count);
+    count = 2;
+    OK(cuGraphGetRootNodes(g, root, &count));
+    CHECK(count == 1 && root[0] == chain[0] && root[1] == NULL, "its root is its first node");
+    count = 0;
+    OK(cuGraphGetEdges(g, NULL, NULL, NULL, &count));
+    CHECK(count == 2, "the captured chain has %zu edges, not 2", count);
+    count = 3;
+    OK(cuGraphGetEdges(g, from, to, NULL, &count));
+    CHECK(count == 2 && from[0] == chain[0] && to[0] == chain[1] && from[1] == chain[1] &&
+              to[1] == chain[2] && from[2] == NULL && to[2] == NULL,
+          "its edges run first to second to third");
+    count = 3;
+    OK(cuGraphNodeGetDependentNodes(chain[1], to, NULL, &count));
+    CHECK(count == 1 && to[0] == chain[2], "the second node's dependent is the third");
     OK(cuGraphInstantiateWithFlags(&x, g, 0));
     OK(cuGraphLaunch(x, s));
     OK(cuStreamSynchronize(s));

@@ -105,7 +105,10 @@ unsafe extern "C" {
     fn cuGraphExecMemsetNodeSetParams();
     fn cuGraphExecNodeSetParams();
     fn cuGraphExecUpdate_v2();
+    fn cuGraphGetEdges();
+    fn cuGraphGetEdges_v2();
     fn cuGraphGetNodes();
+    fn cuGraphGetRootNodes();
     fn cuGraphInstantiate();
     fn cuGraphInstantiateWithFlags();
     fn cuGraphInstantiateWithParams();
@@ -118,6 +121,8 @@ unsafe extern "C" {
     fn cuGraphMemsetNodeSetParams();
     fn cuGraphNodeGetDependencies();
     fn cuGraphNodeGetDependencies_v2();
+    fn cuGraphNodeGetDependentNodes();
+    fn cuGraphNodeGetDependentNodes_v2();
     fn cuGraphNodeGetEnabled();
     fn cuGraphNodeGetType();
     fn cuGraphNodeSetEnabled();
@@ -374,9 +379,6 @@ super::stubs! {
     cuGraphExternalSemaphoresSignalNodeSetParams,
     cuGraphExternalSemaphoresWaitNodeGetParams,
     cuGraphExternalSemaphoresWaitNodeSetParams,
-    cuGraphGetEdges,
-    cuGraphGetEdges_v2,
-    cuGraphGetRootNodes,
     cuGraphHostNodeGetParams,
     cuGraphHostNodeSetParams,
     cuGraphKernelNodeCopyAttributes,
@@ -390,8 +392,6 @@ super::stubs! {
     cuGraphMemcpyNodeGetParams,
     cuGraphMemsetNodeGetParams,
     cuGraphNodeFindInClone,
-    cuGraphNodeGetDependentNodes,
-    cuGraphNodeGetDependentNodes_v2,
     cuGraphReleaseUserObject,
     cuGraphRemoveDependencies,
     cuGraphRemoveDependencies_v2,
@@ -4783,9 +4783,9 @@ pub(super) static SYMBOLS: [&str; 638] = [
     "cuWaitExternalSemaphoresAsync_ptsz",
 ];
 
-/// The symbols src/ implements (281); the rest are stubs.
+/// The symbols src/ implements (286); the rest are stubs.
 #[cfg(test)]
-pub(super) static IMPLEMENTED: [&str; 281] = [
+pub(super) static IMPLEMENTED: [&str; 286] = [
     "cuCtxCreate",
     "cuCtxCreate_v2",
     "cuCtxCreate_v3",
@@ -4885,7 +4885,10 @@ pub(super) static IMPLEMENTED: [&str; 281] = [
     "cuGraphExecMemsetNodeSetParams",
     "cuGraphExecNodeSetParams",
     "cuGraphExecUpdate_v2",
+    "cuGraphGetEdges",
+    "cuGraphGetEdges_v2",
     "cuGraphGetNodes",
+    "cuGraphGetRootNodes",
     "cuGraphInstantiate",
     "cuGraphInstantiateWithFlags",
     "cuGraphInstantiateWithParams",
@@ -4898,6 +4901,8 @@ pub(super) static IMPLEMENTED: [&str; 281] = [
     "cuGraphMemsetNodeSetParams",
     "cuGraphNodeGetDependencies",
     "cuGraphNodeGetDependencies_v2",
+    "cuGraphNodeGetDependentNodes",
+    "cuGraphNodeGetDependentNodes_v2",
     "cuGraphNodeGetEnabled",
     "cuGraphNodeGetType",
     "cuGraphNodeSetEnabled",

@@ -17,6 +17,7 @@ mod replay;
 pub mod api;
 pub mod nodes;
 pub mod params;
+pub mod query;
 pub mod update;
 
 use std::collections::{HashMap, HashSet};
