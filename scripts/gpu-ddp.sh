@@ -3,8 +3,8 @@
 # scripts/gpu-bundle.sh makes; needs python3 with a CUDA build of torch (torchrun) and at least
 # two GPUs. Runs scripts/ddp/ddp_check.py under torchrun directly and under
 # `gpushare run --gpus N`, rounds interleaved, and prints each run's results: the trained
-# weights' checksum and losses must be equal, and the all-reduce bandwidth is set against
-# direct. NCCL's log (NCCL_DEBUG=INFO) says which transport joined the ranks.
+# weights' checksum and losses must be equal, and the step time and all-reduce bandwidth are
+# set against direct. NCCL's log (NCCL_DEBUG=INFO) says which transport joined the ranks.
 # Settings: GPUS (2), ROUNDS (2), LOGS (default $work/logs), PYTHON (python3).
 # NVLink multicast stays off (NCCL_NVLS_ENABLE=0).
 set -uo pipefail
@@ -38,7 +38,7 @@ job() { # how round
     fi
     "${cmd[@]}" > "$out.out" 2> "$out.err"
     echo "== $how round $round: exit $?"
-    grep -E '^(devices|step_loss|checksum|allreduce_gbps) ' "$out.out"
+    grep -E '^(devices|step_loss|checksum|step_ms|allreduce_[a-z_]+) ' "$out.out"
     grep -hoE 'via (P2P|SHM|NET)[^ ]*( [^ ]+)?' "$out.err" | sort | uniq -c | head -5
 }
 for round in $(seq 1 "$rounds"); do

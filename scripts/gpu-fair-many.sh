@@ -21,7 +21,8 @@
 # HP (set: a high-priority inference loop, colocate/loop.py --model infer, runs as user gsfairhp
 # beside them, every other user best-effort; it runs alone for one window first, and the summary
 # gives its p50/p99 per window against that; use with POLICIES such as "fifo priority
-# priority-weight", priority-weight being `[priority] lower_by_weight = true`, issue 31 point 2),
+# priority-weight", priority-weight being `[priority] lower_by_weight = true`, issue 31 point 2,
+# and priority-weight-side the same with `[fair] side_by_side = true`),
 # SETTLE (2), LOGS (default $work/logs), PYTHON (python3).
 set -uo pipefail
 dir=$(cd "$(dirname "$0")" && pwd)
@@ -62,7 +63,8 @@ gs() { timeout 20 "$work/bin/gpushare" --socket "$sock" "$@"; }
 
 policy_file() { # POLICY USERS
     local scheduler=${1%%-*} sms=false quantum=0 side=false by_weight=false
-    [[ $1 == priority-weight ]] && by_weight=true
+    [[ $1 == priority-weight* ]] && by_weight=true
+    [[ $1 == priority-weight-side ]] && side=true
     [[ $1 == fair-sms ]] && sms=true
     [[ $1 == fair-turns ]] && quantum=1000
     [[ $1 == fair-side* ]] && quantum=${1#fair-side} side=true && quantum=${quantum:-1000}

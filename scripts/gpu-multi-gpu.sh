@@ -4,7 +4,8 @@
 #
 # 1. NVML and CUDA agree under `gpushare run`, with no CUDA_VISIBLE_DEVICES: for the default
 #    placement and for each `--gpu N`, PyTorch's device count, the UUID of its device 0 and what
-#    NVML (through ctypes, as PyTorch reaches it, and nvidia-smi -L) lists inside the program.
+#    NVML (through ctypes, as PyTorch reaches it, and nvidia-smi -L) lists inside the program,
+#    and the device address of its first tensor (each GPU's memory lies at addresses of its own).
 # 2. Placement under load: a trainer started with no GPU named, then a second once the first
 #    keeps its GPU busy: the second goes to another GPU (each `-v` line says where and why).
 # 3. Per-GPU colocation: on every GPU at once, a high-priority inference loop (colocate/hp.py,
@@ -63,7 +64,7 @@ for i in range(n.value):
 count = torch.cuda.device_count()
 uuid = "GPU-" + str(torch.cuda.get_device_properties(0).uuid) if count else None
 x = torch.arange(1000, device="cuda", dtype=torch.float32)
-print(json.dumps({"torch_devices": count, "torch_uuid": uuid, "nvml": uuids, "sum": float(x.sum())}))
+print(json.dumps({"torch_devices": count, "torch_uuid": uuid, "nvml": uuids, "sum": float(x.sum()), "address": hex(x.data_ptr())}))
 '
 {
     for ask in "" "--gpu 0" "--gpu 1"; do

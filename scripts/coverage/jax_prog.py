@@ -12,6 +12,30 @@ import sys
 TIMING = {}
 
 
+def train_setup():
+    """The training case's jitted step (a small MLP's loss, gradient and update) and its
+    first parameters (also scripts/probes/step_calls.py's step)."""
+    import jax
+    import jax.numpy as jnp
+
+    k1, k2, k3, _ = jax.random.split(jax.random.PRNGKey(0), 4)
+    x = jax.random.normal(k1, (256, 32), jnp.float32)
+    y = jnp.sin(x.sum(axis=1, keepdims=True))
+    params = [jax.random.normal(k2, (32, 128)) * 0.1, jnp.zeros(128),
+              jax.random.normal(k3, (128, 1)) * 0.1, jnp.zeros(1)]
+
+    def loss(p):
+        h = jax.nn.relu(x @ p[0] + p[1])
+        return jnp.mean((h @ p[2] + p[3] - y) ** 2)
+
+    @jax.jit
+    def step(p):
+        l, g = jax.value_and_grad(loss)(p)
+        return [a - 0.05 * b for a, b in zip(p, g)], l
+
+    return step, params
+
+
 def main(case):
     import jax
     import jax.numpy as jnp
@@ -40,21 +64,7 @@ def main(case):
         return ([float(v) for v in looped.ravel()[:8]] + [float(looped.sum())]
                 + [float(v) for v in scanned.ravel()[:8]] + [float(scanned.sum())])
     if case == "train":
-        k1, k2, k3, k4 = jax.random.split(key, 4)
-        x = jax.random.normal(k1, (256, 32), jnp.float32)
-        y = jnp.sin(x.sum(axis=1, keepdims=True))
-        params = [jax.random.normal(k2, (32, 128)) * 0.1, jnp.zeros(128),
-                  jax.random.normal(k3, (128, 1)) * 0.1, jnp.zeros(1)]
-
-        def loss(p):
-            h = jax.nn.relu(x @ p[0] + p[1])
-            return jnp.mean((h @ p[2] + p[3] - y) ** 2)
-
-        @jax.jit
-        def step(p):
-            l, g = jax.value_and_grad(loss)(p)
-            return [a - 0.05 * b for a, b in zip(p, g)], l
-
+        step, params = train_setup()
         losses = []
         for _ in range(100):
             params, l = step(params)

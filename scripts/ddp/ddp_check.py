@@ -3,9 +3,13 @@ DistributedDataParallel over NCCL from fixed seeds, then an all-reduce bandwidth
 
 Rank 0 prints one line per result, for gpu-ddp.sh to compare a consolidated run with a direct
 one: `devices N` (what torch counts), `step_loss I VALUE` for some steps, `checksum VALUE` (a
-hash of the trained weights' bytes), `allreduce_gbps VALUE` (bus bandwidth of a 256 MiB
-float32 all-reduce, the median of the timed rounds, as nccl-tests counts it: 2(n-1)/n of the
-bytes over the time)."""
+hash of the trained weights' bytes), `step_ms VALUE` (the median training step after 20, each
+ended by a synchronization), and the bus bandwidth of a 256 MiB float32 all-reduce as
+nccl-tests counts it (2(n-1)/n of the bytes over the time): `allreduce_gbps VALUE` for rounds
+of 20 all-reduces in a row (as nccl-tests times them), the median round; `allreduce_each_gbps
+VALUE` for one all-reduce waited for at a time (after a barrier), the median, with
+`allreduce_each_ms MIN P50 MAX` of its wall time and `allreduce_each_device_ms MIN P50 MAX`
+of the same between CUDA events on the program's stream."""
 
 import hashlib
 import os
@@ -32,7 +36,9 @@ def main():
     ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local])
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
     gen = torch.Generator(device="cpu").manual_seed(99 + rank)
+    step_times = []
     for step in range(int(os.environ.get("DDP_STEPS", "200"))):
+        t = time.perf_counter()
         x = torch.randn(64, 512, generator=gen).to(dev)
         y = torch.randn(64, 512, generator=gen).to(dev)
         loss = torch.nn.functional.mse_loss(ddp(x), y)
@@ -41,7 +47,11 @@ def main():
         opt.step()
         if rank == 0 and step % 50 == 0:
             print(f"step_loss {step} {loss.item():.9g}", flush=True)
-    torch.cuda.synchronize()
+        torch.cuda.synchronize()
+        if step >= 20:
+            step_times.append(time.perf_counter() - t)
+    if rank == 0 and step_times:
+        print(f"step_ms {statistics.median(step_times) * 1e3:.4f}", flush=True)
     if rank == 0:
         h = hashlib.sha256()
         for p in model.parameters():
@@ -53,16 +63,34 @@ def main():
     for _ in range(5):
         dist.all_reduce(buf)
     torch.cuda.synchronize()
-    times = []
-    for _ in range(int(os.environ.get("DDP_ROUNDS", "20"))):
+    rounds = int(os.environ.get("DDP_ROUNDS", "20"))
+    bus = 2 * (world - 1) / world * n * 4 / 1e9  # GB a rank moves per all-reduce
+    in_a_row = []
+    for _ in range(5):
         dist.barrier()
-        t = time.perf_counter()
-        dist.all_reduce(buf)
         torch.cuda.synchronize()
-        times.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        for _ in range(rounds):
+            dist.all_reduce(buf)
+        torch.cuda.synchronize()
+        in_a_row.append((time.perf_counter() - t) / rounds)
+    each, device = [], []
+    for _ in range(rounds):
+        dist.barrier()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        t = time.perf_counter()
+        start.record()
+        dist.all_reduce(buf)
+        end.record()
+        torch.cuda.synchronize()
+        each.append(time.perf_counter() - t)
+        device.append(start.elapsed_time(end) / 1e3)
     if rank == 0:
-        busbw = 2 * (world - 1) / world * n * 4 / statistics.median(times) / 1e9
-        print(f"allreduce_gbps {busbw:.2f}", flush=True)
+        print(f"allreduce_gbps {bus / statistics.median(in_a_row):.2f}", flush=True)
+        print(f"allreduce_each_gbps {bus / statistics.median(each):.2f}", flush=True)
+        for name, xs in (("allreduce_each_ms", each), ("allreduce_each_device_ms", device)):
+            xs = sorted(x * 1e3 for x in xs)
+            print(f"{name} {xs[0]:.3f} {statistics.median(xs):.3f} {xs[-1]:.3f}", flush=True)
     dist.destroy_process_group()
 
 
