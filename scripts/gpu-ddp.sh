@@ -39,7 +39,7 @@ job() { # how round
     "${cmd[@]}" > "$out.out" 2> "$out.err"
     echo "== $how round $round: exit $?"
     grep -E '^(devices|step_loss|checksum|step_ms|allreduce_[a-z_]+) ' "$out.out"
-    grep -hoE 'via (P2P|SHM|NET)[^ ]*( [^ ]+)?' "$out.err" | sort | uniq -c | head -5
+    grep -hoE 'via (P2P|SHM|NET)[^ ]*( [^ ]+)?' "$out.out" "$out.err" | sort | uniq -c | head -5
 }
 for round in $(seq 1 "$rounds"); do
     job direct "$round"
