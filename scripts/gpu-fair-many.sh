@@ -22,7 +22,8 @@
 # beside them, every other user best-effort; it runs alone for one window first, and the summary
 # gives its p50/p99 per window against that; use with POLICIES such as "fifo priority
 # priority-weight", priority-weight being `[priority] lower_by_weight = true`, issue 31 point 2,
-# and priority-weight-side the same with `[fair] side_by_side = true`),
+# and priority-weight-side the same with `[fair] side_by_side = true`; a priority policy's
+# name ending in -qN sets `[priority] lower_queue_us = N`),
 # SETTLE (2), LOGS (default $work/logs), PYTHON (python3).
 set -uo pipefail
 dir=$(cd "$(dirname "$0")" && pwd)
@@ -63,8 +64,10 @@ gs() { timeout 20 "$work/bin/gpushare" --socket "$sock" "$@"; }
 
 policy_file() { # POLICY USERS
     local scheduler=${1%%-*} sms=false quantum=0 side=false by_weight=false
+    local queue=
     [[ $1 == priority-weight* ]] && by_weight=true
-    [[ $1 == priority-weight-side ]] && side=true
+    [[ $1 == priority-weight-side* ]] && side=true
+    [[ $1 =~ ^priority.*-q([0-9]+)$ ]] && queue=${BASH_REMATCH[1]}
     [[ $1 == fair-sms ]] && sms=true
     [[ $1 == fair-turns ]] && quantum=1000
     [[ $1 == fair-side* ]] && quantum=${1#fair-side} side=true && quantum=${quantum:-1000}
@@ -72,6 +75,7 @@ policy_file() { # POLICY USERS
     # FAIR's policies say their quantum; priority's lower classes get the broker's default.
     [[ $scheduler == fair ]] && printf 'quantum_us = %s\n' "$quantum"
     printf '[priority]\nlower_by_weight = %s\n' "$by_weight"
+    [[ -n $queue ]] && printf 'lower_queue_us = %s\n' "$queue"
     if [[ -n $hp ]]; then
         printf '[defaults]\nclass = "best-effort"\n[[users]]\nname = "%s"\nclass = "high"\n' "$hp"
     fi

@@ -80,6 +80,7 @@ pub(super) struct FairFields {
 pub(super) struct PriorityFields {
     pub(super) lower_sm_share: Option<f64>,
     pub(super) lower_depth: Option<u32>,
+    pub(super) lower_queue_us: Option<u64>,
     pub(super) beside_other_contexts: Option<bool>,
     pub(super) lower_by_weight: Option<bool>,
 }

@@ -47,7 +47,8 @@
 //! ```toml
 //! [priority]
 //! lower_sm_share = 0.5   # lower classes run on this share of the SMs (a hardware partition)
-//! lower_depth = 2        # kernels each lower-priority client may have on the GPU
+//! lower_depth = 2        # kernels each lower-priority client may have on the GPU ...
+//! lower_queue_us = 100   # ... or more, while their estimated times stay within this (0: off)
 //! lower_by_weight = false  # true: lower classes share what high work leaves by weight (FAIR
 //!                        # among each class, with the [fair] tunables) instead of oldest first
 //! beside_other_contexts = false  # true: lower kernels of another GPU context (another trust
@@ -337,6 +338,11 @@ impl Policy {
         crate::sched::PriorityConfig {
             lower_sm_share: p.lower_sm_share.or(base.lower_sm_share),
             lower_depth_beside_high: p.lower_depth.or(base.lower_depth_beside_high),
+            lower_queue_ns_beside_high: match p.lower_queue_us {
+                Some(0) => None,
+                Some(us) => Some(us.saturating_mul(1_000)),
+                None => base.lower_queue_ns_beside_high,
+            },
             beside_other_contexts: p
                 .beside_other_contexts
                 .unwrap_or(base.beside_other_contexts),

@@ -81,13 +81,14 @@ fn users_beat_groups_and_defaults_fill_in() {
 #[test]
 fn priority_tunables_come_from_the_file_and_bad_ones_are_refused() {
     let p = Policy::parse(
-        "scheduler = \"priority\"\n[priority]\nlower_sm_share = 0.5\nlower_depth = 1\nbeside_other_contexts = true\nlower_by_weight = true\n",
+        "scheduler = \"priority\"\n[priority]\nlower_sm_share = 0.5\nlower_depth = 1\nlower_queue_us = 0\nbeside_other_contexts = true\nlower_by_weight = true\n",
         "t.toml",
     )
     .expect("valid policy");
     let cfg = p.priority_config();
     assert_eq!(cfg.lower_sm_share, Some(0.5));
     assert_eq!(cfg.lower_depth_beside_high, Some(1));
+    assert_eq!(cfg.lower_queue_ns_beside_high, None, "0: the depth alone");
     assert!(cfg.beside_other_contexts);
     assert!(cfg.lower_by_weight);
     let none = Policy::parse("", "t.toml").expect("empty policy is valid");

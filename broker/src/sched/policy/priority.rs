@@ -35,7 +35,8 @@
 //! with the least virtual time.
 //!
 //! While a high-priority client is connected, even between its requests, each lower-priority
-//! client keeps at most `lower_depth_beside_high` kernels on the GPU. Kernels queued on a
+//! client keeps at most `lower_depth_beside_high` kernels on the GPU, or more while their
+//! estimated times together stay within `lower_queue_ns_beside_high` (100 µs). Kernels queued on a
 //! low-priority stream are not preempted, but between two kernels of a high-priority request
 //! (a dependency gap of a few µs) they take the SMs the first one freed, and the second then
 //! waits for their blocks. A shallow queue keeps what a new request finds ahead of it small
@@ -62,6 +63,11 @@ pub struct PriorityConfig {
     /// Kernels a lower-priority client may have in flight while a high-priority client is
     /// connected (`None`: no limit beyond the dispatcher's own).
     pub lower_depth_beside_high: Option<u32>,
+    /// Past that depth, a lower-priority client may still queue kernels while their
+    /// estimated (solo) times together stay within this many ns (`None`: the depth alone),
+    /// up to [`LOWER_DEPTH_MAX`] of them: what a new high-priority request can find ahead of
+    /// it is bounded in time, so clients of tiny kernels are not held to two.
+    pub lower_queue_ns_beside_high: Option<u64>,
     /// Fraction of the SMs lower-priority kernels may run on while a high-priority client is
     /// connected (`None`: all of them). The device enforces it with a hardware partition
     /// (a CUDA green context), so their blocks never occupy the rest.
@@ -82,6 +88,7 @@ impl Default for PriorityConfig {
             sm_threshold_fraction: None,
             unknown_collides: false,
             lower_depth_beside_high: Some(2),
+            lower_queue_ns_beside_high: Some(100_000),
             lower_sm_share: None,
             beside_other_contexts: false,
             lower_by_weight: false,
@@ -156,6 +163,10 @@ impl Contexts {
     }
 }
 
+/// Kernels a lower-priority client may have in flight beside a high-priority client, however
+/// short.
+pub const LOWER_DEPTH_MAX: usize = 32;
+
 fn bound_index(b: Bound) -> usize {
     match b {
         Bound::Compute => 0,
@@ -184,7 +195,18 @@ impl Policy for Priority {
         }
         let high_present = view.clients().any(|c| c.class() == PriorityClass::High);
         let depth_ok = |c: &crate::sched::ClientView<'_>| match self.cfg.lower_depth_beside_high {
-            Some(depth) if high_present => c.inflight().len() < depth as usize,
+            Some(depth) if high_present => {
+                c.inflight().len() < depth as usize
+                    || self.cfg.lower_queue_ns_beside_high.is_some_and(|room| {
+                        c.inflight().len() < LOWER_DEPTH_MAX
+                            && c.inflight()
+                                .iter()
+                                .map(|r| r.profile.est_ns)
+                                .chain(c.head().map(|h| h.profile.est_ns))
+                                .fold(0u64, u64::saturating_add)
+                                <= room
+                    })
+            }
             _ => true,
         };
         let mut f = InFlight {

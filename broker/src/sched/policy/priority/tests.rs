@@ -142,6 +142,40 @@ fn lower_clients_keep_a_shallow_queue_while_a_high_client_is_connected() {
     assert_eq!(granted_to_best_effort(true), depth);
 }
 
+/// Past the depth, a queue bounded in time: a client of tiny kernels keeps as many on the GPU
+/// as fit in `lower_queue_ns_beside_high`, one of long kernels no more than the depth.
+#[test]
+fn lower_clients_of_tiny_kernels_keep_a_queue_bounded_in_time() {
+    let granted = |queue_ns: Option<u64>, us: u64| {
+        let sched = SchedConfig {
+            max_inflight_per_client: 64,
+            rate: None,
+            priority: PriorityConfig {
+                lower_queue_ns_beside_high: queue_ns,
+                ..PriorityConfig::default()
+            },
+            ..SchedConfig::default()
+        };
+        let mut d = Dispatcher::with_config(PolicyKind::Priority, H100, sched);
+        d.add_client(ClientSpec::new(2, PriorityClass::BestEffort, 1))
+            .expect("client registers");
+        d.add_client(ClientSpec::new(1, PriorityClass::High, 1))
+            .expect("client registers");
+        for _ in 0..60 {
+            d.submit(2, kernel(2, us, 8, Bound::Memory), 0)
+                .expect("client is registered");
+        }
+        d.poll(0).len()
+    };
+    // 5 µs kernels: 20 of them make 100 µs.
+    assert_eq!(granted(Some(100 * US), 5), 20);
+    assert_eq!(granted(None, 5), 2, "the depth alone");
+    // 1 µs kernels: the cap on how many.
+    assert_eq!(granted(Some(100 * US), 1), super::LOWER_DEPTH_MAX);
+    // 80 µs kernels: two, the depth, though the second passes the 100 µs.
+    assert_eq!(granted(Some(100 * US), 80), 2);
+}
+
 #[test]
 fn lower_clients_run_on_a_partition_only_while_a_high_client_is_connected() {
     let partitioned = SchedConfig {
