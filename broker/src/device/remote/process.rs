@@ -78,7 +78,10 @@ impl WorkerProcess {
         // A worker never outlives gpushared (it holds a GPU context for it): it exits when its
         // control socket closes, which gpushared's end does when gpushared ends however it
         // ends. (PR_SET_PDEATHSIG would not do: it fires when the *thread* that started the
-        // worker exits.)
+        // worker exits.) So it needs no signal of its own, and has a process group of its own:
+        // a Ctrl-C at gpushared's terminal or a signal to gpushared's group (timeout(1)) would
+        // kill it beside gpushared, which then took the death for a GPU fault mid-shutdown.
+        command.process_group(0);
         // SAFETY: between fork and exec only async-signal-safe calls (fcntl, personality).
         unsafe {
             command.pre_exec(move || {
