@@ -48,7 +48,8 @@
 //! [priority]
 //! lower_sm_share = 0.5   # lower classes run on this share of the SMs (a hardware partition)
 //! lower_depth = 2        # kernels each lower-priority client may have on the GPU ...
-//! lower_queue_us = 100   # ... or more, while their estimated times stay within this (0: off)
+//! lower_queue_us = 0     # ... or more, while the estimated times of all lower kernels on
+//!                        # the GPU stay within this (0: off; 100 with lower_by_weight)
 //! lower_by_weight = false  # true: lower classes share what high work leaves by weight (FAIR
 //!                        # among each class, with the [fair] tunables) instead of oldest first
 //! beside_other_contexts = false  # true: lower kernels of another GPU context (another trust
@@ -341,6 +342,9 @@ impl Policy {
             lower_queue_ns_beside_high: match p.lower_queue_us {
                 Some(0) => None,
                 Some(us) => Some(us.saturating_mul(1_000)),
+                None if p.lower_by_weight == Some(true) => {
+                    Some(crate::sched::policy::priority::LOWER_QUEUE_NS_BY_WEIGHT)
+                }
                 None => base.lower_queue_ns_beside_high,
             },
             beside_other_contexts: p

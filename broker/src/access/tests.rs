@@ -89,6 +89,16 @@ fn priority_tunables_come_from_the_file_and_bad_ones_are_refused() {
     assert_eq!(cfg.lower_sm_share, Some(0.5));
     assert_eq!(cfg.lower_depth_beside_high, Some(1));
     assert_eq!(cfg.lower_queue_ns_beside_high, None, "0: the depth alone");
+    let by_weight = Policy::parse(
+        "scheduler = \"priority\"\n[priority]\nlower_by_weight = true\n",
+        "t.toml",
+    )
+    .expect("valid policy");
+    assert_eq!(
+        by_weight.priority_config().lower_queue_ns_beside_high,
+        Some(100_000),
+        "by weight, 100 µs unless the file says"
+    );
     assert!(cfg.beside_other_contexts);
     assert!(cfg.lower_by_weight);
     let none = Policy::parse("", "t.toml").expect("empty policy is valid");

@@ -35,8 +35,9 @@
 //! with the least virtual time.
 //!
 //! While a high-priority client is connected, even between its requests, each lower-priority
-//! client keeps at most `lower_depth_beside_high` kernels on the GPU, or more while their
-//! estimated times together stay within `lower_queue_ns_beside_high` (100 µs). Kernels queued on a
+//! client keeps at most `lower_depth_beside_high` kernels on the GPU, or more while the
+//! estimated times of all lower kernels in flight stay within `lower_queue_ns_beside_high`
+//! (off by default; 100 µs with `lower_by_weight`, where the policy file sets it). Kernels queued on a
 //! low-priority stream are not preempted, but between two kernels of a high-priority request
 //! (a dependency gap of a few µs) they take the SMs the first one freed, and the second then
 //! waits for their blocks. A shallow queue keeps what a new request finds ahead of it small
@@ -63,10 +64,11 @@ pub struct PriorityConfig {
     /// Kernels a lower-priority client may have in flight while a high-priority client is
     /// connected (`None`: no limit beyond the dispatcher's own).
     pub lower_depth_beside_high: Option<u32>,
-    /// Past that depth, a lower-priority client may still queue kernels while their
-    /// estimated (solo) times together stay within this many ns (`None`: the depth alone),
-    /// up to [`LOWER_DEPTH_MAX`] of them: what a new high-priority request can find ahead of
-    /// it is bounded in time, so clients of tiny kernels are not held to two.
+    /// Past that depth, a lower-priority client may still queue kernels while the estimated
+    /// (solo) times of every lower-priority kernel in flight together stay within this many
+    /// ns (`None`: the depth alone), up to [`LOWER_DEPTH_MAX`] of its own: what a new
+    /// high-priority request can find ahead of it is bounded in time, so clients of tiny
+    /// kernels are not held to two.
     pub lower_queue_ns_beside_high: Option<u64>,
     /// Fraction of the SMs lower-priority kernels may run on while a high-priority client is
     /// connected (`None`: all of them). The device enforces it with a hardware partition
@@ -88,7 +90,7 @@ impl Default for PriorityConfig {
             sm_threshold_fraction: None,
             unknown_collides: false,
             lower_depth_beside_high: Some(2),
-            lower_queue_ns_beside_high: Some(100_000),
+            lower_queue_ns_beside_high: None,
             lower_sm_share: None,
             beside_other_contexts: false,
             lower_by_weight: false,
@@ -167,6 +169,12 @@ impl Contexts {
 /// short.
 pub const LOWER_DEPTH_MAX: usize = 32;
 
+/// `lower_queue_ns_beside_high` where the policy file turns `lower_by_weight` on and says
+/// nothing of it: FAIR's turns leave one lower client's queue on the GPU, which this lets
+/// reach 100 µs (on the H200, 2.5-3 × the throughput with the high client's tail unchanged:
+/// docs/benchmarks.md).
+pub const LOWER_QUEUE_NS_BY_WEIGHT: u64 = 100_000;
+
 fn bound_index(b: Bound) -> usize {
     match b {
         Bound::Compute => 0,
@@ -194,21 +202,6 @@ impl Policy for Priority {
             return Pick::Grant(c.id());
         }
         let high_present = view.clients().any(|c| c.class() == PriorityClass::High);
-        let depth_ok = |c: &crate::sched::ClientView<'_>| match self.cfg.lower_depth_beside_high {
-            Some(depth) if high_present => {
-                c.inflight().len() < depth as usize
-                    || self.cfg.lower_queue_ns_beside_high.is_some_and(|room| {
-                        c.inflight().len() < LOWER_DEPTH_MAX
-                            && c.inflight()
-                                .iter()
-                                .map(|r| r.profile.est_ns)
-                                .chain(c.head().map(|h| h.profile.est_ns))
-                                .fold(0u64, u64::saturating_add)
-                                <= room
-                    })
-            }
-            _ => true,
-        };
         let mut f = InFlight {
             high_latency_ns: u64::MAX,
             ..InFlight::default()
@@ -236,6 +229,22 @@ impl Policy for Priority {
                 f.high_latency_ns = f.high_latency_ns.min(l);
             }
         }
+        // What a new high-priority request may find queued ahead of it: each lower client's
+        // first `lower_depth` kernels, and beyond those only while all lower kernels in flight
+        // together stay within `lower_queue_ns_beside_high` of estimated time.
+        let lower_queued_ns = f.lower_outstanding_ns;
+        let depth_ok = |c: &crate::sched::ClientView<'_>| match self.cfg.lower_depth_beside_high {
+            Some(depth) if high_present => {
+                c.inflight().len() < depth as usize
+                    || self.cfg.lower_queue_ns_beside_high.is_some_and(|room| {
+                        c.inflight().len() < LOWER_DEPTH_MAX
+                            && c.head().is_some_and(|h| {
+                                lower_queued_ns.saturating_add(h.profile.est_ns) <= room
+                            })
+                    })
+            }
+            _ => true,
+        };
         let lower = view
             .candidates()
             .filter(|c| c.class() != PriorityClass::High && depth_ok(c));

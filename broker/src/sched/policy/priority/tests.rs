@@ -176,6 +176,45 @@ fn lower_clients_of_tiny_kernels_keep_a_queue_bounded_in_time() {
     assert_eq!(granted(Some(100 * US), 80), 2);
 }
 
+/// The time bound is over every lower client's kernels together: two clients of tiny kernels
+/// share the 100 µs (each keeps its depth), not 100 µs each.
+#[test]
+fn the_lower_queue_s_time_bound_holds_for_all_lower_clients_together() {
+    let sched = SchedConfig {
+        max_inflight_per_client: 64,
+        rate: None,
+        priority: PriorityConfig {
+            lower_queue_ns_beside_high: Some(100 * US),
+            ..PriorityConfig::default()
+        },
+        ..SchedConfig::default()
+    };
+    let mut d = Dispatcher::with_config(PolicyKind::Priority, H100, sched);
+    for (id, class) in [
+        (1, PriorityClass::High),
+        (2, PriorityClass::BestEffort),
+        (3, PriorityClass::BestEffort),
+    ] {
+        d.add_client(ClientSpec::new(id, class, 1))
+            .expect("client registers");
+    }
+    for _ in 0..60 {
+        for id in [2, 3] {
+            d.submit(id, kernel(id, 5, 8, Bound::Memory), 0)
+                .expect("client is registered");
+        }
+    }
+    let granted = d.poll(0);
+    let of = |id| granted.iter().filter(|g| g.client == id).count();
+    assert!(
+        of(2) >= 2 && of(3) >= 2,
+        "each keeps its depth: {} {}",
+        of(2),
+        of(3)
+    );
+    assert_eq!(of(2) + of(3), 20, "100 µs of 5 µs kernels between them");
+}
+
 #[test]
 fn lower_clients_run_on_a_partition_only_while_a_high_client_is_connected() {
     let partitioned = SchedConfig {
