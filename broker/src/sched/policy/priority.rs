@@ -37,11 +37,11 @@
 //! While a high-priority client is connected, even between its requests, each lower-priority
 //! client keeps at most `lower_depth_beside_high` kernels on the GPU, or more while the
 //! estimated times of all lower kernels in flight stay within `lower_queue_ns_beside_high`
-//! (off by default; 100 µs with `lower_by_weight`, where the policy file sets it). Kernels queued on a
-//! low-priority stream are not preempted, but between two kernels of a high-priority request
-//! (a dependency gap of a few µs) they take the SMs the first one freed, and the second then
-//! waits for their blocks. A shallow queue keeps what a new request finds ahead of it small
-//! (docs/benchmarks.md measures the depths).
+//! (off by default; 100 µs with `lower_by_weight`, where the policy file sets it). Kernels
+//! queued on a low-priority stream are not preempted, but between two kernels of a
+//! high-priority request (a dependency gap of a few µs) they take the SMs the first one freed,
+//! and the second then waits for their blocks. A shallow queue keeps what a new request finds
+//! ahead of it small (docs/benchmarks.md measures the depths).
 
 use gpushare_protocol::PriorityClass;
 
