@@ -115,14 +115,26 @@ impl Device {
         Ok(held.id)
     }
 
-    /// Runs `call` and waits for its reply; a failure is the error.
+    /// Runs `call` and waits for its reply; a failure is the error. Not for calls on a
+    /// stream: their answers bring the stream's device time, which only
+    /// [`Device::on_stream`] and the ledger keep.
     pub fn call(&self, call: Call, payload: &[u8]) -> DeviceResult<Reply> {
-        self.link.call(call, payload, None)?.reply.ok()
+        let answer = self.link.call(call, payload, None)?;
+        debug_assert!(
+            answer.news.is_none(),
+            "a call on a stream went through Device::call: its device time would be lost"
+        );
+        answer.reply.ok()
     }
 
     /// [`Device::call`], giving up after `deadline`.
     pub fn call_within(&self, call: Call, deadline: Duration) -> DeviceResult<Reply> {
-        self.link.call(call, &[], Some(deadline))?.reply.ok()
+        let answer = self.link.call(call, &[], Some(deadline))?;
+        debug_assert!(
+            answer.news.is_none(),
+            "a call on a stream went through Device::call_within: its device time would be lost"
+        );
+        answer.reply.ok()
     }
 
     pub fn spin_hint(&self, spin: Duration) {
