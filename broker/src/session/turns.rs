@@ -53,35 +53,32 @@ impl SessionState {
             return None;
         }
         let dispatch = self.dispatch.clone();
-        let mut finished = std::mem::take(&mut self.seen_finished);
-        self.take_finished(false, &mut finished);
         let id = self.info.id;
         let info = self.info.clone();
         let health = self.health.clone();
         let epoch = self.epoch;
-        let turn = dispatch.acquire(
-            id,
-            profile,
-            &finished,
-            |waiting| match waiting {
-                Waiting::Held(finished) => {
-                    self.take_finished(true, finished);
-                    self.off_the_device_while_held();
-                }
-                // Close the measured spans: time spent waiting for others is not ours. Every
-                // stream's, and as idle: an ordinary batch end leaves a young span open, and
-                // the wait would be charged to this client.
-                Waiting::Begins => {
-                    for slot in self.streams.values_mut() {
-                        self.device.end_batch(&mut slot.stream, true);
+        self.with_finished(false, |this, finished| {
+            dispatch.acquire(
+                id,
+                profile,
+                finished,
+                |waiting| match waiting {
+                    Waiting::Held(finished) => {
+                        this.take_finished(true, finished);
+                        this.off_the_device_while_held();
                     }
-                }
-            },
-            || info.stopping() || health.epoch() != epoch,
-        );
-        finished.clear();
-        self.seen_finished = finished;
-        turn
+                    // Close the measured spans: time spent waiting for others is not ours.
+                    // Every stream's, and as idle: an ordinary batch end leaves a young span
+                    // open, and the wait would be charged to this client.
+                    Waiting::Begins => {
+                        for slot in this.streams.values_mut() {
+                            this.device.end_batch(&mut slot.stream, true);
+                        }
+                    }
+                },
+                || info.stopping() || health.epoch() != epoch,
+            )
+        })
     }
 
     /// Before a granted kernel is launched on `stream`: an event that marks where it starts,
@@ -159,13 +156,22 @@ impl SessionState {
     /// took where it is measured. `quiet`: the client is idle or held, so asking the worker
     /// delays nothing (see the module docs).
     pub(super) fn reap_granted(&mut self, quiet: bool) {
+        self.with_finished(quiet, |this, finished| {
+            if !finished.is_empty() {
+                this.dispatch.complete(this.info.id, finished);
+            }
+        });
+    }
+
+    /// Runs `f` with the granted kernels seen finished now ([`Self::take_finished`]), in the
+    /// session's buffer for them, which it keeps for its room.
+    fn with_finished<T>(&mut self, quiet: bool, f: impl FnOnce(&mut Self, &[Finished]) -> T) -> T {
         let mut finished = std::mem::take(&mut self.seen_finished);
         self.take_finished(quiet, &mut finished);
-        if !finished.is_empty() {
-            self.dispatch.complete(self.info.id, &finished);
-        }
+        let out = f(self, &finished);
         finished.clear();
         self.seen_finished = finished;
+        out
     }
 
     /// Takes the granted kernels that have finished off the list, oldest first, into `out`
