@@ -46,6 +46,21 @@ pub(super) unsafe fn hand_out(
     unsafe { out(count, room.min(handles.len())) }
 }
 
+/// Bytes of one `CUgraphEdgeData`.
+const EDGE_DATA: usize = 8;
+
+/// Writes `*count` edge data as the default one (a full dependency, the only kind gpushare
+/// keeps), where the caller passed an array for them.
+///
+/// # Safety
+/// `count` is NULL or valid for reading; `data` is NULL or holds `*count` `CUgraphEdgeData`.
+pub(super) unsafe fn default_edge_data(data: *mut c_void, count: *const usize) {
+    if !data.is_null() && !count.is_null() {
+        // SAFETY: the caller's contract.
+        unsafe { std::ptr::write_bytes(data.cast::<u8>(), 0, *count * EDGE_DATA) };
+    }
+}
+
 /// The dependencies a program passed, as indices of `graph`'s nodes.
 ///
 /// # Safety
@@ -388,9 +403,9 @@ pub unsafe extern "C" fn cuGraphNodeGetDependencies_v2(
     n: *mut usize,
 ) -> CUresult {
     entry("cuGraphNodeGetDependencies_v2", || {
-        if !edges.is_null() && !deps.is_null() && !n.is_null() {
-            // SAFETY: `edges` holds `*n` 8-byte `CUgraphEdgeData`, per the contract.
-            unsafe { std::ptr::write_bytes(edges.cast::<u8>(), 0, *n * 8) };
+        if !deps.is_null() {
+            // SAFETY: the caller's contract.
+            unsafe { default_edge_data(edges, n) };
         }
         let (_, handles) = node_of(&driver::live()?.graphs, node)?;
         // SAFETY: the caller's contract.

@@ -4,14 +4,11 @@
 
 use std::ffi::c_void;
 
-use super::nodes::hand_out;
+use super::nodes::{default_edge_data, hand_out};
 use super::{Node, lock};
 use crate::driver;
 use crate::status::{Cu, entry};
 use crate::types::{CUgraph, CUgraphNode, CUresult, result};
-
-/// Bytes of one `CUgraphEdgeData`.
-const EDGE_DATA: usize = 8;
 
 /// The handles of the nodes that depend on nothing.
 fn roots(nodes: &[Node]) -> Vec<usize> {
@@ -62,10 +59,8 @@ unsafe fn hand_out_edges(
     }
     let (froms, tos): (Vec<usize>, Vec<usize>) = edges.iter().copied().unzip();
     if !from.is_null() {
-        if !data.is_null() {
-            // SAFETY: `data` holds `*count` edge data, per the contract.
-            unsafe { std::ptr::write_bytes(data.cast::<u8>(), 0, *count * EDGE_DATA) };
-        }
+        // SAFETY: the caller's contract.
+        unsafe { default_edge_data(data, count) };
         // SAFETY: checked not NULL; the caller's contract.
         let room = unsafe { *count };
         // SAFETY: the caller's contract; `hand_out` writes `room` entries and the number.
@@ -165,9 +160,9 @@ pub unsafe extern "C" fn cuGraphNodeGetDependentNodes_v2(
 ) -> CUresult {
     entry("cuGraphNodeGetDependentNodes_v2", || {
         let handles = dependents_of(node)?;
-        if !data.is_null() && !nodes.is_null() && !count.is_null() {
-            // SAFETY: `data` holds `*count` edge data, per the contract.
-            unsafe { std::ptr::write_bytes(data.cast::<u8>(), 0, *count * EDGE_DATA) };
+        if !nodes.is_null() {
+            // SAFETY: the caller's contract.
+            unsafe { default_edge_data(data, count) };
         }
         // SAFETY: the caller's contract.
         unsafe { hand_out(&handles, nodes, count) }
@@ -214,7 +209,7 @@ mod tests {
         assert_eq!((r, count), (Ok(()), 4));
         let mut from = [std::ptr::dangling_mut::<c_void>(); 6];
         let mut to = [std::ptr::dangling_mut::<c_void>(); 6];
-        let mut data = [0xffu8; 6 * EDGE_DATA];
+        let mut data = [0xffu8; 6 * 8];
         count = 6;
         // SAFETY: arrays of `count` entries each.
         let r = unsafe {
