@@ -199,9 +199,9 @@ impl Workers {
 const RANGE_ALIGN: u64 = 1 << 30;
 /// No range asked for below 1 TiB: a program's heap and executable live down there.
 const LOWEST_RANGE: u64 = 1 << 40;
-/// No range asked for past 64 TiB, where a worker's zone begins (device/remote/worker/zone.rs);
-/// above it lie gpushared's tests' mappings and, without address randomisation, the programs.
-const HIGHEST_RANGE_END: u64 = 0x4000_0000_0000;
+/// No range asked for past where a worker's zone begins (64 TiB); above it lie gpushared's
+/// tests' mappings and, without address randomisation, the programs.
+const HIGHEST_RANGE_END: u64 = crate::device::remote::worker::ZONE_START;
 
 /// Where the `k`-th GPU after the first (1, 2, …) asks for its range, when the first GPU's
 /// worker reserved `size` bytes at `base`: below the first's while there is room above 1 TiB
@@ -226,13 +226,18 @@ fn preferred_base(base: u64, size: u64, k: u64) -> Option<u64> {
     (at >= LOWEST_RANGE && at.checked_add(stride)? <= HIGHEST_RANGE_END).then_some(at)
 }
 
+/// Whether two address ranges, (start, length) each, share an address.
+fn overlap(a: (u64, u64), b: (u64, u64)) -> bool {
+    a.0 < b.0 + b.1 && b.0 < a.0 + a.1
+}
+
 /// Says so where two GPUs' client address ranges overlap (a GPU's driver would not reserve
 /// the range asked for): programs then cannot use both GPUs, or share memory between them.
 fn warn_of_shared_addresses(devices: &[Arc<Device>]) {
     for (i, a) in devices.iter().enumerate() {
         for b in &devices[i + 1..] {
             let (x, y) = (a.space(), b.space());
-            if x.base < y.base + y.size && y.base < x.base + x.size {
+            if overlap((x.base, x.size), (y.base, y.size)) {
                 tracing::warn!(
                     first = a.info().index,
                     second = b.info().index,
@@ -258,11 +263,9 @@ mod tests {
     }
 
     fn disjoint(all: &[(u64, u64)]) -> bool {
-        all.iter().enumerate().all(|(i, &(a, la))| {
-            all[i + 1..]
-                .iter()
-                .all(|&(b, lb)| a + la <= b || b + lb <= a)
-        })
+        all.iter()
+            .enumerate()
+            .all(|(i, &a)| all[i + 1..].iter().all(|&b| !overlap(a, b)))
     }
 
     #[test]

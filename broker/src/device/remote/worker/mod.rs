@@ -23,6 +23,8 @@ use crate::device::{Backend, DeviceError, DeviceResult, Executor};
 mod warm;
 mod zone;
 
+pub(crate) use self::zone::ZONE_START;
+
 use self::warm::{Warmed, places_code, warm_up};
 
 /// Runs the worker; never returns.

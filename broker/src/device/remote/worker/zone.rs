@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The zone: 8 TiB from 64 TiB, far above where the driver's bottom-up reservations grow and
 /// below where gpushared's tests hold every worker mapping (0x5000_0000_0000).
-const ZONE_START: u64 = 0x4000_0000_0000;
+pub(crate) const ZONE_START: u64 = 0x4000_0000_0000;
 const ZONE_END: u64 = 0x4800_0000_0000;
 const ALIGN: u64 = 2 << 20;
 
