@@ -11,13 +11,13 @@
  * Build and run on the GPU machine:
  *   cc -O2 -o graph_update graph_update.c -ldl && ./graph_update [ITERATIONS] [packed]
  * Prints one JSON line per K: {"updates", "packed", "median_us", "p90_us", "correct"}. */
-#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-typedef int CUresult;
+#include "probe.h"
+
 typedef unsigned long long CUdeviceptr;
 typedef void *CUcontext, *CUmodule, *CUfunction, *CUstream, *CUgraph, *CUgraphExec, *CUgraphNode;
 
@@ -37,26 +37,6 @@ static const char PTX[] =
     "\tcvta.to.global.u64 %rd2, %rd1;\n\tst.global.u32 [%rd2], %r1;\n\tret;\n}\n";
 
 enum { NODES = 12 };
-
-static void *lib;
-
-static void *sym(const char *name) {
-    void *p = dlsym(lib, name);
-    if (!p) {
-        fprintf(stderr, "no %s\n", name);
-        exit(2);
-    }
-    return p;
-}
-
-#define CALL(call)                                                                            \
-    do {                                                                                      \
-        CUresult r_ = (call);                                                                 \
-        if (r_) {                                                                             \
-            fprintf(stderr, "%s: %d\n", #call, r_);                                           \
-            exit(3);                                                                          \
-        }                                                                                     \
-    } while (0)
 
 static double now_us(void) {
     struct timespec t;

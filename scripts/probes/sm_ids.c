@@ -9,12 +9,12 @@
  * Prints one JSON line per way of launching: {"launch", "blocks", "sms", "max_smid"}, where
  * sms is how many distinct SMs the blocks ran on. Each block spins SPIN_CYCLES (default
  * 200000) so that blocks spread over every SM they may use. */
-#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-typedef int CUresult;
+#include "probe.h"
+
 typedef unsigned long long CUdeviceptr;
 typedef void *CUcontext, *CUmodule, *CUfunction, *CUstream, *CUgraph, *CUgraphExec;
 
@@ -28,26 +28,6 @@ static const char PTX[] =
     "\tsetp.lt.u64 %p, %rd5, %rd2;\n\t@%p bra LOOP;\n"
     "\tcvta.to.global.u64 %rd6, %rd1;\n\tmul.wide.u32 %rd7, %r2, 4;\n"
     "\tadd.s64 %rd8, %rd6, %rd7;\n\tst.global.u32 [%rd8], %r1;\n\tret;\n}\n";
-
-static void *lib;
-
-static void *sym(const char *name) {
-    void *p = dlsym(lib, name);
-    if (!p) {
-        fprintf(stderr, "no %s\n", name);
-        exit(2);
-    }
-    return p;
-}
-
-#define CALL(call)                                                                            \
-    do {                                                                                      \
-        CUresult r_ = (call);                                                                 \
-        if (r_) {                                                                             \
-            fprintf(stderr, "%s: %d\n", #call, r_);                                           \
-            exit(3);                                                                          \
-        }                                                                                     \
-    } while (0)
 
 static void report(const char *how, const unsigned *ids, unsigned blocks) {
     static unsigned char seen[4096];
