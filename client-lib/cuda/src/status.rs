@@ -18,17 +18,24 @@ pub type Cu<T> = Result<T, CUresult>;
 #[inline]
 pub fn entry(name: &'static str, body: impl FnOnce() -> Cu<()>) -> CUresult {
     let level = trace::level();
-    if level >= trace::CALLS {
+    if level == trace::CALLS {
         crate::log::say(name);
     }
+    let began = (level >= trace::TIMES).then(crate::log::timed::now_ns);
     let code = match catch_unwind(AssertUnwindSafe(body)) {
-        Ok(Ok(())) => return result::SUCCESS,
+        Ok(Ok(())) => result::SUCCESS,
         Ok(Err(code)) => code,
         Err(_) => {
             crate::log::say_once(&format!("internal error (a panic) in {name}"));
             result::UNKNOWN
         }
     };
+    if let Some(began) = began {
+        crate::log::timed::call(name, began, code);
+    }
+    if code == result::SUCCESS {
+        return code;
+    }
     if level >= trace::ERRORS && code != result::NOT_READY {
         crate::log::say(&format!(
             "{name} -> {}",
@@ -38,12 +45,14 @@ pub fn entry(name: &'static str, body: impl FnOnce() -> Cu<()>) -> CUresult {
     code
 }
 
-/// `GPUSHARE_CUDA_TRACE`: 1 names every call that fails (but NOT_READY), 2 every call.
+/// `GPUSHARE_CUDA_TRACE`: 1 names every call that fails (but NOT_READY), 2 every call, 3
+/// every call with when it began and how long it took (`log::timed`).
 pub mod trace {
     use std::sync::atomic::{AtomicU8, Ordering};
 
     pub const ERRORS: u8 = 1;
     pub const CALLS: u8 = 2;
+    pub const TIMES: u8 = 3;
     const UNREAD: u8 = u8::MAX;
     static LEVEL: AtomicU8 = AtomicU8::new(UNREAD);
 

@@ -110,15 +110,7 @@ pub fn release(bytes: u64) {
 }
 
 fn now_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid timespec to write; CLOCK_MONOTONIC always exists on Linux.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    (ts.tv_sec as u64)
-        .saturating_mul(1_000_000_000)
-        .saturating_add(ts.tv_nsec as u64)
+    gpushare_conn::clock::monotonic_ns()
 }
 
 /// Admits one kernel launch of `blocks` thread blocks: at once from the local budget, or after
