@@ -84,6 +84,11 @@ pub struct Stream {
     pub(super) measuring: bool,
     /// Work was queued since the client last went idle (a measured span may be open).
     pub(super) dirty: bool,
+    /// Work was queued since the device last answered that the stream is not busy: only
+    /// then is it asked again (a round trip, for every stream a framework keeps). Only that
+    /// answer clears it: an event seen done does not, as the device may still hold a fault of
+    /// the stream's work that nobody has seen.
+    pub(super) unfinished: bool,
     /// When a batch of it was last ended.
     pub(super) ended: Option<Instant>,
     /// An event that marks where the stream's next kernel starts: recorded with the kernel,
@@ -108,6 +113,7 @@ impl Stream {
             busy_ns: 0,
             measuring: false,
             dirty: false,
+            unfinished: false,
             ended: None,
             pending_start: None,
             slot,

@@ -204,11 +204,12 @@ impl SessionState {
 
     /// Nothing of the session's left on the device: the watchdog's in-flight stamp goes (the
     /// next work queued sets it again).
-    pub(super) fn unstamp_if_off_the_device(&self) {
+    pub(super) fn unstamp_if_off_the_device(&mut self) {
+        let device = &self.device;
         if self
             .streams
-            .values()
-            .any(|s| self.device.stream_busy(&s.stream))
+            .values_mut()
+            .any(|s| device.stream_busy(&mut s.stream))
         {
             return;
         }

@@ -178,6 +178,7 @@ impl Device {
     ) -> DeviceResult<()> {
         self.live(stream.epoch)?;
         stream.dirty = true;
+        stream.unfinished = true;
         let mut call = call(stream.id);
         let keeps_start = call.keeps_start();
         match call.start_marker() {
@@ -290,6 +291,7 @@ impl Device {
         payload: &[u8],
     ) -> DeviceResult<()> {
         stream.dirty = true;
+        stream.unfinished = true;
         self.on_stream(stream, call, payload)?.done()
     }
 
@@ -346,6 +348,7 @@ impl Device {
         stream.pending_start = None;
         stream.measuring = false;
         stream.dirty = false;
+        stream.unfinished = false;
         stream.ended = None;
     }
 
@@ -356,13 +359,16 @@ impl Device {
 
     /// Whether work queued on the stream has not finished yet (an error counts as busy, as
     /// on the device itself: the work's fate is unknown).
-    pub fn stream_busy(&self, stream: &Stream) -> bool {
-        if self.live(stream.epoch).is_err() {
+    pub fn stream_busy(&self, stream: &mut Stream) -> bool {
+        if self.live(stream.epoch).is_err() || !stream.unfinished {
             return false;
         }
-        self.ask_of_stream(stream, Call::StreamBusy { stream: stream.id })
+        let busy = self
+            .ask_of_stream(stream, Call::StreamBusy { stream: stream.id })
             .and_then(Reply::flag)
-            .unwrap_or(true)
+            .unwrap_or(true);
+        stream.unfinished = busy;
+        busy
     }
 
     /// Whether all work queued on the stream has finished (a failure of posted work reports

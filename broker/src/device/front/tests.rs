@@ -42,13 +42,50 @@ fn device_time_learnt_by_a_question_about_the_stream_is_still_charged() {
         while running && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(1));
             running = match ask {
-                "busy" => d.stream_busy(&s),
+                "busy" => d.stream_busy(&mut s),
                 _ => !d.stream_done(&s).expect("stream done"),
             };
         }
         assert!(!running, "the kernel ended");
-        let _ = d.stream_busy(&s);
+        let _ = d.stream_busy(&mut s);
         assert_eq!(d.take_busy_ns(&mut s), 20_000_000, "asked whether {ask}");
         d.destroy_stream(s);
     }
+}
+
+/// A stream seen finished is not asked again until work is queued on it (a framework keeps
+/// dozens of streams, and each question is a round trip to the device), but work queued
+/// after that makes it busy again.
+#[test]
+fn a_stream_seen_finished_is_busy_again_once_work_is_queued() {
+    let d = realtime();
+    let mut s = d.create_stream(PriorityClass::Normal).expect("stream");
+    assert!(!d.stream_busy(&mut s), "a new stream has nothing to do");
+    let spin = |s: &mut crate::device::Stream, micros| {
+        d.queue(
+            s,
+            |stream| Call::Launch {
+                stream,
+                kernel: Kernel::Spin { micros, blocks: 1 },
+                start: None,
+            },
+            &[],
+        )
+        .expect("launch");
+    };
+    spin(&mut s, 1_000);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while d.stream_busy(&mut s) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(!d.stream_busy(&mut s), "the first kernel ended");
+    spin(&mut s, 200_000);
+    assert!(
+        d.stream_busy(&mut s),
+        "a kernel queued after is seen running"
+    );
+    d.sync_stream(&mut s).expect("sync");
+    assert!(!d.stream_busy(&mut s), "synchronized, nothing is left");
+    assert!(!d.stream_busy(&mut s), "and it stays so");
+    d.destroy_stream(s);
 }
