@@ -1,6 +1,6 @@
 //! A CUDA graph as a consolidated client hands it to gpushared, to be made a real graph in the
 //! context that runs the client's work: its nodes in an order their dependencies allow (each
-//! depends only on nodes before it), encoded with bincode and passed as a sealed file
+//! depends only on nodes before it), encoded (`wire`) and passed as a sealed file
 //! (`ClientMessage::MakeGraph`), since a graph may be larger than a control message.
 //!
 //! The same nodes travel on to the device worker, with each kernel's `function` then the
@@ -10,6 +10,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::DevicePtr;
 use crate::command::LaunchAttributes;
+
+mod wire;
 
 /// Most nodes one graph may hold.
 pub const MAX_GRAPH_NODES: usize = 1 << 16;
@@ -70,22 +72,14 @@ pub enum GraphError {
     Order { node: usize, dep: u32 },
 }
 
-fn config() -> impl bincode::config::Config {
-    bincode::config::standard().with_limit::<{ MAX_GRAPH_BYTES as usize }>()
-}
-
 /// The nodes, encoded.
 pub fn encode_graph(nodes: &[GraphNode]) -> Result<Vec<u8>, GraphError> {
-    bincode::serde::encode_to_vec(nodes, config()).map_err(|e| GraphError::Decode(e.to_string()))
+    wire::put_nodes(nodes)
 }
 
 /// Encoded nodes, checked: not too many, each depending only on nodes before it.
 pub fn decode_graph(bytes: &[u8]) -> Result<Vec<GraphNode>, GraphError> {
-    let (nodes, _): (Vec<GraphNode>, usize) = bincode::serde::decode_from_slice(bytes, config())
-        .map_err(|e| GraphError::Decode(e.to_string()))?;
-    if nodes.len() > MAX_GRAPH_NODES {
-        return Err(GraphError::TooMany(nodes.len()));
-    }
+    let nodes = wire::take_nodes(bytes)?;
     for (i, n) in nodes.iter().enumerate() {
         if let Some(&dep) = n.deps.iter().find(|&&d| d as usize >= i) {
             return Err(GraphError::Order { node: i, dep });
@@ -96,18 +90,12 @@ pub fn decode_graph(bytes: &[u8]) -> Result<Vec<GraphNode>, GraphError> {
 
 /// Changes, encoded (`Command::UpdateGraph`'s payload).
 pub fn encode_changes(changes: &[GraphChange]) -> Result<Vec<u8>, GraphError> {
-    bincode::serde::encode_to_vec(changes, config()).map_err(|e| GraphError::Decode(e.to_string()))
+    wire::put_changes(changes)
 }
 
 /// Encoded changes, checked: not too many.
 pub fn decode_changes(bytes: &[u8]) -> Result<Vec<GraphChange>, GraphError> {
-    let (changes, _): (Vec<GraphChange>, usize) =
-        bincode::serde::decode_from_slice(bytes, config())
-            .map_err(|e| GraphError::Decode(e.to_string()))?;
-    if changes.len() > MAX_GRAPH_NODES {
-        return Err(GraphError::TooMany(changes.len()));
-    }
-    Ok(changes)
+    wire::take_changes(bytes)
 }
 
 impl GraphOp {
@@ -214,6 +202,47 @@ mod tests {
             let _ = decode_graph(&b);
             let _ = decode_changes(&b);
         }
+    }
+
+    /// Counts a hostile file makes up are refused before anything is allocated for them, and
+    /// so are bytes past the last item and kinds of node that do not exist.
+    #[test]
+    fn made_up_counts_trailing_bytes_and_unknown_kinds_are_refused() {
+        let huge = u32::MAX.to_le_bytes();
+        assert!(decode_graph(&huge).is_err());
+        assert!(decode_changes(&huge).is_err());
+        // One node claiming u32::MAX dependencies.
+        let mut deps = 1u32.to_le_bytes().to_vec();
+        deps.extend_from_slice(&huge);
+        assert!(matches!(decode_graph(&deps), Err(GraphError::Decode(_))));
+        // One kernel change claiming more parameter bytes than follow.
+        let mut kernel = encode_changes(&[GraphChange {
+            node: 0,
+            op: GraphOp::Kernel {
+                function: 1,
+                grid: [1; 3],
+                block: [1; 3],
+                shared_mem_bytes: 0,
+                attributes: LaunchAttributes::default(),
+                params: vec![9; 8],
+            },
+        }])
+        .expect("encodes");
+        let at = kernel.len() - 8 - 4;
+        kernel[at..at + 4].copy_from_slice(&9u32.to_le_bytes());
+        assert!(matches!(
+            decode_changes(&kernel),
+            Err(GraphError::Decode(_))
+        ));
+        let mut trailing = encode_graph(&[copy(vec![])]).expect("encodes");
+        trailing.push(0);
+        assert!(matches!(
+            decode_graph(&trailing),
+            Err(GraphError::Decode(_))
+        ));
+        let mut unknown = encode_graph(&[copy(vec![])]).expect("encodes");
+        unknown[8] = 7;
+        assert!(matches!(decode_graph(&unknown), Err(GraphError::Decode(_))));
     }
 
     #[test]
