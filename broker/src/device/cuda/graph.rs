@@ -17,7 +17,7 @@ use cudarc::driver::sys;
 
 use super::copy;
 use super::error::check;
-use super::module::{CudaFunction, unsafe_zeroed, with_packed};
+use super::module::{CudaFunction, with_packed};
 use super::{CudaDevice, CudaStream};
 use crate::device::graph::{Node, Step};
 use crate::device::{DeviceError, DeviceResult};
@@ -258,14 +258,7 @@ pub(super) fn update(
                 }
             }
             Step::Copy { src, dst, len } => {
-                let mut p: sys::CUDA_MEMCPY3D = unsafe_zeroed();
-                p.srcMemoryType = sys::CUmemorytype::CU_MEMORYTYPE_DEVICE;
-                p.dstMemoryType = sys::CUmemorytype::CU_MEMORYTYPE_DEVICE;
-                p.srcDevice = src;
-                p.dstDevice = dst;
-                p.WidthInBytes = size(len)?;
-                p.Height = 1;
-                p.Depth = 1;
+                let p = device_copy(src, dst, size(len)?);
                 // SAFETY: as for kernels; addresses checked by the session at each launch.
                 check("cuGraphExecMemcpyNodeSetParams", unsafe {
                     sys::cuGraphExecMemcpyNodeSetParams(graph.exec, node, &p, dev.ctx)
@@ -295,6 +288,39 @@ pub(super) fn update(
     Ok(())
 }
 
+/// A copy node's parameters: `width` bytes from device address `src` to `dst`. Written out
+/// whole: all-zero bytes are no valid `CUDA_MEMCPY3D` (its memory types have no zero), and
+/// Rust aborts the process that asks for one.
+fn device_copy(src: u64, dst: u64, width: usize) -> sys::CUDA_MEMCPY3D {
+    sys::CUDA_MEMCPY3D {
+        srcXInBytes: 0,
+        srcY: 0,
+        srcZ: 0,
+        srcLOD: 0,
+        srcMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+        srcHost: ptr::null(),
+        srcDevice: src,
+        srcArray: ptr::null_mut(),
+        reserved0: ptr::null_mut(),
+        srcPitch: 0,
+        srcHeight: 0,
+        dstXInBytes: 0,
+        dstY: 0,
+        dstZ: 0,
+        dstLOD: 0,
+        dstMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+        dstHost: ptr::null_mut(),
+        dstDevice: dst,
+        dstArray: ptr::null_mut(),
+        reserved1: ptr::null_mut(),
+        dstPitch: 0,
+        dstHeight: 0,
+        WidthInBytes: width,
+        Height: 1,
+        Depth: 1,
+    }
+}
+
 /// Launches the graph on the stream as one unit.
 pub(super) fn launch(
     dev: &CudaDevice,
@@ -310,4 +336,28 @@ pub(super) fn launch(
     check("cuGraphLaunch", unsafe {
         sys::cuGraphLaunch(graph.exec, stream.raw)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A copy node's update is made without a GPU; it once aborted the device worker (a
+    /// zeroed `CUDA_MEMCPY3D`) at the first update of a graph with a copy, as JAX's loops make.
+    #[test]
+    fn a_copy_node_s_parameters_are_a_device_to_device_copy_of_one_row() {
+        let p = device_copy(0x1000, 0x2000, 256);
+        assert_eq!(
+            (p.srcDevice, p.dstDevice, p.WidthInBytes),
+            (0x1000, 0x2000, 256)
+        );
+        assert_eq!((p.Height, p.Depth), (1, 1));
+        assert!(matches!(
+            (p.srcMemoryType, p.dstMemoryType),
+            (
+                sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+                sys::CUmemorytype::CU_MEMORYTYPE_DEVICE
+            )
+        ));
+    }
 }
