@@ -5,7 +5,8 @@
 # `gpushare run --gpus N`, rounds interleaved, and prints each run's results: the trained
 # weights' checksum and losses must be equal, and the step time and all-reduce bandwidth are
 # set against direct. NCCL's log (NCCL_DEBUG=INFO) says which transport joined the ranks.
-# Settings: GPUS (2), ROUNDS (2), LOGS (default $work/logs), PYTHON (python3).
+# Settings: GPUS (2), ROUNDS (2), LOGS (default $work/logs), PYTHON (python3). Exit status:
+# non-zero if a run failed (the results' comparison is the reader's).
 # NVLink multicast stays off (NCCL_NVLS_ENABLE=0).
 set -uo pipefail
 dir=$(cd "$(dirname "$0")" && pwd)
@@ -37,11 +38,15 @@ job() { # how round
         cmd=(timeout 280 "$dir/gpushare" --socket "$sock" run -v --gpus "$gpus" -- "${cmd[@]:2}")
     fi
     "${cmd[@]}" > "$out.out" 2> "$out.err"
-    echo "== $how round $round: exit $?"
+    local rc=$?
+    echo "== $how round $round: exit $rc"
     grep -E '^(devices|step_loss|checksum|step_ms|allreduce_[a-z_]+) ' "$out.out"
     grep -hoE 'via (P2P|SHM|NET)[^ ]*( [^ ]+)?' "$out.out" "$out.err" | sort | uniq -c | head -5
+    return $rc
 }
+status=0
 for round in $(seq 1 "$rounds"); do
-    job direct "$round"
-    job gpushare "$round"
+    job direct "$round" || status=1
+    job gpushare "$round" || status=1
 done
+exit $status
