@@ -29,6 +29,7 @@
 //! - [`registry`]: the live sessions, for status.
 //! - [`metrics`]: the status report as Prometheus text, and the `/metrics` endpoint.
 //! - [`telemetry`]: eBPF view of every process that uses the GPU (ioctls, libcuda calls).
+//! - [`timeline`]: `GPUSHARE_TIMELINE=1`, every command and device call timed on stderr.
 //!
 //! `docs/design.md` maps every crate of the workspace the same way.
 
@@ -47,3 +48,4 @@ pub mod server;
 pub mod session;
 pub mod shm;
 pub mod telemetry;
+pub mod timeline;

@@ -59,7 +59,9 @@ fn open_gpus(
 }
 
 fn main() -> std::process::ExitCode {
-    match real_main() {
+    let ended = real_main();
+    gpushare_broker::timeline::flush();
+    match ended {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("gpushared: {}", sentence(&e));

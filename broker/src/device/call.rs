@@ -246,6 +246,16 @@ impl<B: Backend> Executor<B> {
     /// Runs one call: the handles and regions it names looked up, the backend called, the
     /// answer made.
     pub fn run(&self, call: Call, payload: &[u8]) -> Answer {
+        let Some(began) = crate::timeline::begin() else {
+            return self.run_call(call, payload);
+        };
+        let noted = call.clone();
+        let answer = self.run_call(call, payload);
+        crate::timeline::note("device", &noted, Some(began));
+        answer
+    }
+
+    fn run_call(&self, call: Call, payload: &[u8]) -> Answer {
         let dev = self.backend();
         let done = |r: DeviceResult<()>| r.map(|()| Reply::Done);
         let value = |r: DeviceResult<u64>| r.map(Reply::Value);

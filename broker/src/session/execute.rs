@@ -17,7 +17,9 @@ impl SessionState {
     pub(super) fn process(&mut self, entry: &SubmissionEntry) -> CompletionEntry {
         self.info.counters.commands.fetch_add(1, Ordering::Relaxed);
         let outcome = Command::decode(entry).and_then(|cmd| {
+            let began = crate::timeline::begin();
             let outcome = self.execute(cmd).or_else(|code| self.on_failure(cmd, code));
+            crate::timeline::note("data", &cmd, began);
             // Told of lost work by a command it waits for, the client knows: it may catch the
             // error and go on with new work, on any stream, which must then run.
             if outcome == Err(ErrorCode::WorkLost) && super::replay::waited_for(&cmd) {

@@ -269,8 +269,8 @@ fn effective_caps(status: &Path) -> Option<u64> {
     u64::from_str_radix(hex.trim(), 16).ok()
 }
 
-/// CLOCK_MONOTONIC in ns: the clock of `bpf_ktime_get_ns`.
-fn monotonic_ns() -> u64 {
+/// CLOCK_MONOTONIC in ns: the clock of `bpf_ktime_get_ns` (and of the timeline).
+pub(crate) fn monotonic_ns() -> u64 {
     nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
         .map(|t| t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64)
         .unwrap_or(0)

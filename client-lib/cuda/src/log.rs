@@ -31,11 +31,11 @@ pub fn say_once(line: &str) {
 /// so that the trace hardly moves the times it shows.
 pub mod timed {
     use std::fmt::Write as _;
-    use std::sync::Mutex;
     use std::sync::Once;
 
-    const BLOCK: usize = 64 * 1024;
-    static LINES: Mutex<String> = Mutex::new(String::new());
+    use gpushare_protocol::timed::TimedLines;
+
+    static LINES: TimedLines = TimedLines::new();
     static AT_EXIT: Once = Once::new();
 
     /// CLOCK_MONOTONIC in nanoseconds.
@@ -53,28 +53,20 @@ pub mod timed {
         let took = now_ns().saturating_sub(began);
         // SAFETY: gettid has no preconditions.
         let tid = unsafe { libc::gettid() };
-        let mut lines = LINES.lock().unwrap_or_else(|p| p.into_inner());
-        let _ = write!(
-            lines,
-            "gpushare: t={:.3} tid={tid} {name} {:.3}",
-            began as f64 / 1e3,
-            took as f64 / 1e3
-        );
-        if code != 0 {
-            let _ = write!(lines, " -> {code}");
-        }
-        lines.push('\n');
-        if lines.len() >= BLOCK {
-            flush(&mut lines);
-        }
-    }
-
-    fn flush(lines: &mut String) {
-        let _ = std::io::Write::write_all(&mut std::io::stderr(), lines.as_bytes());
-        lines.clear();
+        LINES.line(|l| {
+            let _ = write!(
+                l,
+                "gpushare: t={:.3} tid={tid} {name} {:.3}",
+                began as f64 / 1e3,
+                took as f64 / 1e3
+            );
+            if code != 0 {
+                let _ = write!(l, " -> {code}");
+            }
+        });
     }
 
     extern "C" fn at_exit() {
-        flush(&mut LINES.lock().unwrap_or_else(|p| p.into_inner()));
+        LINES.flush();
     }
 }

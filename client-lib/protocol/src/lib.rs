@@ -26,6 +26,7 @@ pub mod ring;
 pub mod socket;
 pub mod stats;
 pub mod text;
+pub mod timed;
 #[cfg(feature = "socket")]
 pub mod wake;
 

@@ -36,6 +36,7 @@ pub fn run() -> ! {
             1
         }
     };
+    crate::timeline::flush();
     std::process::exit(code)
 }
 
