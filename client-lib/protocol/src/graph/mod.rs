@@ -6,8 +6,6 @@
 //! The same nodes travel on to the device worker, with each kernel's `function` then the
 //! worker's function handle rather than the session's.
 
-use serde::{Deserialize, Serialize};
-
 use crate::DevicePtr;
 use crate::command::LaunchAttributes;
 
@@ -19,14 +17,14 @@ pub const MAX_GRAPH_NODES: usize = 1 << 16;
 pub const MAX_GRAPH_BYTES: u64 = 64 << 20;
 
 /// One node and the nodes (by index, all earlier) it depends on.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GraphNode {
     pub deps: Vec<u32>,
     pub op: GraphOp,
 }
 
 /// What a node does.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum GraphOp {
     /// A module function launch; `params` is the packed parameter block, as a
     /// `LaunchModule` carries it.
@@ -55,7 +53,7 @@ pub enum GraphOp {
 
 /// A node of an instantiated graph given new parameters (`cuGraphExec*SetParams`): its index
 /// in the graph as made, and what it does now (of the same kind).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GraphChange {
     pub node: u32,
     pub op: GraphOp,
