@@ -10,6 +10,7 @@ use std::fmt::{Debug, Write as _};
 use std::sync::OnceLock;
 
 use gpushare_protocol::timed::TimedLines;
+use gpushare_protocol::wake::monotonic_ns;
 
 /// The environment variable that turns it on (any value but empty or `0`).
 pub const TIMELINE_ENV: &str = "GPUSHARE_TIMELINE";
@@ -24,13 +25,13 @@ fn enabled() -> bool {
 /// When something to be noted begins: `None` when the timeline is off.
 #[inline]
 pub fn begin() -> Option<u64> {
-    enabled().then(crate::telemetry::monotonic_ns)
+    enabled().then(monotonic_ns)
 }
 
 /// Notes `what` (its variant's name), begun at `began` (from [`begin`]), by `who`.
 pub fn note(who: &str, what: &dyn Debug, began: Option<u64>) {
     let Some(began) = began else { return };
-    let took = crate::telemetry::monotonic_ns().saturating_sub(began);
+    let took = monotonic_ns().saturating_sub(began);
     let name = format!("{what:?}");
     let name = name.split([' ', '{', '(']).next().unwrap_or_default();
     LINES.line(|l| {

@@ -23,6 +23,7 @@ use std::sync::Mutex;
 
 use aya::Ebpf;
 pub use gpushare_protocol::stats::{IoctlStats, ProcessActivity, TelemetryStatus};
+use gpushare_protocol::wake::monotonic_ns;
 use tracing::{info, warn};
 
 /// Device-path prefix of NVIDIA's device files.
@@ -267,13 +268,6 @@ fn effective_caps(status: &Path) -> Option<u64> {
     let text = std::fs::read_to_string(status).ok()?;
     let hex = text.lines().find_map(|l| l.strip_prefix("CapEff:"))?;
     u64::from_str_radix(hex.trim(), 16).ok()
-}
-
-/// CLOCK_MONOTONIC in ns: the clock of `bpf_ktime_get_ns` (and of the timeline).
-pub(crate) fn monotonic_ns() -> u64 {
-    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
-        .map(|t| t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64)
-        .unwrap_or(0)
 }
 
 #[cfg(test)]

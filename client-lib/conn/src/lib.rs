@@ -11,11 +11,9 @@
 //!   free once the broker has consumed them, or once the caller waited for the device.
 //! - [`error`]: what can go wrong, for all of them.
 //! - [`env`]: the environment a launcher hands to the programs it starts.
-//! - [`clock`]: CLOCK_MONOTONIC, the clock grants and traces are in.
 //! - `state` (private, at the bottom): why a session ended, the rings' bookkeeping, the lock.
 
 pub mod arena;
-pub mod clock;
 pub mod env;
 pub mod error;
 pub mod news;

@@ -45,7 +45,7 @@ pub mod timed {
             // unloaded before exit (its entry points stay in use).
             unsafe { libc::atexit(at_exit) };
         });
-        gpushare_conn::clock::monotonic_ns()
+        gpushare_protocol::wake::monotonic_ns()
     }
 
     /// Notes a call that began at `began` (from `now_ns`) and ended now with `code`.

@@ -110,7 +110,7 @@ pub fn release(bytes: u64) {
 }
 
 fn now_ns() -> u64 {
-    gpushare_conn::clock::monotonic_ns()
+    gpushare_protocol::wake::monotonic_ns()
 }
 
 /// Admits one kernel launch of `blocks` thread blocks: at once from the local budget, or after

@@ -1,5 +1,6 @@
 //! Eventfd wake-ups for the rings' spin-then-sleep protocol, for both sides: the broker
 //! creates the two eventfds of a session, and each side signals the one the other sleeps on.
+//! Also the clock both sides share ([`monotonic_ns`]).
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::time::Duration;
@@ -154,6 +155,17 @@ fn online_cores() -> u64 {
             .and_then(|n| u64::try_from(n).ok())
             .filter(|&n| n > 0)
             .unwrap_or(1)
+    })
+}
+
+/// CLOCK_MONOTONIC in ns: the clock of the broker's grants, of `bpf_ktime_get_ns`, and of the
+/// traces of several processes (`GPUSHARE_CUDA_TRACE=3`, `GPUSHARE_TIMELINE=1`) that are to
+/// be lined up.
+pub fn monotonic_ns() -> u64 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).map_or(0, |t| {
+        (t.tv_sec() as u64)
+            .saturating_mul(1_000_000_000)
+            .saturating_add(t.tv_nsec() as u64)
     })
 }
 

@@ -47,7 +47,7 @@ pub(super) unsafe fn hand_out(
 }
 
 /// Bytes of one `CUgraphEdgeData`.
-const EDGE_DATA: usize = 8;
+pub(super) const EDGE_DATA: usize = 8;
 
 /// Writes `*count` edge data as the default one (a full dependency, the only kind gpushare
 /// keeps), where the caller passed an array for them.

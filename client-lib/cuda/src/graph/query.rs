@@ -209,7 +209,7 @@ mod tests {
         assert_eq!((r, count), (Ok(()), 4));
         let mut from = [std::ptr::dangling_mut::<c_void>(); 6];
         let mut to = [std::ptr::dangling_mut::<c_void>(); 6];
-        let mut data = [0xffu8; 6 * 8];
+        let mut data = [0xffu8; 6 * super::super::nodes::EDGE_DATA];
         count = 6;
         // SAFETY: arrays of `count` entries each.
         let r = unsafe {
