@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# A PyTorch DDP job of one process per GPU (issue 32, point 2), from the folder
-# scripts/gpu-bundle.sh makes; needs python3 with a CUDA build of torch (torchrun) and at least
-# two GPUs. Runs scripts/ddp/ddp_check.py under torchrun directly and under
-# `gpushare run --gpus N`, rounds interleaved, and prints each run's results: the trained
-# weights' checksum and losses must be equal, and the step time and all-reduce bandwidth are
-# set against direct. NCCL's log (NCCL_DEBUG=INFO) says which transport joined the ranks.
-# Settings: GPUS (2), ROUNDS (2), LOGS (default $work/logs), PYTHON (python3). Exit status:
-# non-zero if a run failed (the results' comparison is the reader's).
+# Jobs over several GPUs (issue 32, point 2), from the folder scripts/gpu-bundle.sh makes;
+# needs python3 with a CUDA build of torch and at least two GPUs. `JOB=ddp` (the default): a
+# PyTorch DDP job of one process per GPU, scripts/ddp/ddp_check.py under torchrun; `JOB=one`:
+# one process working on two GPUs, scripts/ddp/one_process.py (tensors moved between them, a
+# model split over both, a copy's bandwidth between them). Each runs directly and under
+# `gpushare run --gpus N`, rounds interleaved, and its results are printed: the trained
+# weights' checksum and losses must be equal, and the step time and bandwidths are set against
+# direct. NCCL's log (NCCL_DEBUG=INFO) says which transport joined DDP's ranks.
+# Settings: JOB (ddp), GPUS (2), ROUNDS (2), LOGS (default $work/logs), PYTHON (python3). Exit
+# status: non-zero if a run failed (the results' comparison is the reader's).
 # NVLink multicast stays off (NCCL_NVLS_ENABLE=0).
 set -uo pipefail
 dir=$(cd "$(dirname "$0")" && pwd)
@@ -34,13 +36,15 @@ job() { # how round
     local how=$1 round=$2 out="$logs/$1-$2"
     local cmd=(timeout 280 "$py" -m torch.distributed.run --standalone --nproc_per_node "$gpus"
         "$dir/ddp/ddp_check.py")
+    [[ ${JOB:-ddp} == one ]] && cmd=(timeout 280 "$py" "$dir/ddp/one_process.py")
     if [[ $how == gpushare ]]; then
         cmd=(timeout 280 "$dir/gpushare" --socket "$sock" run -v --gpus "$gpus" -- "${cmd[@]:2}")
     fi
-    "${cmd[@]}" > "$out.out" 2> "$out.err"
+    GPUSHARE_CUDA_TRACE=1 "${cmd[@]}" > "$out.out" 2> "$out.err"
     local rc=$?
     echo "== $how round $round: exit $rc"
-    grep -E '^(devices|step_loss|checksum|step_ms|allreduce_[a-z_]+) ' "$out.out"
+    grep -E '^(devices|moved|step_loss|checksum|step_ms|allreduce_[a-z_]+|copy_gbps|transposed) ' "$out.out"
+    grep -h 'its first work' "$out.err" | sort | uniq -c
     grep -hoE 'via (P2P|SHM|NET)[^ ]*( [^ ]+)?' "$out.out" "$out.err" | sort | uniq -c | head -5
     return $rc
 }

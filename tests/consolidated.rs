@@ -77,13 +77,35 @@ fn an_unmodified_program_runs_its_cuda_work_in_gpushared() {
         out.stderr
     );
     // Its session ended with it.
+    sessions_end(&broker, "the program's session ended with it");
+}
+
+/// Waits a little for every session of `broker` to end (the program's ended with it).
+fn sessions_end(broker: &Broker, what: &str) {
     assert!(
-        gpushare_tests::wait_until(Duration::from_secs(5), || broker
+        wait_until(Duration::from_secs(5), || broker
             .status()
             .clients
             .is_empty()),
-        "the program's session ended with it"
+        "{what}"
     );
+}
+
+/// The stand-in with `args` as `gpushare run --gpus 2` starts a program on a broker of two
+/// sim GPUs: it sees both.
+fn on_two_gpus(broker: &Broker, program: &CudaProgram, args: &[&str]) -> std::process::Command {
+    let uuids: Vec<String> = broker
+        .status()
+        .devices
+        .iter()
+        .map(|d| d.uuid_text())
+        .collect();
+    let mut cmd = program.command(&broker.socket, args);
+    cmd.env("GPUSHARE_GPUS", "0,1")
+        .env("GPUSHARE_GPU_UUIDS", uuids.join(","))
+        .env("CUDA_VISIBLE_DEVICES", uuids.join(","))
+        .env("STANDIN_DEVICES", "2");
+    cmd
 }
 
 /// Every section of the stand-in, run by the second process of a job of one process per GPU
@@ -101,22 +123,61 @@ fn the_second_process_of_a_job_on_two_gpus_runs_everything_on_its_own_device() {
         extra_args: vec!["--sim-gpus".into(), "2".into()],
         ..Default::default()
     });
-    let uuids: Vec<String> = broker
-        .status()
-        .devices
-        .iter()
-        .map(|d| d.uuid_text())
-        .collect();
     let dir = tempfile::tempdir().expect("temp dir");
     let program = CudaProgram::build(dir.path(), false);
-    let mut cmd = program.command(&broker.socket, &["all", &quota.to_string()]);
-    cmd.env("GPUSHARE_GPUS", "0,1")
-        .env("GPUSHARE_GPU_UUIDS", uuids.join(","))
-        .env("CUDA_VISIBLE_DEVICES", uuids.join(","))
-        .env("LOCAL_RANK", "1")
-        .env("STANDIN_DEVICES", "2");
+    let mut cmd = on_two_gpus(&broker, &program, &["all", &quota.to_string()]);
+    cmd.env("LOCAL_RANK", "1");
     let out = run(cmd, RUN_TIMEOUT);
     assert_passed(&out, &ALL_SECTIONS, &broker.log_text());
+}
+
+/// The stand-in working on both devices of a broker of two sim GPUs with `policy`; its output.
+fn work_on_two_gpus(policy: Option<String>) -> gpushare_tests::cuda_program::Finished {
+    let broker = Broker::start_with(BrokerOptions {
+        extra_args: vec!["--sim-gpus".into(), "2".into()],
+        policy,
+        ..Default::default()
+    });
+    let dir = tempfile::tempdir().expect("temp dir");
+    let program = CudaProgram::build(dir.path(), false);
+    let mut cmd = on_two_gpus(&broker, &program, &["gpus", "7"]);
+    cmd.env("GPUSHARE_CUDA_TRACE", "1");
+    let out = run(cmd, RUN_TIMEOUT);
+    assert_passed(&out, &["several devices"], &broker.log_text());
+    assert!(
+        out.stderr
+            .contains("device 1 (gpushared's GPU 1): its first work; a session of its own"),
+        "device 1's session opened at its first work:\n{}",
+        out.stderr
+    );
+    sessions_end(&broker, "both sessions ended with the program");
+    out
+}
+
+/// Said where copies between devices cannot go through device memory.
+const THROUGH_HOST: &str = "copies between two devices go through host memory";
+
+/// One process of `gpushare run --gpus 2` working on both devices (as a program that moves
+/// tensors between `cuda:0` and `cuda:1` does): each device's work runs on its own GPU in a
+/// session of its own, opened at the device's first call, and copies between the devices
+/// arrive whole, through a window of one device's memory that the other maps.
+#[test]
+fn one_process_works_on_two_gpus_and_copies_between_them() {
+    let out = work_on_two_gpus(None);
+    assert!(!out.stderr.contains(THROUGH_HOST), "{}", out.stderr);
+}
+
+/// Where no window of device memory fits (here the user's memory on a GPU is too little for
+/// its 128 MiB beside the program's 144 MiB), copies between the devices go through host
+/// memory, as whole.
+#[test]
+fn copies_between_two_gpus_go_through_host_memory_where_no_window_fits() {
+    let policy = format!(
+        "[[users]]\nuid = {}\ngpu_memory_quota = \"200 MiB\"\n",
+        nix::unistd::getuid().as_raw()
+    );
+    let out = work_on_two_gpus(Some(policy));
+    assert!(out.stderr.contains(THROUGH_HOST), "{}", out.stderr);
 }
 
 #[test]

@@ -350,9 +350,8 @@ fn gpushare_run_gpus_gives_each_process_of_a_job_every_gpu_and_runs_it_on_its_lo
         let current = format!("current {rank}");
         // The other GPU's primary context is handed out and answers for its device (CUDA's
         // runtime asks every device's at start); peer access to it is enabled; work with it
-        // current is refused (CUDA_ERROR_INVALID_DEVICE: a process works on one GPU) and a
-        // sync there has nothing to wait for.
-        let other = format!("other device 0 {} peer 0 alloc 101 sync 0", 1 - rank);
+        // current runs there (a session of the process's own on that GPU, opened then).
+        let other = format!("other device 0 {} peer 0 alloc 0 sync 0", 1 - rank);
         rank_on(
             &broker,
             cmd,

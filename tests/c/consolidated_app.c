@@ -24,7 +24,8 @@
  *                     "current DEV" (cuCtxGetDevice), "other device RETAIN DEV peer PEER
  *                     alloc ALLOC sync SYNC" (the next device's primary context: retained,
  *                     its device, peer access to it, an allocation and a sync with it
- *                     current), "nvml COUNT", "ready PID"; exits at the next line of input */
+ *                     current: work there runs on that GPU), "nvml COUNT", "ready PID";
+ *                     exits at the next line of input */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <stdio.h>
@@ -212,7 +213,7 @@ static int rank(void) {
     CHECK(((CUresult (*)(CUdevice *))get("cuCtxGetDevice"))(&cur));
     printf("current %d\n", cur);
     /* The next device's primary context: handed out (CUDA's runtime asks every device's at
-     * start), it answers for its device, takes peer access, and refuses work. */
+     * start), it answers for its device, takes peer access, and runs work on its GPU. */
     CUdevice next = (me + 1) % (n > 0 ? n : 1);
     CUcontext own = NULL, other = NULL;
     CHECK(((CUresult (*)(CUcontext *))get("cuCtxGetCurrent"))(&own));

@@ -137,6 +137,7 @@ typedef struct {
 #define CU_GET_PROC_ADDRESS_LEGACY_STREAM 0x1
 #define CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM 0x2
 #define CU_POINTER_ATTRIBUTE_MEMORY_TYPE 2
+#define CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL 9
 #define CU_MEMORYTYPE_HOST 1
 #define CU_MEMORYTYPE_DEVICE 2
 #define CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY 83
@@ -153,6 +154,7 @@ typedef struct {
     X(cuDevicePrimaryCtxRetain, (CUcontext *, CUdevice))                                      \
     X(cuCtxSetCurrent, (CUcontext))                                                           \
     X(cuCtxGetCurrent, (CUcontext *))                                                         \
+    X(cuCtxGetDevice, (CUdevice *, CUcontext))                                                \
     X(cuCtxCreate, (CUcontext *, void *, unsigned, CUdevice))                                 \
     X(cuCtxDestroy, (CUcontext))                                                              \
     X(cuCtxSynchronize, (CUcontext))                                                          \
@@ -179,6 +181,7 @@ typedef struct {
     X(cuMemcpyDtoDAsync, (CUdeviceptr, CUdeviceptr, size_t, CUstream))                        \
     X(cuMemcpy, (CUdeviceptr, CUdeviceptr, size_t))                                           \
     X(cuMemcpyAsync, (CUdeviceptr, CUdeviceptr, size_t, CUstream))                            \
+    X(cuMemcpyPeer, (CUdeviceptr, CUcontext, CUdeviceptr, CUcontext, size_t))                 \
     X(cuMemsetD8, (CUdeviceptr, unsigned char, size_t))                                       \
     X(cuMemsetD16, (CUdeviceptr, unsigned short, size_t))                                     \
     X(cuMemsetD32, (CUdeviceptr, unsigned, size_t))                                           \
@@ -362,6 +365,7 @@ void run_graph_holding(void);
 void run_graph_spin(unsigned long count, unsigned long long micros);
 void run_free_busy(const char *self);
 void run_reuse_check(int in, int out);
+void run_several_devices(unsigned seed);
 
 /* Test data: byte `i` of pattern `seed`. */
 unsigned char pattern_byte(size_t i, unsigned seed);

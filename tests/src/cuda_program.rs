@@ -13,7 +13,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 /// The program's sources, first the one with `main`.
-const SOURCES: [&str; 9] = [
+const SOURCES: [&str; 10] = [
     "cuda_standin.c",
     "cuda_standin_common.c",
     "cuda_standin_memory.c",
@@ -23,6 +23,7 @@ const SOURCES: [&str; 9] = [
     "cuda_standin_export.c",
     "cuda_standin_graphs.c",
     "cuda_standin_reuse.c",
+    "cuda_standin_gpus.c",
 ];
 
 /// The driver fuzzer's sources (`tests/driver_fuzz.rs`), first the one with `main`.

@@ -435,7 +435,12 @@ pub fn gpu_broker() -> Option<Broker> {
 }
 
 /// [`gpu_broker`] with these options (the backend is always `cuda`).
-pub fn gpu_broker_with(opts: BrokerOptions) -> Option<Broker> {
+pub fn gpu_broker_with(mut opts: BrokerOptions) -> Option<Broker> {
+    // One GPU, whatever the machine has: the tests' clients must meet on one device (on a
+    // machine of two, placement would put a second client on the idle one).
+    if !opts.extra_args.iter().any(|a| a == "--gpu") {
+        opts.extra_args.extend(["--gpu".into(), "0".into()]);
+    }
     let opts = BrokerOptions {
         backend: Some("cuda".into()),
         ..opts

@@ -7,7 +7,7 @@ use std::ffi::{c_uchar, c_uint, c_ushort, c_void};
 
 use gpushare_protocol::Command;
 
-use crate::driver::{self, Driver};
+use crate::driver::Driver;
 use crate::memory::HostPlace;
 use crate::status::{Cu, entry};
 use crate::types::{CUcontext, CUdeviceptr, CUresult, CUstream, result};
@@ -67,6 +67,10 @@ impl Driver {
         }
         if src.is_null() {
             return Err(result::INVALID_VALUE);
+        }
+        // SAFETY: `src` is host memory of `len` bytes, by the caller's contract.
+        if unsafe { self.copy_across(dst, src as u64, len, stream, false) }? {
+            return Ok(());
         }
         let dst = self.device_address(dst, len as u64)?;
         match self.memory.host_place(src as usize, len) {
@@ -133,6 +137,10 @@ impl Driver {
         if dst.is_null() {
             return Err(result::INVALID_VALUE);
         }
+        // SAFETY: `dst` is host memory of `len` bytes, by the caller's contract.
+        if unsafe { self.copy_across(dst as u64, src, len, stream, false) }? {
+            return Ok(());
+        }
         let src = self.device_address(src, len as u64)?;
         match self.memory.host_place(dst as usize, len) {
             HostPlace::Shared { region, offset } => {
@@ -187,6 +195,10 @@ impl Driver {
         if len == 0 {
             return Ok(());
         }
+        // SAFETY: only device memory is copied (`devices_only`).
+        if unsafe { self.copy_across(dst, src, len, stream, true) }? {
+            return Ok(());
+        }
         let dst = self.device_address(dst, len as u64)?;
         let src = self.device_address(src, len as u64)?;
         let cmd = Command::CopyDtoD {
@@ -213,6 +225,10 @@ impl Driver {
         stream: u32,
         sync: bool,
     ) -> Cu<()> {
+        // SAFETY: the caller's contract.
+        if len > 0 && unsafe { self.copy_across(dst, src, len, stream, false) }? {
+            return Ok(());
+        }
         match (self.side(dst, len), self.side(src, len)) {
             (Side::Device, Side::Device) => self.copy_dtod(dst, src, len, stream),
             // SAFETY: host memory of `len` bytes, per the contract.
@@ -247,6 +263,9 @@ impl Driver {
         let len = (count as u64)
             .checked_mul(elem_bytes as u64)
             .ok_or(result::INVALID_VALUE)?;
+        if self.memset_across(dst, value, elem_bytes, count, stream)? {
+            return Ok(());
+        }
         let dst = self.device_address(dst, len)?;
         let cmd = if elem_bytes == 1 {
             Command::Memset {
@@ -281,7 +300,7 @@ macro_rules! stream_forms {
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $legacy($($arg: $ty),*) -> CUresult {
             entry(stringify!($legacy), || {
-                let $d = driver::live()?;
+                let $d = crate::route::by_stream($stream)?;
                 let $s = $d.stream($stream, false)?;
                 // SAFETY: the program's pointers, valid for its sizes (CUDA's contract).
                 #[allow(unused_unsafe)]
@@ -294,7 +313,7 @@ macro_rules! stream_forms {
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $per_thread($($arg: $ty),*) -> CUresult {
             entry(stringify!($per_thread), || {
-                let $d = driver::live()?;
+                let $d = crate::route::by_stream($stream)?;
                 let $s = $d.stream($stream, true)?;
                 // SAFETY: the program's pointers, valid for its sizes (CUDA's contract).
                 #[allow(unused_unsafe)]
@@ -345,7 +364,8 @@ fn check_peer(d: &Driver, dst_ctx: CUcontext, src_ctx: CUcontext) -> Cu<()> {
 }
 
 stream_forms! {
-    /// Every context of this driver is on its one device: a "peer" copy is a device copy.
+    /// A copy between the two contexts' memory (another device's is copied across devices:
+    /// `crate::across`).
     cuMemcpyPeer / cuMemcpyPeer_ptds (dst: CUdeviceptr, dst_ctx: CUcontext, src: CUdeviceptr, src_ctx: CUcontext, n: usize) [NULL]
         => |d, s| { check_peer(d, dst_ctx, src_ctx)?; d.copy_dtod(dst, src, n, s) };
     cuMemcpyPeerAsync / cuMemcpyPeerAsync_ptsz (dst: CUdeviceptr, dst_ctx: CUcontext, src: CUdeviceptr, src_ctx: CUcontext, n: usize, stream: CUstream) [stream]

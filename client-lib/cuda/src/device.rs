@@ -1,6 +1,7 @@
-//! The devices: the GPU the broker runs this client on (ordinal 0, or the process's own among
-//! several under `gpushare run --gpus N`: `crate::gpus`). Everything about them comes from
-//! the broker at `cuInit`; no query waits for the broker.
+//! The devices: the GPU the broker runs this client on (ordinal 0), or under
+//! `gpushare run --gpus N` the N GPUs it gave the program (`crate::gpus`), each of which the
+//! process may work on (`crate::route`). Everything about them comes from the broker at
+//! `cuInit`; no query waits for the broker.
 
 use std::ffi::{c_char, c_int, c_uint};
 
@@ -10,28 +11,9 @@ use gpushare_protocol::control::DeviceInfo;
 
 use crate::types::{CUdevice, CUdevprop, CUresult, CUuuid, device_attr, result};
 
-/// The device a context, an allocation or a pool may be on: the one this process runs its
-/// work on.
+/// The device a context, an allocation or a pool may be on: one the program sees.
 pub fn check(dev: CUdevice) -> Cu<()> {
-    let (bound, seen) = bound_and_seen();
-    if dev == bound {
-        return Ok(());
-    }
-    if (0..seen).contains(&dev) {
-        say_not_bound(dev);
-    } else {
-        say_unseen(seen);
-    }
-    Err(result::INVALID_DEVICE)
-}
-
-/// Says (once) that work on device `dev`, one the process sees, is refused: its work runs on
-/// its bound device.
-pub fn say_not_bound(dev: CUdevice) {
-    let (bound, seen) = bound_and_seen();
-    crate::log::say_once(&format!(
-        "this process runs its GPU work on device {bound} of the {seen} it sees (gpushare runs one process per GPU, as PyTorch DDP does: its local rank picks it); device {dev} answers queries and peer access only"
-    ));
+    visible(dev).map(drop)
 }
 
 /// `dev` itself if the program sees that device, else `CUDA_ERROR_INVALID_DEVICE` (said once).
@@ -44,7 +26,7 @@ pub fn visible(dev: CUdevice) -> Cu<CUdevice> {
 fn say_unseen(seen: CUdevice) {
     if seen == 1 {
         crate::log::say_once(
-            "this program sees one GPU through gpushare (device 0, the one gpushared assigned it; `gpushare run --gpu N` picks another, `--gpus N` gives a job of one process per GPU several): a process that uses several GPUs at once is not supported consolidated",
+            "this program sees one GPU through gpushare (device 0, the one gpushared assigned it; `gpushare run --gpu N` picks another, `--gpus N` gives it several)",
         );
     } else {
         crate::log::say_once(&format!(
@@ -54,16 +36,10 @@ fn say_unseen(seen: CUdevice) {
     }
 }
 
-/// The ordinal of the device this process runs its work on (0 before `cuInit`).
+/// The ordinal of the calling thread's current device, where its work goes (0 before
+/// `cuInit`).
 pub fn bound() -> CUdevice {
-    bound_and_seen().0
-}
-
-/// The device this process runs its work on, and how many it sees (0 and 1 before `cuInit`).
-fn bound_and_seen() -> (CUdevice, CUdevice) {
-    driver::get().map_or((0, 1), |d| {
-        (d.gpus.bound as CUdevice, d.gpus.visible.len() as CUdevice)
-    })
+    driver::get().map_or(0, |d| d.device)
 }
 
 /// A device the program sees, for a query.
@@ -108,7 +84,7 @@ fn offered(attr: usize, value: i32) -> i32 {
 impl Driver {
     /// An attribute of the device this process runs on.
     pub fn attribute(&self, attr: usize) -> Cu<i32> {
-        self.attribute_of(self.gpus.bound_device(), attr)
+        self.attribute_of(self.device_info(), attr)
     }
 
     /// A device attribute, as the broker's GPU has it, less what this driver cannot offer.

@@ -14,7 +14,7 @@ use gpushare_protocol::{Command, PriorityClass};
 use crate::log::say;
 use crate::status::{Cu, from_error};
 use crate::transport::Transport;
-use crate::types::{CUresult, result};
+use crate::types::{CUdevice, CUresult, result};
 
 /// Submission entries asked for: launches are sent without waiting, so many are in flight.
 const SQ_ENTRIES: u32 = 4096;
@@ -25,11 +25,14 @@ const ARENA_BYTES: u64 = 64 << 20;
 /// not two. CUDA's own synchronization spins too.
 const SPIN: Duration = Duration::from_micros(250);
 
-/// Everything the driver knows of its session.
+/// Everything the driver knows of one device's session. A process has one per device it has
+/// run work on (`crate::route`); the first, opened at `cuInit`, is its bound device's.
 pub struct Driver {
+    /// The ordinal of the device this session runs work on.
+    pub device: CUdevice,
     pub transport: Transport,
-    /// The devices the program sees, the one its session runs on among them.
-    pub gpus: crate::gpus::Gpus,
+    /// The devices the program sees (the process's, shared by every device's driver).
+    pub gpus: &'static crate::gpus::Gpus,
     pub memory_quota: Option<u64>,
     /// The virtual memory API's granule (0: not offered).
     pub memory_granularity: u64,
@@ -37,8 +40,10 @@ pub struct Driver {
     pub pools: crate::memory::pools::Pools,
     pub streams: crate::stream::Streams,
     pub events: crate::event::Events,
-    pub modules: crate::module::Modules,
-    pub contexts: crate::context::Contexts,
+    /// The process's modules and kernels, shared by every device's driver.
+    pub modules: &'static crate::module::Modules,
+    /// The process's contexts, shared by every device's driver.
+    pub contexts: &'static crate::context::Contexts,
     pub graphs: crate::graph::Graphs,
     pub occupancy: crate::occupancy::Cache,
     pub host_points: crate::host_point::HostPoints,
@@ -46,14 +51,22 @@ pub struct Driver {
     sticky: AtomicI32,
 }
 
+/// The bound device's driver, made at `cuInit`; the others are `crate::route`'s.
 static DRIVER: AtomicPtr<Driver> = AtomicPtr::new(ptr::null_mut());
 /// What a failed `cuInit` said: later calls say it again (CUDA does the same).
 static INIT_FAILED: AtomicI32 = AtomicI32::new(0);
 static INIT: Mutex<()> = Mutex::new(());
 
-/// The driver, once `cuInit` has succeeded in this process.
+/// The driver of the calling thread's current device (its current context's), once `cuInit`
+/// has succeeded in this process; another device's is opened at its first call.
 #[inline]
 pub fn get() -> Cu<&'static Driver> {
+    crate::route::current(first()?)
+}
+
+/// The bound device's driver, made at `cuInit`.
+#[inline]
+pub fn first() -> Cu<&'static Driver> {
     let p = DRIVER.load(Ordering::Acquire);
     if p.is_null() {
         return Err(match INIT_FAILED.load(Ordering::Relaxed) {
@@ -66,24 +79,18 @@ pub fn get() -> Cu<&'static Driver> {
     Ok(unsafe { &*p })
 }
 
-/// The driver for work: the error every call must report if the device was lost under it,
-/// and `CUDA_ERROR_INVALID_DEVICE` while another GPU's primary context is current (a process
-/// of a job over several GPUs runs its work on one).
+/// The driver for work on the current device: the error every call must report if the
+/// device was lost under it.
 #[inline]
 pub fn live() -> Cu<&'static Driver> {
-    let d = unbroken()?;
-    d.contexts.refuse_foreign_current()?;
-    Ok(d)
+    unbroken()
 }
 
-/// The driver, and the error every call must report if the device was lost under it.
+/// The current device's driver, and the error every call must report if the device was lost
+/// under it.
 #[inline]
 pub fn unbroken() -> Cu<&'static Driver> {
-    let d = get()?;
-    match d.sticky.load(Ordering::Relaxed) {
-        0 => Ok(d),
-        code => Err(code),
-    }
+    get()?.intact()
 }
 
 /// Connects to gpushared (once per process image).
@@ -190,7 +197,55 @@ fn connect() -> Cu<Driver> {
     }
     let mut opts = options();
     let several = several_gpus(&mut opts);
-    let session = Session::open(&opts, Arc::new(Notices::new(false))).map_err(|e| {
+    let session = open(&opts)?;
+    let device = session.welcome().device.clone();
+    let gpus = match several {
+        Some(mut gpus) => {
+            // The session's own view of its GPU, exactly.
+            if let Some(slot) = gpus.visible.get_mut(gpus.bound) {
+                *slot = device;
+            }
+            gpus
+        }
+        None => crate::gpus::Gpus::one(device),
+    };
+    let gpus: &'static crate::gpus::Gpus = Box::leak(Box::new(gpus));
+    let contexts = Box::leak(Box::new(crate::context::Contexts::for_devices(
+        gpus.visible.len(),
+        gpus.bound,
+    )));
+    let modules = Box::leak(Box::new(crate::module::Modules::for_devices(
+        gpus.visible.len(),
+    )));
+    crate::route::prepare(gpus.visible.len());
+    Ok(Driver::new(
+        gpus.bound as CUdevice,
+        session,
+        Shared {
+            gpus,
+            contexts,
+            modules,
+        },
+    ))
+}
+
+/// Opens the session of another device the process sees (`crate::route`, at its first work).
+pub(crate) fn connect_device(first: &Driver, dev: CUdevice) -> Cu<Driver> {
+    let info = first.gpus.get(dev).ok_or(result::INVALID_DEVICE)?;
+    let mut opts = options();
+    opts.gpu = Some(info.index);
+    let session = open(&opts)?;
+    let shared = Shared {
+        gpus: first.gpus,
+        contexts: first.contexts,
+        modules: first.modules,
+    };
+    Ok(Driver::new(dev, session, shared))
+}
+
+/// A session with gpushared as `opts` ask; a refusal is said once per call.
+fn open(opts: &SessionOptions) -> Cu<Session> {
+    let session = Session::open(opts, Arc::new(Notices::new(false))).map_err(|e| {
         let code = match &e {
             Error::Connect { .. } | Error::Rejected(_) => result::NO_DEVICE,
             other => from_error(other),
@@ -205,18 +260,7 @@ fn connect() -> Cu<Driver> {
         say(&format!("CUDA has no device for this program: {e}{fix}"));
         code
     })?;
-    let welcome = session.welcome().clone();
-    let device = welcome.device.clone();
-    let gpus = match several {
-        Some(mut gpus) => {
-            // The session's own view of its GPU, exactly.
-            if let Some(slot) = gpus.visible.get_mut(gpus.bound) {
-                *slot = device;
-            }
-            gpus
-        }
-        None => crate::gpus::Gpus::one(device),
-    };
+    let welcome = session.welcome();
     if let Some(asked) = opts.class
         && asked != welcome.class
     {
@@ -226,22 +270,66 @@ fn connect() -> Cu<Driver> {
         ));
     }
     ask_weight(&session, welcome.weight);
-    Ok(Driver {
-        transport: Transport::new(session),
-        memory_quota: welcome.memory_quota,
-        memory_granularity: welcome.memory_granularity,
-        memory: crate::memory::Memory::default(),
-        pools: crate::memory::pools::Pools::default(),
-        streams: crate::stream::Streams::default(),
-        events: crate::event::Events::default(),
-        modules: crate::module::Modules::default(),
-        contexts: crate::context::Contexts::for_devices(gpus.visible.len(), gpus.bound),
-        graphs: crate::graph::Graphs::default(),
-        host_points: crate::host_point::HostPoints::default(),
-        occupancy: crate::occupancy::Cache::default(),
-        gpus,
-        sticky: AtomicI32::new(0),
-    })
+    Ok(session)
+}
+
+/// What every device's driver of a process shares.
+struct Shared {
+    gpus: &'static crate::gpus::Gpus,
+    contexts: &'static crate::context::Contexts,
+    modules: &'static crate::module::Modules,
+}
+
+impl Driver {
+    fn new(device: CUdevice, session: Session, shared: Shared) -> Driver {
+        let Shared {
+            gpus,
+            contexts,
+            modules,
+        } = shared;
+        let welcome = session.welcome();
+        let (memory_quota, memory_granularity) = (welcome.memory_quota, welcome.memory_granularity);
+        Driver {
+            device,
+            transport: Transport::new(session),
+            memory_quota,
+            memory_granularity,
+            memory: crate::memory::Memory::default(),
+            pools: crate::memory::pools::Pools::default(),
+            streams: crate::stream::Streams::default(),
+            events: crate::event::Events::default(),
+            modules,
+            contexts,
+            graphs: crate::graph::Graphs::default(),
+            host_points: crate::host_point::HostPoints::default(),
+            occupancy: crate::occupancy::Cache::default(),
+            gpus,
+            sticky: AtomicI32::new(0),
+        }
+    }
+
+    /// This driver, or the error every call must report if its device was lost under it.
+    #[inline]
+    pub fn intact(&'static self) -> Cu<&'static Driver> {
+        match self.sticky.load(Ordering::Relaxed) {
+            0 => Ok(self),
+            code => Err(code),
+        }
+    }
+
+    /// This device's primary context.
+    pub fn primary(&self) -> crate::types::CUcontext {
+        self.contexts
+            .primary_of(self.device)
+            .map_or(std::ptr::null_mut(), |c| c.handle())
+    }
+
+    /// What this device is, as gpushared told it.
+    pub fn device_info(&self) -> &gpushare_protocol::control::DeviceInfo {
+        self.gpus
+            .get(self.device)
+            .unwrap_or_else(|| self.gpus.bound_device())
+    }
 }
 
 /// Under `gpushare run --gpus N`: the devices the program sees, and the session asked for on
@@ -348,10 +436,12 @@ pub(crate) fn forget_in_child() {
     if p.is_null() {
         return;
     }
-    // SAFETY: a leaked `Box<Driver>`; only its descriptor number is read.
-    let fd = unsafe { &*p }.transport.session.control_fd();
-    // SAFETY: the child's copy of the socket; the leaked session never uses it again.
-    unsafe { libc::close(fd) };
+    // SAFETY: a leaked `Box<Driver>`, never freed.
+    let first: &'static Driver = unsafe { &*p };
+    for d in crate::route::opened(first) {
+        // SAFETY: the child's copy of the socket; the leaked session never uses it again.
+        unsafe { libc::close(d.transport.session.control_fd()) };
+    }
     INIT_FAILED.store(result::NOT_INITIALIZED, Ordering::Relaxed);
 }
 

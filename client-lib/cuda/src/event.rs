@@ -42,6 +42,14 @@ impl Driver {
         Ok(id)
     }
 
+    /// The id of an event of this device's; `CUDA_ERROR_INVALID_HANDLE` for anything else.
+    pub fn event(&self, h: CUevent) -> Cu<u32> {
+        match handle::event_id(h) {
+            Some((dev, id)) if dev == self.device => Ok(id),
+            _ => Err(result::INVALID_HANDLE),
+        }
+    }
+
     pub fn event_flags(&self, id: u32) -> Option<u32> {
         self.events
             .flags
@@ -70,13 +78,13 @@ pub unsafe extern "C" fn cuEventCreate(ph: *mut CUevent, flags: c_uint) -> CUres
                 .post(Command::EventCreateAs { event: id, flags })
         })?;
         // SAFETY: checked non-NULL; writable by the caller's contract.
-        unsafe { out(ph, handle::event_handle(id)) }
+        unsafe { out(ph, handle::event_handle(d.device, id)) }
     })
 }
 
 fn destroy(h: CUevent) -> Cu<()> {
-    let d = driver::live()?;
-    let id = handle::event_id(h).ok_or(result::INVALID_HANDLE)?;
+    let d = crate::route::by_event(h)?;
+    let id = d.event(h)?;
     d.events
         .flags
         .lock()
@@ -96,9 +104,10 @@ pub extern "C" fn cuEventDestroy_v2(h: CUevent) -> CUresult {
     entry("cuEventDestroy_v2", || destroy(h))
 }
 
+/// An event and the stream it is recorded on are of one device (as CUDA's of one context).
 fn record(h: CUevent, s: CUstream, per_thread: bool) -> Cu<()> {
-    let d = driver::live()?;
-    let ev = handle::event_id(h).ok_or(result::INVALID_HANDLE)?;
+    let d = crate::route::by_event(h)?;
+    let ev = d.event(h)?;
     let stream = d.stream(s, per_thread)?;
     if crate::graph::record_in_capture(d, stream, ev)? {
         return Ok(());
@@ -130,8 +139,8 @@ pub extern "C" fn cuEventRecordWithFlags_ptsz(h: CUevent, s: CUstream, _flags: c
 #[unsafe(no_mangle)]
 pub extern "C" fn cuEventQuery(h: CUevent) -> CUresult {
     entry("cuEventQuery", || {
-        let d = driver::live()?;
-        let ev = handle::event_id(h).ok_or(result::INVALID_HANDLE)?;
+        let d = crate::route::by_event(h)?;
+        let ev = d.event(h)?;
         let (done, _) = d.transport.call(Command::EventQuery { event: ev })?;
         d.deferred()?;
         if done == 1 {
@@ -145,25 +154,28 @@ pub extern "C" fn cuEventQuery(h: CUevent) -> CUresult {
 #[unsafe(no_mangle)]
 pub extern "C" fn cuEventSynchronize(h: CUevent) -> CUresult {
     entry("cuEventSynchronize", || {
-        let d = driver::live()?;
-        let ev = handle::event_id(h).ok_or(result::INVALID_HANDLE)?;
-        let outcome = d
-            .transport
-            .call(Command::EventSync { event: ev })
-            .and_then(|_| d.deferred());
-        if let Err(code) = outcome {
-            d.notice_loss(code);
-        }
-        outcome
+        let d = crate::route::by_event(h)?;
+        d.sync_event(d.event(h)?)
     })
 }
 
+impl Driver {
+    /// Waits for an event of this device's; reports the first error since the last sync.
+    pub fn sync_event(&self, ev: u32) -> Cu<()> {
+        let outcome = self
+            .transport
+            .call(Command::EventSync { event: ev })
+            .and_then(|_| self.deferred());
+        if let Err(code) = outcome {
+            self.notice_loss(code);
+        }
+        outcome
+    }
+}
+
 fn elapsed(ms: *mut c_float, start: CUevent, end: CUevent) -> Cu<()> {
-    let d = driver::live()?;
-    let (s, e) = (
-        handle::event_id(start).ok_or(result::INVALID_HANDLE)?,
-        handle::event_id(end).ok_or(result::INVALID_HANDLE)?,
-    );
+    let d = crate::route::by_event(start)?;
+    let (s, e) = (d.event(start)?, d.event(end)?);
     for id in [s, e] {
         match d.event_flags(id) {
             Some(f) if f & event::DISABLE_TIMING != 0 => return Err(result::INVALID_HANDLE),

@@ -16,9 +16,9 @@ use crate::memory::host::make_private;
 type HostTable = RwLockReadGuard<'static, BTreeMap<usize, HostRegion>>;
 
 thread_local! {
-    /// The host table, read-locked by the forking thread from just before the fork to just
-    /// after, so that the child sees it whole.
-    static HELD: RefCell<Option<HostTable>> = const { RefCell::new(None) };
+    /// Every device's host table, read-locked by the forking thread from just before the fork
+    /// to just after, so that the child sees them whole.
+    static HELD: RefCell<Vec<HostTable>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Installs the fork handlers (once, when the driver connects).
@@ -29,19 +29,21 @@ pub fn install() {
 }
 
 extern "C" fn prepare() {
-    if let Ok(d) = driver::get() {
-        let table = d.memory.host_table();
-        HELD.with(|h| *h.borrow_mut() = Some(table));
+    if let Ok(first) = driver::first() {
+        let tables: Vec<HostTable> = crate::route::opened(first)
+            .map(|d| d.memory.host_table())
+            .collect();
+        HELD.with(|h| *h.borrow_mut() = tables);
     }
 }
 
 extern "C" fn parent() {
-    HELD.with(|h| drop(h.borrow_mut().take()));
+    HELD.with(|h| h.borrow_mut().clear());
 }
 
 extern "C" fn child() {
     HELD.with(|h| {
-        if let Some(table) = h.borrow_mut().take() {
+        for table in h.borrow_mut().drain(..) {
             for (&addr, region) in table.iter().filter(|(_, r)| r.registered) {
                 make_private(addr, region.len);
             }

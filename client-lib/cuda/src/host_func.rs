@@ -57,7 +57,7 @@ fn callback(
     data: *mut c_void,
     flags: c_uint,
 ) -> Cu<()> {
-    let d = driver::live()?;
+    let d = crate::route::by_stream(stream)?;
     let f = f.ok_or(result::INVALID_VALUE)?;
     if flags != 0 {
         return Err(result::INVALID_VALUE);

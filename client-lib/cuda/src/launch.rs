@@ -11,7 +11,7 @@ use gpushare_protocol::command::{
 };
 use zerocopy::IntoBytes;
 
-use crate::driver::{self, Driver};
+use crate::driver::Driver;
 use crate::module::FunctionInfo;
 use crate::status::{Cu, entry};
 use crate::types::{
@@ -277,7 +277,7 @@ fn launch_kernel(
     per_thread: bool,
     flags: u32,
 ) -> Cu<()> {
-    let d = driver::live()?;
+    let d = crate::route::by_stream(stream)?;
     let s = d.stream(stream, per_thread)?;
     let shape = LaunchShape {
         grid,
@@ -421,12 +421,12 @@ fn launch_ex(
     extra: *mut *mut c_void,
     per_thread: bool,
 ) -> Cu<()> {
-    let d = driver::live()?;
     if config.is_null() {
         return Err(result::INVALID_VALUE);
     }
     // SAFETY: a valid config, per the contract.
     let c = unsafe { *config };
+    let d = crate::route::by_stream(c.stream)?;
     // SAFETY: the config's attribute array, per the contract.
     let attributes = unsafe { attributes(c.attrs, c.num_attrs) }?;
     let s = d.stream(c.stream, per_thread)?;

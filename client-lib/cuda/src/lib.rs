@@ -10,13 +10,15 @@
 //!
 //! - [`entry`]: every driver entry point (generated table), `cuGetProcAddress`, and the
 //!   stub that reports an unsupported call.
-//! - [`driver`]: connecting at `cuInit`, the process-wide state; `fork`: what a forked child
-//!   gets.
+//! - [`driver`]: connecting at `cuInit`, a device's session and state; [`route`]: which
+//!   device's driver a call goes to (one process may work on several); `fork`: what a forked
+//!   child gets.
 //! - [`transport`]: the session, and the connection core's payload ring in its arena for
 //!   launch parameters and staged copies.
-//! - [`device`], [`context`]: device queries and contexts (one device: the broker's GPU).
-//! - [`peer`]: peer access, which one device never has.
-//! - [`memory`], [`copy`]: allocations, pointer queries, page-locked host memory, copies.
+//! - [`device`], [`context`]: device queries and contexts.
+//! - [`peer`]: peer access between the devices a process sees.
+//! - [`memory`], [`copy`]: allocations, pointer queries, page-locked host memory, copies;
+//!   `across`: copies that touch another device's memory.
 //! - [`stream`], [`event`]: streams (the default streams map to the client's) and events.
 //! - [`module`], [`image`], [`launch`], [`occupancy`]: modules loaded lazily, launches.
 //! - [`graph`]: stream capture recorded in the client and replayed.
@@ -24,6 +26,7 @@
 //! - [`status`]: CUresult from the broker's errors; `cuGetErrorString`.
 //! - [`log`]: the driver's lines on stderr.
 
+mod across;
 pub mod context;
 pub mod copy;
 pub mod device;
@@ -46,6 +49,7 @@ pub mod module;
 pub mod occupancy;
 pub mod peer;
 pub mod profiler;
+pub mod route;
 pub mod status;
 pub mod stream;
 pub mod tensor_map;

@@ -43,7 +43,7 @@ pub extern "C" fn cuCtxEnablePeerAccess(peer: CUcontext, flags: c_uint) -> CUres
     entry("cuCtxEnablePeerAccess", || {
         let d = driver::get()?;
         let reaches = |a, b| d.gpus.reaches(a, b);
-        enable(&d.contexts, reaches, current(), peer, flags)
+        enable(d.contexts, reaches, current(), peer, flags)
     })
 }
 
@@ -68,7 +68,7 @@ mod tests {
     fn another_context_is_no_peer_and_misuse_gets_its_own_error() {
         let contexts = Contexts::new();
         let primary = contexts.primary();
-        let other = contexts.create(0);
+        let other = contexts.create(0, 0);
         let enable = |cur, peer, flags| enable(&contexts, |a, b| a != b, cur, peer, flags).err();
         assert_eq!(
             enable(primary, other, 0),

@@ -40,26 +40,37 @@ impl Default for Streams {
     }
 }
 
-/// The calling thread's per-thread default stream, made at its first use; destroyed when the
-/// thread ends.
+/// Devices a thread may have a default stream on (a process of more sees them all, but its
+/// threads' default streams beyond these are refused).
+const PER_THREAD_DEVICES: usize = 16;
+
+/// The calling thread's per-thread default stream on each device, made at its first use
+/// there; destroyed when the thread ends.
 struct PerThread {
-    id: Cell<u32>,
+    id: [Cell<u32>; PER_THREAD_DEVICES],
 }
 
 impl Drop for PerThread {
     fn drop(&mut self) {
-        let id = self.id.get();
-        if id != 0
-            && let Ok(d) = driver::get()
-        {
-            let _ = d.transport.post(Command::StreamDestroy { stream: id });
-            d.streams.per_thread.fetch_sub(1, Ordering::Relaxed);
+        let Ok(first) = driver::first() else {
+            return;
+        };
+        for d in crate::route::opened(first) {
+            let Some(id) = self.id.get(d.device as usize).map(Cell::get) else {
+                continue;
+            };
+            if id != 0 {
+                let _ = d.transport.post(Command::StreamDestroy { stream: id });
+                d.streams.per_thread.fetch_sub(1, Ordering::Relaxed);
+            }
         }
     }
 }
 
 thread_local! {
-    static PER_THREAD: PerThread = const { PerThread { id: Cell::new(0) } };
+    static PER_THREAD: PerThread = const {
+        PerThread { id: [const { Cell::new(0) }; PER_THREAD_DEVICES] }
+    };
 }
 
 impl Driver {
@@ -100,7 +111,11 @@ impl Driver {
     }
 
     fn per_thread_stream(&self) -> Cu<u32> {
-        let known = PER_THREAD.with(|p| p.id.get());
+        let dev = self.device as usize;
+        if dev >= PER_THREAD_DEVICES {
+            return Err(result::INVALID_DEVICE);
+        }
+        let known = PER_THREAD.with(|p| p.id[dev].get());
         if known != 0 {
             return Ok(known);
         }
@@ -110,19 +125,24 @@ impl Driver {
         let id = self.new_stream(0, 0)?;
         self.streams.per_thread.fetch_add(1, Ordering::Relaxed);
         drop(meta);
-        PER_THREAD.with(|p| p.id.set(id));
+        PER_THREAD.with(|p| p.id[dev].set(id));
         Ok(id)
     }
 
-    /// The broker stream a handle means. `per_thread`: the call is a per-thread-default-stream
-    /// form (`_ptsz`, `_ptds`), where NULL means the thread's own stream.
+    /// The broker stream a handle means: a default stream of this device, or a stream this
+    /// device's session made (another device's is `CUDA_ERROR_INVALID_HANDLE`, as CUDA's of
+    /// another context). `per_thread`: the call is a per-thread-default-stream form (`_ptsz`,
+    /// `_ptds`), where NULL means the thread's own stream.
     #[inline]
     pub fn stream(&self, h: CUstream, per_thread: bool) -> Cu<u32> {
         match h as usize {
             0 if per_thread => self.per_thread_stream(),
             0 | stream::LEGACY => Ok(0),
             stream::PER_THREAD => self.per_thread_stream(),
-            _ => handle::stream_id(h).ok_or(result::INVALID_HANDLE),
+            _ => match handle::stream_id(h) {
+                Some((dev, id)) if dev == self.device => Ok(id),
+                _ => Err(result::INVALID_HANDLE),
+            },
         }
     }
 
@@ -157,7 +177,7 @@ fn create(ph: *mut CUstream, flags: c_uint, priority: c_int) -> Cu<()> {
     }
     let id = d.create_stream(flags, priority)?;
     // SAFETY: checked non-NULL; writable by the caller's contract.
-    unsafe { out(ph, handle::stream_handle(id)) }
+    unsafe { out(ph, handle::stream_handle(d.device, id)) }
 }
 
 /// # Safety
@@ -179,8 +199,8 @@ pub unsafe extern "C" fn cuStreamCreateWithPriority(
 }
 
 fn destroy(h: CUstream) -> Cu<()> {
-    let d = driver::live()?;
-    let id = handle::stream_id(h).ok_or(result::INVALID_HANDLE)?;
+    let d = crate::route::by_stream(h)?;
+    let (_, id) = handle::stream_id(h).ok_or(result::INVALID_HANDLE)?;
     d.streams
         .meta
         .lock()
@@ -201,7 +221,7 @@ pub extern "C" fn cuStreamDestroy_v2(h: CUstream) -> CUresult {
 }
 
 fn synchronize(h: CUstream, per_thread: bool) -> Cu<()> {
-    let d = driver::live()?;
+    let d = crate::route::by_stream(h)?;
     let id = d.stream(h, per_thread)?;
     crate::graph::refuse_while_capturing(d, id)?;
     d.sync_stream(id)
@@ -218,7 +238,7 @@ pub extern "C" fn cuStreamSynchronize_ptsz(h: CUstream) -> CUresult {
 }
 
 fn query(h: CUstream, per_thread: bool) -> Cu<()> {
-    let d = driver::live()?;
+    let d = crate::route::by_stream(h)?;
     let id = d.stream(h, per_thread)?;
     crate::graph::refuse_while_capturing(d, id)?;
     let (idle, _) = d.transport.call(Command::StreamQuery { stream: id })?;
@@ -240,10 +260,18 @@ pub extern "C" fn cuStreamQuery_ptsz(h: CUstream) -> CUresult {
     entry("cuStreamQuery_ptsz", || query(h, true))
 }
 
+/// A wait on another device's event is kept by waiting for the event here, in the calling
+/// thread, before the stream's later work is sent (each device's work runs in a session of
+/// its own, and gpushared orders work within one).
 fn wait_event(h: CUstream, event: CUevent, per_thread: bool) -> Cu<()> {
-    let d = driver::live()?;
+    let d = crate::route::by_stream(h)?;
     let id = d.stream(h, per_thread)?;
-    let ev = handle::event_id(event).ok_or(result::INVALID_HANDLE)?;
+    let owner = crate::route::by_event(event)?;
+    if owner.device != d.device {
+        crate::graph::refuse_while_capturing(d, id)?;
+        return owner.sync_event(owner.event(event)?);
+    }
+    let ev = d.event(event)?;
     if crate::graph::wait_in_capture(d, id, ev)? {
         return Ok(());
     }
@@ -264,7 +292,7 @@ pub extern "C" fn cuStreamWaitEvent_ptsz(h: CUstream, event: CUevent, _flags: c_
 }
 
 fn get_flags(h: CUstream, flags: *mut c_uint, per_thread: bool) -> Cu<()> {
-    let d = driver::get()?;
+    let d = crate::route::by_stream(h)?;
     let id = d.stream(h, per_thread)?;
     // SAFETY: the caller's contract.
     unsafe { out(flags, d.stream_meta(id).flags) }
@@ -285,7 +313,7 @@ pub unsafe extern "C" fn cuStreamGetFlags_ptsz(h: CUstream, flags: *mut c_uint) 
 }
 
 fn get_priority(h: CUstream, priority: *mut c_int, per_thread: bool) -> Cu<()> {
-    let d = driver::get()?;
+    let d = crate::route::by_stream(h)?;
     let id = d.stream(h, per_thread)?;
     // SAFETY: the caller's contract.
     unsafe { out(priority, d.stream_meta(id).priority) }
@@ -308,7 +336,7 @@ pub unsafe extern "C" fn cuStreamGetPriority_ptsz(h: CUstream, priority: *mut c_
 }
 
 fn get_id(h: CUstream, id_out: *mut u64, per_thread: bool) -> Cu<()> {
-    let d = driver::get()?;
+    let d = crate::route::by_stream(h)?;
     let id = d.stream(h, per_thread)?;
     // SAFETY: the caller's contract.
     unsafe { out(id_out, id as u64) }
@@ -329,10 +357,14 @@ pub unsafe extern "C" fn cuStreamGetId_ptsz(h: CUstream, id: *mut u64) -> CUresu
 }
 
 fn get_ctx(h: CUstream, pctx: *mut CUcontext, per_thread: bool) -> Cu<()> {
-    let d = driver::get()?;
+    let d = crate::route::by_stream(h)?;
     d.stream(h, per_thread)?;
+    let ctx = d
+        .contexts
+        .primary_of(d.device)
+        .ok_or(result::INVALID_CONTEXT)?;
     // SAFETY: the caller's contract.
-    unsafe { out(pctx, d.contexts.primary()) }
+    unsafe { out(pctx, ctx.handle()) }
 }
 
 /// # Safety
@@ -354,10 +386,10 @@ pub unsafe extern "C" fn cuStreamGetCtx_ptsz(h: CUstream, pctx: *mut CUcontext) 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuStreamGetDevice(h: CUstream, dev: *mut c_int) -> CUresult {
     entry("cuStreamGetDevice", || {
-        let d = driver::get()?;
+        let d = crate::route::by_stream(h)?;
         d.stream(h, false)?;
         // SAFETY: the caller's contract.
-        unsafe { out(dev, crate::device::bound()) }
+        unsafe { out(dev, d.device) }
     })
 }
 
@@ -366,9 +398,9 @@ pub unsafe extern "C" fn cuStreamGetDevice(h: CUstream, dev: *mut c_int) -> CUre
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuStreamGetDevice_ptsz(h: CUstream, dev: *mut c_int) -> CUresult {
     entry("cuStreamGetDevice_ptsz", || {
-        let d = driver::get()?;
+        let d = crate::route::by_stream(h)?;
         d.stream(h, true)?;
         // SAFETY: the caller's contract.
-        unsafe { out(dev, crate::device::bound()) }
+        unsafe { out(dev, d.device) }
     })
 }

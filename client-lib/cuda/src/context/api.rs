@@ -84,15 +84,16 @@ pub extern "C" fn cuDevicePrimaryCtxSetFlags_v2(dev: CUdevice, flags: c_uint) ->
 }
 
 /// Resetting the primary context ends its local storage. The device memory and modules the
-/// program made stay (they belong to its one session); a program that resets to free them
-/// keeps them until it exits. Another GPU's primary context has no work to wait for.
+/// program made stay (they belong to the device's session); a program that resets to free
+/// them keeps them until it exits. A device this process has not worked on has no work to
+/// wait for.
 fn reset_primary(dev: CUdevice) -> Cu<()> {
-    let d = driver::get()?;
+    let first = driver::first()?;
     let ctx = primary_of(dev)?;
-    if dev == crate::device::bound() {
+    if let Some(d) = crate::route::opened_device(first, dev) {
         d.synchronize()?;
     }
-    d.contexts.run_storage_dtors(ctx.handle());
+    first.contexts.run_storage_dtors(ctx.handle());
     ctx.reset();
     Ok(())
 }
@@ -114,7 +115,7 @@ fn create(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> Cu<()> {
     if pctx.is_null() {
         return Err(result::INVALID_VALUE);
     }
-    let ctx = d.contexts.create(flags);
+    let ctx = d.contexts.create(flags, dev);
     let _ = STACK.try_with(|s| s.borrow_mut().push(ctx as usize));
     // SAFETY: the caller's contract.
     unsafe { out(pctx, ctx) }
@@ -347,14 +348,19 @@ pub extern "C" fn cuCtxSynchronize_v2(ctx: CUcontext) -> CUresult {
     entry("cuCtxSynchronize_v2", || synchronize(ctx))
 }
 
-/// Waits for the context's work; another GPU's primary context has none of this process's.
+/// Waits for the work of the context's device (a device this process has not worked on has
+/// none to wait for).
 fn synchronize(ctx: CUcontext) -> Cu<()> {
-    let d = driver::unbroken()?;
+    let first = driver::first()?;
     let named = !ctx.is_null() || !current().is_null();
-    if named && d.contexts.resolve(ctx)?.device != crate::device::bound() {
-        return Ok(());
+    if !named {
+        return first.intact()?.synchronize();
     }
-    d.synchronize()
+    let dev = first.contexts.resolve(ctx)?.device;
+    match crate::route::opened_device(first, dev) {
+        Some(d) => d.intact()?.synchronize(),
+        None => Ok(()),
+    }
 }
 
 /// # Safety

@@ -1,11 +1,12 @@
-//! Contexts. All of a process's contexts share its one session with the broker (whose context
-//! is the real one): the primary context, and any the program creates, differ only in their
-//! flags and their context-local storage. Each thread has its own stack of current contexts.
+//! Contexts. The contexts of one device share that device's session with the broker (whose
+//! context is the real one): the primary context, and any the program creates on the device,
+//! differ only in their flags and their context-local storage. Each thread has its own stack
+//! of current contexts, and its current context's device is where its work goes
+//! (`crate::route`).
 //!
-//! A process of a job over several GPUs (`gpushare run --gpus N`) runs its work on one of
-//! them; every other device it sees still has a primary context, as CUDA's runtime asks each
-//! device's at start: a handle that answers for its device (made current, asked its device,
-//! flags, storage, peer access) and refuses work with `CUDA_ERROR_INVALID_DEVICE`.
+//! A process of a job over several GPUs (`gpushare run --gpus N`) sees a primary context per
+//! device; its bound device (its local rank's) is the one whose session opens at `cuInit`,
+//! another's opens at its first work.
 
 mod limits;
 mod storage;
@@ -97,28 +98,20 @@ impl Contexts {
             .and_then(|i| self.primaries.get(i))
     }
 
-    /// The device of another GPU's primary context, if `ctx` is one.
-    fn foreign(&self, ctx: CUcontext) -> Option<CUdevice> {
-        self.primaries
-            .iter()
-            .enumerate()
-            .find(|&(i, c)| i != self.bound && handle(c) == ctx)
-            .map(|(_, c)| c.device)
-    }
-
-    /// Refuses work while the thread's current context is another GPU's primary context.
+    /// The device of the calling thread's current context, if it has one.
     #[inline]
-    pub fn refuse_foreign_current(&self) -> Cu<()> {
-        if self.primaries.len() == 1 {
-            return Ok(());
+    pub fn current_device(&self) -> Option<CUdevice> {
+        let ctx = current();
+        if ctx.is_null() {
+            return None;
         }
-        match self.foreign(current()) {
-            None => Ok(()),
-            Some(dev) => {
-                crate::device::say_not_bound(dev);
-                Err(result::INVALID_DEVICE)
-            }
+        if let Some(p) = self.primaries.iter().find(|&c| handle(c) == ctx) {
+            return Some(p.device);
         }
+        // SAFETY: only handles `get` accepted are ever made current (`cuCtxSetCurrent`,
+        // `cuCtxPushCurrent`, `cuCtxCreate`), and a created context is a leaked
+        // `Box<Context>`, never freed (a destroyed one is only forgotten).
+        Some(unsafe { &*(ctx as *const Context) }.device)
     }
 
     /// Enables (`on`) or disables peer access from `ctx` to device `to`; false if it already
@@ -163,11 +156,8 @@ impl Contexts {
         }
     }
 
-    pub(crate) fn create(&self, flags: u32) -> CUcontext {
-        let context = Context::new(
-            self.next_id.fetch_add(1, Ordering::Relaxed),
-            self.bound as CUdevice,
-        );
+    pub(crate) fn create(&self, flags: u32, dev: CUdevice) -> CUcontext {
+        let context = Context::new(self.next_id.fetch_add(1, Ordering::Relaxed), dev);
         context.flags.store(flags, Ordering::Relaxed);
         let ctx = handle(Box::leak(Box::new(context)));
         self.created
@@ -287,7 +277,7 @@ mod tests {
         assert!(current().is_null());
         set_current(p);
         assert_eq!(current(), p);
-        let other = contexts.create(0);
+        let other = contexts.create(0, 0);
         STACK.with(|s| s.borrow_mut().push(other as usize));
         assert_eq!(current(), other);
         std::thread::spawn(|| assert!(current().is_null(), "a new thread has none"))
@@ -305,7 +295,7 @@ mod tests {
     }
 
     #[test]
-    fn another_gpus_primary_context_answers_for_its_device_and_refuses_work() {
+    fn the_current_context_names_the_device_work_goes_to() {
         let contexts = Contexts::for_devices(2, 1);
         let own = contexts.primary();
         let other = contexts.primary_of(0).expect("device 0");
@@ -314,16 +304,20 @@ mod tests {
         assert_eq!(contexts.get(other_handle).map(|c| c.device).ok(), Some(0));
         assert!(contexts.primary_of(2).is_none(), "a device it does not see");
         assert!(contexts.destroy(other_handle).is_err(), "not destroyed");
-        assert_ne!(contexts.create(0), other_handle);
+        let created = contexts.create(0, 0);
+        assert_ne!(created, other_handle);
         set_current(own);
-        assert_eq!(contexts.refuse_foreign_current(), Ok(()));
+        assert_eq!(contexts.current_device(), Some(1));
         set_current(other_handle);
+        assert_eq!(contexts.current_device(), Some(0));
+        set_current(created);
         assert_eq!(
-            contexts.refuse_foreign_current(),
-            Err(result::INVALID_DEVICE)
+            contexts.current_device(),
+            Some(0),
+            "a created context's device"
         );
         set_current(std::ptr::null_mut());
-        assert_eq!(contexts.refuse_foreign_current(), Ok(()), "no context");
+        assert_eq!(contexts.current_device(), None, "no context");
         other.retain();
         assert!(other.active());
         other.release();

@@ -72,8 +72,8 @@ mod tests {
     #[test]
     fn context_local_storage_is_per_context_and_ends_with_it() {
         let contexts = Contexts::new();
-        let a = contexts.create(0);
-        let b = contexts.create(0);
+        let a = contexts.create(0, 0);
+        let b = contexts.create(0, 0);
         let calls = Box::leak(Box::new(AtomicI32::new(0)));
         contexts.storage_put(a, 7, calls as *const AtomicI32 as usize, Some(count_dtor));
         contexts.storage_put(b, 7, 99, None);

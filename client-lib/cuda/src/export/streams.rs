@@ -38,8 +38,9 @@ pub extern "C" fn context_id(ctx: CUcontext, id: *mut u64) -> CUresult {
     })
 }
 
-/// The stream a handle means, as the driver resolves it for slot 51.
-fn resolve(d: &Driver, ctx: CUcontext, h: CUstream, per_thread: bool) -> Cu<u32> {
+/// The stream a handle means, and its device's driver, as the driver resolves it for slot 51.
+fn resolve(ctx: CUcontext, h: CUstream, per_thread: bool) -> Cu<(&'static Driver, u32)> {
+    let first = driver::first()?;
     match h as usize {
         usize::MAX => Err(result::INVALID_HANDLE),
         // The special handles belong to a context: the one named, else the current one.
@@ -48,10 +49,14 @@ fn resolve(d: &Driver, ctx: CUcontext, h: CUstream, per_thread: bool) -> Cu<u32>
             if c.is_null() {
                 return Err(result::INVALID_CONTEXT);
             }
-            d.contexts.get(c)?;
-            d.stream(h, per_thread)
+            let dev = first.contexts.get(c)?.device;
+            let d = crate::route::device(first, dev)?;
+            Ok((d, d.stream(h, per_thread)?))
         }
-        _ => d.stream(h, false),
+        _ => {
+            let d = crate::route::by_stream(h)?;
+            Ok((d, d.stream(h, false)?))
+        }
     }
 }
 
@@ -66,9 +71,9 @@ pub extern "C" fn private_stream(
         if private.is_null() {
             return Err(result::INVALID_VALUE);
         }
-        let id = resolve(driver::get()?, ctx, h, per_thread != 0)?;
+        let (d, id) = resolve(ctx, h, per_thread != 0)?;
         // SAFETY: non-NULL; the caller passes a writable out-parameter.
-        unsafe { out(private, handle::stream_handle(id)) }
+        unsafe { out(private, handle::stream_handle(d.device, id)) }
     })
 }
 
@@ -83,7 +88,7 @@ pub extern "C" fn private_stream_id(
             return Err(result::INVALID_VALUE);
         }
         driver::get()?;
-        let stream = handle::stream_id(private).ok_or(result::INVALID_HANDLE)?;
+        let (_, stream) = handle::stream_id(private).ok_or(result::INVALID_HANDLE)?;
         // SAFETY: non-NULL; the caller passes a writable out-parameter.
         unsafe { out(id, stream as u64) }
     })

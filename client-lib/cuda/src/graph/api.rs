@@ -10,7 +10,7 @@ use crate::status::{Cu, entry, out};
 use crate::types::{CUgraph, CUgraphExec, CUgraphNode, CUresult, CUstream, capture, result};
 
 fn begin(h: CUstream, mode: c_int, per_thread: bool) -> Cu<()> {
-    let d = driver::live()?;
+    let d = crate::route::by_stream(h)?;
     let stream = d.stream(h, per_thread)?;
     if stream == 0 && !per_thread {
         // The legacy stream cannot be captured.
@@ -44,7 +44,7 @@ pub extern "C" fn cuStreamBeginCapture_ptsz(h: CUstream) -> CUresult {
 }
 
 fn end(h: CUstream, graph: *mut CUgraph, per_thread: bool) -> Cu<()> {
-    let d = driver::live()?;
+    let d = crate::route::by_stream(h)?;
     let stream = d.stream(h, per_thread)?;
     match d.graphs.end(stream) {
         // SAFETY: the caller's contract.
@@ -74,7 +74,7 @@ pub unsafe extern "C" fn cuStreamEndCapture_ptsz(h: CUstream, graph: *mut CUgrap
 }
 
 fn is_capturing(h: CUstream, status: *mut c_int, per_thread: bool) -> Cu<()> {
-    let d = driver::live()?;
+    let d = crate::route::by_stream(h)?;
     let stream = d.stream(h, per_thread)?;
     let c = d.graphs.capture_of(stream);
     // SAFETY: the caller's contract.
@@ -112,7 +112,7 @@ fn capture_info(
     edges: *mut *const c_void,
     num_deps: *mut usize,
 ) -> Cu<()> {
-    let d = driver::live()?;
+    let d = crate::route::by_stream(h)?;
     let stream = d.stream(h, per_thread)?;
     let c = d.graphs.capture_of(stream);
     // SAFETY: each is NULL (allowed except `status`) or writable, per the contract.
@@ -405,7 +405,7 @@ pub extern "C" fn cuGraphExecDestroy(exec: CUgraphExec) -> CUresult {
 }
 
 fn launch(exec: CUgraphExec, h: CUstream, per_thread: bool) -> Cu<()> {
-    let d = driver::live()?;
+    let d = crate::route::by_stream(h)?;
     let stream = d.stream(h, per_thread)?;
     super::exec::with_exec(d, exec, |st| d.launch_exec(st, stream))
 }

@@ -489,7 +489,7 @@ fn begin_to_graph(
     mode: c_int,
     per_thread: bool,
 ) -> Cu<()> {
-    let d = driver::live()?;
+    let d = crate::route::by_stream(h)?;
     let stream = d.stream(h, per_thread)?;
     if stream == 0 && !per_thread {
         return Err(result::STREAM_CAPTURE_UNSUPPORTED);

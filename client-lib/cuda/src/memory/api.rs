@@ -30,7 +30,7 @@ pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytes: usize) -> 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemFree_v2(ptr: CUdeviceptr) -> CUresult {
     entry("cuMemFree_v2", || {
-        let d = driver::live()?;
+        let d = crate::route::for_pointer(ptr)?;
         if ptr == 0 {
             return Ok(());
         }
@@ -73,7 +73,7 @@ pub unsafe extern "C" fn cuMemGetAddressRange_v2(
     ptr: CUdeviceptr,
 ) -> CUresult {
     entry("cuMemGetAddressRange_v2", || {
-        let d = driver::live()?;
+        let d = crate::route::for_pointer(ptr)?;
         let (b, r) = d.memory.device_range(ptr, 0).ok_or(result::NOT_FOUND)?;
         // SAFETY: each is NULL (allowed) or writable, by the caller's contract.
         unsafe {
@@ -101,7 +101,7 @@ pub unsafe extern "C" fn cuMemHostAlloc(
         if pp.is_null() {
             return Err(result::INVALID_VALUE);
         }
-        let addr = d.share_host(bytes, None, flags)?;
+        let addr = d.pin(bytes, None, flags)?;
         // SAFETY: checked non-NULL; the caller's contract.
         unsafe { out(pp, addr as *mut c_void) }
     })
@@ -120,13 +120,13 @@ pub unsafe extern "C" fn cuMemAllocHost_v2(pp: *mut *mut c_void, bytes: usize) -
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemFreeHost(p: *mut c_void) -> CUresult {
     entry("cuMemFreeHost", || {
-        let d = driver::live()?;
+        let d = crate::route::for_pointer(p as u64)?;
         let addr = p as usize;
         match d.memory.host_region_at(addr) {
             Some((base, r)) if base == addr && !r.registered => {}
             _ => return Err(result::INVALID_VALUE),
         }
-        let r = d.unshare_host(addr)?;
+        let r = d.unpin(addr)?;
         // SAFETY: the region's whole mapping, made by `cuMemHostAlloc` and now forgotten.
         unsafe { libc::munmap(p, r.len) };
         Ok(())
@@ -159,7 +159,7 @@ pub unsafe extern "C" fn cuMemHostRegister_v2(
         if d.memory.host_region_at(start).is_some() || d.memory.host_region_at(end - 1).is_some() {
             return Err(result::HOST_MEMORY_ALREADY_REGISTERED);
         }
-        d.share_host(end - start, Some(start), flags).map(drop)
+        d.pin(end - start, Some(start), flags).map(drop)
     })
 }
 
@@ -180,13 +180,13 @@ pub unsafe extern "C" fn cuMemHostRegister(
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemHostUnregister(p: *mut c_void) -> CUresult {
     entry("cuMemHostUnregister", || {
-        let d = driver::live()?;
+        let d = crate::route::for_pointer(p as u64)?;
         let addr = p as usize / PAGE * PAGE;
         match d.memory.host_region_at(addr) {
             Some((base, r)) if base == addr && r.registered => {}
             _ => return Err(result::HOST_MEMORY_NOT_REGISTERED),
         }
-        let r = d.unshare_host(addr)?;
+        let r = d.unpin(addr)?;
         if !super::host::make_private(addr, r.len) {
             say_once(
                 "cuMemHostUnregister: no memory to make the pages private again; they stay shared with forked children",
@@ -205,7 +205,7 @@ pub unsafe extern "C" fn cuMemHostGetDevicePointer_v2(
     flags: c_uint,
 ) -> CUresult {
     entry("cuMemHostGetDevicePointer_v2", || {
-        let d = driver::live()?;
+        let d = crate::route::for_pointer(p as u64)?;
         if flags != 0 {
             return Err(result::INVALID_VALUE);
         }
@@ -223,7 +223,7 @@ pub unsafe extern "C" fn cuMemHostGetDevicePointer_v2(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemHostGetFlags(flags: *mut c_uint, p: *mut c_void) -> CUresult {
     entry("cuMemHostGetFlags", || {
-        let d = driver::live()?;
+        let d = crate::route::for_pointer(p as u64)?;
         let (_, r) = d
             .memory
             .host_region_at(p as usize)
@@ -251,7 +251,7 @@ pub unsafe extern "C" fn cuPointerGetAttribute(
     ptr: CUdeviceptr,
 ) -> CUresult {
     entry("cuPointerGetAttribute", || {
-        let d = driver::get()?;
+        let d = crate::route::for_pointer(ptr)?;
         if data.is_null() {
             return Err(result::INVALID_VALUE);
         }
@@ -260,7 +260,7 @@ pub unsafe extern "C" fn cuPointerGetAttribute(
             return Err(result::INVALID_VALUE);
         }
         // SAFETY: the caller's contract.
-        match unsafe { write_attribute(d.contexts.primary(), attr, &p, ptr, data) }? {
+        match unsafe { write_attribute((d.primary(), d.device), attr, &p, ptr, data) }? {
             true => Ok(()),
             false => Err(result::INVALID_VALUE),
         }
@@ -279,7 +279,7 @@ pub unsafe extern "C" fn cuPointerGetAttributes(
     ptr: CUdeviceptr,
 ) -> CUresult {
     entry("cuPointerGetAttributes", || {
-        let d = driver::get()?;
+        let d = crate::route::for_pointer(ptr)?;
         if attrs.is_null() || data.is_null() {
             return Err(result::INVALID_VALUE);
         }
@@ -291,7 +291,7 @@ pub unsafe extern "C" fn cuPointerGetAttributes(
                 continue;
             }
             // SAFETY: `slot` is valid for the attribute's type, by the contract.
-            let written = unsafe { write_attribute(d.contexts.primary(), attr, &p, ptr, slot) }
+            let written = unsafe { write_attribute((d.primary(), d.device), attr, &p, ptr, slot) }
                 .unwrap_or(false);
             if !written {
                 // SAFETY: as above; CUDA zeroes what does not apply (8 bytes covers every
@@ -311,7 +311,7 @@ pub extern "C" fn cuPointerSetAttribute(
     ptr: CUdeviceptr,
 ) -> CUresult {
     entry("cuPointerSetAttribute", || {
-        let d = driver::live()?;
+        let d = crate::route::for_pointer(ptr)?;
         d.memory.device_range(ptr, 0).ok_or(result::INVALID_VALUE)?;
         if attr == ptr_attr::SYNC_MEMOPS {
             Ok(())

@@ -25,17 +25,19 @@ pub(super) fn pointee(memory: &Memory, ptr: u64) -> Pointee {
 }
 
 /// Writes one pointer attribute's value to `data`; `Ok(false)` when the pointer has no such
-/// attribute. `ctx` is the context every pointer belongs to (the primary one).
+/// attribute. `owner` is the context every pointer of its device belongs to (the device's
+/// primary one) and the device's ordinal.
 ///
 /// # Safety
 /// `data` is valid for writing the attribute's type.
 pub(super) unsafe fn write_attribute(
-    ctx: CUcontext,
+    owner: (CUcontext, c_int),
     attr: c_int,
     p: &Pointee,
     ptr: u64,
     data: *mut c_void,
 ) -> Cu<bool> {
+    let (ctx, device) = owner;
     // SAFETY: every write below is to `data`, valid for the attribute's type per the contract.
     unsafe {
         match (attr, p) {
@@ -64,7 +66,7 @@ pub(super) unsafe fn write_attribute(
                 data.cast::<c_int>().write(0)
             }
             (ptr_attr::DEVICE_ORDINAL, Pointee::Device { .. } | Pointee::Host { .. }) => {
-                data.cast::<c_int>().write(crate::device::bound())
+                data.cast::<c_int>().write(device)
             }
             (
                 ptr_attr::IS_LEGACY_CUDA_IPC_CAPABLE | ptr_attr::IS_GPU_DIRECT_RDMA_CAPABLE,
@@ -137,7 +139,7 @@ mod tests {
     fn read(p: &Pointee, ptr: u64, attr: c_int) -> Cu<Option<u64>> {
         let mut v = 0u64;
         // SAFETY: `v` is 8 bytes, room for any attribute's type.
-        let written = unsafe { write_attribute(CTX, attr, p, ptr, (&raw mut v).cast()) }?;
+        let written = unsafe { write_attribute((CTX, 0), attr, p, ptr, (&raw mut v).cast()) }?;
         Ok(written.then_some(v))
     }
 

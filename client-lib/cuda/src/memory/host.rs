@@ -17,8 +17,13 @@ use gpushare_protocol::Command;
 impl Driver {
     /// Shares page-locked host memory with the broker: a new mapping of `len` bytes, or (with
     /// `existing`) the program's own pages at that address, moved into a shared mapping with
-    /// their contents.
-    pub(super) fn share_host(&self, len: usize, existing: Option<usize>, flags: u32) -> Cu<usize> {
+    /// their contents. Its address, its file and its length (whole pages).
+    pub(super) fn share_host(
+        &self,
+        len: usize,
+        existing: Option<usize>,
+        flags: u32,
+    ) -> Cu<(usize, OwnedFd, usize)> {
         // More than the address space holds: no memory for it.
         let len = len
             .max(1)
@@ -29,25 +34,8 @@ impl Driver {
             Some(at) => remap_shared(at, len, &fd)?,
             None => map_shared(len, &fd)?,
         };
-        let grant = self.share_fd(&fd, len, addr);
-        match grant {
-            Ok(g) => {
-                self.memory
-                    .host
-                    .write()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .insert(
-                        addr,
-                        HostRegion {
-                            len,
-                            region: g.region,
-                            device_ptr: g.device_ptr,
-                            flags,
-                            registered: existing.is_some(),
-                        },
-                    );
-                Ok(addr)
-            }
+        match self.share_region(&fd, len, addr, flags, existing.is_some()) {
+            Ok(()) => Ok((addr, fd, len)),
             Err(code) => {
                 if existing.is_none() {
                     // SAFETY: the mapping made above, not handed out.
@@ -58,10 +46,37 @@ impl Driver {
         }
     }
 
+    /// Shares the memory of `fd` mapped at `addr` with this device's session, and records it.
+    pub(super) fn share_region(
+        &self,
+        fd: &OwnedFd,
+        len: usize,
+        addr: usize,
+        flags: u32,
+        registered: bool,
+    ) -> Cu<()> {
+        let g = self.share_fd(fd, len, addr)?;
+        self.memory
+            .host
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(
+                addr,
+                HostRegion {
+                    len,
+                    region: g.region,
+                    device_ptr: g.device_ptr,
+                    flags,
+                    registered,
+                },
+            );
+        Ok(())
+    }
+
     /// A page of page-locked host memory shared with gpushared for the driver's own use:
     /// where the program reaches it, and where the device does.
     pub(crate) fn shared_page(&self) -> Cu<(usize, u64)> {
-        let addr = self.share_host(PAGE, None, 0)?;
+        let (addr, _file, _) = self.share_host(PAGE, None, 0)?;
         let device = self
             .memory
             .host

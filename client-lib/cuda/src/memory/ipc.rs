@@ -84,7 +84,7 @@ impl Driver {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuIpcGetMemHandle(h: *mut IpcHandle, ptr: CUdeviceptr) -> CUresult {
     entry("cuIpcGetMemHandle", || {
-        let d = driver::live()?;
+        let d = crate::route::for_pointer(ptr)?;
         match d.memory.device_range(ptr, 0) {
             Some((_, r)) if r.kind == DeviceKind::Allocation => {}
             _ => return Err(result::INVALID_VALUE),
@@ -129,7 +129,7 @@ pub unsafe extern "C" fn cuIpcOpenMemHandle(
 #[unsafe(no_mangle)]
 pub extern "C" fn cuIpcCloseMemHandle(ptr: CUdeviceptr) -> CUresult {
     entry("cuIpcCloseMemHandle", || {
-        driver::live()?.ipc_close_memory(ptr)
+        crate::route::for_pointer(ptr)?.ipc_close_memory(ptr)
     })
 }
 
@@ -138,8 +138,8 @@ pub extern "C" fn cuIpcCloseMemHandle(ptr: CUdeviceptr) -> CUresult {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuIpcGetEventHandle(h: *mut IpcHandle, e: CUevent) -> CUresult {
     entry("cuIpcGetEventHandle", || {
-        let d = driver::live()?;
-        let id = handle::event_id(e).ok_or(result::INVALID_HANDLE)?;
+        let d = crate::route::by_event(e)?;
+        let id = d.event(e)?;
         let flags = d.event_flags(id).ok_or(result::INVALID_HANDLE)?;
         // CUDA shares only events made to be shared.
         if flags & event::INTERPROCESS == 0 {
@@ -171,7 +171,7 @@ pub unsafe extern "C" fn cuIpcOpenEventHandle(e: *mut CUevent, h: IpcHandle) -> 
                 .map(drop)
         })?;
         // SAFETY: the caller's contract.
-        unsafe { out(e, handle::event_handle(id)) }
+        unsafe { out(e, handle::event_handle(d.device, id)) }
     })
 }
 

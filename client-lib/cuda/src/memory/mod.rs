@@ -11,6 +11,7 @@ mod attributes;
 mod device;
 pub(crate) mod host;
 pub mod ipc;
+pub(crate) mod pinned;
 pub mod pools;
 pub mod pools_api;
 pub mod vmm;
@@ -129,7 +130,7 @@ impl Memory {
         }
     }
 
-    fn host_region_at(&self, ptr: usize) -> Option<(usize, HostRegion)> {
+    pub(crate) fn host_region_at(&self, ptr: usize) -> Option<(usize, HostRegion)> {
         let map = self.host.read().unwrap_or_else(|p| p.into_inner());
         let (&base, &r) = map.range(..=ptr).next_back()?;
         (ptr < base + r.len).then_some((base, r))

@@ -35,8 +35,7 @@ pub unsafe extern "C" fn cuDeviceGetDefaultMemPool(
     dev: c_int,
 ) -> CUresult {
     entry("cuDeviceGetDefaultMemPool", || {
-        driver::live()?;
-        crate::device::check(dev)?;
+        crate::route::on_device(dev)?;
         // SAFETY: the caller's contract.
         unsafe { out(pool, pool_handle(super::pools::DEFAULT_POOL)) }
     })
@@ -47,8 +46,7 @@ pub unsafe extern "C" fn cuDeviceGetDefaultMemPool(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDeviceGetMemPool(pool: *mut CUmemoryPool, dev: c_int) -> CUresult {
     entry("cuDeviceGetMemPool", || {
-        let d = driver::live()?;
-        crate::device::check(dev)?;
+        let d = crate::route::on_device(dev)?;
         // SAFETY: the caller's contract.
         unsafe { out(pool, pool_handle(d.pools.current())) }
     })
@@ -57,8 +55,7 @@ pub unsafe extern "C" fn cuDeviceGetMemPool(pool: *mut CUmemoryPool, dev: c_int)
 #[unsafe(no_mangle)]
 pub extern "C" fn cuDeviceSetMemPool(dev: c_int, pool: CUmemoryPool) -> CUresult {
     entry("cuDeviceSetMemPool", || {
-        let d = driver::live()?;
-        crate::device::check(dev)?;
+        let d = crate::route::on_device(dev)?;
         d.pools.set_current(live_pool(d, pool)?)
     })
 }
@@ -278,8 +275,14 @@ pub unsafe extern "C" fn cuMemPoolGetAccess(
     })
 }
 
-fn alloc_from(dptr: *mut CUdeviceptr, bytes: usize, pool: Option<CUmemoryPool>) -> Cu<()> {
-    let d = driver::live()?;
+/// On the stream's device.
+fn alloc_from(
+    dptr: *mut CUdeviceptr,
+    bytes: usize,
+    pool: Option<CUmemoryPool>,
+    stream: *mut c_void,
+) -> Cu<()> {
+    let d = crate::route::by_stream(stream)?;
     if dptr.is_null() {
         return Err(result::INVALID_VALUE);
     }
@@ -299,10 +302,10 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
     dptr: *mut CUdeviceptr,
     bytes: usize,
     pool: CUmemoryPool,
-    _stream: *mut c_void,
+    stream: *mut c_void,
 ) -> CUresult {
     entry("cuMemAllocFromPoolAsync", || {
-        alloc_from(dptr, bytes, Some(pool))
+        alloc_from(dptr, bytes, Some(pool), stream)
     })
 }
 
@@ -313,10 +316,10 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
     dptr: *mut CUdeviceptr,
     bytes: usize,
     pool: CUmemoryPool,
-    _stream: *mut c_void,
+    stream: *mut c_void,
 ) -> CUresult {
     entry("cuMemAllocFromPoolAsync_ptsz", || {
-        alloc_from(dptr, bytes, Some(pool))
+        alloc_from(dptr, bytes, Some(pool), stream)
     })
 }
 
@@ -329,9 +332,9 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
 pub unsafe extern "C" fn cuMemAllocAsync(
     dptr: *mut CUdeviceptr,
     bytes: usize,
-    _stream: *mut c_void,
+    stream: *mut c_void,
 ) -> CUresult {
-    entry("cuMemAllocAsync", || alloc_from(dptr, bytes, None))
+    entry("cuMemAllocAsync", || alloc_from(dptr, bytes, None, stream))
 }
 
 /// # Safety
@@ -340,7 +343,9 @@ pub unsafe extern "C" fn cuMemAllocAsync(
 pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
     dptr: *mut CUdeviceptr,
     bytes: usize,
-    _stream: *mut c_void,
+    stream: *mut c_void,
 ) -> CUresult {
-    entry("cuMemAllocAsync_ptsz", || alloc_from(dptr, bytes, None))
+    entry("cuMemAllocAsync_ptsz", || {
+        alloc_from(dptr, bytes, None, stream)
+    })
 }

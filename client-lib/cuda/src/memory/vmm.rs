@@ -128,15 +128,15 @@ impl Vmm {
 }
 
 /// Checks what `cuMemCreate` and `cuMemGetAllocationGranularity` may be asked for here:
-/// pinned device memory on this process's one device.
-fn check_prop(prop: &AllocationProp) -> Cu<()> {
+/// pinned device memory on device `dev` (the driver's).
+fn check_prop(prop: &AllocationProp, dev: i32) -> Cu<()> {
     if prop.kind != ALLOCATION_PINNED || prop.location.kind != LOCATION_DEVICE {
         say_once(
             "the virtual memory API serves pinned device memory only (no managed or host memory)",
         );
         return Err(result::NOT_SUPPORTED);
     }
-    if prop.location.id != crate::device::bound() {
+    if prop.location.id != dev {
         return Err(result::INVALID_DEVICE);
     }
     posix_handles_only(prop.handle_types & !HANDLE_POSIX_FD == 0)
@@ -187,7 +187,7 @@ impl Memory {
 impl Driver {
     /// The granule of physical memory and reserved address space.
     pub fn vmm_granularity(&self, prop: &AllocationProp) -> Cu<u64> {
-        check_prop(prop)?;
+        check_prop(prop, self.device)?;
         match self.memory_granularity {
             0 => {
                 say_once("this device offers no memory for the virtual memory API");
@@ -334,7 +334,7 @@ impl Driver {
             if !matches!(d.flags, 0 | 1 | ACCESS_READWRITE) {
                 return Err(result::INVALID_VALUE);
             }
-            if d.location.id != crate::device::bound() {
+            if d.location.id != self.device {
                 // Another GPU of the job's (NCCL gives every peer access as it allocates):
                 // its process maps the memory with its own access when it imports it.
                 self.reached_by(d.location.id)?;
@@ -358,7 +358,7 @@ impl Driver {
         if location.kind != LOCATION_DEVICE {
             return Err(result::INVALID_DEVICE);
         }
-        if location.id != crate::device::bound() {
+        if location.id != self.device {
             self.reached_by(location.id)?;
         }
         let v = lock(&self.memory.vmm);
@@ -369,7 +369,7 @@ impl Driver {
 
     /// Whether device `dev`, another the program sees, reaches this process's device's memory.
     fn reached_by(&self, dev: i32) -> Cu<()> {
-        if self.gpus.reaches(dev, crate::device::bound()) {
+        if self.gpus.reaches(dev, self.device) {
             Ok(())
         } else {
             Err(result::INVALID_DEVICE)
@@ -510,9 +510,9 @@ mod tests {
     #[test]
     fn properties_outside_pinned_device_memory_are_refused() {
         let ok = AllocationProp::shareable_on_device();
-        assert_eq!(check_prop(&ok), Ok(()));
+        assert_eq!(check_prop(&ok, 0), Ok(()));
         assert_eq!(
-            check_prop(&AllocationProp { kind: 2, ..ok }),
+            check_prop(&AllocationProp { kind: 2, ..ok }, 0),
             Err(result::NOT_SUPPORTED)
         );
         let other = Location {
@@ -520,17 +520,23 @@ mod tests {
             id: 1,
         };
         assert_eq!(
-            check_prop(&AllocationProp {
-                location: other,
-                ..ok
-            }),
+            check_prop(
+                &AllocationProp {
+                    location: other,
+                    ..ok
+                },
+                0
+            ),
             Err(result::INVALID_DEVICE)
         );
         assert_eq!(
-            check_prop(&AllocationProp {
-                handle_types: 8,
-                ..ok
-            }),
+            check_prop(
+                &AllocationProp {
+                    handle_types: 8,
+                    ..ok
+                },
+                0
+            ),
             Err(result::NOT_SUPPORTED),
             "fabric handles"
         );

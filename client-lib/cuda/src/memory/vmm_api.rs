@@ -24,6 +24,16 @@ unsafe fn read_prop(prop: *const AllocationProp) -> Result<AllocationProp, CUres
     Ok(unsafe { prop.read_unaligned() })
 }
 
+/// The driver of the device an allocation's properties name (the current device's for a
+/// location that is none).
+fn on_location(prop: &AllocationProp) -> crate::status::Cu<&'static crate::driver::Driver> {
+    if prop.location.kind == super::vmm::LOCATION_DEVICE {
+        crate::route::on_device(prop.location.id)
+    } else {
+        driver::live()
+    }
+}
+
 /// # Safety
 /// `granularity` is NULL or valid for writing; `prop` NULL or valid for reading.
 #[unsafe(no_mangle)]
@@ -33,10 +43,9 @@ pub unsafe extern "C" fn cuMemGetAllocationGranularity(
     _option: c_uint,
 ) -> CUresult {
     entry("cuMemGetAllocationGranularity", || {
-        let d = driver::live()?;
         // SAFETY: the caller's contract.
         let prop = unsafe { read_prop(prop) }?;
-        let g = d.vmm_granularity(&prop)?;
+        let g = on_location(&prop)?.vmm_granularity(&prop)?;
         // SAFETY: the caller's contract.
         unsafe { out(granularity, g as usize) }
     })
@@ -80,13 +89,12 @@ pub unsafe extern "C" fn cuMemCreate(
     flags: c_ulonglong,
 ) -> CUresult {
     entry("cuMemCreate", || {
-        let d = driver::live()?;
         // SAFETY: the caller's contract.
         let prop = unsafe { read_prop(prop) }?;
         if handle.is_null() || flags != 0 {
             return Err(result::INVALID_VALUE);
         }
-        let h = d.vmm_create(size as u64, &prop)?;
+        let h = on_location(&prop)?.vmm_create(size as u64, &prop)?;
         // SAFETY: the caller's contract.
         unsafe { out(handle, h) }
     })

@@ -363,8 +363,7 @@ pub unsafe extern "C" fn cuKernelGetAttribute(
     dev: CUdevice,
 ) -> CUresult {
     entry("cuKernelGetAttribute", || {
-        let d = driver::live()?;
-        crate::device::check(dev)?;
+        let d = crate::route::on_device(dev)?;
         let v = d.function_attribute(d.kernel(kernel)?, attr)?;
         // SAFETY: the caller's contract.
         unsafe { out(value, v) }
@@ -387,8 +386,7 @@ pub extern "C" fn cuKernelSetAttribute(
     dev: CUdevice,
 ) -> CUresult {
     entry("cuKernelSetAttribute", || {
-        let d = driver::live()?;
-        crate::device::check(dev)?;
+        let d = crate::route::on_device(dev)?;
         d.set_function_attribute(d.kernel(kernel)?, attr, value)
     })
 }
@@ -409,8 +407,7 @@ pub extern "C" fn cuKernelSetCacheConfig(
     dev: CUdevice,
 ) -> CUresult {
     entry("cuKernelSetCacheConfig", || {
-        crate::device::check(dev)?;
-        driver::live()?.kernel(kernel).map(drop)
+        crate::route::on_device(dev)?.kernel(kernel).map(drop)
     })
 }
 
@@ -423,7 +420,7 @@ pub unsafe extern "C" fn cuFuncIsLoaded(state: *mut c_int, func: CUfunction) -> 
         let k = d.kernel(func)?;
         // CU_FUNCTION_LOADING_STATE_UNLOADED = 0, _LOADED = 1.
         // SAFETY: the caller's contract.
-        unsafe { out(state, k.info.get().is_some() as c_int) }
+        unsafe { out(state, k.info.iter().any(|i| i.get().is_some()) as c_int) }
     })
 }
 

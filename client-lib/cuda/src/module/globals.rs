@@ -13,11 +13,12 @@ use crate::types::result;
 impl Driver {
     /// A module global's device address and size.
     pub fn global(&self, image: &Image, name: &CStr) -> Cu<(u64, u64)> {
+        let key = (self.device, name.to_owned());
         if let Some(&g) = image
             .globals
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .get(name)
+            .get(&key)
         {
             return Ok(g);
         }
@@ -45,7 +46,7 @@ impl Driver {
             .globals
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(name.to_owned(), (ptr, bytes));
+            .insert(key, (ptr, bytes));
         Ok((ptr, bytes))
     }
 }

@@ -45,7 +45,8 @@ impl From<FunctionDetails> for FunctionInfo {
 pub struct Kernel {
     pub image: &'static Image,
     pub name: CString,
-    pub(super) info: OnceLock<Arc<FunctionInfo>>,
+    /// Its layout on each device (by ordinal), once asked there.
+    pub(super) info: Box<[OnceLock<Arc<FunctionInfo>>]>,
     resolving: Mutex<()>,
     /// Attributes the program set, as it set them.
     set: Mutex<HashMap<i32, i32>>,
@@ -63,7 +64,7 @@ impl Modules {
         let kernel: &'static Kernel = Box::leak(Box::new(Kernel {
             image,
             name: key.1.clone(),
-            info: OnceLock::new(),
+            info: (0..self.devices).map(|_| OnceLock::new()).collect(),
             resolving: Mutex::new(()),
             set: Mutex::new(HashMap::new()),
         }));
@@ -80,11 +81,15 @@ impl Driver {
     /// A kernel's layout and attributes, asked of the broker the first time.
     #[inline]
     pub fn info(&self, k: &Kernel) -> Cu<Arc<FunctionInfo>> {
-        if let Some(info) = k.info.get() {
+        let slot = k
+            .info
+            .get(self.device as usize)
+            .ok_or(result::INVALID_DEVICE)?;
+        if let Some(info) = slot.get() {
             return Ok(info.clone());
         }
         let _one = k.resolving.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(info) = k.info.get() {
+        if let Some(info) = slot.get() {
             return Ok(info.clone());
         }
         let module = self.ensure_loaded(k.image)?;
@@ -107,7 +112,17 @@ impl Driver {
             _ => return Err(result::UNKNOWN),
         };
         let info = Arc::new(FunctionInfo::from(details));
-        let _ = k.info.set(info.clone());
+        // What the program set (on another device) holds here too; under the lock
+        // `set_function_attribute` takes, so that none is missed.
+        let set = k.set.lock().unwrap_or_else(|p| p.into_inner());
+        for (&attribute, &value) in set.iter() {
+            self.transport.post(Command::FunctionSetAttribute {
+                function: info.id,
+                attribute: attribute as u32,
+                value,
+            })?;
+        }
+        let _ = slot.set(info.clone());
         Ok(info)
     }
 
@@ -173,21 +188,28 @@ impl Driver {
             .ok_or(result::INVALID_VALUE)
     }
 
-    /// Sets a function attribute in the broker (without waiting; not again when unchanged).
+    /// Sets a function attribute in the broker (without waiting; not again when unchanged),
+    /// on every device where the kernel is resolved; another device gets it at its first use.
     pub fn set_function_attribute(&self, k: &Kernel, attr: c_int, value: c_int) -> Cu<()> {
         if !(0..func_attr::MAX).contains(&attr) {
             return Err(result::INVALID_VALUE);
         }
+        self.info(k)?;
         let mut set = k.set.lock().unwrap_or_else(|p| p.into_inner());
         if set.get(&attr) == Some(&value) {
             return Ok(());
         }
-        let info = self.info(k)?;
-        self.transport.post(Command::FunctionSetAttribute {
-            function: info.id,
-            attribute: attr as u32,
-            value,
-        })?;
+        let first = crate::driver::first()?;
+        for d in crate::route::opened(first) {
+            let Some(info) = k.info.get(d.device as usize).and_then(|s| s.get()) else {
+                continue;
+            };
+            d.transport.post(Command::FunctionSetAttribute {
+                function: info.id,
+                attribute: attr as u32,
+                value,
+            })?;
+        }
         set.insert(attr, value);
         Ok(())
     }
@@ -213,7 +235,7 @@ mod tests {
         assert!(!std::ptr::eq(f, m.kernel_of(a, c"g")));
         assert!(!std::ptr::eq(f, m.kernel_of(b, c"f")), "another image's");
         assert_eq!(f.name.as_c_str(), c"f");
-        assert!(f.info.get().is_none(), "nothing asked of the broker yet");
+        assert!(f.info[0].get().is_none(), "nothing asked of the broker yet");
     }
 
     #[test]

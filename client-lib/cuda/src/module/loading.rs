@@ -13,7 +13,7 @@ use gpushare_protocol::control::{BrokerMessage, ClientMessage, ModuleFormat, ima
 use super::{Modules, module_error, module_load_error};
 use crate::driver::Driver;
 use crate::status::Cu;
-use crate::types::result;
+use crate::types::{CUdevice, result};
 
 /// Where an image's bytes are.
 pub(super) enum Bytes {
@@ -26,10 +26,11 @@ pub(super) enum Bytes {
 /// it lives on after an unload (a stale handle must still be told apart); its bytes do not.
 pub struct Image {
     pub format: ModuleFormat,
-    /// The bytes, until unloaded; and the broker's module id once the image is there.
+    /// The bytes, until unloaded; and the broker's module id on each device it is loaded on.
     loaded: Mutex<Loaded>,
     pub(super) unloaded: AtomicBool,
-    pub(super) globals: Mutex<HashMap<CString, (u64, u64)>>,
+    /// Globals' addresses and sizes, by device and name.
+    pub(super) globals: Mutex<HashMap<(CUdevice, CString), (u64, u64)>>,
 }
 
 // SAFETY: a borrowed image is immutable program data that outlives the library (CUDA's own
@@ -41,7 +42,8 @@ unsafe impl Sync for Image {}
 /// An image's bytes and its module at the broker.
 struct Loaded {
     bytes: Bytes,
-    module: Option<u64>,
+    /// By device ordinal.
+    modules: Box<[Option<u64>]>,
 }
 
 impl Loaded {
@@ -60,7 +62,7 @@ impl Modules {
             format,
             loaded: Mutex::new(Loaded {
                 bytes,
-                module: None,
+                modules: vec![None; self.devices].into_boxed_slice(),
             }),
             unloaded: AtomicBool::new(false),
             globals: Mutex::new(HashMap::new()),
@@ -96,8 +98,11 @@ impl Driver {
     /// the broker holds the same bytes, else sent).
     pub fn ensure_loaded(&self, image: &Image) -> Cu<u64> {
         let mut loaded = image.loaded.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(id) = loaded.module {
-            return Ok(id);
+        let dev = self.device as usize;
+        match loaded.modules.get(dev) {
+            Some(Some(id)) => return Ok(*id),
+            Some(None) => {}
+            None => return Err(result::INVALID_DEVICE),
         }
         if image.unloaded.load(Ordering::Acquire) {
             return Err(result::INVALID_HANDLE);
@@ -128,29 +133,32 @@ impl Driver {
             Ok(_) => return Err(result::UNKNOWN),
             Err(e) => return Err(module_load_error(&e)),
         };
-        loaded.module = Some(id);
+        loaded.modules[dev] = Some(id);
         Ok(id)
     }
 
     pub(super) fn unload(&self, h: *mut c_void) -> Cu<()> {
         let image = self.image(h)?;
         image.unloaded.store(true, Ordering::Release);
-        let module = {
+        let modules = {
             let mut loaded = image.loaded.lock().unwrap_or_else(|p| p.into_inner());
             // The bytes go now (a program that loads and unloads in a loop must not grow).
             loaded.bytes = Bytes::Owned(Vec::new());
-            loaded.module.take()
+            std::mem::take(&mut loaded.modules)
         };
         image
             .globals
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clear();
-        if let Some(module) = module {
-            // Launches already sent run first: the broker unloads in order with them only
-            // after the client's work is done.
-            self.synchronize()?;
-            let _ = self.transport.session.unload_module(module);
+        let first = crate::driver::first()?;
+        for d in crate::route::opened(first) {
+            if let Some(Some(module)) = modules.get(d.device as usize) {
+                // Launches already sent run first: the broker unloads in order with them
+                // only after the client's work is done.
+                d.synchronize()?;
+                let _ = d.transport.session.unload_module(*module);
+            }
         }
         Ok(())
     }

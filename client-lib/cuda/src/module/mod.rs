@@ -6,7 +6,9 @@
 //!
 //! A library and a module are one object here, as are a kernel and a function. Handles are
 //! pointers to objects that live as long as the process (an unloaded one is only marked so):
-//! a stale handle fails cleanly instead of dangling.
+//! a stale handle fails cleanly instead of dangling. They are the process's, not one
+//! device's (as CUDA's libraries and kernels are): an image is loaded, and a kernel's layout
+//! asked, on each device's session at its first use there.
 
 mod enumerate;
 mod globals;
@@ -30,14 +32,30 @@ pub use kernels::{FunctionInfo, Kernel};
 pub use loading::Image;
 
 /// Every image and kernel handle handed out: a handle not here is stale or not one.
-#[derive(Default)]
 pub struct Modules {
     images: RwLock<HashSet<usize>>,
     kernels: RwLock<HashSet<usize>>,
     by_name: Mutex<HashMap<(usize, CString), usize>>,
+    /// How many devices the process sees: each image and kernel keeps one slot per device.
+    devices: usize,
+}
+
+impl Default for Modules {
+    fn default() -> Modules {
+        Modules::for_devices(1)
+    }
 }
 
 impl Modules {
+    pub fn for_devices(devices: usize) -> Modules {
+        Modules {
+            images: RwLock::default(),
+            kernels: RwLock::default(),
+            by_name: Mutex::default(),
+            devices: devices.max(1),
+        }
+    }
+
     /// The image a module or library handle names.
     pub fn image(&self, h: *mut c_void) -> Cu<&'static Image> {
         let live = self
