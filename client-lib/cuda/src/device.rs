@@ -357,7 +357,7 @@ pub unsafe extern "C" fn cuDeviceCanAccessPeer(
         seen(d, dev)?;
         seen(d, peer)?;
         // SAFETY: the caller's contract.
-        unsafe { out(can, c_int::from(d.gpus.reaches(dev, peer))) }
+        unsafe { out(can, c_int::from(d.gpus.peer_access(dev, peer))) }
     })
 }
 
@@ -385,9 +385,9 @@ pub unsafe extern "C" fn cuDeviceGetP2PAttribute(
         if !P2P_ATTRIBUTES.contains(&attrib) {
             return Err(result::INVALID_VALUE);
         }
-        // Access where the GPUs reach each other; no claim of native atomics (unknown here),
-        // no CUDA arrays (not served), and one performance rank for every link.
-        let v = c_int::from(attrib == P2P_ACCESS_SUPPORTED && d.gpus.reaches(src, dst));
+        // Access as `cuDeviceCanAccessPeer` says it; no claim of native atomics (unknown
+        // here), no CUDA arrays (not served), and one performance rank for every link.
+        let v = c_int::from(attrib == P2P_ACCESS_SUPPORTED && d.gpus.peer_access(src, dst));
         // SAFETY: the caller's contract.
         unsafe { out(value, v) }
     })

@@ -410,11 +410,26 @@ impl Driver {
     /// A broker answer that means this process's device state is gone makes every later
     /// call fail too.
     pub fn notice_loss(&self, code: CUresult) {
-        if code == result::LAUNCH_FAILED && self.transport.session.handles_lost() > 0 {
-            self.fail_for_good(
-                code,
-                "another client's fault reset the GPU: this program's GPU memory, modules and streams are gone; restart it",
-            );
+        let session = &self.transport.session;
+        if code == result::LAUNCH_FAILED && session.handles_lost() > 0 {
+            if self.sticky.load(Ordering::Relaxed) != 0 {
+                return;
+            }
+            // gpushared stops the program whose work faulted: its eviction may still be on
+            // the way, behind the reset.
+            for _ in 0..3 {
+                if session.is_dead() {
+                    break;
+                }
+                session.read_news(nix::poll::PollTimeout::from(20u8));
+            }
+            let why = match session.check_alive() {
+                Err(e @ Error::Evicted(_)) => format!(
+                    "{e}: this program's GPU memory, modules and streams on this GPU are gone"
+                ),
+                _ => "another client's fault reset the GPU: this program's GPU memory, modules and streams are gone; restart it".into(),
+            };
+            self.fail_for_good(code, &why);
         } else if code == result::DEVICE_UNAVAILABLE {
             let why = match self.transport.session.check_alive() {
                 Err(e) => e.to_string(),

@@ -20,6 +20,9 @@ pub struct Gpus {
     pub bound: usize,
     /// Pairs of gpushared's GPU indices where the first reaches the second's memory.
     pub peers: Vec<(u32, u32)>,
+    /// Whether the process is one rank of a job of one process per GPU (its launcher set a
+    /// local rank): peer access is offered to such processes only (`Gpus::peer_access`).
+    pub rank: bool,
 }
 
 impl Gpus {
@@ -29,6 +32,7 @@ impl Gpus {
             visible: vec![device],
             bound: 0,
             peers: Vec::new(),
+            rank: false,
         }
     }
 
@@ -40,6 +44,17 @@ impl Gpus {
     /// The device with ordinal `dev`, if the program sees it.
     pub fn get(&self, dev: i32) -> Option<&DeviceInfo> {
         usize::try_from(dev).ok().and_then(|i| self.visible.get(i))
+    }
+
+    /// Peer access as the program is told of it (`cuDeviceCanAccessPeer`, the P2P attribute,
+    /// `cuCtxEnablePeerAccess`): where the GPUs reach each other, for a rank of a job of one
+    /// process per GPU. Such a process maps another rank's memory through the virtual memory
+    /// API (NCCL's transport), which gpushared serves across GPUs. A process working on
+    /// several GPUs itself is told no: its kernels would read the other GPU's memory at its
+    /// own addresses, which the other GPU's worker does not map (the kernel faults); told no,
+    /// PyTorch copies across devices by memcpy instead, which `crate::across` serves.
+    pub fn peer_access(&self, dev: i32, peer: i32) -> bool {
+        self.rank && self.reaches(dev, peer)
     }
 
     /// Whether a program on device `dev` may map memory of device `peer` (both seen, not the
@@ -112,6 +127,7 @@ pub fn resolve(socket: &std::path::Path, list: &[u32], bound: usize) -> Result<G
         visible,
         bound,
         peers: report.peers,
+        rank: local_rank().is_some(),
     })
 }
 

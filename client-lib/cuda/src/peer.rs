@@ -1,8 +1,8 @@
-//! Peer access. Work runs on one device per process; a job over several GPUs
-//! (`gpushare run --gpus N`) gives each process the other GPUs' primary contexts, and access
-//! to one of those is enabled where gpushared's GPUs reach each other (what lets a process map
-//! another rank's memory). Between contexts of one device, or GPUs that do not reach each
-//! other, enabling fails as a driver fails it between devices that cannot.
+//! Peer access. In a job of one process per GPU (`gpushare run --gpus N`, a local rank set),
+//! access to another GPU's primary context is enabled where gpushared's GPUs reach each other
+//! (what lets a process map another rank's memory); a process working on several GPUs itself
+//! is told the GPUs have none (`Gpus::peer_access` says why). Between contexts of one device,
+//! or GPUs without access, enabling fails as a driver fails it between devices that cannot.
 
 use std::ffi::c_uint;
 
@@ -42,7 +42,7 @@ fn enable(
 pub extern "C" fn cuCtxEnablePeerAccess(peer: CUcontext, flags: c_uint) -> CUresult {
     entry("cuCtxEnablePeerAccess", || {
         let d = driver::get()?;
-        let reaches = |a, b| d.gpus.reaches(a, b);
+        let reaches = |a, b| d.gpus.peer_access(a, b);
         enable(d.contexts, reaches, current(), peer, flags)
     })
 }

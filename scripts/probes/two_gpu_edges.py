@@ -1,0 +1,52 @@
+"""What one process on two GPUs meets at the edges of what gpushare serves (issue 32): run
+directly and under `gpushare run --gpus 2`, it prints one line per case.
+
+- `peer_kernel OK|ERR …`: a copy PyTorch does with a kernel on one GPU that reads the other's
+  memory (a transposed tensor copied into a contiguous one on the other device, which takes
+  that path where peer access is on), checked against the CPU's result;
+- `ipc OK|ERR …`: a tensor on cuda:1 shared with a child process through
+  torch.multiprocessing (CUDA IPC), changed by the child and read back.
+Each case runs in a child process of its own, so that a fault in one does not end the rest."""
+
+import sys
+
+import torch
+import torch.multiprocessing as mp
+
+
+def peer_kernel(out):
+    a = torch.randn(512, 768, device="cuda:0")
+    b = torch.empty(768, 512, device="cuda:1")
+    b.copy_(a.t())
+    torch.cuda.synchronize(1)
+    same = torch.equal(b.cpu(), a.cpu().t())
+    out.put(f"peer_kernel {'OK' if same else 'ERR wrong values'} "
+            f"p2p={torch.cuda.can_device_access_peer(1, 0)}")
+
+
+def child(t):
+    t.add_(1)
+    torch.cuda.synchronize(t.device)
+
+
+def ipc(out):
+    t = torch.zeros(1 << 20, device="cuda:1")
+    p = mp.get_context("spawn").Process(target=child, args=(t,))
+    p.start()
+    p.join(120)
+    ok = p.exitcode == 0 and float(t.sum()) == float(1 << 20)
+    out.put(f"ipc {'OK' if ok else f'ERR exit {p.exitcode}, sum {float(t.sum())}'}")
+
+
+def main():
+    ctx = mp.get_context("spawn")
+    for case in (peer_kernel, ipc):
+        q = ctx.Queue()
+        p = ctx.Process(target=case, args=(q,))
+        p.start()
+        p.join(180)
+        print(q.get() if not q.empty() else f"{case.__name__} ERR exit {p.exitcode}", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
