@@ -5,7 +5,10 @@ directly and under `gpushare run --gpus 2`, it prints one line per case.
   memory (a transposed tensor copied into a contiguous one on the other device, which takes
   that path where peer access is on), checked against the CPU's result;
 - `ipc OK|ERR …`: a tensor on cuda:1 shared with a child process through
-  torch.multiprocessing (CUDA IPC), changed by the child and read back.
+  torch.multiprocessing (CUDA IPC), changed by the child and read back;
+- `data_parallel OK|ERR … SUM`: `torch.nn.DataParallel` over both devices (parameters
+  broadcast with NCCL in one process, inputs scattered, outputs gathered) trained 20 steps
+  from fixed seeds; SUM hashes the weights, to set against a direct run.
 Each case runs in a child process of its own, so that a fault in one does not end the rest."""
 
 import sys
@@ -38,9 +41,31 @@ def ipc(out):
     out.put(f"ipc {'OK' if ok else f'ERR exit {p.exitcode}, sum {float(t.sum())}'}")
 
 
+def data_parallel(out):
+    import hashlib
+
+    torch.manual_seed(5)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 256)
+    ).to("cuda:0")
+    dp = torch.nn.DataParallel(model, device_ids=[0, 1])
+    opt = torch.optim.SGD(dp.parameters(), lr=0.05)
+    gen = torch.Generator().manual_seed(6)
+    for _ in range(20):
+        x = torch.randn(64, 256, generator=gen).to("cuda:0")
+        loss = dp(x).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    h = hashlib.sha256()
+    for p in model.parameters():
+        h.update(p.detach().cpu().numpy().tobytes())
+    out.put(f"data_parallel OK loss {loss.item():.9g} {h.hexdigest()[:16]}")
+
+
 def main():
     ctx = mp.get_context("spawn")
-    for case in (peer_kernel, ipc):
+    for case in (peer_kernel, ipc, data_parallel):
         q = ctx.Queue()
         p = ctx.Process(target=case, args=(q,))
         p.start()
