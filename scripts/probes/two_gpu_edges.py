@@ -8,7 +8,11 @@ directly and under `gpushare run --gpus 2`, it prints one line per case.
   torch.multiprocessing (CUDA IPC), changed by the child and read back;
 - `data_parallel OK|ERR … SUM`: `torch.nn.DataParallel` over both devices (parameters
   broadcast with NCCL in one process, inputs scattered, outputs gathered) trained 20 steps
-  from fixed seeds; SUM hashes the weights, to set against a direct run.
+  from fixed seeds; SUM hashes the weights, to set against a direct run;
+- `jax_devices OK|ERR … SUM`: JAX placing an array on each device, a jitted function run on
+  both, the result moved back (SUM: the result's sum);
+- `jax_pmap OK|ERR … SUM`: a `jax.pmap` over both devices with a `psum` (XLA's collective
+  between the devices of one process, NCCL).
 Each case runs in a child process of its own, so that a fault in one does not end the rest."""
 
 import sys
@@ -63,9 +67,42 @@ def data_parallel(out):
     out.put(f"data_parallel OK loss {loss.item():.9g} {h.hexdigest()[:16]}")
 
 
+def jax_devices(out):
+    import os
+
+    os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    devs = jax.devices()
+    x = jnp.arange(1 << 20, dtype=jnp.float32) / (1 << 20)
+    a = jax.device_put(x, devs[0])
+    b = jax.device_put(a, devs[1])
+    f = jax.jit(lambda v: jnp.sin(v) * 2 + 1)
+    r0, r1 = f(a), f(b)
+    same = np.array_equal(np.asarray(r0), np.asarray(r1))
+    back = jax.device_put(r1, devs[0])
+    out.put(f"jax_devices {'OK' if same else 'ERR results differ'} {len(devs)} "
+            f"{float(jnp.sum(back)):.6f}")
+
+
+def jax_pmap(out):
+    import os
+
+    os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+    import jax
+    import jax.numpy as jnp
+
+    n = jax.device_count()
+    xs = jnp.arange(n * 1024, dtype=jnp.float32).reshape(n, 1024)
+    total = jax.pmap(lambda v: jax.lax.psum(v, "i"), axis_name="i")(xs)
+    out.put(f"jax_pmap OK {float(total.sum()):.1f}")
+
+
 def main():
     ctx = mp.get_context("spawn")
-    for case in (peer_kernel, ipc, data_parallel):
+    for case in (peer_kernel, ipc, data_parallel, jax_devices, jax_pmap):
         q = ctx.Queue()
         p = ctx.Process(target=case, args=(q,))
         p.start()
