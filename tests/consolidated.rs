@@ -165,6 +165,12 @@ const THROUGH_HOST: &str = "copies between two devices go through host memory";
 fn one_process_works_on_two_gpus_and_copies_between_them() {
     let out = work_on_two_gpus(None);
     assert!(!out.stderr.contains(THROUGH_HOST), "{}", out.stderr);
+    assert!(
+        out.stderr
+            .contains("a process that works on several GPUs itself gets no peer access"),
+        "peer access refused with why:\n{}",
+        out.stderr
+    );
 }
 
 /// Where no window of device memory fits (here the user's memory on a GPU is too little for

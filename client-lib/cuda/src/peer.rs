@@ -29,7 +29,6 @@ fn enable(
     let from = contexts.get(current)?.device;
     let to = contexts.get(peer)?.device;
     if !reaches(from, to) {
-        crate::entry::say_refused("cuCtxEnablePeerAccess", result::PEER_ACCESS_UNSUPPORTED);
         return Err(result::PEER_ACCESS_UNSUPPORTED);
     }
     if !contexts.peer_enabled(current, to, true) {
@@ -43,7 +42,19 @@ pub extern "C" fn cuCtxEnablePeerAccess(peer: CUcontext, flags: c_uint) -> CUres
     entry("cuCtxEnablePeerAccess", || {
         let d = driver::get()?;
         let reaches = |a, b| d.gpus.peer_access(a, b);
-        enable(d.contexts, reaches, current(), peer, flags)
+        let outcome = enable(d.contexts, reaches, current(), peer, flags);
+        let reached = d
+            .contexts
+            .get(peer)
+            .is_ok_and(|to| d.gpus.reaches(d.device, to.device));
+        if outcome == Err(result::PEER_ACCESS_UNSUPPORTED) && !reached {
+            crate::entry::say_refused("cuCtxEnablePeerAccess", result::PEER_ACCESS_UNSUPPORTED);
+        } else if outcome == Err(result::PEER_ACCESS_UNSUPPORTED) {
+            crate::log::say_once(
+                "cuCtxEnablePeerAccess: a process that works on several GPUs itself gets no peer access through gpushare (copies between the GPUs work; kernels reading another GPU's memory, NCCL within one process and jax.pmap do not); a job of one process per GPU (torchrun, `gpushare run --gpus N`) gets it",
+            );
+        }
+        outcome
     })
 }
 
