@@ -66,7 +66,7 @@ impl Driver {
         if to.is_none() && from.is_none() {
             return Ok(false);
         }
-        self.before_across(stream)?;
+        self.refuse_in_capture(stream)?;
         let to = to.unwrap_or(self);
         let from = from.unwrap_or(self);
         let dst_on_device = to.memory.device_range(dst, 0).is_some();
@@ -74,16 +74,38 @@ impl Driver {
         if devices_only && !(dst_on_device && src_on_device) {
             return Err(crate::types::result::INVALID_VALUE);
         }
+        // Between two devices, the side on this device (the stream's) works on the stream
+        // itself, in order with its earlier work; every other step waits for the stream first.
+        let on_stream = |d: &Driver| (d.device == self.device).then_some(stream);
         match (dst_on_device, src_on_device) {
-            (true, true) if to.device == from.device => {
+            (true, true) if to.device != from.device => {
+                let (fill, drain) = (on_stream(from), on_stream(to));
+                if fill.is_none() && drain.is_none() {
+                    self.sync_stream(stream)?;
+                }
+                between(
+                    Side(from, fill.unwrap_or(0)),
+                    Side(to, drain.unwrap_or(0)),
+                    dst,
+                    src,
+                    len,
+                )?;
+            }
+            (true, true) => {
+                self.sync_stream(stream)?;
                 to.copy_dtod(dst, src, len, 0)?;
                 to.sync_stream(0)?;
             }
-            (true, true) => between(from, to, dst, src, len)?,
             // SAFETY: host memory of `len` bytes, by the caller's contract.
-            (true, false) => unsafe { to.copy_htod(dst, src as *const u8, len, 0, true)? },
+            (true, false) => unsafe {
+                self.sync_stream(stream)?;
+                to.copy_htod(dst, src as *const u8, len, 0, true)?
+            },
             // SAFETY: as above.
-            (false, true) => unsafe { from.copy_dtoh(dst as *mut u8, src, len, 0, true)? },
+            (false, true) => unsafe {
+                self.sync_stream(stream)?;
+                from.copy_dtoh(dst as *mut u8, src, len, 0, true)?
+            },
             // Another device's memory is on one side, so not reached.
             (false, false) => return Err(crate::types::result::INVALID_VALUE),
         }
@@ -103,28 +125,33 @@ impl Driver {
         let Some(owner) = other_owner(self, dst) else {
             return Ok(false);
         };
-        self.before_across(stream)?;
+        self.refuse_in_capture(stream)?;
+        self.sync_stream(stream)?;
         owner.memset(dst, value, elem_bytes, count, 0)?;
         owner.sync_stream(0)?;
         Ok(true)
     }
 
-    /// What a copy across devices waits for first: the stream's earlier work. Not in a
-    /// capture, which records work for later (it is invalidated, as by any wait).
-    fn before_across(&self, stream: u32) -> Cu<()> {
+    /// A copy across devices waits, so it cannot be captured: the capture is invalidated, as
+    /// by any wait.
+    fn refuse_in_capture(&self, stream: u32) -> Cu<()> {
         if crate::graph::capturing(self, stream) {
             crate::entry::say_unsupported(
                 "a copy or memset of another device's memory captured in a CUDA graph",
             );
         }
-        crate::graph::refuse_while_capturing(self, stream)?;
-        self.sync_stream(stream)
+        crate::graph::refuse_while_capturing(self, stream)
     }
 }
 
+/// One device of a copy between two, and the stream of its own its part runs on.
+#[derive(Clone, Copy)]
+struct Side<'a>(&'a Driver, u32);
+
 /// Copies `len` bytes of `from`'s device memory at `src` to `to`'s at `dst`, through a window
 /// where there is one, else through host memory.
-fn between(from: &Driver, to: &Driver, dst: u64, src: u64, len: usize) -> Cu<()> {
+fn between(from: Side, to: Side, dst: u64, src: u64, len: usize) -> Cu<()> {
+    let (Side(from, fill_on), Side(to, drain_on)) = (from, to);
     let mut windows = WINDOWS.lock().unwrap_or_else(|p| p.into_inner());
     let known = windows.get(&(from.device, to.device)).copied();
     let window = match known {
@@ -145,15 +172,15 @@ fn between(from: &Driver, to: &Driver, dst: u64, src: u64, len: usize) -> Cu<()>
             len,
             WINDOW_PIECE,
             |half, at, n| {
-                from.copy_dtod(w.source + half, src + at, n, 0)?;
-                from.sync_stream(0)
+                from.copy_dtod(w.source + half, src + at, n, fill_on)?;
+                from.sync_stream(fill_on)
             },
-            |half, at, n| to.copy_dtod(dst + at, w.destination + half, n, 0),
-            || to.sync_stream(0),
+            |half, at, n| to.copy_dtod(dst + at, w.destination + half, n, drain_on),
+            || to.sync_stream(drain_on),
         ),
         None => {
             drop(windows);
-            through_host(from, to, dst, src, len)
+            through_host(Side(from, fill_on), Side(to, drain_on), dst, src, len)
         }
     }
 }
@@ -199,7 +226,8 @@ fn open_window(from: &Driver, to: &Driver) -> Option<Window> {
 
 /// Copies through the page-locked host buffer, piece `i + 1` into one half while piece `i`
 /// leaves the other.
-fn through_host(from: &Driver, to: &Driver, dst: u64, src: u64, len: usize) -> Cu<()> {
+fn through_host(from: Side, to: Side, dst: u64, src: u64, len: usize) -> Cu<()> {
+    let (Side(from, fill_on), Side(to, drain_on)) = (from, to);
     let mut bounce = BOUNCE.lock().unwrap_or_else(|p| p.into_inner());
     let base = match *bounce {
         Some(at) => at,
@@ -211,14 +239,28 @@ fn through_host(from: &Driver, to: &Driver, dst: u64, src: u64, len: usize) -> C
         |half, at, n| {
             // SAFETY: each half is `PIECE` bytes of the bounce buffer, which lives for the
             // process; `n <= PIECE`.
-            unsafe { from.copy_dtoh((base + half as usize) as *mut u8, src + at, n, 0, false)? };
-            from.sync_stream(0)
+            unsafe {
+                from.copy_dtoh(
+                    (base + half as usize) as *mut u8,
+                    src + at,
+                    n,
+                    fill_on,
+                    false,
+                )?
+            };
+            from.sync_stream(fill_on)
         },
         // SAFETY: as above; the half holds the piece (`fill` waited for it).
         |half, at, n| unsafe {
-            to.copy_htod(dst + at, (base + half as usize) as *const u8, n, 0, false)
+            to.copy_htod(
+                dst + at,
+                (base + half as usize) as *const u8,
+                n,
+                drain_on,
+                false,
+            )
         },
-        || to.sync_stream(0),
+        || to.sync_stream(drain_on),
     )
 }
 
