@@ -292,3 +292,79 @@ fn in_halves(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What `in_halves` asked, in order.
+    #[derive(Debug, PartialEq)]
+    enum Step {
+        Fill(u64, u64, usize),
+        Drain(u64, u64, usize),
+        Settle,
+    }
+
+    fn steps(len: usize, piece: usize) -> Vec<Step> {
+        let log = std::cell::RefCell::new(Vec::new());
+        in_halves(
+            len,
+            piece,
+            |h, at, n| {
+                log.borrow_mut().push(Step::Fill(h, at, n));
+                Ok(())
+            },
+            |h, at, n| {
+                log.borrow_mut().push(Step::Drain(h, at, n));
+                Ok(())
+            },
+            || {
+                log.borrow_mut().push(Step::Settle);
+                Ok(())
+            },
+        )
+        .expect("no step fails");
+        log.into_inner()
+    }
+
+    #[test]
+    fn pieces_alternate_halves_and_a_half_is_filled_again_only_after_its_drain_settled() {
+        use Step::*;
+        assert_eq!(
+            steps(25, 10),
+            [
+                Fill(0, 0, 10),
+                Drain(0, 0, 10),
+                Fill(10, 10, 10),
+                Settle,
+                Drain(10, 10, 10),
+                Fill(0, 20, 5),
+                Settle,
+                Drain(0, 20, 5),
+                Settle,
+            ]
+        );
+        assert_eq!(steps(7, 10), [Fill(0, 0, 7), Drain(0, 0, 7), Settle]);
+    }
+
+    #[test]
+    fn a_failed_step_ends_the_copy() {
+        let mut drains = 0;
+        let failed = in_halves(
+            40,
+            10,
+            |_, _, _| Ok(()),
+            |_, at, _| {
+                drains += 1;
+                if at == 10 {
+                    Err(crate::types::result::LAUNCH_FAILED)
+                } else {
+                    Ok(())
+                }
+            },
+            || Ok(()),
+        );
+        assert_eq!(failed, Err(crate::types::result::LAUNCH_FAILED));
+        assert_eq!(drains, 2, "nothing after the failed piece");
+    }
+}
