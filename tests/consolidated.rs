@@ -186,6 +186,59 @@ fn copies_between_two_gpus_go_through_host_memory_where_no_window_fits() {
     assert!(out.stderr.contains(THROUGH_HOST), "{}", out.stderr);
 }
 
+/// A fault on one GPU costs a process working on both nothing on the other: a library client
+/// of the same user faults GPU 0 (its worker is replaced) while the program holds memory on
+/// each; afterwards the program's memory and work on GPU 1 are as before, and on GPU 0 it
+/// goes on or is told its work was lost, never given wrong bytes.
+#[test]
+fn a_fault_on_one_gpu_leaves_a_process_s_work_on_the_other_alone() {
+    let broker = Broker::start_with(BrokerOptions {
+        extra_args: vec![
+            "--sim-gpus".into(),
+            "2".into(),
+            "--allow-fault-injection".into(),
+        ],
+        ..Default::default()
+    });
+    let dir = tempfile::tempdir().expect("temp dir");
+    let program = CudaProgram::build(dir.path(), false);
+    let mut cmd = on_two_gpus(&broker, &program, &["gpus-hold", "9"]);
+    cmd.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut running = Running::spawn(cmd);
+    running.wait_for_line("holding", RUN_TIMEOUT);
+    let mut gpus: Vec<u32> = broker.status().clients.iter().map(|c| c.gpu).collect();
+    gpus.sort_unstable();
+    assert_eq!(gpus, [0, 1], "the program has a session on each GPU");
+    let culprit = gpushare::Client::connect_with(gpushare::ConnectOptions {
+        gpu: Some(0),
+        ..broker.options("culprit")
+    })
+    .expect("connect the culprit");
+    gpushare_tests::faults::fault(&culprit, false);
+    assert!(culprit.synchronize().is_err(), "the culprit sees its fault");
+    assert!(
+        broker.wait_for_log("a new device worker took over", Duration::from_secs(10)),
+        "GPU 0's worker replaced"
+    );
+    running.send_line("go");
+    let out = running.finish(RUN_TIMEOUT);
+    let said = |d: u32| {
+        out.stdout
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("device {d}: ")))
+            .map(str::to_owned)
+    };
+    let what = format!("{}{}{}", out.stdout, out.stderr, broker.log_text());
+    assert!(out.status.success(), "{what}");
+    assert_eq!(said(1).as_deref(), Some("ok"), "GPU 1 untouched: {what}");
+    assert!(
+        matches!(said(0).as_deref(), Some("ok" | "CUDA_ERROR_LAUNCH_FAILED")),
+        "GPU 0 goes on or says its work was lost: {what}"
+    );
+}
+
 #[test]
 fn a_program_that_loads_and_unloads_modules_does_not_grow() {
     let broker = Broker::start();

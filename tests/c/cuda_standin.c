@@ -29,6 +29,8 @@
  *                                     prints `rss FIRST LAST` (kB, after the first tenth of the
  *                                     cycles and at the end)
  *   cuda_standin gpus SEED        works on two devices at once (STANDIN_DEVICES=2)
+ *   cuda_standin gpus-hold SEED   holds memory on two devices, prints `holding`, waits for a
+ *                                     line on stdin, then prints how each device fares
  *   cuda_standin bystander SEED   works and checks every result, round after round, until
  *                                     stdin ends (tests/driver_fuzz.rs); prints `ready` after
  *                                     the first round and `rounds N` at the end
@@ -418,6 +420,8 @@ int main(int argc, char **argv) {
         run_spin(strtoul(argv[2], NULL, 0), strtoull(argv[3], NULL, 0));
     } else if (!strcmp(mode, "modules") && argc > 3) {
         run_modules(strtoul(argv[2], NULL, 0), strtoul(argv[3], NULL, 0));
+    } else if (!strcmp(mode, "gpus-hold") && argc > 2) {
+        run_gpus_holding((unsigned)strtoul(argv[2], NULL, 0));
     } else if (!strcmp(mode, "gpus") && argc > 2) {
         run_several_devices((unsigned)strtoul(argv[2], NULL, 0));
     } else if (!strcmp(mode, "bystander") && argc > 2) {

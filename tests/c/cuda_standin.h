@@ -366,6 +366,7 @@ void run_graph_spin(unsigned long count, unsigned long long micros);
 void run_free_busy(const char *self);
 void run_reuse_check(int in, int out);
 void run_several_devices(unsigned seed);
+void run_gpus_holding(unsigned seed);
 
 /* Test data: byte `i` of pattern `seed`. */
 unsigned char pattern_byte(size_t i, unsigned seed);

@@ -131,3 +131,40 @@ void run_several_devices(unsigned seed) {
     free(back);
     section_end();
 }
+
+/* Memory of pattern SEED on each of two devices; prints `holding`, waits for a line on stdin
+ * (the test faults one GPU meanwhile), then for each device prints `device D: NAME`, NAME the
+ * first failed call's error name or `ok` after it checked the held memory, filled a fresh
+ * buffer with a kernel and a memset and read it back. Exits 0 however the devices fared. */
+void run_gpus_holding(unsigned seed) {
+    enum { HELD = 1 << 20 };
+    static unsigned char host[HELD], back[HELD];
+    CUcontext ctx[2] = {NULL, NULL};
+    CUdeviceptr held[2] = {0, 0};
+    section_begin("holding on two devices");
+    for (int d = 0; d < 2; d++) {
+        OK(cuDevicePrimaryCtxRetain(&ctx[d], d));
+        OK(cuCtxSetCurrent(ctx[d]));
+        fill_pattern(host, HELD, seed + d);
+        OK(cuMemAlloc(&held[d], HELD));
+        OK(cuMemcpyHtoD(held[d], host, HELD));
+    }
+    section_end();
+    printf("holding\n");
+    fflush(stdout);
+    char line[64];
+    if (!fgets(line, sizeof line, stdin)) return;
+    for (int d = 0; d < 2; d++) {
+        const char *name = "ok";
+        CUresult r = cuCtxSetCurrent(ctx[d]);
+        CUdeviceptr fresh = 0;
+        if (r == CUDA_SUCCESS) r = cuMemcpyDtoH(back, held[d], HELD);
+        if (r == CUDA_SUCCESS && pattern_mismatch(back, HELD, seed + d) != HELD) name = "CHANGED";
+        if (r == CUDA_SUCCESS) r = cuMemAlloc(&fresh, HELD);
+        if (r == CUDA_SUCCESS) r = cuMemsetD32(fresh, seed, HELD / 4);
+        if (r == CUDA_SUCCESS) r = cuMemcpyDtoH(back, fresh, HELD);
+        if (r == CUDA_SUCCESS && memcmp(back, &seed, 4) != 0) name = "WRONG";
+        if (r != CUDA_SUCCESS) cuGetErrorName(r, &name);
+        printf("device %d: %s\n", d, name);
+    }
+}
