@@ -41,9 +41,12 @@ impl Driver {
 
     /// Where a unified-addressing copy's address lies: by its first byte, so that a length
     /// running past the end of device memory is refused as such (the copy checks it), never
-    /// taken for host memory the process would write through.
+    /// taken for host memory the process would write through. Another device's memory is
+    /// device memory too (the device copies send it across: `crate::across`).
     fn side(&self, ptr: u64, len: usize) -> Side {
-        if self.memory.device_range(ptr, 0).is_some() {
+        if self.memory.device_range(ptr, 0).is_some()
+            || crate::route::other_owner(self, ptr).is_some()
+        {
             Side::Device
         } else {
             Side::Host(self.memory.host_place(ptr as usize, len))
@@ -225,10 +228,6 @@ impl Driver {
         stream: u32,
         sync: bool,
     ) -> Cu<()> {
-        // SAFETY: the caller's contract.
-        if len > 0 && unsafe { self.copy_across(dst, src, len, stream, false) }? {
-            return Ok(());
-        }
         match (self.side(dst, len), self.side(src, len)) {
             (Side::Device, Side::Device) => self.copy_dtod(dst, src, len, stream),
             // SAFETY: host memory of `len` bytes, per the contract.

@@ -113,12 +113,8 @@ pub fn opened_device(first: &'static Driver, dev: CUdevice) -> Option<&'static D
 /// Every device's driver opened so far, the first one first.
 pub fn opened(first: &'static Driver) -> impl Iterator<Item = &'static Driver> {
     let others = SLOTS.get().map(|s| &s[..]).unwrap_or_default();
-    std::iter::once(first).chain(
-        others
-            .iter()
-            .filter_map(|s| s.driver.get().copied())
-            .filter(move |d| d.device != first.device),
-    )
+    // The first device's slot stays empty (`device` answers `first` for it).
+    std::iter::once(first).chain(others.iter().filter_map(|s| s.driver.get().copied()))
 }
 
 /// Every other device's driver opened so far than `d`.
@@ -153,9 +149,8 @@ pub fn by_event(h: CUevent) -> Cu<&'static Driver> {
 /// The driver whose device memory (or page-locked host memory) holds `ptr`, if any does.
 pub fn by_pointer(ptr: u64) -> Option<&'static Driver> {
     let first = driver::first().ok()?;
-    let mut all = opened(first);
     if first.gpus.visible.len() < 2 {
-        return all.next();
+        return Some(first);
     }
     let found = opened(first).find(|d| d.memory.device_range(ptr, 0).is_some());
     found.or_else(|| opened(first).find(|d| d.memory.host_region_at(ptr as usize).is_some()))

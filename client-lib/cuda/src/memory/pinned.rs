@@ -19,6 +19,20 @@ struct Pinned {
     registered: bool,
 }
 
+impl Pinned {
+    /// Shares the region mapped at `addr` with `d`'s session; where that fails, copies between
+    /// it and that device are staged (said once).
+    fn share_with(&self, d: &Driver, addr: usize) {
+        if d.share_region(&self.file, self.len, addr, self.flags, self.registered)
+            .is_err()
+        {
+            say_once(
+                "page-locked memory could not be shared with another device's session: copies between it and that device are staged",
+            );
+        }
+    }
+}
+
 /// Every region of the program's, by address.
 static PINNED: Mutex<BTreeMap<usize, Pinned>> = Mutex::new(BTreeMap::new());
 
@@ -32,26 +46,16 @@ impl Driver {
     pub(crate) fn pin(&self, len: usize, existing: Option<usize>, flags: u32) -> Cu<usize> {
         let mut all = pinned();
         let (addr, file, len) = self.share_host(len, existing, flags)?;
-        let registered = existing.is_some();
+        let pinned = Pinned {
+            file,
+            len,
+            flags,
+            registered: existing.is_some(),
+        };
         for other in crate::route::opened_except(self) {
-            if other
-                .share_region(&file, len, addr, flags, registered)
-                .is_err()
-            {
-                say_once(
-                    "page-locked memory could not be shared with another device's session: copies between it and that device are staged",
-                );
-            }
+            pinned.share_with(other, addr);
         }
-        all.insert(
-            addr,
-            Pinned {
-                file,
-                len,
-                flags,
-                registered,
-            },
-        );
+        all.insert(addr, pinned);
         Ok(addr)
     }
 
@@ -75,13 +79,7 @@ impl Driver {
 pub(crate) fn adopt(d: &Driver, publish: impl FnOnce()) {
     let all = pinned();
     for (&addr, p) in all.iter() {
-        if d.share_region(&p.file, p.len, addr, p.flags, p.registered)
-            .is_err()
-        {
-            say_once(
-                "page-locked memory could not be shared with another device's session: copies between it and that device are staged",
-            );
-        }
+        p.share_with(d, addr);
     }
     publish();
 }
