@@ -400,6 +400,17 @@ impl Driver {
         }
     }
 
+    /// Sends a synchronizing command (a stream's, an event's, the client's) and waits for it;
+    /// reports the first error of the work before it, and notes a lost device.
+    pub fn wait_for(&self, sync: Command) -> Cu<()> {
+        // A sync that fails on its own leaves the work's error for the next call.
+        let outcome = self.transport.call(sync).and_then(|_| self.deferred());
+        if let Err(code) = outcome {
+            self.notice_loss(code);
+        }
+        outcome
+    }
+
     /// Reports the first error of work sent without waiting, and notes a lost device.
     pub fn deferred(&self) -> Cu<()> {
         self.transport.deferred_error().inspect_err(|&code| {

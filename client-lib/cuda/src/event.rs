@@ -162,14 +162,7 @@ pub extern "C" fn cuEventSynchronize(h: CUevent) -> CUresult {
 impl Driver {
     /// Waits for an event of this device's; reports the first error since the last sync.
     pub fn sync_event(&self, ev: u32) -> Cu<()> {
-        let outcome = self
-            .transport
-            .call(Command::EventSync { event: ev })
-            .and_then(|_| self.deferred());
-        if let Err(code) = outcome {
-            self.notice_loss(code);
-        }
-        outcome
+        self.wait_for(Command::EventSync { event: ev })
     }
 }
 

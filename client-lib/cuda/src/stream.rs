@@ -158,15 +158,7 @@ impl Driver {
 
     /// Waits for a stream's work; reports the first error since the last sync.
     pub fn sync_stream(&self, id: u32) -> Cu<()> {
-        // A sync that fails on its own leaves the work's error for the next call.
-        let outcome = self
-            .transport
-            .call(Command::StreamSync { stream: id })
-            .and_then(|_| self.deferred());
-        if let Err(code) = outcome {
-            self.notice_loss(code);
-        }
-        outcome
+        self.wait_for(Command::StreamSync { stream: id })
     }
 }
 

@@ -254,15 +254,7 @@ fn set_current(ctx: CUcontext) {
 impl Driver {
     /// Waits for all of this client's work; reports the first error any of it met.
     pub fn synchronize(&self) -> Cu<()> {
-        // A sync that fails on its own leaves the work's error for the next call.
-        let outcome = self
-            .transport
-            .call(Command::ClientSync)
-            .and_then(|_| self.deferred());
-        if let Err(code) = outcome {
-            self.notice_loss(code);
-        }
-        outcome
+        self.wait_for(Command::ClientSync)
     }
 }
 
