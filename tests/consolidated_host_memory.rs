@@ -41,11 +41,23 @@ fn share(
     at: u64,
     fds: &[RawFd],
 ) -> Result<HostRegionGrant, WireError> {
+    share_from(raw, bytes, 0, at, fds)
+}
+
+/// Shares `bytes` from `offset` of the file.
+fn share_from(
+    raw: &RawClient,
+    bytes: u64,
+    offset: u64,
+    at: u64,
+    fds: &[RawFd],
+) -> Result<HostRegionGrant, WireError> {
     match raw.request(
         &ClientMessage::ShareHostMemory {
             request: 1,
             bytes,
             at,
+            offset,
         },
         fds,
     ) {
@@ -111,8 +123,9 @@ fn hostile_host_memory_is_refused_or_kept_apart_from_the_brokers_own() {
     let raw = consolidated(&broker);
     let page = 4096usize;
 
-    // Refused: no descriptor, an unsealed or write-sealed memfd, one shorter than announced,
-    // sizes that are no whole pages or past the limit, and descriptors that are no memfd.
+    // Refused: no descriptor, a write-sealed memfd, one shorter than announced, sizes that are
+    // no whole pages or past the limit, and descriptors that are neither a memfd nor a tmpfs
+    // file (an unsealed memfd is one: see the shrinking test below).
     let fail = |bytes: u64, fds: &[RawFd], why: &str| {
         let e = share(&raw, bytes, 0, fds).expect_err(why);
         assert!(
@@ -124,8 +137,6 @@ fn hostile_host_memory_is_refused_or_kept_apart_from_the_brokers_own() {
         );
     };
     fail(4096, &[], "no descriptor");
-    let unsealed = memfd(page, SealFlag::empty());
-    fail(4096, &[unsealed.as_raw_fd()], "unsealed");
     let write_sealed = memfd(page, SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_WRITE);
     fail(4096, &[write_sealed.as_raw_fd()], "write-sealed");
     let short = sealed(page);
@@ -133,11 +144,18 @@ fn hostile_host_memory_is_refused_or_kept_apart_from_the_brokers_own() {
     fail(100, &[short.as_raw_fd()], "not whole pages");
     fail(0, &[short.as_raw_fd()], "empty");
     fail(1 << 50, &[short.as_raw_fd()], "past the limit");
+    let e = share_from(&raw, 4096, 100, 0, &[short.as_raw_fd()]).expect_err("offset");
+    assert_eq!(
+        e.code,
+        ErrorCode::InvalidArgument,
+        "an offset of no whole pages"
+    );
     let (pipe_r, pipe_w) = nix::unistd::pipe().expect("pipe");
     fail(4096, &[pipe_r.as_raw_fd()], "a pipe");
-    let file = tempfile::tempfile().expect("file");
+    // On disk, not tmpfs (the target directory).
+    let file = tempfile::tempfile_in(env!("CARGO_TARGET_TMPDIR")).expect("file");
     file.set_len(4096).expect("size");
-    fail(4096, &[file.as_raw_fd()], "a regular file");
+    fail(4096, &[file.as_raw_fd()], "a file on disk");
     fail(4096, &[raw.sock.as_fd().as_raw_fd()], "a socket");
     let null = std::fs::File::open("/dev/null").expect("/dev/null");
     fail(4096, &[null.as_raw_fd()], "/dev/null");
@@ -288,4 +306,86 @@ fn hostile_host_memory_is_refused_or_kept_apart_from_the_brokers_own() {
                 .collect::<Vec<_>>())
             .unwrap_or_default()
     );
+}
+
+/// A tmpfs file a client registers as it is (NCCL's `/dev/shm` buffers) may be shrunk by the
+/// client under gpushared's mappings: only that client's copies through it suffer; the broker,
+/// its workers and other clients go on.
+#[test]
+fn a_client_that_shrinks_its_shared_tmpfs_file_harms_no_one_else() {
+    let broker = sim_broker();
+    let bystander = Bystander::new(&broker);
+    let raw = consolidated(&broker);
+    let page = 4096usize;
+    let file = tempfile::Builder::new()
+        .prefix("gpushare-hostile")
+        .tempfile_in("/dev/shm")
+        .expect("a tmpfs file");
+    // Two pages and a bit from its second page: the last page only partly in the file.
+    file.as_file().set_len(3 * page as u64 + 100).expect("size");
+    let fd = file.as_file().as_raw_fd();
+    let e = share_from(&raw, 4 * page as u64, page as u64, 0, &[fd]).expect_err("past its end");
+    assert_eq!(e.code, ErrorCode::InvalidArgument);
+    let grant = share_from(&raw, 3 * page as u64, page as u64, 0, &[fd]).expect("shared");
+    // SAFETY: a shared mapping of the file, used only here.
+    let mut map = unsafe {
+        memmap2::MmapOptions::new()
+            .len(4 * page)
+            .map_mut(file.as_file())
+    }
+    .expect("map");
+    map[page..2 * page].fill(0x3c);
+    let buf = raw
+        .submit_one(Command::Alloc { bytes: 65536 })
+        .expect("alloc")
+        .result;
+    let region = grant.region;
+    let copy_in = |offset: u64| {
+        let len = page as u64;
+        let c = Command::CopyHtoDHost {
+            stream: 0,
+            region,
+            offset,
+            dst: buf,
+            len,
+        };
+        status_of(&raw, c)
+    };
+    let copy_out = |offset: u64| {
+        let len = page as u64;
+        let c = Command::CopyDtoHHost {
+            stream: 0,
+            src: buf,
+            region,
+            offset,
+            len,
+        };
+        status_of(&raw, c)
+    };
+    assert_eq!(copy_in(0), 0, "the file's second page, the region's first");
+    assert_eq!(copy_out(page as u64), 0);
+    assert_eq!(status_of(&raw, Command::StreamSync { stream: 0 }), 0);
+    assert!(
+        map[2 * page..3 * page].iter().all(|&b| b == 0x3c),
+        "the bytes came back through the file"
+    );
+    drop(map);
+    // Shrunk to nothing under every mapping of it, then copied to and from again.
+    file.as_file().set_len(0).expect("shrunk");
+    for offset in [0, page as u64, 2 * page as u64] {
+        let _ = copy_in(offset);
+        let _ = copy_out(offset);
+    }
+    let _ = status_of(&raw, Command::StreamSync { stream: 0 });
+    assert!(
+        raw.status_ok(),
+        "the client that shrank it is still answered"
+    );
+    assert_eq!(unshare(&raw, region), Ok(()));
+    assert!(
+        wait_until(5 * SECOND, || broker.log_text().contains("shrank a file")),
+        "the log says what the client did"
+    );
+    bystander.assert_unharmed(&broker);
+    assert_dma_works(&broker);
 }

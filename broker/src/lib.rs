@@ -47,5 +47,6 @@ pub mod sched;
 pub mod server;
 pub mod session;
 pub mod shm;
+pub mod shrink_guard;
 pub mod telemetry;
 pub mod timeline;

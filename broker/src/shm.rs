@@ -7,7 +7,6 @@ use gpushare_protocol::ring::{BrokerRings, ShmLayout};
 use memmap2::{MmapOptions, MmapRaw};
 use nix::fcntl::{FcntlArg, SealFlag, fcntl};
 use nix::sys::memfd::{MFdFlags, memfd_create};
-use std::ops::Not;
 
 /// The mapping of one client's region. The client can write any byte of it at any time; the
 /// broker reads it only through the rings (which check indices) and the arena accessors
@@ -154,11 +153,14 @@ pub struct ArenaSlice<'a> {
 }
 
 /// Page-locked host memory a client shares with the broker (a consolidated client's
-/// `cuMemHostAlloc`): its memfd, sealed against shrinking, mapped here too.
+/// `cuMemHostAlloc`, `cuMemHostRegister`): its memfd, sealed against shrinking, or its tmpfs
+/// file, mapped here too.
 pub struct HostRegion {
     ptr: NonNull<u8>,
     len: usize,
     id: u64,
+    /// Set for a file the client may shrink (dropped after the mapping, field order).
+    guard: Option<crate::shrink_guard::Guard>,
 }
 
 // SAFETY: a plain shared mapping, read and written only through `ArenaSlice` copies.
@@ -168,7 +170,7 @@ unsafe impl Sync for HostRegion {}
 
 #[derive(Debug, thiserror::Error)]
 pub enum HostRegionError {
-    #[error("the host memory must be a memfd sealed against shrinking")]
+    #[error("the host memory must be a memfd sealed against shrinking or a tmpfs file")]
     NotSealed,
     #[error("the host memory file has {have} bytes, not the {want} announced")]
     TooShort { have: u64, want: u64 },
@@ -176,6 +178,14 @@ pub enum HostRegionError {
     NotPages(u64),
     #[error("cannot map the host memory: {0}")]
     Map(nix::Error),
+    #[error(transparent)]
+    Guard(#[from] crate::shrink_guard::GuardError),
+}
+
+/// Whether `fd` is a memfd sealed against shrinking.
+fn sealed(fd: &OwnedFd) -> bool {
+    fcntl(fd, FcntlArg::F_GET_SEALS)
+        .is_ok_and(|seals| SealFlag::from_bits_truncate(seals).contains(SealFlag::F_SEAL_SHRINK))
 }
 
 /// Room below the main thread's stack kept free: the stack grows down into it on demand, up
@@ -222,32 +232,73 @@ fn near_stack(at: u64, len: u64) -> bool {
 }
 
 impl HostRegion {
-    /// Maps `len` bytes of a client's memfd, at `at` when that address is free here and clear
-    /// of where the main thread's stack grows (device code may then use the client's own
-    /// pointer), else wherever the kernel puts it.
+    /// Maps `len` bytes of a memfd sealed against shrinking, at `at` when that address is free
+    /// here and clear of where the main thread's stack grows (device code may then use the
+    /// client's own pointer), else wherever the kernel puts it.
     pub fn map(fd: &OwnedFd, len: u64, at: u64) -> Result<HostRegion, HostRegionError> {
-        use nix::sys::mman::{MapFlags, ProtFlags, mmap};
-        let seals = fcntl(fd, FcntlArg::F_GET_SEALS).map_err(|_| HostRegionError::NotSealed)?;
-        if SealFlag::from_bits_truncate(seals)
-            .contains(SealFlag::F_SEAL_SHRINK)
-            .not()
-        {
+        if !sealed(fd) {
             return Err(HostRegionError::NotSealed);
+        }
+        Self::map_file(fd, len, at, 0, false)
+    }
+
+    /// Maps what a client shares as page-locked memory: `len` bytes at `offset` of a memfd
+    /// sealed against shrinking, or of a tmpfs file (which it may shrink: that mapping is
+    /// guarded, see [`crate::shrink_guard`]), placed as [`HostRegion::map`] places it.
+    pub fn map_client(
+        fd: &OwnedFd,
+        len: u64,
+        at: u64,
+        offset: u64,
+    ) -> Result<HostRegion, HostRegionError> {
+        if sealed(fd) {
+            return Self::map_file(fd, len, at, offset, false);
+        }
+        let on_tmpfs = nix::sys::statfs::fstatfs(fd).is_ok_and(|s| {
+            let t = s.filesystem_type();
+            t == nix::sys::statfs::TMPFS_MAGIC || t == nix::sys::statfs::HUGETLBFS_MAGIC
+        });
+        let regular =
+            nix::sys::stat::fstat(fd).is_ok_and(|s| s.st_mode & libc::S_IFMT == libc::S_IFREG);
+        if !on_tmpfs || !regular {
+            return Err(HostRegionError::NotSealed);
+        }
+        Self::map_file(fd, len, at, offset, true)
+    }
+
+    fn map_file(
+        fd: &OwnedFd,
+        len: u64,
+        at: u64,
+        offset: u64,
+        shrinkable: bool,
+    ) -> Result<HostRegion, HostRegionError> {
+        use nix::sys::mman::{MapFlags, ProtFlags, mmap};
+        if len == 0 || !len.is_multiple_of(4096) {
+            return Err(HostRegionError::NotPages(len));
+        }
+        if !offset.is_multiple_of(4096) {
+            return Err(HostRegionError::NotPages(offset));
         }
         let have = nix::sys::stat::fstat(fd)
             .map(|s| s.st_size as u64)
             .unwrap_or(0);
-        if have < len {
-            return Err(HostRegionError::TooShort { have, want: len });
-        }
-        if len == 0 || !len.is_multiple_of(4096) {
-            return Err(HostRegionError::NotPages(len));
+        let want = offset
+            .checked_add(len)
+            .ok_or(HostRegionError::NotPages(len))?;
+        // A file that may shrink need only reach into the last page (NCCL registers a size
+        // that is no whole number of pages); a sealed memfd must hold all of it.
+        let reach = if shrinkable { want - 4095 } else { want };
+        if have < reach {
+            return Err(HostRegionError::TooShort { have, want });
         }
         let size =
             std::num::NonZeroUsize::new(len as usize).ok_or(HostRegionError::NotPages(len))?;
+        let offset =
+            libc::off_t::try_from(offset).map_err(|_| HostRegionError::NotPages(offset))?;
         let prot = ProtFlags::PROT_READ | ProtFlags::PROT_WRITE;
-        // SAFETY: a new shared mapping of a sealed memfd, wherever the kernel puts it.
-        let anywhere = || unsafe { mmap(None, size, prot, MapFlags::MAP_SHARED, fd, 0) };
+        // SAFETY: a new shared mapping of the file, wherever the kernel puts it.
+        let anywhere = || unsafe { mmap(None, size, prot, MapFlags::MAP_SHARED, fd, offset) };
         // No hint means anywhere: MAP_FIXED_NOREPLACE at 0 would map page zero where allowed.
         let at = if near_stack(at, len) { 0 } else { at };
         let ptr = match std::num::NonZeroUsize::new(at as usize) {
@@ -261,7 +312,7 @@ impl HostRegion {
                         prot,
                         MapFlags::MAP_SHARED | MapFlags::MAP_FIXED_NOREPLACE,
                         fd,
-                        0,
+                        offset,
                     )
                 };
                 match placed {
@@ -276,11 +327,29 @@ impl HostRegion {
                 }
             }
         };
+        let guard = if shrinkable {
+            match crate::shrink_guard::guard(ptr.as_ptr() as usize, len as usize) {
+                Ok(g) => Some(g),
+                Err(e) => {
+                    // SAFETY: the mapping just made, handed to no one.
+                    let _ = unsafe { nix::sys::mman::munmap(ptr, len as usize) };
+                    return Err(HostRegionError::Guard(e));
+                }
+            }
+        } else {
+            None
+        };
         Ok(HostRegion {
             ptr: ptr.cast(),
             len: len as usize,
             id: next_region_id(),
+            guard,
         })
+    }
+
+    /// Whether the client shrank the file under this mapping (its pages read zeros since).
+    pub fn spoiled(&self) -> bool {
+        self.guard.as_ref().is_some_and(|g| g.spoiled())
     }
 
     pub fn len(&self) -> usize {
@@ -315,6 +384,12 @@ impl HostRegion {
 
 impl Drop for HostRegion {
     fn drop(&mut self) {
+        if self.spoiled() {
+            tracing::warn!(
+                bytes = self.len,
+                "a client shrank a file it shared as page-locked memory; its copies through it read zeros since"
+            );
+        }
         // SAFETY: our mapping, unmapped once; the device let go of it first (the session
         // unregisters before dropping).
         let _ = unsafe { nix::sys::mman::munmap(self.ptr.cast(), self.len) };

@@ -151,6 +151,46 @@ void check_allocation(size_t quota) {
         CHECK(at_ == (n), "%s: byte %zu of %zu differs", (what), at_, (size_t)(n));           \
     } while (0)
 
+/* A shared mapping of a /dev/shm file registered as it is, the way NCCL's shared-memory
+ * transport registers the buffer its peer process maps too: a size that is no whole number of
+ * pages, a device address for device code, copies both ways, and every mapping of the file
+ * (here a second one, standing for the peer's) seeing the device's writes, during and after. */
+static void check_shared_file(CUdeviceptr d, CUstream s) {
+    const size_t n = 64 << 10, size = n + 4;
+    char path[] = "/dev/shm/gpushare-standin-XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0, "a /dev/shm file");
+    if (fd < 0) return;
+    CHECK(ftruncate(fd, (off_t)size) == 0, "sized");
+    unsigned char *mine = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    unsigned char *peer = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    CHECK(mine != MAP_FAILED && peer != MAP_FAILED, "mapped twice");
+    if (mine == MAP_FAILED || peer == MAP_FAILED) return;
+    /* Removed before registering, its descriptor still open, as NCCL's importing side does. */
+    unlink(path);
+    OK(cuMemHostRegister(mine, size, 0x1 | 0x2)); /* portable, device-mapped */
+    close(fd);
+    EXPECT(cuMemHostRegister(mine, size, 0), CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
+    CUdeviceptr at = 0;
+    OK(cuMemHostGetDevicePointer(&at, mine, 0));
+    CHECK(at != 0, "a device address for the registered file");
+    fill_pattern(peer, n, 9);
+    OK(cuMemcpyHtoDAsync(d, mine, n, s));
+    OK(cuStreamSynchronize(s));
+    memset(peer, 0, n);
+    OK(cuMemcpyDtoHAsync(mine, d, n, s));
+    OK(cuStreamSynchronize(s));
+    SAME(peer, n, 9, "the peer's mapping sees a copy into the registered file");
+    OK(cuMemsetD8(at + 4096, 0x5a, 4096));
+    OK(cuCtxSynchronize(NULL));
+    CHECK(peer[4096] == 0x5a && peer[8191] == 0x5a, "the peer sees the device's writes");
+    OK(cuMemHostUnregister(mine));
+    peer[0] = 0x77;
+    CHECK(mine[0] == 0x77, "still one file after unregistering");
+    munmap(mine, size);
+    munmap(peer, size);
+}
+
 void check_copies(size_t n) {
     section_begin("copies");
     unsigned char *src = malloc(n), *dst = malloc(n);
@@ -262,6 +302,7 @@ void check_copies(size_t n) {
     OK(cuMemFreeHost(pin));
     OK(cuMemFreeHost(pout));
     EXPECT(cuMemFreeHost(pin), CUDA_ERROR_INVALID_VALUE);
+    check_shared_file(d1, s);
 out:
     if (s) OK(cuStreamDestroy(s));
     if (d1) OK(cuMemFree(d1));

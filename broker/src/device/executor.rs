@@ -62,8 +62,15 @@ impl<B: Backend> Executor<B> {
 
     /// Maps client memory that calls may name by `region` (at `at` where it can: device code
     /// then reaches host memory by the client's own pointer; 0: anywhere).
-    pub fn share_region(&self, region: u64, fd: &OwnedFd, len: u64, at: u64) -> DeviceResult<()> {
-        let mapped = HostRegion::map(fd, len, at)
+    pub fn share_region(
+        &self,
+        region: u64,
+        fd: &OwnedFd,
+        len: u64,
+        at: u64,
+        offset: u64,
+    ) -> DeviceResult<()> {
+        let mapped = HostRegion::map_client(fd, len, at, offset)
             .map_err(|e| DeviceError::Failed(format!("cannot map client memory: {e}")))?;
         lock(&self.regions).insert(region, Arc::new(mapped));
         self.arrived.notify_all();

@@ -59,9 +59,16 @@ pub trait Link: Send + Sync + 'static {
     /// (`None`). Its answer goes to the ledger; a failure already known may come back here.
     fn post(&self, stream: Option<Handle>, call: Call, payload: &[u8]) -> DeviceResult<()>;
 
-    /// Client memory that calls may name by `region` ([`super::call::Span`]), mapped at `at`
-    /// where it can (0: anywhere).
-    fn share_memory(&self, region: u64, fd: BorrowedFd<'_>, len: u64, at: u64) -> DeviceResult<()>;
+    /// Client memory that calls may name by `region` ([`super::call::Span`]): `len` bytes at
+    /// `offset` of the file, mapped at `at` where it can (0: anywhere).
+    fn share_memory(
+        &self,
+        region: u64,
+        fd: BorrowedFd<'_>,
+        len: u64,
+        at: u64,
+        offset: u64,
+    ) -> DeviceResult<()>;
     /// The region is gone: nothing names it any more.
     fn unshare_memory(&self, region: u64);
     /// How long the device should stay awake for the calling thread's next call after one.
@@ -170,8 +177,9 @@ macro_rules! pass_on_to_inner {
             fd: std::os::fd::BorrowedFd<'_>,
             len: u64,
             at: u64,
+            offset: u64,
         ) -> $crate::device::DeviceResult<()> {
-            self.inner.share_memory(region, fd, len, at)
+            self.inner.share_memory(region, fd, len, at, offset)
         }
         fn unshare_memory(&self, region: u64) {
             self.inner.unshare_memory(region)

@@ -111,11 +111,18 @@ impl<B: Backend> Link for Local<B> {
         Ok(())
     }
 
-    fn share_memory(&self, region: u64, fd: BorrowedFd<'_>, len: u64, at: u64) -> DeviceResult<()> {
+    fn share_memory(
+        &self,
+        region: u64,
+        fd: BorrowedFd<'_>,
+        len: u64,
+        at: u64,
+        offset: u64,
+    ) -> DeviceResult<()> {
         let fd = fd.try_clone_to_owned().map_err(|e| {
             DeviceError::Failed(format!("cannot share client memory with the device: {e}"))
         })?;
-        self.executor.share_region(region, &fd, len, at)
+        self.executor.share_region(region, &fd, len, at, offset)
     }
 
     fn unshare_memory(&self, region: u64) {

@@ -140,7 +140,7 @@ impl Progress {
         let memfd =
             sealed_memfd("gpushare-progress", len as usize).map_err(|e| failed("memfd", &e))?;
         let page = HostRegion::map(&memfd, len, 0).map_err(|e| failed("map", &e))?;
-        link.share_memory(page.id(), memfd.as_fd(), len, 0)?;
+        link.share_memory(page.id(), memfd.as_fd(), len, 0, 0)?;
         Ok(Progress {
             _memfd: memfd,
             page,

@@ -82,9 +82,14 @@ impl Broker {
                 request: *request,
                 result: Self::global(scope, *module, name.clone()).await,
             },
-            ClientMessage::ShareHostMemory { request, bytes, at } => BrokerMessage::HostShared {
+            ClientMessage::ShareHostMemory {
+                request,
+                bytes,
+                at,
+                offset,
+            } => BrokerMessage::HostShared {
                 request: *request,
-                result: Self::share_host(scope, session, fds, *bytes, *at).await,
+                result: Self::share_host(scope, session, fds, *bytes, (*at, *offset)).await,
             },
             ClientMessage::UnshareHostMemory { request, region } => BrokerMessage::HostUnshared {
                 request: *request,
@@ -217,13 +222,13 @@ impl Broker {
         session: Option<&SessionInfo>,
         fds: Vec<OwnedFd>,
         bytes: u64,
-        at: u64,
+        place: (u64, u64),
     ) -> Result<HostRegionGrant, WireError> {
         let info = session.ok_or_else(|| wire(ErrorCode::PermissionDenied, "no session"))?;
         let fd = fds.into_iter().next().ok_or_else(|| {
             wire(
                 ErrorCode::InvalidArgument,
-                "ShareHostMemory must carry a memfd",
+                "ShareHostMemory must carry a memfd or a tmpfs file",
             )
         })?;
         info.hosts
@@ -236,24 +241,25 @@ impl Broker {
         info.account()
             .pin(bytes)
             .map_err(|why| wire(why.code(), why.to_string()))?;
-        let shared = Self::map_and_register(device, info, fd, bytes, at).await;
+        let shared = Self::map_and_register(device, info, fd, bytes, place).await;
         if shared.is_err() {
             info.account().unpin(bytes);
         }
         shared
     }
 
-    /// Maps the client's memfd, registers it with the device and adds it to the session.
+    /// Maps the client's file (`bytes` at `offset`, placed at `at` in the device's process),
+    /// registers it with the device and adds it to the session.
     async fn map_and_register(
         device: &Arc<Device>,
         info: &SessionInfo,
         fd: OwnedFd,
         bytes: u64,
-        at: u64,
+        (at, offset): (u64, u64),
     ) -> Result<HostRegionGrant, WireError> {
         let region = Arc::new(
             // Anywhere here: the device maps it where the client has it.
-            HostRegion::map(&fd, bytes, 0)
+            HostRegion::map_client(&fd, bytes, 0, offset)
                 .map_err(|e| wire(ErrorCode::InvalidArgument, e.to_string()))?,
         );
         let device = device.clone();
@@ -261,7 +267,7 @@ impl Broker {
         let device_ptr = blocking(move || {
             use std::os::fd::AsFd;
             let id = registered.id();
-            device.share_memory(id, fd.as_fd(), bytes, at)?;
+            device.share_memory(id, fd.as_fd(), bytes, at, offset)?;
             let span = registered.whole().span();
             let mapped = device
                 .call(Call::RegisterHost { span }, &[])

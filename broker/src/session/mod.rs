@@ -226,7 +226,7 @@ impl SessionState {
         {
             use std::os::fd::AsFd;
             let memfd = region.memfd();
-            device.share_memory(region.id(), memfd.as_fd(), region.size(), 0)?;
+            device.share_memory(region.id(), memfd.as_fd(), region.size(), 0, 0)?;
         }
         // A consolidated client's arena stays pageable: what it stages there is read (or
         // written) before the command completes, and its page-locked memory comes apart.

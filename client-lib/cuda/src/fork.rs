@@ -44,7 +44,8 @@ extern "C" fn parent() {
 extern "C" fn child() {
     HELD.with(|h| {
         for table in h.borrow_mut().drain(..) {
-            for (&addr, region) in table.iter().filter(|(_, r)| r.registered) {
+            let moved = |r: &&HostRegion| r.pages == crate::memory::Pages::Moved;
+            for (&addr, region) in table.iter().filter(|(_, r)| moved(r)) {
                 make_private(addr, region.len);
             }
         }

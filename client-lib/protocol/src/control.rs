@@ -166,15 +166,17 @@ pub enum ClientMessage {
         module: u64,
         name: String,
     },
-    /// Shares `bytes` of page-locked host memory: a memfd (one `SCM_RIGHTS` descriptor,
-    /// sealed against shrinking) that the broker maps and registers with the device, so copies
-    /// to and from it are DMA. `at` is where the client mapped it (the broker maps it at the
-    /// same address when it can, so that device code may use the client's pointer).
+    /// Shares `bytes` of page-locked host memory from `offset` (whole pages) of a file (one
+    /// `SCM_RIGHTS` descriptor: a memfd sealed against shrinking, or a tmpfs file the program
+    /// mapped shared, as `/dev/shm`) that the broker maps and registers with the device, so
+    /// copies to and from it are DMA. `at` is where the client mapped it (the broker maps it at
+    /// the same address when it can, so that device code may use the client's pointer).
     /// Answered with `HostShared`.
     ShareHostMemory {
         request: u64,
         bytes: u64,
         at: u64,
+        offset: u64,
     },
     /// Stops sharing a host region. Answered with `HostUnshared`.
     UnshareHostMemory {

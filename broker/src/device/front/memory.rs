@@ -76,8 +76,9 @@ impl Device {
         fd: BorrowedFd<'_>,
         len: u64,
         at: u64,
+        offset: u64,
     ) -> DeviceResult<()> {
-        self.link.share_memory(region, fd, len, at)
+        self.link.share_memory(region, fd, len, at, offset)
     }
 
     pub fn unshare_memory(&self, region: u64) {

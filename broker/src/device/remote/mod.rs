@@ -117,6 +117,7 @@ pub(super) struct Shared_ {
     pub(super) fd: OwnedFd,
     pub(super) len: u64,
     pub(super) at: u64,
+    pub(super) offset: u64,
 }
 
 pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -270,7 +271,14 @@ impl Link for Remote {
         self.post_call(stream, call, payload)
     }
 
-    fn share_memory(&self, region: u64, fd: BorrowedFd<'_>, len: u64, at: u64) -> DeviceResult<()> {
+    fn share_memory(
+        &self,
+        region: u64,
+        fd: BorrowedFd<'_>,
+        len: u64,
+        at: u64,
+        offset: u64,
+    ) -> DeviceResult<()> {
         let fd = fd.try_clone_to_owned().map_err(|e| {
             DeviceError::Failed(format!("cannot share memory with the device worker: {e}"))
         })?;
@@ -278,10 +286,23 @@ impl Link for Remote {
         let mut regions = lock(&self.shared.regions);
         let active = self.active();
         let sent = active.process.request(
-            &ToWorker::ShareMemory { region, len, at },
+            &ToWorker::ShareMemory {
+                region,
+                len,
+                at,
+                offset,
+            },
             &[fd.as_raw_fd()],
         );
-        regions.insert(region, Shared_ { fd, len, at });
+        regions.insert(
+            region,
+            Shared_ {
+                fd,
+                len,
+                at,
+                offset,
+            },
+        );
         match sent {
             Ok(()) => Ok(()),
             Err(WorkerError::Refused(why)) => {

@@ -211,6 +211,7 @@ impl Remote {
                     region,
                     len: r.len,
                     at: r.at,
+                    offset: r.offset,
                 },
                 &[r.fd.as_fd().as_raw_fd()],
             ) {

@@ -84,11 +84,12 @@ pub enum ToWorker {
     OpenChannel {
         id: u64,
     },
-    /// The region's memfd comes with it.
+    /// The region's file comes with it (`len` bytes from `offset`).
     ShareMemory {
         region: u64,
         len: u64,
         at: u64,
+        offset: u64,
     },
     UnshareMemory {
         region: u64,

@@ -4,8 +4,8 @@ use std::ffi::{c_int, c_uint, c_void};
 
 use gpushare_protocol::Command;
 
-use super::PAGE;
 use super::attributes::{Pointee, pointee, write_attribute};
+use super::{PAGE, Pages};
 use crate::driver;
 use crate::log::say_once;
 use crate::status::{entry, out};
@@ -123,7 +123,7 @@ pub unsafe extern "C" fn cuMemFreeHost(p: *mut c_void) -> CUresult {
         let d = crate::route::for_pointer(p as u64)?;
         let addr = p as usize;
         match d.memory.host_region_at(addr) {
-            Some((base, r)) if base == addr && !r.registered => {}
+            Some((base, r)) if base == addr && r.pages == Pages::Allocated => {}
             _ => return Err(result::INVALID_VALUE),
         }
         let r = d.unpin(addr)?;
@@ -183,11 +183,11 @@ pub extern "C" fn cuMemHostUnregister(p: *mut c_void) -> CUresult {
         let d = crate::route::for_pointer(p as u64)?;
         let addr = p as usize / PAGE * PAGE;
         match d.memory.host_region_at(addr) {
-            Some((base, r)) if base == addr && r.registered => {}
+            Some((base, r)) if base == addr && r.pages != Pages::Allocated => {}
             _ => return Err(result::HOST_MEMORY_NOT_REGISTERED),
         }
         let r = d.unpin(addr)?;
-        if !super::host::make_private(addr, r.len) {
+        if r.pages == Pages::Moved && !super::host::make_private(addr, r.len) {
             say_once(
                 "cuMemHostUnregister: no memory to make the pages private again; they stay shared with forked children",
             );

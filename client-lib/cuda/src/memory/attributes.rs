@@ -129,7 +129,7 @@ mod tests {
                 region: 1,
                 device_ptr: HOST_DEVICE_PTR,
                 flags: 0,
-                registered: false,
+                pages: crate::memory::Pages::Allocated,
             },
         );
         m

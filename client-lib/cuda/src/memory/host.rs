@@ -7,55 +7,76 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 
 use gpushare_protocol::control::{BrokerMessage, ClientMessage, HostRegionGrant};
 
-use super::{HostRegion, PAGE};
+use super::{HostRegion, PAGE, Pages, shared_file};
 use crate::driver::Driver;
 use crate::log::say_once;
 use crate::status::{Cu, from_error};
 use crate::types::result;
 use gpushare_protocol::Command;
 
+/// A file shared with gpushared as page-locked memory: `len` bytes (whole pages) from
+/// `offset`.
+pub(crate) struct HostFile {
+    pub file: OwnedFd,
+    pub offset: u64,
+    pub len: usize,
+    pub pages: Pages,
+}
+
 impl Driver {
     /// Shares page-locked host memory with the broker: a new mapping of `len` bytes, or (with
-    /// `existing`) the program's own pages at that address, moved into a shared mapping with
-    /// their contents. Its address, its file and its length (whole pages).
+    /// `existing`) the program's own pages at that address (see `program_pages`). Its address
+    /// and its file.
     pub(super) fn share_host(
         &self,
         len: usize,
         existing: Option<usize>,
         flags: u32,
-    ) -> Cu<(usize, OwnedFd, usize)> {
+    ) -> Cu<(usize, HostFile)> {
         // More than the address space holds: no memory for it.
         let len = len
             .max(1)
             .checked_next_multiple_of(PAGE)
             .ok_or(result::OUT_OF_MEMORY)?;
-        let fd = memfd(len)?;
-        let addr = match existing {
-            Some(at) => remap_shared(at, len, &fd)?,
-            None => map_shared(len, &fd)?,
+        let (addr, file) = match existing {
+            Some(at) => (at, program_pages(at, len)?),
+            None => {
+                let file = memfd(len)?;
+                let addr = map_shared(len, &file)?;
+                let pages = Pages::Allocated;
+                (
+                    addr,
+                    HostFile {
+                        file,
+                        offset: 0,
+                        len,
+                        pages,
+                    },
+                )
+            }
         };
-        match self.share_region(&fd, len, addr, flags, existing.is_some()) {
-            Ok(()) => Ok((addr, fd, len)),
+        match self.share_region(&file, addr, flags) {
+            Ok(()) => Ok((addr, file)),
             Err(code) => {
-                if existing.is_none() {
-                    // SAFETY: the mapping made above, not handed out.
-                    unsafe { libc::munmap(addr as *mut c_void, len) };
+                // The program's memory as it was.
+                match file.pages {
+                    Pages::Allocated => {
+                        // SAFETY: the mapping made above, not handed out.
+                        unsafe { libc::munmap(addr as *mut c_void, len) };
+                    }
+                    Pages::Moved => {
+                        make_private(addr, len);
+                    }
+                    Pages::Mapped => {}
                 }
                 Err(code)
             }
         }
     }
 
-    /// Shares the memory of `fd` mapped at `addr` with this device's session, and records it.
-    pub(super) fn share_region(
-        &self,
-        fd: &OwnedFd,
-        len: usize,
-        addr: usize,
-        flags: u32,
-        registered: bool,
-    ) -> Cu<()> {
-        let g = self.share_fd(fd, len, addr)?;
+    /// Shares `f`, mapped at `addr`, with this device's session, and records it.
+    pub(super) fn share_region(&self, f: &HostFile, addr: usize, flags: u32) -> Cu<()> {
+        let g = self.share_fd(f, addr)?;
         self.memory
             .host
             .write()
@@ -63,11 +84,11 @@ impl Driver {
             .insert(
                 addr,
                 HostRegion {
-                    len,
+                    len: f.len,
                     region: g.region,
                     device_ptr: g.device_ptr,
                     flags,
-                    registered,
+                    pages: f.pages,
                 },
             );
         Ok(())
@@ -76,7 +97,7 @@ impl Driver {
     /// A page of page-locked host memory shared with gpushared for the driver's own use:
     /// where the program reaches it, and where the device does.
     pub(crate) fn shared_page(&self) -> Cu<(usize, u64)> {
-        let (addr, _file, _) = self.share_host(PAGE, None, 0)?;
+        let (addr, _file) = self.share_host(PAGE, None, 0)?;
         let device = self
             .memory
             .host
@@ -88,16 +109,17 @@ impl Driver {
         Ok((addr, device))
     }
 
-    fn share_fd(&self, fd: &OwnedFd, len: usize, at: usize) -> Cu<HostRegionGrant> {
+    fn share_fd(&self, f: &HostFile, at: usize) -> Cu<HostRegionGrant> {
         let s = &self.transport.session;
         let reply = s
             .request(
                 |request| ClientMessage::ShareHostMemory {
                     request,
-                    bytes: len as u64,
+                    bytes: f.len as u64,
                     at: at as u64,
+                    offset: f.offset,
                 },
-                &[fd.as_raw_fd()],
+                &[f.file.as_raw_fd()],
             )
             .map_err(|e| from_error(&e))?;
         match reply {
@@ -214,16 +236,65 @@ fn map_shared(len: usize, fd: &OwnedFd) -> Cu<usize> {
     Ok(p as usize)
 }
 
-/// Moves the program's pages at `[at, at + len)` into the memfd, contents and address kept.
-fn remap_shared(at: usize, len: usize, fd: &OwnedFd) -> Cu<usize> {
-    if !at.is_multiple_of(PAGE) || !anonymous_private(at, len) {
-        say_once(
-            "cuMemHostRegister supports page-aligned ranges of the program's own anonymous memory only",
-        );
-        return Err(result::NOT_SUPPORTED);
+/// The program's pages at `[at, at + len)` as gpushared can share them: its anonymous memory
+/// moved into a memfd of ours (contents and address kept), or the tmpfs file it maps shared
+/// there, as it is (see `shared_file`).
+fn program_pages(at: usize, len: usize) -> Cu<HostFile> {
+    let refuse = |line: &'static str| {
+        say_once(line);
+        Err(result::NOT_SUPPORTED)
+    };
+    let over = match shared_file::mappings_over(at, len) {
+        Some(over) if at.is_multiple_of(PAGE) => over,
+        _ => {
+            return refuse(
+                "cuMemHostRegister supports page-aligned ranges of the program's anonymous memory and of its shared mappings of tmpfs files only",
+            );
+        }
+    };
+    if over.iter().all(|m| m.anonymous_rw) {
+        let file = memfd(len)?;
+        remap_shared(at, len, &file)?;
+        let pages = Pages::Moved;
+        return Ok(HostFile {
+            file,
+            offset: 0,
+            len,
+            pages,
+        });
     }
+    match over.as_slice() {
+        [m] if m.shared_rw => {
+            let Some(file) = shared_file::open(m) else {
+                return refuse(
+                    "cuMemHostRegister: the file behind a shared mapping cannot be opened again",
+                );
+            };
+            if !shared_file::on_tmpfs(&file) {
+                return refuse(
+                    "cuMemHostRegister supports shared mappings of tmpfs files (/dev/shm, memfd) only",
+                );
+            }
+            let offset = m.offset + (at - m.start) as u64;
+            let pages = Pages::Mapped;
+            Ok(HostFile {
+                file,
+                offset,
+                len,
+                pages,
+            })
+        }
+        _ => refuse(
+            "cuMemHostRegister supports page-aligned ranges of the program's anonymous memory and of its shared mappings of tmpfs files only",
+        ),
+    }
+}
+
+/// Moves the program's anonymous pages at `[at, at + len)` into the memfd, contents and
+/// address kept.
+fn remap_shared(at: usize, len: usize, fd: &OwnedFd) -> Cu<()> {
     let tmp = map_shared(len, fd)?;
-    // SAFETY: `at..at+len` is readable anonymous memory of this process (checked above);
+    // SAFETY: `at..at+len` is readable anonymous memory of this process (the caller checked);
     // `tmp` is the fresh mapping of the memfd, `len` long.
     unsafe { std::ptr::copy_nonoverlapping(at as *const u8, tmp as *mut u8, len) };
     // SAFETY: MAP_FIXED replaces the program's anonymous pages at `at` with the shared pages
@@ -243,55 +314,25 @@ fn remap_shared(at: usize, len: usize, fd: &OwnedFd) -> Cu<usize> {
     if p == libc::MAP_FAILED {
         return Err(result::OUT_OF_MEMORY);
     }
-    Ok(at)
+    Ok(())
 }
 
-/// Whether `[at, at + len)` lies in private, anonymous, writable mappings (the heap, or
-/// anonymous memory), by /proc/self/maps.
-fn anonymous_private(at: usize, len: usize) -> bool {
-    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
-        return false;
-    };
-    let end = at + len;
-    let mut covered = at;
-    for line in maps.lines() {
-        let mut f = line.split_whitespace();
-        let (Some(range), Some(perms)) = (f.next(), f.next()) else {
-            continue;
-        };
-        let path = f.nth(3).unwrap_or("");
-        let Some((lo, hi)) = range.split_once('-') else {
-            continue;
-        };
-        let (Ok(lo), Ok(hi)) = (usize::from_str_radix(lo, 16), usize::from_str_radix(hi, 16))
-        else {
-            continue;
-        };
-        if hi <= covered || lo > covered {
-            continue;
-        }
-        let anonymous = path.is_empty() || path == "[heap]";
-        if !anonymous || !perms.starts_with("rw") || perms.as_bytes().get(3) != Some(&b'p') {
-            return false;
-        }
-        covered = hi;
-        if covered >= end {
-            return true;
-        }
-    }
-    false
-}
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn only_anonymous_private_memory_can_be_registered() {
+    fn the_heap_moves_and_code_is_refused() {
         let v = vec![0u8; 3 * PAGE];
         let page = (v.as_ptr() as usize).div_ceil(PAGE) * PAGE;
-        assert!(anonymous_private(page, PAGE), "the heap");
-        let text = anonymous_private as *const () as usize / PAGE * PAGE;
-        assert!(!anonymous_private(text, PAGE), "code is file-backed");
+        let over = shared_file::mappings_over(page, PAGE).expect("mapped");
+        assert!(over.iter().all(|m| m.anonymous_rw), "the heap");
+        let text = program_pages as *const () as usize / PAGE * PAGE;
+        assert_eq!(
+            program_pages(text, PAGE).err(),
+            Some(result::NOT_SUPPORTED),
+            "code is a private file mapping"
+        );
     }
 
     #[test]
@@ -325,7 +366,7 @@ mod tests {
             unsafe { (at as *mut u8).add(i).write_volatile(i as u8) };
         }
         let fd = memfd(len).expect("memfd");
-        assert_eq!(remap_shared(at, len, &fd), Ok(at), "same address");
+        assert_eq!(remap_shared(at, len, &fd), Ok(()), "same address");
         // SAFETY: the remapped range, `len` long.
         let kept = (0..len).all(|i| unsafe { (at as *const u8).add(i).read_volatile() } == i as u8);
         assert!(kept, "same contents");
@@ -346,10 +387,9 @@ mod tests {
     fn registering_part_of_a_page_is_refused() {
         let v = vec![0u8; 3 * PAGE];
         let page = (v.as_ptr() as usize).div_ceil(PAGE) * PAGE;
-        let fd = memfd(PAGE).expect("memfd");
         assert_eq!(
-            remap_shared(page + 8, PAGE, &fd),
-            Err(result::NOT_SUPPORTED)
+            program_pages(page + 8, PAGE).err(),
+            Some(result::NOT_SUPPORTED)
         );
     }
 }

@@ -14,6 +14,7 @@ pub mod ipc;
 pub(crate) mod pinned;
 pub mod pools;
 pub mod pools_api;
+mod shared_file;
 pub mod vmm;
 pub mod vmm_api;
 
@@ -53,8 +54,18 @@ pub struct HostRegion {
     pub region: u32,
     pub device_ptr: u64,
     pub flags: u32,
-    /// `cuMemHostRegister`ed memory of the program's (not ours to unmap).
-    pub registered: bool,
+    pub pages: Pages,
+}
+
+/// Whose pages a shared host region holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pages {
+    /// Ours: `cuMemHostAlloc`'s memfd.
+    Allocated,
+    /// The program's anonymous pages, moved into a memfd of ours by `cuMemHostRegister`.
+    Moved,
+    /// The program's shared mapping of a tmpfs file, shared as it is by `cuMemHostRegister`.
+    Mapped,
 }
 
 /// Where a host pointer lies: in a shared region (`region`, offset), or in pageable memory.
@@ -221,7 +232,7 @@ mod tests {
                 region: 3,
                 device_ptr: 0x7f00_0000_0000,
                 flags: 0,
-                registered: false,
+                pages: Pages::Allocated,
             },
         );
         assert_eq!(

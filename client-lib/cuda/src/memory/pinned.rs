@@ -4,28 +4,24 @@
 //! it then. The files are kept for that.
 
 use std::collections::BTreeMap;
-use std::os::fd::OwnedFd;
 use std::sync::{Mutex, MutexGuard};
 
 use super::HostRegion;
+use super::host::HostFile;
 use crate::driver::Driver;
 use crate::log::say_once;
 use crate::status::Cu;
 
 struct Pinned {
-    file: OwnedFd,
-    len: usize,
+    file: HostFile,
     flags: u32,
-    registered: bool,
 }
 
 impl Pinned {
     /// Shares the region mapped at `addr` with `d`'s session; where that fails, copies between
     /// it and that device are staged (said once).
     fn share_with(&self, d: &Driver, addr: usize) {
-        if d.share_region(&self.file, self.len, addr, self.flags, self.registered)
-            .is_err()
-        {
+        if d.share_region(&self.file, addr, self.flags).is_err() {
             say_once(
                 "page-locked memory could not be shared with another device's session: copies between it and that device are staged",
             );
@@ -45,13 +41,8 @@ impl Driver {
     /// session the process has; its address.
     pub(crate) fn pin(&self, len: usize, existing: Option<usize>, flags: u32) -> Cu<usize> {
         let mut all = pinned();
-        let (addr, file, len) = self.share_host(len, existing, flags)?;
-        let pinned = Pinned {
-            file,
-            len,
-            flags,
-            registered: existing.is_some(),
-        };
+        let (addr, file) = self.share_host(len, existing, flags)?;
+        let pinned = Pinned { file, flags };
         for other in crate::route::opened_except(self) {
             pinned.share_with(other, addr);
         }

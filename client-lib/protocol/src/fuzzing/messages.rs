@@ -340,6 +340,7 @@ pub fn client_messages() -> Vec<ClientMessage> {
             request: 11,
             bytes: 2 << 20,
             at: 0x7f12_3400_0000,
+            offset: 0,
         },
         ClientMessage::UnshareHostMemory {
             request: 12,

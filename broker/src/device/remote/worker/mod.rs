@@ -250,9 +250,20 @@ impl<B: Backend> Worker<B> {
                     .map(|()| None)
                     .map_err(|e| format!("cannot start the channel's thread: {e}"))
             }
-            ToWorker::ShareMemory { region, len, at } => self
+            ToWorker::ShareMemory {
+                region,
+                len,
+                at,
+                offset,
+            } => self
                 .executor
-                .share_region(region, &need_fd(fd)?, len, zone_if_anywhere(at, len))
+                .share_region(
+                    region,
+                    &need_fd(fd)?,
+                    len,
+                    zone_if_anywhere(at, len),
+                    offset,
+                )
                 .map(|()| None)
                 .map_err(|e| e.to_string()),
             ToWorker::UnshareMemory { region } => {
