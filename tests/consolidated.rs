@@ -20,7 +20,11 @@ use gpushare_tests::{Broker, BrokerOptions, SystemUser, other_users, wait_until}
 const RUN_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// What the driver says on stderr for each unsupported call, once per process.
-const UNSUPPORTED: [&str; 2] = ["cuMemAllocManaged", "cuCtxEnablePeerAccess"];
+const UNSUPPORTED: [&str; 3] = [
+    "cuMemAllocManaged",
+    "cuCtxEnablePeerAccess",
+    "serves pinned device memory only",
+];
 
 /// The sections of the stand-in's `all` mode, in order.
 const ALL_SECTIONS: [&str; 18] = [

@@ -426,6 +426,17 @@ void check_unsupported(void) {
         EXPECT(cuMemAllocManaged(&m, 4096, CU_MEM_ATTACH_GLOBAL), CUDA_ERROR_NOT_SUPPORTED);
         EXPECT(cuCtxEnablePeerAccess(other, 0), CUDA_ERROR_PEER_ACCESS_UNSUPPORTED);
     }
+    /* Page-locked host memory from the virtual memory API, as NCCL probes it: the granularity
+     * is told, the memory refused (NCCL then uses /dev/shm files, registered as they are). */
+    CUmemAllocationProp host = {0};
+    host.type = 1;
+    host.requestedHandleTypes = 1;
+    host.location.type = 3; /* CU_MEM_LOCATION_TYPE_HOST_NUMA */
+    size_t hg = 0;
+    OK(cuMemGetAllocationGranularity(&hg, &host, 0));
+    CHECK(hg >= 4096, "host granularity %zu", hg);
+    CUmemGenericAllocationHandle hh = 0;
+    for (int i = 0; i < 2; i++) EXPECT(cuMemCreate(&hh, hg, &host, 0), CUDA_ERROR_NOT_SUPPORTED);
     /* Misuse gets the error it would get anyway. */
     EXPECT(cuCtxEnablePeerAccess(primary, 0), CUDA_ERROR_INVALID_CONTEXT);
     EXPECT(cuCtxEnablePeerAccess(other, 1), CUDA_ERROR_INVALID_VALUE);

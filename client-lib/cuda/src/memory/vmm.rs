@@ -67,6 +67,10 @@ pub struct AccessDesc {
 pub const ALLOCATION_PINNED: u32 = 1;
 /// `CU_MEM_LOCATION_TYPE_DEVICE`.
 pub const LOCATION_DEVICE: u32 = 1;
+/// `CU_MEM_LOCATION_TYPE_HOST`, `_HOST_NUMA`, `_HOST_NUMA_CURRENT`.
+pub const LOCATION_HOST: u32 = 2;
+pub const LOCATION_HOST_NUMA: u32 = 3;
+pub const LOCATION_HOST_NUMA_CURRENT: u32 = 4;
 /// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`.
 pub const HANDLE_POSIX_FD: u32 = 1;
 /// `CU_MEM_ACCESS_FLAGS_PROT_READWRITE`; `_READ` is 1, `_NONE` 0.
@@ -127,8 +131,8 @@ impl Vmm {
     }
 }
 
-/// Checks what `cuMemCreate` and `cuMemGetAllocationGranularity` may be asked for here:
-/// pinned device memory on device `dev` (the driver's).
+/// Checks what `cuMemCreate` may be asked for here: pinned device memory on device `dev` (the
+/// driver's).
 fn check_prop(prop: &AllocationProp, dev: i32) -> Cu<()> {
     if prop.kind != ALLOCATION_PINNED || prop.location.kind != LOCATION_DEVICE {
         say_once(
@@ -185,9 +189,17 @@ impl Memory {
 }
 
 impl Driver {
-    /// The granule of physical memory and reserved address space.
+    /// The granule of physical memory and reserved address space. Asked for pinned host
+    /// memory, the same (NCCL asks first, then tries `cuMemCreate`, and uses `/dev/shm` files
+    /// when that is refused; a refused question would stop it instead).
     pub fn vmm_granularity(&self, prop: &AllocationProp) -> Cu<u64> {
-        check_prop(prop, self.device)?;
+        let host = matches!(
+            prop.location.kind,
+            LOCATION_HOST | LOCATION_HOST_NUMA | LOCATION_HOST_NUMA_CURRENT
+        );
+        if !(host && prop.kind == ALLOCATION_PINNED) {
+            check_prop(prop, self.device)?;
+        }
         match self.memory_granularity {
             0 => {
                 say_once("this device offers no memory for the virtual memory API");
@@ -238,6 +250,7 @@ impl Driver {
     }
 
     pub fn vmm_create(&self, size: u64, prop: &AllocationProp) -> Cu<u64> {
+        check_prop(prop, self.device)?;
         let g = self.vmm_granularity(prop)?;
         if size == 0 || !size.is_multiple_of(g) {
             return Err(result::INVALID_VALUE);
