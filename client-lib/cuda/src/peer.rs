@@ -51,7 +51,7 @@ pub extern "C" fn cuCtxEnablePeerAccess(peer: CUcontext, flags: c_uint) -> CUres
             crate::entry::say_refused("cuCtxEnablePeerAccess", result::PEER_ACCESS_UNSUPPORTED);
         } else if outcome == Err(result::PEER_ACCESS_UNSUPPORTED) {
             crate::log::say_once(
-                "cuCtxEnablePeerAccess: a process that works on several GPUs itself gets no peer access through gpushare (copies between the GPUs work; kernels reading another GPU's memory, NCCL within one process and jax.pmap do not); a job of one process per GPU (torchrun, `gpushare run --gpus N`) gets it",
+                "cuCtxEnablePeerAccess: a process that works on several GPUs itself gets no peer access through gpushare (copies between the GPUs work; kernels reading another GPU's memory and jax.pmap do not; NCCL within one process, as torch.nn.DataParallel, works with NCCL_P2P_DISABLE=1); a job of one process per GPU (torchrun, `gpushare run --gpus N`) gets it",
             );
         }
         outcome

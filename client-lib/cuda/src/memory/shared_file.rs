@@ -136,7 +136,16 @@ mod tests {
 
     #[test]
     fn a_shared_tmpfs_mapping_is_found_and_opened_again() {
-        let file = tempfile::tempfile_in("/dev/shm").expect("a tmpfs file");
+        // A removed /dev/shm file (no dev-dependency for it: a test-only dependency would
+        // build the driver a second way, which the integration tests would then meet).
+        let path = format!("/dev/shm/gpushare-unit-{}", std::process::id());
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .expect("a tmpfs file");
+        std::fs::remove_file(&path).expect("removed");
         file.set_len(3 * 4096).expect("size");
         // SAFETY: a fresh shared mapping of the file, from its second page.
         let at = unsafe {
