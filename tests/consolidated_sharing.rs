@@ -136,3 +136,40 @@ fn memory_freed_under_queued_work_reaches_no_other_process_before_that_work_ends
         &broker.log_text(),
     );
 }
+
+/// Peer access asked of gpushared (`EnablePeerAccess`, what `cuCtxEnablePeerAccess` sends in
+/// a process working on two GPUs) is granted between two GPUs that reach each other, and
+/// refused with a sentence for the session's own GPU and a GPU gpushared does not have. (The
+/// stand-in program's use of it: `consolidated.rs`; that the memory is then
+/// reached: `broker/src/device/mirrors.rs`'s tests, and on GPUs `docs/benchmarks.md`.)
+#[test]
+fn peer_access_is_granted_between_two_gpus_and_refused_otherwise() {
+    use gpushare::ErrorCode;
+    use gpushare_protocol::control::{BrokerMessage, ClientMessage, Role};
+    use gpushare_tests::raw::RawClient;
+    let broker = Broker::start_with(BrokerOptions {
+        extra_args: vec!["--sim-gpus".into(), "2".into()],
+        ..Default::default()
+    });
+    let ask = |raw: &RawClient, gpu: u32| match raw
+        .request(&ClientMessage::EnablePeerAccess { request: 1, gpu }, &[])
+    {
+        Some(BrokerMessage::PeerAccessEnabled { result, .. }) => result,
+        Some(BrokerMessage::RequestFailed { error, .. }) => Err(error),
+        other => panic!("EnablePeerAccess({gpu}) answered {other:?}"),
+    };
+    let raw = RawClient::connect_as(&broker.socket, Role::Consolidated);
+    let answers = [ask(&raw, 0), ask(&raw, 1)];
+    let own = answers.iter().filter(|a| a.is_err()).count();
+    assert_eq!(own, 1, "one GPU is the session's own: {answers:?}");
+    for refused in answers.iter().filter_map(|a| a.as_ref().err()) {
+        assert_eq!(refused.code, ErrorCode::InvalidArgument, "{refused:?}");
+        assert!(
+            refused.message.contains("this session's own"),
+            "{refused:?}"
+        );
+    }
+    let none = ask(&raw, 7).expect_err("no GPU 7");
+    assert_eq!(none.code, ErrorCode::InvalidArgument, "{none:?}");
+    assert!(raw.status_ok(), "the session goes on");
+}

@@ -29,6 +29,7 @@ enum {
     CUDA_ERROR_PEER_ACCESS_UNSUPPORTED = 217,
     CUDA_ERROR_INVALID_HANDLE = 400,
     CUDA_ERROR_NOT_FOUND = 500,
+    CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED = 704,
     CUDA_ERROR_PEER_ACCESS_NOT_ENABLED = 705,
     CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED = 712,
     CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED = 713,
@@ -160,6 +161,7 @@ typedef struct {
     X(cuCtxSynchronize, (CUcontext))                                                          \
     X(cuCtxGetStreamPriorityRange, (int *, int *))                                            \
     X(cuCtxEnablePeerAccess, (CUcontext, unsigned))                                           \
+    X(cuDeviceCanAccessPeer, (int *, CUdevice, CUdevice))                                     \
     X(cuCtxDisablePeerAccess, (CUcontext))                                                    \
     X(cuGetErrorName, (CUresult, const char **))                                              \
     X(cuGetExportTable, (const void **, const CUuuid *))                                      \

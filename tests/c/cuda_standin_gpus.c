@@ -56,9 +56,13 @@ void run_several_devices(unsigned seed) {
     CHECK(ordinal_of(mem[0]) == 0 && ordinal_of(mem[1]) == 1,
           "pointers name their own device whatever is current");
 
-    /* No peer access for a process that works on both GPUs itself (its kernels would read
-     * the other GPU's memory, which that GPU's worker does not map): copies serve it. */
-    EXPECT(cuCtxEnablePeerAccess(ctx[0], 0), CUDA_ERROR_PEER_ACCESS_UNSUPPORTED);
+    /* Peer access between the GPUs (the sim's reach each other): gpushared maps device 0's
+     * memory into device 1's context at its own addresses, made before and after. */
+    int can = -1;
+    OK(cuDeviceCanAccessPeer(&can, 1, 0));
+    CHECK(can == 1, "device 1 reaches device 0: %d", can);
+    OK(cuCtxEnablePeerAccess(ctx[0], 0));
+    EXPECT(cuCtxEnablePeerAccess(ctx[0], 0), CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED);
 
     /* Device 1 current: an event of device 0's, then a stream of device 0's. */
     OK(cuStreamWaitEvent(s[1], done[0], 0));

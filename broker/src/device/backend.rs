@@ -86,6 +86,17 @@ pub trait Backend: Send + Sync + 'static {
         let _ = (at, size);
         self.granularity().map(drop)
     }
+    /// Reserves another device's address range (`size` bytes at `base`, its reservation) for
+    /// its chunks to be mapped into at their own addresses: peer access.
+    fn reserve_peer(&self, base: u64, size: u64) -> DeviceResult<()> {
+        let _ = (base, size);
+        self.granularity().map(drop)
+    }
+    /// Maps another device's chunk (`fd`) at its own address `at`, inside a range
+    /// [`Backend::reserve_peer`] reserved, for this device to read and write.
+    fn import_peer_chunk(&self, at: u64, size: u64, fd: BorrowedFd<'_>) -> DeviceResult<()> {
+        self.import_chunk(at, size, fd)
+    }
 
     /// Makes a client's arena usable for direct DMA (a no-op where that means nothing).
     fn register_arena(&self, arena: ArenaSlice<'_>) -> DeviceResult<()>;

@@ -127,6 +127,14 @@ impl<B: Backend> Executor<B> {
         self.backend.release_chunk(at, size)
     }
 
+    pub fn reserve_peer(&self, base: u64, size: u64) -> DeviceResult<()> {
+        self.backend.reserve_peer(base, size)
+    }
+
+    pub fn import_peer_chunk(&self, at: u64, size: u64, fd: BorrowedFd<'_>) -> DeviceResult<()> {
+        self.backend.import_peer_chunk(at, size, fd)
+    }
+
     /// Drops every handle (the backend's context is gone, and they with it).
     pub fn forget_handles(&self) {
         lock(&self.streams).clear();

@@ -101,6 +101,37 @@ pub trait Link: Send + Sync + 'static {
             what: "mapping physical memory".into(),
         })
     }
+    /// Maps every chunk of this device's, now and as they are made, into `peer`'s contexts at
+    /// their own addresses (until they are let go): a program on `peer`'s device then reaches
+    /// this device's memory, as CUDA's peer access gives. Once per peer.
+    fn mirror_into(&self, peer: std::sync::Weak<dyn Link>) -> DeviceResult<()> {
+        let _ = peer;
+        Err(DeviceError::NotSupported {
+            backend: self.backend().into(),
+            what: "peer access between GPUs for one process".into(),
+        })
+    }
+    /// Reserves another device's range of clients' memory (`space`) in this device's contexts,
+    /// for [`Link::map_peer_chunk`].
+    fn reserve_peer(&self, space: Space) -> DeviceResult<()> {
+        let _ = space;
+        Err(DeviceError::NotSupported {
+            backend: self.backend().into(),
+            what: "peer access between GPUs for one process".into(),
+        })
+    }
+    /// Maps another device's chunk (`fd`) at its own address `at` in this device's contexts.
+    fn map_peer_chunk(&self, at: u64, size: u64, fd: BorrowedFd<'_>) -> DeviceResult<()> {
+        let _ = (at, size, fd);
+        Err(DeviceError::NotSupported {
+            backend: self.backend().into(),
+            what: "peer access between GPUs for one process".into(),
+        })
+    }
+    /// Lets go of another device's chunk mapped at `at` (it is being let go there).
+    fn release_peer_chunk(&self, at: u64, size: u64) {
+        let _ = (at, size);
+    }
     /// Runs `call` (a module or function being made, or an attribute set on one: `owner`)
     /// in the context ready to take over too, ahead of a fault, so that taking over costs no
     /// module load. `payload` is the call's (an image, a name).

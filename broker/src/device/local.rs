@@ -25,6 +25,10 @@ pub struct Local<B: Backend> {
     space: Space,
     /// Clients' memory: every chunk's descriptor, to map it again after a reset.
     chunks: Mutex<BTreeMap<u64, (u64, OwnedFd)>>,
+    /// Other devices' chunks mapped here for peer access, and their reserved ranges.
+    peers: Mutex<super::mirrors::PeerMemory>,
+    /// The devices that map this one's chunks.
+    mirrors: super::mirrors::Mirrors,
 }
 
 impl<B: Backend> Local<B> {
@@ -43,6 +47,8 @@ impl<B: Backend> Local<B> {
                 granularity,
             },
             chunks: Mutex::default(),
+            peers: Mutex::default(),
+            mirrors: Default::default(),
         })
     }
 
@@ -134,14 +140,53 @@ impl<B: Backend> Link for Local<B> {
     }
 
     fn create_chunk(&self, at: u64, size: u64) -> DeviceResult<()> {
+        let mut chunks = lock(&self.chunks);
         let fd = self.executor.create_chunk(at, size)?;
-        lock(&self.chunks).insert(at, (size, fd));
+        self.mirrors.made(at, size, fd.as_fd());
+        chunks.insert(at, (size, fd));
         Ok(())
     }
 
     fn release_chunk(&self, at: u64, size: u64) {
+        let mut chunks = lock(&self.chunks);
+        self.mirrors.released(at, size);
         let _ = self.executor.release_chunk(at, size);
-        lock(&self.chunks).remove(&at);
+        chunks.remove(&at);
+    }
+
+    fn mirror_into(&self, peer: std::sync::Weak<dyn Link>) -> DeviceResult<()> {
+        let chunks = lock(&self.chunks);
+        let each = chunks
+            .iter()
+            .map(|(&at, (size, fd))| (at, *size, fd.as_fd()));
+        self.mirrors.add(peer, self.space, each)
+    }
+
+    fn reserve_peer(&self, space: Space) -> DeviceResult<()> {
+        let mut peers = lock(&self.peers);
+        if !peers.spaces.contains(&space) {
+            self.executor.reserve_peer(space.base, space.size)?;
+            peers.spaces.push(space);
+        }
+        Ok(())
+    }
+
+    fn map_peer_chunk(&self, at: u64, size: u64, fd: BorrowedFd<'_>) -> DeviceResult<()> {
+        let kept = fd.try_clone_to_owned().map_err(|e| {
+            DeviceError::Failed(format!(
+                "cannot keep another GPU's memory's descriptor: {e}"
+            ))
+        })?;
+        let mut peers = lock(&self.peers);
+        self.executor.import_peer_chunk(at, size, fd)?;
+        peers.chunks.insert(at, (size, kept));
+        Ok(())
+    }
+
+    fn release_peer_chunk(&self, at: u64, size: u64) {
+        if lock(&self.peers).chunks.remove(&at).is_some() {
+            let _ = self.executor.release_chunk(at, size);
+        }
     }
 
     fn make_memory(&self, size: u64) -> DeviceResult<OwnedFd> {
@@ -152,8 +197,10 @@ impl<B: Backend> Link for Local<B> {
         let kept = fd.try_clone_to_owned().map_err(|e| {
             DeviceError::Failed(format!("cannot keep device memory's descriptor: {e}"))
         })?;
+        let mut chunks = lock(&self.chunks);
         self.executor.import_chunk(at, size, fd)?;
-        lock(&self.chunks).insert(at, (size, kept));
+        self.mirrors.made(at, size, fd);
+        chunks.insert(at, (size, kept));
         Ok(())
     }
 
@@ -175,6 +222,15 @@ impl<B: Backend> Link for Local<B> {
             if let Err(e) = self.executor.import_chunk(at, *size, fd.as_fd()) {
                 tracing::warn!(at = format_args!("{at:#x}"), error = %e, "a chunk cannot be mapped again after the reset");
                 return Ok(Memory::Lost);
+            }
+        }
+        let peers = lock(&self.peers);
+        for space in &peers.spaces {
+            let _ = self.executor.reserve_peer(space.base, space.size);
+        }
+        for (&at, (size, fd)) in &peers.chunks {
+            if let Err(e) = self.executor.import_peer_chunk(at, *size, fd.as_fd()) {
+                tracing::warn!(at = format_args!("{at:#x}"), error = %e, "another GPU's memory cannot be mapped again after the reset: peer access no longer reaches it");
             }
         }
         Ok(Memory::Kept)

@@ -25,6 +25,7 @@ mod handles;
 pub mod ipc;
 pub mod link;
 pub mod local;
+pub(crate) mod mirrors;
 mod pool;
 mod progress;
 pub mod remote;

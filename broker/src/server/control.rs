@@ -114,7 +114,9 @@ impl Broker {
             };
             if matches!(
                 msg,
-                ClientMessage::ExportMemory { .. } | ClientMessage::ImportMemory { .. }
+                ClientMessage::ExportMemory { .. }
+                    | ClientMessage::ImportMemory { .. }
+                    | ClientMessage::EnablePeerAccess { .. }
             ) {
                 let (reply, out) = self.memory_request(&msg, fds, session).unwrap_or_else(|| {
                     let error = WireError::new(ErrorCode::Internal, "unrouted request");
@@ -221,6 +223,7 @@ impl Broker {
                     | ClientMessage::UnshareHostMemory { request, .. }
                     | ClientMessage::ExportMemory { request, .. }
                     | ClientMessage::ImportMemory { request, .. }
+                    | ClientMessage::EnablePeerAccess { request, .. }
                     | ClientMessage::EncodeTensorMap { request, .. }
                     | ClientMessage::GetFunctionNames { request, .. }
                     | ClientMessage::MakeGraph { request, .. },

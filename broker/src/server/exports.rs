@@ -137,8 +137,51 @@ impl Broker {
         }
     }
 
-    /// Answers `ExportMemory` and `ImportMemory` (`None` for any other message); the reply's
-    /// descriptors go with it.
+    /// Peer access for a session's GPU to GPU `peer` (a process working on both): `peer`'s
+    /// memory of the session's trust domain mapped into the session's GPU context.
+    fn enable_peer_access(&self, info: &SessionInfo, peer: u32) -> Result<(), WireError> {
+        let invalid = |why: String| wire(ErrorCode::InvalidArgument, why);
+        if peer == info.gpu {
+            return Err(invalid(format!("GPU {peer} is this session's own")));
+        }
+        if !self.peers().contains(&(info.gpu, peer)) {
+            return Err(invalid(format!(
+                "GPU {} cannot reach GPU {peer}'s memory (no peer access between them)",
+                info.gpu
+            )));
+        }
+        let domain = crate::access::TrustDomain::new(&info.trust_domain)
+            .map_err(|e| wire(ErrorCode::Internal, e.to_string()))?;
+        let context = |gpu: u32| {
+            let g = self
+                .gpus
+                .get(gpu as usize)
+                .ok_or_else(|| invalid(format!("no GPU {gpu}")))?;
+            // Made already where the process works: it has a session there.
+            g.context(&domain, None).map_err(|e| {
+                invalid(format!(
+                    "GPU {gpu} serves no context of trust domain {domain} yet: {e}"
+                ))
+            })
+        };
+        let (mine, theirs) = (context(info.gpu)?, context(peer)?);
+        theirs
+            .device
+            .mirror_into(&mine.device)
+            .map_err(|e| wire(e.code(), format!("peer access to GPU {peer}: {e}")))?;
+        tracing::info!(
+            from = info.gpu,
+            to = peer,
+            %domain,
+            pid = info.pid,
+            "peer access: GPU {peer}'s memory of trust domain {domain} mapped into GPU {}'s context",
+            info.gpu
+        );
+        Ok(())
+    }
+
+    /// Answers `ExportMemory`, `ImportMemory` and `EnablePeerAccess` (`None` for any other
+    /// message); the reply's descriptors go with it.
     pub(super) fn memory_request(
         &self,
         msg: &ClientMessage,
@@ -178,6 +221,15 @@ impl Broker {
                         Vec::new(),
                     ),
                 }
+            }
+            ClientMessage::EnablePeerAccess { request, gpu } => {
+                let result = session
+                    .ok_or_else(no_session)
+                    .and_then(|info| self.enable_peer_access(info, gpu));
+                (
+                    BrokerMessage::PeerAccessEnabled { request, result },
+                    Vec::new(),
+                )
             }
             ClientMessage::ImportMemory { request } => {
                 let result = session.ok_or_else(no_session).and_then(|info| {

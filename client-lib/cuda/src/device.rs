@@ -357,7 +357,7 @@ pub unsafe extern "C" fn cuDeviceCanAccessPeer(
         seen(d, dev)?;
         seen(d, peer)?;
         // SAFETY: the caller's contract.
-        unsafe { out(can, c_int::from(d.gpus.peer_access(dev, peer))) }
+        unsafe { out(can, c_int::from(d.gpus.reaches(dev, peer))) }
     })
 }
 
@@ -387,7 +387,7 @@ pub unsafe extern "C" fn cuDeviceGetP2PAttribute(
         }
         // Access as `cuDeviceCanAccessPeer` says it; no claim of native atomics (unknown
         // here), no CUDA arrays (not served), and one performance rank for every link.
-        let v = c_int::from(attrib == P2P_ACCESS_SUPPORTED && d.gpus.peer_access(src, dst));
+        let v = c_int::from(attrib == P2P_ACCESS_SUPPORTED && d.gpus.reaches(src, dst));
         // SAFETY: the caller's contract.
         unsafe { out(value, v) }
     })

@@ -21,7 +21,7 @@ pub struct Gpus {
     /// Pairs of gpushared's GPU indices where the first reaches the second's memory.
     pub peers: Vec<(u32, u32)>,
     /// Whether the process is one rank of a job of one process per GPU (its launcher set a
-    /// local rank): peer access is offered to such processes only (`Gpus::peer_access`).
+    /// local rank): its peer access needs nothing of gpushared (`crate::peer`).
     pub rank: bool,
 }
 
@@ -46,19 +46,9 @@ impl Gpus {
         usize::try_from(dev).ok().and_then(|i| self.visible.get(i))
     }
 
-    /// Peer access as the program is told of it (`cuDeviceCanAccessPeer`, the P2P attribute,
-    /// `cuCtxEnablePeerAccess`): where the GPUs reach each other, for a rank of a job of one
-    /// process per GPU. Such a process maps another rank's memory through the virtual memory
-    /// API (NCCL's transport), which gpushared serves across GPUs. A process working on
-    /// several GPUs itself is told no: its kernels would read the other GPU's memory at its
-    /// own addresses, which the other GPU's worker does not map (the kernel faults); told no,
-    /// PyTorch copies across devices by memcpy instead, which `crate::across` serves.
-    pub fn peer_access(&self, dev: i32, peer: i32) -> bool {
-        self.rank && self.reaches(dev, peer)
-    }
-
     /// Whether a program on device `dev` may map memory of device `peer` (both seen, not the
-    /// same).
+    /// same): peer access as the program is told of it (`cuDeviceCanAccessPeer`, the P2P
+    /// attribute, `cuCtxEnablePeerAccess`).
     pub fn reaches(&self, dev: i32, peer: i32) -> bool {
         match (self.get(dev), self.get(peer)) {
             (Some(a), Some(b)) if dev != peer => self.peers.contains(&(a.index, b.index)),

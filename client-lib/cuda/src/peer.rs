@@ -1,8 +1,10 @@
-//! Peer access. In a job of one process per GPU (`gpushare run --gpus N`, a local rank set),
-//! access to another GPU's primary context is enabled where gpushared's GPUs reach each other
-//! (what lets a process map another rank's memory); a process working on several GPUs itself
-//! is told the GPUs have none (`Gpus::peer_access` says why). Between contexts of one device,
-//! or GPUs without access, enabling fails as a driver fails it between devices that cannot.
+//! Peer access, where gpushared's GPUs reach each other. In a job of one process per GPU
+//! (`gpushare run --gpus N`, a local rank set) enabling it is this process's own affair: a
+//! rank maps another rank's memory through the virtual memory API, which gpushared serves
+//! across GPUs. A process that works on several GPUs itself asks gpushared to map the other
+//! GPU's memory into this GPU's context at its own addresses (`EnablePeerAccess`), so that its
+//! kernels here reach it. Between contexts of one device, or GPUs without access, enabling
+//! fails as a driver fails it between devices that cannot.
 
 use std::ffi::c_uint;
 
@@ -41,21 +43,52 @@ fn enable(
 pub extern "C" fn cuCtxEnablePeerAccess(peer: CUcontext, flags: c_uint) -> CUresult {
     entry("cuCtxEnablePeerAccess", || {
         let d = driver::get()?;
-        let reaches = |a, b| d.gpus.peer_access(a, b);
-        let outcome = enable(d.contexts, reaches, current(), peer, flags);
-        let reached = d
-            .contexts
-            .get(peer)
-            .is_ok_and(|to| d.gpus.reaches(d.device, to.device));
-        if outcome == Err(result::PEER_ACCESS_UNSUPPORTED) && !reached {
+        let reaches = |a, b| d.gpus.reaches(a, b);
+        let ctx = current();
+        let outcome = enable(d.contexts, reaches, ctx, peer, flags);
+        if outcome == Err(result::PEER_ACCESS_UNSUPPORTED) {
             crate::entry::say_refused("cuCtxEnablePeerAccess", result::PEER_ACCESS_UNSUPPORTED);
-        } else if outcome == Err(result::PEER_ACCESS_UNSUPPORTED) {
-            crate::log::say_once(
-                "cuCtxEnablePeerAccess: a process that works on several GPUs itself gets no peer access through gpushare (copies between the GPUs work; kernels reading another GPU's memory and jax.pmap do not; NCCL within one process, as torch.nn.DataParallel, works with NCCL_P2P_DISABLE=1); a job of one process per GPU (torchrun, `gpushare run --gpus N`) gets it",
-            );
         }
-        outcome
+        outcome?;
+        if d.gpus.rank {
+            return Ok(());
+        }
+        let from = d.contexts.get(ctx)?.device;
+        let to = d.contexts.get(peer)?.device;
+        let mapped = map_peer(from, to);
+        if mapped.is_err() {
+            d.contexts.peer_enabled(ctx, to, false);
+        }
+        mapped
     })
+}
+
+/// Asks gpushared to map device `to`'s memory into device `from`'s context (both sessions
+/// open, `to`'s first if it is not).
+fn map_peer(from: CUdevice, to: CUdevice) -> Cu<()> {
+    use gpushare_protocol::control::{BrokerMessage, ClientMessage};
+    let here = crate::route::on_device(from)?;
+    let there = crate::route::on_device(to)?;
+    let gpu = there.device_info().index;
+    let reply = here
+        .transport
+        .session
+        .request(
+            |request| ClientMessage::EnablePeerAccess { request, gpu },
+            &[],
+        )
+        .map_err(|e| crate::status::from_error(&e))?;
+    match reply {
+        BrokerMessage::PeerAccessEnabled { result: Ok(()), .. } => Ok(()),
+        BrokerMessage::PeerAccessEnabled { result: Err(w), .. } => {
+            crate::log::say_once(&format!(
+                "cuCtxEnablePeerAccess: gpushared cannot map device {to}'s memory into device {from}'s context: {}",
+                w.message
+            ));
+            Err(result::PEER_ACCESS_UNSUPPORTED)
+        }
+        _ => Err(result::UNKNOWN),
+    }
 }
 
 /// Access that was never enabled cannot be disabled.

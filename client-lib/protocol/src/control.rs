@@ -201,6 +201,14 @@ pub enum ClientMessage {
     ImportMemory {
         request: u64,
     },
+    /// Peer access for this session's GPU to gpushared's GPU `gpu` (`cuCtxEnablePeerAccess` in
+    /// a process that works on both): that GPU's memory of this session's trust domain is
+    /// mapped into this GPU's context at its own addresses, now and as it is made. Answered
+    /// with `PeerAccessEnabled`.
+    EnablePeerAccess {
+        request: u64,
+        gpu: u32,
+    },
     /// Makes a TMA tensor map (`cuTensorMapEncode*`). Answered with `TensorMap`.
     EncodeTensorMap {
         request: u64,
@@ -454,6 +462,11 @@ pub enum BrokerMessage {
     MemoryImported {
         request: u64,
         result: Result<(u64, u64), WireError>,
+    },
+    /// The answer to `EnablePeerAccess`.
+    PeerAccessEnabled {
+        request: u64,
+        result: Result<(), WireError>,
     },
     /// Another client's work faulted the GPU and the broker recreated its context: everything
     /// this client held on the device is gone (listed in `lost`); the session goes on, and

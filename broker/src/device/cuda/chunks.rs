@@ -29,6 +29,9 @@ pub struct Chunks {
 struct State {
     /// (base, size) of the reservation, once made.
     reserved: Option<(u64, u64)>,
+    /// (base, size) of other devices' reservations made here too, for their chunks (peer
+    /// access).
+    peers: Vec<(u64, u64)>,
     mapped: BTreeMap<u64, (u64, sys::CUmemGenericAllocationHandle)>,
 }
 
@@ -152,10 +155,35 @@ impl Chunks {
         Ok(got)
     }
 
+    /// Reserves another device's range (`size` bytes at `base`) at the same addresses, once.
+    pub fn reserve_peer(&self, base: u64, size: u64) -> DeviceResult<()> {
+        let mut st = self.lock();
+        if st.peers.iter().any(|&(b, s)| b == base && s >= size) {
+            return Ok(());
+        }
+        let len = size.div_ceil(VA_BLOCK) * VA_BLOCK;
+        let n = usize::try_from(len).map_err(|_| DeviceError::OutOfMemory)?;
+        let mut got: sys::CUdeviceptr = 0;
+        // SAFETY: an out-parameter; reserving address space touches no memory.
+        check("cuMemAddressReserve", unsafe {
+            sys::cuMemAddressReserve(&mut got, n, VA_BLOCK as usize, base, 0)
+        })?;
+        if got != base {
+            // SAFETY: the range we were just given, unused.
+            let _ = unsafe { sys::cuMemAddressFree(got, n) };
+            return Err(DeviceError::AddressUnavailable(format!(
+                "another GPU's {len} bytes at {base:#x} are in use in this process (the driver offered {got:#x})"
+            )));
+        }
+        st.peers.push((base, len));
+        Ok(())
+    }
+
     fn check_inside(st: &State, at: u64, size: u64) -> DeviceResult<()> {
-        let inside = st.reserved.is_some_and(|(base, len)| {
+        let within = |(base, len): (u64, u64)| {
             at >= base && at.checked_add(size).is_some_and(|end| end <= base + len)
-        });
+        };
+        let inside = st.reserved.is_some_and(within) || st.peers.iter().copied().any(within);
         let free = st
             .mapped
             .range(..at.saturating_add(size))

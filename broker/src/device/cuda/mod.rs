@@ -319,6 +319,11 @@ impl Backend for CudaDevice {
         self.chunks.release(at)
     }
 
+    fn reserve_peer(&self, base: u64, size: u64) -> DeviceResult<()> {
+        self.bind()?;
+        self.chunks.reserve_peer(base, size)
+    }
+
     fn register_arena(&self, arena: ArenaSlice<'_>) -> DeviceResult<()> {
         self.bind()?;
         self.pinned.register(arena);

@@ -86,6 +86,12 @@ impl Device {
         &self.link
     }
 
+    /// Maps this device's clients' memory into `peer`'s context at the same addresses, now
+    /// and as it is made (see [`Link::mirror_into`]).
+    pub fn mirror_into(&self, peer: &Device) -> DeviceResult<()> {
+        self.link.mirror_into(Arc::downgrade(&peer.link))
+    }
+
     /// `"sim"` or `"cuda"`.
     pub fn backend(&self) -> &'static str {
         self.link.backend()

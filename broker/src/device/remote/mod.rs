@@ -20,13 +20,14 @@
 
 mod calls;
 mod channel;
+mod peers;
 pub mod process;
 mod spare;
 pub mod wire;
 pub mod worker;
 
 use std::collections::{BTreeMap, HashMap};
-use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
@@ -94,6 +95,11 @@ pub(super) struct Shared {
     /// Clients' memory: each chunk's size and descriptor, by address. The active worker and
     /// the spare map every one; gpushared's descriptor keeps it alive whatever they do.
     pub(super) chunks: Mutex<BTreeMap<u64, (u64, OwnedFd)>>,
+    /// Other devices' memory mapped here for peer access (a successor maps it too).
+    pub(super) peers: Mutex<crate::device::mirrors::PeerMemory>,
+    /// The links of other devices that map this one's chunks (peer access): told of each
+    /// chunk made or let go.
+    pub(super) mirrors: crate::device::mirrors::Mirrors,
     /// What the spare makes ahead of a fault besides (modules, functions, their attributes),
     /// in order: (owner, the call, its payload).
     pub(super) mirrored: Mutex<Mirrored>,
@@ -184,6 +190,8 @@ impl Remote {
             regions: Mutex::default(),
             space,
             chunks: Mutex::default(),
+            peers: Mutex::default(),
+            mirrors: Default::default(),
             mirrored: Mutex::default(),
             next_mirror: AtomicU64::new(1),
             spare_mirrors: AtomicBool::new(false),
@@ -347,6 +355,7 @@ impl Link for Remote {
             .request_fd(&ToWorker::CreateChunk { at, size }, &[])
             .map_err(|e| self.memory_refused(e))?;
         spare::import_into_spare(shared, at, size, &fd);
+        shared.mirrors.made(at, size, fd.as_fd());
         chunks.insert(at, (size, fd));
         Ok(())
     }
@@ -370,8 +379,30 @@ impl Link for Remote {
             .request(&ToWorker::ImportChunk { at, size }, &[fd.as_raw_fd()])
             .map_err(|e| self.memory_refused(e))?;
         spare::import_into_spare(shared, at, size, &fd);
+        shared.mirrors.made(at, size, fd.as_fd());
         chunks.insert(at, (size, fd));
         Ok(())
+    }
+
+    fn mirror_into(&self, peer: std::sync::Weak<dyn Link>) -> DeviceResult<()> {
+        // Under the chunks' lock: none is made or let go meanwhile.
+        let chunks = lock(&self.shared.chunks);
+        let each = chunks
+            .iter()
+            .map(|(&at, (size, fd))| (at, *size, fd.as_fd()));
+        self.shared.mirrors.add(peer, self.shared.space, each)
+    }
+
+    fn reserve_peer(&self, space: Space) -> DeviceResult<()> {
+        self.reserve_peer_space(space)
+    }
+
+    fn map_peer_chunk(&self, at: u64, size: u64, fd: BorrowedFd<'_>) -> DeviceResult<()> {
+        self.map_peer(at, size, fd)
+    }
+
+    fn release_peer_chunk(&self, at: u64, size: u64) {
+        self.release_peer(at, size)
     }
 
     fn mirror(&self, owner: Handle, call: &Call, payload: &Arc<[u8]>) {
@@ -408,6 +439,7 @@ impl Link for Remote {
         if chunks.remove(&at).is_none() {
             return;
         }
+        shared.mirrors.released(at, size);
         let _ = self
             .active()
             .process

@@ -9,10 +9,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use super::calls;
 use super::process::{WorkerError, WorkerProcess};
 use super::wire::{FromWorker, ToWorker, WorkerSpec};
 use super::{Active, Mirrored, READY_TIMEOUT, Remote, SPARE_WAIT, Shared, lock};
+use super::{calls, peers};
 use crate::device::call::Call;
 use crate::device::link::Memory;
 use crate::device::{DeviceError, DeviceResult};
@@ -29,13 +29,15 @@ pub(super) fn start_spare(shared: &Arc<Shared>) {
             let Some(shared) = weak.upgrade() else {
                 return;
             };
-            // Under the chunks' and mirrors' locks: what is made from now on is mapped into it
+            // Under the chunks', mirrors' and peers' locks: what is made from now on is mapped into it
             // (made in it) as it is made.
             let chunks = lock(&shared.chunks);
             let mirrored = lock(&shared.mirrored);
+            let peers = lock(&shared.peers);
             let made = made.and_then(|p| {
                 if shared.map_ahead {
                     map_every_chunk(&p, &chunks)?;
+                    peers::map_every_peer(&p, &peers)?;
                     let made = make_every_mirror(&p, &mirrored);
                     if let Err(e) = &made {
                         tracing::warn!(error = %e, "the spare device worker cannot make the sessions' modules ahead of a fault; they are loaded again at takeover");
@@ -49,6 +51,7 @@ pub(super) fn start_spare(shared: &Arc<Shared>) {
                 Err(e) => tracing::warn!(device = %spec.label, error = %e, "cannot start a spare device worker"),
             }
             *lock(&shared.spare) = Some(made);
+            drop(peers);
             drop(mirrored);
             drop(chunks);
             shared.spare_ready.notify_all();
@@ -174,6 +177,7 @@ impl Shared {
                         let started = std::time::Instant::now();
                         let chunks = lock(&self.chunks);
                         map_every_chunk(&p, &chunks)?;
+                        peers::map_every_peer(&p, &lock(&self.peers))?;
                         tracing::info!(chunks = chunks.len(), took = ?started.elapsed(), "clients' memory mapped into the worker taking over");
                     }
                     return Ok(p);
@@ -185,6 +189,7 @@ impl Shared {
         }
         let p = ready(WorkerProcess::spawn(&self.exe, &self.spec)?, &self.spec)?;
         map_every_chunk(&p, &lock(&self.chunks))?;
+        peers::map_every_peer(&p, &lock(&self.peers))?;
         let made = self.map_ahead && make_every_mirror(&p, &lock(&self.mirrored)).is_ok();
         self.active_mirrors.store(made, Ordering::Release);
         Ok(p)

@@ -117,6 +117,17 @@ pub enum ToWorker {
         at: u64,
         size: u64,
     },
+    /// Reserve another device's range of clients' memory here too (peer access).
+    ReservePeer {
+        base: u64,
+        size: u64,
+    },
+    /// Map another device's chunk at its own address (inside a range `ReservePeer` took);
+    /// its descriptor comes with it.
+    ImportPeerChunk {
+        at: u64,
+        size: u64,
+    },
     /// Run `call` here too (a spare making a module, a function or an attribute ahead of a
     /// fault); a memfd of `len` bytes, its payload, comes with it when `len` is not 0.
     Mirror {

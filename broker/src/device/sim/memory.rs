@@ -155,6 +155,8 @@ pub struct SimMemory {
     buffers: BTreeMap<u64, Buffer>,
     used: u64,
     capacity: u64,
+    /// Chunks of another device's mapped here (peer access): not this device's memory.
+    peer: std::collections::BTreeSet<u64>,
 }
 
 impl SimMemory {
@@ -163,6 +165,7 @@ impl SimMemory {
             buffers: BTreeMap::new(),
             used: 0,
             capacity,
+            peer: std::collections::BTreeSet::new(),
         }
     }
 
@@ -243,6 +246,20 @@ impl SimMemory {
         Ok(())
     }
 
+    /// Maps a chunk of another device's (its memfd) at its own address `at`, as a GPU maps a
+    /// peer's memory: reachable here, not counted as this device's.
+    pub fn import_peer_chunk(
+        &mut self,
+        at: u64,
+        size: u64,
+        fd: BorrowedFd<'_>,
+    ) -> DeviceResult<()> {
+        self.import_chunk(at, size, fd)?;
+        self.used -= size;
+        self.peer.insert(at);
+        Ok(())
+    }
+
     /// Unmaps the chunk at `at`.
     pub fn release_chunk(&mut self, at: u64) -> DeviceResult<()> {
         match self.buffers.get(&at) {
@@ -290,7 +307,9 @@ impl SimMemory {
         let buffer = self.buffers.remove(&ptr).ok_or_else(|| {
             DeviceError::InvalidArgument(format!("{ptr:#x} is not an allocation"))
         })?;
-        self.used -= (buffer.len as u64).max(1);
+        if !self.peer.remove(&ptr) {
+            self.used -= (buffer.len as u64).max(1);
+        }
         Ok(())
     }
 

@@ -276,6 +276,17 @@ impl Backend for SimDevice {
         self.state().memory.release_chunk(at)
     }
 
+    fn reserve_peer(&self, _base: u64, _size: u64) -> DeviceResult<()> {
+        // The sim's addresses are the process's own, and another GPU's are taken in it already.
+        Ok(())
+    }
+
+    fn import_peer_chunk(&self, at: u64, size: u64, fd: BorrowedFd<'_>) -> DeviceResult<()> {
+        let mut st = self.state();
+        self.check_healthy()?;
+        st.memory.import_peer_chunk(at, size, fd)
+    }
+
     fn register_arena(&self, _arena: ArenaSlice<'_>) -> DeviceResult<()> {
         Ok(())
     }

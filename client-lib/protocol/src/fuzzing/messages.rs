@@ -228,6 +228,7 @@ pub(super) fn client_variant(m: &ClientMessage) -> &'static str {
         ClientMessage::UnshareHostMemory { .. } => "unshare_host_memory",
         ClientMessage::ExportMemory { .. } => "export_memory",
         ClientMessage::ImportMemory { .. } => "import_memory",
+        ClientMessage::EnablePeerAccess { .. } => "enable_peer_access",
         ClientMessage::EncodeTensorMap { .. } => "encode_tensor_map",
         ClientMessage::GetFunctionNames { .. } => "get_function_names",
         ClientMessage::Ping { .. } => "ping",
@@ -257,6 +258,7 @@ pub(super) fn broker_variant(m: &BrokerMessage) -> &'static str {
         BrokerMessage::HostUnshared { .. } => "host_unshared",
         BrokerMessage::MemoryExported { .. } => "memory_exported",
         BrokerMessage::MemoryImported { .. } => "memory_imported",
+        BrokerMessage::PeerAccessEnabled { .. } => "peer_access_enabled",
         BrokerMessage::TensorMap { .. } => "tensor_map",
         BrokerMessage::FunctionNames { .. } => "function_names",
         BrokerMessage::Pong { .. } => "pong",
@@ -352,6 +354,10 @@ pub fn client_messages() -> Vec<ClientMessage> {
             handle: 2,
         },
         ClientMessage::ImportMemory { request: 15 },
+        ClientMessage::EnablePeerAccess {
+            request: 16,
+            gpu: 1,
+        },
         ClientMessage::MakeGraph {
             request: 18,
             bytes: 4096,
@@ -566,6 +572,10 @@ pub fn broker_messages() -> Vec<BrokerMessage> {
         BrokerMessage::MemoryImported {
             request: 13,
             result: Err(err(ErrorCode::PermissionDenied)),
+        },
+        BrokerMessage::PeerAccessEnabled {
+            request: 13,
+            result: Ok(()),
         },
         BrokerMessage::TensorMap {
             request: 14,

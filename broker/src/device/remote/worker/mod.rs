@@ -308,6 +308,16 @@ impl<B: Backend> Worker<B> {
                 .release_chunk(at, size)
                 .map(|()| None)
                 .map_err(|e| e.to_string()),
+            ToWorker::ReservePeer { base, size } => self
+                .executor
+                .reserve_peer(base, size)
+                .map(|()| None)
+                .map_err(|e| e.to_string()),
+            ToWorker::ImportPeerChunk { at, size } => self
+                .executor
+                .import_peer_chunk(at, size, need_fd(fd)?.as_fd())
+                .map(|()| None)
+                .map_err(|e| e.to_string()),
         }
     }
 
