@@ -13,7 +13,8 @@ directly and under `gpushare run --gpus 2`, it prints one line per case.
   both, the result moved back (SUM: the result's sum);
 - `jax_pmap OK|ERR … SUM`: a `jax.pmap` over both devices with a `psum` (XLA's collective
   between the devices of one process, NCCL).
-Each case runs in a child process of its own, so that a fault in one does not end the rest."""
+Each case runs in a child process of its own, so that a fault in one does not end the rest;
+cases named on the command line run alone."""
 
 import sys
 
@@ -102,7 +103,9 @@ def jax_pmap(out):
 
 def main():
     ctx = mp.get_context("spawn")
-    for case in (peer_kernel, ipc, data_parallel, jax_devices, jax_pmap):
+    cases = (peer_kernel, ipc, data_parallel, jax_devices, jax_pmap)
+    named = [c for c in cases if c.__name__ in sys.argv[1:]] or cases
+    for case in named:
         q = ctx.Queue()
         p = ctx.Process(target=case, args=(q,))
         p.start()

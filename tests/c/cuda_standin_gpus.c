@@ -17,6 +17,53 @@ static int ordinal_of(CUdeviceptr p) {
     return dev;
 }
 
+/* Physical memory made on device 0, mapped twice: in a range device 0 reserved and, with
+ * device 1 current, in one device 1 reserved (as NCCL maps a peer's buffer within one
+ * process). Each device's session numbers its handles alike, so a handle must name its
+ * device: what is written through one mapping is read through the other. */
+static void check_mapped_across(void) {
+    CUmemAllocationProp prop = {0};
+    prop.type = 1;
+    prop.requestedHandleTypes = 1;
+    prop.location.type = 1;
+    prop.location.id = 0;
+    size_t g = 0;
+    OK(cuMemGetAllocationGranularity(&g, &prop, 0));
+    CUmemGenericAllocationHandle h = 0, made_on_1 = 0;
+    CUdeviceptr va[2] = {0, 0};
+    OK(cuMemCreate(&h, g, &prop, 0));
+    prop.location.id = 1;
+    OK(cuMemCreate(&made_on_1, g, &prop, 0)); /* device 1's first handle: a number like h's */
+    for (int d = 0; d < 2; d++) {
+        CUcontext c = NULL;
+        OK(cuDevicePrimaryCtxRetain(&c, d));
+        OK(cuCtxSetCurrent(c));
+        OK(cuMemAddressReserve(&va[d], g, 0, 0, 0));
+        OK(cuMemMap(va[d], g, 0, h, 0));
+        CUmemAccessDesc rw = {{1, d}, 3};
+        OK(cuMemSetAccess(va[d], g, &rw, 1));
+    }
+    static unsigned char in[4096], out[4096];
+    for (int i = 0; i < 4096; i++) in[i] = (unsigned char)(i * 13 + 7);
+    CUcontext c0 = NULL, c1 = NULL;
+    OK(cuDevicePrimaryCtxRetain(&c0, 0));
+    OK(cuDevicePrimaryCtxRetain(&c1, 1));
+    OK(cuCtxSetCurrent(c0));
+    OK(cuMemcpyHtoD(va[0], in, sizeof in));
+    OK(cuCtxSynchronize(NULL)); /* device 0's copy has landed */
+    OK(cuCtxSetCurrent(c1));
+    OK(cuMemcpyDtoH(out, va[1], sizeof out));
+    CHECK(!memcmp(in, out, sizeof in), "device 0's memory read through device 1's mapping");
+    /* Unmapped and freed with device 0 current, whichever device's range: one address space. */
+    OK(cuCtxSetCurrent(c0));
+    for (int d = 1; d >= 0; d--) {
+        OK(cuMemUnmap(va[d], g));
+        OK(cuMemAddressFree(va[d], g));
+    }
+    OK(cuMemRelease(h));
+    OK(cuMemRelease(made_on_1));
+}
+
 void run_several_devices(unsigned seed) {
     static const char image[] = "gpushare-sim-module 1\nkernel spin\n";
     section_begin("several devices");
@@ -63,6 +110,7 @@ void run_several_devices(unsigned seed) {
     CHECK(can == 1, "device 1 reaches device 0: %d", can);
     OK(cuCtxEnablePeerAccess(ctx[0], 0));
     EXPECT(cuCtxEnablePeerAccess(ctx[0], 0), CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED);
+    check_mapped_across();
 
     /* Device 1 current: an event of device 0's, then a stream of device 0's. */
     OK(cuStreamWaitEvent(s[1], done[0], 0));

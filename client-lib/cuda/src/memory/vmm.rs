@@ -389,6 +389,11 @@ impl Driver {
         }
     }
 
+    /// Whether `[ptr, ptr + size)` lies in one of this session's reservations.
+    pub fn holds_reservation(&self, ptr: u64, size: u64) -> bool {
+        lock(&self.memory.vmm).in_reservation(ptr, size)
+    }
+
     /// The handle mapped at `ptr`, with one more reference the program must release.
     pub fn vmm_retain(&self, ptr: u64) -> Cu<u64> {
         let mut v = lock(&self.memory.vmm);

@@ -12,6 +12,35 @@ use crate::types::{CUdeviceptr, CUresult, result};
 /// `CUmemGenericAllocationHandle`.
 pub type MemHandle = c_ulonglong;
 
+/// A handle as the program holds it: its device's session's own number, and the device's
+/// ordinal + 1 in the low byte (each device's session numbers its handles from 1, so one
+/// device's handle must never be taken for another's).
+fn tag(d: &driver::Driver, handle: u64) -> MemHandle {
+    (handle << 8) | ((d.device as u64 + 1) & 0xff)
+}
+
+/// The device's driver and its session's number for a handle the program holds.
+fn untag(handle: MemHandle) -> crate::status::Cu<(&'static driver::Driver, u64)> {
+    let dev = (handle & 0xff) as i32 - 1;
+    if dev < 0 {
+        return Err(result::INVALID_VALUE);
+    }
+    let first = driver::first()?;
+    let d = crate::route::opened_device(first, dev).ok_or(result::INVALID_VALUE)?;
+    Ok((d.intact()?, handle >> 8))
+}
+
+/// The driver whose reservation holds `[ptr, ptr + size)` (the current device's where none
+/// does: it refuses the range). Address space is the process's, as in CUDA: a range is
+/// mapped, unmapped and freed whichever device is current.
+fn reserved_by(ptr: u64, size: u64) -> crate::status::Cu<&'static driver::Driver> {
+    let first = driver::first()?;
+    match crate::route::opened(first).find(|d| d.holds_reservation(ptr, size)) {
+        Some(d) => d.intact(),
+        None => driver::live(),
+    }
+}
+
 /// Reads a property struct the program passed.
 ///
 /// # Safety
@@ -75,7 +104,7 @@ pub unsafe extern "C" fn cuMemAddressReserve(
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemAddressFree(ptr: CUdeviceptr, size: usize) -> CUresult {
     entry("cuMemAddressFree", || {
-        driver::live()?.vmm_unreserve(ptr, size as u64)
+        reserved_by(ptr, size as u64)?.vmm_unreserve(ptr, size as u64)
     })
 }
 
@@ -94,15 +123,19 @@ pub unsafe extern "C" fn cuMemCreate(
         if handle.is_null() || flags != 0 {
             return Err(result::INVALID_VALUE);
         }
-        let h = on_location(&prop)?.vmm_create(size as u64, &prop)?;
+        let d = on_location(&prop)?;
+        let h = d.vmm_create(size as u64, &prop)?;
         // SAFETY: the caller's contract.
-        unsafe { out(handle, h) }
+        unsafe { out(handle, tag(d, h)) }
     })
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemRelease(handle: MemHandle) -> CUresult {
-    entry("cuMemRelease", || driver::live()?.vmm_release(handle))
+    entry("cuMemRelease", || {
+        let (d, h) = untag(handle)?;
+        d.vmm_release(h)
+    })
 }
 
 #[unsafe(no_mangle)]
@@ -117,13 +150,29 @@ pub extern "C" fn cuMemMap(
         if flags != 0 {
             return Err(result::INVALID_VALUE);
         }
-        driver::live()?.vmm_map(ptr, size as u64, offset as u64, handle)
+        let (owner, h) = untag(handle)?;
+        let d = reserved_by(ptr, size as u64)?;
+        if std::ptr::eq(d, owner) {
+            return d.vmm_map(ptr, size as u64, offset as u64, h);
+        }
+        // Another device's memory in this device's range (NCCL maps a peer's buffer so):
+        // taken by its descriptor, as another process would take it.
+        let fd = owner.vmm_export(h)?;
+        // SAFETY: the descriptor `vmm_export` just opened for this process, used once here.
+        let fd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        let theirs = d.vmm_import(std::os::fd::AsRawFd::as_raw_fd(&fd))?;
+        let mapped = d.vmm_map(ptr, size as u64, offset as u64, theirs);
+        // The mapping holds the memory from now on.
+        let _ = d.vmm_release(theirs);
+        mapped
     })
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult {
-    entry("cuMemUnmap", || driver::live()?.vmm_unmap(ptr, size as u64))
+    entry("cuMemUnmap", || {
+        reserved_by(ptr, size as u64)?.vmm_unmap(ptr, size as u64)
+    })
 }
 
 /// # Safety
@@ -136,7 +185,7 @@ pub unsafe extern "C" fn cuMemSetAccess(
     count: usize,
 ) -> CUresult {
     entry("cuMemSetAccess", || {
-        let d = driver::live()?;
+        let d = reserved_by(ptr, size as u64)?;
         if desc.is_null() || count == 0 || count > 64 {
             return Err(result::INVALID_VALUE);
         }
@@ -157,7 +206,7 @@ pub unsafe extern "C" fn cuMemGetAccess(
     ptr: CUdeviceptr,
 ) -> CUresult {
     entry("cuMemGetAccess", || {
-        let d = driver::live()?;
+        let d = reserved_by(ptr, 1)?;
         if location.is_null() {
             return Err(result::INVALID_VALUE);
         }
@@ -177,13 +226,13 @@ pub unsafe extern "C" fn cuMemRetainAllocationHandle(
     addr: *mut c_void,
 ) -> CUresult {
     entry("cuMemRetainAllocationHandle", || {
-        let d = driver::live()?;
+        let d = crate::route::for_pointer(addr as u64)?;
         if handle.is_null() {
             return Err(result::INVALID_VALUE);
         }
         let h = d.vmm_retain(addr as u64)?;
         // SAFETY: the caller's contract.
-        unsafe { out(handle, h) }
+        unsafe { out(handle, tag(d, h)) }
     })
 }
 
@@ -195,8 +244,8 @@ pub unsafe extern "C" fn cuMemGetAllocationPropertiesFromHandle(
     handle: MemHandle,
 ) -> CUresult {
     entry("cuMemGetAllocationPropertiesFromHandle", || {
-        let d = driver::live()?;
-        let p = d.vmm_properties(handle)?;
+        let (d, h) = untag(handle)?;
+        let p = d.vmm_properties(h)?;
         if prop.is_null() {
             return Err(result::INVALID_VALUE);
         }
@@ -216,12 +265,12 @@ pub unsafe extern "C" fn cuMemExportToShareableHandle(
     flags: c_ulonglong,
 ) -> CUresult {
     entry("cuMemExportToShareableHandle", || {
-        let d = driver::live()?;
         if shareable.is_null() || flags != 0 {
             return Err(result::INVALID_VALUE);
         }
+        let (d, h) = untag(handle)?;
         posix_handles_only(kind == HANDLE_POSIX_FD)?;
-        let fd = d.vmm_export(handle)?;
+        let fd = d.vmm_export(h)?;
         // SAFETY: the caller's contract: a POSIX handle is an `int`.
         unsafe { out(shareable.cast::<i32>(), fd) }
     })
@@ -245,6 +294,6 @@ pub unsafe extern "C" fn cuMemImportFromShareableHandle(
         let fd = i32::try_from(os_handle as usize).map_err(|_| result::INVALID_VALUE)?;
         let h = d.vmm_import(fd)?;
         // SAFETY: the caller's contract.
-        unsafe { out(handle, h) }
+        unsafe { out(handle, tag(d, h)) }
     })
 }
