@@ -162,6 +162,13 @@ fn work_on_two_gpus(policy: Option<String>) -> gpushare_tests::cuda_program::Fin
         broker.log_text()
     );
     sessions_end(&broker, "both sessions ended with the program");
+    assert!(
+        wait_until(Duration::from_secs(5), || broker
+            .log_text()
+            .contains("peer access ended")),
+        "the other GPU's memory let go of with the program:\n{}",
+        broker.log_text()
+    );
     out
 }
 

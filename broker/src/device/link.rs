@@ -103,13 +103,23 @@ pub trait Link: Send + Sync + 'static {
     }
     /// Maps every chunk of this device's, now and as they are made, into `peer`'s contexts at
     /// their own addresses (until they are let go): a program on `peer`'s device then reaches
-    /// this device's memory, as CUDA's peer access gives. Once per peer.
-    fn mirror_into(&self, peer: std::sync::Weak<dyn Link>) -> DeviceResult<()> {
-        let _ = peer;
+    /// this device's memory, as CUDA's peer access gives. `holder` (a session) asks for it;
+    /// it lasts until the last holder stops it ([`Link::stop_mirroring`]).
+    fn mirror_into(&self, peer: std::sync::Weak<dyn Link>, holder: u64) -> DeviceResult<()> {
+        let _ = (peer, holder);
         Err(DeviceError::NotSupported {
             backend: self.backend().into(),
             what: "peer access between GPUs for one process".into(),
         })
+    }
+    /// `holder` no longer needs `peer` to map this device's memory (see
+    /// [`Link::mirror_into`]).
+    fn stop_mirroring(&self, peer: &std::sync::Weak<dyn Link>, holder: u64) {
+        let _ = (peer, holder);
+    }
+    /// Lets go of every chunk of another device's range (`space`) mapped here.
+    fn forget_peer(&self, space: Space) {
+        let _ = space;
     }
     /// Reserves another device's range of clients' memory (`space`) in this device's contexts,
     /// for [`Link::map_peer_chunk`].

@@ -154,12 +154,24 @@ impl<B: Backend> Link for Local<B> {
         chunks.remove(&at);
     }
 
-    fn mirror_into(&self, peer: std::sync::Weak<dyn Link>) -> DeviceResult<()> {
+    fn mirror_into(&self, peer: std::sync::Weak<dyn Link>, holder: u64) -> DeviceResult<()> {
         let chunks = lock(&self.chunks);
         let each = chunks
             .iter()
             .map(|(&at, (size, fd))| (at, *size, fd.as_fd()));
-        self.mirrors.add(peer, self.space, each)
+        self.mirrors.add(peer, holder, self.space, each)
+    }
+
+    fn stop_mirroring(&self, peer: &std::sync::Weak<dyn Link>, holder: u64) {
+        let _chunks = lock(&self.chunks);
+        self.mirrors.drop_holder(peer, holder, self.space);
+    }
+
+    fn forget_peer(&self, space: Space) {
+        let inside = lock(&self.peers).inside(space);
+        for (at, size) in inside {
+            self.release_peer_chunk(at, size);
+        }
     }
 
     fn reserve_peer(&self, space: Space) -> DeviceResult<()> {

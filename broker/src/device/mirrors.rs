@@ -4,7 +4,7 @@
 //! told of each chunk made or let go ([`Link::mirror_into`]); the other side keeps what it
 //! maps ([`Link::map_peer_chunk`]), for a context that takes over.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::{Arc, Mutex, Weak};
 
@@ -19,15 +19,32 @@ pub struct PeerMemory {
     pub chunks: BTreeMap<u64, (u64, OwnedFd)>,
 }
 
-/// The links of other devices that map this device's chunks.
+impl PeerMemory {
+    /// The chunks (address, size) mapped from `space`.
+    pub fn inside(&self, space: Space) -> Vec<(u64, u64)> {
+        let end = space.base.saturating_add(space.size);
+        self.chunks
+            .range(space.base..end)
+            .map(|(&at, (size, _))| (at, *size))
+            .collect()
+    }
+}
+
+/// The links of other devices that map this device's chunks, each with the sessions that asked
+/// for it (it ends with the last of them).
 #[derive(Default)]
-pub struct Mirrors(Mutex<Vec<Weak<dyn Link>>>);
+pub struct Mirrors(Mutex<Vec<Mirror>>);
+
+struct Mirror {
+    peer: Weak<dyn Link>,
+    holders: HashSet<u64>,
+}
 
 impl Mirrors {
     fn live(&self) -> Vec<Arc<dyn Link>> {
         let mut list = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        list.retain(|w| w.strong_count() > 0);
-        list.iter().filter_map(Weak::upgrade).collect()
+        list.retain(|m| m.peer.strong_count() > 0);
+        list.iter().filter_map(|m| m.peer.upgrade()).collect()
     }
 
     /// A chunk was made or mapped at `at`: every mirroring device maps it too (one that cannot
@@ -47,27 +64,57 @@ impl Mirrors {
         }
     }
 
-    /// Adds `peer` (once): reserves `space` there and maps `chunks` (at, size, descriptor)
-    /// into it. The caller holds its chunks' lock, so that none is made or let go meanwhile.
+    /// Adds `peer` for `holder` (a session): the first time, reserves `space` there and maps
+    /// `chunks` (at, size, descriptor) into it. The caller holds its chunks' lock, so that
+    /// none is made or let go meanwhile.
     pub fn add<'a>(
         &self,
         peer: Weak<dyn Link>,
+        holder: u64,
         space: Space,
         chunks: impl Iterator<Item = (u64, u64, BorrowedFd<'a>)>,
     ) -> DeviceResult<()> {
         let mut list = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        if list.iter().any(|w| w.ptr_eq(&peer)) {
+        if let Some(m) = list.iter_mut().find(|m| m.peer.ptr_eq(&peer)) {
+            m.holders.insert(holder);
             return Ok(());
         }
         let target = peer
             .upgrade()
             .ok_or_else(|| super::DeviceError::Failed("the other GPU's context is gone".into()))?;
         target.reserve_peer(space)?;
-        for (at, size, fd) in chunks {
-            target.map_peer_chunk(at, size, fd)?;
+        let mapped = chunks
+            .into_iter()
+            .try_for_each(|(at, size, fd)| target.map_peer_chunk(at, size, fd));
+        if let Err(e) = mapped {
+            target.forget_peer(space);
+            return Err(e);
         }
-        list.push(peer);
+        list.push(Mirror {
+            peer,
+            holders: HashSet::from([holder]),
+        });
         Ok(())
+    }
+
+    /// `holder` no longer needs `peer` to map this device's memory; with the last holder gone
+    /// the peer lets go of all of it (in `space`). The caller holds its chunks' lock.
+    pub fn drop_holder(&self, peer: &Weak<dyn Link>, holder: u64, space: Space) {
+        let mut list = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(i) = list.iter().position(|m| m.peer.ptr_eq(peer)) else {
+            return;
+        };
+        list[i].holders.remove(&holder);
+        if list[i].holders.is_empty() {
+            let gone = list.swap_remove(i);
+            if let Some(target) = gone.peer.upgrade() {
+                target.forget_peer(space);
+                tracing::info!(
+                    base = format_args!("{:#x}", space.base),
+                    "peer access ended: no session asks for this GPU's memory on the other any more"
+                );
+            }
+        }
     }
 }
 
@@ -150,8 +197,9 @@ mod tests {
         let (a, b) = (sim(), sim());
         let before = a.alloc(4 << 20, 1).expect("memory on a");
         let b_used = used(&b);
-        a.mirror_into(&b).expect("mirrored");
-        a.mirror_into(&b).expect("twice is once");
+        a.mirror_into(&b, 1).expect("mirrored");
+        a.mirror_into(&b, 1).expect("twice is once");
+        a.mirror_into(&b, 2).expect("a second session asks too");
         let after = a.alloc(4 << 20, 1).expect("more memory on a");
         assert_eq!(used(&b), b_used, "a's memory is not b's");
         for (ptr, value) in [(before, 0x5a), (after, 0xa5)] {
@@ -170,5 +218,16 @@ mod tests {
         }
         assert!(gone, "let go on a, gone from b");
         memset(&b, before, 3, 64).expect("the rest still reached");
+        // Ended by the last session that asked for it.
+        a.stop_mirroring(&b, 1);
+        memset(&b, before, 4, 64).expect("session 2 still holds it");
+        a.stop_mirroring(&b, 2);
+        assert!(
+            memset(&b, before, 5, 64).is_err(),
+            "no session holds it: gone from b"
+        );
+        assert_eq!(used(&b), b_used);
+        a.mirror_into(&b, 3).expect("asked again");
+        memset(&b, before, 6, 64).expect("reached again");
     }
 }

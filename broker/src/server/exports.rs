@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd};
-use std::sync::{Mutex, Weak};
+use std::sync::{Arc, Mutex, Weak};
 
 use gpushare_protocol::ErrorCode;
 use gpushare_protocol::control::{BrokerMessage, ClientMessage};
@@ -165,10 +165,18 @@ impl Broker {
             })
         };
         let (mine, theirs) = (context(info.gpu)?, context(peer)?);
+        let mut held = info
+            .peers
+            .lock()
+            .map_err(|_| wire(ErrorCode::Internal, "peer table poisoned"))?;
+        if held.iter().any(|d| Arc::ptr_eq(d, &theirs.device)) {
+            return Ok(());
+        }
         theirs
             .device
-            .mirror_into(&mine.device)
+            .mirror_into(&mine.device, info.id)
             .map_err(|e| wire(e.code(), format!("peer access to GPU {peer}: {e}")))?;
+        held.push(theirs.device.clone());
         tracing::info!(
             from = info.gpu,
             to = peer,

@@ -75,6 +75,9 @@ pub struct SessionInfo {
     /// Physical memory of the virtual memory API the client holds handles of (the data
     /// thread makes and maps it; the control task exports and imports it).
     pub vmm: Mutex<super::vmm::Handles>,
+    /// The other GPUs' contexts whose memory is mapped into this session's context at its
+    /// asking (`EnablePeerAccess`): let go of when it ends.
+    pub peers: Mutex<Vec<Arc<crate::device::Device>>>,
     /// What the client is granted now (an admin may change it while it runs); its memory
     /// quota is its user's, in `account`.
     grant: LiveGrant,
@@ -169,6 +172,7 @@ impl SessionInfo {
             hosts: Mutex::new(super::hosts::HostRegions::default()),
             host_points: Mutex::default(),
             vmm: Mutex::new(super::vmm::Handles::default()),
+            peers: Mutex::default(),
             grant: LiveGrant::new(grant),
             gpu_memory: account.gpu_tally(gpu),
             account,

@@ -45,6 +45,10 @@ impl SessionState {
             }
         }
         self.forget_ipc();
+        let peers = std::mem::take(&mut *self.info.peers.lock().unwrap_or_else(|p| p.into_inner()));
+        for other in peers {
+            other.stop_mirroring(&self.device, self.info.id);
+        }
         self.release_vmm();
         self.release_hosts(true);
         let span = self.region.arena().span();

@@ -87,9 +87,15 @@ impl Device {
     }
 
     /// Maps this device's clients' memory into `peer`'s context at the same addresses, now
-    /// and as it is made (see [`Link::mirror_into`]).
-    pub fn mirror_into(&self, peer: &Device) -> DeviceResult<()> {
-        self.link.mirror_into(Arc::downgrade(&peer.link))
+    /// and as it is made, for session `holder` (see [`Link::mirror_into`]).
+    pub fn mirror_into(&self, peer: &Device, holder: u64) -> DeviceResult<()> {
+        self.link.mirror_into(Arc::downgrade(&peer.link), holder)
+    }
+
+    /// Session `holder` no longer needs `peer` to reach this device's memory.
+    pub fn stop_mirroring(&self, peer: &Device, holder: u64) {
+        self.link
+            .stop_mirroring(&Arc::downgrade(&peer.link), holder)
     }
 
     /// `"sim"` or `"cuda"`.

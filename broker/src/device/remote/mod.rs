@@ -384,13 +384,26 @@ impl Link for Remote {
         Ok(())
     }
 
-    fn mirror_into(&self, peer: std::sync::Weak<dyn Link>) -> DeviceResult<()> {
+    fn mirror_into(&self, peer: std::sync::Weak<dyn Link>, holder: u64) -> DeviceResult<()> {
         // Under the chunks' lock: none is made or let go meanwhile.
         let chunks = lock(&self.shared.chunks);
         let each = chunks
             .iter()
             .map(|(&at, (size, fd))| (at, *size, fd.as_fd()));
-        self.shared.mirrors.add(peer, self.shared.space, each)
+        self.shared
+            .mirrors
+            .add(peer, holder, self.shared.space, each)
+    }
+
+    fn stop_mirroring(&self, peer: &std::sync::Weak<dyn Link>, holder: u64) {
+        let _chunks = lock(&self.shared.chunks);
+        self.shared
+            .mirrors
+            .drop_holder(peer, holder, self.shared.space);
+    }
+
+    fn forget_peer(&self, space: Space) {
+        self.forget_peer_space(space)
     }
 
     fn reserve_peer(&self, space: Space) -> DeviceResult<()> {

@@ -79,6 +79,14 @@ impl Remote {
         Ok(())
     }
 
+    /// Lets go of every peer chunk inside `space` (the reservation stays, for a next time).
+    pub(super) fn forget_peer_space(&self, space: Space) {
+        let inside = lock(&self.shared.peers).inside(space);
+        for (at, size) in inside {
+            self.release_peer(at, size);
+        }
+    }
+
     pub(super) fn release_peer(&self, at: u64, size: u64) {
         let mut peers = lock(&self.shared.peers);
         if peers.chunks.remove(&at).is_none() {
