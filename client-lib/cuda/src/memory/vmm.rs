@@ -409,9 +409,22 @@ impl Driver {
             let v = lock(&self.memory.vmm);
             let h = v.handles.get(&handle).ok_or(result::INVALID_VALUE)?;
             // CUDA exports only the kinds of handle asked for at creation.
-            if h.refs == 0 || h.prop.handle_types & HANDLE_POSIX_FD == 0 {
+            if h.prop.handle_types & HANDLE_POSIX_FD == 0 {
                 return Err(result::INVALID_VALUE);
             }
+        }
+        self.vmm_descriptor(handle)
+    }
+
+    /// A descriptor of the memory of `handle` (one the program holds), whatever kinds of
+    /// handle it was made for: how another device's session of this process takes it.
+    pub fn vmm_descriptor(&self, handle: u64) -> Cu<i32> {
+        if lock(&self.memory.vmm)
+            .handles
+            .get(&handle)
+            .is_none_or(|h| h.refs == 0)
+        {
+            return Err(result::INVALID_VALUE);
         }
         let (reply, fds) = self
             .transport

@@ -157,7 +157,7 @@ pub extern "C" fn cuMemMap(
         }
         // Another device's memory in this device's range (NCCL maps a peer's buffer so):
         // taken by its descriptor, as another process would take it.
-        let fd = owner.vmm_export(h)?;
+        let fd = owner.vmm_descriptor(h)?;
         // SAFETY: the descriptor `vmm_export` just opened for this process, used once here.
         let fd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
         let theirs = d.vmm_import(std::os::fd::AsRawFd::as_raw_fd(&fd))?;
