@@ -107,10 +107,7 @@ pub trait Link: Send + Sync + 'static {
     /// it lasts until the last holder stops it ([`Link::stop_mirroring`]).
     fn mirror_into(&self, peer: std::sync::Weak<dyn Link>, holder: u64) -> DeviceResult<()> {
         let _ = (peer, holder);
-        Err(DeviceError::NotSupported {
-            backend: self.backend().into(),
-            what: "peer access between GPUs for one process".into(),
-        })
+        Err(no_peer_access(self.backend()))
     }
     /// `holder` no longer needs `peer` to map this device's memory (see
     /// [`Link::mirror_into`]).
@@ -125,18 +122,12 @@ pub trait Link: Send + Sync + 'static {
     /// for [`Link::map_peer_chunk`].
     fn reserve_peer(&self, space: Space) -> DeviceResult<()> {
         let _ = space;
-        Err(DeviceError::NotSupported {
-            backend: self.backend().into(),
-            what: "peer access between GPUs for one process".into(),
-        })
+        Err(no_peer_access(self.backend()))
     }
     /// Maps another device's chunk (`fd`) at its own address `at` in this device's contexts.
     fn map_peer_chunk(&self, at: u64, size: u64, fd: BorrowedFd<'_>) -> DeviceResult<()> {
         let _ = (at, size, fd);
-        Err(DeviceError::NotSupported {
-            backend: self.backend().into(),
-            what: "peer access between GPUs for one process".into(),
-        })
+        Err(no_peer_access(self.backend()))
     }
     /// Lets go of another device's chunk mapped at `at` (it is being let go there).
     fn release_peer_chunk(&self, at: u64, size: u64) {
@@ -173,6 +164,14 @@ pub trait Link: Send + Sync + 'static {
     fn resets_in_place(&self) -> bool;
     /// How long [`Link::reset`] may take before the broker takes the device for stuck.
     fn reset_deadline(&self) -> Duration;
+}
+
+/// What a link without peer access for one process on two GPUs answers.
+fn no_peer_access(backend: &'static str) -> DeviceError {
+    DeviceError::NotSupported {
+        backend: backend.into(),
+        what: "peer access between GPUs for one process".into(),
+    }
 }
 
 /// In a test's `impl Link` for a link that wraps another (its field `inner`): the methods it

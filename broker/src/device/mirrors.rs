@@ -124,24 +124,8 @@ mod tests {
 
     use gpushare_protocol::PriorityClass;
 
-    use crate::device::sim::{SimDevice, SimOptions};
-    use crate::device::{Call, Device, Reply};
-
-    fn sim() -> Device {
-        let sim = SimDevice::new(SimOptions {
-            memory: 64 << 20,
-            ..SimOptions::default()
-        });
-        Device::local(sim, None).expect("a sim device")
-    }
-
-    fn used(d: &Device) -> u64 {
-        let (free, total) = d
-            .call(Call::MemoryInfo, &[])
-            .and_then(Reply::pair)
-            .expect("memory info");
-        total - free
-    }
+    use crate::device::pool::tests::{device as sim, used};
+    use crate::device::{Call, Device};
 
     /// Sets `len` bytes at `dst` to `value` with work on `d`.
     fn memset(d: &Device, dst: u64, value: u32, len: u64) -> crate::device::DeviceResult<()> {

@@ -121,6 +121,26 @@ fn create_exported(
     Ok((handle, unsafe { OwnedFd::from_raw_fd(raw) }))
 }
 
+/// Reserves `size` bytes of address space, in whole blocks, at `hint` (0: anywhere): where,
+/// and how much.
+fn reserve_blocks(hint: u64, size: u64) -> DeviceResult<(u64, u64)> {
+    let len = size.div_ceil(VA_BLOCK) * VA_BLOCK;
+    let n = usize::try_from(len).map_err(|_| DeviceError::OutOfMemory)?;
+    let mut got: sys::CUdeviceptr = 0;
+    // SAFETY: an out-parameter; reserving address space touches no memory.
+    check("cuMemAddressReserve", unsafe {
+        sys::cuMemAddressReserve(&mut got, n, VA_BLOCK as usize, hint, 0)
+    })?;
+    if hint != 0 && got != hint {
+        // SAFETY: the range we were just given, unused.
+        let _ = unsafe { sys::cuMemAddressFree(got, n) };
+        return Err(DeviceError::AddressUnavailable(format!(
+            "{len} bytes at {hint:#x} are in use in this process (the driver offered {got:#x})"
+        )));
+    }
+    Ok((got, len))
+}
+
 impl Chunks {
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
@@ -137,20 +157,7 @@ impl Chunks {
                 "this context has reserved {have} bytes at {base:#x} already"
             )));
         }
-        let len = size.div_ceil(VA_BLOCK) * VA_BLOCK;
-        let n = usize::try_from(len).map_err(|_| DeviceError::OutOfMemory)?;
-        let mut got: sys::CUdeviceptr = 0;
-        // SAFETY: an out-parameter; reserving address space touches no memory.
-        check("cuMemAddressReserve", unsafe {
-            sys::cuMemAddressReserve(&mut got, n, VA_BLOCK as usize, hint, 0)
-        })?;
-        if hint != 0 && got != hint {
-            // SAFETY: the range we were just given, unused.
-            let _ = unsafe { sys::cuMemAddressFree(got, n) };
-            return Err(DeviceError::AddressUnavailable(format!(
-                "{len} bytes at {hint:#x} are in use in this process (the driver offered {got:#x})"
-            )));
-        }
+        let (got, len) = reserve_blocks(hint, size)?;
         st.reserved = Some((got, len));
         Ok(got)
     }
@@ -161,20 +168,7 @@ impl Chunks {
         if st.peers.iter().any(|&(b, s)| b == base && s >= size) {
             return Ok(());
         }
-        let len = size.div_ceil(VA_BLOCK) * VA_BLOCK;
-        let n = usize::try_from(len).map_err(|_| DeviceError::OutOfMemory)?;
-        let mut got: sys::CUdeviceptr = 0;
-        // SAFETY: an out-parameter; reserving address space touches no memory.
-        check("cuMemAddressReserve", unsafe {
-            sys::cuMemAddressReserve(&mut got, n, VA_BLOCK as usize, base, 0)
-        })?;
-        if got != base {
-            // SAFETY: the range we were just given, unused.
-            let _ = unsafe { sys::cuMemAddressFree(got, n) };
-            return Err(DeviceError::AddressUnavailable(format!(
-                "another GPU's {len} bytes at {base:#x} are in use in this process (the driver offered {got:#x})"
-            )));
-        }
+        let (_, len) = reserve_blocks(base, size)?;
         st.peers.push((base, len));
         Ok(())
     }

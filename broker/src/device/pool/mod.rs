@@ -465,4 +465,4 @@ fn keep_empty(st: &State, chunk: u64, owner: u32) -> bool {
 }
 
 #[cfg(test)]
-mod tests;
+pub(super) mod tests;

@@ -9,7 +9,8 @@ use super::*;
 use crate::device::sim::{SimDevice, SimOptions};
 use crate::device::{Call, Device, Memory, Reply};
 
-fn device() -> Device {
+/// A sim device of 64 MiB in this process (the mirrors' tests use it too).
+pub(in crate::device) fn device() -> Device {
     let sim = SimDevice::new(SimOptions {
         memory: 64 << 20,
         ..SimOptions::default()
@@ -18,7 +19,7 @@ fn device() -> Device {
 }
 
 /// Device memory in use, as the device itself counts it.
-fn used(d: &Device) -> u64 {
+pub(in crate::device) fn used(d: &Device) -> u64 {
     let (free, total) = d
         .call(Call::MemoryInfo, &[])
         .and_then(Reply::pair)

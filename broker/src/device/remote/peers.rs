@@ -3,11 +3,11 @@
 //! and in the spare, and kept for a worker that takes over.
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
-use std::sync::Arc;
 
 use super::process::{WorkerError, WorkerProcess};
+use super::spare::{map_in_spare, release_in_spare};
 use super::wire::ToWorker;
-use super::{Remote, Shared, lock};
+use super::{Remote, lock};
 use crate::device::link::Space;
 use crate::device::mirrors::PeerMemory;
 use crate::device::{DeviceError, DeviceResult};
@@ -25,26 +25,6 @@ pub(super) fn map_every_peer(p: &WorkerProcess, peers: &PeerMemory) -> Result<()
     Ok(())
 }
 
-/// Sends `msg` (with `fd`) to the spare too, if one is ready and maps ahead; a spare that
-/// cannot is replaced (the next one maps everything as it starts).
-fn into_spare(shared: &Arc<Shared>, msg: &ToWorker, fd: Option<BorrowedFd<'_>>) {
-    if !shared.map_ahead {
-        return;
-    }
-    let fds: Vec<_> = fd.iter().map(|f| f.as_raw_fd()).collect();
-    let mut slot = lock(&shared.spare);
-    if let Some(Ok(p)) = slot.as_ref()
-        && let Err(e) = p.request(msg, &fds)
-    {
-        tracing::warn!(error = %e, "the spare device worker cannot map another GPU's memory; starting another");
-        if let Some(Ok(p)) = slot.take() {
-            p.kill();
-        }
-        drop(slot);
-        super::spare::start_spare(shared);
-    }
-}
-
 impl Remote {
     pub(super) fn reserve_peer_space(&self, space: Space) -> DeviceResult<()> {
         let mut peers = lock(&self.shared.peers);
@@ -57,7 +37,7 @@ impl Remote {
             .process
             .request(&msg, &[])
             .map_err(|e| self.memory_refused(e))?;
-        into_spare(&self.shared, &msg, None);
+        map_in_spare(&self.shared, &msg, None);
         peers.spaces.push(space);
         Ok(())
     }
@@ -74,7 +54,7 @@ impl Remote {
             .process
             .request(&msg, &[fd.as_raw_fd()])
             .map_err(|e| self.memory_refused(e))?;
-        into_spare(&self.shared, &msg, Some(fd.as_fd()));
+        map_in_spare(&self.shared, &msg, Some(fd.as_fd()));
         peers.chunks.insert(at, (size, fd));
         Ok(())
     }
@@ -94,10 +74,6 @@ impl Remote {
         }
         let msg = ToWorker::ReleaseChunk { at, size };
         let _ = self.active().process.request(&msg, &[]);
-        if self.shared.map_ahead
-            && let Some(Ok(p)) = lock(&self.shared.spare).as_ref()
-        {
-            let _ = p.request(&msg, &[]);
-        }
+        release_in_spare(&self.shared, at, size);
     }
 }

@@ -4,7 +4,7 @@
 //! device is).
 
 use std::collections::BTreeMap;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
@@ -127,15 +127,23 @@ pub(super) fn mirror_into_spare(shared: &Arc<Shared>, call: &Call, payload: &[u8
 
 /// Maps a chunk just made into the spare, if one is ready (one that cannot is replaced).
 pub(super) fn import_into_spare(shared: &Arc<Shared>, at: u64, size: u64, fd: &OwnedFd) {
+    map_in_spare(
+        shared,
+        &ToWorker::ImportChunk { at, size },
+        Some(fd.as_fd()),
+    );
+}
+
+/// Sends the spare, if one is ready and maps ahead, a request that maps memory (`msg`, with
+/// `fd`); a spare that cannot is replaced (the next one maps everything as it starts).
+pub(super) fn map_in_spare(shared: &Arc<Shared>, msg: &ToWorker, fd: Option<BorrowedFd<'_>>) {
     if !shared.map_ahead {
         return;
     }
+    let fds: Vec<_> = fd.iter().map(|f| f.as_raw_fd()).collect();
     let mut slot = lock(&shared.spare);
     if let Some(Ok(p)) = slot.as_ref()
-        && let Err(e) = p.request(
-            &ToWorker::ImportChunk { at, size },
-            &[fd.as_fd().as_raw_fd()],
-        )
+        && let Err(e) = p.request(msg, &fds)
     {
         tracing::warn!(error = %e, "the spare device worker cannot map clients' memory; starting another");
         if let Some(Ok(p)) = slot.take() {

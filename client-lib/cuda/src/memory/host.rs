@@ -240,6 +240,7 @@ fn map_shared(len: usize, fd: &OwnedFd) -> Cu<usize> {
 /// moved into a memfd of ours (contents and address kept), or the tmpfs file it maps shared
 /// there, as it is (see `shared_file`).
 fn program_pages(at: usize, len: usize) -> Cu<HostFile> {
+    const WHAT_REGISTERS: &str = "cuMemHostRegister supports page-aligned ranges of the program's anonymous memory and of its shared mappings of tmpfs files only";
     let refuse = |line: &'static str| {
         say_once(line);
         Err(result::NOT_SUPPORTED)
@@ -247,9 +248,7 @@ fn program_pages(at: usize, len: usize) -> Cu<HostFile> {
     let over = match shared_file::mappings_over(at, len) {
         Some(over) if at.is_multiple_of(PAGE) => over,
         _ => {
-            return refuse(
-                "cuMemHostRegister supports page-aligned ranges of the program's anonymous memory and of its shared mappings of tmpfs files only",
-            );
+            return refuse(WHAT_REGISTERS);
         }
     };
     if over.iter().all(|m| m.anonymous_rw) {
@@ -284,9 +283,7 @@ fn program_pages(at: usize, len: usize) -> Cu<HostFile> {
                 pages,
             })
         }
-        _ => refuse(
-            "cuMemHostRegister supports page-aligned ranges of the program's anonymous memory and of its shared mappings of tmpfs files only",
-        ),
+        _ => refuse(WHAT_REGISTERS),
     }
 }
 
