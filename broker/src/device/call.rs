@@ -28,6 +28,17 @@ pub enum EventKind {
     Flags(u32),
 }
 
+/// A stream's closing progress value ([`super::progress`]): written into slot `slot` of the
+/// progress page `page` by the call that waits for the stream, from the CPU, once it has seen
+/// all the stream's work before it finish (a write queued on the stream instead would cost
+/// every synchronization a memory operation on the GPU).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Closing {
+    pub page: Span,
+    pub slot: u32,
+    pub value: u32,
+}
+
 /// One device operation. Variable-length parts (launch parameters, a module image, a name)
 /// travel beside it as its payload.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -61,12 +72,14 @@ pub enum Call {
         dst: DevicePtr,
         staged: bool,
     },
-    /// `staged`: the bytes are in `dst` when the call returns.
+    /// `staged`: the bytes are in `dst` when the call returns, and `close` (if any) is
+    /// written once the stream's work before the copy has finished.
     CopyDtoH {
         stream: Handle,
         src: DevicePtr,
         dst: Span,
         staged: bool,
+        close: Option<Closing>,
     },
     CopyDtoD {
         stream: Handle,
@@ -83,14 +96,13 @@ pub enum Call {
         count: u64,
     },
     /// `start`: an event marking where the kernel starts, recorded just before it (in one
-    /// step, so that nothing can come between them).
+    /// step, so that nothing can come between them). `sms`: the SM partition the stream's
+    /// work goes to from this kernel on (`None`: the whole GPU); every launch says it, so
+    /// that no call of its own travels for it.
     Launch {
         stream: Handle,
         kernel: Kernel,
         start: Option<Handle>,
-    },
-    LimitSms {
-        stream: Handle,
         sms: Option<u32>,
     },
     /// A graph of the encoded nodes that are the payload ([`gpushare_protocol::graph`]), each
@@ -111,6 +123,7 @@ pub enum Call {
         stream: Handle,
         graph: Handle,
         start: Option<Handle>,
+        sms: Option<u32>,
     },
     /// The packed parameters are the payload.
     LaunchModule {
@@ -119,6 +132,7 @@ pub enum Call {
         launch: ModuleLaunch,
         attributes: LaunchAttributes,
         start: Option<Handle>,
+        sms: Option<u32>,
     },
     /// The stream writes `value` (32 bits) at `done` when it gets there, then waits until the
     /// 32 bits at `go` are at least `value` (a client's host function in stream order; both
@@ -139,8 +153,10 @@ pub enum Call {
         value: u32,
         done: bool,
     },
+    /// Waits for the stream's work; then writes `close`, if any.
     SyncStream {
         stream: Handle,
+        close: Option<Closing>,
     },
     EndBatch {
         stream: Handle,
@@ -234,12 +250,6 @@ impl Call {
             _ => None,
         }
     }
-
-    /// Whether queuing this on a stream leaves where the stream's next kernel starts as it
-    /// was (a start marker waiting for that kernel can go on waiting).
-    pub fn keeps_start(&self) -> bool {
-        matches!(self, Call::LimitSms { .. })
-    }
 }
 
 impl<B: Backend> Executor<B> {
@@ -300,14 +310,16 @@ impl<B: Backend> Executor<B> {
                 src,
                 dst,
                 staged,
+                close,
             } => {
                 return self.on_stream_with(stream, Some(dst), |s, dst| {
                     let dst = dst.ok_or_else(no_span)?;
-                    done(if staged {
-                        dev.copy_dtoh_staged(s, src, dst)
-                    } else {
-                        dev.copy_dtoh(s, src, dst)
-                    })
+                    if !staged {
+                        return done(dev.copy_dtoh(s, src, dst));
+                    }
+                    dev.copy_dtoh_staged(s, src, dst)?;
+                    self.write_closing(close);
+                    Ok(Reply::Done)
                 });
             }
             Call::CopyDtoD {
@@ -335,17 +347,15 @@ impl<B: Backend> Executor<B> {
                 stream,
                 kernel,
                 start,
+                sms,
             } => {
                 return match self.start_event(start) {
                     Ok(start) => self.on_stream(stream, |s| {
-                        self.mark_start(start.as_ref(), s)?;
+                        self.before_kernel(s, sms, start.as_ref())?;
                         done(dev.launch(s, &kernel))
                     }),
                     Err(e) => Answer::failed(e),
                 };
-            }
-            Call::LimitSms { stream, sms } => {
-                return self.on_stream(stream, |s| done(dev.limit_sms(s, sms)));
             }
             Call::LaunchModule {
                 stream,
@@ -353,13 +363,14 @@ impl<B: Backend> Executor<B> {
                 launch,
                 attributes,
                 start,
+                sms,
             } => {
                 return match self
                     .function(function)
                     .and_then(|f| Ok((f, self.start_event(start)?)))
                 {
                     Ok((f, start)) => self.on_stream(stream, |s| {
-                        self.mark_start(start.as_ref(), s)?;
+                        self.before_kernel(s, sms, start.as_ref())?;
                         done(dev.launch_module(s, &f, &launch, &attributes, payload))
                     }),
                     Err(e) => Answer::failed(e),
@@ -380,13 +391,14 @@ impl<B: Backend> Executor<B> {
                 stream,
                 graph,
                 start,
+                sms,
             } => {
                 return match self
                     .graph(graph)
                     .and_then(|g| Ok((g, self.start_event(start)?)))
                 {
                     Ok((g, start)) => self.on_stream(stream, |s| {
-                        self.mark_start(start.as_ref(), s)?;
+                        self.before_kernel(s, sms, start.as_ref())?;
                         done(dev.launch_graph(s, &g))
                     }),
                     Err(e) => Answer::failed(e),
@@ -416,8 +428,12 @@ impl<B: Backend> Executor<B> {
                     })
                 });
             }
-            Call::SyncStream { stream } => {
-                return self.on_stream(stream, |s| done(dev.sync_stream(s)));
+            Call::SyncStream { stream, close } => {
+                return self.on_stream(stream, |s| {
+                    dev.sync_stream(s)?;
+                    self.write_closing(close);
+                    Ok(Reply::Done)
+                });
             }
             Call::EndBatch { stream, idle } => {
                 return self.on_stream(stream, |s| {

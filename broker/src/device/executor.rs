@@ -9,6 +9,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use super::backend::Backend;
+use super::call::Closing;
 use super::reply::{Answer, Handle, Reply};
 use super::{DeviceError, DeviceResult};
 use crate::shm::Span;
@@ -210,12 +211,30 @@ impl<B: Backend> Executor<B> {
         start.map(|e| self.event(e)).transpose()
     }
 
-    /// Marks where the stream's next work starts, just before it is queued.
-    pub(super) fn mark_start(
+    /// After a wait saw the stream's work finish: its closing progress value, from the CPU. A
+    /// page that cannot be reached only leaves the work counted as lost at a fault.
+    pub(super) fn write_closing(&self, close: Option<Closing>) {
+        let Some(Closing { page, slot, value }) = close else {
+            return;
+        };
+        let _ = self.with_span(page, |page| {
+            let word = page.part(u64::from(slot) * 4, 4).ok_or_else(|| {
+                DeviceError::InvalidArgument("progress slot outside its page".into())
+            })?;
+            word.write_from(&value.to_le_bytes());
+            Ok(())
+        });
+    }
+
+    /// Just before a kernel or graph is queued: moves the stream's work to the SM partition
+    /// `sms` asks for, then marks where the kernel starts (on the stream it will run on).
+    pub(super) fn before_kernel(
         &self,
-        start: Option<&Arc<Mutex<B::Event>>>,
         stream: &mut B::Stream,
+        sms: Option<u32>,
+        start: Option<&Arc<Mutex<B::Event>>>,
     ) -> DeviceResult<()> {
+        self.backend.limit_sms(stream, sms)?;
         match start {
             Some(e) => self.backend.record_start(&mut lock(e), stream),
             None => Ok(()),

@@ -161,6 +161,7 @@ mod tests {
                 src,
                 dst,
                 staged: true,
+                close: None,
             },
             &[],
         )

@@ -5,9 +5,11 @@
 //! with every worker of the device. When work is queued on a stream that was known idle (an
 //! *episode* begins), a [`Call::Progress`] goes first: the stream itself writes a fresh value
 //! into its slot when it gets there, after everything before. The episode's calls are kept
-//! until a synchronization says they finished. Before a call that waits for the stream (a
-//! synchronization, a copy into the client's memory) the episode is *closed*: the stream
-//! writes a second value when everything before has finished. When a fault takes the
+//! until a synchronization says they finished. A call that waits for the stream (a
+//! synchronization, a copy into the client's memory) *closes* the episode: once it has seen
+//! everything before it finish, it writes a second value from the CPU (a write queued on the
+//! stream, as the opening one is, would cost each synchronization a memory operation on the
+//! GPU, about 1.9 µs on an H200: docs/benchmarks.md, "Issue 34"). When a fault takes the
 //! context, the slot says what became of the episode: the closing value, all of it finished
 //! (nothing lost); the opening value, some of it may have run in part (lost, never run twice:
 //! an in-place update run twice is a wrong result); neither, the stream never got to it
@@ -20,7 +22,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use super::call::{Call, Handle, Span};
+use super::call::{Call, Closing, Handle, Span};
 use super::handles::Stream;
 use super::link::Link;
 use super::{DeviceError, DeviceResult};
@@ -214,25 +216,23 @@ impl Progress {
         }
     }
 
-    fn post_value(&self, link: &dyn Link, stream: &Stream, slot: u32) -> DeviceResult<u32> {
-        let value = self.fresh_value();
-        let progress = Call::Progress {
-            stream: stream.id,
-            page: self.span(),
-            slot,
-            value,
-            done: false,
-        };
-        link.post(Some(stream.id), progress, &[])?;
-        Ok(value)
-    }
-
     /// Before work is queued on `stream`: begins an episode if the stream was idle (posting
-    /// its opening value first).
+    /// its opening value first: the stream writes it when it gets there).
     pub fn begin(&self, link: &dyn Link, stream: &mut Stream) -> DeviceResult<()> {
         if stream.episode.is_none() {
             let mark = match stream.slot {
-                Some(slot) => Some(self.post_value(link, stream, slot)?),
+                Some(slot) => {
+                    let value = self.fresh_value();
+                    let opening = Call::Progress {
+                        stream: stream.id,
+                        page: self.span(),
+                        slot,
+                        value,
+                        done: false,
+                    };
+                    link.post(Some(stream.id), opening, &[])?;
+                    Some(value)
+                }
                 None => None,
             };
             stream.episode = Some(Episode {
@@ -284,21 +284,26 @@ impl Progress {
         });
     }
 
-    /// Before a call that waits for the stream's work: the stream writes a closing value
-    /// once that work has finished.
-    pub fn close(&self, link: &dyn Link, stream: &mut Stream) -> DeviceResult<()> {
-        let (Some(slot), Some(ep)) = (stream.slot, stream.episode.as_ref()) else {
-            return Ok(());
+    /// For a call that waits for the stream's work: the closing value it writes once it has
+    /// seen that work finish (`None`: nothing to close). Closed already, with nothing queued
+    /// since, the same value again (the call that was to write it may have failed).
+    pub fn close(&self, stream: &mut Stream) -> Option<Closing> {
+        let slot = stream.slot?;
+        let ep = stream.episode.as_mut()?;
+        ep.mark?;
+        let value = match ep.tail {
+            Some((value, n)) if n == ep.posted => value,
+            _ => {
+                let value = self.fresh_value();
+                ep.tail = Some((value, ep.posted));
+                value
+            }
         };
-        if ep.mark.is_none() || ep.tail.is_some_and(|(_, n)| n == ep.posted) {
-            return Ok(());
-        }
-        let posted = ep.posted;
-        let value = self.post_value(link, stream, slot)?;
-        if let Some(ep) = stream.episode.as_mut() {
-            ep.tail = Some((value, posted));
-        }
-        Ok(())
+        Some(Closing {
+            page: self.span(),
+            slot,
+            value,
+        })
     }
 
     /// Puts `bytes` in the staging area for an upload queued again; the span to copy from,
@@ -428,7 +433,10 @@ mod tests {
     }
 
     fn sync(stream: Handle) -> Call {
-        Call::SyncStream { stream }
+        Call::SyncStream {
+            stream,
+            close: None,
+        }
     }
 
     fn streams(replay: &[(u64, Vec<Kept>)]) -> Vec<u64> {

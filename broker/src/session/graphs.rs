@@ -237,12 +237,13 @@ impl SessionState {
             stream,
             kernels,
             |d| d.module_profile(client, key, blocks),
-            |d, s| {
+            |d, s, sms| {
                 let graph = d.id(&g.graph)?;
                 let launch = |stream| Call::LaunchGraph {
                     stream,
                     graph,
                     start: None,
+                    sms,
                 };
                 d.queue(s, launch, &[])
             },

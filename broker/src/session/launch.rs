@@ -28,16 +28,19 @@ impl SessionState {
         if !self.streams.contains_key(&stream) {
             return Err(ErrorCode::InvalidHandle);
         }
-        let launch = |stream| Call::Launch {
-            stream,
-            kernel,
-            start: None,
-        };
         self.queue_granted(
             stream,
             1,
             |d| d.builtin_profile(&kernel),
-            |d, s| d.queue(s, launch, &[]),
+            |d, s, sms| {
+                let launch = |stream| Call::Launch {
+                    stream,
+                    kernel,
+                    start: None,
+                    sms,
+                };
+                d.queue(s, launch, &[])
+            },
         )
     }
 
@@ -97,7 +100,7 @@ impl SessionState {
             stream,
             1,
             |d| d.module_profile(id, launch.function, blocks),
-            |d, s| {
+            |d, s, sms| {
                 let function = d.id(function)?;
                 let launch = |stream| Call::LaunchModule {
                     stream,
@@ -105,36 +108,28 @@ impl SessionState {
                     launch: *launch,
                     attributes,
                     start: None,
+                    sms,
                 };
                 d.queue(s, launch, params)
             },
         )
     }
 
-    /// Queues a kernel or graph (`queue` queues it) on `stream` as one unit the scheduler
-    /// grants: its turn (profiled by `profile`), the SM partition the turn gives, and the
-    /// start and end events that time it; `kernels` is what it adds to the client's count.
+    /// Queues a kernel or graph (`queue` queues it, on the SM partition it is given: `None`,
+    /// the whole GPU) on `stream` as one unit the scheduler grants: its turn (profiled by
+    /// `profile`), the SM partition the turn gives, and the start and end events that time
+    /// it; `kernels` is what it adds to the client's count.
     pub(super) fn queue_granted(
         &mut self,
         stream: StreamId,
         kernels: u64,
         profile: impl FnOnce(&mut Profiles<'_>) -> KernelProfile,
-        queue: impl FnOnce(&Device, &mut Stream) -> DeviceResult<()>,
+        queue: impl FnOnce(&Device, &mut Stream, Option<u32>) -> DeviceResult<()>,
     ) -> Result<(u64, u64), ErrorCode> {
         let turn = self.acquire(profile);
         let sm_limit = turn.and_then(|t| t.sm_limit);
         let start = turn.and_then(|_| self.start_granted(stream));
-        let r = self.on_stream(stream, |d, s| {
-            d.queue(
-                s,
-                |stream| Call::LimitSms {
-                    stream,
-                    sms: sm_limit,
-                },
-                &[],
-            )?;
-            queue(d, s)
-        });
+        let r = self.on_stream(stream, |d, s| queue(d, s, sm_limit));
         if let Some(turn) = turn {
             self.track_granted(stream, turn.request, start, r.is_ok());
         }

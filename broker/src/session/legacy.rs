@@ -173,6 +173,7 @@ impl SessionState {
                     src,
                     dst,
                     staged: false,
+                    close: None,
                 };
                 let r = self.on_stream(stream, |d, s| d.queue(s, copy, &[]))?;
                 self.info

@@ -62,17 +62,13 @@ fn only_launches_take_a_start_marker() {
             value: 0.0,
         },
         start: None,
+        sms: None,
     };
     *launch.start_marker().expect("a launch") = Some(4);
     assert!(matches!(launch, Call::Launch { start: Some(4), .. }));
-    let mut sync = Call::SyncStream { stream: 1 };
+    let mut sync = Call::SyncStream {
+        stream: 1,
+        close: None,
+    };
     assert!(sync.start_marker().is_none());
-    assert!(
-        Call::LimitSms {
-            stream: 1,
-            sms: None
-        }
-        .keeps_start()
-    );
-    assert!(!sync.keeps_start());
 }

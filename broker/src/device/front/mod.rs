@@ -192,11 +192,9 @@ impl Device {
         stream.dirty = true;
         stream.unfinished = true;
         let mut call = call(stream.id);
-        let keeps_start = call.keeps_start();
         match call.start_marker() {
             // A kernel takes the start marker recorded for it along.
             Some(start) => *start = stream.pending_start.take(),
-            None if keeps_start => {}
             None => self.flush_start(stream),
         }
         let Some(progress) = &self.progress else {
@@ -268,12 +266,13 @@ impl Device {
     /// Device bytes at `src` into client memory `dst` once the stream's work before has
     /// finished, there when this returns.
     pub fn download_now(&self, stream: &mut Stream, src: DevicePtr, dst: Span) -> DeviceResult<()> {
-        let _ = self.close(stream);
+        let close = self.close(stream);
         let copy = |stream| Call::CopyDtoH {
             stream,
             src,
             dst,
             staged: true,
+            close,
         };
         self.on_stream_now(stream, copy, &[])?;
         self.settled(stream);
@@ -310,11 +309,9 @@ impl Device {
     /// Waits for all work on the stream; reports the first error it met (work posted earlier
     /// that failed reports here, after the rest has finished).
     pub fn sync_stream(&self, stream: &mut Stream) -> DeviceResult<()> {
-        // Never in the way of the wait itself (callers free memory after it): without its
-        // closing value the work only counts as lost at a fault.
-        let _ = self.close(stream);
+        let close = self.close(stream);
         let synced = self
-            .on_stream(stream, |stream| Call::SyncStream { stream }, &[])
+            .on_stream(stream, |stream| Call::SyncStream { stream, close }, &[])
             .and_then(Reply::done);
         match self.take_deferred(stream) {
             Some(e) => Err(e),

@@ -3,21 +3,16 @@
 //! finished without asking the worker.
 
 use super::Device;
-use crate::device::DeviceResult;
+use crate::device::call::Closing;
 use crate::device::handles::Stream;
 use crate::device::progress::Fate;
 
 impl Device {
-    /// Before a call that waits for the stream's work: the stream marks when that work has
-    /// finished, so that a fault during the wait loses none of it if it had.
-    pub(super) fn close(&self, stream: &mut Stream) -> DeviceResult<()> {
-        match &self.progress {
-            Some(p) => {
-                self.live(stream.epoch)?;
-                p.close(&*self.link, stream)
-            }
-            None => Ok(()),
-        }
+    /// For a call that waits for the stream's work: the closing value it writes when it has
+    /// seen that work finish, so that a fault after it loses none of it.
+    pub(super) fn close(&self, stream: &mut Stream) -> Option<Closing> {
+        self.live(stream.epoch).ok()?;
+        self.progress.as_ref()?.close(stream)
     }
 
     /// The stream's work is known finished (an event recorded after it completed): nothing of

@@ -33,6 +33,7 @@ fn device_time_learnt_by_a_question_about_the_stream_is_still_charged() {
                 stream,
                 kernel,
                 start: None,
+                sms: None,
             },
             &[],
         )
@@ -68,6 +69,7 @@ fn a_stream_seen_finished_is_busy_again_once_work_is_queued() {
                 stream,
                 kernel: Kernel::Spin { micros, blocks: 1 },
                 start: None,
+                sms: None,
             },
             &[],
         )
@@ -87,5 +89,54 @@ fn a_stream_seen_finished_is_busy_again_once_work_is_queued() {
     d.sync_stream(&mut s).expect("sync");
     assert!(!d.stream_busy(&mut s), "synchronized, nothing is left");
     assert!(!d.stream_busy(&mut s), "and it stays so");
+    d.destroy_stream(s);
+}
+
+/// A synchronization writes the stream's closing value itself, once it has seen the work
+/// finish: until then the slot says the work started (a fault meanwhile reports it lost, never
+/// finished), and a second synchronization with nothing queued between closes with the same
+/// value.
+#[test]
+fn the_wait_that_sees_a_stream_s_work_finish_marks_it_finished() {
+    let d = realtime();
+    let mut s = d.create_stream(PriorityClass::Normal).expect("stream");
+    d.queue(
+        &mut s,
+        |stream| Call::Launch {
+            stream,
+            kernel: Kernel::Spin {
+                micros: 100_000,
+                blocks: 1,
+            },
+            start: None,
+            sms: None,
+        },
+        &[],
+    )
+    .expect("launch");
+    let progress = d.progress.as_ref().expect("a progress page");
+    let slot = s.slot.expect("a progress slot");
+    let opening = s
+        .episode
+        .as_ref()
+        .and_then(|e| e.mark())
+        .expect("an opening value");
+    let close = d.close(&mut s).expect("a closing value");
+    assert_ne!(close.value, opening);
+    assert_eq!(d.close(&mut s), Some(close), "nothing queued since");
+    assert!(
+        progress.reached(slot, opening),
+        "the stream got to the work"
+    );
+    std::thread::sleep(Duration::from_millis(20));
+    assert!(
+        progress.reached(slot, opening),
+        "running, not marked finished"
+    );
+    d.sync_stream(&mut s).expect("sync");
+    assert!(
+        progress.reached(slot, close.value),
+        "marked finished by the synchronization"
+    );
     d.destroy_stream(s);
 }

@@ -182,6 +182,7 @@ mod tests {
                 },
                 attributes: LaunchAttributes::default(),
                 start: Some(4),
+                sms: Some(66),
             },
             payload: Payload::Inline(64),
         };
