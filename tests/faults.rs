@@ -202,12 +202,14 @@ fn once_told_of_lost_work_a_client_goes_on_with_new_work_on_every_stream() {
     assert_eq!(b.to_vec().expect("its result"), vec![6.0; 1024]);
 }
 
-/// Work queued after a fault happened but before anyone saw it never ran (a GPU's driver
-/// learns of an illegal address 100–160 ms late; the sim, at the next synchronization): it
-/// runs in the context that takes over, in order, and the client notices nothing. Nor is it
-/// taken for a suspect: the culprit, the only one whose work the GPU had got to, is named.
+/// Work queued after a fault happened but before anyone saw it counts as started: a GPU goes
+/// on with a faulted context's other streams until its driver sees the fault, 100–160 ms
+/// later (on an H200 such work's progress showed it started: docs/benchmarks.md, "Issue
+/// 34"), and the sim models that window (the fault is seen at the next synchronization). So
+/// whether it ran in part cannot be told: the client is told once (`WorkLost`), as for work
+/// in flight, keeps its memory, handles and state, and goes on.
 #[test]
-fn work_queued_after_an_unseen_fault_runs_after_the_takeover_and_the_client_notices_nothing() {
+fn work_queued_after_an_unseen_fault_is_reported_lost_once_and_the_client_goes_on() {
     let broker = broker(&[]);
     let victim = broker.client_named("victim");
     let kept = victim.alloc::<f32>(1024).expect("alloc");
@@ -219,8 +221,7 @@ fn work_queued_after_an_unseen_fault_runs_after_the_takeover_and_the_client_noti
     let mut culprit = Scripted::start(&broker);
     assert!(culprit.run("connect").starts_with("connected"));
     assert_eq!(culprit.run("illegal-unseen"), "ok");
-    // One request: two fills in order (the second must win), and an event recorded between
-    // them and destroyed at once, read back.
+    // Two fills in order, and an event recorded between them and destroyed at once.
     for value in [7.0, 8.0] {
         victim
             .default_stream()
@@ -233,11 +234,11 @@ fn work_queued_after_an_unseen_fault_runs_after_the_takeover_and_the_client_noti
         let event = victim.create_event().expect("event");
         event.record(&victim.default_stream()).expect("record");
     }
-    assert_eq!(
-        buf.to_vec().expect("the request is served"),
-        vec![8.0; 1024]
-    );
-    victim.synchronize().expect("nothing was lost");
+    let e = victim
+        .synchronize()
+        .expect_err("work the faulted context may have run");
+    assert_eq!(e.code(), Some(ErrorCode::WorkLost), "{e}");
+    victim.synchronize().expect("said once");
     wait_for_takeover(&broker, holder);
     assert_eq!(kept.to_vec().expect("its memory"), vec![5.0; 1024]);
     assert!(
@@ -245,11 +246,6 @@ fn work_queued_after_an_unseen_fault_runs_after_the_takeover_and_the_client_noti
         "state kept: no notice"
     );
     verified_fill(&victim, 2.0).expect("and it goes on");
-    let fatal = culprit.run("wait-fatal");
-    assert!(
-        fatal.contains("evicted") && fatal.contains("faulted the GPU"),
-        "the culprit is named: {fatal}"
-    );
 }
 
 #[test]

@@ -17,7 +17,10 @@ use crate::shm::ArenaSlice;
 
 impl SimDevice {
     /// Writes `value` into slot `slot` of the progress page: now (where the stream's work
-    /// runs), or, for a `done` mark in `realtime` mode, when the work before it ends.
+    /// runs), or, for a `done` mark in `realtime` mode, when the work before it ends. Marks
+    /// land after an unseen fault too, until it is seen: a GPU goes on with a faulted
+    /// context's other streams until its driver sees the fault (on an H200 the opening value
+    /// of work queued in that time landed, run B4 in docs/benchmarks.md).
     pub(super) fn write_mark(
         &self,
         stream: &mut SimStream,
@@ -29,13 +32,11 @@ impl SimDevice {
         let at = page
             .part(u64::from(slot) * 4, 4)
             .ok_or_else(|| DeviceError::InvalidArgument("progress slot outside its page".into()))?;
-        if !(done && self.options.realtime) {
-            return self.run_on(stream, 0, |_| {
-                at.write_from(&value.to_le_bytes());
-                Ok(())
-            });
-        }
         self.run_on(stream, 0, |_| Ok(()))?;
+        if !(done && self.options.realtime) {
+            at.write_from(&value.to_le_bytes());
+            return Ok(());
+        }
         // Through the writer even when due now: a stream's marks land in order. The page is
         // gpushared's progress page, mapped for as long as the worker lives.
         self.marks
