@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use super::backend::Backend;
 use super::call::Closing;
+use super::progress::slot_word;
 use super::reply::{Answer, Handle, Reply};
 use super::{DeviceError, DeviceResult};
 use crate::shm::Span;
@@ -218,10 +219,7 @@ impl<B: Backend> Executor<B> {
             return;
         };
         let _ = self.with_span(page, |page| {
-            let word = page.part(u64::from(slot) * 4, 4).ok_or_else(|| {
-                DeviceError::InvalidArgument("progress slot outside its page".into())
-            })?;
-            word.write_from(&value.to_le_bytes());
+            slot_word(page, slot)?.write_from(&value.to_le_bytes());
             Ok(())
         });
     }

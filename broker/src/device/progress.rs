@@ -26,7 +26,7 @@ use super::call::{Call, Closing, Handle, Span};
 use super::handles::Stream;
 use super::link::Link;
 use super::{DeviceError, DeviceResult};
-use crate::shm::{HostRegion, sealed_memfd};
+use crate::shm::{ArenaSlice, HostRegion, sealed_memfd};
 
 /// Streams the page has slots for (every stream of every session on the device).
 const SLOTS: u32 = 16 * 1024;
@@ -58,6 +58,13 @@ pub struct Progress {
     staging: Mutex<()>,
     /// Bytes all episodes keep now.
     kept: Arc<AtomicU64>,
+}
+
+/// The 32-bit word of slot `slot` in a progress page (as the page is mapped where it is
+/// written: a worker's mapping, a backend's).
+pub fn slot_word(page: ArenaSlice<'_>, slot: u32) -> DeviceResult<ArenaSlice<'_>> {
+    page.part(u64::from(slot) * 4, 4)
+        .ok_or_else(|| DeviceError::InvalidArgument("progress slot outside its page".into()))
 }
 
 /// Whether a done-slot holding `seen` got past the mark `value`: marks come from a counter

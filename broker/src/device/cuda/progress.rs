@@ -8,7 +8,8 @@ use cudarc::driver::sys;
 
 use super::error::driver;
 use super::{CudaDevice, CudaStream};
-use crate::device::{DeviceError, DeviceResult};
+use crate::device::DeviceResult;
+use crate::device::progress::slot_word;
 use crate::shm::ArenaSlice;
 
 /// Progress pages registered in this context: host address → device address.
@@ -38,10 +39,9 @@ pub(super) fn write(
     slot: u32,
     value: u32,
 ) -> DeviceResult<()> {
-    let offset = u64::from(slot) * 4;
-    page.part(offset, 4)
-        .ok_or_else(|| DeviceError::InvalidArgument("progress slot outside its page".into()))?;
+    let word = slot_word(page, slot)?;
     dev.bind()?;
+    let offset = word.as_ptr() as u64 - page.as_ptr() as u64;
     let at = dev.progress.device_address(dev, page)? + offset;
     // SAFETY: `at` is 4 bytes inside a registered, mapped page (checked above); the stream
     // is live.

@@ -12,7 +12,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use super::{SimDevice, SimStream};
-use crate::device::{DeviceError, DeviceResult};
+use crate::device::DeviceResult;
+use crate::device::progress::slot_word;
 use crate::shm::ArenaSlice;
 
 impl SimDevice {
@@ -29,9 +30,7 @@ impl SimDevice {
         value: u32,
         done: bool,
     ) -> DeviceResult<()> {
-        let at = page
-            .part(u64::from(slot) * 4, 4)
-            .ok_or_else(|| DeviceError::InvalidArgument("progress slot outside its page".into()))?;
+        let at = slot_word(page, slot)?;
         self.run_on(stream, 0, |_| Ok(()))?;
         if !(done && self.options.realtime) {
             at.write_from(&value.to_le_bytes());
