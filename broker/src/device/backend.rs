@@ -188,17 +188,8 @@ pub trait Backend: Send + Sync + 'static {
         })
     }
     /// Queues, on `stream`, a write of `value` into the 32-bit slot `slot` of `page` (host
-    /// memory shared with gpushared), done when the stream gets there: after everything
-    /// queued before, before anything queued after starts.
-    fn write_progress(
-        &self,
-        stream: &mut Self::Stream,
-        page: ArenaSlice<'_>,
-        slot: u32,
-        value: u32,
-    ) -> DeviceResult<()>;
-    /// [`Backend::write_progress`] for a mark that the work before it finished: written when
-    /// that work has (the same write on a GPU; the sim, whose work runs when accepted, writes
+    /// memory shared with gpushared), done once everything queued before has finished: a
+    /// mark that the work before it finished (the sim, whose work runs when accepted, writes
     /// it at the work's modelled end).
     fn write_done_mark(
         &self,
@@ -206,9 +197,7 @@ pub trait Backend: Send + Sync + 'static {
         page: ArenaSlice<'_>,
         slot: u32,
         value: u32,
-    ) -> DeviceResult<()> {
-        self.write_progress(stream, page, slot, value)
-    }
+    ) -> DeviceResult<()>;
     /// The session finished a batch of commands that queued work on this stream; `idle`
     /// says the client has gone quiet. A point where the backend may close a measurement.
     fn end_batch(&self, _stream: &mut Self::Stream, _idle: bool) {}

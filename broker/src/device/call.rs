@@ -28,12 +28,14 @@ pub enum EventKind {
     Flags(u32),
 }
 
-/// A stream's closing progress value ([`super::progress`]): written into slot `slot` of the
-/// progress page `page` by the call that waits for the stream, from the CPU, once it has seen
-/// all the stream's work before it finish (a write queued on the stream instead would cost
-/// every synchronization a memory operation on the GPU).
+/// A value for a stream's slot in the progress page ([`super::progress`]): written into slot
+/// `slot` of the page `page` from the worker's CPU, the opening value once the device has
+/// taken the first call of the stream's work, the closing one once a call that waits for the
+/// stream has seen that work finish (a write queued on the stream instead costs the work a
+/// memory operation on the GPU each, about 1.3 µs on an H200 before a launch and 1.9 µs
+/// before a synchronization).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Closing {
+pub struct ProgressValue {
     pub page: Span,
     pub slot: u32,
     pub value: u32,
@@ -79,7 +81,7 @@ pub enum Call {
         src: DevicePtr,
         dst: Span,
         staged: bool,
-        close: Option<Closing>,
+        close: Option<ProgressValue>,
     },
     CopyDtoD {
         stream: Handle,
@@ -143,20 +145,25 @@ pub enum Call {
         go: DevicePtr,
         value: u32,
     },
-    /// The stream writes `value` into slot `slot` (32 bits) of the progress page `page` when
-    /// it gets there (`super::progress`); `done`: a mark that the work before it finished
+    /// The stream writes `value` into slot `slot` (32 bits) of the progress page `page` once
+    /// the work before it has finished: a mark that tells the session so without asking
     /// ([`super::Device::mark_done`]).
     Progress {
         stream: Handle,
         page: Span,
         slot: u32,
         value: u32,
-        done: bool,
+    },
+    /// The first call of a stream's work since it was known idle: runs `call`, then writes the
+    /// `opening` value (`super::progress`) unless a faulted context refused it.
+    Opening {
+        opening: ProgressValue,
+        call: Box<Call>,
     },
     /// Waits for the stream's work; then writes `close`, if any.
     SyncStream {
         stream: Handle,
-        close: Option<Closing>,
+        close: Option<ProgressValue>,
     },
     EndBatch {
         stream: Handle,
@@ -259,7 +266,11 @@ impl<B: Backend> Executor<B> {
         let Some(began) = crate::timeline::begin() else {
             return self.run_call(call, payload);
         };
-        let noted = call.clone();
+        // A stream's first call is noted as itself.
+        let noted = match &call {
+            Call::Opening { call, .. } => (**call).clone(),
+            call => call.clone(),
+        };
         let answer = self.run_call(call, payload);
         crate::timeline::note("device", &noted, Some(began));
         answer
@@ -318,7 +329,7 @@ impl<B: Backend> Executor<B> {
                         return done(dev.copy_dtoh(s, src, dst));
                     }
                     dev.copy_dtoh_staged(s, src, dst)?;
-                    self.write_closing(close);
+                    self.write_progress(close);
                     Ok(Reply::Done)
                 });
             }
@@ -417,21 +428,29 @@ impl<B: Backend> Executor<B> {
                 page,
                 slot,
                 value,
-                done: finished,
             } => {
                 return self.on_stream_with(stream, Some(page), |s, page| {
                     let page = page.ok_or_else(no_span)?;
-                    done(if finished {
-                        dev.write_done_mark(s, page, slot, value)
-                    } else {
-                        dev.write_progress(s, page, slot, value)
-                    })
+                    done(dev.write_done_mark(s, page, slot, value))
                 });
+            }
+            Call::Opening { opening, call } => {
+                let answer = self.run_call(*call, payload);
+                // Refused by a faulted context (or cut short by a reset), nothing of the
+                // stream's work runs here. Refused otherwise (a bad argument), the calls after
+                // it still may: counted as started, it is never run twice.
+                if !matches!(
+                    answer.reply,
+                    Reply::Failed(DeviceError::Fault(_) | DeviceError::Cancelled)
+                ) {
+                    self.write_progress(Some(opening));
+                }
+                return answer;
             }
             Call::SyncStream { stream, close } => {
                 return self.on_stream(stream, |s| {
                     dev.sync_stream(s)?;
-                    self.write_closing(close);
+                    self.write_progress(close);
                     Ok(Reply::Done)
                 });
             }

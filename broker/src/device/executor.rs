@@ -9,7 +9,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use super::backend::Backend;
-use super::call::Closing;
+use super::call::ProgressValue;
 use super::progress::slot_word;
 use super::reply::{Answer, Handle, Reply};
 use super::{DeviceError, DeviceResult};
@@ -212,10 +212,11 @@ impl<B: Backend> Executor<B> {
         start.map(|e| self.event(e)).transpose()
     }
 
-    /// After a wait saw the stream's work finish: its closing progress value, from the CPU. A
-    /// page that cannot be reached only leaves the work counted as lost at a fault.
-    pub(super) fn write_closing(&self, close: Option<Closing>) {
-        let Some(Closing { page, slot, value }) = close else {
+    /// Writes a progress value from the CPU (once the device took a stream's first call, or a
+    /// wait saw its work finish). A page that cannot be reached only leaves the work counted
+    /// as lost at a fault.
+    pub(super) fn write_progress(&self, value: Option<ProgressValue>) {
+        let Some(ProgressValue { page, slot, value }) = value else {
             return;
         };
         let _ = self.with_span(page, |page| {

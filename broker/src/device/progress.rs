@@ -3,26 +3,32 @@
 //!
 //! Each stream has a 32-bit slot in a page of host memory that gpushared makes and shares
 //! with every worker of the device. When work is queued on a stream that was known idle (an
-//! *episode* begins), a [`Call::Progress`] goes first: the stream itself writes a fresh value
-//! into its slot when it gets there, after everything before. The episode's calls are kept
-//! until a synchronization says they finished. A call that waits for the stream (a
-//! synchronization, a copy into the client's memory) *closes* the episode: once it has seen
-//! everything before it finish, it writes a second value from the CPU (a write queued on the
-//! stream, as the opening one is, would cost each synchronization a memory operation on the
-//! GPU, about 1.9 µs on an H200: docs/benchmarks.md, "Issue 34"). When a fault takes the
-//! context, the slot says what became of the episode: the closing value, all of it finished
-//! (nothing lost); the opening value, some of it may have run in part (lost, never run twice:
-//! an in-place update run twice is a wrong result); neither, the stream never got to it
-//! (a launch accepted after the fault happened, or never sent): none of it ran, and all of
-//! it can be queued again in order. A staged upload (its source read at once, from memory the
-//! client reuses) is kept with its bytes, and queued again from a staging area of the page.
+//! *episode* begins), its first call carries a fresh *opening* value ([`Call::Opening`]),
+//! which the worker writes into the slot from its CPU once it has passed that call to the
+//! device, unless a faulted context refused it.
+//! The episode's calls are kept until a synchronization says they finished. A call that waits
+//! for the stream (a synchronization, a copy into the client's memory) *closes* the episode:
+//! once it has seen everything before it finish, it writes a *closing* value the same way.
+//! When a fault takes the context, the slot says what became of the episode: the closing
+//! value, all of it finished (nothing lost); the opening value, some of it may have run in
+//! part (lost, never run twice: an in-place update run twice is a wrong result); neither, the
+//! device never took it (a call refused because the context had faulted, or never sent):
+//! none of it ran, and all of it can be queued again in order. A staged upload (its source
+//! read at once, from memory the client reuses) is kept with its bytes, and queued again from
+//! a staging area of the page.
+//!
+//! Both values used to be stream writes (`cuStreamWriteValue32`), written when the stream got
+//! there. They cost a launch and its synchronization 3.2 µs of 7.5 over direct CUDA on an
+//! H200, and told no more: an H200 goes on running the other streams of a context for the
+//! 100–160 ms between an illegal address and its driver seeing it, so work queued in that time
+//! was found started either way (docs/benchmarks.md, "Issue 34").
 
 use std::collections::HashSet;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use super::call::{Call, Closing, Handle, Span};
+use super::call::{Call, Handle, ProgressValue, Span};
 use super::handles::Stream;
 use super::link::Link;
 use super::{DeviceError, DeviceResult};
@@ -202,7 +208,6 @@ impl Progress {
             page: self.span(),
             slot,
             value,
-            done: true,
         };
         (call, value)
     }
@@ -223,36 +228,39 @@ impl Progress {
         }
     }
 
-    /// Before work is queued on `stream`: begins an episode if the stream was idle (posting
-    /// its opening value first: the stream writes it when it gets there).
-    pub fn begin(&self, link: &dyn Link, stream: &mut Stream) -> DeviceResult<()> {
-        if stream.episode.is_none() {
-            let mark = match stream.slot {
-                Some(slot) => {
-                    let value = self.fresh_value();
-                    let opening = Call::Progress {
-                        stream: stream.id,
-                        page: self.span(),
-                        slot,
-                        value,
-                        done: false,
-                    };
-                    link.post(Some(stream.id), opening, &[])?;
-                    Some(value)
-                }
-                None => None,
-            };
-            stream.episode = Some(Episode {
-                mark,
-                calls: Vec::new(),
-                bytes: 0,
-                kept: self.kept.clone(),
-                posted: 0,
-                overflowed: mark.is_none(),
-                tail: None,
-            });
+    /// Before work is queued on `stream`: begins an episode if the stream was idle, and then
+    /// says the opening value its first call carries ([`Progress::opening`]).
+    pub fn begin(&self, stream: &mut Stream) -> Option<ProgressValue> {
+        if stream.episode.is_some() {
+            return None;
         }
-        Ok(())
+        let slot = stream.slot;
+        let mark = slot.map(|_| self.fresh_value());
+        stream.episode = Some(Episode {
+            mark,
+            calls: Vec::new(),
+            bytes: 0,
+            kept: self.kept.clone(),
+            posted: 0,
+            overflowed: mark.is_none(),
+            tail: None,
+        });
+        Some(ProgressValue {
+            page: self.span(),
+            slot: slot?,
+            value: mark?,
+        })
+    }
+
+    /// `call` as the first call of an episode: with its opening value, if it has one.
+    pub fn opening(opening: Option<ProgressValue>, call: Call) -> Call {
+        match opening {
+            Some(opening) => Call::Opening {
+                opening,
+                call: Box::new(call),
+            },
+            None => call,
+        }
     }
 
     /// Whether an upload of `len` bytes is kept (so its bytes are worth copying).
@@ -294,7 +302,7 @@ impl Progress {
     /// For a call that waits for the stream's work: the closing value it writes once it has
     /// seen that work finish (`None`: nothing to close). Closed already, with nothing queued
     /// since, the same value again (the call that was to write it may have failed).
-    pub fn close(&self, stream: &mut Stream) -> Option<Closing> {
+    pub fn close(&self, stream: &mut Stream) -> Option<ProgressValue> {
         let slot = stream.slot?;
         let ep = stream.episode.as_mut()?;
         ep.mark?;
@@ -306,7 +314,7 @@ impl Progress {
                 value
             }
         };
-        Some(Closing {
+        Some(ProgressValue {
             page: self.span(),
             slot,
             value,

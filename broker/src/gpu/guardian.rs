@@ -174,8 +174,8 @@ impl DeviceHealth {
             let busy: Vec<u64> = st
                 .sessions
                 .values()
-                // Work that the GPU never got to cannot have faulted it (work queued after
-                // the fault, before the driver saw it).
+                // Work that the device never took cannot have faulted it (refused once the
+                // context had faulted, or never sent).
                 .filter(|s| s.watch().may_have_run(|m| device.reached(m)))
                 .map(|s| s.id())
                 .collect();

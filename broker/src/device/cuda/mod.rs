@@ -392,7 +392,7 @@ impl Backend for CudaDevice {
         progress::host_point(self, stream, done, go, value)
     }
 
-    fn write_progress(
+    fn write_done_mark(
         &self,
         stream: &mut CudaStream,
         page: ArenaSlice<'_>,

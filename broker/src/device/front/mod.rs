@@ -200,9 +200,10 @@ impl Device {
         let Some(progress) = &self.progress else {
             return self.link.post(Some(stream.id), call, payload);
         };
-        progress.begin(&*self.link, stream)?;
+        let opening = progress.begin(stream);
         let kept = call.clone();
-        self.link.post(Some(stream.id), call, payload)?;
+        self.link
+            .post(Some(stream.id), Progress::opening(opening, call), payload)?;
         progress.keep(stream, Some(kept), payload);
         Ok(())
     }
@@ -239,9 +240,10 @@ impl Device {
         dst: DevicePtr,
         bytes: Option<&[u8]>,
     ) -> DeviceResult<()> {
+        let mut opening = None;
         if let Some(progress) = &self.progress {
             self.live(stream.epoch)?;
-            progress.begin(&*self.link, stream)?;
+            opening = progress.begin(stream);
         }
         let call = Call::CopyHtoD {
             stream: stream.id,
@@ -250,7 +252,7 @@ impl Device {
             staged: true,
         };
         let kept = bytes.map(|_| call.clone());
-        self.on_stream_now(stream, |_| call, &[])?;
+        self.on_stream_now(stream, |_| Progress::opening(opening, call), &[])?;
         if let Some(progress) = &self.progress {
             progress.keep(stream, kept, bytes.unwrap_or_default());
         }

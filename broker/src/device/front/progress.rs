@@ -3,14 +3,14 @@
 //! finished without asking the worker.
 
 use super::Device;
-use crate::device::call::Closing;
+use crate::device::call::ProgressValue;
 use crate::device::handles::Stream;
 use crate::device::progress::Fate;
 
 impl Device {
     /// For a call that waits for the stream's work: the closing value it writes when it has
     /// seen that work finish, so that a fault after it loses none of it.
-    pub(super) fn close(&self, stream: &mut Stream) -> Option<Closing> {
+    pub(super) fn close(&self, stream: &mut Stream) -> Option<ProgressValue> {
         self.live(stream.epoch).ok()?;
         self.progress.as_ref()?.close(stream)
     }

@@ -140,3 +140,42 @@ fn the_wait_that_sees_a_stream_s_work_finish_marks_it_finished() {
     );
     d.destroy_stream(s);
 }
+
+/// The opening value is written once the device has taken a stream's first call: work queued
+/// after the fault was seen, which the device refuses, is found never started, while work
+/// queued before it was seen counts as started.
+#[test]
+fn work_the_device_refused_is_found_never_started() {
+    use crate::device::progress::Fate;
+    let d = realtime();
+    let mut culprit = d.create_stream(PriorityClass::Normal).expect("stream");
+    let mut before = d.create_stream(PriorityClass::Normal).expect("stream");
+    let mut after = d.create_stream(PriorityClass::Normal).expect("stream");
+    let launch = |s: &mut crate::device::Stream, kernel| {
+        d.queue(
+            s,
+            |stream| Call::Launch {
+                stream,
+                kernel,
+                start: None,
+                sms: None,
+            },
+            &[],
+        )
+    };
+    let fill = Kernel::Spin {
+        micros: 10,
+        blocks: 1,
+    };
+    launch(&mut culprit, Kernel::Fault { hang: false }).expect("taken: it faults later");
+    launch(&mut before, fill).expect("taken before anyone saw the fault");
+    assert!(d.sync_stream(&mut culprit).is_err(), "the fault is seen");
+    let _ = launch(&mut after, fill);
+    assert!(matches!(d.fate(&mut before), Fate::Lost(_)));
+    // (In process a refused call fails at once, to its caller, and is not kept; through a
+    // worker the refusal comes later, and the kept calls are queued again.)
+    assert!(
+        matches!(d.fate(&mut after), Fate::NotStarted(_)),
+        "refused work counted as started"
+    );
+}

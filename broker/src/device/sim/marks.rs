@@ -1,7 +1,7 @@
-//! Progress marks (`device::progress`). A fault's reckoning reads the sim's as written when
-//! accepted, where its work runs. A done-mark ([`Backend::write_done_mark`]) says the work
-//! before it finished, so in `realtime` mode it appears at that work's modelled end, as it
-//! would on a GPU: a thread (started on first use) sleeps until each is due and writes it.
+//! Done-marks (`device::progress`, [`Backend::write_done_mark`]): a mark says the work before
+//! it finished, so in `realtime` mode it appears at that work's modelled end, as it would on
+//! a GPU: a thread (started on first use) sleeps until each is due and writes it. Otherwise
+//! work ends when it is accepted, and so does the mark.
 //!
 //! [`Backend::write_done_mark`]: crate::device::Backend::write_done_mark
 
@@ -17,22 +17,20 @@ use crate::device::progress::slot_word;
 use crate::shm::ArenaSlice;
 
 impl SimDevice {
-    /// Writes `value` into slot `slot` of the progress page: now (where the stream's work
-    /// runs), or, for a `done` mark in `realtime` mode, when the work before it ends. Marks
-    /// land after an unseen fault too, until it is seen: a GPU goes on with a faulted
-    /// context's other streams until its driver sees the fault (on an H200 the opening value
-    /// of work queued in that time landed, run B4 in docs/benchmarks.md).
+    /// Writes `value` into slot `slot` of the progress page once the stream's work before has
+    /// ended: now, or in `realtime` mode at that work's modelled end. Marks land after an
+    /// unseen fault too, until it is seen: a GPU goes on with a faulted context's other
+    /// streams until its driver sees the fault (run B4 in docs/benchmarks.md).
     pub(super) fn write_mark(
         &self,
         stream: &mut SimStream,
         page: ArenaSlice<'_>,
         slot: u32,
         value: u32,
-        done: bool,
     ) -> DeviceResult<()> {
         let at = slot_word(page, slot)?;
         self.run_on(stream, 0, |_| Ok(()))?;
-        if !(done && self.options.realtime) {
+        if !self.options.realtime {
             at.write_from(&value.to_le_bytes());
             return Ok(());
         }

@@ -459,16 +459,6 @@ impl Backend for SimDevice {
         }
     }
 
-    fn write_progress(
-        &self,
-        stream: &mut SimStream,
-        page: ArenaSlice<'_>,
-        slot: u32,
-        value: u32,
-    ) -> DeviceResult<()> {
-        self.write_mark(stream, page, slot, value, false)
-    }
-
     fn write_done_mark(
         &self,
         stream: &mut SimStream,
@@ -476,7 +466,7 @@ impl Backend for SimDevice {
         slot: u32,
         value: u32,
     ) -> DeviceResult<()> {
-        self.write_mark(stream, page, slot, value, true)
+        self.write_mark(stream, page, slot, value)
     }
 
     fn stream_busy(&self, stream: &SimStream) -> bool {
