@@ -25,7 +25,7 @@ mod zone;
 
 pub(crate) use self::zone::ZONE_START;
 
-use self::warm::{Warmed, places_code, warm_up};
+use self::warm::{Warmed, waits_for_warm_up, warm_up};
 
 /// Runs the worker; never returns.
 pub fn run() -> ! {
@@ -291,7 +291,7 @@ impl<B: Backend> Worker<B> {
                 .map(|()| None)
                 .map_err(|e| e.to_string()),
             ToWorker::Mirror { call, len } => {
-                if places_code(&call) {
+                if waits_for_warm_up(&call) {
                     self.warmed.wait();
                 }
                 let payload = match fd {
@@ -345,7 +345,7 @@ impl<B: Backend> Worker<B> {
     }
 
     fn answer(&self, envelope: Envelope, rest: &[u8]) -> Answer {
-        if places_code(&envelope.call) {
+        if waits_for_warm_up(&envelope.call) {
             self.warmed.wait();
         }
         match envelope.payload {
