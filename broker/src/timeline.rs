@@ -32,16 +32,66 @@ pub fn begin() -> Option<u64> {
 pub fn note(who: &str, what: &dyn Debug, began: Option<u64>) {
     let Some(began) = began else { return };
     let took = monotonic_ns().saturating_sub(began);
-    let name = format!("{what:?}");
-    let name = name.split([' ', '{', '(']).next().unwrap_or_default();
+    let mut name = Name::default();
+    // Formatting stops at the variant's name: a whole call's fields cost more than the gaps
+    // the timeline is read for.
+    let _ = write!(name, "{what:?}");
+    line(who, began, name.as_str(), took);
+}
+
+/// Notes that `who` got to `what` (a point in time, written with a duration of 0), for where
+/// a call's time goes between the notes of whole commands and calls.
+#[inline]
+pub fn point(who: &str, what: &'static str) {
+    if enabled() {
+        line(who, monotonic_ns(), what, 0);
+    }
+}
+
+fn line(who: &str, at_ns: u64, what: &str, took_ns: u64) {
     LINES.line(|l| {
         let _ = write!(
             l,
-            "timeline: {who} t={:.3} {name} {:.3}",
-            began as f64 / 1e3,
-            took as f64 / 1e3
+            "timeline: {who} t={}.{:03} {what} {}.{:03}",
+            at_ns / 1_000,
+            at_ns % 1_000,
+            took_ns / 1_000,
+            took_ns % 1_000
         );
     });
+}
+
+/// The start of a `Debug` text up to its first space, brace or parenthesis (a variant's
+/// name); writing stops there.
+#[derive(Default)]
+struct Name {
+    bytes: [u8; 32],
+    len: usize,
+}
+
+impl Name {
+    fn as_str(&self) -> &str {
+        std::str::from_utf8(&self.bytes[..self.len]).unwrap_or("?")
+    }
+}
+
+impl std::fmt::Write for Name {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        let end = s.find([' ', '{', '(']);
+        let part = &s[..end.unwrap_or(s.len())];
+        let room = self.bytes.len() - self.len;
+        // Cut at a character boundary, so that the name stays UTF-8.
+        let mut take = part.len().min(room);
+        while !part.is_char_boundary(take) {
+            take -= 1;
+        }
+        self.bytes[self.len..self.len + take].copy_from_slice(&part.as_bytes()[..take]);
+        self.len += take;
+        match end {
+            Some(_) => Err(std::fmt::Error),
+            None => Ok(()),
+        }
+    }
 }
 
 /// Writes what is kept (gpushared and its workers call this as they end).
@@ -67,11 +117,15 @@ mod tests {
             note("device", &Call::LaunchGraph { stream: 1 }, begin());
             assert!(LINES.take().is_empty());
             note("device", &Call::LaunchGraph { stream: 1 }, Some(1_500));
-            let line = LINES.take();
+            let noted = LINES.take();
             assert!(
-                line.starts_with("timeline: device t=1.500 LaunchGraph "),
-                "{line}"
+                noted.starts_with("timeline: device t=1.500 LaunchGraph "),
+                "{noted}"
             );
+            point("worker", "got");
+            assert!(LINES.take().is_empty());
+            super::line("worker", 2_000_017, "got", 0);
+            assert_eq!(LINES.take(), "timeline: worker t=2000.017 got 0.000\n");
         }
     }
 }

@@ -154,6 +154,7 @@ impl Remote {
                     &self.give_up(&caller.worker, None),
                 )
                 .map_err(|g| self.gave(g))?;
+            crate::timeline::point("data", "sent");
             match how {
                 Send_::Post(stream) => {
                     caller.posted.push_back(Some(stream));
@@ -167,6 +168,7 @@ impl Remote {
                         self.collect_one(caller, deadline)?;
                     }
                     let answer = self.next_answer(caller, deadline)?;
+                    crate::timeline::point("data", "answer");
                     caller.posted.pop_front();
                     answer.map(Some).map_err(|e| {
                         DeviceError::Failed(format!("an answer that does not decode: {e}"))

@@ -325,6 +325,7 @@ impl<B: Backend> Worker<B> {
     fn serve_channel(&self, mut end: WorkerEnd) {
         let stop = || self.stop.load(Ordering::Acquire);
         while let Next::Request = end.next(&stop) {
+            crate::timeline::point("worker", "got");
             let Some((request, reply)) = end.areas() else {
                 return; // gpushared closed the channel
             };
@@ -341,6 +342,7 @@ impl<B: Backend> Worker<B> {
                 encode_into(&fallback, reply).unwrap_or(0)
             });
             end.answer(len);
+            crate::timeline::point("worker", "replied");
         }
     }
 
