@@ -13,9 +13,11 @@ use super::{MAX_ALLOCATIONS, MAX_EVENTS, MAX_STREAMS, SessionState, StreamSlot};
 use crate::device::{Call, Device, DeviceError, EventKind, Stream};
 
 impl SessionState {
-    /// Decodes, validates and executes one entry; never panics on any input.
-    pub(super) fn process(&mut self, entry: &SubmissionEntry) -> CompletionEntry {
+    /// Decodes, validates and executes one entry; never panics on any input. Its completion,
+    /// unless the command told the client already ([`SessionState::answer_early`]).
+    pub(super) fn process(&mut self, entry: &SubmissionEntry) -> Option<CompletionEntry> {
         self.info.counters.commands.fetch_add(1, Ordering::Relaxed);
+        self.answering = Some(entry.user_tag);
         let outcome = Command::decode(entry).and_then(|cmd| {
             let began = crate::timeline::begin();
             let outcome = self.execute(cmd).or_else(|code| self.on_failure(cmd, code));
@@ -27,6 +29,8 @@ impl SessionState {
             }
             outcome
         });
+        // Answered early, the command had succeeded.
+        let user_tag = self.answering.take()?;
         let (status, result, result2) = match outcome {
             Ok((r1, r2)) => (0, r1, r2),
             Err(code) => {
@@ -34,13 +38,13 @@ impl SessionState {
                 (code.as_u32(), 0, 0)
             }
         };
-        CompletionEntry {
-            user_tag: entry.user_tag,
+        Some(CompletionEntry {
+            user_tag,
             status,
             flags: 0,
             result,
             result2,
-        }
+        })
     }
 
     pub(super) fn execute(&mut self, cmd: Command) -> Result<(u64, u64), ErrorCode> {
@@ -237,6 +241,8 @@ impl SessionState {
                 slot.touched = true; // the batch end closes its measurement
                 device.sync_stream(&mut slot.stream).map_err(|e| e.code())?;
                 slot.unsynced = false;
+                // The client waits on this: it goes on while the bookkeeping below runs.
+                self.answer_early();
                 self.publish_mark(stream);
                 self.settle_in_flight();
                 Ok((0, 0))

@@ -136,6 +136,12 @@ pub struct SessionState {
     /// Until when this session's work must run alone (suspect of a fault).
     probation_until: Option<Instant>,
     holding_turn: bool,
+    /// The tag of the command being run, until it is answered ([`SessionState::answer_early`]).
+    answering: Option<u64>,
+    /// A batch ended whose accounting waits for the client to pause
+    /// ([`SessionState::end_of_batch`]), and when the last accounting ran.
+    unaccounted: bool,
+    accounted_at: Instant,
     /// Handles lost in device resets: commands naming them fail with `DeviceReset`.
     lost: Lost,
     dispatch: Arc<GpuScheduler>,
@@ -272,6 +278,9 @@ impl SessionState {
             ended: None,
             probation_until,
             holding_turn: false,
+            answering: None,
+            unaccounted: false,
+            accounted_at: Instant::now(),
             lost: Lost::default(),
             dispatch,
             declared_job: None,
