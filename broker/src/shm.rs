@@ -82,6 +82,15 @@ impl SharedRegion {
         self.id
     }
 
+    /// Where the client's sync word lies ([`gpushare_protocol::ring::SYNC_WORD`]).
+    pub fn sync_word(&self) -> Span {
+        Span {
+            region: self.id,
+            offset: gpushare_protocol::ring::SYNC_WORD as u64,
+            len: 4,
+        }
+    }
+
     /// Bytes of the whole mapping (rings and arena).
     pub fn size(&self) -> u64 {
         self.layout.total_size() as u64
@@ -449,6 +458,20 @@ impl<'a> ArenaSlice<'a> {
         let n = src.len().min(self.len);
         // SAFETY: as for `read_into`, in the other direction.
         unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.as_ptr(), n) }
+    }
+
+    /// Stores `value` in its first 4 bytes as one atomic word (release: what was written
+    /// before it is seen by whoever sees it); unaligned or short, as plain bytes.
+    pub fn store_u32(&self, value: u32) {
+        if self.len >= 4 && self.ptr.as_ptr().align_offset(4) == 0 {
+            // SAFETY: 4 aligned bytes inside the live mapping (checked at construction);
+            // shared memory that both sides reach as atomics or plain bytes, never as a Rust
+            // reference to non-atomic data.
+            let word = unsafe { &*self.ptr.as_ptr().cast::<std::sync::atomic::AtomicU32>() };
+            word.store(value, std::sync::atomic::Ordering::Release);
+        } else {
+            self.write_from(&value.to_le_bytes());
+        }
     }
 }
 

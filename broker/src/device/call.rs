@@ -160,10 +160,13 @@ pub enum Call {
         opening: ProgressValue,
         call: Box<Call>,
     },
-    /// Waits for the stream's work; then writes `close`, if any.
+    /// Waits for the stream's work; then writes `close`, if any, and `told` (the client's
+    /// sync word: [`gpushare_protocol::ring::SYNC_WORD`]) unless a call on the stream failed
+    /// since its last synchronization (the sync then reports that failure).
     SyncStream {
         stream: Handle,
         close: Option<ProgressValue>,
+        told: Option<ProgressValue>,
     },
     EndBatch {
         stream: Handle,
@@ -248,6 +251,30 @@ pub enum Call {
 }
 
 impl Call {
+    /// The stream whose work a call is, if any (an episode's first call: its own).
+    pub fn stream(&self) -> Option<Handle> {
+        match self {
+            Call::DestroyStream { stream }
+            | Call::CopyHtoD { stream, .. }
+            | Call::CopyDtoH { stream, .. }
+            | Call::CopyDtoD { stream, .. }
+            | Call::Memset { stream, .. }
+            | Call::Launch { stream, .. }
+            | Call::LaunchGraph { stream, .. }
+            | Call::LaunchModule { stream, .. }
+            | Call::HostPoint { stream, .. }
+            | Call::Progress { stream, .. }
+            | Call::SyncStream { stream, .. }
+            | Call::EndBatch { stream, .. }
+            | Call::StreamBusy { stream }
+            | Call::StreamDone { stream }
+            | Call::StreamWaitEvent { stream, .. }
+            | Call::RecordEvent { stream, .. } => Some(*stream),
+            Call::Opening { call, .. } => call.stream(),
+            _ => None,
+        }
+    }
+
     /// The start marker a kernel takes along, for the calls that launch one.
     pub fn start_marker(&mut self) -> Option<&mut Option<Handle>> {
         match self {
@@ -277,6 +304,15 @@ impl<B: Backend> Executor<B> {
     }
 
     fn run_call(&self, call: Call, payload: &[u8]) -> Answer {
+        let stream = call.stream();
+        let answer = self.run_one(call, payload);
+        if let (Some(stream), Reply::Failed(_)) = (stream, &answer.reply) {
+            self.failed_on(stream);
+        }
+        answer
+    }
+
+    fn run_one(&self, call: Call, payload: &[u8]) -> Answer {
         let dev = self.backend();
         let done = |r: DeviceResult<()>| r.map(|()| Reply::Done);
         let value = |r: DeviceResult<u64>| r.map(Reply::Value);
@@ -447,10 +483,18 @@ impl<B: Backend> Executor<B> {
                 }
                 return answer;
             }
-            Call::SyncStream { stream, close } => {
+            Call::SyncStream {
+                stream,
+                close,
+                told,
+            } => {
+                let failed = self.failed_since_sync(stream);
                 return self.on_stream(stream, |s| {
                     dev.sync_stream(s)?;
                     self.write_progress(close);
+                    if !failed {
+                        self.write_progress(told);
+                    }
                     Ok(Reply::Done)
                 });
             }

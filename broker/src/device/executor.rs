@@ -3,7 +3,7 @@
 //! too big for a channel). It runs [`super::call::Call`]s ([`Executor::run`] is in `call.rs`)
 //! for a device worker, and for gpushared itself with `--in-process-device`: both run this.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
@@ -41,6 +41,8 @@ pub struct Executor<B: Backend> {
     regions: Mutex<HashMap<u64, Arc<HostRegion>>>,
     blobs: Mutex<HashMap<u64, Arc<HostRegion>>>,
     arrived: Condvar,
+    /// Streams a call failed on since their last synchronization (which reports it).
+    failed: Mutex<HashSet<Handle>>,
 }
 
 impl<B: Backend> Executor<B> {
@@ -55,6 +57,7 @@ impl<B: Backend> Executor<B> {
             regions: Mutex::default(),
             blobs: Mutex::default(),
             arrived: Condvar::new(),
+            failed: Mutex::default(),
         }
     }
 
@@ -212,6 +215,17 @@ impl<B: Backend> Executor<B> {
         start.map(|e| self.event(e)).transpose()
     }
 
+    /// Notes that a call on `stream` failed.
+    pub(super) fn failed_on(&self, stream: Handle) {
+        lock(&self.failed).insert(stream);
+    }
+
+    /// Whether a call on `stream` failed since its last synchronization (this one, which
+    /// clears it).
+    pub(super) fn failed_since_sync(&self, stream: Handle) -> bool {
+        lock(&self.failed).remove(&stream)
+    }
+
     /// Writes a progress value from the CPU (once the device took a stream's first call, or a
     /// wait saw its work finish). A page that cannot be reached only leaves the work counted
     /// as lost at a fault.
@@ -220,7 +234,7 @@ impl<B: Backend> Executor<B> {
             return;
         };
         let _ = self.with_span(page, |page| {
-            slot_word(page, slot)?.write_from(&value.to_le_bytes());
+            slot_word(page, slot)?.store_u32(value);
             Ok(())
         });
     }

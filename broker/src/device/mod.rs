@@ -38,7 +38,7 @@ use gpushare_protocol::ErrorCode;
 use gpushare_protocol::command::OccupancyQuery;
 
 pub use self::backend::Backend;
-pub use self::call::{Call, EventKind, Handle, Reply, Span};
+pub use self::call::{Call, EventKind, Handle, ProgressValue, Reply, Span};
 pub use self::executor::Executor;
 pub use self::front::Device;
 pub use self::handles::{Event, Function, Graph, Module, Stream};

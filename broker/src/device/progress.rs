@@ -167,7 +167,7 @@ impl Progress {
         })
     }
 
-    fn span(&self) -> Span {
+    pub(crate) fn span(&self) -> Span {
         self.page.whole().span()
     }
 
@@ -451,6 +451,7 @@ mod tests {
         Call::SyncStream {
             stream,
             close: None,
+            told: None,
         }
     }
 

@@ -10,7 +10,7 @@ use gpushare_protocol::ring::{CompletionEntry, SubmissionEntry};
 use gpushare_protocol::{Command, DevicePtr, ErrorCode, StreamId};
 
 use super::{MAX_ALLOCATIONS, MAX_EVENTS, MAX_STREAMS, SessionState, StreamSlot};
-use crate::device::{Call, Device, DeviceError, EventKind, Stream};
+use crate::device::{Call, Device, DeviceError, EventKind, ProgressValue, Stream};
 
 impl SessionState {
     /// Decodes, validates and executes one entry; never panics on any input. Its completion,
@@ -239,7 +239,16 @@ impl SessionState {
                     .get_mut(&stream)
                     .ok_or(ErrorCode::InvalidHandle)?;
                 slot.touched = true; // the batch end closes its measurement
-                device.sync_stream(&mut slot.stream).map_err(|e| e.code())?;
+                // The client looks at its sync word first: the tag it waits for is written
+                // there as soon as the work is seen finished.
+                let told = self.answering.map(|tag| ProgressValue {
+                    page: self.region.sync_word(),
+                    slot: 0,
+                    value: gpushare_protocol::ring::sync_value(tag),
+                });
+                device
+                    .sync_stream_telling(&mut slot.stream, told)
+                    .map_err(|e| e.code())?;
                 slot.unsynced = false;
                 // The client waits on this: it goes on while the bookkeeping below runs.
                 self.answer_early();

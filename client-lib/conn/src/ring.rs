@@ -157,6 +157,38 @@ impl Session {
         })
     }
 
+    /// Waits for a stream synchronization tagged `tag`: its completion, or the sync word
+    /// saying it succeeded, whichever comes first (the word is written before the completion,
+    /// as soon as the device work is seen finished: the completion's way back through
+    /// gpushared is then off the client's path). Answered by the word, the completion that
+    /// follows is read and dropped like that of work nobody waits for (a failure it carried,
+    /// which the broker rules out before writing the word, would be reported at the next
+    /// synchronization).
+    fn wait_told(&self, tag: u64, spin: Duration) -> Result<CompletionEntry> {
+        self.spin_then_sleep(spin, || {
+            let mut ring = lock(&self.ring);
+            self.reap(&mut ring);
+            if let Some(c) = ring.done.remove(&tag) {
+                ring.rings.synced.forget(tag);
+                return Ok(Some(c));
+            }
+            if !ring.rings.synced.told(tag) {
+                return Ok(None);
+            }
+            ring.rings.synced.forget(tag);
+            // What was submitted before the sync completed before the word was written.
+            self.reap(&mut ring);
+            if let Some(c) = ring.done.remove(&tag) {
+                return Ok(Some(c));
+            }
+            ring.wanted.remove(&tag);
+            Ok(Some(CompletionEntry {
+                user_tag: tag,
+                ..CompletionEntry::default()
+            }))
+        })
+    }
+
     /// Waits for the completion of `tag` (submitted with `wait`).
     pub fn wait(&self, tag: u64) -> Result<CompletionEntry> {
         self.wait_spinning(tag, self.spin)
@@ -264,22 +296,29 @@ impl Session {
             }
             _ => self.spin,
         };
-        self.finish_spinning(tag, op, spin)
+        self.finish_spinning(tag, op, spin, told_first(&cmd))
     }
 
     /// Waits for the completion of `tag` (submitted with `wait`) and turns its status into a
     /// result.
     pub fn finish(&self, tag: u64, op: &'static str) -> Result<CompletionEntry> {
-        self.finish_spinning(tag, op, self.spin)
+        self.finish_spinning(tag, op, self.spin, false)
     }
 
+    /// `told`: a stream synchronization, which the sync word may answer first
+    /// ([`Session::wait_told`]).
     fn finish_spinning(
         &self,
         tag: u64,
         op: &'static str,
         spin: Duration,
+        told: bool,
     ) -> Result<CompletionEntry> {
-        let c = self.wait_spinning(tag, spin)?;
+        let c = if told {
+            self.wait_told(tag, spin)?
+        } else {
+            self.wait_spinning(tag, spin)?
+        };
         match ErrorCode::from_u32(c.status) {
             None if c.status == 0 => Ok(c),
             Some(code) => {
@@ -345,7 +384,7 @@ impl Session {
     pub fn sync_with(&self, cmd: Command, op: &'static str) -> Result<()> {
         let synced = self
             .submit(cmd, true)
-            .and_then(|tag| self.finish_spinning(tag, op, self.sync_spin));
+            .and_then(|tag| self.finish_spinning(tag, op, self.sync_spin, told_first(&cmd)));
         let mut ring = lock(&self.ring);
         match (&synced, ring.async_error) {
             (Err(e), Some((_, status)))
@@ -360,4 +399,9 @@ impl Session {
         synced?;
         self.take_async_error()
     }
+}
+
+/// Whether a command's wait looks at the sync word first: a stream synchronization.
+fn told_first(cmd: &Command) -> bool {
+    matches!(cmd, Command::StreamSync { .. })
 }

@@ -69,6 +69,7 @@ fn only_launches_take_a_start_marker() {
     let mut sync = Call::SyncStream {
         stream: 1,
         close: None,
+        told: None,
     };
     assert!(sync.start_marker().is_none());
 }

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use gpushare_protocol::control::DeviceInfo;
 use gpushare_protocol::{DevicePtr, PriorityClass};
 
-use super::call::{Call, EventKind, Handle, Reply, Span};
+use super::call::{Call, EventKind, Handle, ProgressValue, Reply, Span};
 use super::handles::{Event, Held, Named, Owner, Recipe, Stream};
 use super::link::{Link, Memory};
 use super::pool::Pool;
@@ -311,9 +311,28 @@ impl Device {
     /// Waits for all work on the stream; reports the first error it met (work posted earlier
     /// that failed reports here, after the rest has finished).
     pub fn sync_stream(&self, stream: &mut Stream) -> DeviceResult<()> {
+        self.sync_stream_telling(stream, None)
+    }
+
+    /// [`Device::sync_stream`] for a client that waits on it: `told` is written (from the
+    /// worker's CPU, as soon as the work is seen finished) where the client looks first,
+    /// unless the synchronization is to report a failure.
+    pub fn sync_stream_telling(
+        &self,
+        stream: &mut Stream,
+        told: Option<ProgressValue>,
+    ) -> DeviceResult<()> {
         let close = self.close(stream);
         let synced = self
-            .on_stream(stream, |stream| Call::SyncStream { stream, close }, &[])
+            .on_stream(
+                stream,
+                |stream| Call::SyncStream {
+                    stream,
+                    close,
+                    told,
+                },
+                &[],
+            )
             .and_then(Reply::done);
         match self.take_deferred(stream) {
             Some(e) => Err(e),

@@ -179,3 +179,66 @@ fn work_the_device_refused_is_found_never_started() {
         "refused work counted as started"
     );
 }
+
+/// A synchronization writes the value it is told to (a client's sync word) once it has seen
+/// the work finish, but not when it is to report a failure of work queued before it: the word
+/// never says a synchronization succeeded that the client is told failed.
+#[test]
+fn the_sync_word_is_written_only_for_a_synchronization_that_succeeds() {
+    let d = realtime();
+    let mut s = d.create_stream(PriorityClass::Normal).expect("stream");
+    let progress = d.progress.as_ref().expect("a progress page");
+    // A slot of the progress page that no stream has stands in for the client's word.
+    let slot = progress.take_slot().expect("a free slot");
+    let told = |value| {
+        Some(crate::device::ProgressValue {
+            page: progress.span(),
+            slot,
+            value,
+        })
+    };
+    let spin = |s: &mut crate::device::Stream| {
+        d.queue(
+            s,
+            |stream| Call::Launch {
+                stream,
+                kernel: Kernel::Spin {
+                    micros: 2_000,
+                    blocks: 1,
+                },
+                start: None,
+                sms: None,
+            },
+            &[],
+        )
+        .expect("launch");
+    };
+    spin(&mut s);
+    d.sync_stream_telling(&mut s, told(77)).expect("sync");
+    assert!(progress.reached(slot, 77), "told of a sync that succeeded");
+    spin(&mut s);
+    // It fails on the device: reported when queued (an in-process device runs it at once)
+    // or by the sync, which then says nothing to the word.
+    let queued = d.queue(
+        &mut s,
+        |stream| Call::Memset {
+            stream,
+            dst: 0xdead_0000,
+            value: 0,
+            elem_bytes: 1,
+            count: 16,
+        },
+        &[],
+    );
+    let synced = d.sync_stream_telling(&mut s, told(88));
+    assert!(
+        queued.is_err() || synced.is_err(),
+        "the failure is reported"
+    );
+    assert!(progress.reached(slot, 77), "not told after a failure");
+    spin(&mut s);
+    d.sync_stream_telling(&mut s, told(99))
+        .expect("the failure was told once");
+    assert!(progress.reached(slot, 99));
+    d.destroy_stream(s);
+}

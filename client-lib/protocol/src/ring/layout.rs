@@ -16,6 +16,18 @@ pub(super) const SQ_FLAGS: usize = 3 * CACHE_LINE;
 pub(super) const CQ_HEAD: usize = 4 * CACHE_LINE;
 pub(super) const CQ_TAIL: usize = 5 * CACHE_LINE;
 pub(super) const CQ_FLAGS: usize = 6 * CACHE_LINE;
+/// The client's sync word (u32, on a cache line of its own): once a stream synchronization
+/// is known to succeed, the broker's side writes [`sync_value`] of its tag there, before its
+/// completion, so that a client waiting for it may go on at once (the completion follows, and
+/// is dropped). Only the broker's side writes it and never reads it; a broker that does not
+/// write it leaves clients waiting for completions as before. Clients use it for
+/// `StreamSync` only.
+pub const SYNC_WORD: usize = 7 * CACHE_LINE;
+
+/// What the sync word holds once the synchronization tagged `tag` is known to succeed.
+pub fn sync_value(tag: u64) -> u32 {
+    tag as u32
+}
 
 /// Most entries a ring may have.
 pub const MAX_RING_ENTRIES: u32 = 1 << 16;

@@ -12,6 +12,7 @@
 //! 0x0100  cq.head     u32  client  → broker: completions consumed
 //! 0x0140  cq.tail     u32  broker  → client: completions published
 //! 0x0180  cq.flags    u32  client: NEED_WAKEUP while it sleeps on the complete eventfd
+//! 0x01c0  sync word   u32  broker  → client: a stream synchronization known to succeed
 //! 0x1000  sq entries  sq_entries × 64 bytes            (SubmissionEntry)
 //!  page   cq entries  cq_entries × 32 bytes            (CompletionEntry)
 //!  page   data arena  arena_size bytes                 (copy payloads, launch parameters)
@@ -34,12 +35,12 @@ mod layout;
 mod spsc;
 
 use std::ptr::NonNull;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use self::layout::{CQ_FLAGS, CQ_HEAD, CQ_TAIL, SQ_FLAGS, SQ_HEAD, SQ_TAIL};
 pub use self::layout::{
     CompletionEntry, LayoutError, MAX_ARENA_SIZE, MAX_RING_ENTRIES, PAGE, RegionHeader, SHM_MAGIC,
-    ShmLayout, SubmissionEntry,
+    SYNC_WORD, ShmLayout, SubmissionEntry, sync_value,
 };
 use self::spsc::RingPtrs;
 pub use self::spsc::{Consumer, NEED_WAKEUP, PRODUCER_WAITING, Producer, RingCorrupt};
@@ -50,10 +51,43 @@ pub struct BrokerRings {
     pub completions: Producer<CompletionEntry>,
 }
 
-/// The client's view of its region: it produces submissions and consumes completions.
+/// The client's view of its region: it produces submissions and consumes completions, and
+/// reads its sync word.
 pub struct ClientRings {
     pub submissions: Producer<SubmissionEntry>,
     pub completions: Consumer<CompletionEntry>,
+    pub synced: SyncWord,
+}
+
+/// The client's view of its sync word ([`SYNC_WORD`]).
+pub struct SyncWord(NonNull<AtomicU32>);
+
+// SAFETY: it points into the shared mapping, which outlives the rings (`ClientRings::attach`'s
+// contract), and is only ever reached atomically.
+unsafe impl Send for SyncWord {}
+// SAFETY: as above.
+unsafe impl Sync for SyncWord {}
+
+impl SyncWord {
+    fn word(&self) -> &AtomicU32 {
+        // SAFETY: aligned (a cache line's start) and inside the live mapping (see above).
+        unsafe { self.0.as_ref() }
+    }
+
+    /// Whether the broker's side said that the synchronization tagged `tag` succeeded
+    /// (acquire: the completions published before it are seen too).
+    pub fn told(&self, tag: u64) -> bool {
+        self.word().load(Ordering::Acquire) == sync_value(tag)
+    }
+
+    /// Clears what it says of `tag`, if it still says that (so that it never speaks for a
+    /// later synchronization whose tag has the same low bits).
+    pub fn forget(&self, tag: u64) {
+        let v = sync_value(tag);
+        let _ = self
+            .word()
+            .compare_exchange(v, 0, Ordering::Relaxed, Ordering::Relaxed);
+    }
 }
 
 fn rings(
@@ -109,6 +143,8 @@ impl ClientRings {
         let (sq, cq) = rings(base, layout);
         let sq_tail = sq.tail().load(Ordering::Acquire);
         let cq_head = cq.head().load(Ordering::Acquire);
+        // SAFETY: SYNC_WORD lies in the region's first page, inside the mapping.
+        let synced = SyncWord(unsafe { base.add(SYNC_WORD) }.cast::<AtomicU32>());
         ClientRings {
             submissions: Producer {
                 ring: sq,
@@ -118,6 +154,7 @@ impl ClientRings {
                 ring: cq,
                 head: cq_head,
             },
+            synced,
         }
     }
 
