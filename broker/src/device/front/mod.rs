@@ -12,14 +12,15 @@ use std::time::{Duration, Instant};
 use gpushare_protocol::control::DeviceInfo;
 use gpushare_protocol::{DevicePtr, PriorityClass};
 
-use super::call::{Call, EventKind, Handle, ProgressValue, Reply, Span};
-use super::handles::{Event, Held, Named, Owner, Recipe, Stream};
+use super::call::{Call, Handle, ProgressValue, Reply, Span};
+use super::handles::{Named, Owner, Recipe, Stream};
 use super::link::{Link, Memory};
 use super::pool::Pool;
 use super::progress::Progress;
 use super::{DeviceError, DeviceResult};
 
 mod code;
+mod events;
 mod memory;
 mod progress;
 #[cfg(test)]
@@ -449,57 +450,6 @@ impl Device {
             // the executor records nothing then, and reports nothing.)
             let _ = self.link.post(Some(stream.id), call, &[]);
         }
-    }
-
-    // ---- events ----------------------------------------------------------------------
-
-    pub fn create_event(&self, kind: EventKind) -> DeviceResult<Event> {
-        let (epoch, id) = (self.epoch(), self.name());
-        self.call(Call::CreateEvent { id, kind }, &[])?.done()?;
-        self.owner.recipes.add(id, Recipe::Event { kind });
-        Ok(Event(Held::new(&self.owner, epoch, id, |event| {
-            Call::DestroyEvent { event }
-        })))
-    }
-
-    /// Records `event` after the stream's work so far.
-    pub fn record_event(&self, event: &Event, stream: &mut Stream) -> DeviceResult<()> {
-        let event = self.id(event)?;
-        self.queue(
-            stream,
-            |stream| Call::RecordEvent {
-                event,
-                stream,
-                start: false,
-            },
-            &[],
-        )
-    }
-
-    /// Marks where the stream's next work starts (for timing it). Kept for the kernel it
-    /// marks: recorded in a call of its own, the executor could be descheduled between it
-    /// and the launch, and the span would count that as device time.
-    pub fn record_start(&self, event: &Event, stream: &mut Stream) -> DeviceResult<()> {
-        let event = self.id(event)?;
-        self.live(stream.epoch)?;
-        self.flush_start(stream);
-        stream.pending_start = Some(event);
-        Ok(())
-    }
-
-    pub fn event_done(&self, event: &Event) -> DeviceResult<bool> {
-        let event = self.id(event)?;
-        self.call(Call::EventDone { event }, &[])?.flag()
-    }
-
-    pub fn sync_event(&self, event: &Event) -> DeviceResult<()> {
-        let event = self.id(event)?;
-        self.call(Call::SyncEvent { event }, &[])?.done()
-    }
-
-    pub fn elapsed_ns(&self, start: &Event, end: &Event) -> DeviceResult<u64> {
-        let (start, end) = (self.id(start)?, self.id(end)?);
-        self.call(Call::ElapsedNs { start, end }, &[])?.value()
     }
 
     // ---- faults ----------------------------------------------------------------------
