@@ -32,6 +32,8 @@ impl SessionState {
     /// fault, or a client that broke the ring protocol.
     pub(super) fn serve(&mut self) -> SessionEnd {
         let mut idle_since = Instant::now();
+        // When the batch under way began: it goes on while the client's commands keep coming.
+        let mut batch_started: Option<Instant> = None;
         // The device stays awake for this thread's next request as long as this thread does
         // for its client's.
         let mut spin_told = None;
@@ -60,7 +62,7 @@ impl SessionState {
                     .counters
                     .queue_depth
                     .store(available as u64, Ordering::Relaxed);
-                let mut batch_started = Instant::now();
+                let mut began = *batch_started.get_or_insert_with(Instant::now);
                 for _ in 0..available {
                     if self.health.epoch() != self.epoch || self.ended.is_some() {
                         break; // stop touching the device: the next loop parks
@@ -84,15 +86,23 @@ impl SessionState {
                     crate::timeline::point("data", "completed");
                     // A long batch (slow commands, a full ring) still shows in status. The
                     // latency's clock read serves here too: none more per command.
-                    if finished.duration_since(batch_started) >= ACCOUNT_EVERY {
+                    if finished.duration_since(began) >= ACCOUNT_EVERY {
                         self.account(false);
-                        batch_started = finished;
+                        self.publish_latency();
+                        began = finished;
+                        batch_started = Some(finished);
                     }
+                }
+                // More already came (a client that went on as soon as its sync was answered):
+                // the batch goes on, and its end's bookkeeping waits until the ring is empty.
+                if matches!(self.rings.submissions.available(), Ok(n) if n > 0) {
+                    continue;
                 }
                 self.info.counters.queue_depth.store(0, Ordering::Relaxed);
                 self.publish_latency();
                 self.end_of_batch();
                 crate::timeline::point("data", "batch_end");
+                batch_started = None;
                 idle_since = Instant::now();
                 continue;
             }
