@@ -94,8 +94,13 @@ impl SessionState {
                     }
                 }
                 // More already came (a client that went on as soon as its sync was answered):
-                // the batch goes on, and its end's bookkeeping waits until the ring is empty.
-                if matches!(self.rings.submissions.available(), Ok(n) if n > 0) {
+                // the batch goes on, and its end's bookkeeping waits until the ring is empty;
+                // unless someone waits on that bookkeeping (the scheduler on granted kernels,
+                // other suspects on this one's turn).
+                if !self.holding_turn
+                    && self.granted.is_empty()
+                    && matches!(self.rings.submissions.available(), Ok(n) if n > 0)
+                {
                     continue;
                 }
                 self.info.counters.queue_depth.store(0, Ordering::Relaxed);
