@@ -67,11 +67,15 @@ impl Session {
         if n == 0 {
             return;
         }
-        self.completions.fetch_add(n as u64, Ordering::Relaxed);
+        let mut counted = n as u64;
         for _ in 0..n {
             let c = ring.rings.completions.pop();
             ring.in_flight = ring.in_flight.saturating_sub(1);
             ring.reaped_seq = ring.reaped_seq.max(seq_of(c.user_tag));
+            if ring.told.remove(&c.user_tag) {
+                // Counted when its sync word answered it.
+                counted -= 1;
+            }
             if ring.wanted.remove(&c.user_tag) {
                 ring.done.insert(c.user_tag, c);
             } else if c.status != 0 && ring.async_error.is_none() {
@@ -81,6 +85,7 @@ impl Session {
                 ring.async_error = Some(((c.user_tag & 0xff) as u16, c.status));
             }
         }
+        self.completions.fetch_add(counted, Ordering::Relaxed);
         ring.rings.completions.release();
         if ring.rings.completions.producer_waiting() {
             self.submit_wake.signal();
@@ -182,6 +187,9 @@ impl Session {
                 return Ok(Some(c));
             }
             ring.wanted.remove(&tag);
+            // The command is complete for the client: counted now, its completion not again.
+            ring.told.insert(tag);
+            self.completions.fetch_add(1, Ordering::Relaxed);
             Ok(Some(CompletionEntry {
                 user_tag: tag,
                 ..CompletionEntry::default()

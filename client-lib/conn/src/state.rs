@@ -68,6 +68,9 @@ pub(crate) struct RingState {
     /// Tags somebody waits for, and their completions once reaped.
     pub wanted: HashSet<u64>,
     pub done: HashMap<u64, CompletionEntry>,
+    /// Synchronizations answered by the sync word whose completions have not come yet (each
+    /// was counted as received when it was answered).
+    pub told: HashSet<u64>,
     /// First error of a command nobody waited for, reported at the next synchronization.
     pub async_error: Option<(u16, u32)>,
     pub sleepers: u32,
@@ -84,6 +87,7 @@ impl RingState {
             in_flight: 0,
             wanted: HashSet::new(),
             done: HashMap::new(),
+            told: HashSet::new(),
             async_error: None,
             sleepers: 0,
             reaped_seq: 0,
