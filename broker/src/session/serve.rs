@@ -62,7 +62,7 @@ impl SessionState {
                     .counters
                     .queue_depth
                     .store(available as u64, Ordering::Relaxed);
-                let mut began = *batch_started.get_or_insert_with(Instant::now);
+                let began = batch_started.get_or_insert_with(Instant::now);
                 for _ in 0..available {
                     if self.health.epoch() != self.epoch || self.ended.is_some() {
                         break; // stop touching the device: the next loop parks
@@ -86,19 +86,16 @@ impl SessionState {
                     crate::timeline::point("data", "completed");
                     // A long batch (slow commands, a full ring) still shows in status. The
                     // latency's clock read serves here too: none more per command.
-                    if finished.duration_since(began) >= ACCOUNT_EVERY {
+                    if finished.duration_since(*began) >= ACCOUNT_EVERY {
                         self.account(false);
                         self.publish_latency();
-                        began = finished;
-                        batch_started = Some(finished);
+                        *began = finished;
                     }
                 }
                 // More already came (a client that went on as soon as its sync was answered):
-                // the batch goes on, and its end's bookkeeping waits until the ring is empty;
-                // unless someone waits on that bookkeeping (the scheduler on granted kernels,
-                // other suspects on this one's turn).
-                if !self.holding_turn
-                    && self.granted.is_empty()
+                // the batch goes on, and its end's bookkeeping waits until the ring is empty,
+                // unless someone waits on it.
+                if !self.batch_end_awaited()
                     && matches!(self.rings.submissions.available(), Ok(n) if n > 0)
                 {
                     continue;
@@ -202,15 +199,18 @@ impl SessionState {
         }
     }
 
+    /// Whether someone waits on a batch's end: the scheduler on granted kernels, other
+    /// suspects on this one's turn.
+    fn batch_end_awaited(&self) -> bool {
+        self.holding_turn || !self.granted.is_empty()
+    }
+
     /// After a batch of commands: its accounting now when something waits on it (granted
     /// kernels for the scheduler, a suspect's turn) or [`ACCOUNT_EVERY`] has passed, else
     /// once the client pauses for [`ACCOUNT_IDLE`]. Run after every batch it was on the
     /// client's next command's path: 0.6 µs of each launch and sync on an H200.
     fn end_of_batch(&mut self) {
-        if self.holding_turn
-            || !self.granted.is_empty()
-            || self.accounted_at.elapsed() >= ACCOUNT_EVERY
-        {
+        if self.batch_end_awaited() || self.accounted_at.elapsed() >= ACCOUNT_EVERY {
             self.account(false);
         } else {
             self.unaccounted = true;

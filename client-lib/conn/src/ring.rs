@@ -162,22 +162,29 @@ impl Session {
         })
     }
 
-    /// Waits for a stream synchronization tagged `tag`: its completion, or the sync word
-    /// saying it succeeded, whichever comes first (the word is written before the completion,
-    /// as soon as the device work is seen finished: the completion's way back through
-    /// gpushared is then off the client's path). Answered by the word, the completion that
-    /// follows is read and dropped like that of work nobody waits for (a failure it carried,
-    /// which the broker rules out before writing the word, would be reported at the next
-    /// synchronization).
-    fn wait_told(&self, tag: u64, spin: Duration) -> Result<CompletionEntry> {
+    /// Waits for the completion of `tag` (submitted with `wait`).
+    pub fn wait(&self, tag: u64) -> Result<CompletionEntry> {
+        self.wait_spinning(tag, self.spin, false)
+    }
+
+    /// Waits for the completion of `tag`; with `told` (a stream synchronization), or for the
+    /// sync word saying it succeeded, whichever comes first (the word is written before the
+    /// completion, as soon as the device work is seen finished: the completion's way back
+    /// through gpushared is then off the client's path). Answered by the word, the completion
+    /// that follows is read and dropped like that of work nobody waits for (a failure it
+    /// carried, which the broker rules out before writing the word, would be reported at the
+    /// next synchronization).
+    fn wait_spinning(&self, tag: u64, spin: Duration, told: bool) -> Result<CompletionEntry> {
         self.spin_then_sleep(spin, || {
             let mut ring = lock(&self.ring);
             self.reap(&mut ring);
             if let Some(c) = ring.done.remove(&tag) {
-                ring.rings.synced.forget(tag);
+                if told {
+                    ring.rings.synced.forget(tag);
+                }
                 return Ok(Some(c));
             }
-            if !ring.rings.synced.told(tag) {
+            if !told || !ring.rings.synced.told(tag) {
                 return Ok(None);
             }
             ring.rings.synced.forget(tag);
@@ -194,19 +201,6 @@ impl Session {
                 user_tag: tag,
                 ..CompletionEntry::default()
             }))
-        })
-    }
-
-    /// Waits for the completion of `tag` (submitted with `wait`).
-    pub fn wait(&self, tag: u64) -> Result<CompletionEntry> {
-        self.wait_spinning(tag, self.spin)
-    }
-
-    fn wait_spinning(&self, tag: u64, spin: Duration) -> Result<CompletionEntry> {
-        self.spin_then_sleep(spin, || {
-            let mut ring = lock(&self.ring);
-            self.reap(&mut ring);
-            Ok(ring.done.remove(&tag))
         })
     }
 
@@ -314,7 +308,7 @@ impl Session {
     }
 
     /// `told`: a stream synchronization, which the sync word may answer first
-    /// ([`Session::wait_told`]).
+    /// ([`Session::wait_spinning`]).
     fn finish_spinning(
         &self,
         tag: u64,
@@ -322,11 +316,7 @@ impl Session {
         spin: Duration,
         told: bool,
     ) -> Result<CompletionEntry> {
-        let c = if told {
-            self.wait_told(tag, spin)?
-        } else {
-            self.wait_spinning(tag, spin)?
-        };
+        let c = self.wait_spinning(tag, spin, told)?;
         match ErrorCode::from_u32(c.status) {
             None if c.status == 0 => Ok(c),
             Some(code) => {

@@ -188,7 +188,8 @@ impl<B: Backend> Executor<B> {
                 });
             }
             Call::Opening { opening, call } => {
-                let answer = self.run_call(*call, payload);
+                // Its failure is noted once, by `run_call` around this arm.
+                let answer = self.run_one(*call, payload);
                 // Refused by a faulted context (or cut short by a reset), nothing of the
                 // stream's work runs here. Refused otherwise (a bad argument), the calls after
                 // it still may: counted as started, it is never run twice.

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use gpushare_protocol::{Kernel, PriorityClass};
 
 use crate::device::sim::{SimDevice, SimOptions};
-use crate::device::{Call, Device};
+use crate::device::{Call, Device, DeviceResult, Stream};
 
 fn realtime() -> Device {
     let sim = SimDevice::new(SimOptions {
@@ -14,6 +14,20 @@ fn realtime() -> Device {
         ..SimOptions::default()
     });
     Device::local(sim, None).expect("a sim device")
+}
+
+/// Queues `kernel` on `s`, on the whole device.
+fn launch(d: &Device, s: &mut Stream, kernel: Kernel) -> DeviceResult<()> {
+    d.queue(
+        s,
+        |stream| Call::Launch {
+            stream,
+            kernel,
+            start: None,
+            sms: None,
+        },
+        &[],
+    )
 }
 
 /// Device time that a question about the stream learns (is it busy, is it done) is charged
@@ -27,17 +41,7 @@ fn device_time_learnt_by_a_question_about_the_stream_is_still_charged() {
             micros: 20_000,
             blocks: 1,
         };
-        d.queue(
-            &mut s,
-            |stream| Call::Launch {
-                stream,
-                kernel,
-                start: None,
-                sms: None,
-            },
-            &[],
-        )
-        .expect("launch");
+        launch(&d, &mut s, kernel).expect("launch");
         let deadline = Instant::now() + Duration::from_secs(10);
         let mut running = true;
         while running && Instant::now() < deadline {
@@ -62,18 +66,8 @@ fn a_stream_seen_finished_is_busy_again_once_work_is_queued() {
     let d = realtime();
     let mut s = d.create_stream(PriorityClass::Normal).expect("stream");
     assert!(!d.stream_busy(&mut s), "a new stream has nothing to do");
-    let spin = |s: &mut crate::device::Stream, micros| {
-        d.queue(
-            s,
-            |stream| Call::Launch {
-                stream,
-                kernel: Kernel::Spin { micros, blocks: 1 },
-                start: None,
-                sms: None,
-            },
-            &[],
-        )
-        .expect("launch");
+    let spin = |s: &mut Stream, micros| {
+        launch(&d, s, Kernel::Spin { micros, blocks: 1 }).expect("launch");
     };
     spin(&mut s, 1_000);
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -100,18 +94,13 @@ fn a_stream_seen_finished_is_busy_again_once_work_is_queued() {
 fn the_wait_that_sees_a_stream_s_work_finish_marks_it_finished() {
     let d = realtime();
     let mut s = d.create_stream(PriorityClass::Normal).expect("stream");
-    d.queue(
+    launch(
+        &d,
         &mut s,
-        |stream| Call::Launch {
-            stream,
-            kernel: Kernel::Spin {
-                micros: 100_000,
-                blocks: 1,
-            },
-            start: None,
-            sms: None,
+        Kernel::Spin {
+            micros: 100_000,
+            blocks: 1,
         },
-        &[],
     )
     .expect("launch");
     let progress = d.progress.as_ref().expect("a progress page");
@@ -151,26 +140,14 @@ fn work_the_device_refused_is_found_never_started() {
     let mut culprit = d.create_stream(PriorityClass::Normal).expect("stream");
     let mut before = d.create_stream(PriorityClass::Normal).expect("stream");
     let mut after = d.create_stream(PriorityClass::Normal).expect("stream");
-    let launch = |s: &mut crate::device::Stream, kernel| {
-        d.queue(
-            s,
-            |stream| Call::Launch {
-                stream,
-                kernel,
-                start: None,
-                sms: None,
-            },
-            &[],
-        )
-    };
     let fill = Kernel::Spin {
         micros: 10,
         blocks: 1,
     };
-    launch(&mut culprit, Kernel::Fault { hang: false }).expect("taken: it faults later");
-    launch(&mut before, fill).expect("taken before anyone saw the fault");
+    launch(&d, &mut culprit, Kernel::Fault { hang: false }).expect("taken: it faults later");
+    launch(&d, &mut before, fill).expect("taken before anyone saw the fault");
     assert!(d.sync_stream(&mut culprit).is_err(), "the fault is seen");
-    let _ = launch(&mut after, fill);
+    let _ = launch(&d, &mut after, fill);
     assert!(matches!(d.fate(&mut before), Fate::Lost(_)));
     // (In process a refused call fails at once, to its caller, and is not kept; through a
     // worker the refusal comes later, and the kept calls are queued again.)
@@ -197,19 +174,14 @@ fn the_sync_word_is_written_only_for_a_synchronization_that_succeeds() {
             value,
         })
     };
-    let spin = |s: &mut crate::device::Stream| {
-        d.queue(
+    let spin = |s: &mut Stream| {
+        launch(
+            &d,
             s,
-            |stream| Call::Launch {
-                stream,
-                kernel: Kernel::Spin {
-                    micros: 2_000,
-                    blocks: 1,
-                },
-                start: None,
-                sms: None,
+            Kernel::Spin {
+                micros: 2_000,
+                blocks: 1,
             },
-            &[],
         )
         .expect("launch");
     };
