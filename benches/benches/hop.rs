@@ -6,6 +6,8 @@
 //! `HOP_SECONDS=n` instead loops launch + sync for n seconds and prints how many it made, for
 //! `strace -c -f -p <gpushared>` or `perf` beside it; with `HOP_BURST=k`, k launches per sync.
 //!
+//! `HOP_BACKEND=cuda` runs the same against a GPU (the default is the sim device).
+//!
 //! Build the broker first: `cargo build --release -p gpushare-broker`, then
 //! `cargo bench -p gpushare-benches --bench hop`.
 
@@ -18,7 +20,10 @@ use gpushare::{Kernel, Stream};
 const PAIRS: usize = 20_000;
 
 fn main() -> Result<()> {
-    let broker = gpushare_benches::start_sim_broker();
+    let broker = match std::env::var("HOP_BACKEND") {
+        Ok(backend) if !backend.is_empty() => gpushare_benches::start_broker(&backend),
+        _ => gpushare_benches::start_sim_broker(),
+    };
     let client = broker.client_named("bench-hop");
     let stream = client.create_stream()?;
     let launch = |s: &Stream| {

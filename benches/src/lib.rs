@@ -9,6 +9,11 @@ use gpushare_tests::{Broker, BrokerOptions};
 /// Starts a `gpushared` on a private socket with the sim backend, after checking that the
 /// binary can be found, with a hint on how to build it if not.
 pub fn start_sim_broker() -> Broker {
+    start_broker("sim")
+}
+
+/// [`start_sim_broker`] with another backend (`cuda` on a GPU machine).
+pub fn start_broker(backend: &str) -> Broker {
     let found = std::panic::catch_unwind(|| gpushare_tests::binary("gpushared"));
     if found.is_err() {
         eprintln!(
@@ -18,7 +23,7 @@ pub fn start_sim_broker() -> Broker {
         std::process::exit(2);
     }
     Broker::start_with(BrokerOptions {
-        backend: Some("sim".into()),
+        backend: Some(backend.into()),
         ..BrokerOptions::default()
     })
 }
