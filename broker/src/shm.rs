@@ -473,6 +473,20 @@ impl<'a> ArenaSlice<'a> {
             self.write_from(&value.to_le_bytes());
         }
     }
+
+    /// Its first 4 bytes as one atomic word (acquire: what was written before a
+    /// [`ArenaSlice::store_u32`] of it is seen after).
+    pub fn load_u32(&self) -> u32 {
+        if self.len >= 4 && self.ptr.as_ptr().align_offset(4) == 0 {
+            // SAFETY: as for `store_u32`.
+            let word = unsafe { &*self.ptr.as_ptr().cast::<std::sync::atomic::AtomicU32>() };
+            word.load(std::sync::atomic::Ordering::Acquire)
+        } else {
+            let mut bytes = [0u8; 4];
+            self.read_into(&mut bytes);
+            u32::from_le_bytes(bytes)
+        }
+    }
 }
 
 #[cfg(test)]

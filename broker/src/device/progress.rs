@@ -187,11 +187,7 @@ impl Progress {
     }
 
     fn read(&self, slot: u32) -> Option<u32> {
-        let mut bytes = [0u8; 4];
-        self.page
-            .slice(u64::from(slot) * 4, 4)?
-            .read_into(&mut bytes);
-        Some(u32::from_le_bytes(bytes))
+        Some(self.page.slice(u64::from(slot) * 4, 4)?.load_u32())
     }
 
     /// Whether the stream with `slot` got to the work whose mark is `value`.

@@ -5,6 +5,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use gpushare_protocol::ring::CompletionEntry;
+use gpushare_protocol::wake::SpinClock;
 
 use super::{SessionEnd, SessionState};
 
@@ -31,9 +32,13 @@ impl SessionState {
     /// Runs the client's commands until the session ends: stopped, evicted, culprit of a
     /// fault, or a client that broke the ring protocol.
     pub(super) fn serve(&mut self) -> SessionEnd {
-        let mut idle_since = Instant::now();
-        // When the batch under way began: it goes on while the client's commands keep coming.
+        // How long the ring has been empty (the clock read every few looks).
+        let mut idle = SpinClock::new();
+        // When the batch under way began: it goes on while the client's commands keep coming;
+        // and when its last command ended (a command's latency runs from there: one read of
+        // the clock per command, none before it).
         let mut batch_started: Option<Instant> = None;
+        let mut last_end = Instant::now();
         // The device stays awake for this thread's next request as long as this thread does
         // for its client's.
         let mut spin_told = None;
@@ -62,7 +67,10 @@ impl SessionState {
                     .counters
                     .queue_depth
                     .store(available as u64, Ordering::Relaxed);
-                let began = batch_started.get_or_insert_with(Instant::now);
+                let mut began = *batch_started.get_or_insert_with(|| {
+                    last_end = Instant::now();
+                    last_end
+                });
                 for _ in 0..available {
                     if self.health.epoch() != self.epoch || self.ended.is_some() {
                         break; // stop touching the device: the next loop parks
@@ -71,25 +79,26 @@ impl SessionState {
                     // Each slot goes back at once: a client that outruns the broker waits for
                     // one free slot, never for a group (it would sleep meanwhile).
                     self.rings.submissions.release();
-                    let started = Instant::now();
                     let completion = self.process(&entry);
-                    let finished = Instant::now();
-                    if let Some(h) = &mut self.latency {
-                        let _ =
-                            h.record((finished.duration_since(started).as_nanos() as u64).max(1));
-                    }
                     if let Some(completion) = completion
                         && let Err(end) = self.complete(completion)
                     {
                         return end;
                     }
+                    let finished = Instant::now();
+                    if let Some(h) = &mut self.latency {
+                        let took = finished.duration_since(last_end).as_nanos() as u64;
+                        let _ = h.record(took.max(1));
+                    }
+                    last_end = finished;
                     crate::timeline::point("data", "completed");
                     // A long batch (slow commands, a full ring) still shows in status. The
                     // latency's clock read serves here too: none more per command.
-                    if finished.duration_since(*began) >= ACCOUNT_EVERY {
+                    if finished.duration_since(began) >= ACCOUNT_EVERY {
                         self.account(false);
                         self.publish_latency();
-                        *began = finished;
+                        began = finished;
+                        batch_started = Some(finished);
                     }
                 }
                 // More already came (a client that went on as soon as its sync was answered):
@@ -105,10 +114,10 @@ impl SessionState {
                 self.end_of_batch();
                 crate::timeline::point("data", "batch_end");
                 batch_started = None;
-                idle_since = Instant::now();
+                idle.restart();
                 continue;
             }
-            let spun = idle_since.elapsed();
+            let spun = idle.spun();
             if self.unaccounted && spun >= ACCOUNT_IDLE {
                 self.account(false);
             }
@@ -124,7 +133,7 @@ impl SessionState {
             // Awake again, most likely for a request: wake the device up beside this thread
             // rather than after it.
             self.device.spin_hint(spin);
-            idle_since = Instant::now();
+            idle.restart();
         }
     }
 

@@ -226,28 +226,29 @@ impl Session {
         spin: Duration,
         mut attempt: impl FnMut() -> Result<Option<T>>,
     ) -> Result<T> {
-        let spin_from = Instant::now();
-        let spin_until = spin_from + spin;
-        let mut quiet_since = Instant::now();
+        // The clock is read every few looks, and not before the first: a read costs as much
+        // as a look, and every look sooner is an answer seen sooner.
+        let mut clock = gpushare_protocol::wake::SpinClock::new();
+        let mut quiet_since: Option<Instant> = None;
         let mut seen = self.completions.load(Ordering::Relaxed);
         loop {
             if let Some(value) = attempt()? {
                 return Ok(value);
             }
             self.check_alive()?;
-            if Instant::now() < spin_until
-                && gpushare_protocol::wake::spin_turn(spin_from.elapsed())
-            {
+            let spun = clock.spun();
+            if spun < spin && gpushare_protocol::wake::spin_turn(spun) {
                 continue;
             }
             self.sleep_for_completion()?;
             let now_seen = self.completions.load(Ordering::Relaxed);
+            let quiet = *quiet_since.get_or_insert_with(Instant::now);
             if now_seen != seen {
                 seen = now_seen;
-                quiet_since = Instant::now();
-            } else if quiet_since.elapsed() >= self.probe_after {
+                quiet_since = Some(Instant::now());
+            } else if quiet.elapsed() >= self.probe_after {
                 self.probe()?;
-                quiet_since = Instant::now();
+                quiet_since = Some(Instant::now());
             }
         }
     }

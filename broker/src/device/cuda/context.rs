@@ -4,7 +4,7 @@
 use std::cell::Cell;
 use std::ptr;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use cudarc::driver::result as cu;
 use cudarc::driver::sys::{self, CUcontext};
@@ -47,7 +47,7 @@ impl CudaDevice {
         &self,
         mut done: impl FnMut() -> DeviceResult<bool>,
     ) -> DeviceResult<()> {
-        let started = Instant::now();
+        let mut clock = gpushare_protocol::wake::SpinClock::new();
         loop {
             if done()? {
                 return Ok(());
@@ -56,7 +56,7 @@ impl CudaDevice {
                 return Err(DeviceError::Cancelled);
             }
             // Spin first (short kernels answer within microseconds), then back off.
-            let waited = started.elapsed();
+            let waited = clock.spun();
             if waited < Duration::from_micros(100) {
                 std::hint::spin_loop();
             } else if waited < Duration::from_millis(20) {

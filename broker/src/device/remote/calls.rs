@@ -108,12 +108,16 @@ impl Remote {
         if shared.interrupted.load(Ordering::Acquire) {
             return Err(DeviceError::Cancelled);
         }
-        let active = self.active();
-        if let Some(why) = active.process.gone() {
-            return Err(self.worker_lost(&why));
-        }
+        // The serving worker's generation names this thread's channel to it; the worker
+        // itself (a lock and a count shared by every calling thread) only for a new channel
+        // or a large payload.
+        let generation = shared.generation.load(Ordering::Acquire);
         let inline = payload.len() <= INLINE_PAYLOAD;
         let envelope_payload = if !inline {
+            let active = self.active();
+            if let Some(why) = active.process.gone() {
+                return Err(self.worker_lost(&why));
+            }
             Payload::Blob(self.send_blob(&active, payload)?)
         } else if payload.is_empty() {
             Payload::None
@@ -130,7 +134,10 @@ impl Remote {
                     "a device call from within another (a bug)".into(),
                 ));
             };
-            let caller = self.caller(&mut callers, &active)?;
+            let caller = self.caller(&mut callers, generation)?;
+            if let Some(why) = caller.worker.process.gone() {
+                return Err(self.worker_lost(&why));
+            }
             // Posted work's answers: what has come, and enough to keep them bounded.
             self.collect(caller, false)?;
             while caller.end.outstanding() >= MAX_POSTED {
@@ -247,12 +254,7 @@ impl Remote {
         let shared = &self.shared;
         let started = deadline.map(|_| Instant::now());
         move || {
-            let replaced = || {
-                shared
-                    .active
-                    .read()
-                    .map_or(true, |a| a.generation != worker.generation)
-            };
+            let replaced = || shared.generation.load(Ordering::Acquire) != worker.generation;
             if shared.interrupted.load(Ordering::Acquire) || replaced() {
                 return Some(String::new());
             }
@@ -282,13 +284,14 @@ impl Remote {
     fn caller<'c>(
         &self,
         callers: &'c mut Vec<Caller>,
-        active: &Arc<Active>,
+        generation: u64,
     ) -> DeviceResult<&'c mut Caller> {
         let id = self.shared.id;
-        callers.retain(|c| c.device != id || c.generation == active.generation);
+        callers.retain(|c| c.device != id || c.generation == generation);
         if let Some(i) = callers.iter().position(|c| c.device == id) {
             return Ok(&mut callers[i]);
         }
+        let active = self.active();
         let mut end = CallerEnd::create().map_err(|e| {
             DeviceError::Failed(format!("cannot make a channel to the device worker: {e}"))
         })?;

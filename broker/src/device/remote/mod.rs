@@ -84,6 +84,8 @@ pub(super) struct Shared {
     /// The spare maps every chunk as it is made (else only when it takes over).
     pub(super) map_ahead: bool,
     pub(super) active: RwLock<Arc<Active>>,
+    /// `active`'s generation, read without its lock (every call looks).
+    pub(super) generation: AtomicU64,
     pub(super) spare: Mutex<SpareSlot>,
     pub(super) spare_ready: Condvar,
     /// Set from a fault until the reset is over: waits give up at once.
@@ -184,6 +186,7 @@ impl Remote {
                 process,
                 channels: AtomicU64::new(1),
             })),
+            generation: AtomicU64::new(0),
             spare: Mutex::new(None),
             spare_ready: Condvar::new(),
             interrupted: AtomicBool::new(false),
@@ -264,7 +267,7 @@ impl Link for Remote {
     }
 
     fn generation(&self) -> u64 {
-        self.active_now().generation
+        self.shared.generation.load(Ordering::Acquire)
     }
 
     fn ledger(&self) -> &Ledger {

@@ -237,6 +237,9 @@ impl Remote {
             process,
             channels: AtomicU64::new(1),
         });
+        shared
+            .generation
+            .store(old.generation + 1, Ordering::Release);
         drop(regions);
         shared.interrupted.store(false, Ordering::Release);
         tracing::info!(device = %shared.spec.label, pid, old_pid = old.process.pid, took = ?started.elapsed(), "a new device worker took over");

@@ -23,7 +23,9 @@ mod shared;
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{Ordering, fence};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use gpushare_protocol::wake::SpinClock;
 
 use nix::sys::memfd::{MFdFlags, memfd_create};
 
@@ -216,7 +218,7 @@ impl Drop for CallerEnd {
 
 /// What a worker's channel thread gets next.
 pub enum Next {
-    /// A request: [`WorkerEnd::areas`] holds it.
+    /// A request: [`WorkerEnd::request`] holds it.
     Request,
     Closed,
 }
@@ -263,7 +265,7 @@ impl WorkerEnd {
     /// each wake-up by the caller. A request that breaks the ring's rules ends the channel.
     pub fn next(&mut self, stop: &dyn Fn() -> bool) -> Next {
         let h = self.mapped.header();
-        let mut started = Instant::now();
+        let mut clock = SpinClock::new();
         let spin = Duration::from_nanos(h.caller.spin_ns.load(Ordering::Relaxed));
         loop {
             let seq = h.caller.req_seq.load(Ordering::Acquire);
@@ -282,7 +284,7 @@ impl WorkerEnd {
             if h.caller.closed.load(Ordering::Acquire) != 0 || stop() {
                 return Next::Closed;
             }
-            let spun = started.elapsed();
+            let spun = clock.spun();
             if spun < spin && gpushare_protocol::wake::spin_turn(spun) {
                 continue;
             }
@@ -298,16 +300,26 @@ impl WorkerEnd {
             // timeout: a hundred idle sessions of the high class each spinning 10 ms of every
             // 100 took two cores of a 2-core machine (`gpushare-demo cost`).
             if h.caller.req_seq.load(Ordering::Acquire) != seq {
-                started = Instant::now();
+                clock.restart();
             }
         }
     }
 
-    /// The request being served, and room for its answer (at most [`MAX_ANSWER`] bytes),
-    /// waiting until the caller has read enough answers to make that room (`None` if the
-    /// channel closes meanwhile). Only between `next` and `answer`.
-    pub fn areas(&mut self) -> Option<(&[u8], &mut [u8])> {
+    /// The request being served (between `next` and `answer`).
+    pub fn request(&self) -> Option<&[u8]> {
         let (at, len) = self.current?;
+        let req = HEADER + (at % REQUEST_RING as u64) as usize + MSG_HEADER;
+        // SAFETY: the request was published by the caller (tail acquired) and stays untouched
+        // until `head` passes it, which only `answer` moves.
+        Some(unsafe { &*self.mapped.bytes(req, len) })
+    }
+
+    /// Room for the answer to the request being served (at most [`MAX_ANSWER`] bytes),
+    /// waiting until the caller has read enough answers to make that room (`None` if the
+    /// channel closes meanwhile). Looked for once the request has run: the caller's reads
+    /// move that line between cores, which a launch need not wait for.
+    pub fn reply(&mut self) -> Option<&mut [u8]> {
+        self.current?;
         let h = self.mapped.header();
         let placed = loop {
             let read = h.caller.answers_read.load(Ordering::Acquire);
@@ -328,17 +340,10 @@ impl WorkerEnd {
             );
         }
         self.answer_at = answer_at;
-        let req = HEADER + (at % REQUEST_RING as u64) as usize + MSG_HEADER;
         let ans = base + (answer_at % ANSWER_RING as u64) as usize + MSG_HEADER;
-        // SAFETY: the request was published by the caller (tail acquired) and stays untouched
-        // until `head` passes it; the answer's room was found free (answers_read acquired) and
-        // the caller reads nothing past answers_written. The two rings do not overlap.
-        unsafe {
-            Some((
-                &*self.mapped.bytes(req, len),
-                self.mapped.bytes(ans, MAX_ANSWER),
-            ))
-        }
+        // SAFETY: the answer's room was found free (answers_read acquired) and the caller
+        // reads nothing past answers_written; it does not overlap the request ring.
+        Some(unsafe { self.mapped.bytes(ans, MAX_ANSWER) })
     }
 
     /// Publishes the `len` bytes written as the request's answer, and lets the request go.
@@ -388,7 +393,10 @@ mod tests {
         std::thread::spawn(move || {
             let mut served = 0;
             while let Next::Request = worker.next(&|| false) {
-                let Some((request, answer)) = worker.areas() else {
+                let Some(request) = worker.request().map(<[u8]>::to_vec) else {
+                    break;
+                };
+                let Some(answer) = worker.reply() else {
                     break;
                 };
                 let n = request.len().min(answer.len());

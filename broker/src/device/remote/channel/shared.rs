@@ -4,7 +4,9 @@
 
 use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use gpushare_protocol::wake::SpinClock;
 
 /// The header page.
 pub(super) const HEADER: usize = 4096;
@@ -234,16 +236,16 @@ pub(super) fn caller_wait(
     mut ready: impl FnMut() -> bool,
     give_up: &dyn Fn() -> Option<String>,
 ) -> Result<(), Gave> {
-    let started = Instant::now();
-    let mut checked = started;
+    let mut clock = SpinClock::new();
+    let mut checked = Duration::ZERO;
     loop {
         if ready() {
             return Ok(());
         }
-        let waited = started.elapsed();
+        let waited = clock.spun();
         let spin = waited < CALLER_SPIN && gpushare_protocol::wake::spin_turn(waited);
-        if !spin || checked.elapsed() >= NAP {
-            checked = Instant::now();
+        if !spin || waited.saturating_sub(checked) >= NAP {
+            checked = waited;
             if let Some(why) = give_up() {
                 return Err(Gave::Up(why));
             }

@@ -326,14 +326,17 @@ impl<B: Backend> Worker<B> {
         let stop = || self.stop.load(Ordering::Acquire);
         while let Next::Request = end.next(&stop) {
             crate::timeline::point("worker", "got");
-            let Some((request, reply)) = end.areas() else {
-                return; // gpushared closed the channel
+            let Some(request) = end.request() else {
+                return;
             };
             let answer = match decode_prefix::<Envelope>(request) {
                 Ok((envelope, used)) => self.answer(envelope, &request[used..]),
                 Err(e) => Answer::failed(DeviceError::InvalidArgument(format!(
                     "a call that does not decode: {e}"
                 ))),
+            };
+            let Some(reply) = end.reply() else {
+                return; // gpushared closed the channel
             };
             let len = encode_into(&answer, reply).unwrap_or_else(|e| {
                 let fallback = Answer::failed(DeviceError::Failed(format!(

@@ -1,5 +1,6 @@
 //! Warming a worker up, and keeping its address space's history the same in every worker.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex};
 
 use crate::device::{Backend, Call, DeviceResult};
@@ -62,15 +63,21 @@ pub(super) fn warm_up<B: Backend>(device: &B) {
 pub(super) struct Warmed {
     done: Mutex<bool>,
     over: Condvar,
+    /// `done`, read without the lock: every launch asks.
+    seen: AtomicBool,
 }
 
 impl Warmed {
     pub(super) fn set(&self) {
         *self.done.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        self.seen.store(true, Ordering::Release);
         self.over.notify_all();
     }
 
     pub(super) fn wait(&self) {
+        if self.seen.load(Ordering::Acquire) {
+            return;
+        }
         let done = self.done.lock().unwrap_or_else(|p| p.into_inner());
         drop(
             self.over
