@@ -2,9 +2,9 @@
 //! of positions and sleep flags, a ring of requests and a ring of answers.
 //!
 //! ```text
-//!  0      caller's line: tail (request bytes written), answers_read, req_seq, caller_sleeps,
-//!         closed, spin_ns
-//!  64     worker's line: head (request bytes done), answers_written, rep_seq, worker_sleeps
+//!  0      caller's line: tail (request bytes written), answers_read, req_seq, closed, spin_ns
+//!  64     worker's line: head (request bytes done), answers_written, rep_seq
+//!  128    caller_sleeps; 192 worker_sleeps (each on a line of its own)
 //!  4096   request ring (REQUEST_RING bytes)
 //!  +      answer ring (ANSWER_RING bytes)
 //! ```
@@ -14,7 +14,9 @@
 //! its beginning. Positions are free-running byte counts. Every request gets one answer, in
 //! order, so the caller can post many requests (work queued on a stream) without waiting, and
 //! the worker runs them back to back; a request whose answer is needed waits for it behind
-//! the others. Each side spins a while, then sleeps on a futex in the shared page; the other
+//! the others. Each side reads the other's positions only when the ones it last read are not
+//! enough, and while requests are queued the worker publishes their answers together (at
+//! most 16 at a time, and always before it looks for more or sleeps). Each side spins a while, then sleeps on a futex in the shared page; the other
 //! side makes the wake-up system call only when the sleeper said it sleeps, so a busy channel
 //! takes no system call and an idle one no CPU. Both processes are gpushared's own, but
 //! lengths are still checked: a bad one ends the channel, never reads out of bounds.
@@ -44,6 +46,9 @@ pub struct CallerEnd {
     /// Until the worker has its own copy (then the mapping is all this side needs).
     memfd: Option<OwnedFd>,
     tail: u64,
+    /// The worker's `head` as last read: room is looked for there first, and the worker's
+    /// line read again only when that is not enough.
+    head_seen: u64,
     answers_read: u64,
     /// Requests sent whose answers have not been read.
     outstanding: usize,
@@ -63,6 +68,7 @@ impl CallerEnd {
             mapped,
             memfd: Some(memfd),
             tail: 0,
+            head_seen: 0,
             answers_read: 0,
             outstanding: 0,
         })
@@ -92,7 +98,7 @@ impl CallerEnd {
         let h = self.mapped.header();
         // A new sequence number tells the worker it was woken on purpose, not by its timeout.
         h.caller.req_seq.fetch_add(1, Ordering::Release);
-        if h.worker.worker_sleeps.load(Ordering::Relaxed) != 0 {
+        if h.worker_sleeps.sleeps.load(Ordering::Relaxed) != 0 {
             futex_wake(&h.caller.req_seq);
         }
     }
@@ -116,18 +122,22 @@ impl CallerEnd {
             )));
         }
         let h = self.mapped.header();
-        let mut placed = None;
         let tail = self.tail;
-        caller_wait(
-            h,
-            &h.worker.rep_seq,
-            || {
-                let read = h.worker.head.load(Ordering::Acquire);
-                placed = place(tail, read, REQUEST_RING, max);
-                placed.is_some()
-            },
-            give_up,
-        )?;
+        let mut placed = place(tail, self.head_seen, REQUEST_RING, max);
+        if placed.is_none() {
+            let mut seen = self.head_seen;
+            caller_wait(
+                h,
+                &h.worker.rep_seq,
+                || {
+                    seen = h.worker.head.load(Ordering::Acquire);
+                    placed = place(tail, seen, REQUEST_RING, max);
+                    placed.is_some()
+                },
+                give_up,
+            )?;
+            self.head_seen = seen;
+        }
         let Some((at, wraps)) = placed else {
             return Err(Gave::Broken("no room".into()));
         };
@@ -147,7 +157,7 @@ impl CallerEnd {
         h.caller.req_seq.fetch_add(1, Ordering::Release);
         // Pairs with the worker's fence between saying it sleeps and looking at the tail.
         fence(Ordering::SeqCst);
-        if h.worker.worker_sleeps.load(Ordering::Relaxed) != 0 {
+        if h.worker_sleeps.sleeps.load(Ordering::Relaxed) != 0 {
             futex_wake(&h.caller.req_seq);
         }
         Ok(())
@@ -232,7 +242,18 @@ pub struct WorkerEnd {
     answers_written: u64,
     /// Where the answer being made goes (after any wrap marker).
     answer_at: u64,
+    /// The caller's `tail` and `answers_read` as last read: requests known to be there are
+    /// served, and answers written, without reading the caller's line again.
+    tail_seen: u64,
+    answers_read_seen: u64,
+    /// Answers written since the last publication: while more requests are known to be
+    /// there, answers go out together, at most [`PUBLISH_EVERY`] at a time.
+    unpublished: u32,
 }
+
+/// Answers that wait at most for others to go out together (posted work's, whose caller
+/// collects them when it can).
+const PUBLISH_EVERY: u32 = 16;
 
 /// How often a sleeping worker thread looks at whether its worker is ending. Rarely: a
 /// worker ends with its process, and every look costs an idle session a wake-up.
@@ -251,12 +272,16 @@ impl WorkerEnd {
         let h = mapped.header();
         let head = h.worker.head.load(Ordering::Acquire);
         let answers_written = h.worker.answers_written.load(Ordering::Acquire);
+        let answers_read_seen = h.caller.answers_read.load(Ordering::Acquire);
         Ok(WorkerEnd {
             mapped,
             current: None,
             head,
             answers_written,
             answer_at: 0,
+            tail_seen: head,
+            answers_read_seen,
+            unpublished: 0,
         })
     }
 
@@ -264,22 +289,20 @@ impl WorkerEnd {
     /// (or, now and then, to see whether `stop` says the worker is ending); spins again after
     /// each wake-up by the caller. A request that breaks the ring's rules ends the channel.
     pub fn next(&mut self, stop: &dyn Fn() -> bool) -> Next {
+        // A request known to be there already (read with the tail last time).
+        if let Some(next) = look(&self.mapped, self.head, self.tail_seen, &mut self.current) {
+            return next;
+        }
+        self.publish();
         let h = self.mapped.header();
         let mut clock = SpinClock::new();
         let spin = Duration::from_nanos(h.caller.spin_ns.load(Ordering::Relaxed));
         loop {
             let seq = h.caller.req_seq.load(Ordering::Acquire);
             let tail = h.caller.tail.load(Ordering::Acquire);
-            match take(&self.mapped, HEADER, REQUEST_RING, self.head, tail) {
-                Ok(Some(m)) => {
-                    self.current = Some(m);
-                    return Next::Request;
-                }
-                Ok(None) => {}
-                Err(e) => {
-                    tracing::warn!(error = ?e, "ending a broken channel");
-                    return Next::Closed;
-                }
+            self.tail_seen = tail;
+            if let Some(next) = look(&self.mapped, self.head, tail, &mut self.current) {
+                return next;
             }
             if h.caller.closed.load(Ordering::Acquire) != 0 || stop() {
                 return Next::Closed;
@@ -288,14 +311,14 @@ impl WorkerEnd {
             if spun < spin && gpushare_protocol::wake::spin_turn(spun) {
                 continue;
             }
-            h.worker.worker_sleeps.store(1, Ordering::Relaxed);
+            h.worker_sleeps.sleeps.store(1, Ordering::Relaxed);
             fence(Ordering::SeqCst);
             if h.caller.tail.load(Ordering::Acquire) == self.head
                 && h.caller.closed.load(Ordering::Acquire) == 0
             {
                 futex_wait(&h.caller.req_seq, seq, STOP_RECHECK);
             }
-            h.worker.worker_sleeps.store(0, Ordering::Relaxed);
+            h.worker_sleeps.sleeps.store(0, Ordering::Relaxed);
             // Woken by a request or a nudge: spin again before sleeping. Not after the
             // timeout: a hundred idle sessions of the high class each spinning 10 ms of every
             // 100 took two cores of a 2-core machine (`gpushare-demo cost`).
@@ -320,16 +343,21 @@ impl WorkerEnd {
     /// move that line between cores, which a launch need not wait for.
     pub fn reply(&mut self) -> Option<&mut [u8]> {
         self.current?;
-        let h = self.mapped.header();
         let placed = loop {
-            let read = h.caller.answers_read.load(Ordering::Acquire);
-            if let Some(p) = place(self.answers_written, read, ANSWER_RING, MAX_ANSWER) {
+            let seen = self.answers_read_seen;
+            if let Some(p) = place(self.answers_written, seen, ANSWER_RING, MAX_ANSWER) {
                 break p;
             }
-            if h.caller.closed.load(Ordering::Acquire) != 0 {
-                return None;
+            // The caller reads answers only once they are published.
+            self.publish();
+            let h = self.mapped.header();
+            self.answers_read_seen = h.caller.answers_read.load(Ordering::Acquire);
+            if self.answers_read_seen == seen {
+                if h.caller.closed.load(Ordering::Acquire) != 0 {
+                    return None;
+                }
+                std::thread::yield_now();
             }
-            std::thread::yield_now();
         };
         let (answer_at, wraps) = placed;
         let base = HEADER + REQUEST_RING;
@@ -346,12 +374,13 @@ impl WorkerEnd {
         Some(unsafe { self.mapped.bytes(ans, MAX_ANSWER) })
     }
 
-    /// Publishes the `len` bytes written as the request's answer, and lets the request go.
+    /// Takes the `len` bytes written as the request's answer, and lets the request go:
+    /// published at once unless more requests are known to be there (then with theirs, at
+    /// most [`PUBLISH_EVERY`] answers later, and before this side looks for more or sleeps).
     pub fn answer(&mut self, len: usize) {
         let Some((at, req_len)) = self.current.take() else {
             return;
         };
-        let h = self.mapped.header();
         let base = HEADER + REQUEST_RING;
         let len = len.min(MAX_ANSWER);
         self.mapped.write_header(
@@ -360,14 +389,44 @@ impl WorkerEnd {
         );
         self.answers_written = self.answer_at + padded(len);
         self.head = at + padded(req_len);
+        self.unpublished += 1;
+        if self.unpublished >= PUBLISH_EVERY || self.tail_seen <= self.head {
+            self.publish();
+        }
+    }
+
+    /// Publishes the answers written and the requests served since the last time, and wakes
+    /// the caller if it sleeps.
+    fn publish(&mut self) {
+        if self.unpublished == 0 {
+            return;
+        }
+        self.unpublished = 0;
+        let h = self.mapped.header();
         h.worker.head.store(self.head, Ordering::Release);
         h.worker
             .answers_written
             .store(self.answers_written, Ordering::Release);
         h.worker.rep_seq.fetch_add(1, Ordering::Release);
         fence(Ordering::SeqCst);
-        if h.caller.caller_sleeps.load(Ordering::Relaxed) != 0 {
+        if h.caller_sleeps.sleeps.load(Ordering::Relaxed) != 0 {
             futex_wake(&h.worker.rep_seq);
+        }
+    }
+}
+
+/// The request at `head` when the caller's `tail` says one is there: it becomes `current`
+/// (`Next::Request`); one that breaks the ring's rules ends the channel (`Next::Closed`).
+fn look(mapped: &Mapped, head: u64, tail: u64, current: &mut Option<(u64, usize)>) -> Option<Next> {
+    match take(mapped, HEADER, REQUEST_RING, head, tail) {
+        Ok(Some(m)) => {
+            *current = Some(m);
+            Some(Next::Request)
+        }
+        Ok(None) => None,
+        Err(e) => {
+            tracing::warn!(error = ?e, "ending a broken channel");
+            Some(Next::Closed)
         }
     }
 }
@@ -457,6 +516,32 @@ mod tests {
         assert_eq!(caller.outstanding(), 0);
         drop(caller);
         assert_eq!(server.join().expect("server"), 6000);
+    }
+
+    #[test]
+    fn answers_to_requests_that_queued_up_go_out_together_and_all_arrive() {
+        let (mut caller, worker) = pair();
+        // Forty requests wait before the worker starts: it serves them back to back and
+        // publishes their answers in groups, not one by one, and the last at once.
+        for i in 0..40u8 {
+            send(&mut caller, &[i, i]);
+        }
+        let published = |c: &CallerEnd| c.mapped.header().worker.rep_seq.load(Ordering::Acquire);
+        let before = published(&caller);
+        let server = echo(worker);
+        for i in 0..40u8 {
+            let got = caller
+                .answer(true, &|| None, <[u8]>::to_vec)
+                .expect("answer");
+            assert_eq!(got, Some(vec![i, i]));
+        }
+        let publications = published(&caller).wrapping_sub(before);
+        assert!(
+            publications <= 40 / PUBLISH_EVERY + 2,
+            "{publications} publications for 40 queued answers"
+        );
+        drop(caller);
+        assert_eq!(server.join().expect("server"), 40);
     }
 
     #[test]

@@ -37,7 +37,6 @@ pub(super) struct CallerLine {
     pub(super) tail: AtomicU64,
     pub(super) answers_read: AtomicU64,
     pub(super) req_seq: AtomicU32,
-    pub(super) caller_sleeps: AtomicU32,
     pub(super) closed: AtomicU32,
     pub(super) spin_ns: AtomicU64,
 }
@@ -47,13 +46,22 @@ pub(super) struct WorkerLine {
     pub(super) head: AtomicU64,
     pub(super) answers_written: AtomicU64,
     pub(super) rep_seq: AtomicU32,
-    pub(super) worker_sleeps: AtomicU32,
+}
+
+/// A side's "I sleep" flag, on a line of its own: written only when that side goes to sleep
+/// or wakes, so the other side's look at it after every message stays in its cache (beside
+/// the positions, which move with every message, it cost a transfer between cores each time).
+#[repr(C, align(64))]
+pub(super) struct SleepLine {
+    pub(super) sleeps: AtomicU32,
 }
 
 #[repr(C)]
 pub(super) struct Header {
     pub(super) caller: CallerLine,
     pub(super) worker: WorkerLine,
+    pub(super) caller_sleeps: SleepLine,
+    pub(super) worker_sleeps: SleepLine,
 }
 
 const _: () = assert!(std::mem::size_of::<Header>() <= HEADER);
@@ -254,12 +262,12 @@ pub(super) fn caller_wait(
             continue;
         }
         let seen = word.load(Ordering::Acquire);
-        h.caller.caller_sleeps.store(1, Ordering::Relaxed);
+        h.caller_sleeps.sleeps.store(1, Ordering::Relaxed);
         fence(Ordering::SeqCst);
         if !ready() {
             futex_wait(word, seen, NAP);
         }
-        h.caller.caller_sleeps.store(0, Ordering::Relaxed);
+        h.caller_sleeps.sleeps.store(0, Ordering::Relaxed);
     }
 }
 
