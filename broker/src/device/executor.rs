@@ -207,14 +207,6 @@ impl<B: Backend> Executor<B> {
         f(slice(&region, span)?)
     }
 
-    /// The event a launch's start is marked with, if it has one.
-    pub(super) fn start_event(
-        &self,
-        start: Option<Handle>,
-    ) -> DeviceResult<Option<Arc<Mutex<B::Event>>>> {
-        start.map(|e| self.event(e)).transpose()
-    }
-
     /// Notes that a call on `stream` failed.
     pub(super) fn failed_on(&self, stream: Handle) {
         lock(&self.failed).insert(stream);
@@ -239,19 +231,27 @@ impl<B: Backend> Executor<B> {
         });
     }
 
-    /// Just before a kernel or graph is queued: moves the stream's work to the SM partition
-    /// `sms` asks for, then marks where the kernel starts (on the stream it will run on).
-    pub(super) fn before_kernel(
+    /// Queues a kernel or graph on `id` with `queue`: first moves the stream's work to the SM
+    /// partition `sms` asks for, then marks where the kernel starts with the event `start`, if
+    /// any (on the stream it will run on).
+    pub(super) fn on_kernel(
         &self,
-        stream: &mut B::Stream,
+        id: Handle,
+        start: Option<Handle>,
         sms: Option<u32>,
-        start: Option<&Arc<Mutex<B::Event>>>,
-    ) -> DeviceResult<()> {
-        self.backend.limit_sms(stream, sms)?;
-        match start {
-            Some(e) => self.backend.record_start(&mut lock(e), stream),
-            None => Ok(()),
-        }
+        queue: impl FnOnce(&mut B::Stream) -> DeviceResult<()>,
+    ) -> Answer {
+        let start = match start.map(|e| self.event(e)).transpose() {
+            Ok(start) => start,
+            Err(e) => return Answer::failed(e),
+        };
+        self.on_stream(id, |s| {
+            self.backend.limit_sms(s, sms)?;
+            if let Some(e) = &start {
+                self.backend.record_start(&mut lock(e), s)?;
+            }
+            queue(s).map(|()| Reply::Done)
+        })
     }
 
     fn region(&self, id: u64) -> DeviceResult<Arc<HostRegion>> {

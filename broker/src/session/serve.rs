@@ -67,10 +67,10 @@ impl SessionState {
                     .counters
                     .queue_depth
                     .store(available as u64, Ordering::Relaxed);
-                let mut began = *batch_started.get_or_insert_with(|| {
+                if batch_started.is_none() {
                     last_end = Instant::now();
-                    last_end
-                });
+                    batch_started = Some(last_end);
+                }
                 for _ in 0..available {
                     if self.health.epoch() != self.epoch || self.ended.is_some() {
                         break; // stop touching the device: the next loop parks
@@ -94,10 +94,10 @@ impl SessionState {
                     crate::timeline::point("data", "completed");
                     // A long batch (slow commands, a full ring) still shows in status. The
                     // latency's clock read serves here too: none more per command.
-                    if finished.duration_since(began) >= ACCOUNT_EVERY {
+                    if batch_started.is_some_and(|at| finished.duration_since(at) >= ACCOUNT_EVERY)
+                    {
                         self.account(false);
                         self.publish_latency();
-                        began = finished;
                         batch_started = Some(finished);
                     }
                 }

@@ -112,15 +112,7 @@ impl<B: Backend> Executor<B> {
                 kernel,
                 start,
                 sms,
-            } => {
-                return match self.start_event(start) {
-                    Ok(start) => self.on_stream(stream, |s| {
-                        self.before_kernel(s, sms, start.as_ref())?;
-                        done(dev.launch(s, &kernel))
-                    }),
-                    Err(e) => Answer::failed(e),
-                };
-            }
+            } => return self.on_kernel(stream, start, sms, |s| dev.launch(s, &kernel)),
             Call::LaunchModule {
                 stream,
                 function,
@@ -129,13 +121,9 @@ impl<B: Backend> Executor<B> {
                 start,
                 sms,
             } => {
-                return match self
-                    .function(function)
-                    .and_then(|f| Ok((f, self.start_event(start)?)))
-                {
-                    Ok((f, start)) => self.on_stream(stream, |s| {
-                        self.before_kernel(s, sms, start.as_ref())?;
-                        done(dev.launch_module(s, &f, &launch, &attributes, payload))
+                return match self.function(function) {
+                    Ok(f) => self.on_kernel(stream, start, sms, |s| {
+                        dev.launch_module(s, &f, &launch, &attributes, payload)
                     }),
                     Err(e) => Answer::failed(e),
                 };
@@ -157,14 +145,8 @@ impl<B: Backend> Executor<B> {
                 start,
                 sms,
             } => {
-                return match self
-                    .graph(graph)
-                    .and_then(|g| Ok((g, self.start_event(start)?)))
-                {
-                    Ok((g, start)) => self.on_stream(stream, |s| {
-                        self.before_kernel(s, sms, start.as_ref())?;
-                        done(dev.launch_graph(s, &g))
-                    }),
+                return match self.graph(graph) {
+                    Ok(g) => self.on_kernel(stream, start, sms, |s| dev.launch_graph(s, &g)),
                     Err(e) => Answer::failed(e),
                 };
             }

@@ -16,7 +16,8 @@
 //! the worker runs them back to back; a request whose answer is needed waits for it behind
 //! the others. Each side reads the other's positions only when the ones it last read are not
 //! enough, and while requests are queued the worker publishes their answers together (at
-//! most 16 at a time, and always before it looks for more or sleeps). Each side spins a while, then sleeps on a futex in the shared page; the other
+//! most 16 at a time, and always before it looks for more or sleeps). Each side spins a
+//! while, then sleeps on a futex in the shared page; the other
 //! side makes the wake-up system call only when the sleeper said it sleeps, so a busy channel
 //! takes no system call and an idle one no CPU. Both processes are gpushared's own, but
 //! lengths are still checked: a bad one ends the channel, never reads out of bounds.

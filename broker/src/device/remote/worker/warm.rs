@@ -61,27 +61,27 @@ pub(super) fn warm_up<B: Backend>(device: &B) {
 /// 0x32000000, and every PyTorch program lost its state at a fault).
 #[derive(Default)]
 pub(super) struct Warmed {
-    done: Mutex<bool>,
+    /// Read without the lock (every launch asks); set under it, so a waiter cannot miss it.
+    done: AtomicBool,
+    lock: Mutex<()>,
     over: Condvar,
-    /// `done`, read without the lock: every launch asks.
-    seen: AtomicBool,
 }
 
 impl Warmed {
     pub(super) fn set(&self) {
-        *self.done.lock().unwrap_or_else(|p| p.into_inner()) = true;
-        self.seen.store(true, Ordering::Release);
+        let _held = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        self.done.store(true, Ordering::Release);
         self.over.notify_all();
     }
 
     pub(super) fn wait(&self) {
-        if self.seen.load(Ordering::Acquire) {
+        if self.done.load(Ordering::Acquire) {
             return;
         }
-        let done = self.done.lock().unwrap_or_else(|p| p.into_inner());
+        let held = self.lock.lock().unwrap_or_else(|p| p.into_inner());
         drop(
             self.over
-                .wait_while(done, |d| !*d)
+                .wait_while(held, |_| !self.done.load(Ordering::Acquire))
                 .unwrap_or_else(|p| p.into_inner()),
         );
     }
