@@ -461,6 +461,41 @@ fn event_records_keep_cuda_legacy_stream_order() {
     );
 }
 
+/// A synchronization with nothing to wait for costs no trip to gpushared: after a copy to
+/// pageable memory (which waited for its stream, as PyTorch's `.item()` and CuPy's `.get()`
+/// follow with a stream synchronization), the program's syncs and queries of that stream, and
+/// context syncs after one that waited, reach gpushared not at all; work sent after them, or
+/// on another stream, is waited for as before (the stand-in's `quiet-syncs` checks that with
+/// kernels that run 200 ms in real time).
+#[test]
+fn synchronizations_with_nothing_to_wait_for_are_answered_in_the_program() {
+    let broker = Broker::start_with(BrokerOptions {
+        extra_args: vec!["--sim-realtime".into()],
+        ..Default::default()
+    });
+    let dir = tempfile::tempdir().expect("temp dir");
+    let program = CudaProgram::build(dir.path(), false);
+    let mut cmd = program.command(&broker.socket, &["quiet-syncs", "200000"]);
+    cmd.stdin(Stdio::piped());
+    let mut running = Running::spawn(cmd);
+    let commands = || -> u64 { broker.status().clients.iter().map(|c| c.commands).sum() };
+    running.wait_for_line("copied", RUN_TIMEOUT);
+    let before = commands();
+    running.send_line("go");
+    running.wait_for_line("synced", RUN_TIMEOUT);
+    let after = commands();
+    running.send_line("go");
+    // 2,000 stream syncs and queries and 1,000 context syncs: only the first context sync
+    // (the copy waited for one stream, not all) has to ask.
+    assert!(
+        after - before <= 1,
+        "{} commands reached gpushared for 3,000 synchronizations with nothing to wait for",
+        after - before
+    );
+    let out = running.finish(RUN_TIMEOUT);
+    assert_passed(&out, &["quiet syncs"], &broker.log_text());
+}
+
 /// A program that exits while one of its streams waits for a host function that never
 /// returns leaves nothing behind: gpushared lets the stream go and the session ends.
 #[test]

@@ -3,7 +3,7 @@
 stderr around STEPS timed steps, so the calls between them can be counted per step, and the
 median step time on stdout.
 
-    GPUSHARE_CUDA_TRACE=2 gpushare run -- python3 step_calls.py jax|cupy [STEPS] 2> trace.txt
+    GPUSHARE_CUDA_TRACE=2 gpushare run -- python3 step_calls.py jax|cupy|torch [STEPS] 2> trace.txt
 """
 import os
 import sys
@@ -37,10 +37,23 @@ def cupy_step():
     return run
 
 
+def torch_step():
+    # A latency-bound PyTorch step: a small product, its sum read back (`.item()`: a copy to
+    # pageable memory, then a stream synchronization).
+    import torch
+
+    a = torch.randn(256, 256, device="cuda")
+
+    def run():
+        (a @ a).sum().item()
+
+    return run
+
+
 def main():
     which = sys.argv[1]
     steps = int(sys.argv[2]) if len(sys.argv) > 2 else 50
-    run = {"jax": jax_step, "cupy": cupy_step}[which]()
+    run = {"jax": jax_step, "cupy": cupy_step, "torch": torch_step}[which]()
     for _ in range(100):
         run()
     times = []

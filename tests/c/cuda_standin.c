@@ -261,6 +261,78 @@ static void run_spin(unsigned long count, unsigned long long micros) {
     printf("spun %lu\n", count);
 }
 
+/* Waits for a line on stdin (the test's go-ahead). */
+static void go_ahead(const char *said) {
+    char line[16];
+    printf("%s\n", said);
+    fflush(stdout);
+    CHECK(fgets(line, sizeof line, stdin) != NULL, "the go-ahead after \"%s\"", said);
+}
+
+/* Synchronizations with nothing to wait for, and those that have: a copy to pageable memory
+ * waited for its stream, so syncs and queries of it right after (as PyTorch's .item() does)
+ * are answered without asking gpushared, which the test sees in its command count between
+ * "copied" and "synced"; work sent after that, or on another stream, is waited for again.
+ * Needs a --sim-realtime broker: the spin kernel of MICROS then runs that long. */
+static void run_quiet_syncs(unsigned long long micros) {
+    static const char image[] = "gpushare-sim-module 1\nkernel spin\n";
+    enum { SYNCS = 1000 };
+    CUmodule module = NULL;
+    CUfunction spin = NULL;
+    CUstream a = NULL, b = NULL;
+    CUevent e = NULL;
+    CUdeviceptr d = 0;
+    unsigned char host[4096];
+    void *args[] = {&micros};
+    section_begin("quiet syncs");
+    OK(cuModuleLoadData(&module, image));
+    OK(cuModuleGetFunction(&spin, module, "spin"));
+    OK(cuStreamCreate(&a, CU_STREAM_NON_BLOCKING));
+    OK(cuStreamCreate(&b, CU_STREAM_NON_BLOCKING));
+    OK(cuEventCreate(&e, 0));
+    OK(cuMemAlloc(&d, sizeof host));
+    if (failures) {
+        section_end();
+        return;
+    }
+    OK(cuMemsetD8Async(d, 5, sizeof host, a));
+    OK(cuMemcpyDtoHAsync(host, d, sizeof host, a));
+    CHECK(host[0] == 5 && host[sizeof host - 1] == 5, "copied %u %u", host[0],
+          host[sizeof host - 1]);
+    go_ahead("copied");
+    for (int i = 0; i < SYNCS; i++) {
+        OK(cuStreamSynchronize(a));
+        OK(cuStreamQuery(a));
+    }
+    /* The first waits for everything; those after it have nothing to wait for. */
+    for (int i = 0; i < SYNCS; i++) OK(cuCtxSynchronize(NULL));
+    OK(cuStreamSynchronize(b));
+    go_ahead("synced");
+    /* Work sent after the wait is waited for. */
+    OK(cuLaunchKernel(spin, 1, 1, 1, 32, 1, 1, 0, a, args, NULL));
+    OK(cuEventRecord(e, a));
+    OK(cuStreamSynchronize(a));
+    OK(cuEventQuery(e));
+    /* A copy that waited for stream a says nothing of stream b's earlier work. */
+    OK(cuLaunchKernel(spin, 1, 1, 1, 32, 1, 1, 0, b, args, NULL));
+    OK(cuEventRecord(e, b));
+    OK(cuMemcpyDtoHAsync(host, d, sizeof host, a));
+    OK(cuStreamSynchronize(b));
+    OK(cuEventQuery(e));
+    OK(cuLaunchKernel(spin, 1, 1, 1, 32, 1, 1, 0, b, args, NULL));
+    OK(cuEventRecord(e, b));
+    OK(cuMemcpyDtoHAsync(host, d, sizeof host, a));
+    EXPECT(cuStreamQuery(b), CUDA_ERROR_NOT_READY);
+    OK(cuCtxSynchronize(NULL));
+    OK(cuEventQuery(e));
+    OK(cuStreamDestroy(b));
+    OK(cuEventDestroy(e));
+    OK(cuStreamDestroy(a));
+    OK(cuMemFree(d));
+    OK(cuModuleUnload(module));
+    section_end();
+}
+
 /* This process's resident memory, in kB. */
 static long rss_kb(void) {
     FILE *f = fopen("/proc/self/status", "r");
@@ -416,6 +488,8 @@ int main(int argc, char **argv) {
         run_vmm_holding((unsigned)strtoul(argv[2], NULL, 0));
     } else if (!strcmp(mode, "user") && quota && argc > 3) {
         run_as_user(quota, (unsigned)strtoul(argv[3], NULL, 0));
+    } else if (!strcmp(mode, "quiet-syncs") && argc > 2) {
+        run_quiet_syncs(strtoull(argv[2], NULL, 0));
     } else if (!strcmp(mode, "spin") && argc > 3) {
         run_spin(strtoul(argv[2], NULL, 0), strtoull(argv[3], NULL, 0));
     } else if (!strcmp(mode, "modules") && argc > 3) {
@@ -428,7 +502,7 @@ int main(int argc, char **argv) {
         run_bystander((unsigned)strtoul(argv[2], NULL, 0));
     } else {
         printf("FAIL usage: %s all QUOTA | user QUOTA SEED | spin COUNT US | "
-               "modules COUNT BYTES | bystander SEED | graph-spin COUNT US | graph-hold | free-busy | noinit | away\n",
+               "modules COUNT BYTES | quiet-syncs US | bystander SEED | graph-spin COUNT US | graph-hold | free-busy | noinit | away\n",
                argv[0]);
         failures++;
     }

@@ -260,6 +260,9 @@ impl Payloads {
             return Ok(((0, 0), read(payload)));
         }
         let answer = session.finish(tag, command_name(&cmd));
+        if answer.is_ok() {
+            session.note_quiet(&cmd, tag);
+        }
         let out = answer.map(|c| ((c.result, c.result2), read(payload)));
         self.finish([offset]);
         out

@@ -299,7 +299,44 @@ impl Session {
             }
             _ => self.spin,
         };
-        self.finish_spinning(tag, op, spin, told_first(&cmd))
+        let c = self.finish_spinning(tag, op, spin, told_first(&cmd))?;
+        self.note_quiet(&cmd, tag);
+        Ok(c)
+    }
+
+    /// After `cmd` (submitted as `tag`) succeeded: if it waited for a stream's work (or all of
+    /// it), that work is finished as of `tag`.
+    pub(crate) fn note_quiet(&self, cmd: &Command, tag: u64) {
+        let waited = match *cmd {
+            Command::StreamSync { stream } | Command::CopyDtoHStaged { stream, .. } => Some(stream),
+            Command::ClientSync => None,
+            _ => return,
+        };
+        let mut ring = lock(&self.ring);
+        let seq = seq_of(tag);
+        if ring.quiet.is_none_or(|(_, at)| at < seq) {
+            ring.quiet = Some((waited, seq));
+        }
+    }
+
+    /// Whether `stream` (`None`: every stream) is known to have no work: a wait for it (or for
+    /// all work) succeeded and nothing was submitted since, and no error of earlier work is
+    /// pending. A synchronization then has nothing to wait for and nothing to report, and is
+    /// answered here (a program's `memcpy` to pageable memory followed by a stream
+    /// synchronization, as PyTorch's `.item()` and CuPy's `.get()` do, waits for gpushared
+    /// once, not twice).
+    pub fn quiet(&self, stream: Option<StreamId>) -> bool {
+        if self.is_dead() {
+            return false;
+        }
+        let mut ring = lock(&self.ring);
+        self.reap(&mut ring);
+        let Some((waited, seq)) = ring.quiet else {
+            return false;
+        };
+        ring.next_seq == seq + 1
+            && ring.async_error.is_none()
+            && (waited.is_none() || waited == stream)
     }
 
     /// Waits for the completion of `tag` (submitted with `wait`) and turns its status into a

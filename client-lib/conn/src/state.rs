@@ -5,6 +5,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::{Mutex, MutexGuard};
 
+use gpushare_protocol::StreamId;
 use gpushare_protocol::control::ShutdownKind;
 use gpushare_protocol::ring::{ClientRings, CompletionEntry};
 
@@ -77,6 +78,9 @@ pub(crate) struct RingState {
     /// The sequence number of the last completion reaped. The broker completes commands in
     /// the order they were submitted, so every earlier one has been reaped too.
     pub reaped_seq: u64,
+    /// The last wait that left work finished: the stream it waited for (`None`: every
+    /// stream) and its sequence number. See [`crate::Session::quiet`].
+    pub quiet: Option<(Option<StreamId>, u64)>,
 }
 
 impl RingState {
@@ -91,6 +95,7 @@ impl RingState {
             async_error: None,
             sleepers: 0,
             reaped_seq: 0,
+            quiet: None,
         }
     }
 }
