@@ -63,7 +63,8 @@
 //! anticipate_us = 500    # a client owed GPU time whose work just completed is waited for
 //!                        # this long before another is granted (0: never)
 //! side_by_side = false   # true: clients within a quantum of the least served run at once,
-//!                        # not in exclusive turns (those further ahead wait)
+//!                        # not in exclusive turns (those further ahead wait), each charged
+//!                        # its measured device time
 //! ```
 //!
 //! On a Slurm node, `[slurm]` says what a job's GPU shards are worth (`slurm.rs`; the

@@ -295,6 +295,18 @@ impl GpuScheduler {
         self.pump(&mut st);
     }
 
+    /// Device time measured for the client's work (what `status` shows it), for a policy
+    /// that charges it; a hold it lifts is granted at once. Nothing under FIFO.
+    pub fn device_time(&self, id: ClientId, ns: u64) {
+        if ns == 0 || !self.gated.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut st = self.lock();
+        let now = self.now();
+        let _ = st.dispatcher.device_time(id, ns, now);
+        self.pump(&mut st);
+    }
+
     /// The client ended an iteration: (latency ns, deadline missed).
     pub fn iteration_boundary(&self, id: ClientId) -> (u64, bool) {
         let mut st = self.lock();

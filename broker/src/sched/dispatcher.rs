@@ -482,6 +482,16 @@ impl Dispatcher {
         Ok(())
     }
 
+    /// Device time measured for `client`'s work since the last report (what `status` shows
+    /// it), for a policy that charges it (FAIR side by side).
+    pub fn device_time(&mut self, client: ClientId, ns: u64, now: u64) -> Result<(), SchedError> {
+        let now = self.clamp_now(now);
+        self.idx(client)?;
+        let view = view!(self);
+        self.policy.on_device_time(&view, client, ns, now);
+        Ok(())
+    }
+
     /// A client declared the end of an iteration: the only point where SRTF may switch it
     /// out. Measures the iteration's latency (first submission → now) and checks its
     /// deadline. `None` if it submitted nothing since its last boundary.

@@ -456,6 +456,8 @@ impl Simulation {
         let id = self.clients[i].script.spec.id;
         // A removed client's completion is refused, as the broker would drop it.
         let _ = self.d.complete(id, request, Some(measured), self.now);
+        // The device time of its stream, as a span would measure it.
+        let _ = self.d.device_time(id, measured, self.now);
         let c = &mut self.clients[i];
         c.iter_left = c.iter_left.saturating_sub(1);
         if c.in_iteration && c.iter_left == 0 && !c.gone {

@@ -218,6 +218,7 @@ impl SessionState {
                 self.device.end_batch(&mut slot.stream, true);
                 let spent = self.device.take_busy_ns(&mut slot.stream);
                 counters.add_gpu_time(spent);
+                self.dispatch.device_time(self.info.id, spent);
                 self.device.destroy_stream(slot.stream);
                 counters
                     .streams

@@ -312,6 +312,7 @@ impl SessionState {
             spent = spent.saturating_add(self.device.take_busy_ns(&mut slot.stream));
         }
         self.info.counters.add_gpu_time(spent);
+        self.dispatch.device_time(self.info.id, spent);
         let watch = &self.info.fault_watch;
         if watch.busy_since.load(Ordering::Relaxed) != 0 {
             let now = self.health.now_ns();

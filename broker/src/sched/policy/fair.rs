@@ -31,9 +31,15 @@
 //! backlogged client's may have kernels in flight, whoever else does, and one further ahead
 //! waits until the others catch up. Programs that each leave most of the GPU idle run at once,
 //! as under FIFO; while all are backlogged, the ones ahead of their share are held, so GPU
-//! time still follows the weights (a kernel that shared the GPU is charged its estimate, its
-//! solo time). A client with nothing in flight whose kernel fits in the SMs that the kernels in
-//! flight leave goes whatever its lead. A client whose work completed within `anticipate_ns`
+//! time still follows the weights. Each client is charged the device time measured for its
+//! work (all of its streams', what `gpushare status` shows): a kernel's estimate at grant,
+//! replaced by the measured time once that comes ([`Policy::on_device_time`]), since a kernel
+//! that shares the GPU takes longer than its solo time, and unevenly so. Measured time can come
+//! long after its work (work queued while the client was alone on the GPU, ungated), so a
+//! client never owes more than `lag_ns` to the least served other backlogged client. A client
+//! with nothing in flight whose kernel fits in the SMs that the kernels in flight leave goes
+//! whatever its lead: with kernels that never fill the GPU, device time then follows the work
+//! each client has, not the weights. A client whose work completed within `anticipate_ns`
 //! still counts as backlogged, so a round trip between its steps does not let others run ahead.
 //!
 //! With `share_sms` (experimental), several clients' kernels run at once while their SMs fit
@@ -95,6 +101,9 @@ pub struct Fair {
     done_at: HashMap<ClientId, u64>,
     /// When a wait for an owed client ends.
     wake: Option<u64>,
+    /// Side by side: estimates of completed kernels still charged, until the measured
+    /// device time that covers them replaces them.
+    unmeasured: HashMap<ClientId, f64>,
 }
 
 impl Fair {
@@ -105,6 +114,7 @@ impl Fair {
             idle_since: HashMap::new(),
             done_at: HashMap::new(),
             wake: None,
+            unmeasured: HashMap::new(),
         }
     }
 
@@ -342,9 +352,16 @@ impl Policy for Fair {
     ) {
         let c = view.client(client);
         let w = c.map_or(1, |c| c.weight());
-        let correction =
-            (gpu_ns as f64 - request.profile.est_ns as f64) * self.sm_share(view, request);
-        *self.vtime.entry(client).or_insert(0.0) += correction / f64::from(w);
+        if self.cfg.side_by_side {
+            // Charged its estimate until the device time that covers it is measured (a
+            // kernel's own time, when it shared the GPU, is not its share of it).
+            *self.unmeasured.entry(client).or_insert(0.0) +=
+                request.profile.est_ns as f64 * self.sm_share(view, request);
+        } else {
+            let correction =
+                (gpu_ns as f64 - request.profile.est_ns as f64) * self.sm_share(view, request);
+            *self.vtime.entry(client).or_insert(0.0) += correction / f64::from(w);
+        }
         if (self.cfg.quantum_ns > 0 || self.cfg.side_by_side) && c.is_some_and(|c| !c.backlogged())
         {
             self.idle_since.insert(client, now);
@@ -354,7 +371,29 @@ impl Policy for Fair {
         }
     }
 
+    fn on_device_time(&mut self, view: &View<'_>, client: ClientId, ns: u64, _now: u64) {
+        if !self.cfg.side_by_side {
+            return;
+        }
+        let w = f64::from(view.client(client).map_or(1, |c| c.weight()));
+        let estimated = self.unmeasured.remove(&client).unwrap_or(0.0);
+        let was = self.vt(client);
+        let v = was + (ns as f64 - estimated) / w;
+        // Device time can come long after its work (work queued while the client was alone
+        // on the GPU, not gated): as a newcomer is owed at most `lag_ns`, a client owes at
+        // most that to the least served other backlogged one, however late its time comes.
+        let bound = view
+            .clients()
+            .filter(|o| o.id() != client && o.backlogged())
+            .map(|o| self.vt(o.id()))
+            .min_by(f64::total_cmp)
+            .map(|least| least + self.cfg.lag_ns as f64 / w);
+        let v = bound.map_or(v, |b| v.min(b.max(was)));
+        self.vtime.insert(client, v);
+    }
+
     fn on_remove(&mut self, client: ClientId) {
+        self.unmeasured.remove(&client);
         self.vtime.remove(&client);
         self.idle_since.remove(&client);
         self.done_at.remove(&client);

@@ -54,6 +54,11 @@ pub trait Policy: Send {
     ) {
     }
 
+    /// The device time measured for `client`'s work since the last report (all of its
+    /// streams' work, as `gpushare status` shows it), known once that work has ended: after
+    /// its kernels completed, or even before the scheduler hears they did.
+    fn on_device_time(&mut self, _view: &View<'_>, _client: ClientId, _ns: u64, _now: u64) {}
+
     /// `client` declared an iteration boundary after an iteration of `latency_ns`.
     fn on_iteration(&mut self, _view: &View<'_>, _client: ClientId, _latency_ns: u64, _now: u64) {}
 

@@ -328,6 +328,12 @@ impl Policy for Priority {
         }
     }
 
+    fn on_device_time(&mut self, view: &View<'_>, client: ClientId, ns: u64, now: u64) {
+        if let Some((fair, class)) = self.weighted(view, client) {
+            fair.on_device_time(&view.of_class(class), client, ns, now);
+        }
+    }
+
     fn on_remove(&mut self, client: ClientId) {
         if let Some(fair) = &mut self.fair {
             fair.on_remove(client);

@@ -303,6 +303,61 @@ fn side_by_side_keeps_the_weights_and_runs_programs_at_once() {
     assert!(work(&side) > 2.0 * work(&turns));
 }
 
+/// Side by side, with kernels that slow each other unevenly: a program of narrow
+/// compute-bound kernels (weight 1) beside two programs of memory-bound kernels on half the
+/// GPU (weights 1 and 2), which halve each other's speed when they overlap and hardly touch
+/// the first. A kernel's estimate (its solo time) is then far from the device time it takes
+/// (what `status` shows); charged the measured time, the device time follows the weights,
+/// while more gets done than in exclusive turns.
+#[test]
+fn side_by_side_charges_measured_device_time() {
+    let solo = |id: u64| if id == 1 { 200 } else { 100 };
+    let scripts = || {
+        weighted(&[1, 1, 2], |id| match id {
+            1 => vec![kernel(id, solo(id), 8, Bound::Compute)],
+            _ => vec![kernel(id, solo(id), 66, Bound::Memory)],
+        })
+    };
+    let run = |policy: PolicyKind, side_by_side: bool| {
+        let cfg = SimConfig {
+            horizon_ns: 400 * MS,
+            observe_ns: 20_000,
+            sched: SchedConfig {
+                fair: FairConfig {
+                    side_by_side,
+                    quantum_ns: MS,
+                    ..FairConfig::default()
+                },
+                max_inflight_per_client: 8,
+                ..SchedConfig::default()
+            },
+            ..SimConfig::default()
+        };
+        Simulation::new(cfg, policy, scripts()).run()
+    };
+    // Work done: kernels completed, at their solo times.
+    let work = |r: &SimReport| -> f64 {
+        r.clients
+            .iter()
+            .map(|c| (c.completed * solo(c.id)) as f64)
+            .sum()
+    };
+    let side = run(PolicyKind::Fair, true);
+    let turns = run(PolicyKind::Fair, false);
+    let fifo = run(PolicyKind::Fifo, false);
+    let (got, _) = gpu_shares(&side);
+    println!(
+        "fair side by side, uneven slowdowns: device-time shares {got:.3?} for weights 1:1:2, work {:.3} x FIFO's (turns {:.3} x; FIFO's shares {:.3?})",
+        work(&side) / work(&fifo),
+        work(&turns) / work(&fifo),
+        gpu_shares(&fifo).0,
+    );
+    for (s, want) in got.iter().zip([0.25, 0.25, 0.5]) {
+        assert!((s / want - 1.0).abs() < 0.05, "shares {got:?}");
+    }
+    assert!(work(&side) > work(&turns));
+}
+
 /// `share_sms`: four programs of 48-SM kernels (two or three fit side by side), weights
 /// 1 : 2 : 3 : 2, each one stream. Their SM·time follows the weights, and they get more
 /// done than one kernel at a time, which leaves the rest of the GPU idle.
