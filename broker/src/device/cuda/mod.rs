@@ -30,6 +30,7 @@ mod partition;
 pub mod peer;
 mod progress;
 mod stream;
+mod sync_words;
 mod tensor_map;
 mod timing;
 
@@ -87,6 +88,8 @@ pub struct CudaDevice {
     pinned: PinnedArenas,
     /// gpushared's progress pages, registered here.
     progress: progress::ProgressPages,
+    /// The words streams write when their work is done, for waits that read host memory.
+    sync_words: sync_words::SyncWords,
     /// Clients' memory: chunks that outlive this context.
     chunks: Chunks,
     /// SM partitions for clients the scheduler keeps off part of the GPU.
@@ -236,6 +239,7 @@ impl CudaDevice {
             priorities,
             pinned: PinnedArenas::default(),
             progress: progress::ProgressPages::default(),
+            sync_words: sync_words::SyncWords::default(),
             chunks: Chunks::default(),
             partitions: Partitions::probe(device, sm_count),
         })

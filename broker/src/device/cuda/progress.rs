@@ -52,7 +52,7 @@ pub(super) fn write(
 ///
 /// # Safety
 /// `at` is 4 bytes of host memory registered with the stream's context; `raw` is live.
-unsafe fn write_value(raw: sys::CUstream, at: u64, value: u32) -> DeviceResult<()> {
+pub(super) unsafe fn write_value(raw: sys::CUstream, at: u64, value: u32) -> DeviceResult<()> {
     // SAFETY: the caller's contract.
     let r = unsafe {
         sys::cuStreamWriteValue32_v2(

@@ -7,12 +7,17 @@ use gpushare_protocol::PriorityClass;
 
 use super::CudaDevice;
 use super::error::driver;
+use super::sync_words::SyncWord;
 use super::timing::{Measured, Spans, ms_to_ns};
 use crate::device::{DeviceError, DeviceResult};
 
 /// A measured span of continuous work is closed at least this often, so accounting of a
 /// client that never synchronizes stays current.
 const MAX_SPAN: std::time::Duration = std::time::Duration::from_millis(2);
+
+/// A wait that reads the stream's done word asks the driver once in this many looks (a fault
+/// stops the stream before the word is written).
+const ASK_EVERY: u32 = 64;
 
 /// A client stream on the GPU.
 pub struct CudaStream {
@@ -30,6 +35,11 @@ pub struct CudaStream {
     spans: Spans<CUevent>,
     /// Its cuBLAS handle, made on its first cuBLAS GEMM.
     pub(super) blas: Option<cudarc::cublas::sys::cublasHandle_t>,
+    /// The word it writes when its work is done, and the value it wrote last.
+    done_word: Option<(SyncWord, u32)>,
+    /// Work was queued (`begin`) since the last wait that saw it all done: a wait then reads
+    /// the done word; otherwise one question to the driver is quicker.
+    queued: bool,
 }
 
 // SAFETY: used by one session thread at a time; the handles are thread-agnostic with the
@@ -51,6 +61,8 @@ impl CudaStream {
             handoff: None,
             spans: Spans::new(),
             blas: None,
+            done_word: dev.sync_words.take().map(|w| (w, 0)),
+            queued: false,
         })
     }
 
@@ -81,12 +93,17 @@ impl CudaStream {
         }
         // SAFETY: synchronized above; destroyed once.
         let _ = unsafe { cu::stream::destroy(self.home) };
+        // Nothing of the stream writes it any more.
+        if let Some((word, _)) = self.done_word.take() {
+            dev.sync_words.give_back(word);
+        }
     }
 
     /// Opens a measured span, unless one is open, before queuing work.
     #[inline]
     pub(super) fn begin(&mut self, dev: &CudaDevice) -> DeviceResult<()> {
         dev.bind()?;
+        self.queued = true;
         let raw = self.raw;
         self.spans.begin(timed_event, |e| {
             // SAFETY: live event and stream.
@@ -145,9 +162,39 @@ impl CudaStream {
     }
 
     /// Waits until the work queued on the stream is done.
-    pub(super) fn sync(&self, dev: &CudaDevice) -> DeviceResult<()> {
+    pub(super) fn sync(&mut self, dev: &CudaDevice) -> DeviceResult<()> {
         dev.bind()?;
         let raw = self.raw;
+        if let (true, Some((word, last))) = (self.queued, self.done_word.as_mut()) {
+            let value = last.wrapping_add(1);
+            // SAFETY: the word is page-locked host memory mapped for this context; live stream.
+            if unsafe { super::progress::write_value(raw, word.device, value) }.is_ok() {
+                *last = value;
+                let word = *word;
+                // The word comes once the work before it is done. A fault stops the stream
+                // before it: the driver is asked now and then, and reports it.
+                let mut looks = 0u32;
+                let waited = dev.wait_until(|| {
+                    if word.load() == value {
+                        return Ok(true);
+                    }
+                    looks = looks.wrapping_add(1);
+                    if !looks.is_multiple_of(ASK_EVERY) {
+                        return Ok(false);
+                    }
+                    // SAFETY: live stream.
+                    match unsafe { sys::cuStreamQuery(raw) } {
+                        sys::cudaError_enum::CUDA_ERROR_NOT_READY => Ok(false),
+                        r => r
+                            .result()
+                            .map(|()| true)
+                            .map_err(|e| driver("kernel or copy on this stream failed", e)),
+                    }
+                });
+                self.queued = waited.is_err();
+                return waited;
+            }
+        }
         dev.wait_until(|| {
             // SAFETY: live stream.
             let r = unsafe { sys::cuStreamQuery(raw) };
