@@ -74,6 +74,8 @@ pub struct GpuScheduler {
     state: Mutex<State>,
     /// False under FIFO: launches are not gated at all.
     gated: AtomicBool,
+    /// The policy charges measured device time: sessions report it.
+    device_time: AtomicBool,
     /// High-priority kernels are not gated (the lower classes are on a hardware partition).
     high_free: AtomicBool,
     /// Governed clients registered: while there is one, high-priority kernels are gated
@@ -91,20 +93,22 @@ impl GpuScheduler {
     /// A dispatcher for a GPU of this shape. Kernel profiles start from a neutral prior and
     /// learn what the GPU measures.
     pub fn new(kind: PolicyKind, tunables: Tunables, device: DeviceShape) -> GpuScheduler {
+        let dispatcher = Dispatcher::with_config(
+            kind,
+            device,
+            SchedConfig {
+                // A client's asynchronous launches queue on its stream as they would
+                // without a scheduler; the policies' own limits still apply.
+                max_inflight_per_client: MAX_INFLIGHT_PER_CLIENT,
+                priority: tunables.priority,
+                fair: tunables.fair,
+                ..SchedConfig::default()
+            },
+        );
         GpuScheduler {
+            device_time: AtomicBool::new(dispatcher.charges_device_time()),
             state: Mutex::new(State {
-                dispatcher: Dispatcher::with_config(
-                    kind,
-                    device,
-                    SchedConfig {
-                        // A client's asynchronous launches queue on its stream as they would
-                        // without a scheduler; the policies' own limits still apply.
-                        max_inflight_per_client: MAX_INFLIGHT_PER_CLIENT,
-                        priority: tunables.priority,
-                        fair: tunables.fair,
-                        ..SchedConfig::default()
-                    },
-                ),
+                dispatcher,
                 granted: HashMap::new(),
                 waiters: HashMap::new(),
                 grants: Vec::new(),
@@ -159,6 +163,8 @@ impl GpuScheduler {
         st.dispatcher.set_policy(kind);
         self.gated
             .store(kind != PolicyKind::Fifo, Ordering::Relaxed);
+        self.device_time
+            .store(st.dispatcher.charges_device_time(), Ordering::Relaxed);
         self.high_free.store(
             high_free(kind, tunables.priority, self.sm_partitions),
             Ordering::Relaxed,
@@ -296,9 +302,10 @@ impl GpuScheduler {
     }
 
     /// Device time measured for the client's work (what `status` shows it), for a policy
-    /// that charges it; a hold it lifts is granted at once. Nothing under FIFO.
+    /// that charges it (FAIR side by side); a hold it lifts is granted at once. Nothing under
+    /// any other policy.
     pub fn device_time(&self, id: ClientId, ns: u64) {
-        if ns == 0 || !self.gated.load(Ordering::Relaxed) {
+        if ns == 0 || !self.device_time.load(Ordering::Relaxed) {
             return;
         }
         let mut st = self.lock();

@@ -482,6 +482,11 @@ impl Dispatcher {
         Ok(())
     }
 
+    /// Whether the policy charges measured device time ([`Dispatcher::device_time`]).
+    pub fn charges_device_time(&self) -> bool {
+        self.policy.charges_device_time()
+    }
+
     /// Device time measured for `client`'s work since the last report (what `status` shows
     /// it), for a policy that charges it (FAIR side by side).
     pub fn device_time(&mut self, client: ClientId, ns: u64, now: u64) -> Result<(), SchedError> {

@@ -371,6 +371,10 @@ impl Policy for Fair {
         }
     }
 
+    fn charges_device_time(&self) -> bool {
+        self.cfg.side_by_side
+    }
+
     fn on_device_time(&mut self, view: &View<'_>, client: ClientId, ns: u64, _now: u64) {
         if !self.cfg.side_by_side {
             return;

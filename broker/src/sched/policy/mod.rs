@@ -59,6 +59,12 @@ pub trait Policy: Send {
     /// its kernels completed, or even before the scheduler hears they did.
     fn on_device_time(&mut self, _view: &View<'_>, _client: ClientId, _ns: u64, _now: u64) {}
 
+    /// Whether `on_device_time` matters to this policy (the sessions report device time
+    /// only then).
+    fn charges_device_time(&self) -> bool {
+        false
+    }
+
     /// `client` declared an iteration boundary after an iteration of `latency_ns`.
     fn on_iteration(&mut self, _view: &View<'_>, _client: ClientId, _latency_ns: u64, _now: u64) {}
 

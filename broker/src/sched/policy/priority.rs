@@ -328,6 +328,10 @@ impl Policy for Priority {
         }
     }
 
+    fn charges_device_time(&self) -> bool {
+        self.fair.as_ref().is_some_and(|f| f.charges_device_time())
+    }
+
     fn on_device_time(&mut self, view: &View<'_>, client: ClientId, ns: u64, now: u64) {
         if let Some((fair, class)) = self.weighted(view, client) {
             fair.on_device_time(&view.of_class(class), client, ns, now);
