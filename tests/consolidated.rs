@@ -462,8 +462,8 @@ fn event_records_keep_cuda_legacy_stream_order() {
 }
 
 /// A synchronization with nothing to wait for costs no trip to gpushared: after a copy to
-/// pageable memory (which waited for its stream, as PyTorch's `.item()` and CuPy's `.get()`
-/// follow with a stream synchronization), the program's syncs and queries of that stream, and
+/// pageable memory (which waited for its stream, and which CuPy's `.get()` follows with a
+/// stream synchronization), the program's syncs and queries of that stream, and
 /// context syncs after one that waited, reach gpushared not at all; work sent after them, or
 /// on another stream, is waited for as before (the stand-in's `quiet-syncs` checks that with
 /// kernels that run 200 ms in real time).

@@ -44,6 +44,7 @@
 #include <limits.h>
 #include <link.h>
 #include <poll.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -73,6 +74,18 @@ void section_begin(const char *name) {
 void section_end(void) {
     printf("section %s: %s\n", section_name, failures == section_failures ? "ok" : "FAILED");
     fflush(stdout);
+}
+
+void go_ahead(const char *format, ...) {
+    char said[128];
+    va_list args;
+    va_start(args, format);
+    vsnprintf(said, sizeof said, format, args);
+    va_end(args);
+    printf("%s\n", said);
+    fflush(stdout);
+    char line[64];
+    CHECK(fgets(line, sizeof line, stdin) != NULL, "the go-ahead on stdin after \"%s\"", said);
 }
 
 /* cuGetProcAddress of `name`, as the runtime asks (CUDA 13.0); NULL after a failed check. */
@@ -194,10 +207,7 @@ static void run_as_user(size_t quota, unsigned seed) {
     OK(cuMemGetInfo(&free_bytes, &total));
     CHECK(total == quota && free_bytes == quota - bytes, "free %zu of %zu", free_bytes, total);
     EXPECT(cuMemAlloc(&(CUdeviceptr){0}, bytes + 1), CUDA_ERROR_OUT_OF_MEMORY);
-    printf("holding %zu\n", bytes);
-    fflush(stdout);
-    char line[64];
-    CHECK(fgets(line, sizeof line, stdin) != NULL, "the go-ahead on stdin");
+    go_ahead("holding %zu", bytes);
     OK(cuMemcpyDtoH(back, d, bytes));
     size_t at = pattern_mismatch(back, bytes, seed);
     CHECK(at == bytes, "held memory changed at byte %zu", at);
@@ -215,10 +225,7 @@ static void run_away(void) {
     CUdeviceptr d = 0;
     OK(cuMemAlloc(&d, sizeof host));
     OK(cuMemcpyHtoD(d, host, sizeof host));
-    printf("ready\n");
-    fflush(stdout);
-    char line[64];
-    CHECK(fgets(line, sizeof line, stdin) != NULL, "the go-ahead on stdin");
+    go_ahead("ready");
     CUresult copy = cuMemcpyDtoH(host, d, sizeof host);
     CUresult sync = cuCtxSynchronize(NULL);
     CUresult again = cuCtxSynchronize(NULL);
@@ -259,14 +266,6 @@ static void run_spin(unsigned long count, unsigned long long micros) {
     OK(cuStreamDestroy(stream));
     OK(cuModuleUnload(module));
     printf("spun %lu\n", count);
-}
-
-/* Waits for a line on stdin (the test's go-ahead). */
-static void go_ahead(const char *said) {
-    char line[16];
-    printf("%s\n", said);
-    fflush(stdout);
-    CHECK(fgets(line, sizeof line, stdin) != NULL, "the go-ahead after \"%s\"", said);
 }
 
 /* Synchronizations with nothing to wait for, and those that have: a copy to pageable memory

@@ -335,6 +335,8 @@ const char *error_name(CUresult r);
 /* Sections print `section NAME: ok` when none of their checks failed. */
 void section_begin(const char *name);
 void section_end(void);
+/* Says a line (printf's format) and waits for one on stdin: the test's go-ahead. */
+void go_ahead(const char *format, ...) __attribute__((format(printf, 1, 2)));
 
 /* ---- the sections (cuda_standin_memory.c, cuda_standin_streams.c) ---------------------- */
 

@@ -301,10 +301,7 @@ void run_graph_holding(void) {
     CHECK(all_are(b, 21), "the graph ran before the fault");
     OK(cuMemsetD32(b, 0, N));
     OK(cuCtxSynchronize(NULL)); /* nothing of this program's is on the GPU at the fault */
-    printf("holding\n");
-    fflush(stdout);
-    char line[64];
-    CHECK(fgets(line, sizeof line, stdin) != NULL, "the go-ahead on stdin");
+    go_ahead("holding");
     OK(cuGraphLaunch(x, s));
     OK(cuStreamSynchronize(s));
     CHECK(all_are(b, 21), "the graph ran after the fault");

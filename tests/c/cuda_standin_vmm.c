@@ -174,10 +174,7 @@ void run_vmm_holding(unsigned seed) {
     fill_pattern(host, n, seed);
     OK(cuMemcpyHtoD(va, host, n));
     OK(cuMemUnmap(va + 2 * g, g));
-    printf("holding %zu\n", n);
-    fflush(stdout);
-    char line[64];
-    CHECK(fgets(line, sizeof line, stdin) != NULL, "the go-ahead on stdin");
+    go_ahead("holding %zu", n);
     OK(cuMemMap(va + 2 * g, g, 0, h[2], 0));
     OK(cuMemSetAccess(va + 2 * g, g, &rw, 1));
     memset(back, 0, n);

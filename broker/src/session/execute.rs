@@ -217,8 +217,7 @@ impl SessionState {
                 let _ = self.device.sync_stream(&mut slot.stream);
                 self.device.end_batch(&mut slot.stream, true);
                 let spent = self.device.take_busy_ns(&mut slot.stream);
-                counters.add_gpu_time(spent);
-                self.dispatch.device_time(self.info.id, spent);
+                self.charge_device_time(spent);
                 self.device.destroy_stream(slot.stream);
                 counters
                     .streams

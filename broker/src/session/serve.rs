@@ -289,6 +289,13 @@ impl SessionState {
         watch.busy_since.store(0, Ordering::Release);
     }
 
+    /// Device time measured for the client's work: into its counters (what `status` shows)
+    /// and to the scheduler (for a policy that charges it).
+    pub(super) fn charge_device_time(&self, ns: u64) {
+        self.info.counters.add_gpu_time(ns);
+        self.dispatch.device_time(self.info.id, ns);
+    }
+
     /// Ends the batch on every stream that got work (every stream when the client went
     /// `idle`) and charges the device time measured so far.
     pub(super) fn account(&mut self, idle: bool) {
@@ -311,8 +318,7 @@ impl SessionState {
             }
             spent = spent.saturating_add(self.device.take_busy_ns(&mut slot.stream));
         }
-        self.info.counters.add_gpu_time(spent);
-        self.dispatch.device_time(self.info.id, spent);
+        self.charge_device_time(spent);
         let watch = &self.info.fault_watch;
         if watch.busy_since.load(Ordering::Relaxed) != 0 {
             let now = self.health.now_ns();

@@ -323,8 +323,7 @@ impl Session {
     /// all work) succeeded and nothing was submitted since, and no error of earlier work is
     /// pending. A synchronization then has nothing to wait for and nothing to report, and is
     /// answered here (a program's `memcpy` to pageable memory followed by a stream
-    /// synchronization, as PyTorch's `.item()` and CuPy's `.get()` do, waits for gpushared
-    /// once, not twice).
+    /// synchronization, as CuPy's `.get()` does, waits for gpushared once, not twice).
     pub fn quiet(&self, stream: Option<StreamId>) -> bool {
         if self.is_dead() {
             return false;

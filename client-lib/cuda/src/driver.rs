@@ -401,14 +401,30 @@ impl Driver {
     }
 
     /// Sends a synchronizing command (a stream's, an event's, the client's) and waits for it;
-    /// reports the first error of the work before it, and notes a lost device.
+    /// reports the first error of the work before it, and notes a lost device. One with
+    /// nothing to wait for is not sent.
     pub fn wait_for(&self, sync: Command) -> Cu<()> {
+        if self.nothing_to_wait_for(&sync) {
+            return self.deferred();
+        }
         // A sync that fails on its own leaves the work's error for the next call.
         let outcome = self.transport.call(sync).and_then(|_| self.deferred());
         if let Err(code) = outcome {
             self.notice_loss(code);
         }
         outcome
+    }
+
+    /// Whether `sync` (a stream's or the client's synchronization, a stream's query) has
+    /// nothing to wait for: a wait that covered it succeeded and nothing was sent since
+    /// ([`gpushare_conn::Session::quiet`]). It is then answered here.
+    pub(crate) fn nothing_to_wait_for(&self, sync: &Command) -> bool {
+        let stream = match *sync {
+            Command::StreamSync { stream } | Command::StreamQuery { stream } => Some(stream),
+            Command::ClientSync => None,
+            _ => return false,
+        };
+        self.transport.session.quiet(stream)
     }
 
     /// Reports the first error of work sent without waiting, and notes a lost device.

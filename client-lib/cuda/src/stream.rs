@@ -156,12 +156,8 @@ impl Driver {
             .unwrap_or_default()
     }
 
-    /// Waits for a stream's work; reports the first error since the last sync. A stream
-    /// known to have no work ([`gpushare_conn::Session::quiet`]) is not asked about.
+    /// Waits for a stream's work; reports the first error since the last sync.
     pub fn sync_stream(&self, id: u32) -> Cu<()> {
-        if self.transport.session.quiet(Some(id)) {
-            return self.deferred();
-        }
         self.wait_for(Command::StreamSync { stream: id })
     }
 }
@@ -237,10 +233,11 @@ fn query(h: CUstream, per_thread: bool) -> Cu<()> {
     let d = crate::route::by_stream(h)?;
     let id = d.stream(h, per_thread)?;
     crate::graph::refuse_while_capturing(d, id)?;
-    if d.transport.session.quiet(Some(id)) {
+    let ask = Command::StreamQuery { stream: id };
+    if d.nothing_to_wait_for(&ask) {
         return d.deferred();
     }
-    let (idle, _) = d.transport.call(Command::StreamQuery { stream: id })?;
+    let (idle, _) = d.transport.call(ask)?;
     d.deferred()?;
     if idle == 1 {
         Ok(())

@@ -182,29 +182,13 @@ impl CudaStream {
                     if !looks.is_multiple_of(ASK_EVERY) {
                         return Ok(false);
                     }
-                    // SAFETY: live stream.
-                    match unsafe { sys::cuStreamQuery(raw) } {
-                        sys::cudaError_enum::CUDA_ERROR_NOT_READY => Ok(false),
-                        r => r
-                            .result()
-                            .map(|()| true)
-                            .map_err(|e| driver("kernel or copy on this stream failed", e)),
-                    }
+                    finished(raw)
                 });
                 self.queued = waited.is_err();
                 return waited;
             }
         }
-        dev.wait_until(|| {
-            // SAFETY: live stream.
-            let r = unsafe { sys::cuStreamQuery(raw) };
-            if r == sys::cudaError_enum::CUDA_ERROR_NOT_READY {
-                return Ok(false);
-            }
-            r.result()
-                .map(|()| true)
-                .map_err(|e| driver("kernel or copy on this stream failed", e))
-        })
+        dev.wait_until(|| finished(raw))
     }
 
     /// Whether work queued on the stream may still be running.
@@ -307,6 +291,19 @@ impl CudaStream {
             sys::cudaError_enum::CUDA_ERROR_NOT_READY => Ok(false),
             e => Err(driver("cuStreamQuery", cudarc::driver::DriverError(e))),
         }
+    }
+}
+
+/// Whether the work queued on `raw` (a live stream of the bound context) has finished; a
+/// wait's error if it failed.
+fn finished(raw: CUstream) -> DeviceResult<bool> {
+    // SAFETY: a live stream, by the caller's contract.
+    match unsafe { sys::cuStreamQuery(raw) } {
+        sys::cudaError_enum::CUDA_ERROR_NOT_READY => Ok(false),
+        r => r
+            .result()
+            .map(|()| true)
+            .map_err(|e| driver("kernel or copy on this stream failed", e)),
     }
 }
 

@@ -254,9 +254,6 @@ fn set_current(ctx: CUcontext) {
 impl Driver {
     /// Waits for all of this client's work; reports the first error any of it met.
     pub fn synchronize(&self) -> Cu<()> {
-        if self.transport.session.quiet(None) {
-            return self.deferred();
-        }
         self.wait_for(Command::ClientSync)
     }
 }
