@@ -39,8 +39,12 @@
 //! client never owes more than `lag_ns` to the least served other backlogged client. A client
 //! with nothing in flight whose kernel fits in the SMs that the kernels in flight leave goes
 //! whatever its lead: with kernels that never fill the GPU, device time then follows the work
-//! each client has, not the weights. A client whose work completed within `anticipate_ns`
-//! still counts as backlogged, so a round trip between its steps does not let others run ahead.
+//! each client has, not the weights (work-conserving: holding it back would leave SMs idle
+//! and give nobody anything). A client whose work completed within `anticipate_ns` still
+//! counts as backlogged, so a round trip between its steps does not let others run ahead. A
+//! client keeps at most a quantum of estimated time (or two kernels) granted ahead on the GPU:
+//! granted kernels cannot be taken back, and a stream's full depth of them would run on for
+//! tens of milliseconds after a newcomer joined or a weight changed.
 //!
 //! With `share_sms` (experimental), several clients' kernels run at once while their SMs fit
 //! the GPU, and each is charged its share of the SMs for its time (SM·time) instead of the
@@ -215,9 +219,21 @@ impl Fair {
                 && c.head()
                     .is_some_and(|h| sms.used + sms.width(h.profile.sm_need) <= sms.total)
         };
+        // Kernels granted cannot be taken back: a client keeps at most a quantum of estimated
+        // time queued on the GPU (and two kernels whatever their length, so that its stream
+        // does not drain between them), or a newcomer, a weight change or a client falling
+        // behind would wait for a whole stream's depth of others' work.
+        let shallow = |c: &crate::sched::ClientView<'_>| {
+            let inflight = c.inflight();
+            inflight.len() < 2
+                || inflight.iter().map(|r| r.profile.est_ns).sum::<u64>() < self.cfg.quantum_ns
+        };
         let pick = view
             .candidates()
-            .filter(|c| self.vt(c.id()) <= least + quantum / f64::from(c.weight()) || idle_fits(c))
+            .filter(|c| {
+                (self.vt(c.id()) <= least + quantum / f64::from(c.weight()) || idle_fits(c))
+                    && shallow(c)
+            })
             .min_by(|a, b| self.owed_first(a, b))
             .map_or(Pick::Hold, |c| Pick::Grant(c.id()));
         if pick == Pick::Hold {

@@ -244,6 +244,25 @@ fn a_newcomer_is_owed_at_most_the_lag_bound() {
     }
 }
 
+/// The model with FAIR's 1 ms quantum, side by side or in turns, `depth` kernels in flight per
+/// client and a 20 µs completion round trip.
+fn quantum_cfg(side_by_side: bool, horizon_ns: u64, depth: u32) -> SimConfig {
+    SimConfig {
+        horizon_ns,
+        observe_ns: 20_000,
+        sched: SchedConfig {
+            fair: FairConfig {
+                side_by_side,
+                quantum_ns: MS,
+                ..FairConfig::default()
+            },
+            max_inflight_per_client: depth,
+            ..SchedConfig::default()
+        },
+        ..SimConfig::default()
+    }
+}
+
 /// Four programs of 100 µs kernels on 48 SMs, one stream each, weights 1 : 2 : 3 : 2, with a
 /// 20 µs completion round trip.
 fn narrow_programs(policy: PolicyKind, fair: FairConfig) -> SimReport {
@@ -319,21 +338,7 @@ fn side_by_side_charges_measured_device_time() {
         })
     };
     let run = |policy: PolicyKind, side_by_side: bool| {
-        let cfg = SimConfig {
-            horizon_ns: 400 * MS,
-            observe_ns: 20_000,
-            sched: SchedConfig {
-                fair: FairConfig {
-                    side_by_side,
-                    quantum_ns: MS,
-                    ..FairConfig::default()
-                },
-                max_inflight_per_client: 8,
-                ..SchedConfig::default()
-            },
-            ..SimConfig::default()
-        };
-        Simulation::new(cfg, policy, scripts()).run()
+        Simulation::new(quantum_cfg(side_by_side, 400 * MS, 8), policy, scripts()).run()
     };
     // Work done: kernels completed, at their solo times.
     let work = |r: &SimReport| -> f64 {
@@ -356,6 +361,64 @@ fn side_by_side_charges_measured_device_time() {
         assert!((s / want - 1.0).abs() < 0.05, "shares {got:?}");
     }
     assert!(work(&side) > work(&turns));
+}
+
+/// Side by side is work-conserving: two programs of narrow kernels that fit on the GPU
+/// together (48 SMs each of 132), weights 1 : 3, are never held, since holding the one ahead
+/// would leave its SMs idle and give the other nothing: each gets as much done as under FIFO.
+/// Weights divide the GPU only where kernels compete for it (the tests above).
+#[test]
+fn side_by_side_holds_nobody_whose_kernels_fit_beside_the_others() {
+    let scripts = || weighted(&[1, 3], |id| vec![kernel(id, 100, 48, Bound::Compute)]);
+    let run = |policy: PolicyKind| {
+        Simulation::new(quantum_cfg(true, 200 * MS, 8), policy, scripts()).run()
+    };
+    let side = run(PolicyKind::Fair);
+    let fifo = run(PolicyKind::Fifo);
+    let done = |r: &SimReport| r.clients.iter().map(|c| c.completed).collect::<Vec<_>>();
+    println!(
+        "fair side by side, kernels that fit together: completed {:?} for weights 1:3 (FIFO {:?})",
+        done(&side),
+        done(&fifo)
+    );
+    for (s, f) in done(&side).iter().zip(done(&fifo)) {
+        assert!(
+            *s as f64 >= 0.98 * f as f64,
+            "{:?} against FIFO's {:?}",
+            done(&side),
+            done(&fifo)
+        );
+    }
+}
+
+/// Side by side, a newcomer gets its share at once: two clients of 1 ms kernels as wide as
+/// the GPU, each allowed 64 kernels in flight (as gpushared allows), then a third of weight 2
+/// joins. It is owed FAIR's lag (20 ms of GPU time) and gets it at once; over the 100 ms from
+/// 30 ms after it joined, device time divides by the weights: the first two keep no more than
+/// a quantum queued, where a full stream's depth of their kernels (64 ms) would run on beside
+/// the newcomer whatever the policy decided.
+#[test]
+fn side_by_side_gives_a_newcomer_its_share_within_a_quantum() {
+    // Iterations of 100 kernels: each client always has plenty queued.
+    let mut scripts = weighted(&[1, 1, 2], |id| {
+        vec![kernel(id, 1000, 132, Bound::Compute); 100]
+    });
+    scripts[2].start_ns = 100 * MS;
+    let mut sim = Simulation::new(quantum_cfg(true, 300 * MS, 64), PolicyKind::Fair, scripts);
+    let gpu_ns = |r: &SimReport| [1, 2, 3].map(|id| r.client(id).map_or(0, |c| c.gpu_ns));
+    sim.run_until(130 * MS);
+    let before = gpu_ns(&sim.report());
+    sim.run_until(230 * MS);
+    let after = gpu_ns(&sim.report());
+    let got = [0, 1, 2].map(|i| after[i] - before[i]);
+    let total: u64 = got.iter().sum();
+    let shares = got.map(|t| t as f64 / total as f64);
+    println!(
+        "fair side by side, a newcomer of weight 2: device-time shares {shares:.3?} 30-130 ms after it joined (weights 1:1:2)"
+    );
+    for (s, want) in shares.iter().zip([0.25, 0.25, 0.5]) {
+        assert!((s / want - 1.0).abs() < 0.05, "shares {shares:.3?}");
+    }
 }
 
 /// `share_sms`: four programs of 48-SM kernels (two or three fit side by side), weights
