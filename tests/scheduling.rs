@@ -20,7 +20,13 @@ fn broker(scheduler: &str) -> Broker {
     })
 }
 
-/// Keeps `client` busy with 1 ms kernels until `stop`, always with plenty
+/// A grid wider than any GPU's SMs, for kernels that contend for the whole device: FAIR
+/// divides the GPU among clients whose kernels compete for it, while a kernel that fits in
+/// SMs nobody uses goes whatever its client's lead (work-conserving; one-block kernels would
+/// never be held on a GPU). Still one wave: the spin kernel's blocks are small.
+const FILLS_THE_GPU: u32 = 1024;
+
+/// Keeps `client` busy with 1 ms kernels as wide as the GPU until `stop`, always with plenty
 /// queued (FAIR shares GPU time among clients that have work waiting).
 fn busy(client: Client, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<(Client, u64)> {
     std::thread::spawn(move || {
@@ -33,7 +39,7 @@ fn busy(client: Client, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<(Clien
                 stream
                     .launch(Kernel::Spin {
                         micros: 1000,
-                        blocks: 1,
+                        blocks: FILLS_THE_GPU,
                     })
                     .expect("launch");
                 launched += 1;
@@ -161,21 +167,25 @@ fn fair_shares_follow_clients_joining_and_leaving() {
             .filter(|(_, w)| *w > 0.0)
             .map(|(n, _)| *n)
             .collect();
+        let ran = || names.map(|n| kernels(&broker, n));
+        let k0 = ran();
         let got = gpu_time_over(&broker, &names, &busy, Duration::from_millis(1200));
+        let k1 = ran();
         let total: u64 = got.iter().sum();
         let shares: Vec<f64> = got
             .iter()
             .map(|&t| t as f64 / total.max(1) as f64)
             .collect();
         println!(
-            "FAIR, {label}: shares a/b/c {:.3} / {:.3} / {:.3} (goal {:.3} / {:.3} / {:.3}); GPU time {:.0} ms",
+            "FAIR, {label}: shares a/b/c {:.3} / {:.3} / {:.3} (goal {:.3} / {:.3} / {:.3}); GPU time {:.0} ms; kernels sent meanwhile {:?}",
             shares[0],
             shares[1],
             shares[2],
             want[0],
             want[1],
             want[2],
-            total as f64 / 1e6
+            total as f64 / 1e6,
+            [0, 1, 2].map(|i| k1[i].saturating_sub(k0[i]))
         );
         for i in 0..3 {
             assert!(
@@ -398,51 +408,43 @@ fn a_client_held_by_the_policy_past_the_kernel_timeout_is_not_taken_for_a_hang()
 }
 
 /// A consolidated program's kernels (a module's functions, through gpushare's own libcuda) go
-/// through the scheduler one by one as a library client's do: under FAIR, two such programs
-/// share the GPU by weight, with their kernels' device time measured, and `gpushare set`
-/// changes a program's weight while it runs.
+/// through the scheduler one by one as a library client's do: under FAIR (side by side, the
+/// default), two such programs share the GPU by weight, each charged the device time measured
+/// for it (as `status` shows it), and `gpushare set` changes a program's weight while it runs.
+/// The first program queues hundreds of kernels while it is alone on the GPU, not gated, and
+/// their time comes after the second has joined; it is held no longer than FAIR's lag for
+/// that, and a longer window makes that count for less.
 #[test]
 fn fair_shares_hold_for_consolidated_programs_and_follow_a_live_weight_change() {
     if gpushare_tests::test_backend() != "sim" {
         return; // the stand-in program loads the sim's own module (tests/gpu.rs runs PTX)
     }
-    consolidated_shares(broker("fair"), "FAIR", Duration::from_millis(1200), true);
+    consolidated_shares(broker("fair"), "FAIR", Duration::from_millis(3000), true);
 }
 
-/// The same with FAIR side by side, which charges each program the device time measured for
-/// it (as `status` shows it): the first program queues hundreds of kernels while it is alone
-/// on the GPU, not gated, and their time comes after the second has joined; it is held no
-/// longer than FAIR's lag for that. (Weights other than 1 : 1 are the scheduler model's to
-/// check: a kernel of one block fits beside the others' and goes whatever its client's
-/// lead, which the sim's one-kernel-at-a-time device turns into a few percent of share.)
+/// The same in FAIR's exclusive turns (`side_by_side = false`), charged by kernel.
 #[test]
-fn fair_side_by_side_charges_measured_device_time_through_the_broker() {
+fn fair_turns_hold_for_consolidated_programs_and_follow_a_live_weight_change() {
     if gpushare_tests::test_backend() != "sim" {
-        return; // as above; on a GPU, kernels of one block never fill it (docs/benchmarks.md)
+        return; // as above
     }
     let broker = Broker::start_with(BrokerOptions {
-        policy: Some("scheduler = \"fair\"\n[fair]\nside_by_side = true\n".into()),
+        policy: Some("scheduler = \"fair\"\n[fair]\nside_by_side = false\n".into()),
         extra_args: vec!["--sim-realtime".into()],
         ..Default::default()
     });
-    // A longer window: what the first program is held for its late time (at most FAIR's
-    // 20 ms lag) counts for less.
-    consolidated_shares(
-        broker,
-        "FAIR side by side",
-        Duration::from_millis(3000),
-        false,
-    );
+    consolidated_shares(broker, "FAIR turns", Duration::from_millis(1200), true);
 }
 
-/// Two consolidated programs of 1 ms kernels under `broker`'s FAIR: even shares over `window`
+/// Two consolidated programs of 1 ms kernels as wide as the GPU under `broker`'s FAIR: even shares over `window`
 /// of GPU time, then (with `live_change`) 3 : 1 once one's weight is set to 3 while it runs.
 fn consolidated_shares(broker: Broker, policy: &str, window: Duration, live_change: bool) {
     use gpushare_tests::cuda_program::{CudaProgram, Running};
     let dir = tempfile::tempdir().expect("temp dir");
     let program = CudaProgram::build(dir.path(), false);
     let start = |name: &str| {
-        let mut cmd = program.command(&broker.socket, &["spin", "100000", "1000"]);
+        let blocks = FILLS_THE_GPU.to_string();
+        let mut cmd = program.command(&broker.socket, &["spin", "100000", "1000", &blocks]);
         cmd.env("GPUSHARE_NAME", name);
         let mut running = Running::spawn(cmd);
         running.wait_for_line("ready", Duration::from_secs(30));
@@ -495,7 +497,8 @@ fn fair_shares_hold_between_a_program_of_graphs_and_one_of_kernels() {
     let dir = tempfile::tempdir().expect("temp dir");
     let program = CudaProgram::build(dir.path(), false);
     let start = |name: &str, mode: &str| {
-        let mut cmd = program.command(&broker.socket, &[mode, "100000", "1000"]);
+        let blocks = FILLS_THE_GPU.to_string();
+        let mut cmd = program.command(&broker.socket, &[mode, "100000", "1000", &blocks]);
         cmd.env("GPUSHARE_NAME", name);
         let mut running = Running::spawn(cmd);
         running.wait_for_line("ready", Duration::from_secs(30));

@@ -22,9 +22,10 @@
  *   cuda_standin away             holds memory, prints `ready`, waits for a line on stdin
  *                                     (the test stops gpushared meanwhile), then copies back
  *                                     and synchronizes twice, printing each result's name
- *   cuda_standin spin COUNT US    launches COUNT kernels of a sim module that each occupy the
- *                                     device for US microseconds (tests/scheduling.rs), prints
- *                                     `ready` after the first, synchronizes, prints `spun`
+ *   cuda_standin spin COUNT US [BLOCKS]  launches COUNT kernels of a sim module, grids of
+ *                                     BLOCKS (1), that each occupy the device for US
+ *                                     microseconds (tests/scheduling.rs), prints `ready` after
+ *                                     the first, synchronizes, prints `spun`
  *   cuda_standin modules COUNT BYTES  loads a sim module of BYTES and unloads it, COUNT times;
  *                                     prints `rss FIRST LAST` (kB, after the first tenth of the
  *                                     cycles and at the end)
@@ -234,7 +235,7 @@ static void run_away(void) {
 
 /* A module's kernels, one by one, as a program's would go: on the sim device (gpushare's own
  * module format; a real GPU would want PTX) each occupies it for `micros`. */
-static void run_spin(unsigned long count, unsigned long long micros) {
+static void run_spin(unsigned long count, unsigned long long micros, unsigned blocks) {
     static const char image[] = "gpushare-sim-module 1\nkernel spin\n";
     CUmodule module = NULL;
     CUfunction spin = NULL;
@@ -252,7 +253,7 @@ static void run_spin(unsigned long count, unsigned long long micros) {
     EXPECT(cuLaunchKernel(spin, 1, 65536, 1, 32, 1, 1, 0, stream, args, NULL), CUDA_ERROR_INVALID_VALUE);
     EXPECT(cuLaunchKernel(spin, 0, 1, 1, 32, 1, 1, 0, stream, args, NULL), CUDA_ERROR_INVALID_VALUE);
     for (unsigned long i = 0; i < count; i++) {
-        CUresult r = cuLaunchKernel(spin, 1, 1, 1, 32, 1, 1, 0, stream, args, NULL);
+        CUresult r = cuLaunchKernel(spin, blocks, 1, 1, 32, 1, 1, 0, stream, args, NULL);
         if (r != CUDA_SUCCESS) {
             CHECK(0, "launch %lu gave %s", i, error_name(r));
             return;
@@ -427,6 +428,11 @@ static void run_bystander(unsigned seed) {
     section_end();
 }
 
+/* The optional grid size after a spin mode's COUNT and US (1 block if not given). */
+static unsigned grid_of(int argc, char **argv) {
+    return argc > 4 ? (unsigned)strtoul(argv[4], NULL, 0) : 1;
+}
+
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "";
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -477,7 +483,7 @@ int main(int argc, char **argv) {
     } else if (!strcmp(mode, "reuse-check") && argc > 3) {
         run_reuse_check(atoi(argv[2]), atoi(argv[3]));
     } else if (!strcmp(mode, "graph-spin") && argc > 3) {
-        run_graph_spin(strtoul(argv[2], NULL, 0), strtoull(argv[3], NULL, 0));
+        run_graph_spin(strtoul(argv[2], NULL, 0), strtoull(argv[3], NULL, 0), grid_of(argc, argv));
     } else if (!strcmp(mode, "host-hang")) {
         run_host_hang();
         goto done;
@@ -490,7 +496,7 @@ int main(int argc, char **argv) {
     } else if (!strcmp(mode, "quiet-syncs") && argc > 2) {
         run_quiet_syncs(strtoull(argv[2], NULL, 0));
     } else if (!strcmp(mode, "spin") && argc > 3) {
-        run_spin(strtoul(argv[2], NULL, 0), strtoull(argv[3], NULL, 0));
+        run_spin(strtoul(argv[2], NULL, 0), strtoull(argv[3], NULL, 0), grid_of(argc, argv));
     } else if (!strcmp(mode, "modules") && argc > 3) {
         run_modules(strtoul(argv[2], NULL, 0), strtoul(argv[3], NULL, 0));
     } else if (!strcmp(mode, "gpus-hold") && argc > 2) {
@@ -500,8 +506,8 @@ int main(int argc, char **argv) {
     } else if (!strcmp(mode, "bystander") && argc > 2) {
         run_bystander((unsigned)strtoul(argv[2], NULL, 0));
     } else {
-        printf("FAIL usage: %s all QUOTA | user QUOTA SEED | spin COUNT US | "
-               "modules COUNT BYTES | quiet-syncs US | bystander SEED | graph-spin COUNT US | graph-hold | free-busy | noinit | away\n",
+        printf("FAIL usage: %s all QUOTA | user QUOTA SEED | spin COUNT US [BLOCKS] | "
+               "modules COUNT BYTES | quiet-syncs US | bystander SEED | graph-spin COUNT US [BLOCKS] | graph-hold | free-busy | noinit | away\n",
                argv[0]);
         failures++;
     }

@@ -367,7 +367,7 @@ void run_vmm_export(const char *self, unsigned seed, long uid, const char *expec
 void run_vmm_import(int fd, unsigned seed, const char *expect);
 void check_graphs(void);
 void run_graph_holding(void);
-void run_graph_spin(unsigned long count, unsigned long long micros);
+void run_graph_spin(unsigned long count, unsigned long long micros, unsigned blocks);
 void run_free_busy(const char *self);
 void run_reuse_check(int in, int out);
 void run_several_devices(unsigned seed);

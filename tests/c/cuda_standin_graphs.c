@@ -321,7 +321,7 @@ void run_graph_holding(void) {
 
 /* A graph of one kernel that occupies the sim device for `micros`, launched `count` times
  * (the scheduler grants each launch as one unit, as it grants a kernel). */
-void run_graph_spin(unsigned long count, unsigned long long micros) {
+void run_graph_spin(unsigned long count, unsigned long long micros, unsigned blocks) {
     CUmodule module = NULL;
     CUfunction spin = NULL;
     CUstream s = NULL;
@@ -332,7 +332,7 @@ void run_graph_spin(unsigned long count, unsigned long long micros) {
     OK(cuModuleGetFunction(&spin, module, "spin"));
     OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
     OK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
-    OK(cuLaunchKernel(spin, 1, 1, 1, 32, 1, 1, 0, s, args, NULL));
+    OK(cuLaunchKernel(spin, blocks, 1, 1, 32, 1, 1, 0, s, args, NULL));
     OK(cuStreamEndCapture(s, &g));
     OK(cuGraphInstantiateWithFlags(&x, g, 0));
     if (failures) return;

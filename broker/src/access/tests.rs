@@ -118,7 +118,7 @@ fn priority_tunables_come_from_the_file_and_bad_ones_are_refused() {
 }
 
 #[test]
-fn the_fair_quantum_comes_from_the_file() {
+fn the_fair_quantum_and_side_by_side_come_from_the_file() {
     let p = Policy::parse(
         "scheduler = \"fair\"\n[fair]\nquantum_us = 1500\nshare_sms = true\nside_by_side = true\n",
         "t.toml",
@@ -134,7 +134,17 @@ fn the_fair_quantum_comes_from_the_file() {
     assert_eq!(
         fair.fair_config().quantum_ns,
         1_000_000,
-        "1 ms turns under fair"
+        "a 1 ms quantum under fair"
+    );
+    assert!(fair.fair_config().side_by_side, "side by side under fair");
+    let turns = Policy::parse(
+        "scheduler = \"fair\"\n[fair]\nside_by_side = false\n",
+        "t.toml",
+    )
+    .expect("valid policy");
+    assert!(
+        !turns.fair_config().side_by_side,
+        "exclusive turns, asked for"
     );
     let off = Policy::parse("scheduler = \"fair\"\n[fair]\nquantum_us = 0\n", "t.toml")
         .expect("valid policy");
@@ -143,12 +153,17 @@ fn the_fair_quantum_comes_from_the_file() {
         0,
         "one kernel at a time, asked for"
     );
+    assert!(
+        !off.fair_config().side_by_side,
+        "one kernel at a time is not side by side"
+    );
     let lower = Policy::parse("scheduler = \"priority\"\n", "t.toml").expect("valid policy");
     assert_eq!(
         lower.fair_config().quantum_ns,
         1_000_000,
         "priority's lower classes by weight: 1 ms turns too"
     );
+    assert!(!lower.fair_config().side_by_side, "exclusive turns there");
     Policy::parse("[fair]\nquantum = 3\n", "t.toml").expect_err("unknown key");
 }
 
