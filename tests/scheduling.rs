@@ -129,6 +129,9 @@ fn fair_shares_follow_the_weights() {
     let launched: Vec<u64> = done.iter().map(|(_, n)| *n).collect();
     let (l, h) = (got[0], got[1]);
     let share = h as f64 / (l + h) as f64;
+    // The light client is the one held back, and `status` says so (THROTTLED).
+    let held = |name: &str| client_figure(&broker, name, |c| c.throttled_ns);
+    let (light_held, heavy_held) = (held("light"), held("heavy"));
     println!(
         "FAIR, weights 1:3: GPU time light {:.1} ms, heavy {:.1} ms; heavy's share {share:.3} (goal 0.750); kernels run meanwhile light {} heavy {}; kernels launched {launched:?}",
         l as f64 / 1e6,
@@ -139,6 +142,15 @@ fn fair_shares_follow_the_weights() {
     assert!(
         (share - 0.75).abs() <= 0.05 * 0.75,
         "heavy's share {share:.3} is not within 5 % of 0.75"
+    );
+    println!(
+        "held by the policy: light {:.1} ms, heavy {:.1} ms",
+        light_held as f64 / 1e6,
+        heavy_held as f64 / 1e6
+    );
+    assert!(
+        light_held > heavy_held,
+        "the light client was held {light_held} ns, the heavy one {heavy_held} ns"
     );
 }
 

@@ -269,11 +269,7 @@ pub fn clients(clients: &[ClientStats]) -> String {
             copied.to_string(),
             gpu_time(c.gpu_time_ns),
             c.errors,
-            if c.governed {
-                gpu_time(c.throttled_ns)
-            } else {
-                MISSING.to_string()
-            }
+            gpu_time(c.throttled_ns)
         );
         if job_column {
             let job = c.job.map_or(MISSING.to_string(), |j| j.to_string());

@@ -54,6 +54,9 @@ pub struct Turn {
     pub request: RequestId,
     /// Run it on a partition of this many SMs, if set.
     pub sm_limit: Option<u32>,
+    /// How long the launch waited with none of the client's kernels on the GPU: the time the
+    /// policy kept it off the device (waiting behind its own kernels is not counted).
+    pub held_ns: u64,
 }
 
 struct State {
@@ -249,9 +252,14 @@ impl GpuScheduler {
         let request = submitted.ok()?;
         let mut waited = false;
         let mut finished = Vec::new();
+        let mut held_ns = 0u64;
         loop {
             if let Some(sm_limit) = st.granted.remove(&request) {
-                return Some(Turn { request, sm_limit });
+                return Some(Turn {
+                    request,
+                    sm_limit,
+                    held_ns,
+                });
             }
             if give_up() {
                 return None;
@@ -264,10 +272,11 @@ impl GpuScheduler {
                 self.pump(&mut st);
                 continue;
             }
-            let mut slice = if st.dispatcher.inflight_of(id) > 0 {
-                WAIT_SLICE
-            } else {
+            let off_the_gpu = st.dispatcher.inflight_of(id) == 0;
+            let mut slice = if off_the_gpu {
                 IDLE_WAIT_SLICE
+            } else {
+                WAIT_SLICE
             };
             // A hold that ends with time alone (FAIR waiting for an owed client) ends on time.
             if let Some(at) = st.dispatcher.next_wakeup() {
@@ -277,11 +286,19 @@ impl GpuScheduler {
             }
             st.waiters.insert(request, std::thread::current());
             drop(st);
+            let parked = off_the_gpu.then(Instant::now);
             std::thread::park_timeout(slice);
+            if let Some(at) = parked {
+                held_ns = held_ns.saturating_add(at.elapsed().as_nanos() as u64);
+            }
             st = self.lock();
             st.waiters.remove(&request);
             if let Some(sm_limit) = st.granted.remove(&request) {
-                return Some(Turn { request, sm_limit });
+                return Some(Turn {
+                    request,
+                    sm_limit,
+                    held_ns,
+                });
             }
             // Held still: what finished is reported in the same step as the policy's next look.
             drop(st);

@@ -94,8 +94,8 @@ pub(super) fn render_clients(
         (
             "gpushare_client_throttled_seconds_total",
             "counter",
-            "Time a governed client (gpushare run) waited for launch tokens (absent for others).",
-            |c| c.governed.then(|| c.throttled_ns as f64 / 1e9),
+            "Time the scheduling policy held the client's launches (a governed client: its wait for launch tokens).",
+            |c| Some(c.throttled_ns as f64 / 1e9),
         ),
         (
             "gpushare_client_queue_depth",

@@ -127,6 +127,12 @@ impl SessionState {
         queue: impl FnOnce(&Device, &mut Stream, Option<u32>) -> DeviceResult<()>,
     ) -> Result<(u64, u64), ErrorCode> {
         let turn = self.acquire(profile);
+        if let Some(held) = turn.map(|t| t.held_ns).filter(|&ns| ns > 0) {
+            self.info
+                .counters
+                .throttled_ns
+                .fetch_add(held, Ordering::Relaxed);
+        }
         let sm_limit = turn.and_then(|t| t.sm_limit);
         let start = turn.and_then(|_| self.start_granted(stream));
         let r = self.on_stream(stream, |d, s| queue(d, s, sm_limit));

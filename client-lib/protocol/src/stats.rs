@@ -210,7 +210,9 @@ pub struct ClientStats {
     /// it reported.
     #[serde(default)]
     pub governed: bool,
-    /// Time a governed program waited for launch tokens (priority holds and rate limit).
+    /// Time the scheduler's policy held the client's launches: a governed program's wait for
+    /// launch tokens (priority holds and rate limit); for others, the time a launch waited
+    /// with none of the client's kernels on the GPU (not its wait behind its own kernels).
     #[serde(default)]
     pub throttled_ns: u64,
     /// An unmodified program under `gpushare run` whose GPU work runs in the broker's context

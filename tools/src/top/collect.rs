@@ -284,11 +284,8 @@ impl Deriver {
                     None
                 },
                 errors: Some(c.errors),
-                throttled_share: if c.governed {
-                    span_ms.map(|ms| delta(counters.throttled_ns, base.throttled_ns) / ms / 1e6)
-                } else {
-                    None
-                },
+                throttled_share: span_ms
+                    .map(|ms| delta(counters.throttled_ns, base.throttled_ns) / ms / 1e6),
             });
             now.insert(key, counters);
         }
