@@ -16,7 +16,9 @@
 # FIFO's, and per kind), and each user's share of the GPU time against its weight's share.
 # Settings: NPROGS ("4 16"), USERS (4; 2 when N < 8), WEIGHTS ("2 1 3 2", user i gets the
 # i-th), POLICIES ("fifo fair fair-sms fair-turns fair-side srtf pack"; fair-turns is
-# `quantum_us = 1000`, fair-side adds `side_by_side = true`, fair-sideQ with quantum_us = Q),
+# `quantum_us = 1000`, fair-side adds `side_by_side = true`, fair-sideQ with quantum_us = Q;
+# any name ending in -aN sets `[fair] anticipate_us = N`, e.g. fair-side-a0, and then in
+# -user `[fair] per_user = true`, e.g. fair-side-user),
 # ROUNDS (2), WINDOW (10),
 # HP (set: a high-priority inference loop, colocate/loop.py --model infer, runs as user gsfairhp
 # beside them, every other user best-effort; it runs alone for one window first, and the summary
@@ -63,6 +65,15 @@ sock=$work/gpushare.sock
 gs() { timeout 20 "$work/bin/gpushare" --socket "$sock" "$@"; }
 
 policy_file() { # POLICY USERS
+    local anticipate= per_user=false
+    if [[ $1 == *-user ]]; then # -user: [fair] per_user = true
+        per_user=true
+        set -- "${1%-user}" "$2"
+    fi
+    if [[ $1 =~ ^(.*)-a([0-9]+)$ ]]; then # -aN: [fair] anticipate_us = N
+        anticipate=${BASH_REMATCH[2]}
+        set -- "${BASH_REMATCH[1]}" "$2"
+    fi
     local scheduler=${1%%-*} sms=false quantum=0 side=false by_weight=false
     local queue=
     [[ $1 == priority-weight* ]] && by_weight=true
@@ -74,6 +85,8 @@ policy_file() { # POLICY USERS
     printf 'scheduler = "%s"\n[fair]\nshare_sms = %s\nside_by_side = %s\n' "$scheduler" "$sms" "$side"
     # FAIR's policies say their quantum; priority's lower classes get the broker's default.
     [[ $scheduler == fair ]] && printf 'quantum_us = %s\n' "$quantum"
+    [[ -n $anticipate ]] && printf 'anticipate_us = %s\n' "$anticipate"
+    printf 'per_user = %s\n' "$per_user"
     printf '[priority]\nlower_by_weight = %s\n' "$by_weight"
     [[ -n $queue ]] && printf 'lower_queue_us = %s\n' "$queue"
     if [[ -n $hp ]]; then
@@ -239,6 +252,35 @@ for out in sorted(glob.glob(f"{logs}/n*"), key=lambda d: int(d.rsplit("n", 1)[1]
                   + ", ".join(f"{shares[u]:.3f}" for u in users) + f" | {worst * 100:.1f} % | "
                   + ", ".join(f"{tr[u] / trsum:.3f}" for u in users) + " |")
     print("\niterations per window, FIFO round 1: " + ", ".join(f"{p} {v}" for p, v in res.get((1, "fifo"), ({}, {}))[0].items()))
+
+    # Where each program's time went in round 1: iterations against FIFO's, the share of the
+    # window its work was on the GPU (device time) and the share the policy held it
+    # (THROTTLED: a launch waiting with none of its kernels on the GPU).
+    def per_client(path):
+        return {c["name"]: (c["gpu_time_ns"], c.get("throttled_ns", 0)) for c in json.load(open(path))["clients"]}
+
+    cells = {}
+    for pol in policies:
+        a, b = f"{out}/1-{pol}-a", f"{out}/1-{pol}-b"
+        try:
+            ca, cb = per_client(a + ".json"), per_client(b + ".json")
+            wall = (float(open(b + ".time").read()) - float(open(a + ".time").read())) * 1e9
+        except (OSError, ValueError):
+            continue
+        it, base = res.get((1, pol), ({}, {}))[0], res.get((1, "fifo"), ({}, {}))[0]
+        for p in progs:
+            if p not in ca or p not in cb:
+                continue
+            busy = (cb[p][0] - ca[p][0]) / wall
+            held = (cb[p][1] - ca[p][1]) / wall
+            ratio = it.get(p, 0) / base[p] if base.get(p) else float("nan")
+            cells[(p, pol)] = f"{ratio:.2f} / {busy * 100:.0f} / {held * 100:.0f}"
+    if cells:
+        print("\nround 1, each program: iterations / FIFO's, % of the window on the GPU, % held by the policy\n")
+        print("| program | " + " | ".join(policies) + " |")
+        print("|---|" + "---|" * len(policies))
+        for p in progs:
+            print(f"| {p} ({progs[p][0]}, {progs[p][1]}) | " + " | ".join(cells.get((p, pol), "–") for pol in policies) + " |")
     if os.path.exists(f"{out}/hp.lat"):
         lat = []
         for line in open(f"{out}/hp.lat"):

@@ -72,6 +72,7 @@ pub(super) struct FairFields {
     pub(super) anticipate_us: Option<u64>,
     pub(super) share_sms: Option<bool>,
     pub(super) side_by_side: Option<bool>,
+    pub(super) per_user: Option<bool>,
 }
 
 /// `[priority]`: the priority policy's tunables.

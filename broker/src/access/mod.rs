@@ -66,6 +66,8 @@
 //!                        # in exclusive turns (those further ahead wait), each charged its
 //!                        # measured device time (the default under scheduler = "fair" with
 //!                        # a quantum; false under priority's lower classes)
+//! per_user = false       # true: a user's programs share the user's weight (one virtual
+//!                        # time per user) instead of each program having it
 //! ```
 //!
 //! On a Slurm node, `[slurm]` says what a job's GPU shards are worth (`slurm.rs`; the
@@ -363,9 +365,9 @@ impl Policy {
     /// throughput with shares 29-64 % off the weights, 1 ms turns at 9-25 % within 3.2 %
     /// (docs/benchmarks.md). The same holds for FAIR within `priority`'s lower classes
     /// (`lower_by_weight`): one kernel at a time ran them at 5 % of FIFO's throughput.
-    /// Under `scheduler = "fair"` clients within that quantum run side by side: 1.4-1.8 × the
+    /// Under `scheduler = "fair"` clients within that quantum run side by side: 1.5-1.8 × the
     /// throughput of exclusive turns for 4-16 PyTorch programs with device-time shares within
-    /// 2.2 % against turns' 4.3-10.7 % (runs Q4 and Q6); priority's lower classes keep turns.
+    /// 1.7 % against turns' 1.8-9.4 % (run R4); priority's lower classes keep turns.
     pub fn fair_config(&self) -> crate::sched::FairConfig {
         let base = crate::sched::FairConfig::default();
         let f = &self.file.fair;
@@ -386,6 +388,7 @@ impl Policy {
                 .map_or(base.anticipate_ns, |us| us.saturating_mul(1_000)),
             share_sms: f.share_sms.unwrap_or(base.share_sms),
             side_by_side: f.side_by_side.unwrap_or(side_by_side),
+            per_user: f.per_user.unwrap_or(base.per_user),
             ..base
         }
     }

@@ -183,6 +183,7 @@ impl GpuScheduler {
         id: ClientId,
         class: PriorityClass,
         weight: u32,
+        account: u64,
         governed: bool,
         trust_domain: &str,
     ) {
@@ -197,6 +198,7 @@ impl GpuScheduler {
         };
         match st.dispatcher.add_client(ClientSpec {
             context,
+            account,
             ..ClientSpec::new(id, class, weight.max(1))
         }) {
             Ok(()) => {
@@ -361,12 +363,16 @@ impl GpuScheduler {
     ) -> Result<(), SchedError> {
         let (id, class, weight) = spec;
         let mut st = self.lock();
-        let context = st.dispatcher.spec(id).map_or(0, |s| s.context);
+        let (context, account) = st
+            .dispatcher
+            .spec(id)
+            .map_or((0, id), |s| (s.context, s.account));
         let _ = st.dispatcher.remove_client(id);
         let mut spec = ClientSpec::new(id, class, weight.max(1));
         spec.job = job;
         spec.deadline = deadline;
         spec.context = context;
+        spec.account = account;
         let r = st.dispatcher.add_client(spec);
         self.pump(&mut st);
         r
@@ -454,8 +460,8 @@ mod tests {
                 sm_partitions,
             },
         );
-        d.add_client(1, PriorityClass::High, 1, false, "default");
-        d.add_client(2, PriorityClass::BestEffort, 1, false, "default");
+        d.add_client(1, PriorityClass::High, 1, 1, false, "default");
+        d.add_client(2, PriorityClass::BestEffort, 1, 2, false, "default");
         d
     }
 
@@ -468,7 +474,7 @@ mod tests {
         assert!(dispatch(true, None).schedules(PriorityClass::High));
         assert!(dispatch(false, Some(0.25)).schedules(PriorityClass::High));
         // A governed program is in its own context, which no partition holds.
-        d.add_client(3, PriorityClass::BestEffort, 1, true, "default");
+        d.add_client(3, PriorityClass::BestEffort, 1, 3, true, "default");
         assert!(d.schedules(PriorityClass::High));
         d.remove_client(3);
         assert!(!d.schedules(PriorityClass::High));
@@ -482,11 +488,11 @@ mod tests {
     #[test]
     fn clients_share_a_context_tag_exactly_when_they_share_a_gpu_context() {
         let d = dispatch(false, None);
-        d.add_client(3, PriorityClass::BestEffort, 1, false, "lab");
-        d.add_client(4, PriorityClass::BestEffort, 1, false, "lab");
-        d.add_client(5, PriorityClass::BestEffort, 1, false, "other");
-        d.add_client(6, PriorityClass::BestEffort, 1, true, "default");
-        d.add_client(7, PriorityClass::BestEffort, 1, true, "default");
+        d.add_client(3, PriorityClass::BestEffort, 1, 3, false, "lab");
+        d.add_client(4, PriorityClass::BestEffort, 1, 4, false, "lab");
+        d.add_client(5, PriorityClass::BestEffort, 1, 5, false, "other");
+        d.add_client(6, PriorityClass::BestEffort, 1, 6, true, "default");
+        d.add_client(7, PriorityClass::BestEffort, 1, 7, true, "default");
         let context = |id| d.lock().dispatcher.spec(id).map(|s| s.context);
         assert_eq!(context(1), Some(0));
         assert_eq!(context(1), context(2));

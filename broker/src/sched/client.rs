@@ -44,6 +44,9 @@ pub struct ClientSpec {
     /// The GPU context its kernels run in (0: gpushared's default one). The GPU time-slices
     /// between contexts, so kernels of different contexts never run side by side.
     pub context: u64,
+    /// Whose share its work draws on when FAIR divides the GPU among users (`per_user`): its
+    /// user's ([`user_account`]); its own id otherwise.
+    pub account: u64,
 }
 
 impl ClientSpec {
@@ -55,8 +58,14 @@ impl ClientSpec {
             job: None,
             deadline: None,
             context: 0,
+            account: id,
         }
     }
+}
+
+/// The account of the Unix user `uid` (above every client id, which count up from 1).
+pub fn user_account(uid: u32) -> u64 {
+    (1 << 62) | u64::from(uid)
 }
 
 /// A queued launch.

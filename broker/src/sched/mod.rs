@@ -54,7 +54,7 @@ mod view;
 pub use self::admission::{Admit, MemoryAdmission, TooLarge};
 pub use self::client::{
     ClientSchedStats, ClientSpec, DeadlineSpec, Grant, Inflight, IterationReport, JobProfile,
-    Request,
+    Request, user_account,
 };
 pub use self::deadline::{DeadlineConfig, DeadlineController, SharePacer};
 pub use self::dispatcher::Dispatcher;

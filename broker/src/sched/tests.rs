@@ -539,6 +539,8 @@ fn scripts() -> impl Strategy<Value = (Vec<ClientScript>, Option<(u64, f64)>)> {
                             }),
                             // Two GPU contexts (two trust domains), alternating.
                             context: id % 2,
+                            // Three users.
+                            account: crate::sched::user_account((id % 3) as u32),
                         };
                         ClientScript {
                             spec,

@@ -311,6 +311,7 @@ impl SessionState {
             self.info.id,
             grant.class,
             grant.weight,
+            crate::sched::user_account(self.info.uid),
             self.info.governed,
             &self.info.trust_domain,
         );

@@ -3,6 +3,8 @@
 //! `gpushare-testclient MODE [BYTES]`, socket from GPUSHARE_SOCKET:
 //! - `hold BYTES`: allocate BYTES in 1 MiB pieces, fill them, print `ready`, then sleep.
 //! - `busy`: print `ready`, then launch spin kernels and copies forever.
+//! - `spin-wide`: print `ready`, then launch 1 ms spin kernels of 1,024 blocks (as wide as
+//!   any GPU) forever, never synchronizing (the ring's back-pressure paces it).
 //! - `flood`: submit no-ops forever without ever reading a completion.
 //! - `wait-shutdown`: print `ready`, then synchronize in a loop until an error; print it.
 //! - `churn SEED`: print `ready`, then random work forever (allocations of random sizes,
@@ -124,6 +126,18 @@ fn main() {
                     })
                     .expect("spin");
                 buf.copy_from_host(&vec![2.0; 1 << 16]).expect("copy");
+            }
+        }
+        "spin-wide" => {
+            let stream = client.default_stream();
+            ready();
+            loop {
+                stream
+                    .launch(Kernel::Spin {
+                        micros: 1000,
+                        blocks: 1024,
+                    })
+                    .expect("spin");
             }
         }
         "flood" => {

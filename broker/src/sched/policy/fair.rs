@@ -46,6 +46,11 @@
 //! granted kernels cannot be taken back, and a stream's full depth of them would run on for
 //! tens of milliseconds after a newcomer joined or a weight changed.
 //!
+//! With `per_user`, shares belong to users rather than programs: every client of one Unix
+//! user (its `account`) draws on one virtual time, charged each client's work over its own
+//! weight (give a user's programs one weight, as the policy file does), so a user running four
+//! programs gets the same share as one running one, and among themselves they go as they come.
+//!
 //! With `share_sms` (experimental), several clients' kernels run at once while their SMs fit
 //! the GPU, and each is charged its share of the SMs for its time (SM·time) instead of the
 //! whole GPU: the least charged client's kernel goes next if it fits beside what is in flight
@@ -79,6 +84,8 @@ pub struct FairConfig {
     pub share_sms: bool,
     /// Clients within a quantum of the least served run side by side (see the docs).
     pub side_by_side: bool,
+    /// Shares belong to users: a user's programs draw on one virtual time (see the docs).
+    pub per_user: bool,
 }
 
 impl Default for FairConfig {
@@ -91,6 +98,7 @@ impl Default for FairConfig {
             anticipate_ns: 500_000,
             share_sms: false,
             side_by_side: false,
+            per_user: false,
         }
     }
 }
@@ -98,7 +106,10 @@ impl Default for FairConfig {
 #[derive(Debug, Clone)]
 pub struct Fair {
     cfg: FairConfig,
-    vtime: HashMap<ClientId, f64>,
+    /// Virtual times by account: the client's own id, or with `per_user` its user's.
+    vtime: HashMap<u64, f64>,
+    /// With `per_user`: each client's account, as it said when it first submitted.
+    accounts: HashMap<ClientId, u64>,
     /// With turns: when each idle client's last request completed.
     idle_since: HashMap<ClientId, u64>,
     /// When each client with nothing queued or in flight had its last request complete.
@@ -115,6 +126,7 @@ impl Fair {
         Fair {
             cfg,
             vtime: HashMap::new(),
+            accounts: HashMap::new(),
             idle_since: HashMap::new(),
             done_at: HashMap::new(),
             wake: None,
@@ -157,9 +169,27 @@ impl Fair {
             .then(a.head().map(|h| h.id).cmp(&b.head().map(|h| h.id)))
     }
 
-    /// A client's virtual time: GPU time charged over its weight.
+    /// A client's virtual time: GPU time charged over its weight (its user's, with `per_user`).
     pub(super) fn vt(&self, id: ClientId) -> f64 {
-        self.vtime.get(&id).copied().unwrap_or(0.0)
+        self.vtime.get(&self.account(id)).copied().unwrap_or(0.0)
+    }
+
+    /// Whose virtual time `id`'s work is charged to.
+    fn account(&self, id: ClientId) -> u64 {
+        match self.cfg.per_user {
+            true => self.accounts.get(&id).copied().unwrap_or(id),
+            false => id,
+        }
+    }
+
+    /// Adds `delta` to the virtual time `id`'s work is charged to.
+    fn charge(&mut self, id: ClientId, delta: f64) {
+        *self.vtime.entry(self.account(id)).or_insert(0.0) += delta;
+    }
+
+    /// Whether `a` and `b` draw on different shares.
+    fn apart(&self, a: ClientId, b: ClientId) -> bool {
+        self.account(a) != self.account(b)
     }
 
     /// The part of the GPU a request is charged for: its share of the SMs when they are
@@ -331,8 +361,19 @@ impl Policy for Fair {
     fn on_submit(&mut self, view: &View<'_>, client: ClientId, now: u64) {
         self.done_at.remove(&client);
         let Some(c) = view.client(client) else { return };
+        if self.cfg.per_user {
+            self.accounts.insert(client, c.spec().account);
+        }
         if c.queued() != 1 || !c.inflight().is_empty() {
             return; // was backlogged already
+        }
+        let sibling_busy = view.clients().any(|o| {
+            o.id() != client
+                && !self.apart(o.id(), client)
+                && (o.backlogged() || !o.inflight().is_empty())
+        });
+        if sibling_busy {
+            return; // its account was backlogged already
         }
         if let Some(since) = self.idle_since.remove(&client)
             && now.saturating_sub(since) < IDLE_GRACE_NS
@@ -341,11 +382,11 @@ impl Policy for Fair {
         }
         let vmin = view
             .clients()
-            .filter(|o| o.id() != client && o.backlogged())
+            .filter(|o| self.apart(o.id(), client) && o.backlogged())
             .map(|o| self.vt(o.id()))
             .min_by(f64::total_cmp);
         let floor = vmin.map(|v| v - self.cfg.lag_ns as f64 / f64::from(c.weight()));
-        let v = self.vtime.entry(client).or_insert(0.0);
+        let v = self.vtime.entry(self.account(client)).or_insert(0.0);
         if let Some(floor) = floor {
             *v = v.max(floor);
         }
@@ -354,8 +395,7 @@ impl Policy for Fair {
     fn on_grant(&mut self, view: &View<'_>, client: ClientId, request: &Inflight, _now: u64) {
         let w = view.client(client).map_or(1, |c| c.weight());
         let share = self.sm_share(view, request);
-        *self.vtime.entry(client).or_insert(0.0) +=
-            request.profile.est_ns as f64 * share / f64::from(w);
+        self.charge(client, request.profile.est_ns as f64 * share / f64::from(w));
     }
 
     fn on_complete(
@@ -376,7 +416,7 @@ impl Policy for Fair {
         } else {
             let correction =
                 (gpu_ns as f64 - request.profile.est_ns as f64) * self.sm_share(view, request);
-            *self.vtime.entry(client).or_insert(0.0) += correction / f64::from(w);
+            self.charge(client, correction / f64::from(w));
         }
         if (self.cfg.quantum_ns > 0 || self.cfg.side_by_side) && c.is_some_and(|c| !c.backlogged())
         {
@@ -404,17 +444,21 @@ impl Policy for Fair {
         // most that to the least served other backlogged one, however late its time comes.
         let bound = view
             .clients()
-            .filter(|o| o.id() != client && o.backlogged())
+            .filter(|o| self.apart(o.id(), client) && o.backlogged())
             .map(|o| self.vt(o.id()))
             .min_by(f64::total_cmp)
             .map(|least| least + self.cfg.lag_ns as f64 / w);
         let v = bound.map_or(v, |b| v.min(b.max(was)));
-        self.vtime.insert(client, v);
+        self.vtime.insert(self.account(client), v);
     }
 
     fn on_remove(&mut self, client: ClientId) {
         self.unmeasured.remove(&client);
-        self.vtime.remove(&client);
+        let account = self.account(client);
+        self.accounts.remove(&client);
+        if !self.accounts.values().any(|&a| a == account) {
+            self.vtime.remove(&account);
+        }
         self.idle_since.remove(&client);
         self.done_at.remove(&client);
     }

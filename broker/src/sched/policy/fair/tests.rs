@@ -421,6 +421,40 @@ fn side_by_side_gives_a_newcomer_its_share_within_a_quantum() {
     }
 }
 
+/// `per_user`: shares belong to users. User A runs three programs and user B one, all of
+/// weight 1, kernels that compete for the whole GPU: by program each gets a quarter (A three
+/// quarters); by user A's three together get half, as B's one does, with as much done.
+#[test]
+fn per_user_shares_divide_the_gpu_among_users_not_programs() {
+    let run = |per_user: bool| {
+        let mut scripts = weighted(&[1, 1, 1, 1], |id| {
+            vec![kernel(id, 200, 132, Bound::Compute); 10]
+        });
+        for (s, user) in scripts.iter_mut().zip([7, 7, 7, 8]) {
+            s.spec.account = crate::sched::user_account(user);
+        }
+        let mut cfg = quantum_cfg(true, 300 * MS, 64);
+        cfg.sched.fair.per_user = per_user;
+        Simulation::new(cfg, PolicyKind::Fair, scripts).run()
+    };
+    let user_a = |r: &SimReport| {
+        let (shares, _) = gpu_shares(r);
+        shares[..3].iter().sum::<f64>()
+    };
+    let (by_program, by_user) = (run(false), run(true));
+    let done = |r: &SimReport| r.clients.iter().map(|c| c.completed).sum::<u64>();
+    println!(
+        "fair per user: user A (3 programs) {:.3} of the GPU by program, {:.3} by user; kernels done {} and {}",
+        user_a(&by_program),
+        user_a(&by_user),
+        done(&by_program),
+        done(&by_user)
+    );
+    assert!((user_a(&by_program) - 0.75).abs() < 0.0375);
+    assert!((user_a(&by_user) - 0.5).abs() < 0.025);
+    assert!(done(&by_user) as f64 >= 0.98 * done(&by_program) as f64);
+}
+
 /// `share_sms`: four programs of 48-SM kernels (two or three fit side by side), weights
 /// 1 : 2 : 3 : 2, each one stream. Their SM·time follows the weights, and they get more
 /// done than one kernel at a time, which leaves the rest of the GPU idle.
