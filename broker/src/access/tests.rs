@@ -146,6 +146,13 @@ fn the_fair_quantum_and_side_by_side_come_from_the_file() {
         !turns.fair_config().side_by_side,
         "exclusive turns, asked for"
     );
+    assert!(
+        !turns.fair_config().per_user,
+        "shares by program unless asked"
+    );
+    let users = Policy::parse("scheduler = \"fair\"\n[fair]\nper_user = true\n", "t.toml")
+        .expect("valid policy");
+    assert!(users.fair_config().per_user, "shares by user, asked for");
     let off = Policy::parse("scheduler = \"fair\"\n[fair]\nquantum_us = 0\n", "t.toml")
         .expect("valid policy");
     assert_eq!(
