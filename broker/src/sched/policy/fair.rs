@@ -367,11 +367,12 @@ impl Policy for Fair {
         if c.queued() != 1 || !c.inflight().is_empty() {
             return; // was backlogged already
         }
-        let sibling_busy = view.clients().any(|o| {
-            o.id() != client
-                && !self.apart(o.id(), client)
-                && (o.backlogged() || !o.inflight().is_empty())
-        });
+        let sibling_busy = self.cfg.per_user
+            && view.clients().any(|o| {
+                o.id() != client
+                    && !self.apart(o.id(), client)
+                    && (o.backlogged() || !o.inflight().is_empty())
+            });
         if sibling_busy {
             return; // its account was backlogged already
         }
