@@ -363,16 +363,17 @@ impl GpuScheduler {
     ) -> Result<(), SchedError> {
         let (id, class, weight) = spec;
         let mut st = self.lock();
-        let (context, account) = st
-            .dispatcher
-            .spec(id)
-            .map_or((0, id), |s| (s.context, s.account));
+        // Everything else it was registered with (its GPU context, its account) stays.
+        let spec = ClientSpec {
+            class,
+            weight: weight.max(1),
+            job,
+            deadline,
+            ..st.dispatcher
+                .spec(id)
+                .unwrap_or_else(|| ClientSpec::new(id, class, weight))
+        };
         let _ = st.dispatcher.remove_client(id);
-        let mut spec = ClientSpec::new(id, class, weight.max(1));
-        spec.job = job;
-        spec.deadline = deadline;
-        spec.context = context;
-        spec.account = account;
         let r = st.dispatcher.add_client(spec);
         self.pump(&mut st);
         r

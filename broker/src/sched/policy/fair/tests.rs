@@ -244,23 +244,29 @@ fn a_newcomer_is_owed_at_most_the_lag_bound() {
     }
 }
 
-/// The model with FAIR's 1 ms quantum, side by side or in turns, `depth` kernels in flight per
-/// client and a 20 µs completion round trip.
-fn quantum_cfg(side_by_side: bool, horizon_ns: u64, depth: u32) -> SimConfig {
+/// The model with FAIR's `fair` tunables, `depth` kernels in flight per client and a 20 µs
+/// completion round trip.
+fn model_cfg(fair: FairConfig, horizon_ns: u64, depth: u32) -> SimConfig {
     SimConfig {
         horizon_ns,
         observe_ns: 20_000,
         sched: SchedConfig {
-            fair: FairConfig {
-                side_by_side,
-                quantum_ns: MS,
-                ..FairConfig::default()
-            },
+            fair,
             max_inflight_per_client: depth,
             ..SchedConfig::default()
         },
         ..SimConfig::default()
     }
+}
+
+/// The model with FAIR's 1 ms quantum, side by side or in turns.
+fn quantum_cfg(side_by_side: bool, horizon_ns: u64, depth: u32) -> SimConfig {
+    let fair = FairConfig {
+        side_by_side,
+        quantum_ns: MS,
+        ..FairConfig::default()
+    };
+    model_cfg(fair, horizon_ns, depth)
 }
 
 /// Four programs of 100 µs kernels on 48 SMs, one stream each, weights 1 : 2 : 3 : 2, with a
@@ -269,17 +275,7 @@ fn narrow_programs(policy: PolicyKind, fair: FairConfig) -> SimReport {
     let scripts = weighted(&[1, 2, 3, 2], |id| {
         vec![kernel(id, 100, 48, Bound::Compute)]
     });
-    let cfg = SimConfig {
-        horizon_ns: 400 * MS,
-        observe_ns: 20_000,
-        sched: SchedConfig {
-            fair,
-            max_inflight_per_client: 8,
-            ..SchedConfig::default()
-        },
-        ..SimConfig::default()
-    };
-    Simulation::new(cfg, policy, scripts).run()
+    Simulation::new(model_cfg(fair, 400 * MS, 8), policy, scripts).run()
 }
 
 /// Side by side: four programs of narrow kernels (48 of 132 SMs: two fit at once, four
