@@ -26,7 +26,10 @@
 # priority-weight", priority-weight being `[priority] lower_by_weight = true`, issue 31 point 2,
 # and priority-weight-side the same with `[fair] side_by_side = true`; a priority policy's
 # name ending in -qN sets `[priority] lower_queue_us = N`),
-# SETTLE (2), LOGS (default $work/logs), PYTHON (python3).
+# SETTLE (2), LOGS (default $work/logs), PYTHON (python3), ON_WINDOW (a command started at each
+# window's start with its log prefix and length in seconds, e.g. a profiler; waited for).
+# Each window also records the machine's CPU counters and the CPU time of gpushared, its
+# device workers and the programs; the summary gives them in cores for round 1.
 set -uo pipefail
 dir=$(cd "$(dirname "$0")" && pwd)
 py=${PYTHON:-python3}
@@ -131,8 +134,19 @@ for n in $nprogs; do
     gpushared_pid=$(pgrep -P "$broker_pid" -x gpushared)
     gs status > /dev/null || { echo "gpushared did not start" >&2; tail "$out/broker.log" >&2; exit 1; }
     : > "$out/programs.txt"
-    snap() { # FILE: progress of every program, the status, and the time
+    snap() { # FILE: progress of every program, the status, the time and the CPU counters
         date +%s.%N > "$1.time"
+        local c t p u s
+        {
+            head -n 1 /proc/stat
+            for c in gpushared gpushare-worker python3; do
+                t=0
+                for p in $(pgrep -x "$c"); do
+                    read -r u s < <(awk '{print $14, $15}' "/proc/$p/stat" 2> /dev/null) && t=$((t + u + s))
+                done
+                echo "$c $t"
+            done
+        } > "$1.cpu"
         for ((p = 0; p < n; p++)); do echo "p$p $(cat "$work/p$p.progress" 2> /dev/null)"; done > "$1.progress"
         gs status --json > "$1.json"
     }
@@ -169,8 +183,11 @@ for n in $nprogs; do
             kill -HUP "$gpushared_pid"
             sleep "$settle"
             snap "$out/$r-$pol-a"
+            hook=
+            [[ -n ${ON_WINDOW:-} ]] && { $ON_WINDOW "$out/$r-$pol" "$window" & hook=$!; }
             sleep "$window"
             snap "$out/$r-$pol-b"
+            [[ -n $hook ]] && wait "$hook"
             echo "N=$n round $r $pol measured" >&2
             all_alive "during round $r's $pol window"
         done
@@ -253,11 +270,20 @@ for out in sorted(glob.glob(f"{logs}/n*"), key=lambda d: int(d.rsplit("n", 1)[1]
                   + ", ".join(f"{tr[u] / trsum:.3f}" for u in users) + " |")
     print("\niterations per window, FIFO round 1: " + ", ".join(f"{p} {v}" for p, v in res.get((1, "fifo"), ({}, {}))[0].items()))
 
-    # Where each program's time went in round 1: iterations against FIFO's, the share of the
-    # window its work was on the GPU (device time) and the share the policy held it
-    # (THROTTLED: a launch waiting with none of its kernels on the GPU).
+    # Where each program's time went in round 1: iterations against FIFO's, its kernels
+    # launched per iteration against FIFO's (the same program: 1.00 unless it launched
+    # differently), the share of the window its work was on the GPU (device time) and the
+    # share the policy held it (THROTTLED: a launch waiting with none of its kernels on the GPU).
     def per_client(path):
-        return {c["name"]: (c["gpu_time_ns"], c.get("throttled_ns", 0)) for c in json.load(open(path))["clients"]}
+        return {c["name"]: (c["gpu_time_ns"], c.get("throttled_ns", 0), c.get("kernels", 0)) for c in json.load(open(path))["clients"]}
+
+    def kernels_per_iteration(pol, p):
+        try:
+            ka, kb = per_client(f"{out}/1-{pol}-a.json"), per_client(f"{out}/1-{pol}-b.json")
+            n = res[(1, pol)][0].get(p, 0)
+            return (kb[p][2] - ka[p][2]) / n if n else float("nan")
+        except (OSError, ValueError, KeyError):
+            return float("nan")
 
     cells = {}
     for pol in policies:
@@ -274,9 +300,37 @@ for out in sorted(glob.glob(f"{logs}/n*"), key=lambda d: int(d.rsplit("n", 1)[1]
             busy = (cb[p][0] - ca[p][0]) / wall
             held = (cb[p][1] - ca[p][1]) / wall
             ratio = it.get(p, 0) / base[p] if base.get(p) else float("nan")
-            cells[(p, pol)] = f"{ratio:.2f} / {busy * 100:.0f} / {held * 100:.0f}"
+            kpi = kernels_per_iteration(pol, p) / kernels_per_iteration("fifo", p)
+            cells[(p, pol)] = f"{ratio:.2f} / {kpi:.2f} / {busy * 100:.0f} / {held * 100:.0f}"
+    # CPU in round 1's windows, in cores: the whole machine's busy time, gpushared's, its
+    # device workers' and the programs'.
+    def cpu(path):
+        v = {}
+        for line in open(path):
+            f = line.split()
+            if f[0] == "cpu":
+                v["busy"] = sum(int(x) for x in f[1:9]) - int(f[4]) - int(f[5])
+            elif len(f) == 2:
+                v[f[0]] = int(f[1])
+        return v
+
+    rows = []
+    for pol in policies:
+        try:
+            ca, cb = cpu(f"{out}/1-{pol}-a.cpu"), cpu(f"{out}/1-{pol}-b.cpu")
+            wall = float(open(f"{out}/1-{pol}-b.time").read()) - float(open(f"{out}/1-{pol}-a.time").read())
+        except (OSError, ValueError, IndexError):
+            continue
+        hz = os.sysconf("SC_CLK_TCK")
+        d = {k: (cb.get(k, 0) - ca.get(k, 0)) / hz / wall for k in ("busy", "gpushared", "gpushare-worker", "python3")}
+        rows.append(f"| {pol} | {os.cpu_count()} | {d['busy']:.2f} | {d['gpushared']:.2f} | {d['gpushare-worker']:.2f} | {d['python3']:.2f} |")
+    if rows:
+        print("\nround 1, CPU in cores\n")
+        print("| policy | cores | machine busy | gpushared | workers | programs |")
+        print("|---|---|---|---|---|---|")
+        print("\n".join(rows))
     if cells:
-        print("\nround 1, each program: iterations / FIFO's, % of the window on the GPU, % held by the policy\n")
+        print("\nround 1, each program: iterations / FIFO's, kernels per iteration / FIFO's, % of the window on the GPU, % held by the policy\n")
         print("| program | " + " | ".join(policies) + " |")
         print("|---|" + "---|" * len(policies))
         for p in progs:
