@@ -210,6 +210,8 @@ impl SessionState {
                 if stream == 0 {
                     return Err(ErrorCode::InvalidHandle);
                 }
+                // It is waited for below, and its granted kernels cannot be marked after.
+                self.granted_seen_finished(stream);
                 let mut slot = self
                     .streams
                     .remove(&stream)
@@ -219,7 +221,8 @@ impl SessionState {
                 let spent = self.device.take_busy_ns(&mut slot.stream);
                 self.charge_device_time(spent);
                 self.device.destroy_stream(slot.stream);
-                counters
+                self.info
+                    .counters
                     .streams
                     .store(self.streams.len() as u64, Ordering::Relaxed);
                 Ok((0, 0))
@@ -252,6 +255,7 @@ impl SessionState {
                 slot.unsynced = false;
                 // The client waits on this: it goes on while the bookkeeping below runs.
                 self.answer_early();
+                self.granted_seen_finished(stream);
                 self.publish_mark(stream);
                 self.settle_in_flight();
                 Ok((0, 0))
@@ -565,6 +569,7 @@ impl SessionState {
             }
         }
         if first_error.is_none() {
+            self.all_granted_seen_finished();
             self.settle_in_flight();
         }
         first_error.map_or(Ok(()), Err)

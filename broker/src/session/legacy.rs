@@ -45,22 +45,7 @@ impl SessionState {
             Command::StreamQuery { stream } if self.lost.take_work(stream) => {
                 Err(ErrorCode::WorkLost)
             }
-            Command::StreamQuery { stream } => {
-                let device = self.device.clone();
-                match self.streams.get_mut(&stream) {
-                    None => Err(ErrorCode::InvalidHandle),
-                    Some(slot) => device
-                        .stream_done(&slot.stream)
-                        .map(|done| {
-                            if done {
-                                slot.unsynced = false;
-                                device.settled(&mut slot.stream);
-                            }
-                            (done as u64, 0)
-                        })
-                        .map_err(|e| e.code()),
-                }
-            }
+            Command::StreamQuery { stream } => self.query_stream(stream),
             Command::MemsetWide {
                 stream,
                 dst,
@@ -124,6 +109,7 @@ impl SessionState {
                 if let Some(slot) = self.streams.get_mut(&stream) {
                     slot.unsynced = false;
                 }
+                self.granted_seen_finished(stream);
                 self.publish_mark(stream);
                 self.info
                     .counters
@@ -416,5 +402,21 @@ impl SessionState {
             value,
         };
         self.on_stream(stream, |d, s| d.queue(s, point, &[]))
+    }
+
+    /// Whether the stream's work is done (`cuStreamQuery`); done, it is known idle.
+    fn query_stream(&mut self, stream: StreamId) -> Result<(u64, u64), ErrorCode> {
+        let device = self.device.clone();
+        let slot = self
+            .streams
+            .get_mut(&stream)
+            .ok_or(ErrorCode::InvalidHandle)?;
+        let done = device.stream_done(&slot.stream).map_err(|e| e.code())?;
+        if done {
+            slot.unsynced = false;
+            device.settled(&mut slot.stream);
+            self.granted_seen_finished(stream);
+        }
+        Ok((done as u64, 0))
     }
 }

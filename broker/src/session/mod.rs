@@ -77,9 +77,8 @@ struct StreamSlot {
     unordered: bool,
     /// Stream 0's work up to which this stream is ordered after.
     legacy_seen: u64,
-    /// The event after the last granted kernel on this stream seen finished: where the next
-    /// one, launched behind it, started (its duration is measured from there).
-    last_end: Option<Event>,
+    /// Its granted kernels waiting for a progress mark (`turns`).
+    pending: u32,
     /// The progress mark of its unfinished work last told to the fault watchdog.
     published: Option<(u32, u32)>,
 }
@@ -94,7 +93,7 @@ impl StreamSlot {
             blocking: false,
             unordered: false,
             legacy_seen: 0,
-            last_end: None,
+            pending: 0,
             published: None,
         }
     }
@@ -149,8 +148,15 @@ pub struct SessionState {
     declared_job: Option<crate::sched::JobProfile>,
     /// Granted kernels not yet seen finished, oldest first, with the events that time them.
     granted: std::collections::VecDeque<turns::Granted>,
-    /// Granted kernels reported finished (which of them to time, `turns`).
-    reaped: u32,
+    /// Granted kernels to go before the next one timed, and the generator that picks it
+    /// (`turns`).
+    until_timed: u32,
+    timing_seed: u32,
+    /// Granted kernels still to get a progress mark each, after a wait for the scheduler.
+    mark_each: u32,
+    /// Granted kernels waiting for a progress mark, and batches ended since they began to.
+    pending_kernels: u32,
+    batches_pending: u32,
     /// Granted kernels seen finished, on their way to the scheduler (kept for its room).
     seen_finished: Vec<crate::gpu::scheduler::Finished>,
     spare_events: Vec<Event>,
@@ -254,6 +260,8 @@ impl SessionState {
         let mut streams = HashMap::new();
         streams.insert(0, StreamSlot::new(default_stream));
         info.counters.streams.store(1, Ordering::Relaxed);
+        // Sessions pick the kernels they time apart from each other (never 0: xorshift).
+        let timing_seed = (info.id as u32).wrapping_mul(0x9E37_79B9) | 1;
         Ok(SessionState {
             device,
             info,
@@ -285,7 +293,11 @@ impl SessionState {
             dispatch,
             declared_job: None,
             granted: std::collections::VecDeque::new(),
-            reaped: 0,
+            until_timed: 1,
+            timing_seed,
+            mark_each: 0,
+            pending_kernels: 0,
+            batches_pending: 0,
             seen_finished: Vec::new(),
             spare_events: Vec::new(),
             placed_charges: HashMap::new(),
@@ -335,7 +347,7 @@ impl SessionState {
             }
         };
         self.dispatch.remove_client(self.info.id);
-        self.granted.clear();
+        self.forget_granted();
         self.reclaim();
         self.health.unregister(self.info.id);
         end

@@ -276,6 +276,7 @@ impl SessionState {
         {
             slot.unsynced = false;
             self.device.settled(&mut slot.stream);
+            self.granted_seen_finished(stream);
             self.publish_mark(stream);
         }
     }
@@ -317,7 +318,7 @@ impl SessionState {
         };
         self.epoch = self.health.epoch();
         self.holding_turn = false;
-        self.granted.clear();
+        self.forget_granted();
         self.dispatch.remove_client(self.info.id);
         self.register_with_scheduler();
         self.governed.forget_lease();

@@ -1,19 +1,17 @@
 //! Kernels and the GPU's scheduler: a launch waits for its turn, and the scheduler hears when
-//! each granted kernel has finished and how long it ran on the device (timed with events), so
-//! that its profiles and fair shares rest on measurements, not estimates.
+//! each granted kernel has finished and, for some, how long it ran on the device (timed with
+//! events), so that its profiles and fair shares rest on measurements, not estimates.
 //!
-//! A kernel is timed from an event recorded just before it, or, when it was launched right
-//! behind the previous granted kernel of its stream while that one still ran (back-to-back
-//! work, the common case), from the event after that one: one event per kernel, not two.
-//!
-//! Whether a granted kernel finished is read from the progress page, where its stream writes
-//! a mark after it (`Device::mark_done`), not asked of the worker: a question waits for its
-//! answer behind everything the session posted before it, and asked on every launch it made
-//! each launch wait for the worker to catch up (on the H200, FAIR with nothing held ran 4 and
-//! 16 PyTorch programs at 0.71 and 0.33 of FIFO's throughput; 0.91-1.04 and 0.59-0.60 with
-//! marks). For the same reason the device time of only one granted kernel in `MEASURE_EVERY`
-//! is asked for while the client is busy (the others are charged their profile's estimate,
-//! which those measurements keep true); every one is measured while it is idle or held.
+//! Whether granted kernels finished is read from the progress page, where their stream writes
+//! a mark after them (`Device::mark_done`), not asked of the worker, whose answer would wait
+//! behind everything the session posted before the question. Every call a granted kernel adds
+//! goes through the worker's CUDA context, which all clients' launches share, so a mark covers
+//! up to `MARK_EVERY` kernels of a stream: one is posted at once when the session is about to
+//! wait for the scheduler or goes quiet (and after every kernel for a while after a wait with
+//! few kernels in flight, when each one finishing is what frees it), and a wait that saw the
+//! stream finish settles its kernels without one. About one kernel in `TIME_EVERY`, picked
+//! at random, is timed between two events of its own; the others are charged their profile's
+//! estimate, which those measurements keep true (docs/benchmarks.md, runs A1-A5).
 
 use std::sync::atomic::Ordering;
 
@@ -24,22 +22,36 @@ use crate::device::{Event, EventKind};
 use crate::gpu::scheduler::{Finished, Profiles, Turn, Waiting};
 use crate::sched::{KernelProfile, RequestId};
 
-/// While the client is busy, one granted kernel in this many is timed (see the docs).
-const MEASURE_EVERY: u32 = 8;
+/// About one granted kernel in this many is timed (see the docs).
+const TIME_EVERY: u32 = 8;
+/// At most this many granted kernels of a stream, or batches of the client's commands, wait
+/// for one progress mark.
+const MARK_EVERY: u32 = 8;
+/// After a wait with few kernels in flight, this many granted kernels get a mark each.
+const MARK_EACH_AFTER_HOLD: u32 = 64;
 
 /// A granted kernel not yet seen finished.
 pub(super) struct Granted {
     request: RequestId,
     stream: StreamId,
-    /// Recorded just before the kernel; `None`: it started when the previous granted kernel
-    /// of its stream ended.
+    /// Recorded just before it, when it is timed.
     start: Option<Event>,
-    end: Event,
-    /// The stream's operation count after the kernel (nothing else came between two granted
-    /// kernels when the next one is launched at the count after this).
-    submitted: u64,
-    /// The progress mark its stream writes after it (`None`: ask the end event).
-    mark: Option<(u32, u32)>,
+    /// Recorded just after it, when it is timed or its stream cannot be marked.
+    end: Option<Event>,
+    seen: Seen,
+}
+
+/// How a granted kernel is seen finished.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Seen {
+    /// Not yet marked: a later mark on its stream tells, or a wait that saw the stream finish.
+    Pending,
+    /// The progress mark its stream writes after it (or after later work of the stream).
+    Mark((u32, u32)),
+    /// Its stream cannot be marked: its end event is asked.
+    Event,
+    /// Known finished: its stream was seen finished since.
+    Done,
 }
 
 impl SessionState {
@@ -70,9 +82,16 @@ impl SessionState {
                     // Close the measured spans: time spent waiting for others is not ours.
                     // Every stream's, and as idle: an ordinary batch end leaves a young span
                     // open, and the wait would be charged to this client.
+                    // Its kernels that wait for a mark get one: their finishing may be what
+                    // frees it. With few in flight, each one's does: for a while each of its
+                    // kernels gets its own.
                     Waiting::Begins => {
                         for slot in this.streams.values_mut() {
                             this.device.end_batch(&mut slot.stream, true);
+                        }
+                        this.mark_all_pending();
+                        if this.granted.len() < 2 * MARK_EVERY as usize {
+                            this.mark_each = MARK_EACH_AFTER_HOLD;
                         }
                     }
                 },
@@ -82,34 +101,26 @@ impl SessionState {
     }
 
     /// Before a granted kernel is launched on `stream`: an event that marks where it starts,
-    /// unless it will start where the stream's previous granted kernel ends (that one is
-    /// still running and nothing was queued between them).
+    /// when it is the one in about [`TIME_EVERY`] to be timed.
     pub(super) fn start_granted(&mut self, stream: StreamId) -> Option<Event> {
-        let submitted = self.streams.get(&stream)?.submitted;
-        let behind = self
-            .granted
-            .iter()
-            .rev()
-            .find(|g| g.stream == stream)
-            .is_some_and(|g| g.submitted == submitted && !self.finished(g, false));
-        if behind {
+        self.until_timed = self.until_timed.saturating_sub(1);
+        if self.until_timed > 0 {
             return None;
         }
-        let event = self.spare_event().ok()?;
-        let Some(slot) = self.streams.get_mut(&stream) else {
-            self.spare_events.push(event);
-            return None;
-        };
-        match self.device.record_start(&event, &mut slot.stream) {
-            Ok(()) => Some(event),
-            Err(_) => {
-                self.spare_events.push(event);
-                None
-            }
-        }
+        // Next: 1 to 2 × TIME_EVERY - 1 kernels on (xorshift), so that every kernel of a
+        // program's repeating sequence gets timed now and then.
+        let mut x = self.timing_seed;
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        self.timing_seed = x;
+        self.until_timed = 1 + x % (2 * TIME_EVERY - 1);
+        self.record(stream, true)
     }
 
-    /// After a granted launch: an event marks when the kernel is done, and times it.
+    /// After a granted launch: how it will be seen finished (a progress mark now, or one
+    /// later that covers the stream's next kernels too) and, when it is timed, an event after
+    /// it.
     pub(super) fn track_granted(
         &mut self,
         stream: StreamId,
@@ -117,45 +128,169 @@ impl SessionState {
         start: Option<Event>,
         launched: bool,
     ) {
-        let event = self.spare_event();
-        let recorded = match (launched, event, self.streams.get_mut(&stream)) {
-            (true, Ok(e), Some(slot)) => match self.device.record_event(&e, &mut slot.stream) {
-                Ok(()) => Ok((e, slot.submitted, self.device.mark_done(&mut slot.stream))),
-                Err(_) => Err(Some(e)),
+        let marks = launched
+            && self
+                .streams
+                .get_mut(&stream)
+                .is_some_and(|slot| self.device.can_mark(&mut slot.stream));
+        if !launched {
+            return self.untracked(request, start);
+        }
+        // An end event times it, or tells when it finished where its stream has no marks.
+        let end = match start.is_some() || !marks {
+            true => match self.record(stream, false) {
+                Some(e) => Some(e),
+                None => return self.untracked(request, start),
             },
-            (_, Ok(e), _) => Err(Some(e)),
-            (_, Err(_), _) => Err(None),
+            false => None,
         };
-        match recorded {
-            Ok((end, submitted, mark)) => self.granted.push_back(Granted {
-                request,
-                stream,
-                start,
-                end,
-                submitted,
-                mark,
-            }),
-            Err(spare) => {
-                self.spare_events.extend(spare.into_iter().chain(start));
-                self.dispatch.complete(self.info.id, &[(request, None)]);
-            }
+        let seen = if marks { Seen::Pending } else { Seen::Event };
+        let mark_now = marks
+            && (start.is_some()
+                || self.mark_each > 0
+                || self.streams.get(&stream).map_or(0, |s| s.pending) + 1 >= MARK_EVERY);
+        self.mark_each = self.mark_each.saturating_sub(1);
+        self.granted.push_back(Granted {
+            request,
+            stream,
+            start,
+            end,
+            seen,
+        });
+        if mark_now {
+            self.mark_pending(stream);
+        } else if let (true, Some(slot)) = (marks, self.streams.get_mut(&stream)) {
+            slot.pending += 1;
+            self.pending_kernels += 1;
         }
     }
 
-    /// Whether a granted kernel finished: its progress mark says so, else (`ask`, or without
-    /// a mark) its end event does. An error (a fault) counts as finished: the guardian deals
+    /// An event recorded on `stream`: where its next work starts (`start`), or after the
+    /// work queued on it so far.
+    fn record(&mut self, stream: StreamId, start: bool) -> Option<Event> {
+        let event = self.spare_event().ok()?;
+        let recorded = self.streams.get_mut(&stream).is_some_and(|slot| {
+            let r = match start {
+                true => self.device.record_start(&event, &mut slot.stream),
+                false => self.device.record_event(&event, &mut slot.stream),
+            };
+            r.is_ok()
+        });
+        if !recorded {
+            self.spare_events.push(event);
+            return None;
+        }
+        Some(event)
+    }
+
+    /// A granted kernel that cannot be seen finished (it failed to launch, or no event could
+    /// be recorded after it): reported finished now, so that it holds nobody back.
+    fn untracked(&mut self, request: RequestId, start: Option<Event>) {
+        self.spare_events.extend(start);
+        self.dispatch.complete(self.info.id, &[(request, None)]);
+    }
+
+    /// Marks the granted kernels of `stream` that wait for a mark: one progress mark after
+    /// the stream's work so far tells of them all. If none can be posted, they are taken as
+    /// finished (a reset is under way, which forgets them anyway).
+    fn mark_pending(&mut self, stream: StreamId) {
+        let mark = self
+            .streams
+            .get_mut(&stream)
+            .and_then(|slot| self.device.mark_done(&mut slot.stream));
+        self.settle_pending(stream, mark.map_or(Seen::Done, Seen::Mark));
+    }
+
+    /// Gives every granted kernel of `stream` waiting for a mark `seen` (they are the
+    /// stream's latest).
+    fn settle_pending(&mut self, stream: StreamId, seen: Seen) {
+        if let Some(slot) = self.streams.get_mut(&stream) {
+            self.pending_kernels = self.pending_kernels.saturating_sub(slot.pending);
+            slot.pending = 0;
+        }
+        for g in self.granted.iter_mut().rev().filter(|g| g.stream == stream) {
+            if g.seen != Seen::Pending {
+                break;
+            }
+            g.seen = seen;
+        }
+    }
+
+    /// The session is about to wait for the policy, or goes quiet: every stream's kernels
+    /// waiting for a mark get one now, so that the scheduler hears when they finish.
+    pub(super) fn mark_all_pending(&mut self) {
+        self.batches_pending = 0;
+        if self.pending_kernels == 0 {
+            return;
+        }
+        while let Some(stream) = self
+            .streams
+            .iter()
+            .find(|(_, s)| s.pending > 0)
+            .map(|(&id, _)| id)
+        {
+            self.mark_pending(stream);
+        }
+    }
+
+    /// Forgets every granted kernel (the scheduler forgets them too).
+    pub(super) fn forget_granted(&mut self) {
+        self.granted.clear();
+        self.pending_kernels = 0;
+        for slot in self.streams.values_mut() {
+            slot.pending = 0;
+        }
+    }
+
+    /// Every stream was seen finished: so were the granted kernels.
+    pub(super) fn all_granted_seen_finished(&mut self) {
+        for g in self.granted.iter_mut() {
+            if g.seen == Seen::Pending {
+                g.seen = Seen::Done;
+            }
+        }
+        self.pending_kernels = 0;
+        for slot in self.streams.values_mut() {
+            slot.pending = 0;
+        }
+    }
+
+    /// A wait saw all of `stream`'s work finish: so did its granted kernels.
+    pub(super) fn granted_seen_finished(&mut self, stream: StreamId) {
+        if self.pending_kernels > 0 && self.streams.get(&stream).is_some_and(|s| s.pending > 0) {
+            self.settle_pending(stream, Seen::Done);
+        }
+    }
+
+    /// Whether a granted kernel finished: its progress mark says so, or (`ask`, or without a
+    /// mark) its end event does. An error (a fault) counts as finished: the guardian deals
     /// with the fault.
     fn finished(&self, g: &Granted, ask: bool) -> bool {
-        if g.mark.is_some_and(|m| self.device.passed(m)) {
-            return true;
+        let ask_end = || {
+            g.end
+                .as_ref()
+                .is_some_and(|e| !matches!(self.device.event_done(e), Ok(false)))
+        };
+        match g.seen {
+            Seen::Done => true,
+            Seen::Pending => false,
+            Seen::Mark(m) => self.device.passed(m) || (ask && ask_end()),
+            Seen::Event => ask_end(),
         }
-        (ask || g.mark.is_none()) && !matches!(self.device.event_done(&g.end), Ok(false))
     }
 
     /// Reports granted kernels that have finished to the scheduler, with the device time they
     /// took where it is measured. `quiet`: the client is idle or held, so asking the worker
-    /// delays nothing (see the module docs).
+    /// delays nothing, and its kernels waiting for a mark get one (see the module docs).
     pub(super) fn reap_granted(&mut self, quiet: bool) {
+        // Kernels wait for a mark at most MARK_EVERY batches, whatever else the client sends
+        // (the scheduler counts them in flight until then).
+        if self.pending_kernels > 0 {
+            self.batches_pending += 1;
+        }
+        if quiet || self.batches_pending >= MARK_EVERY {
+            self.mark_all_pending();
+        }
         self.with_finished(quiet, |this, finished| {
             if !finished.is_empty() {
                 this.dispatch.complete(this.info.id, finished);
@@ -175,7 +310,7 @@ impl SessionState {
     }
 
     /// Takes the granted kernels that have finished off the list, oldest first, into `out`
-    /// with the device time each took where it is measured.
+    /// with the device time each took where it is timed.
     fn take_finished(&mut self, quiet: bool, out: &mut Vec<Finished>) {
         while let Some(g) = self.granted.front() {
             if !self.finished(g, quiet) {
@@ -184,10 +319,12 @@ impl SessionState {
             let Some(g) = self.granted.pop_front() else {
                 break;
             };
-            let request = g.request;
-            self.reaped = self.reaped.wrapping_add(1);
-            let measure = quiet || g.mark.is_none() || self.reaped.is_multiple_of(MEASURE_EVERY);
-            out.push((request, self.time_granted(g, measure)));
+            let measured = match (&g.start, &g.end) {
+                (Some(start), Some(end)) => self.device.elapsed_ns(start, end).ok(),
+                _ => None,
+            };
+            self.spare_events.extend(g.start.into_iter().chain(g.end));
+            out.push((g.request, measured));
         }
     }
 
@@ -199,23 +336,6 @@ impl SessionState {
         if stamped && self.granted.is_empty() {
             self.unstamp_if_off_the_device();
         }
-    }
-
-    /// How long a finished granted kernel ran (if `measure`); keeps its end event as where
-    /// the stream's next granted kernel starts.
-    fn time_granted(&mut self, g: Granted, measure: bool) -> Option<u64> {
-        let Some(slot) = self.streams.get_mut(&g.stream) else {
-            self.spare_events.extend(g.start.into_iter().chain([g.end]));
-            return None;
-        };
-        let from = g.start.as_ref().or(slot.last_end.as_ref());
-        let measured = from
-            .filter(|_| measure)
-            .and_then(|s| self.device.elapsed_ns(s, &g.end).ok());
-        let previous = slot.last_end.replace(g.end);
-        self.spare_events
-            .extend(g.start.into_iter().chain(previous));
-        measured
     }
 
     /// A timing event from the spares, or a new one.

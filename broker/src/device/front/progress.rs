@@ -42,16 +42,27 @@ impl Device {
     pub fn mark_done(&self, stream: &mut Stream) -> Option<(u32, u32)> {
         let progress = self.progress.as_ref()?;
         self.live(stream.epoch).ok()?;
-        if stream.done_slot.is_none() {
-            stream.done_slot = progress.take_slot();
-        }
-        let slot = stream.done_slot?;
+        let slot = self.done_slot(stream)?;
         let (call, value) = progress.done_mark(stream.id, slot);
         // Posted, not kept in the stream's episode to queue again after a fault: it tells when
         // this context's work ended, which the context that takes over has no use for (the
         // session forgets its granted work at a reset), and kept it would fill the episode.
         self.link.post(Some(stream.id), call, &[]).ok()?;
         Some((slot, value))
+    }
+
+    /// Whether [`Device::mark_done`] can mark the stream's work (its done-slot is taken now
+    /// if it has none).
+    pub fn can_mark(&self, stream: &mut Stream) -> bool {
+        self.live(stream.epoch).is_ok() && self.done_slot(stream).is_some()
+    }
+
+    fn done_slot(&self, stream: &mut Stream) -> Option<u32> {
+        let progress = self.progress.as_ref()?;
+        if stream.done_slot.is_none() {
+            stream.done_slot = progress.take_slot();
+        }
+        stream.done_slot
     }
 
     /// Whether the stream got past the work a [`Device::mark_done`] marked (false when the
