@@ -16,6 +16,7 @@
 //! them off the rest of the SMs, and scheduling each high-priority kernel would only add its
 //! cost to every request (docs/benchmarks.md has the figure).
 
+use crate::sched::id_hash::IdMap;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
@@ -62,10 +63,10 @@ pub struct Turn {
 struct State {
     dispatcher: Dispatcher,
     /// Requests granted whose data thread has not taken the grant yet, with their partition.
-    granted: HashMap<RequestId, Option<u32>>,
+    granted: IdMap<RequestId, Option<u32>>,
     /// The threads waiting for their requests' grants: a grant wakes only its own thread
     /// (waking every waiter, each to take the lock again, was what held clients queued for).
-    waiters: HashMap<RequestId, std::thread::Thread>,
+    waiters: IdMap<RequestId, std::thread::Thread>,
     grants: Vec<Grant>,
     /// Governed clients (their programs' own CUDA contexts, which no SM partition holds).
     governed: std::collections::HashSet<ClientId>,
@@ -112,8 +113,8 @@ impl GpuScheduler {
             device_time: AtomicBool::new(dispatcher.charges_device_time()),
             state: Mutex::new(State {
                 dispatcher,
-                granted: HashMap::new(),
-                waiters: HashMap::new(),
+                granted: IdMap::default(),
+                waiters: IdMap::default(),
                 grants: Vec::new(),
                 governed: std::collections::HashSet::new(),
                 contexts: HashMap::new(),

@@ -5,6 +5,7 @@ use std::collections::VecDeque;
 
 use gpushare_protocol::PriorityClass;
 
+use super::inflight::InflightSet;
 use super::{ClientId, KernelProfile, RequestId};
 
 /// A training-style job's declaration (Salus): for SRTF and memory admission.
@@ -83,6 +84,9 @@ pub struct Inflight {
     pub profile: KernelProfile,
     pub submitted_at: u64,
     pub granted_at: u64,
+    /// The dispatcher's count of grants when it was granted (whether another client's came
+    /// after it, while it was in flight).
+    pub(super) grant_seq: u64,
     /// The SM partition it was granted on, if its client is partitioned.
     pub sm_limit: Option<u32>,
     /// Another client had work in flight at some point beside it.
@@ -139,7 +143,7 @@ pub(super) struct ClientState {
     /// Order of arrival among clients.
     pub(super) arrival: u64,
     pub(super) queue: VecDeque<Request>,
-    pub(super) inflight: Vec<Inflight>,
+    pub(super) inflight: InflightSet,
     pub(super) granted: u64,
     pub(super) completed: u64,
     pub(super) gpu_ns: u64,
@@ -160,7 +164,7 @@ impl ClientState {
             spec,
             arrival,
             queue: VecDeque::new(),
-            inflight: Vec::new(),
+            inflight: InflightSet::default(),
             granted: 0,
             completed: 0,
             gpu_ns: 0,

@@ -1,12 +1,11 @@
 //! The [`Dispatcher`]: clients come and go, launches are submitted, granted and completed.
 //! The gates a queue head must pass before a policy may pick it live in [`super::gates`].
 
-use std::collections::HashMap;
-
 use gpushare_protocol::PriorityClass;
 
 use super::client::ClientState;
 use super::gates::Context;
+use super::id_hash::IdMap;
 use super::{
     Admit, ClientId, ClientSchedStats, ClientSpec, DeadlineController, DeviceShape, Grant,
     Inflight, IterationReport, JobProfile, KernelProfile, MemoryAdmission, Pick, Policy,
@@ -35,7 +34,7 @@ pub struct Dispatcher {
     pub(super) kind: PolicyKind,
     pub(super) policy: Box<dyn Policy>,
     pub(super) clients: Vec<ClientState>,
-    pub(super) index: HashMap<ClientId, usize>,
+    pub(super) index: IdMap<ClientId, usize>,
     pub(super) eligible: Vec<bool>,
     pub(super) profiles: ProfileTable,
     pub(super) admission: Option<MemoryAdmission>,
@@ -57,6 +56,12 @@ pub struct Dispatcher {
     pub(super) waiting_tokens: bool,
     pub(super) waiting_partition: bool,
     pub(super) waiting_pacer: bool,
+    /// Grants so far, the client of the latest and the count at it, and the count at the
+    /// latest grant to any other client: a kernel shared the GPU if another client had work
+    /// in flight when it was granted, or was granted while it ran.
+    pub(super) grants: u64,
+    pub(super) latest_grant: (ClientId, u64),
+    pub(super) latest_other_grant: u64,
 }
 
 impl Dispatcher {
@@ -82,7 +87,7 @@ impl Dispatcher {
             kind,
             policy,
             clients: Vec::new(),
-            index: HashMap::new(),
+            index: IdMap::default(),
             eligible: Vec::new(),
             profiles: ProfileTable::new(device.sms, cfg.ewma_alpha, cfg.default_kernel_ns),
             admission: cfg.memory_capacity.map(MemoryAdmission::new),
@@ -98,6 +103,9 @@ impl Dispatcher {
             last_now: 0,
             pacer: SharePacer::default(),
             waiting_tokens: false,
+            grants: 0,
+            latest_grant: (0, 0),
+            latest_other_grant: 0,
             waiting_partition: false,
             waiting_pacer: false,
         }
@@ -210,7 +218,7 @@ impl Dispatcher {
         self.index.remove(&id);
         self.queued_total -= c.queue.len();
         self.inflight_total -= c.inflight.len();
-        for f in &c.inflight {
+        for f in c.inflight.iter() {
             self.release_partition(f);
         }
         if let Some(adm) = self.admission.as_mut() {
@@ -377,15 +385,15 @@ impl Dispatcher {
         let restricted = Self::is_restricted(&self.ctx, &self.clients[i].spec);
         let cap = self.deadline.cap_sms();
         let overlapped = self.inflight_total > self.clients[i].inflight.len();
-        if overlapped {
-            // Everything in flight beside this one now shares the GPU with it.
-            let id = self.clients[i].spec.id;
-            for c in self.clients.iter_mut().filter(|c| c.spec.id != id) {
-                for f in &mut c.inflight {
-                    f.overlapped = true;
-                }
-            }
+        // Everything in flight beside this one now shares the GPU with it: told by the count
+        // of grants when each completes.
+        let id = self.clients[i].spec.id;
+        self.grants += 1;
+        if self.latest_grant.0 != id {
+            self.latest_other_grant = self.latest_grant.1;
         }
+        self.latest_grant = (id, self.grants);
+        let grant_seq = self.grants;
         let paced = restricted && self.pacing();
         let c = &mut self.clients[i];
         let req = c.queue.pop_front()?;
@@ -417,6 +425,7 @@ impl Dispatcher {
             profile: req.profile,
             submitted_at: req.submitted_at,
             granted_at: now,
+            grant_seq,
             sm_limit,
             overlapped,
             deadline_sms,
@@ -451,14 +460,15 @@ impl Dispatcher {
     ) -> Result<(), SchedError> {
         let now = self.clamp_now(now);
         let i = self.idx(client)?;
-        let Some(pos) = self.clients[i]
-            .inflight
-            .iter()
-            .position(|f| f.id == request)
-        else {
+        let Some(mut f) = self.clients[i].inflight.take(request) else {
             return Err(SchedError::UnknownRequest { client, request });
         };
-        let f = self.clients[i].inflight.remove(pos);
+        let other_since = if self.latest_grant.0 != client {
+            self.latest_grant.1
+        } else {
+            self.latest_other_grant
+        };
+        f.overlapped |= other_since > f.grant_seq;
         self.inflight_total -= 1;
         self.release_partition(&f);
         let charged = measured_ns

@@ -44,6 +44,8 @@ mod client;
 pub mod deadline;
 mod dispatcher;
 mod gates;
+pub mod id_hash;
+mod inflight;
 pub mod policy;
 pub mod profile;
 pub mod rate;

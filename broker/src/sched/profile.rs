@@ -42,6 +42,15 @@ pub enum Bound {
 }
 
 impl Bound {
+    /// A dense index of the kind (0, 1, 2), for tables by kind.
+    pub fn index(self) -> usize {
+        match self {
+            Bound::Compute => 0,
+            Bound::Memory => 1,
+            Bound::Unknown => 2,
+        }
+    }
+
     /// Classifies by arithmetic intensity (FLOP per byte) against the device's ridge point
     /// (peak FLOP/s ÷ memory bytes/s): at or above the ridge the roofline is flat, so the
     /// kernel is compute-bound.

@@ -112,6 +112,26 @@ impl<'a> ClientView<'a> {
         &self.state.inflight
     }
 
+    /// Estimated time of its kernels in flight, together.
+    pub fn inflight_est_ns(&self) -> u64 {
+        self.state.inflight.est_ns()
+    }
+
+    /// SMs its kernels in flight hold together (each its grid, or its partition if smaller).
+    pub fn inflight_sms(&self) -> u64 {
+        self.state.inflight.sms()
+    }
+
+    /// The grid of its widest kernel in flight, in SMs (0: none in flight).
+    pub fn inflight_widest(&self) -> u32 {
+        self.state.inflight.widest()
+    }
+
+    /// Whether one of its kernels in flight is bound by `bound`.
+    pub fn inflight_has(&self, bound: crate::sched::Bound) -> bool {
+        self.state.inflight.has(bound)
+    }
+
     /// Queued or in flight.
     pub fn backlogged(&self) -> bool {
         !self.state.queue.is_empty() || !self.state.inflight.is_empty()

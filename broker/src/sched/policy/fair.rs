@@ -59,7 +59,7 @@
 //! charged, else the GPU drains for the least charged. Exclusive turns cannot run programs'
 //! small kernels side by side, which FIFO does (docs/benchmarks.md, the scheduler's model).
 
-use std::collections::HashMap;
+use crate::sched::id_hash::IdMap;
 
 use super::{Pick, Policy};
 use crate::sched::{ClientId, Inflight, View};
@@ -107,30 +107,30 @@ impl Default for FairConfig {
 pub struct Fair {
     cfg: FairConfig,
     /// Virtual times by account: the client's own id, or with `per_user` its user's.
-    vtime: HashMap<u64, f64>,
+    vtime: IdMap<u64, f64>,
     /// With `per_user`: each client's account, as it said when it first submitted.
-    accounts: HashMap<ClientId, u64>,
+    accounts: IdMap<ClientId, u64>,
     /// With turns: when each idle client's last request completed.
-    idle_since: HashMap<ClientId, u64>,
+    idle_since: IdMap<ClientId, u64>,
     /// When each client with nothing queued or in flight had its last request complete.
-    done_at: HashMap<ClientId, u64>,
+    done_at: IdMap<ClientId, u64>,
     /// When a wait for an owed client ends.
     wake: Option<u64>,
     /// Side by side: estimates of completed kernels still charged, until the measured
     /// device time that covers them replaces them.
-    unmeasured: HashMap<ClientId, f64>,
+    unmeasured: IdMap<ClientId, f64>,
 }
 
 impl Fair {
     pub fn new(cfg: FairConfig) -> Fair {
         Fair {
             cfg,
-            vtime: HashMap::new(),
-            accounts: HashMap::new(),
-            idle_since: HashMap::new(),
-            done_at: HashMap::new(),
+            vtime: IdMap::default(),
+            accounts: IdMap::default(),
+            idle_since: IdMap::default(),
+            done_at: IdMap::default(),
             wake: None,
-            unmeasured: HashMap::new(),
+            unmeasured: IdMap::default(),
         }
     }
 
@@ -254,9 +254,7 @@ impl Fair {
         // does not drain between them), or a newcomer, a weight change or a client falling
         // behind would wait for a whole stream's depth of others' work.
         let shallow = |c: &crate::sched::ClientView<'_>| {
-            let inflight = c.inflight();
-            inflight.len() < 2
-                || inflight.iter().map(|r| r.profile.est_ns).sum::<u64>() < self.cfg.quantum_ns
+            c.inflight().len() < 2 || c.inflight_est_ns() < self.cfg.quantum_ns
         };
         let pick = view
             .candidates()
@@ -307,12 +305,8 @@ impl SmsInFlight {
         let mut sms = SmsInFlight { total, used: 0 };
         sms.used = view
             .clients()
-            .filter_map(|c| {
-                c.inflight()
-                    .iter()
-                    .map(|r| sms.width(r.profile.sm_need))
-                    .max()
-            })
+            .filter(|c| !c.inflight().is_empty())
+            .map(|c| sms.width(c.inflight_widest()))
             .sum();
         sms
     }

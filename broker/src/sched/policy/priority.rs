@@ -175,14 +175,6 @@ pub const LOWER_DEPTH_MAX: usize = 32;
 /// docs/benchmarks.md).
 pub const LOWER_QUEUE_NS_BY_WEIGHT: u64 = 100_000;
 
-fn bound_index(b: Bound) -> usize {
-    match b {
-        Bound::Compute => 0,
-        Bound::Memory => 1,
-        Bound::Unknown => 2,
-    }
-}
-
 const BOUNDS: [Bound; 3] = [Bound::Compute, Bound::Memory, Bound::Unknown];
 
 impl Policy for Priority {
@@ -208,17 +200,13 @@ impl Policy for Priority {
         };
         for c in view.clients() {
             let high = c.class() == PriorityClass::High;
-            for r in c.inflight() {
-                f.sms += u64::from(
-                    r.sm_limit
-                        .map_or(r.profile.sm_need, |l| l.min(r.profile.sm_need)),
-                );
-                if high {
-                    f.high_bounds[bound_index(r.profile.bound)] = true;
-                } else {
-                    f.lower_outstanding_ns =
-                        f.lower_outstanding_ns.saturating_add(r.profile.est_ns);
+            f.sms += c.inflight_sms();
+            if high {
+                for b in BOUNDS {
+                    f.high_bounds[b.index()] |= c.inflight_has(b);
                 }
+            } else {
+                f.lower_outstanding_ns = f.lower_outstanding_ns.saturating_add(c.inflight_est_ns());
             }
             if high && !c.inflight().is_empty() {
                 f.high = true;
@@ -285,7 +273,7 @@ impl Policy for Priority {
                     && (partitioned || u64::from(p.sm_need) <= threshold)
                     && !BOUNDS
                         .iter()
-                        .any(|&b| f.high_bounds[bound_index(b)] && self.collides(p.bound, b))
+                        .any(|&b| f.high_bounds[b.index()] && self.collides(p.bound, b))
             })
             .min_by(|a, b| {
                 let vt = |c: &crate::sched::ClientView<'_>| {
