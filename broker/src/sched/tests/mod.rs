@@ -7,6 +7,8 @@ use proptest::prelude::*;
 use super::simulate::{Arrivals, ClientScript, SimConfig, Simulation, kernel};
 use super::*;
 
+mod charging;
+
 const US: u64 = 1_000;
 const MS: u64 = 1_000_000;
 const H100: DeviceShape = DeviceShape {
