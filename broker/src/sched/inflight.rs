@@ -3,15 +3,16 @@
 //! client's kernels in flight each time (up to 64 each) made the scheduler's lock, which all
 //! data threads take per launch, the bottleneck of FAIR with 16 programs on an H200.
 
-use std::ops::Deref;
+use std::collections::VecDeque;
 
 use super::client::Inflight;
 use super::profile::Bound;
 
-/// Granted kernels not yet completed, in grant order, and their sums.
+/// Granted kernels not yet completed, in grant order (they mostly complete in it: the oldest
+/// goes without moving the others), and their sums.
 #[derive(Debug, Clone, Default)]
-pub(super) struct InflightSet {
-    list: Vec<Inflight>,
+pub struct InflightSet {
+    list: VecDeque<Inflight>,
     est_ns: u64,
     sms: u64,
     widest: u32,
@@ -24,13 +25,13 @@ impl InflightSet {
         self.sms = self.sms.saturating_add(held_sms(&f));
         self.widest = self.widest.max(f.profile.sm_need);
         self.bounds[f.profile.bound.index()] += 1;
-        self.list.push(f);
+        self.list.push_back(f);
     }
 
     /// Takes the kernel `request` off, if it is in flight.
     pub(super) fn take(&mut self, request: u64) -> Option<Inflight> {
         let pos = self.list.iter().position(|f| f.id == request)?;
-        let f = self.list.remove(pos);
+        let f = self.list.remove(pos)?;
         self.est_ns = self.est_ns.saturating_sub(f.profile.est_ns);
         self.sms = self.sms.saturating_sub(held_sms(&f));
         let b = &mut self.bounds[f.profile.bound.index()];
@@ -44,6 +45,24 @@ impl InflightSet {
                 .unwrap_or(0);
         }
         Some(f)
+    }
+
+    pub fn len(&self) -> usize {
+        self.list.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.list.is_empty()
+    }
+
+    /// Oldest first.
+    pub fn iter(&self) -> impl Iterator<Item = &Inflight> {
+        self.list.iter()
+    }
+
+    /// The latest granted.
+    pub fn last(&self) -> Option<&Inflight> {
+        self.list.back()
     }
 
     /// Estimated time of all of them.
@@ -64,14 +83,6 @@ impl InflightSet {
     /// Whether one of them is bound by `bound`.
     pub(super) fn has(&self, bound: Bound) -> bool {
         self.bounds[bound.index()] > 0
-    }
-}
-
-impl Deref for InflightSet {
-    type Target = [Inflight];
-
-    fn deref(&self) -> &[Inflight] {
-        &self.list
     }
 }
 

@@ -3,7 +3,8 @@
 use gpushare_protocol::PriorityClass;
 
 use super::client::ClientState;
-use super::{ClientId, ClientSpec, DeviceShape, Inflight, Request};
+use super::inflight::InflightSet;
+use super::{ClientId, ClientSpec, DeviceShape, Request};
 
 /// A read-only view of the dispatcher's clients for a policy's decision.
 #[derive(Clone, Copy)]
@@ -108,7 +109,7 @@ impl<'a> ClientView<'a> {
         self.state.queue.len()
     }
 
-    pub fn inflight(&self) -> &'a [Inflight] {
+    pub fn inflight(&self) -> &'a InflightSet {
         &self.state.inflight
     }
 
