@@ -16,6 +16,9 @@ pub struct InflightSet {
     est_ns: u64,
     sms: u64,
     widest: u32,
+    /// How many of them are `widest` wide: a program's kernels are often all as wide, and
+    /// the widest is looked for again only when the last of those goes.
+    at_widest: u32,
     bounds: [u32; 3],
 }
 
@@ -23,7 +26,12 @@ impl InflightSet {
     pub(super) fn push(&mut self, f: Inflight) {
         self.est_ns = self.est_ns.saturating_add(f.profile.est_ns);
         self.sms = self.sms.saturating_add(held_sms(&f));
-        self.widest = self.widest.max(f.profile.sm_need);
+        let need = f.profile.sm_need;
+        if need > self.widest || self.list.is_empty() {
+            (self.widest, self.at_widest) = (need, 1);
+        } else if need == self.widest {
+            self.at_widest += 1;
+        }
         self.bounds[f.profile.bound.index()] += 1;
         self.list.push_back(f);
     }
@@ -36,13 +44,14 @@ impl InflightSet {
         self.sms = self.sms.saturating_sub(held_sms(&f));
         let b = &mut self.bounds[f.profile.bound.index()];
         *b = b.saturating_sub(1);
-        if f.profile.sm_need >= self.widest {
-            self.widest = self
-                .list
-                .iter()
-                .map(|f| f.profile.sm_need)
-                .max()
-                .unwrap_or(0);
+        if f.profile.sm_need == self.widest {
+            self.at_widest = self.at_widest.saturating_sub(1);
+            if self.at_widest == 0 {
+                let needs = || self.list.iter().map(|f| f.profile.sm_need);
+                let widest = needs().max().unwrap_or(0);
+                self.at_widest = needs().filter(|&n| n == widest).count() as u32;
+                self.widest = widest;
+            }
         }
         Some(f)
     }
@@ -135,5 +144,26 @@ mod tests {
             (set.est_ns(), set.sms(), set.widest(), set.len()),
             (0, 0, 0, 0)
         );
+    }
+
+    #[test]
+    fn the_widest_stays_until_the_last_kernel_that_wide_goes() {
+        let mut set = InflightSet::default();
+        for (id, sms) in [(1, 132), (2, 8), (3, 132), (4, 64)] {
+            set.push(kernel(id, 10, sms, Bound::Compute, None));
+        }
+        set.take(1);
+        assert_eq!(set.widest(), 132);
+        set.take(3);
+        assert_eq!(set.widest(), 64);
+        set.push(kernel(5, 10, 64, Bound::Compute, None));
+        set.take(4);
+        assert_eq!(set.widest(), 64);
+        set.take(5);
+        assert_eq!(set.widest(), 8);
+        set.take(2);
+        assert_eq!(set.widest(), 0);
+        set.push(kernel(6, 10, 16, Bound::Compute, None));
+        assert_eq!(set.widest(), 16);
     }
 }
