@@ -384,12 +384,7 @@ fn status_reports_command_latency_percentiles() {
         "no latency percentiles in {:?}",
         broker.status().clients
     );
-    let c = broker
-        .status()
-        .clients
-        .into_iter()
-        .find(|c| c.name == "timed-commands")
-        .expect("listed");
+    let c = broker.client_status("timed-commands").expect("listed");
     let (p50, p99) = (c.latency_p50_ns.unwrap_or(0), c.latency_p99_ns.unwrap_or(0));
     assert!(p50 > 0 && p99 >= p50, "p50 {p50} ns, p99 {p99} ns");
     assert_eq!(c.queue_depth, 0, "nothing waits once the client is quiet");

@@ -136,14 +136,7 @@ fn a_fault_on_one_gpu_leaves_the_other_gpus_alone() {
         kept, 3,
         "only the faulted GPU's worker was replaced (its spare took over): {before:?} -> {after:?}"
     );
-    let gpu_of = |name: &str| {
-        broker
-            .status()
-            .clients
-            .iter()
-            .find(|c| c.name == name)
-            .map(|c| c.gpu)
-    };
+    let gpu_of = |name: &str| broker.client_status(name).map(|c| c.gpu);
     assert_eq!((gpu_of("far"), gpu_of("near")), (Some(0), Some(1)));
     assert!(
         wait_until(std::time::Duration::from_secs(10), || gpu_of("culprit")

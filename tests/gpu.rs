@@ -110,14 +110,7 @@ fn gpu_time_is_measured_with_cuda_events() {
         "event elapsed {elapsed:?}"
     );
     // Accounting is charged by the client's data thread just after it completes commands.
-    let gpu_time = || {
-        broker
-            .status()
-            .clients
-            .iter()
-            .find(|c| c.name == "timed")
-            .map_or(0, |c| c.gpu_time_ns)
-    };
+    let gpu_time = || broker.client_status("timed").map_or(0, |c| c.gpu_time_ns);
     gpushare_tests::wait_until(std::time::Duration::from_secs(2), || {
         gpu_time() >= 2_900_000
     });

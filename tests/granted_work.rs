@@ -47,14 +47,7 @@ fn a_finished_kernel_holds_nobody_while_its_client_keeps_busy_elsewhere() {
             (chatty, sent)
         })
     };
-    let kernels = |name: &str| {
-        broker
-            .status()
-            .clients
-            .iter()
-            .find(|c| c.name == name)
-            .map_or(0, |c| c.kernels)
-    };
+    let kernels = |name: &str| broker.client_status(name).map_or(0, |c| c.kernels);
     assert!(
         gpushare_tests::wait_until(Duration::from_secs(10), || kernels("chatty") == 2),
         "chatty's kernel was not launched"

@@ -53,12 +53,7 @@ fn busy(client: Client, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<(Clien
 
 /// A figure of the client named `name` from the broker's status (0 if it is not there).
 fn client_figure(broker: &Broker, name: &str, figure: fn(&gpushare::ClientStats) -> u64) -> u64 {
-    broker
-        .status()
-        .clients
-        .iter()
-        .find(|c| c.name == name)
-        .map_or(0, figure)
+    broker.client_status(name).as_ref().map_or(0, figure)
 }
 
 fn gpu_time(broker: &Broker, name: &str) -> u64 {

@@ -240,6 +240,11 @@ impl Broker {
             .expect("status")
     }
 
+    /// The status row of the client named `name`, if it is connected.
+    pub fn client_status(&self, name: &str) -> Option<gpushare::ClientStats> {
+        self.status().clients.into_iter().find(|c| c.name == name)
+    }
+
     /// Sends SIGTERM and waits for the process to exit; returns its exit status.
     pub fn terminate(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
         let _ = nix::sys::signal::kill(
