@@ -128,14 +128,13 @@ impl SessionState {
         start: Option<Event>,
         launched: bool,
     ) {
-        let marks = launched
-            && self
-                .streams
-                .get_mut(&stream)
-                .is_some_and(|slot| self.device.can_mark(&mut slot.stream));
         if !launched {
             return self.untracked(request, start);
         }
+        let marks = self
+            .streams
+            .get_mut(&stream)
+            .is_some_and(|slot| self.device.can_mark(&mut slot.stream));
         // An end event times it, or tells when it finished where its stream has no marks.
         let end = match start.is_some() || !marks {
             true => match self.record(stream, false) {
@@ -236,10 +235,7 @@ impl SessionState {
     /// Forgets every granted kernel (the scheduler forgets them too).
     pub(super) fn forget_granted(&mut self) {
         self.granted.clear();
-        self.pending_kernels = 0;
-        for slot in self.streams.values_mut() {
-            slot.pending = 0;
-        }
+        self.no_pending();
     }
 
     /// Every stream was seen finished: so were the granted kernels.
@@ -249,6 +245,11 @@ impl SessionState {
                 g.seen = Seen::Done;
             }
         }
+        self.no_pending();
+    }
+
+    /// No granted kernel waits for a mark any more.
+    fn no_pending(&mut self) {
         self.pending_kernels = 0;
         for slot in self.streams.values_mut() {
             slot.pending = 0;
