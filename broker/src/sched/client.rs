@@ -84,8 +84,8 @@ pub struct Inflight {
     pub profile: KernelProfile,
     pub submitted_at: u64,
     pub granted_at: u64,
-    /// The dispatcher's count of grants when it was granted (whether another client's came
-    /// after it, while it was in flight).
+    /// Its grant's number in the dispatcher (whether another client's came after it, while it
+    /// was in flight).
     pub(super) grant_seq: u64,
     /// The SM partition it was granted on, if its client is partitioned.
     pub sm_limit: Option<u32>,

@@ -56,10 +56,9 @@ pub struct Dispatcher {
     pub(super) waiting_tokens: bool,
     pub(super) waiting_partition: bool,
     pub(super) waiting_pacer: bool,
-    /// Grants so far, the client of the latest and the count at it, and the count at the
-    /// latest grant to any other client: a kernel shared the GPU if another client had work
-    /// in flight when it was granted, or was granted while it ran.
-    pub(super) grants: u64,
+    /// The latest grant's client and number (grants are numbered from 1), and the number of
+    /// the latest grant to any other client: a kernel shared the GPU if another client had
+    /// work in flight when it was granted, or was granted while it ran.
     pub(super) latest_grant: (ClientId, u64),
     pub(super) latest_other_grant: u64,
 }
@@ -103,7 +102,6 @@ impl Dispatcher {
             last_now: 0,
             pacer: SharePacer::default(),
             waiting_tokens: false,
-            grants: 0,
             latest_grant: (0, 0),
             latest_other_grant: 0,
             waiting_partition: false,
@@ -388,12 +386,11 @@ impl Dispatcher {
         // Everything in flight beside this one now shares the GPU with it: told by the count
         // of grants when each completes.
         let id = self.clients[i].spec.id;
-        self.grants += 1;
+        let grant_seq = self.latest_grant.1 + 1;
         if self.latest_grant.0 != id {
             self.latest_other_grant = self.latest_grant.1;
         }
-        self.latest_grant = (id, self.grants);
-        let grant_seq = self.grants;
+        self.latest_grant = (id, grant_seq);
         let paced = restricted && self.pacing();
         let c = &mut self.clients[i];
         let req = c.queue.pop_front()?;
