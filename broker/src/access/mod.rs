@@ -56,8 +56,9 @@
 //!                                # domain, a governed program) may be granted beside high work
 //!
 //! [fair]
-//! quantum_us = 1000      # GPU time a client may run ahead of the least served one (in
-//!                        # turns, a turn's length; 0: one kernel at a time)
+//! quantum_us = 5000      # GPU time a client may run ahead of the least served one (5 ms
+//!                        # side by side; in turns a turn's length, 1 ms; 0: one kernel at
+//!                        # a time)
 //! share_sms = false      # true (experimental): clients' kernels side by side while their
 //!                        # SMs fit, each charged its share of the SMs for its time
 //! anticipate_us = 500    # a client owed GPU time whose work just completed is waited for
@@ -123,9 +124,15 @@ pub use trust_domain::{TrustDomain, TrustDomainError};
 
 use gpushare_protocol::PriorityClass;
 
-/// `[fair] quantum_us` under `scheduler = "fair"` (and for `priority`'s lower classes) when
-/// the file does not set it.
+/// `[fair] quantum_us` for exclusive turns (`side_by_side = false`, and `priority`'s lower
+/// classes by weight) when the file does not set it.
 const FAIR_QUANTUM_NS: u64 = 1_000_000;
+
+/// `[fair] quantum_us` side by side (the default under `scheduler = "fair"`) when the file
+/// does not set it: on the H200, 16 PyTorch programs of equal weights did 0.77-0.78 x FIFO's
+/// work with 5 ms and 0.60-0.62 x with 1 ms, every program held a third of the time
+/// (docs/benchmarks.md, run A10).
+const FAIR_SIDE_QUANTUM_NS: u64 = 5_000_000;
 
 /// What one client is granted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -367,27 +374,29 @@ impl Policy {
     /// (`lower_by_weight`): one kernel at a time ran them at 5 % of FIFO's throughput.
     /// Under `scheduler = "fair"` clients within that quantum run side by side: 1.5-1.8 × the
     /// throughput of exclusive turns for 4-16 PyTorch programs with device-time shares within
-    /// 1.7 % against turns' 1.8-9.4 % (run R4); priority's lower classes keep turns.
+    /// 1.7 % against turns' 1.8-9.4 % (run R4), with a 5 ms quantum unless the file sets one
+    /// ([`FAIR_SIDE_QUANTUM_NS`]); priority's lower classes keep turns.
     pub fn fair_config(&self) -> crate::sched::FairConfig {
+        use crate::sched::PolicyKind;
         let base = crate::sched::FairConfig::default();
         let f = &self.file.fair;
-        let quantum_ns = match self.scheduler() {
-            crate::sched::PolicyKind::Fair | crate::sched::PolicyKind::Priority => FAIR_QUANTUM_NS,
-            _ => base.quantum_ns,
-        };
-        let quantum_ns = f
-            .quantum_us
-            .map_or(quantum_ns, |us| us.saturating_mul(1_000));
         // Side by side under `scheduler = "fair"` unless the file asks for one kernel at a time.
-        let side_by_side = base.side_by_side
-            || (self.scheduler() == crate::sched::PolicyKind::Fair && quantum_ns > 0);
+        let side_by_side = f.side_by_side.unwrap_or(
+            base.side_by_side || (self.scheduler() == PolicyKind::Fair && f.quantum_us != Some(0)),
+        );
+        let quantum_ns = match (f.quantum_us, self.scheduler()) {
+            (Some(us), _) => us.saturating_mul(1_000),
+            (None, PolicyKind::Fair) if side_by_side => FAIR_SIDE_QUANTUM_NS,
+            (None, PolicyKind::Fair | PolicyKind::Priority) => FAIR_QUANTUM_NS,
+            (None, _) => base.quantum_ns,
+        };
         crate::sched::FairConfig {
             quantum_ns,
             anticipate_ns: f
                 .anticipate_us
                 .map_or(base.anticipate_ns, |us| us.saturating_mul(1_000)),
             share_sms: f.share_sms.unwrap_or(base.share_sms),
-            side_by_side: f.side_by_side.unwrap_or(side_by_side),
+            side_by_side,
             per_user: f.per_user.unwrap_or(base.per_user),
             ..base
         }

@@ -133,8 +133,8 @@ fn the_fair_quantum_and_side_by_side_come_from_the_file() {
     let fair = Policy::parse("scheduler = \"fair\"\n", "t.toml").expect("valid policy");
     assert_eq!(
         fair.fair_config().quantum_ns,
-        1_000_000,
-        "a 1 ms quantum under fair"
+        5_000_000,
+        "a 5 ms quantum side by side under fair"
     );
     assert!(fair.fair_config().side_by_side, "side by side under fair");
     let turns = Policy::parse(
@@ -146,6 +146,7 @@ fn the_fair_quantum_and_side_by_side_come_from_the_file() {
         !turns.fair_config().side_by_side,
         "exclusive turns, asked for"
     );
+    assert_eq!(turns.fair_config().quantum_ns, 1_000_000, "1 ms turns");
     assert!(
         !turns.fair_config().per_user,
         "shares by program unless asked"
