@@ -16,7 +16,9 @@
 # FIFO's, and per kind), and each user's share of the GPU time against its weight's share.
 # Settings: NPROGS ("4 16"), USERS (4; 2 when N < 8), WEIGHTS ("2 1 3 2", user i gets the
 # i-th), POLICIES ("fifo fair fair-sms fair-turns fair-side srtf pack"; fair-turns is
-# `quantum_us = 1000`, fair-side adds `side_by_side = true`, fair-sideQ with quantum_us = Q;
+# `quantum_us = 1000`, fair-side adds `side_by_side = true`, fair-sideQ with quantum_us = Q
+# (every fair name says its quantum: fair is 0, and the broker's own default side by side,
+# 5 ms, is fair-side5000);
 # any name ending in -aN sets `[fair] anticipate_us = N`, e.g. fair-side-a0, and then in
 # -user `[fair] per_user = true`, e.g. fair-side-user),
 # ROUNDS (2), WINDOW (10),
