@@ -24,6 +24,16 @@
 #
 # Usage: ./gpu-coverage.sh [CASE...]  (default: every case). Exit status: non-zero if a case
 # that could run failed. STEP_TIMEOUT (default 300) bounds each run in seconds.
+#
+# Speed instead of the matrix (issue 29 point 5): with ROUNDS=N, each named case that reports
+# its time per step runs N rounds, each round directly and through gpushare in turn (the order
+# alternating from round to round), with TIMED_STEPS (default 2000) timed steps a run after
+# WARM_S (default 1) seconds of untimed ones (coverage/timing.py); with
+# BASE=<another bundle folder>, that bundle's gpushared serves a third run each round (two
+# builds side by side). Prints each round's medians and each build's ratio to the same round's
+# direct run, then the median ratio over rounds. XLA_FLAGS, if set, goes to every run alike
+# (e.g. --xla_gpu_autotune_level=0, so that both pick the same kernels). PROGRAM_CPUS (a
+# taskset list) pins every program, run directly or through gpushare, to those CPUs.
 set -uo pipefail
 dir=$(cd "$(dirname "$0")" && pwd)
 py=${PYTHON:-python3}
@@ -42,13 +52,23 @@ all=(torch-expandable torch-mallocasync torch-ipc torch-resnet torch-bert torch-
 cases=("$@")
 [[ ${#cases[@]} -gt 0 ]] || cases=("${all[@]}")
 
-"$dir/gpushared" --socket "$sock" --backend "${BACKEND:-cuda}" --no-telemetry --log warn \
-    ${BROKER_ARGS:-} 2>> "$logs/broker.log" &
+start_broker() { # start_broker BUNDLE SOCKET LOG: a gpushared of BUNDLE, ready (its pid in $!)
+    "$1/gpushared" --socket "$2" --backend "${BACKEND:-cuda}" --no-telemetry --log warn \
+        ${BROKER_ARGS:-} 2>> "$3" &
+    for _ in $(seq 100); do
+        "$1/gpushare" --socket "$2" status > /dev/null 2>&1 && break
+        sleep 0.1
+    done
+    return 0 # $! is still the broker's
+}
+start_broker "$dir" "$sock" "$logs/broker.log"
 broker_pid=$!
-for _ in $(seq 100); do
-    "$dir/gpushare" --socket "$sock" status > /dev/null 2>&1 && break
-    sleep 0.1
-done
+base_pid=
+if [[ -n ${BASE:-} ]]; then
+    start_broker "$BASE" "$work/base.sock" "$logs/base-broker.log"
+    base_pid=$!
+    trap '[[ -n $broker_pid ]] && kill -TERM $broker_pid $base_pid 2>/dev/null; wait 2>/dev/null; rm -rf "$work"' EXIT
+fi
 
 build_libs() { # builds coverage/libs.c as $work/libs, with cuDNN where one is found
     local cu=/usr/local/cuda root d lib dnn=(-DNO_CUDNN) rpath=()
@@ -109,12 +129,66 @@ run() { # run CASE MODE N: the case's last stdout line (a JSON object)
     local c=$1 mode=$2 n=$3 line cmd
     cmd=$(command_of "$c")
     local prefix=()
-    [[ $mode == consolidated ]] && prefix=("$dir/gpushare" --socket "$sock" run --)
+    [[ -n ${PROGRAM_CPUS:-} ]] && prefix=(taskset -c "$PROGRAM_CPUS")
+    [[ $mode == consolidated ]] && prefix+=("$dir/gpushare" --socket "$sock" run --)
+    [[ $mode == base ]] && prefix+=("$BASE/gpushare" --socket "$work/base.sock" run --)
     # shellcheck disable=SC2086 # the command is words
     line=$(timeout "${STEP_TIMEOUT:-300}" "${prefix[@]}" $cmd 2>> "$logs/$c.$mode$n.err" | tail -1)
     [[ $line == "{"* ]] || line="{\"ok\": false, \"error\": \"no result (exit ${PIPESTATUS[0]})\"}"
     echo "$line"
 }
+
+if [[ -n ${ROUNDS:-} ]]; then
+    export TIMED_STEPS=${TIMED_STEPS:-2000} WARM_S=${WARM_S:-1}
+    modes=(direct consolidated)
+    [[ -n ${BASE:-} ]] && modes+=(base)
+    for c in "${cases[@]}"; do
+        : > "$logs/$c.speed"
+        for r in $(seq "$ROUNDS"); do
+            # Alternate who goes first: odd rounds in order, even rounds reversed.
+            order=("${modes[@]}")
+            if (( r % 2 == 0 )); then
+                order=()
+                for m in "${modes[@]}"; do order=("$m" "${order[@]}"); done
+            fi
+            for m in "${order[@]}"; do
+                echo "$r $m $(run "$c" "$m" "$r")" >> "$logs/$c.speed"
+            done
+        done
+        echo "## $c (${ROUNDS} rounds of $TIMED_STEPS steps after ${WARM_S} s; ms per step, median of each run)"
+        "$py" - "$logs/$c.speed" "${modes[@]}" <<'PY'
+import json, statistics, sys
+path, modes = sys.argv[1], sys.argv[2:]
+rounds = {}
+for line in open(path):
+    r, m, rest = line.split(" ", 2)
+    rounds.setdefault(int(r), {})[m] = json.loads(rest)
+others = modes[1:]
+print("| round | " + " | ".join(modes) + " | " + " | ".join(f"{m} / direct" for m in others) + " |")
+print("|---" * (1 + len(modes) + len(others)) + "|")
+ratios = {m: [] for m in others}
+for r in sorted(rounds):
+    got = rounds[r]
+    ms = [got.get(m, {}).get("ms") for m in modes]
+    cells = [f"{v:.4f}" if v else "fails: " + got.get(m, {}).get("error", "no result")[:60]
+             for m, v in zip(modes, ms)]
+    rs = []
+    for m, v in zip(others, ms[1:]):
+        if v and ms[0]:
+            ratios[m].append(v / ms[0])
+            rs.append(f"{v / ms[0]:.3f}")
+        else:
+            rs.append("-")
+    print(f"| {r} | " + " | ".join(cells) + " | " + " | ".join(rs) + " |")
+for m in others:
+    v = ratios[m]
+    if v:
+        print(f"{m} / direct: median {statistics.median(v):.3f} over {len(v)} rounds "
+              f"(range {min(v):.3f}-{max(v):.3f})")
+PY
+    done
+    exit 0
+fi
 
 failed=0
 echo "| case | direct | consolidated | result |"

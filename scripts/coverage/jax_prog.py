@@ -9,6 +9,8 @@ nodes of a command buffer).
 import json
 import sys
 
+from timing import median_ms
+
 TIMING = {}
 
 
@@ -69,16 +71,14 @@ def main(case):
         for _ in range(100):
             params, l = step(params)
             losses.append(float(l))
-        # Time per step once compiled (reported beside the values, not compared).
-        import time
+        # Time per step once compiled.
+        state = [params]
 
-        times = []
-        for _ in range(200):
-            t = time.perf_counter()
-            params, l = step(params)
+        def one():
+            state[0], l = step(state[0])
             l.block_until_ready()
-            times.append(time.perf_counter() - t)
-        TIMING["ms"] = sorted(times)[len(times) // 2] * 1e3
+
+        TIMING["ms"] = median_ms(one)
         return losses
     raise SystemExit(f"unknown case {case}")
 
