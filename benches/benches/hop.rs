@@ -8,6 +8,11 @@
 //!
 //! `HOP_BACKEND=cuda` runs the same against a GPU (the default is the sim device).
 //!
+//! `HOP_POLICY` is a policy file for gpushared (e.g. `scheduler = "fair"` and a `[fair]`
+//! section); with it a second, idle client connects first, so that the bench client's kernels
+//! go through the scheduler as any of several clients' do (a lone client's skip it). A last
+//! figure, `burst_launch`, is the time per launch of 64 launches and their sync.
+//!
 //! Build the broker first: `cargo build --release -p gpushare-broker`, then
 //! `cargo bench -p gpushare-benches --bench hop`.
 
@@ -18,12 +23,19 @@ use gpushare::{Kernel, Stream};
 
 /// Round trips timed per figure.
 const PAIRS: usize = 20_000;
+/// Launches per sync in the `burst_launch` figure.
+const BURST: usize = 64;
 
 fn main() -> Result<()> {
-    let broker = match std::env::var("HOP_BACKEND") {
-        Ok(backend) if !backend.is_empty() => gpushare_benches::start_broker(&backend),
-        _ => gpushare_benches::start_sim_broker(),
-    };
+    let backend = std::env::var("HOP_BACKEND")
+        .ok()
+        .filter(|b| !b.is_empty())
+        .unwrap_or_else(|| "sim".into());
+    let policy = std::env::var("HOP_POLICY").ok().filter(|p| !p.is_empty());
+    let gated = policy.is_some();
+    let broker = gpushare_benches::start_broker_with_policy(&backend, policy);
+    // Another client on the GPU: the bench client's kernels are then scheduled.
+    let _other = gated.then(|| broker.client_named("bench-hop-idle"));
     let client = broker.client_named("bench-hop");
     let stream = client.create_stream()?;
     let launch = |s: &Stream| {
@@ -80,5 +92,12 @@ fn main() -> Result<()> {
         Ok(stream.synchronize()?)
     })?;
     println!("launch_sync {launch_sync:.2} us");
+    let burst = time(&|| {
+        for _ in 0..BURST {
+            launch(&stream)?;
+        }
+        Ok(stream.synchronize()?)
+    })?;
+    println!("burst_launch {:.3} us", burst / BURST as f64);
     Ok(())
 }

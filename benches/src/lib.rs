@@ -14,6 +14,11 @@ pub fn start_sim_broker() -> Broker {
 
 /// [`start_sim_broker`] with another backend (`cuda` on a GPU machine).
 pub fn start_broker(backend: &str) -> Broker {
+    start_broker_with_policy(backend, None)
+}
+
+/// [`start_broker`] with a policy file of `policy`'s contents.
+pub fn start_broker_with_policy(backend: &str, policy: Option<String>) -> Broker {
     let found = std::panic::catch_unwind(|| gpushare_tests::binary("gpushared"));
     if found.is_err() {
         eprintln!(
@@ -24,6 +29,7 @@ pub fn start_broker(backend: &str) -> Broker {
     }
     Broker::start_with(BrokerOptions {
         backend: Some(backend.into()),
+        policy,
         ..BrokerOptions::default()
     })
 }

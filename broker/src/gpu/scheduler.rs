@@ -321,6 +321,19 @@ impl GpuScheduler {
         self.pump(&mut st);
     }
 
+    /// The device times of kernels reported finished with [`Timing::Later`]: what their
+    /// profiles learn from them.
+    pub fn timed(&self, id: ClientId, measured: &[(RequestId, u64)]) {
+        if measured.is_empty() {
+            return;
+        }
+        let mut st = self.lock();
+        let now = self.now();
+        for &(request, ns) in measured {
+            let _ = st.dispatcher.timed(id, request, ns, now);
+        }
+    }
+
     /// Device time measured for the client's work (what `status` shows it), for a policy
     /// that charges it (FAIR side by side); a hold it lifts is granted at once. Nothing under
     /// any other policy.
@@ -406,13 +419,28 @@ impl GpuScheduler {
 }
 
 fn report_finished(dispatcher: &mut Dispatcher, id: ClientId, finished: &[Finished], now: u64) {
-    for &(request, measured) in finished {
-        let _ = dispatcher.complete(id, request, measured, now);
+    for &(request, timing) in finished {
+        let _ = match timing {
+            Timing::Untimed => dispatcher.complete(id, request, None, now),
+            Timing::Took(ns) => dispatcher.complete(id, request, Some(ns), now),
+            Timing::Later => dispatcher.complete_timed_later(id, request, now),
+        };
     }
 }
 
-/// A granted kernel seen finished, and the device time it took when measured.
-pub type Finished = (RequestId, Option<u64>);
+/// A granted kernel seen finished, and what is known of its device time.
+pub type Finished = (RequestId, Timing);
+
+/// What is known of a finished kernel's device time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Timing {
+    /// It was not timed.
+    Untimed,
+    /// It took this many ns.
+    Took(u64),
+    /// It was timed, and the session asks for its time later ([`GpuScheduler::timed`]).
+    Later,
+}
 
 /// The kernel profiles, read while a launch holds the scheduler.
 pub struct Profiles<'a>(&'a mut Dispatcher);

@@ -6,11 +6,12 @@ use gpushare_protocol::PriorityClass;
 use super::client::ClientState;
 use super::gates::Context;
 use super::id_hash::IdMap;
+use super::later::{Lesson, TimedLater};
 use super::{
-    Admit, ClientId, ClientSchedStats, ClientSpec, DeadlineController, DeviceShape, Grant,
-    Inflight, IterationReport, JobProfile, KernelProfile, MemoryAdmission, Pick, Policy,
-    PolicyKind, ProfileTable, RateController, Request, RequestId, SchedConfig, SchedError,
-    SharePacer, Tunables, View, build_policy,
+    Admit, ClientId, ClientSpec, DeadlineController, DeviceShape, Grant, Inflight, IterationReport,
+    JobProfile, KernelProfile, MemoryAdmission, Pick, Policy, PolicyKind, ProfileTable,
+    RateController, Request, RequestId, SchedConfig, SchedError, SharePacer, Tunables, View,
+    build_policy,
 };
 
 /// A [`View`] of a dispatcher, borrowing only the fields it needs (so the policy, another
@@ -61,6 +62,8 @@ pub struct Dispatcher {
     /// work in flight when it was granted, or was granted while it ran.
     pub(super) latest_grant: (ClientId, u64),
     pub(super) latest_other_grant: u64,
+    /// Finished kernels whose device time comes later.
+    pub(super) timed_later: TimedLater,
 }
 
 impl Dispatcher {
@@ -104,6 +107,7 @@ impl Dispatcher {
             waiting_tokens: false,
             latest_grant: (0, 0),
             latest_other_grant: 0,
+            timed_later: TimedLater::default(),
             waiting_partition: false,
             waiting_pacer: false,
         }
@@ -155,7 +159,7 @@ impl Dispatcher {
     }
 
     /// Time never runs backwards here, whatever threads the callers' clocks were read on.
-    fn clamp_now(&mut self, now: u64) -> u64 {
+    pub(super) fn clamp_now(&mut self, now: u64) -> u64 {
         self.last_now = self.last_now.max(now);
         self.last_now
     }
@@ -225,6 +229,7 @@ impl Dispatcher {
             self.mark_admitted(&newly);
         }
         self.policy.on_remove(id);
+        self.timed_later.forget_client(id);
         self.refresh_context(self.last_now);
         Ok(())
     }
@@ -455,6 +460,18 @@ impl Dispatcher {
         measured_ns: Option<u64>,
         now: u64,
     ) -> Result<(), SchedError> {
+        self.finish(client, request, measured_ns, now).map(|_| ())
+    }
+
+    /// [`Dispatcher::complete`], giving back what a measurement of the kernel's device time
+    /// teaches (for one that comes later: `later.rs`).
+    pub(super) fn finish(
+        &mut self,
+        client: ClientId,
+        request: RequestId,
+        measured_ns: Option<u64>,
+        now: u64,
+    ) -> Result<Lesson, SchedError> {
         let now = self.clamp_now(now);
         let i = self.idx(client)?;
         let Some(mut f) = self.clients[i].inflight.take(request) else {
@@ -474,19 +491,19 @@ impl Dispatcher {
         let c = &mut self.clients[i];
         c.gpu_ns = c.gpu_ns.saturating_add(charged);
         c.completed += 1;
-        let class = c.spec.class;
+        let lesson = Lesson {
+            client,
+            key: f.profile.key,
+            est_ns: f.profile.est_ns,
+            solo: !f.overlapped,
+            high: c.spec.class == PriorityClass::High,
+        };
         if let Some(m) = measured_ns {
-            self.profiles.observe(f.profile.key, m, !f.overlapped);
-            if class == PriorityClass::High
-                && let Some(r) = self.rate.as_mut()
-            {
-                r.advance(now);
-                r.sample_high(f.profile.est_ns, m);
-            }
+            self.learn(lesson, m, now);
         }
         let view = view!(self);
         self.policy.on_complete(&view, client, &f, charged, now);
-        Ok(())
+        Ok(lesson)
     }
 
     /// Whether the policy charges measured device time ([`Dispatcher::device_time`]).
@@ -539,60 +556,5 @@ impl Dispatcher {
             latency_ns: latency,
             deadline_missed: missed,
         }))
-    }
-
-    /// How many of the client's requests are on the GPU (0 for an unknown client).
-    pub fn inflight_of(&self, id: ClientId) -> usize {
-        self.index
-            .get(&id)
-            .map_or(0, |&i| self.clients[i].inflight.len())
-    }
-
-    /// Scheduling figures of one client.
-    pub fn stats(&self, id: ClientId) -> Option<ClientSchedStats> {
-        let c = &self.clients[*self.index.get(&id)?];
-        let total: u64 = self.clients.iter().map(|c| c.gpu_ns).sum();
-        let rate_limit = match (&self.rate, c.spec.class) {
-            (Some(r), PriorityClass::BestEffort) if self.ctx.limiter_engaged => Some(r.allowance()),
-            _ => None,
-        };
-        let sm_share = if Self::is_restricted(&self.ctx, &c.spec) {
-            self.deadline.share()
-        } else {
-            1.0
-        };
-        Some(ClientSchedStats {
-            granted: c.granted,
-            completed: c.completed,
-            waiting: c.queue.len(),
-            inflight: c.inflight.len(),
-            gpu_ns: c.gpu_ns,
-            share: if total == 0 {
-                0.0
-            } else {
-                c.gpu_ns as f64 / total as f64
-            },
-            rate_limit,
-            sm_share,
-            deadline_misses: c.deadline_misses,
-            admitted: c.admitted,
-            iteration_latency_ns: c.iter_latency.map(|l| l.round() as u64),
-        })
-    }
-
-    /// The client as registered.
-    pub fn spec(&self, id: ClientId) -> Option<ClientSpec> {
-        self.index.get(&id).map(|&i| self.clients[i].spec)
-    }
-
-    /// Clients registered, in arrival order.
-    pub fn clients(&self) -> impl Iterator<Item = ClientId> + '_ {
-        self.clients.iter().map(|c| c.spec.id)
-    }
-
-    /// Requests queued (not granted) and in flight over all clients.
-    #[cfg(test)]
-    pub fn backlog(&self) -> (usize, usize) {
-        (self.queued_total, self.inflight_total)
     }
 }

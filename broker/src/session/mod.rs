@@ -57,6 +57,11 @@ use allocations::Allocations;
 use reset::Lost;
 
 pub use gpushare_protocol::{MAX_EVENTS, MAX_STREAMS};
+
+/// A map keyed by ids the client picks (its streams, its events), looked up on every launch:
+/// a fast hash, seeded per map so that a client cannot choose keys that collide (SipHash,
+/// std's, was a visible part of a launch's time in the data thread).
+type ClientKeyed<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 /// Most live allocations one client may hold at once.
 pub const MAX_ALLOCATIONS: usize = 1 << 20;
 
@@ -114,10 +119,10 @@ pub struct SessionState {
     vmm: vmm::Vmm,
     /// Memory other sessions shared that this one opened (CUDA IPC): base → (size, token).
     ipc_opened: std::collections::BTreeMap<DevicePtr, (u64, u128)>,
-    streams: HashMap<StreamId, StreamSlot>,
+    streams: ClientKeyed<StreamId, StreamSlot>,
     next_stream: StreamId,
     /// Shared with other sessions when opened through CUDA IPC.
-    events: HashMap<EventId, Arc<Event>>,
+    events: ClientKeyed<EventId, Arc<Event>>,
     /// Where each event was last recorded: the stream, and its operations submitted then.
     event_marks: HashMap<EventId, (StreamId, u64)>,
     next_event: EventId,
@@ -160,6 +165,9 @@ pub struct SessionState {
     /// Granted kernels seen finished, on their way to the scheduler (kept for its room).
     seen_finished: Vec<crate::gpu::scheduler::Finished>,
     spare_events: Vec<Event>,
+    /// Finished timed kernels whose time is asked for once the client goes quiet: the
+    /// request, and its start and end events.
+    to_time: Vec<(crate::sched::RequestId, Event, Event)>,
     /// Placed allocations (`AllocAt`) that were charged more than their size: the device
     /// memory they took (whole granules on a GPU).
     placed_charges: HashMap<DevicePtr, u64>,
@@ -257,7 +265,7 @@ impl SessionState {
                 return Err(e);
             }
         };
-        let mut streams = HashMap::new();
+        let mut streams = ClientKeyed::default();
         streams.insert(0, StreamSlot::new(default_stream));
         info.counters.streams.store(1, Ordering::Relaxed);
         // Sessions pick the kernels they time apart from each other (never 0: xorshift).
@@ -275,7 +283,7 @@ impl SessionState {
             ipc_opened: std::collections::BTreeMap::new(),
             streams,
             next_stream: 1,
-            events: HashMap::new(),
+            events: ClientKeyed::default(),
             event_marks: HashMap::new(),
             next_event: 1,
             latency: hdrhistogram::Histogram::new_with_bounds(1, 60_000_000_000, 2).ok(),
@@ -300,6 +308,7 @@ impl SessionState {
             batches_pending: 0,
             seen_finished: Vec::new(),
             spare_events: Vec::new(),
+            to_time: Vec::new(),
             placed_charges: HashMap::new(),
             governed: governed::Governed::default(),
             legacy: legacy::Legacy::default(),

@@ -11,7 +11,9 @@
 //! few kernels in flight, when each one finishing is what frees it), and a wait that saw the
 //! stream finish settles its kernels without one. About one kernel in `TIME_EVERY`, picked
 //! at random, is timed between two events of its own; the others are charged their profile's
-//! estimate, which those measurements keep true (docs/benchmarks.md, runs A1-A5).
+//! estimate, which those measurements keep true (docs/benchmarks.md, runs A1-A5). Reading a
+//! timed kernel's events is a call the worker answers after everything posted before it, so
+//! while the client keeps sending it is left until the client goes quiet (run H1).
 
 use std::sync::atomic::Ordering;
 
@@ -19,7 +21,7 @@ use gpushare_protocol::StreamId;
 
 use super::SessionState;
 use crate::device::{Event, EventKind};
-use crate::gpu::scheduler::{Finished, Profiles, Turn, Waiting};
+use crate::gpu::scheduler::{Finished, Profiles, Timing, Turn, Waiting};
 use crate::sched::{KernelProfile, RequestId};
 
 /// About one granted kernel in this many is timed (see the docs).
@@ -29,6 +31,9 @@ const TIME_EVERY: u32 = 8;
 const MARK_EVERY: u32 = 8;
 /// After a wait with few kernels in flight, this many granted kernels get a mark each.
 const MARK_EACH_AFTER_HOLD: u32 = 64;
+/// Finished timed kernels whose time waits for the client to go quiet, at most; then they are
+/// asked for at once (see `take_finished` and `with_finished`).
+const TIME_LATER_MAX: usize = 32;
 
 /// A granted kernel not yet seen finished.
 pub(super) struct Granted {
@@ -77,6 +82,7 @@ impl SessionState {
                 |waiting| match waiting {
                     Waiting::Held(finished) => {
                         this.take_finished(true, finished);
+                        this.time_later();
                         this.off_the_device_while_held();
                     }
                     // Close the measured spans: time spent waiting for others is not ours.
@@ -186,7 +192,8 @@ impl SessionState {
     /// be recorded after it): reported finished now, so that it holds nobody back.
     fn untracked(&mut self, request: RequestId, start: Option<Event>) {
         self.spare_events.extend(start);
-        self.dispatch.complete(self.info.id, &[(request, None)]);
+        self.dispatch
+            .complete(self.info.id, &[(request, Timing::Untimed)]);
     }
 
     /// Marks the granted kernels of `stream` that wait for a mark: one progress mark after
@@ -235,6 +242,7 @@ impl SessionState {
     /// Forgets every granted kernel (the scheduler forgets them too).
     pub(super) fn forget_granted(&mut self) {
         self.granted.clear();
+        self.to_time.clear();
         self.no_pending();
     }
 
@@ -297,6 +305,9 @@ impl SessionState {
                 this.dispatch.complete(this.info.id, finished);
             }
         });
+        if quiet {
+            self.time_later();
+        }
     }
 
     /// Runs `f` with the granted kernels seen finished now ([`Self::take_finished`]), in the
@@ -307,11 +318,21 @@ impl SessionState {
         let out = f(self, &finished);
         finished.clear();
         self.seen_finished = finished;
+        // Once reported finished (the scheduler takes a time only for a kernel it was told
+        // finished), times left for later are asked for if too many wait.
+        if self.to_time.len() >= TIME_LATER_MAX {
+            self.time_later();
+        }
         out
     }
 
     /// Takes the granted kernels that have finished off the list, oldest first, into `out`
     /// with the device time each took where it is timed.
+    ///
+    /// A timed kernel's time is a call to the device worker, answered after everything posted
+    /// before it: while the client is busy (not `quiet`) it is reported finished now and its
+    /// time asked for later ([`Self::time_later`]), so that the data thread does not wait for
+    /// the worker's queue to drain on every timed kernel.
     fn take_finished(&mut self, quiet: bool, out: &mut Vec<Finished>) {
         while let Some(g) = self.granted.front() {
             if !self.finished(g, quiet) {
@@ -320,13 +341,39 @@ impl SessionState {
             let Some(g) = self.granted.pop_front() else {
                 break;
             };
-            let measured = match (&g.start, &g.end) {
-                (Some(start), Some(end)) => self.device.elapsed_ns(start, end).ok(),
-                _ => None,
+            let timing = match (g.start, g.end) {
+                (Some(start), Some(end)) if quiet => {
+                    let took = self.device.elapsed_ns(&start, &end).ok();
+                    self.spare_events.extend([start, end]);
+                    took.map_or(Timing::Untimed, Timing::Took)
+                }
+                (Some(start), Some(end)) => {
+                    self.to_time.push((g.request, start, end));
+                    Timing::Later
+                }
+                (start, end) => {
+                    self.spare_events.extend(start.into_iter().chain(end));
+                    Timing::Untimed
+                }
             };
-            self.spare_events.extend(g.start.into_iter().chain(g.end));
-            out.push((g.request, measured));
+            out.push((g.request, timing));
         }
+    }
+
+    /// Asks the worker for the times of the finished kernels whose time was left for later,
+    /// and tells the scheduler.
+    pub(super) fn time_later(&mut self) {
+        if self.to_time.is_empty() {
+            return;
+        }
+        let mut measured = Vec::with_capacity(self.to_time.len());
+        for (request, start, end) in std::mem::take(&mut self.to_time) {
+            if let Ok(ns) = self.device.elapsed_ns(&start, &end) {
+                measured.push((request, ns));
+            }
+            self.spare_events.extend([start, end]);
+        }
+        self.dispatch.timed(self.info.id, &measured);
     }
 
     /// Held by the policy with no granted work of its own left: the watchdog's stamp goes
