@@ -82,7 +82,6 @@ impl SessionState {
                 |waiting| match waiting {
                     Waiting::Held(finished) => {
                         this.take_finished(true, finished);
-                        this.time_later();
                         this.off_the_device_while_held();
                     }
                     // Close the measured spans: time spent waiting for others is not ours.
@@ -305,9 +304,6 @@ impl SessionState {
                 this.dispatch.complete(this.info.id, finished);
             }
         });
-        if quiet {
-            self.time_later();
-        }
     }
 
     /// Runs `f` with the granted kernels seen finished now ([`Self::take_finished`]), in the
@@ -329,11 +325,13 @@ impl SessionState {
     /// Takes the granted kernels that have finished off the list, oldest first, into `out`
     /// with the device time each took where it is timed.
     ///
-    /// A timed kernel's time is a call to the device worker, answered after everything posted
-    /// before it: while the client is busy (not `quiet`) it is reported finished now and its
-    /// time asked for later ([`Self::time_later`]), so that the data thread does not wait for
-    /// the worker's queue to drain on every timed kernel.
+    /// A timed kernel's time is read by a call to the device worker, answered after
+    /// everything posted before it. While the client is busy (not `quiet`) its kernels are
+    /// reported finished now and their times asked for later ([`Self::time_later`]), so that
+    /// the data thread does not wait for the worker's queue to drain every few kernels; when
+    /// `quiet`, every time that waits is read now, in one call.
     fn take_finished(&mut self, quiet: bool, out: &mut Vec<Finished>) {
+        let first = out.len();
         while let Some(g) = self.granted.front() {
             if !self.finished(g, quiet) {
                 break;
@@ -342,11 +340,6 @@ impl SessionState {
                 break;
             };
             let timing = match (g.start, g.end) {
-                (Some(start), Some(end)) if quiet => {
-                    let took = self.device.elapsed_ns(&start, &end).ok();
-                    self.spare_events.extend([start, end]);
-                    took.map_or(Timing::Untimed, Timing::Took)
-                }
                 (Some(start), Some(end)) => {
                     self.to_time.push((g.request, start, end));
                     Timing::Later
@@ -358,22 +351,53 @@ impl SessionState {
             };
             out.push((g.request, timing));
         }
+        if !quiet || self.to_time.is_empty() {
+            return;
+        }
+        // This batch's times go with their kernels; earlier ones, reported finished already,
+        // to the scheduler now.
+        let mut earlier = Vec::new();
+        for (request, took) in self.read_times() {
+            match out[first..].iter_mut().find(|(r, _)| *r == request) {
+                Some(entry) => entry.1 = took.map_or(Timing::Untimed, Timing::Took),
+                None => earlier.extend(took.map(|ns| (request, ns))),
+            }
+        }
+        self.dispatch.timed(self.info.id, &earlier);
     }
 
-    /// Asks the worker for the times of the finished kernels whose time was left for later,
-    /// and tells the scheduler.
+    /// Asks the worker for the times of the finished kernels whose time was left for later
+    /// (reported finished already), and tells the scheduler.
     pub(super) fn time_later(&mut self) {
         if self.to_time.is_empty() {
             return;
         }
-        let mut measured = Vec::with_capacity(self.to_time.len());
-        for (request, start, end) in std::mem::take(&mut self.to_time) {
-            if let Ok(ns) = self.device.elapsed_ns(&start, &end) {
-                measured.push((request, ns));
-            }
+        let measured: Vec<_> = self
+            .read_times()
+            .into_iter()
+            .filter_map(|(request, took)| took.map(|ns| (request, ns)))
+            .collect();
+        self.dispatch.timed(self.info.id, &measured);
+    }
+
+    /// The times of every finished kernel that waits for one, read in one call to the worker
+    /// (`None` where one cannot be had); their events go back to the spares.
+    fn read_times(&mut self) -> Vec<(crate::sched::RequestId, Option<u64>)> {
+        let waiting = std::mem::take(&mut self.to_time);
+        let pairs: Vec<(&Event, &Event)> = waiting.iter().map(|(_, s, e)| (s, e)).collect();
+        let times = self
+            .device
+            .elapsed_many(&pairs)
+            .unwrap_or_else(|_| vec![None; pairs.len()]);
+        let read = waiting
+            .iter()
+            .zip(times)
+            .map(|((request, _, _), took)| (*request, took))
+            .collect();
+        for (_, start, end) in waiting {
             self.spare_events.extend([start, end]);
         }
-        self.dispatch.timed(self.info.id, &measured);
+        read
     }
 
     /// Held by the policy with no granted work of its own left: the watchdog's stamp goes
