@@ -368,7 +368,7 @@ impl SessionState {
 
     /// Asks the worker for the times of the finished kernels whose time was left for later
     /// (reported finished already), and tells the scheduler.
-    pub(super) fn time_later(&mut self) {
+    fn time_later(&mut self) {
         if self.to_time.is_empty() {
             return;
         }
@@ -382,7 +382,7 @@ impl SessionState {
 
     /// The times of every finished kernel that waits for one, read in one call to the worker
     /// (`None` where one cannot be had); their events go back to the spares.
-    fn read_times(&mut self) -> Vec<(crate::sched::RequestId, Option<u64>)> {
+    fn read_times(&mut self) -> Vec<(RequestId, Option<u64>)> {
         let waiting = std::mem::take(&mut self.to_time);
         let pairs: Vec<(&Event, &Event)> = waiting.iter().map(|(_, s, e)| (s, e)).collect();
         let times = self
