@@ -42,7 +42,7 @@ logs=${LOGS:-$work/logs}
 mkdir -p "$logs"
 sock=$work/gpushare.sock
 broker_pid=
-trap '[[ -n $broker_pid ]] && kill -TERM $broker_pid 2>/dev/null; wait 2>/dev/null; rm -rf "$work"' EXIT
+trap '[[ -n $broker_pid ]] && kill -TERM $broker_pid ${base_pid:-} 2>/dev/null; wait 2>/dev/null; rm -rf "$work"' EXIT
 
 all=(torch-expandable torch-mallocasync torch-ipc torch-resnet torch-bert torch-compile torch-graphs
      torch-decode-graph torch-decode-compiled torch-nccl
@@ -67,7 +67,6 @@ base_pid=
 if [[ -n ${BASE:-} ]]; then
     start_broker "$BASE" "$work/base.sock" "$logs/base-broker.log"
     base_pid=$!
-    trap '[[ -n $broker_pid ]] && kill -TERM $broker_pid $base_pid 2>/dev/null; wait 2>/dev/null; rm -rf "$work"' EXIT
 fi
 
 build_libs() { # builds coverage/libs.c as $work/libs, with cuDNN where one is found

@@ -10,8 +10,8 @@
 use super::id_hash::IdMap;
 use super::{ClientId, Dispatcher, KernelKey, RequestId, SchedError};
 
-/// Kernels awaiting their time, over all clients, beyond which the oldest are forgotten (a
-/// session that never asks loses nothing but what its profiles would have learned).
+/// Kernels awaiting their time, over all clients, at most: past it those awaited are forgotten
+/// (a session that never asks loses nothing but what its profiles would have learned).
 const MAX_AWAITED: usize = 4096;
 
 /// What a finished kernel's measured time teaches.
@@ -34,9 +34,7 @@ pub struct TimedLater {
 
 impl TimedLater {
     pub(super) fn forget_client(&mut self, client: ClientId) {
-        if !self.awaited.is_empty() {
-            self.awaited.retain(|_, l| l.client != client);
-        }
+        self.awaited.retain(|_, l| l.client != client);
     }
 }
 
@@ -79,16 +77,13 @@ impl Dispatcher {
         now: u64,
     ) -> Result<(), SchedError> {
         let now = self.clamp_now(now);
-        match self.timed_later.awaited.remove(&request) {
-            Some(lesson) if lesson.client == client => {
-                self.learn(lesson, measured_ns, now);
-                Ok(())
-            }
-            Some(lesson) => {
-                self.timed_later.awaited.insert(request, lesson);
-                Err(SchedError::UnknownRequest { client, request })
-            }
-            None => Err(SchedError::UnknownRequest { client, request }),
+        let awaited = &mut self.timed_later.awaited;
+        if awaited.get(&request).is_none_or(|l| l.client != client) {
+            return Err(SchedError::UnknownRequest { client, request });
         }
+        if let Some(lesson) = awaited.remove(&request) {
+            self.learn(lesson, measured_ns, now);
+        }
+        Ok(())
     }
 }

@@ -58,10 +58,11 @@ use reset::Lost;
 
 pub use gpushare_protocol::{MAX_EVENTS, MAX_STREAMS};
 
-/// A map keyed by ids the client picks (its streams, its events), looked up on every launch:
-/// a fast hash, seeded per map so that a client cannot choose keys that collide (SipHash,
-/// std's, was a visible part of a launch's time in the data thread).
+/// A map keyed by ids the client picks (its streams, its events), looked up on every launch or
+/// event record: a fast hash, seeded per map so that a client cannot choose keys that collide
+/// (SipHash, std's, was a visible part of a launch's time in the data thread).
 type ClientKeyed<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
 /// Most live allocations one client may hold at once.
 pub const MAX_ALLOCATIONS: usize = 1 << 20;
 
@@ -124,7 +125,7 @@ pub struct SessionState {
     /// Shared with other sessions when opened through CUDA IPC.
     events: ClientKeyed<EventId, Arc<Event>>,
     /// Where each event was last recorded: the stream, and its operations submitted then.
-    event_marks: HashMap<EventId, (StreamId, u64)>,
+    event_marks: ClientKeyed<EventId, (StreamId, u64)>,
     next_event: EventId,
     /// Service time of recent commands (ns), this thread's only: no lock on the hot path.
     latency: Option<hdrhistogram::Histogram<u64>>,
@@ -284,7 +285,7 @@ impl SessionState {
             streams,
             next_stream: 1,
             events: ClientKeyed::default(),
-            event_marks: HashMap::new(),
+            event_marks: ClientKeyed::default(),
             next_event: 1,
             latency: hdrhistogram::Histogram::new_with_bounds(1, 60_000_000_000, 2).ok(),
             latency_published: Instant::now(),
