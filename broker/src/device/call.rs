@@ -205,11 +205,6 @@ pub enum Call {
         start: Handle,
         end: Handle,
     },
-    /// [`Call::ElapsedNs`] of each pair at once, in one round trip: a `Reply::Bytes` of one
-    /// little-endian u64 per pair, `u64::MAX` where that pair's time cannot be had.
-    ElapsedMany {
-        pairs: Vec<(Handle, Handle)>,
-    },
     /// Whether the context is poisoned, and by what.
     Fault,
     /// The image is the payload.

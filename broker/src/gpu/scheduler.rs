@@ -58,6 +58,8 @@ pub struct Turn {
     /// How long the launch waited with none of the client's kernels on the GPU: the time the
     /// policy kept it off the device (waiting behind its own kernels is not counted).
     pub held_ns: u64,
+    /// About one in how many of the client's kernels like it to time (`ProfileTable::time_every`).
+    pub time_every: u32,
 }
 
 struct State {
@@ -247,6 +249,11 @@ impl GpuScheduler {
         let mut st = self.lock();
         let now = self.now();
         let profile = profile(&mut Profiles(&mut st.dispatcher));
+        let high = st
+            .dispatcher
+            .spec(id)
+            .is_some_and(|s| s.class == PriorityClass::High);
+        let time_every = st.dispatcher.profiles().time_every(profile.key, high);
         let submitted = st.dispatcher.submit(id, profile, now);
         // Then the finished work (which may be what holds this kernel back): with the new
         // request already queued, the policy weighs this client as waiting, as it is.
@@ -262,6 +269,7 @@ impl GpuScheduler {
                     request,
                     sm_limit,
                     held_ns,
+                    time_every,
                 });
             }
             if give_up() {
@@ -301,6 +309,7 @@ impl GpuScheduler {
                     request,
                     sm_limit,
                     held_ns,
+                    time_every,
                 });
             }
             // Held still: what finished is reported in the same step as the policy's next look.
@@ -319,19 +328,6 @@ impl GpuScheduler {
         let now = self.now();
         report_finished(&mut st.dispatcher, id, finished, now);
         self.pump(&mut st);
-    }
-
-    /// The device times of kernels reported finished with [`Timing::Later`]: what their
-    /// profiles learn from them.
-    pub fn timed(&self, id: ClientId, measured: &[(RequestId, u64)]) {
-        if measured.is_empty() {
-            return;
-        }
-        let mut st = self.lock();
-        let now = self.now();
-        for &(request, ns) in measured {
-            let _ = st.dispatcher.timed(id, request, ns, now);
-        }
     }
 
     /// Device time measured for the client's work (what `status` shows it), for a policy
@@ -419,28 +415,13 @@ impl GpuScheduler {
 }
 
 fn report_finished(dispatcher: &mut Dispatcher, id: ClientId, finished: &[Finished], now: u64) {
-    for &(request, timing) in finished {
-        let _ = match timing {
-            Timing::Untimed => dispatcher.complete(id, request, None, now),
-            Timing::Took(ns) => dispatcher.complete(id, request, Some(ns), now),
-            Timing::Later => dispatcher.complete_timed_later(id, request, now),
-        };
+    for &(request, measured) in finished {
+        let _ = dispatcher.complete(id, request, measured, now);
     }
 }
 
-/// A granted kernel seen finished, and what is known of its device time.
-pub type Finished = (RequestId, Timing);
-
-/// What is known of a finished kernel's device time.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Timing {
-    /// It was not timed.
-    Untimed,
-    /// It took this many ns.
-    Took(u64),
-    /// It was timed, and the session asks for its time later ([`GpuScheduler::timed`]).
-    Later,
-}
+/// A granted kernel seen finished, and the device time it took when measured.
+pub type Finished = (RequestId, Option<u64>);
 
 /// The kernel profiles, read while a launch holds the scheduler.
 pub struct Profiles<'a>(&'a mut Dispatcher);

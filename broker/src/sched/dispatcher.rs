@@ -6,7 +6,6 @@ use gpushare_protocol::PriorityClass;
 use super::client::ClientState;
 use super::gates::Context;
 use super::id_hash::IdMap;
-use super::later::{Lesson, TimedLater};
 use super::{
     Admit, ClientId, ClientSpec, DeadlineController, DeviceShape, Grant, Inflight, IterationReport,
     JobProfile, KernelProfile, MemoryAdmission, Pick, Policy, PolicyKind, ProfileTable,
@@ -62,8 +61,6 @@ pub struct Dispatcher {
     /// work in flight when it was granted, or was granted while it ran.
     pub(super) latest_grant: (ClientId, u64),
     pub(super) latest_other_grant: u64,
-    /// Finished kernels whose device time comes later.
-    pub(super) timed_later: TimedLater,
 }
 
 impl Dispatcher {
@@ -107,7 +104,6 @@ impl Dispatcher {
             waiting_tokens: false,
             latest_grant: (0, 0),
             latest_other_grant: 0,
-            timed_later: TimedLater::default(),
             waiting_partition: false,
             waiting_pacer: false,
         }
@@ -159,7 +155,7 @@ impl Dispatcher {
     }
 
     /// Time never runs backwards here, whatever threads the callers' clocks were read on.
-    pub(super) fn clamp_now(&mut self, now: u64) -> u64 {
+    fn clamp_now(&mut self, now: u64) -> u64 {
         self.last_now = self.last_now.max(now);
         self.last_now
     }
@@ -229,7 +225,6 @@ impl Dispatcher {
             self.mark_admitted(&newly);
         }
         self.policy.on_remove(id);
-        self.timed_later.forget_client(id);
         self.refresh_context(self.last_now);
         Ok(())
     }
@@ -460,18 +455,6 @@ impl Dispatcher {
         measured_ns: Option<u64>,
         now: u64,
     ) -> Result<(), SchedError> {
-        self.finish(client, request, measured_ns, now).map(|_| ())
-    }
-
-    /// [`Dispatcher::complete`], giving back what a measurement of the kernel's device time
-    /// teaches (for one that comes later: `later.rs`).
-    pub(super) fn finish(
-        &mut self,
-        client: ClientId,
-        request: RequestId,
-        measured_ns: Option<u64>,
-        now: u64,
-    ) -> Result<Lesson, SchedError> {
         let now = self.clamp_now(now);
         let i = self.idx(client)?;
         let Some(mut f) = self.clients[i].inflight.take(request) else {
@@ -491,19 +474,19 @@ impl Dispatcher {
         let c = &mut self.clients[i];
         c.gpu_ns = c.gpu_ns.saturating_add(charged);
         c.completed += 1;
-        let lesson = Lesson {
-            client,
-            key: f.profile.key,
-            est_ns: f.profile.est_ns,
-            solo: !f.overlapped,
-            high: c.spec.class == PriorityClass::High,
-        };
+        let class = c.spec.class;
         if let Some(m) = measured_ns {
-            self.learn(lesson, m, now);
+            self.profiles.observe(f.profile.key, m, !f.overlapped);
+            if class == PriorityClass::High
+                && let Some(r) = self.rate.as_mut()
+            {
+                r.advance(now);
+                r.sample_high(f.profile.est_ns, m);
+            }
         }
         let view = view!(self);
         self.policy.on_complete(&view, client, &f, charged, now);
-        Ok(lesson)
+        Ok(())
     }
 
     /// Whether the policy charges measured device time ([`Dispatcher::device_time`]).

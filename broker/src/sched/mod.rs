@@ -13,9 +13,8 @@
 //!   in-flight records go; nobody is left waiting on them);
 //! - `submit` each kernel launch into its client's FIFO queue, then `poll`: the grants are
 //!   the requests to hand to the device now, in order (with the SM partition to run them on);
-//! - `complete` when the device reports a granted request done (with its measured time, or
-//!   `complete_timed_later` and then `timed` when that comes later), then `poll` again;
-//!   `iteration_boundary` when a client declares an iteration's end;
+//! - `complete` when the device reports a granted request done (with its measured time), then
+//!   `poll` again; `iteration_boundary` when a client declares an iteration's end;
 //! - when `next_wakeup` returns a time, `poll` again at that time even if nothing happened.
 //!
 //! Before a policy sees a client, the dispatcher applies the gates every policy shares; a
@@ -34,8 +33,7 @@
 //! Policies ([`policy`]) pick among the candidates, one grant per `pick`.
 //!
 //! Where each part lives: `client.rs` (what a client declared, queued and was granted),
-//! `dispatcher.rs` (the [`Dispatcher`]: clients, submit, grant, complete), `later.rs` (what a
-//! kernel's measured time teaches, also when it comes after the kernel was reported done),
+//! `dispatcher.rs` (the [`Dispatcher`]: clients, submit, grant, complete),
 //! `stats.rs` (what it tells of its clients), `gates.rs` (the gates above and `next_wakeup`),
 //! `view.rs` (the [`View`] a policy picks from), `policy/` (the policies), and the
 //! controllers `admission.rs`, `rate.rs`, `deadline.rs`, `profile.rs`.
@@ -49,7 +47,6 @@ mod dispatcher;
 mod gates;
 pub mod id_hash;
 mod inflight;
-mod later;
 pub mod policy;
 pub mod profile;
 pub mod rate;

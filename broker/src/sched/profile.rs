@@ -151,11 +151,22 @@ pub fn builtin_bound(kernel: &Kernel) -> Bound {
 /// Most distinct kernels remembered; a client inventing keys cannot grow the broker past it.
 pub const MAX_PROFILES: usize = 16_384;
 
+/// A kernel is timed each time until this many of its times were observed.
+const YOUNG_OBSERVATIONS: u32 = 8;
+/// Then about one in this many of its launches is timed; a high-priority client's, one in
+/// [`TIME_HIGH_EVERY`] (the rate controller compares each with its estimate). Each time is two
+/// events, calls the worker issues through the one CUDA context: at one in 8, about 0.6 µs a
+/// launch on the H200 (docs/benchmarks.md, run H3).
+pub const TIME_SETTLED_EVERY: u32 = 64;
+pub const TIME_HIGH_EVERY: u32 = 8;
+
 #[derive(Debug, Clone)]
 struct Entry {
     declared: Option<KernelProfile>,
     learned_ns: f64,
     samples: u64,
+    /// Times observed, kept or not (overlapped ones are not once a solo one is).
+    observed: u32,
     /// Whether `learned_ns` comes from solo runs (then overlapped ones are ignored).
     solo: bool,
     hint: Bound,
@@ -190,6 +201,7 @@ impl ProfileTable {
             declared: None,
             learned_ns: 0.0,
             samples: 0,
+            observed: 0,
             solo: false,
             hint: Bound::Unknown,
         }))
@@ -223,6 +235,7 @@ impl ProfileTable {
     pub fn observe(&mut self, key: KernelKey, measured_ns: u64, solo: bool) {
         let alpha = self.alpha;
         let Some(e) = self.entry(key) else { return };
+        e.observed = e.observed.saturating_add(1);
         let m = measured_ns as f64;
         if e.samples == 0 || (solo && !e.solo) {
             e.learned_ns = m;
@@ -231,6 +244,21 @@ impl ProfileTable {
         } else if solo || !e.solo {
             e.learned_ns += alpha * (m - e.learned_ns);
             e.samples += 1;
+        }
+    }
+
+    /// About one in how many launches of `key` to time: each while its profile is young (not
+    /// declared, fewer than [`YOUNG_OBSERVATIONS`] times seen, and room to learn it), then
+    /// seldom, or more often for a `high` client's.
+    pub fn time_every(&self, key: KernelKey, high: bool) -> u32 {
+        let young = match self.entries.get(&key) {
+            Some(e) => e.declared.is_none() && e.observed < YOUNG_OBSERVATIONS,
+            None => self.entries.len() < MAX_PROFILES,
+        };
+        match (young, high) {
+            (true, _) => 1,
+            (false, true) => TIME_HIGH_EVERY,
+            (false, false) => TIME_SETTLED_EVERY,
         }
     }
 
@@ -312,6 +340,31 @@ mod tests {
         t.observe(key(2), 300, true);
         t.observe(key(2), 5_000, false); // slowed by a neighbour: ignored
         assert_eq!(t.profile(key(2)).est_ns, 300);
+    }
+
+    #[test]
+    fn a_kernel_is_timed_each_time_while_young_then_seldom() {
+        let mut t = ProfileTable::new(132, 0.5, 0);
+        assert_eq!(t.time_every(key(4), false), 1);
+        // A solo time locks the profile, and overlapped ones after it still count as seen.
+        t.observe(key(4), 300, true);
+        for _ in 1..YOUNG_OBSERVATIONS {
+            assert_eq!(t.time_every(key(4), false), 1);
+            t.observe(key(4), 5_000, false);
+        }
+        assert_eq!(t.time_every(key(4), false), TIME_SETTLED_EVERY);
+        assert_eq!(t.time_every(key(4), true), TIME_HIGH_EVERY);
+        t.declare(KernelProfile::new(key(5), 7, Bound::Memory, 132));
+        assert_eq!(t.time_every(key(5), false), TIME_SETTLED_EVERY);
+    }
+
+    #[test]
+    fn a_kernel_that_cannot_be_learned_is_not_timed_each_time() {
+        let mut t = ProfileTable::new(132, 0.5, 0);
+        for f in 0..MAX_PROFILES as u64 {
+            t.observe(key(1_000 + f), 1, true);
+        }
+        assert_eq!(t.time_every(key(1), false), TIME_SETTLED_EVERY);
     }
 
     #[test]

@@ -29,7 +29,6 @@ use gpushare_protocol::command::GOVERNED_LEASE;
 use gpushare_protocol::{ErrorCode, PriorityClass};
 
 use super::SessionState;
-use crate::gpu::scheduler::Timing;
 use crate::sched::RequestId;
 
 /// Tokens granted when launches are not gated, and how long they stay valid.
@@ -225,12 +224,8 @@ impl SessionState {
     /// Ends the lease, if one is open; `measured` reports its length as the batch's time.
     fn end_lease(&mut self, measured: bool) {
         if let Some(lease) = self.governed.lease.take() {
-            let timing = match measured {
-                true => Timing::Took(lease.granted.elapsed().as_nanos() as u64),
-                false => Timing::Untimed,
-            };
-            self.dispatch
-                .complete(self.info.id, &[(lease.request, timing)]);
+            let ns = measured.then(|| lease.granted.elapsed().as_nanos() as u64);
+            self.dispatch.complete(self.info.id, &[(lease.request, ns)]);
         }
     }
 

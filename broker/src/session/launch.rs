@@ -134,7 +134,7 @@ impl SessionState {
                 .fetch_add(held, Ordering::Relaxed);
         }
         let sm_limit = turn.and_then(|t| t.sm_limit);
-        let start = turn.and_then(|_| self.start_granted(stream));
+        let start = turn.and_then(|t| self.start_granted(stream, t.time_every));
         let r = self.on_stream(stream, |d, s| queue(d, s, sm_limit));
         if let Some(turn) = turn {
             self.track_granted(stream, turn.request, start, r.is_ok());

@@ -166,9 +166,6 @@ pub struct SessionState {
     /// Granted kernels seen finished, on their way to the scheduler (kept for its room).
     seen_finished: Vec<crate::gpu::scheduler::Finished>,
     spare_events: Vec<Event>,
-    /// Finished timed kernels whose time is asked for once the client goes quiet: the
-    /// request, and its start and end events.
-    to_time: Vec<(crate::sched::RequestId, Event, Event)>,
     /// Placed allocations (`AllocAt`) that were charged more than their size: the device
     /// memory they took (whole granules on a GPU).
     placed_charges: HashMap<DevicePtr, u64>,
@@ -309,7 +306,6 @@ impl SessionState {
             batches_pending: 0,
             seen_finished: Vec::new(),
             spare_events: Vec::new(),
-            to_time: Vec::new(),
             placed_charges: HashMap::new(),
             governed: governed::Governed::default(),
             legacy: legacy::Legacy::default(),

@@ -9,11 +9,10 @@
 //! up to `MARK_EVERY` kernels of a stream: one is posted at once when the session is about to
 //! wait for the scheduler or goes quiet (and after every kernel for a while after a wait with
 //! few kernels in flight, when each one finishing is what frees it), and a wait that saw the
-//! stream finish settles its kernels without one. About one kernel in `TIME_EVERY`, picked
-//! at random, is timed between two events of its own; the others are charged their profile's
-//! estimate, which those measurements keep true (docs/benchmarks.md, runs A1-A5). Reading a
-//! timed kernel's events is a call the worker answers after everything posted before it, so
-//! while the client keeps sending it is left until the client goes quiet (run H1).
+//! stream finish settles its kernels without one. A kernel is timed between two events of its
+//! own each time while its profile is young, then about one launch in 64 of it (one in 8 of a
+//! high-priority client's), picked at random; the others are charged their profile's
+//! estimate, which those measurements keep true (docs/benchmarks.md, runs A1-A5 and H3).
 
 use std::sync::atomic::Ordering;
 
@@ -21,19 +20,14 @@ use gpushare_protocol::StreamId;
 
 use super::SessionState;
 use crate::device::{Event, EventKind};
-use crate::gpu::scheduler::{Finished, Profiles, Timing, Turn, Waiting};
+use crate::gpu::scheduler::{Finished, Profiles, Turn, Waiting};
 use crate::sched::{KernelProfile, RequestId};
 
-/// About one granted kernel in this many is timed (see the docs).
-const TIME_EVERY: u32 = 8;
 /// At most this many granted kernels of a stream, or batches of the client's commands, wait
 /// for one progress mark.
 const MARK_EVERY: u32 = 8;
 /// After a wait with few kernels in flight, this many granted kernels get a mark each.
 const MARK_EACH_AFTER_HOLD: u32 = 64;
-/// Finished timed kernels whose time waits for the client to go quiet, at most; then they are
-/// asked for at once (see `take_finished` and `with_finished`).
-const TIME_LATER_MAX: usize = 32;
 
 /// A granted kernel not yet seen finished.
 pub(super) struct Granted {
@@ -106,20 +100,25 @@ impl SessionState {
     }
 
     /// Before a granted kernel is launched on `stream`: an event that marks where it starts,
-    /// when it is the one in about [`TIME_EVERY`] to be timed.
-    pub(super) fn start_granted(&mut self, stream: StreamId) -> Option<Event> {
-        self.until_timed = self.until_timed.saturating_sub(1);
+    /// when it is the one in about `time_every` (its turn's) to be timed.
+    pub(super) fn start_granted(&mut self, stream: StreamId, time_every: u32) -> Option<Event> {
+        if time_every <= 1 {
+            return self.record(stream, true);
+        }
+        // The others draw on one countdown: 1 to 2 × time_every - 1 kernels between two timed
+        // ones (xorshift), so that every kernel of a program's repeating sequence gets timed
+        // now and then.
+        let span = 2 * time_every - 1;
+        self.until_timed = self.until_timed.saturating_sub(1).min(span);
         if self.until_timed > 0 {
             return None;
         }
-        // Next: 1 to 2 × TIME_EVERY - 1 kernels on (xorshift), so that every kernel of a
-        // program's repeating sequence gets timed now and then.
         let mut x = self.timing_seed;
         x ^= x << 13;
         x ^= x >> 17;
         x ^= x << 5;
         self.timing_seed = x;
-        self.until_timed = 1 + x % (2 * TIME_EVERY - 1);
+        self.until_timed = 1 + x % span;
         self.record(stream, true)
     }
 
@@ -191,8 +190,7 @@ impl SessionState {
     /// be recorded after it): reported finished now, so that it holds nobody back.
     fn untracked(&mut self, request: RequestId, start: Option<Event>) {
         self.spare_events.extend(start);
-        self.dispatch
-            .complete(self.info.id, &[(request, Timing::Untimed)]);
+        self.dispatch.complete(self.info.id, &[(request, None)]);
     }
 
     /// Marks the granted kernels of `stream` that wait for a mark: one progress mark after
@@ -241,7 +239,6 @@ impl SessionState {
     /// Forgets every granted kernel (the scheduler forgets them too).
     pub(super) fn forget_granted(&mut self) {
         self.granted.clear();
-        self.to_time.clear();
         self.no_pending();
     }
 
@@ -314,24 +311,12 @@ impl SessionState {
         let out = f(self, &finished);
         finished.clear();
         self.seen_finished = finished;
-        // Once reported finished (the scheduler takes a time only for a kernel it was told
-        // finished), times left for later are asked for if too many wait.
-        if self.to_time.len() >= TIME_LATER_MAX {
-            self.time_later();
-        }
         out
     }
 
     /// Takes the granted kernels that have finished off the list, oldest first, into `out`
     /// with the device time each took where it is timed.
-    ///
-    /// A timed kernel's time is read by a call to the device worker, answered after
-    /// everything posted before it. While the client is busy (not `quiet`) its kernels are
-    /// reported finished now and their times asked for later ([`Self::time_later`]), so that
-    /// the data thread does not wait for the worker's queue to drain every few kernels; when
-    /// `quiet`, every time that waits is read now, in one call.
     fn take_finished(&mut self, quiet: bool, out: &mut Vec<Finished>) {
-        let first = out.len();
         while let Some(g) = self.granted.front() {
             if !self.finished(g, quiet) {
                 break;
@@ -339,65 +324,13 @@ impl SessionState {
             let Some(g) = self.granted.pop_front() else {
                 break;
             };
-            let timing = match (g.start, g.end) {
-                (Some(start), Some(end)) => {
-                    self.to_time.push((g.request, start, end));
-                    Timing::Later
-                }
-                (start, end) => {
-                    self.spare_events.extend(start.into_iter().chain(end));
-                    Timing::Untimed
-                }
+            let measured = match (&g.start, &g.end) {
+                (Some(start), Some(end)) => self.device.elapsed_ns(start, end).ok(),
+                _ => None,
             };
-            out.push((g.request, timing));
+            self.spare_events.extend(g.start.into_iter().chain(g.end));
+            out.push((g.request, measured));
         }
-        if !quiet || self.to_time.is_empty() {
-            return;
-        }
-        // This batch's times go with their kernels; earlier ones, reported finished already,
-        // to the scheduler now.
-        let mut earlier = Vec::new();
-        for (request, took) in self.read_times() {
-            match out[first..].iter_mut().find(|(r, _)| *r == request) {
-                Some(entry) => entry.1 = took.map_or(Timing::Untimed, Timing::Took),
-                None => earlier.extend(took.map(|ns| (request, ns))),
-            }
-        }
-        self.dispatch.timed(self.info.id, &earlier);
-    }
-
-    /// Asks the worker for the times of the finished kernels whose time was left for later
-    /// (reported finished already), and tells the scheduler.
-    fn time_later(&mut self) {
-        if self.to_time.is_empty() {
-            return;
-        }
-        let measured: Vec<_> = self
-            .read_times()
-            .into_iter()
-            .filter_map(|(request, took)| took.map(|ns| (request, ns)))
-            .collect();
-        self.dispatch.timed(self.info.id, &measured);
-    }
-
-    /// The times of every finished kernel that waits for one, read in one call to the worker
-    /// (`None` where one cannot be had); their events go back to the spares.
-    fn read_times(&mut self) -> Vec<(RequestId, Option<u64>)> {
-        let waiting = std::mem::take(&mut self.to_time);
-        let pairs: Vec<(&Event, &Event)> = waiting.iter().map(|(_, s, e)| (s, e)).collect();
-        let times = self
-            .device
-            .elapsed_many(&pairs)
-            .unwrap_or_else(|_| vec![None; pairs.len()]);
-        let read = waiting
-            .iter()
-            .zip(times)
-            .map(|((request, _, _), took)| (*request, took))
-            .collect();
-        for (_, start, end) in waiting {
-            self.spare_events.extend([start, end]);
-        }
-        read
     }
 
     /// Held by the policy with no granted work of its own left: the watchdog's stamp goes

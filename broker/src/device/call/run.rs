@@ -258,15 +258,16 @@ impl<B: Backend> Executor<B> {
             Call::SyncEvent { event } => self
                 .event(event)
                 .and_then(|e| done(dev.sync_event(&lock(&e)))),
-            Call::ElapsedNs { start, end } => value(self.elapsed(start, end)),
-            Call::ElapsedMany { pairs } => Ok(Reply::Bytes(
-                pairs
-                    .iter()
-                    .flat_map(|&(start, end)| {
-                        self.elapsed(start, end).unwrap_or(u64::MAX).to_le_bytes()
-                    })
-                    .collect(),
-            )),
+            Call::ElapsedNs { start, end } => self.event(start).and_then(|s| {
+                let e = self.event(end)?;
+                if Arc::ptr_eq(&s, &e) {
+                    // One event at both ends: locked once (a second lock would never return).
+                    let s = lock(&s);
+                    return value(dev.elapsed_ns(&s, &s));
+                }
+                let (s, e) = (lock(&s), lock(&e));
+                value(dev.elapsed_ns(&s, &e))
+            }),
             Call::Fault => Ok(Reply::Fault(dev.fault())),
             Call::LoadModule { id, format } => dev
                 .load_module(format, payload)
@@ -314,21 +315,6 @@ impl<B: Backend> Executor<B> {
             reply: result.unwrap_or_else(Reply::Failed),
             news: None,
         }
-    }
-}
-
-impl<B: Backend> Executor<B> {
-    /// The device time between two recorded events.
-    fn elapsed(&self, start: Handle, end: Handle) -> DeviceResult<u64> {
-        let dev = self.backend();
-        let (s, e) = (self.event(start)?, self.event(end)?);
-        if Arc::ptr_eq(&s, &e) {
-            // One event at both ends: locked once (a second lock would never return).
-            let s = lock(&s);
-            return dev.elapsed_ns(&s, &s);
-        }
-        let (s, e) = (lock(&s), lock(&e));
-        dev.elapsed_ns(&s, &e)
     }
 }
 

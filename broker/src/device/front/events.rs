@@ -2,9 +2,9 @@
 //! it), asked about and waited for.
 
 use super::Device;
+use crate::device::DeviceResult;
 use crate::device::call::{Call, EventKind};
 use crate::device::handles::{Event, Held, Recipe, Stream};
-use crate::device::{DeviceError, DeviceResult};
 
 impl Device {
     pub fn create_event(&self, kind: EventKind) -> DeviceResult<Event> {
@@ -54,30 +54,5 @@ impl Device {
     pub fn elapsed_ns(&self, start: &Event, end: &Event) -> DeviceResult<u64> {
         let (start, end) = (self.id(start)?, self.id(end)?);
         self.call(Call::ElapsedNs { start, end }, &[])?.value()
-    }
-
-    /// [`Device::elapsed_ns`] of each pair, in one call: `None` where a pair's time cannot
-    /// be had.
-    pub fn elapsed_many(&self, pairs: &[(&Event, &Event)]) -> DeviceResult<Vec<Option<u64>>> {
-        let ids = pairs
-            .iter()
-            .map(|&(s, e)| Ok((self.id(s)?, self.id(e)?)))
-            .collect::<DeviceResult<Vec<_>>>()?;
-        let n = ids.len();
-        let bytes = self.call(Call::ElapsedMany { pairs: ids }, &[])?.bytes()?;
-        if bytes.len() != n * 8 {
-            return Err(DeviceError::Failed(format!(
-                "{} bytes of times for {n} pairs of events",
-                bytes.len()
-            )));
-        }
-        Ok(bytes
-            .chunks_exact(8)
-            .map(|c| {
-                let mut v = [0u8; 8];
-                v.copy_from_slice(c);
-                Some(u64::from_le_bytes(v)).filter(|&t| t != u64::MAX)
-            })
-            .collect())
     }
 }
