@@ -20,7 +20,8 @@
 # (every fair name says its quantum: fair is 0, and the broker's own default side by side,
 # 5 ms, is fair-side5000);
 # any name ending in -aN sets `[fair] anticipate_us = N`, e.g. fair-side-a0, and then in
-# -user `[fair] per_user = true`, e.g. fair-side-user),
+# -user `[fair] per_user = true`, e.g. fair-side-user, and then in -lN `[fair] lag_us = N`,
+# e.g. fair-side50000-l200000),
 # ROUNDS (2), WINDOW (10),
 # HP (set: a high-priority inference loop, colocate/loop.py --model infer, runs as user gsfairhp
 # beside them, every other user best-effort; it runs alone for one window first, and the summary
@@ -70,7 +71,11 @@ sock=$work/gpushare.sock
 gs() { timeout 20 "$work/bin/gpushare" --socket "$sock" "$@"; }
 
 policy_file() { # POLICY USERS
-    local anticipate= per_user=false
+    local anticipate= per_user=false lag=
+    if [[ $1 =~ ^(.*)-l([0-9]+)$ ]]; then # -lN: [fair] lag_us = N
+        lag=${BASH_REMATCH[2]}
+        set -- "${BASH_REMATCH[1]}" "$2"
+    fi
     if [[ $1 == *-user ]]; then # -user: [fair] per_user = true
         per_user=true
         set -- "${1%-user}" "$2"
@@ -91,6 +96,7 @@ policy_file() { # POLICY USERS
     # FAIR's policies say their quantum; priority's lower classes get the broker's default.
     [[ $scheduler == fair ]] && printf 'quantum_us = %s\n' "$quantum"
     [[ -n $anticipate ]] && printf 'anticipate_us = %s\n' "$anticipate"
+    [[ -n $lag ]] && printf 'lag_us = %s\n' "$lag"
     printf 'per_user = %s\n' "$per_user"
     printf '[priority]\nlower_by_weight = %s\n' "$by_weight"
     [[ -n $queue ]] && printf 'lower_queue_us = %s\n' "$queue"

@@ -70,6 +70,7 @@ pub(super) struct FaultFields {
 pub(super) struct FairFields {
     pub(super) quantum_us: Option<u64>,
     pub(super) anticipate_us: Option<u64>,
+    pub(super) lag_us: Option<u64>,
     pub(super) share_sms: Option<bool>,
     pub(super) side_by_side: Option<bool>,
     pub(super) per_user: Option<bool>,

@@ -61,6 +61,8 @@
 //!                        # a time)
 //! share_sms = false      # true (experimental): clients' kernels side by side while their
 //!                        # SMs fit, each charged its share of the SMs for its time
+//! lag_us = 20000         # GPU time a client may be owed at most: a newcomer's, or one that
+//!                        # cannot use its share (a quantum at or above it holds nobody)
 //! anticipate_us = 500    # a client owed GPU time whose work just completed is waited for
 //!                        # this long before another is granted (0: never)
 //! side_by_side = true    # clients within a quantum of the least served run at once, not
@@ -395,6 +397,7 @@ impl Policy {
             anticipate_ns: f
                 .anticipate_us
                 .map_or(base.anticipate_ns, |us| us.saturating_mul(1_000)),
+            lag_ns: f.lag_us.map_or(base.lag_ns, |us| us.saturating_mul(1_000)),
             share_sms: f.share_sms.unwrap_or(base.share_sms),
             side_by_side,
             per_user: f.per_user.unwrap_or(base.per_user),

@@ -118,7 +118,7 @@ fn priority_tunables_come_from_the_file_and_bad_ones_are_refused() {
 }
 
 #[test]
-fn the_fair_quantum_and_side_by_side_come_from_the_file() {
+fn the_fair_tunables_come_from_the_file() {
     let p = Policy::parse(
         "scheduler = \"fair\"\n[fair]\nquantum_us = 1500\nshare_sms = true\nside_by_side = true\n",
         "t.toml",
@@ -154,6 +154,10 @@ fn the_fair_quantum_and_side_by_side_come_from_the_file() {
     let users = Policy::parse("scheduler = \"fair\"\n[fair]\nper_user = true\n", "t.toml")
         .expect("valid policy");
     assert!(users.fair_config().per_user, "shares by user, asked for");
+    assert_eq!(users.fair_config().lag_ns, 20_000_000, "20 ms owed at most");
+    let lag = Policy::parse("scheduler = \"fair\"\n[fair]\nlag_us = 100000\n", "t.toml")
+        .expect("valid policy");
+    assert_eq!(lag.fair_config().lag_ns, 100_000_000, "the lag asked for");
     let off = Policy::parse("scheduler = \"fair\"\n[fair]\nquantum_us = 0\n", "t.toml")
         .expect("valid policy");
     assert_eq!(
