@@ -151,14 +151,16 @@ pub fn builtin_bound(kernel: &Kernel) -> Bound {
 /// Most distinct kernels remembered; a client inventing keys cannot grow the broker past it.
 pub const MAX_PROFILES: usize = 16_384;
 
-/// A kernel is timed each time until this many of its times were observed.
+/// A kernel's profile is young until this many of its times were observed.
 const YOUNG_OBSERVATIONS: u32 = 8;
-/// Then about one in this many of its launches is timed; a high-priority client's, one in
-/// [`TIME_HIGH_EVERY`] (the rate controller compares each with its estimate). Each time is two
-/// events, calls the worker issues through the one CUDA context: at one in 8, about 0.6 µs a
-/// launch on the H200 (docs/benchmarks.md, run H3).
+/// About one launch in this many of a young kernel is timed, and of a high-priority client's
+/// kernels (the rate controller compares each with its estimate). Never each launch: a
+/// program whose grids keep changing has kernels that stay young.
+pub const TIME_OFTEN_EVERY: u32 = 8;
+/// About one launch in this many of a settled kernel is timed. Each time is two events, calls
+/// the worker issues through the one CUDA context: at one in 8, about 0.6 µs a launch on the
+/// H200 (docs/benchmarks.md, run H3).
 pub const TIME_SETTLED_EVERY: u32 = 64;
-pub const TIME_HIGH_EVERY: u32 = 8;
 
 #[derive(Debug, Clone)]
 struct Entry {
@@ -247,18 +249,17 @@ impl ProfileTable {
         }
     }
 
-    /// About one in how many launches of `key` to time: each while its profile is young (not
-    /// declared, fewer than [`YOUNG_OBSERVATIONS`] times seen, and room to learn it), then
-    /// seldom, or more often for a `high` client's.
+    /// About one in how many launches of `key` to time: often while its profile is young
+    /// (not declared, fewer than [`YOUNG_OBSERVATIONS`] times seen, and room to learn it) or
+    /// for a `high` client, then seldom.
     pub fn time_every(&self, key: KernelKey, high: bool) -> u32 {
         let young = match self.entries.get(&key) {
             Some(e) => e.declared.is_none() && e.observed < YOUNG_OBSERVATIONS,
             None => self.entries.len() < MAX_PROFILES,
         };
-        match (young, high) {
-            (true, _) => 1,
-            (false, true) => TIME_HIGH_EVERY,
-            (false, false) => TIME_SETTLED_EVERY,
+        match young || high {
+            true => TIME_OFTEN_EVERY,
+            false => TIME_SETTLED_EVERY,
         }
     }
 
@@ -343,23 +344,23 @@ mod tests {
     }
 
     #[test]
-    fn a_kernel_is_timed_each_time_while_young_then_seldom() {
+    fn a_kernel_is_timed_often_while_young_then_seldom() {
         let mut t = ProfileTable::new(132, 0.5, 0);
-        assert_eq!(t.time_every(key(4), false), 1);
+        assert_eq!(t.time_every(key(4), false), TIME_OFTEN_EVERY);
         // A solo time locks the profile, and overlapped ones after it still count as seen.
         t.observe(key(4), 300, true);
         for _ in 1..YOUNG_OBSERVATIONS {
-            assert_eq!(t.time_every(key(4), false), 1);
+            assert_eq!(t.time_every(key(4), false), TIME_OFTEN_EVERY);
             t.observe(key(4), 5_000, false);
         }
         assert_eq!(t.time_every(key(4), false), TIME_SETTLED_EVERY);
-        assert_eq!(t.time_every(key(4), true), TIME_HIGH_EVERY);
+        assert_eq!(t.time_every(key(4), true), TIME_OFTEN_EVERY);
         t.declare(KernelProfile::new(key(5), 7, Bound::Memory, 132));
         assert_eq!(t.time_every(key(5), false), TIME_SETTLED_EVERY);
     }
 
     #[test]
-    fn a_kernel_that_cannot_be_learned_is_not_timed_each_time() {
+    fn a_kernel_that_cannot_be_learned_is_timed_seldom() {
         let mut t = ProfileTable::new(132, 0.5, 0);
         for f in 0..MAX_PROFILES as u64 {
             t.observe(key(1_000 + f), 1, true);

@@ -154,9 +154,7 @@ pub struct SessionState {
     declared_job: Option<crate::sched::JobProfile>,
     /// Granted kernels not yet seen finished, oldest first, with the events that time them.
     granted: std::collections::VecDeque<turns::Granted>,
-    /// Granted kernels to go before the next one timed, and the generator that picks it
-    /// (`turns`).
-    until_timed: u32,
+    /// The generator that draws which granted kernels are timed (`turns`).
     timing_seed: u32,
     /// Granted kernels still to get a progress mark each, after a wait for the scheduler.
     mark_each: u32,
@@ -299,7 +297,6 @@ impl SessionState {
             dispatch,
             declared_job: None,
             granted: std::collections::VecDeque::new(),
-            until_timed: 1,
             timing_seed,
             mark_each: 0,
             pending_kernels: 0,

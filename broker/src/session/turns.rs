@@ -10,9 +10,9 @@
 //! wait for the scheduler or goes quiet (and after every kernel for a while after a wait with
 //! few kernels in flight, when each one finishing is what frees it), and a wait that saw the
 //! stream finish settles its kernels without one. A kernel is timed between two events of its
-//! own each time while its profile is young, then about one launch in 64 of it (one in 8 of a
-//! high-priority client's), picked at random; the others are charged their profile's
-//! estimate, which those measurements keep true (docs/benchmarks.md, runs A1-A5 and H3).
+//! own about one launch in 8 while its profile is young (and a high-priority client's), then
+//! one in 64, picked at random; the others are charged their profile's estimate, which those
+//! measurements keep true (docs/benchmarks.md, runs A1-A5 and H3).
 
 use std::sync::atomic::Ordering;
 
@@ -100,25 +100,18 @@ impl SessionState {
     }
 
     /// Before a granted kernel is launched on `stream`: an event that marks where it starts,
-    /// when it is the one in about `time_every` (its turn's) to be timed.
+    /// when it is drawn to be timed, with chance one in `time_every` (its turn's). Drawn at
+    /// random (xorshift), so that every kernel of a program's repeating sequence gets timed
+    /// now and then, each as often as its turn says.
     pub(super) fn start_granted(&mut self, stream: StreamId, time_every: u32) -> Option<Event> {
-        if time_every <= 1 {
-            return self.record(stream, true);
-        }
-        // The others draw on one countdown: 1 to 2 × time_every - 1 kernels between two timed
-        // ones (xorshift), so that every kernel of a program's repeating sequence gets timed
-        // now and then.
-        let span = 2 * time_every - 1;
-        self.until_timed = self.until_timed.saturating_sub(1).min(span);
-        if self.until_timed > 0 {
-            return None;
-        }
         let mut x = self.timing_seed;
         x ^= x << 13;
         x ^= x >> 17;
         x ^= x << 5;
         self.timing_seed = x;
-        self.until_timed = 1 + x % span;
+        if !(x >> 8).is_multiple_of(time_every.max(1)) {
+            return None;
+        }
         self.record(stream, true)
     }
 
