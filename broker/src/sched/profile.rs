@@ -156,11 +156,11 @@ const YOUNG_OBSERVATIONS: u32 = 8;
 /// About one launch in this many of a young kernel is timed, and of a high-priority client's
 /// kernels (the rate controller compares each with its estimate). Never each launch: a
 /// program whose grids keep changing has kernels that stay young.
-pub const TIME_OFTEN_EVERY: u32 = 8;
+const TIME_OFTEN_EVERY: u32 = 8;
 /// About one launch in this many of a settled kernel is timed. Each time is two events, calls
 /// the worker issues through the one CUDA context: at one in 8, about 0.6 µs a launch on the
 /// H200 (docs/benchmarks.md, run H3).
-pub const TIME_SETTLED_EVERY: u32 = 64;
+const TIME_SETTLED_EVERY: u32 = 64;
 
 #[derive(Debug, Clone)]
 struct Entry {
