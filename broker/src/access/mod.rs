@@ -71,6 +71,11 @@
 //!                        # a quantum; false under priority's lower classes)
 //! per_user = false       # true: a user's programs share the user's weight (one virtual
 //!                        # time per user) instead of each program having it
+//! hungry_us = 1000       # side by side: a client behind its share holds back those of its
+//!                        # weight only while this much estimated GPU time of its work is in
+//!                        # flight or queued (a fifth of the quantum unless set; 0: always).
+//!                        # A program held back by its own CPU loop gains nothing from the
+//!                        # others' waiting; one of a greater weight holds them whatever
 //! ```
 //!
 //! On a Slurm node, `[slurm]` says what a job's GPU shards are worth (`slurm.rs`; the
@@ -135,6 +140,13 @@ const FAIR_QUANTUM_NS: u64 = 1_000_000;
 /// work with 5 ms and 0.60-0.62 x with 1 ms, every program held a third of the time
 /// (docs/benchmarks.md, run A10).
 const FAIR_SIDE_QUANTUM_NS: u64 = 5_000_000;
+
+/// Side by side, `[fair] hungry_us` is this fraction of the quantum when the file does not set
+/// it (1 ms of the default 5 ms): on the H200, 16 PyTorch programs of equal weights did
+/// 0.04-0.16 × FIFO's work more than without it in each of ten paired windows over four
+/// machine starts, and at weights 2 : 1 : 3 : 2 0.05-0.13 × more in four, shares within
+/// 5.1 % (docs/benchmarks.md, runs H8-H11).
+const FAIR_HUNGRY_PER_QUANTUM: u64 = 5;
 
 /// What one client is granted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -401,6 +413,11 @@ impl Policy {
             share_sms: f.share_sms.unwrap_or(base.share_sms),
             side_by_side,
             per_user: f.per_user.unwrap_or(base.per_user),
+            hungry_ns: match (f.hungry_us, side_by_side) {
+                (Some(us), _) => us.saturating_mul(1_000),
+                (None, true) => quantum_ns / FAIR_HUNGRY_PER_QUANTUM,
+                (None, false) => base.hungry_ns,
+            },
             ..base
         }
     }

@@ -158,6 +158,19 @@ fn the_fair_tunables_come_from_the_file() {
     let lag = Policy::parse("scheduler = \"fair\"\n[fair]\nlag_us = 100000\n", "t.toml")
         .expect("valid policy");
     assert_eq!(lag.fair_config().lag_ns, 100_000_000, "the lag asked for");
+    let hungry = Policy::parse("scheduler = \"fair\"\n[fair]\nhungry_us = 300\n", "t.toml")
+        .expect("valid policy");
+    assert_eq!(
+        hungry.fair_config().hungry_ns,
+        300_000,
+        "hungry as asked for"
+    );
+    assert_eq!(
+        users.fair_config().hungry_ns,
+        1_000_000,
+        "a fifth of the 5 ms quantum side by side"
+    );
+    assert_eq!(turns.fair_config().hungry_ns, 0, "not in turns");
     let off = Policy::parse("scheduler = \"fair\"\n[fair]\nquantum_us = 0\n", "t.toml")
         .expect("valid policy");
     assert_eq!(

@@ -46,6 +46,15 @@
 //! granted kernels cannot be taken back, and a stream's full depth of them would run on for
 //! tens of milliseconds after a newcomer joined or a weight changed.
 //!
+//! With `hungry_ns`, a client bounds the lead of those of its weight only while holding them
+//! can help it: while at least that much estimated GPU time of its work is in flight or at its
+//! queue's head (or, waited for after its work completed, if its last request was that long).
+//! A program whose step is a CPU loop of tiny kernels, each done before the next is launched,
+//! is owed GPU time it cannot use: holding the others to its pace leaves the GPU to nobody. It
+//! still gets what it asks for at once, and the rest divides among those with work waiting on
+//! the device. A client of a greater weight bounds the others' lead whatever it has waiting:
+//! unequal weights ask for the GPU to be divided so, even at a cost in work done.
+//!
 //! With `per_user`, shares belong to users rather than programs: every client of one Unix
 //! user (its `account`) draws on one virtual time, charged each client's work over its own
 //! weight (give a user's programs one weight, as the policy file does), so a user running four
@@ -86,6 +95,9 @@ pub struct FairConfig {
     pub side_by_side: bool,
     /// Shares belong to users: a user's programs draw on one virtual time (see the docs).
     pub per_user: bool,
+    /// Side by side: a client holds back those of its weight only while this much estimated GPU
+    /// time of its work is queued or in flight (0: always; see the docs).
+    pub hungry_ns: u64,
 }
 
 impl Default for FairConfig {
@@ -99,6 +111,7 @@ impl Default for FairConfig {
             share_sms: false,
             side_by_side: false,
             per_user: false,
+            hungry_ns: 0,
         }
     }
 }
@@ -112,13 +125,31 @@ pub struct Fair {
     accounts: IdMap<ClientId, u64>,
     /// With turns: when each idle client's last request completed.
     idle_since: IdMap<ClientId, u64>,
-    /// When each client with nothing queued or in flight had its last request complete.
-    done_at: IdMap<ClientId, u64>,
+    /// When each client with nothing queued or in flight had its last request complete, and
+    /// whether that request alone made it hungry (`hungry_ns`).
+    done_at: IdMap<ClientId, (u64, bool)>,
     /// When a wait for an owed client ends.
     wake: Option<u64>,
     /// Side by side: estimates of completed kernels still charged, until the measured
     /// device time that covers them replaces them.
     unmeasured: IdMap<ClientId, f64>,
+    /// Side by side, each pick's scratch: the backlogged clients' (weight, hungry, virtual
+    /// time), kept to spare an allocation under the scheduler's lock.
+    waiting: Vec<(u32, bool, f64)>,
+}
+
+/// The least virtual time that bounds the lead of a client of weight `weight`, from the
+/// backlogged clients' (weight, hungry, virtual time): a hungry one's, or one's of a greater
+/// weight, whatever it has waiting. Unequal weights ask for the GPU to be divided so, even at
+/// a cost in work done; between equals, holding a program for one that its own CPU loop holds
+/// back gives nobody anything (docs/benchmarks.md, runs H8-H11).
+fn bound(waiting: &[(u32, bool, f64)], weight: u32) -> f64 {
+    waiting
+        .iter()
+        .filter(|&&(w, hungry, _)| hungry || w > weight)
+        .map(|&(_, _, vt)| vt)
+        .min_by(f64::total_cmp)
+        .unwrap_or(f64::INFINITY)
 }
 
 impl Fair {
@@ -131,6 +162,7 @@ impl Fair {
             done_at: IdMap::default(),
             wake: None,
             unmeasured: IdMap::default(),
+            waiting: Vec::new(),
         }
     }
 
@@ -154,8 +186,17 @@ impl Fair {
     fn returning(&self, now: u64) -> impl Iterator<Item = (ClientId, u64)> + '_ {
         self.done_at
             .iter()
-            .map(|(&id, &at)| (id, at.saturating_add(self.cfg.anticipate_ns)))
+            .map(|(&id, &(at, _))| (id, at.saturating_add(self.cfg.anticipate_ns)))
             .filter(move |&(_, until)| until > now)
+    }
+
+    /// Whether holding others back can give `c` more of the GPU: with `hungry_ns`, only while
+    /// that much estimated GPU time of its work is in flight or at its queue's head. A program
+    /// held back by its own CPU loop (a step of tiny kernels, each done before the next comes)
+    /// gains nothing from the others' waiting; a program with work waiting on the device does.
+    fn hungry(&self, c: &crate::sched::ClientView<'_>) -> bool {
+        self.cfg.hungry_ns == 0
+            || c.inflight_est_ns() + c.head().map_or(0, |h| h.profile.est_ns) >= self.cfg.hungry_ns
     }
 
     /// Who goes first: the least virtual time, then the oldest head.
@@ -232,14 +273,17 @@ impl Fair {
     /// within `anticipate_ns` counts as backlogged, so that the round trip between two of its
     /// steps does not let the others run ahead.
     fn pick_side_by_side(&mut self, view: &View<'_>, now: u64) -> Pick {
-        let backlogged = view
-            .clients()
-            .filter(|c| c.backlogged())
-            .map(|c| self.vt(c.id()));
-        let returning = self.returning(now).map(|(id, _)| self.vt(id));
-        let Some(least) = backlogged.chain(returning).min_by(f64::total_cmp) else {
-            return Pick::Hold;
-        };
+        // Who bounds the others' lead (`bound`); with nobody, nobody is held.
+        let mut waiting = std::mem::take(&mut self.waiting);
+        waiting.clear();
+        for c in view.clients().filter(|c| c.backlogged()) {
+            waiting.push((c.weight(), self.hungry(&c), self.vt(c.id())));
+        }
+        for (id, _) in self.returning(now) {
+            let hungry = self.cfg.hungry_ns == 0 || self.done_at.get(&id).is_some_and(|d| d.1);
+            let weight = view.client(id).map_or(1, |c| c.weight());
+            waiting.push((weight, hungry, self.vt(id)));
+        }
         let quantum = self.cfg.quantum_ns as f64;
         let sms = SmsInFlight::of(view);
         // A client with nothing in flight whose kernel fits in the SMs left idle takes nothing
@@ -259,11 +303,13 @@ impl Fair {
         let pick = view
             .candidates()
             .filter(|c| {
+                let least = bound(&waiting, c.weight());
                 (self.vt(c.id()) <= least + quantum / f64::from(c.weight()) || idle_fits(c))
                     && shallow(c)
             })
             .min_by(|a, b| self.owed_first(a, b))
             .map_or(Pick::Hold, |c| Pick::Grant(c.id()));
+        self.waiting = waiting;
         if pick == Pick::Hold {
             self.wake = self.returning(now).map(|(_, until)| until).min();
         }
@@ -418,7 +464,8 @@ impl Policy for Fair {
             self.idle_since.insert(client, now);
         }
         if c.is_some_and(|c| !c.backlogged() && c.inflight().is_empty()) {
-            self.done_at.insert(client, now);
+            let hungry = request.profile.est_ns >= self.cfg.hungry_ns;
+            self.done_at.insert(client, (now, hungry));
         }
     }
 
@@ -430,16 +477,22 @@ impl Policy for Fair {
         if !self.cfg.side_by_side {
             return;
         }
-        let w = f64::from(view.client(client).map_or(1, |c| c.weight()));
+        let weight = view.client(client).map_or(1, |c| c.weight());
+        let w = f64::from(weight);
         let estimated = self.unmeasured.remove(&client).unwrap_or(0.0);
         let was = self.vt(client);
         let v = was + (ns as f64 - estimated) / w;
         // Device time can come long after its work (work queued while the client was alone
         // on the GPU, not gated): as a newcomer is owed at most `lag_ns`, a client owes at
         // most that to the least served other backlogged one, however late its time comes.
+        // (Owed only by those that bound its lead when picking, `bound`.)
         let bound = view
             .clients()
-            .filter(|o| self.apart(o.id(), client) && o.backlogged())
+            .filter(|o| {
+                self.apart(o.id(), client)
+                    && o.backlogged()
+                    && (self.hungry(o) || o.weight() > weight)
+            })
             .map(|o| self.vt(o.id()))
             .min_by(f64::total_cmp)
             .map(|least| least + self.cfg.lag_ns as f64 / w);

@@ -482,3 +482,65 @@ fn sharing_sms_keeps_the_weights_in_sm_time_and_runs_kernels_side_by_side() {
     }
     assert!(done(&shared) as f64 > 1.5 * done(&single) as f64);
 }
+
+/// Side by side with `hungry_ns`: two programs with work always waiting on the device (ten
+/// 500 µs kernels on 124 of 132 SMs an iteration), weights `w[0]` and `w[1]`, beside a program
+/// of weight `w[2]` held back by its own CPU loop (a 10 µs kernel on 8 SMs, then 40 µs of
+/// thinking). Device-time shares and kernels done, then FIFO's kernels done on the same
+/// programs.
+fn beside_a_cpu_loop(w: [u32; 3], hungry_ns: u64) -> (Vec<f64>, Vec<u64>, Vec<u64>) {
+    let scripts = || {
+        let mut s = weighted(&w, |id| match id {
+            3 => vec![kernel(id, 10, 8, Bound::Compute)],
+            _ => vec![kernel(id, 500, 124, Bound::Compute); 10],
+        });
+        s[2].arrivals = Arrivals::Closed { think_ns: 40_000 };
+        s
+    };
+    let fair = FairConfig {
+        side_by_side: true,
+        quantum_ns: MS,
+        hungry_ns,
+        ..FairConfig::default()
+    };
+    let run = |policy| Simulation::new(model_cfg(fair, 400 * MS, 64), policy, scripts()).run();
+    let done = |r: &SimReport| r.clients.iter().map(|c| c.completed).collect::<Vec<_>>();
+    let (side, fifo) = (run(PolicyKind::Fair), run(PolicyKind::Fifo));
+    (gpu_shares(&side).0, done(&side), done(&fifo))
+}
+
+/// With `hungry_ns`, the CPU loop's slow pace of device time no longer bounds the lead of
+/// those of its weight: it gets what it asks for, the two with work waiting divide the rest by
+/// weight, and at equal weights they get as much done as under FIFO (without it they are held
+/// to the loop's pace). A loop of a greater weight holds them as before: unequal weights ask
+/// for the split.
+#[test]
+fn side_by_side_holds_nobody_for_a_program_its_cpu_loop_holds_back() {
+    let (_, held, fifo) = beside_a_cpu_loop([1, 1, 1], 0);
+    let (shares, done, _) = beside_a_cpu_loop([1, 1, 1], 200_000);
+    println!(
+        "fair side by side beside a CPU loop: done {done:?} with hungry_ns, {held:?} without (FIFO {fifo:?}); shares {shares:.3?}"
+    );
+    for i in 0..3 {
+        assert!(
+            done[i] as f64 >= 0.98 * fifo[i] as f64,
+            "{done:?} against FIFO's {fifo:?}"
+        );
+    }
+    assert!(
+        done[0] + done[1] > held[0] + held[1],
+        "{done:?} against {held:?}"
+    );
+    let (shares, done, _) = beside_a_cpu_loop([1, 3, 1], 200_000);
+    let heavy = shares[1] / (shares[0] + shares[1]);
+    println!("the same at weights 1 : 3: shares {shares:.3?}, done {done:?}");
+    assert!((heavy / 0.75 - 1.0).abs() < 0.05, "shares {shares:.3?}");
+    assert!(
+        done[2] as f64 >= 0.95 * fifo[2] as f64,
+        "{done:?} against FIFO's {fifo:?}"
+    );
+    let (_, heavy_loop, _) = beside_a_cpu_loop([1, 1, 3], 200_000);
+    let (_, before, _) = beside_a_cpu_loop([1, 1, 3], 0);
+    println!("a loop of weight 3: done {heavy_loop:?} with hungry_ns, {before:?} without");
+    assert_eq!(heavy_loop, before);
+}
