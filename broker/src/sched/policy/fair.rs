@@ -133,23 +133,29 @@ pub struct Fair {
     /// Side by side: estimates of completed kernels still charged, until the measured
     /// device time that covers them replaces them.
     unmeasured: IdMap<ClientId, f64>,
-    /// Side by side, each pick's scratch: the backlogged clients' (weight, hungry, virtual
-    /// time), kept to spare an allocation under the scheduler's lock.
-    waiting: Vec<(u32, bool, f64)>,
+    /// Side by side, each pick's scratch: the least virtual time of the backlogged clients that
+    /// are not hungry, by weight (kept to spare an allocation under the scheduler's lock).
+    idle_by_weight: Vec<(u32, f64)>,
 }
 
-/// The least virtual time that bounds the lead of a client of weight `weight`, from the
-/// backlogged clients' (weight, hungry, virtual time): a hungry one's, or one's of a greater
-/// weight, whatever it has waiting. Unequal weights ask for the GPU to be divided so, even at
-/// a cost in work done; between equals, holding a program for one that its own CPU loop holds
-/// back gives nobody anything (docs/benchmarks.md, runs H8-H11).
-fn bound(waiting: &[(u32, bool, f64)], weight: u32) -> f64 {
-    waiting
-        .iter()
-        .filter(|&&(w, hungry, _)| hungry || w > weight)
-        .map(|&(_, _, vt)| vt)
-        .min_by(f64::total_cmp)
-        .unwrap_or(f64::INFINITY)
+/// Who bounds the lead of the clients a pick weighs: the least virtual time of a hungry
+/// backlogged client, and of the others by weight. A hungry client bounds everyone; one that
+/// is not, only the clients of a lesser weight. Unequal weights ask for the GPU to be divided
+/// so, even at a cost in work done; between equals, holding a program for one that its own
+/// CPU loop holds back gives nobody anything (docs/benchmarks.md, runs H8-H11).
+struct Bounds<'a> {
+    hungry: f64,
+    idle_by_weight: &'a [(u32, f64)],
+}
+
+impl Bounds<'_> {
+    /// The least virtual time that bounds the lead of a client of weight `weight`.
+    fn of(&self, weight: u32) -> f64 {
+        self.idle_by_weight
+            .iter()
+            .filter(|&&(w, _)| w > weight)
+            .fold(self.hungry, |least, &(_, vt)| least.min(vt))
+    }
 }
 
 impl Fair {
@@ -162,7 +168,7 @@ impl Fair {
             done_at: IdMap::default(),
             wake: None,
             unmeasured: IdMap::default(),
-            waiting: Vec::new(),
+            idle_by_weight: Vec::new(),
         }
     }
 
@@ -273,17 +279,34 @@ impl Fair {
     /// within `anticipate_ns` counts as backlogged, so that the round trip between two of its
     /// steps does not let the others run ahead.
     fn pick_side_by_side(&mut self, view: &View<'_>, now: u64) -> Pick {
-        // Who bounds the others' lead (`bound`); with nobody, nobody is held.
-        let mut waiting = std::mem::take(&mut self.waiting);
-        waiting.clear();
+        // Who bounds the others' lead (`Bounds`); with nobody, nobody is held.
+        let mut idle_by_weight = std::mem::take(&mut self.idle_by_weight);
+        idle_by_weight.clear();
+        let mut hungry_least = f64::INFINITY;
+        let mut note = |weight: u32, hungry: bool, vt: f64| {
+            if hungry {
+                hungry_least = hungry_least.min(vt);
+            } else if let Some(e) = idle_by_weight.iter_mut().find(|e| e.0 == weight) {
+                e.1 = e.1.min(vt);
+            } else {
+                idle_by_weight.push((weight, vt));
+            }
+        };
         for c in view.clients().filter(|c| c.backlogged()) {
-            waiting.push((c.weight(), self.hungry(&c), self.vt(c.id())));
+            note(c.weight(), self.hungry(&c), self.vt(c.id()));
         }
         for (id, _) in self.returning(now) {
             let hungry = self.cfg.hungry_ns == 0 || self.done_at.get(&id).is_some_and(|d| d.1);
-            let weight = view.client(id).map_or(1, |c| c.weight());
-            waiting.push((weight, hungry, self.vt(id)));
+            note(
+                view.client(id).map_or(1, |c| c.weight()),
+                hungry,
+                self.vt(id),
+            );
         }
+        let bounds = Bounds {
+            hungry: hungry_least,
+            idle_by_weight: &idle_by_weight,
+        };
         let quantum = self.cfg.quantum_ns as f64;
         let sms = SmsInFlight::of(view);
         // A client with nothing in flight whose kernel fits in the SMs left idle takes nothing
@@ -303,13 +326,13 @@ impl Fair {
         let pick = view
             .candidates()
             .filter(|c| {
-                let least = bound(&waiting, c.weight());
+                let least = bounds.of(c.weight());
                 (self.vt(c.id()) <= least + quantum / f64::from(c.weight()) || idle_fits(c))
                     && shallow(c)
             })
             .min_by(|a, b| self.owed_first(a, b))
             .map_or(Pick::Hold, |c| Pick::Grant(c.id()));
-        self.waiting = waiting;
+        self.idle_by_weight = idle_by_weight;
         if pick == Pick::Hold {
             self.wake = self.returning(now).map(|(_, until)| until).min();
         }
@@ -485,7 +508,7 @@ impl Policy for Fair {
         // Device time can come long after its work (work queued while the client was alone
         // on the GPU, not gated): as a newcomer is owed at most `lag_ns`, a client owes at
         // most that to the least served other backlogged one, however late its time comes.
-        // (Owed only by those that bound its lead when picking, `bound`.)
+        // (Owed only by those that bound its lead when picking, `Bounds`.)
         let bound = view
             .clients()
             .filter(|o| {

@@ -2,7 +2,7 @@
 
 use gpushare_protocol::PriorityClass;
 
-use super::FairConfig;
+use super::{Bounds, FairConfig};
 use crate::sched::simulate::{Arrivals, ClientScript, SimConfig, SimReport, Simulation, kernel};
 use crate::sched::{
     Bound, ClientSpec, DeviceShape, Dispatcher, KernelProfile, PolicyKind, SchedConfig,
@@ -543,4 +543,31 @@ fn side_by_side_holds_nobody_for_a_program_its_cpu_loop_holds_back() {
     let (_, before, _) = beside_a_cpu_loop([1, 1, 3], 0);
     println!("a loop of weight 3: done {heavy_loop:?} with hungry_ns, {before:?} without");
     assert_eq!(heavy_loop, before);
+}
+
+/// A hungry client bounds everyone's lead; one with nothing waiting only that of the clients
+/// of a lesser weight than its own.
+#[test]
+fn a_client_with_nothing_waiting_bounds_only_lighter_clients() {
+    let idle_by_weight = [(3, 10.0), (1, 5.0)];
+    let bounds = Bounds {
+        hungry: 20.0,
+        idle_by_weight: &idle_by_weight,
+    };
+    assert_eq!(
+        bounds.of(1),
+        10.0,
+        "the idle weight-3 client bounds a weight-1 one"
+    );
+    assert_eq!(bounds.of(2), 10.0);
+    assert_eq!(
+        bounds.of(3),
+        20.0,
+        "equals and lighter ones with nothing waiting do not"
+    );
+    let nobody = Bounds {
+        hungry: f64::INFINITY,
+        idle_by_weight: &[],
+    };
+    assert_eq!(nobody.of(1), f64::INFINITY, "nobody hungry: nobody is held");
 }
