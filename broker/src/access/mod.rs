@@ -142,10 +142,10 @@ const FAIR_QUANTUM_NS: u64 = 1_000_000;
 const FAIR_SIDE_QUANTUM_NS: u64 = 5_000_000;
 
 /// Side by side, `[fair] hungry_us` is this fraction of the quantum when the file does not set
-/// it (1 ms of the default 5 ms): on the H200, 16 PyTorch programs of equal weights did
-/// 0.04-0.16 × FIFO's work more than without it in each of ten paired windows over four
-/// machine starts, and at weights 2 : 1 : 3 : 2 0.04-0.13 × more in four, shares within
-/// 5.1 % (docs/benchmarks.md, runs H8-H11).
+/// it (1 ms of the default 5 ms): on the H200, 16 PyTorch programs of equal weights did up to
+/// 0.16 × FIFO's work more than without it (0.00-0.16 in twelve paired windows over five
+/// machine starts), and at weights 2 : 1 : 3 : 2 -0.00-0.13 × more in five, its shares within
+/// 5.4 % against 4.1 % (docs/benchmarks.md, runs H8-H13).
 const FAIR_HUNGRY_PER_QUANTUM: u64 = 5;
 
 /// What one client is granted.

@@ -142,7 +142,7 @@ pub struct Fair {
 /// backlogged client, and of the others by weight. A hungry client bounds everyone; one that
 /// is not, only the clients of a lesser weight. Unequal weights ask for the GPU to be divided
 /// so, even at a cost in work done; between equals, holding a program for one that its own
-/// CPU loop holds back gives nobody anything (docs/benchmarks.md, runs H8-H11).
+/// CPU loop holds back gives nobody anything (docs/benchmarks.md, runs H8-H13).
 struct Bounds<'a> {
     hungry: f64,
     idle_by_weight: &'a [(u32, f64)],
