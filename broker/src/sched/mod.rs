@@ -37,7 +37,7 @@
 //! `stats.rs` (what it tells of its clients), `gates.rs` (the gates above and `next_wakeup`),
 //! `view.rs` (the [`View`] a policy picks from), `policy/` (the policies), and the
 //! controllers `admission.rs`, `rate.rs`, `deadline.rs`, `profile.rs`.
-//! `tests.rs` holds the dispatcher's contract; `simulate.rs` is the tests' discrete-event
+//! `tests/` holds the dispatcher's contract; `simulate/` is the tests' discrete-event
 //! simulator.
 
 pub mod admission;
