@@ -46,13 +46,13 @@
 //! granted kernels cannot be taken back, and a stream's full depth of them would run on for
 //! tens of milliseconds after a newcomer joined or a weight changed.
 //!
-//! With `hungry_ns`, a client bounds the lead of those of its weight only while holding them
-//! can help it: while at least that much estimated GPU time of its work is in flight or at its
-//! queue's head (or, waited for after its work completed, if its last request was that long).
-//! A program whose step is a CPU loop of tiny kernels, each done before the next is launched,
-//! is owed GPU time it cannot use: holding the others to its pace leaves the GPU to nobody. It
-//! still gets what it asks for at once, and the rest divides among those with work waiting on
-//! the device. A client of a greater weight bounds the others' lead whatever it has waiting:
+//! With `hungry_ns`, a client bounds the lead of those of its weight or more only while
+//! holding them can help it: while at least that much estimated GPU time of its work is in
+//! flight or at its queue's head (or, waited for after its work completed, if its last request
+//! was that long). A program whose step is a CPU loop of tiny kernels, each done before the
+//! next is launched, is owed GPU time it cannot use: holding the others to its pace leaves the
+//! GPU to nobody. It still gets what it asks for at once, and the rest divides among those with
+//! work waiting on the device. The lead of lighter clients it bounds whatever it has waiting:
 //! unequal weights ask for the GPU to be divided so, even at a cost in work done.
 //!
 //! With `per_user`, shares belong to users rather than programs: every client of one Unix
@@ -95,8 +95,8 @@ pub struct FairConfig {
     pub side_by_side: bool,
     /// Shares belong to users: a user's programs draw on one virtual time (see the docs).
     pub per_user: bool,
-    /// Side by side: a client holds back those of its weight only while this much estimated GPU
-    /// time of its work is queued or in flight (0: always; see the docs).
+    /// Side by side: a client holds back those of its weight or more only while this much
+    /// estimated GPU time of its work is queued or in flight (0: always; see the docs).
     pub hungry_ns: u64,
 }
 
