@@ -152,6 +152,69 @@ fn fair_shares_follow_the_weights() {
     );
 }
 
+/// `[fair] hungry_us`: a client with less than that much estimated GPU time of work waiting
+/// holds nobody back. A client that waits for each small kernel (20 µs) beside a busy one is
+/// such a client, so the busy one is never held for it, and the loop's kernels wait on the
+/// device behind the busy client's queued work. Without `hungry_us` (the default) the busy
+/// client is held for the loop: 38 ms of 0.5 s here, the loop ten times as fast.
+#[test]
+fn with_hungry_us_a_client_with_little_work_waiting_holds_nobody_back() {
+    let broker = Broker::start_with(BrokerOptions {
+        policy: Some("scheduler = \"fair\"\n[fair]\nhungry_us = 1000\n".into()),
+        extra_args: vec!["--sim-realtime".into()],
+        ..Default::default()
+    });
+    let looping = broker.client_named("loop");
+    let busy_client = broker.client_named("busy");
+    assert!(gpushare_tests::wait_until(Duration::from_secs(5), || {
+        broker.status().clients.len() == 2
+    }));
+    let stop = Arc::new(AtomicBool::new(false));
+    let busy_thread = busy(busy_client, stop.clone());
+    let loop_thread = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let stream = looping.default_stream();
+            let mut steps = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                stream
+                    .launch(Kernel::Spin {
+                        micros: 20,
+                        blocks: 1,
+                    })
+                    .expect("launch");
+                stream.synchronize().expect("sync");
+                steps += 1;
+            }
+            drop(stream);
+            (looping, steps)
+        })
+    };
+    // Over 500 ms of GPU time, once the busy client has run, and until the loop has run too.
+    let steps = || kernels(&broker, "loop");
+    let first = steps();
+    let got = gpu_time_over(
+        &broker,
+        &["busy", "loop"],
+        &["busy"],
+        Duration::from_millis(500),
+    );
+    let looped = gpushare_tests::wait_until(Duration::from_secs(20), || steps() >= first + 20);
+    let held = client_figure(&broker, "busy", |c| c.throttled_ns);
+    stop.store(true, Ordering::Relaxed);
+    busy_thread.join().expect("busy thread");
+    let (_, launched) = loop_thread.join().expect("loop thread");
+    println!(
+        "FAIR with hungry_us beside a loop of small kernels: busy {:.1} ms of GPU, held {:.1} ms; the loop {} steps ({} while measured)",
+        got[0] as f64 / 1e6,
+        held as f64 / 1e6,
+        launched,
+        steps() - first
+    );
+    assert!(looped, "the loop ran {} steps", steps() - first);
+    assert_eq!(held, 0, "the busy client was held {held} ns for the loop");
+}
+
 /// FAIR as clients come and go: each phase's GPU time divides by the weights of the clients
 /// busy in it, within 5 %. A (weight 1) and B (1), then C (2) joins, then A leaves.
 #[test]

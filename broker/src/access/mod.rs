@@ -71,11 +71,12 @@
 //!                        # a quantum; false under priority's lower classes)
 //! per_user = false       # true: a user's programs share the user's weight (one virtual
 //!                        # time per user) instead of each program having it
-//! hungry_us = 1000       # side by side: a client behind its share holds back those of its
+//! hungry_us = 0          # side by side: a client behind its share holds back those of its
 //!                        # weight or more only while this much estimated GPU time of its work
-//!                        # is in flight or queued (a fifth of the quantum unless set; 0:
-//!                        # always). A program held back by its own CPU loop gains nothing
-//!                        # from the others' waiting; lighter clients it holds back whatever
+//!                        # is in flight or queued (0, the default: always). A program held
+//!                        # back by its own CPU loop gains nothing from the others' waiting;
+//!                        # one waiting for each small kernel loses the protection it had.
+//!                        # Lighter clients it holds back whatever
 //! ```
 //!
 //! On a Slurm node, `[slurm]` says what a job's GPU shards are worth (`slurm.rs`; the

@@ -13,13 +13,6 @@ const FAIR_QUANTUM_NS: u64 = 1_000_000;
 /// (docs/benchmarks.md, run A10).
 const FAIR_SIDE_QUANTUM_NS: u64 = 5_000_000;
 
-/// Side by side, `[fair] hungry_us` is this fraction of the quantum when the file does not set
-/// it (1 ms of the default 5 ms): on the H200, 16 PyTorch programs of equal weights did up to
-/// 0.16 × FIFO's work more than without it (0.00-0.16 in twelve paired windows over five
-/// machine starts), and at weights 2 : 1 : 3 : 2 -0.00-0.13 × more in five, its shares within
-/// 5.4 % against 4.1 % (docs/benchmarks.md, runs H8-H13).
-const FAIR_HUNGRY_PER_QUANTUM: u64 = 5;
-
 impl Policy {
     /// The scheduling policy the file asks for (FIFO when it names none).
     pub fn scheduler(&self) -> crate::sched::PolicyKind {
@@ -86,11 +79,13 @@ impl Policy {
             share_sms: f.share_sms.unwrap_or(base.share_sms),
             side_by_side,
             per_user: f.per_user.unwrap_or(base.per_user),
-            hungry_ns: match (f.hungry_us, side_by_side) {
-                (Some(us), _) => us.saturating_mul(1_000),
-                (None, true) => quantum_ns / FAIR_HUNGRY_PER_QUANTUM,
-                (None, false) => base.hungry_ns,
-            },
+            // Off unless asked for: a program that waits for each small step, its kernels
+            // queued on the device behind the others' work, is never hungry by its
+            // estimates, and would no longer hold a busy program back (docs/benchmarks.md,
+            // runs H8-H14).
+            hungry_ns: f
+                .hungry_us
+                .map_or(base.hungry_ns, |us| us.saturating_mul(1_000)),
             ..base
         }
     }

@@ -165,12 +165,7 @@ fn the_fair_tunables_come_from_the_file() {
         300_000,
         "hungry as asked for"
     );
-    assert_eq!(
-        users.fair_config().hungry_ns,
-        1_000_000,
-        "a fifth of the 5 ms quantum side by side"
-    );
-    assert_eq!(turns.fair_config().hungry_ns, 0, "not in turns");
+    assert_eq!(users.fair_config().hungry_ns, 0, "off unless asked for");
     let off = Policy::parse("scheduler = \"fair\"\n[fair]\nquantum_us = 0\n", "t.toml")
         .expect("valid policy");
     assert_eq!(

@@ -53,7 +53,9 @@
 //! next is launched, is owed GPU time it cannot use: holding the others to its pace leaves the
 //! GPU to nobody. It still gets what it asks for at once, and the rest divides among those with
 //! work waiting on the device. The lead of lighter clients it bounds whatever it has waiting:
-//! unequal weights ask for the GPU to be divided so, even at a cost in work done.
+//! unequal weights ask for the GPU to be divided so, even at a cost in work done. The cost: a
+//! program that waits for each small step, its kernels queued on the device behind the others'
+//! work, is short of the GPU too, yet never hungry by its estimates, so nobody is held for it.
 //!
 //! With `per_user`, shares belong to users rather than programs: every client of one Unix
 //! user (its `account`) draws on one virtual time, charged each client's work over its own
