@@ -11,8 +11,13 @@ use gpushare::{Client, Kernel, Monitor};
 use gpushare_tests::{Broker, BrokerOptions};
 
 fn broker(scheduler: &str) -> Broker {
+    broker_with(&format!("scheduler = \"{scheduler}\"\n"))
+}
+
+/// A broker with this policy file, the sim device's kernels taking their time on the clock.
+fn broker_with(policy: &str) -> Broker {
     Broker::start_with(BrokerOptions {
-        policy: Some(format!("scheduler = \"{scheduler}\"\n")),
+        policy: Some(policy.to_owned()),
         // Kernels take their modelled time on the wall clock too, so the GPU, not the two
         // CPUs of a CI machine, is what the clients compete for.
         extra_args: vec!["--sim-realtime".into()],
@@ -159,11 +164,7 @@ fn fair_shares_follow_the_weights() {
 /// client is held for the loop: 38 ms of 0.5 s here, the loop ten times as fast.
 #[test]
 fn with_hungry_us_a_client_with_little_work_waiting_holds_nobody_back() {
-    let broker = Broker::start_with(BrokerOptions {
-        policy: Some("scheduler = \"fair\"\n[fair]\nhungry_us = 1000\n".into()),
-        extra_args: vec!["--sim-realtime".into()],
-        ..Default::default()
-    });
+    let broker = broker_with("scheduler = \"fair\"\n[fair]\nhungry_us = 1000\n");
     let looping = broker.client_named("loop");
     let busy_client = broker.client_named("busy");
     assert!(gpushare_tests::wait_until(Duration::from_secs(5), || {
