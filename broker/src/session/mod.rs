@@ -41,6 +41,7 @@ mod info;
 mod ipc;
 mod launch;
 mod legacy;
+mod memory;
 mod module_table;
 mod ranges;
 mod reclaim;
