@@ -180,22 +180,22 @@ impl Fair {
     fn owed_back_soon(&self, view: &View<'_>, next: ClientId, now: u64) -> Option<u64> {
         let v = self.vt(next);
         self.returning(now)
-            .filter(|&(id, _)| id != next && self.vt(id) < v)
-            .filter(|&(id, _)| {
+            .filter(|&(id, _, _)| id != next && self.vt(id) < v)
+            .filter(|&(id, _, _)| {
                 view.client(id)
                     .is_some_and(|c| !c.backlogged() && c.inflight().is_empty())
             })
-            .map(|(_, until)| until)
+            .map(|(_, until, _)| until)
             .min()
     }
 
     /// Clients whose last work completed within `anticipate_ns` of `now`, each with when
-    /// that wait for it ends.
-    fn returning(&self, now: u64) -> impl Iterator<Item = (ClientId, u64)> + '_ {
+    /// that wait for it ends and whether its last request made it hungry.
+    fn returning(&self, now: u64) -> impl Iterator<Item = (ClientId, u64, bool)> + '_ {
         self.done_at
             .iter()
-            .map(|(&id, &(at, _))| (id, at.saturating_add(self.cfg.anticipate_ns)))
-            .filter(move |&(_, until)| until > now)
+            .map(|(&id, &(at, hungry))| (id, at.saturating_add(self.cfg.anticipate_ns), hungry))
+            .filter(move |&(_, until, _)| until > now)
     }
 
     /// Whether holding others back can give `c` more of the GPU: with `hungry_ns`, only while
@@ -297,8 +297,7 @@ impl Fair {
         for c in view.clients().filter(|c| c.backlogged()) {
             note(c.weight(), self.hungry(&c), self.vt(c.id()));
         }
-        for (id, _) in self.returning(now) {
-            let hungry = self.cfg.hungry_ns == 0 || self.done_at.get(&id).is_some_and(|d| d.1);
+        for (id, _, hungry) in self.returning(now) {
             note(
                 view.client(id).map_or(1, |c| c.weight()),
                 hungry,
@@ -336,7 +335,7 @@ impl Fair {
             .map_or(Pick::Hold, |c| Pick::Grant(c.id()));
         self.idle_by_weight = idle_by_weight;
         if pick == Pick::Hold {
-            self.wake = self.returning(now).map(|(_, until)| until).min();
+            self.wake = self.returning(now).map(|(_, until, _)| until).min();
         }
         pick
     }
