@@ -75,6 +75,7 @@ pub(super) struct FairFields {
     pub(super) side_by_side: Option<bool>,
     pub(super) per_user: Option<bool>,
     pub(super) hungry_us: Option<u64>,
+    pub(super) waited_us: Option<u64>,
 }
 
 /// `[priority]`: the priority policy's tunables.

@@ -77,6 +77,10 @@
 //!                        # back by its own CPU loop gains nothing from the others' waiting;
 //!                        # one waiting for each small kernel loses the protection it had.
 //!                        # Lighter clients it holds back whatever
+//! waited_us = 0          # with hungry_us: a client whose oldest kernel in flight has waited
+//!                        # this long on the device past its estimate (behind the others'
+//!                        # work) is hungry too, as is one whose latest kernel seen done had
+//!                        # (0, the default: never)
 //! ```
 //!
 //! On a Slurm node, `[slurm]` says what a job's GPU shards are worth (`slurm.rs`; the

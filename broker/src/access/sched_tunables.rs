@@ -86,6 +86,9 @@ impl Policy {
             hungry_ns: f
                 .hungry_us
                 .map_or(base.hungry_ns, |us| us.saturating_mul(1_000)),
+            waited_ns: f
+                .waited_us
+                .map_or(base.waited_ns, |us| us.saturating_mul(1_000)),
             ..base
         }
     }

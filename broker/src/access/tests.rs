@@ -166,6 +166,20 @@ fn the_fair_tunables_come_from_the_file() {
         "hungry as asked for"
     );
     assert_eq!(users.fair_config().hungry_ns, 0, "off unless asked for");
+    let waited = Policy::parse(
+        "scheduler = \"fair\"\n[fair]\nhungry_us = 1000\nwaited_us = 500\n",
+        "t.toml",
+    )
+    .expect("valid policy");
+    assert_eq!(
+        (
+            waited.fair_config().hungry_ns,
+            waited.fair_config().waited_ns
+        ),
+        (1_000_000, 500_000),
+        "waited as asked for"
+    );
+    assert_eq!(hungry.fair_config().waited_ns, 0, "off unless asked for");
     let off = Policy::parse("scheduler = \"fair\"\n[fair]\nquantum_us = 0\n", "t.toml")
         .expect("valid policy");
     assert_eq!(

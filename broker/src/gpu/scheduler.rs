@@ -18,7 +18,7 @@
 
 use crate::sched::id_hash::IdMap;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -92,7 +92,21 @@ pub struct GpuScheduler {
     /// Clients registered: a client alone on the GPU is not gated either (there is nobody
     /// to order it against).
     clients: AtomicUsize,
+    /// How soon a data thread gone idle with granted kernels looks again whether they
+    /// finished ([`GpuScheduler::granted_recheck`]).
+    granted_recheck_ns: AtomicU64,
     origin: Instant,
+}
+
+/// How soon an idle data thread looks again whether its granted kernels finished: the
+/// scheduler counts them in flight until it hears. Soon enough under FAIR's `waited_us` that a
+/// kernel done while its client thinks is not taken for one that waited on the device.
+fn granted_recheck_ns(tunables: Tunables) -> u64 {
+    const USUAL_NS: u64 = 2_000_000;
+    match tunables.fair.waited_ns {
+        0 => USUAL_NS,
+        w => (w / 4).clamp(100_000, USUAL_NS),
+    }
 }
 
 impl GpuScheduler {
@@ -126,6 +140,7 @@ impl GpuScheduler {
             sm_partitions: device.sm_partitions,
             governed: AtomicUsize::new(0),
             clients: AtomicUsize::new(0),
+            granted_recheck_ns: AtomicU64::new(granted_recheck_ns(tunables)),
             origin: Instant::now(),
         }
     }
@@ -143,6 +158,12 @@ impl GpuScheduler {
     /// its new kernels are scheduled.)
     pub fn gated(&self) -> bool {
         self.gated.load(Ordering::Relaxed) && self.clients.load(Ordering::Relaxed) > 1
+    }
+
+    /// How soon a data thread gone idle with granted kernels not yet seen finished looks at
+    /// them again.
+    pub fn granted_recheck(&self) -> Duration {
+        Duration::from_nanos(self.granted_recheck_ns.load(Ordering::Relaxed))
     }
 
     /// Whether a kernel of a client of this class waits for the policy (see [`gated`]).
@@ -175,6 +196,8 @@ impl GpuScheduler {
             high_free(kind, tunables.priority, self.sm_partitions),
             Ordering::Relaxed,
         );
+        self.granted_recheck_ns
+            .store(granted_recheck_ns(tunables), Ordering::Relaxed);
         self.pump(&mut st);
         tracing::info!(policy = kind.as_str(), "scheduling policy switched");
     }

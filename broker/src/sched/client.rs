@@ -84,6 +84,9 @@ pub struct Inflight {
     pub profile: KernelProfile,
     pub submitted_at: u64,
     pub granted_at: u64,
+    /// When it would be done had it waited on the device for nothing but its client's
+    /// kernels granted before it (their estimates): later, and it waits behind others' work.
+    pub due_at: u64,
     /// Its grant's number in the dispatcher (whether another client's came after it, while it
     /// was in flight).
     pub(super) grant_seq: u64,

@@ -417,11 +417,17 @@ impl Dispatcher {
         {
             r.take(req.profile.key.blocks);
         }
+        let due_at = c
+            .inflight
+            .last()
+            .map_or(now, |last| last.due_at.max(now))
+            .saturating_add(req.profile.est_ns);
         c.inflight.push(Inflight {
             id: req.id,
             profile: req.profile,
             submitted_at: req.submitted_at,
             granted_at: now,
+            due_at,
             grant_seq,
             sm_limit,
             overlapped,

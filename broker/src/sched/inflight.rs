@@ -114,6 +114,7 @@ mod tests {
             profile: KernelProfile::new(KernelKey::client_function(1, id, sms), est_ns, bound, 132),
             submitted_at: 0,
             granted_at: 0,
+            due_at: est_ns,
             grant_seq: id,
             sm_limit,
             overlapped: false,

@@ -133,6 +133,17 @@ impl<'a> ClientView<'a> {
         self.state.inflight.has(bound)
     }
 
+    /// How long past when it would be done its oldest kernel in flight is at `now`
+    /// ([`crate::sched::Inflight::due_at`]): time its work has waited on the device behind others' (or that
+    /// its estimates are short). 0 with nothing in flight.
+    pub fn overdue_ns(&self, now: u64) -> u64 {
+        self.state
+            .inflight
+            .iter()
+            .next()
+            .map_or(0, |oldest| now.saturating_sub(oldest.due_at))
+    }
+
     /// Queued or in flight.
     pub fn backlogged(&self) -> bool {
         !self.state.queue.is_empty() || !self.state.inflight.is_empty()

@@ -153,14 +153,17 @@ impl SessionState {
         self.account(true);
         self.rings.submissions.prepare_sleep();
         // Measurements still in flight: wake up soon to read them, so status stays true.
-        let measuring = !self.granted.is_empty()
-            || self
-                .streams
+        let recheck = if !self.granted.is_empty() {
+            Some(self.dispatch.granted_recheck().min(MEASURE_RECHECK))
+        } else {
+            self.streams
                 .values()
-                .any(|s| self.device.measuring(&s.stream));
+                .any(|s| self.device.measuring(&s.stream))
+                .then_some(MEASURE_RECHECK)
+        };
         let timeout = match self.lease_left() {
-            Some(left) => Some(left.min(MEASURE_RECHECK)),
-            None => measuring.then_some(MEASURE_RECHECK),
+            Some(left) => Some(left.min(recheck.unwrap_or(MEASURE_RECHECK))),
+            None => recheck,
         };
         match self.rings.submissions.available() {
             Ok(0) if !self.info.stopping() => self.info.submit_wake().wait(timeout),

@@ -56,6 +56,11 @@
 //! unequal weights ask for the GPU to be divided so, even at a cost in work done. The cost: a
 //! program that waits for each small step, its kernels queued on the device behind the others'
 //! work, is short of the GPU too, yet never hungry by its estimates, so nobody is held for it.
+//! With `waited_ns` too, a client whose oldest kernel in flight is that long past when it would
+//! have been done (its estimate, after its own kernels granted before it) is hungry as well:
+//! its work waits on the device behind the others'. So is one whose latest kernel seen done
+//! had waited that long, until one of its kernels is done without such a wait: a program that
+//! waits for each small step is held for while the others' work would queue ahead of it.
 //!
 //! With `per_user`, shares belong to users rather than programs: every client of one Unix
 //! user (its `account`) draws on one virtual time, charged each client's work over its own
@@ -100,6 +105,9 @@ pub struct FairConfig {
     /// Side by side: a client holds back those of its weight or more only while this much
     /// estimated GPU time of its work is queued or in flight (0: always; see the docs).
     pub hungry_ns: u64,
+    /// With `hungry_ns`: a client whose work has waited this long on the device past when it
+    /// would have been done, behind the others' work, is hungry too (0: never; see the docs).
+    pub waited_ns: u64,
 }
 
 impl Default for FairConfig {
@@ -114,6 +122,7 @@ impl Default for FairConfig {
             side_by_side: false,
             per_user: false,
             hungry_ns: 0,
+            waited_ns: 0,
         }
     }
 }
@@ -132,6 +141,9 @@ pub struct Fair {
     done_at: IdMap<ClientId, (u64, bool)>,
     /// When a wait for an owed client ends.
     wake: Option<u64>,
+    /// With `waited_ns`: the clients whose latest kernel seen done had waited on the device
+    /// that long (hungry until one of theirs is seen done without such a wait).
+    waited_last: IdMap<ClientId, ()>,
     /// Side by side: estimates of completed kernels still charged, until the measured
     /// device time that covers them replaces them.
     unmeasured: IdMap<ClientId, f64>,
@@ -168,6 +180,7 @@ impl Fair {
             accounts: IdMap::default(),
             idle_since: IdMap::default(),
             done_at: IdMap::default(),
+            waited_last: IdMap::default(),
             wake: None,
             unmeasured: IdMap::default(),
             idle_by_weight: Vec::new(),
@@ -198,13 +211,24 @@ impl Fair {
             .filter(move |&(_, until, _)| until > now)
     }
 
-    /// Whether holding others back can give `c` more of the GPU: with `hungry_ns`, only while
-    /// that much estimated GPU time of its work is in flight or at its queue's head. A program
-    /// held back by its own CPU loop (a step of tiny kernels, each done before the next comes)
-    /// gains nothing from the others' waiting; a program with work waiting on the device does.
-    fn hungry(&self, c: &crate::sched::ClientView<'_>) -> bool {
-        self.cfg.hungry_ns == 0
-            || c.inflight_est_ns() + c.head().map_or(0, |h| h.profile.est_ns) >= self.cfg.hungry_ns
+    /// Whether holding others back can give `c` more of the GPU at `now`: with `hungry_ns`,
+    /// only while that much estimated GPU time of its work is in flight or at its queue's head,
+    /// or (`waited_ns`) its oldest kernel in flight has waited that long on the device past
+    /// when it would have been done. A program held back by its own CPU loop (a step of tiny
+    /// kernels, each done before the next comes) gains nothing from the others' waiting; a
+    /// program with work waiting on the device does.
+    fn hungry(&self, c: &crate::sched::ClientView<'_>, now: u64) -> bool {
+        let h = self.cfg.hungry_ns;
+        h == 0
+            || c.inflight_est_ns() + c.head().map_or(0, |h| h.profile.est_ns) >= h
+            || self.waited(c.overdue_ns(now))
+            || (self.cfg.waited_ns > 0 && self.waited_last.contains_key(&c.id()))
+    }
+
+    /// Whether work `overdue_ns` past when it would have been done waited long enough on the
+    /// device behind others' to make its client hungry (`waited_ns`).
+    fn waited(&self, overdue_ns: u64) -> bool {
+        self.cfg.waited_ns > 0 && overdue_ns >= self.cfg.waited_ns
     }
 
     /// Who goes first: the least virtual time, then the oldest head.
@@ -295,7 +319,7 @@ impl Fair {
             }
         };
         for c in view.clients().filter(|c| c.backlogged()) {
-            note(c.weight(), self.hungry(&c), self.vt(c.id()));
+            note(c.weight(), self.hungry(&c, now), self.vt(c.id()));
         }
         for (id, _, hungry) in self.returning(now) {
             note(
@@ -487,8 +511,14 @@ impl Policy for Fair {
         {
             self.idle_since.insert(client, now);
         }
+        let waited = self.waited(now.saturating_sub(request.due_at));
+        if waited {
+            self.waited_last.insert(client, ());
+        } else if self.cfg.waited_ns > 0 {
+            self.waited_last.remove(&client);
+        }
         if c.is_some_and(|c| !c.backlogged() && c.inflight().is_empty()) {
-            let hungry = request.profile.est_ns >= self.cfg.hungry_ns;
+            let hungry = request.profile.est_ns >= self.cfg.hungry_ns || waited;
             self.done_at.insert(client, (now, hungry));
         }
     }
@@ -497,7 +527,7 @@ impl Policy for Fair {
         self.cfg.side_by_side
     }
 
-    fn on_device_time(&mut self, view: &View<'_>, client: ClientId, ns: u64, _now: u64) {
+    fn on_device_time(&mut self, view: &View<'_>, client: ClientId, ns: u64, now: u64) {
         if !self.cfg.side_by_side {
             return;
         }
@@ -515,7 +545,7 @@ impl Policy for Fair {
             .filter(|o| {
                 self.apart(o.id(), client)
                     && o.backlogged()
-                    && (self.hungry(o) || o.weight() > weight)
+                    && (self.hungry(o, now) || o.weight() > weight)
             })
             .map(|o| self.vt(o.id()))
             .min_by(f64::total_cmp)
@@ -533,6 +563,7 @@ impl Policy for Fair {
         }
         self.idle_since.remove(&client);
         self.done_at.remove(&client);
+        self.waited_last.remove(&client);
     }
 }
 

@@ -489,9 +489,19 @@ fn sharing_sms_keeps_the_weights_in_sm_time_and_runs_kernels_side_by_side() {
 /// thinking). Device-time shares and kernels done, then FIFO's kernels done on the same
 /// programs.
 fn beside_a_cpu_loop(w: [u32; 3], hungry_ns: u64) -> (Vec<f64>, Vec<u64>, Vec<u64>) {
+    beside_a_loop(w, 8, hungry_ns, 0)
+}
+
+/// [`beside_a_cpu_loop`], the loop's kernel on `loop_sms` SMs, and `waited_ns`.
+fn beside_a_loop(
+    w: [u32; 3],
+    loop_sms: u32,
+    hungry_ns: u64,
+    waited_ns: u64,
+) -> (Vec<f64>, Vec<u64>, Vec<u64>) {
     let scripts = || {
         let mut s = weighted(&w, |id| match id {
-            3 => vec![kernel(id, 10, 8, Bound::Compute)],
+            3 => vec![kernel(id, 10, loop_sms, Bound::Compute)],
             _ => vec![kernel(id, 500, 124, Bound::Compute); 10],
         });
         s[2].arrivals = Arrivals::Closed { think_ns: 40_000 };
@@ -501,6 +511,7 @@ fn beside_a_cpu_loop(w: [u32; 3], hungry_ns: u64) -> (Vec<f64>, Vec<u64>, Vec<u6
         side_by_side: true,
         quantum_ns: MS,
         hungry_ns,
+        waited_ns,
         ..FairConfig::default()
     };
     let run = |policy| Simulation::new(model_cfg(fair, 400 * MS, 64), policy, scripts()).run();
@@ -543,6 +554,24 @@ fn side_by_side_holds_nobody_for_a_program_its_cpu_loop_holds_back() {
     let (_, before, _) = beside_a_cpu_loop([1, 1, 3], 0);
     println!("a loop of weight 3: done {heavy_loop:?} with hungry_ns, {before:?} without");
     assert_eq!(heavy_loop, before);
+}
+
+/// With `waited_ns` too, a loop whose kernels run as soon as they come (they fit beside the
+/// others') is never hungry: it holds nobody, as by estimates alone. (The model shares SMs
+/// among the kernels that come, so no kernel waits behind another's here: that case is
+/// `with_waited_us_a_loop_whose_kernels_wait_behind_a_busy_client_is_held_for`, on the sim
+/// device.)
+#[test]
+fn with_waited_ns_a_loop_whose_kernels_run_at_once_still_holds_nobody() {
+    for w in [[1, 1, 1], [1, 3, 1]] {
+        let (shares, done, _) = beside_a_loop(w, 8, 200_000, 200_000);
+        let (shares_before, done_before, _) = beside_a_cpu_loop(w, 200_000);
+        assert_eq!(
+            (done, shares),
+            (done_before, shares_before),
+            "weights {w:?}"
+        );
+    }
 }
 
 /// A hungry client bounds everyone's lead; one with nothing waiting only that of the clients
