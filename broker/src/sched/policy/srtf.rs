@@ -114,10 +114,11 @@ impl Policy for Srtf {
         // A switch point: the best backlogged job takes over (possibly the same one).
         let best = view.candidates().min_by_key(|c| self.key(c));
         // The current job, between iterations and still the shortest, keeps the GPU for a
-        // short gap while it prepares its next iteration.
+        // short gap while it prepares its next iteration. Its last kernels may still count
+        // in flight: the client saw them finish before the scheduler heard.
         if let Some(c) = self.current.and_then(|id| view.client(id))
             && c.spec().job.is_some()
-            && !c.backlogged()
+            && c.queued() == 0
             && best.as_ref().is_none_or(|b| self.key(&c) < self.key(b))
         {
             let since = *self.gap_since.get_or_insert(now);
@@ -336,6 +337,57 @@ mod tests {
         assert!(
             !r.grants.iter().any(|g| g.1 == 2 && g.0 < a_done),
             "the longer job slipped in between the shorter job's iterations"
+        );
+    }
+
+    #[test]
+    fn a_job_whose_client_saw_its_iteration_end_before_the_scheduler_keeps_the_gpu() {
+        // A client's synchronization can return, and its boundary come, before the scheduler
+        // hears that the iteration's last kernel finished (a release build does this often).
+        // Between iterations with that kernel still counted in flight, the shorter job keeps
+        // the GPU for the gap as with none.
+        use crate::sched::{DeviceShape, Dispatcher, SchedConfig};
+        let device = DeviceShape {
+            sms: 132,
+            sm_partitions: false,
+        };
+        let mut d = Dispatcher::with_config(PolicyKind::Srtf, device, SchedConfig::default());
+        for (id, remaining) in [(1, 10 * MS), (2, 60_000 * MS)] {
+            let spec = ClientSpec {
+                job: Some(JobProfile {
+                    remaining_ns_estimate: remaining,
+                    ..JobProfile::default()
+                }),
+                ..ClientSpec::new(id, PriorityClass::Normal, 1)
+            };
+            d.add_client(spec).expect("client registers");
+        }
+        let k = |id| kernel(id, 1_000, 132, Bound::Compute);
+        let short = d.submit(1, k(1), 0).expect("submit");
+        assert_eq!(d.poll(0).iter().map(|g| g.client).collect::<Vec<_>>(), [1]);
+        d.submit(2, k(2), 10).expect("submit");
+        assert!(d.poll(10).is_empty(), "the short job's iteration is open");
+        d.iteration_boundary(1, MS).expect("boundary");
+        assert!(
+            d.poll(MS).is_empty(),
+            "the longer job slipped in while the shorter one's last kernel still counted"
+        );
+        d.complete(1, short, Some(MS), MS + 20_000)
+            .expect("complete");
+        assert!(d.poll(MS + 20_000).is_empty(), "still within the gap");
+        d.submit(1, k(1), MS + 50_000).expect("submit");
+        let next = d.poll(MS + 50_000);
+        assert_eq!(next.iter().map(|g| g.client).collect::<Vec<_>>(), [1]);
+        let later = MS + 50_000 + 3 * ITERATION_GAP_GRACE_NS;
+        d.complete(1, next[0].request, Some(MS), later)
+            .expect("complete");
+        d.iteration_boundary(1, later).expect("boundary");
+        assert!(d.poll(later).is_empty(), "the gap's grace begins");
+        let after = later + ITERATION_GAP_GRACE_NS;
+        assert_eq!(
+            d.poll(after).iter().map(|g| g.client).collect::<Vec<_>>(),
+            [2],
+            "after the grace with nothing queued, the longer job goes"
         );
     }
 }
