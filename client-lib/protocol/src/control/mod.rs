@@ -16,6 +16,12 @@ use crate::job::{JobGpu, JobStart, JobStats, PodGrant, PodIdentity};
 use crate::ring::ShmLayout;
 use crate::stats::StatusReport;
 
+mod codec;
+mod device;
+
+pub use codec::{CodecError, decode, decode_prefix, encode, encode_into, hello_version};
+pub use device::{DeviceInfo, device_by_uuid};
+
 /// Largest control message either side accepts.
 pub const MAX_CONTROL_MESSAGE: usize = 1 << 20;
 
@@ -306,61 +312,6 @@ pub struct HostRegionGrant {
     pub device_ptr: u64,
 }
 
-/// What the device looks like.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct DeviceInfo {
-    pub index: u32,
-    pub name: String,
-    pub total_memory: u64,
-    pub sm_count: u32,
-    pub compute_capability: (u32, u32),
-    /// Peak FP32 rate the scheduler and the sim cost model assume, in FLOP/s.
-    pub fp32_flops: f64,
-    /// Peak device memory bandwidth, bytes/s.
-    pub memory_bandwidth: f64,
-    /// Host↔device copy bandwidth, bytes/s.
-    pub host_bandwidth: f64,
-    pub uuid: [u8; 16],
-    /// PCI domain, bus and device.
-    pub pci: (u32, u32, u32),
-    /// The CUDA version the driver supports (`cuDriverGetVersion`), e.g. 13000.
-    pub driver_version: i32,
-    /// `CUdevice_attribute` values, indexed by attribute number (0 where unknown).
-    pub attributes: Vec<i32>,
-}
-
-/// The device `text` names as `CUDA_VISIBLE_DEVICES` may: its UUID (`GPU-…`, any case) or a
-/// start of it that no other device's shares; else why none.
-pub fn device_by_uuid<'a>(devices: &'a [DeviceInfo], text: &str) -> Result<&'a DeviceInfo, String> {
-    if text.len() <= 4 || !text[..4].eq_ignore_ascii_case("GPU-") {
-        return Err(format!("`{text}` is not a GPU UUID"));
-    }
-    let wanted = text.to_ascii_lowercase();
-    let mut matches = devices
-        .iter()
-        .filter(|d| d.uuid_text().to_ascii_lowercase().starts_with(&wanted));
-    match (matches.next(), matches.next()) {
-        (Some(d), None) => Ok(d),
-        (None, _) => Err(format!("no GPU has the UUID {text}")),
-        (Some(_), Some(_)) => Err(format!("{text} is the start of several GPUs' UUIDs")),
-    }
-}
-
-impl DeviceInfo {
-    /// Its UUID as NVML and `CUDA_VISIBLE_DEVICES` write it: `GPU-` and 8-4-4-4-12 hex digits.
-    pub fn uuid_text(&self) -> String {
-        let hex: String = self.uuid.iter().map(|b| format!("{b:02x}")).collect();
-        format!(
-            "GPU-{}-{}-{}-{}-{}",
-            &hex[..8],
-            &hex[8..12],
-            &hex[12..16],
-            &hex[16..20],
-            &hex[20..]
-        )
-    }
-}
-
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Welcome {
     pub protocol_version: u32,
@@ -502,139 +453,4 @@ pub struct LostState {
     pub streams: Vec<u32>,
     pub events: Vec<u32>,
     pub modules: Vec<u64>,
-}
-
-fn config() -> impl bincode::config::Config {
-    bincode::config::standard().with_limit::<MAX_CONTROL_MESSAGE>()
-}
-
-/// Why a control message could not be read.
-#[derive(Debug, thiserror::Error)]
-pub enum CodecError {
-    #[error("cannot decode control message: {0}")]
-    Decode(#[from] bincode::error::DecodeError),
-    #[error("cannot encode control message: {0}")]
-    Encode(#[from] bincode::error::EncodeError),
-    #[error("control message has {0} trailing bytes")]
-    TrailingBytes(usize),
-}
-
-/// The protocol version a [`ClientMessage::Hello`] announces, read without decoding the rest
-/// of it, so that a client of another version (whose hello may be shaped differently) is told
-/// `VersionMismatch` rather than a decoding error. `None` when `bytes` is not a hello.
-///
-/// Wire invariant, for every protocol version: `Hello` is the first variant of
-/// `ClientMessage`, and `protocol_version` is its first field.
-pub fn hello_version(bytes: &[u8]) -> Option<u32> {
-    let ((variant, version), _): ((u32, u32), usize) =
-        bincode::serde::decode_from_slice(bytes, config()).ok()?;
-    (variant == 0).then_some(version)
-}
-
-/// Encodes a control message.
-pub fn encode<T: Serialize>(msg: &T) -> Result<Vec<u8>, CodecError> {
-    Ok(bincode::serde::encode_to_vec(msg, config())?)
-}
-
-/// Encodes a message into `buf` (no allocation); returns the bytes written. For messages on
-/// a hot path, such as gpushared's requests to its device workers.
-pub fn encode_into<T: Serialize>(msg: &T, buf: &mut [u8]) -> Result<usize, CodecError> {
-    Ok(bincode::serde::encode_into_slice(msg, buf, config())?)
-}
-
-/// Decodes a message at the start of `bytes`; returns it and the bytes it took (what
-/// follows is the caller's: a request's payload, say).
-pub fn decode_prefix<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<(T, usize), CodecError> {
-    Ok(bincode::serde::decode_from_slice(bytes, config())?)
-}
-
-/// Decodes one whole control message; trailing garbage is an error.
-pub fn decode<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, CodecError> {
-    let (msg, used) = bincode::serde::decode_from_slice(bytes, config())?;
-    if used != bytes.len() {
-        return Err(CodecError::TrailingBytes(bytes.len() - used));
-    }
-    Ok(msg)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use proptest::prelude::*;
-
-    #[test]
-    fn a_uuid_is_written_as_nvml_writes_it() {
-        let mut d = crate::fuzzing::messages::device(0);
-        d.uuid = [
-            0xfe, 0xf8, 0x08, 0x9b, 0x48, 0x20, 0xab, 0xfc, 0xe8, 0x3e, 0x94, 0x31, 0x81, 0x97,
-            0x57, 0x6e,
-        ];
-        assert_eq!(d.uuid_text(), "GPU-fef8089b-4820-abfc-e83e-94318197576e");
-    }
-
-    #[test]
-    fn hello_round_trips() {
-        let hello = ClientMessage::Hello(Hello {
-            protocol_version: crate::PROTOCOL_VERSION,
-            role: Role::Client,
-            client_name: "trainer".into(),
-            requested_class: Some(PriorityClass::BestEffort),
-            sq_entries: 256,
-            arena_size: 1 << 20,
-            gpu: Some(1),
-        });
-        let bytes = encode(&hello).expect("encode");
-        assert_eq!(decode::<ClientMessage>(&bytes).expect("decode"), hello);
-        let mut longer = bytes.clone();
-        longer.push(0);
-        assert!(decode::<ClientMessage>(&longer).is_err());
-    }
-
-    proptest! {
-        #[test]
-        fn garbage_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
-            let _ = decode::<ClientMessage>(&bytes);
-            let _ = decode::<BrokerMessage>(&bytes);
-        }
-    }
-
-    #[test]
-    fn the_version_of_a_hello_is_read_before_the_rest() {
-        let hello = |version| {
-            ClientMessage::Hello(Hello {
-                protocol_version: version,
-                role: Role::Client,
-                client_name: "x".into(),
-                requested_class: None,
-                sq_entries: 0,
-                arena_size: 0,
-                gpu: None,
-            })
-        };
-        let bytes = encode(&hello(7)).expect("encode");
-        assert_eq!(hello_version(&bytes), Some(7));
-        // A later version's hello with fields this one does not know: still readable.
-        let mut longer = encode(&hello(crate::PROTOCOL_VERSION + 1)).expect("encode");
-        longer.extend_from_slice(&[1, 2, 3, 4]);
-        assert_eq!(hello_version(&longer), Some(crate::PROTOCOL_VERSION + 1));
-        assert!(decode::<ClientMessage>(&longer).is_err());
-        // Not a hello.
-        let status = encode(&ClientMessage::Status { request: 1 }).expect("encode");
-        assert_eq!(hello_version(&status), None);
-        assert_eq!(hello_version(&[]), None);
-    }
-
-    #[test]
-    fn huge_length_prefix_is_refused_without_allocating() {
-        // A GetFunction whose name claims to be 2^60 bytes long.
-        let mut bytes = encode(&ClientMessage::GetFunction {
-            request: 1,
-            module: 2,
-            name: String::new(),
-        })
-        .expect("encode");
-        bytes.pop();
-        bytes.extend_from_slice(&[0xff, 0, 0, 0, 0, 0, 0, 0, 0x10]);
-        assert!(decode::<ClientMessage>(&bytes).is_err());
-    }
 }
