@@ -18,6 +18,14 @@
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Component, Path, PathBuf};
 
+#[path = "docs/markdown.rs"]
+mod markdown;
+#[path = "docs/tables.rs"]
+mod tables;
+
+use markdown::{code_spans, prose, unclosed_code_spans, without_fences};
+use tables::broken_tables;
+
 /// The workspace root (this crate lives in `tests/`).
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -52,131 +60,6 @@ fn checked_files(root: &Path) -> Vec<PathBuf> {
         files.push(PathBuf::from("packaging/README.md"));
     }
     files
-}
-
-/// The file's text with fenced code blocks blanked and inline code spans turned into spaces,
-/// line breaks kept, so that what is left is prose, links and headings at their own line
-/// numbers.
-fn prose(text: &str) -> String {
-    blank_code_spans(&without_fences(text))
-}
-
-/// The file's text with the lines of fenced code blocks (fences included) emptied.
-fn without_fences(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut fence: Option<(char, usize)> = None;
-    for line in text.split_inclusive('\n') {
-        let trimmed = line.trim_start();
-        let indent = line.len() - trimmed.len();
-        let marker = trimmed.chars().next().filter(|c| *c == '`' || *c == '~');
-        let run = marker.map_or(0, |m| trimmed.chars().take_while(|c| *c == m).count());
-        match (fence, marker) {
-            (None, Some(m)) if run >= 3 && indent <= 3 => fence = Some((m, run)),
-            (Some((m, n)), Some(c))
-                if c == m && run >= n && trimmed[run * c.len_utf8()..].trim().is_empty() =>
-            {
-                fence = None
-            }
-            (None, _) => {
-                out.push_str(line);
-                continue;
-            }
-            _ => {}
-        }
-        if line.ends_with('\n') {
-            out.push('\n');
-        }
-    }
-    out
-}
-
-/// Replaces each inline code span (a run of N backticks up to the next run of exactly N in
-/// the same paragraph or list item) with spaces, keeping line breaks. A run without its
-/// closing run is left as it is (and renders as literal backticks).
-fn blank_code_spans(text: &str) -> String {
-    code_spans_and_rest(text).1
-}
-
-/// The inline code spans of `text` (outside fences), each with its line number.
-fn code_spans(text: &str) -> Vec<(usize, String)> {
-    code_spans_and_rest(&without_fences(text)).0
-}
-
-/// The line numbers of the runs of backticks in `text` (outside fences) that no run of the
-/// same length closes within their paragraph or list item: they render as literal backticks.
-fn unclosed_code_spans(text: &str) -> Vec<usize> {
-    code_spans_and_rest(&without_fences(text)).2
-}
-
-/// Whether a new block (a blank line, a heading, a list item, a table row, a quote) starts at
-/// `chars[k..]`, the start of a line: a code span cannot run into it.
-fn block_starts(chars: &[char], k: usize) -> bool {
-    let rest = &chars[k.min(chars.len())..];
-    let indent = rest.iter().take_while(|c| **c == ' ').count();
-    let rest = &rest[indent..];
-    match rest {
-        [] | ['\n', ..] | ['#' | '|' | '>', ..] => true,
-        ['-' | '*' | '+', ' ', ..] => true,
-        _ => {
-            let digits = rest.iter().take_while(|c| c.is_ascii_digit()).count();
-            digits > 0 && matches!(rest[digits..], ['.' | ')', ' ', ..])
-        }
-    }
-}
-
-/// The code spans of `text` with their line numbers, `text` with them blanked, and the line
-/// numbers of the runs of backticks that open no span.
-fn code_spans_and_rest(text: &str) -> (Vec<(usize, String)>, String, Vec<usize>) {
-    let chars: Vec<char> = text.chars().collect();
-    let mut spans = Vec::new();
-    let mut unclosed = Vec::new();
-    let mut line = 1;
-    let mut out = String::with_capacity(text.len());
-    let mut i = 0;
-    while i < chars.len() {
-        if chars[i] != '`' {
-            if chars[i] == '\n' {
-                line += 1;
-            }
-            out.push(chars[i]);
-            i += 1;
-            continue;
-        }
-        let n = chars[i..].iter().take_while(|c| **c == '`').count();
-        let mut j = i + n;
-        let mut close = None;
-        while j < chars.len() {
-            if chars[j] == '`' {
-                let m = chars[j..].iter().take_while(|c| **c == '`').count();
-                if m == n {
-                    close = Some(j);
-                    break;
-                }
-                j += m;
-            } else if chars[j] == '\n' && block_starts(&chars, j + 1) {
-                break;
-            } else {
-                j += 1;
-            }
-        }
-        match close {
-            Some(j) => {
-                let inside: String = chars[i + n..j].iter().collect();
-                spans.push((line, inside.replace('\n', " ").trim().to_string()));
-                for c in &chars[i..j + n] {
-                    out.push(if *c == '\n' { '\n' } else { ' ' });
-                }
-                line += inside.matches('\n').count();
-                i = j + n;
-            }
-            None => {
-                unclosed.push(line);
-                out.extend(&chars[i..i + n]);
-                i += n;
-            }
-        }
-    }
-    (spans, out, unclosed)
 }
 
 /// The top-level directories a code span's path must start with to be checked as a reference
@@ -507,103 +390,6 @@ fn broken_section_references(root: &Path, file: &Path) -> Vec<String> {
                 "{}:{line}: see \"{name}\": {problem}",
                 file.display()
             ));
-        }
-    }
-    problems
-}
-
-/// The cells of a table line, split at the `|`s that are not escaped (inside code spans too,
-/// as GitHub does).
-fn cells(line: &str) -> usize {
-    let t = line.trim();
-    let t = t.strip_prefix('|').unwrap_or(t);
-    let t = t
-        .strip_suffix('|')
-        .filter(|s| !s.ends_with('\\'))
-        .unwrap_or(t);
-    let mut n = 1;
-    let mut escaped = false;
-    for c in t.chars() {
-        if c == '|' && !escaped {
-            n += 1;
-        }
-        escaped = c == '\\' && !escaped;
-    }
-    n
-}
-
-fn is_separator(line: &str) -> bool {
-    let t = line.trim().trim_matches('|');
-    !t.is_empty()
-        && t.split('|').all(|c| {
-            let c = c.trim().trim_start_matches(':').trim_end_matches(':');
-            c.len() >= 3 && c.chars().all(|ch| ch == '-')
-        })
-}
-
-/// What is wrong with each table of `file`, one line each.
-fn broken_tables(root: &Path, file: &Path) -> Vec<String> {
-    let text = std::fs::read_to_string(root.join(file))
-        .unwrap_or_else(|e| panic!("read {}: {e}", file.display()));
-    // Fenced blocks are blanked (their pipes are not tables), but code spans are kept, since a
-    // `|` inside one still splits a table's cell: `prose` blanked both, so the original line
-    // is put back wherever `prose` kept any text.
-    let p = prose(&text);
-    let blanked: Vec<&str> = p
-        .lines()
-        .zip(text.lines())
-        .map(|(p, t)| if p.trim().is_empty() { p } else { t })
-        .collect();
-    let mut problems = Vec::new();
-    let is_row = |l: &str| l.trim_start().starts_with('|');
-    let mut i = 0;
-    while i < blanked.len() {
-        if !is_row(blanked[i]) {
-            i += 1;
-            continue;
-        }
-        let start = i;
-        while i < blanked.len() && is_row(blanked[i]) {
-            i += 1;
-        }
-        let block = &blanked[start..i];
-        let at = format!("{}:{}", file.display(), start + 1);
-        if start > 0 && !blanked[start - 1].trim().is_empty() {
-            problems.push(format!("{at}: no blank line before the table"));
-        }
-        if i < blanked.len() && !blanked[i].trim().is_empty() {
-            problems.push(format!(
-                "{}:{}: a line right after a table (it would be read as a row)",
-                file.display(),
-                i + 1
-            ));
-        }
-        if block.len() < 2 || !is_separator(block[1]) {
-            problems.push(format!(
-                "{at}: a table row with no header and separator above it (a blank line \
-                 inside a table?)"
-            ));
-            continue;
-        }
-        let width = cells(block[0]);
-        if cells(block[1]) != width {
-            problems.push(format!(
-                "{at}: the separator has {} columns, the header {width}",
-                cells(block[1])
-            ));
-        }
-        if block.len() == 2 {
-            problems.push(format!("{at}: a table without rows"));
-        }
-        for (k, row) in block.iter().enumerate().skip(2) {
-            let n = cells(row);
-            if n != width {
-                problems.push(format!(
-                    "{}:{}: a row of {n} cells in a table of {width} columns (an unescaped `|`?)",
-                    file.display(),
-                    start + k + 1
-                ));
-            }
         }
     }
     problems
