@@ -29,6 +29,18 @@ use super::health::{DeviceHealth, Member, Verdict};
 use super::restart::Carry;
 use crate::device::{Device, Memory};
 
+/// The client a fault is pinned on. Only a client that alone had work in flight is named. Not
+/// the suspect holding its turn on probation: the turn may have passed to it after the faulting
+/// kernel ran, and clients run beside it (on the H200 that named an innocent PyTorch trainer).
+fn culprit_of(blame: Blame, suspects: &[u64]) -> Option<u64> {
+    match (blame, suspects) {
+        (Blame::Culprit(id), _) => Some(id),
+        (Blame::Nobody, _) => None,
+        (Blame::Suspects, [one]) => Some(*one),
+        _ => None,
+    }
+}
+
 /// Whom a fault is pinned on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Blame {
@@ -169,43 +181,46 @@ impl DeviceHealth {
     fn recover(&self, device: &Device, gpu: u32, what: &str, blame: Blame) {
         let started = Instant::now();
         // Who had work in flight when it happened?
-        let (suspects, sessions, pids, uids) = {
+        let (busy, sessions, pids, uids) = {
             let st = self.lock();
-            let busy: Vec<u64> = st
+            let busy: Vec<Arc<dyn Member>> = st
                 .sessions
                 .values()
-                // Work that the device never took cannot have faulted it (refused once the
-                // context had faulted, or never sent).
-                .filter(|s| s.watch().may_have_run(|m| device.reached(m)))
-                .map(|s| s.id())
+                .filter(|s| s.watch().busy_since.load(Ordering::Acquire) != 0)
+                .cloned()
                 .collect();
             let sessions: Vec<Arc<dyn Member>> = st.sessions.values().cloned().collect();
             let pids: HashMap<u64, i32> = st.sessions.values().map(|s| (s.id(), s.pid())).collect();
             let uids: HashMap<u64, u32> = st.sessions.values().map(|s| (s.id(), s.uid())).collect();
             (busy, sessions, pids, uids)
         };
-        // Only a client that alone had work in flight is named. Not the suspect holding its
-        // turn on probation: the turn may have passed to it after the faulting kernel ran, and
-        // clients run beside it (on the H200 that named an innocent PyTorch trainer).
-        let culprit = match (blame, suspects.as_slice()) {
-            (Blame::Culprit(id), _) => Some(id),
-            (Blame::Nobody, _) => None,
-            (Blame::Suspects, [one]) => Some(*one),
-            _ => None,
+        // Work that the device never took cannot have faulted it (refused once the context had
+        // faulted, or never sent).
+        let got_to = |busy: &[Arc<dyn Member>]| -> Vec<u64> {
+            busy.iter()
+                .filter(|s| s.watch().got_to(|m| device.reached(m)))
+                .map(|s| s.id())
+                .collect()
         };
+        let suspects = got_to(&busy);
+        let culprit = culprit_of(blame, &suspects);
         tracing::error!(gpu, fault = what, ?culprit, ?suspects, "GPU fault");
         // Stop everyone: waits are cut short, and sessions park at their next step.
         self.resetting.store(true, Ordering::Release);
         device.interrupt();
         self.epoch.fetch_add(1, Ordering::AcqRel);
         self.changed.notify_all();
-        let give_up = |why: &str| {
+        let give_up = |why: &str, culprit: Option<u64>, suspects: &[u64]| {
             tracing::error!(gpu, "{why}; restarting gpushared");
-            self.restart_after(gpu, what, culprit, &suspects, &pids);
+            self.restart_after(gpu, what, culprit, suspects, &pids);
         };
         if !device.resets_in_place() {
             // Nothing to save in this process: restart at once (every client is told why).
-            give_up("the driver cannot recover this GPU in place");
+            give_up(
+                "the driver cannot recover this GPU in place",
+                culprit,
+                &suspects,
+            );
             return;
         }
         tracing::error!(gpu, "resetting the device context");
@@ -231,6 +246,21 @@ impl DeviceHealth {
                 tracing::warn!(?missing, "sessions did not stop in time; resetting anyway");
             }
         }
+        // A worker marks that the device got to a stream's work once the call that began it
+        // has returned. The fault can be noticed before that: another session's
+        // synchronization sees it as soon as the faulting launch is accepted (the sim device
+        // does this at once). With every session stopped those calls have returned, so who
+        // was busy when it was noticed is judged again.
+        let (culprit, suspects) = {
+            let again = got_to(&busy);
+            if again != suspects {
+                let culprit = culprit_of(blame, &again);
+                tracing::warn!(gpu, ?culprit, suspects = ?again, "GPU fault: suspects once every session stopped");
+                (culprit, again)
+            } else {
+                (culprit, suspects)
+            }
+        };
         // The driver waits for running kernels before it tears a context down, so a kernel
         // that never ends can keep a reset in place waiting forever; only the end of the
         // process holding the context stops it.
@@ -254,9 +284,11 @@ impl DeviceHealth {
         let memory = match reset {
             Ok(m) => m,
             Err(e) => {
-                give_up(&format!(
-                    "the device context cannot be recreated in this process ({e})"
-                ));
+                give_up(
+                    &format!("the device context cannot be recreated in this process ({e})"),
+                    culprit,
+                    &suspects,
+                );
                 return; // sessions stay parked until the restart
             }
         };

@@ -291,9 +291,12 @@ impl FaultWatch {
     /// Whether the session may have had work running: busy, and some of its marks reached
     /// (`reached`), or none known.
     pub fn may_have_run(&self, reached: impl Fn((u32, u32)) -> bool) -> bool {
-        if self.busy_since.load(std::sync::atomic::Ordering::Acquire) == 0 {
-            return false;
-        }
+        self.busy_since.load(std::sync::atomic::Ordering::Acquire) != 0 && self.got_to(reached)
+    }
+
+    /// Whether the device got to some of the session's unfinished work: one of its marks
+    /// reached (`reached`), or none known.
+    pub fn got_to(&self, reached: impl Fn((u32, u32)) -> bool) -> bool {
         let marks = self.marks.lock().unwrap_or_else(|e| e.into_inner());
         marks.is_empty() || marks.values().any(|&m| reached(m))
     }
