@@ -186,7 +186,7 @@ impl DeviceHealth {
             let busy: Vec<Arc<dyn Member>> = st
                 .sessions
                 .values()
-                .filter(|s| s.watch().busy_since.load(Ordering::Acquire) != 0)
+                .filter(|s| s.watch().busy())
                 .cloned()
                 .collect();
             let sessions: Vec<Arc<dyn Member>> = st.sessions.values().cloned().collect();

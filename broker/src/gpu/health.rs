@@ -288,10 +288,10 @@ impl FaultWatch {
         self.marks.lock().unwrap_or_else(|e| e.into_inner()).clear();
     }
 
-    /// Whether the session may have had work running: busy, and some of its marks reached
-    /// (`reached`), or none known.
-    pub fn may_have_run(&self, reached: impl Fn((u32, u32)) -> bool) -> bool {
-        self.busy_since.load(std::sync::atomic::Ordering::Acquire) != 0 && self.got_to(reached)
+    /// Whether the session has unfinished device work (a suspect of a fault if the device
+    /// [`got_to`](Self::got_to) it).
+    pub fn busy(&self) -> bool {
+        self.busy_since.load(std::sync::atomic::Ordering::Acquire) != 0
     }
 
     /// Whether the device got to some of the session's unfinished work: one of its marks
@@ -309,11 +309,14 @@ mod tests {
     /// A busy session is a suspect unless the GPU got to none of its work; an idle one never.
     #[test]
     fn only_a_session_whose_work_the_gpu_got_to_may_have_run() {
+        // As the guardian judges a suspect: busy, and the device got to some of its work.
+        let suspect =
+            |w: &FaultWatch, reached: &dyn Fn((u32, u32)) -> bool| w.busy() && w.got_to(reached);
         let watch = FaultWatch::default();
-        assert!(!watch.may_have_run(|_| true), "idle");
+        assert!(!suspect(&watch, &|_| true), "idle");
         watch.busy_since.store(5, Ordering::Release);
         assert!(
-            watch.may_have_run(|_| false),
+            suspect(&watch, &|_| false),
             "busy, nothing known: a suspect"
         );
         watch
@@ -321,10 +324,10 @@ mod tests {
             .lock()
             .expect("marks")
             .extend([(1, (10, 7)), (2, (11, 8))]);
-        assert!(!watch.may_have_run(|_| false), "no stream got to its work");
-        assert!(watch.may_have_run(|(slot, _)| slot == 11), "one did");
+        assert!(!suspect(&watch, &|_| false), "no stream got to its work");
+        assert!(suspect(&watch, &|(slot, _)| slot == 11), "one did");
         watch.clear_marks();
-        assert!(watch.may_have_run(|_| false));
+        assert!(suspect(&watch, &|_| false));
     }
 
     /// On probation, a busy suspect that gives the turn up and asks again at once does not
