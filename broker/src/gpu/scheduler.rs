@@ -93,19 +93,19 @@ pub struct GpuScheduler {
     /// to order it against).
     clients: AtomicUsize,
     /// How soon a data thread gone idle with granted kernels looks again whether they
-    /// finished ([`GpuScheduler::granted_recheck`]).
+    /// finished, when sooner than usual ([`GpuScheduler::granted_recheck`]; 0: as usual).
     granted_recheck_ns: AtomicU64,
     origin: Instant,
 }
 
-/// How soon an idle data thread looks again whether its granted kernels finished: the
-/// scheduler counts them in flight until it hears. Soon enough under FAIR's `waited_us` that a
-/// kernel done while its client thinks is not taken for one that waited on the device.
+/// How soon an idle data thread looks again whether its granted kernels finished, when the
+/// policy needs it sooner than usual (0: as usual): the scheduler counts them in flight until
+/// it hears. Under FAIR's `waited_us`, soon enough that a kernel done while its client thinks
+/// is not taken for one that waited on the device.
 fn granted_recheck_ns(tunables: Tunables) -> u64 {
-    const USUAL_NS: u64 = 2_000_000;
     match tunables.fair.waited_ns {
-        0 => USUAL_NS,
-        w => (w / 4).clamp(100_000, USUAL_NS),
+        0 => 0,
+        w => (w / 4).max(100_000),
     }
 }
 
@@ -161,9 +161,12 @@ impl GpuScheduler {
     }
 
     /// How soon a data thread gone idle with granted kernels not yet seen finished looks at
-    /// them again.
-    pub fn granted_recheck(&self) -> Duration {
-        Duration::from_nanos(self.granted_recheck_ns.load(Ordering::Relaxed))
+    /// them again, when the policy needs it sooner than the session's usual look.
+    pub fn granted_recheck(&self) -> Option<Duration> {
+        match self.granted_recheck_ns.load(Ordering::Relaxed) {
+            0 => None,
+            ns => Some(Duration::from_nanos(ns)),
+        }
     }
 
     /// Whether a kernel of a client of this class waits for the policy (see [`gated`]).

@@ -154,7 +154,11 @@ impl SessionState {
         self.rings.submissions.prepare_sleep();
         // Measurements still in flight: wake up soon to read them, so status stays true.
         let recheck = if !self.granted.is_empty() {
-            Some(self.dispatch.granted_recheck().min(MEASURE_RECHECK))
+            Some(
+                self.dispatch
+                    .granted_recheck()
+                    .map_or(MEASURE_RECHECK, |r| r.min(MEASURE_RECHECK)),
+            )
         } else {
             self.streams
                 .values()
