@@ -352,15 +352,10 @@ mod tests {
             sm_partitions: false,
         };
         let mut d = Dispatcher::with_config(PolicyKind::Srtf, device, SchedConfig::default());
-        for (id, remaining) in [(1, 10 * MS), (2, 60_000 * MS)] {
-            let spec = ClientSpec {
-                job: Some(JobProfile {
-                    remaining_ns_estimate: remaining,
-                    ..JobProfile::default()
-                }),
-                ..ClientSpec::new(id, PriorityClass::Normal, 1)
-            };
-            d.add_client(spec).expect("client registers");
+        // The jobs' declarations as `job` makes them: 10 ms and 60 s left.
+        for (id, iterations) in [(1, 10), (2, 60_000)] {
+            d.add_client(job(id, 0, iterations).spec)
+                .expect("client registers");
         }
         let k = |id| kernel(id, 1_000, 132, Bound::Compute);
         let short = d.submit(1, k(1), 0).expect("submit");
