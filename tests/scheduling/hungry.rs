@@ -77,14 +77,26 @@ fn with_hungry_us_a_client_with_little_work_waiting_holds_nobody_back() {
     assert_eq!(held, 0, "the busy client was held {held} ns for the loop");
 }
 
-/// `[fair] waited_us` beside `hungry_us`: the same loop's kernels wait on the device behind
-/// the busy client's work, so it is hungry after all, and the busy client is held for it.
+/// `[fair] waited_us` beside `hungry_us`: a loop is hungry when its kernels wait on the device
+/// behind a busy client's work. The sim device runs one kernel at a time, so there they wait,
+/// and the busy client is held for the loop. A GPU runs the loop's one block beside the busy
+/// client's kernels (one wave of small blocks), so they are not late and nobody is held for it
+/// (run H15 in docs/benchmarks.md).
 #[test]
-fn with_waited_us_a_loop_whose_kernels_wait_behind_a_busy_client_is_held_for() {
-    let (_, by_estimates) = loop_beside_busy(HUNGRY);
-    let (_, waited) = loop_beside_busy(&format!("{HUNGRY}waited_us = 1000\n"));
-    assert!(
-        waited as f64 >= 1.5 * by_estimates as f64,
-        "the loop ran {waited} steps with waited_us, {by_estimates} by estimates alone"
-    );
+fn with_waited_us_a_loop_is_held_for_only_while_its_kernels_wait_behind_a_busy_client() {
+    let waited_policy = format!("{HUNGRY}waited_us = 1000\n");
+    if gpushare_tests::test_backend() == "sim" {
+        let (_, by_estimates) = loop_beside_busy(HUNGRY);
+        let (_, waited) = loop_beside_busy(&waited_policy);
+        assert!(
+            waited as f64 >= 1.5 * by_estimates as f64,
+            "the loop ran {waited} steps with waited_us, {by_estimates} by estimates alone"
+        );
+    } else {
+        let (held, _) = loop_beside_busy(&waited_policy);
+        assert_eq!(
+            held, 0,
+            "the busy client was held {held} ns for a loop whose kernels ran beside its own"
+        );
+    }
 }

@@ -320,9 +320,10 @@ fn side_by_side_holds_nobody_for_a_program_its_cpu_loop_holds_back() {
 
 /// With `waited_ns` too, a loop whose kernels run as soon as they come (they fit beside the
 /// others') is never hungry: it holds nobody, as by estimates alone. (The model shares SMs
-/// among the kernels that come, so no kernel waits behind another's here: that case is
-/// `with_waited_us_a_loop_whose_kernels_wait_behind_a_busy_client_is_held_for`, on the sim
-/// device.)
+/// among the kernels that come, so no kernel waits behind another's here: that case is the
+/// end-to-end test
+/// `with_waited_us_a_loop_is_held_for_only_while_its_kernels_wait_behind_a_busy_client`, on
+/// the sim device.)
 #[test]
 fn with_waited_ns_a_loop_whose_kernels_run_at_once_still_holds_nobody() {
     for w in [[1, 1, 1], [1, 3, 1]] {
