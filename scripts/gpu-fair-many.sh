@@ -13,7 +13,9 @@
 # policies, so each is set against the FIFO window of its own round.
 #
 # Prints, per N and policy: throughput against FIFO (the mean over programs of iterations over
-# FIFO's, and per kind), and each user's share of the GPU time against its weight's share.
+# FIFO's, and per kind; iterations per second of each program's active time, so that where a
+# window falls in a coming-and-going program's cycle does not count), and each user's share
+# of the GPU time against its weight's share.
 # Settings: NPROGS ("4 16"), USERS (4; 2 when N < 8), WEIGHTS ("2 1 3 2", user i gets the
 # i-th), POLICIES ("fifo fair fair-sms fair-turns fair-side srtf pack"; fair-turns is
 # `quantum_us = 1000`, fair-side adds `side_by_side = true`, fair-sideQ with quantum_us = Q
@@ -237,8 +239,8 @@ for out in sorted(glob.glob(f"{logs}/n*"), key=lambda d: int(d.rsplit("n", 1)[1]
         d = {}
         for line in open(path):
             f = line.split()
-            if len(f) == 3:
-                d[f[0]] = int(f[1])
+            if len(f) == 4:
+                d[f[0]] = (int(f[1]), float(f[3]))
         return d
 
     def gpu(path):
@@ -255,8 +257,13 @@ for out in sorted(glob.glob(f"{logs}/n*"), key=lambda d: int(d.rsplit("n", 1)[1]
                 ia, ib, ga, gb = its(a + ".progress"), its(b + ".progress"), gpu(a + ".json"), gpu(b + ".json")
             except (OSError, ValueError):
                 continue
-            res[(r, pol)] = ({p: ib.get(p, 0) - ia.get(p, 0) for p in progs},
-                             {u: (gb.get(u, 0) - ga.get(u, 0)) / 1e9 for u in users})
+            # Iterations, and iterations per second of the program's active time: a program
+            # that comes and goes is active for 4-6 s of an 8 s window depending on where the
+            # window falls in its cycle, so its speed is counted over its active time.
+            d = {p: [b - a for a, b in zip(ia.get(p, (0, 0.0)), ib.get(p, (0, 0.0)))] for p in progs}
+            res[(r, pol)] = ({p: v[0] for p, v in d.items()},
+                             {u: (gb.get(u, 0) - ga.get(u, 0)) / 1e9 for u in users},
+                             {p: v[0] / v[1] for p, v in d.items() if v[1] > 0})
     n = len(progs)
     print(f"\n### {n} programs, {len(users)} users (weights {', '.join(f'{u} {want[u]:.3f}' for u in users)}); * comes and goes\n")
     print("| policy | round | throughput / FIFO | transformer | mlp | GPU-time shares (" + ", ".join(users) + ") | worst share / weight's | transformer iterations' shares |")
@@ -266,9 +273,9 @@ for out in sorted(glob.glob(f"{logs}/n*"), key=lambda d: int(d.rsplit("n", 1)[1]
             if (r, pol) not in res or (r, "fifo") not in res:
                 print(f"| {pol} | {r} | (missing) | | | | | |")
                 continue
-            it, g = res[(r, pol)]
-            base = res[(r, "fifo")][0]
-            norm = {p: it[p] / base[p] for p in progs if base[p]}
+            it, g, rate = res[(r, pol)]
+            base = res[(r, "fifo")][2]
+            norm = {p: rate[p] / base[p] for p in progs if base.get(p) and p in rate}
             if not norm:
                 print(f"| {pol} | {r} | (no program progressed in FIFO's window) | | | | | |")
                 continue
@@ -287,7 +294,7 @@ for out in sorted(glob.glob(f"{logs}/n*"), key=lambda d: int(d.rsplit("n", 1)[1]
                   f"{statistics.mean(kinds.get('mlp') or [float('nan')]):.3f} | "
                   + ", ".join(f"{shares[u]:.3f}" for u in users) + f" | {worst * 100:.1f} % | "
                   + ", ".join(f"{tr[u] / trsum:.3f}" for u in users) + " |")
-    print("\niterations per window, FIFO round 1: " + ", ".join(f"{p} {v}" for p, v in res.get((1, "fifo"), ({}, {}))[0].items()))
+    print("\niterations per window, FIFO round 1: " + ", ".join(f"{p} {v}" for p, v in res.get((1, "fifo"), ({}, {}, {}))[0].items()))
 
     # Where each program's time went in round 1: iterations against FIFO's, its kernels
     # launched per iteration against FIFO's (the same program: 1.00 unless it launched
@@ -312,7 +319,7 @@ for out in sorted(glob.glob(f"{logs}/n*"), key=lambda d: int(d.rsplit("n", 1)[1]
             wall = (float(open(b + ".time").read()) - float(open(a + ".time").read())) * 1e9
         except (OSError, ValueError):
             continue
-        it, base = res.get((1, pol), ({}, {}))[0], res.get((1, "fifo"), ({}, {}))[0]
+        it, base = res.get((1, pol), ({}, {}, {}))[2], res.get((1, "fifo"), ({}, {}, {}))[2]
         for p in progs:
             if p not in ca or p not in cb:
                 continue
@@ -349,7 +356,7 @@ for out in sorted(glob.glob(f"{logs}/n*"), key=lambda d: int(d.rsplit("n", 1)[1]
         print("|---|---|---|---|---|---|")
         print("\n".join(rows))
     if cells:
-        print("\nround 1, each program: iterations / FIFO's, kernels per iteration / FIFO's, % of the window on the GPU, % held by the policy\n")
+        print("\nround 1, each program: iterations per active second / FIFO's, kernels per iteration / FIFO's, % of the window on the GPU, % held by the policy\n")
         print("| program | " + " | ".join(policies) + " |")
         print("|---|" + "---|" * len(policies))
         for p in progs:

@@ -13,8 +13,9 @@ and duration (µs) go there, one line each, so the harness can take percentiles 
 --on S --off S: active S seconds, then idle (connected, no GPU work) S seconds, on the
 program's own clock: a program that comes and goes.
 
---progress FILE gets "ITERATIONS TIME" (cumulative, wall time) about every 50 ms, replaced
-atomically; the program stops when --stop FILE exists or after --seconds.
+--progress FILE gets "ITERATIONS TIME ACTIVE" (cumulative; wall time; seconds spent in the
+active part of the cycle) about every 50 ms, replaced atomically; the program stops when
+--stop FILE exists or after --seconds.
 """
 import argparse
 import os
@@ -27,10 +28,20 @@ from common import sync
 from hp import build as build_inference
 
 
-def publish(path, done):
+def publish(path, done, active):
     with open(path + ".tmp", "w") as f:
-        f.write(f"{done} {time.time():.6f}\n")
+        f.write(f"{done} {time.time():.6f} {active:.6f}\n")
     os.replace(path + ".tmp", path)
+
+
+def active_s(elapsed, on, off):
+    """Seconds of the first `elapsed` spent in the active part of the --on/--off cycle (all of
+    them without one): a harness divides iterations by this, so that a window's place in the
+    cycle does not count as speed."""
+    if on <= 0 or off <= 0:
+        return elapsed
+    cycle = on + off
+    return (elapsed // cycle) * on + min(elapsed % cycle, on)
 
 
 def main():
@@ -61,8 +72,8 @@ def main():
     for _ in range(5):
         step()
     done, loss = 0, 0.0
-    publish(args.progress, done)
     start = last = time.time()
+    publish(args.progress, done, 0.0)
     while not os.path.exists(args.stop) and time.time() - start < args.seconds:
         now = time.time()
         cycle = args.on + args.off
@@ -77,11 +88,11 @@ def main():
             if args.model == "infer" and args.think_ms:
                 time.sleep(args.think_ms / 1e3)
         if now - last >= 0.05:
-            publish(args.progress, done)
+            publish(args.progress, done, active_s(now - start, args.on, args.off))
             if log:
                 log.flush()
             last = now
-    publish(args.progress, done)
+    publish(args.progress, done, active_s(time.time() - start, args.on, args.off))
     if log:
         log.close()
     if loss != loss:
