@@ -24,7 +24,8 @@
 # any name ending in -aN sets `[fair] anticipate_us = N`, e.g. fair-side-a0, and then in
 # -user `[fair] per_user = true`, e.g. fair-side-user, and then in -lN `[fair] lag_us = N`,
 # e.g. fair-side50000-l200000, and then in -hN `[fair] hungry_us = N`, e.g. fair-side5000-h300,
-# and then in -wN `[fair] waited_us = N`, e.g. fair-side5000-h1000-w1000),
+# and then in -wN `[fair] waited_us = N`, e.g. fair-side5000-h1000-w1000, and then in -level
+# `[fair] bank_unused = false`, e.g. fair-side5000-h1000-level),
 # ROUNDS (2), WINDOW (10),
 # HP (set: a high-priority inference loop, colocate/loop.py --model infer, runs as user gsfairhp
 # beside them, every other user best-effort; it runs alone for one window first, and the summary
@@ -74,7 +75,11 @@ sock=$work/gpushare.sock
 gs() { timeout 20 "$work/bin/gpushare" --socket "$sock" "$@"; }
 
 policy_file() { # POLICY USERS
-    local anticipate= per_user=false lag= hungry= waited=
+    local anticipate= per_user=false lag= hungry= waited= bank=
+    if [[ $1 == *-level ]]; then # -level: [fair] bank_unused = false
+        bank=false
+        set -- "${1%-level}" "$2"
+    fi
     if [[ $1 =~ ^(.*)-w([0-9]+)$ ]]; then # -wN: [fair] waited_us = N
         waited=${BASH_REMATCH[2]}
         set -- "${BASH_REMATCH[1]}" "$2"
@@ -110,6 +115,7 @@ policy_file() { # POLICY USERS
     [[ -n $lag ]] && printf 'lag_us = %s\n' "$lag"
     [[ -n $hungry ]] && printf 'hungry_us = %s\n' "$hungry"
     [[ -n $waited ]] && printf 'waited_us = %s\n' "$waited"
+    [[ -n $bank ]] && printf 'bank_unused = %s\n' "$bank"
     printf 'per_user = %s\n' "$per_user"
     printf '[priority]\nlower_by_weight = %s\n' "$by_weight"
     [[ -n $queue ]] && printf 'lower_queue_us = %s\n' "$queue"

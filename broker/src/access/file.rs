@@ -76,6 +76,7 @@ pub(super) struct FairFields {
     pub(super) per_user: Option<bool>,
     pub(super) hungry_us: Option<u64>,
     pub(super) waited_us: Option<u64>,
+    pub(super) bank_unused: Option<bool>,
 }
 
 /// `[priority]`: the priority policy's tunables.

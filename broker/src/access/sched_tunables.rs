@@ -89,6 +89,7 @@ impl Policy {
             waited_ns: f
                 .waited_us
                 .map_or(base.waited_ns, |us| us.saturating_mul(1_000)),
+            bank_unused: f.bank_unused.unwrap_or(base.bank_unused),
             ..base
         }
     }

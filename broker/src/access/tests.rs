@@ -180,6 +180,16 @@ fn the_fair_tunables_come_from_the_file() {
         "waited as asked for"
     );
     assert_eq!(hungry.fair_config().waited_ns, 0, "off unless asked for");
+    let level = Policy::parse(
+        "scheduler = \"fair\"\n[fair]\nhungry_us = 1000\nbank_unused = false\n",
+        "t.toml",
+    )
+    .expect("valid policy");
+    assert!(!level.fair_config().bank_unused, "leveling as asked for");
+    assert!(
+        hungry.fair_config().bank_unused,
+        "banking unless asked otherwise"
+    );
     let off = Policy::parse("scheduler = \"fair\"\n[fair]\nquantum_us = 0\n", "t.toml")
         .expect("valid policy");
     assert_eq!(

@@ -61,6 +61,8 @@
 //! its work waits on the device behind the others'. So is one whose latest kernel seen done
 //! had waited that long, until one of its kernels is done without such a wait: a program that
 //! waits for each small step is held for while the others' work would queue ahead of it.
+//! Without `bank_unused`, a client that turns hungry is owed nothing for the time it was not
+//! (`hunger.rs`).
 //!
 //! With `per_user`, shares belong to users rather than programs: every client of one Unix
 //! user (its `account`) draws on one virtual time, charged each client's work over its own
@@ -108,6 +110,9 @@ pub struct FairConfig {
     /// With `hungry_ns`: a client whose work has waited this long on the device past when it
     /// would have been done, behind the others' work, is hungry too (0: never; see the docs).
     pub waited_ns: u64,
+    /// With `hungry_ns`: GPU time a client left unused while it was not hungry is owed to it
+    /// when it becomes hungry (up to the lag); false: it starts level with its hungry peers.
+    pub bank_unused: bool,
 }
 
 impl Default for FairConfig {
@@ -123,6 +128,7 @@ impl Default for FairConfig {
             per_user: false,
             hungry_ns: 0,
             waited_ns: 0,
+            bank_unused: true,
         }
     }
 }
@@ -144,6 +150,12 @@ pub struct Fair {
     /// With `waited_ns`: the clients whose latest kernel seen done had waited on the device
     /// that long (hungry until one of theirs is seen done without such a wait).
     waited_last: IdMap<ClientId, ()>,
+    /// Without `bank_unused`: the clients last seen not hungry (see `hunger.rs`).
+    fed: IdMap<ClientId, ()>,
+    /// Without `bank_unused`, each pick's scratch: the hungry clients' weights, accounts and
+    /// virtual times, and the clients that turned hungry.
+    hungry_peers: Vec<(u32, u64, f64)>,
+    turned_hungry: Vec<(ClientId, u32)>,
     /// Side by side: estimates of completed kernels still charged, until the measured
     /// device time that covers them replaces them.
     unmeasured: IdMap<ClientId, f64>,
@@ -181,6 +193,9 @@ impl Fair {
             idle_since: IdMap::default(),
             done_at: IdMap::default(),
             waited_last: IdMap::default(),
+            fed: IdMap::default(),
+            hungry_peers: Vec::new(),
+            turned_hungry: Vec::new(),
             wake: None,
             unmeasured: IdMap::default(),
             idle_by_weight: Vec::new(),
@@ -209,26 +224,6 @@ impl Fair {
             .iter()
             .map(|(&id, &(at, hungry))| (id, at.saturating_add(self.cfg.anticipate_ns), hungry))
             .filter(move |&(_, until, _)| until > now)
-    }
-
-    /// Whether holding others back can give `c` more of the GPU at `now`: with `hungry_ns`,
-    /// only while that much estimated GPU time of its work is in flight or at its queue's head,
-    /// or (`waited_ns`) its oldest kernel in flight has waited that long on the device past
-    /// when it would have been done. A program held back by its own CPU loop (a step of tiny
-    /// kernels, each done before the next comes) gains nothing from the others' waiting; a
-    /// program with work waiting on the device does.
-    fn hungry(&self, c: &crate::sched::ClientView<'_>, now: u64) -> bool {
-        let h = self.cfg.hungry_ns;
-        h == 0
-            || c.inflight_est_ns() + c.head().map_or(0, |h| h.profile.est_ns) >= h
-            || self.waited(c.overdue_ns(now))
-            || (self.cfg.waited_ns > 0 && self.waited_last.contains_key(&c.id()))
-    }
-
-    /// Whether work `overdue_ns` past when it would have been done waited long enough on the
-    /// device behind others' to make its client hungry (`waited_ns`).
-    fn waited(&self, overdue_ns: u64) -> bool {
-        self.cfg.waited_ns > 0 && overdue_ns >= self.cfg.waited_ns
     }
 
     /// Who goes first: the least virtual time, then the oldest head.
@@ -305,6 +300,9 @@ impl Fair {
     /// within `anticipate_ns` counts as backlogged, so that the round trip between two of its
     /// steps does not let the others run ahead.
     fn pick_side_by_side(&mut self, view: &View<'_>, now: u64) -> Pick {
+        if !self.cfg.bank_unused {
+            self.level_the_fed(view, now);
+        }
         // Who bounds the others' lead (`Bounds`); with nobody, nobody is held.
         let mut idle_by_weight = std::mem::take(&mut self.idle_by_weight);
         idle_by_weight.clear();
@@ -520,6 +518,9 @@ impl Policy for Fair {
         if c.is_some_and(|c| !c.backlogged() && c.inflight().is_empty()) {
             let hungry = request.profile.est_ns >= self.cfg.hungry_ns || waited;
             self.done_at.insert(client, (now, hungry));
+            if !hungry && !self.cfg.bank_unused {
+                self.fed.insert(client, ());
+            }
         }
     }
 
@@ -564,8 +565,10 @@ impl Policy for Fair {
         self.idle_since.remove(&client);
         self.done_at.remove(&client);
         self.waited_last.remove(&client);
+        self.fed.remove(&client);
     }
 }
 
+mod hunger;
 #[cfg(test)]
 mod tests;

@@ -244,4 +244,5 @@ fn a_newcomer_is_owed_at_most_the_lag_bound() {
     }
 }
 
+mod hunger;
 mod side_by_side;

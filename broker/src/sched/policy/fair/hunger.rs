@@ -1,0 +1,76 @@
+//! FAIR's hunger: whether holding others back can give a client more of the GPU
+//! (`hungry_ns`, `waited_ns`), and what a client is owed once it is hungry (`bank_unused`).
+//!
+//! A client that is not hungry gets what it asks for at once, and it bounds nobody of its
+//! weight or less. Its virtual time still grows only by what it uses, so a program held back by
+//! its own CPU loop falls behind those with work waiting on the device. When such a program
+//! turns hungry (a burst of work), it is owed all of that, and it bounds the others while it is
+//! hungry, however far ahead they are. On the H200, 16 PyTorch programs of equal weights held
+//! the transformer trainers 12–14 % of the window whatever the quantum (docs/benchmarks.md,
+//! runs H20–H22), which this would explain; it has not been measured there without banking.
+//!
+//! Without `bank_unused`, a client is owed nothing for the time it was not hungry, as weighted
+//! fair queueing owes nothing to a flow that was not backlogged. When it turns hungry its
+//! virtual time is raised to the least of the hungry clients of its weight, so it starts level
+//! with its peers. A newcomer is still owed up to the lag. The bound that a client of a greater
+//! weight puts on lighter ones, whatever it has waiting, uses its virtual time as before, until
+//! the client turns hungry.
+
+use super::Fair;
+use crate::sched::{ClientView, View};
+
+impl Fair {
+    /// Whether holding others back can give `c` more of the GPU at `now`: with `hungry_ns`,
+    /// only while that much estimated GPU time of its work is in flight or at its queue's head,
+    /// or (`waited_ns`) its oldest kernel in flight has waited that long on the device past
+    /// when it would have been done. A program held back by its own CPU loop (a step of tiny
+    /// kernels, each done before the next comes) gains nothing from the others' waiting; a
+    /// program with work waiting on the device does.
+    pub(super) fn hungry(&self, c: &ClientView<'_>, now: u64) -> bool {
+        let h = self.cfg.hungry_ns;
+        h == 0
+            || c.inflight_est_ns() + c.head().map_or(0, |h| h.profile.est_ns) >= h
+            || self.waited(c.overdue_ns(now))
+            || (self.cfg.waited_ns > 0 && self.waited_last.contains_key(&c.id()))
+    }
+
+    /// Whether work `overdue_ns` past when it would have been done waited long enough on the
+    /// device behind others' to make its client hungry (`waited_ns`).
+    pub(super) fn waited(&self, overdue_ns: u64) -> bool {
+        self.cfg.waited_ns > 0 && overdue_ns >= self.cfg.waited_ns
+    }
+
+    /// Without `bank_unused`: raises each client that turned hungry since it was last seen
+    /// not hungry (or went idle so) to the least virtual time of the other hungry clients of
+    /// its weight, and notes who is not hungry now.
+    pub(super) fn level_the_fed(&mut self, view: &View<'_>, now: u64) {
+        let mut peers = std::mem::take(&mut self.hungry_peers);
+        let mut turned = std::mem::take(&mut self.turned_hungry);
+        peers.clear();
+        turned.clear();
+        for c in view.clients().filter(|c| c.backlogged()) {
+            if self.hungry(&c, now) {
+                peers.push((c.weight(), self.account(c.id()), self.vt(c.id())));
+                if self.fed.remove(&c.id()).is_some() {
+                    turned.push((c.id(), c.weight()));
+                }
+            } else {
+                self.fed.insert(c.id(), ());
+            }
+        }
+        for &(id, weight) in &turned {
+            let account = self.account(id);
+            let least = peers
+                .iter()
+                .filter(|&&(w, a, _)| w == weight && a != account)
+                .map(|&(_, _, vt)| vt)
+                .min_by(f64::total_cmp);
+            if let Some(least) = least {
+                let v = self.vtime.entry(account).or_insert(0.0);
+                *v = v.max(least);
+            }
+        }
+        self.hungry_peers = peers;
+        self.turned_hungry = turned;
+    }
+}
