@@ -118,6 +118,11 @@ impl<'a> ClientView<'a> {
         self.state.inflight.est_ns()
     }
 
+    /// Estimated time of its queued kernels, together (a walk of its queue).
+    pub fn queued_est_ns(&self) -> u64 {
+        self.state.queue.iter().map(|r| r.profile.est_ns).sum()
+    }
+
     /// SMs its kernels in flight hold together (each its grid, or its partition if smaller).
     pub fn inflight_sms(&self) -> u64 {
         self.state.inflight.sms()

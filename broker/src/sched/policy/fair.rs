@@ -150,12 +150,13 @@ pub struct Fair {
     /// With `waited_ns`: the clients whose latest kernel seen done had waited on the device
     /// that long (hungry until one of theirs is seen done without such a wait).
     waited_last: IdMap<ClientId, ()>,
-    /// Without `bank_unused`: the clients last seen not hungry (see `hunger.rs`).
-    fed: IdMap<ClientId, ()>,
+    /// Without `bank_unused`: the accounts last seen asking for less than `hungry_ns`, and
+    /// since when (`hunger.rs`).
+    fed: IdMap<u64, u64>,
     /// Without `bank_unused`, each pick's scratch: the hungry clients' weights, accounts and
-    /// virtual times, and the clients that turned hungry.
+    /// virtual times, and each account's weight and work asked for.
     hungry_peers: Vec<(u32, u64, f64)>,
-    turned_hungry: Vec<(ClientId, u32)>,
+    demands: Vec<(u64, u32, u64)>,
     /// Side by side: estimates of completed kernels still charged, until the measured
     /// device time that covers them replaces them.
     unmeasured: IdMap<ClientId, f64>,
@@ -195,7 +196,7 @@ impl Fair {
             waited_last: IdMap::default(),
             fed: IdMap::default(),
             hungry_peers: Vec::new(),
-            turned_hungry: Vec::new(),
+            demands: Vec::new(),
             wake: None,
             unmeasured: IdMap::default(),
             idle_by_weight: Vec::new(),
@@ -519,7 +520,7 @@ impl Policy for Fair {
             let hungry = request.profile.est_ns >= self.cfg.hungry_ns || waited;
             self.done_at.insert(client, (now, hungry));
             if !hungry && !self.cfg.bank_unused {
-                self.fed.insert(client, ());
+                self.fed.entry(self.account(client)).or_insert(now);
             }
         }
     }
@@ -561,11 +562,11 @@ impl Policy for Fair {
         self.accounts.remove(&client);
         if !self.accounts.values().any(|&a| a == account) {
             self.vtime.remove(&account);
+            self.fed.remove(&account);
         }
         self.idle_since.remove(&client);
         self.done_at.remove(&client);
         self.waited_last.remove(&client);
-        self.fed.remove(&client);
     }
 }
 

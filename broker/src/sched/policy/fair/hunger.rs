@@ -9,12 +9,17 @@
 //! the transformer trainers 12–14 % of the window whatever the quantum (docs/benchmarks.md,
 //! runs H20–H22), which this would explain; it has not been measured there without banking.
 //!
-//! Without `bank_unused`, a client is owed nothing for the time it was not hungry, as weighted
-//! fair queueing owes nothing to a flow that was not backlogged. When it turns hungry its
-//! virtual time is raised to the least of the hungry clients of its weight, so it starts level
-//! with its peers. A newcomer is still owed up to the lag. The bound that a client of a greater
+//! Without `bank_unused`, a client is owed nothing for a phase of not being hungry, as weighted
+//! fair queueing owes nothing to a flow that was not backlogged. When it asks for `hungry_ns` of
+//! work or more (queued and in flight) after at least a quantum of asking for less, its virtual
+//! time is raised to the least of the hungry clients of its weight, so it starts level with its
+//! peers and holds nobody back for its past. A shorter lull, such as a trainer's last kernels
+//! of a step and the round trip to its next, keeps what it is owed: levelled at every step, a
+//! user of one trainer lost a sixth of its share beside one whose several programs kept it
+//! hungry (`tests/hunger.rs`). With `per_user` it is the user that asks, all its programs
+//! together. A newcomer is still owed up to the lag. The bound that a client of a greater
 //! weight puts on lighter ones, whatever it has waiting, uses its virtual time as before, until
-//! the client turns hungry.
+//! it turns hungry.
 
 use super::Fair;
 use crate::sched::{ClientView, View};
@@ -40,26 +45,43 @@ impl Fair {
         self.cfg.waited_ns > 0 && overdue_ns >= self.cfg.waited_ns
     }
 
-    /// Without `bank_unused`: raises each client that turned hungry since it was last seen
-    /// not hungry (or went idle so) to the least virtual time of the other hungry clients of
-    /// its weight, and notes who is not hungry now.
+    /// Without `bank_unused`: raises each account (a client, or with `per_user` a user) that
+    /// asks for `hungry_ns` of work or more (queued and in flight, all its clients together)
+    /// after at least a quantum of asking for less (work in flight, or gone idle so) to the
+    /// least virtual time of the other accounts' hungry clients of its weight; notes since when
+    /// each account asks for less.
     pub(super) fn level_the_fed(&mut self, view: &View<'_>, now: u64) {
         let mut peers = std::mem::take(&mut self.hungry_peers);
-        let mut turned = std::mem::take(&mut self.turned_hungry);
+        let mut demands = std::mem::take(&mut self.demands);
         peers.clear();
-        turned.clear();
+        demands.clear();
         for c in view.clients().filter(|c| c.backlogged()) {
+            let account = self.account(c.id());
             if self.hungry(&c, now) {
-                peers.push((c.weight(), self.account(c.id()), self.vt(c.id())));
-                if self.fed.remove(&c.id()).is_some() {
-                    turned.push((c.id(), c.weight()));
-                }
-            } else {
-                self.fed.insert(c.id(), ());
+                peers.push((c.weight(), account, self.vt(c.id())));
+            }
+            // All it asks for, not its head alone: a client held with a step's kernels queued
+            // is not fed.
+            let asks = c.inflight_est_ns() + c.queued_est_ns();
+            match demands.iter_mut().find(|d| d.0 == account) {
+                Some(d) => d.2 += asks,
+                None => demands.push((account, c.weight(), asks)),
             }
         }
-        for &(id, weight) in &turned {
-            let account = self.account(id);
+        for &(account, weight, asks) in &demands {
+            if asks < self.cfg.hungry_ns {
+                self.fed.entry(account).or_insert(now);
+                continue;
+            }
+            // A lull shorter than a quantum (a trainer's last kernels of a step and the round
+            // trip to its next) is no phase of not being hungry.
+            let turned = self
+                .fed
+                .remove(&account)
+                .is_some_and(|since| now.saturating_sub(since) >= self.cfg.quantum_ns);
+            if !turned {
+                continue;
+            }
             let least = peers
                 .iter()
                 .filter(|&&(w, a, _)| w == weight && a != account)
@@ -71,6 +93,6 @@ impl Fair {
             }
         }
         self.hungry_peers = peers;
-        self.turned_hungry = turned;
+        self.demands = demands;
     }
 }

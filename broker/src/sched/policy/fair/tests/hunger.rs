@@ -7,17 +7,23 @@ use crate::sched::simulate::{Arrivals, SimConfig, SimReport, Simulation, kernel}
 use crate::sched::{Bound, PolicyKind, SchedConfig};
 
 /// Two trainers whose steps are four 500 µs kernels on nearly the whole GPU (hungry, each step
-/// waited for), and two programs that think 2 ms between steps of twenty 100 µs kernels on 16
-/// SMs (hungry while 1 ms of a step is left), weights `w`, under `policy`; FAIR side by side
-/// with a 5 ms quantum and `hungry_ns` = 1 ms.
+/// waited for), and two programs that think 6 ms (longer than the quantum) between bursts of
+/// sixty 100 µs kernels on 16 SMs, weights `w`, under `policy`; FAIR side by side with a 5 ms
+/// quantum and `hungry_ns` = 1 ms.
 fn trainers_beside_bursts(w: [u32; 4], policy: PolicyKind, bank_unused: bool) -> SimReport {
     let mut scripts = weighted(&w, |id| match id {
         1 | 2 => vec![kernel(id, 500, 124, Bound::Compute); 4],
-        _ => vec![kernel(id, 100, 16, Bound::Compute); 20],
+        _ => vec![kernel(id, 100, 16, Bound::Compute); 60],
     });
     for s in &mut scripts[2..] {
-        s.arrivals = Arrivals::Closed { think_ns: 2 * MS };
+        s.arrivals = Arrivals::Closed { think_ns: 6 * MS };
     }
+    Simulation::new(trainers_cfg(bank_unused), policy, scripts).run()
+}
+
+/// 400 ms of the model with a 20 µs completion round trip, FAIR side by side with a 5 ms
+/// quantum and `hungry_ns` = 1 ms.
+fn trainers_cfg(bank_unused: bool) -> SimConfig {
     let fair = FairConfig {
         side_by_side: true,
         quantum_ns: 5 * MS,
@@ -25,7 +31,7 @@ fn trainers_beside_bursts(w: [u32; 4], policy: PolicyKind, bank_unused: bool) ->
         bank_unused,
         ..FairConfig::default()
     };
-    let cfg = SimConfig {
+    SimConfig {
         horizon_ns: 400 * MS,
         observe_ns: 20_000,
         sched: SchedConfig {
@@ -34,8 +40,7 @@ fn trainers_beside_bursts(w: [u32; 4], policy: PolicyKind, bank_unused: bool) ->
             ..SchedConfig::default()
         },
         ..SimConfig::default()
-    };
-    Simulation::new(cfg, policy, scripts).run()
+    }
 }
 
 fn done(r: &SimReport) -> Vec<u64> {
@@ -88,4 +93,35 @@ fn without_banking_the_weights_still_divide_the_gpu_between_hungry_programs() {
             "the trainers' split {split:.3} (bank_unused {bank_unused})"
         );
     }
+}
+
+/// With `per_user`: user A runs a trainer and a bursty program, user B a trainer and two. A's
+/// trainer asks for little at the end of each step (its last kernel) and A's bursts often
+/// think meanwhile, while B's two rarely both do. Levelled at every such lull, A lost a sixth of
+/// its share (0.415 against 0.487, when a lull of any length counted); a lull shorter than a
+/// quantum keeps what it is owed, so A's share is what it is with banking.
+#[test]
+fn without_banking_a_trainers_lulls_between_steps_cost_its_user_nothing() {
+    let user_a = |bank_unused: bool| {
+        let mut scripts = weighted(&[1; 5], |id| match id {
+            1 | 2 => vec![kernel(id, 500, 124, Bound::Compute); 4],
+            _ => vec![kernel(id, 100, 16, Bound::Compute); 60],
+        });
+        for s in &mut scripts[2..] {
+            s.arrivals = Arrivals::Closed { think_ns: 6 * MS };
+        }
+        for (s, user) in scripts.iter_mut().zip([7, 8, 7, 8, 8]) {
+            s.spec.account = crate::sched::user_account(user);
+        }
+        let mut cfg = trainers_cfg(bank_unused);
+        cfg.sched.fair.per_user = true;
+        let (shares, _) = gpu_shares(&Simulation::new(cfg, PolicyKind::Fair, scripts).run());
+        shares[0] + shares[2]
+    };
+    let (banked, level) = (user_a(true), user_a(false));
+    println!("per user: user A {banked:.3} of the GPU banking, {level:.3} level");
+    assert!(
+        (banked - level).abs() < 0.02,
+        "user A {banked:.3} banking, {level:.3} level"
+    );
 }
