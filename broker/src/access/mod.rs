@@ -82,8 +82,9 @@
 //!                        # work) is hungry too, as is one whose latest kernel seen done had
 //!                        # (0, the default: never)
 //! bank_unused = true     # with hungry_us: GPU time a client left unused while not hungry is
-//!                        # owed to it when it turns hungry; false: it starts level with the
-//!                        # hungry clients of its weight (`sched/policy/fair/hunger.rs`)
+//!                        # owed to it when it turns hungry; false: after a quantum of
+//!                        # asking for less, it starts level with the hungry clients of its
+//!                        # weight (`sched/policy/fair/hunger.rs`)
 //! ```
 //!
 //! On a Slurm node, `[slurm]` says what a job's GPU shards are worth (`slurm.rs`; the

@@ -519,7 +519,8 @@ impl Policy for Fair {
         if c.is_some_and(|c| !c.backlogged() && c.inflight().is_empty()) {
             let hungry = request.profile.est_ns >= self.cfg.hungry_ns || waited;
             self.done_at.insert(client, (now, hungry));
-            if !hungry && !self.cfg.bank_unused {
+            if !self.cfg.bank_unused {
+                // Gone idle, it asks for nothing (its account may still, `level_the_fed`).
                 self.fed.entry(self.account(client)).or_insert(now);
             }
         }
