@@ -111,7 +111,8 @@ pub struct FairConfig {
     /// would have been done, behind the others' work, is hungry too (0: never; see the docs).
     pub waited_ns: u64,
     /// With `hungry_ns`: GPU time a client left unused while it was not hungry is owed to it
-    /// when it becomes hungry (up to the lag); false: it starts level with its hungry peers.
+    /// when it becomes hungry (up to the lag); false: after a quantum of asking for less, it
+    /// starts level with its hungry peers (`hunger.rs`).
     pub bank_unused: bool,
 }
 

@@ -17,9 +17,9 @@
 //! of a step and the round trip to its next, keeps what it is owed: levelled at every step, a
 //! user of one trainer lost a sixth of its share beside one whose several programs kept it
 //! hungry (`tests/hunger.rs`). With `per_user` it is the user that asks, all its programs
-//! together. A new client is still owed up to the lag; one back from idleness starts level. The bound that a client of a greater
-//! weight puts on lighter ones, whatever it has waiting, uses its virtual time as before, until
-//! it turns hungry.
+//! together. A new client is still owed up to the lag; one back from idleness starts level. The
+//! bound that a client of a greater weight puts on lighter ones, whatever it has waiting, uses
+//! its virtual time as before, until it turns hungry.
 
 use super::Fair;
 use crate::sched::{ClientView, View};
