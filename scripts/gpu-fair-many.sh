@@ -325,13 +325,13 @@ for out in sorted(glob.glob(f"{logs}/n*"), key=lambda d: int(d.rsplit("n", 1)[1]
             wall = (float(open(b + ".time").read()) - float(open(a + ".time").read())) * 1e9
         except (OSError, ValueError):
             continue
-        it, base = res.get((1, pol), ({}, {}, {}))[2], res.get((1, "fifo"), ({}, {}, {}))[2]
+        rate, base = res.get((1, pol), ({}, {}, {}))[2], res.get((1, "fifo"), ({}, {}, {}))[2]
         for p in progs:
             if p not in ca or p not in cb:
                 continue
             busy = (cb[p][0] - ca[p][0]) / wall
             held = (cb[p][1] - ca[p][1]) / wall
-            ratio = it.get(p, 0) / base[p] if base.get(p) else float("nan")
+            ratio = rate.get(p, 0) / base[p] if base.get(p) else float("nan")
             kpi = kernels_per_iteration(pol, p) / kernels_per_iteration("fifo", p)
             cells[(p, pol)] = f"{ratio:.2f} / {kpi:.2f} / {busy * 100:.0f} / {held * 100:.0f}"
     # CPU in round 1's windows, in cores: the whole machine's busy time, gpushared's, its
