@@ -46,6 +46,7 @@ pub struct Driver {
     pub contexts: &'static crate::context::Contexts,
     pub graphs: crate::graph::Graphs,
     pub occupancy: crate::occupancy::Cache,
+    pub tensor_maps: crate::tensor_map::Cache,
     pub host_points: crate::host_point::HostPoints,
     /// A failure every later call reports (the device was reset under this process).
     sticky: AtomicI32,
@@ -303,6 +304,7 @@ impl Driver {
             graphs: crate::graph::Graphs::default(),
             host_points: crate::host_point::HostPoints::default(),
             occupancy: crate::occupancy::Cache::default(),
+            tensor_maps: crate::tensor_map::Cache::default(),
             gpus,
             sticky: AtomicI32::new(0),
         }

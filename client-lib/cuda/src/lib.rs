@@ -44,6 +44,7 @@ pub mod host_point;
 pub mod image;
 pub mod launch;
 pub mod log;
+pub mod memo;
 pub mod memory;
 pub mod module;
 pub mod occupancy;

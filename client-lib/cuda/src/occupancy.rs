@@ -1,23 +1,19 @@
 //! Occupancy queries: answered by the broker's driver (which knows the function's resources
 //! on the real device) once per distinct question, then from a cache.
 
-use std::collections::HashMap;
 use std::ffi::{c_int, c_uint};
-use std::sync::Mutex;
 
 use gpushare_protocol::Command;
 use gpushare_protocol::command::OccupancyQuery;
 
 use crate::driver::{self, Driver};
+use crate::memo::Memo;
 use crate::status::{Cu, entry, out};
 use crate::types::{CUfunction, CUlaunchConfig, CUresult, result};
 
 type Key = (u64, u8, u32, u64, u32, [u32; 3]);
 
-#[derive(Default)]
-pub struct Cache {
-    answers: Mutex<HashMap<Key, u64>>,
-}
+pub type Cache = Memo<Key, u64>;
 
 impl Driver {
     fn occupancy(
@@ -38,29 +34,17 @@ impl Driver {
             flags,
             cluster,
         );
-        if let Some(&v) = self
-            .occupancy
-            .answers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&key)
-        {
-            return Ok(v);
-        }
-        let (v, _) = self.transport.call(Command::Occupancy {
-            function: info.id,
-            query,
-            block_size,
-            dynamic_smem,
-            flags,
-            cluster,
-        })?;
-        self.occupancy
-            .answers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(key, v);
-        Ok(v)
+        self.occupancy.answer(key, |_| {
+            let (v, _) = self.transport.call(Command::Occupancy {
+                function: info.id,
+                query,
+                block_size,
+                dynamic_smem,
+                flags,
+                cluster,
+            })?;
+            Ok(v)
+        })
     }
 }
 

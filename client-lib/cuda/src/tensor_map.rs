@@ -2,6 +2,10 @@
 //! `cuTensorMapReplaceAddress`): 128 bytes of host data that only NVIDIA's driver knows how to
 //! make. gpushared's device worker makes them (a control request), in the context where this
 //! program's device addresses are the same. XLA's autotuner and Triton on Hopper use them.
+//! A map is a function of its arguments alone (the driver checks no allocation), so each
+//! distinct one is asked of gpushared once: XLA encodes its TMA kernels' maps before every
+//! launch, and a round trip to gpushared's control socket for each cost a JAX training step
+//! on an H200 0.11-0.14 ms a map (docs/benchmarks.md, run J4).
 
 use std::ffi::{c_int, c_uint, c_void};
 
@@ -10,8 +14,12 @@ use gpushare_protocol::control::{
 };
 
 use crate::driver::{self, Driver};
+use crate::memo::Memo;
 use crate::status::{Cu, entry, from_code, from_error};
 use crate::types::{CUresult, result};
+
+/// Maps made, by what they were made of.
+pub type Cache = Memo<TensorMapArgs, Vec<u8>>;
 
 /// Most dimensions a tensor map has.
 const MAX_RANK: u32 = 5;
@@ -35,19 +43,26 @@ unsafe fn read<T: Copy>(p: *const T, n: usize) -> Cu<Vec<T>> {
 
 impl Driver {
     fn tensor_map(&self, args: TensorMapArgs) -> Cu<Vec<u8>> {
-        let reply = self
-            .transport
-            .session
-            .request(
-                |request| ClientMessage::EncodeTensorMap { request, args },
-                &[],
-            )
-            .map_err(|e| from_error(&e))?;
-        match reply {
-            BrokerMessage::TensorMap { result: Ok(b), .. } if b.len() == TENSOR_MAP_BYTES => Ok(b),
-            BrokerMessage::TensorMap { result: Err(w), .. } => Err(from_code(w.code)),
-            _ => Err(result::UNKNOWN),
-        }
+        self.tensor_maps.answer(args, |args| {
+            let reply = self
+                .transport
+                .session
+                .request(
+                    |request| ClientMessage::EncodeTensorMap {
+                        request,
+                        args: args.clone(),
+                    },
+                    &[],
+                )
+                .map_err(|e| from_error(&e))?;
+            match reply {
+                BrokerMessage::TensorMap { result: Ok(b), .. } if b.len() == TENSOR_MAP_BYTES => {
+                    Ok(b)
+                }
+                BrokerMessage::TensorMap { result: Err(w), .. } => Err(from_code(w.code)),
+                _ => Err(result::UNKNOWN),
+            }
+        })
     }
 }
 

@@ -239,7 +239,7 @@ pub enum ClientMessage {
 /// The arguments of `cuTensorMapEncodeTiled`, `cuTensorMapEncodeIm2col` or
 /// `cuTensorMapReplaceAddress`. A tensor map is host data that only NVIDIA's driver knows how
 /// to make; gpushared's device worker makes it, where every device address is the same.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum TensorMapArgs {
     Tiled {
         layout: TensorLayout,
@@ -260,7 +260,7 @@ pub enum TensorMapArgs {
 
 /// What `cuTensorMapEncodeTiled` and `cuTensorMapEncodeIm2col` share: the tensor in memory,
 /// and the enums' numbers as CUDA has them.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct TensorLayout {
     pub data_type: u32,
     pub global_address: u64,
