@@ -350,7 +350,7 @@ impl Broker {
     ) -> Result<u64, WireError> {
         let m = super::driver::module_of(modules, module)?;
         let device = device.clone();
-        let f = super::driver::blocking(move || device.get_function(&m, &name))
+        let f = super::driver::quick(move || device.get_function(&m, &name))
             .await?
             .map_err(super::driver::told)?;
         let mut table = modules
