@@ -7,10 +7,11 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use gpushare_protocol::ring::{CompletionEntry, SubmissionEntry};
-use gpushare_protocol::{Command, ErrorCode, StreamId};
+use gpushare_protocol::{Command, DevicePtr, ErrorCode, StreamId};
 
 use super::{MAX_EVENTS, MAX_STREAMS, SessionState, StreamSlot};
 use crate::device::{Call, Device, DeviceError, EventKind, ProgressValue, Stream};
+use crate::shm::Span;
 
 impl SessionState {
     /// Decodes, validates and executes one entry; never panics on any input. Its completion,
@@ -96,18 +97,7 @@ impl SessionState {
                     .arena_slice(arena_offset, len)
                     .ok_or(ErrorCode::ArenaOutOfBounds)?
                     .span();
-                let copy = |stream| Call::CopyHtoD {
-                    stream,
-                    src,
-                    dst,
-                    staged: false,
-                };
-                let r = self.on_stream(stream, |d, s| d.queue(s, copy, &[]))?;
-                self.info
-                    .counters
-                    .bytes_htod
-                    .fetch_add(len, Ordering::Relaxed);
-                Ok(r)
+                self.queue_htod(stream, src, dst, len)
             }
             Command::CopyDtoH {
                 stream,
@@ -121,19 +111,7 @@ impl SessionState {
                     .arena_slice(arena_offset, len)
                     .ok_or(ErrorCode::ArenaOutOfBounds)?
                     .span();
-                let copy = |stream| Call::CopyDtoH {
-                    stream,
-                    src,
-                    dst,
-                    staged: false,
-                    close: None,
-                };
-                let r = self.on_stream(stream, |d, s| d.queue(s, copy, &[]))?;
-                self.info
-                    .counters
-                    .bytes_dtoh
-                    .fetch_add(len, Ordering::Relaxed);
-                Ok(r)
+                self.queue_dtoh(stream, src, dst, len)
             }
             Command::CopyDtoD {
                 stream,
@@ -387,6 +365,53 @@ impl SessionState {
             Command::GovernedWeight { weight } => self.governed_weight(weight),
             Command::GovernedHeld { bytes } => self.governed_held(bytes),
         }
+    }
+
+    /// Queues a copy of client memory at `src` (checked by the caller) to `dst` on `stream`,
+    /// counted for the client's figures.
+    pub(super) fn queue_htod(
+        &mut self,
+        stream: StreamId,
+        src: Span,
+        dst: DevicePtr,
+        len: u64,
+    ) -> Result<(u64, u64), ErrorCode> {
+        let copy = |stream| Call::CopyHtoD {
+            stream,
+            src,
+            dst,
+            staged: false,
+        };
+        let r = self.on_stream(stream, |d, s| d.queue(s, copy, &[]))?;
+        self.info
+            .counters
+            .bytes_htod
+            .fetch_add(len, Ordering::Relaxed);
+        Ok(r)
+    }
+
+    /// Queues a copy of device memory at `src` to client memory at `dst` (both checked by
+    /// the caller) on `stream`, counted for the client's figures.
+    pub(super) fn queue_dtoh(
+        &mut self,
+        stream: StreamId,
+        src: DevicePtr,
+        dst: Span,
+        len: u64,
+    ) -> Result<(u64, u64), ErrorCode> {
+        let copy = |stream| Call::CopyDtoH {
+            stream,
+            src,
+            dst,
+            staged: false,
+            close: None,
+        };
+        let r = self.on_stream(stream, |d, s| d.queue(s, copy, &[]))?;
+        self.info
+            .counters
+            .bytes_dtoh
+            .fetch_add(len, Ordering::Relaxed);
+        Ok(r)
     }
 
     /// Runs a stream-ordered device operation; its device time is charged at batch end.

@@ -129,18 +129,7 @@ impl SessionState {
                     .slice(offset, len)
                     .ok_or(ErrorCode::ArenaOutOfBounds)?
                     .span();
-                let copy = |stream| Call::CopyHtoD {
-                    stream,
-                    src,
-                    dst,
-                    staged: false,
-                };
-                let r = self.on_stream(stream, |d, s| d.queue(s, copy, &[]))?;
-                self.info
-                    .counters
-                    .bytes_htod
-                    .fetch_add(len, Ordering::Relaxed);
-                Ok(r)
+                self.queue_htod(stream, src, dst, len)
             }),
             Command::CopyDtoHHost {
                 stream,
@@ -154,19 +143,7 @@ impl SessionState {
                     .slice(offset, len)
                     .ok_or(ErrorCode::ArenaOutOfBounds)?
                     .span();
-                let copy = |stream| Call::CopyDtoH {
-                    stream,
-                    src,
-                    dst,
-                    staged: false,
-                    close: None,
-                };
-                let r = self.on_stream(stream, |d, s| d.queue(s, copy, &[]))?;
-                self.info
-                    .counters
-                    .bytes_dtoh
-                    .fetch_add(len, Ordering::Relaxed);
-                Ok(r)
+                self.queue_dtoh(stream, src, dst, len)
             }),
             // What is left of the user's quota, beside all of their sessions.
             Command::MemInfo => match self.info.grant().memory_quota {
