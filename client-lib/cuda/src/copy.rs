@@ -85,11 +85,7 @@ impl Driver {
                     dst,
                     len: len as u64,
                 };
-                if crate::graph::capture(self, stream, || crate::graph::Op::Command(cmd))? {
-                    return Ok(());
-                }
-                self.transport.post(cmd)?;
-                if sync {
+                if self.send_or_capture(stream, cmd)? && sync {
                     self.sync_stream(stream)?;
                 }
                 Ok(())
@@ -154,11 +150,7 @@ impl Driver {
                     offset,
                     len: len as u64,
                 };
-                if crate::graph::capture(self, stream, || crate::graph::Op::Command(cmd))? {
-                    return Ok(());
-                }
-                self.transport.post(cmd)?;
-                if sync {
+                if self.send_or_capture(stream, cmd)? && sync {
                     self.sync_stream(stream)?;
                 }
                 Ok(())
@@ -194,6 +186,16 @@ impl Driver {
         }
     }
 
+    /// Sends a command of `stream`'s work to gpushared, or adds it to the stream's capture
+    /// when the stream is capturing a graph: whether it was sent.
+    fn send_or_capture(&self, stream: u32, cmd: Command) -> Cu<bool> {
+        if crate::graph::capture(self, stream, || crate::graph::Op::Command(cmd))? {
+            return Ok(false);
+        }
+        self.transport.post(cmd)?;
+        Ok(true)
+    }
+
     pub fn copy_dtod(&self, dst: u64, src: u64, len: usize, stream: u32) -> Cu<()> {
         if len == 0 {
             return Ok(());
@@ -210,10 +212,7 @@ impl Driver {
             dst,
             len: len as u64,
         };
-        if crate::graph::capture(self, stream, || crate::graph::Op::Command(cmd))? {
-            return Ok(());
-        }
-        self.transport.post(cmd)
+        self.send_or_capture(stream, cmd).map(drop)
     }
 
     /// A copy between any two addresses (unified addressing).
@@ -282,10 +281,7 @@ impl Driver {
                 count: count as u64,
             }
         };
-        if crate::graph::capture(self, stream, || crate::graph::Op::Command(cmd))? {
-            return Ok(());
-        }
-        self.transport.post(cmd)
+        self.send_or_capture(stream, cmd).map(drop)
     }
 }
 
