@@ -38,8 +38,8 @@ pub(super) async fn blocking<T: Send + 'static>(
 
 /// Runs a device call that the device answers at once (a lookup, a tensor map: nothing to
 /// load, map or build) on this thread, the runtime's other tasks handed to another
-/// (`block_in_place`), instead of on a blocking thread and back: a control request then
-/// took 60-73 µs instead of 92-120 on two cores (docs/benchmarks.md, "Control requests"). It may
+/// (`block_in_place`), instead of on a blocking thread and back: a control request then took
+/// 60-73 µs instead of 92-120 on two cores (docs/benchmarks.md, "Control requests"). It may
 /// still wait for the device, as [`blocking`] does. On a runtime of one thread (unit tests)
 /// it is [`blocking`].
 pub(super) async fn quick<T: Send + 'static>(

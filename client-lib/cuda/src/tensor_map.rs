@@ -5,7 +5,7 @@
 //! A map is a function of its arguments alone (the driver checks no allocation), so each
 //! distinct one is asked of gpushared once: XLA encodes its TMA kernels' maps before every
 //! launch, and a round trip to gpushared's control socket for each cost a JAX training step
-//! on an H200 0.11-0.14 ms a map (docs/benchmarks.md, run J4).
+//! on an H200 75-139 µs a map (docs/benchmarks.md, runs J4 and J6).
 
 use std::ffi::{c_int, c_uint, c_void};
 

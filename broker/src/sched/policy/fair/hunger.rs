@@ -7,7 +7,10 @@
 //! turns hungry (a burst of work), it is owed all of that, and it bounds the others while it is
 //! hungry, however far ahead they are. On the H200, 16 PyTorch programs of equal weights held
 //! the transformer trainers 12–14 % of the window whatever the quantum (docs/benchmarks.md,
-//! runs H20–H22), which this would explain; it has not been measured there without banking.
+//! runs H20–H22), which this would explain. Without banking (run H23) the transformers got part
+//! of that back, but the other programs lost more, and with weights a fifth of the work was
+//! lost: their kernels run beside the trainers' on a GPU rather than behind them. So banking
+//! stays the default.
 //!
 //! Without `bank_unused`, a client is owed nothing for a phase of not being hungry, as weighted
 //! fair queueing owes nothing to a flow that was not backlogged. When it asks for `hungry_ns` of
