@@ -250,12 +250,24 @@ pub fn measure_launches(
         launch()?;
     }
     sync()?;
+    // For a profiler beside it: asynchronous launches for this many seconds instead.
+    let seconds = std::env::var("GPUSHARE_BENCH_LAUNCH_SECONDS")
+        .ok()
+        .and_then(|s| s.parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s > 0.0);
     let t = std::time::Instant::now();
-    for _ in 0..n_async {
-        launch()?;
+    let mut launched = 0u64;
+    loop {
+        for _ in 0..n_async {
+            launch()?;
+        }
+        launched += n_async as u64;
+        if seconds.is_none_or(|s| t.elapsed().as_secs_f64() >= s) {
+            break;
+        }
     }
     sync()?;
-    let async_rate = n_async as f64 / t.elapsed().as_secs_f64();
+    let async_rate = launched as f64 / t.elapsed().as_secs_f64();
     let mut lat = Vec::with_capacity(n_sync);
     for _ in 0..n_sync {
         let t = std::time::Instant::now();
