@@ -496,6 +496,49 @@ fn synchronizations_with_nothing_to_wait_for_are_answered_in_the_program() {
     assert_passed(&out, &["quiet syncs"], &broker.log_text());
 }
 
+/// A timing event's record behind work on its way returns once that work has reached the
+/// device (as CUDA's record returns with the event queued, so that a GPU timer which holds the
+/// stream with a kernel the host lets go times the work alone): it asks gpushared one question,
+/// whose answer comes from the device worker behind the work. It does not wait for the work to
+/// finish, and a record of an untimed event, or of a timing event with nothing sent since a
+/// wait or right after a question the program waited for (a timer's start), asks nothing.
+#[test]
+fn a_timing_event_recorded_behind_work_returns_once_the_work_reached_the_device() {
+    let broker = Broker::start_with(BrokerOptions {
+        extra_args: vec!["--sim-realtime".into()],
+        ..Default::default()
+    });
+    let dir = tempfile::tempdir().expect("temp dir");
+    let program = CudaProgram::build(dir.path(), false);
+    let mut cmd = program.command(&broker.socket, &["timer-records", "200000"]);
+    cmd.stdin(Stdio::piped());
+    let mut running = Running::spawn(cmd);
+    let commands = || -> u64 { broker.status().clients.iter().map(|c| c.commands).sum() };
+    running.wait_for_line("ready", RUN_TIMEOUT);
+    let ready = commands();
+    running.send_line("go");
+    running.wait_for_line("untimed", RUN_TIMEOUT);
+    let untimed = commands() - ready;
+    running.send_line("go");
+    running.wait_for_line("timed", RUN_TIMEOUT);
+    let timed = commands() - ready - untimed;
+    running.send_line("go");
+    running.wait_for_line("after a question", RUN_TIMEOUT);
+    let after_question = commands() - ready - untimed - timed;
+    running.send_line("go");
+    // Untimed: the launch, the record, the sync. Timed: the start's record (after a wait:
+    // nothing to wait for), the launch, the record and its question, the program's query of
+    // the event (the kernel still ran), the sync. After a question: the launch, the query,
+    // the record, the sync.
+    assert_eq!(
+        (untimed, timed, after_question),
+        (3, 6, 4),
+        "commands that reached gpushared in each phase"
+    );
+    let out = running.finish(RUN_TIMEOUT);
+    assert_passed(&out, &["timer records"], &broker.log_text());
+}
+
 /// A program that exits while one of its streams waits for a host function that never
 /// returns leaves nothing behind: gpushared lets the stream go and the session ends.
 #[test]

@@ -397,3 +397,59 @@ void run_host_hang(void) {
     printf("queued\n");
     fflush(stdout);
 }
+
+/* Records of timing events (`timer-records US`): one behind work on its way waits until that
+ * work has reached gpushared's device worker (one more command: gpushared's answer comes from
+ * the device, behind the work), but not for the work to finish; an untimed event's record,
+ * and a timing event's with nothing sent since a wait or right after a question the program
+ * waited for, go without waiting. The test counts
+ * the commands between the go-aheads; a kernel runs US microseconds (the sim in real time). */
+void run_timer_records(unsigned long long micros) {
+    static const char image[] = "gpushare-sim-module 1\nkernel spin\n";
+    CUmodule module = NULL;
+    CUfunction spin = NULL;
+    CUstream a = NULL;
+    CUevent timed = NULL, untimed = NULL, start = NULL;
+    void *args[] = {&micros};
+    section_begin("timer records");
+    OK(cuModuleLoadData(&module, image));
+    OK(cuModuleGetFunction(&spin, module, "spin"));
+    OK(cuStreamCreate(&a, CU_STREAM_NON_BLOCKING));
+    OK(cuEventCreate(&timed, 0));
+    OK(cuEventCreate(&start, 0));
+    OK(cuEventCreate(&untimed, CU_EVENT_DISABLE_TIMING));
+    if (failures) {
+        section_end();
+        return;
+    }
+    OK(cuStreamSynchronize(a));
+    go_ahead("ready");
+    OK(cuLaunchKernel(spin, 1, 1, 1, 32, 1, 1, 0, a, args, NULL));
+    OK(cuEventRecord(untimed, a));
+    OK(cuStreamSynchronize(a));
+    go_ahead("untimed");
+    /* Nothing sent since the wait: the start goes without waiting. */
+    OK(cuEventRecord(start, a));
+    OK(cuLaunchKernel(spin, 1, 1, 1, 32, 1, 1, 0, a, args, NULL));
+    OK(cuEventRecord(timed, a));
+    /* The record waited for the launch to reach the device, not for the kernel to end. */
+    EXPECT(cuEventQuery(timed), CUDA_ERROR_NOT_READY);
+    OK(cuStreamSynchronize(a));
+    go_ahead("timed");
+    /* Right after a question the program waited for, a record goes at once (a timer's start
+     * after the program looked at its last result), even with a kernel just sent. */
+    OK(cuLaunchKernel(spin, 1, 1, 1, 32, 1, 1, 0, a, args, NULL));
+    OK(cuEventQuery(untimed));
+    OK(cuEventRecord(timed, a));
+    OK(cuStreamSynchronize(a));
+    go_ahead("after a question");
+    float ms = -1;
+    OK(cuEventElapsedTime(&ms, start, timed));
+    CHECK(ms >= 0, "elapsed %f ms", ms);
+    OK(cuEventDestroy(untimed));
+    OK(cuEventDestroy(timed));
+    OK(cuEventDestroy(start));
+    OK(cuStreamDestroy(a));
+    OK(cuModuleUnload(module));
+    section_end();
+}

@@ -149,6 +149,7 @@ impl Session {
                 return Ok(None);
             }
             ring.next_seq += 1;
+            ring.last_waited = wait;
             ring.rings.submissions.publish();
             ring.in_flight += 1;
             if wait {
@@ -202,6 +203,28 @@ impl Session {
                 ..CompletionEntry::default()
             }))
         })
+    }
+
+    /// Whether the last command submitted was one its caller waited for (or waits for now),
+    /// not work posted without waiting.
+    pub fn last_waited(&self) -> bool {
+        lock(&self.ring).last_waited
+    }
+
+    /// Submits `cmd` without keeping its completion, then waits until that completion has
+    /// been read, or `within` has passed: says whether it was read. The broker completes a
+    /// client's commands in order, so by then it has handled everything submitted before
+    /// `cmd`; an error the completion carries is reported at the next sync, as a posted
+    /// command's is.
+    pub fn submit_and_await(&self, cmd: Command, within: Duration) -> Result<bool> {
+        let seq = seq_of(self.submit(cmd, false)?);
+        let since = Instant::now();
+        let mut reached = false;
+        self.wait_until(|s| {
+            reached = s.reaped_seq() >= seq;
+            reached || since.elapsed() >= within
+        })?;
+        Ok(reached)
     }
 
     /// Waits until `done` says so, reading completions meanwhile (spin, then sleep).

@@ -81,6 +81,8 @@ pub(crate) struct RingState {
     /// The last wait that left work finished: the stream it waited for (`None`: every
     /// stream) and its sequence number. See [`crate::Session::quiet`].
     pub quiet: Option<(Option<StreamId>, u64)>,
+    /// Whether the last command submitted was one its caller waits for (not posted work).
+    pub last_waited: bool,
 }
 
 impl RingState {
@@ -96,6 +98,7 @@ impl RingState {
             sleepers: 0,
             reaped_seq: 0,
             quiet: None,
+            last_waited: false,
         }
     }
 }

@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::ffi::{c_float, c_uint};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
 
 use gpushare_protocol::Command;
 
@@ -104,6 +105,9 @@ pub extern "C" fn cuEventDestroy_v2(h: CUevent) -> CUresult {
     entry("cuEventDestroy_v2", || destroy(h))
 }
 
+/// How long a timing event's record waits for the work before it to reach the device.
+const QUEUED_WITHIN: Duration = Duration::from_millis(1);
+
 /// An event and the stream it is recorded on are of one device (as CUDA's of one context).
 fn record(h: CUevent, s: CUstream, per_thread: bool) -> Cu<()> {
     let d = crate::route::by_event(h)?;
@@ -112,7 +116,38 @@ fn record(h: CUevent, s: CUstream, per_thread: bool) -> Cu<()> {
     if crate::graph::record_in_capture(d, stream, ev)? {
         return Ok(());
     }
-    d.transport.post(Command::EventRecord { stream, event: ev })
+    let timing = d
+        .event_flags(ev)
+        .is_some_and(|f| f & event::DISABLE_TIMING == 0);
+    // Behind work sent without waiting (the work a timer's stop closes, or the kernel that
+    // holds its stream), not right after a wait: a timer's start after the program waited
+    // goes at once, so that the work it times is not held back behind a question.
+    let session = &d.transport.session;
+    let behind_work = timing && !session.last_waited() && !session.quiet(Some(stream));
+    d.transport
+        .post(Command::EventRecord { stream, event: ev })?;
+    if behind_work {
+        d.until_queued(stream)?;
+    }
+    Ok(())
+}
+
+impl Driver {
+    /// Returns once what was sent before on `stream` has reached the device's queue (or after
+    /// [`QUEUED_WITHIN`]), as a CUDA call returns with its work queued. A GPU timer that holds
+    /// the stream with a kernel spinning on host memory, records its events around the work
+    /// and then lets the kernel go (XLA's autotuner) would otherwise let it go while the work
+    /// is still on its way through gpushared, and time the way as well (docs/benchmarks.md,
+    /// "Run L5"). A stream query is the question: gpushared answers it from the device worker,
+    /// behind everything sent before it. Bounded, because work the scheduler holds back may
+    /// wait for that very kernel to end.
+    fn until_queued(&self, stream: u32) -> Cu<()> {
+        self.transport
+            .session
+            .submit_and_await(Command::StreamQuery { stream }, QUEUED_WITHIN)
+            .map(drop)
+            .map_err(|e| crate::status::from_error(&e))
+    }
 }
 
 #[unsafe(no_mangle)]
