@@ -13,6 +13,9 @@ use crate::error::{Error, Result};
 use crate::session::Session;
 use crate::state::{Dead, RingState, lock, seq_of, tag_of};
 
+/// How long [`Session::submit_and_await`] sleeps at a time once no core is spare.
+const AWAIT_NAP: Duration = Duration::from_micros(50);
+
 /// A short name of what a command does, for error messages.
 pub fn op_name(op: u16) -> &'static str {
     match op {
@@ -215,16 +218,24 @@ impl Session {
     /// been read, or `within` has passed: says whether it was read. The broker completes a
     /// client's commands in order, so by then it has handled everything submitted before
     /// `cmd`; an error the completion carries is reported at the next sync, as a posted
-    /// command's is.
+    /// command's is. The wait spins (giving way when no core is spare) and never sleeps
+    /// until the next completion, which work the scheduler holds back may not bring for long.
     pub fn submit_and_await(&self, cmd: Command, within: Duration) -> Result<bool> {
         let seq = seq_of(self.submit(cmd, false)?);
         let since = Instant::now();
-        let mut reached = false;
-        self.wait_until(|s| {
-            reached = s.reaped_seq() >= seq;
-            reached || since.elapsed() >= within
-        })?;
-        Ok(reached)
+        loop {
+            if self.reaped_seq() >= seq {
+                return Ok(true);
+            }
+            self.check_alive()?;
+            let waited = since.elapsed();
+            if waited >= within {
+                return Ok(false);
+            }
+            if !gpushare_protocol::wake::spin_turn(waited) {
+                std::thread::sleep(AWAIT_NAP.min(within - waited));
+            }
+        }
     }
 
     /// Waits until `done` says so, reading completions meanwhile (spin, then sleep).
