@@ -539,6 +539,27 @@ fn a_timing_event_recorded_behind_work_returns_once_the_work_reached_the_device(
     assert_passed(&out, &["timer records"], &broker.log_text());
 }
 
+/// The wait of a timing event's record is bounded: behind a kernel the scheduler holds (FAIR
+/// one kernel at a time, another client connected, the kernel before it running 2 s), the
+/// record returns at once, not when the held kernel is granted (the program checks that it
+/// waited less than half of that).
+#[test]
+fn a_timing_event_recorded_behind_held_work_does_not_wait_for_it() {
+    let broker = Broker::start_with(BrokerOptions {
+        policy: Some("scheduler = \"fair\"\n[fair]\nquantum_us = 0\n".into()),
+        extra_args: vec!["--sim-realtime".into()],
+        ..Default::default()
+    });
+    let _other = broker.client_named("other");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let program = CudaProgram::build(dir.path(), false);
+    let out = run(
+        program.command(&broker.socket, &["timer-held", "2000000"]),
+        RUN_TIMEOUT,
+    );
+    assert_passed(&out, &["timer held"], &broker.log_text());
+}
+
 /// A program that exits while one of its streams waits for a host function that never
 /// returns leaves nothing behind: gpushared lets the stream go and the session ends.
 #[test]

@@ -497,6 +497,8 @@ int main(int argc, char **argv) {
         run_quiet_syncs(strtoull(argv[2], NULL, 0));
     } else if (!strcmp(mode, "timer-records") && argc > 2) {
         run_timer_records(strtoull(argv[2], NULL, 0));
+    } else if (!strcmp(mode, "timer-held") && argc > 2) {
+        run_timer_held(strtoull(argv[2], NULL, 0));
     } else if (!strcmp(mode, "spin") && argc > 3) {
         run_spin(strtoul(argv[2], NULL, 0), strtoull(argv[3], NULL, 0), grid_of(argc, argv));
     } else if (!strcmp(mode, "modules") && argc > 3) {
@@ -509,7 +511,7 @@ int main(int argc, char **argv) {
         run_bystander((unsigned)strtoul(argv[2], NULL, 0));
     } else {
         printf("FAIL usage: %s all QUOTA | user QUOTA SEED | spin COUNT US [BLOCKS] | "
-               "modules COUNT BYTES | quiet-syncs US | timer-records US | bystander SEED | graph-spin COUNT US [BLOCKS] | graph-hold | free-busy | noinit | away\n",
+               "modules COUNT BYTES | quiet-syncs US | timer-records US | timer-held US | bystander SEED | graph-spin COUNT US [BLOCKS] | graph-hold | free-busy | noinit | away\n",
                argv[0]);
         failures++;
     }

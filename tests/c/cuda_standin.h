@@ -358,6 +358,7 @@ void check_unsupported(void);
 void check_host_functions(void);
 void run_host_hang(void);
 void run_timer_records(unsigned long long micros);
+void run_timer_held(unsigned long long micros);
 void check_tensor_maps(void);
 void check_memory_pools(void);
 void run_ipc_export(const char *self, unsigned seed, long uid, const char *expect);

@@ -12,6 +12,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* Bytes each ordering memset writes: long enough to show in an event timing. */
 #define ORDER_BYTES (32u << 20)
@@ -449,6 +450,42 @@ void run_timer_records(unsigned long long micros) {
     OK(cuEventDestroy(untimed));
     OK(cuEventDestroy(timed));
     OK(cuEventDestroy(start));
+    OK(cuStreamDestroy(a));
+    OK(cuModuleUnload(module));
+    section_end();
+}
+
+/* A timing event's record behind a kernel the scheduler holds (`timer-held US`: gpushared's
+ * policy lets one kernel run at a time, another client is connected, and the first kernel runs
+ * US microseconds): the record's wait for the work before it is bounded, so it returns long
+ * before the held kernel could be granted. */
+void run_timer_held(unsigned long long micros) {
+    static const char image[] = "gpushare-sim-module 1\nkernel spin\n";
+    CUmodule module = NULL;
+    CUfunction spin = NULL;
+    CUstream a = NULL;
+    CUevent timed = NULL;
+    void *args[] = {&micros};
+    section_begin("timer held");
+    OK(cuModuleLoadData(&module, image));
+    OK(cuModuleGetFunction(&spin, module, "spin"));
+    OK(cuStreamCreate(&a, CU_STREAM_NON_BLOCKING));
+    OK(cuEventCreate(&timed, 0));
+    if (failures) {
+        section_end();
+        return;
+    }
+    OK(cuLaunchKernel(spin, 1, 1, 1, 32, 1, 1, 0, a, args, NULL));
+    OK(cuLaunchKernel(spin, 1, 1, 1, 32, 1, 1, 0, a, args, NULL));
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    OK(cuEventRecord(timed, a));
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double waited_us = (t1.tv_sec - t0.tv_sec) * 1e6 + (t1.tv_nsec - t0.tv_nsec) / 1e3;
+    CHECK(waited_us < micros / 2.0, "the record waited %.0f us behind a kernel held %llu us",
+          waited_us, micros);
+    OK(cuStreamSynchronize(a));
+    OK(cuEventDestroy(timed));
     OK(cuStreamDestroy(a));
     OK(cuModuleUnload(module));
     section_end();
