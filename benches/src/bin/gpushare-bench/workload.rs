@@ -251,10 +251,8 @@ pub fn measure_launches(
     }
     sync()?;
     // For a profiler beside it: asynchronous launches for this many seconds instead.
-    let seconds = std::env::var("GPUSHARE_BENCH_LAUNCH_SECONDS")
-        .ok()
-        .and_then(|s| s.parse::<f64>().ok())
-        .filter(|s| s.is_finite() && *s > 0.0);
+    let at_least =
+        gpushare_conn::env::seconds("GPUSHARE_BENCH_LAUNCH_SECONDS", std::time::Duration::ZERO);
     let t = std::time::Instant::now();
     let mut launched = 0u64;
     loop {
@@ -262,7 +260,7 @@ pub fn measure_launches(
             launch()?;
         }
         launched += n_async as u64;
-        if seconds.is_none_or(|s| t.elapsed().as_secs_f64() >= s) {
+        if t.elapsed() >= at_least {
             break;
         }
     }
