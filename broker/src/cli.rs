@@ -67,6 +67,11 @@ pub struct Args {
     /// Microseconds a client's data thread spins on an empty ring before sleeping.
     #[arg(long, default_value_t = 50)]
     pub spin_us: u64,
+    /// Microseconds that spin grows to, at most, for a client whose recent requests came
+    /// closer together than this: it spins about as long as they took to come (at or below
+    /// --spin-us, it never grows).
+    #[arg(long, default_value_t = 500)]
+    pub spin_max_us: u64,
     /// Microseconds the data thread of a high-priority client spins on an empty ring before
     /// sleeping: a request that arrives within it finds the broker awake (it costs a core
     /// while such a client is active).

@@ -20,6 +20,9 @@ pub struct BrokerConfig {
     pub max_arena_size: u64,
     /// How long a data thread spins on an empty ring before sleeping.
     pub spin: Duration,
+    /// The longest that spin grows to for a client whose requests keep coming closer
+    /// together than this.
+    pub spin_ceiling: Duration,
     /// The same for a high-priority client's data thread.
     pub high_spin: Duration,
     /// How long a client may leave its completion ring full before it is evicted.
@@ -45,6 +48,7 @@ impl Default for BrokerConfig {
             arena_size: 16 << 20,
             max_arena_size: 512 << 20,
             spin: Duration::from_micros(50),
+            spin_ceiling: Duration::from_micros(500),
             high_spin: Duration::from_millis(10),
             stall_limit: Duration::from_secs(30),
             monitor_idle: Duration::from_secs(300),

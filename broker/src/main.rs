@@ -114,6 +114,7 @@ fn real_main() -> anyhow::Result<()> {
         socket_mode: args.socket_mode,
         socket_group: args.socket_group.clone(),
         spin: Duration::from_micros(args.spin_us),
+        spin_ceiling: Duration::from_micros(args.spin_max_us),
         high_spin: Duration::from_micros(args.high_spin_us),
         stall_limit: Duration::from_secs_f64(args.stalled_client_timeout),
         monitor_idle: Duration::from_secs_f64(args.monitor_idle_timeout),

@@ -258,6 +258,7 @@ impl Broker {
         let (device, thread_info, thread_modules) = (device.clone(), info.clone(), modules.clone());
         let pacing = Pacing {
             spin: self.config.spin,
+            spin_ceiling: self.config.spin_ceiling,
             high_spin: self.config.high_spin,
             stall_limit: self.config.stall_limit,
         };

@@ -47,6 +47,7 @@ mod ranges;
 mod reclaim;
 mod replay;
 mod reset;
+mod rhythm;
 mod serve;
 mod turns;
 pub mod vmm;
@@ -186,6 +187,9 @@ fn register_arena(device: &Device, region: &SharedRegion) -> DeviceResult<()> {
 pub struct Pacing {
     /// How long it spins on an empty submission ring before sleeping.
     pub spin: Duration,
+    /// The longest that spin grows to for a client whose requests come closer together than
+    /// this (`rhythm.rs`); at `spin` or below, it never grows.
+    pub spin_ceiling: Duration,
     /// The same for a client of the high class, whose next request should find its data
     /// thread awake.
     pub high_spin: Duration,

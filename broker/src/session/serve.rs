@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use gpushare_protocol::ring::CompletionEntry;
 use gpushare_protocol::wake::SpinClock;
 
+use super::rhythm::Rhythm;
 use super::{SessionEnd, SessionState};
 
 /// How soon an idle data thread looks again at device-time measurements still in flight.
@@ -42,6 +43,7 @@ impl SessionState {
         // The device stays awake for this thread's next request as long as this thread does
         // for its client's.
         let mut spin_told = None;
+        let mut rhythm = Rhythm::new(self.pacing.spin, self.pacing.spin_ceiling);
         loop {
             if let Some(end) = self.ended.take() {
                 return end;
@@ -68,7 +70,9 @@ impl SessionState {
                     .queue_depth
                     .store(available as u64, Ordering::Relaxed);
                 if batch_started.is_none() {
-                    last_end = Instant::now();
+                    let now = Instant::now();
+                    rhythm.note(now.duration_since(last_end));
+                    last_end = now;
                     batch_started = Some(last_end);
                 }
                 for _ in 0..available {
@@ -121,7 +125,7 @@ impl SessionState {
             if self.unaccounted && spun >= ACCOUNT_IDLE {
                 self.account(false);
             }
-            let spin = self.spin();
+            let spin = self.spin(&rhythm);
             if spin_told != Some(spin) {
                 self.device.spin_hint(spin);
                 spin_told = Some(spin);
@@ -138,12 +142,12 @@ impl SessionState {
     }
 
     /// How long to spin on an empty ring: longer for a high-priority client (its class can
-    /// change live).
-    fn spin(&self) -> std::time::Duration {
+    /// change live), and for one whose requests have been coming close together.
+    fn spin(&self, rhythm: &Rhythm) -> std::time::Duration {
         if self.info.class() == gpushare_protocol::PriorityClass::High {
             self.pacing.high_spin
         } else {
-            self.pacing.spin
+            rhythm.spin()
         }
     }
 
