@@ -19,9 +19,9 @@ pub struct CostArgs {
     /// Requests the client of each class makes.
     #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(1..))]
     requests: u64,
-    /// Mean think time between two requests, ms.
-    #[arg(long, default_value_t = 2)]
-    think_ms: u64,
+    /// Mean think time between two requests, ms (fractions allowed: 0.2 is 200 µs).
+    #[arg(long, default_value = "2", value_parser = crate::parse_think_ms)]
+    think_ms: Duration,
     /// Idle clients held open for the idle measurement (0 skips it).
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(0..=1000))]
     idle_clients: u32,
@@ -88,7 +88,8 @@ pub fn run(args: &CostArgs) -> anyhow::Result<()> {
         if !args.json {
             say(&format!(
                 "a {class} client makes {} requests, {} ms of think time apart on average",
-                args.requests, args.think_ms
+                args.requests,
+                args.think_ms.as_secs_f64() * 1e3
             ));
         }
         classes.push(class_cost(&broker, class, args)?);
@@ -144,7 +145,7 @@ fn policy(idle_clients: u32) -> String {
 fn class_cost(broker: &Broker, class: &'static str, args: &CostArgs) -> anyhow::Result<ClassCost> {
     let before = broker.status()?.usage;
     let requests = args.requests.to_string();
-    let think = args.think_ms.to_string();
+    let think = (args.think_ms.as_secs_f64() * 1e3).to_string();
     let client = Worker::spawn(
         broker,
         "cost-client",

@@ -48,9 +48,9 @@ struct Args {
     #[arg(long, default_value_t = 65536)]
     size: usize,
     /// Interactive: mean milliseconds of think time between requests (exponentially
-    /// distributed, as requests to a server arrive).
-    #[arg(long, default_value_t = 2)]
-    think_ms: u64,
+    /// distributed, as requests to a server arrive; fractions allowed, 0 to 60,000).
+    #[arg(long, default_value = "2", value_parser = parse_think_ms)]
+    think_ms: Duration,
     /// Trainer: microseconds each of its kernels runs.
     #[arg(long, default_value_t = 2000)]
     kernel_us: u64,
@@ -79,6 +79,16 @@ enum Tour {
 
 fn parse_class(s: &str) -> Result<PriorityClass, String> {
     s.parse()
+}
+
+/// A mean think time in milliseconds, fractions allowed (`0.2` is 200 µs).
+pub(crate) fn parse_think_ms(s: &str) -> Result<Duration, String> {
+    match s.parse::<f64>() {
+        Ok(v) if (0.0..=60_000.0).contains(&v) => Ok(Duration::from_secs_f64(v / 1e3)),
+        _ => Err(format!(
+            "`{s}` is not a think time in milliseconds from 0 to 60000"
+        )),
+    }
 }
 
 fn main() -> ExitCode {
@@ -162,9 +172,24 @@ fn client(args: &Args) -> anyhow::Result<work::Summary> {
             args.iterations
         },
         size: args.size,
-        think: Duration::from_millis(args.think_ms),
+        think: args.think_ms,
         kernel: Duration::from_micros(args.kernel_us),
         kernels_per_step: args.kernels_per_step,
     };
     work::run(&client, &args.name, &plan, &stop)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn think_times_take_fractions_of_a_millisecond_and_nothing_else() {
+        assert_eq!(parse_think_ms("0.2"), Ok(Duration::from_micros(200)));
+        assert_eq!(parse_think_ms("2"), Ok(Duration::from_millis(2)));
+        assert_eq!(parse_think_ms("0"), Ok(Duration::ZERO));
+        for bad in ["-1", "NaN", "inf", "60001", "2ms", ""] {
+            assert!(parse_think_ms(bad).is_err(), "{bad}");
+        }
+    }
 }
