@@ -390,6 +390,38 @@ fn status_reports_command_latency_percentiles() {
     assert_eq!(c.queue_depth, 0, "nothing waits once the client is quiet");
 }
 
+#[test]
+fn a_clients_spin_follows_how_close_together_its_requests_come() {
+    // A ceiling far above the gaps a loaded machine makes of 1 ms sleeps.
+    let broker = Broker::start_with(gpushare_tests::BrokerOptions {
+        extra_args: vec!["--spin-max-us".into(), "50000".into()],
+        ..Default::default()
+    });
+    let idle = broker.client_named("idle-spin");
+    idle.nop().expect("nop");
+    let busy = broker.client_named("close-spin");
+    // Requests a millisecond or so apart: each finds the 50-µs base spin over.
+    let grown = gpushare_tests::wait_until(Duration::from_secs(30), || {
+        busy.nop().expect("nop");
+        std::thread::sleep(Duration::from_millis(1));
+        broker
+            .client_status("close-spin")
+            .is_some_and(|c| c.spin_ns > 50_000)
+    });
+    let spin = |name| broker.client_status(name).map(|c| c.spin_ns);
+    assert!(grown, "the spin stayed at {:?} ns", spin("close-spin"));
+    assert!(
+        spin("close-spin").is_some_and(|ns| ns <= 50_000_000),
+        "past the ceiling: {:?} ns",
+        spin("close-spin")
+    );
+    assert_eq!(
+        spin("idle-spin"),
+        Some(50_000),
+        "an idle client keeps the base"
+    );
+}
+
 /// A sim module whose one function occupies the device for its `u64` parameter's µs.
 const SIM_MODULE: &[u8] = b"gpushare-sim-module 1\nkernel spin\n\0";
 

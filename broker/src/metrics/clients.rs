@@ -36,7 +36,7 @@ pub(super) fn render_clients(
         })
         .collect();
     type Get = fn(&ClientStats) -> Option<f64>;
-    let families: [(&str, &str, &str, Get); 15] = [
+    let families: [(&str, &str, &str, Get); 16] = [
         (
             "gpushare_client_gpu_seconds_total",
             "counter",
@@ -104,6 +104,12 @@ pub(super) fn render_clients(
             |c| Some(f64::from(c.queue_depth)),
         ),
         (
+            "gpushare_client_spin_seconds",
+            "gauge",
+            "How long the client's data thread spins on its empty ring before it sleeps: longer for a client whose requests come close together.",
+            |c| Some(c.spin_ns as f64 / 1e9),
+        ),
+        (
             "gpushare_client_latency_p50_seconds",
             "gauge",
             "Median time the broker took to serve one of the client's recent commands (absent before any).",
@@ -165,6 +171,7 @@ mod tests {
         let mut r = report();
         r.clients[0].consolidated = true;
         r.clients[0].queue_depth = 3;
+        r.clients[0].spin_ns = 150_000;
         r.clients[0].latency_p50_ns = Some(40_000);
         r.clients[0].latency_p99_ns = Some(2_500_000);
         r.clients[1].governed = true;
@@ -176,6 +183,7 @@ mod tests {
             ("gpushare_client_kernels_total", 600.0),
             ("gpushare_client_gpu_seconds_total", 1.5),
             ("gpushare_client_queue_depth", 3.0),
+            ("gpushare_client_spin_seconds", 0.00015),
             ("gpushare_client_latency_p50_seconds", 0.00004),
             ("gpushare_client_latency_p99_seconds", 0.0025),
         ] {

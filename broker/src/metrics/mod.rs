@@ -339,7 +339,7 @@ mod tests {
             text.contains(r#"name="say \"hi\"\\now\nnext""#),
             "escaped label in:\n{text}"
         );
-        assert_eq!(text.lines().filter(|l| l.contains("say")).count(), 16);
+        assert_eq!(text.lines().filter(|l| l.contains("say")).count(), 17);
         parse(&text);
     }
 }

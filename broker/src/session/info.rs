@@ -32,6 +32,8 @@ pub struct Counters {
     /// Published by the data thread from its latency histogram; 0 = no data yet.
     pub latency_p50_ns: AtomicU64,
     pub latency_p99_ns: AtomicU64,
+    /// How long the data thread spins for the client's next request.
+    pub spin_ns: AtomicU64,
     /// Time a governed client waited for launch tokens.
     pub throttled_ns: AtomicU64,
 }
@@ -372,6 +374,7 @@ impl SessionInfo {
             queue_depth: get(&c.queue_depth) as u32,
             latency_p50_ns: Some(get(&c.latency_p50_ns)).filter(|&v| v > 0),
             latency_p99_ns: Some(get(&c.latency_p99_ns)).filter(|&v| v > 0),
+            spin_ns: get(&c.spin_ns),
             governed: self.governed,
             consolidated: self.consolidated,
             throttled_ns: get(&c.throttled_ns),

@@ -128,6 +128,10 @@ impl SessionState {
             let spin = self.spin(&rhythm);
             if spin_told != Some(spin) {
                 self.device.spin_hint(spin);
+                self.info.counters.spin_ns.store(
+                    spin.as_nanos().min(u128::from(u64::MAX)) as u64,
+                    Ordering::Relaxed,
+                );
                 spin_told = Some(spin);
             }
             if spun < spin && gpushare_protocol::wake::spin_turn(spun) {

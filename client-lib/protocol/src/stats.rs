@@ -205,6 +205,11 @@ pub struct ClientStats {
     pub latency_p50_ns: Option<u64>,
     #[serde(default)]
     pub latency_p99_ns: Option<u64>,
+    /// How long the client's data thread in gpushared spins on its empty ring before it
+    /// sleeps, in ns: `--spin-us`, longer (up to `--spin-max-us`) for a client whose requests
+    /// come close together, `--high-spin-us` for the high class.
+    #[serde(default)]
+    pub spin_ns: u64,
     /// An unmodified program under `gpushare run --mode governed` (the libcuda interposer): it
     /// runs on its own CUDA context; `memory_used` is what it reserved, `kernels` the launches
     /// it reported.

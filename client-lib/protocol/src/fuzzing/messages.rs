@@ -123,6 +123,7 @@ fn status_report() -> StatusReport {
             connected_ms: 5000,
             bypassing: true,
             queue_depth: 4,
+            spin_ns: 0,
             latency_p50_ns: Some(300),
             latency_p99_ns: None,
             governed: true,

@@ -43,6 +43,7 @@ pub fn client(id: u64, pid: i32, name: &str) -> ClientStats {
         connected_ms: 1_000,
         bypassing: false,
         queue_depth: 0,
+        spin_ns: 0,
         latency_p50_ns: None,
         latency_p99_ns: None,
         governed: false,
