@@ -497,6 +497,8 @@ fn a_non_admin_sees_who_uses_the_gpu_but_no_pointers_or_contents() {
         "queue_depth",
         "latency_p50_ns",
         "latency_p99_ns",
+        // How long its data thread spins before sleeping: a duration from the client's timing.
+        "spin_ns",
         // Governed programs (`gpushare run`): a flag and a duration.
         "governed",
         "throttled_ns",
