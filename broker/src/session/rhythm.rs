@@ -11,12 +11,12 @@ const KEPT: usize = 16;
 const ENOUGH: usize = 4;
 /// The spin is a whole number of these, so that a steady client's spin stays put (each
 /// change is told to the device worker).
-const STEP_NS: u64 = 50_000;
+const STEP: Duration = Duration::from_micros(50);
 
 /// The last gaps between a batch's end and the next request, and the spin they call for.
 #[derive(Debug)]
 pub(super) struct Rhythm {
-    gaps_ns: [u64; KEPT],
+    gaps: [Duration; KEPT],
     next: usize,
     seen: usize,
     base: Duration,
@@ -28,7 +28,7 @@ impl Rhythm {
     /// Spins `base` until the gaps say otherwise, and never more than `ceiling`.
     pub(super) fn new(base: Duration, ceiling: Duration) -> Rhythm {
         Rhythm {
-            gaps_ns: [0; KEPT],
+            gaps: [Duration::ZERO; KEPT],
             next: 0,
             seen: 0,
             base,
@@ -39,7 +39,7 @@ impl Rhythm {
 
     /// Notes how long the ring stayed empty before a request came.
     pub(super) fn note(&mut self, gap: Duration) {
-        self.gaps_ns[self.next] = gap.as_nanos().min(u128::from(u64::MAX)) as u64;
+        self.gaps[self.next] = gap;
         self.next = (self.next + 1) % KEPT;
         self.seen = (self.seen + 1).min(KEPT);
         self.spin = self.follow();
@@ -56,11 +56,10 @@ impl Rhythm {
     /// mostly burn it for nothing). Requests that came within the base spin say nothing:
     /// a step of several batches has short gaps and one long one.
     fn follow(&self) -> Duration {
-        let base_ns = self.base.as_nanos().min(u128::from(u64::MAX)) as u64;
-        let mut long = [0u64; KEPT];
+        let mut long = [Duration::ZERO; KEPT];
         let mut n = 0;
-        for &g in &self.gaps_ns[..self.seen] {
-            if g > base_ns {
+        for &g in &self.gaps[..self.seen] {
+            if g > self.base {
                 long[n] = g;
                 n += 1;
             }
@@ -71,11 +70,8 @@ impl Rhythm {
         let long = &mut long[..n];
         long.sort_unstable();
         let q = long[(n * 3).div_ceil(4) - 1];
-        let want = q
-            .saturating_add(q / 4)
-            .div_ceil(STEP_NS)
-            .saturating_mul(STEP_NS);
-        let want = Duration::from_nanos(want);
+        let steps = q.saturating_add(q / 4).as_nanos().div_ceil(STEP.as_nanos());
+        let want = STEP.saturating_mul(u32::try_from(steps).unwrap_or(u32::MAX));
         if want <= self.base || want > self.ceiling {
             self.base
         } else {
