@@ -83,10 +83,22 @@ fn parse_class(s: &str) -> Result<PriorityClass, String> {
 
 /// A mean think time in milliseconds, fractions allowed (`0.2` is 200 µs).
 pub(crate) fn parse_think_ms(s: &str) -> Result<Duration, String> {
+    parse_span(s, "milliseconds", 1e-3, 0.0, 60_000.0)
+}
+
+/// `s` as a number of `unit`s (each `unit_secs` seconds) from `low` to `high`, fractions
+/// allowed.
+pub(crate) fn parse_span(
+    s: &str,
+    unit: &str,
+    unit_secs: f64,
+    low: f64,
+    high: f64,
+) -> Result<Duration, String> {
     match s.parse::<f64>() {
-        Ok(v) if (0.0..=60_000.0).contains(&v) => Ok(Duration::from_secs_f64(v / 1e3)),
+        Ok(v) if (low..=high).contains(&v) => Ok(Duration::from_secs_f64(v * unit_secs)),
         _ => Err(format!(
-            "`{s}` is not a think time in milliseconds from 0 to 60000"
+            "`{s}` is not a number of {unit} from {low} to {high}"
         )),
     }
 }

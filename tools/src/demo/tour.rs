@@ -36,10 +36,7 @@ pub struct TourArgs {
 }
 
 fn parse_seconds(s: &str) -> Result<Duration, String> {
-    match s.parse::<f64>() {
-        Ok(v) if (0.2..=60.0).contains(&v) => Ok(Duration::from_secs_f64(v)),
-        _ => Err(format!("`{s}` is not a number of seconds from 0.2 to 60")),
-    }
+    crate::parse_span(s, "seconds", 1.0, 0.2, 60.0)
 }
 
 fn parse_share(s: &str) -> Result<f64, String> {
