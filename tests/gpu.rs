@@ -127,6 +127,34 @@ fn gpu_time_is_measured_with_cuda_events() {
     );
 }
 
+/// A program that thinks while its kernel runs, then queues another behind it: its data
+/// thread closed the first span of device time while the kernel still ran, and the next span's
+/// start is stamped beside the program's stream (never on it), so it begins before the first
+/// span ends. The overlap is counted once: 2 × 30 ms, not 80 ms.
+#[test]
+fn device_time_of_work_queued_behind_running_work_is_counted_once() {
+    let Some(broker) = gpu_broker() else { return };
+    let client = broker.client_named("behind");
+    let stream = client.create_stream().expect("stream");
+    let spin = Kernel::Spin {
+        micros: 30_000,
+        blocks: 4,
+    };
+    stream.launch(spin).expect("first");
+    // Longer than any spin of a normal client's data thread (--spin-max-us), shorter than
+    // the kernel.
+    std::thread::sleep(Duration::from_millis(10));
+    stream.launch(spin).expect("second");
+    stream.synchronize().expect("sync");
+    let gpu_time = || broker.client_status("behind").map_or(0, |c| c.gpu_time_ns);
+    gpushare_tests::wait_until(Duration::from_secs(2), || gpu_time() >= 59_000_000);
+    let ns = gpu_time();
+    assert!(
+        (59_000_000..70_000_000).contains(&ns),
+        "GPU time of two 30 ms kernels, one queued behind the other: {ns} ns"
+    );
+}
+
 /// `[priority] lower_sm_share`: beside a high-priority client, a best-effort client's kernels
 /// run on a green context of a quarter of the SMs, in order with what it queued before on the
 /// whole GPU, and give the same results (cuBLAS GEMM and built-in kernels); once the high

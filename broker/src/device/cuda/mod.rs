@@ -29,6 +29,7 @@ mod module;
 mod partition;
 pub mod peer;
 mod progress;
+mod span_clock;
 mod stream;
 mod sync_words;
 mod tensor_map;

@@ -7,6 +7,7 @@ use gpushare_protocol::PriorityClass;
 
 use super::CudaDevice;
 use super::error::driver;
+use super::span_clock::SpanClock;
 use super::sync_words::SyncWord;
 use super::timing::{Measured, Spans, ms_to_ns};
 use crate::device::{DeviceError, DeviceResult};
@@ -33,6 +34,9 @@ pub struct CudaStream {
     handoff: Option<CUevent>,
     /// Device time, from events around spans of continuous work.
     spans: Spans<CUevent>,
+    /// Where the spans' events are recorded, made with the first span (boxed: it keeps the
+    /// stream small).
+    clock: Option<Box<SpanClock>>,
     /// Its cuBLAS handle, made on its first cuBLAS GEMM.
     pub(super) blas: Option<cudarc::cublas::sys::cublasHandle_t>,
     /// The word it writes when its work is done, and the value it wrote last.
@@ -60,6 +64,7 @@ impl CudaStream {
             lanes: Vec::new(),
             handoff: None,
             spans: Spans::new(),
+            clock: None,
             blas: None,
             done_word: dev.sync_words.take().map(|w| (w, 0)),
             queued: false,
@@ -73,6 +78,10 @@ impl CudaStream {
         }
         // SAFETY: live stream; waiting makes every event and copy on it complete.
         let _ = unsafe { cu::stream::synchronize(self.raw) };
+        // Its timed events complete after the stream's work, on the clock's stream.
+        if let Some(clock) = self.clock.take() {
+            clock.destroy();
+        }
         for e in self.spans.drain() {
             // SAFETY: our events, destroyed once.
             let _ = unsafe { cu::event::destroy(e) };
@@ -104,32 +113,53 @@ impl CudaStream {
     pub(super) fn begin(&mut self, dev: &CudaDevice) -> DeviceResult<()> {
         dev.bind()?;
         self.queued = true;
-        let raw = self.raw;
-        self.spans.begin(timed_event, |e| {
-            // SAFETY: live event and stream.
-            unsafe { cu::event::record(e, raw) }.map_err(|e| driver("cuEventRecord", e))
-        })
+        if self.spans.is_open() {
+            return Ok(());
+        }
+        self.open_span()
+    }
+
+    #[cold]
+    fn open_span(&mut self) -> DeviceResult<()> {
+        if self.clock.is_none() {
+            self.clock = Some(Box::new(SpanClock::create(self.priority)?));
+        }
+        let Some(clock) = &self.clock else {
+            return Ok(());
+        };
+        // SAFETY: live events (ours), context bound.
+        self.spans
+            .begin(timed_event, |e| unsafe { clock.stamp_now(e) })
     }
 
     /// Closes the open span: its end event goes after the work queued so far.
     fn close(&mut self) {
-        let raw = self.raw;
-        self.spans.close(timed_event, |end| {
-            // SAFETY: live event and stream.
-            unsafe { cu::event::record(end, raw) }.is_ok()
-        });
+        let (raw, Some(clock)) = (self.raw, &self.clock) else {
+            return; // no span was ever opened
+        };
+        // SAFETY: live events (ours) and stream, context bound.
+        self.spans
+            .close(timed_event, |end| unsafe { clock.stamp(end, raw) }.is_ok());
     }
 
     /// Adds the time of every finished span to the stream's total.
     fn harvest(&mut self) {
-        self.spans.harvest(|start, end| {
+        self.spans.harvest(|before, start, end| {
             // SAFETY: both events are live and were recorded.
             match unsafe { cu::event::query(end) } {
                 Err(e) if e.0 == sys::cudaError_enum::CUDA_ERROR_NOT_READY => Measured::Pending,
                 done => {
                     // SAFETY: as above; both completed (or failed, and then elapsed fails too).
                     match (done, unsafe { cu::event::elapsed(start, end) }) {
-                        (Ok(()), Ok(ms)) => Measured::Took(ms_to_ns(ms)),
+                        (Ok(()), Ok(ms)) => {
+                            // A start stamped while the span before was still running: that
+                            // part was counted with it.
+                            // SAFETY: `before` is live (kept by `spans`) and completed.
+                            let counted = before
+                                .and_then(|b| unsafe { cu::event::elapsed(start, b) }.ok())
+                                .map_or(0.0, |ms| ms.max(0.0));
+                            Measured::Took(ms_to_ns(ms - counted))
+                        }
                         (query, elapsed) => {
                             tracing::debug!(?query, ?elapsed, "dropping a device-time measurement");
                             Measured::Lost

@@ -25,6 +25,9 @@ pub(super) struct Spans<E> {
     open: Option<(E, Instant)>,
     /// Closed spans not yet measured, oldest first: (start, end).
     closed: VecDeque<(E, E)>,
+    /// The end of the span measured last, kept (not reused) until the next one is measured: a
+    /// span's start may come before it, and the overlap is not counted twice.
+    last_end: Option<E>,
     /// Events free for reuse.
     spare: Vec<E>,
     /// Device time of the spans measured since it was last taken.
@@ -36,6 +39,7 @@ impl<E: Copy> Spans<E> {
         Spans {
             open: None,
             closed: VecDeque::new(),
+            last_end: None,
             spare: Vec::new(),
             busy_ns: 0,
         }
@@ -47,6 +51,12 @@ impl<E: Copy> Spans<E> {
             Some(e) => Ok(e),
             None => create(),
         }
+    }
+
+    /// Whether a span is open.
+    #[inline]
+    pub(super) fn is_open(&self) -> bool {
+        self.open.is_some()
     }
 
     /// Opens a span unless one is open; `record` puts its start event on the stream.
@@ -96,16 +106,26 @@ impl<E: Copy> Spans<E> {
     }
 
     /// Adds the time of every closed span that has finished, oldest first, and stops at the
-    /// first that has not.
-    pub(super) fn harvest(&mut self, mut measure: impl FnMut(E, E) -> Measured) {
+    /// first that has not. `measure` gets the end of the span measured before (if it was
+    /// measured), then the span's start and end.
+    pub(super) fn harvest(&mut self, mut measure: impl FnMut(Option<E>, E, E) -> Measured) {
         while let Some(&(start, end)) = self.closed.front() {
-            match measure(start, end) {
+            let kept = match measure(self.last_end, start, end) {
                 Measured::Pending => break,
-                Measured::Took(ns) => self.busy_ns += ns,
-                Measured::Lost => {}
-            }
+                Measured::Took(ns) => {
+                    self.busy_ns += ns;
+                    Some(end)
+                }
+                Measured::Lost => {
+                    self.spare.push(end);
+                    None
+                }
+            };
             self.closed.pop_front();
-            self.spare.extend([start, end]);
+            self.spare.push(start);
+            if let Some(e) = std::mem::replace(&mut self.last_end, kept) {
+                self.spare.push(e);
+            }
         }
     }
 
@@ -126,6 +146,7 @@ impl<E: Copy> Spans<E> {
             .map(|(e, _)| e)
             .into_iter()
             .chain(self.closed.drain(..).flat_map(|(a, b)| [a, b]))
+            .chain(self.last_end.take())
             .chain(self.spare.drain(..))
     }
 }
@@ -214,7 +235,7 @@ mod tests {
         }
         // Spans (1,2), (3,4), (5,6): the second has not finished.
         let mut asked = Vec::new();
-        spans.harvest(|start, end| {
+        spans.harvest(|_, start, end| {
             asked.push((start, end));
             match start {
                 1 => Measured::Took(1_000),
@@ -226,7 +247,7 @@ mod tests {
         assert_eq!(spans.take_busy_ns(), 0, "taking the time resets it");
         assert!(spans.measuring());
 
-        spans.harvest(|start, _| Measured::Took(u64::from(start)));
+        spans.harvest(|_, start, _| Measured::Took(u64::from(start)));
         assert_eq!(spans.take_busy_ns(), 3 + 5);
         assert!(!spans.measuring());
     }
@@ -239,7 +260,7 @@ mod tests {
             driver.begin(&mut spans);
             driver.close(&mut spans);
         }
-        spans.harvest(|start, _| match start {
+        spans.harvest(|_, start, _| match start {
             1 => Measured::Lost,
             _ => Measured::Took(7),
         });
@@ -248,16 +269,47 @@ mod tests {
     }
 
     #[test]
-    fn measured_events_are_reused_before_new_ones_are_made() {
+    fn measured_events_are_reused_and_the_last_end_is_kept_until_the_next_span_is_measured() {
         let driver = Driver::new();
         let mut spans = Spans::new();
+        for _ in 0..2 {
+            driver.begin(&mut spans);
+            driver.close(&mut spans);
+            spans.harvest(|_, _, _| Measured::Took(1));
+        }
         driver.begin(&mut spans);
         driver.close(&mut spans);
-        spans.harvest(|_, _| Measured::Took(1));
-        driver.begin(&mut spans);
-        driver.close(&mut spans);
-        assert_eq!(driver.next.get(), 3, "only events 1 and 2 were ever made");
-        assert_eq!(*driver.recorded.borrow(), [1, 2, 2, 1]);
+        assert_eq!(
+            driver.next.get(),
+            4,
+            "only events 1, 2 and 3 were ever made"
+        );
+        // Start 1 is reused at once; end 2 only once the span after it was measured.
+        assert_eq!(*driver.recorded.borrow(), [1, 2, 1, 3, 2, 1]);
+    }
+
+    #[test]
+    fn each_span_is_measured_with_the_end_of_the_one_measured_before() {
+        let driver = Driver::new();
+        let mut spans = Spans::new();
+        for _ in 0..4 {
+            driver.begin(&mut spans);
+            driver.close(&mut spans);
+        }
+        // Spans (1,2), (3,4), (5,6), (7,8); the third is lost.
+        let mut asked = Vec::new();
+        spans.harvest(|before, start, end| {
+            asked.push((before, start, end));
+            match start {
+                5 => Measured::Lost,
+                _ => Measured::Took(1),
+            }
+        });
+        assert_eq!(
+            asked,
+            [(None, 1, 2), (Some(2), 3, 4), (Some(4), 5, 6), (None, 7, 8)],
+            "a lost span's end is not trusted"
+        );
     }
 
     #[test]
@@ -307,7 +359,7 @@ mod tests {
             driver.begin(&mut spans);
             driver.close(&mut spans);
         }
-        spans.harvest(|start, _| match start {
+        spans.harvest(|_, start, _| match start {
             1 => Measured::Took(1),
             _ => Measured::Pending,
         });
