@@ -16,7 +16,7 @@
 #   globals land in a worker that takes over (module_globals), of what a forked child gets
 #   (fork_pinned), of the launch shapes CUDA refuses (launch_shapes), and of where the two
 #   workers' address spaces differ (probes/worker_maps.sh), and of the driver calls one JAX or
-#   CuPy step makes (probes/step_calls.py) and a host function's latency (probes/host_fn_latency.py), what one process on two GPUs meets at the edges (probes/two_gpu_edges.py), how a host thread learns a stream finished (probes/sync_poll.c, built there with nvcc), what a launch costs by stream priority (probes/launch_rate.c) and beside other threads (probes/launch_company.c) and how XLA's GPU timer times work through gpushare (probes/timer_gate.c) and a TMA kernel (probes/tma_gate.cu), and what else lengthens a timed kernel (probes/candidate_gate.cu: shared memory, clusters, PDL, small copies, a pause, events), DataParallel's step over every GPU (probes/dp_step.py), and whether a tensor map depends on its
+#   CuPy step makes (probes/step_calls.py) and a host function's latency (probes/host_fn_latency.py), what one process on two GPUs meets at the edges (probes/two_gpu_edges.py), how a host thread learns a stream finished (probes/sync_poll.c, built there with nvcc), what a launch costs by stream priority (probes/launch_rate.c) and beside other threads (probes/launch_company.c) and how XLA's GPU timer times work through gpushare (probes/timer_gate.c) and a TMA kernel (probes/tma_gate.cu), and what else lengthens a timed kernel (probes/candidate_gate.cu: shared memory, clusters, PDL, small copies, a pause, events), what gpushared's marks and timings between kernels cost (probes/stream_ops_rate.cu), DataParallel's step over every GPU (probes/dp_step.py), and whether a tensor map depends on its
 #   arguments alone and what encoding one costs (probes/tensor_map_same.py, probes/tensor_map_rate.py). Copy
 #   the folder to the GPU machine and run `./gpu-test.sh` (and the PyTorch checks) inside it.
 set -euo pipefail
@@ -68,7 +68,7 @@ cc -O2 -o "$out/module_globals" scripts/probes/module_globals.c -ldl
 cc -O2 -o "$out/fork_pinned" scripts/probes/fork_pinned.c -ldl
 cc -O2 -o "$out/launch_shapes" scripts/probes/launch_shapes.c -ldl
 cc -O2 -o "$out/sm_ids" scripts/probes/sm_ids.c -ldl
-mkdir -p "$out/probes" && cp scripts/probes/worker_maps.sh scripts/probes/step_calls.py scripts/probes/host_fn_latency.py scripts/probes/two_gpu_edges.py scripts/probes/dp_step.py scripts/probes/tensor_map_same.py scripts/probes/tensor_map_rate.py scripts/probes/graph_update.c scripts/probes/sync_poll.c scripts/probes/launch_rate.c scripts/probes/launch_company.c scripts/probes/timer_gate.c scripts/probes/tma_gate.cu scripts/probes/candidate_gate.cu scripts/probes/probe.h scripts/probes/timing.h "$out/probes/"
+mkdir -p "$out/probes" && cp scripts/probes/worker_maps.sh scripts/probes/step_calls.py scripts/probes/host_fn_latency.py scripts/probes/two_gpu_edges.py scripts/probes/dp_step.py scripts/probes/tensor_map_same.py scripts/probes/tensor_map_rate.py scripts/probes/graph_update.c scripts/probes/sync_poll.c scripts/probes/launch_rate.c scripts/probes/launch_company.c scripts/probes/timer_gate.c scripts/probes/tma_gate.cu scripts/probes/candidate_gate.cu scripts/probes/stream_ops_rate.cu scripts/probes/probe.h scripts/probes/timing.h "$out/probes/"
 # strip(1) warns about the cuda/ directory and goes on.
 strip "$out"/* "$out/consolidated/launch" 2>/dev/null || true
 du -sh "$out"
