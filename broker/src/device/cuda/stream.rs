@@ -119,6 +119,7 @@ impl CudaStream {
         self.open_span()
     }
 
+    /// Opens a span, its start stamped beside the stream (`span_clock.rs`).
     #[cold]
     fn open_span(&mut self) -> DeviceResult<()> {
         if self.clock.is_none() {
@@ -129,7 +130,7 @@ impl CudaStream {
         };
         // SAFETY: live events (ours), context bound.
         self.spans
-            .begin(timed_event, |e| unsafe { clock.stamp_now(e) })
+            .begin(timed_event, |e| unsafe { clock.stamp_start(e) })
     }
 
     /// Closes the open span: its end event goes after the work queued so far.
@@ -137,9 +138,10 @@ impl CudaStream {
         let (raw, Some(clock)) = (self.raw, &self.clock) else {
             return; // no span was ever opened
         };
-        // SAFETY: live events (ours) and stream, context bound.
-        self.spans
-            .close(timed_event, |end| unsafe { clock.stamp(end, raw) }.is_ok());
+        self.spans.close(timed_event, |end| {
+            // SAFETY: live events (ours) and stream, context bound.
+            unsafe { clock.stamp_end(end, raw) }.is_ok()
+        });
     }
 
     /// Adds the time of every finished span to the stream's total.
