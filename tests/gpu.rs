@@ -128,9 +128,10 @@ fn gpu_time_is_measured_with_cuda_events() {
 }
 
 /// A program that thinks while its kernel runs, then queues another behind it: its data
-/// thread closed the first span of device time while the kernel still ran, and the next span's
-/// start is stamped beside the program's stream (never on it), so it begins before the first
-/// span ends. The overlap is counted once: 2 × 30 ms, not 80 ms.
+/// thread closed the first span of device time while the kernel still ran. The second kernel
+/// and its span come after the first: 2 × 30 ms are charged, not the 10 ms of thinking too, and
+/// where a span's start is stamped beside the stream (`span_clock.rs`), not the overlap twice
+/// (80 ms).
 #[test]
 fn device_time_of_work_queued_behind_running_work_is_counted_once() {
     let Some(broker) = gpu_broker() else { return };

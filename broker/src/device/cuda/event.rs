@@ -12,6 +12,10 @@ use crate::device::{DeviceError, DeviceResult};
 pub struct CudaEvent {
     raw: CUevent,
     recorded: bool,
+    /// A program's own timing event (`cuEventCreate` without `CU_EVENT_DISABLE_TIMING`):
+    /// recording it on a stream moves that stream's device-time events beside it
+    /// (`span_clock.rs`), so they never land inside the program's timed intervals.
+    program_timer: bool,
 }
 
 // SAFETY: a plain driver handle.
@@ -33,16 +37,27 @@ impl CudaEvent {
         Ok(CudaEvent {
             raw,
             recorded: false,
+            program_timer: false,
         })
     }
 
+    /// A consolidated program's timing event.
+    pub(super) fn program_timer(dev: &CudaDevice) -> DeviceResult<CudaEvent> {
+        let mut e = CudaEvent::create(dev, sys::CUevent_flags::CU_EVENT_DEFAULT)?;
+        e.program_timer = true;
+        Ok(e)
+    }
+
     #[inline]
-    pub(super) fn record(&mut self, dev: &CudaDevice, stream: &CudaStream) -> DeviceResult<()> {
+    pub(super) fn record(&mut self, dev: &CudaDevice, stream: &mut CudaStream) -> DeviceResult<()> {
         dev.bind()?;
         // SAFETY: live event and stream.
         unsafe { cu::event::record(self.raw, stream.raw) }
             .map_err(|e| driver("cuEventRecord", e))?;
         self.recorded = true;
+        if self.program_timer {
+            stream.timed_by_program();
+        }
         Ok(())
     }
 

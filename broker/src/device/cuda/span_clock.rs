@@ -1,5 +1,6 @@
-//! Where a client stream's measured spans take their times: streams of their own beside the
-//! client's, so the client's stream carries only an untimed mark of ours where a span ends.
+//! Where a stream's measured spans take their times once the program times its own work on it
+//! (it recorded a timing event of its own there): streams of their own beside the client's,
+//! so the client's stream carries only an untimed mark of ours where a span ends.
 //!
 //! A timed event costs the stream it is recorded on about 1.25 µs of GPU time even with
 //! nothing to wait for (H200, `scripts/probes/candidate_gate.cu`). On the client's stream, a
@@ -17,6 +18,12 @@
 //! as the work is queued, a launch's latency before it runs, and an end a cross-stream wait's
 //! latency after the work: a short span is measured a few microseconds longer than events on
 //! the client's stream measured it (how much is not measured yet).
+//!
+//! Why only for streams a program times: the two streams are more streams on the context's
+//! few hardware queues, and an end's wait holds its queue until the client's work before it is
+//! done. Where streams outnumber the queues, other work queued behind that wait would wait for
+//! another client's work. No run with many clients has measured whether that costs anything,
+//! so streams nobody times keep their events on the stream, as before.
 
 use cudarc::driver::result as cu;
 use cudarc::driver::sys::{self, CUevent, CUstream};

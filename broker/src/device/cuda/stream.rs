@@ -34,8 +34,9 @@ pub struct CudaStream {
     handoff: Option<CUevent>,
     /// Device time, from events around spans of continuous work.
     spans: Spans<CUevent>,
-    /// Where the spans' events are recorded, made with the first span (boxed: it keeps the
-    /// stream small).
+    /// Where the spans' events are recorded once the program has timed its own work on the
+    /// stream (`timed_by_program`); until then on the stream itself. Boxed: it keeps the
+    /// stream small.
     clock: Option<Box<SpanClock>>,
     /// Its cuBLAS handle, made on its first cuBLAS GEMM.
     pub(super) blas: Option<cudarc::cublas::sys::cublasHandle_t>,
@@ -119,29 +120,49 @@ impl CudaStream {
         self.open_span()
     }
 
-    /// Opens a span, its start stamped beside the stream (`span_clock.rs`).
+    /// The program recorded a timing event of its own on the stream: from now on the spans'
+    /// events go beside the stream (`span_clock.rs`), where they cannot lengthen what the
+    /// program times. Other streams keep them on the stream, where they cost the GPU about
+    /// 1.25 µs each and need no second stream.
+    pub(super) fn timed_by_program(&mut self) {
+        if self.clock.is_none() {
+            match SpanClock::create(self.priority) {
+                Ok(clock) => self.clock = Some(Box::new(clock)),
+                Err(e) => tracing::debug!(error = %e, "spans stay on the stream"),
+            }
+        }
+    }
+
+    /// Opens a span: its start event goes on the stream, or beside it once the program times
+    /// its own work there.
     #[cold]
     fn open_span(&mut self) -> DeviceResult<()> {
-        if self.clock.is_none() {
-            self.clock = Some(Box::new(SpanClock::create(self.priority)?));
+        let raw = self.raw;
+        match &self.clock {
+            // SAFETY: live events (ours), context bound.
+            Some(clock) => self
+                .spans
+                .begin(timed_event, |e| unsafe { clock.stamp_start(e) }),
+            None => self.spans.begin(timed_event, |e| {
+                // SAFETY: live event and stream.
+                unsafe { cu::event::record(e, raw) }.map_err(|e| driver("cuEventRecord", e))
+            }),
         }
-        let Some(clock) = &self.clock else {
-            return Ok(());
-        };
-        // SAFETY: live events (ours), context bound.
-        self.spans
-            .begin(timed_event, |e| unsafe { clock.stamp_start(e) })
     }
 
     /// Closes the open span: its end event goes after the work queued so far.
     fn close(&mut self) {
-        let (raw, Some(clock)) = (self.raw, &self.clock) else {
-            return; // no span was ever opened
-        };
-        self.spans.close(timed_event, |end| {
-            // SAFETY: live events (ours) and stream, context bound.
-            unsafe { clock.stamp_end(end, raw) }.is_ok()
-        });
+        let raw = self.raw;
+        match &self.clock {
+            Some(clock) => self.spans.close(timed_event, |end| {
+                // SAFETY: live events (ours) and stream, context bound.
+                unsafe { clock.stamp_end(end, raw) }.is_ok()
+            }),
+            None => self.spans.close(timed_event, |end| {
+                // SAFETY: live event and stream.
+                unsafe { cu::event::record(end, raw) }.is_ok()
+            }),
+        }
     }
 
     /// Adds the time of every finished span to the stream's total.
