@@ -167,6 +167,8 @@ impl CudaStream {
 
     /// Adds the time of every finished span to the stream's total.
     fn harvest(&mut self) {
+        // Only a start stamped beside the stream can come before the span before it ends.
+        let beside = self.clock.is_some();
         self.spans.harvest(|before, start, end| {
             // SAFETY: both events are live and were recorded.
             match unsafe { cu::event::query(end) } {
@@ -179,6 +181,7 @@ impl CudaStream {
                             // part was counted with it.
                             // SAFETY: `before` is live (kept by `spans`) and completed.
                             let counted = before
+                                .filter(|_| beside)
                                 .and_then(|b| unsafe { cu::event::elapsed(start, b) }.ok())
                                 .map_or(0.0, |ms| ms.max(0.0));
                             Measured::Took(ms_to_ns(ms - counted))
