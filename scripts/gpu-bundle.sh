@@ -68,7 +68,7 @@ cc -O2 -o "$out/module_globals" scripts/probes/module_globals.c -ldl
 cc -O2 -o "$out/fork_pinned" scripts/probes/fork_pinned.c -ldl
 cc -O2 -o "$out/launch_shapes" scripts/probes/launch_shapes.c -ldl
 cc -O2 -o "$out/sm_ids" scripts/probes/sm_ids.c -ldl
-mkdir -p "$out/probes" && cp scripts/probes/worker_maps.sh scripts/probes/step_calls.py scripts/probes/host_fn_latency.py scripts/probes/two_gpu_edges.py scripts/probes/dp_step.py scripts/probes/tensor_map_same.py scripts/probes/tensor_map_rate.py scripts/probes/graph_update.c scripts/probes/sync_poll.c scripts/probes/launch_rate.c scripts/probes/launch_company.c scripts/probes/timer_gate.c scripts/probes/tma_gate.cu scripts/probes/candidate_gate.cu scripts/probes/stream_ops_rate.cu scripts/probes/probe.h scripts/probes/timing.h "$out/probes/"
+mkdir -p "$out/probes" && cp scripts/probes/worker_maps.sh scripts/probes/step_calls.py scripts/probes/host_fn_latency.py scripts/probes/two_gpu_edges.py scripts/probes/dp_step.py scripts/probes/tensor_map_same.py scripts/probes/tensor_map_rate.py scripts/probes/graph_update.c scripts/probes/sync_poll.c scripts/probes/launch_rate.c scripts/probes/launch_company.c scripts/probes/timer_gate.c scripts/probes/tma_gate.cu scripts/probes/candidate_gate.cu scripts/probes/stream_ops_rate.cu scripts/probes/gate.cuh scripts/probes/probe.h scripts/probes/timing.h "$out/probes/"
 # strip(1) warns about the cuda/ directory and goes on.
 strip "$out"/* "$out/consolidated/launch" 2>/dev/null || true
 du -sh "$out"

@@ -40,24 +40,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gate.cuh"
 #include "timing.h"
 
-#define CK(x) do { CUresult r_ = (x); if (r_ != CUDA_SUCCESS) { const char *n_ = "?"; \
-    cuGetErrorName(r_, &n_); fprintf(stderr, "%s: %s\n", #x, n_); exit(1); } } while (0)
-
 enum { THREADS = 128, N = 1000, WARM = 100, KIB = 1024, SMALL = 128 };
-
-__global__ void delay(volatile unsigned *word, unsigned long long limit) {
-    unsigned long long t0, t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-    while (*word != 1) {
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-        if (t - t0 > limit) {
-            *word = 2;
-            return;
-        }
-    }
-}
 
 // Touches its dynamic shared memory (so the block holds it) and writes one value a thread.
 __device__ void body(float *out) {
@@ -79,15 +65,6 @@ __global__ void first(float *out) {
 __global__ void second(float *out) {
     asm volatile("griddepcontrol.wait;" ::: "memory");
     body(out);
-}
-
-static CUfunction function_of(const void *symbol) {
-    cudaFunction_t f;
-    if (cudaGetFuncBySymbol(&f, symbol) != cudaSuccess) {
-        fprintf(stderr, "cudaGetFuncBySymbol failed\n");
-        exit(1);
-    }
-    return (CUfunction)f;
 }
 
 static int blocks;

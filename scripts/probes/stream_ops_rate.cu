@@ -24,24 +24,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gate.cuh"
 #include "timing.h"
 
-#define CK(x) do { CUresult r_ = (x); if (r_ != CUDA_SUCCESS) { const char *n_ = "?"; \
-    cuGetErrorName(r_, &n_); fprintf(stderr, "%s: %s\n", #x, n_); exit(1); } } while (0)
-
 enum { KERNELS = 800, EVERY = 8, SEQUENCES = 30 };
-
-__global__ void delay(volatile unsigned *word, unsigned long long limit) {
-    unsigned long long t0, t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-    while (*word != 1) {
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-        if (t - t0 > limit) {
-            *word = 2;
-            return;
-        }
-    }
-}
 
 // Spins about `ns` on the GPU's clock.
 __global__ void work(unsigned long long ns) {
@@ -50,15 +36,6 @@ __global__ void work(unsigned long long ns) {
     do {
         asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     } while (t - t0 < ns);
-}
-
-static CUfunction function_of(const void *symbol) {
-    cudaFunction_t f;
-    if (cudaGetFuncBySymbol(&f, symbol) != cudaSuccess) {
-        fprintf(stderr, "cudaGetFuncBySymbol failed\n");
-        exit(1);
-    }
-    return (CUfunction)f;
 }
 
 enum { PLAIN, WRITE, WRITE_BESIDE, TIMED, TIMED_BESIDE, KINDS };

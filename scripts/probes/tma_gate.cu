@@ -15,28 +15,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gate.cuh"
 #include "timing.h"
-
-#define CK(x) do { CUresult r_ = (x); if (r_ != CUDA_SUCCESS) { const char *n_ = "?"; \
-    cuGetErrorName(r_, &n_); fprintf(stderr, "%s: %s\n", #x, n_); exit(1); } } while (0)
 
 enum { TILE = 32, BLOCKS = 4, THREADS = 128, N = 2000 };
 
 struct alignas(64) Big {
     unsigned char bytes[128];
 };
-
-__global__ void delay(volatile unsigned *word, unsigned long long limit) {
-    unsigned long long t0, t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-    while (*word != 1) {
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-        if (t - t0 > limit) {
-            *word = 2;
-            return;
-        }
-    }
-}
 
 // One 32 x 32 tile a block, brought into shared memory by the TMA unit.
 __global__ void tma_copy(const __grid_constant__ CUtensorMap tm, float *out) {
@@ -116,15 +102,6 @@ static CUdeviceptr vmm_alloc(size_t bytes) {
     access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
     CK(cuMemSetAccess(p, size, &access, 1));
     return p;
-}
-
-static CUfunction function_of(const void *symbol) {
-    cudaFunction_t f;
-    if (cudaGetFuncBySymbol(&f, symbol) != cudaSuccess) {
-        fprintf(stderr, "cudaGetFuncBySymbol failed\n");
-        exit(1);
-    }
-    return (CUfunction)f;
 }
 
 // One launch of `f` in the given form: 0 an array of parameter pointers, 1 one packed buffer,
