@@ -269,8 +269,14 @@ pub trait Backend: Send + Sync + 'static {
         if flags & DISABLE_TIMING != 0 {
             self.create_marker()
         } else {
-            self.create_event()
+            self.create_program_timer()
         }
+    }
+    /// A timing event a consolidated program made for itself (`cuEventCreate`), as against
+    /// gpushared's own and a library client's (`create_event`): a backend may keep its own
+    /// measurements out of what such an event times.
+    fn create_program_timer(&self) -> DeviceResult<Self::Event> {
+        self.create_event()
     }
     /// Sets `count` elements of `elem_bytes` (2 or 4) at `dst` to `value`.
     fn memset_wide(

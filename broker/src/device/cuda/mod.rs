@@ -527,14 +527,8 @@ impl Backend for CudaDevice {
         CudaEvent::create(self, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
     }
 
-    fn create_event_flags(&self, flags: u32) -> DeviceResult<CudaEvent> {
-        if flags & sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32 != 0 {
-            self.create_marker()
-        } else {
-            // Only a consolidated program's cuEventCreate comes here (gpushared's own and a
-            // library client's timing events are `EventKind::Timing`).
-            CudaEvent::program_timer(self)
-        }
+    fn create_program_timer(&self) -> DeviceResult<CudaEvent> {
+        CudaEvent::program_timer(self)
     }
 
     fn record_event(&self, event: &mut CudaEvent, stream: &mut CudaStream) -> DeviceResult<()> {

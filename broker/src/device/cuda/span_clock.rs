@@ -72,7 +72,7 @@ impl SpanClock {
     ///
     /// # Safety
     /// `timed` is a live event of the bound context.
-    pub(super) unsafe fn stamp_start(&self, timed: CUevent) -> DeviceResult<()> {
+    unsafe fn stamp_start(&self, timed: CUevent) -> DeviceResult<()> {
         // SAFETY: the caller's contract, and our own live stream.
         unsafe { cu::event::record(timed, self.starts) }.map_err(|e| driver("cuEventRecord", e))
     }
@@ -81,7 +81,7 @@ impl SpanClock {
     ///
     /// # Safety
     /// `timed` is a live event and `on` a live stream, of the bound context.
-    pub(super) unsafe fn stamp_end(&self, timed: CUevent, on: CUstream) -> DeviceResult<()> {
+    unsafe fn stamp_end(&self, timed: CUevent, on: CUstream) -> DeviceResult<()> {
         // SAFETY: the caller's contract, and our own live mark and stream. The wait takes the
         // mark's state at this call, so the mark may be recorded again at once.
         unsafe {
@@ -108,5 +108,40 @@ impl SpanClock {
             }
             let _ = cu::event::destroy(self.mark);
         }
+    }
+}
+
+/// Records `timed` where a span of the stream `on` starts: beside it with a `clock`, else on it.
+///
+/// # Safety
+/// `timed` is a live event and `on` a live stream, of the bound context.
+pub(super) unsafe fn stamp_start(
+    clock: Option<&SpanClock>,
+    timed: CUevent,
+    on: CUstream,
+) -> DeviceResult<()> {
+    match clock {
+        // SAFETY: the caller's contract.
+        Some(clock) => unsafe { clock.stamp_start(timed) },
+        // SAFETY: as above.
+        None => unsafe { cu::event::record(timed, on) }.map_err(|e| driver("cuEventRecord", e)),
+    }
+}
+
+/// Records `timed` where a span of the stream `on` ends, after the work queued on it so far:
+/// beside it with a `clock`, else on it.
+///
+/// # Safety
+/// `timed` is a live event and `on` a live stream, of the bound context.
+pub(super) unsafe fn stamp_end(
+    clock: Option<&SpanClock>,
+    timed: CUevent,
+    on: CUstream,
+) -> DeviceResult<()> {
+    match clock {
+        // SAFETY: the caller's contract.
+        Some(clock) => unsafe { clock.stamp_end(timed, on) },
+        // SAFETY: as above.
+        None => unsafe { cu::event::record(timed, on) }.map_err(|e| driver("cuEventRecord", e)),
     }
 }

@@ -7,7 +7,7 @@ use gpushare_protocol::PriorityClass;
 
 use super::CudaDevice;
 use super::error::driver;
-use super::span_clock::SpanClock;
+use super::span_clock::{self, SpanClock};
 use super::sync_words::SyncWord;
 use super::timing::{Measured, Spans, ms_to_ns};
 use crate::device::{DeviceError, DeviceResult};
@@ -109,15 +109,17 @@ impl CudaStream {
         }
     }
 
-    /// Opens a measured span, unless one is open, before queuing work.
+    /// Opens a measured span, unless one is open, before queuing work: its start event goes
+    /// on the stream, or beside it once the program times its own work there.
     #[inline]
     pub(super) fn begin(&mut self, dev: &CudaDevice) -> DeviceResult<()> {
         dev.bind()?;
         self.queued = true;
-        if self.spans.is_open() {
-            return Ok(());
-        }
-        self.open_span()
+        let (raw, clock) = (self.raw, self.clock.as_deref());
+        self.spans.begin(timed_event, |e| {
+            // SAFETY: live event (ours) and stream, context bound.
+            unsafe { span_clock::stamp_start(clock, e, raw) }
+        })
     }
 
     /// The program recorded a timing event of its own on the stream: from now on the spans'
@@ -133,36 +135,13 @@ impl CudaStream {
         }
     }
 
-    /// Opens a span: its start event goes on the stream, or beside it once the program times
-    /// its own work there.
-    #[cold]
-    fn open_span(&mut self) -> DeviceResult<()> {
-        let raw = self.raw;
-        match &self.clock {
-            // SAFETY: live events (ours), context bound.
-            Some(clock) => self
-                .spans
-                .begin(timed_event, |e| unsafe { clock.stamp_start(e) }),
-            None => self.spans.begin(timed_event, |e| {
-                // SAFETY: live event and stream.
-                unsafe { cu::event::record(e, raw) }.map_err(|e| driver("cuEventRecord", e))
-            }),
-        }
-    }
-
     /// Closes the open span: its end event goes after the work queued so far.
     fn close(&mut self) {
-        let raw = self.raw;
-        match &self.clock {
-            Some(clock) => self.spans.close(timed_event, |end| {
-                // SAFETY: live events (ours) and stream, context bound.
-                unsafe { clock.stamp_end(end, raw) }.is_ok()
-            }),
-            None => self.spans.close(timed_event, |end| {
-                // SAFETY: live event and stream.
-                unsafe { cu::event::record(end, raw) }.is_ok()
-            }),
-        }
+        let (raw, clock) = (self.raw, self.clock.as_deref());
+        self.spans.close(timed_event, |end| {
+            // SAFETY: live event (ours) and stream, context bound.
+            unsafe { span_clock::stamp_end(clock, end, raw) }.is_ok()
+        });
     }
 
     /// Adds the time of every finished span to the stream's total.

@@ -53,12 +53,6 @@ impl<E: Copy> Spans<E> {
         }
     }
 
-    /// Whether a span is open.
-    #[inline]
-    pub(super) fn is_open(&self) -> bool {
-        self.open.is_some()
-    }
-
     /// Opens a span unless one is open; `record` puts its start event on the stream.
     #[inline]
     pub(super) fn begin(
