@@ -15,6 +15,12 @@ def kernels():
     """The kernels, compiled once numba is imported (a missing numba surfaces as the case's
     error). `cuda` and `float32` are made module globals, which numba freezes into the kernels."""
     global cuda, float32
+    import numpy as np
+
+    # The numba on the GPU machine still calls `numpy.row_stack`, an alias of `vstack` that
+    # NumPy 2.x removed: without it numba fails there directly too.
+    if not hasattr(np, "row_stack"):
+        np.row_stack = np.vstack
     from numba import cuda, float32
 
     @cuda.jit
