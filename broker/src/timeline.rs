@@ -1,6 +1,6 @@
 //! `GPUSHARE_TIMELINE=1`: each client command gpushared's data threads run and each call a
-//! device runs, one line each on stderr: `timeline: data|device t=<µs> <what> <µs it took>`,
-//! `t` on CLOCK_MONOTONIC, the clock of the client driver's `GPUSHARE_CUDA_TRACE=3`, so that a
+//! device runs, one line each on stderr:
+//! `timeline: data|device t=<µs> <what> <µs it took> tid=<thread id>`, `t` on CLOCK_MONOTONIC, the clock of the client driver's `GPUSHARE_CUDA_TRACE=3`, so that a
 //! program's calls and their way through gpushared and its device worker line up (that is how
 //! a JAX step's lost 120 µs were found, docs/consolidated.md). Lines are kept in memory and
 //! written in blocks, and when gpushared or a worker ends, so that writing them hardly moves
@@ -49,10 +49,15 @@ pub fn point(who: &str, what: &'static str) {
 }
 
 fn line(who: &str, at_ns: u64, what: &str, took_ns: u64) {
+    thread_local! {
+        // SAFETY: gettid has no preconditions and touches no memory of ours.
+        static TID: i32 = unsafe { libc::gettid() };
+    }
+    let tid = TID.with(|t| *t);
     LINES.line(|l| {
         let _ = write!(
             l,
-            "timeline: {who} t={}.{:03} {what} {}.{:03}",
+            "timeline: {who} t={}.{:03} {what} {}.{:03} tid={tid}",
             at_ns / 1_000,
             at_ns % 1_000,
             took_ns / 1_000,
@@ -125,7 +130,12 @@ mod tests {
             point("worker", "got");
             assert!(LINES.take().is_empty());
             super::line("worker", 2_000_017, "got", 0);
-            assert_eq!(LINES.take(), "timeline: worker t=2000.017 got 0.000\n");
+            // SAFETY: gettid has no preconditions.
+            let tid = unsafe { libc::gettid() };
+            assert_eq!(
+                LINES.take(),
+                format!("timeline: worker t=2000.017 got 0.000 tid={tid}\n")
+            );
         }
     }
 }
