@@ -6,13 +6,16 @@
  *
  * `vmm_pool bench N` instead times each call of the API, N rounds of one granule (create,
  * map, set access, unmap, release; reserve and free of 1 GiB), and prints their medians in
- * microseconds as one JSON line.
+ * microseconds as one JSON line. `vmm_pool bench-worker N`, run directly, times what gpushare's
+ * device worker asks the driver for those calls (bench_worker below).
  *
  *   cc -O2 -I/usr/local/cuda/include vmm_pool.c -L/usr/local/cuda/lib64/stubs -lcuda */
 #include <cuda.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "../probes/timing.h"
 
@@ -111,6 +114,49 @@ static void bench(int rounds) {
     printf("}\n");
 }
 
+/* What a device worker's calls cost the driver, run directly: making memory (an exportable
+ * cuMemCreate, its descriptor, the handle released: `cuda/chunks.rs`'s make), and mapping it
+ * in a worker (import the descriptor, map, set access), then unmapping it (unmap, release the
+ * imported handle). gpushare's cuMemCreate is the first; its cuMemMap the second twice (the
+ * serving worker and its spare). Medians over `rounds`, in microseconds. */
+static void bench_worker(int rounds) {
+    enum { MAKE, IMPORT_MAP, UNMAP, OPS };
+    static const char *names[OPS] = {"make_exported", "import_map_access", "unmap_release"};
+    double *t[OPS];
+    for (int k = 0; k < OPS; k++) t[k] = calloc((size_t)rounds, sizeof(double));
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof prop);
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    CUmemAccessDesc access = {{CU_MEM_LOCATION_TYPE_DEVICE, 0}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+    CUdeviceptr va;
+    TRY(cuMemAddressReserve(&va, gran, 0, 0, 0));
+    for (int i = 0; i < rounds; i++) {
+        CUmemGenericAllocationHandle h, imported;
+        int fd = -1;
+        double a = now_us();
+        TRY(cuMemCreate(&h, gran, &prop, 0));
+        TRY(cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+        TRY(cuMemRelease(h));
+        double b = now_us();
+        TRY(cuMemImportFromShareableHandle(&imported, (void *)(uintptr_t)fd,
+                                           CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
+        TRY(cuMemMap(va, gran, 0, imported, 0));
+        TRY(cuMemSetAccess(va, gran, &access, 1));
+        double c = now_us();
+        TRY(cuMemUnmap(va, gran));
+        TRY(cuMemRelease(imported));
+        double d = now_us();
+        close(fd);
+        t[MAKE][i] = b - a, t[IMPORT_MAP][i] = c - b, t[UNMAP][i] = d - c;
+    }
+    TRY(cuMemAddressFree(va, gran));
+    printf("{\"ok\": true, \"rounds\": %d", rounds);
+    for (int k = 0; k < OPS; k++) printf(", \"%s_us\": %.1f", names[k], median(t[k], rounds));
+    printf("}\n");
+}
+
 int main(int argc, char **argv) {
     CUdevice dev;
     CUcontext ctx;
@@ -132,6 +178,10 @@ int main(int argc, char **argv) {
     TRY(cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
     if (argc > 2 && !strcmp(argv[1], "bench")) {
         bench(atoi(argv[2]) > 0 ? atoi(argv[2]) : 100);
+        return 0;
+    }
+    if (argc > 2 && !strcmp(argv[1], "bench-worker")) {
+        bench_worker(atoi(argv[2]) > 0 ? atoi(argv[2]) : 100);
         return 0;
     }
     reserved = (size_t)32 << 30; /* llama.cpp reserves 32 GiB of address space */
