@@ -240,7 +240,7 @@ impl TelemetryPlan {
         if self.off {
             self.opts.off("disabled with --no-telemetry")
         } else {
-            self.opts.off("starting")
+            self.opts.off(gpushare_protocol::stats::TELEMETRY_STARTING)
         }
     }
 }

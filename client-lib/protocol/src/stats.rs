@@ -274,6 +274,10 @@ impl ClientStats {
     }
 }
 
+/// The reason a [`TelemetryStatus`] gives while gpushared is still loading its eBPF programs:
+/// telemetry is neither on nor off yet.
+pub const TELEMETRY_STARTING: &str = "starting";
+
 /// Whether the broker's eBPF telemetry runs, and if not, why.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TelemetryStatus {
@@ -284,6 +288,13 @@ pub struct TelemetryStatus {
     pub dev_prefix: String,
     /// Whether uprobes on libcuda are attached.
     pub uprobes: bool,
+}
+
+impl TelemetryStatus {
+    /// Whether gpushared is still starting its telemetry (so neither on nor off yet).
+    pub fn starting(&self) -> bool {
+        !self.enabled && self.reason.as_deref() == Some(TELEMETRY_STARTING)
+    }
 }
 
 /// One process that uses the GPU, as the kernel sees it (eBPF telemetry): its ioctls on NVIDIA

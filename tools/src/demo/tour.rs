@@ -14,12 +14,16 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use bytesize::ByteSize;
 use gpushare::{Client, ConnectOptions, DeviceBuffer, ErrorCode, PriorityClass, StatusReport};
+use gpushare_protocol::stats::TelemetryStatus;
 
 use super::private::{Broker, BrokerArgs, Worker, sibling};
 use super::work::{Summary, ms};
 
 mod policy;
 use policy::{DEFAULT_LOWER_SM_SHARE, Priority, QUOTA, partition_note};
+
+/// How long the tour waits for gpushared's telemetry to come on (or say why not).
+const TELEMETRY_SETTLES: Duration = Duration::from_secs(10);
 
 #[derive(Debug, clap::Args)]
 pub struct TourArgs {
@@ -117,6 +121,7 @@ pub fn run(args: &TourArgs) -> anyhow::Result<()> {
             "no usable GPU {why}: the sim device stands in, taking each command's modelled time on the wall clock"
         ));
     }
+    let report = settled_telemetry(&broker, report)?;
     say(&telemetry_line(&report));
     let phase = args.seconds;
     let mut cases = Vec::new();
@@ -271,13 +276,31 @@ fn top_frame(broker: &Broker) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The broker's status once its telemetry is on or off: loading the eBPF programs takes a
+/// moment after the socket is up, and "off — starting" would mislead.
+fn settled_telemetry(broker: &Broker, mut report: StatusReport) -> anyhow::Result<StatusReport> {
+    let until = Instant::now() + TELEMETRY_SETTLES;
+    while report.telemetry.starting() && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(50));
+        report = broker.status()?;
+    }
+    Ok(report)
+}
+
 fn telemetry_line(report: &StatusReport) -> String {
-    let t = &report.telemetry;
+    telemetry_of(&report.telemetry)
+}
+
+fn telemetry_of(t: &TelemetryStatus) -> String {
     match (t.enabled, &t.reason) {
         (true, _) if t.uprobes => {
             "telemetry: eBPF on (NVIDIA ioctls and libcuda calls of every process)".into()
         }
         (true, _) => "telemetry: eBPF on (NVIDIA ioctls of every process)".into(),
+        (false, _) if t.starting() => format!(
+            "telemetry: still starting after {} s",
+            TELEMETRY_SETTLES.as_secs()
+        ),
         (false, Some(why)) => format!("telemetry: off — {why}"),
         (false, None) => "telemetry: off".into(),
     }
@@ -360,6 +383,25 @@ mod tests {
             case("priority", Some(2.0)),
         ];
         assert!(priority_gain(&silent).is_none(), "a case without a median");
+    }
+
+    #[test]
+    fn telemetry_still_starting_is_not_called_off() {
+        let status = |enabled, reason: Option<&str>| TelemetryStatus {
+            enabled,
+            reason: reason.map(str::to_string),
+            dev_prefix: "/dev/nvidia".into(),
+            uprobes: false,
+        };
+        let starting = status(false, Some(gpushare_protocol::stats::TELEMETRY_STARTING));
+        assert!(starting.starting());
+        let line = telemetry_of(&starting);
+        assert!(!line.contains("off"), "{line}");
+        assert!(line.contains("still starting"), "{line}");
+        let off = status(false, Some("no BPF"));
+        assert!(!off.starting());
+        assert_eq!(telemetry_of(&off), "telemetry: off — no BPF");
+        assert!(!status(true, None).starting());
     }
 
     #[test]
