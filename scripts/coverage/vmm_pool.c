@@ -47,16 +47,22 @@ static size_t reserved, mapped, used, gran;
 static CUmemGenericAllocationHandle handles[MAX_MAPS];
 static int nmaps;
 
+/* Pinned device memory on GPU 0, the properties every call here uses. */
+static CUmemAllocationProp device_prop(void) {
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof prop);
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = 0;
+    return prop;
+}
+
 /* Grows the mapped part of the pool to hold `need` bytes, a granule at a time, as llama.cpp. */
 static CUdeviceptr pool_alloc(size_t bytes) {
     size_t need = used + bytes;
     if (need > mapped) {
         size_t grow = ((need - mapped + gran - 1) / gran) * gran;
-        CUmemAllocationProp prop;
-        memset(&prop, 0, sizeof prop);
-        prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-        prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-        prop.location.id = 0;
+        CUmemAllocationProp prop = device_prop();
         CUmemGenericAllocationHandle h;
         TRY(cuMemCreate(&h, grow, &prop, 0));
         TRY(cuMemMap(base + mapped, grow, 0, h, 0));
@@ -76,17 +82,26 @@ static double median(double *v, int n) {
     return v[n / 2];
 }
 
+/* Room for `ops` series of `rounds` timings. */
+static void make_series(double **t, int ops, int rounds) {
+    for (int k = 0; k < ops; k++) t[k] = calloc((size_t)rounds, sizeof(double));
+}
+
+/* The medians of each series, as one JSON line. */
+static void print_medians(const char *const *names, double **t, int ops, int rounds) {
+    printf("{\"ok\": true, \"rounds\": %d", rounds);
+    for (int k = 0; k < ops; k++) printf(", \"%s_us\": %.1f", names[k], median(t[k], rounds));
+    printf("}\n");
+}
+
 /* Medians of each call over `rounds` rounds. */
 static void bench(int rounds) {
     enum { CREATE, MAP, ACCESS, UNMAP, RELEASE, RESERVE, FREE, OPS };
     static const char *names[OPS] = {"create", "map", "set_access", "unmap", "release",
                                      "reserve_1g", "free_1g"};
     double *t[OPS];
-    for (int k = 0; k < OPS; k++) t[k] = calloc((size_t)rounds, sizeof(double));
-    CUmemAllocationProp prop;
-    memset(&prop, 0, sizeof prop);
-    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    make_series(t, OPS, rounds);
+    CUmemAllocationProp prop = device_prop();
     CUmemAccessDesc access = {{CU_MEM_LOCATION_TYPE_DEVICE, 0}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
     for (int i = 0; i < rounds; i++) {
         CUdeviceptr va;
@@ -109,9 +124,7 @@ static void bench(int rounds) {
         t[RESERVE][i] = b - a, t[CREATE][i] = c - b, t[MAP][i] = d - c, t[ACCESS][i] = e - d;
         t[UNMAP][i] = f - e, t[RELEASE][i] = g - f, t[FREE][i] = h2 - g;
     }
-    printf("{\"ok\": true, \"rounds\": %d", rounds);
-    for (int k = 0; k < OPS; k++) printf(", \"%s_us\": %.1f", names[k], median(t[k], rounds));
-    printf("}\n");
+    print_medians(names, t, OPS, rounds);
 }
 
 /* What a device worker's calls cost the driver, run directly: making memory (an exportable
@@ -123,11 +136,8 @@ static void bench_worker(int rounds) {
     enum { MAKE, IMPORT_MAP, UNMAP, OPS };
     static const char *names[OPS] = {"make_exported", "import_map_access", "unmap_release"};
     double *t[OPS];
-    for (int k = 0; k < OPS; k++) t[k] = calloc((size_t)rounds, sizeof(double));
-    CUmemAllocationProp prop;
-    memset(&prop, 0, sizeof prop);
-    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    make_series(t, OPS, rounds);
+    CUmemAllocationProp prop = device_prop();
     prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
     CUmemAccessDesc access = {{CU_MEM_LOCATION_TYPE_DEVICE, 0}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
     CUdeviceptr va;
@@ -152,9 +162,7 @@ static void bench_worker(int rounds) {
         t[MAKE][i] = b - a, t[IMPORT_MAP][i] = c - b, t[UNMAP][i] = d - c;
     }
     TRY(cuMemAddressFree(va, gran));
-    printf("{\"ok\": true, \"rounds\": %d", rounds);
-    for (int k = 0; k < OPS; k++) printf(", \"%s_us\": %.1f", names[k], median(t[k], rounds));
-    printf("}\n");
+    print_medians(names, t, OPS, rounds);
 }
 
 int main(int argc, char **argv) {
@@ -170,11 +178,7 @@ int main(int argc, char **argv) {
         printf("{\"ok\": false, \"error\": \"no virtual memory management\"}\n");
         return 1;
     }
-    CUmemAllocationProp prop;
-    memset(&prop, 0, sizeof prop);
-    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    prop.location.id = 0;
+    CUmemAllocationProp prop = device_prop();
     TRY(cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
     if (argc > 2 && !strcmp(argv[1], "bench")) {
         bench(atoi(argv[2]) > 0 ? atoi(argv[2]) : 100);
