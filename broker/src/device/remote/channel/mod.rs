@@ -256,10 +256,6 @@ pub struct WorkerEnd {
 /// collects them when it can).
 const PUBLISH_EVERY: u32 = 16;
 
-/// How often a sleeping worker thread looks at whether its worker is ending. Rarely: a
-/// worker ends with its process, and every look costs an idle session a wake-up.
-const STOP_RECHECK: Duration = Duration::from_secs(2);
-
 impl WorkerEnd {
     /// Maps a channel gpushared made, at `at` when that is free (0: anywhere).
     pub fn open(fd: &OwnedFd, at: u64) -> std::io::Result<WorkerEnd> {
@@ -286,9 +282,11 @@ impl WorkerEnd {
         })
     }
 
-    /// Waits for the next request: spins for the caller's spin time, then sleeps until woken
-    /// (or, now and then, to see whether `stop` says the worker is ending); spins again after
-    /// each wake-up by the caller. A request that breaks the ring's rules ends the channel.
+    /// Waits for the next request: spins for the caller's spin time, then sleeps until the
+    /// caller wakes it (a request, a nudge, or the channel's close); spins again after each
+    /// wake-up. `stop` is asked at each look, not on a timer: the worker's process ends as
+    /// soon as it says so, so an idle session's thread needs no wake-ups of its own. A request
+    /// that breaks the ring's rules ends the channel.
     pub fn next(&mut self, stop: &dyn Fn() -> bool) -> Next {
         // A request known to be there already (read with the tail last time).
         if let Some(next) = look(&self.mapped, self.head, self.tail_seen, &mut self.current) {
@@ -317,7 +315,7 @@ impl WorkerEnd {
             if h.caller.tail.load(Ordering::Acquire) == self.head
                 && h.caller.closed.load(Ordering::Acquire) == 0
             {
-                futex_wait(&h.caller.req_seq, seq, STOP_RECHECK);
+                futex_wait(&h.caller.req_seq, seq, None);
             }
             h.worker_sleeps.sleeps.store(0, Ordering::Relaxed);
             // Woken by a request or a nudge: spin again before sleeping. Not after the

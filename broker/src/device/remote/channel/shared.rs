@@ -200,21 +200,25 @@ pub(super) fn take(
     }
 }
 
-pub(super) fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) {
-    let ts = libc::timespec {
-        tv_sec: timeout.as_secs() as libc::time_t,
-        tv_nsec: timeout.subsec_nanos() as libc::c_long,
-    };
+/// Sleeps while `word` is `expected`, until woken or `timeout` (`None`: no timeout) passes.
+pub(super) fn futex_wait(word: &AtomicU32, expected: u32, timeout: Option<Duration>) {
+    let ts = timeout.map(|t| libc::timespec {
+        tv_sec: t.as_secs() as libc::time_t,
+        tv_nsec: t.subsec_nanos() as libc::c_long,
+    });
+    let ts_ptr = ts
+        .as_ref()
+        .map_or(std::ptr::null(), |t| t as *const libc::timespec);
     // SAFETY: a futex wait on a live u32 of a shared mapping (not FUTEX_PRIVATE: the other
-    // process wakes it), with a timeout on our stack; any outcome (woken, changed, timed out,
-    // interrupted) just returns to the caller's loop.
+    // process wakes it), with a timeout on our stack or none (NULL); any outcome (woken,
+    // changed, timed out, interrupted) just returns to the caller's loop.
     unsafe {
         libc::syscall(
             libc::SYS_futex,
             word.as_ptr(),
             libc::FUTEX_WAIT,
             expected,
-            &ts as *const libc::timespec,
+            ts_ptr,
             0usize,
             0u32,
         );
@@ -265,7 +269,7 @@ pub(super) fn caller_wait(
         h.caller_sleeps.sleeps.store(1, Ordering::Relaxed);
         fence(Ordering::SeqCst);
         if !ready() {
-            futex_wait(word, seen, NAP);
+            futex_wait(word, seen, Some(NAP));
         }
         h.caller_sleeps.sleeps.store(0, Ordering::Relaxed);
     }
