@@ -1,6 +1,7 @@
 //! `GPUSHARE_TIMELINE=1`: each client command gpushared's data threads run and each call a
 //! device runs, one line each on stderr:
-//! `timeline: data|device t=<µs> <what> <µs it took> tid=<thread id>`, `t` on CLOCK_MONOTONIC, the clock of the client driver's `GPUSHARE_CUDA_TRACE=3`, so that a
+//! `timeline: data|device t=<µs> <what> <µs it took> tid=<thread id>`, `t` on
+//! CLOCK_MONOTONIC, the clock of the client driver's `GPUSHARE_CUDA_TRACE=3`, so that a
 //! program's calls and their way through gpushared and its device worker line up (that is how
 //! a JAX step's lost 120 µs were found, docs/consolidated.md). Lines are kept in memory and
 //! written in blocks, and when gpushared or a worker ends, so that writing them hardly moves

@@ -122,7 +122,7 @@ pub fn run(args: &TourArgs) -> anyhow::Result<()> {
         ));
     }
     let report = settled_telemetry(&broker, report)?;
-    say(&telemetry_line(&report));
+    say(&telemetry_line(&report.telemetry));
     let phase = args.seconds;
     let mut cases = Vec::new();
 
@@ -287,11 +287,7 @@ fn settled_telemetry(broker: &Broker, mut report: StatusReport) -> anyhow::Resul
     Ok(report)
 }
 
-fn telemetry_line(report: &StatusReport) -> String {
-    telemetry_of(&report.telemetry)
-}
-
-fn telemetry_of(t: &TelemetryStatus) -> String {
+fn telemetry_line(t: &TelemetryStatus) -> String {
     match (t.enabled, &t.reason) {
         (true, _) if t.uprobes => {
             "telemetry: eBPF on (NVIDIA ioctls and libcuda calls of every process)".into()
@@ -395,12 +391,12 @@ mod tests {
         };
         let starting = status(false, Some(gpushare_protocol::stats::TELEMETRY_STARTING));
         assert!(starting.starting());
-        let line = telemetry_of(&starting);
+        let line = telemetry_line(&starting);
         assert!(!line.contains("off"), "{line}");
         assert!(line.contains("still starting"), "{line}");
         let off = status(false, Some("no BPF"));
         assert!(!off.starting());
-        assert_eq!(telemetry_of(&off), "telemetry: off — no BPF");
+        assert_eq!(telemetry_line(&off), "telemetry: off — no BPF");
         assert!(!status(true, None).starting());
     }
 
