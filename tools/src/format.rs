@@ -440,6 +440,8 @@ pub fn telemetry_line(f: &Frame) -> Option<String> {
     Some(match (t.enabled, &t.reason) {
         (true, _) if t.uprobes => "telemetry: eBPF on (ioctls, libcuda uprobes)".into(),
         (true, _) => "telemetry: eBPF on (ioctls)".into(),
+        // gpushared loads its eBPF programs after it starts serving: not off, not on yet.
+        (false, _) if t.starting() => "telemetry: starting".into(),
         (false, Some(why)) => format!("telemetry: off — {why}"),
         (false, None) => "telemetry: off".into(),
     })

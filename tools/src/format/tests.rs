@@ -236,3 +236,33 @@ fn line_has_token(text: &str, line_with: &str, token: &str) -> bool {
         .find(|l| l.contains(line_with))
         .is_some_and(|l| l.split_whitespace().any(|t| t == token))
 }
+
+#[test]
+fn top_says_telemetry_is_starting_while_gpushared_loads_it_not_that_it_is_off() {
+    use crate::top::collect::tests::report;
+    use crate::top::collect::{Deriver, Extras};
+    use gpushare_protocol::stats::{TELEMETRY_STARTING, TelemetryStatus};
+    let mut r = report(1_000, vec![client(1, 100, "train.py")]);
+    let status = |enabled, reason: Option<&str>| TelemetryStatus {
+        enabled,
+        reason: reason.map(str::to_string),
+        dev_prefix: "/dev/nvidia".into(),
+        uprobes: false,
+    };
+    let mut line = |t| {
+        r.telemetry = t;
+        telemetry_line(&Deriver::default().derive(&r, &Extras::of(&r)))
+    };
+    assert_eq!(
+        line(status(false, Some(TELEMETRY_STARTING))).as_deref(),
+        Some("telemetry: starting")
+    );
+    assert_eq!(
+        line(status(false, Some("no BPF"))).as_deref(),
+        Some("telemetry: off — no BPF")
+    );
+    assert_eq!(
+        line(status(true, None)).as_deref(),
+        Some("telemetry: eBPF on (ioctls)")
+    );
+}
