@@ -6,7 +6,8 @@
 //! `cuMemHostRegister` so host↔device copies are asynchronous DMA straight from shared memory.
 //! Device time per stream is measured with CUDA events bracketing spans of continuous work.
 //!
-//! This file opens the device and maps [`Backend`] onto the files that do the work: `context`
+//! This file maps [`Backend`] onto the files that do the work: `open` (opening the device),
+//! `context`
 //! (binding, interruptible waits), `memory` (allocations, page-locked arenas), `chunks`
 //! (clients' memory, which outlives the context), `copy`, `stream` and `timing` (client streams and their device time), `event`, `module`
 //! (client modules and launches), `builtins` and `gemm` (built-in kernels, cuBLAS),
@@ -26,6 +27,7 @@ mod info;
 mod injection;
 mod memory;
 mod module;
+mod open;
 mod partition;
 pub mod peer;
 mod progress;
@@ -38,7 +40,6 @@ mod timing;
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 use cudarc::driver::result as cu;
 use cudarc::driver::sys::{self, CUcontext, CUdevice};
@@ -57,7 +58,6 @@ pub use self::builtins::{
     compiled as compiled_builtins,
 };
 use self::chunks::Chunks;
-use self::error::driver;
 pub use self::event::CudaEvent;
 use self::gemm::Gemm;
 /// The helper process that keeps the driver initialised across a restart.
@@ -67,6 +67,7 @@ pub use self::holder::{
 use self::injection::FaultKernels;
 use self::memory::PinnedArenas;
 pub use self::module::{CudaFunction, CudaModule, ModuleRef};
+pub use self::open::{ProbeError, device_count};
 use self::partition::Partitions;
 pub use self::stream::CudaStream;
 use super::graph::{Node, Step};
@@ -102,154 +103,6 @@ pub struct CudaDevice {
 unsafe impl Send for CudaDevice {}
 // SAFETY: as above.
 unsafe impl Sync for CudaDevice {}
-
-/// Why no CUDA device could be opened.
-#[derive(Debug, thiserror::Error)]
-pub enum ProbeError {
-    #[error("the CUDA driver library (libcuda.so) was not found")]
-    NoDriver,
-    #[error("no CUDA device is present")]
-    NoDevice,
-    #[error("GPU {asked} does not exist (this machine has {count})")]
-    NoSuchGpu { asked: i32, count: i32 },
-    #[error("{0}")]
-    Driver(#[from] DeviceError),
-}
-
-/// Initialises the CUDA driver in this process (no context, no GPU memory) and counts the
-/// GPUs: what gpushared needs to start a device worker per GPU. The initialised driver also
-/// makes each worker's `cuInit` quick.
-pub fn device_count() -> Result<i32, ProbeError> {
-    // SAFETY: only probes whether the library can be loaded.
-    if !unsafe { sys::is_culib_present() } {
-        return Err(ProbeError::NoDriver);
-    }
-    cu::init().map_err(|e| driver("cuInit", e))?;
-    match cu::device::get_count().map_err(|e| driver("cuDeviceGetCount", e))? {
-        0 => Err(ProbeError::NoDevice),
-        n => Ok(n),
-    }
-}
-
-impl CudaDevice {
-    /// Opens every GPU of the machine.
-    pub fn open_all() -> Result<Vec<CudaDevice>, ProbeError> {
-        // SAFETY: only probes whether the library can be loaded.
-        if !unsafe { sys::is_culib_present() } {
-            return Err(ProbeError::NoDriver);
-        }
-        cu::init().map_err(|e| driver("cuInit", e))?;
-        let count = cu::device::get_count().map_err(|e| driver("cuDeviceGetCount", e))?;
-        if count == 0 {
-            return Err(ProbeError::NoDevice);
-        }
-        (0..count).map(CudaDevice::open).collect()
-    }
-
-    /// Opens GPU `ordinal`: retains its primary context and loads the built-in kernels.
-    pub fn open(ordinal: i32) -> Result<CudaDevice, ProbeError> {
-        // SAFETY: only probes whether the library can be loaded.
-        if !unsafe { sys::is_culib_present() } {
-            return Err(ProbeError::NoDriver);
-        }
-        let started = Instant::now();
-        cu::init().map_err(|e| driver("cuInit", e))?;
-        tracing::debug!(took = ?started.elapsed(), "CUDA driver initialised");
-        let count = cu::device::get_count().map_err(|e| driver("cuDeviceGetCount", e))?;
-        if count == 0 {
-            return Err(ProbeError::NoDevice);
-        }
-        if ordinal < 0 || ordinal >= count {
-            return Err(ProbeError::NoSuchGpu {
-                asked: ordinal,
-                count,
-            });
-        }
-        let device = cu::device::get(ordinal).map_err(|e| driver("cuDeviceGet", e))?;
-        let started = Instant::now();
-        // SAFETY: `device` is valid; the retained context is released in Drop.
-        let ctx = unsafe { cu::primary_ctx::retain(device) }
-            .map_err(|e| driver("cuDevicePrimaryCtxRetain", e))?;
-        let context_took = started.elapsed();
-        // SAFETY: `ctx` was just retained.
-        unsafe { context::make_current(ctx) }?;
-
-        let attr = |a| {
-            // SAFETY: `device` is valid; unknown attributes return an error, mapped to 0.
-            unsafe { cu::device::get_attribute(device, a) }
-                .unwrap_or(0)
-                .max(0) as u32
-        };
-        use sys::CUdevice_attribute::*;
-        let sm_count = attr(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT);
-        let cc = (
-            attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR),
-            attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR),
-        );
-        let clock_khz = attr(CU_DEVICE_ATTRIBUTE_CLOCK_RATE) as f64;
-        let mem_clock_khz = attr(CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE) as f64;
-        let bus_bits = attr(CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH) as f64;
-        // SAFETY: `device` is valid.
-        let total_memory = unsafe { cu::device::total_mem(device) }
-            .map_err(|e| driver("cuDeviceTotalMem", e))? as u64;
-        let name = cu::device::get_name(device).unwrap_or_else(|_| "NVIDIA GPU".into());
-        let attributes = info::all_attributes(device);
-        let at = |a: usize| attributes.get(a).copied().unwrap_or(0).max(0) as u32;
-        let info = DeviceInfo {
-            index: ordinal as u32,
-            name,
-            total_memory,
-            sm_count,
-            compute_capability: cc,
-            fp32_flops: info::fp32_flops(sm_count, clock_khz),
-            memory_bandwidth: info::memory_bandwidth(mem_clock_khz, bus_bits),
-            host_bandwidth: 0.0,
-            uuid: info::uuid(device),
-            // CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID, _PCI_BUS_ID, _PCI_DEVICE_ID.
-            pci: (at(50), at(33), at(34)),
-            driver_version: info::driver_version(),
-            attributes,
-        };
-        let priorities = cu::stream::get_priority_range().unwrap_or((0, 0));
-        let builtins = Builtins::load(cc, sm_count)?;
-        // After the built-in kernels, never beside them: the libraries then load in one
-        // order in every worker (see `builtins::compile_anyway`).
-        gemm::start_loading_cublas();
-        tracing::debug!(
-            gpu = ordinal,
-            context = ?context_took,
-            kernels = ?(started.elapsed() - context_took),
-            "CUDA context and built-in kernels ready"
-        );
-        tracing::info!(
-            gpu = ordinal,
-            name = %info.name,
-            sms = sm_count,
-            compute = format_args!("{}.{}", cc.0, cc.1),
-            kernels = builtins.origin,
-            "CUDA device open"
-        );
-        Ok(CudaDevice {
-            ordinal,
-            device,
-            ctx,
-            interrupted: AtomicBool::new(false),
-            info,
-            builtins,
-            faults: Mutex::new(None),
-            priorities,
-            pinned: PinnedArenas::default(),
-            progress: progress::ProgressPages::default(),
-            sync_words: sync_words::SyncWords::default(),
-            chunks: Chunks::default(),
-            partitions: Partitions::probe(device, sm_count),
-        })
-    }
-
-    pub fn ordinal(&self) -> i32 {
-        self.ordinal
-    }
-}
 
 impl Drop for CudaDevice {
     fn drop(&mut self) {
