@@ -25,7 +25,8 @@
 # -user `[fair] per_user = true`, e.g. fair-side-user, and then in -lN `[fair] lag_us = N`,
 # e.g. fair-side50000-l200000, and then in -hN `[fair] hungry_us = N`, e.g. fair-side5000-h300,
 # and then in -wN `[fair] waited_us = N`, e.g. fair-side5000-h1000-w1000, and then in -level
-# `[fair] bank_unused = false`, e.g. fair-side5000-h1000-level),
+# `[fair] bank_unused = false`, e.g. fair-side5000-h1000-level, and last of all -fN
+# `[fair] free_lead_us = N`, e.g. fair-side500000-user-l2000000-f1000000),
 # ROUNDS (2), WINDOW (10),
 # HP (set: a high-priority inference loop, colocate/loop.py --model infer, runs as user gsfairhp
 # beside them, every other user best-effort; it runs alone for one window first, and the summary
@@ -75,7 +76,11 @@ sock=$work/gpushare.sock
 gs() { timeout 20 "$work/bin/gpushare" --socket "$sock" "$@"; }
 
 policy_file() { # POLICY USERS
-    local anticipate= per_user=false lag= hungry= waited= bank=
+    local anticipate= per_user=false lag= hungry= waited= bank= free=
+    if [[ $1 =~ ^(.*)-f([0-9]+)$ ]]; then # -fN: [fair] free_lead_us = N
+        free=${BASH_REMATCH[2]}
+        set -- "${BASH_REMATCH[1]}" "$2"
+    fi
     if [[ $1 == *-level ]]; then # -level: [fair] bank_unused = false
         bank=false
         set -- "${1%-level}" "$2"
@@ -116,6 +121,7 @@ policy_file() { # POLICY USERS
     [[ -n $hungry ]] && printf 'hungry_us = %s\n' "$hungry"
     [[ -n $waited ]] && printf 'waited_us = %s\n' "$waited"
     [[ -n $bank ]] && printf 'bank_unused = %s\n' "$bank"
+    [[ -n $free ]] && printf 'free_lead_us = %s\n' "$free"
     printf 'per_user = %s\n' "$per_user"
     printf '[priority]\nlower_by_weight = %s\n' "$by_weight"
     [[ -n $queue ]] && printf 'lower_queue_us = %s\n' "$queue"

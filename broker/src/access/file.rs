@@ -77,6 +77,7 @@ pub(super) struct FairFields {
     pub(super) hungry_us: Option<u64>,
     pub(super) waited_us: Option<u64>,
     pub(super) bank_unused: Option<bool>,
+    pub(super) free_lead_us: Option<u64>,
 }
 
 /// `[priority]`: the priority policy's tunables.

@@ -90,6 +90,9 @@ impl Policy {
                 .waited_us
                 .map_or(base.waited_ns, |us| us.saturating_mul(1_000)),
             bank_unused: f.bank_unused.unwrap_or(base.bank_unused),
+            free_lead_ns: f
+                .free_lead_us
+                .map_or(base.free_lead_ns, |us| us.saturating_mul(1_000)),
             ..base
         }
     }

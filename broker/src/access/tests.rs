@@ -190,6 +190,17 @@ fn the_fair_tunables_come_from_the_file() {
         hungry.fair_config().bank_unused,
         "banking unless asked otherwise"
     );
+    assert_eq!(
+        hungry.fair_config().free_lead_ns,
+        0,
+        "always gated unless asked"
+    );
+    let free = Policy::parse(
+        "scheduler = \"fair\"\n[fair]\nfree_lead_us = 500000\n",
+        "t.toml",
+    )
+    .expect("valid policy");
+    assert_eq!(free.fair_config().free_lead_ns, 500_000_000);
     let off = Policy::parse("scheduler = \"fair\"\n[fair]\nquantum_us = 0\n", "t.toml")
         .expect("valid policy");
     assert_eq!(

@@ -82,6 +82,9 @@ pub struct GpuScheduler {
     gated: AtomicBool,
     /// The policy charges measured device time: sessions report it.
     device_time: AtomicBool,
+    /// The policy needs nobody held for now: launches are not gated (FAIR's `free_lead_ns`),
+    /// until the device time that sessions report shows a lead again.
+    free: AtomicBool,
     /// High-priority kernels are not gated (the lower classes are on a hardware partition).
     high_free: AtomicBool,
     /// Governed clients registered: while there is one, high-priority kernels are gated
@@ -127,6 +130,7 @@ impl GpuScheduler {
         );
         GpuScheduler {
             device_time: AtomicBool::new(dispatcher.charges_device_time()),
+            free: AtomicBool::new(false),
             state: Mutex::new(State {
                 dispatcher,
                 granted: IdMap::default(),
@@ -154,10 +158,12 @@ impl GpuScheduler {
     }
 
     /// Whether launches wait for the policy: anything but FIFO, with another client on the
-    /// GPU. (A lone client's kernels go straight to its stream; once a second client comes,
-    /// its new kernels are scheduled.)
+    /// GPU, unless the policy needs nobody held now. (A lone client's kernels go straight to
+    /// its stream; once a second client comes, its new kernels are scheduled.)
     pub fn gated(&self) -> bool {
-        self.gated.load(Ordering::Relaxed) && self.clients.load(Ordering::Relaxed) > 1
+        self.gated.load(Ordering::Relaxed)
+            && self.clients.load(Ordering::Relaxed) > 1
+            && !self.free.load(Ordering::Relaxed)
     }
 
     /// How soon a data thread gone idle with granted kernels not yet seen finished looks at
@@ -195,6 +201,7 @@ impl GpuScheduler {
             .store(kind != PolicyKind::Fifo, Ordering::Relaxed);
         self.device_time
             .store(st.dispatcher.charges_device_time(), Ordering::Relaxed);
+        self.free.store(false, Ordering::Relaxed);
         self.high_free.store(
             high_free(kind, tunables.priority, self.sm_partitions),
             Ordering::Relaxed,
@@ -366,6 +373,14 @@ impl GpuScheduler {
         let mut st = self.lock();
         let now = self.now();
         let _ = st.dispatcher.device_time(id, ns, now);
+        // Before the pump: work held until now is granted at once when nobody needs holding.
+        let free = st.dispatcher.free_running(now);
+        if self.free.swap(free, Ordering::Relaxed) != free {
+            tracing::debug!(
+                free,
+                "launches skip the scheduler while nobody needs holding"
+            );
+        }
         self.pump(&mut st);
     }
 
@@ -525,6 +540,50 @@ mod tests {
         assert!(d.schedules(PriorityClass::High));
         d.set_policy(PolicyKind::Fair, Tunables::default());
         assert!(d.schedules(PriorityClass::High));
+    }
+
+    #[test]
+    fn fair_running_free_leaves_launches_ungated_until_a_lead_grows() {
+        let d = GpuScheduler::new(
+            PolicyKind::Fair,
+            Tunables {
+                fair: crate::sched::FairConfig {
+                    side_by_side: true,
+                    quantum_ns: 5_000_000,
+                    free_lead_ns: 10_000_000,
+                    ..crate::sched::FairConfig::default()
+                },
+                ..Tunables::default()
+            },
+            DeviceShape {
+                sms: 132,
+                sm_partitions: false,
+            },
+        );
+        d.add_client(1, PriorityClass::Normal, 1, 1, false, "default");
+        d.add_client(2, PriorityClass::Normal, 1, 2, false, "default");
+        assert!(
+            d.schedules(PriorityClass::Normal),
+            "gated until device time says"
+        );
+        // Level device time: free once the policy has held nobody for a while (50 ms).
+        let level_until_free = || {
+            let give_up = Instant::now() + Duration::from_secs(5);
+            while d.schedules(PriorityClass::Normal) {
+                assert!(Instant::now() < give_up, "never free");
+                d.device_time(1, 100_000);
+                d.device_time(2, 100_000);
+                std::thread::yield_now();
+            }
+        };
+        level_until_free();
+        d.device_time(1, 30_000_000);
+        assert!(d.schedules(PriorityClass::Normal), "a 30 ms lead: gated");
+        d.device_time(2, 30_000_000);
+        level_until_free();
+        // A policy switched live starts gated.
+        d.set_policy(PolicyKind::Fair, Tunables::default());
+        assert!(d.schedules(PriorityClass::Normal));
     }
 
     #[test]

@@ -510,6 +510,14 @@ impl Dispatcher {
         Ok(())
     }
 
+    /// Whether the policy needs nobody held now, so that launches may skip the scheduler
+    /// (FAIR's `free_lead_ns`; never for the other policies).
+    pub fn free_running(&mut self, now: u64) -> bool {
+        let now = self.clamp_now(now);
+        let view = view!(self);
+        self.policy.free_running(&view, now)
+    }
+
     /// A client declared the end of an iteration: the only point where SRTF may switch it
     /// out. Measures the iteration's latency (first submission → now) and checks its
     /// deadline. `None` if it submitted nothing since its last boundary.

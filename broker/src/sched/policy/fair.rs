@@ -79,60 +79,12 @@
 
 use crate::sched::id_hash::IdMap;
 
+pub use self::config::FairConfig;
 use super::{Pick, Policy};
 use crate::sched::{ClientId, Inflight, View};
 
 /// With turns: a client idle for less than this is not "newly backlogged" (see the docs).
 const IDLE_GRACE_NS: u64 = 50_000_000;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FairConfig {
-    /// Requests in flight over all clients.
-    pub max_concurrent: u32,
-    /// Most GPU time a newly backlogged client may be owed.
-    pub lag_ns: u64,
-    /// GPU time a client's turn may run ahead of the next backlogged client (0: turns of one
-    /// kernel, `max_concurrent` in flight over all clients).
-    pub quantum_ns: u64,
-    /// Kernels of one client in flight during its turn (with a quantum).
-    pub max_run: u32,
-    /// How long a client owed GPU time is waited for after its work completed (0: never).
-    pub anticipate_ns: u64,
-    /// Clients' kernels side by side while their SMs fit, charged by SM·time (see the docs).
-    pub share_sms: bool,
-    /// Clients within a quantum of the least served run side by side (see the docs).
-    pub side_by_side: bool,
-    /// Shares belong to users: a user's programs draw on one virtual time (see the docs).
-    pub per_user: bool,
-    /// Side by side: a client holds back those of its weight or more only while this much
-    /// estimated GPU time of its work is queued or in flight (0: always; see the docs).
-    pub hungry_ns: u64,
-    /// With `hungry_ns`: a client whose work has waited this long on the device past when it
-    /// would have been done, behind the others' work, is hungry too (0: never; see the docs).
-    pub waited_ns: u64,
-    /// With `hungry_ns`: GPU time a client left unused while it was not hungry is owed to it
-    /// when it becomes hungry (up to the lag); false: after a quantum of asking for less, it
-    /// starts level with its hungry peers (`hunger.rs`).
-    pub bank_unused: bool,
-}
-
-impl Default for FairConfig {
-    fn default() -> Self {
-        FairConfig {
-            max_concurrent: 1,
-            lag_ns: 20_000_000,
-            quantum_ns: 0,
-            max_run: 32,
-            anticipate_ns: 500_000,
-            share_sms: false,
-            side_by_side: false,
-            per_user: false,
-            hungry_ns: 0,
-            waited_ns: 0,
-            bank_unused: true,
-        }
-    }
-}
 
 #[derive(Debug, Clone)]
 pub struct Fair {
@@ -164,6 +116,14 @@ pub struct Fair {
     /// Side by side, each pick's scratch: the least virtual time of the backlogged clients that
     /// are not hungry, by weight (kept to spare an allocation under the scheduler's lock).
     idle_by_weight: Vec<(u32, f64)>,
+    /// With `free_lead_ns`: when device time was last charged to each account, and whether
+    /// launches skip the scheduler now (`free.rs`).
+    charged_at: IdMap<u64, u64>,
+    free: bool,
+    /// Side by side: when a pick last held a client with work waiting, and since when
+    /// launches are gated again after running free (`free.rs`).
+    held_at: u64,
+    gated_since: u64,
 }
 
 /// Who bounds the lead of the clients a pick weighs: the least virtual time of a hungry
@@ -201,6 +161,10 @@ impl Fair {
             wake: None,
             unmeasured: IdMap::default(),
             idle_by_weight: Vec::new(),
+            charged_at: IdMap::default(),
+            free: false,
+            held_at: 0,
+            gated_since: 0,
         }
     }
 
@@ -360,6 +324,9 @@ impl Fair {
         self.idle_by_weight = idle_by_weight;
         if pick == Pick::Hold {
             self.wake = self.returning(now).map(|(_, until, _)| until).min();
+            if view.candidates().next().is_some() {
+                self.held_at = now;
+            }
         }
         pick
     }
@@ -418,6 +385,13 @@ impl Policy for Fair {
 
     fn pick(&mut self, view: &View<'_>, now: u64) -> Pick {
         self.wake = None;
+        if self.free {
+            // Running free: what was queued before is granted as it came (`free.rs`).
+            return view
+                .candidates()
+                .min_by_key(|c| c.head().map(|h| h.id))
+                .map_or(Pick::Hold, |c| Pick::Grant(c.id()));
+        }
         if self.cfg.share_sms {
             return self.pick_sharing_sms(view);
         }
@@ -444,6 +418,10 @@ impl Policy for Fair {
 
     fn next_wakeup(&self) -> Option<u64> {
         self.wake
+    }
+
+    fn free_running(&mut self, _view: &View<'_>, now: u64) -> bool {
+        self.decide_free(now)
     }
 
     fn on_submit(&mut self, view: &View<'_>, client: ClientId, now: u64) {
@@ -535,6 +513,7 @@ impl Policy for Fair {
         if !self.cfg.side_by_side {
             return;
         }
+        self.note_active(view, client, now);
         let weight = view.client(client).map_or(1, |c| c.weight());
         let w = f64::from(weight);
         let estimated = self.unmeasured.remove(&client).unwrap_or(0.0);
@@ -543,7 +522,12 @@ impl Policy for Fair {
         // Device time can come long after its work (work queued while the client was alone
         // on the GPU, not gated): as a newcomer is owed at most `lag_ns`, a client owes at
         // most that to the least served other backlogged one, however late its time comes.
-        // (Owed only by those that bound its lead when picking, `Bounds`.)
+        // (Owed only by those that bound its lead when picking, `Bounds`.) Running free, its
+        // time is what the leads are read from, so all of it is charged (`free.rs`).
+        if self.cfg.free_lead_ns > 0 {
+            self.vtime.insert(self.account(client), v);
+            return;
+        }
         let bound = view
             .clients()
             .filter(|o| {
@@ -565,6 +549,7 @@ impl Policy for Fair {
         if !self.accounts.values().any(|&a| a == account) {
             self.vtime.remove(&account);
             self.fed.remove(&account);
+            self.charged_at.remove(&account);
         }
         self.idle_since.remove(&client);
         self.done_at.remove(&client);
@@ -572,6 +557,8 @@ impl Policy for Fair {
     }
 }
 
+mod config;
+mod free;
 mod hunger;
 #[cfg(test)]
 mod tests;

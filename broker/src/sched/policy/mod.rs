@@ -71,6 +71,12 @@ pub trait Policy: Send {
     /// `client` left; forget it.
     fn on_remove(&mut self, _client: ClientId) {}
 
+    /// Whether nobody needs holding now, so that launches may skip the scheduler until the
+    /// next look (asked as device time is charged; FAIR's `free_lead_ns`).
+    fn free_running(&mut self, _view: &View<'_>, _now: u64) -> bool {
+        false
+    }
+
     /// When a decision of this policy changes with time alone (a hold that expires).
     fn next_wakeup(&self) -> Option<u64> {
         None

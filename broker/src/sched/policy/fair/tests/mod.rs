@@ -244,5 +244,6 @@ fn a_newcomer_is_owed_at_most_the_lag_bound() {
     }
 }
 
+mod free;
 mod hunger;
 mod side_by_side;

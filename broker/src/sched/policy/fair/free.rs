@@ -1,0 +1,119 @@
+//! FAIR running free (`free_lead_ns`, side by side only): while no active account leads the
+//! least served active one by more than that much virtual time, nobody needs holding, so the
+//! GPU's launches skip the scheduler as FIFO's do ([`crate::gpu::scheduler::GpuScheduler`]
+//! stops gating them), and the policy only keeps the accounts' virtual times from the device
+//! time measured for their work, all of it (gated, a client owes at most the lag however
+//! late its time comes; running free nothing would then bound its lead). Once a lead passes
+//! it, launches are gated again and the policy holds whoever leads, as without it, until it
+//! has held nobody for `QUIET_NS`; then an account that lags by more than half the lead is
+//! raised to that (it bound nobody, or it would have been held for), and launches go free.
+//! With every program asking for more than its share, as with unequal weights and programs
+//! that keep the GPU busy, someone is always held and launches stay gated.
+//!
+//! Why: on the H200, 16 PyTorch programs of four users of equal weights held nobody with
+//! shares by user and a lead of 500 ms, yet did 0.81-0.90 x FIFO's work, the gated path's own
+//! cost (a grant per kernel, its marks and timings; docs/benchmarks.md, runs K1-K5). Their
+//! users' device time stayed within 1 % of equal under FIFO itself. Unequal weights still hold
+//! whoever leads, as they must.
+//!
+//! An account is active while device time was charged to it within `ACTIVE_NS`. One that comes
+//! back (or a newcomer) is owed at most the lag, as one newly backlogged is: its virtual time is
+//! raised to the least active account's minus `lag_ns` over its weight when its first device
+//! time since comes. With `per_user`, a client's account is learned from that device time too,
+//! since a client running free never submits.
+
+use super::Fair;
+use crate::sched::{ClientId, View};
+
+/// An account charged device time within this long is active; the programs it runs may be
+/// between steps, but not gone.
+pub(super) const ACTIVE_NS: u64 = 100_000_000;
+/// Gated, launches go free again once the policy has held nobody for this long.
+const QUIET_NS: u64 = 50_000_000;
+
+impl Fair {
+    /// Whether the GPU's launches may skip the scheduler now (see the module docs), remembered
+    /// for `pick`.
+    pub(super) fn decide_free(&mut self, now: u64) -> bool {
+        if !self.cfg.side_by_side || self.cfg.free_lead_ns == 0 {
+            self.free = false;
+            return false;
+        }
+        let lead = self.cfg.free_lead_ns as f64;
+        let (least, most) = self.active_range(now);
+        if self.free {
+            if most - least > lead {
+                self.free = false;
+                self.gated_since = now;
+            }
+            return self.free;
+        }
+        // Gated: free again once the policy has held nobody for a while. Whoever lags by more
+        // than half the lead then was not bounding anyone (its own loop holds it back, or it
+        // is lighter and idle between steps), so it is raised to that: running free, its
+        // lag would gate everyone again at once, for nothing.
+        let quiet = now.saturating_sub(self.held_at.max(self.gated_since)) >= QUIET_NS;
+        if quiet {
+            let floor = most - lead / 2.0;
+            for (account, &at) in &self.charged_at {
+                if now.saturating_sub(at) <= ACTIVE_NS
+                    && let Some(v) = self.vtime.get_mut(account)
+                {
+                    *v = v.max(floor);
+                }
+            }
+            self.free = true;
+        }
+        self.free
+    }
+
+    /// The least and the greatest virtual time of the active accounts (equal with fewer than
+    /// two).
+    fn active_range(&self, now: u64) -> (f64, f64) {
+        let (mut least, mut most) = (f64::INFINITY, f64::NEG_INFINITY);
+        for (account, &at) in &self.charged_at {
+            if now.saturating_sub(at) > ACTIVE_NS {
+                continue;
+            }
+            let v = self.vtime.get(account).copied().unwrap_or(0.0);
+            least = least.min(v);
+            most = most.max(v);
+        }
+        if most < least {
+            (0.0, 0.0)
+        } else {
+            (least, most)
+        }
+    }
+
+    /// Before `client`'s device time is charged: with `per_user` its account is learned, and
+    /// an account coming back to activity is owed at most the lag (see the module docs).
+    pub(super) fn note_active(&mut self, view: &View<'_>, client: ClientId, now: u64) {
+        if self.cfg.free_lead_ns == 0 {
+            return;
+        }
+        let Some(c) = view.client(client) else { return };
+        if self.cfg.per_user {
+            self.accounts.insert(client, c.spec().account);
+        }
+        let account = self.account(client);
+        let back = self
+            .charged_at
+            .get(&account)
+            .is_none_or(|&at| now.saturating_sub(at) > ACTIVE_NS);
+        if back {
+            let least = self
+                .charged_at
+                .iter()
+                .filter(|&(&a, &at)| a != account && now.saturating_sub(at) <= ACTIVE_NS)
+                .map(|(a, _)| self.vtime.get(a).copied().unwrap_or(0.0))
+                .min_by(f64::total_cmp);
+            if let Some(least) = least {
+                let floor = least - self.cfg.lag_ns as f64 / f64::from(c.weight());
+                let v = self.vtime.entry(account).or_insert(0.0);
+                *v = v.max(floor);
+            }
+        }
+        self.charged_at.insert(account, now);
+    }
+}
