@@ -34,6 +34,7 @@ use super::{
     Bound, ClientId, ClientSpec, Dispatcher, KernelProfile, Policy, PolicyKind, RequestId,
 };
 
+mod device;
 mod report;
 mod script;
 pub use report::{ClientReport, SimReport};
@@ -91,6 +92,11 @@ pub struct Simulation {
     outside: f64,
     outside_values: Vec<f64>,
     grants: Vec<(u64, ClientId)>,
+    /// The policy runs free (FAIR's `free_lead_ns`): iterations skip the dispatcher, as the
+    /// broker's launches skip its scheduler, until the device time charged says otherwise.
+    free: bool,
+    /// Ids for kernels that ran free (the dispatcher never saw them), counting down.
+    free_ids: RequestId,
 }
 
 impl Simulation {
@@ -121,6 +127,8 @@ impl Simulation {
             next_seq: 0,
             outside: 0.0,
             outside_values: Vec::new(),
+            free: false,
+            free_ids: RequestId::MAX,
             grants: Vec::new(),
         };
         for (i, script) in scripts.into_iter().enumerate() {
@@ -222,53 +230,6 @@ impl Simulation {
         }
     }
 
-    /// Speed of each client's running kernel (0 where none runs).
-    fn speeds(&self) -> Vec<f64> {
-        let sms = f64::from(self.cfg.sms.max(1));
-        let eff = |e: &Exec| {
-            let need = e.profile.sm_need.max(1);
-            f64::from(e.sm_limit.map_or(need, |l| need.min(l.max(1))))
-        };
-        let mut total = 0.0;
-        let mut mem = 0.0;
-        for e in self.clients.iter().filter_map(|c| c.exec.as_ref()) {
-            let s = eff(e);
-            total += s;
-            if e.profile.bound == Bound::Memory {
-                mem += (2.0 * s / sms).min(1.0);
-            }
-        }
-        let free = sms * (1.0 - self.outside);
-        let sm_factor = if total > free { free / total } else { 1.0 };
-        let mem_factor = if mem > 1.0 { 1.0 / mem } else { 1.0 };
-        self.clients
-            .iter()
-            .map(|c| match &c.exec {
-                Some(e) => {
-                    let waves = eff(e) / f64::from(e.profile.sm_need.max(1));
-                    let m = if e.profile.bound == Bound::Memory {
-                        mem_factor
-                    } else {
-                        1.0
-                    };
-                    waves * sm_factor * m
-                }
-                None => 0.0,
-            })
-            .collect()
-    }
-
-    fn progress(&mut self, dt: u64, speeds: &[f64]) {
-        if dt == 0 {
-            return;
-        }
-        for (c, &s) in self.clients.iter_mut().zip(speeds) {
-            if let Some(e) = c.exec.as_mut() {
-                e.left -= s * dt as f64;
-            }
-        }
-    }
-
     fn finish_kernels(&mut self) {
         for i in 0..self.clients.len() {
             let Some(e) = self.clients[i].exec else {
@@ -305,6 +266,7 @@ impl Simulation {
         let _ = self.d.complete(id, request, Some(measured), self.now);
         // The device time of its stream, as a span would measure it.
         let _ = self.d.device_time(id, measured, self.now);
+        self.free = self.d.free_running(self.now);
         let c = &mut self.clients[i];
         c.iter_left = c.iter_left.saturating_sub(1);
         if c.in_iteration && c.iter_left == 0 && !c.gone {
@@ -426,6 +388,20 @@ impl Simulation {
             c.iter_left = c.script.iteration.len();
         }
         let id = self.clients[i].script.spec.id;
+        if self.free {
+            // Straight to its stream, as an ungated launch goes.
+            for k in 0..self.clients[i].script.iteration.len() {
+                let profile = self.clients[i].script.iteration[k];
+                let r = self.free_ids;
+                self.free_ids -= 1;
+                let c = &mut self.clients[i];
+                c.stream.push_back((r, profile, None));
+                c.report.submitted += 1;
+                c.report.granted += 1;
+            }
+            self.start_stream(i);
+            return;
+        }
         for k in 0..self.clients[i].script.iteration.len() {
             let profile = self.clients[i].script.iteration[k];
             if let Ok(r) = self.d.submit(id, profile, now) {

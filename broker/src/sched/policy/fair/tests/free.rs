@@ -249,3 +249,78 @@ fn off_by_default() {
     assert!(!charge(&mut d, 1, MS, MS));
     assert!(!charge(&mut d, 2, MS, MS));
 }
+
+/// The model for 2 s, side by side with a 1 ms quantum and a 10 ms free lead: each client's
+/// share of the device time, and the share of the kernels that skipped the dispatcher.
+fn run_free_model(scripts: Vec<ClientScript>, per_user: bool) -> (Vec<f64>, f64) {
+    let cfg = SimConfig {
+        horizon_ns: 2_000 * MS,
+        observe_ns: 20_000,
+        record_grants: true,
+        sched: SchedConfig {
+            fair: FairConfig {
+                side_by_side: true,
+                quantum_ns: MS,
+                per_user,
+                free_lead_ns: 10 * MS,
+                ..FairConfig::default()
+            },
+            max_inflight_per_client: 8,
+            ..SchedConfig::default()
+        },
+        ..SimConfig::default()
+    };
+    let r = Simulation::new(cfg, PolicyKind::Fair, scripts).run();
+    let done: u64 = r.clients.iter().map(|c| c.completed).sum();
+    let free = (1.0 - r.grants.len() as f64 / done as f64).max(0.0);
+    let (shares, _) = gpu_shares(&r);
+    println!(
+        "fair running free in the model: GPU shares {shares:.4?}, {:.1} % of kernels ungated",
+        100.0 * free
+    );
+    (shares, free)
+}
+
+/// In the scheduler's model: four closed-loop programs of whole-GPU kernels. With weights
+/// 1 : 2 : 3 : 4 and kernels of 50, 100, 150 and 200 µs, the device time still follows the
+/// weights (someone is always held: no kernel skips the dispatcher). At equal weights with the
+/// same kernels, which FIFO already divides evenly, it divides evenly and nearly every kernel
+/// skips the dispatcher.
+#[test]
+fn in_the_model_running_free_keeps_the_weights_and_skips_the_scheduler_between_equals() {
+    let run = |weights: &[u32], us: fn(u64) -> u64| {
+        let scripts = weighted(weights, |id| vec![kernel(id, us(id), 132, Bound::Compute)]);
+        run_free_model(scripts, false)
+    };
+    let (got, _) = run(&[1, 2, 3, 4], |id| 50 * id);
+    for (want, s) in [0.1, 0.2, 0.3, 0.4].iter().zip(&got) {
+        assert!((s / want - 1.0).abs() < 0.05, "shares {got:?}");
+    }
+    let (got, free) = run(&[1, 1, 1, 1], |_| 100);
+    for s in &got {
+        assert!((s / 0.25 - 1.0).abs() < 0.05, "shares {got:?}");
+    }
+    assert!(free > 0.9, "equal weights: only {free} ungated");
+}
+
+/// By user in the model: two users, each running a program of 200 µs kernels and one of
+/// 50 µs kernels on half the GPU. The programs' device time differs, but the users' is even
+/// under FIFO already, so nearly every kernel skips the dispatcher, and the users still get
+/// half each.
+#[test]
+fn in_the_model_users_of_the_same_mix_run_free() {
+    let scripts: Vec<ClientScript> = [(1, 100, 200), (2, 100, 50), (3, 200, 200), (4, 200, 50)]
+        .into_iter()
+        .map(|(id, user, us)| {
+            let spec = ClientSpec {
+                account: user,
+                ..ClientSpec::new(id, PriorityClass::Normal, 1)
+            };
+            ClientScript::new(spec, vec![kernel(id, us, 66, Bound::Compute)])
+        })
+        .collect();
+    let (shares, free) = run_free_model(scripts, true);
+    let user = shares[0] + shares[1];
+    assert!((user - 0.5).abs() < 0.025, "shares {shares:?}");
+    assert!(free > 0.9, "only {free} ungated");
+}
