@@ -387,10 +387,7 @@ impl Policy for Fair {
         self.wake = None;
         if self.free {
             // Running free: what was queued before is granted as it came (`free.rs`).
-            return view
-                .candidates()
-                .min_by_key(|c| c.head().map(|h| h.id))
-                .map_or(Pick::Hold, |c| Pick::Grant(c.id()));
+            return super::earliest(view.candidates()).map_or(Pick::Hold, |c| Pick::Grant(c.id()));
         }
         if self.cfg.share_sms {
             return self.pick_sharing_sms(view);

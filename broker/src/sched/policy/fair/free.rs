@@ -55,12 +55,13 @@ impl Fair {
         let quiet = now.saturating_sub(self.held_at.max(self.gated_since)) >= QUIET_NS;
         if quiet {
             let floor = most - lead / 2.0;
-            for (account, &at) in &self.charged_at {
-                if now.saturating_sub(at) <= ACTIVE_NS
-                    && let Some(v) = self.vtime.get_mut(account)
-                {
-                    *v = v.max(floor);
-                }
+            let lagging: Vec<u64> = self
+                .active(now)
+                .filter(|&(_, v)| v < floor)
+                .map(|(a, _)| a)
+                .collect();
+            for account in lagging {
+                self.vtime.insert(account, floor);
             }
             self.free = true;
         }
@@ -70,20 +71,18 @@ impl Fair {
     /// The least and the greatest virtual time of the active accounts (equal with fewer than
     /// two).
     fn active_range(&self, now: u64) -> (f64, f64) {
-        let (mut least, mut most) = (f64::INFINITY, f64::NEG_INFINITY);
-        for (account, &at) in &self.charged_at {
-            if now.saturating_sub(at) > ACTIVE_NS {
-                continue;
-            }
-            let v = self.vtime.get(account).copied().unwrap_or(0.0);
-            least = least.min(v);
-            most = most.max(v);
-        }
-        if most < least {
-            (0.0, 0.0)
-        } else {
-            (least, most)
-        }
+        self.active(now)
+            .map(|(_, v)| (v, v))
+            .reduce(|(l, m), (v, _)| (l.min(v), m.max(v)))
+            .unwrap_or((0.0, 0.0))
+    }
+
+    /// The active accounts, each with its virtual time.
+    fn active(&self, now: u64) -> impl Iterator<Item = (u64, f64)> + '_ {
+        self.charged_at
+            .iter()
+            .filter(move |&(_, &at)| now.saturating_sub(at) <= ACTIVE_NS)
+            .map(|(&a, _)| (a, self.vtime.get(&a).copied().unwrap_or(0.0)))
     }
 
     /// Before `client`'s device time is charged: with `per_user` its account is learned, and
@@ -103,10 +102,9 @@ impl Fair {
             .is_none_or(|&at| now.saturating_sub(at) > ACTIVE_NS);
         if back {
             let least = self
-                .charged_at
-                .iter()
-                .filter(|&(&a, &at)| a != account && now.saturating_sub(at) <= ACTIVE_NS)
-                .map(|(a, _)| self.vtime.get(a).copied().unwrap_or(0.0))
+                .active(now)
+                .filter(|&(a, _)| a != account)
+                .map(|(_, v)| v)
                 .min_by(f64::total_cmp);
             if let Some(least) = least {
                 let floor = least - self.cfg.lag_ns as f64 / f64::from(c.weight());
