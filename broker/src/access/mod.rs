@@ -88,8 +88,8 @@
 //! free_lead_us = 0       # side by side: while no active account leads the least served by
 //!                        # more than this, launches skip the scheduler as under FIFO and
 //!                        # only device time is charged; past it they are gated again until
-//!                        # the policy has held nobody for 50 ms (0, the default: always
-//!                        # gated; `sched/policy/fair/free.rs`)
+//!                        # the policy has held nobody for 50 ms and no lead passes half of
+//!                        # it (0, the default: always gated; `sched/policy/fair/free.rs`)
 //! ```
 //!
 //! On a Slurm node, `[slurm]` says what a job's GPU shards are worth (`slurm.rs`; the
