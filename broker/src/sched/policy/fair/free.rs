@@ -16,9 +16,10 @@
 //! cost (a grant per kernel, its marks and timings; docs/benchmarks.md, runs K1-K5). Their
 //! users' device time stayed within 1 % of equal under FIFO itself. Running free by user with
 //! a 1 s lead (500 ms quantum, 2 s lag) they did 0.98-1.07 x FIFO with users' shares within
-//! 1.4 %; at 2 : 1 : 3 : 2 shares by weight exactly, gated as before (runs L1-L3). By program
-//! a 20 or 50 ms lead did worse than gating alone: programs of different kinds take different
-//! device time under FIFO, so someone must be held anyway.
+//! 1.4 %; at 2 : 1 : 3 : 2 shares by weight exactly, gated as before (runs L1-L4). Leads of
+//! 10-50 ms gained nothing, by program (programs of different kinds take different device time
+//! under FIFO) or by user with a 5 ms quantum (which holds someone nearly always): launches go
+//! free only after the policy has held nobody for a while.
 //!
 //! An account is active while device time was charged to it within `ACTIVE_NS`. One that comes
 //! back (or a newcomer) is owed at most the lag, as one newly backlogged is: its virtual time is
