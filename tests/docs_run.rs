@@ -3,7 +3,8 @@
 //!   blocks) is run here or listed in [`NOT_RUN`] with the reason (root, a GPU, a release build),
 //!   which the README's prose says too;
 //! - the README's C program builds with the README's own command line and runs against a sim
-//!   broker; its policy example is what the broker reads and grants;
+//!   broker; its policy example is what the broker reads and grants, and the broker starts with
+//!   each of its other policy examples;
 //! - the README's `gpushared` synopsis names every flag `gpushared --help` has, and no other;
 //! - the outputs docs/cli.md and docs/install.md show have the columns and lines the binaries
 //!   print now.
@@ -225,6 +226,37 @@ fn the_readme_policy_example_is_what_the_broker_reads() {
     assert_eq!(session.weight, 1);
     assert_eq!(session.memory_quota, Some(8 << 30));
     assert_eq!(broker.status().policy, "fifo");
+}
+
+/// The README's other policy examples (priority beside fair shares, fair shares by user): the
+/// broker starts with each and runs the scheduler it names.
+#[test]
+fn every_readme_policy_example_starts_the_broker() {
+    let readme = read("README.md");
+    let examples: Vec<Block> = blocks(&readme)
+        .into_iter()
+        .filter(|b| b.lang == "toml" && !b.text.starts_with("admin_group"))
+        .collect();
+    assert!(!examples.is_empty(), "the README has no policy example");
+    for example in examples {
+        let scheduler = example
+            .text
+            .lines()
+            .find_map(|l| l.strip_prefix("scheduler = \""))
+            .and_then(|rest| rest.split('"').next())
+            .unwrap_or_else(|| panic!("README.md:{}: no scheduler line", example.line))
+            .to_string();
+        let broker = Broker::start_with(BrokerOptions {
+            policy: Some(example.text),
+            ..Default::default()
+        });
+        assert_eq!(
+            broker.status().policy,
+            scheduler,
+            "README.md:{}: the policy running",
+            example.line
+        );
+    }
 }
 
 /// The `--flags` named in `text`.
