@@ -72,6 +72,41 @@ fn free_while_the_leads_stay_small_and_gated_once_one_grows() {
     );
 }
 
+/// A light program, active but asking for less than its share, lags further and further.
+/// With a quantum at most half the free lead (100 ms) it is raised to a quantum behind once
+/// nobody has been held a while, and launches go free; with a longer quantum it keeps them
+/// gated.
+#[test]
+fn a_light_account_lets_launches_go_free_only_under_a_short_quantum() {
+    let free_share = |quantum_ns: u64| {
+        let fair = FairConfig {
+            side_by_side: true,
+            quantum_ns,
+            lag_ns: 2 * quantum_ns,
+            free_lead_ns: 100 * MS,
+            ..FairConfig::default()
+        };
+        let mut d = dispatcher([1, 1], [1, 2], fair);
+        let (mut now, mut free) = (QUIET, 0);
+        for step in 0..2_000 {
+            now += MS;
+            // Client 1 takes the GPU; client 2 a tenth of it, in bursts every 10 ms.
+            let mut f = charge(&mut d, 1, MS, now);
+            if step % 10 == 0 {
+                f = charge(&mut d, 2, MS, now);
+            }
+            free += u32::from(f);
+        }
+        f64::from(free) / 2_000.0
+    };
+    // Free while the lead grows from a quantum to 100 ms, gated 50 ms: about two thirds.
+    let short = free_share(5 * MS);
+    assert!(short > 0.5, "5 ms quantum: free {short}");
+    // Free until the lead first reaches 100 ms, then gated for good.
+    let long = free_share(80 * MS);
+    assert!(long < 0.1, "80 ms quantum: free {long}");
+}
+
 #[test]
 fn weights_divide_the_lead_by_device_time() {
     // Weight 3 against 1: 3 ms of device time is 1 ms of virtual time.
