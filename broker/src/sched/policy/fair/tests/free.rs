@@ -20,6 +20,17 @@ fn free_dispatcher(weights: [u32; 2], accounts: [u64; 2], per_user: bool) -> Dis
     dispatcher(weights, accounts, fair)
 }
 
+/// Side by side with this quantum, a lag of twice that, and this free lead.
+fn free_fair(quantum_ns: u64, free_lead_ns: u64) -> FairConfig {
+    FairConfig {
+        side_by_side: true,
+        quantum_ns,
+        lag_ns: 2 * quantum_ns,
+        free_lead_ns,
+        ..FairConfig::default()
+    }
+}
+
 /// FAIR as `fair` says, two clients of `weights` (ids 1, 2), `account`s as given.
 fn dispatcher(weights: [u32; 2], accounts: [u64; 2], fair: FairConfig) -> Dispatcher {
     let mut d = Dispatcher::with_config(
@@ -79,14 +90,7 @@ fn free_while_the_leads_stay_small_and_gated_once_one_grows() {
 #[test]
 fn a_light_account_lets_launches_go_free_only_under_a_short_quantum() {
     let free_share = |quantum_ns: u64| {
-        let fair = FairConfig {
-            side_by_side: true,
-            quantum_ns,
-            lag_ns: 2 * quantum_ns,
-            free_lead_ns: 100 * MS,
-            ..FairConfig::default()
-        };
-        let mut d = dispatcher([1, 1], [1, 2], fair);
+        let mut d = dispatcher([1, 1], [1, 2], free_fair(quantum_ns, 100 * MS));
         let (mut now, mut free) = (QUIET, 0);
         for step in 0..2_000 {
             now += MS;
@@ -245,14 +249,7 @@ fn a_quantum_longer_than_the_free_lead_keeps_the_weights() {
 /// `quantum_ns` quantum (and a lag of twice that): the first one's share of the device time,
 /// and the share of the time the launches ran free.
 fn busy_pair(weights: [u32; 2], quantum_ns: u64) -> (f64, f64) {
-    let fair = FairConfig {
-        side_by_side: true,
-        quantum_ns,
-        lag_ns: 2 * quantum_ns,
-        free_lead_ns: 10 * MS,
-        ..FairConfig::default()
-    };
-    let mut d = dispatcher(weights, [1, 2], fair);
+    let mut d = dispatcher(weights, [1, 2], free_fair(quantum_ns, 10 * MS));
     let step = MS / 2;
     let mut now = QUIET;
     let mut free = false;
