@@ -19,10 +19,12 @@
 use crate::sched::id_hash::IdMap;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use gpushare_protocol::{Kernel, PriorityClass};
+
+use super::health::Member;
 
 use crate::sched::{
     ClientId, ClientSchedStats, ClientSpec, DeadlineSpec, DeviceShape, Dispatcher, Grant,
@@ -74,7 +76,15 @@ struct State {
     governed: std::collections::HashSet<ClientId>,
     /// The scheduler's tag of each trust domain's GPU context (the default domain's is 0).
     contexts: HashMap<String, u64>,
+    /// Each session's stamps of its work on the device ([`GpuScheduler::watch`]).
+    watches: IdMap<ClientId, Arc<dyn Member>>,
+    /// When the policy was last told which sessions have work on the device.
+    busy_told_at: u64,
 }
+
+/// While launches may run free, the policy hears this often which sessions have work on the
+/// device (FAIR's `free_lead_ns`: work that waits behind others' is charged nothing yet).
+const BUSY_TELL_NS: u64 = 10_000_000;
 
 pub struct GpuScheduler {
     state: Mutex<State>,
@@ -138,6 +148,8 @@ impl GpuScheduler {
                 grants: Vec::new(),
                 governed: std::collections::HashSet::new(),
                 contexts: HashMap::new(),
+                watches: IdMap::default(),
+                busy_told_at: 0,
             }),
             gated: AtomicBool::new(kind != PolicyKind::Fifo),
             high_free: AtomicBool::new(high_free(kind, tunables.priority, device.sm_partitions)),
@@ -248,8 +260,15 @@ impl GpuScheduler {
     }
 
     /// Forgets the client (its queued and in-flight work); others may be granted at once.
+    /// Lets the policy see whether the client has work on the device (its session's stamps,
+    /// which the guardian reads too).
+    pub fn watch(&self, id: ClientId, member: Arc<dyn Member>) {
+        self.lock().watches.insert(id, member);
+    }
+
     pub fn remove_client(&self, id: ClientId) {
         let mut st = self.lock();
+        st.watches.remove(&id);
         if st.dispatcher.remove_client(id).is_ok() {
             self.clients.fetch_sub(1, Ordering::Relaxed);
         }
@@ -373,6 +392,7 @@ impl GpuScheduler {
         let mut st = self.lock();
         let now = self.now();
         let _ = st.dispatcher.device_time(id, ns, now);
+        tell_busy(&mut st, now);
         // Before the pump: work held until now is granted at once when nobody needs holding.
         let free = st.dispatcher.free_running(now);
         if self.free.swap(free, Ordering::Relaxed) != free {
@@ -492,6 +512,27 @@ const GOVERNED_CONTEXT: u64 = 1 << 63;
 
 /// Whether high-priority kernels go straight to their stream: under the priority policy with
 /// the lower classes on a hardware SM partition.
+/// Tells the policy, at most every [`BUSY_TELL_NS`] and only while it may run free, which
+/// sessions have work on the device.
+fn tell_busy(st: &mut State, now: u64) {
+    if st.dispatcher.tunables().fair.free_lead_ns == 0
+        || now.saturating_sub(st.busy_told_at) < BUSY_TELL_NS
+    {
+        return;
+    }
+    st.busy_told_at = now;
+    let State {
+        watches,
+        dispatcher,
+        ..
+    } = st;
+    for (&id, member) in watches.iter() {
+        if member.watch().busy() {
+            let _ = dispatcher.busy(id, now);
+        }
+    }
+}
+
 fn high_free(kind: PolicyKind, priority: PriorityConfig, sm_partitions: bool) -> bool {
     kind == PolicyKind::Priority
         && sm_partitions
@@ -499,111 +540,4 @@ fn high_free(kind: PolicyKind, priority: PriorityConfig, sm_partitions: bool) ->
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn dispatch(sm_partitions: bool, share: Option<f64>) -> GpuScheduler {
-        let d = GpuScheduler::new(
-            PolicyKind::Priority,
-            Tunables {
-                priority: PriorityConfig {
-                    lower_sm_share: share,
-                    ..PriorityConfig::default()
-                },
-                ..Tunables::default()
-            },
-            DeviceShape {
-                sms: 132,
-                sm_partitions,
-            },
-        );
-        d.add_client(1, PriorityClass::High, 1, 1, false, "default");
-        d.add_client(2, PriorityClass::BestEffort, 1, 2, false, "default");
-        d
-    }
-
-    #[test]
-    fn high_priority_kernels_skip_the_scheduler_only_while_a_partition_holds_the_rest() {
-        let d = dispatch(true, Some(0.25));
-        assert!(!d.schedules(PriorityClass::High));
-        assert!(d.schedules(PriorityClass::BestEffort));
-        // No partition asked for, or none the device can make: high is scheduled.
-        assert!(dispatch(true, None).schedules(PriorityClass::High));
-        assert!(dispatch(false, Some(0.25)).schedules(PriorityClass::High));
-        // A governed program is in its own context, which no partition holds.
-        d.add_client(3, PriorityClass::BestEffort, 1, 3, true, "default");
-        assert!(d.schedules(PriorityClass::High));
-        d.remove_client(3);
-        assert!(!d.schedules(PriorityClass::High));
-        // Switching the policy live follows.
-        d.set_policy(PolicyKind::Priority, Tunables::default());
-        assert!(d.schedules(PriorityClass::High));
-        d.set_policy(PolicyKind::Fair, Tunables::default());
-        assert!(d.schedules(PriorityClass::High));
-    }
-
-    #[test]
-    fn fair_running_free_leaves_launches_ungated_until_a_lead_grows() {
-        let d = GpuScheduler::new(
-            PolicyKind::Fair,
-            Tunables {
-                fair: crate::sched::FairConfig {
-                    side_by_side: true,
-                    quantum_ns: 5_000_000,
-                    free_lead_ns: 10_000_000,
-                    ..crate::sched::FairConfig::default()
-                },
-                ..Tunables::default()
-            },
-            DeviceShape {
-                sms: 132,
-                sm_partitions: false,
-            },
-        );
-        d.add_client(1, PriorityClass::Normal, 1, 1, false, "default");
-        d.add_client(2, PriorityClass::Normal, 1, 2, false, "default");
-        assert!(
-            d.schedules(PriorityClass::Normal),
-            "gated until device time says"
-        );
-        // Level device time: free once the policy has held nobody for a while (50 ms).
-        let level_until_free = || {
-            let give_up = Instant::now() + Duration::from_secs(5);
-            while d.schedules(PriorityClass::Normal) {
-                assert!(Instant::now() < give_up, "never free");
-                d.device_time(1, 100_000);
-                d.device_time(2, 100_000);
-                std::thread::yield_now();
-            }
-        };
-        level_until_free();
-        d.device_time(1, 30_000_000);
-        assert!(d.schedules(PriorityClass::Normal), "a 30 ms lead: gated");
-        d.device_time(2, 30_000_000);
-        level_until_free();
-        // A policy switched live starts gated.
-        d.set_policy(PolicyKind::Fair, Tunables::default());
-        assert!(d.schedules(PriorityClass::Normal));
-    }
-
-    #[test]
-    fn clients_share_a_context_tag_exactly_when_they_share_a_gpu_context() {
-        let d = dispatch(false, None);
-        d.add_client(3, PriorityClass::BestEffort, 1, 3, false, "lab");
-        d.add_client(4, PriorityClass::BestEffort, 1, 4, false, "lab");
-        d.add_client(5, PriorityClass::BestEffort, 1, 5, false, "other");
-        d.add_client(6, PriorityClass::BestEffort, 1, 6, true, "default");
-        d.add_client(7, PriorityClass::BestEffort, 1, 7, true, "default");
-        let context = |id| d.lock().dispatcher.spec(id).map(|s| s.context);
-        assert_eq!(context(1), Some(0));
-        assert_eq!(context(1), context(2));
-        assert_eq!(context(3), context(4));
-        let distinct: std::collections::HashSet<_> =
-            [1, 3, 5, 6, 7].into_iter().map(context).collect();
-        assert_eq!(distinct.len(), 5, "{distinct:?}");
-        // A deadline re-registers the client; it stays in its context.
-        d.set_deadline((3, PriorityClass::BestEffort, 1), None, None)
-            .expect("client is registered");
-        assert_eq!(context(3), context(4));
-    }
-}
+mod tests;

@@ -510,6 +510,15 @@ impl Dispatcher {
         Ok(())
     }
 
+    /// `client` has work on the device whose device time has not come yet.
+    pub fn busy(&mut self, client: ClientId, now: u64) -> Result<(), SchedError> {
+        let now = self.clamp_now(now);
+        self.idx(client)?;
+        let view = view!(self);
+        self.policy.on_busy(&view, client, now);
+        Ok(())
+    }
+
     /// Whether the policy needs nobody held now, so that launches may skip the scheduler
     /// (FAIR's `free_lead_ns`; never for the other policies).
     pub fn free_running(&mut self, now: u64) -> bool {

@@ -324,7 +324,8 @@ impl SessionState {
         register_arena(&self.device, &self.region)
     }
 
-    /// Registers the client with its GPU's scheduler, as granted now and in its GPU context.
+    /// Registers the client with its GPU's scheduler, as granted now and in its GPU context,
+    /// and lets the policy see whether it has work on the device.
     fn register_with_scheduler(&self) {
         let grant = self.info.grant();
         self.dispatch.add_client(
@@ -335,6 +336,7 @@ impl SessionState {
             self.info.governed,
             &self.info.trust_domain,
         );
+        self.dispatch.watch(self.info.id, self.info.clone());
     }
 
     /// Drains the submission ring until asked to stop or the client breaks the protocol;

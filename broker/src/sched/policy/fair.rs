@@ -116,9 +116,9 @@ pub struct Fair {
     /// Side by side, each pick's scratch: the least virtual time of the backlogged clients that
     /// are not hungry, by weight (kept to spare an allocation under the scheduler's lock).
     idle_by_weight: Vec<(u32, f64)>,
-    /// With `free_lead_ns`: when device time was last charged to each account, and whether
-    /// launches skip the scheduler now (`free.rs`).
-    charged_at: IdMap<u64, u64>,
+    /// With `free_lead_ns`: when each account was last charged device time or seen with work
+    /// on the device, and whether launches skip the scheduler now (`free.rs`).
+    active_at: IdMap<u64, u64>,
     free: bool,
     /// Side by side: when a pick last held a client with work waiting, and since when
     /// launches are gated again after running free (`free.rs`).
@@ -161,7 +161,7 @@ impl Fair {
             wake: None,
             unmeasured: IdMap::default(),
             idle_by_weight: Vec::new(),
-            charged_at: IdMap::default(),
+            active_at: IdMap::default(),
             free: false,
             held_at: 0,
             gated_since: 0,
@@ -421,6 +421,10 @@ impl Policy for Fair {
         self.decide_free(now)
     }
 
+    fn on_busy(&mut self, view: &View<'_>, client: ClientId, now: u64) {
+        self.note_active(view, client, now);
+    }
+
     fn on_submit(&mut self, view: &View<'_>, client: ClientId, now: u64) {
         self.done_at.remove(&client);
         let Some(c) = view.client(client) else { return };
@@ -546,7 +550,7 @@ impl Policy for Fair {
         if !self.accounts.values().any(|&a| a == account) {
             self.vtime.remove(&account);
             self.fed.remove(&account);
-            self.charged_at.remove(&account);
+            self.active_at.remove(&account);
         }
         self.idle_since.remove(&client);
         self.done_at.remove(&client);

@@ -71,6 +71,11 @@ pub trait Policy: Send {
     /// `client` left; forget it.
     fn on_remove(&mut self, _client: ClientId) {}
 
+    /// `client` has work on the device whose device time has not come yet (told while
+    /// launches may skip the scheduler: a client whose work waits behind others' is still
+    /// there, though nothing is charged to it).
+    fn on_busy(&mut self, _view: &View<'_>, _client: ClientId, _now: u64) {}
+
     /// Whether nobody needs holding now, so that launches may skip the scheduler until the
     /// next look (asked as device time is charged; FAIR's `free_lead_ns`).
     fn free_running(&mut self, _view: &View<'_>, _now: u64) -> bool {

@@ -21,17 +21,21 @@
 //! under FIFO) or by user with a 5 ms quantum (which holds someone nearly always): launches go
 //! free only after the policy has held nobody for a while.
 //!
-//! An account is active while device time was charged to it within `ACTIVE_NS`. One that comes
-//! back (or a newcomer) is owed at most the lag, as one newly backlogged is: its virtual time is
-//! raised to the least active account's minus `lag_ns` over its weight when its first device
-//! time since comes. With `per_user`, a client's account is learned from that device time too,
-//! since a client running free never submits.
+//! An account is active while device time was charged to it within `ACTIVE_NS`, or one of its
+//! clients was seen with work on the device since (`on_busy`): work that waits behind others'
+//! on the device is charged nothing until it runs, and an account starved so must still bound
+//! the others' lead, or running free would leave it starved (on the sim device, whose queue
+//! takes work in arrival order, one program flooding it kept another user's at 4 ms of GPU
+//! time in 3 s). One that comes back (or a newcomer) is owed at most the lag, as one newly
+//! backlogged is: its virtual time is raised to the least active account's minus `lag_ns`
+//! over its weight when its first device time or work since comes. With `per_user`, a
+//! client's account is learned then too, since a client running free never submits.
 
 use super::Fair;
 use crate::sched::{ClientId, View};
 
-/// An account charged device time within this long is active; the programs it runs may be
-/// between steps, but not gone.
+/// An account charged device time (or seen with work on the device) within this long is
+/// active; the programs it runs may be between steps, but not gone.
 pub(super) const ACTIVE_NS: u64 = 100_000_000;
 /// Gated, launches go free again once the policy has held nobody for this long.
 const QUIET_NS: u64 = 50_000_000;
@@ -89,14 +93,15 @@ impl Fair {
 
     /// The active accounts, each with its virtual time.
     fn active(&self, now: u64) -> impl Iterator<Item = (u64, f64)> + '_ {
-        self.charged_at
+        self.active_at
             .iter()
             .filter(move |&(_, &at)| now.saturating_sub(at) <= ACTIVE_NS)
             .map(|(&a, _)| (a, self.vtime.get(&a).copied().unwrap_or(0.0)))
     }
 
-    /// Before `client`'s device time is charged: with `per_user` its account is learned, and
-    /// an account coming back to activity is owed at most the lag (see the module docs).
+    /// Before `client`'s device time is charged, or while it has work on the device: with
+    /// `per_user` its account is learned, and an account coming back to activity is owed at
+    /// most the lag (see the module docs).
     pub(super) fn note_active(&mut self, view: &View<'_>, client: ClientId, now: u64) {
         if self.cfg.free_lead_ns == 0 {
             return;
@@ -107,7 +112,7 @@ impl Fair {
         }
         let account = self.account(client);
         let back = self
-            .charged_at
+            .active_at
             .get(&account)
             .is_none_or(|&at| now.saturating_sub(at) > ACTIVE_NS);
         if back {
@@ -122,6 +127,6 @@ impl Fair {
                 *v = v.max(floor);
             }
         }
-        self.charged_at.insert(account, now);
+        self.active_at.insert(account, now);
     }
 }

@@ -111,6 +111,27 @@ fn a_light_account_lets_launches_go_free_only_under_a_short_quantum() {
     assert!(long < 0.1, "80 ms quantum: free {long}");
 }
 
+/// Running free, client 2's work waits on the device behind client 1's: nothing is charged to
+/// it, but it is told busy, so it stays active and its lag gates the launches; untold, it
+/// would have gone inactive after 100 ms and left client 1 free.
+#[test]
+fn an_account_with_work_waiting_on_the_device_gates_the_launches() {
+    for told in [false, true] {
+        let mut d = free_dispatcher([1, 1], [1, 2], false);
+        charge(&mut d, 2, MS, QUIET);
+        let mut now = QUIET;
+        let mut free = true;
+        for _ in 0..200 {
+            now += MS;
+            if told {
+                d.busy(2, now).expect("client is registered");
+            }
+            free = charge(&mut d, 1, MS, now);
+        }
+        assert_eq!(free, !told, "told busy: {told}");
+    }
+}
+
 #[test]
 fn weights_divide_the_lead_by_device_time() {
     // Weight 3 against 1: 3 ms of device time is 1 ms of virtual time.

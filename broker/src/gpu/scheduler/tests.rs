@@ -1,0 +1,153 @@
+//! The GPU scheduler as sessions meet it.
+
+use super::*;
+
+fn dispatch(sm_partitions: bool, share: Option<f64>) -> GpuScheduler {
+    let d = GpuScheduler::new(
+        PolicyKind::Priority,
+        Tunables {
+            priority: PriorityConfig {
+                lower_sm_share: share,
+                ..PriorityConfig::default()
+            },
+            ..Tunables::default()
+        },
+        DeviceShape {
+            sms: 132,
+            sm_partitions,
+        },
+    );
+    d.add_client(1, PriorityClass::High, 1, 1, false, "default");
+    d.add_client(2, PriorityClass::BestEffort, 1, 2, false, "default");
+    d
+}
+
+#[test]
+fn high_priority_kernels_skip_the_scheduler_only_while_a_partition_holds_the_rest() {
+    let d = dispatch(true, Some(0.25));
+    assert!(!d.schedules(PriorityClass::High));
+    assert!(d.schedules(PriorityClass::BestEffort));
+    // No partition asked for, or none the device can make: high is scheduled.
+    assert!(dispatch(true, None).schedules(PriorityClass::High));
+    assert!(dispatch(false, Some(0.25)).schedules(PriorityClass::High));
+    // A governed program is in its own context, which no partition holds.
+    d.add_client(3, PriorityClass::BestEffort, 1, 3, true, "default");
+    assert!(d.schedules(PriorityClass::High));
+    d.remove_client(3);
+    assert!(!d.schedules(PriorityClass::High));
+    // Switching the policy live follows.
+    d.set_policy(PolicyKind::Priority, Tunables::default());
+    assert!(d.schedules(PriorityClass::High));
+    d.set_policy(PolicyKind::Fair, Tunables::default());
+    assert!(d.schedules(PriorityClass::High));
+}
+
+/// FAIR side by side with a 5 ms quantum and a 10 ms free lead, two clients.
+fn free_scheduler() -> GpuScheduler {
+    let d = GpuScheduler::new(
+        PolicyKind::Fair,
+        Tunables {
+            fair: crate::sched::FairConfig {
+                side_by_side: true,
+                quantum_ns: 5_000_000,
+                free_lead_ns: 10_000_000,
+                ..crate::sched::FairConfig::default()
+            },
+            ..Tunables::default()
+        },
+        DeviceShape {
+            sms: 132,
+            sm_partitions: false,
+        },
+    );
+    d.add_client(1, PriorityClass::Normal, 1, 1, false, "default");
+    d.add_client(2, PriorityClass::Normal, 1, 2, false, "default");
+    d
+}
+
+#[test]
+fn fair_running_free_leaves_launches_ungated_until_a_lead_grows() {
+    let d = free_scheduler();
+    assert!(
+        d.schedules(PriorityClass::Normal),
+        "gated until device time says"
+    );
+    // Level device time: free once the policy has held nobody for a while (50 ms).
+    let level_until_free = || {
+        let give_up = Instant::now() + Duration::from_secs(5);
+        while d.schedules(PriorityClass::Normal) {
+            assert!(Instant::now() < give_up, "never free");
+            d.device_time(1, 100_000);
+            d.device_time(2, 100_000);
+            std::thread::yield_now();
+        }
+    };
+    level_until_free();
+    d.device_time(1, 30_000_000);
+    assert!(d.schedules(PriorityClass::Normal), "a 30 ms lead: gated");
+    d.device_time(2, 30_000_000);
+    level_until_free();
+    // A policy switched live starts gated.
+    d.set_policy(PolicyKind::Fair, Tunables::default());
+    assert!(d.schedules(PriorityClass::Normal));
+}
+
+#[test]
+fn clients_share_a_context_tag_exactly_when_they_share_a_gpu_context() {
+    let d = dispatch(false, None);
+    d.add_client(3, PriorityClass::BestEffort, 1, 3, false, "lab");
+    d.add_client(4, PriorityClass::BestEffort, 1, 4, false, "lab");
+    d.add_client(5, PriorityClass::BestEffort, 1, 5, false, "other");
+    d.add_client(6, PriorityClass::BestEffort, 1, 6, true, "default");
+    d.add_client(7, PriorityClass::BestEffort, 1, 7, true, "default");
+    let context = |id| d.lock().dispatcher.spec(id).map(|s| s.context);
+    assert_eq!(context(1), Some(0));
+    assert_eq!(context(1), context(2));
+    assert_eq!(context(3), context(4));
+    let distinct: std::collections::HashSet<_> = [1, 3, 5, 6, 7].into_iter().map(context).collect();
+    assert_eq!(distinct.len(), 5, "{distinct:?}");
+    // A deadline re-registers the client; it stays in its context.
+    d.set_deadline((3, PriorityClass::BestEffort, 1), None, None)
+        .expect("client is registered");
+    assert_eq!(context(3), context(4));
+}
+
+/// A session's stamps of its work on the device, as the guardian reads them.
+struct Stamps(crate::gpu::health::FaultWatch, u64);
+
+impl Member for Stamps {
+    fn id(&self) -> u64 {
+        self.1
+    }
+    fn pid(&self) -> i32 {
+        0
+    }
+    fn uid(&self) -> u32 {
+        0
+    }
+    fn watch(&self) -> &crate::gpu::health::FaultWatch {
+        &self.0
+    }
+    fn wake(&self) {}
+}
+
+/// Running free, a client whose work waits on the device behind others' is charged nothing;
+/// its session's stamps still count it, so its lag gates the launches.
+#[test]
+fn running_free_a_client_with_work_waiting_on_the_device_gates_the_launches() {
+    let d = free_scheduler();
+    let waiting = Arc::new(Stamps(Default::default(), 2));
+    d.watch(2, waiting.clone());
+    let until = |gated: bool, why: &str| {
+        let give_up = Instant::now() + Duration::from_secs(5);
+        while d.schedules(PriorityClass::Normal) != gated {
+            assert!(Instant::now() < give_up, "{why}");
+            d.device_time(1, 100_000);
+            std::thread::yield_now();
+        }
+    };
+    // Client 2 has had no work yet: client 1 alone is charged, and runs free.
+    until(false, "never free");
+    waiting.0.busy_since.store(1, Ordering::Release);
+    until(true, "client 2's work waits, yet launches stay free");
+}
