@@ -15,8 +15,8 @@
 //! shares by user and a lead of 500 ms, yet did 0.81-0.90 x FIFO's work, the gated path's own
 //! cost (a grant per kernel, its marks and timings; docs/benchmarks.md, runs K1-K5). Their
 //! users' device time stayed within 1 % of equal under FIFO itself. Running free by user with
-//! a 1 s lead (500 ms quantum, 2 s lag) they did 0.98-1.07 x FIFO with users' shares within
-//! 1.4 %; at 2 : 1 : 3 : 2 shares by weight exactly, gated as before (runs L1-L4). Leads of
+//! a 1 s lead (500 ms quantum, 2 s lag) they did 0.95-1.07 x FIFO with users' shares within
+//! 1.4 %; at 2 : 1 : 3 : 2 shares by weight exactly, gated as before (runs L1-L5). Leads of
 //! 10-50 ms gained nothing, by program (programs of different kinds take different device time
 //! under FIFO) or by user with a 5 ms quantum (which holds someone nearly always): launches go
 //! free only after the policy has held nobody for a while.
