@@ -591,3 +591,36 @@ fn fair_shares_hold_between_a_program_of_graphs_and_one_of_kernels() {
     );
     drop(programs);
 }
+
+/// `[fair] free_lead_us`: two programs of one user, so with shares by user nobody leads
+/// anybody and FAIR's launches skip the scheduler; `status` says whether they do now and for
+/// how long they have.
+#[test]
+fn status_shows_fair_running_free() {
+    let broker = broker_with(
+        "scheduler = \"fair\"\n[fair]\nper_user = true\nquantum_us = 500000\nlag_us = 2000000\nfree_lead_us = 1000000\n",
+    );
+    let free = || broker.status().free_running;
+    assert_eq!(free().len(), 1, "one GPU that may run free");
+    assert!(!free()[0].now, "gated before any device time");
+    let stop = Arc::new(AtomicBool::new(false));
+    let clients = [
+        busy(broker.client_named("one"), stop.clone()),
+        busy(broker.client_named("two"), stop.clone()),
+    ];
+    let ran_free = gpushare_tests::wait_until(Duration::from_secs(30), || {
+        free().first().is_some_and(|f| f.now && f.total_ns > 0)
+    });
+    stop.store(true, Ordering::Relaxed);
+    for t in clients {
+        let _ = t.join().expect("client thread");
+    }
+    assert!(ran_free, "status: {:?}", free());
+    assert!(
+        broker_with("scheduler = \"fair\"\n")
+            .status()
+            .free_running
+            .is_empty(),
+        "not asked for, not shown"
+    );
+}

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use bytesize::ByteSize;
 use gpushare::{ClientStats, JobStats, StatusReport, UserStats};
+use gpushare_protocol::stats::FreeRunning;
 use gpushare_protocol::text::printable;
 
 use crate::top::collect::{Frame, Row};
@@ -23,6 +24,23 @@ pub fn duration(d: Duration) -> String {
 pub fn interval(d: Duration) -> String {
     let text = format!("{:.2}", d.as_secs_f64());
     format!("{}s", text.trim_end_matches('0').trim_end_matches('.'))
+}
+
+/// FAIR running free on one GPU (`[fair] free_lead_us`: launches skip the scheduler while no
+/// account leads by more), the GPU named when there are several.
+pub fn free_running(f: &FreeRunning, name_gpu: bool) -> String {
+    let gpu = if name_gpu {
+        format!(" on GPU {}", f.gpu)
+    } else {
+        String::new()
+    };
+    let total = duration(Duration::from_nanos(f.total_ns));
+    match f.now {
+        true => format!("fair running free{gpu}: launches skip the scheduler now ({total} in all)"),
+        false => format!(
+            "fair running free{gpu}: no, launches wait for the scheduler now ({total} free in all)"
+        ),
+    }
 }
 
 pub fn gpu_time(ns: u64) -> String {
@@ -45,6 +63,9 @@ pub fn status(r: &StatusReport) -> String {
         duration(Duration::from_millis(r.uptime_ms)),
         r.policy
     );
+    for f in &r.free_running {
+        let _ = writeln!(out, "{}", free_running(f, r.free_running.len() > 1));
+    }
     let devices = if r.devices.is_empty() {
         std::slice::from_ref(&r.device)
     } else {

@@ -95,6 +95,9 @@ pub struct GpuScheduler {
     /// The policy needs nobody held for now: launches are not gated (FAIR's `free_lead_ns`),
     /// until the device time that sessions report shows a lead again.
     free: AtomicBool,
+    /// When launches last went free, and how long they ran free before (`status`).
+    free_since: AtomicU64,
+    free_ns: AtomicU64,
     /// High-priority kernels are not gated (the lower classes are on a hardware partition).
     high_free: AtomicBool,
     /// Governed clients registered: while there is one, high-priority kernels are gated
@@ -141,6 +144,8 @@ impl GpuScheduler {
         GpuScheduler {
             device_time: AtomicBool::new(dispatcher.charges_device_time()),
             free: AtomicBool::new(false),
+            free_since: AtomicU64::new(0),
+            free_ns: AtomicU64::new(0),
             state: Mutex::new(State {
                 dispatcher,
                 granted: IdMap::default(),
@@ -213,7 +218,7 @@ impl GpuScheduler {
             .store(kind != PolicyKind::Fifo, Ordering::Relaxed);
         self.device_time
             .store(st.dispatcher.charges_device_time(), Ordering::Relaxed);
-        self.free.store(false, Ordering::Relaxed);
+        self.set_free(false);
         self.high_free.store(
             high_free(kind, tunables.priority, self.sm_partitions),
             Ordering::Relaxed,
@@ -395,13 +400,47 @@ impl GpuScheduler {
         tell_busy(&mut st, now);
         // Before the pump: work held until now is granted at once when nobody needs holding.
         let free = st.dispatcher.free_running(now);
-        if self.free.swap(free, Ordering::Relaxed) != free {
+        if self.set_free(free) {
             tracing::debug!(
                 free,
                 "launches skip the scheduler while nobody needs holding"
             );
         }
         self.pump(&mut st);
+    }
+
+    /// Launches skip the scheduler (`free`) or not from now on, with the time they did
+    /// counted; whether that changed. Under the lock, so that the changes come in order.
+    fn set_free(&self, free: bool) -> bool {
+        if self.free.swap(free, Ordering::Relaxed) == free {
+            return false;
+        }
+        let now = self.now();
+        if free {
+            self.free_since.store(now, Ordering::Relaxed);
+        } else {
+            let since = self.free_since.load(Ordering::Relaxed);
+            self.free_ns
+                .fetch_add(now.saturating_sub(since), Ordering::Relaxed);
+        }
+        true
+    }
+
+    /// FAIR running free (`[fair] free_lead_us`): whether launches skip the scheduler now,
+    /// and for how long they have in all; `None` while the policy cannot run free.
+    pub fn free_running(&self) -> Option<(bool, u64)> {
+        let st = self.lock();
+        let fair = st.dispatcher.tunables().fair;
+        let may = st.dispatcher.policy_kind() == PolicyKind::Fair
+            && fair.side_by_side
+            && fair.free_lead_ns > 0;
+        let now = self.free.load(Ordering::Relaxed);
+        let mut total = self.free_ns.load(Ordering::Relaxed);
+        if now {
+            let since = self.free_since.load(Ordering::Relaxed);
+            total = total.saturating_add(self.now().saturating_sub(since));
+        }
+        (may || total > 0).then_some((now, total))
     }
 
     /// The client ended an iteration: (latency ns, deadline missed).

@@ -179,6 +179,7 @@ pub fn render_with_telemetry(
     }
 
     users::render_gpu_loads(&mut out, &report.gpu_loads);
+    users::render_free_running(&mut out, &report.free_running);
     render_clients(&mut out, &report.clients, processes);
     users::render_users(&mut out, &report.users);
     render_jobs(&mut out, &report.jobs);

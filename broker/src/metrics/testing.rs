@@ -85,6 +85,7 @@ pub fn report() -> StatusReport {
         gpu_loads: Vec::new(),
         next_gpu: 0,
         peers: Vec::new(),
+        free_running: Vec::new(),
         usage: gpushare_protocol::stats::BrokerUsage {
             cpu_ns: 2_000_000_000,
             workers_cpu_ns: 750_000_000,

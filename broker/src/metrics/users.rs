@@ -1,7 +1,8 @@
 //! Per-user and per-GPU load series: what each user's sessions hold together (on each GPU and
-//! in total, against the policy's quotas), and how busy each GPU has been lately.
+//! in total, against the policy's quotas), how busy each GPU has been lately, and whether FAIR
+//! runs free on it.
 
-use gpushare_protocol::stats::{GpuLoad, UserStats};
+use gpushare_protocol::stats::{FreeRunning, GpuLoad, UserStats};
 
 use super::exposition::Exposition;
 
@@ -75,6 +76,39 @@ pub(super) fn render_gpu_loads(out: &mut Exposition, loads: &[GpuLoad]) {
     for l in loads {
         let gpu = l.gpu.to_string();
         out.sample("gpushare_device_busy_ratio", &[("gpu", &gpu)], l.busy);
+    }
+}
+
+/// FAIR running free on each GPU whose policy may (`[fair] free_lead_us`).
+pub(super) fn render_free_running(out: &mut Exposition, free: &[FreeRunning]) {
+    if free.is_empty() {
+        return;
+    }
+    out.family(
+        "gpushare_fair_free",
+        "gauge",
+        "1 while FAIR's launches skip the scheduler (no account leads by more than free_lead_us), else 0.",
+    );
+    for f in free {
+        let gpu = f.gpu.to_string();
+        out.sample(
+            "gpushare_fair_free",
+            &[("gpu", &gpu)],
+            f64::from(u8::from(f.now)),
+        );
+    }
+    out.family(
+        "gpushare_fair_free_seconds_total",
+        "counter",
+        "How long FAIR's launches have skipped the scheduler since gpushared started.",
+    );
+    for f in free {
+        let gpu = f.gpu.to_string();
+        out.sample(
+            "gpushare_fair_free_seconds_total",
+            &[("gpu", &gpu)],
+            f.total_ns as f64 / 1e9,
+        );
     }
 }
 
@@ -161,6 +195,23 @@ mod tests {
         assert_eq!(
             value(&scrape, "gpushare_device_busy_ratio", &[("gpu", "1")]),
             1.5
+        );
+    }
+
+    #[test]
+    fn fair_running_free_is_a_gauge_and_a_counter_per_gpu() {
+        let mut r = report();
+        assert!(!render(&r).contains("gpushare_fair_free"), "not asked for");
+        r.free_running = vec![gpushare_protocol::stats::FreeRunning {
+            gpu: 0,
+            now: true,
+            total_ns: 2_500_000_000,
+        }];
+        let scrape = parse(&render(&r));
+        assert_eq!(value(&scrape, "gpushare_fair_free", &[("gpu", "0")]), 1.0);
+        assert_eq!(
+            value(&scrape, "gpushare_fair_free_seconds_total", &[("gpu", "0")]),
+            2.5
         );
     }
 }

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use gpushare_protocol::PROTOCOL_VERSION;
 use gpushare_protocol::stats::{
-    ClientStats, OutsideLoad, ProcessActivity, ProcessKind, StatusReport,
+    ClientStats, FreeRunning, OutsideLoad, ProcessActivity, ProcessKind, StatusReport,
 };
 
 use super::Broker;
@@ -126,6 +126,19 @@ impl Broker {
             next_gpu: super::placement::least_loaded(&gpu_loads) as u32,
             gpu_loads,
             peers: self.peers().to_vec(),
+            free_running: self
+                .gpus
+                .iter()
+                .enumerate()
+                .filter_map(|(gpu, g)| {
+                    let (now, total_ns) = g.scheduler.free_running()?;
+                    Some(FreeRunning {
+                        gpu: gpu as u32,
+                        now,
+                        total_ns,
+                    })
+                })
+                .collect(),
             broker_version: env!("CARGO_PKG_VERSION").into(),
             protocol_version: PROTOCOL_VERSION,
             backend: self.gpus[0].device().backend().into(),

@@ -40,7 +40,7 @@ pub const MAX_STREAMS: usize = 1024;
 pub const MAX_EVENTS: usize = 16384;
 
 /// Version of the wire protocol; client and broker must agree exactly.
-pub const PROTOCOL_VERSION: u32 = 15;
+pub const PROTOCOL_VERSION: u32 = 16;
 
 /// Where clients find the broker unless told otherwise.
 pub const DEFAULT_SOCKET_PATH: &str = "/run/gpushare/gpushare.sock";

@@ -45,6 +45,20 @@ pub struct StatusReport {
     /// the second (peer access; every GPU reaches itself, not listed).
     #[serde(default)]
     pub peers: Vec<(u32, u32)>,
+    /// FAIR running free on each GPU whose policy may (`[fair] free_lead_us`), by index.
+    #[serde(default)]
+    pub free_running: Vec<FreeRunning>,
+}
+
+/// FAIR's launches skipping the scheduler on one GPU while no account leads by more than
+/// `[fair] free_lead_us`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct FreeRunning {
+    pub gpu: u32,
+    /// They skip it now.
+    pub now: bool,
+    /// How long they have skipped it, all told, since gpushared started.
+    pub total_ns: u64,
 }
 
 /// How loaded one GPU is, as the default placement weighs it: busy first, then memory, then

@@ -266,3 +266,37 @@ fn top_says_telemetry_is_starting_while_gpushared_loads_it_not_that_it_is_off() 
         Some("telemetry: eBPF on (ioctls)")
     );
 }
+
+#[test]
+fn status_says_whether_fair_runs_free_and_for_how_long() {
+    use gpushare_protocol::stats::FreeRunning;
+    let mut r = crate::top::collect::tests::report(1_000, Vec::new());
+    assert!(!status(&r).contains("running free"), "not asked for");
+    r.free_running = vec![FreeRunning {
+        gpu: 0,
+        now: true,
+        total_ns: 12_300_000_000,
+    }];
+    let text = status(&r);
+    assert!(
+        text.contains("fair running free: launches skip the scheduler now (12.3s in all)"),
+        "{text}"
+    );
+    r.free_running[0].now = false;
+    r.free_running.push(FreeRunning {
+        gpu: 1,
+        now: true,
+        total_ns: 0,
+    });
+    let text = status(&r);
+    assert!(
+        text.contains(
+            "fair running free on GPU 0: no, launches wait for the scheduler now (12.3s free in all)"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("fair running free on GPU 1: launches skip"),
+        "{text}"
+    );
+}

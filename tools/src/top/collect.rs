@@ -348,7 +348,11 @@ impl Deriver {
         Frame {
             broker_version: report.broker_version.clone(),
             backend: report.backend.clone(),
-            policy: report.policy.clone(),
+            // FAIR's launches skipping the scheduler (`[fair] free_lead_us`) on any GPU.
+            policy: match report.free_running.iter().any(|f| f.now) {
+                true => format!("{} (running free)", report.policy),
+                false => report.policy.clone(),
+            },
             uptime_ms: report.uptime_ms,
             interval_ms,
             devices,

@@ -144,6 +144,11 @@ fn status_report() -> StatusReport {
         ],
         next_gpu: 1,
         peers: vec![(0, 1), (1, 0)],
+        free_running: vec![crate::stats::FreeRunning {
+            gpu: 0,
+            now: true,
+            total_ns: 2_500_000_000,
+        }],
         telemetry: TelemetryStatus {
             enabled: false,
             reason: Some("not root".into()),

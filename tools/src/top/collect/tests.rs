@@ -79,6 +79,7 @@ pub fn report(uptime_ms: u64, clients: Vec<ClientStats>) -> StatusReport {
         gpu_loads: Vec::new(),
         next_gpu: 0,
         peers: Vec::new(),
+        free_running: Vec::new(),
     }
 }
 
@@ -229,4 +230,26 @@ fn telemetry_adds_observed_rows_and_marks_clients_that_also_touch_the_device() {
     assert_eq!(observed.ioctls_per_s, Some(500.0));
     assert_eq!(observed.kernels_per_s, None, "no uprobes, no launch counts");
     assert_eq!(f.clients, 1);
+}
+
+#[test]
+fn the_policy_says_when_fair_runs_free() {
+    let mut r = report(1_000, Vec::new());
+    r.policy = "fair".into();
+    r.free_running = vec![gpushare_protocol::stats::FreeRunning {
+        gpu: 0,
+        now: false,
+        total_ns: 1_000,
+    }];
+    assert_eq!(
+        Deriver::default().derive(&r, &Extras::default()).policy,
+        "fair"
+    );
+    r.free_running[0].now = true;
+    let f = Deriver::default().derive(&r, &Extras::default());
+    assert!(
+        crate::format::top_summary(&f).contains("policy fair (running free)"),
+        "{}",
+        crate::format::top_summary(&f)
+    );
 }
