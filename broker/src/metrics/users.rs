@@ -81,34 +81,34 @@ pub(super) fn render_gpu_loads(out: &mut Exposition, loads: &[GpuLoad]) {
 
 /// FAIR running free on each GPU whose policy may (`[fair] free_lead_us`).
 pub(super) fn render_free_running(out: &mut Exposition, free: &[FreeRunning]) {
+    type Series = (
+        &'static str,
+        &'static str,
+        &'static str,
+        fn(&FreeRunning) -> f64,
+    );
+    let series: [Series; 2] = [
+        (
+            "gpushare_fair_free",
+            "gauge",
+            "1 while FAIR's launches skip the scheduler (no account leads by more than free_lead_us), else 0.",
+            |f| f64::from(u8::from(f.now)),
+        ),
+        (
+            "gpushare_fair_free_seconds_total",
+            "counter",
+            "How long FAIR's launches have skipped the scheduler since gpushared started.",
+            |f| f.total_ns as f64 / 1e9,
+        ),
+    ];
     if free.is_empty() {
         return;
     }
-    out.family(
-        "gpushare_fair_free",
-        "gauge",
-        "1 while FAIR's launches skip the scheduler (no account leads by more than free_lead_us), else 0.",
-    );
-    for f in free {
-        let gpu = f.gpu.to_string();
-        out.sample(
-            "gpushare_fair_free",
-            &[("gpu", &gpu)],
-            f64::from(u8::from(f.now)),
-        );
-    }
-    out.family(
-        "gpushare_fair_free_seconds_total",
-        "counter",
-        "How long FAIR's launches have skipped the scheduler since gpushared started.",
-    );
-    for f in free {
-        let gpu = f.gpu.to_string();
-        out.sample(
-            "gpushare_fair_free_seconds_total",
-            &[("gpu", &gpu)],
-            f.total_ns as f64 / 1e9,
-        );
+    for (name, kind, help, value) in series {
+        out.family(name, kind, help);
+        for f in free {
+            out.sample(name, &[("gpu", &f.gpu.to_string())], value(f));
+        }
     }
 }
 
