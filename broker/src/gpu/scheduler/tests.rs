@@ -151,3 +151,28 @@ fn running_free_a_client_with_work_waiting_on_the_device_gates_the_launches() {
     waiting.0.busy_since.store(1, Ordering::Release);
     until(true, "client 2's work waits, yet launches stay free");
 }
+
+/// `status`'s account of running free: none where the policy cannot, then whether launches
+/// skip the scheduler now and for how long in all, kept across a switch of policy.
+#[test]
+fn the_time_spent_running_free_is_counted_across_a_policy_switch() {
+    assert_eq!(dispatch(false, None).free_running(), None, "priority");
+    let d = free_scheduler();
+    assert_eq!(d.free_running(), Some((false, 0)));
+    let give_up = Instant::now() + Duration::from_secs(5);
+    while d
+        .free_running()
+        .is_none_or(|(now, total)| !now || total == 0)
+    {
+        assert!(Instant::now() < give_up, "never free");
+        d.device_time(1, 100_000);
+        d.device_time(2, 100_000);
+        std::thread::yield_now();
+    }
+    d.set_policy(PolicyKind::Fifo, Tunables::default());
+    let Some((false, total)) = d.free_running() else {
+        panic!("after the switch: {:?}", d.free_running());
+    };
+    assert!(total > 0);
+    assert_eq!(d.free_running(), Some((false, total)), "no longer growing");
+}
