@@ -11,11 +11,6 @@ use super::memory::SimMemory;
 use super::{SimDevice, SimOptions, SimState, SimStream, attributes};
 use crate::device::{DeviceError, DeviceResult};
 
-/// In `realtime` mode, how much modelled work a stream may have queued ahead of the clock
-/// before the next command waits: about what a driver's thousand queued launches of 1 ms
-/// kernels hold.
-pub(super) const MAX_QUEUED_NS: u64 = 1_000_000_000;
-
 /// A stable UUID per sim device ("gpushare-sim" and the index).
 fn sim_uuid(index: u32) -> [u8; 16] {
     let mut u = *b"gpushare-sim\0\0\0\0";
@@ -71,13 +66,6 @@ impl SimDevice {
         cost_ns: u64,
         body: impl FnOnce(&mut SimMemory) -> DeviceResult<T>,
     ) -> DeviceResult<T> {
-        // A driver takes only so much queued work (about a thousand launches a stream) and
-        // then blocks the thread that launches; a program that never waits would otherwise
-        // queue minutes of work, and everyone's work queued after it would wait that long.
-        let ahead = stream.ready_ns.saturating_sub(self.now_ns());
-        if self.options.realtime && ahead > MAX_QUEUED_NS {
-            self.wait_for(stream.ready_ns - MAX_QUEUED_NS)?;
-        }
         let mut st = self.state();
         self.check_healthy()?;
         if self.unseen().is_some() {

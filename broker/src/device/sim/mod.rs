@@ -6,9 +6,7 @@
 //! time advances only with work, so results are deterministic. With `realtime` modelled time
 //! is the wall clock (for demos, `gpushare top` and scheduling tests): a command is accepted at
 //! once and runs from `max(…, now)` for its modelled time, as queued GPU work does, and
-//! synchronizations, events and stream queries wait for that end on the wall clock; as a
-//! driver blocks the launching thread once a stream holds about a thousand launches, a command
-//! waits while its stream has more than a second of work queued ahead of the clock.
+//! synchronizations, events and stream queries wait for that end on the wall clock.
 
 mod attributes;
 mod clock;

@@ -159,27 +159,3 @@ fn device_time_is_known_once_the_work_has_ended() {
     assert_eq!(got, 30_000_000);
     assert!(!dev.measuring(&s));
 }
-
-/// In real time, as a driver does, a stream takes about a second of queued work and then the
-/// launching thread waits: a program that never synchronizes cannot queue minutes of work
-/// that everyone's later work would wait behind.
-#[test]
-fn a_stream_holds_about_a_second_of_queued_work() {
-    let dev = SimDevice::new(SimOptions {
-        realtime: true,
-        ..SimOptions::default()
-    });
-    let mut s = dev.create_stream(PriorityClass::Normal).expect("stream");
-    let spin = Kernel::Spin {
-        micros: 100_000,
-        blocks: 1,
-    };
-    for _ in 0..15 {
-        dev.launch(&mut s, &spin).expect("spin");
-        let ahead = s.ready_ns.saturating_sub(dev.now_ns());
-        assert!(
-            ahead <= super::device::MAX_QUEUED_NS + 100_000_000,
-            "{ahead} ns queued ahead"
-        );
-    }
-}
