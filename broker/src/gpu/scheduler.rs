@@ -430,10 +430,8 @@ impl GpuScheduler {
     /// and for how long they have in all; `None` while the policy cannot run free.
     pub fn free_running(&self) -> Option<(bool, u64)> {
         let st = self.lock();
-        let fair = st.dispatcher.tunables().fair;
         let may = st.dispatcher.policy_kind() == PolicyKind::Fair
-            && fair.side_by_side
-            && fair.free_lead_ns > 0;
+            && st.dispatcher.tunables().fair.may_run_free();
         let now = self.free.load(Ordering::Relaxed);
         let mut total = self.free_ns.load(Ordering::Relaxed);
         if now {
@@ -554,7 +552,7 @@ const GOVERNED_CONTEXT: u64 = 1 << 63;
 /// Tells the policy, at most every [`BUSY_TELL_NS`] and only while it may run free, which
 /// sessions have work on the device.
 fn tell_busy(st: &mut State, now: u64) {
-    if st.dispatcher.tunables().fair.free_lead_ns == 0
+    if !st.dispatcher.tunables().fair.may_run_free()
         || now.saturating_sub(st.busy_told_at) < BUSY_TELL_NS
     {
         return;

@@ -525,7 +525,7 @@ impl Policy for Fair {
         // most that to the least served other backlogged one, however late its time comes.
         // (Owed only by those that bound its lead when picking, `Bounds`.) Running free, its
         // time is what the leads are read from, so all of it is charged (`free.rs`).
-        if self.cfg.free_lead_ns > 0 {
+        if self.cfg.may_run_free() {
             self.vtime.insert(self.account(client), v);
             return;
         }

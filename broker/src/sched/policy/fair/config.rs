@@ -35,6 +35,13 @@ pub struct FairConfig {
     pub free_lead_ns: u64,
 }
 
+impl FairConfig {
+    /// Whether launches may skip the scheduler at all (`free_lead_ns`, side by side only).
+    pub fn may_run_free(&self) -> bool {
+        self.side_by_side && self.free_lead_ns > 0
+    }
+}
+
 impl Default for FairConfig {
     fn default() -> Self {
         FairConfig {

@@ -44,7 +44,7 @@ impl Fair {
     /// Whether the GPU's launches may skip the scheduler now (see the module docs), remembered
     /// for `pick`.
     pub(super) fn decide_free(&mut self, now: u64) -> bool {
-        if !self.cfg.side_by_side || self.cfg.free_lead_ns == 0 {
+        if !self.cfg.may_run_free() {
             self.free = false;
             return false;
         }
@@ -103,7 +103,7 @@ impl Fair {
     /// `per_user` its account is learned, and an account coming back to activity is owed at
     /// most the lag (see the module docs).
     pub(super) fn note_active(&mut self, view: &View<'_>, client: ClientId, now: u64) {
-        if self.cfg.free_lead_ns == 0 {
+        if !self.cfg.may_run_free() {
             return;
         }
         let Some(c) = view.client(client) else { return };
