@@ -80,6 +80,9 @@ struct State {
     watches: IdMap<ClientId, Arc<dyn Member>>,
     /// When the policy was last told which sessions have work on the device.
     busy_told_at: u64,
+    /// When launches last went free, and how long they ran free before (`status`).
+    free_since: u64,
+    free_ns: u64,
 }
 
 /// While launches may run free, the policy hears this often which sessions have work on the
@@ -95,9 +98,6 @@ pub struct GpuScheduler {
     /// The policy needs nobody held for now: launches are not gated (FAIR's `free_lead_ns`),
     /// until the device time that sessions report shows a lead again.
     free: AtomicBool,
-    /// When launches last went free, and how long they ran free before (`status`).
-    free_since: AtomicU64,
-    free_ns: AtomicU64,
     /// High-priority kernels are not gated (the lower classes are on a hardware partition).
     high_free: AtomicBool,
     /// Governed clients registered: while there is one, high-priority kernels are gated
@@ -144,8 +144,6 @@ impl GpuScheduler {
         GpuScheduler {
             device_time: AtomicBool::new(dispatcher.charges_device_time()),
             free: AtomicBool::new(false),
-            free_since: AtomicU64::new(0),
-            free_ns: AtomicU64::new(0),
             state: Mutex::new(State {
                 dispatcher,
                 granted: IdMap::default(),
@@ -155,6 +153,8 @@ impl GpuScheduler {
                 contexts: HashMap::new(),
                 watches: IdMap::default(),
                 busy_told_at: 0,
+                free_since: 0,
+                free_ns: 0,
             }),
             gated: AtomicBool::new(kind != PolicyKind::Fifo),
             high_free: AtomicBool::new(high_free(kind, tunables.priority, device.sm_partitions)),
@@ -218,7 +218,7 @@ impl GpuScheduler {
             .store(kind != PolicyKind::Fifo, Ordering::Relaxed);
         self.device_time
             .store(st.dispatcher.charges_device_time(), Ordering::Relaxed);
-        self.set_free(false);
+        self.set_free(&mut st, false);
         self.high_free.store(
             high_free(kind, tunables.priority, self.sm_partitions),
             Ordering::Relaxed,
@@ -400,7 +400,7 @@ impl GpuScheduler {
         tell_busy(&mut st, now);
         // Before the pump: work held until now is granted at once when nobody needs holding.
         let free = st.dispatcher.free_running(now);
-        if self.set_free(free) {
+        if self.set_free(&mut st, free) {
             tracing::debug!(
                 free,
                 "launches skip the scheduler while nobody needs holding"
@@ -410,18 +410,16 @@ impl GpuScheduler {
     }
 
     /// Launches skip the scheduler (`free`) or not from now on, with the time they did
-    /// counted; whether that changed. Under the lock, so that the changes come in order.
-    fn set_free(&self, free: bool) -> bool {
+    /// counted; whether that changed (under the lock, so that the changes come in order).
+    fn set_free(&self, st: &mut State, free: bool) -> bool {
         if self.free.swap(free, Ordering::Relaxed) == free {
             return false;
         }
         let now = self.now();
         if free {
-            self.free_since.store(now, Ordering::Relaxed);
+            st.free_since = now;
         } else {
-            let since = self.free_since.load(Ordering::Relaxed);
-            self.free_ns
-                .fetch_add(now.saturating_sub(since), Ordering::Relaxed);
+            st.free_ns = st.free_ns.saturating_add(now.saturating_sub(st.free_since));
         }
         true
     }
@@ -433,10 +431,9 @@ impl GpuScheduler {
         let may = st.dispatcher.policy_kind() == PolicyKind::Fair
             && st.dispatcher.tunables().fair.may_run_free();
         let now = self.free.load(Ordering::Relaxed);
-        let mut total = self.free_ns.load(Ordering::Relaxed);
+        let mut total = st.free_ns;
         if now {
-            let since = self.free_since.load(Ordering::Relaxed);
-            total = total.saturating_add(self.now().saturating_sub(since));
+            total = total.saturating_add(self.now().saturating_sub(st.free_since));
         }
         (may || total > 0).then_some((now, total))
     }
