@@ -12,6 +12,8 @@ use gpushare_tests::{Broker, BrokerOptions};
 
 #[path = "scheduling/by_user.rs"]
 mod by_user;
+#[path = "scheduling/gate.rs"]
+mod gate;
 #[path = "scheduling/hungry.rs"]
 mod hungry;
 

@@ -89,6 +89,7 @@ pub(super) struct PriorityFields {
     pub(super) lower_queue_us: Option<u64>,
     pub(super) beside_other_contexts: Option<bool>,
     pub(super) lower_by_weight: Option<bool>,
+    pub(super) gate: Option<bool>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]

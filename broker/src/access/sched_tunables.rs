@@ -29,7 +29,11 @@ impl Policy {
         let p = &self.file.priority;
         crate::sched::PriorityConfig {
             lower_sm_share: p.lower_sm_share.or(base.lower_sm_share),
-            lower_depth_beside_high: p.lower_depth.or(base.lower_depth_beside_high),
+            lower_depth_beside_high: p.lower_depth.or(Some(if p.gate.unwrap_or(base.gate_lower) {
+                crate::sched::policy::priority::LOWER_DEPTH_GATED
+            } else {
+                crate::sched::policy::priority::LOWER_DEPTH_UNGATED
+            })),
             lower_queue_ns_beside_high: match p.lower_queue_us {
                 Some(0) => None,
                 Some(us) => Some(us.saturating_mul(1_000)),
@@ -42,6 +46,7 @@ impl Policy {
                 .beside_other_contexts
                 .unwrap_or(base.beside_other_contexts),
             lower_by_weight: p.lower_by_weight.unwrap_or(base.lower_by_weight),
+            gate_lower: p.gate.unwrap_or(base.gate_lower),
             ..base
         }
     }

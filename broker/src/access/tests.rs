@@ -106,6 +106,20 @@ fn priority_tunables_come_from_the_file_and_bad_ones_are_refused() {
         none.priority_config(),
         crate::sched::PriorityConfig::default()
     );
+    assert!(
+        none.priority_config().gate_lower,
+        "gated unless the file says"
+    );
+    assert_eq!(none.priority_config().lower_depth_beside_high, Some(8));
+    let ungated = Policy::parse("[priority]\ngate = false\n", "t.toml")
+        .expect("valid policy")
+        .priority_config();
+    assert!(!ungated.gate_lower);
+    assert_eq!(
+        ungated.lower_depth_beside_high,
+        Some(2),
+        "without the gate, the shallow queue"
+    );
     for bad in [
         "lower_sm_share = 0.0",
         "lower_sm_share = 1.5",

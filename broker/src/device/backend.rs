@@ -198,6 +198,17 @@ pub trait Backend: Send + Sync + 'static {
         slot: u32,
         value: u32,
     ) -> DeviceResult<()>;
+    /// Queues, on `stream`, a wait until the 32-bit slot `slot` of `page` (gpushared's progress
+    /// page) holds 0: the priority gate ([`super::progress::Gate`]). A backend without it
+    /// runs the work ungated, as before the gate.
+    fn wait_gate(
+        &self,
+        _stream: &mut Self::Stream,
+        _page: ArenaSlice<'_>,
+        _slot: u32,
+    ) -> DeviceResult<()> {
+        Ok(())
+    }
     /// The session finished a batch of commands that queued work on this stream; `idle`
     /// says the client has gone quiet. A point where the backend may close a measurement.
     fn end_batch(&self, _stream: &mut Self::Stream, _idle: bool) {}

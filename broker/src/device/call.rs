@@ -41,6 +41,23 @@ pub struct ProgressValue {
     pub value: u32,
 }
 
+/// Where a kernel's work goes: the SM partition its stream's work takes from this kernel on
+/// (`None`: the whole GPU), and the gate it waits at first, if any ([`super::progress::Gate`]).
+/// Every launch says it, so that no call of its own travels for it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Place {
+    pub sms: Option<u32>,
+    pub gate: Option<GateWord>,
+}
+
+/// A gate of gpushared's progress page: the stream waits until the 32-bit slot `slot` of
+/// `page` holds 0.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GateWord {
+    pub page: Span,
+    pub slot: u32,
+}
+
 /// One device operation. Variable-length parts (launch parameters, a module image, a name)
 /// travel beside it as its payload.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -98,14 +115,13 @@ pub enum Call {
         count: u64,
     },
     /// `start`: an event marking where the kernel starts, recorded just before it (in one
-    /// step, so that nothing can come between them). `sms`: the SM partition the stream's
-    /// work goes to from this kernel on (`None`: the whole GPU); every launch says it, so
-    /// that no call of its own travels for it.
+    /// step, so that nothing can come between them, and after its gate). `place`: where it
+    /// goes.
     Launch {
         stream: Handle,
         kernel: Kernel,
         start: Option<Handle>,
-        sms: Option<u32>,
+        place: Place,
     },
     /// A graph of the encoded nodes that are the payload ([`gpushare_protocol::graph`]), each
     /// kernel's function a handle of this executor's.
@@ -125,7 +141,7 @@ pub enum Call {
         stream: Handle,
         graph: Handle,
         start: Option<Handle>,
-        sms: Option<u32>,
+        place: Place,
     },
     /// The packed parameters are the payload.
     LaunchModule {
@@ -134,7 +150,7 @@ pub enum Call {
         launch: ModuleLaunch,
         attributes: LaunchAttributes,
         start: Option<Handle>,
-        sms: Option<u32>,
+        place: Place,
     },
     /// The stream writes `value` (32 bits) at `done` when it gets there, then waits until the
     /// 32 bits at `go` are at least `value` (a client's host function in stream order; both

@@ -9,7 +9,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use super::backend::Backend;
-use super::call::ProgressValue;
+use super::call::{Place, ProgressValue};
 use super::progress::slot_word;
 use super::reply::{Answer, Handle, Reply};
 use super::{DeviceError, DeviceResult};
@@ -238,15 +238,20 @@ impl<B: Backend> Executor<B> {
         &self,
         id: Handle,
         start: Option<Handle>,
-        sms: Option<u32>,
+        place: Place,
         queue: impl FnOnce(&mut B::Stream) -> DeviceResult<()>,
     ) -> Answer {
         let start = match start.map(|e| self.event(e)).transpose() {
             Ok(start) => start,
             Err(e) => return Answer::failed(e),
         };
-        self.on_stream(id, |s| {
-            self.backend.limit_sms(s, sms)?;
+        self.on_stream_with(id, place.gate.map(|g| g.page), |s, page| {
+            self.backend.limit_sms(s, place.sms)?;
+            // On the lane it now goes to, before its start is marked: time at the gate is
+            // not the kernel's.
+            if let (Some(gate), Some(page)) = (place.gate, page) {
+                self.backend.wait_gate(s, page, gate.slot)?;
+            }
             if let Some(e) = &start {
                 self.backend.record_start(&mut lock(e), s)?;
             }

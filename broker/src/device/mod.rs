@@ -38,12 +38,12 @@ use gpushare_protocol::ErrorCode;
 use gpushare_protocol::command::OccupancyQuery;
 
 pub use self::backend::Backend;
-pub use self::call::{Call, EventKind, Handle, ProgressValue, Reply, Span};
+pub use self::call::{Call, EventKind, GateWord, Handle, Place, ProgressValue, Reply, Span};
 pub use self::executor::Executor;
 pub use self::front::Device;
 pub use self::handles::{Event, Function, Graph, Module, Stream};
 pub use self::link::{Link, Memory, Space};
-pub use self::progress::{Fate, Kept, drop_dependents};
+pub use self::progress::{Fate, Gate, Kept, drop_dependents};
 
 /// What a device can fail with; it crosses the process boundary as itself.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, serde::Serialize, serde::Deserialize)]

@@ -28,7 +28,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use super::call::{Call, Handle, ProgressValue, Span};
+use super::call::{Call, GateWord, Handle, ProgressValue, Span};
 use super::handles::Stream;
 use super::link::Link;
 use super::{DeviceError, DeviceResult};
@@ -36,6 +36,8 @@ use crate::shm::{ArenaSlice, HostRegion, sealed_memfd};
 
 /// Streams the page has slots for (every stream of every session on the device).
 const SLOTS: u32 = 16 * 1024;
+/// The slot that is no stream's: the priority gate ([`Gate`]).
+const GATE_SLOT: u32 = 0;
 /// After the slots: where kept uploads are put to queue them again, one at a time. A larger
 /// staged upload is not kept (its stream's work is lost at a fault, as before): keeping
 /// costs a copy of its bytes on every upload.
@@ -52,7 +54,7 @@ const MAX_KEPT: u64 = 256 << 20;
 /// The page of progress slots, and which are free.
 pub struct Progress {
     _memfd: OwnedFd,
-    page: HostRegion,
+    page: Arc<HostRegion>,
     /// Free slots, the longest free first: a destroyed stream's last writes may still land
     /// (its work was not waited for), and must not land on a new stream's slot.
     free: Mutex<std::collections::VecDeque<u32>>,
@@ -78,6 +80,32 @@ pub fn slot_word(page: ArenaSlice<'_>, slot: u32) -> DeviceResult<ArenaSlice<'_>
 /// 2^31 apart.
 fn at_or_past(seen: u32, value: u32) -> bool {
     seen != 0 && seen.wrapping_sub(value) as i32 >= 0
+}
+
+/// A word of the progress page that holds lower-priority work back on the GPU: a launch that
+/// carries it ([`GateWord`]) waits, on its stream, until the word is 0, so that work queued
+/// before a high-priority request does not start inside it (a kernel already running is not
+/// preempted). The GPU scheduler closes it while high-priority kernels are in flight.
+#[derive(Clone)]
+pub struct Gate {
+    page: Arc<HostRegion>,
+}
+
+impl Gate {
+    /// What a launch carries to wait at this gate.
+    pub fn word(&self) -> GateWord {
+        GateWord {
+            page: self.page.whole().span(),
+            slot: GATE_SLOT,
+        }
+    }
+
+    /// Closes (1) or opens (0) the gate for launches that reach it from now on.
+    pub fn set_closed(&self, closed: bool) {
+        if let Some(w) = self.page.slice(u64::from(GATE_SLOT) * 4, 4) {
+            w.store_u32(u32::from(closed));
+        }
+    }
 }
 
 /// One call of an episode, kept to queue again.
@@ -158,8 +186,8 @@ impl Progress {
         link.share_memory(page.id(), memfd.as_fd(), len, 0, 0)?;
         Ok(Progress {
             _memfd: memfd,
-            page,
-            free: Mutex::new((0..SLOTS).collect()),
+            page: Arc::new(page),
+            free: Mutex::new((GATE_SLOT + 1..SLOTS).collect()),
             next_value: AtomicU32::new(1),
             next_seq: AtomicU64::new(0),
             staging: Mutex::new(()),
@@ -169,6 +197,13 @@ impl Progress {
 
     pub(crate) fn span(&self) -> Span {
         self.page.whole().span()
+    }
+
+    /// The device's priority gate, in this page.
+    pub fn gate(&self) -> Gate {
+        Gate {
+            page: self.page.clone(),
+        }
     }
 
     /// A slot for a new stream; `None` when every slot is taken.

@@ -24,6 +24,8 @@ use std::time::{Duration, Instant};
 
 use gpushare_protocol::{Kernel, PriorityClass};
 
+use self::gate::GateState;
+pub use self::gate::GateSwitch;
 use super::health::Member;
 
 use crate::sched::{
@@ -57,6 +59,8 @@ pub struct Turn {
     pub request: RequestId,
     /// Run it on a partition of this many SMs, if set.
     pub sm_limit: Option<u32>,
+    /// It waits at the device's priority gate before it starts.
+    pub gated: bool,
     /// How long the launch waited with none of the client's kernels on the GPU: the time the
     /// policy kept it off the device (waiting behind its own kernels is not counted).
     pub held_ns: u64,
@@ -66,8 +70,9 @@ pub struct Turn {
 
 struct State {
     dispatcher: Dispatcher,
-    /// Requests granted whose data thread has not taken the grant yet, with their partition.
-    granted: IdMap<RequestId, Option<u32>>,
+    /// Requests granted whose data thread has not taken the grant yet, with their partition
+    /// and whether they wait at the priority gate.
+    granted: IdMap<RequestId, (Option<u32>, bool)>,
     /// The threads waiting for their requests' grants: a grant wakes only its own thread
     /// (waking every waiter, each to take the lock again, was what held clients queued for).
     waiters: IdMap<RequestId, std::thread::Thread>,
@@ -83,6 +88,8 @@ struct State {
     /// When launches last went free, and how long they ran free before (`status`).
     free_since: u64,
     free_ns: u64,
+    /// The device's priority gate, once the device has one ([`GpuScheduler::set_gate`]).
+    gate: Option<GateState>,
 }
 
 /// While launches may run free, the policy hears this often which sessions have work on the
@@ -155,6 +162,7 @@ impl GpuScheduler {
                 busy_told_at: 0,
                 free_since: 0,
                 free_ns: 0,
+                gate: None,
             }),
             gated: AtomicBool::new(kind != PolicyKind::Fifo),
             high_free: AtomicBool::new(high_free(kind, tunables.priority, device.sm_partitions)),
@@ -321,10 +329,11 @@ impl GpuScheduler {
         let mut finished = Vec::new();
         let mut held_ns = 0u64;
         loop {
-            if let Some(sm_limit) = st.granted.remove(&request) {
+            if let Some((sm_limit, gated)) = st.granted.remove(&request) {
                 return Some(Turn {
                     request,
                     sm_limit,
+                    gated,
                     held_ns,
                     time_every,
                 });
@@ -361,10 +370,11 @@ impl GpuScheduler {
             }
             st = self.lock();
             st.waiters.remove(&request);
-            if let Some(sm_limit) = st.granted.remove(&request) {
+            if let Some((sm_limit, gated)) = st.granted.remove(&request) {
                 return Some(Turn {
                     request,
                     sm_limit,
+                    gated,
                     held_ns,
                     time_every,
                 });
@@ -501,16 +511,33 @@ impl GpuScheduler {
             granted,
             waiters,
             grants,
+            gate,
             ..
         } = st;
         grants.clear();
         dispatcher.poll_into(now, grants);
+        // Closed before a high-priority kernel granted here reaches its stream.
+        if let Some(gate) = gate {
+            gate.steer(dispatcher, now);
+        }
         for g in grants.iter() {
-            granted.insert(g.request, g.sm_limit);
+            granted.insert(g.request, (g.sm_limit, g.gated));
             if let Some(thread) = waiters.get(&g.request) {
                 thread.unpark();
             }
         }
+    }
+
+    /// The device's priority gate, which this scheduler opens and closes from now on.
+    pub fn set_gate(&self, switch: Arc<dyn GateSwitch>) {
+        let mut st = self.lock();
+        st.gate = Some(GateState::new(switch));
+        self.pump(&mut st);
+    }
+
+    /// Whether the priority gate is closed now (`None`: the device has none).
+    pub fn gate_closed(&self) -> Option<bool> {
+        self.lock().gate.as_ref().map(GateState::closed)
     }
 }
 
@@ -573,5 +600,6 @@ fn high_free(kind: PolicyKind, priority: PriorityConfig, sm_partitions: bool) ->
         && priority.lower_sm_share.is_some_and(|s| s < 1.0)
 }
 
+mod gate;
 #[cfg(test)]
 mod tests;

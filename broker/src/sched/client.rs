@@ -105,6 +105,10 @@ pub struct Grant {
     pub request: RequestId,
     /// Run it on a partition of this many SMs (a green context), if set.
     pub sm_limit: Option<u32>,
+    /// It waits at the device's priority gate before it starts ([`Policy::behind_gate`]).
+    ///
+    /// [`Policy::behind_gate`]: super::policy::Policy::behind_gate
+    pub gated: bool,
 }
 
 /// What `iteration_boundary` measured.

@@ -360,9 +360,11 @@ impl Dispatcher {
                 break;
             }
             let policy_limit = self.policy.sm_limit(&view, id);
-            let Some(grant) = self.grant(i, now, policy_limit) else {
+            let gated = self.policy.behind_gate(&view, id);
+            let Some(mut grant) = self.grant(i, now, policy_limit) else {
                 break;
             };
+            grant.gated = gated;
             out.push(grant);
             let view = view!(self);
             if let Some(f) = self.clients[i].inflight.last() {
@@ -441,7 +443,18 @@ impl Dispatcher {
             client: c.spec.id,
             request: req.id,
             sm_limit,
+            gated: false,
         })
+    }
+
+    /// Whether the device's priority gate should hold lower-priority work back now: the
+    /// policy gates it, and high-priority kernels are in flight.
+    pub fn gate_wanted(&self) -> bool {
+        self.policy.gates_lower()
+            && self
+                .clients
+                .iter()
+                .any(|c| c.spec.class == PriorityClass::High && !c.inflight.is_empty())
     }
 
     fn release_partition(&mut self, f: &Inflight) {

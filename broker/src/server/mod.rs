@@ -143,6 +143,9 @@ impl Broker {
                         sm_partitions: device.sm_partitions(),
                     },
                 );
+                if let Some(gate) = device.gate() {
+                    scheduler.set_gate(Arc::new(gate));
+                }
                 Gpu::new(
                     index as u32,
                     device,

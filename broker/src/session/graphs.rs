@@ -237,13 +237,13 @@ impl SessionState {
             stream,
             kernels,
             |d| d.module_profile(client, key, blocks),
-            |d, s, sms| {
+            |d, s, place| {
                 let graph = d.id(&g.graph)?;
                 let launch = |stream| Call::LaunchGraph {
                     stream,
                     graph,
                     start: None,
-                    sms,
+                    place,
                 };
                 d.queue(s, launch, &[])
             },

@@ -9,7 +9,7 @@ use gpushare_protocol::{ErrorCode, Kernel, StreamId};
 use zerocopy::FromBytes;
 
 use super::SessionState;
-use crate::device::{Call, Device, DeviceResult, Function, Stream};
+use crate::device::{Call, Device, DeviceResult, Function, Place, Stream};
 use crate::gpu::scheduler::Profiles;
 use crate::sched::profile::KernelProfile;
 
@@ -32,12 +32,12 @@ impl SessionState {
             stream,
             1,
             |d| d.builtin_profile(&kernel),
-            |d, s, sms| {
+            |d, s, place| {
                 let launch = |stream| Call::Launch {
                     stream,
                     kernel,
                     start: None,
-                    sms,
+                    place,
                 };
                 d.queue(s, launch, &[])
             },
@@ -100,7 +100,7 @@ impl SessionState {
             stream,
             1,
             |d| d.module_profile(id, launch.function, blocks),
-            |d, s, sms| {
+            |d, s, place| {
                 let function = d.id(function)?;
                 let launch = |stream| Call::LaunchModule {
                     stream,
@@ -108,23 +108,23 @@ impl SessionState {
                     launch: *launch,
                     attributes,
                     start: None,
-                    sms,
+                    place,
                 };
                 d.queue(s, launch, params)
             },
         )
     }
 
-    /// Queues a kernel or graph (`queue` queues it, on the SM partition it is given: `None`,
-    /// the whole GPU) on `stream` as one unit the scheduler grants: its turn (profiled by
-    /// `profile`), the SM partition the turn gives, and the start and end events that time
-    /// it; `kernels` is what it adds to the client's count.
+    /// Queues a kernel or graph (`queue` queues it where it is told: the SM partition, the
+    /// priority gate) on `stream` as one unit the scheduler grants: its turn (profiled by
+    /// `profile`), where the turn places it, and the start and end events that time it;
+    /// `kernels` is what it adds to the client's count.
     pub(super) fn queue_granted(
         &mut self,
         stream: StreamId,
         kernels: u64,
         profile: impl FnOnce(&mut Profiles<'_>) -> KernelProfile,
-        queue: impl FnOnce(&Device, &mut Stream, Option<u32>) -> DeviceResult<()>,
+        queue: impl FnOnce(&Device, &mut Stream, Place) -> DeviceResult<()>,
     ) -> Result<(u64, u64), ErrorCode> {
         let turn = self.acquire(profile);
         if let Some(held) = turn.map(|t| t.held_ns).filter(|&ns| ns > 0) {
@@ -133,9 +133,15 @@ impl SessionState {
                 .throttled_ns
                 .fetch_add(held, Ordering::Relaxed);
         }
-        let sm_limit = turn.and_then(|t| t.sm_limit);
+        let place = Place {
+            sms: turn.and_then(|t| t.sm_limit),
+            gate: turn
+                .filter(|t| t.gated)
+                .and_then(|_| self.device.gate())
+                .map(|g| g.word()),
+        };
         let start = turn.and_then(|t| self.start_granted(stream, t.time_every));
-        let r = self.on_stream(stream, |d, s| queue(d, s, sm_limit));
+        let r = self.on_stream(stream, |d, s| queue(d, s, place));
         if let Some(turn) = turn {
             self.track_granted(stream, turn.request, start, r.is_ok());
         }

@@ -111,18 +111,18 @@ impl<B: Backend> Executor<B> {
                 stream,
                 kernel,
                 start,
-                sms,
-            } => return self.on_kernel(stream, start, sms, |s| dev.launch(s, &kernel)),
+                place,
+            } => return self.on_kernel(stream, start, place, |s| dev.launch(s, &kernel)),
             Call::LaunchModule {
                 stream,
                 function,
                 launch,
                 attributes,
                 start,
-                sms,
+                place,
             } => {
                 return match self.function(function) {
-                    Ok(f) => self.on_kernel(stream, start, sms, |s| {
+                    Ok(f) => self.on_kernel(stream, start, place, |s| {
                         dev.launch_module(s, &f, &launch, &attributes, payload)
                     }),
                     Err(e) => Answer::failed(e),
@@ -143,10 +143,10 @@ impl<B: Backend> Executor<B> {
                 stream,
                 graph,
                 start,
-                sms,
+                place,
             } => {
                 return match self.graph(graph) {
-                    Ok(g) => self.on_kernel(stream, start, sms, |s| dev.launch_graph(s, &g)),
+                    Ok(g) => self.on_kernel(stream, start, place, |s| dev.launch_graph(s, &g)),
                     Err(e) => Answer::failed(e),
                 };
             }

@@ -62,7 +62,7 @@ fn only_launches_take_a_start_marker() {
             value: 0.0,
         },
         start: None,
-        sms: None,
+        place: Default::default(),
     };
     *launch.start_marker().expect("a launch") = Some(4);
     assert!(matches!(launch, Call::Launch { start: Some(4), .. }));

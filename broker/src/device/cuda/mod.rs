@@ -260,6 +260,15 @@ impl Backend for CudaDevice {
         progress::write(self, stream, page, slot, value)
     }
 
+    fn wait_gate(
+        &self,
+        stream: &mut CudaStream,
+        page: ArenaSlice<'_>,
+        slot: u32,
+    ) -> DeviceResult<()> {
+        progress::wait_gate(self, stream, page, slot)
+    }
+
     fn launch(&self, stream: &mut CudaStream, kernel: &Kernel) -> DeviceResult<()> {
         stream.begin(self)?;
         match *kernel {

@@ -32,6 +32,14 @@ impl ProgressPages {
     }
 }
 
+/// Where the device reaches slot `slot` of `page`, with the context bound.
+fn slot_address(dev: &CudaDevice, page: ArenaSlice<'_>, slot: u32) -> DeviceResult<u64> {
+    let word = slot_word(page, slot)?;
+    dev.bind()?;
+    let offset = word.as_ptr() as u64 - page.as_ptr() as u64;
+    Ok(dev.progress.device_address(dev, page)? + offset)
+}
+
 pub(super) fn write(
     dev: &CudaDevice,
     stream: &mut CudaStream,
@@ -39,13 +47,39 @@ pub(super) fn write(
     slot: u32,
     value: u32,
 ) -> DeviceResult<()> {
-    let word = slot_word(page, slot)?;
-    dev.bind()?;
-    let offset = word.as_ptr() as u64 - page.as_ptr() as u64;
-    let at = dev.progress.device_address(dev, page)? + offset;
+    let at = slot_address(dev, page, slot)?;
     // SAFETY: `at` is 4 bytes inside a registered, mapped page (checked above); the stream
     // is live.
     unsafe { write_value(stream.raw, at, value) }
+}
+
+/// Queues, on the stream, a wait until slot `slot` of `page` holds 0 (the priority gate).
+pub(super) fn wait_gate(
+    dev: &CudaDevice,
+    stream: &mut CudaStream,
+    page: ArenaSlice<'_>,
+    slot: u32,
+) -> DeviceResult<()> {
+    let at = slot_address(dev, page, slot)?;
+    // SAFETY: `at` is 4 bytes inside a registered, mapped page (checked above); the stream
+    // is live.
+    let r = unsafe {
+        sys::cuStreamWaitValue32_v2(
+            stream.raw,
+            at,
+            0,
+            sys::CUstreamWaitValue_flags_enum::CU_STREAM_WAIT_VALUE_EQ as u32,
+        )
+    };
+    // The gate only orders work: where the device cannot wait on a word, the kernel goes
+    // ungated rather than failing.
+    if let Err(e) = r.result() {
+        static TOLD: std::sync::Once = std::sync::Once::new();
+        TOLD.call_once(|| {
+            tracing::warn!(error = %driver("cuStreamWaitValue32", e), "the priority gate cannot wait on this device; lower-priority kernels go ungated");
+        });
+    }
+    Ok(())
 }
 
 /// Queues, on `raw`, a write of `value` at `at` once the stream's earlier work is done.

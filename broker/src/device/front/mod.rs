@@ -65,6 +65,11 @@ impl Device {
         }
     }
 
+    /// The priority gate of this device's progress page, if it has one.
+    pub fn gate(&self) -> Option<super::progress::Gate> {
+        self.progress.as_ref().map(Progress::gate)
+    }
+
     fn epoch(&self) -> u64 {
         self.owner.epoch.load(Ordering::Acquire)
     }

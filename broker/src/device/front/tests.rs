@@ -24,7 +24,7 @@ fn launch(d: &Device, s: &mut Stream, kernel: Kernel) -> DeviceResult<()> {
             stream,
             kernel,
             start: None,
-            sms: None,
+            place: Default::default(),
         },
         &[],
     )

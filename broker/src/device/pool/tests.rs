@@ -120,7 +120,7 @@ fn memory_outlives_a_reset_of_its_context() {
             stream,
             kernel: fill,
             start: None,
-            sms: None,
+            place: Default::default(),
         },
         &[],
     )
@@ -135,7 +135,7 @@ fn memory_outlives_a_reset_of_its_context() {
             stream,
             kernel: sum,
             start: None,
-            sms: None,
+            place: Default::default(),
         },
         &[],
     )

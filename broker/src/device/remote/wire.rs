@@ -182,7 +182,18 @@ mod tests {
                 },
                 attributes: LaunchAttributes::default(),
                 start: Some(4),
-                sms: Some(66),
+                // A gated launch on a partition: the most a launch carries.
+                place: crate::device::Place {
+                    sms: Some(66),
+                    gate: Some(crate::device::GateWord {
+                        page: crate::shm::Span {
+                            region: 1 << 40,
+                            offset: 0,
+                            len: 192 << 10,
+                        },
+                        slot: 0,
+                    }),
+                },
             },
             payload: Payload::Inline(64),
         };

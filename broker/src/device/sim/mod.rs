@@ -368,6 +368,25 @@ impl Backend for SimDevice {
         self.write_mark(stream, page, slot, value)
     }
 
+    fn wait_gate(
+        &self,
+        stream: &mut SimStream,
+        page: ArenaSlice<'_>,
+        slot: u32,
+    ) -> DeviceResult<()> {
+        // As a GPU stream: looked at once the stream's earlier work is done (in modelled
+        // time), and the work after it starts no sooner than the gate opens.
+        let word = crate::device::progress::slot_word(page, slot)?;
+        self.wait_for(stream.ready_ns)?;
+        while word.load_u32() != 0 {
+            if self.interrupted.load(Ordering::Acquire) {
+                return Err(DeviceError::Cancelled);
+            }
+            std::thread::sleep(Duration::from_micros(20));
+        }
+        Ok(())
+    }
+
     fn stream_busy(&self, stream: &SimStream) -> bool {
         // Work runs when it is accepted, so only a hung stream, or the one whose kernel
         // faulted (its work never finished), has any pending.

@@ -3,13 +3,21 @@
 use super::*;
 
 fn dispatch(sm_partitions: bool, share: Option<f64>) -> GpuScheduler {
+    priority_pair(
+        PriorityConfig {
+            lower_sm_share: share,
+            ..PriorityConfig::default()
+        },
+        sm_partitions,
+    )
+}
+
+/// Under priority with `priority`, a high-priority client (1) and a best-effort one (2).
+fn priority_pair(priority: PriorityConfig, sm_partitions: bool) -> GpuScheduler {
     let d = GpuScheduler::new(
         PolicyKind::Priority,
         Tunables {
-            priority: PriorityConfig {
-                lower_sm_share: share,
-                ..PriorityConfig::default()
-            },
+            priority,
             ..Tunables::default()
         },
         DeviceShape {
@@ -175,4 +183,102 @@ fn the_time_spent_running_free_is_counted_across_a_policy_switch() {
     };
     assert!(total > 0);
     assert_eq!(d.free_running(), Some((false, total)), "no longer growing");
+}
+
+/// A gate that only remembers what it was told.
+#[derive(Default)]
+struct Switch(AtomicBool);
+
+impl GateSwitch for Switch {
+    fn set_closed(&self, closed: bool) {
+        self.0.store(closed, Ordering::Release);
+    }
+}
+
+fn spin_kernel() -> Kernel {
+    Kernel::Spin {
+        micros: 100,
+        blocks: 1,
+    }
+}
+
+/// A kernel of `id` granted at once (the test's clients are never held).
+fn granted(d: &GpuScheduler, id: ClientId) -> Turn {
+    d.acquire(
+        id,
+        |p| p.builtin_profile(&spin_kernel()),
+        &[],
+        |_| {},
+        || false,
+    )
+    .expect("granted")
+}
+
+/// Under priority, lower kernels granted beside a high-priority client wait at the gate, and
+/// the gate is closed exactly while high-priority kernels are in flight.
+#[test]
+fn the_priority_gate_is_closed_while_high_priority_kernels_are_in_flight() {
+    let d = dispatch(false, None);
+    let switch = Arc::new(Switch::default());
+    switch.0.store(true, Ordering::Release);
+    d.set_gate(switch.clone());
+    assert!(!switch.0.load(Ordering::Acquire), "a new gate is opened");
+    let lower = granted(&d, 2);
+    assert!(lower.gated, "a lower kernel beside a high-priority client");
+    assert_eq!(d.gate_closed(), Some(false));
+    let high = granted(&d, 1);
+    assert!(!high.gated, "high-priority work never waits at the gate");
+    assert!(switch.0.load(Ordering::Acquire), "closed for the request");
+    d.complete(1, &[(high.request, None)]);
+    assert!(!switch.0.load(Ordering::Acquire), "opened once it is done");
+    d.complete(2, &[(lower.request, None)]);
+    // Alone, the lower client is not gated.
+    d.remove_client(1);
+    assert!(!granted(&d, 2).gated);
+}
+
+/// A high-priority client that never pauses does not keep the gate closed for longer than
+/// `MAX_CLOSED_NS`; it closes again for its next request.
+#[test]
+fn the_priority_gate_opens_for_a_high_priority_client_that_never_pauses() {
+    let d = dispatch(false, None);
+    let switch = Arc::new(Switch::default());
+    d.set_gate(switch.clone());
+    let first = granted(&d, 1);
+    assert!(switch.0.load(Ordering::Acquire));
+    let give_up = Instant::now() + Duration::from_secs(5);
+    while switch.0.load(Ordering::Acquire) {
+        assert!(Instant::now() < give_up, "never opened");
+        // Nothing finished: the scheduler only looks again.
+        d.complete(1, &[]);
+        std::thread::yield_now();
+    }
+    // More of it, still in flight: still open.
+    let second = granted(&d, 1);
+    assert!(!switch.0.load(Ordering::Acquire));
+    d.complete(1, &[(first.request, None), (second.request, None)]);
+    granted(&d, 1);
+    assert!(
+        switch.0.load(Ordering::Acquire),
+        "closed for the next request"
+    );
+}
+
+/// Other policies, and priority with `gate = false`, never close it.
+#[test]
+fn the_priority_gate_stays_open_unless_the_policy_gates() {
+    let d = priority_pair(
+        PriorityConfig {
+            gate_lower: false,
+            ..PriorityConfig::default()
+        },
+        false,
+    );
+    let switch = Arc::new(Switch::default());
+    d.set_gate(switch.clone());
+    assert!(!granted(&d, 2).gated);
+    granted(&d, 1);
+    assert!(!switch.0.load(Ordering::Acquire));
+    d.set_policy(PolicyKind::Fair, Tunables::default());
+    assert_eq!(d.gate_closed(), Some(false));
 }

@@ -92,6 +92,17 @@ pub trait Policy: Send {
     fn sm_limit(&self, _view: &View<'_>, _client: ClientId) -> Option<u32> {
         None
     }
+
+    /// Whether the policy holds lower-priority work back on the device while high-priority
+    /// kernels are in flight (the device's priority gate, closed by the GPU scheduler).
+    fn gates_lower(&self) -> bool {
+        false
+    }
+
+    /// Whether a request of `client` granted now waits at the priority gate before it starts.
+    fn behind_gate(&self, _view: &View<'_>, _client: ClientId) -> bool {
+        false
+    }
 }
 
 /// The policies the broker can be configured with.

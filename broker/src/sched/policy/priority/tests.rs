@@ -129,13 +129,13 @@ fn lower_clients_keep_a_shallow_queue_while_a_high_client_is_connected() {
             d.add_client(ClientSpec::new(1, PriorityClass::High, 1))
                 .expect("client registers");
         }
-        for _ in 0..5 {
+        for _ in 0..12 {
             d.submit(2, kernel(2, 200, 64, Bound::Compute), 0)
                 .expect("client is registered");
         }
         d.poll(0).len()
     };
-    assert_eq!(granted_to_best_effort(false), 5);
+    assert_eq!(granted_to_best_effort(false), 12);
     let depth = PriorityConfig::default()
         .lower_depth_beside_high
         .expect("a default depth") as usize;
@@ -152,6 +152,7 @@ fn lower_clients_of_tiny_kernels_keep_a_queue_bounded_in_time() {
             rate: None,
             priority: PriorityConfig {
                 lower_queue_ns_beside_high: queue_ns,
+                lower_depth_beside_high: Some(2),
                 ..PriorityConfig::default()
             },
             ..SchedConfig::default()
