@@ -19,7 +19,7 @@
 use crate::sched::id_hash::IdMap;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use gpushare_protocol::{Kernel, PriorityClass};
@@ -98,6 +98,8 @@ const BUSY_TELL_NS: u64 = 10_000_000;
 
 pub struct GpuScheduler {
     state: Mutex<State>,
+    /// Wakes the gate's keeper when the gate closes ([`GpuScheduler::keep_gate`]).
+    gate_closed: Condvar,
     /// False under FIFO: launches are not gated at all.
     gated: AtomicBool,
     /// The policy charges measured device time: sessions report it.
@@ -149,6 +151,7 @@ impl GpuScheduler {
             },
         );
         GpuScheduler {
+            gate_closed: Condvar::new(),
             device_time: AtomicBool::new(dispatcher.charges_device_time()),
             free: AtomicBool::new(false),
             state: Mutex::new(State {
@@ -518,7 +521,11 @@ impl GpuScheduler {
         dispatcher.poll_into(now, grants);
         // Closed before a high-priority kernel granted here reaches its stream.
         if let Some(gate) = gate {
+            let was_closed = gate.closed();
             gate.steer(dispatcher, now);
+            if gate.closed() && !was_closed {
+                self.gate_closed.notify_one();
+            }
         }
         for g in grants.iter() {
             granted.insert(g.request, (g.sm_limit, g.gated));
@@ -526,18 +533,6 @@ impl GpuScheduler {
                 thread.unpark();
             }
         }
-    }
-
-    /// The device's priority gate, which this scheduler opens and closes from now on.
-    pub fn set_gate(&self, switch: Arc<dyn GateSwitch>) {
-        let mut st = self.lock();
-        st.gate = Some(GateState::new(switch));
-        self.pump(&mut st);
-    }
-
-    /// Whether the priority gate is closed now (`None`: the device has none).
-    pub fn gate_closed(&self) -> Option<bool> {
-        self.lock().gate.as_ref().map(GateState::closed)
     }
 }
 

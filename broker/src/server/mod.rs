@@ -131,7 +131,7 @@ impl Broker {
         assert!(!devices.is_empty(), "a broker needs at least one device");
         let stuck = Arc::new(Stuck::default());
         let guardians_stop = Arc::new(AtomicBool::new(false));
-        let gpus = devices
+        let gpus: Vec<Gpu> = devices
             .into_iter()
             .enumerate()
             .map(|(index, device)| {
@@ -156,6 +156,9 @@ impl Broker {
                 )
             })
             .collect();
+        for gpu in &gpus {
+            gpu.scheduler.keep_gate();
+        }
         Arc::new_cyclic(|me| Broker {
             me: me.clone(),
             gpus,

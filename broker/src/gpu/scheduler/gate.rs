@@ -2,16 +2,22 @@
 //! kernels are in flight, so that lower-priority work granted before a request waits on the
 //! device instead of starting between the request's kernels (`sched::policy::priority`).
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
 
+use super::GpuScheduler;
 use crate::sched::Dispatcher;
 
-/// The longest the gate stays closed at a stretch; it then stays open until no high-priority
-/// kernel is in flight. A high-priority client that never pauses must not keep the lower
-/// classes' queued work waiting on the device (the guardian takes work that makes no
-/// progress for seconds for hung), and such a client is not the short request the gate
-/// serves.
-pub(super) const MAX_CLOSED_NS: u64 = 20_000_000;
+/// The longest the gate stays closed at a stretch, by the clock ([`GpuScheduler::keep_gate`]);
+/// it then stays open until no high-priority kernel is in flight. Work of any stream may wait
+/// behind a gated stream's wait on the device (streams share the context's few hardware
+/// queues: on the H200 a high-priority request once did, and the gate, opened only when the
+/// request finished, held all five clients until the guardian reset the context), and a
+/// high-priority client that never pauses must not keep the lower classes' queued work
+/// waiting either; neither is the short request the gate serves.
+///
+/// [`GpuScheduler::keep_gate`]: super::GpuScheduler::keep_gate
+pub(super) const MAX_CLOSED_NS: u64 = 5_000_000;
 
 /// What opens and closes the gate: a word of the device's progress page.
 pub trait GateSwitch: Send + Sync {
@@ -44,6 +50,11 @@ impl GateState {
         }
     }
 
+    /// When it must open at the latest, while it is closed.
+    pub(super) fn deadline(&self) -> Option<u64> {
+        self.closed_since.map(|at| at.saturating_add(MAX_CLOSED_NS))
+    }
+
     /// Opens or closes the gate for what the dispatcher has in flight at `now`.
     pub(super) fn steer(&mut self, dispatcher: &Dispatcher, now: u64) {
         let wanted = dispatcher.gate_wanted();
@@ -72,5 +83,62 @@ impl GateState {
     fn open(&mut self) {
         self.switch.set_closed(false);
         self.closed_since = None;
+    }
+}
+
+impl GpuScheduler {
+    /// The device's priority gate, which this scheduler opens and closes from now on.
+    pub fn set_gate(&self, switch: Arc<dyn GateSwitch>) {
+        let mut st = self.lock();
+        st.gate = Some(GateState::new(switch));
+        self.pump(&mut st);
+    }
+
+    /// Starts the thread that opens the priority gate once it has been closed for
+    /// `gate::MAX_CLOSED_NS`, whatever else happens meanwhile: the scheduler's own looks come
+    /// with launches and completions, and what holds those may be waiting at the gate itself.
+    /// Nothing without a gate; it ends once the scheduler is gone.
+    pub fn keep_gate(self: &Arc<Self>) {
+        if self.lock().gate.is_none() {
+            return;
+        }
+        let weak = Arc::downgrade(self);
+        if let Err(e) = std::thread::Builder::new()
+            .name("gpushare-gate".into())
+            .spawn(move || keep_gate(weak))
+        {
+            tracing::warn!(error = %e, "no keeper for the priority gate: it opens only as launches and completions come");
+        }
+    }
+
+    /// Whether the priority gate is closed now (`None`: the device has none).
+    pub fn gate_closed(&self) -> Option<bool> {
+        self.lock().gate.as_ref().map(GateState::closed)
+    }
+}
+
+/// How long the gate's keeper sleeps while the gate is open (it is woken when it closes), so
+/// that it notices the scheduler gone.
+const KEEPER_IDLE: Duration = Duration::from_millis(200);
+
+/// The gate's keeper ([`GpuScheduler::keep_gate`]).
+fn keep_gate(weak: Weak<GpuScheduler>) {
+    while let Some(s) = weak.upgrade() {
+        let mut st = s.lock();
+        let now = s.now();
+        let wait = match st.gate.as_ref().and_then(GateState::deadline) {
+            Some(at) if at <= now => {
+                // The pump's look opens it (closed too long), and grants what that frees.
+                s.pump_at(&mut st, now);
+                continue;
+            }
+            Some(at) => Duration::from_nanos(at - now),
+            None => KEEPER_IDLE,
+        };
+        drop(
+            s.gate_closed
+                .wait_timeout(st, wait)
+                .unwrap_or_else(|e| e.into_inner()),
+        );
     }
 }

@@ -282,3 +282,22 @@ fn the_priority_gate_stays_open_unless_the_policy_gates() {
     d.set_policy(PolicyKind::Fair, Tunables::default());
     assert_eq!(d.gate_closed(), Some(false));
 }
+
+/// With its keeper running, the gate opens after `MAX_CLOSED_NS` though nothing else happens:
+/// what would make the scheduler look again (the request finishing) may itself be waiting on
+/// the device behind a gated stream.
+#[test]
+fn the_priority_gate_s_keeper_opens_it_by_the_clock() {
+    let d = Arc::new(dispatch(false, None));
+    let switch = Arc::new(Switch::default());
+    d.set_gate(switch.clone());
+    d.keep_gate();
+    granted(&d, 1);
+    assert!(switch.0.load(Ordering::Acquire));
+    let give_up = Instant::now() + Duration::from_secs(5);
+    while switch.0.load(Ordering::Acquire) {
+        assert!(Instant::now() < give_up, "never opened");
+        std::thread::yield_now();
+    }
+    assert_eq!(d.gate_closed(), Some(false));
+}

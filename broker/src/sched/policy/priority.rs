@@ -32,8 +32,8 @@
 //! GPU already. With `gate_lower` (on by default), every lower kernel granted while a
 //! high-priority client is connected waits on its stream at the device's priority gate (a
 //! word of host memory, `device::progress::Gate`) before it starts, and the GPU scheduler
-//! keeps the gate closed while high-priority kernels are in flight: a lower kernel already
-//! running is not preempted, but the ones queued behind it wait until the request's kernels
+//! keeps the gate closed while high-priority kernels are in flight (5 ms at most at a stretch):
+//! a lower kernel already running is not preempted, but the ones queued behind it wait until the request's kernels
 //! are done instead of taking the SMs between two of them. On an H200, a probe of direct CUDA
 //! with the colocate bench's shapes gave the request 1.34 × its dedicated p99 with the gate,
 //! 1.74 × without, for 3 % of the lower client's throughput (docs/benchmarks.md).
