@@ -272,6 +272,38 @@ fn colocate(out: &mut String, c: &Value) {
             ]);
         }
         table.render(out);
+        slowest_requests(out, c, n);
+    }
+}
+
+/// The slowest high-priority requests through gpushare beside `n` best-effort clients, each
+/// round's: what a p99 is made of (a few requests of a round's thousands) is kept in no median.
+fn slowest_requests(out: &mut String, c: &Value, n: u64) {
+    let prefix = format!("{n} best-effort, gpushare");
+    let mut lines = Vec::new();
+    for (r, round) in c["rounds"].as_array().into_iter().flatten().enumerate() {
+        for (key, v) in round.as_object().into_iter().flatten() {
+            let Some(worst) = v["high"]["worst"].as_array() else {
+                continue;
+            };
+            if !key.starts_with(&prefix) {
+                continue;
+            }
+            let list: Vec<&str> = worst.iter().take(3).filter_map(Value::as_str).collect();
+            if !list.is_empty() {
+                lines.push(format!("- {key}, round {}: {}", r + 1, list.join("; ")));
+            }
+        }
+    }
+    if !lines.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nSlowest high-priority requests through gpushare (latency at its arrival's offset, \
+             and its own service time):\n"
+        );
+        for l in lines {
+            let _ = writeln!(out, "{l}");
+        }
     }
 }
 
@@ -434,6 +466,13 @@ mod tests {
                     "sm_shares": [1.0, 0.25],
                     "seconds": 5,
                     "scheduler": "priority",
+                    "rounds": [{
+                        "1 best-effort, gpushare": { "high": { "worst": [
+                            "2.280 ms at 1534 ms (service 2.270)",
+                            "0.900 ms at 20 ms (service 0.890)" ] } },
+                        "1 best-effort, time-slicing": { "high": { "worst": [
+                            "9.000 ms at 5 ms (service 9.000)" ] } },
+                    }],
                     "median": {
                         "dedicated": { "high": { "p50_ms": 0.16, "p99_ms": 0.27,
                                                  "requests": 100.0, "offered": 100.0 } },
@@ -494,6 +533,15 @@ mod tests {
             ]
         );
         assert_eq!(rows(6), ["dedicated", "4 best-effort, gpushare"]);
+        // Each round's slowest requests through gpushare, and no other setup's.
+        assert!(
+            md.contains(
+                "- 1 best-effort, gpushare, round 1: 2.280 ms at 1534 ms (service 2.270); \
+                 0.900 ms at 20 ms (service 0.890)"
+            ),
+            "{md}"
+        );
+        assert!(!md.contains("9.000 ms"), "{md}");
         assert_eq!(rows(7).len(), crate::workload::iterations().len());
         // A failed setup is listed before the paragraph that follows it, with a blank line
         // between, so the paragraph does not continue the list item.
