@@ -19,19 +19,20 @@
 use crate::sched::id_hash::IdMap;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
-use gpushare_protocol::{Kernel, PriorityClass};
+use gpushare_protocol::PriorityClass;
 
 use self::gate::GateState;
 pub use self::gate::GateSwitch;
+pub use self::profiles::Profiles;
 use super::health::Member;
 
 use crate::sched::{
     ClientId, ClientSchedStats, ClientSpec, DeadlineSpec, DeviceShape, Dispatcher, Grant,
-    JobProfile, KernelKey, KernelProfile, PolicyKind, PriorityConfig, RequestId, SchedConfig,
-    SchedError, Tunables,
+    JobProfile, KernelProfile, PolicyKind, PriorityConfig, RequestId, SchedConfig, SchedError,
+    Tunables,
 };
 
 /// How long a waiting data thread with work of its own on the GPU sleeps before looking at
@@ -100,6 +101,8 @@ pub struct GpuScheduler {
     state: Mutex<State>,
     /// Wakes the gate's keeper when the gate closes ([`GpuScheduler::keep_gate`]).
     gate_closed: Condvar,
+    /// The word of the gate it steers ([`GpuScheduler::steers`]).
+    gate_word: OnceLock<crate::device::GateWord>,
     /// False under FIFO: launches are not gated at all.
     gated: AtomicBool,
     /// The policy charges measured device time: sessions report it.
@@ -152,6 +155,7 @@ impl GpuScheduler {
         );
         GpuScheduler {
             gate_closed: Condvar::new(),
+            gate_word: OnceLock::new(),
             device_time: AtomicBool::new(dispatcher.charges_device_time()),
             free: AtomicBool::new(false),
             state: Mutex::new(State {
@@ -545,29 +549,10 @@ fn report_finished(dispatcher: &mut Dispatcher, id: ClientId, finished: &[Finish
 /// A granted kernel seen finished, and the device time it took when measured.
 pub type Finished = (RequestId, Option<u64>);
 
-/// The kernel profiles, read while a launch holds the scheduler.
-pub struct Profiles<'a>(&'a mut Dispatcher);
-
-impl Profiles<'_> {
-    /// The profile of a built-in kernel (a neutral prior until measured).
-    pub fn builtin_profile(&mut self, kernel: &Kernel) -> KernelProfile {
-        self.0.profiles_mut().builtin(kernel)
-    }
-
-    /// The profile of a module function launched with `blocks` blocks (learned, or a
-    /// default guess until it has run).
-    pub fn module_profile(&self, client: ClientId, function: u64, blocks: u32) -> KernelProfile {
-        let key = KernelKey::client_function(client, function, blocks);
-        self.0.profiles().profile(key)
-    }
-}
-
 /// Marks a governed client's context tag (its program's own context) apart from the trust
 /// domains' tags.
 const GOVERNED_CONTEXT: u64 = 1 << 63;
 
-/// Whether high-priority kernels go straight to their stream: under the priority policy with
-/// the lower classes on a hardware SM partition.
 /// Tells the policy, at most every [`BUSY_TELL_NS`] and only while it may run free, which
 /// sessions have work on the device.
 fn tell_busy(st: &mut State, now: u64) {
@@ -589,6 +574,8 @@ fn tell_busy(st: &mut State, now: u64) {
     }
 }
 
+/// Whether high-priority kernels go straight to their stream: under the priority policy with
+/// the lower classes on a hardware SM partition.
 fn high_free(kind: PolicyKind, priority: PriorityConfig, sm_partitions: bool) -> bool {
     kind == PolicyKind::Priority
         && sm_partitions
@@ -596,5 +583,6 @@ fn high_free(kind: PolicyKind, priority: PriorityConfig, sm_partitions: bool) ->
 }
 
 mod gate;
+mod profiles;
 #[cfg(test)]
 mod tests;

@@ -138,7 +138,8 @@ impl SessionState {
             gate: turn
                 .filter(|t| t.gated)
                 .and_then(|_| self.device.gate())
-                .map(|g| g.word()),
+                .map(|g| g.word())
+                .filter(|w| self.dispatch.steers(w)),
         };
         let start = turn.and_then(|t| self.start_granted(stream, t.time_every));
         let r = self.on_stream(stream, |d, s| queue(d, s, place));

@@ -6,6 +6,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use super::GpuScheduler;
+use crate::device::GateWord;
 use crate::sched::Dispatcher;
 
 /// The longest the gate stays closed at a stretch, by the clock ([`GpuScheduler::keep_gate`]);
@@ -22,11 +23,17 @@ pub(super) const MAX_CLOSED_NS: u64 = 5_000_000;
 /// What opens and closes the gate: a word of the device's progress page.
 pub trait GateSwitch: Send + Sync {
     fn set_closed(&self, closed: bool);
+    /// The word launches wait at.
+    fn word(&self) -> GateWord;
 }
 
 impl GateSwitch for crate::device::Gate {
     fn set_closed(&self, closed: bool) {
         crate::device::Gate::set_closed(self, closed);
+    }
+
+    fn word(&self) -> GateWord {
+        crate::device::Gate::word(self)
     }
 }
 
@@ -87,11 +94,22 @@ impl GateState {
 }
 
 impl GpuScheduler {
-    /// The device's priority gate, which this scheduler opens and closes from now on.
+    /// The device's priority gate, which this scheduler opens and closes from now on (set
+    /// once).
     pub fn set_gate(&self, switch: Arc<dyn GateSwitch>) {
         let mut st = self.lock();
+        if self.gate_word.set(switch.word()).is_err() {
+            return;
+        }
         st.gate = Some(GateState::new(switch));
         self.pump(&mut st);
+    }
+
+    /// Whether `word` is the gate this scheduler steers: a session of another trust domain has
+    /// a progress page (and a gate word) of its own, which nothing closes and its worker is
+    /// the only one to map.
+    pub fn steers(&self, word: &GateWord) -> bool {
+        self.gate_word.get() == Some(word)
     }
 
     /// Starts the thread that opens the priority gate once it has been closed for

@@ -1,6 +1,7 @@
 //! The GPU scheduler as sessions meet it.
 
 use super::*;
+use gpushare_protocol::Kernel;
 
 fn dispatch(sm_partitions: bool, share: Option<f64>) -> GpuScheduler {
     priority_pair(
@@ -193,6 +194,21 @@ impl GateSwitch for Switch {
     fn set_closed(&self, closed: bool) {
         self.0.store(closed, Ordering::Release);
     }
+
+    fn word(&self) -> crate::device::GateWord {
+        gate_word(7)
+    }
+}
+
+fn gate_word(region: u64) -> crate::device::GateWord {
+    crate::device::GateWord {
+        page: crate::shm::Span {
+            region,
+            offset: 0,
+            len: 4096,
+        },
+        slot: 0,
+    }
 }
 
 fn spin_kernel() -> Kernel {
@@ -225,6 +241,9 @@ fn the_priority_gate_is_closed_while_high_priority_kernels_are_in_flight() {
     assert!(!switch.0.load(Ordering::Acquire), "a new gate is opened");
     let lower = granted(&d, 2);
     assert!(lower.gated, "a lower kernel beside a high-priority client");
+    // Only at this gate: another trust domain's page has a gate nothing closes.
+    assert!(d.steers(&gate_word(7)));
+    assert!(!d.steers(&gate_word(8)));
     assert_eq!(d.gate_closed(), Some(false));
     let high = granted(&d, 1);
     assert!(!high.gated, "high-priority work never waits at the gate");
