@@ -136,8 +136,8 @@ impl GpuScheduler {
 }
 
 /// How long the gate's keeper sleeps while the gate is open (it is woken when it closes), so
-/// that it notices the scheduler gone.
-const KEEPER_IDLE: Duration = Duration::from_millis(200);
+/// that it notices the scheduler gone: rarely, since an idle broker should cost no CPU.
+const KEEPER_IDLE: Duration = Duration::from_secs(10);
 
 /// The gate's keeper ([`GpuScheduler::keep_gate`]).
 fn keep_gate(weak: Weak<GpuScheduler>) {
