@@ -47,13 +47,16 @@
 //! ```toml
 //! [priority]
 //! lower_sm_share = 0.5   # lower classes run on this share of the SMs (a hardware partition)
-//! lower_depth = 2        # kernels each lower-priority client may have on the GPU ...
+//! lower_depth = 8        # kernels each lower-priority client may have on the GPU (8 with
+//!                        # the gate, 2 without) ...
 //! lower_queue_us = 0     # ... or more, while the estimated times of all lower kernels on
 //!                        # the GPU stay within this (0: off; 100 with lower_by_weight)
 //! lower_by_weight = false  # true: lower classes share what high work leaves by weight (FAIR
 //!                        # among each class, with the [fair] tunables) instead of oldest first
 //! beside_other_contexts = false  # true: lower kernels of another GPU context (another trust
 //!                                # domain, a governed program) may be granted beside high work
+//! gate = true            # lower kernels queued on the GPU wait while high-priority kernels
+//!                        # are in flight (5 ms at most at a stretch)
 //!
 //! [fair]
 //! quantum_us = 5000      # GPU time a client may run ahead of the least served one (5 ms
