@@ -94,10 +94,7 @@ pub struct Gate {
 impl Gate {
     /// What a launch carries to wait at this gate.
     pub fn word(&self) -> GateWord {
-        GateWord {
-            page: self.page.whole().span(),
-            slot: GATE_SLOT,
-        }
+        gate_word(&self.page)
     }
 
     /// Closes (1) or opens (0) the gate for launches that reach it from now on.
@@ -105,6 +102,14 @@ impl Gate {
         if let Some(w) = self.page.slice(u64::from(GATE_SLOT) * 4, 4) {
             w.store_u32(u32::from(closed));
         }
+    }
+}
+
+/// The gate's word in `page`, a progress page.
+fn gate_word(page: &HostRegion) -> GateWord {
+    GateWord {
+        page: page.whole().span(),
+        slot: GATE_SLOT,
     }
 }
 
@@ -204,6 +209,12 @@ impl Progress {
         Gate {
             page: self.page.clone(),
         }
+    }
+
+    /// What a launch carries to wait at [`Progress::gate`] (asked per launch: no reference
+    /// taken to the page).
+    pub fn gate_word(&self) -> GateWord {
+        gate_word(&self.page)
     }
 
     /// A slot for a new stream; `None` when every slot is taken.

@@ -361,10 +361,9 @@ impl Dispatcher {
             }
             let policy_limit = self.policy.sm_limit(&view, id);
             let gated = self.policy.behind_gate(&view, id);
-            let Some(mut grant) = self.grant(i, now, policy_limit) else {
+            let Some(grant) = self.grant(i, now, policy_limit, gated) else {
                 break;
             };
-            grant.gated = gated;
             out.push(grant);
             let view = view!(self);
             if let Some(f) = self.clients[i].inflight.last() {
@@ -380,8 +379,15 @@ impl Dispatcher {
         }
     }
 
-    /// Grants client `i`'s head; `policy_limit` is the SM partition its policy keeps it to.
-    fn grant(&mut self, i: usize, now: u64, policy_limit: Option<u32>) -> Option<Grant> {
+    /// Grants client `i`'s head; `policy_limit` is the SM partition its policy keeps it to, and
+    /// `gated` whether it waits at the priority gate.
+    fn grant(
+        &mut self,
+        i: usize,
+        now: u64,
+        policy_limit: Option<u32>,
+        gated: bool,
+    ) -> Option<Grant> {
         let restricted = Self::is_restricted(&self.ctx, &self.clients[i].spec);
         let cap = self.deadline.cap_sms();
         let overlapped = self.inflight_total > self.clients[i].inflight.len();
@@ -443,7 +449,7 @@ impl Dispatcher {
             client: c.spec.id,
             request: req.id,
             sm_limit,
-            gated: false,
+            gated,
         })
     }
 

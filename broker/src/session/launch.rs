@@ -137,8 +137,7 @@ impl SessionState {
             sms: turn.and_then(|t| t.sm_limit),
             gate: turn
                 .filter(|t| t.gated)
-                .and_then(|_| self.device.gate())
-                .map(|g| g.word())
+                .and_then(|_| self.device.gate_word())
                 .filter(|w| self.dispatch.steers(w)),
         };
         let start = turn.and_then(|t| self.start_granted(stream, t.time_every));

@@ -70,6 +70,11 @@ impl Device {
         self.progress.as_ref().map(Progress::gate)
     }
 
+    /// What a launch carries to wait at [`Device::gate`].
+    pub fn gate_word(&self) -> Option<super::GateWord> {
+        self.progress.as_ref().map(Progress::gate_word)
+    }
+
     fn epoch(&self) -> u64 {
         self.owner.epoch.load(Ordering::Acquire)
     }

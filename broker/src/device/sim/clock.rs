@@ -24,6 +24,21 @@ impl SimDevice {
         !self.options.realtime || self.now_ns() >= t
     }
 
+    /// Waits until `done` says so, looking every 20 µs, as a GPU stream waits on a word of
+    /// host memory; a reset cuts the wait short.
+    pub(super) fn wait_until(
+        &self,
+        mut done: impl FnMut() -> DeviceResult<bool>,
+    ) -> DeviceResult<()> {
+        while !done()? {
+            if self.interrupted.load(Ordering::Acquire) {
+                return Err(DeviceError::Cancelled);
+            }
+            std::thread::sleep(Duration::from_micros(20));
+        }
+        Ok(())
+    }
+
     /// Waits until modelled time `t` has come on the wall clock (`realtime` only); a reset
     /// cuts the wait short.
     pub(super) fn wait_for(&self, t: u64) -> DeviceResult<()> {

@@ -345,17 +345,11 @@ impl Backend for SimDevice {
         // the stream (this call) waits for the client's `go`, as a GPU stream would.
         self.wait_for(stream.ready_ns)?;
         self.run_on(stream, 0, |m| m.write(done, &value.to_le_bytes()))?;
-        loop {
+        self.wait_until(|| {
             let mut word = [0u8; 4];
             self.state().memory.read(go, &mut word)?;
-            if u32::from_le_bytes(word) >= value {
-                return Ok(());
-            }
-            if self.interrupted.load(Ordering::Acquire) {
-                return Err(DeviceError::Cancelled);
-            }
-            std::thread::sleep(Duration::from_micros(20));
-        }
+            Ok(u32::from_le_bytes(word) >= value)
+        })
     }
 
     fn write_done_mark(
@@ -378,13 +372,7 @@ impl Backend for SimDevice {
         // time), and the work after it starts no sooner than the gate opens.
         let word = crate::device::progress::slot_word(page, slot)?;
         self.wait_for(stream.ready_ns)?;
-        while word.load_u32() != 0 {
-            if self.interrupted.load(Ordering::Acquire) {
-                return Err(DeviceError::Cancelled);
-            }
-            std::thread::sleep(Duration::from_micros(20));
-        }
-        Ok(())
+        self.wait_until(|| Ok(word.load_u32() == 0))
     }
 
     fn stream_busy(&self, stream: &SimStream) -> bool {

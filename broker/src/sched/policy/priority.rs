@@ -359,24 +359,23 @@ impl Policy for Priority {
     }
 
     fn behind_gate(&self, view: &View<'_>, client: ClientId) -> bool {
-        self.cfg.gate_lower
-            && view
-                .client(client)
-                .is_some_and(|c| c.class() != PriorityClass::High)
-            && view.clients().any(|c| c.class() == PriorityClass::High)
+        self.cfg.gate_lower && lower_beside_high(view, client)
     }
 
     fn sm_limit(&self, view: &View<'_>, client: ClientId) -> Option<u32> {
         let share = self.cfg.lower_sm_share?;
-        let below_high = view
-            .clients()
-            .find(|c| c.id() == client)
-            .is_some_and(|c| c.class() != PriorityClass::High);
-        let high_present = view.clients().any(|c| c.class() == PriorityClass::High);
         let sms = view.device().sms;
-        (below_high && high_present && share < 1.0)
+        (share < 1.0 && lower_beside_high(view, client))
             .then(|| ((share.max(0.0) * f64::from(sms)) as u32).clamp(1, sms))
     }
+}
+
+/// Whether `client` is of a lower class while a high-priority client is connected: what the
+/// gate and the SM partition hold.
+fn lower_beside_high(view: &View<'_>, client: ClientId) -> bool {
+    view.client(client)
+        .is_some_and(|c| c.class() != PriorityClass::High)
+        && view.clients().any(|c| c.class() == PriorityClass::High)
 }
 
 #[cfg(test)]
