@@ -32,6 +32,9 @@
 # ROUNDS (2), USERS (same | two: the HP program runs as the Unix user HP_USER,
 # default gpucolo, created if missing; needs root), HP_BATCH_MLP (8), HP_DTYPE (float32),
 # BROKER_ARGS (--no-telemetry), SCHEDULER (priority: the broker setups' policy),
+# PRIORITY_OPTS (lines for the policy's [priority] table in every broker setup, separated by
+# ";", e.g. "gate = false; lower_depth = 2"), BROKER_LOG (gpushared's --log filter,
+# "warn,gpushare_broker::device::cuda::partition=info"),
 # READY_TIMEOUT (120 s for a cell's programs to get ready),
 # STRAGGLER_S (30: a program still not ready this long after the others were is given up on;
 # under MPS with two users that is the expected "blocked" result), EXIT_TIMEOUT (60),
@@ -62,6 +65,8 @@ hp_dtype=${HP_DTYPE:-float32}
 lowsm_share=${LOWSM_SHARE:-0.5}
 broker_args=${BROKER_ARGS:---no-telemetry}
 scheduler=${SCHEDULER:-priority}
+priority_opts=${PRIORITY_OPTS:-}
+broker_log=${BROKER_LOG:-warn,gpushare_broker::device::cuda::partition=info}
 ready_timeout=${READY_TIMEOUT:-120}
 straggler=${STRAGGLER_S:-30}
 exit_timeout=${EXIT_TIMEOUT:-60}
@@ -108,13 +113,13 @@ start_broker() { # start_broker SETUP LOG
     local policy=$work/policy.toml
     {
         echo "scheduler = \"$scheduler\""
+        echo '[priority]'
         if [[ $1 == cons-lowsm ]]; then
-            echo '[priority]'
             echo "lower_sm_share = $lowsm_share"
         elif [[ $1 == cons-domain-beside ]]; then
-            echo '[priority]'
             echo 'beside_other_contexts = true'
         fi
+        tr ';' '\n' <<< "$priority_opts" | sed 's/^ *//'
         echo '[defaults]'
         echo 'class = "high"' # granted to all; each program asks for its class with --class
         if [[ $1 == cons-domain* ]]; then
@@ -127,7 +132,7 @@ start_broker() { # start_broker SETUP LOG
     cp "$policy" "${2%.broker.log}.policy.toml"
     # shellcheck disable=SC2086 # BROKER_ARGS is a list of words
     "$bin/gpushared" --socket "$sock" --socket-mode 0666 --backend "$backend" --config "$policy" \
-        --log "warn,gpushare_broker::device::cuda::partition=info" $broker_args > "$2" 2>&1 &
+        --log "$broker_log" $broker_args > "$2" 2>&1 &
     broker_pid=$!
     for _ in $(seq 300); do
         "$work/bin/gpushare" --socket "$sock" status > /dev/null 2>&1 && return 0

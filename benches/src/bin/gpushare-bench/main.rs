@@ -124,6 +124,10 @@ struct Cli {
     /// high-priority client (`[priority] lower_depth`; the policy's default otherwise).
     #[arg(long)]
     lower_depth: Option<u32>,
+    /// colocate: whether best-effort kernels wait at the priority gate while high-priority
+    /// kernels are in flight (`[priority] gate`; the policy's default otherwise).
+    #[arg(long)]
+    gate: Option<bool>,
 }
 
 #[derive(Debug, Subcommand)]

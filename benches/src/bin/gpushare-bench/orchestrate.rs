@@ -173,6 +173,9 @@ fn colocate_rounds(cli: &Cli, me: &Path, broker_bin: &Path) -> Result<Value> {
         if let Some(depth) = cli.lower_depth {
             partition += &format!("lower_depth = {depth}\n");
         }
+        if let Some(gate) = cli.gate {
+            partition += &format!("gate = {gate}\n");
+        }
         if !partition.is_empty() {
             partition.insert_str(0, "[priority]\n");
         }

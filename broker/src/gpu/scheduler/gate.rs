@@ -10,10 +10,10 @@ use crate::device::GateWord;
 use crate::sched::Dispatcher;
 
 /// The longest the gate stays closed at a stretch, by the clock ([`GpuScheduler::keep_gate`]);
-/// it then stays open until no high-priority kernel is in flight. Work of any stream may wait
-/// behind a gated stream's wait on the device (streams share the context's few hardware
-/// queues: on the H200 a high-priority request once did, and the gate, opened only when the
-/// request finished, held all five clients until the guardian reset the context), and a
+/// it then stays open until no high-priority kernel is in flight. On the H200 a gate opened
+/// only as launches and completions came once held all five clients, the high-priority one
+/// too, until the guardian reset the context; what held that request is not known (a probe
+/// found no stream's work held by another stream's wait: docs/benchmarks.md, run I1). And a
 /// high-priority client that never pauses must not keep the lower classes' queued work
 /// waiting either; neither is the short request the gate serves.
 ///

@@ -303,8 +303,8 @@ fn the_priority_gate_stays_open_unless_the_policy_gates() {
 }
 
 /// With its keeper running, the gate opens after `MAX_CLOSED_NS` though nothing else happens:
-/// what would make the scheduler look again (the request finishing) may itself be waiting on
-/// the device behind a gated stream.
+/// what would make the scheduler look again (the request finishing) may itself be held on
+/// the device (run G4 in docs/benchmarks.md).
 #[test]
 fn the_priority_gate_s_keeper_opens_it_by_the_clock() {
     let d = Arc::new(dispatch(false, None));
