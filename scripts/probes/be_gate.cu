@@ -9,8 +9,12 @@
  * BE GEMM is queued behind cuStreamWaitValue32(gate == 0), and the HP thread sets the gate for
  * the length of its request, so BE work queued before the request does not start inside it.
  *
+ * With a third argument N, N best-effort streams (each its own thread, handle and output) run
+ * the BE side, to tell whether the tails seen through gpushare beside four BE clients come
+ * in one process too; each case then also prints its worst requests and how many took > 1 ms.
+ *
  * Build: nvcc -O2 -arch=sm_90a be_gate.cu -lcublas -lcuda -o be_gate
- * Run:   ./be_gate [seconds per case] [rounds]
+ * Run:   ./be_gate [seconds per case] [rounds] [best-effort streams]
  */
 #include <cublas_v2.h>
 #include <cuda.h>
@@ -43,7 +47,8 @@ struct Case {
 };
 
 struct Result {
-    double p50, p99, be_per_s;
+    double p50, p99, be_per_s, worst;
+    long over_1ms;
 };
 
 static double pct(std::vector<double> v, double p) {
@@ -57,25 +62,33 @@ static double pct(std::vector<double> v, double p) {
 int main(int argc, char **argv) {
     double seconds = argc > 1 ? atof(argv[1]) : 4;
     int rounds = argc > 2 ? atoi(argv[2]) : 3;
+    int nbe = argc > 3 ? std::max(1, atoi(argv[3])) : 1;
     RT(cudaSetDevice(0));
     RT(cudaFree(0));
     int lo, hi;
     RT(cudaDeviceGetStreamPriorityRange(&lo, &hi));
-    cudaStream_t hs, bs;
+    cudaStream_t hs;
+    std::vector<cudaStream_t> bs(nbe);
     RT(cudaStreamCreateWithPriority(&hs, cudaStreamNonBlocking, hi));
-    RT(cudaStreamCreateWithPriority(&bs, cudaStreamNonBlocking, lo));
-    cublasHandle_t hb, bb;
+    for (auto &s : bs)
+        RT(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, lo));
+    cublasHandle_t hb;
+    std::vector<cublasHandle_t> bb(nbe);
     BL(cublasCreate(&hb));
-    BL(cublasCreate(&bb));
     BL(cublasSetStream(hb, hs));
-    BL(cublasSetStream(bb, bs));
-    float *hw, *ha, *hbuf, *bw, *ba, *bbuf;
+    for (int b = 0; b < nbe; b++) {
+        BL(cublasCreate(&bb[b]));
+        BL(cublasSetStream(bb[b], bs[b]));
+    }
+    float *hw, *ha, *hbuf, *bw, *ba;
+    std::vector<float *> bbuf(nbe);
     RT(cudaMalloc(&hw, sizeof(float) * 6 * W * W));
     RT(cudaMalloc(&ha, sizeof(float) * 8 * W));
     RT(cudaMalloc(&hbuf, sizeof(float) * 8 * W));
     RT(cudaMalloc(&bw, sizeof(float) * W * W));
     RT(cudaMalloc(&ba, sizeof(float) * 512 * W));
-    RT(cudaMalloc(&bbuf, sizeof(float) * 512 * W));
+    for (auto &p : bbuf)
+        RT(cudaMalloc(&p, sizeof(float) * 512 * W));
     RT(cudaMemset(hw, 0, sizeof(float) * 6 * W * W));
     RT(cudaMemset(ha, 0, sizeof(float) * 8 * W));
     RT(cudaMemset(bw, 0, sizeof(float) * W * W));
@@ -97,13 +110,14 @@ int main(int argc, char **argv) {
         }
         RT(cudaStreamSynchronize(hs));
     };
-    auto be_gemm = [&] {
-        BL(cublasSgemm(bb, CUBLAS_OP_N, CUBLAS_OP_N, W, 512, W, &one, bw, W, ba, W, &zero, bbuf,
-                       W));
+    auto be_gemm = [&](int b) {
+        BL(cublasSgemm(bb[b], CUBLAS_OP_N, CUBLAS_OP_N, W, 512, W, &one, bw, W, ba, W, &zero,
+                       bbuf[b], W));
     };
     for (int i = 0; i < 50; i++) {
         hp_request();
-        be_gemm();
+        for (int b = 0; b < nbe; b++)
+            be_gemm(b);
     }
     RT(cudaDeviceSynchronize());
 
@@ -125,9 +139,9 @@ int main(int argc, char **argv) {
             std::atomic<bool> stop{false}, hp_active{false};
             std::atomic<long> be_done{0};
             *gate = 0;
-            std::thread be;
-            if (c.be) {
-                be = std::thread([&] {
+            std::vector<std::thread> be;
+            for (int b = 0; c.be && b < nbe; b++) {
+                be.emplace_back([&, b] {
                     std::vector<cudaEvent_t> ev(c.depth);
                     for (auto &e : ev)
                         RT(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
@@ -138,10 +152,10 @@ int main(int argc, char **argv) {
                             done++;
                         if (queued - done < c.depth && !hp_active.load(std::memory_order_acquire)) {
                             if (c.gate)
-                                CK(cuStreamWaitValue32((CUstream)bs, dgate, 0,
+                                CK(cuStreamWaitValue32((CUstream)bs[b], dgate, 0,
                                                        CU_STREAM_WAIT_VALUE_EQ));
-                            be_gemm();
-                            RT(cudaEventRecord(ev[queued % c.depth], bs));
+                            be_gemm(b);
+                            RT(cudaEventRecord(ev[queued % c.depth], bs[b]));
                             queued++;
                         } else {
                             auto t = Clock::now();
@@ -150,8 +164,8 @@ int main(int argc, char **argv) {
                         }
                     }
                     *gate = 0;
-                    RT(cudaStreamSynchronize(bs));
-                    be_done = done;
+                    RT(cudaStreamSynchronize(bs[b]));
+                    be_done += done;
                     for (auto &e : ev)
                         RT(cudaEventDestroy(e));
                 });
@@ -187,25 +201,37 @@ int main(int argc, char **argv) {
             }
             double took = std::chrono::duration<double>(Clock::now() - start).count();
             stop = true;
-            if (c.be)
-                be.join();
-            res[idx].push_back({pct(lat, 50), pct(lat, 99), c.be ? be_done / took : 0});
-            fprintf(stderr, "round %d %-26s p50 %.4f p99 %.4f ms  be %.0f/s\n", r, c.name,
-                    pct(lat, 50), pct(lat, 99), c.be ? be_done / took : 0);
+            for (auto &t : be)
+                t.join();
+            long over = std::count_if(lat.begin(), lat.end(), [](double l) { return l > 1.0; });
+            std::vector<double> worst = lat;
+            std::sort(worst.rbegin(), worst.rend());
+            res[idx].push_back({pct(lat, 50), pct(lat, 99), c.be ? be_done / took : 0,
+                                worst.empty() ? 0 : worst[0], over});
+            fprintf(stderr,
+                    "round %d %-26s p50 %.4f p99 %.4f ms  be %.0f/s  worst %.3f %.3f %.3f ms, "
+                    "%ld of %zu over 1 ms\n",
+                    r, c.name, pct(lat, 50), pct(lat, 99), c.be ? be_done / took : 0,
+                    worst.size() > 0 ? worst[0] : 0, worst.size() > 1 ? worst[1] : 0,
+                    worst.size() > 2 ? worst[2] : 0, over, lat.size());
         }
     }
-    printf("case | HP p50 ms | HP p99 ms | p99 / dedicated | BE GEMMs/s  (medians of %d rounds "
-           "of %.0f s)\n",
-           rounds, seconds);
+    printf("case | HP p50 ms | HP p99 ms | p99 / dedicated | BE GEMMs/s | worst ms | over 1 ms "
+           "(medians of %d rounds of %.0f s; %d BE streams)\n",
+           rounds, seconds, nbe);
     auto med = [&](size_t i, int f) {
         std::vector<double> v;
         for (auto &x : res[i])
-            v.push_back(f == 0 ? x.p50 : f == 1 ? x.p99 : x.be_per_s);
+            v.push_back(f == 0   ? x.p50
+                        : f == 1 ? x.p99
+                        : f == 2 ? x.be_per_s
+                        : f == 3 ? x.worst
+                                 : (double)x.over_1ms);
         return pct(v, 50);
     };
     double ded = med(0, 1);
     for (size_t i = 0; i < cases.size(); i++)
-        printf("%-26s | %.4f | %.4f | %.3f | %.0f\n", cases[i].name, med(i, 0), med(i, 1),
-               cases[i].hp ? med(i, 1) / ded : 0.0, med(i, 2));
+        printf("%-26s | %.4f | %.4f | %.3f | %.0f | %.3f | %.0f\n", cases[i].name, med(i, 0),
+               med(i, 1), cases[i].hp ? med(i, 1) / ded : 0.0, med(i, 2), med(i, 3), med(i, 4));
     return 0;
 }
