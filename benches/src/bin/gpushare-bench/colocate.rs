@@ -185,9 +185,12 @@ pub fn worker(via: Via, spec: &WorkerSpec) -> Result<Value> {
             let mut gap = || Duration::from_secs_f64(-(1.0 - rng.random::<f64>()).ln() * mean);
             let mut arrival = start + gap();
             let mut latencies_ms = Vec::new();
-            // (service ms, latency ms, arrival offset ms) of each request, for the tail report.
-            let mut samples: Vec<(f64, f64, f64)> = Vec::new();
+            // (service ms, latency ms, arrival offset ms, idle ms before it) of each request,
+            // for the tail report: a request after a long idle finds threads asleep; one with
+            // none waited for the one before.
+            let mut samples: Vec<(f64, f64, f64, f64)> = Vec::new();
             let mut offered = 0u64;
+            let mut last_end = start;
             while arrival < end {
                 offered += 1;
                 if Instant::now() >= end {
@@ -204,7 +207,9 @@ pub fn worker(via: Via, spec: &WorkerSpec) -> Result<Value> {
                     began.elapsed().as_secs_f64() * 1e3,
                     latency,
                     (arrival - start).as_secs_f64() * 1e3,
+                    arrival.saturating_duration_since(last_end).as_secs_f64() * 1e3,
                 ));
+                last_end = Instant::now();
                 engine.end_request()?;
                 arrival += gap();
             }
@@ -216,8 +221,8 @@ pub fn worker(via: Via, spec: &WorkerSpec) -> Result<Value> {
                 .take(8)
                 .map(|s| {
                     json!(format!(
-                        "{:.3} ms at {:.0} ms (service {:.3})",
-                        s.1, s.2, s.0
+                        "{:.3} ms at {:.0} ms (service {:.3}, idle {:.2} before)",
+                        s.1, s.2, s.0, s.3
                     ))
                 })
                 .collect();

@@ -299,7 +299,7 @@ fn slowest_requests(out: &mut String, c: &Value, n: u64) {
         let _ = writeln!(
             out,
             "\nSlowest high-priority requests through gpushare (latency at its arrival's offset, \
-             and its own service time):\n"
+             its own service time, and how long the client was idle before it):\n"
         );
         for l in lines {
             let _ = writeln!(out, "{l}");
@@ -468,8 +468,8 @@ mod tests {
                     "scheduler": "priority",
                     "rounds": [{
                         "1 best-effort, gpushare": { "high": { "worst": [
-                            "2.280 ms at 1534 ms (service 2.270)",
-                            "0.900 ms at 20 ms (service 0.890)" ] } },
+                            "2.280 ms at 1534 ms (service 2.270, idle 0.00 before)",
+                            "0.900 ms at 20 ms (service 0.890, idle 12.40 before)" ] } },
                         "1 best-effort, time-slicing": { "high": { "worst": [
                             "9.000 ms at 5 ms (service 9.000)" ] } },
                     }],
@@ -536,8 +536,8 @@ mod tests {
         // Each round's slowest requests through gpushare, and no other setup's.
         assert!(
             md.contains(
-                "- 1 best-effort, gpushare, round 1: 2.280 ms at 1534 ms (service 2.270); \
-                 0.900 ms at 20 ms (service 0.890)"
+                "- 1 best-effort, gpushare, round 1: 2.280 ms at 1534 ms (service 2.270, idle 0.00 before); \
+                 0.900 ms at 20 ms (service 0.890, idle 12.40 before)"
             ),
             "{md}"
         );
