@@ -1,6 +1,7 @@
 /* Which driver calls wait for work held at the priority gate, and which of them hold up
- * another thread's launches meanwhile (issue 34: the gate's keeper opened it by its 5 ms
- * bound while clients warmed up, run I1; run G4's hang came before the keeper).
+ * another thread's launches meanwhile (issue 34: in run G4, before the gate had its keeper,
+ * all five clients stopped while they warmed up, the high-priority one too; a call of the
+ * warm-up that waits for the whole context, holding the driver's lock, would do that).
  *
  * For each call: a low-priority stream is parked on cuStreamWaitValue32 (the gate, closed)
  * with a kernel behind it; a second thread makes the call; 1 ms later the main thread launches
