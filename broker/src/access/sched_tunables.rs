@@ -110,3 +110,166 @@ impl Policy {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn priority_tunables_come_from_the_file_and_bad_ones_are_refused() {
+        let p = Policy::parse(
+            "scheduler = \"priority\"\n[priority]\nlower_sm_share = 0.5\nlower_depth = 1\nlower_queue_us = 0\nbeside_other_contexts = true\nlower_by_weight = true\n",
+            "t.toml",
+        )
+        .expect("valid policy");
+        let cfg = p.priority_config();
+        assert_eq!(cfg.lower_sm_share, Some(0.5));
+        assert_eq!(cfg.lower_depth_beside_high, Some(1));
+        assert_eq!(cfg.lower_queue_ns_beside_high, None, "0: the depth alone");
+        let by_weight = Policy::parse(
+            "scheduler = \"priority\"\n[priority]\nlower_by_weight = true\n",
+            "t.toml",
+        )
+        .expect("valid policy");
+        assert_eq!(
+            by_weight.priority_config().lower_queue_ns_beside_high,
+            Some(100_000),
+            "by weight, 100 µs unless the file says"
+        );
+        assert!(cfg.beside_other_contexts);
+        assert!(cfg.lower_by_weight);
+        let none = Policy::parse("", "t.toml").expect("empty policy is valid");
+        assert_eq!(
+            none.priority_config(),
+            crate::sched::PriorityConfig::default()
+        );
+        assert!(
+            none.priority_config().gate_lower,
+            "gated unless the file says"
+        );
+        assert_eq!(none.priority_config().lower_depth_beside_high, Some(8));
+        let ungated = Policy::parse("[priority]\ngate = false\n", "t.toml")
+            .expect("valid policy")
+            .priority_config();
+        assert!(!ungated.gate_lower);
+        assert_eq!(
+            ungated.lower_depth_beside_high,
+            Some(2),
+            "without the gate, the shallow queue"
+        );
+        for bad in [
+            "lower_sm_share = 0.0",
+            "lower_sm_share = 1.5",
+            "lower_depth = 0",
+        ] {
+            let e = Policy::parse(&format!("[priority]\n{bad}\n"), "t.toml")
+                .expect_err("out-of-range tunable");
+            assert!(e.to_string().contains("[priority]"), "{e}");
+        }
+    }
+
+    #[test]
+    fn the_fair_tunables_come_from_the_file() {
+        let p = Policy::parse(
+            "scheduler = \"fair\"\n[fair]\nquantum_us = 1500\nshare_sms = true\nside_by_side = true\n",
+            "t.toml",
+        )
+        .expect("valid policy");
+        assert_eq!(p.fair_config().quantum_ns, 1_500_000);
+        assert!(p.fair_config().share_sms);
+        assert!(p.fair_config().side_by_side);
+        assert_eq!(p.tunables().fair, p.fair_config());
+        let none = Policy::parse("", "t.toml").expect("empty policy is valid");
+        assert_eq!(none.fair_config(), crate::sched::FairConfig::default());
+        let fair = Policy::parse("scheduler = \"fair\"\n", "t.toml").expect("valid policy");
+        assert_eq!(
+            fair.fair_config().quantum_ns,
+            5_000_000,
+            "a 5 ms quantum side by side under fair"
+        );
+        assert!(fair.fair_config().side_by_side, "side by side under fair");
+        let turns = Policy::parse(
+            "scheduler = \"fair\"\n[fair]\nside_by_side = false\n",
+            "t.toml",
+        )
+        .expect("valid policy");
+        assert!(
+            !turns.fair_config().side_by_side,
+            "exclusive turns, asked for"
+        );
+        assert_eq!(turns.fair_config().quantum_ns, 1_000_000, "1 ms turns");
+        assert!(
+            !turns.fair_config().per_user,
+            "shares by program unless asked"
+        );
+        let users = Policy::parse("scheduler = \"fair\"\n[fair]\nper_user = true\n", "t.toml")
+            .expect("valid policy");
+        assert!(users.fair_config().per_user, "shares by user, asked for");
+        assert_eq!(users.fair_config().lag_ns, 20_000_000, "20 ms owed at most");
+        let lag = Policy::parse("scheduler = \"fair\"\n[fair]\nlag_us = 100000\n", "t.toml")
+            .expect("valid policy");
+        assert_eq!(lag.fair_config().lag_ns, 100_000_000, "the lag asked for");
+        let hungry = Policy::parse("scheduler = \"fair\"\n[fair]\nhungry_us = 300\n", "t.toml")
+            .expect("valid policy");
+        assert_eq!(
+            hungry.fair_config().hungry_ns,
+            300_000,
+            "hungry as asked for"
+        );
+        assert_eq!(users.fair_config().hungry_ns, 0, "off unless asked for");
+        let waited = Policy::parse(
+            "scheduler = \"fair\"\n[fair]\nhungry_us = 1000\nwaited_us = 500\n",
+            "t.toml",
+        )
+        .expect("valid policy");
+        assert_eq!(
+            (
+                waited.fair_config().hungry_ns,
+                waited.fair_config().waited_ns
+            ),
+            (1_000_000, 500_000),
+            "waited as asked for"
+        );
+        assert_eq!(hungry.fair_config().waited_ns, 0, "off unless asked for");
+        let level = Policy::parse(
+            "scheduler = \"fair\"\n[fair]\nhungry_us = 1000\nbank_unused = false\n",
+            "t.toml",
+        )
+        .expect("valid policy");
+        assert!(!level.fair_config().bank_unused, "leveling as asked for");
+        assert!(
+            hungry.fair_config().bank_unused,
+            "banking unless asked otherwise"
+        );
+        assert_eq!(
+            hungry.fair_config().free_lead_ns,
+            0,
+            "always gated unless asked"
+        );
+        let free = Policy::parse(
+            "scheduler = \"fair\"\n[fair]\nfree_lead_us = 500000\n",
+            "t.toml",
+        )
+        .expect("valid policy");
+        assert_eq!(free.fair_config().free_lead_ns, 500_000_000);
+        let off = Policy::parse("scheduler = \"fair\"\n[fair]\nquantum_us = 0\n", "t.toml")
+            .expect("valid policy");
+        assert_eq!(
+            off.fair_config().quantum_ns,
+            0,
+            "one kernel at a time, asked for"
+        );
+        assert!(
+            !off.fair_config().side_by_side,
+            "one kernel at a time is not side by side"
+        );
+        let lower = Policy::parse("scheduler = \"priority\"\n", "t.toml").expect("valid policy");
+        assert_eq!(
+            lower.fair_config().quantum_ns,
+            1_000_000,
+            "priority's lower classes by weight: 1 ms turns too"
+        );
+        assert!(!lower.fair_config().side_by_side, "exclusive turns there");
+        Policy::parse("[fair]\nquantum = 3\n", "t.toml").expect_err("unknown key");
+    }
+}
