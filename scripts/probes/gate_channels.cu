@@ -78,9 +78,11 @@ int main(int argc, char **argv) {
     for (int kind = 0; kind < 2; kind++) {
         printf("%s\n", kind == 0
                            ? "held by a wait on a host word (row: the waiting stream; x: the "
-                             "column stream's kernel did not run within 2 ms)"
+                             "column stream's kernel did not run within 2 ms; o: the row's own, "
+                             "held as it must be)"
                            : "held by a kernel waiting for its stream's 5 ms kernel (row: that "
-                             "stream; x: the column stream's kernel, queued after, waited)");
+                             "stream; x: the column stream's kernel, queued after, waited; o: "
+                             "the row's own)");
         printf("    ");
         for (int j = 0; j < n; j++)
             printf("%2d", j);
@@ -88,10 +90,6 @@ int main(int argc, char **argv) {
         for (int i = 0; i < n; i++) {
             printf("%2d%c ", i, pattern[i]);
             for (int j = 0; j < n; j++) {
-                if (i == j) {
-                    printf(" .");
-                    continue;
-                }
                 if (kind == 0) {
                     *gate = 1;
                     std::atomic_thread_fence(std::memory_order_seq_cst);
@@ -105,7 +103,9 @@ int main(int argc, char **argv) {
                 bool held = !done_within(e, 2000);
                 *gate = 0;
                 RT(cudaDeviceSynchronize());
-                printf(" %c", held ? 'x' : '-');
+                // The diagonal is the control: a stream's own work waits behind its wait ('o');
+                // '!' there would mean this probe cannot see holding at all.
+                printf(" %c", i == j ? (held ? 'o' : '!') : (held ? 'x' : '-'));
             }
             printf("\n");
         }
