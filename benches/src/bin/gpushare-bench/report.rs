@@ -203,7 +203,7 @@ fn colocate(out: &mut String, c: &Value) {
         .flatten()
         .filter_map(Value::as_u64)
         .collect();
-    for n in counts {
+    for (i, n) in counts.into_iter().enumerate() {
         let _ = writeln!(out, "\n{n} best-effort client(s):");
         let mut table = Table::new(&[
             "setup",
@@ -272,21 +272,26 @@ fn colocate(out: &mut String, c: &Value) {
             ]);
         }
         table.render(out);
-        slowest_requests(out, c, n);
+        slowest_requests(out, c, n, i == 0);
     }
 }
 
 /// The slowest high-priority requests through gpushare beside `n` best-effort clients, each
 /// round's: what a p99 is made of (a few requests of a round's thousands) is kept in no median.
-fn slowest_requests(out: &mut String, c: &Value, n: u64) {
+/// With `alone`, also those of the client alone, dedicated and through gpushare (the same
+/// arrivals: which requests the broker alone makes slow).
+fn slowest_requests(out: &mut String, c: &Value, n: u64, alone: bool) {
     let prefix = format!("{n} best-effort, gpushare");
+    let wanted = |key: &str| {
+        key.starts_with(&prefix) || (alone && (key == "dedicated" || key == "gpushare alone"))
+    };
     let mut lines = Vec::new();
     for (r, round) in c["rounds"].as_array().into_iter().flatten().enumerate() {
         for (key, v) in round.as_object().into_iter().flatten() {
             let Some(worst) = v["high"]["worst"].as_array() else {
                 continue;
             };
-            if !key.starts_with(&prefix) {
+            if !wanted(key) {
                 continue;
             }
             let list: Vec<&str> = worst.iter().take(3).filter_map(Value::as_str).collect();
@@ -298,7 +303,7 @@ fn slowest_requests(out: &mut String, c: &Value, n: u64) {
     if !lines.is_empty() {
         let _ = writeln!(
             out,
-            "\nSlowest high-priority requests through gpushare (latency at its arrival's offset, \
+            "\nSlowest high-priority requests (latency at its arrival's offset, \
              its own service time, and how long the client was idle before it):\n"
         );
         for l in lines {
@@ -472,6 +477,8 @@ mod tests {
                             "0.900 ms at 20 ms (service 0.890, idle 12.40 before)" ] } },
                         "1 best-effort, time-slicing": { "high": { "worst": [
                             "9.000 ms at 5 ms (service 9.000)" ] } },
+                        "dedicated": { "high": { "worst": [
+                            "0.500 ms at 30 ms (service 0.490, idle 0.10 before)" ] } },
                     }],
                     "median": {
                         "dedicated": { "high": { "p50_ms": 0.16, "p99_ms": 0.27,
@@ -542,6 +549,13 @@ mod tests {
             "{md}"
         );
         assert!(!md.contains("9.000 ms"), "{md}");
+        // The client alone, dedicated, once (under the first table), for the same arrivals.
+        assert_eq!(
+            md.matches("- dedicated, round 1: 0.500 ms at 30 ms")
+                .count(),
+            1,
+            "{md}"
+        );
         assert_eq!(rows(7).len(), crate::workload::iterations().len());
         // A failed setup is listed before the paragraph that follows it, with a blank line
         // between, so the paragraph does not continue the list item.
