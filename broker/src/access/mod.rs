@@ -48,7 +48,7 @@
 //! [priority]
 //! lower_sm_share = 0.5   # lower classes run on this share of the SMs (a hardware partition)
 //! lower_depth = 8        # kernels each lower-priority client may have on the GPU (8 with
-//!                        # the gate, 2 without) ...
+//!                        # the gate, 2 without; 2 favours the high tail) ...
 //! lower_queue_us = 0     # ... or more, while the estimated times of all lower kernels on
 //!                        # the GPU stay within this (0: off; 100 with lower_by_weight)
 //! lower_by_weight = false  # true: lower classes share what high work leaves by weight (FAIR

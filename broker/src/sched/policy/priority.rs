@@ -184,10 +184,13 @@ impl Contexts {
 pub const LOWER_DEPTH_MAX: usize = 32;
 
 /// `lower_depth_beside_high` where the policy file says nothing of it, with the gate and
-/// without. Beside the gate a deeper queue costs the high-priority requests nothing more (what
-/// is queued waits at the gate): on the H200 a best-effort trainer beside the colocate bench's
-/// requests ran at 0.81 of its standalone rate with 8 and 0.60 with 2, the requests' p99 alike
-/// (docs/benchmarks.md, run G2). Without it, what is queued runs between a request's kernels.
+/// without. Beside the gate what is queued waits at the gate, so a deeper queue mostly feeds
+/// the lower classes: on the H200 a best-effort client beside the colocate bench's requests
+/// ran at 0.81 of its standalone rate with 8 and 0.60 with 2, the requests' p99 alike (run
+/// G2); four consolidated PyTorch transformer trainers ran 1.9 × faster with 8, the
+/// high-priority loop's p99 beside them 1.15-1.36 × its p99 alone against 0.93-1.06 × with 2
+/// (runs I2, I4 in docs/benchmarks.md). Without the gate, what is queued runs between a
+/// request's kernels.
 pub const LOWER_DEPTH_GATED: u32 = 8;
 pub const LOWER_DEPTH_UNGATED: u32 = 2;
 
