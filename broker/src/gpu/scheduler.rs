@@ -99,7 +99,7 @@ const BUSY_TELL_NS: u64 = 10_000_000;
 
 pub struct GpuScheduler {
     state: Mutex<State>,
-    /// Wakes the gate's keeper when the gate closes ([`GpuScheduler::keep_gate`]).
+    /// Wakes the gate's keeper, asleep until the gate closes ([`GpuScheduler::keep_gate`]).
     gate_closed: Condvar,
     /// The word of the gate it steers ([`GpuScheduler::steers`]).
     gate_word: OnceLock<crate::device::GateWord>,
@@ -525,9 +525,8 @@ impl GpuScheduler {
         dispatcher.poll_into(now, grants);
         // Closed before a high-priority kernel granted here reaches its stream.
         if let Some(gate) = gate {
-            let was_closed = gate.closed();
             gate.steer(dispatcher, now);
-            if gate.closed() && !was_closed {
+            if gate.wake_keeper() {
                 self.gate_closed.notify_one();
             }
         }

@@ -44,6 +44,14 @@ pub(super) struct GateState {
     closed_since: Option<u64>,
     /// Opened after [`MAX_CLOSED_NS`]: stays open until no high-priority kernel is in flight.
     held_open: bool,
+    /// When it last closed.
+    last_closed: Option<u64>,
+    /// The keeper sleeps until it is woken: the next closing wakes it. Otherwise it looks by
+    /// itself soon enough (a wake-up per closing cost the scheduler's caller a system call,
+    /// under its lock, on each high-priority request).
+    keeper_asleep: bool,
+    /// The keeper's last wait was a look of its own after a closing (for tests).
+    keeper_watching: bool,
 }
 
 impl GateState {
@@ -54,6 +62,9 @@ impl GateState {
             switch,
             closed_since: None,
             held_open: false,
+            last_closed: None,
+            keeper_asleep: false,
+            keeper_watching: false,
         }
     }
 
@@ -83,6 +94,7 @@ impl GateState {
             None if wanted && !self.held_open => {
                 self.switch.set_closed(true);
                 self.closed_since = Some(now);
+                self.last_closed = Some(now);
             }
             _ => {}
         }
@@ -91,6 +103,35 @@ impl GateState {
     /// Whether it is closed now.
     pub(super) fn closed(&self) -> bool {
         self.closed_since.is_some()
+    }
+
+    /// Whether a closing just made must wake the keeper (once: it is awake after that).
+    pub(super) fn wake_keeper(&mut self) -> bool {
+        let wake = self.keeper_asleep && self.closed();
+        if wake {
+            self.keeper_asleep = false;
+        }
+        wake
+    }
+
+    /// How long the keeper may wait at `now` before it looks again: until the bound while
+    /// closed; a bound's length while the gate closed lately (a closing meanwhile has its
+    /// deadline after that look); `None`: until woken, which the next closing does.
+    fn keeper_wait(&mut self, now: u64) -> Option<u64> {
+        self.keeper_asleep = false;
+        self.keeper_watching = false;
+        if let Some(at) = self.deadline() {
+            return Some(at.saturating_sub(now));
+        }
+        if self
+            .last_closed
+            .is_some_and(|t| now.saturating_sub(t) < KEEPER_WATCH_NS)
+        {
+            self.keeper_watching = true;
+            return Some(MAX_CLOSED_NS);
+        }
+        self.keeper_asleep = true;
+        None
     }
 
     fn open(&mut self) {
@@ -139,24 +180,35 @@ impl GpuScheduler {
     pub fn gate_closed(&self) -> Option<bool> {
         self.lock().gate.as_ref().map(GateState::closed)
     }
+
+    /// Whether the gate's keeper is looking by itself after a closing, unwoken.
+    #[cfg(test)]
+    pub(super) fn gate_keeper_watching(&self) -> bool {
+        self.lock().gate.as_ref().is_some_and(|g| g.keeper_watching)
+    }
 }
 
-/// How long the gate's keeper sleeps while the gate is open (it is woken when it closes), so
-/// that it notices the scheduler gone: rarely, since an idle broker should cost no CPU.
+/// How long the gate's keeper sleeps while the gate has not closed lately (it is woken when
+/// it closes), so that it notices the scheduler gone: rarely, since an idle broker should cost
+/// no CPU.
 const KEEPER_IDLE: Duration = Duration::from_secs(10);
+
+/// After a closing, the keeper looks every [`MAX_CLOSED_NS`] by itself for this long, so that
+/// the closings of a busy high-priority client need not wake it.
+const KEEPER_WATCH_NS: u64 = 100_000_000;
 
 /// The gate's keeper ([`GpuScheduler::keep_gate`]).
 fn keep_gate(weak: Weak<GpuScheduler>) {
     while let Some(s) = weak.upgrade() {
         let mut st = s.lock();
         let now = s.now();
-        let wait = match st.gate.as_ref().and_then(GateState::deadline) {
-            Some(at) if at <= now => {
+        let wait = match st.gate.as_mut().and_then(|g| g.keeper_wait(now)) {
+            Some(0) => {
                 // The pump's look opens it (closed too long), and grants what that frees.
                 s.pump_at(&mut st, now);
                 continue;
             }
-            Some(at) => Duration::from_nanos(at - now),
+            Some(ns) => Duration::from_nanos(ns),
             None => KEEPER_IDLE,
         };
         drop(

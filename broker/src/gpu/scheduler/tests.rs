@@ -320,3 +320,32 @@ fn the_priority_gate_s_keeper_opens_it_by_the_clock() {
     }
     assert_eq!(d.gate_closed(), Some(false));
 }
+
+/// A closing that comes while the keeper is awake (it watches by itself for a while after a
+/// closing, and is then not woken) is opened by the bound all the same.
+#[test]
+fn the_priority_gate_s_keeper_opens_a_closing_it_was_not_woken_for() {
+    let d = Arc::new(dispatch(false, None));
+    let switch = Arc::new(Switch::default());
+    d.set_gate(switch.clone());
+    d.keep_gate();
+    let first = granted(&d, 1);
+    assert!(switch.0.load(Ordering::Acquire));
+    d.complete(1, &[(first.request, None)]);
+    assert!(!switch.0.load(Ordering::Acquire), "opened once it is done");
+    // The keeper looked at the first closing's bound, found the gate open, and watches.
+    let give_up = Instant::now() + Duration::from_secs(5);
+    while !d.gate_keeper_watching() {
+        assert!(Instant::now() < give_up, "the keeper never watched");
+        std::thread::yield_now();
+    }
+    // Closed again: the keeper is not woken for it.
+    granted(&d, 1);
+    assert!(switch.0.load(Ordering::Acquire));
+    let give_up = Instant::now() + Duration::from_secs(5);
+    while switch.0.load(Ordering::Acquire) {
+        assert!(Instant::now() < give_up, "never opened");
+        std::thread::yield_now();
+    }
+    assert_eq!(d.gate_closed(), Some(false));
+}
