@@ -302,17 +302,18 @@ fn the_priority_gate_stays_open_unless_the_policy_gates() {
     assert_eq!(d.gate_closed(), Some(false));
 }
 
-/// With its keeper running, the gate opens after `MAX_CLOSED_NS` though nothing else happens:
-/// what would make the scheduler look again (the request finishing) may itself be held on
-/// the device (run G4 in docs/benchmarks.md).
-#[test]
-fn the_priority_gate_s_keeper_opens_it_by_the_clock() {
+/// A priority pair whose gate has its keeper running.
+fn kept_gate() -> (Arc<GpuScheduler>, Arc<Switch>) {
     let d = Arc::new(dispatch(false, None));
     let switch = Arc::new(Switch::default());
     d.set_gate(switch.clone());
     d.keep_gate();
-    granted(&d, 1);
-    assert!(switch.0.load(Ordering::Acquire));
+    (d, switch)
+}
+
+/// Waits (5 s at most) until the gate, closed now, is opened with no other call.
+fn opened_by_the_keeper(d: &GpuScheduler, switch: &Switch) {
+    assert!(switch.0.load(Ordering::Acquire), "closed to begin with");
     let give_up = Instant::now() + Duration::from_secs(5);
     while switch.0.load(Ordering::Acquire) {
         assert!(Instant::now() < give_up, "never opened");
@@ -321,14 +322,21 @@ fn the_priority_gate_s_keeper_opens_it_by_the_clock() {
     assert_eq!(d.gate_closed(), Some(false));
 }
 
+/// With its keeper running, the gate opens after `MAX_CLOSED_NS` though nothing else happens:
+/// what would make the scheduler look again (the request finishing) may itself be held on
+/// the device (run G4 in docs/benchmarks.md).
+#[test]
+fn the_priority_gate_s_keeper_opens_it_by_the_clock() {
+    let (d, switch) = kept_gate();
+    granted(&d, 1);
+    opened_by_the_keeper(&d, &switch);
+}
+
 /// A closing that comes while the keeper is awake (it watches by itself for a while after a
 /// closing, and is then not woken) is opened by the bound all the same.
 #[test]
 fn the_priority_gate_s_keeper_opens_a_closing_it_was_not_woken_for() {
-    let d = Arc::new(dispatch(false, None));
-    let switch = Arc::new(Switch::default());
-    d.set_gate(switch.clone());
-    d.keep_gate();
+    let (d, switch) = kept_gate();
     let first = granted(&d, 1);
     assert!(switch.0.load(Ordering::Acquire));
     d.complete(1, &[(first.request, None)]);
@@ -341,11 +349,5 @@ fn the_priority_gate_s_keeper_opens_a_closing_it_was_not_woken_for() {
     }
     // Closed again: the keeper is not woken for it.
     granted(&d, 1);
-    assert!(switch.0.load(Ordering::Acquire));
-    let give_up = Instant::now() + Duration::from_secs(5);
-    while switch.0.load(Ordering::Acquire) {
-        assert!(Instant::now() < give_up, "never opened");
-        std::thread::yield_now();
-    }
-    assert_eq!(d.gate_closed(), Some(false));
+    opened_by_the_keeper(&d, &switch);
 }
