@@ -474,6 +474,19 @@ impl<'a> ArenaSlice<'a> {
         }
     }
 
+    /// Its first 4 bytes as an atomic word, for read-modify-write by several writers (`None`
+    /// when short or unaligned).
+    pub fn atomic_u32(&self) -> Option<&'a std::sync::atomic::AtomicU32> {
+        if self.len >= 4 && self.ptr.as_ptr().align_offset(4) == 0 {
+            // SAFETY: 4 aligned bytes inside the mapping, which lives as long as `'a`
+            // (checked at construction); shared memory is only ever reached as atomics or
+            // plain bytes, never as a Rust reference to non-atomic data.
+            Some(unsafe { &*self.ptr.as_ptr().cast::<std::sync::atomic::AtomicU32>() })
+        } else {
+            None
+        }
+    }
+
     /// Its first 4 bytes as one atomic word (acquire: what was written before a
     /// [`ArenaSlice::store_u32`] of it is seen after).
     pub fn load_u32(&self) -> u32 {

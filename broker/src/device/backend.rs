@@ -199,8 +199,8 @@ pub trait Backend: Send + Sync + 'static {
         value: u32,
     ) -> DeviceResult<()>;
     /// Queues, on `stream`, a wait until the 32-bit slot `slot` of `page` (gpushared's progress
-    /// page) holds 0: the priority gate ([`super::progress::Gate`]). A backend without it
-    /// runs the work ungated, as before the gate.
+    /// page) lets it pass ([`super::gate::passes`]): the priority gate ([`super::gate::Gate`]).
+    /// A backend without it runs the work ungated, as before the gate.
     fn wait_gate(
         &self,
         _stream: &mut Self::Stream,
@@ -208,6 +208,12 @@ pub trait Backend: Send + Sync + 'static {
         _slot: u32,
     ) -> DeviceResult<()> {
         Ok(())
+    }
+    /// Where a backend whose driver calls can wait for work held at the gate, holding up the
+    /// other calls meanwhile, holds the gate open around them ([`super::gate::GateHold`]);
+    /// the executor tells it the gate's word.
+    fn gate_hold(&self) -> Option<&super::gate::GateHold> {
+        None
     }
     /// The session finished a batch of commands that queued work on this stream; `idle`
     /// says the client has gone quiet. A point where the backend may close a measurement.

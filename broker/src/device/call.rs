@@ -42,7 +42,7 @@ pub struct ProgressValue {
 }
 
 /// Where a kernel's work goes: the SM partition its stream's work takes from this kernel on
-/// (`None`: the whole GPU), and the gate it waits at first, if any ([`super::progress::Gate`]).
+/// (`None`: the whole GPU), and the gate it waits at first, if any ([`super::gate::Gate`]).
 /// Every launch says it, so that no call of its own travels for it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Place {
@@ -51,7 +51,7 @@ pub struct Place {
 }
 
 /// A gate of gpushared's progress page: the stream waits until the 32-bit slot `slot` of
-/// `page` holds 0.
+/// `page` lets it pass ([`super::gate::passes`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GateWord {
     pub page: Span,

@@ -9,7 +9,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use super::backend::Backend;
-use super::call::{Place, ProgressValue};
+use super::call::{GateWord, Place, ProgressValue};
 use super::progress::slot_word;
 use super::reply::{Answer, Handle, Reply};
 use super::{DeviceError, DeviceResult};
@@ -245,6 +245,9 @@ impl<B: Backend> Executor<B> {
             Ok(start) => start,
             Err(e) => return Answer::failed(e),
         };
+        if let Some(gate) = place.gate {
+            self.learn_gate(gate);
+        }
         self.on_stream_with(id, place.gate.map(|g| g.page), |s, page| {
             self.backend.limit_sms(s, place.sms)?;
             // On the lane it now goes to, before its start is marked: time at the gate is
@@ -257,6 +260,37 @@ impl<B: Backend> Executor<B> {
             }
             queue(s).map(|()| Reply::Done)
         })
+    }
+
+    /// Holds the priority gate open, where the backend does that, for a call that may wait for
+    /// work held there (`device::gate`).
+    pub(super) fn hold_gate(&self) -> Option<crate::device::gate::HeldOpen<'_>> {
+        self.backend
+            .gate_hold()
+            .map(crate::device::gate::GateHold::hold)
+    }
+
+    /// Tells a backend that holds the gate open around some of its calls where the gate's word
+    /// is (once: a worker serves one trust domain, with one page).
+    fn learn_gate(&self, gate: GateWord) {
+        let Some(hold) = self.backend.gate_hold() else {
+            return;
+        };
+        if hold.knows() {
+            return;
+        }
+        let within = u64::from(gate.slot) * 4;
+        if within.saturating_add(4) > gate.page.len {
+            return;
+        }
+        let Some(offset) = gate.page.offset.checked_add(within) else {
+            return;
+        };
+        if let Ok(page) = self.region(gate.page.region)
+            && page.slice(offset, 4).is_some()
+        {
+            hold.learn(page, offset);
+        }
     }
 
     fn region(&self, id: u64) -> DeviceResult<Arc<HostRegion>> {

@@ -10,6 +10,7 @@
 //!   a call gets back;
 //! - `backend`: the [`Backend`] trait, an operation a method;
 //! - `executor`: a backend with its handle tables and the client memory shared with it;
+//! - `gate`: the priority gate's word, and a worker's hold on it;
 //! - `link`: where calls run, and the ledger of posted work's answers;
 //! - `front`: [`Device`], what callers use; `handles`: the handles they hold;
 //! - `pool`: clients' memory, carved out of chunks that outlive a context;
@@ -20,6 +21,7 @@ pub mod call;
 pub mod cuda;
 pub mod executor;
 mod front;
+pub mod gate;
 pub mod graph;
 mod handles;
 pub mod ipc;
@@ -41,9 +43,10 @@ pub use self::backend::Backend;
 pub use self::call::{Call, EventKind, GateWord, Handle, Place, ProgressValue, Reply, Span};
 pub use self::executor::Executor;
 pub use self::front::Device;
+pub use self::gate::{Gate, GateHold};
 pub use self::handles::{Event, Function, Graph, Module, Stream};
 pub use self::link::{Link, Memory, Space};
-pub use self::progress::{Fate, Gate, Kept, drop_dependents};
+pub use self::progress::{Fate, Kept, drop_dependents};
 
 /// What a device can fail with; it crosses the process boundary as itself.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, serde::Serialize, serde::Deserialize)]

@@ -29,6 +29,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::call::{Call, GateWord, Handle, ProgressValue, Span};
+use super::gate::{Gate, gate_word};
 use super::handles::Stream;
 use super::link::Link;
 use super::{DeviceError, DeviceResult};
@@ -37,7 +38,7 @@ use crate::shm::{ArenaSlice, HostRegion, sealed_memfd};
 /// Streams the page has slots for (every stream of every session on the device).
 const SLOTS: u32 = 16 * 1024;
 /// The slot that is no stream's: the priority gate ([`Gate`]).
-const GATE_SLOT: u32 = 0;
+pub(super) const GATE_SLOT: u32 = 0;
 /// After the slots: where kept uploads are put to queue them again, one at a time. A larger
 /// staged upload is not kept (its stream's work is lost at a fault, as before): keeping
 /// costs a copy of its bytes on every upload.
@@ -80,37 +81,6 @@ pub fn slot_word(page: ArenaSlice<'_>, slot: u32) -> DeviceResult<ArenaSlice<'_>
 /// 2^31 apart.
 fn at_or_past(seen: u32, value: u32) -> bool {
     seen != 0 && seen.wrapping_sub(value) as i32 >= 0
-}
-
-/// A word of the progress page that holds lower-priority work back on the GPU: a launch that
-/// carries it ([`GateWord`]) waits, on its stream, until the word is 0, so that work queued
-/// before a high-priority request does not start inside it (a kernel already running is not
-/// preempted). The GPU scheduler closes it while high-priority kernels are in flight.
-#[derive(Clone)]
-pub struct Gate {
-    page: Arc<HostRegion>,
-}
-
-impl Gate {
-    /// What a launch carries to wait at this gate.
-    pub fn word(&self) -> GateWord {
-        gate_word(&self.page)
-    }
-
-    /// Closes (1) or opens (0) the gate for launches that reach it from now on.
-    pub fn set_closed(&self, closed: bool) {
-        if let Some(w) = self.page.slice(u64::from(GATE_SLOT) * 4, 4) {
-            w.store_u32(u32::from(closed));
-        }
-    }
-}
-
-/// The gate's word in `page`, a progress page.
-fn gate_word(page: &HostRegion) -> GateWord {
-    GateWord {
-        page: page.whole().span(),
-        slot: GATE_SLOT,
-    }
 }
 
 /// One call of an episode, kept to queue again.
@@ -206,9 +176,7 @@ impl Progress {
 
     /// The device's priority gate, in this page.
     pub fn gate(&self) -> Gate {
-        Gate {
-            page: self.page.clone(),
-        }
+        Gate::new(self.page.clone())
     }
 
     /// What a launch carries to wait at [`Progress::gate`] (asked per launch: no reference

@@ -274,6 +274,9 @@ impl<B: Backend> Executor<B> {
                 .and_then(|m| self.add_module(id, m))
                 .map(|()| Reply::Done),
             Call::DropModule { module } => {
+                // The last of a module's handles unloads it: `cuModuleUnload` waits for work
+                // held at the gate (`device::gate`).
+                let _open = self.hold_gate();
                 self.remove_module(module);
                 Ok(Reply::Done)
             }
@@ -282,6 +285,7 @@ impl<B: Backend> Executor<B> {
                 self.add_function(id, f).map(|()| Reply::Done)
             }),
             Call::DropFunction { function } => {
+                let _open = self.hold_gate();
                 self.remove_function(function);
                 Ok(Reply::Done)
             }

@@ -1,6 +1,7 @@
 //! GEMM through cuBLAS, when `libcublas.so` is present: loaded in the background at start,
 //! one handle per client stream, made on the stream's first GEMM.
 
+use std::collections::HashSet;
 use std::ffi::c_void;
 use std::sync::OnceLock;
 
@@ -51,10 +52,34 @@ pub(super) fn worth_cublas(m: u32, n: u32, k: u32) -> bool {
 }
 
 /// Input type of a cuBLAS GEMM.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(super) enum Gemm {
     F32,
     Bf16,
+}
+
+/// Shapes of GEMM a stream has run through cuBLAS. cuBLAS loads a kernel the first time it
+/// picks it (lazy loading), and a module load waits for work held at the priority gate,
+/// holding up every other call into the driver (`device::gate`): the first GEMM of each
+/// shape on a stream holds the gate open.
+#[derive(Default)]
+pub(super) struct Shapes(HashSet<Shape>);
+
+/// A GEMM's input type and `m`, `n`, `k`.
+type Shape = (Gemm, u32, u32, u32);
+
+/// Shapes a stream remembers at most; past that it starts again (a program whose shapes keep
+/// changing holds the gate open once per new shape, as before it had run any).
+const SHAPES_KEPT: usize = 4096;
+
+impl Shapes {
+    /// Whether this is the stream's first GEMM of this shape (it is not, from now on).
+    pub(super) fn first(&mut self, kind: Gemm, m: u32, n: u32, k: u32) -> bool {
+        if self.0.len() >= SHAPES_KEPT {
+            self.0.clear();
+        }
+        self.0.insert((kind, m, n, k))
+    }
 }
 
 /// The column-major problem cuBLAS is given for a row-major `C[m×n] = A[m×k]·B[k×n]`.

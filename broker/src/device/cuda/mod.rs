@@ -72,6 +72,7 @@ use self::partition::Partitions;
 pub use self::stream::CudaStream;
 use super::graph::{Node, Step};
 use super::{Backend, DeviceError, DeviceResult, FunctionShape, Occupancy};
+use crate::device::gate::GateHold;
 use crate::shm::ArenaSlice;
 
 /// One GPU, with the broker's primary context on it.
@@ -96,6 +97,9 @@ pub struct CudaDevice {
     chunks: Chunks,
     /// SM partitions for clients the scheduler keeps off part of the GPU.
     partitions: Partitions,
+    /// Held around the driver calls that wait for work held at the priority gate, and
+    /// meanwhile hold up every other thread's calls (`device::gate`).
+    gate_hold: GateHold,
 }
 
 // SAFETY: the driver API is thread-safe; the raw handles are only used with the context made
@@ -136,6 +140,8 @@ impl Backend for CudaDevice {
 
     fn free(&self, ptr: DevicePtr) -> DeviceResult<()> {
         self.bind()?;
+        // `cuMemFree` waits for work held at the gate (`device::gate`).
+        let _open = self.hold_gate();
         memory::free(ptr)
     }
 
@@ -190,6 +196,8 @@ impl Backend for CudaDevice {
 
     fn unregister_arena(&self, arena: ArenaSlice<'_>) {
         if self.pinned.forget(arena.as_ptr() as usize) && self.bind().is_ok() {
+            // `cuMemHostUnregister` waits for work held at the gate.
+            let _open = self.hold_gate();
             memory::unpin(arena);
         }
     }
@@ -282,6 +290,10 @@ impl Backend for CudaDevice {
                 alpha,
                 beta,
             } if gemm::cublas_present() && gemm::worth_cublas(m, n, k) => {
+                let _open = stream
+                    .gemm_shapes
+                    .first(Gemm::F32, m, n, k)
+                    .then(|| self.hold_gate());
                 gemm::run(stream, Gemm::F32, (a, b, c), (m, n, k), alpha, beta)
             }
             Kernel::GemmBf16 {
@@ -294,6 +306,10 @@ impl Backend for CudaDevice {
                 alpha,
                 beta,
             } if gemm::cublas_present() => {
+                let _open = stream
+                    .gemm_shapes
+                    .first(Gemm::Bf16, m, n, k)
+                    .then(|| self.hold_gate());
                 gemm::run(stream, Gemm::Bf16, (a, b, c), (m, n, k), alpha, beta)
             }
             Kernel::GemmBf16 { .. } => Err(DeviceError::NotSupported {
@@ -410,10 +426,15 @@ impl Backend for CudaDevice {
     }
 
     fn load_module(&self, format: ModuleFormat, image: &[u8]) -> DeviceResult<Arc<ModuleRef>> {
+        // `cuModuleLoadData` waits for work held at the gate.
+        let _open = self.hold_gate();
         ModuleRef::load(self, format, image)
     }
 
     fn get_function(&self, module: &Arc<ModuleRef>, name: &str) -> DeviceResult<CudaFunction> {
+        // Under lazy loading the module is loaded here: the next kernels of every stream then
+        // wait on the device for work held at the gate.
+        let _open = self.hold_gate();
         CudaFunction::get(self, module, name)
     }
 
@@ -486,10 +507,16 @@ impl Backend for CudaDevice {
     }
 
     fn module_global(&self, module: &Arc<ModuleRef>, name: &str) -> DeviceResult<(u64, u64)> {
+        // As for a function: this may load the module.
+        let _open = self.hold_gate();
         module.global(self, name)
     }
 
     fn function_names(&self, module: &Arc<ModuleRef>) -> DeviceResult<Vec<String>> {
         module.function_names(self)
+    }
+
+    fn gate_hold(&self) -> Option<&GateHold> {
+        Some(&self.gate_hold)
     }
 }

@@ -140,7 +140,14 @@ impl CudaDevice {
             sync_words: sync_words::SyncWords::default(),
             chunks: Chunks::default(),
             partitions: Partitions::probe(device, sm_count),
+            gate_hold: Default::default(),
         })
+    }
+
+    /// Holds the priority gate open for a driver call that may wait for the context's queued
+    /// work (`device::gate`).
+    pub(super) fn hold_gate(&self) -> crate::device::gate::HeldOpen<'_> {
+        self.gate_hold.hold()
     }
 
     pub fn ordinal(&self) -> i32 {

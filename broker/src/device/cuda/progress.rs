@@ -9,6 +9,7 @@ use cudarc::driver::sys;
 use super::error::driver;
 use super::{CudaDevice, CudaStream};
 use crate::device::DeviceResult;
+use crate::device::gate;
 use crate::device::progress::slot_word;
 use crate::shm::ArenaSlice;
 
@@ -53,7 +54,8 @@ pub(super) fn write(
     unsafe { write_value(stream.raw, at, value) }
 }
 
-/// Queues, on the stream, a wait until slot `slot` of `page` holds 0 (the priority gate).
+/// Queues, on the stream, a wait until slot `slot` of `page` lets it pass (the priority gate:
+/// any bit of [`gate::PASS_MASK`] set).
 pub(super) fn wait_gate(
     dev: &CudaDevice,
     stream: &mut CudaStream,
@@ -67,8 +69,8 @@ pub(super) fn wait_gate(
         sys::cuStreamWaitValue32_v2(
             stream.raw,
             at,
-            0,
-            sys::CUstreamWaitValue_flags_enum::CU_STREAM_WAIT_VALUE_EQ as u32,
+            gate::PASS_MASK,
+            sys::CUstreamWaitValue_flags_enum::CU_STREAM_WAIT_VALUE_AND as u32,
         )
     };
     // The gate only orders work: where the device cannot wait on a word, the kernel goes

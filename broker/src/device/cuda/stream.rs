@@ -40,6 +40,8 @@ pub struct CudaStream {
     clock: Option<Box<SpanClock>>,
     /// Its cuBLAS handle, made on its first cuBLAS GEMM.
     pub(super) blas: Option<cudarc::cublas::sys::cublasHandle_t>,
+    /// Its GEMM shapes cuBLAS has run.
+    pub(super) gemm_shapes: super::gemm::Shapes,
     /// The word it writes when its work is done, and the value it wrote last.
     done_word: Option<(SyncWord, u32)>,
     /// Work was queued (`begin`) since the last wait that saw it all done: a wait then reads
@@ -67,6 +69,7 @@ impl CudaStream {
             spans: Spans::new(),
             clock: None,
             blas: None,
+            gemm_shapes: Default::default(),
             done_word: dev.sync_words.take().map(|w| (w, 0)),
             queued: false,
         })

@@ -66,7 +66,7 @@ impl Device {
     }
 
     /// The priority gate of this device's progress page, if it has one.
-    pub fn gate(&self) -> Option<super::progress::Gate> {
+    pub fn gate(&self) -> Option<super::gate::Gate> {
         self.progress.as_ref().map(Progress::gate)
     }
 

@@ -372,7 +372,7 @@ impl Backend for SimDevice {
         // time), and the work after it starts no sooner than the gate opens.
         let word = crate::device::progress::slot_word(page, slot)?;
         self.wait_for(stream.ready_ns)?;
-        self.wait_until(|| Ok(word.load_u32() == 0))
+        self.wait_until(|| Ok(crate::device::gate::passes(word.load_u32())))
     }
 
     fn stream_busy(&self, stream: &SimStream) -> bool {

@@ -12,10 +12,13 @@ use crate::sched::Dispatcher;
 /// The longest the gate stays closed at a stretch, by the clock ([`GpuScheduler::keep_gate`]);
 /// it then stays open until no high-priority kernel is in flight. On the H200 a gate opened
 /// only as launches and completions came once held all five clients, the high-priority one
-/// too, until the guardian reset the context; what held that request is not known (a probe
-/// found no stream's work held by another stream's wait: docs/benchmarks.md, run I1). And a
-/// high-priority client that never pauses must not keep the lower classes' queued work
-/// waiting either; neither is the short request the gate serves.
+/// too, until the guardian reset the context (run G4). A driver call that waits for the held
+/// work while it holds up every other thread's launches (a module load, `cuMemFree`) does
+/// that; the worker now holds the gate open around those (`device::gate`, runs C1–C4), and
+/// the bound stays for whatever else may. It still opens the gate once or twice as the
+/// colocate bench's clients warm up. And a high-priority client that never pauses must not
+/// keep the lower classes' queued work waiting either; neither is the short request the gate
+/// serves.
 ///
 /// [`GpuScheduler::keep_gate`]: super::GpuScheduler::keep_gate
 pub(super) const MAX_CLOSED_NS: u64 = 5_000_000;

@@ -31,7 +31,7 @@
 //! The rules above decide what is granted; what was granted before a request began is on the
 //! GPU already. With `gate_lower` (on by default), every lower kernel granted while a
 //! high-priority client is connected waits on its stream at the device's priority gate (a
-//! word of host memory, `device::progress::Gate`) before it starts, and the GPU scheduler
+//! word of host memory, `device::gate::Gate`) before it starts, and the GPU scheduler
 //! keeps the gate closed while high-priority kernels are in flight (5 ms at most at a stretch):
 //! a lower kernel already running is not preempted, but the ones queued behind it wait until the request's kernels
 //! are done instead of taking the SMs between two of them. On an H200, a probe of direct CUDA
