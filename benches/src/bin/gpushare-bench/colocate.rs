@@ -17,6 +17,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use gpushare::{Client, ConnectOptions};
 use gpushare_broker::device::Backend;
 use gpushare_broker::device::cuda::{CudaDevice, CudaStream};
+use gpushare_protocol::control::ModuleFormat;
 use gpushare_protocol::{Kernel, PriorityClass};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -39,7 +40,26 @@ pub struct WorkerSpec {
     /// gpushare only: how long the client library spins for a completion before sleeping
     /// (`None`: the library's default).
     pub spin_us: Option<u64>,
+    /// Best-effort only: every this many iterations, do `churn` once (0: never).
+    pub churn_every: u64,
+    pub churn: Churn,
 }
+
+/// What a best-effort client does now and then between iterations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Churn {
+    /// Allocates a buffer of a size it has not used lately (over 1 MiB: a chunk of its own,
+    /// made for it) and frees it, as a trainer whose shapes keep changing does.
+    Alloc,
+    /// Loads a small PTX module, looks its kernel up and unloads it, as a framework that
+    /// compiles or loads kernels as it goes does (the same PTX each time: after the first,
+    /// the driver's compute cache spares the compilation).
+    Module,
+}
+
+/// The module `Churn::Module` loads.
+const CHURN_PTX: &str =
+    ".version 7.0\n.target sm_50\n.address_size 64\n.visible .entry churn() { ret; }\n";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Role {
@@ -61,9 +81,9 @@ pub enum Via {
 /// Runs one iteration of a workload to completion.
 enum Engine {
     Direct {
-        // Boxed: the device handle is large beside the other variant.
+        // Boxed: the device and stream handles are large beside the other variant.
         dev: Box<CudaDevice>,
-        stream: CudaStream,
+        stream: Box<CudaStream>,
         kernels: Vec<Kernel>,
     },
     Broker {
@@ -88,7 +108,7 @@ impl Engine {
                 let (_, kernels) = crate::direct::prepare_iteration(&dev, &mut stream, &it)?;
                 Ok(Engine::Direct {
                     dev,
-                    stream,
+                    stream: Box::new(stream),
                     kernels,
                 })
             }
@@ -137,6 +157,36 @@ impl Engine {
                     stream.launch(*k)?;
                 }
                 Ok(stream.synchronize()?)
+            }
+        }
+    }
+
+    /// Does `churn` for the `n`th time. An allocation takes the next of a cycle of sizes, 2 MiB
+    /// more each time over 512 sizes, so that no size comes back within gpushare's idle-chunk
+    /// time (2 s) at the rates these workers allocate.
+    fn churn(&mut self, churn: Churn, n: u64) -> Result<()> {
+        let elems = (1 + (n % 512) as usize) * (2 << 20) / 4;
+        let ptx = CHURN_PTX.as_bytes();
+        match (self, churn) {
+            (Engine::Direct { dev, .. }, Churn::Alloc) => {
+                let p = dev.alloc(elems as u64 * 4).map_err(|e| anyhow!("{e}"))?;
+                dev.free(p).map_err(|e| anyhow!("{e}"))
+            }
+            (Engine::Direct { dev, .. }, Churn::Module) => {
+                let m = dev
+                    .load_module(ModuleFormat::Ptx, ptx)
+                    .map_err(|e| anyhow!("{e}"))?;
+                dev.get_function(&m, "churn").map_err(|e| anyhow!("{e}"))?;
+                Ok(())
+            }
+            (Engine::Broker { client, .. }, Churn::Alloc) => {
+                drop(client.alloc::<f32>(elems)?);
+                Ok(())
+            }
+            (Engine::Broker { client, .. }, Churn::Module) => {
+                let m = client.load_module(ModuleFormat::Ptx, ptx)?;
+                m.function("churn")?;
+                Ok(())
             }
         }
     }
@@ -242,11 +292,17 @@ pub fn worker(via: Via, spec: &WorkerSpec) -> Result<Value> {
         }
         Role::BestEffort => {
             let mut iterations = 0u64;
+            let mut churns = 0u64;
             while Instant::now() < end {
                 engine.iterate()?;
                 iterations += 1;
+                if spec.churn_every > 0 && iterations.is_multiple_of(spec.churn_every) {
+                    engine.churn(spec.churn, churns)?;
+                    churns += 1;
+                }
             }
             Ok(json!({
+                "churns": churns as f64,
                 "iterations": iterations as f64,
                 "it_per_s": iterations as f64 / start.elapsed().as_secs_f64(),
             }))
@@ -311,6 +367,13 @@ pub fn run_group(
         ]);
         if let Some(us) = m.spec.spin_us {
             cmd.arg(format!("--spin-us={us}"));
+        }
+        if m.spec.churn_every > 0 {
+            cmd.arg(format!("--churn-every={}", m.spec.churn_every));
+            cmd.arg(match m.spec.churn {
+                Churn::Alloc => "--churn=alloc",
+                Churn::Module => "--churn=module",
+            });
         }
         for (k, v) in envs {
             cmd.env(k, v);

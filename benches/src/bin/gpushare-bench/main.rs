@@ -128,6 +128,13 @@ struct Cli {
     /// kernels are in flight (`[priority] gate`; the policy's default otherwise).
     #[arg(long)]
     gate: Option<bool>,
+    /// colocate: every this many iterations, each best-effort client does `--be-churn` once
+    /// (0: never).
+    #[arg(long, default_value_t = 0)]
+    be_churn_every: u64,
+    /// colocate: what a best-effort client does every `--be-churn-every` iterations.
+    #[arg(long, value_enum, default_value_t = colocate::Churn::Alloc)]
+    be_churn: colocate::Churn,
 }
 
 #[derive(Debug, Subcommand)]
@@ -169,6 +176,10 @@ enum Cmd {
         seed: u64,
         #[arg(long)]
         spin_us: Option<u64>,
+        #[arg(long, default_value_t = 0)]
+        churn_every: u64,
+        #[arg(long, value_enum, default_value_t = colocate::Churn::Alloc)]
+        churn: colocate::Churn,
     },
 }
 
@@ -202,6 +213,8 @@ fn run() -> Result<()> {
         mean_gap_ms,
         seed,
         spin_us,
+        churn_every,
+        churn,
     }) = &cli.command
     {
         let via = match via.as_str() {
@@ -216,6 +229,8 @@ fn run() -> Result<()> {
             mean_gap_ms: *mean_gap_ms,
             seed: *seed,
             spin_us: *spin_us,
+            churn_every: *churn_every,
+            churn: *churn,
         };
         println!("{}", colocate::worker(via, &spec)?);
         return Ok(());

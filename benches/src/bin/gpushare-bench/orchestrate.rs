@@ -203,6 +203,8 @@ fn colocate_rounds(cli: &Cli, me: &Path, broker_bin: &Path) -> Result<Value> {
                 mean_gap_ms: cli.hp_gap_ms,
                 seed,
                 spin_us: cli.hp_spin_us,
+                churn_every: 0,
+                churn: cli.be_churn,
             },
         };
         let best_effort = |i: usize, via| Member {
@@ -215,6 +217,8 @@ fn colocate_rounds(cli: &Cli, me: &Path, broker_bin: &Path) -> Result<Value> {
                 mean_gap_ms: cli.hp_gap_ms,
                 seed,
                 spin_us: None,
+                churn_every: cli.be_churn_every,
+                churn: cli.be_churn,
             },
         };
         let mut r = serde_json::Map::new();
