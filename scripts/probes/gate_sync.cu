@@ -7,10 +7,16 @@
  * with a kernel behind it; a second thread makes the call; 1 ms later the main thread launches
  * a kernel on a high-priority stream and waits for it. After 20 ms the gate opens. Printed:
  * when the call returned and the high-priority kernel finished (after 20 ms: held by the
- * gate), and how long the high-priority launch call itself took.
+ * gate), and how long the high-priority launch call itself took. What a call needs first
+ * (an allocation to free, a module to unload) is made before the gate closes, and what it
+ * leaves is let go after the gate opens: only the call itself is timed.
+ *
+ * `./gate_sync hold` runs every call again as gpushared's worker does since run C1: the gate
+ * is the word's OPEN bit (waited for with CU_STREAM_WAIT_VALUE_AND on OPEN | HELD), and the
+ * calling thread sets HELD around the call (`broker/src/device/gate.rs`).
  *
  * Build: nvcc -O2 -arch=sm_90a gate_sync.cu -lcuda -o gate_sync
- * Run:   ./gate_sync
+ * Run:   ./gate_sync [hold]
  */
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -23,6 +29,8 @@
 #include <functional>
 #include <thread>
 #include <vector>
+
+#include <unistd.h>
 
 #define CK(x) do { CUresult r_ = (x); if (r_ != CUDA_SUCCESS) { const char *n_ = "?"; \
     cuGetErrorName(r_, &n_); fprintf(stderr, "%s: %s\n", #x, n_); exit(1); } } while (0)
@@ -45,10 +53,12 @@ static const char *PTX = R"(
 .version 7.0
 .target sm_50
 .address_size 64
+.visible .global .u32 g;
 .visible .entry empty() { ret; }
 )";
 
-int main() {
+int main(int argc, char **argv) {
+    const bool hold = argc > 1 && strcmp(argv[1], "hold") == 0;
     RT(cudaSetDevice(0));
     RT(cudaFree(0));
     CUcontext ctx;
@@ -74,91 +84,165 @@ int main() {
 
     struct Call {
         const char *name;
-        std::function<void()> run;
+        std::function<void()> pre, run, post;
+    };
+    auto none = [] {};
+    // What the calls share: made by `pre`, used by `run`, let go by `post`.
+    CUdeviceptr dptr = 0, va = 0;
+    CUmemGenericAllocationHandle mem = 0;
+    CUmodule mod = nullptr;
+    CUfunction fn = nullptr;
+    void *hptr = nullptr;
+    CUgraph graph = nullptr;
+    CUgraphExec exec = nullptr;
+    const size_t G = 2 << 20;  // the granule on an H200
+    CUmemAllocationProp prop = {};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = 0;
+    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    CUmemAccessDesc access = {};
+    access.location = prop.location;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    auto create = [&] { CK(cuMemCreate(&mem, G, &prop, 0)); };
+    auto reserve = [&] { CK(cuMemAddressReserve(&va, G, 0, 0, 0)); };
+    auto map = [&] { CK(cuMemMap(va, G, 0, mem, 0)); };
+    auto allow = [&] { CK(cuMemSetAccess(va, G, &access, 1)); };
+    auto unmap = [&] { CK(cuMemUnmap(va, G)); };
+    auto release = [&] { CK(cuMemRelease(mem)); };
+    auto unreserve = [&] { CK(cuMemAddressFree(va, G)); };
+    auto load = [&] { CK(cuModuleLoadData(&mod, PTX)); };
+    auto unload = [&] { CK(cuModuleUnload(mod)); };
+    auto get = [&] { CK(cuModuleGetFunction(&fn, mod, "empty")); };
+    auto aligned = [&] { hptr = aligned_alloc(4096, 1 << 20); };
+    auto capture = [&] {
+        CK(cuStreamBeginCapture((CUstream)other, CU_STREAM_CAPTURE_MODE_RELAXED));
+        noop<<<1, 32, 0, other>>>(buf + 192);
+        CK(cuStreamEndCapture((CUstream)other, &graph));
+    };
+    auto instantiate = [&] { CK(cuGraphInstantiate(&exec, graph, 0)); };
+    auto drop_graph = [&] {
+        CK(cuGraphExecDestroy(exec));
+        CK(cuGraphDestroy(graph));
     };
     std::vector<Call> calls = {
-        {"nothing", [] {}},
-        {"cuMemAlloc 1 MiB", [] {
-             CUdeviceptr p;
-             CK(cuMemAlloc(&p, 1 << 20));
-             CK(cuMemFree(p));  // freed at once: the pair as a program's warm-up makes them
-         }},
-        {"cuMemFree (of a fresh 64 MiB)", [] {}},  // set below: allocated before the gate
-        {"cuMemAllocAsync + cuMemFreeAsync (other stream)", [&] {
+        {"nothing", none, none, none},
+        {"cuMemAlloc 1 MiB", none, [&] { CK(cuMemAlloc(&dptr, 1 << 20)); },
+         [&] { CK(cuMemFree(dptr)); }},
+        {"cuMemFree 1 MiB", [&] { CK(cuMemAlloc(&dptr, 1 << 20)); },
+         [&] { CK(cuMemFree(dptr)); }, none},
+        {"cuMemFree 64 MiB", [&] { CK(cuMemAlloc(&dptr, 64 << 20)); },
+         [&] { CK(cuMemFree(dptr)); }, none},
+        {"cuMemAllocAsync + cuMemFreeAsync (other stream)", none, [&] {
              CUdeviceptr p;
              CK(cuMemAllocAsync(&p, 1 << 20, (CUstream)other));
              CK(cuMemFreeAsync(p, (CUstream)other));
              CK(cuStreamSynchronize((CUstream)other));
-         }},
-        {"cuMemcpyHtoD 1 MiB (sync)", [&] {
+         }, none},
+        {"cuMemCreate 2 MiB", none, create, release},
+        {"cuMemAddressReserve 2 MiB", none, reserve, unreserve},
+        {"cuMemMap", [&] { create(); reserve(); }, map,
+         [&] { unmap(); release(); unreserve(); }},
+        {"cuMemSetAccess", [&] { create(); reserve(); map(); }, allow,
+         [&] { unmap(); release(); unreserve(); }},
+        {"cuMemUnmap", [&] { create(); reserve(); map(); allow(); }, unmap,
+         [&] { release(); unreserve(); }},
+        {"cuMemRelease (unmapped)", create, release, none},
+        {"cuMemAddressFree", reserve, unreserve, none},
+        {"cuMemExportToShareableHandle", create, [&] {
+             int fd = -1;
+             CK(cuMemExportToShareableHandle(&fd, mem, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+             close(fd);
+         }, release},
+        {"cuMemcpyHtoD 1 MiB (sync)", none, [&] {
              CK(cuMemcpyHtoD((CUdeviceptr)buf, host.data(), 1 << 20));
-         }},
-        {"cuMemcpyDtoH 1 MiB (sync)", [&] {
+         }, none},
+        {"cuMemcpyDtoH 1 MiB (sync)", none, [&] {
              CK(cuMemcpyDtoH(host.data(), (CUdeviceptr)buf, 1 << 20));
-         }},
-        {"cuMemsetD8 (sync)", [&] { CK(cuMemsetD8((CUdeviceptr)buf, 0, 1 << 20)); }},
-        {"cuMemcpyHtoDAsync on other + sync", [&] {
-             CK(cuMemcpyHtoDAsync((CUdeviceptr)buf, host.data(), 1 << 20, (CUstream)other));
+         }, none},
+        {"cuMemsetD8 (sync)", none, [&] { CK(cuMemsetD8((CUdeviceptr)buf, 0, 1 << 20)); }, none},
+        {"cuModuleLoadData", none, load, unload},
+        {"cuModuleGetFunction (just loaded)", load, get, unload},
+        {"first cuLaunchKernel of it (other stream)", [&] { load(); get(); }, [&] {
+             CK(cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, (CUstream)other, nullptr, nullptr));
+         }, [&] { CK(cuStreamSynchronize((CUstream)other)); unload(); }},
+        {"cuModuleUnload", load, unload, none},
+        {"cuModuleUnload (a function launched)", [&] {
+             load(); get();
+             CK(cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, (CUstream)other, nullptr, nullptr));
              CK(cuStreamSynchronize((CUstream)other));
-         }},
-        {"cuModuleLoadData + Unload", [] {
-             CUmodule m;
-             CK(cuModuleLoadData(&m, PTX));
-             CK(cuModuleUnload(m));
-         }},
-        {"cuMemHostAlloc + FreeHost 1 MiB", [] {
-             void *p;
-             CK(cuMemHostAlloc(&p, 1 << 20, 0));
-             CK(cuMemFreeHost(p));
-         }},
-        {"cuMemHostRegister + Unregister 1 MiB", [] {
-             void *p = aligned_alloc(4096, 1 << 20);
-             CK(cuMemHostRegister(p, 1 << 20, 0));
-             CK(cuMemHostUnregister(p));
-             free(p);
-         }},
-        {"cuStreamCreate + Destroy", [] {
+         }, unload, none},
+        {"cuMemHostAlloc 1 MiB", none, [&] { CK(cuMemHostAlloc(&hptr, 1 << 20, 0)); },
+         [&] { CK(cuMemFreeHost(hptr)); }},
+        {"cuMemFreeHost 1 MiB", [&] { CK(cuMemHostAlloc(&hptr, 1 << 20, 0)); },
+         [&] { CK(cuMemFreeHost(hptr)); }, none},
+        {"cuMemHostRegister 1 MiB", aligned, [&] { CK(cuMemHostRegister(hptr, 1 << 20, 0)); },
+         [&] { CK(cuMemHostUnregister(hptr)); free(hptr); }},
+        {"cuMemHostUnregister 1 MiB", [&] { aligned(); CK(cuMemHostRegister(hptr, 1 << 20, 0)); },
+         [&] { CK(cuMemHostUnregister(hptr)); }, [&] { free(hptr); }},
+        {"cuGraphInstantiate (one kernel)", capture, instantiate, drop_graph},
+        {"cuGraphExecDestroy + cuGraphDestroy", [&] { capture(); instantiate(); }, drop_graph,
+         none},
+        {"cuStreamCreate + Destroy", none, [] {
              CUstream s;
              CK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
              CK(cuStreamDestroy(s));
-         }},
-        {"cuEventCreate + Destroy", [] {
+         }, none},
+        {"cuEventCreate + Destroy", none, [] {
              CUevent e;
              CK(cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
              CK(cuEventDestroy(e));
-         }},
-        {"cuMemGetInfo", [] {
+         }, none},
+        {"cuMemGetInfo", none, [] {
              size_t f, t;
              CK(cuMemGetInfo(&f, &t));
-         }},
-        {"cuCtxSynchronize", [] { CK(cuCtxSynchronize()); }},
+         }, none},
+        {"cuCtxSynchronize", none, [] { CK(cuCtxSynchronize()); }, none},
     };
+    // The gate's word: as the probe first ran it, closed is 1 and the stream waits for 0;
+    // with `hold`, as gpushared has it since: OPEN and HELD bits, the stream waiting for
+    // either, the calling thread setting HELD around its call.
+    const unsigned OPEN = 1, HELD = 2;
+    auto close_gate = [&] { *gate = hold ? 0u : 1u; };
+    auto open_gate = [&] {
+        if (hold)
+            __atomic_fetch_or((unsigned *)gate, OPEN, __ATOMIC_SEQ_CST);
+        else
+            *gate = 0u;
+    };
+    auto wait_gate = [&] {
+        if (hold)
+            CK(cuStreamWaitValue32((CUstream)bs, dgate, OPEN | HELD, CU_STREAM_WAIT_VALUE_AND));
+        else
+            CK(cuStreamWaitValue32((CUstream)bs, dgate, 0, CU_STREAM_WAIT_VALUE_EQ));
+    };
+    printf("%s\n", hold ? "with the hold (HELD set around each call)" : "without a hold");
     printf("%-48s | returned at ms, while closed? | HP launch call ms | HP done at ms, while "
            "closed?\n",
            "call (gate closed from 0 to 20 ms; HP at 1 ms)");
     for (auto &c : calls) {
-        CUdeviceptr big = 0;
-        if (strncmp(c.name, "cuMemFree (", 11) == 0)
-            CK(cuMemAlloc(&big, 64 << 20));
-        *gate = 1;
+        c.pre();
+        RT(cudaDeviceSynchronize());
+        close_gate();
         std::atomic_thread_fence(std::memory_order_seq_cst);
-        CK(cuStreamWaitValue32((CUstream)bs, dgate, 0, CU_STREAM_WAIT_VALUE_EQ));
+        wait_gate();
         noop<<<1, 32, 0, bs>>>(buf + 64);
         auto t0 = Clock::now();
         std::atomic<double> returned{-1};
         std::thread t([&] {
             CK(cuCtxSetCurrent(ctx));
-            if (big)
-                CK(cuMemFree(big));
-            else
-                c.run();
+            if (hold)
+                __atomic_fetch_or((unsigned *)gate, HELD, __ATOMIC_SEQ_CST);
+            c.run();
+            if (hold)
+                __atomic_fetch_and((unsigned *)gate, ~HELD, __ATOMIC_SEQ_CST);
             returned = ms_since(t0);
         });
         // The gate opens at 20 ms whatever the other threads are stuck in.
         std::thread opener([&] {
             while (ms_since(t0) < 20.0) {
             }
-            *gate = 0;
+            open_gate();
         });
         while (ms_since(t0) < 1.0) {
         }
@@ -174,6 +258,8 @@ int main() {
         opener.join();
         t.join();
         double ret = returned.load();
+        RT(cudaDeviceSynchronize());
+        c.post();
         RT(cudaDeviceSynchronize());
         printf("%-48s | %8.3f %-17s | %17.3f | %8.3f %s\n", c.name, ret,
                ret < 20.0 ? "yes" : "no (waited)", launch, hp_done,
