@@ -281,6 +281,7 @@ impl Broker {
                     GpuServices { health, dispatch },
                 ) {
                     Ok(state) => {
+                        state.register();
                         let _ = ready_tx.send(Ok(()));
                         let _ = ended_tx.send(state.run());
                     }

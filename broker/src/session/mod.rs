@@ -339,11 +339,19 @@ impl SessionState {
         self.dispatch.watch(self.info.id, self.info.clone());
     }
 
-    /// Drains the submission ring until asked to stop or the client breaks the protocol;
-    /// then releases everything the client held.
-    pub fn run(mut self) -> SessionEnd {
+    /// Makes the session known to its GPU's fault watch and scheduler: before the client's
+    /// connection is answered, so that other clients' kernels granted after it see it (a
+    /// best-effort kernel granted beside a high-priority client waits at the priority gate).
+    /// [`SessionState::run`] undoes it at the end.
+    pub fn register(&self) {
         self.health.register(self.info.clone());
         self.register_with_scheduler();
+    }
+
+    /// Drains the submission ring until asked to stop or the client breaks the protocol;
+    /// then releases everything the client held (it was registered first:
+    /// [`SessionState::register`]).
+    pub fn run(mut self) -> SessionEnd {
         // A bug that panics while serving one client ends that client's session, told why,
         // and still releases what it held: otherwise its kernels would stay in flight in the
         // scheduler, holding every other client back, and its memory would never be freed.
