@@ -11,7 +11,7 @@ use super::broker_with;
 /// without the gate the second kernel, taken at once, runs before the request's kernel.
 /// `settled`: the request comes only once the device worker has taken both (without the gate
 /// it takes them at once; with it the second waits at the gate, so the test cannot wait for
-/// that and pauses instead).
+/// that: it waits for both to be sent).
 fn queued_then_request(policy: &str, settled: bool) -> bool {
     let broker = broker_with(policy);
     let be = Client::connect_with(ConnectOptions {
@@ -30,19 +30,21 @@ fn queued_then_request(policy: &str, settled: bool) -> bool {
     stream.launch(long).expect("first");
     stream.launch(long).expect("second");
     be_done.record(&stream).expect("record");
-    // Both granted (two may be in flight beside a high-priority client) before the request:
-    // the data thread answers this after the commands before it, without the device.
-    be.end_iteration().expect("a command after the launches");
+    // Both granted and sent to the device (the count goes up once a launch is sent) before
+    // the request. Not a command the client waits for: the data thread may be in a call to the
+    // device when it comes, and on the sim device, where a launch at the gate waits in the
+    // device's call, that call waits for the gate (300 ms).
+    assert!(
+        gpushare_tests::wait_until(std::time::Duration::from_secs(10), || {
+            broker.client_status("be").is_some_and(|c| c.kernels >= 2)
+        }),
+        "both best-effort kernels granted"
+    );
     if settled {
         // The worker answers the session's calls in order: this one after both launches.
         // (Without it the request could reach the device first, 3 runs in 25 on a 2-core VM.)
         be.create_event()
             .expect("a call the worker answers after the launches");
-    } else {
-        // With the gate the worker cannot answer such a call before 300 ms (the second
-        // kernel waits at the gate), so give it the time it takes to send them instead: a
-        // gate that did not hold would have let the second kernel onto the device by now.
-        std::thread::sleep(std::time::Duration::from_millis(10));
     }
     let request = high.default_stream();
     request
@@ -60,15 +62,9 @@ fn queued_then_request(policy: &str, settled: bool) -> bool {
 #[test]
 fn best_effort_work_queued_before_a_high_priority_request_waits_for_it() {
     let policy = "scheduler = \"priority\"\n[defaults]\nclass = \"high\"\n";
-    // Up to three tries: on the 2-core VM, in about one run of fifteen (before the gate's
-    // keeper changed too), the request reached the sim device only after the second kernel
-    // had passed the gate at 300 ms: its launch, or the end of iteration before it, held
-    // that long (not traced yet). A gate that did not hold loses every try: the second
-    // kernel is on the device before the request.
-    let held = (0..3).any(|_| !queued_then_request(policy, false));
     assert!(
-        held,
-        "the best-effort kernel queued before the request ran before it, three times"
+        !queued_then_request(policy, false),
+        "the best-effort kernel queued before the request ran before it"
     );
     // Without the gate it does on the sim device (what the test tells apart there). A GPU
     // runs the request's one-block kernel beside the running one, and its stream priority
