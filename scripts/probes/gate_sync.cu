@@ -27,6 +27,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -56,6 +57,18 @@ static const char *PTX = R"(
 .visible .global .u32 g;
 .visible .entry empty() { ret; }
 )";
+
+// A module the driver has not compiled before (a global of a fresh name), so that loading it
+// compiles the PTX.
+static std::string fresh_ptx() {
+    static int n = 0;
+    char ptx[512];
+    snprintf(ptx, sizeof ptx,
+             ".version 7.0\n.target sm_50\n.address_size 64\n.visible .global .u32 g%d_%d;\n"
+             ".visible .entry empty() { ret; }\n",
+             (int)getpid(), n++);
+    return ptx;
+}
 
 int main(int argc, char **argv) {
     const bool hold = argc > 1 && strcmp(argv[1], "hold") == 0;
@@ -91,6 +104,8 @@ int main(int argc, char **argv) {
     CUdeviceptr dptr = 0, va = 0;
     CUmemGenericAllocationHandle mem = 0;
     CUmodule mod = nullptr;
+    CUlibrary lib = nullptr;
+    std::vector<char> cubin;
     CUfunction fn = nullptr;
     void *hptr = nullptr;
     CUgraph graph = nullptr;
@@ -167,6 +182,49 @@ int main(int argc, char **argv) {
              CK(cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, (CUstream)other, nullptr, nullptr));
          }, [&] { CK(cuStreamSynchronize((CUstream)other)); unload(); }},
         {"cuModuleUnload", load, unload, none},
+        {"cuModuleLoadData (PTX to compile)", none, [&] {
+             std::string ptx = fresh_ptx();
+             CK(cuModuleLoadData(&mod, ptx.c_str()));
+         }, unload},
+        {"cuLinkComplete (PTX to compile)", none, [&] {
+             std::string ptx = fresh_ptx();
+             CUlinkState link;
+             CK(cuLinkCreate(0, nullptr, nullptr, &link));
+             CK(cuLinkAddData(link, CU_JIT_INPUT_PTX, (void *)ptx.c_str(), ptx.size() + 1, "p",
+                              0, nullptr, nullptr));
+             void *cubin;
+             size_t size;
+             CK(cuLinkComplete(link, &cubin, &size));
+             CK(cuLinkDestroy(link));
+         }, none},
+        {"cuModuleLoadData (a cubin)", [&] {
+             std::string ptx = fresh_ptx();
+             CUlinkState link;
+             CK(cuLinkCreate(0, nullptr, nullptr, &link));
+             CK(cuLinkAddData(link, CU_JIT_INPUT_PTX, (void *)ptx.c_str(), ptx.size() + 1, "p",
+                              0, nullptr, nullptr));
+             void *out;
+             size_t size;
+             CK(cuLinkComplete(link, &out, &size));
+             cubin.assign((char *)out, (char *)out + size);
+             CK(cuLinkDestroy(link));
+         }, [&] { CK(cuModuleLoadData(&mod, cubin.data())); }, unload},
+        {"cuLibraryLoadData", none, [&] {
+             CK(cuLibraryLoadData(&lib, PTX, nullptr, nullptr, 0, nullptr, nullptr, 0));
+         }, [&] { CK(cuLibraryUnload(lib)); }},
+        {"cuLibraryGetKernel + cuKernelGetFunction", [&] {
+             CK(cuLibraryLoadData(&lib, PTX, nullptr, nullptr, 0, nullptr, nullptr, 0));
+         }, [&] {
+             CUkernel k;
+             CK(cuLibraryGetKernel(&k, lib, "empty"));
+             CK(cuKernelGetFunction(&fn, k));
+         }, [&] { CK(cuLibraryUnload(lib)); }},
+        {"cuLibraryUnload (a function got)", [&] {
+             CK(cuLibraryLoadData(&lib, PTX, nullptr, nullptr, 0, nullptr, nullptr, 0));
+             CUkernel k;
+             CK(cuLibraryGetKernel(&k, lib, "empty"));
+             CK(cuKernelGetFunction(&fn, k));
+         }, [&] { CK(cuLibraryUnload(lib)); }, none},
         {"cuModuleUnload (a function launched)", [&] {
              load(); get();
              CK(cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, (CUstream)other, nullptr, nullptr));
