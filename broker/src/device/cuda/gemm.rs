@@ -60,8 +60,8 @@ pub(super) enum Gemm {
 
 /// Shapes of GEMM a stream has run through cuBLAS. cuBLAS loads a kernel the first time it
 /// picks it (lazy loading), and a module load waits for work held at the priority gate,
-/// holding up every other call into the driver (`device::gate`): the first GEMM of each
-/// shape on a stream holds the gate open.
+/// holding up every other call into the driver (`device::gate`; what cuBLAS's own loads do
+/// was not probed): the first GEMM of each shape on a stream holds the gate open.
 #[derive(Default)]
 pub(super) struct Shapes(HashSet<Shape>);
 
