@@ -6,8 +6,9 @@ sequence 128), batch --batch (4 by default).
 
 A request is a forward pass under torch.no_grad followed by torch.cuda.synchronize; between
 requests the program sleeps --think-ms. Requests that start inside the window are measured;
-the result (one JSON line in --out) has p50/p99/mean/max latency in ms and every latency in
-µs (lat_us, for pooling across rounds).
+the result (one JSON line in --out) has p50/p99/mean/max latency in ms, every latency in µs
+(lat_us, for pooling across rounds) and the five slowest requests with when each began in the
+window (slowest: [latency ms, offset ms]).
 """
 import argparse
 import itertools
@@ -65,6 +66,7 @@ def main():
     start = wait_for_go(args)
     end = start + args.seconds
     lat = []
+    began = []
     y = None
     while True:
         t0 = time.time()
@@ -73,6 +75,7 @@ def main():
         p0 = time.perf_counter()
         y = request()
         lat.append(time.perf_counter() - p0)
+        began.append(t0 - start)
         if args.think_ms:
             time.sleep(args.think_ms / 1e3)
     finite = bool(torch.isfinite(y).all().item()) if y is not None else None
@@ -83,6 +86,8 @@ def main():
         "p50_ms": percentile(ms, 0.5), "p99_ms": percentile(ms, 0.99),
         "mean_ms": sum(ms) / len(ms) if ms else None, "max_ms": max(ms) if ms else None,
         "finite": finite, "lat_us": [round(v * 1e6) for v in lat],
+        "slowest": [[round(v * 1e3, 3), round(b * 1e3)]
+                    for v, b in sorted(zip(lat, began), reverse=True)[:5]],
     })
 
 

@@ -92,6 +92,8 @@ def main():
     hp = rec["hp"]
     if hp and hp.get("p99_ms") is not None:
         parts.append(f"HP p50 {hp['p50_ms']:.3f} p99 {hp['p99_ms']:.3f} ms ({hp['requests']} req)")
+        if hp.get("slowest"):
+            parts.append("slowest " + ", ".join(f"{ms:.2f} ms at {at} ms" for ms, at in hp["slowest"][:3]))
     if rec["be"]:
         total = sum(b.get("it_per_s", 0) for b in rec["be"])
         parts.append(f"BE {total:.2f} it/s over {len(rec['be'])}")
