@@ -130,6 +130,29 @@ int main(int argc, char **argv) {
     auto unload = [&] { CK(cuModuleUnload(mod)); };
     auto get = [&] { CK(cuModuleGetFunction(&fn, mod, "empty")); };
     auto aligned = [&] { hptr = aligned_alloc(4096, 1 << 20); };
+    // A fresh PTX compiled by the driver's linker into `cubin`.
+    auto compile = [&] {
+        std::string ptx = fresh_ptx();
+        CUlinkState link;
+        CK(cuLinkCreate(0, nullptr, nullptr, &link));
+        CK(cuLinkAddData(link, CU_JIT_INPUT_PTX, (void *)ptx.c_str(), ptx.size() + 1, "p", 0,
+                         nullptr, nullptr));
+        void *out;
+        size_t size;
+        CK(cuLinkComplete(link, &out, &size));
+        cubin.assign((char *)out, (char *)out + size);
+        CK(cuLinkDestroy(link));
+    };
+    auto load_library = [&] {
+        CK(cuLibraryLoadData(&lib, PTX, nullptr, nullptr, 0, nullptr, nullptr, 0));
+    };
+    auto unload_library = [&] { CK(cuLibraryUnload(lib)); };
+    auto get_kernel = [&] {
+        CUkernel k;
+        CK(cuLibraryGetKernel(&k, lib, "empty"));
+        CK(cuKernelGetFunction(&fn, k));
+    };
+
     auto capture = [&] {
         CK(cuStreamBeginCapture((CUstream)other, CU_STREAM_CAPTURE_MODE_RELAXED));
         noop<<<1, 32, 0, other>>>(buf + 192);
@@ -186,45 +209,13 @@ int main(int argc, char **argv) {
              std::string ptx = fresh_ptx();
              CK(cuModuleLoadData(&mod, ptx.c_str()));
          }, unload},
-        {"cuLinkComplete (PTX to compile)", none, [&] {
-             std::string ptx = fresh_ptx();
-             CUlinkState link;
-             CK(cuLinkCreate(0, nullptr, nullptr, &link));
-             CK(cuLinkAddData(link, CU_JIT_INPUT_PTX, (void *)ptx.c_str(), ptx.size() + 1, "p",
-                              0, nullptr, nullptr));
-             void *cubin;
-             size_t size;
-             CK(cuLinkComplete(link, &cubin, &size));
-             CK(cuLinkDestroy(link));
-         }, none},
-        {"cuModuleLoadData (a cubin)", [&] {
-             std::string ptx = fresh_ptx();
-             CUlinkState link;
-             CK(cuLinkCreate(0, nullptr, nullptr, &link));
-             CK(cuLinkAddData(link, CU_JIT_INPUT_PTX, (void *)ptx.c_str(), ptx.size() + 1, "p",
-                              0, nullptr, nullptr));
-             void *out;
-             size_t size;
-             CK(cuLinkComplete(link, &out, &size));
-             cubin.assign((char *)out, (char *)out + size);
-             CK(cuLinkDestroy(link));
-         }, [&] { CK(cuModuleLoadData(&mod, cubin.data())); }, unload},
-        {"cuLibraryLoadData", none, [&] {
-             CK(cuLibraryLoadData(&lib, PTX, nullptr, nullptr, 0, nullptr, nullptr, 0));
-         }, [&] { CK(cuLibraryUnload(lib)); }},
-        {"cuLibraryGetKernel + cuKernelGetFunction", [&] {
-             CK(cuLibraryLoadData(&lib, PTX, nullptr, nullptr, 0, nullptr, nullptr, 0));
-         }, [&] {
-             CUkernel k;
-             CK(cuLibraryGetKernel(&k, lib, "empty"));
-             CK(cuKernelGetFunction(&fn, k));
-         }, [&] { CK(cuLibraryUnload(lib)); }},
-        {"cuLibraryUnload (a function got)", [&] {
-             CK(cuLibraryLoadData(&lib, PTX, nullptr, nullptr, 0, nullptr, nullptr, 0));
-             CUkernel k;
-             CK(cuLibraryGetKernel(&k, lib, "empty"));
-             CK(cuKernelGetFunction(&fn, k));
-         }, [&] { CK(cuLibraryUnload(lib)); }, none},
+        {"cuLinkComplete (PTX to compile)", none, compile, none},
+        {"cuModuleLoadData (a cubin)", compile, [&] { CK(cuModuleLoadData(&mod, cubin.data())); },
+         unload},
+        {"cuLibraryLoadData", none, load_library, unload_library},
+        {"cuLibraryGetKernel + cuKernelGetFunction", load_library, get_kernel, unload_library},
+        {"cuLibraryUnload (a function got)", [&] { load_library(); get_kernel(); },
+         unload_library, none},
         {"cuModuleUnload (a function launched)", [&] {
              load(); get();
              CK(cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, (CUstream)other, nullptr, nullptr));

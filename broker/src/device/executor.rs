@@ -279,18 +279,14 @@ impl<B: Backend> Executor<B> {
         if hold.knows() {
             return;
         }
-        let within = u64::from(gate.slot) * 4;
-        if within.saturating_add(4) > gate.page.len {
-            return;
-        }
-        let Some(offset) = gate.page.offset.checked_add(within) else {
+        let Ok(region) = self.region(gate.page.region) else {
             return;
         };
-        if let Ok(page) = self.region(gate.page.region)
-            && page.slice(offset, 4).is_some()
-        {
-            hold.learn(page, offset);
-        }
+        let offset = match slice(&region, gate.page).and_then(|page| slot_word(page, gate.slot)) {
+            Ok(word) => word.span().offset,
+            Err(_) => return,
+        };
+        hold.learn(region, offset);
     }
 
     fn region(&self, id: u64) -> DeviceResult<Arc<HostRegion>> {
