@@ -18,12 +18,15 @@ commands and calls counted by name, and each one longer than `--long` µs with i
 
 With `--durations` it prints instead, for each thread of the part, how long each kind of
 command or call took (count, p50, p99, greatest, and how many took longer than `--long`).
+From a `GPUSHARE_TIMELINE=2` run, long calls also say how long the thread was off its core
+during them and how often it was preempted.
 """
 import argparse
 import re
 from collections import Counter, defaultdict
 
-LINE = re.compile(r'timeline: (\w+) t=([\d.]+) (\w+) ([\d.]+) tid=(\d+)')
+LINE = re.compile(r'timeline: (\w+) t=([\d.]+) (\w+) ([\d.]+) tid=(\d+)'
+                  r'(?: oncpu=(\d+) preempted=(\d+))?')
 
 
 def read(path):
@@ -32,8 +35,9 @@ def read(path):
         for line in f:
             m = LINE.search(line)
             if m:
+                cpu = m.group(6) and (int(m.group(6)), int(m.group(7)))
                 ev.append((float(m.group(2)), m.group(1), m.group(3), float(m.group(4)),
-                           int(m.group(5))))
+                           int(m.group(5)), cpu))
     ev.sort()
     return ev
 
@@ -52,19 +56,34 @@ def requests(ev, tid):
     return out
 
 
+def on_cpu(e):
+    """What GPUSHARE_TIMELINE=2 says of a call: its time on a core, and preemptions."""
+    if not e[5]:
+        return ''
+    return f' ({e[5][0]} µs on a core, preempted {e[5][1]})'
+
+
 def durations(ev, long):
     took = defaultdict(list)
+    slow_cpu = defaultdict(list)
     for e in ev:
         if e[3] > 0:
             took[(e[4], e[1], e[2])].append(e[3])
+            if e[3] > long and e[5]:
+                slow_cpu[(e[4], e[1], e[2])].append((e[3] - e[5][0], e[5][1]))
     for (tid, who, name), xs in sorted(took.items()):
         if len(xs) < 20:
             continue
         xs.sort()
         q = lambda p: xs[min(len(xs) - 1, int(p / 100 * len(xs)))]
         slow = sum(x > long for x in xs)
+        cpu = slow_cpu.get((tid, who, name))
+        off = ''
+        if cpu:
+            off = (f'; of those, preempted: {sum(p > 0 for _, p in cpu)}, off a core: '
+                   f'{sorted(o for o, _ in cpu)[len(cpu) // 2]:.0f} µs by median')
         print(f'{who} {tid} {name}: {len(xs)}, p50 {q(50):.1f} p99 {q(99):.1f} '
-              f'max {xs[-1]:.0f} µs, {slow} over {long:.0f}')
+              f'max {xs[-1]:.0f} µs, {slow} over {long:.0f}{off}')
 
 
 def main():
@@ -121,7 +140,8 @@ def main():
                   ', '.join(f'{n} {c}' for n, c in counts.most_common(6)))
             for x in xs:
                 if x[3] >= a.long:
-                    print(f'      long: {x[2]} at {x[0] - s:+.0f} µs for {x[3]:.0f} µs')
+                    print(f'      long: {x[2]} at {x[0] - s:+.0f} µs for {x[3]:.0f} µs'
+                          + on_cpu(x))
 
 
 if __name__ == '__main__':
