@@ -81,13 +81,13 @@ pub fn begin() -> Option<Began> {
 pub fn note(who: &str, what: &dyn Debug, began: Option<Began>) {
     let Some(began) = began else { return };
     let took = monotonic_ns().saturating_sub(began.at_ns);
-    let cpu = began
-        .cpu
-        .zip(ThreadCpu::now())
-        .map(|(then, now)| ThreadCpu {
+    // Asked of the kernel only at level 2 (`began.cpu` is set only then).
+    let cpu = began.cpu.and_then(|then| {
+        ThreadCpu::now().map(|now| ThreadCpu {
             on_cpu_us: now.on_cpu_us.saturating_sub(then.on_cpu_us),
             preempted: now.preempted.saturating_sub(then.preempted),
-        });
+        })
+    });
     let mut name = Name::default();
     // Formatting stops at the variant's name: a whole call's fields cost more than the gaps
     // the timeline is read for.
