@@ -77,6 +77,12 @@ pub struct Args {
     /// while such a client is active).
     #[arg(long, default_value_t = 10_000)]
     pub high_spin_us: u64,
+    /// What the nice value of the threads that serve a high-priority client (its data
+    /// thread, its device worker's thread) is moved by: negative is ahead of the rest on a
+    /// machine whose cores are all wanted (needs CAP_SYS_NICE; without it they stay as the
+    /// process is); 0 leaves them.
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = clap::value_parser!(i32).range(-39..=39))]
+    pub high_nice: i32,
     /// Default data arena per client (e.g. "16 MiB").
     #[arg(long, default_value = "16 MiB")]
     pub arena_size: bytesize::ByteSize,

@@ -25,6 +25,9 @@ pub struct BrokerConfig {
     pub spin_ceiling: Duration,
     /// The same for a high-priority client's data thread.
     pub high_spin: Duration,
+    /// What the nice value of the threads that serve a high-priority client is moved by
+    /// (`crate::thread_nice`; 0 leaves them as the process is).
+    pub high_nice: i32,
     /// How long a client may leave its completion ring full before it is evicted.
     pub stall_limit: Duration,
     /// How long a monitor connection may ask nothing before it is closed.
@@ -50,6 +53,7 @@ impl Default for BrokerConfig {
             spin: Duration::from_micros(50),
             spin_ceiling: Duration::from_micros(500),
             high_spin: Duration::from_millis(10),
+            high_nice: 0,
             stall_limit: Duration::from_secs(30),
             monitor_idle: Duration::from_secs(300),
             policy_path: None,

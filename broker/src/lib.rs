@@ -49,4 +49,5 @@ pub mod session;
 pub mod shm;
 pub mod shrink_guard;
 pub mod telemetry;
+pub mod thread_nice;
 pub mod timeline;

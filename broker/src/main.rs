@@ -116,6 +116,7 @@ fn real_main() -> anyhow::Result<()> {
         spin: Duration::from_micros(args.spin_us),
         spin_ceiling: Duration::from_micros(args.spin_max_us),
         high_spin: Duration::from_micros(args.high_spin_us),
+        high_nice: args.high_nice,
         stall_limit: Duration::from_secs_f64(args.stalled_client_timeout),
         monitor_idle: Duration::from_secs_f64(args.monitor_idle_timeout),
         arena_size: args.arena_size.as_u64(),

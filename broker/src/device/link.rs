@@ -13,6 +13,15 @@ use gpushare_protocol::control::DeviceInfo;
 use super::call::{Answer, Call, Handle, Reply};
 use super::{DeviceError, DeviceResult};
 
+/// How a calling thread's calls are to be served ([`Link::pace_hint`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pace {
+    /// How long the serving thread stays awake for the next call.
+    pub spin: Duration,
+    /// What the serving thread's nice value is moved by (`crate::thread_nice`).
+    pub nice: i32,
+}
+
 /// The device addresses clients' memory lives at: a range reserved at the same place in every
 /// context that serves the device, and the granule its chunks come in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -71,9 +80,10 @@ pub trait Link: Send + Sync + 'static {
     ) -> DeviceResult<()>;
     /// The region is gone: nothing names it any more.
     fn unshare_memory(&self, region: u64);
-    /// How long the device should stay awake for the calling thread's next call after one.
-    /// Said again when the thread wakes up: a call is likely to follow.
-    fn spin_hint(&self, _spin: Duration) {}
+    /// How the device should serve the calling thread's calls: how long it stays awake for
+    /// the next one, and at what CPU priority. Said again when the thread wakes up: a call
+    /// is likely to follow.
+    fn pace_hint(&self, _pace: Pace) {}
     /// Where clients' memory lives ([`Link::create_chunk`]).
     fn space(&self) -> Space;
     /// Makes `size` bytes of physical memory at `at` (inside [`Link::space`]) in the context

@@ -45,7 +45,7 @@ pub use self::executor::Executor;
 pub use self::front::Device;
 pub use self::gate::{Gate, GateHold};
 pub use self::handles::{Event, Function, Graph, Module, Stream};
-pub use self::link::{Link, Memory, Space};
+pub use self::link::{Link, Memory, Pace, Space};
 pub use self::progress::{Fate, Kept, drop_dependents};
 
 /// What a device can fail with; it crosses the process boundary as itself.

@@ -260,6 +260,7 @@ impl Broker {
             spin: self.config.spin,
             spin_ceiling: self.config.spin_ceiling,
             high_spin: self.config.high_spin,
+            high_nice: self.config.high_nice,
             stall_limit: self.config.stall_limit,
         };
         let health = health.clone();

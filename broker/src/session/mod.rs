@@ -193,6 +193,9 @@ pub struct Pacing {
     /// The same for a client of the high class, whose next request should find its data
     /// thread awake.
     pub high_spin: Duration,
+    /// What the nice value of this client's threads is moved by while it is of the high
+    /// class (`crate::thread_nice`).
+    pub high_nice: i32,
     /// How long a client may leave its completion ring full (not reading) before it is
     /// evicted.
     pub stall_limit: Duration,

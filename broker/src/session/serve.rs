@@ -9,6 +9,7 @@ use gpushare_protocol::wake::SpinClock;
 
 use super::rhythm::Rhythm;
 use super::{SessionEnd, SessionState};
+use crate::device::Pace;
 
 /// How soon an idle data thread looks again at device-time measurements still in flight.
 const MEASURE_RECHECK: Duration = Duration::from_millis(2);
@@ -41,8 +42,8 @@ impl SessionState {
         let mut batch_started: Option<Instant> = None;
         let mut last_end = Instant::now();
         // The device stays awake for this thread's next request as long as this thread does
-        // for its client's.
-        let mut spin_told = None;
+        // for its client's, and at its CPU priority.
+        let mut pace_told: Option<Pace> = None;
         let mut rhythm = Rhythm::new(self.pacing.spin, self.pacing.spin_ceiling);
         loop {
             if let Some(end) = self.ended.take() {
@@ -125,33 +126,43 @@ impl SessionState {
             if self.unaccounted && spun >= ACCOUNT_IDLE {
                 self.account(false);
             }
-            let spin = self.spin(&rhythm);
-            if spin_told != Some(spin) {
-                self.device.spin_hint(spin);
+            let pace = self.pace(&rhythm);
+            if pace_told != Some(pace) {
+                if pace_told.is_none_or(|told| told.nice != pace.nice) {
+                    crate::thread_nice::follow(pace.nice);
+                }
+                self.device.pace_hint(pace);
                 self.info.counters.spin_ns.store(
-                    spin.as_nanos().min(u128::from(u64::MAX)) as u64,
+                    pace.spin.as_nanos().min(u128::from(u64::MAX)) as u64,
                     Ordering::Relaxed,
                 );
-                spin_told = Some(spin);
+                pace_told = Some(pace);
             }
-            if spun < spin && gpushare_protocol::wake::spin_turn(spun) {
+            if spun < pace.spin && gpushare_protocol::wake::spin_turn(spun) {
                 continue;
             }
             self.sleep();
             // Awake again, most likely for a request: wake the device up beside this thread
             // rather than after it.
-            self.device.spin_hint(spin);
+            self.device.pace_hint(pace);
             idle.restart();
         }
     }
 
-    /// How long to spin on an empty ring: longer for a high-priority client (its class can
-    /// change live), and for one whose requests have been coming close together.
-    fn spin(&self, rhythm: &Rhythm) -> std::time::Duration {
+    /// How long to spin on an empty ring (longer for a high-priority client, and for one
+    /// whose requests have been coming close together) and at what CPU priority (better for
+    /// a high-priority client, `--high-nice`); its class can change live.
+    fn pace(&self, rhythm: &Rhythm) -> Pace {
         if self.info.class() == gpushare_protocol::PriorityClass::High {
-            self.pacing.high_spin
+            Pace {
+                spin: self.pacing.high_spin,
+                nice: self.pacing.high_nice,
+            }
         } else {
-            rhythm.spin()
+            Pace {
+                spin: rhythm.spin(),
+                nice: 0,
+            }
         }
     }
 

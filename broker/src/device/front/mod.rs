@@ -14,7 +14,7 @@ use gpushare_protocol::{DevicePtr, PriorityClass};
 
 use super::call::{Call, Handle, ProgressValue, Reply, Span};
 use super::handles::{Named, Owner, Recipe, Stream};
-use super::link::{Link, Memory};
+use super::link::{Link, Memory, Pace};
 use super::pool::Pool;
 use super::progress::Progress;
 use super::{DeviceError, DeviceResult};
@@ -160,8 +160,8 @@ impl Device {
         answer.reply.ok()
     }
 
-    pub fn spin_hint(&self, spin: Duration) {
-        self.link.spin_hint(spin)
+    pub fn pace_hint(&self, pace: Pace) {
+        self.link.pace_hint(pace)
     }
 
     // ---- streams ---------------------------------------------------------------------

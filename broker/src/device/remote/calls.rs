@@ -14,6 +14,7 @@ use gpushare_protocol::control::{decode, encode_into};
 use super::channel::{CallerEnd, Gave, MAX_REQUEST};
 use super::wire::{Envelope, Payload, ToWorker};
 use super::{Active, Remote};
+use crate::device::Pace;
 use crate::device::call::{Answer, Call, Handle};
 use crate::device::{DeviceError, DeviceResult};
 
@@ -48,18 +49,18 @@ enum Send_ {
 
 thread_local! {
     static CALLERS: RefCell<Vec<Caller>> = const { RefCell::new(Vec::new()) };
-    /// The spin each device's channel of this thread should have (kept across new channels).
-    static SPINS: RefCell<HashMap<u64, Duration>> = RefCell::new(HashMap::new());
+    /// The pace each device's channel of this thread should have (kept across new channels).
+    static PACES: RefCell<HashMap<u64, Pace>> = RefCell::new(HashMap::new());
 }
 
-/// Sets this thread's channel spin for device `id` (now, and for a channel opened later), and
+/// Sets this thread's channel pace for device `id` (now, and for a channel opened later), and
 /// nudges the worker's thread awake.
-pub(super) fn spin_hint(id: u64, spin: Duration) {
-    SPINS.with(|s| s.borrow_mut().insert(id, spin));
+pub(super) fn pace_hint(id: u64, pace: Pace) {
+    PACES.with(|s| s.borrow_mut().insert(id, pace));
     let _ = CALLERS.try_with(|callers| {
         if let Ok(callers) = callers.try_borrow() {
             for c in callers.iter().filter(|c| c.device == id) {
-                c.end.set_spin(spin);
+                c.end.set_pace(pace);
                 c.end.nudge();
             }
         }
@@ -295,8 +296,8 @@ impl Remote {
         let mut end = CallerEnd::create().map_err(|e| {
             DeviceError::Failed(format!("cannot make a channel to the device worker: {e}"))
         })?;
-        if let Some(spin) = SPINS.with(|s| s.borrow().get(&id).copied()) {
-            end.set_spin(spin);
+        if let Some(pace) = PACES.with(|s| s.borrow().get(&id).copied()) {
+            end.set_pace(pace);
         }
         let channel = active.channels.fetch_add(1, Ordering::Relaxed);
         let fd = end.fd().map(|f| f.as_raw_fd()).unwrap_or(-1);

@@ -41,7 +41,7 @@ use self::wire::{FromWorker, ToWorker};
 pub use self::wire::{WorkerBackend, WorkerSpec};
 use super::call::{Answer, Call, Handle};
 use super::front::Device;
-use super::link::{Ledger, Link, Memory, Space};
+use super::link::{Ledger, Link, Memory, Pace, Space};
 use super::{DeviceError, DeviceResult};
 
 /// How long a worker may take to open its device (the first CUDA start on a machine can be
@@ -340,8 +340,8 @@ impl Link for Remote {
         }
     }
 
-    fn spin_hint(&self, spin: Duration) {
-        calls::spin_hint(self.shared.id, spin);
+    fn pace_hint(&self, pace: Pace) {
+        calls::pace_hint(self.shared.id, pace);
     }
 
     fn space(&self) -> Space {

@@ -32,6 +32,8 @@ use gpushare_protocol::wake::SpinClock;
 
 use nix::sys::memfd::{MFdFlags, memfd_create};
 
+use crate::device::Pace;
+
 use self::shared::{
     ANSWER_RING, CHANNEL_BYTES, HEADER, MSG_HEADER, Mapped, WRAP, caller_wait, futex_wait,
     futex_wake, padded, place, take,
@@ -85,12 +87,15 @@ impl CallerEnd {
         self.memfd = None;
     }
 
-    /// How long the worker's thread stays awake for the next request.
-    pub fn set_spin(&self, spin: Duration) {
-        self.mapped.header().caller.spin_ns.store(
-            spin.as_nanos().min(u64::MAX as u128) as u64,
+    /// How long the worker's thread stays awake for the next request, and what it moves
+    /// its nice value by (from its next request on).
+    pub fn set_pace(&self, pace: Pace) {
+        let caller = &self.mapped.header().caller;
+        caller.spin_ns.store(
+            pace.spin.as_nanos().min(u64::MAX as u128) as u64,
             Ordering::Relaxed,
         );
+        caller.nice.store(pace.nice, Ordering::Relaxed);
     }
 
     /// Wakes the worker's thread if it sleeps, so that it spins for the next request again
@@ -250,6 +255,8 @@ pub struct WorkerEnd {
     /// Answers written since the last publication: while more requests are known to be
     /// there, answers go out together, at most [`PUBLISH_EVERY`] at a time.
     unpublished: u32,
+    /// What this thread's nice value is moved by, as the caller last asked.
+    nice: i32,
 }
 
 /// Answers that wait at most for others to go out together (posted work's, whose caller
@@ -279,6 +286,7 @@ impl WorkerEnd {
             tail_seen: head,
             answers_read_seen,
             unpublished: 0,
+            nice: 0,
         })
     }
 
@@ -288,6 +296,7 @@ impl WorkerEnd {
     /// soon as it says so, so an idle session's thread needs no wake-ups of its own. A request
     /// that breaks the ring's rules ends the channel.
     pub fn next(&mut self, stop: &dyn Fn() -> bool) -> Next {
+        self.follow_nice();
         // A request known to be there already (read with the tail last time).
         if let Some(next) = look(&self.mapped, self.head, self.tail_seen, &mut self.current) {
             return next;
@@ -325,6 +334,17 @@ impl WorkerEnd {
                 clock.restart();
             }
         }
+    }
+
+    /// Moves this thread's nice value as the caller asks (`CallerEnd::set_pace`): a look at
+    /// the caller's line per request, a system call only when it changed.
+    fn follow_nice(&mut self) {
+        let want = self.mapped.header().caller.nice.load(Ordering::Relaxed);
+        if want == self.nice {
+            return;
+        }
+        self.nice = want;
+        crate::thread_nice::follow(want);
     }
 
     /// The request being served (between `next` and `answer`).
@@ -485,7 +505,10 @@ mod tests {
     fn posted_requests_are_answered_in_order_across_the_rings_wrap() {
         let (mut caller, worker) = pair();
         let server = echo(worker);
-        caller.set_spin(Duration::from_micros(10));
+        caller.set_pace(Pace {
+            spin: Duration::from_micros(10),
+            nice: 0,
+        });
         let mut expect = std::collections::VecDeque::new();
         // Enough bytes to go round the request ring several times, in odd sizes.
         for i in 0..6000u32 {

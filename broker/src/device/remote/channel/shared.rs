@@ -3,7 +3,7 @@
 //! next one is, and the futex waits.
 
 use std::os::fd::BorrowedFd;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
+use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering, fence};
 use std::time::Duration;
 
 use gpushare_protocol::wake::SpinClock;
@@ -39,6 +39,8 @@ pub(super) struct CallerLine {
     pub(super) req_seq: AtomicU32,
     pub(super) closed: AtomicU32,
     pub(super) spin_ns: AtomicU64,
+    /// What the worker's thread moves its nice value by (`crate::thread_nice`).
+    pub(super) nice: AtomicI32,
 }
 
 #[repr(C, align(64))]
