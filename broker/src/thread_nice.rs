@@ -9,31 +9,36 @@ use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 thread_local! {
-    /// The thread's nice before it was first set here, and the offset it has now.
+    /// The thread's nice before it was first set here, and the offset last asked.
     static SET: Cell<Option<(i32, i32)>> = const { Cell::new(None) };
 }
 
 /// Gives the calling thread its first nice value plus `offset` (clamped to -20..=19). A
 /// better (lower) value than the process's needs `CAP_SYS_NICE`, or an `RLIMIT_NICE` that
-/// allows it; the error says when it is refused, and the thread keeps the nice it had.
+/// allows it; the error says when it is refused, and the thread keeps the nice it had. The
+/// offset asked last is remembered either way: asking it again costs no system call (a device
+/// worker's thread asks before every request), and a refused one is not tried again until
+/// another is asked.
 pub fn set_offset(offset: i32) -> std::io::Result<()> {
+    let set = SET.get();
+    if set.is_some_and(|(_, asked)| asked == offset) {
+        return Ok(());
+    }
     // SAFETY: gettid has no preconditions.
     let tid = unsafe { libc::gettid() } as libc::id_t;
-    let (base, now) = match SET.get() {
-        Some(set) => set,
-        None => (current(tid)?, 0),
+    let base = match set {
+        Some((base, _)) => base,
+        None => current(tid)?,
     };
-    if now == offset {
-        SET.set(Some((base, now)));
-        return Ok(());
+    SET.set(Some((base, offset)));
+    if set.is_none() && offset == 0 {
+        return Ok(()); // at its first value already
     }
     let want = base.saturating_add(offset).clamp(-20, 19);
     // SAFETY: sets the nice value of this thread (a tid is a PRIO_PROCESS id on Linux).
     if unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, want) } != 0 {
-        SET.set(Some((base, now)));
         return Err(std::io::Error::last_os_error());
     }
-    SET.set(Some((base, offset)));
     Ok(())
 }
 

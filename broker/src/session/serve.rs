@@ -128,9 +128,7 @@ impl SessionState {
             }
             let pace = self.pace(&rhythm);
             if pace_told != Some(pace) {
-                if pace_told.is_none_or(|told| told.nice != pace.nice) {
-                    crate::thread_nice::follow(pace.nice);
-                }
+                crate::thread_nice::follow(pace.nice);
                 self.device.pace_hint(pace);
                 self.info.counters.spin_ns.store(
                     pace.spin.as_nanos().min(u128::from(u64::MAX)) as u64,

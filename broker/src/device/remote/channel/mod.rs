@@ -255,8 +255,6 @@ pub struct WorkerEnd {
     /// Answers written since the last publication: while more requests are known to be
     /// there, answers go out together, at most [`PUBLISH_EVERY`] at a time.
     unpublished: u32,
-    /// What this thread's nice value is moved by, as the caller last asked.
-    nice: i32,
 }
 
 /// Answers that wait at most for others to go out together (posted work's, whose caller
@@ -286,7 +284,6 @@ impl WorkerEnd {
             tail_seen: head,
             answers_read_seen,
             unpublished: 0,
-            nice: 0,
         })
     }
 
@@ -296,7 +293,9 @@ impl WorkerEnd {
     /// soon as it says so, so an idle session's thread needs no wake-ups of its own. A request
     /// that breaks the ring's rules ends the channel.
     pub fn next(&mut self, stop: &dyn Fn() -> bool) -> Next {
-        self.follow_nice();
+        // The nice the caller asks (`CallerEnd::set_pace`): a look at its line per request;
+        // `thread_nice` makes a system call only when it changed.
+        crate::thread_nice::follow(self.mapped.header().caller.nice.load(Ordering::Relaxed));
         // A request known to be there already (read with the tail last time).
         if let Some(next) = look(&self.mapped, self.head, self.tail_seen, &mut self.current) {
             return next;
@@ -334,17 +333,6 @@ impl WorkerEnd {
                 clock.restart();
             }
         }
-    }
-
-    /// Moves this thread's nice value as the caller asks (`CallerEnd::set_pace`): a look at
-    /// the caller's line per request, a system call only when it changed.
-    fn follow_nice(&mut self) {
-        let want = self.mapped.header().caller.nice.load(Ordering::Relaxed);
-        if want == self.nice {
-            return;
-        }
-        self.nice = want;
-        crate::thread_nice::follow(want);
     }
 
     /// The request being served (between `next` and `answer`).
