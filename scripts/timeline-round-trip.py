@@ -14,22 +14,15 @@ event before it.
         --modes direct,broker --broker-arg=--no-telemetry 2> timeline.err
     scripts/timeline-round-trip.py timeline.err
 """
-import re
 import statistics as st
 import sys
 from collections import Counter, defaultdict
 
-LINE = re.compile(r'timeline: (\w+) t=([\d.]+) (\w+) ([\d.]+)')
+from timeline_lines import read
 
 
 def main(path):
-    ev = []
-    with open(path, errors='replace') as f:
-        for line in f:
-            m = LINE.search(line)
-            if m:
-                ev.append((float(m.group(2)), m.group(1), m.group(3), float(m.group(4))))
-    ev.sort()
+    ev = read(path)
     # The data thread's commands (points have no duration).
     cmds = [i for i, e in enumerate(ev) if e[1] == 'data' and e[3] > 0]
     anchors = [a for a, b in zip(cmds, cmds[1:])
@@ -39,7 +32,7 @@ def main(path):
     for a, nxt in zip(anchors, anchors[1:]):
         t0 = ev[a][0]
         seq = []
-        for t, who, name, took in ev[a:nxt]:
+        for t, who, name, took, *_ in ev[a:nxt]:
             seq.append((who[:6], name, t - t0))
             if took > 0:
                 seq.append((who[:6], name + '.end', t + took - t0))

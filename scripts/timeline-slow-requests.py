@@ -22,24 +22,9 @@ From a `GPUSHARE_TIMELINE=2` run, long calls also say how long the thread was of
 during them and how often it was preempted.
 """
 import argparse
-import re
 from collections import Counter, defaultdict
 
-LINE = re.compile(r'timeline: (\w+) t=([\d.]+) (\w+) ([\d.]+) tid=(\d+)'
-                  r'(?: oncpu=(\d+) preempted=(\d+))?')
-
-
-def read(path):
-    ev = []
-    with open(path, errors='replace') as f:
-        for line in f:
-            m = LINE.search(line)
-            if m:
-                cpu = m.group(6) and (int(m.group(6)), int(m.group(7)))
-                ev.append((float(m.group(2)), m.group(1), m.group(3), float(m.group(4)),
-                           int(m.group(5)), cpu))
-    ev.sort()
-    return ev
+from timeline_lines import read
 
 
 def requests(ev, tid):
